@@ -1,0 +1,40 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Both depend on `make install`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+# The CPU build of torch lies on this machine's disk; pinning it *before* installing the project
+# means pip never resolves an unpinned torch (which would download a multi-GB CUDA build).
+TORCH  ?= torch==2.13.0
+STAMP  := $(VENV)/.installed
+DEMO   := build/demo
+
+export OMP_WAIT_POLICY ?= PASSIVE
+
+.PHONY: install demo test lint bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check "$(TORCH)"
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[test]"
+	touch $(STAMP)
+
+demo: install
+	$(BIN)/ctrkit synth --out $(DEMO)/data --rows 300000 --seed 0 --overwrite
+	$(BIN)/ctrkit train --model dlrm --dataset $(DEMO)/data --epochs 1 \
+		--save-checkpoint $(DEMO)/dlrm.pt --log-path $(DEMO)/train_log.jsonl
+	$(BIN)/ctrkit evaluate --checkpoint $(DEMO)/dlrm.pt --dataset $(DEMO)/data --mapping test
+
+lint: install
+	$(BIN)/ruff check ctrkit tests
+
+test: install lint
+	$(BIN)/python -m pytest -q
+
+bench: install
+	$(BIN)/ctrkit bench train --output benchmarks/train_dlrm_fp32.json
+	$(BIN)/ctrkit bench train --amp --output benchmarks/train_dlrm_bf16.json
+
+clean:
+	rm -rf $(VENV) build .pytest_cache .ruff_cache

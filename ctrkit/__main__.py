@@ -1,0 +1,5 @@
+import sys
+
+from ctrkit.cli import main
+
+sys.exit(main())

@@ -1,0 +1,89 @@
+"""Training throughput on synthetic in-memory batches (no I/O in the timed loop)."""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+
+from ctrkit.data.batch import Batch
+from ctrkit.data.synthetic import power_law_ids
+from ctrkit.device import amp_dtype_for
+from ctrkit.models.registry import create_model, make_config
+from ctrkit.train.optim import SparseSGD
+from ctrkit.train.trainer import TrainStep
+
+
+@dataclass(frozen=True)
+class TrainBenchConfig:
+    """Benchmark shape; the defaults are the Criteo-Kaggle DLRM."""
+
+    model: str = "dlrm"
+    batch_size: int = 2048
+    num_tables: int = 26
+    table_rows: int = 100_000
+    embedding_dim: int = 16
+    num_numerical: int = 13
+    bottom_mlp: tuple[int, ...] = (512, 256, 64, 16)
+    top_mlp: tuple[int, ...] = (512, 256, 1)
+    warmup: int = 10
+    steps: int = 50
+    repeats: int = 5
+    amp: bool = False
+    seed: int = 0
+    distinct_batches: int = 16
+
+
+def make_batches(cfg: TrainBenchConfig, rng: np.random.Generator) -> list[Batch]:
+    """Distinct random batches with power-law ids (so lookups hit hot and cold rows as real data does)."""
+    out = []
+    for _ in range(cfg.distinct_batches):
+        sparse = np.stack([power_law_ids(rng, cfg.table_rows, cfg.batch_size, 1.2)
+                           for _ in range(cfg.num_tables)], axis=1)  # (B, F)
+        dense = rng.normal(0.0, 1.0, (cfg.batch_size, cfg.num_numerical)).astype(np.float32)  # (B, N)
+        labels = (rng.random(cfg.batch_size) < 0.25).astype(np.float32)  # (B,)
+        out.append(Batch(torch.from_numpy(dense), torch.from_numpy(sparse), torch.from_numpy(labels)))
+    return out
+
+
+def run_train_bench(cfg: TrainBenchConfig, device: torch.device) -> dict:
+    """Runs ``warmup`` untimed steps, then ``repeats`` x ``steps`` timed steps; reports the median."""
+    torch.manual_seed(cfg.seed)
+    model_cfg = make_config(cfg.model, {
+        "num_numerical": cfg.num_numerical, "cardinalities": (cfg.table_rows,) * cfg.num_tables,
+        "embedding_dim": cfg.embedding_dim, "bottom_mlp": cfg.bottom_mlp, "top_mlp": cfg.top_mlp})
+    model = create_model(cfg.model, model_cfg).to(device)
+    amp_dtype = amp_dtype_for(device, cfg.amp, None)
+    step = TrainStep(model, SparseSGD(model.parameters(), lr=0.01), device, amp_dtype)
+    batches = [b.to(device) for b in make_batches(cfg, np.random.default_rng(cfg.seed))]
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    for i in range(cfg.warmup):
+        step(batches[i % len(batches)], 0.01)
+    sync()
+    times = []
+    for _ in range(cfg.repeats):
+        t0 = time.perf_counter()
+        for i in range(cfg.steps):
+            step(batches[i % len(batches)], 0.01)
+        sync()
+        times.append((time.perf_counter() - t0) / cfg.steps)
+    ms = statistics.median(times) * 1000
+    return {
+        "benchmark": "train",
+        "config": asdict(cfg),
+        "samples_per_s": cfg.batch_size / (ms / 1000),
+        "ms_per_step": ms,
+        "ms_per_step_all": [t * 1000 for t in times],
+        "amp_dtype": str(amp_dtype).replace("torch.", "") if amp_dtype else None,
+        "device": str(device),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+    }

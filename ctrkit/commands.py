@@ -1,0 +1,179 @@
+"""What each ``ctrkit`` subcommand does with its parsed arguments (parsing itself lives in cli.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import numpy as np
+import torch
+import yaml
+
+from ctrkit.config import TrainConfig
+from ctrkit.data.dataset import SplitBinaryDataset
+from ctrkit.data.feature_spec import FeatureSpec
+from ctrkit.device import amp_dtype_for, resolve_device
+from ctrkit.models.registry import config_class, config_to_dict, create_model, list_models, make_config
+
+
+def synth(args: argparse.Namespace) -> int:
+    from ctrkit.data.synthetic import CRITEO_LIKE_CARDINALITIES, generate_dataset
+
+    tables = args.tables or CRITEO_LIKE_CARDINALITIES
+    spec = generate_dataset(args.out, args.rows, tables, args.num_numerical, args.test_fraction, args.seed,
+                            overwrite=args.overwrite)
+    n_train = len(SplitBinaryDataset(spec, "train", check_ids=False))
+    n_test = len(SplitBinaryDataset(spec, "test", check_ids=False))
+    print(f"wrote {args.out}: {n_train} train + {n_test} test samples, {len(tables)} categorical "
+          f"(cardinalities {min(tables)}..{max(tables)}), {args.num_numerical} numerical features")
+    return 0
+
+
+def _model_config(args: argparse.Namespace, spec: FeatureSpec):
+    """Model config: dataset shape, then --model-config YAML, then explicit flags."""
+    cfg_cls = config_class(args.model)
+    values: dict = {"num_numerical": len(spec.numerical_features), "cardinalities": spec.cardinalities}
+    if args.model_config is not None:
+        with open(args.model_config) as f:
+            loaded = yaml.safe_load(f) or {}
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{args.model_config}: expected a mapping of model config fields")
+        values.update(loaded)
+    flags = {"embedding_dim": args.embedding_dim, "bottom_mlp": args.bottom_mlp, "top_mlp": args.top_mlp}
+    values.update({k: v for k, v in flags.items() if v is not None})
+    if "embedding_dim" in values and "bottom_mlp" not in values and values["num_numerical"]:
+        # keep the default bottom MLP but end it in the requested width
+        default_bottom = cfg_cls.__dataclass_fields__["bottom_mlp"].default
+        values["bottom_mlp"] = tuple(default_bottom[:-1]) + (values["embedding_dim"],)
+    return make_config(args.model, values)
+
+
+def train(args: argparse.Namespace) -> int:
+    from ctrkit.train.checkpoint import check_spec_matches, load_checkpoint
+    from ctrkit.train.trainer import RunInfo, Trainer
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cfg = TrainConfig(
+        epochs=args.epochs, max_steps=args.max_steps, batch_size=args.batch_size,
+        eval_batch_size=args.eval_batch_size, lr=args.lr, warmup_steps=args.warmup_steps,
+        decay_start_step=args.decay_start_step, decay_steps=args.decay_steps, decay_power=args.decay_power,
+        end_lr=args.end_lr, seed=args.seed, evals_per_epoch=args.evals_per_epoch, print_freq=args.print_freq,
+        amp=args.amp, amp_dtype=args.amp_dtype, checkpoint_every=args.checkpoint_every)
+    cfg.validate()
+    device = resolve_device(args.device)
+    amp_dtype = amp_dtype_for(device, cfg.amp, cfg.amp_dtype)
+    spec = FeatureSpec.from_yaml(args.dataset)
+    train_set = SplitBinaryDataset(spec, "train")
+    test_set = SplitBinaryDataset(spec, "test") if "test" in spec.source_spec else None
+
+    ckpt = None
+    if args.load_checkpoint is not None:
+        ckpt = load_checkpoint(args.load_checkpoint)
+        check_spec_matches(ckpt, spec.summary(), str(spec.base_dir))
+        if ckpt["model_name"] != args.model:
+            raise ValueError(f"{args.load_checkpoint}: checkpoint holds a '{ckpt['model_name']}' model, "
+                             f"not '{args.model}'")
+        model_config = make_config(ckpt["model_name"], ckpt["model_config"])
+    else:
+        model_config = _model_config(args, spec)
+
+    torch.manual_seed(cfg.seed)
+    model = create_model(args.model, model_config).to(device)
+    if args.save_checkpoint is not None:
+        # the resolved configuration, beside the run, so every result says how it was made
+        run_yaml = args.save_checkpoint.with_suffix(".yaml")
+        run_yaml.parent.mkdir(parents=True, exist_ok=True)
+        with open(run_yaml, "w") as f:
+            yaml.safe_dump({"model": args.model, "model_config": config_to_dict(model_config),
+                            "train_config": cfg.to_dict(), "dataset": str(args.dataset)}, f, sort_keys=False)
+    trainer = Trainer(model, RunInfo(args.model, model_config, spec.summary()), train_set, test_set, cfg,
+                      device, amp_dtype, args.save_checkpoint, args.log_path, progress=not args.no_progress)
+    if ckpt is not None:
+        trainer.restore(ckpt)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"training {args.model} ({n_params:,} parameters) on {len(train_set):,} samples, "
+          f"{trainer.total_steps} steps of {cfg.batch_size} on {device}"
+          f"{' with ' + str(amp_dtype).replace('torch.', '') + ' autocast' if amp_dtype else ''}", file=sys.stderr)
+    result = trainer.fit()
+    if "auc" in result:
+        print(f"done: {trainer.step} steps, test AUC {result['auc']:.4f}, logloss {result['logloss']:.4f} "
+              f"on {result['samples']:,} samples"
+              + (f"; checkpoint {args.save_checkpoint}" if args.save_checkpoint else ""))
+    else:
+        print(f"done: {trainer.step} steps" + (f"; checkpoint {args.save_checkpoint}" if args.save_checkpoint else ""))
+    return 0
+
+
+def _load_for_inference(args: argparse.Namespace):
+    from ctrkit.train.checkpoint import check_spec_matches, load_checkpoint, model_from_checkpoint
+
+    ckpt = load_checkpoint(args.checkpoint)
+    spec = FeatureSpec.from_yaml(args.dataset)
+    check_spec_matches(ckpt, spec.summary(), str(spec.base_dir))
+    dataset = SplitBinaryDataset(spec, args.mapping)
+    device = resolve_device(args.device)
+    model = model_from_checkpoint(ckpt).to(device)
+    return ckpt, dataset, model, device
+
+
+def evaluate(args: argparse.Namespace) -> int:
+    from ctrkit.eval.evaluator import evaluate as run_evaluate
+
+    ckpt, dataset, model, device = _load_for_inference(args)
+    metrics = run_evaluate(model, dataset, device, args.batch_size, amp_dtype_for(device, args.amp, None),
+                           progress=not args.json)
+    metrics = {**metrics, "mapping": args.mapping, "model": ckpt["model_name"], "step": int(ckpt["step"])}
+    if args.json:
+        print(json.dumps(metrics, sort_keys=True))
+    else:
+        print(f"{ckpt['model_name']} step {metrics['step']} on {args.mapping}: AUC {metrics['auc']:.4f}  "
+              f"logloss {metrics['logloss']:.4f}  samples {metrics['samples']:,}  CTR {metrics['ctr']:.4f}")
+    return 0
+
+
+def predict(args: argparse.Namespace) -> int:
+    from ctrkit.eval.evaluator import predict_logits
+    from ctrkit.eval.metrics import sigmoid
+
+    _, dataset, model, device = _load_for_inference(args)
+    logits = predict_logits(model, dataset, device, args.batch_size, progress=True)
+    probs = sigmoid(logits).astype(np.float32)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    np.save(args.out, probs)
+    print(f"wrote {args.out}: {len(probs):,} click probabilities (float32), mean {probs.mean():.4f}")
+    return 0
+
+
+def bench(args: argparse.Namespace) -> int:
+    from ctrkit.bench.train_bench import TrainBenchConfig, run_train_bench
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cfg = TrainBenchConfig(model=args.model, batch_size=args.batch_size, num_tables=args.num_tables,
+                           table_rows=args.table_rows, embedding_dim=args.embedding_dim,
+                           num_numerical=args.num_numerical, bottom_mlp=tuple(args.bottom_mlp),
+                           top_mlp=tuple(args.top_mlp), warmup=args.warmup, steps=args.steps,
+                           repeats=args.repeats, amp=args.amp, seed=args.seed)
+    result = run_train_bench(cfg, resolve_device(args.device))
+    print(f"{cfg.model} train, batch {cfg.batch_size}, {'amp ' + result['amp_dtype'] if cfg.amp else 'fp32'}, "
+          f"{result['threads']} threads: {result['samples_per_s']:,.0f} samples/s (median of {cfg.repeats}), "
+          f"{result['ms_per_step']:.2f} ms/step")
+    if args.output is not None:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+        print(f"wrote {args.output}")
+    return 0
+
+
+def models(args: argparse.Namespace) -> int:
+    for name in list_models():
+        defaults = {k: v for k, v in config_to_dict(_example_config(name)).items()
+                    if k not in ("num_numerical", "cardinalities")}
+        print(f"{name}: {defaults}")
+    return 0
+
+
+def _example_config(name: str):
+    return config_class(name)(num_numerical=13, cardinalities=(1,))

@@ -1,0 +1,56 @@
+"""A dataset over one mapping (train/test) of a FeatureSpec, read by contiguous slices."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ctrkit.data.batch import Batch
+from ctrkit.data.feature_spec import FeatureSpec
+from ctrkit.data.split_binary import open_mapping
+
+
+class SplitBinaryDataset:
+    """Samples of one mapping of a split-binary dataset, sliced into Batches.
+
+    Args:
+        path: the dataset directory (holding ``feature_spec.yaml``) or the YAML file itself.
+        mapping: which ``source_spec`` mapping to read (``train`` or ``test``).
+        check_ids: verify on open that every id lies in ``[0, cardinality)``.
+
+    Example:
+        >>> ds = SplitBinaryDataset("data/", "test")
+        >>> batch = ds.slice(0, 1024)  # Batch with dense (1024, 13), sparse (1024, 26), labels (1024,)
+    """
+
+    def __init__(self, path: str | os.PathLike | FeatureSpec, mapping: str = "train", check_ids: bool = True):
+        self.spec = path if isinstance(path, FeatureSpec) else FeatureSpec.from_yaml(Path(path))
+        self.mapping = mapping
+        self._data = open_mapping(self.spec, mapping, check_ids=check_ids)
+
+    def __len__(self) -> int:
+        return self._data.num_samples
+
+    @property
+    def files(self) -> dict[str, Path]:
+        return self._data.files
+
+    def slice(self, start: int, stop: int) -> Batch:
+        """Samples ``[start, stop)`` as one Batch (float32 dense, int64 sparse, float32 labels)."""
+        d = self._data
+        n = stop - start
+        sparse = np.empty((n, len(d.categorical)), dtype=np.int64)  # (B, F)
+        for f, col in enumerate(d.categorical):
+            sparse[:, f] = col[start:stop]
+        dense = None
+        if d.numerical is not None:
+            dense = torch.from_numpy(np.asarray(d.numerical[start:stop], dtype=np.float32))  # (B, n_num)
+        labels = torch.from_numpy(np.asarray(d.labels[start:stop], dtype=np.float32))  # (B,)
+        return Batch(dense, torch.from_numpy(sparse), labels)
+
+    def labels(self) -> np.ndarray:
+        """All labels as a (N,) uint8 array."""
+        return np.asarray(self._data.labels)

@@ -1,0 +1,349 @@
+"""The FeatureSpec: the YAML file that describes a dataset's features, files and model channels.
+
+The format is the one NVIDIA's DeepLearningExamples recommenders share (their "BYO dataset"
+Feature Specification), so a ``feature_spec.yaml`` written by their tools loads unchanged:
+
+```yaml
+feature_spec:            # feature name -> metadata (dtype, cardinality, anything else is kept)
+  cat_0.bin: {dtype: int32, cardinality: 7912889}
+  num_0: {dtype: float16}
+  label: {dtype: bool}
+source_spec:             # mapping (train/test) -> chunks; each chunk: type, features, files
+  train:
+  - {type: split_binary, features: [num_0], files: [train/numerical.bin]}
+channel_spec:            # channel -> feature names the model reads through it
+  categorical: [cat_0.bin]
+  numerical: [num_0]
+  label: [label]
+metadata: {}             # free-form
+```
+
+File paths in ``source_spec`` are relative to the directory holding the YAML file.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+CATEGORICAL_CHANNEL = "categorical"
+NUMERICAL_CHANNEL = "numerical"
+LABEL_CHANNEL = "label"
+
+CHUNK_TYPES = ("split_binary", "csv", "parquet")
+INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8")
+FLOAT_DTYPES = ("float16", "float32", "float64")
+DTYPES = INT_DTYPES + FLOAT_DTYPES + ("bool",)
+AUTO = "auto"
+
+
+class SpecError(ValueError):
+    """A feature spec that is malformed or contradicts itself or the files it describes."""
+
+
+def normalize_dtype(dtype: Any, where: str) -> str:
+    """Returns the canonical dtype name; accepts ``int32``, ``torch.int32`` and ``np.int32`` forms."""
+    if not isinstance(dtype, str):
+        raise SpecError(f"{where}: dtype must be a string such as 'int32', got {dtype!r}")
+    name = dtype.strip()
+    for prefix in ("torch.", "np.", "numpy."):
+        if name.startswith(prefix):
+            name = name[len(prefix):]
+    if name not in DTYPES:
+        raise SpecError(f"{where}: unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
+    return name
+
+
+def smallest_int_dtype(cardinality: int) -> str:
+    """The smallest signed integer dtype that holds ids ``0..cardinality`` (NVIDIA's file convention)."""
+    if cardinality <= 2**7 - 1:
+        return "int8"
+    if cardinality <= 2**15 - 1:
+        return "int16"
+    if cardinality <= 2**31 - 1:
+        return "int32"
+    return "int64"
+
+
+@dataclass(frozen=True)
+class Feature:
+    """One feature's metadata.
+
+    Attributes:
+        dtype: canonical dtype name of the values on disk (``int32``, ``float16``, ``bool``...).
+        cardinality: number of distinct ids of a categorical feature (ids are ``0..cardinality-1``),
+            ``"auto"`` when a transcoder is to infer it, ``None`` for non-categorical features.
+        extra: any other metadata in the YAML, kept verbatim for the round trip.
+    """
+
+    dtype: str
+    cardinality: int | str | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = dict(self.extra)
+        out["dtype"] = self.dtype
+        if self.cardinality is not None:
+            out["cardinality"] = self.cardinality
+        return out
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A group of features stored together: ``files`` of ``type`` holding ``features`` in order."""
+
+    type: str
+    features: tuple[str, ...]
+    files: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.type, "features": list(self.features), "files": list(self.files)}
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    """A parsed ``feature_spec.yaml``.
+
+    Attributes:
+        feature_spec: feature name -> Feature.
+        source_spec: mapping name (``train``, ``test``) -> chunks.
+        channel_spec: channel name -> feature names.
+        metadata: free-form metadata.
+        base_dir: directory file paths are relative to (the YAML's directory), or None.
+    """
+
+    feature_spec: Mapping[str, Feature]
+    source_spec: Mapping[str, tuple[Chunk, ...]]
+    channel_spec: Mapping[str, tuple[str, ...]]
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    base_dir: Path | None = None
+
+    # ----------------------------------------------------------------------------------- loading
+    @classmethod
+    def from_yaml(cls, path: str | os.PathLike) -> FeatureSpec:
+        """Loads and validates a spec; a directory means ``DIR/feature_spec.yaml``."""
+        path = Path(path)
+        if path.is_dir():
+            path = path / "feature_spec.yaml"
+        if not path.exists():
+            raise SpecError(f"{path}: feature spec not found (expected a feature_spec.yaml file)")
+        try:
+            with open(path) as f:
+                raw = yaml.safe_load(f)
+        except yaml.YAMLError as e:
+            raise SpecError(f"{path}: not valid YAML: {e}") from None
+        try:
+            return cls.from_dict(raw, base_dir=path.parent)
+        except SpecError as e:
+            raise SpecError(f"{path}: {e}") from None
+
+    @classmethod
+    def from_dict(cls, raw: Any, base_dir: str | os.PathLike | None = None) -> FeatureSpec:
+        """Builds and validates a spec from the YAML's dictionary form."""
+        if not isinstance(raw, dict):
+            raise SpecError(f"expected a mapping with feature_spec, source_spec, channel_spec; got {type(raw).__name__}")
+        unknown = set(raw) - {"feature_spec", "source_spec", "channel_spec", "metadata"}
+        if unknown:
+            raise SpecError(f"unknown top-level section(s) {sorted(unknown)}; expected feature_spec, "
+                            "source_spec, channel_spec and optionally metadata")
+        for section in ("feature_spec", "source_spec", "channel_spec"):
+            if not isinstance(raw.get(section), dict):
+                raise SpecError(f"section '{section}' is missing or not a mapping")
+
+        features = {}
+        for name, meta in raw["feature_spec"].items():
+            where = f"feature_spec.{name}"
+            if meta is None:
+                meta = {}
+            if not isinstance(meta, dict):
+                raise SpecError(f"{where}: expected a mapping of metadata (dtype, cardinality), got {meta!r}")
+            if "dtype" not in meta:
+                raise SpecError(f"{where}: missing 'dtype'")
+            extra = {k: v for k, v in meta.items() if k not in ("dtype", "cardinality")}
+            features[str(name)] = Feature(normalize_dtype(meta["dtype"], where), meta.get("cardinality"), extra)
+
+        sources = {}
+        for mapping, chunks in raw["source_spec"].items():
+            where = f"source_spec.{mapping}"
+            if not isinstance(chunks, list):
+                raise SpecError(f"{where}: expected a list of chunks, got {chunks!r}")
+            parsed = []
+            for i, chunk in enumerate(chunks):
+                cw = f"{where}[{i}]"
+                if not isinstance(chunk, dict) or not {"type", "features", "files"} <= set(chunk):
+                    raise SpecError(f"{cw}: a chunk needs 'type', 'features' and 'files', got {chunk!r}")
+                for key in ("features", "files"):
+                    if not isinstance(chunk[key], list) or not all(isinstance(x, str) for x in chunk[key]):
+                        raise SpecError(f"{cw}.{key}: expected a list of strings, got {chunk[key]!r}")
+                parsed.append(Chunk(str(chunk["type"]), tuple(chunk["features"]), tuple(chunk["files"])))
+            sources[str(mapping)] = tuple(parsed)
+
+        channels = {}
+        for channel, names in raw["channel_spec"].items():
+            if names is None:
+                names = []
+            if not isinstance(names, list) or not all(isinstance(x, str) for x in names):
+                raise SpecError(f"channel_spec.{channel}: expected a list of feature names, got {names!r}")
+            channels[str(channel)] = tuple(names)
+
+        metadata = raw.get("metadata") or {}
+        if not isinstance(metadata, dict):
+            raise SpecError(f"metadata: expected a mapping, got {metadata!r}")
+        spec = cls(features, sources, channels, metadata, Path(base_dir) if base_dir is not None else None)
+        spec.validate()
+        return spec
+
+    # ---------------------------------------------------------------------------------- saving
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "channel_spec": {c: list(f) for c, f in self.channel_spec.items()},
+            "feature_spec": {n: f.to_dict() for n, f in self.feature_spec.items()},
+            "metadata": dict(self.metadata),
+            "source_spec": {m: [c.to_dict() for c in chunks] for m, chunks in self.source_spec.items()},
+        }
+
+    def to_yaml(self, path: str | os.PathLike) -> None:
+        """Writes the spec atomically (temp file in the same directory, then rename)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".feature_spec.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                yaml.safe_dump(self.to_dict(), f, sort_keys=False)
+            os.chmod(tmp, 0o644)  # mkstemp creates 0600
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+    # ------------------------------------------------------------------------------ validation
+    def validate(self) -> None:
+        """Checks internal consistency; raises SpecError naming the section, feature and expectation."""
+        for name, feat in self.feature_spec.items():
+            card = feat.cardinality
+            if card is None or card == AUTO:
+                continue
+            if isinstance(card, bool) or not isinstance(card, int) or card < 1:
+                raise SpecError(f"feature_spec.{name}.cardinality: expected a positive integer or 'auto', "
+                                f"got {card!r}")
+        for channel, names in self.channel_spec.items():
+            for n in names:
+                if n not in self.feature_spec:
+                    raise SpecError(f"channel_spec.{channel}: feature '{n}' is not defined in feature_spec")
+        for mapping, chunks in self.source_spec.items():
+            seen: dict[str, int] = {}
+            for i, chunk in enumerate(chunks):
+                where = f"source_spec.{mapping}[{i}]"
+                if chunk.type not in CHUNK_TYPES:
+                    raise SpecError(f"{where}.type: unknown chunk type '{chunk.type}'; expected one of "
+                                    f"{', '.join(CHUNK_TYPES)}")
+                if not chunk.files:
+                    raise SpecError(f"{where}.files: empty; expected at least one file")
+                for n in chunk.features:
+                    if n not in self.feature_spec:
+                        raise SpecError(f"{where}: feature '{n}' is not defined in feature_spec")
+                    if n in seen:
+                        raise SpecError(f"{where}: feature '{n}' is already stored in chunk {seen[n]} "
+                                        "of this mapping; each feature may appear once per mapping")
+                    seen[n] = i
+            for channel, names in self.channel_spec.items():
+                for n in names:
+                    if n not in seen:
+                        raise SpecError(f"source_spec.{mapping}: feature '{n}' of channel '{channel}' is "
+                                        "not stored in any chunk of this mapping")
+        for n in self.channel_spec.get(CATEGORICAL_CHANNEL, ()):
+            feat = self.feature_spec[n]
+            if feat.dtype not in INT_DTYPES:
+                raise SpecError(f"feature_spec.{n}.dtype: categorical features need an integer dtype, "
+                                f"got '{feat.dtype}'")
+            if feat.cardinality is None:
+                raise SpecError(f"feature_spec.{n}: categorical feature has no 'cardinality' "
+                                "(expected a positive integer, or 'auto' before transcoding)")
+        labels = self.channel_spec.get(LABEL_CHANNEL)
+        if labels is not None and len(labels) != 1:
+            raise SpecError(f"channel_spec.label: expected exactly one label feature, got {list(labels)}")
+
+    # ------------------------------------------------------------------------------- accessors
+    def channel(self, name: str) -> tuple[str, ...]:
+        """Feature names of a channel; an absent channel is empty."""
+        return tuple(self.channel_spec.get(name, ()))
+
+    @property
+    def categorical_features(self) -> tuple[str, ...]:
+        return self.channel(CATEGORICAL_CHANNEL)
+
+    @property
+    def numerical_features(self) -> tuple[str, ...]:
+        return self.channel(NUMERICAL_CHANNEL)
+
+    @property
+    def label_feature(self) -> str:
+        labels = self.channel(LABEL_CHANNEL)
+        if not labels:
+            raise SpecError("channel_spec has no 'label' channel; training and evaluation need one")
+        return labels[0]
+
+    @property
+    def cardinalities(self) -> list[int]:
+        """Cardinalities of the categorical channel, in channel order."""
+        out = []
+        for n in self.categorical_features:
+            card = self.feature_spec[n].cardinality
+            if not isinstance(card, int):
+                raise SpecError(f"feature_spec.{n}.cardinality is {card!r}; a model needs an integer "
+                                "(transcode the data so cardinalities are inferred)")
+            out.append(card)
+        return out
+
+    def mapping(self, name: str) -> tuple[Chunk, ...]:
+        if name not in self.source_spec:
+            raise SpecError(f"source_spec has no mapping '{name}'; available: {sorted(self.source_spec)}")
+        return self.source_spec[name]
+
+    def path_of(self, file: str) -> Path:
+        """Resolves a file named in source_spec against the YAML's directory."""
+        p = Path(file)
+        if p.is_absolute() or self.base_dir is None:
+            return p
+        return self.base_dir / p
+
+    def summary(self) -> dict[str, Any]:
+        """What a model trained on this spec depends on (stored in checkpoints to catch mismatches)."""
+        return {
+            "categorical_features": list(self.categorical_features),
+            "cardinalities": self.cardinalities,
+            "numerical_features": list(self.numerical_features),
+            "label": self.label_feature,
+        }
+
+
+def criteo_like_spec(cardinalities: Sequence[int], num_numerical: int,
+                     mappings: Sequence[str] = ("train", "test")) -> FeatureSpec:
+    """A split-binary spec laid out as NVIDIA's Criteo datasets are (``cat_i.bin``, ``num_i``, ``label``)."""
+    cats = [f"cat_{i}.bin" for i in range(len(cardinalities))]
+    nums = [f"num_{i}" for i in range(num_numerical)]
+    features: dict[str, Feature] = {}
+    for name, card in zip(cats, cardinalities):
+        features[name] = Feature(smallest_int_dtype(card), int(card))
+    for name in nums:
+        features[name] = Feature("float16")
+    features["label"] = Feature("bool")
+    sources = {}
+    for m in mappings:
+        chunks = []
+        if nums:
+            chunks.append(Chunk("split_binary", tuple(nums), (f"{m}/numerical.bin",)))
+        chunks.append(Chunk("split_binary", ("label",), (f"{m}/label.bin",)))
+        chunks += [Chunk("split_binary", (c,), (f"{m}/{c}",)) for c in cats]
+        sources[m] = tuple(chunks)
+    channels = {CATEGORICAL_CHANNEL: tuple(cats), NUMERICAL_CHANNEL: tuple(nums), LABEL_CHANNEL: ("label",)}
+    spec = FeatureSpec(features, sources, channels, {})
+    spec.validate()
+    return spec

@@ -1,0 +1,236 @@
+"""NVIDIA's split-binary dataset format: one headerless binary column file per feature group.
+
+Per mapping (``train/``, ``test/``): ``label.bin`` (one byte per sample), ``numerical.bin``
+(row-major ``[N, n_numerical]``, float16), and one file per categorical feature whose dtype is the
+one its ``feature_spec`` entry names (int8/int16/int32/int64). Files are memory-mapped, never read
+whole, and checked on open: sizes must agree and ids must lie in ``[0, cardinality)``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ctrkit.data.feature_spec import INT_DTYPES, FeatureSpec, SpecError
+
+_LABEL_DTYPES = ("bool", "int8", "uint8")
+
+
+class DataError(ValueError):
+    """A data file that is missing, truncated, or holds values its spec forbids."""
+
+
+@dataclass
+class SplitBinaryMapping:
+    """The memory-mapped columns of one mapping.
+
+    Attributes:
+        num_samples: N.
+        labels: (N,) one-byte labels.
+        numerical: (N, n_numerical) float array, or None when the spec has no numerical features.
+        categorical: one (N,) integer array per categorical feature, in channel order.
+        files: every file used, by feature group, for messages.
+    """
+
+    num_samples: int
+    labels: np.ndarray
+    numerical: np.ndarray | None
+    categorical: list[np.ndarray]
+    files: dict[str, Path]
+
+
+def _memmap(path: Path, dtype: np.dtype, width: int, what: str) -> np.ndarray:
+    if not path.exists():
+        raise DataError(f"{path}: file of {what} not found (named in the feature spec's source_spec)")
+    size = path.stat().st_size
+    row = dtype.itemsize * width
+    if size % row:
+        raise DataError(f"{path}: {size} bytes is not a whole number of rows of {what} "
+                        f"({width} x {dtype.name} = {row} bytes per sample); the file is truncated "
+                        "or its dtype in the feature spec is wrong")
+    n = size // row
+    if n == 0:
+        return np.zeros((0, width) if width > 1 else (0,), dtype=dtype)
+    arr = np.memmap(path, dtype=dtype, mode="r", shape=(n, width) if width > 1 else (n,))
+    return arr
+
+
+def open_mapping(spec: FeatureSpec, mapping: str, check_ids: bool = True) -> SplitBinaryMapping:
+    """Opens a split-binary mapping of ``spec`` and checks it against the spec.
+
+    Args:
+        spec: the dataset's FeatureSpec (file paths resolve against its directory).
+        mapping: ``train`` or ``test`` (any mapping in ``source_spec``).
+        check_ids: scan every categorical file once for ids outside ``[0, cardinality)``.
+
+    Raises:
+        SpecError: the spec's layout is not a split-binary one this reader supports.
+        DataError: a file is missing, mis-sized, of a different length than the others, or holds an
+            id outside its feature's range.
+    """
+    chunks = spec.mapping(mapping)
+    cats = spec.categorical_features
+    nums = spec.numerical_features
+    label = spec.label_feature
+    chunk_of: dict[str, int] = {}
+    for i, chunk in enumerate(chunks):
+        where = f"source_spec.{mapping}[{i}]"
+        if chunk.type != "split_binary":
+            raise SpecError(f"{where}: chunk type '{chunk.type}' cannot be read directly; expected "
+                            "'split_binary' (convert CSV/Parquet data with a transcoder first)")
+        if len(chunk.files) != 1:
+            raise SpecError(f"{where}: split_binary chunks hold exactly one file, got {list(chunk.files)}")
+        for f in chunk.features:
+            chunk_of[f] = i
+
+    files: dict[str, Path] = {}
+    columns: dict[str, np.ndarray] = {}
+
+    # labels: one chunk of its own
+    lchunk = chunks[chunk_of[label]]
+    if lchunk.features != (label,):
+        raise SpecError(f"source_spec.{mapping}: the label '{label}' must be alone in its chunk, "
+                        f"found with {list(lchunk.features)}")
+    ldtype = spec.feature_spec[label].dtype
+    if ldtype not in _LABEL_DTYPES:
+        raise SpecError(f"feature_spec.{label}.dtype: labels are one byte per sample, expected one of "
+                        f"{_LABEL_DTYPES}, got '{ldtype}'")
+    files["label"] = spec.path_of(lchunk.files[0])
+    columns["label"] = _memmap(files["label"], np.dtype(np.uint8), 1, f"label '{label}'")
+
+    # numerical: all in one chunk, in channel order
+    numerical = None
+    if nums:
+        idx = {chunk_of[n] for n in nums}
+        nchunk = chunks[next(iter(idx))]
+        if len(idx) != 1 or nchunk.features != nums:
+            raise SpecError(f"source_spec.{mapping}: all numerical features must be stored in one "
+                            f"split_binary chunk in channel_spec order {list(nums)}")
+        dtypes = {spec.feature_spec[n].dtype for n in nums}
+        if len(dtypes) != 1 or next(iter(dtypes)) not in ("float16", "float32"):
+            raise SpecError(f"feature_spec: numerical features must all be float16 (or all float32), "
+                            f"got {sorted(dtypes)}")
+        files["numerical"] = spec.path_of(nchunk.files[0])
+        numerical = _memmap(files["numerical"], np.dtype(dtypes.pop()), len(nums), "numerical features")
+        if len(nums) == 1:
+            numerical = numerical.reshape(-1, 1)
+        columns["numerical"] = numerical
+
+    categorical = []
+    for name in cats:
+        chunk = chunks[chunk_of[name]]
+        if chunk.features != (name,):
+            raise SpecError(f"source_spec.{mapping}: categorical feature '{name}' must be alone in its "
+                            f"chunk, found with {list(chunk.features)}")
+        dtype = spec.feature_spec[name].dtype
+        if dtype not in INT_DTYPES:
+            raise SpecError(f"feature_spec.{name}.dtype: expected an integer type, got '{dtype}'")
+        files[name] = spec.path_of(chunk.files[0])
+        arr = _memmap(files[name], np.dtype(dtype), 1, f"categorical feature '{name}'")
+        columns[name] = arr
+        categorical.append(arr)
+
+    counts = {k: len(v) for k, v in columns.items()}
+    n = counts["label"]
+    if len(set(counts.values())) != 1:
+        detail = ", ".join(f"{files[k]}: {c}" for k, c in counts.items() if c != n)
+        raise DataError(f"mapping '{mapping}': files hold different numbers of samples; "
+                        f"{files['label']} has {n}, but {detail}")
+
+    if n and len(columns["label"]):
+        lmax = int(columns["label"].max())
+        if lmax > 1:
+            pos = int(np.argmax(columns["label"] > 1))
+            raise DataError(f"{files['label']}: sample {pos} has label {lmax}; labels must be 0 or 1")
+    if check_ids and n:
+        for name, arr in zip(cats, categorical):
+            check_id_range(arr, spec.feature_spec[name].cardinality, name, files[name])
+    return SplitBinaryMapping(n, columns["label"], numerical, categorical, files)
+
+
+def check_id_range(ids: np.ndarray, cardinality: int, name: str, where: os.PathLike | str) -> None:
+    """Raises DataError if any id is negative or not below ``cardinality`` (one pass: min and max)."""
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0:
+        pos = int(np.argmax(ids < 0))
+        raise DataError(f"{where}: feature '{name}' has a negative id {int(ids[pos])} at sample {pos}; "
+                        f"ids must lie in [0, {cardinality})")
+    if hi >= cardinality:
+        pos = int(np.argmax(ids >= cardinality))
+        raise DataError(f"{where}: feature '{name}' has id {int(ids[pos])} at sample {pos}, beyond its "
+                        f"cardinality {cardinality} in the feature spec (ids must lie in [0, {cardinality}))")
+
+
+class SplitBinaryWriter:
+    """Appends samples to the split-binary files of one mapping of a spec.
+
+    Values are range-checked and cast to the dtypes the spec names, so what is written always reads
+    back. Use as a context manager, or call ``close()``.
+    """
+
+    def __init__(self, spec: FeatureSpec, mapping: str):
+        self.spec = spec
+        self.mapping = mapping
+        chunks = spec.mapping(mapping)
+        by_feature = {f: spec.path_of(c.files[0]) for c in chunks for f in c.features}
+        self._cats = spec.categorical_features
+        self._nums = spec.numerical_features
+        self._cards = spec.cardinalities
+        self._cat_dtypes = [np.dtype(spec.feature_spec[c].dtype) for c in self._cats]
+        self._num_dtype = np.dtype(spec.feature_spec[self._nums[0]].dtype) if self._nums else None
+        paths = [by_feature[spec.label_feature]] + [by_feature[c] for c in self._cats]
+        if self._nums:
+            paths.append(by_feature[self._nums[0]])
+        for p in paths:
+            p.parent.mkdir(parents=True, exist_ok=True)
+        self._label_f = open(by_feature[spec.label_feature], "wb")
+        self._num_f = open(by_feature[self._nums[0]], "wb") if self._nums else None
+        self._cat_f = [open(by_feature[c], "wb") for c in self._cats]
+        self.num_samples = 0
+
+    def append(self, numerical: np.ndarray | None, categorical: np.ndarray | Sequence[np.ndarray],
+               labels: np.ndarray) -> None:
+        """Writes a block of samples.
+
+        Args:
+            numerical: (n, n_numerical) floats, or None when the spec has no numerical features.
+            categorical: (n, n_categorical) ids, or one (n,) array per categorical feature.
+            labels: (n,) zeros and ones.
+        """
+        labels = np.asarray(labels)
+        n = len(labels)
+        if labels.size and (labels.min() < 0 or labels.max() > 1):
+            raise DataError(f"mapping '{self.mapping}': labels must be 0 or 1")
+        cols = [categorical[:, i] for i in range(categorical.shape[1])] if isinstance(
+            categorical, np.ndarray) else list(categorical)
+        if len(cols) != len(self._cats):
+            raise DataError(f"expected {len(self._cats)} categorical columns, got {len(cols)}")
+        for name, col, card in zip(self._cats, cols, self._cards):
+            if len(col) != n:
+                raise DataError(f"feature '{name}': {len(col)} values for {n} labels")
+            if n:
+                check_id_range(np.asarray(col), card, name, f"mapping '{self.mapping}'")
+        if self._num_f is not None:
+            numerical = np.asarray(numerical)
+            if numerical.shape != (n, len(self._nums)):
+                raise DataError(f"numerical block has shape {numerical.shape}, expected ({n}, {len(self._nums)})")
+            self._num_f.write(np.ascontiguousarray(numerical, dtype=self._num_dtype).tobytes())
+        self._label_f.write(labels.astype(np.uint8).tobytes())
+        for f, col, dtype in zip(self._cat_f, cols, self._cat_dtypes):
+            f.write(np.asarray(col).astype(dtype).tobytes())
+        self.num_samples += n
+
+    def close(self) -> None:
+        for f in [self._label_f, self._num_f, *self._cat_f]:
+            if f is not None and not f.closed:
+                f.close()
+
+    def __enter__(self) -> SplitBinaryWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,180 @@
+"""Synthetic click data in the Criteo shape, with a planted signal a model can learn.
+
+Each categorical feature draws ids from a truncated power law (id 0 most frequent, as frequency-
+ordered vocabularies are). The click log-odds are a sum of
+
+* a per-id effect for each feature (what a wide/linear model can learn),
+* dot products of per-id latent vectors for a fixed set of feature pairs (what DLRM's dot
+  interaction is built for, and a linear model cannot see),
+* a nonlinear function of a per-sample hidden state that the numerical features observe with noise,
+
+shifted so the click rate is about 25%, like Criteo's. Labels are Bernoulli draws from those odds,
+so the best achievable AUC is below 1; ``oracle_logits`` gives it for comparison.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from ctrkit.data.feature_spec import FeatureSpec, criteo_like_spec
+from ctrkit.data.split_binary import SplitBinaryWriter
+
+# Criteo Kaggle's 26 table sizes, with the huge ones capped near 10^5 so the default model fits
+# a laptop; from 3 to 200,000 rows.
+CRITEO_LIKE_CARDINALITIES = (
+    1460, 583, 200000, 150000, 305, 24, 12517, 633, 3, 93145, 5683, 180000, 3194,
+    27, 14992, 160000, 10, 5652, 2173, 4, 170000, 18, 15, 120000, 105, 142572,
+)
+
+
+def power_law_ids(rng: np.random.Generator, cardinality: int, n: int, exponent: float) -> np.ndarray:
+    """n ids in [0, cardinality) with P(id = k) roughly proportional to (k + 1) ** -exponent."""
+    u = rng.random(n)
+    if cardinality == 1:
+        return np.zeros(n, dtype=np.int64)
+    a = 1.0 - exponent  # inverse CDF of a continuous power law on [1, cardinality + 1)
+    x = (1.0 + u * ((cardinality + 1.0) ** a - 1.0)) ** (1.0 / a)
+    return np.minimum(x.astype(np.int64) - 1, cardinality - 1)
+
+
+@dataclass
+class Block:
+    numerical: np.ndarray  # (n, N) float32
+    categorical: np.ndarray  # (n, F) int64
+    logits: np.ndarray  # (n,) the true click log-odds
+    labels: np.ndarray  # (n,) uint8
+
+
+class SyntheticCTR:
+    """A fixed random click model; ``sample`` draws i.i.d. rows from it.
+
+    Args:
+        cardinalities: table sizes of the categorical features.
+        num_numerical: numerical features.
+        seed: fixes the model (effects, latent vectors, pairs); sampling takes its own generator.
+        exponent: power-law exponent of the id distributions.
+        latent_dim: width of the planted latent vectors.
+        num_pairs: interacting feature pairs.
+        ctr: target click rate.
+    """
+
+    def __init__(self, cardinalities: Sequence[int] = CRITEO_LIKE_CARDINALITIES, num_numerical: int = 13,
+                 seed: int = 0, exponent: float = 1.2, latent_dim: int = 4, num_pairs: int = 12,
+                 ctr: float = 0.25):
+        rng = np.random.default_rng([seed, 1])
+        self.cardinalities = tuple(int(c) for c in cardinalities)
+        self.num_numerical = num_numerical
+        self.exponent = exponent
+        nf = len(self.cardinalities)
+        scales = rng.uniform(0.0, 0.6, nf)
+        self.effects = [rng.normal(0.0, s, c).astype(np.float32) for s, c in zip(scales, self.cardinalities)]
+        self.latents = [rng.normal(0.0, 1.0 / np.sqrt(latent_dim), (c, latent_dim)).astype(np.float32)
+                        for c in self.cardinalities]
+        pairs = set()
+        while nf > 1 and len(pairs) < min(num_pairs, nf * (nf - 1) // 2):
+            f, g = rng.choice(nf, 2, replace=False)
+            pairs.add((int(min(f, g)), int(max(f, g))))
+        self.pairs = sorted(pairs)
+        self.pair_weight = 1.2 / np.sqrt(max(len(self.pairs), 1)) * 2.0
+        self.hidden_dim = 3
+        self.num_loading = rng.normal(0.0, 1.0, (self.hidden_dim, num_numerical))
+        self.num_offset = rng.uniform(0.0, 3.0, num_numerical)
+        self.num_missing = rng.uniform(0.0, 0.4, num_numerical)
+        self.hidden_weight = rng.normal(0.0, 0.5, self.hidden_dim)
+        self.bias = 0.0
+        pilot = self.sample(np.random.default_rng([seed, 2]), 50_000, labels=False).logits
+        self.bias = self._bias_for_ctr(pilot, ctr)
+
+    @staticmethod
+    def _bias_for_ctr(logits: np.ndarray, ctr: float) -> float:
+        lo, hi = -20.0, 20.0
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            if np.mean(1.0 / (1.0 + np.exp(-(logits + mid)))) < ctr:
+                lo = mid
+            else:
+                hi = mid
+        return (lo + hi) / 2
+
+    def sample(self, rng: np.random.Generator, n: int, labels: bool = True) -> Block:
+        """Draws n rows."""
+        cats = np.empty((n, len(self.cardinalities)), dtype=np.int64)  # (n, F)
+        logits = np.full(n, self.bias, dtype=np.float64)
+        for f, card in enumerate(self.cardinalities):
+            cats[:, f] = power_law_ids(rng, card, n, self.exponent)
+            logits += self.effects[f][cats[:, f]]
+        for f, g in self.pairs:
+            logits += self.pair_weight * np.einsum("nk,nk->n", self.latents[f][cats[:, f]],
+                                                   self.latents[g][cats[:, g]])
+        hidden = rng.normal(0.0, 1.0, (n, self.hidden_dim))  # (n, H)
+        logits += hidden @ self.hidden_weight + 0.8 * np.maximum(hidden[:, 0] * hidden[:, 1], 0.0)
+        # numerical features: noisy log-counts of the hidden state, like Criteo's log(x + 3) integers
+        counts = np.exp(self.num_offset + 0.6 * hidden @ self.num_loading + rng.normal(0.0, 0.5, (n, self.num_numerical)))
+        numerical = np.log(np.floor(counts) + 3.0)
+        numerical[rng.random((n, self.num_numerical)) < self.num_missing] = 0.0  # missing -> 0
+        y = (rng.random(n) < 1.0 / (1.0 + np.exp(-logits))).astype(np.uint8) if labels else np.zeros(n, np.uint8)
+        return Block(numerical.astype(np.float32), cats, logits, y)
+
+
+def generate_dataset(out_dir: str | os.PathLike, rows: int,
+                     cardinalities: Sequence[int] = CRITEO_LIKE_CARDINALITIES, num_numerical: int = 13,
+                     test_fraction: float = 0.1, seed: int = 0, chunk_rows: int = 1 << 18,
+                     overwrite: bool = False, progress: bool = True) -> FeatureSpec:
+    """Writes a split-binary dataset (``train``/``test`` mappings + feature_spec.yaml) to ``out_dir``.
+
+    The data is written to a temporary directory beside ``out_dir`` and renamed into place at the
+    end, so an interrupted run never leaves a directory that looks complete.
+
+    Args:
+        out_dir: the dataset directory to create.
+        rows: total samples; ``test_fraction`` of them go to the ``test`` mapping.
+        cardinalities: table sizes (default: the Criteo-like 26).
+        num_numerical: numerical features (default 13).
+        test_fraction: share of rows in the test mapping.
+        seed: fixes the click model and the samples.
+        chunk_rows: rows generated per block (bounds memory).
+        overwrite: replace an existing dataset at ``out_dir``.
+        progress: show a progress bar.
+    """
+    if rows < 2:
+        raise ValueError(f"--rows must be at least 2, got {rows}")
+    if not 0.0 < test_fraction < 1.0:
+        raise ValueError(f"--test-fraction must lie in (0, 1), got {test_fraction}")
+    out = Path(out_dir)
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise ValueError(f"{out}: directory exists and is not empty; pass --overwrite to replace it")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
+    try:
+        model = SyntheticCTR(cardinalities, num_numerical, seed)
+        spec = criteo_like_spec(model.cardinalities, num_numerical)
+        spec = FeatureSpec(spec.feature_spec, spec.source_spec, spec.channel_spec,
+                           {"generator": "ctrkit synth", "seed": seed, "rows": rows}, tmp)
+        n_test = max(1, int(round(rows * test_fraction)))
+        rng = np.random.default_rng([seed, 3])
+        with tqdm(total=rows, desc="synth", unit="row", unit_scale=True, disable=not progress) as bar:
+            for mapping, n in (("train", rows - n_test), ("test", n_test)):
+                with SplitBinaryWriter(spec, mapping) as writer:
+                    done = 0
+                    while done < n:
+                        block = model.sample(rng, min(chunk_rows, n - done))
+                        writer.append(block.numerical, block.categorical, block.labels)
+                        done += len(block.labels)
+                        bar.update(len(block.labels))
+        spec.to_yaml(tmp / "feature_spec.yaml")
+        os.chmod(tmp, 0o755)  # mkdtemp creates 0700
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return FeatureSpec.from_yaml(out / "feature_spec.yaml")

@@ -1,0 +1,55 @@
+"""Scoring a dataset with a model and summarising the scores."""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from ctrkit.data.dataset import SplitBinaryDataset
+from ctrkit.data.loader import BatchLoader
+from ctrkit.eval.metrics import log_loss_from_logits, roc_auc
+
+
+@torch.no_grad()
+def predict_logits(model: nn.Module, dataset: SplitBinaryDataset, device: torch.device,
+                   batch_size: int = 16384, amp_dtype: torch.dtype | None = None,
+                   progress: bool = False) -> np.ndarray:
+    """Logits of every sample of ``dataset``, in dataset order, as a (N,) float32 array."""
+    was_training = model.training
+    model.eval()
+    out = np.empty(len(dataset), dtype=np.float32)
+    loader = BatchLoader(dataset, batch_size, shuffle=False)
+    pos = 0
+    autocast = torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None else nullcontext()
+    try:
+        for batch in tqdm(loader, total=len(loader), desc="scoring", unit="batch", disable=not progress,
+                          leave=False):
+            batch = batch.to(device, non_blocking=True)
+            with autocast:
+                logits = model(batch.dense, batch.sparse)
+            out[pos:pos + len(batch)] = logits.float().cpu().numpy()
+            pos += len(batch)
+    finally:
+        model.train(was_training)
+    return out
+
+
+def evaluate(model: nn.Module, dataset: SplitBinaryDataset, device: torch.device, batch_size: int = 16384,
+             amp_dtype: torch.dtype | None = None, progress: bool = False) -> dict[str, float]:
+    """AUC and log loss of ``model`` over the whole of ``dataset``.
+
+    Returns:
+        ``{"auc", "logloss", "samples", "ctr"}``; ``ctr`` is the mean label, for reading log loss.
+    """
+    logits = predict_logits(model, dataset, device, batch_size, amp_dtype, progress)
+    labels = dataset.labels()
+    return {
+        "auc": roc_auc(labels, logits),
+        "logloss": log_loss_from_logits(labels, logits),
+        "samples": int(len(labels)),
+        "ctr": float(labels.mean()) if len(labels) else float("nan"),
+    }

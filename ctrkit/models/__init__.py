@@ -1,0 +1,6 @@
+"""Models: building blocks, the registry, and one file per architecture family."""
+
+from ctrkit.models.dlrm import DLRM, DLRMConfig
+from ctrkit.models.registry import create_model, list_models, register_model
+
+__all__ = ["DLRM", "DLRMConfig", "create_model", "list_models", "register_model"]

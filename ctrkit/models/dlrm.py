@@ -1,0 +1,79 @@
+"""DLRM: bottom MLP over numerical features, embeddings, dot interaction, top MLP."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ctrkit.models.embeddings import EmbeddingCollection
+from ctrkit.models.interaction import DotInteraction
+from ctrkit.models.mlp import MLP
+from ctrkit.models.registry import register_model
+
+
+@dataclass(frozen=True)
+class DLRMConfig:
+    """DLRM hyper-parameters. The defaults are the Criteo-Kaggle shape, which trains well on CPU.
+
+    Attributes:
+        num_numerical: numerical input features (13 for Criteo).
+        cardinalities: rows of each categorical feature's table.
+        embedding_dim: D; the bottom MLP's last layer must output D.
+        bottom_mlp: layer widths of the bottom MLP.
+        top_mlp: layer widths of the top MLP; the last must be 1 (the logit).
+        self_interaction: include each vector's dot with itself in the interaction.
+        sparse_gradients: embeddings produce sparse gradients (keep True for speed).
+    """
+
+    num_numerical: int
+    cardinalities: tuple[int, ...]
+    embedding_dim: int = 16
+    bottom_mlp: tuple[int, ...] = (512, 256, 64, 16)
+    top_mlp: tuple[int, ...] = (512, 256, 1)
+    self_interaction: bool = False
+    sparse_gradients: bool = True
+
+    def validate(self) -> None:
+        if self.num_numerical < 0:
+            raise ValueError(f"num_numerical must be >= 0, got {self.num_numerical}")
+        if not self.cardinalities or any(int(c) < 1 for c in self.cardinalities):
+            raise ValueError(f"cardinalities must be a non-empty list of positive integers, got "
+                             f"{list(self.cardinalities)}")
+        if self.embedding_dim < 1:
+            raise ValueError(f"embedding_dim must be positive, got {self.embedding_dim}")
+        if self.num_numerical and (not self.bottom_mlp or self.bottom_mlp[-1] != self.embedding_dim):
+            raise ValueError(f"bottom_mlp must end in embedding_dim={self.embedding_dim} so its output "
+                             f"can interact with the embeddings, got {list(self.bottom_mlp)}")
+        if not self.top_mlp or self.top_mlp[-1] != 1:
+            raise ValueError(f"top_mlp must end in 1 (the logit), got {list(self.top_mlp)}")
+
+
+@register_model("dlrm", DLRMConfig)
+class DLRM(nn.Module):
+    """Deep Learning Recommendation Model (Naumov et al., 2019).
+
+    Shape letters: B batch, F categorical features, D embedding dim, N numerical features.
+
+    Args:
+        config: DLRMConfig.
+
+    Shapes: dense (B, N) float, sparse (B, F) int64 -> logits (B,).
+    """
+
+    def __init__(self, config: DLRMConfig):
+        super().__init__()
+        self.config = config
+        d = config.embedding_dim
+        self.bottom_mlp = MLP(config.num_numerical, config.bottom_mlp) if config.num_numerical else None
+        self.embeddings = EmbeddingCollection(config.cardinalities, d, sparse=config.sparse_gradients)
+        num_vectors = len(config.cardinalities) + (1 if self.bottom_mlp is not None else 0)
+        self.interaction = DotInteraction(num_vectors, d, config.self_interaction,
+                                          with_dense=self.bottom_mlp is not None)
+        self.top_mlp = MLP(self.interaction.out_features, config.top_mlp, relu_last=False)
+
+    def forward(self, dense: torch.Tensor | None, sparse: torch.Tensor) -> torch.Tensor:
+        emb = self.embeddings(sparse)  # (B, F, D)
+        bottom = self.bottom_mlp(dense) if self.bottom_mlp is not None else None  # (B, D)
+        return self.top_mlp(self.interaction(bottom, emb)).squeeze(1)  # (B,)

@@ -1,0 +1,242 @@
+"""The training loop: batches in, optimizer steps, periodic evaluation, logs and checkpoints."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm.auto import tqdm
+
+from ctrkit.config import TrainConfig
+from ctrkit.data.batch import Batch
+from ctrkit.data.dataset import SplitBinaryDataset
+from ctrkit.data.loader import BatchLoader
+from ctrkit.eval.evaluator import evaluate
+from ctrkit.models.registry import config_to_dict
+from ctrkit.train.checkpoint import rng_state, save_checkpoint, set_rng_state
+from ctrkit.train.optim import LRSchedule, SparseSGD
+
+
+def resolve_schedule(cfg: TrainConfig, total_steps: int) -> LRSchedule:
+    """The run's LR schedule; fields the config leaves as None are derived from ``total_steps``."""
+    warmup = cfg.warmup_steps if cfg.warmup_steps is not None else max(1, round(0.05 * total_steps))
+    decay_steps = cfg.decay_steps if cfg.decay_steps is not None else total_steps // 2
+    decay_start = cfg.decay_start_step if cfg.decay_start_step is not None else total_steps - decay_steps
+    return LRSchedule(cfg.lr, warmup, max(decay_start, 0), decay_steps, cfg.decay_power, cfg.end_lr)
+
+
+class TrainStep:
+    """One optimizer step on one batch: forward (under autocast), BCE loss, backward, update.
+
+    Shared by the trainer and the training benchmark so both measure the same thing.
+
+    Args:
+        model: maps (dense, sparse) to logits (B,).
+        optimizer: accepts sparse gradients (e.g. SparseSGD).
+        device: where batches are moved before the forward pass.
+        amp_dtype: autocast dtype, or None for full precision. fp16 enables loss scaling.
+    """
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device,
+                 amp_dtype: torch.dtype | None = None):
+        self.model = model
+        self.optimizer = optimizer
+        self.device = device
+        self.amp_dtype = amp_dtype
+        self.scaler = torch.amp.GradScaler(device.type) if amp_dtype == torch.float16 else None
+
+    def __call__(self, batch: Batch, lr: float) -> torch.Tensor:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        batch = batch.to(self.device, non_blocking=True)
+        autocast = (torch.autocast(self.device.type, dtype=self.amp_dtype) if self.amp_dtype is not None
+                    else nullcontext())
+        with autocast:
+            logits = self.model(batch.dense, batch.sparse)  # (B,)
+        loss = F.binary_cross_entropy_with_logits(logits.float(), batch.labels)
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            loss.backward()
+            self.optimizer.step()
+        return loss.detach()
+
+
+@dataclass
+class RunInfo:
+    """What a checkpoint needs to know about the run besides the weights."""
+
+    model_name: str
+    model_config: Any
+    spec_summary: dict[str, Any]
+
+
+class Trainer:
+    """Trains a model on a split-binary dataset.
+
+    Args:
+        model: the model (already on ``device``).
+        info: model name/config and the dataset's spec summary, stored in checkpoints.
+        train_set: the training mapping.
+        test_set: the evaluation mapping, or None to skip evaluation.
+        cfg: TrainConfig.
+        device: the device to train on.
+        amp_dtype: autocast dtype or None.
+        save_path: where to write checkpoints (at each evaluation, every ``checkpoint_every`` steps
+            and at the end), or None.
+        log_path: JSON-lines log file, or None.
+        progress: show a progress bar.
+    """
+
+    def __init__(self, model: nn.Module, info: RunInfo, train_set: SplitBinaryDataset,
+                 test_set: SplitBinaryDataset | None, cfg: TrainConfig, device: torch.device,
+                 amp_dtype: torch.dtype | None = None, save_path: str | os.PathLike | None = None,
+                 log_path: str | os.PathLike | None = None, progress: bool = True):
+        cfg.validate()
+        if len(train_set) == 0:
+            raise ValueError(f"the training mapping '{train_set.mapping}' holds no samples")
+        self.model = model
+        self.info = info
+        self.train_set = train_set
+        self.test_set = test_set
+        self.cfg = cfg
+        self.device = device
+        self.amp_dtype = amp_dtype
+        self.save_path = Path(save_path) if save_path else None
+        self.log_path = Path(log_path) if log_path else None
+        self.progress = progress
+        self.loader = BatchLoader(train_set, cfg.batch_size, shuffle=True, seed=cfg.seed)
+        self.steps_per_epoch = len(self.loader)
+        planned = cfg.epochs * self.steps_per_epoch
+        self.total_steps = min(planned, cfg.max_steps) if cfg.max_steps else planned
+        self.schedule = resolve_schedule(cfg, planned)
+        self.optimizer = SparseSGD(model.parameters(), lr=cfg.lr)
+        self.step_fn = TrainStep(model, self.optimizer, device, amp_dtype)
+        self.step = 0
+        self.history: list[dict[str, Any]] = []
+
+    # -------------------------------------------------------------------------- checkpointing
+    def state(self) -> dict[str, Any]:
+        return {
+            "model_name": self.info.model_name,
+            "model_config": config_to_dict(self.info.model_config),
+            "spec": self.info.spec_summary,
+            "train_config": self.cfg.to_dict(),
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "step": self.step,
+            "epoch": self.step // self.steps_per_epoch,
+            "batch_in_epoch": self.step % self.steps_per_epoch,
+            "steps_per_epoch": self.steps_per_epoch,
+            "rng": rng_state(),
+        }
+
+    def restore(self, ckpt: dict[str, Any]) -> None:
+        """Continues the run a checkpoint was taken from (weights, optimizer, step, RNG)."""
+        if ckpt.get("steps_per_epoch") not in (None, self.steps_per_epoch):
+            raise ValueError(f"the checkpoint's run had {ckpt['steps_per_epoch']} batches per epoch, this one "
+                             f"has {self.steps_per_epoch}: resume with the same dataset and --batch-size")
+        self.model.load_state_dict(ckpt["model"])
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        self.step = int(ckpt["step"])
+        set_rng_state(ckpt["rng"])
+
+    def save(self) -> None:
+        if self.save_path is not None:
+            save_checkpoint(self.save_path, self.state())
+
+    # -------------------------------------------------------------------------------- logging
+    def _log(self, record: dict[str, Any]) -> None:
+        self.history.append(record)
+        if self.log_path is not None:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.log_path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+
+    def _eval_steps(self) -> set[int]:
+        """Global steps after which to evaluate: evenly spaced within each epoch, plus the last step."""
+        spe = self.steps_per_epoch
+        points = {self.total_steps}
+        if self.cfg.evals_per_epoch:
+            for e in range(self.cfg.epochs):
+                for k in range(1, self.cfg.evals_per_epoch + 1):
+                    points.add(e * spe + math.ceil(k * spe / self.cfg.evals_per_epoch))
+        return {p for p in points if p <= self.total_steps}
+
+    def run_eval(self) -> dict[str, Any] | None:
+        if self.test_set is None or len(self.test_set) == 0:
+            return None
+        metrics = evaluate(self.model, self.test_set, self.device, self.cfg.eval_batch_size, self.amp_dtype)
+        record = {"event": "eval", "step": self.step, **metrics}
+        self._log(record)
+        return record
+
+    # ----------------------------------------------------------------------------------- loop
+    def fit(self) -> dict[str, Any]:
+        """Trains to ``total_steps``; returns the last evaluation (or the last training loss)."""
+        cfg = self.cfg
+        self._log({"event": "start", "step": self.step, "total_steps": self.total_steps,
+                   "steps_per_epoch": self.steps_per_epoch, "train_samples": len(self.train_set),
+                   "model": self.info.model_name, "config": cfg.to_dict(), "device": str(self.device),
+                   "threads": torch.get_num_threads()})
+        eval_steps = self._eval_steps()
+        last_eval: dict[str, Any] | None = None
+        loss_sum = torch.zeros((), device=self.device)
+        window_steps = window_samples = 0
+        window_start = time.perf_counter()
+        bar = tqdm(total=self.total_steps, initial=self.step, desc="train", unit="step",
+                   disable=not self.progress, dynamic_ncols=True)
+        self.model.train()
+        try:
+            while self.step < self.total_steps:
+                epoch, start = divmod(self.step, self.steps_per_epoch)
+                for batch in self.loader.epoch(epoch, start):
+                    loss = self.step_fn(batch, self.schedule(self.step))
+                    loss_sum += loss
+                    self.step += 1
+                    window_steps += 1
+                    window_samples += len(batch)
+                    bar.update(1)
+                    if self.step % cfg.print_freq == 0 or self.step == self.total_steps:
+                        elapsed = time.perf_counter() - window_start
+                        mean_loss = float(loss_sum) / window_steps
+                        if not math.isfinite(mean_loss):
+                            raise FloatingPointError(
+                                f"training loss became {mean_loss} by step {self.step} (lr "
+                                f"{self.schedule(self.step - 1):g}); lower --lr or lengthen --warmup-steps")
+                        record = {"event": "train", "step": self.step, "epoch": epoch, "loss": mean_loss, "lr": self.schedule(self.step - 1),
+                                  "samples_per_s": window_samples / max(elapsed, 1e-9)}
+                        self._log(record)
+                        bar.set_postfix(loss=f"{record['loss']:.4f}",
+                                        samples_s=f"{record['samples_per_s']:,.0f}")
+                        loss_sum.zero_()
+                        window_steps = window_samples = 0
+                        window_start = time.perf_counter()
+                    if self.step in eval_steps:
+                        t0 = time.perf_counter()
+                        last_eval = self.run_eval() or last_eval
+                        if last_eval is not None:
+                            bar.write(f"step {self.step}: test AUC {last_eval['auc']:.4f} "
+                                      f"logloss {last_eval['logloss']:.4f}")
+                        self.save()
+                        window_start += time.perf_counter() - t0  # keep samples/s about training
+                    elif cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
+                        self.save()
+                    if self.step >= self.total_steps:
+                        break
+        finally:
+            bar.close()
+        self.save()
+        return last_eval or {"event": "done", "step": self.step}

@@ -1,0 +1,46 @@
+"""Shared fixtures: small synthetic datasets and a way to run the real CLI."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from ctrkit.cli import main
+from ctrkit.data.synthetic import generate_dataset
+
+TINY_TABLES = (3, 10, 50, 120, 400, 2000, 7, 900)
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+@pytest.fixture(autouse=True)
+def _seed_everything():
+    torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def tiny_dataset(tmp_path_factory) -> Path:
+    """24k rows (21.6k train, 2.4k test), 8 categorical tables of 3..2000 rows, 4 numerical features."""
+    out = tmp_path_factory.mktemp("data") / "tiny"
+    generate_dataset(out, 24_000, TINY_TABLES, num_numerical=4, test_fraction=0.1, seed=7, progress=False)
+    return out
+
+
+def small_model_flags() -> list[str]:
+    return ["--embedding-dim", "8", "--bottom-mlp", "32,8", "--top-mlp", "32,1"]
+
+
+def run_cli(*args: str, capsys=None) -> tuple[int, str, str]:
+    """Runs ``ctrkit`` in this process; returns (exit code, stdout, stderr)."""
+    code = main([str(a) for a in args])
+    out, err = capsys.readouterr() if capsys is not None else ("", "")
+    return code, out, err
+
+
+def run_process(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Runs ``python -m ctrkit`` as a real process."""
+    return subprocess.run([sys.executable, "-m", "ctrkit", *[str(a) for a in args]], capture_output=True,
+                          text=True, timeout=timeout)
