@@ -28,6 +28,7 @@ demo: install
 
 lint: install
 	$(BIN)/ruff check ctrkit tests
+	$(BIN)/ruff format --check ctrkit tests
 
 test: install lint
 	$(BIN)/python -m pytest -q

@@ -23,15 +23,22 @@ def _int_list(text: str) -> tuple[int, ...]:
 
 
 def _add_synth(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("synth", help="write a synthetic Criteo-like dataset (split binary + feature_spec.yaml)",
-                       description="Writes train/ and test/ split-binary mappings with power-law ids and a "
-                                   "planted click signal (per-id effects, pairwise latent interactions, "
-                                   "nonlinear numerical effects), so a model can learn it.")
+    p = sub.add_parser(
+        "synth",
+        help="write a synthetic Criteo-like dataset (split binary + feature_spec.yaml)",
+        description="Writes train/ and test/ split-binary mappings with power-law ids and a "
+        "planted click signal (per-id effects, pairwise latent interactions, "
+        "nonlinear numerical effects), so a model can learn it.",
+    )
     p.add_argument("--out", required=True, type=Path, help="dataset directory to create")
     p.add_argument("--rows", type=int, default=300_000, help="total samples, train + test (default 300000)")
-    p.add_argument("--tables", type=_int_list, default=None,
-                   help="comma-separated cardinalities of the categorical features (default: 26 Criteo-like "
-                        "tables of 3 to 200,000 rows)")
+    p.add_argument(
+        "--tables",
+        type=_int_list,
+        default=None,
+        help="comma-separated cardinalities of the categorical features (default: 26 Criteo-like "
+        "tables of 3 to 200,000 rows)",
+    )
     p.add_argument("--num-numerical", type=int, default=13, help="numerical features (default 13)")
     p.add_argument("--test-fraction", type=float, default=0.1, help="share of rows in test/ (default 0.1)")
     p.add_argument("--seed", type=int, default=0, help="random seed of the click model and samples (default 0)")
@@ -42,44 +49,77 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     from ctrkit.config import TrainConfig
 
     d = TrainConfig()
-    p = sub.add_parser("train", help="train a model on a dataset",
-                       description="Trains a model on the 'train' mapping of a split-binary dataset with SGD "
-                                   "(sparse embedding updates), evaluating on 'test'. The LR schedule warms up "
-                                   "linearly, holds, then decays polynomially; unset schedule flags are derived "
-                                   "from the run length (5%% warmup, decay over the last half).")
+    p = sub.add_parser(
+        "train",
+        help="train a model on a dataset",
+        description="Trains a model on the 'train' mapping of a split-binary dataset with SGD "
+        "(sparse embedding updates), evaluating on 'test'. The LR schedule warms up "
+        "linearly, holds, then decays polynomially; unset schedule flags are derived "
+        "from the run length (5%% warmup, decay over the last half).",
+    )
     p.add_argument("--model", default="dlrm", help="registered model name (default dlrm; see `ctrkit models`)")
     p.add_argument("--dataset", required=True, type=Path, help="dataset directory holding feature_spec.yaml")
-    p.add_argument("--model-config", type=Path, default=None,
-                   help="YAML file of model config fields (e.g. embedding_dim, bottom_mlp, top_mlp)")
+    p.add_argument(
+        "--model-config",
+        type=Path,
+        default=None,
+        help="YAML file of model config fields (e.g. embedding_dim, bottom_mlp, top_mlp)",
+    )
     p.add_argument("--embedding-dim", type=int, default=None, help="embedding width D (default 16)")
-    p.add_argument("--bottom-mlp", type=_int_list, default=None,
-                   help="bottom MLP widths, last = embedding dim (default 512,256,64,16)")
+    p.add_argument(
+        "--bottom-mlp",
+        type=_int_list,
+        default=None,
+        help="bottom MLP widths, last = embedding dim (default 512,256,64,16)",
+    )
     p.add_argument("--top-mlp", type=_int_list, default=None, help="top MLP widths, last = 1 (default 512,256,1)")
     p.add_argument("--epochs", type=int, default=d.epochs, help=f"passes over the training data (default {d.epochs})")
     p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps in total")
     p.add_argument("--batch-size", type=int, default=d.batch_size, help=f"samples per step (default {d.batch_size})")
-    p.add_argument("--eval-batch-size", type=int, default=d.eval_batch_size,
-                   help=f"samples per forward pass in evaluation (default {d.eval_batch_size})")
+    p.add_argument(
+        "--eval-batch-size",
+        type=int,
+        default=d.eval_batch_size,
+        help=f"samples per forward pass in evaluation (default {d.eval_batch_size})",
+    )
     p.add_argument("--lr", type=float, default=d.lr, help=f"peak learning rate (default {d.lr})")
     p.add_argument("--warmup-steps", type=int, default=None, help="linear warmup steps (default 5%% of the run)")
-    p.add_argument("--decay-start-step", type=int, default=None,
-                   help="step where polynomial decay begins (default: half-way)")
+    p.add_argument(
+        "--decay-start-step", type=int, default=None, help="step where polynomial decay begins (default: half-way)"
+    )
     p.add_argument("--decay-steps", type=int, default=None, help="length of the decay (default: half the run)")
-    p.add_argument("--decay-power", type=float, default=d.decay_power,
-                   help=f"power of the polynomial decay (default {d.decay_power})")
+    p.add_argument(
+        "--decay-power",
+        type=float,
+        default=d.decay_power,
+        help=f"power of the polynomial decay (default {d.decay_power})",
+    )
     p.add_argument("--end-lr", type=float, default=d.end_lr, help=f"learning rate after the decay (default {d.end_lr})")
     p.add_argument("--seed", type=int, default=d.seed, help=f"seed of weights and batch order (default {d.seed})")
-    p.add_argument("--evals-per-epoch", type=int, default=d.evals_per_epoch,
-                   help=f"test evaluations per epoch, 0 for only at the end (default {d.evals_per_epoch})")
-    p.add_argument("--print-freq", type=int, default=d.print_freq,
-                   help=f"steps between log records (default {d.print_freq})")
+    p.add_argument(
+        "--evals-per-epoch",
+        type=int,
+        default=d.evals_per_epoch,
+        help=f"test evaluations per epoch, 0 for only at the end (default {d.evals_per_epoch})",
+    )
+    p.add_argument(
+        "--print-freq", type=int, default=d.print_freq, help=f"steps between log records (default {d.print_freq})"
+    )
     p.add_argument("--amp", action="store_true", help="mixed precision: bf16 autocast on CPU, fp16 on CUDA")
     p.add_argument("--amp-dtype", choices=("bf16", "fp16"), default=None, help="override the --amp dtype")
-    p.add_argument("--save-checkpoint", type=Path, default=None,
-                   help="checkpoint file, written atomically at each evaluation and at the end")
+    p.add_argument(
+        "--save-checkpoint",
+        type=Path,
+        default=None,
+        help="checkpoint file, written atomically at each evaluation and at the end",
+    )
     p.add_argument("--checkpoint-every", type=int, default=None, help="also checkpoint every N steps")
-    p.add_argument("--load-checkpoint", type=Path, default=None,
-                   help="resume from this checkpoint (weights, optimizer, step, RNG; same data and batch size)")
+    p.add_argument(
+        "--load-checkpoint",
+        type=Path,
+        default=None,
+        help="resume from this checkpoint (weights, optimizer, step, RNG; same data and batch size)",
+    )
     p.add_argument("--log-path", type=Path, default=None, help="append JSON-lines records (loss, lr, samples/s, eval)")
     p.add_argument("--device", default="auto", help="auto (CUDA if present, else CPU), cpu, cuda, cuda:N")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
@@ -87,9 +127,11 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_evaluate(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("evaluate", help="AUC and log loss of a checkpoint on a dataset mapping",
-                       description="Scores every sample of a mapping and reports exact AUC (ties counted half) "
-                                   "and log loss.")
+    p = sub.add_parser(
+        "evaluate",
+        help="AUC and log loss of a checkpoint on a dataset mapping",
+        description="Scores every sample of a mapping and reports exact AUC (ties counted half) and log loss.",
+    )
     p.add_argument("--checkpoint", required=True, type=Path, help="checkpoint written by `ctrkit train`")
     p.add_argument("--dataset", required=True, type=Path, help="dataset directory holding feature_spec.yaml")
     p.add_argument("--mapping", default="test", help="source_spec mapping to score (default test)")
@@ -100,8 +142,11 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_predict(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("predict", help="write click probabilities of a dataset mapping to a .npy file",
-                       description="Writes one float32 click probability per sample, in dataset order.")
+    p = sub.add_parser(
+        "predict",
+        help="write click probabilities of a dataset mapping to a .npy file",
+        description="Writes one float32 click probability per sample, in dataset order.",
+    )
     p.add_argument("--checkpoint", required=True, type=Path, help="checkpoint written by `ctrkit train`")
     p.add_argument("--dataset", required=True, type=Path, help="dataset directory holding feature_spec.yaml")
     p.add_argument("--mapping", default="test", help="source_spec mapping to score (default test)")
@@ -113,11 +158,14 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
 def _add_bench(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmarks (training throughput)")
     bsub = p.add_subparsers(dest="bench", required=True, metavar="{train}")
-    t = bsub.add_parser("train", help="training throughput on synthetic in-memory batches",
-                        description="Times full training steps (forward, backward, sparse SGD update) on "
-                                    "synthetic in-memory batches. Default: the Criteo-Kaggle DLRM shape "
-                                    "(26 tables x 100,000 rows, dim 16, bottom 13-512-256-64-16, top "
-                                    "512-256-1, batch 2048).")
+    t = bsub.add_parser(
+        "train",
+        help="training throughput on synthetic in-memory batches",
+        description="Times full training steps (forward, backward, sparse SGD update) on "
+        "synthetic in-memory batches. Default: the Criteo-Kaggle DLRM shape "
+        "(26 tables x 100,000 rows, dim 16, bottom 13-512-256-64-16, top "
+        "512-256-1, batch 2048).",
+    )
     t.add_argument("--model", default="dlrm", help="registered model name (default dlrm)")
     t.add_argument("--batch-size", type=int, default=2048, help="samples per step (default 2048)")
     t.add_argument("--num-tables", type=int, default=26, help="categorical features (default 26)")
@@ -138,11 +186,11 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="ctrkit", description="Click-through-rate ranking models (DLRM) from data to evaluation.")
+        prog="ctrkit", description="Click-through-rate ranking models (DLRM) from data to evaluation."
+    )
     parser.add_argument("--version", action="version", version=f"ctrkit {__version__}")
     parser.add_argument("--traceback", action="store_true", help="show the full traceback of errors")
-    sub = parser.add_subparsers(dest="command", required=True,
-                                metavar="{synth,train,evaluate,predict,bench,models}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{synth,train,evaluate,predict,bench,models}")
     _add_synth(sub)
     _add_train(sub)
     _add_evaluate(sub)
@@ -157,8 +205,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from ctrkit import commands
 
-    handler = {"synth": commands.synth, "train": commands.train, "evaluate": commands.evaluate,
-               "predict": commands.predict, "bench": commands.bench, "models": commands.models}[args.command]
+    handler = {
+        "synth": commands.synth,
+        "train": commands.train,
+        "evaluate": commands.evaluate,
+        "predict": commands.predict,
+        "bench": commands.bench,
+        "models": commands.models,
+    }[args.command]
     try:
         return handler(args) or 0
     except KeyboardInterrupt:

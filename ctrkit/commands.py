@@ -21,12 +21,15 @@ def synth(args: argparse.Namespace) -> int:
     from ctrkit.data.synthetic import CRITEO_LIKE_CARDINALITIES, generate_dataset
 
     tables = args.tables or CRITEO_LIKE_CARDINALITIES
-    spec = generate_dataset(args.out, args.rows, tables, args.num_numerical, args.test_fraction, args.seed,
-                            overwrite=args.overwrite)
+    spec = generate_dataset(
+        args.out, args.rows, tables, args.num_numerical, args.test_fraction, args.seed, overwrite=args.overwrite
+    )
     n_train = len(SplitBinaryDataset(spec, "train", check_ids=False))
     n_test = len(SplitBinaryDataset(spec, "test", check_ids=False))
-    print(f"wrote {args.out}: {n_train} train + {n_test} test samples, {len(tables)} categorical "
-          f"(cardinalities {min(tables)}..{max(tables)}), {args.num_numerical} numerical features")
+    print(
+        f"wrote {args.out}: {n_train} train + {n_test} test samples, {len(tables)} categorical "
+        f"(cardinalities {min(tables)}..{max(tables)}), {args.num_numerical} numerical features"
+    )
     return 0
 
 
@@ -56,11 +59,23 @@ def train(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = TrainConfig(
-        epochs=args.epochs, max_steps=args.max_steps, batch_size=args.batch_size,
-        eval_batch_size=args.eval_batch_size, lr=args.lr, warmup_steps=args.warmup_steps,
-        decay_start_step=args.decay_start_step, decay_steps=args.decay_steps, decay_power=args.decay_power,
-        end_lr=args.end_lr, seed=args.seed, evals_per_epoch=args.evals_per_epoch, print_freq=args.print_freq,
-        amp=args.amp, amp_dtype=args.amp_dtype, checkpoint_every=args.checkpoint_every)
+        epochs=args.epochs,
+        max_steps=args.max_steps,
+        batch_size=args.batch_size,
+        eval_batch_size=args.eval_batch_size,
+        lr=args.lr,
+        warmup_steps=args.warmup_steps,
+        decay_start_step=args.decay_start_step,
+        decay_steps=args.decay_steps,
+        decay_power=args.decay_power,
+        end_lr=args.end_lr,
+        seed=args.seed,
+        evals_per_epoch=args.evals_per_epoch,
+        print_freq=args.print_freq,
+        amp=args.amp,
+        amp_dtype=args.amp_dtype,
+        checkpoint_every=args.checkpoint_every,
+    )
     cfg.validate()
     device = resolve_device(args.device)
     amp_dtype = amp_dtype_for(device, cfg.amp, cfg.amp_dtype)
@@ -73,8 +88,9 @@ def train(args: argparse.Namespace) -> int:
         ckpt = load_checkpoint(args.load_checkpoint)
         check_spec_matches(ckpt, spec.summary(), str(spec.base_dir))
         if ckpt["model_name"] != args.model:
-            raise ValueError(f"{args.load_checkpoint}: checkpoint holds a '{ckpt['model_name']}' model, "
-                             f"not '{args.model}'")
+            raise ValueError(
+                f"{args.load_checkpoint}: checkpoint holds a '{ckpt['model_name']}' model, not '{args.model}'"
+            )
         model_config = make_config(ckpt["model_name"], ckpt["model_config"])
     else:
         model_config = _model_config(args, spec)
@@ -86,21 +102,44 @@ def train(args: argparse.Namespace) -> int:
         run_yaml = args.save_checkpoint.with_suffix(".yaml")
         run_yaml.parent.mkdir(parents=True, exist_ok=True)
         with open(run_yaml, "w") as f:
-            yaml.safe_dump({"model": args.model, "model_config": config_to_dict(model_config),
-                            "train_config": cfg.to_dict(), "dataset": str(args.dataset)}, f, sort_keys=False)
-    trainer = Trainer(model, RunInfo(args.model, model_config, spec.summary()), train_set, test_set, cfg,
-                      device, amp_dtype, args.save_checkpoint, args.log_path, progress=not args.no_progress)
+            yaml.safe_dump(
+                {
+                    "model": args.model,
+                    "model_config": config_to_dict(model_config),
+                    "train_config": cfg.to_dict(),
+                    "dataset": str(args.dataset),
+                },
+                f,
+                sort_keys=False,
+            )
+    trainer = Trainer(
+        model,
+        RunInfo(args.model, model_config, spec.summary()),
+        train_set,
+        test_set,
+        cfg,
+        device,
+        amp_dtype,
+        args.save_checkpoint,
+        args.log_path,
+        progress=not args.no_progress,
+    )
     if ckpt is not None:
         trainer.restore(ckpt)
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"training {args.model} ({n_params:,} parameters) on {len(train_set):,} samples, "
-          f"{trainer.total_steps} steps of {cfg.batch_size} on {device}"
-          f"{' with ' + str(amp_dtype).replace('torch.', '') + ' autocast' if amp_dtype else ''}", file=sys.stderr)
+    print(
+        f"training {args.model} ({n_params:,} parameters) on {len(train_set):,} samples, "
+        f"{trainer.total_steps} steps of {cfg.batch_size} on {device}"
+        f"{' with ' + str(amp_dtype).replace('torch.', '') + ' autocast' if amp_dtype else ''}",
+        file=sys.stderr,
+    )
     result = trainer.fit()
     if "auc" in result:
-        print(f"done: {trainer.step} steps, test AUC {result['auc']:.4f}, logloss {result['logloss']:.4f} "
-              f"on {result['samples']:,} samples"
-              + (f"; checkpoint {args.save_checkpoint}" if args.save_checkpoint else ""))
+        print(
+            f"done: {trainer.step} steps, test AUC {result['auc']:.4f}, logloss {result['logloss']:.4f} "
+            f"on {result['samples']:,} samples"
+            + (f"; checkpoint {args.save_checkpoint}" if args.save_checkpoint else "")
+        )
     else:
         print(f"done: {trainer.step} steps" + (f"; checkpoint {args.save_checkpoint}" if args.save_checkpoint else ""))
     return 0
@@ -122,14 +161,17 @@ def evaluate(args: argparse.Namespace) -> int:
     from ctrkit.eval.evaluator import evaluate as run_evaluate
 
     ckpt, dataset, model, device = _load_for_inference(args)
-    metrics = run_evaluate(model, dataset, device, args.batch_size, amp_dtype_for(device, args.amp, None),
-                           progress=not args.json)
+    metrics = run_evaluate(
+        model, dataset, device, args.batch_size, amp_dtype_for(device, args.amp, None), progress=not args.json
+    )
     metrics = {**metrics, "mapping": args.mapping, "model": ckpt["model_name"], "step": int(ckpt["step"])}
     if args.json:
         print(json.dumps(metrics, sort_keys=True))
     else:
-        print(f"{ckpt['model_name']} step {metrics['step']} on {args.mapping}: AUC {metrics['auc']:.4f}  "
-              f"logloss {metrics['logloss']:.4f}  samples {metrics['samples']:,}  CTR {metrics['ctr']:.4f}")
+        print(
+            f"{ckpt['model_name']} step {metrics['step']} on {args.mapping}: AUC {metrics['auc']:.4f}  "
+            f"logloss {metrics['logloss']:.4f}  samples {metrics['samples']:,}  CTR {metrics['ctr']:.4f}"
+        )
     return 0
 
 
@@ -151,15 +193,27 @@ def bench(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    cfg = TrainBenchConfig(model=args.model, batch_size=args.batch_size, num_tables=args.num_tables,
-                           table_rows=args.table_rows, embedding_dim=args.embedding_dim,
-                           num_numerical=args.num_numerical, bottom_mlp=tuple(args.bottom_mlp),
-                           top_mlp=tuple(args.top_mlp), warmup=args.warmup, steps=args.steps,
-                           repeats=args.repeats, amp=args.amp, seed=args.seed)
+    cfg = TrainBenchConfig(
+        model=args.model,
+        batch_size=args.batch_size,
+        num_tables=args.num_tables,
+        table_rows=args.table_rows,
+        embedding_dim=args.embedding_dim,
+        num_numerical=args.num_numerical,
+        bottom_mlp=tuple(args.bottom_mlp),
+        top_mlp=tuple(args.top_mlp),
+        warmup=args.warmup,
+        steps=args.steps,
+        repeats=args.repeats,
+        amp=args.amp,
+        seed=args.seed,
+    )
     result = run_train_bench(cfg, resolve_device(args.device))
-    print(f"{cfg.model} train, batch {cfg.batch_size}, {'amp ' + result['amp_dtype'] if cfg.amp else 'fp32'}, "
-          f"{result['threads']} threads: {result['samples_per_s']:,.0f} samples/s (median of {cfg.repeats}), "
-          f"{result['ms_per_step']:.2f} ms/step")
+    print(
+        f"{cfg.model} train, batch {cfg.batch_size}, {'amp ' + result['amp_dtype'] if cfg.amp else 'fp32'}, "
+        f"{result['threads']} threads: {result['samples_per_s']:,.0f} samples/s (median of {cfg.repeats}), "
+        f"{result['ms_per_step']:.2f} ms/step"
+    )
     if args.output is not None:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
@@ -169,8 +223,11 @@ def bench(args: argparse.Namespace) -> int:
 
 def models(args: argparse.Namespace) -> int:
     for name in list_models():
-        defaults = {k: v for k, v in config_to_dict(_example_config(name)).items()
-                    if k not in ("num_numerical", "cardinalities")}
+        defaults = {
+            k: v
+            for k, v in config_to_dict(_example_config(name)).items()
+            if k not in ("num_numerical", "cardinalities")
+        }
         print(f"{name}: {defaults}")
     return 0
 

@@ -42,5 +42,6 @@ def run_cli(*args: str, capsys=None) -> tuple[int, str, str]:
 
 def run_process(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """Runs ``python -m ctrkit`` as a real process."""
-    return subprocess.run([sys.executable, "-m", "ctrkit", *[str(a) for a in args]], capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "ctrkit", *[str(a) for a in args]], capture_output=True, text=True, timeout=timeout
+    )

@@ -43,8 +43,9 @@ def make_batches(cfg: TrainBenchConfig, rng: np.random.Generator) -> list[Batch]
     """Distinct random batches with power-law ids (so lookups hit hot and cold rows as real data does)."""
     out = []
     for _ in range(cfg.distinct_batches):
-        sparse = np.stack([power_law_ids(rng, cfg.table_rows, cfg.batch_size, 1.2)
-                           for _ in range(cfg.num_tables)], axis=1)  # (B, F)
+        sparse = np.stack(
+            [power_law_ids(rng, cfg.table_rows, cfg.batch_size, 1.2) for _ in range(cfg.num_tables)], axis=1
+        )  # (B, F)
         dense = rng.normal(0.0, 1.0, (cfg.batch_size, cfg.num_numerical)).astype(np.float32)  # (B, N)
         labels = (rng.random(cfg.batch_size) < 0.25).astype(np.float32)  # (B,)
         out.append(Batch(torch.from_numpy(dense), torch.from_numpy(sparse), torch.from_numpy(labels)))
@@ -54,9 +55,16 @@ def make_batches(cfg: TrainBenchConfig, rng: np.random.Generator) -> list[Batch]
 def run_train_bench(cfg: TrainBenchConfig, device: torch.device) -> dict:
     """Runs ``warmup`` untimed steps, then ``repeats`` x ``steps`` timed steps; reports the median."""
     torch.manual_seed(cfg.seed)
-    model_cfg = make_config(cfg.model, {
-        "num_numerical": cfg.num_numerical, "cardinalities": (cfg.table_rows,) * cfg.num_tables,
-        "embedding_dim": cfg.embedding_dim, "bottom_mlp": cfg.bottom_mlp, "top_mlp": cfg.top_mlp})
+    model_cfg = make_config(
+        cfg.model,
+        {
+            "num_numerical": cfg.num_numerical,
+            "cardinalities": (cfg.table_rows,) * cfg.num_tables,
+            "embedding_dim": cfg.embedding_dim,
+            "bottom_mlp": cfg.bottom_mlp,
+            "top_mlp": cfg.top_mlp,
+        },
+    )
     model = create_model(cfg.model, model_cfg).to(device)
     amp_dtype = amp_dtype_for(device, cfg.amp, None)
     step = TrainStep(model, SparseSGD(model.parameters(), lr=0.01), device, amp_dtype)

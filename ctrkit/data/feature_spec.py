@@ -54,7 +54,7 @@ def normalize_dtype(dtype: Any, where: str) -> str:
     name = dtype.strip()
     for prefix in ("torch.", "np.", "numpy."):
         if name.startswith(prefix):
-            name = name[len(prefix):]
+            name = name[len(prefix) :]
     if name not in DTYPES:
         raise SpecError(f"{where}: unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
     return name
@@ -147,11 +147,15 @@ class FeatureSpec:
     def from_dict(cls, raw: Any, base_dir: str | os.PathLike | None = None) -> FeatureSpec:
         """Builds and validates a spec from the YAML's dictionary form."""
         if not isinstance(raw, dict):
-            raise SpecError(f"expected a mapping with feature_spec, source_spec, channel_spec; got {type(raw).__name__}")
+            raise SpecError(
+                f"expected a mapping with feature_spec, source_spec, channel_spec; got {type(raw).__name__}"
+            )
         unknown = set(raw) - {"feature_spec", "source_spec", "channel_spec", "metadata"}
         if unknown:
-            raise SpecError(f"unknown top-level section(s) {sorted(unknown)}; expected feature_spec, "
-                            "source_spec, channel_spec and optionally metadata")
+            raise SpecError(
+                f"unknown top-level section(s) {sorted(unknown)}; expected feature_spec, "
+                "source_spec, channel_spec and optionally metadata"
+            )
         for section in ("feature_spec", "source_spec", "channel_spec"):
             if not isinstance(raw.get(section), dict):
                 raise SpecError(f"section '{section}' is missing or not a mapping")
@@ -231,8 +235,7 @@ class FeatureSpec:
             if card is None or card == AUTO:
                 continue
             if isinstance(card, bool) or not isinstance(card, int) or card < 1:
-                raise SpecError(f"feature_spec.{name}.cardinality: expected a positive integer or 'auto', "
-                                f"got {card!r}")
+                raise SpecError(f"feature_spec.{name}.cardinality: expected a positive integer or 'auto', got {card!r}")
         for channel, names in self.channel_spec.items():
             for n in names:
                 if n not in self.feature_spec:
@@ -242,30 +245,38 @@ class FeatureSpec:
             for i, chunk in enumerate(chunks):
                 where = f"source_spec.{mapping}[{i}]"
                 if chunk.type not in CHUNK_TYPES:
-                    raise SpecError(f"{where}.type: unknown chunk type '{chunk.type}'; expected one of "
-                                    f"{', '.join(CHUNK_TYPES)}")
+                    raise SpecError(
+                        f"{where}.type: unknown chunk type '{chunk.type}'; expected one of {', '.join(CHUNK_TYPES)}"
+                    )
                 if not chunk.files:
                     raise SpecError(f"{where}.files: empty; expected at least one file")
                 for n in chunk.features:
                     if n not in self.feature_spec:
                         raise SpecError(f"{where}: feature '{n}' is not defined in feature_spec")
                     if n in seen:
-                        raise SpecError(f"{where}: feature '{n}' is already stored in chunk {seen[n]} "
-                                        "of this mapping; each feature may appear once per mapping")
+                        raise SpecError(
+                            f"{where}: feature '{n}' is already stored in chunk {seen[n]} "
+                            "of this mapping; each feature may appear once per mapping"
+                        )
                     seen[n] = i
             for channel, names in self.channel_spec.items():
                 for n in names:
                     if n not in seen:
-                        raise SpecError(f"source_spec.{mapping}: feature '{n}' of channel '{channel}' is "
-                                        "not stored in any chunk of this mapping")
+                        raise SpecError(
+                            f"source_spec.{mapping}: feature '{n}' of channel '{channel}' is "
+                            "not stored in any chunk of this mapping"
+                        )
         for n in self.channel_spec.get(CATEGORICAL_CHANNEL, ()):
             feat = self.feature_spec[n]
             if feat.dtype not in INT_DTYPES:
-                raise SpecError(f"feature_spec.{n}.dtype: categorical features need an integer dtype, "
-                                f"got '{feat.dtype}'")
+                raise SpecError(
+                    f"feature_spec.{n}.dtype: categorical features need an integer dtype, got '{feat.dtype}'"
+                )
             if feat.cardinality is None:
-                raise SpecError(f"feature_spec.{n}: categorical feature has no 'cardinality' "
-                                "(expected a positive integer, or 'auto' before transcoding)")
+                raise SpecError(
+                    f"feature_spec.{n}: categorical feature has no 'cardinality' "
+                    "(expected a positive integer, or 'auto' before transcoding)"
+                )
         labels = self.channel_spec.get(LABEL_CHANNEL)
         if labels is not None and len(labels) != 1:
             raise SpecError(f"channel_spec.label: expected exactly one label feature, got {list(labels)}")
@@ -297,8 +308,10 @@ class FeatureSpec:
         for n in self.categorical_features:
             card = self.feature_spec[n].cardinality
             if not isinstance(card, int):
-                raise SpecError(f"feature_spec.{n}.cardinality is {card!r}; a model needs an integer "
-                                "(transcode the data so cardinalities are inferred)")
+                raise SpecError(
+                    f"feature_spec.{n}.cardinality is {card!r}; a model needs an integer "
+                    "(transcode the data so cardinalities are inferred)"
+                )
             out.append(card)
         return out
 
@@ -324,8 +337,9 @@ class FeatureSpec:
         }
 
 
-def criteo_like_spec(cardinalities: Sequence[int], num_numerical: int,
-                     mappings: Sequence[str] = ("train", "test")) -> FeatureSpec:
+def criteo_like_spec(
+    cardinalities: Sequence[int], num_numerical: int, mappings: Sequence[str] = ("train", "test")
+) -> FeatureSpec:
     """A split-binary spec laid out as NVIDIA's Criteo datasets are (``cat_i.bin``, ``num_i``, ``label``)."""
     cats = [f"cat_{i}.bin" for i in range(len(cardinalities))]
     nums = [f"num_{i}" for i in range(num_numerical)]

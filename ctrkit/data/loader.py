@@ -27,8 +27,9 @@ class BatchLoader:
         prefetch: batches to prepare ahead in a background thread (0 disables the thread).
     """
 
-    def __init__(self, dataset: SplitBinaryDataset, batch_size: int, shuffle: bool = False,
-                 seed: int = 0, prefetch: int = 2):
+    def __init__(
+        self, dataset: SplitBinaryDataset, batch_size: int, shuffle: bool = False, seed: int = 0, prefetch: int = 2
+    ):
         if batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size}")
         self.dataset = dataset

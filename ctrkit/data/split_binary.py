@@ -49,9 +49,11 @@ def _memmap(path: Path, dtype: np.dtype, width: int, what: str) -> np.ndarray:
     size = path.stat().st_size
     row = dtype.itemsize * width
     if size % row:
-        raise DataError(f"{path}: {size} bytes is not a whole number of rows of {what} "
-                        f"({width} x {dtype.name} = {row} bytes per sample); the file is truncated "
-                        "or its dtype in the feature spec is wrong")
+        raise DataError(
+            f"{path}: {size} bytes is not a whole number of rows of {what} "
+            f"({width} x {dtype.name} = {row} bytes per sample); the file is truncated "
+            "or its dtype in the feature spec is wrong"
+        )
     n = size // row
     if n == 0:
         return np.zeros((0, width) if width > 1 else (0,), dtype=dtype)
@@ -80,8 +82,10 @@ def open_mapping(spec: FeatureSpec, mapping: str, check_ids: bool = True) -> Spl
     for i, chunk in enumerate(chunks):
         where = f"source_spec.{mapping}[{i}]"
         if chunk.type != "split_binary":
-            raise SpecError(f"{where}: chunk type '{chunk.type}' cannot be read directly; expected "
-                            "'split_binary' (convert CSV/Parquet data with a transcoder first)")
+            raise SpecError(
+                f"{where}: chunk type '{chunk.type}' cannot be read directly; expected "
+                "'split_binary' (convert CSV/Parquet data with a transcoder first)"
+            )
         if len(chunk.files) != 1:
             raise SpecError(f"{where}: split_binary chunks hold exactly one file, got {list(chunk.files)}")
         for f in chunk.features:
@@ -93,12 +97,15 @@ def open_mapping(spec: FeatureSpec, mapping: str, check_ids: bool = True) -> Spl
     # labels: one chunk of its own
     lchunk = chunks[chunk_of[label]]
     if lchunk.features != (label,):
-        raise SpecError(f"source_spec.{mapping}: the label '{label}' must be alone in its chunk, "
-                        f"found with {list(lchunk.features)}")
+        raise SpecError(
+            f"source_spec.{mapping}: the label '{label}' must be alone in its chunk, found with {list(lchunk.features)}"
+        )
     ldtype = spec.feature_spec[label].dtype
     if ldtype not in _LABEL_DTYPES:
-        raise SpecError(f"feature_spec.{label}.dtype: labels are one byte per sample, expected one of "
-                        f"{_LABEL_DTYPES}, got '{ldtype}'")
+        raise SpecError(
+            f"feature_spec.{label}.dtype: labels are one byte per sample, expected one of "
+            f"{_LABEL_DTYPES}, got '{ldtype}'"
+        )
     files["label"] = spec.path_of(lchunk.files[0])
     columns["label"] = _memmap(files["label"], np.dtype(np.uint8), 1, f"label '{label}'")
 
@@ -108,12 +115,15 @@ def open_mapping(spec: FeatureSpec, mapping: str, check_ids: bool = True) -> Spl
         idx = {chunk_of[n] for n in nums}
         nchunk = chunks[next(iter(idx))]
         if len(idx) != 1 or nchunk.features != nums:
-            raise SpecError(f"source_spec.{mapping}: all numerical features must be stored in one "
-                            f"split_binary chunk in channel_spec order {list(nums)}")
+            raise SpecError(
+                f"source_spec.{mapping}: all numerical features must be stored in one "
+                f"split_binary chunk in channel_spec order {list(nums)}"
+            )
         dtypes = {spec.feature_spec[n].dtype for n in nums}
         if len(dtypes) != 1 or next(iter(dtypes)) not in ("float16", "float32"):
-            raise SpecError(f"feature_spec: numerical features must all be float16 (or all float32), "
-                            f"got {sorted(dtypes)}")
+            raise SpecError(
+                f"feature_spec: numerical features must all be float16 (or all float32), got {sorted(dtypes)}"
+            )
         files["numerical"] = spec.path_of(nchunk.files[0])
         numerical = _memmap(files["numerical"], np.dtype(dtypes.pop()), len(nums), "numerical features")
         if len(nums) == 1:
@@ -124,8 +134,10 @@ def open_mapping(spec: FeatureSpec, mapping: str, check_ids: bool = True) -> Spl
     for name in cats:
         chunk = chunks[chunk_of[name]]
         if chunk.features != (name,):
-            raise SpecError(f"source_spec.{mapping}: categorical feature '{name}' must be alone in its "
-                            f"chunk, found with {list(chunk.features)}")
+            raise SpecError(
+                f"source_spec.{mapping}: categorical feature '{name}' must be alone in its "
+                f"chunk, found with {list(chunk.features)}"
+            )
         dtype = spec.feature_spec[name].dtype
         if dtype not in INT_DTYPES:
             raise SpecError(f"feature_spec.{name}.dtype: expected an integer type, got '{dtype}'")
@@ -138,8 +150,9 @@ def open_mapping(spec: FeatureSpec, mapping: str, check_ids: bool = True) -> Spl
     n = counts["label"]
     if len(set(counts.values())) != 1:
         detail = ", ".join(f"{files[k]}: {c}" for k, c in counts.items() if c != n)
-        raise DataError(f"mapping '{mapping}': files hold different numbers of samples; "
-                        f"{files['label']} has {n}, but {detail}")
+        raise DataError(
+            f"mapping '{mapping}': files hold different numbers of samples; {files['label']} has {n}, but {detail}"
+        )
 
     if n and len(columns["label"]):
         lmax = int(columns["label"].max())
@@ -157,12 +170,16 @@ def check_id_range(ids: np.ndarray, cardinality: int, name: str, where: os.PathL
     lo, hi = int(ids.min()), int(ids.max())
     if lo < 0:
         pos = int(np.argmax(ids < 0))
-        raise DataError(f"{where}: feature '{name}' has a negative id {int(ids[pos])} at sample {pos}; "
-                        f"ids must lie in [0, {cardinality})")
+        raise DataError(
+            f"{where}: feature '{name}' has a negative id {int(ids[pos])} at sample {pos}; "
+            f"ids must lie in [0, {cardinality})"
+        )
     if hi >= cardinality:
         pos = int(np.argmax(ids >= cardinality))
-        raise DataError(f"{where}: feature '{name}' has id {int(ids[pos])} at sample {pos}, beyond its "
-                        f"cardinality {cardinality} in the feature spec (ids must lie in [0, {cardinality}))")
+        raise DataError(
+            f"{where}: feature '{name}' has id {int(ids[pos])} at sample {pos}, beyond its "
+            f"cardinality {cardinality} in the feature spec (ids must lie in [0, {cardinality}))"
+        )
 
 
 class SplitBinaryWriter:
@@ -192,8 +209,9 @@ class SplitBinaryWriter:
         self._cat_f = [open(by_feature[c], "wb") for c in self._cats]
         self.num_samples = 0
 
-    def append(self, numerical: np.ndarray | None, categorical: np.ndarray | Sequence[np.ndarray],
-               labels: np.ndarray) -> None:
+    def append(
+        self, numerical: np.ndarray | None, categorical: np.ndarray | Sequence[np.ndarray], labels: np.ndarray
+    ) -> None:
         """Writes a block of samples.
 
         Args:
@@ -205,8 +223,11 @@ class SplitBinaryWriter:
         n = len(labels)
         if labels.size and (labels.min() < 0 or labels.max() > 1):
             raise DataError(f"mapping '{self.mapping}': labels must be 0 or 1")
-        cols = [categorical[:, i] for i in range(categorical.shape[1])] if isinstance(
-            categorical, np.ndarray) else list(categorical)
+        cols = (
+            [categorical[:, i] for i in range(categorical.shape[1])]
+            if isinstance(categorical, np.ndarray)
+            else list(categorical)
+        )
         if len(cols) != len(self._cats):
             raise DataError(f"expected {len(self._cats)} categorical columns, got {len(cols)}")
         for name, col, card in zip(self._cats, cols, self._cards):

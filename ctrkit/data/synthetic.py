@@ -30,8 +30,32 @@ from ctrkit.data.split_binary import SplitBinaryWriter
 # Criteo Kaggle's 26 table sizes, with the huge ones capped near 10^5 so the default model fits
 # a laptop; from 3 to 200,000 rows.
 CRITEO_LIKE_CARDINALITIES = (
-    1460, 583, 200000, 150000, 305, 24, 12517, 633, 3, 93145, 5683, 180000, 3194,
-    27, 14992, 160000, 10, 5652, 2173, 4, 170000, 18, 15, 120000, 105, 142572,
+    1460,
+    583,
+    200000,
+    150000,
+    305,
+    24,
+    12517,
+    633,
+    3,
+    93145,
+    5683,
+    180000,
+    3194,
+    27,
+    14992,
+    160000,
+    10,
+    5652,
+    2173,
+    4,
+    170000,
+    18,
+    15,
+    120000,
+    105,
+    142572,
 )
 
 
@@ -66,9 +90,16 @@ class SyntheticCTR:
         ctr: target click rate.
     """
 
-    def __init__(self, cardinalities: Sequence[int] = CRITEO_LIKE_CARDINALITIES, num_numerical: int = 13,
-                 seed: int = 0, exponent: float = 1.2, latent_dim: int = 4, num_pairs: int = 12,
-                 ctr: float = 0.25):
+    def __init__(
+        self,
+        cardinalities: Sequence[int] = CRITEO_LIKE_CARDINALITIES,
+        num_numerical: int = 13,
+        seed: int = 0,
+        exponent: float = 1.2,
+        latent_dim: int = 4,
+        num_pairs: int = 12,
+        ctr: float = 0.25,
+    ):
         rng = np.random.default_rng([seed, 1])
         self.cardinalities = tuple(int(c) for c in cardinalities)
         self.num_numerical = num_numerical
@@ -76,8 +107,9 @@ class SyntheticCTR:
         nf = len(self.cardinalities)
         scales = rng.uniform(0.0, 0.6, nf)
         self.effects = [rng.normal(0.0, s, c).astype(np.float32) for s, c in zip(scales, self.cardinalities)]
-        self.latents = [rng.normal(0.0, 1.0 / np.sqrt(latent_dim), (c, latent_dim)).astype(np.float32)
-                        for c in self.cardinalities]
+        self.latents = [
+            rng.normal(0.0, 1.0 / np.sqrt(latent_dim), (c, latent_dim)).astype(np.float32) for c in self.cardinalities
+        ]
         pairs = set()
         while nf > 1 and len(pairs) < min(num_pairs, nf * (nf - 1) // 2):
             f, g = rng.choice(nf, 2, replace=False)
@@ -112,22 +144,29 @@ class SyntheticCTR:
             cats[:, f] = power_law_ids(rng, card, n, self.exponent)
             logits += self.effects[f][cats[:, f]]
         for f, g in self.pairs:
-            logits += self.pair_weight * np.einsum("nk,nk->n", self.latents[f][cats[:, f]],
-                                                   self.latents[g][cats[:, g]])
+            logits += self.pair_weight * np.einsum("nk,nk->n", self.latents[f][cats[:, f]], self.latents[g][cats[:, g]])
         hidden = rng.normal(0.0, 1.0, (n, self.hidden_dim))  # (n, H)
         logits += hidden @ self.hidden_weight + 0.8 * np.maximum(hidden[:, 0] * hidden[:, 1], 0.0)
         # numerical features: noisy log-counts of the hidden state, like Criteo's log(x + 3) integers
-        counts = np.exp(self.num_offset + 0.6 * hidden @ self.num_loading + rng.normal(0.0, 0.5, (n, self.num_numerical)))
+        noise = rng.normal(0.0, 0.5, (n, self.num_numerical))
+        counts = np.exp(self.num_offset + 0.6 * hidden @ self.num_loading + noise)
         numerical = np.log(np.floor(counts) + 3.0)
         numerical[rng.random((n, self.num_numerical)) < self.num_missing] = 0.0  # missing -> 0
         y = (rng.random(n) < 1.0 / (1.0 + np.exp(-logits))).astype(np.uint8) if labels else np.zeros(n, np.uint8)
         return Block(numerical.astype(np.float32), cats, logits, y)
 
 
-def generate_dataset(out_dir: str | os.PathLike, rows: int,
-                     cardinalities: Sequence[int] = CRITEO_LIKE_CARDINALITIES, num_numerical: int = 13,
-                     test_fraction: float = 0.1, seed: int = 0, chunk_rows: int = 1 << 18,
-                     overwrite: bool = False, progress: bool = True) -> FeatureSpec:
+def generate_dataset(
+    out_dir: str | os.PathLike,
+    rows: int,
+    cardinalities: Sequence[int] = CRITEO_LIKE_CARDINALITIES,
+    num_numerical: int = 13,
+    test_fraction: float = 0.1,
+    seed: int = 0,
+    chunk_rows: int = 1 << 18,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> FeatureSpec:
     """Writes a split-binary dataset (``train``/``test`` mappings + feature_spec.yaml) to ``out_dir``.
 
     The data is written to a temporary directory beside ``out_dir`` and renamed into place at the
@@ -156,8 +195,13 @@ def generate_dataset(out_dir: str | os.PathLike, rows: int,
     try:
         model = SyntheticCTR(cardinalities, num_numerical, seed)
         spec = criteo_like_spec(model.cardinalities, num_numerical)
-        spec = FeatureSpec(spec.feature_spec, spec.source_spec, spec.channel_spec,
-                           {"generator": "ctrkit synth", "seed": seed, "rows": rows}, tmp)
+        spec = FeatureSpec(
+            spec.feature_spec,
+            spec.source_spec,
+            spec.channel_spec,
+            {"generator": "ctrkit synth", "seed": seed, "rows": rows},
+            tmp,
+        )
         n_test = max(1, int(round(rows * test_fraction)))
         rng = np.random.default_rng([seed, 3])
         with tqdm(total=rows, desc="synth", unit="row", unit_scale=True, disable=not progress) as bar:

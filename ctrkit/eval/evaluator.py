@@ -15,9 +15,14 @@ from ctrkit.eval.metrics import log_loss_from_logits, roc_auc
 
 
 @torch.no_grad()
-def predict_logits(model: nn.Module, dataset: SplitBinaryDataset, device: torch.device,
-                   batch_size: int = 16384, amp_dtype: torch.dtype | None = None,
-                   progress: bool = False) -> np.ndarray:
+def predict_logits(
+    model: nn.Module,
+    dataset: SplitBinaryDataset,
+    device: torch.device,
+    batch_size: int = 16384,
+    amp_dtype: torch.dtype | None = None,
+    progress: bool = False,
+) -> np.ndarray:
     """Logits of every sample of ``dataset``, in dataset order, as a (N,) float32 array."""
     was_training = model.training
     model.eval()
@@ -26,20 +31,25 @@ def predict_logits(model: nn.Module, dataset: SplitBinaryDataset, device: torch.
     pos = 0
     autocast = torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None else nullcontext()
     try:
-        for batch in tqdm(loader, total=len(loader), desc="scoring", unit="batch", disable=not progress,
-                          leave=False):
+        for batch in tqdm(loader, total=len(loader), desc="scoring", unit="batch", disable=not progress, leave=False):
             batch = batch.to(device, non_blocking=True)
             with autocast:
                 logits = model(batch.dense, batch.sparse)
-            out[pos:pos + len(batch)] = logits.float().cpu().numpy()
+            out[pos : pos + len(batch)] = logits.float().cpu().numpy()
             pos += len(batch)
     finally:
         model.train(was_training)
     return out
 
 
-def evaluate(model: nn.Module, dataset: SplitBinaryDataset, device: torch.device, batch_size: int = 16384,
-             amp_dtype: torch.dtype | None = None, progress: bool = False) -> dict[str, float]:
+def evaluate(
+    model: nn.Module,
+    dataset: SplitBinaryDataset,
+    device: torch.device,
+    batch_size: int = 16384,
+    amp_dtype: torch.dtype | None = None,
+    progress: bool = False,
+) -> dict[str, float]:
     """AUC and log loss of ``model`` over the whole of ``dataset``.
 
     Returns:

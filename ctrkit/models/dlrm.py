@@ -39,13 +39,16 @@ class DLRMConfig:
         if self.num_numerical < 0:
             raise ValueError(f"num_numerical must be >= 0, got {self.num_numerical}")
         if not self.cardinalities or any(int(c) < 1 for c in self.cardinalities):
-            raise ValueError(f"cardinalities must be a non-empty list of positive integers, got "
-                             f"{list(self.cardinalities)}")
+            raise ValueError(
+                f"cardinalities must be a non-empty list of positive integers, got {list(self.cardinalities)}"
+            )
         if self.embedding_dim < 1:
             raise ValueError(f"embedding_dim must be positive, got {self.embedding_dim}")
         if self.num_numerical and (not self.bottom_mlp or self.bottom_mlp[-1] != self.embedding_dim):
-            raise ValueError(f"bottom_mlp must end in embedding_dim={self.embedding_dim} so its output "
-                             f"can interact with the embeddings, got {list(self.bottom_mlp)}")
+            raise ValueError(
+                f"bottom_mlp must end in embedding_dim={self.embedding_dim} so its output "
+                f"can interact with the embeddings, got {list(self.bottom_mlp)}"
+            )
         if not self.top_mlp or self.top_mlp[-1] != 1:
             raise ValueError(f"top_mlp must end in 1 (the logit), got {list(self.top_mlp)}")
 
@@ -69,8 +72,9 @@ class DLRM(nn.Module):
         self.bottom_mlp = MLP(config.num_numerical, config.bottom_mlp) if config.num_numerical else None
         self.embeddings = EmbeddingCollection(config.cardinalities, d, sparse=config.sparse_gradients)
         num_vectors = len(config.cardinalities) + (1 if self.bottom_mlp is not None else 0)
-        self.interaction = DotInteraction(num_vectors, d, config.self_interaction,
-                                          with_dense=self.bottom_mlp is not None)
+        self.interaction = DotInteraction(
+            num_vectors, d, config.self_interaction, with_dense=self.bottom_mlp is not None
+        )
         self.top_mlp = MLP(self.interaction.out_features, config.top_mlp, relu_last=False)
 
     def forward(self, dense: torch.Tensor | None, sparse: torch.Tensor) -> torch.Tensor:

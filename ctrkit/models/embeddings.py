@@ -38,7 +38,7 @@ class EmbeddingCollection(nn.Module):
         with torch.no_grad():
             for off, card in zip(self.offsets.tolist(), self.cardinalities):
                 bound = 1.0 / math.sqrt(card)
-                self.weight[off:off + card].uniform_(-bound, bound)
+                self.weight[off : off + card].uniform_(-bound, bound)
 
     @property
     def num_features(self) -> int:
@@ -50,4 +50,4 @@ class EmbeddingCollection(nn.Module):
     def table(self, feature: int) -> torch.Tensor:
         """The rows of one feature's table: (cardinality, D), a view of the flat weight."""
         off = int(self.offsets[feature])
-        return self.weight[off:off + self.cardinalities[feature]]
+        return self.weight[off : off + self.cardinalities[feature]]

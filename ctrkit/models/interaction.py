@@ -26,8 +26,9 @@ class DotInteraction(nn.Module):
     Shapes: dense (B, D) or None, embeddings (B, F, D) -> (B, out_features).
     """
 
-    def __init__(self, num_vectors: int, dim: int, self_interaction: bool = False, pad_to: int = 8,
-                 with_dense: bool = True):
+    def __init__(
+        self, num_vectors: int, dim: int, self_interaction: bool = False, pad_to: int = 8, with_dense: bool = True
+    ):
         super().__init__()
         rows, cols = torch.tril_indices(num_vectors, num_vectors, offset=0 if self_interaction else -1)
         self.register_buffer("pair_index", rows * num_vectors + cols, persistent=False)

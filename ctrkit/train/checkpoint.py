@@ -51,8 +51,9 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated file, not a torch file, forbidden pickled object
-        raise CheckpointError(f"{path}: not a readable ctrkit checkpoint ({type(e).__name__}: "
-                              f"{str(e).splitlines()[0] if str(e) else ''})") from None
+        raise CheckpointError(
+            f"{path}: not a readable ctrkit checkpoint ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+        ) from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a ctrkit checkpoint (expected format '{FORMAT}')")
     return ckpt

@@ -46,8 +46,13 @@ class TrainStep:
         amp_dtype: autocast dtype, or None for full precision. fp16 enables loss scaling.
     """
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device,
-                 amp_dtype: torch.dtype | None = None):
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        device: torch.device,
+        amp_dtype: torch.dtype | None = None,
+    ):
         self.model = model
         self.optimizer = optimizer
         self.device = device
@@ -58,8 +63,9 @@ class TrainStep:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         batch = batch.to(self.device, non_blocking=True)
-        autocast = (torch.autocast(self.device.type, dtype=self.amp_dtype) if self.amp_dtype is not None
-                    else nullcontext())
+        autocast = (
+            torch.autocast(self.device.type, dtype=self.amp_dtype) if self.amp_dtype is not None else nullcontext()
+        )
         with autocast:
             logits = self.model(batch.dense, batch.sparse)  # (B,)
         loss = F.binary_cross_entropy_with_logits(logits.float(), batch.labels)
@@ -100,10 +106,19 @@ class Trainer:
         progress: show a progress bar.
     """
 
-    def __init__(self, model: nn.Module, info: RunInfo, train_set: SplitBinaryDataset,
-                 test_set: SplitBinaryDataset | None, cfg: TrainConfig, device: torch.device,
-                 amp_dtype: torch.dtype | None = None, save_path: str | os.PathLike | None = None,
-                 log_path: str | os.PathLike | None = None, progress: bool = True):
+    def __init__(
+        self,
+        model: nn.Module,
+        info: RunInfo,
+        train_set: SplitBinaryDataset,
+        test_set: SplitBinaryDataset | None,
+        cfg: TrainConfig,
+        device: torch.device,
+        amp_dtype: torch.dtype | None = None,
+        save_path: str | os.PathLike | None = None,
+        log_path: str | os.PathLike | None = None,
+        progress: bool = True,
+    ):
         cfg.validate()
         if len(train_set) == 0:
             raise ValueError(f"the training mapping '{train_set.mapping}' holds no samples")
@@ -146,8 +161,10 @@ class Trainer:
     def restore(self, ckpt: dict[str, Any]) -> None:
         """Continues the run a checkpoint was taken from (weights, optimizer, step, RNG)."""
         if ckpt.get("steps_per_epoch") not in (None, self.steps_per_epoch):
-            raise ValueError(f"the checkpoint's run had {ckpt['steps_per_epoch']} batches per epoch, this one "
-                             f"has {self.steps_per_epoch}: resume with the same dataset and --batch-size")
+            raise ValueError(
+                f"the checkpoint's run had {ckpt['steps_per_epoch']} batches per epoch, this one "
+                f"has {self.steps_per_epoch}: resume with the same dataset and --batch-size"
+            )
         self.model.load_state_dict(ckpt["model"])
         self.optimizer.load_state_dict(ckpt["optimizer"])
         self.step = int(ckpt["step"])
@@ -187,17 +204,32 @@ class Trainer:
     def fit(self) -> dict[str, Any]:
         """Trains to ``total_steps``; returns the last evaluation (or the last training loss)."""
         cfg = self.cfg
-        self._log({"event": "start", "step": self.step, "total_steps": self.total_steps,
-                   "steps_per_epoch": self.steps_per_epoch, "train_samples": len(self.train_set),
-                   "model": self.info.model_name, "config": cfg.to_dict(), "device": str(self.device),
-                   "threads": torch.get_num_threads()})
+        self._log(
+            {
+                "event": "start",
+                "step": self.step,
+                "total_steps": self.total_steps,
+                "steps_per_epoch": self.steps_per_epoch,
+                "train_samples": len(self.train_set),
+                "model": self.info.model_name,
+                "config": cfg.to_dict(),
+                "device": str(self.device),
+                "threads": torch.get_num_threads(),
+            }
+        )
         eval_steps = self._eval_steps()
         last_eval: dict[str, Any] | None = None
         loss_sum = torch.zeros((), device=self.device)
         window_steps = window_samples = 0
         window_start = time.perf_counter()
-        bar = tqdm(total=self.total_steps, initial=self.step, desc="train", unit="step",
-                   disable=not self.progress, dynamic_ncols=True)
+        bar = tqdm(
+            total=self.total_steps,
+            initial=self.step,
+            desc="train",
+            unit="step",
+            disable=not self.progress,
+            dynamic_ncols=True,
+        )
         self.model.train()
         try:
             while self.step < self.total_steps:
@@ -215,12 +247,18 @@ class Trainer:
                         if not math.isfinite(mean_loss):
                             raise FloatingPointError(
                                 f"training loss became {mean_loss} by step {self.step} (lr "
-                                f"{self.schedule(self.step - 1):g}); lower --lr or lengthen --warmup-steps")
-                        record = {"event": "train", "step": self.step, "epoch": epoch, "loss": mean_loss, "lr": self.schedule(self.step - 1),
-                                  "samples_per_s": window_samples / max(elapsed, 1e-9)}
+                                f"{self.schedule(self.step - 1):g}); lower --lr or lengthen --warmup-steps"
+                            )
+                        record = {
+                            "event": "train",
+                            "step": self.step,
+                            "epoch": epoch,
+                            "loss": mean_loss,
+                            "lr": self.schedule(self.step - 1),
+                            "samples_per_s": window_samples / max(elapsed, 1e-9),
+                        }
                         self._log(record)
-                        bar.set_postfix(loss=f"{record['loss']:.4f}",
-                                        samples_s=f"{record['samples_per_s']:,.0f}")
+                        bar.set_postfix(loss=f"{record['loss']:.4f}", samples_s=f"{record['samples_per_s']:,.0f}")
                         loss_sum.zero_()
                         window_steps = window_samples = 0
                         window_start = time.perf_counter()
@@ -228,8 +266,9 @@ class Trainer:
                         t0 = time.perf_counter()
                         last_eval = self.run_eval() or last_eval
                         if last_eval is not None:
-                            bar.write(f"step {self.step}: test AUC {last_eval['auc']:.4f} "
-                                      f"logloss {last_eval['logloss']:.4f}")
+                            bar.write(
+                                f"step {self.step}: test AUC {last_eval['auc']:.4f} logloss {last_eval['logloss']:.4f}"
+                            )
                         self.save()
                         window_start += time.perf_counter() - t0  # keep samples/s about training
                     elif cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:

@@ -88,15 +88,19 @@ def test_round_trip_keeps_extra_metadata_and_torch_dtypes(tmp_path):
 
 def test_seed_csv_example_with_auto_cardinality_validates(tmp_path):
     raw = {
-        "feature_spec": {"user_gender": {"dtype": "torch.int8", "cardinality": 3},
-                         "user_age": {"dtype": "torch.int8"},
-                         "user_id": {"dtype": "torch.int32", "cardinality": "auto"},
-                         "label": {"dtype": "torch.float32"}},
-        "source_spec": {"train": [{"type": "csv", "features": ["user_gender", "user_age"],
-                                   "files": ["a.csv", "b.csv"]},
-                                  {"type": "csv", "features": ["user_id", "label"], "files": ["c.csv"]}]},
-        "channel_spec": {"numeric_inputs": ["user_age"], "categorical": ["user_gender", "user_id"],
-                         "label": ["label"]},
+        "feature_spec": {
+            "user_gender": {"dtype": "torch.int8", "cardinality": 3},
+            "user_age": {"dtype": "torch.int8"},
+            "user_id": {"dtype": "torch.int32", "cardinality": "auto"},
+            "label": {"dtype": "torch.float32"},
+        },
+        "source_spec": {
+            "train": [
+                {"type": "csv", "features": ["user_gender", "user_age"], "files": ["a.csv", "b.csv"]},
+                {"type": "csv", "features": ["user_id", "label"], "files": ["c.csv"]},
+            ]
+        },
+        "channel_spec": {"numeric_inputs": ["user_age"], "categorical": ["user_gender", "user_id"], "label": ["label"]},
     }
     spec = FeatureSpec.from_dict(raw, tmp_path)
     assert spec.feature_spec["user_id"].cardinality == "auto"
@@ -104,19 +108,22 @@ def test_seed_csv_example_with_auto_cardinality_validates(tmp_path):
         spec.cardinalities  # noqa: B018 - a model cannot use 'auto'
 
 
-@pytest.mark.parametrize("mutate, message", [
-    (lambda r: r.pop("channel_spec"), "channel_spec' is missing"),
-    (lambda r: r["channel_spec"]["categorical"].append("nope"), "channel_spec.categorical: feature 'nope'"),
-    (lambda r: r["source_spec"]["test"][0].update(type="hdf5"), r"source_spec.test\[0\].type: unknown chunk type"),
-    (lambda r: r["feature_spec"]["cat_0.bin"].update(cardinality=-5), "cat_0.bin.cardinality: expected a positive"),
-    (lambda r: r["feature_spec"]["cat_0.bin"].update(dtype="complex64"), "cat_0.bin: unknown dtype"),
-    (lambda r: r["feature_spec"]["cat_1.bin"].pop("dtype"), "feature_spec.cat_1.bin: missing 'dtype'"),
-    (lambda r: r["feature_spec"]["cat_1.bin"].pop("cardinality"), "cat_1.bin: categorical feature has no"),
-    (lambda r: r["source_spec"]["test"].pop(3), "feature 'cat_1.bin' of channel 'categorical' is not stored"),
-    (lambda r: r["source_spec"]["test"][3]["features"].append("label"), "'label' is already stored"),
-    (lambda r: r["source_spec"]["test"][1].pop("files"), "a chunk needs 'type', 'features' and 'files'"),
-    (lambda r: r.update(extra_section=1), "unknown top-level section"),
-])
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda r: r.pop("channel_spec"), "channel_spec' is missing"),
+        (lambda r: r["channel_spec"]["categorical"].append("nope"), "channel_spec.categorical: feature 'nope'"),
+        (lambda r: r["source_spec"]["test"][0].update(type="hdf5"), r"source_spec.test\[0\].type: unknown chunk type"),
+        (lambda r: r["feature_spec"]["cat_0.bin"].update(cardinality=-5), "cat_0.bin.cardinality: expected a positive"),
+        (lambda r: r["feature_spec"]["cat_0.bin"].update(dtype="complex64"), "cat_0.bin: unknown dtype"),
+        (lambda r: r["feature_spec"]["cat_1.bin"].pop("dtype"), "feature_spec.cat_1.bin: missing 'dtype'"),
+        (lambda r: r["feature_spec"]["cat_1.bin"].pop("cardinality"), "cat_1.bin: categorical feature has no"),
+        (lambda r: r["source_spec"]["test"].pop(3), "feature 'cat_1.bin' of channel 'categorical' is not stored"),
+        (lambda r: r["source_spec"]["test"][3]["features"].append("label"), "'label' is already stored"),
+        (lambda r: r["source_spec"]["test"][1].pop("files"), "a chunk needs 'type', 'features' and 'files'"),
+        (lambda r: r.update(extra_section=1), "unknown top-level section"),
+    ],
+)
 def test_invalid_specs_name_the_problem(tmp_path, mutate, message):
     raw = yaml.safe_load(NVIDIA_STYLE)
     mutate(raw)
@@ -141,8 +148,18 @@ def test_missing_mapping_is_named(tmp_path):
         spec.mapping("train")
 
 
-@pytest.mark.parametrize("card, dtype", [(1, "int8"), (127, "int8"), (128, "int16"), (32767, "int16"),
-                                         (32768, "int32"), (2**31 - 1, "int32"), (2**31, "int64")])
+@pytest.mark.parametrize(
+    "card, dtype",
+    [
+        (1, "int8"),
+        (127, "int8"),
+        (128, "int16"),
+        (32767, "int16"),
+        (32768, "int32"),
+        (2**31 - 1, "int32"),
+        (2**31, "int64"),
+    ],
+)
 def test_smallest_int_dtype(card, dtype):
     assert smallest_int_dtype(card) == dtype
 
@@ -151,5 +168,4 @@ def test_criteo_like_spec_layout():
     spec = criteo_like_spec([5, 300, 70000], 2)
     assert [spec.feature_spec[c].dtype for c in spec.categorical_features] == ["int8", "int16", "int32"]
     files = [c.files[0] for c in spec.mapping("train")]
-    assert files == ["train/numerical.bin", "train/label.bin", "train/cat_0.bin", "train/cat_1.bin",
-                     "train/cat_2.bin"]
+    assert files == ["train/numerical.bin", "train/label.bin", "train/cat_0.bin", "train/cat_1.bin", "train/cat_2.bin"]

@@ -6,7 +6,6 @@ import pytest
 from ctrkit.data.dataset import SplitBinaryDataset
 from ctrkit.data.feature_spec import FeatureSpec, SpecError, criteo_like_spec
 from ctrkit.data.split_binary import DataError, SplitBinaryWriter
-
 from tests.data.test_feature_spec import NVIDIA_STYLE
 
 CARDS = {"cat_0.bin": 7912889, "cat_1.bin": 11}
@@ -45,8 +44,11 @@ def test_nvidia_written_dataset_loads_unchanged(tmp_path):
 
 def test_int64_categorical_accepted(tmp_path):
     write_nvidia_dataset(tmp_path, 50)
-    text = (tmp_path / "feature_spec.yaml").read_text().replace("cardinality: 11\n    dtype: int8",
-                                                                "cardinality: 11\n    dtype: int64")
+    text = (
+        (tmp_path / "feature_spec.yaml")
+        .read_text()
+        .replace("cardinality: 11\n    dtype: int8", "cardinality: 11\n    dtype: int64")
+    )
     (tmp_path / "feature_spec.yaml").write_text(text)
     ids = np.arange(50, dtype=np.int64) % 11
     ids.tofile(tmp_path / "test" / "cat_1.bin")

@@ -1,0 +1,108 @@
+import math
+
+import pytest
+import torch
+
+from ctrkit.models import DLRMConfig, create_model, list_models, register_model
+from ctrkit.models.embeddings import EmbeddingCollection
+from ctrkit.models.interaction import DotInteraction
+from ctrkit.models.mlp import MLP
+
+CARDS = (3, 10, 50, 120)
+
+
+def small_config(**kw) -> DLRMConfig:
+    base = dict(num_numerical=4, cardinalities=CARDS, embedding_dim=8, bottom_mlp=(16, 8), top_mlp=(16, 1))
+    return DLRMConfig(**{**base, **kw})
+
+
+def random_inputs(b: int = 32, cards=CARDS, n_num: int = 4):
+    sparse = torch.stack([torch.randint(0, c, (b,)) for c in cards], dim=1)
+    return torch.randn(b, n_num), sparse
+
+
+def test_forward_shape_and_registry():
+    assert "dlrm" in list_models()
+    model = create_model("dlrm", small_config())
+    dense, sparse = random_inputs(32)
+    assert model(dense, sparse).shape == (32,)
+    assert model.interaction.out_features % 8 == 0
+
+
+def test_dot_interaction_against_a_loop():
+    torch.manual_seed(1)
+    b, f, d = 5, 4, 3
+    dense, emb = torch.randn(b, d), torch.randn(b, f, d)
+    for self_interaction in (False, True):
+        layer = DotInteraction(f + 1, d, self_interaction=self_interaction, pad_to=8)
+        out = layer(dense, emb)
+        vectors = [dense] + [emb[:, i] for i in range(f)]
+        expected = [dense]
+        for i in range(f + 1):
+            for j in range(i + 1 if self_interaction else i):  # lower triangle, row by row
+                expected.append((vectors[i] * vectors[j]).sum(1, keepdim=True))
+        ref = torch.cat(expected, 1)
+        pairs = (f + 1) * (f + 2) // 2 if self_interaction else (f + 1) * f // 2
+        assert ref.shape[1] == d + pairs
+        assert out.shape[1] == math.ceil((d + pairs) / 8) * 8
+        torch.testing.assert_close(out[:, : ref.shape[1]], ref)
+        assert torch.count_nonzero(out[:, ref.shape[1] :]) == 0  # the padding is zeros
+
+
+def test_nvidia_padding_for_criteo_kaggle_shape():
+    # 26 embeddings + the dense vector: 16 + 27*26/2 = 367 features, padded to 368
+    assert DotInteraction(27, 16).out_features == 368
+
+
+def test_backward_reaches_every_parameter_and_embedding_gradient_is_sparse():
+    model = create_model("dlrm", small_config())
+    dense, sparse = random_inputs(64)
+    model(dense, sparse).sum().backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None, name
+        g = p.grad.to_dense() if p.grad.is_sparse else p.grad
+        assert torch.count_nonzero(g) > 0, name
+    grad = model.embeddings.weight.grad
+    assert grad.is_sparse
+    used_rows = set((sparse + model.embeddings.offsets).flatten().tolist())
+    assert set(grad.coalesce().indices()[0].tolist()) == used_rows
+
+
+def test_flat_table_equals_separate_tables():
+    emb = EmbeddingCollection(CARDS, 4)
+    _, sparse = random_inputs(16)
+    out = emb(sparse)  # (B, F, D)
+    for f in range(len(CARDS)):
+        torch.testing.assert_close(out[:, f], emb.table(f)[sparse[:, f]])
+
+
+def test_initialisation_follows_the_reference():
+    torch.manual_seed(0)
+    emb = EmbeddingCollection((4, 10_000), 64)
+    assert emb.table(0).abs().max() <= 1 / math.sqrt(4)
+    assert emb.table(1).abs().max() <= 1 / math.sqrt(10_000)
+    # uniform(-a, a) has std a/sqrt(3)
+    assert emb.table(1).std().item() == pytest.approx(1 / math.sqrt(10_000) / math.sqrt(3), rel=0.02)
+    mlp = MLP(512, (256,))
+    assert mlp[0].weight.std().item() == pytest.approx(math.sqrt(2 / (512 + 256)), rel=0.02)
+    assert mlp[0].bias.std().item() == pytest.approx(math.sqrt(1 / 256), rel=0.2)
+
+
+def test_without_numerical_features():
+    model = create_model("dlrm", small_config(num_numerical=0, bottom_mlp=()))
+    _, sparse = random_inputs(8)
+    assert model(None, sparse).shape == (8,)
+    assert model.bottom_mlp is None
+
+
+def test_bad_names_and_configs_are_errors():
+    with pytest.raises(ValueError, match="unknown model 'dlrmm'; available: .*dlrm"):
+        create_model("dlrmm", small_config())
+    with pytest.raises(ValueError, match="already registered"):
+        register_model("dlrm", DLRMConfig)(object)
+    with pytest.raises(ValueError, match="bottom_mlp must end in embedding_dim=8"):
+        create_model("dlrm", small_config(bottom_mlp=(16, 4)))
+    with pytest.raises(ValueError, match="top_mlp must end in 1"):
+        create_model("dlrm", small_config(top_mlp=(16, 2)))
+    with pytest.raises(ValueError, match="no config field"):
+        create_model("dlrm", {"num_numerical": 1, "cardinalities": [2], "hidden": 3})

@@ -1,0 +1,162 @@
+"""End to end through the real command line, including its error messages and exit codes."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from sklearn.metrics import log_loss, roc_auc_score
+
+from ctrkit.cli import build_parser
+from ctrkit.data.dataset import SplitBinaryDataset
+from tests.conftest import run_cli, run_process, small_model_flags
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_dataset, tmp_path_factory):
+    out = tmp_path_factory.mktemp("run")
+    code, _, _ = run_cli(
+        "train",
+        "--model",
+        "dlrm",
+        "--dataset",
+        tiny_dataset,
+        *small_model_flags(),
+        "--batch-size",
+        "256",
+        "--save-checkpoint",
+        out / "m.pt",
+        "--log-path",
+        out / "log.jsonl",
+        "--no-progress",
+    )
+    assert code == 0
+    return out / "m.pt"
+
+
+def test_train_writes_checkpoint_log_and_resolved_config(trained):
+    records = [json.loads(line) for line in trained.with_name("log.jsonl").read_text().splitlines()]
+    train_records = [r for r in records if r["event"] == "train"]
+    assert train_records and all({"step", "loss", "lr", "samples_per_s"} <= set(r) for r in train_records)
+    assert any(r["event"] == "eval" and "auc" in r for r in records)
+    assert "embedding_dim: 8" in trained.with_suffix(".yaml").read_text()
+
+
+def test_evaluate_json_and_predict_agree_with_sklearn(trained, tiny_dataset, tmp_path, capsys):
+    capsys.readouterr()
+    code, out, _ = run_cli("evaluate", "--checkpoint", trained, "--dataset", tiny_dataset, "--json", capsys=capsys)
+    assert code == 0
+    metrics = json.loads(out)
+    code, _, _ = run_cli(
+        "predict",
+        "--checkpoint",
+        trained,
+        "--dataset",
+        tiny_dataset,
+        "--mapping",
+        "test",
+        "--out",
+        tmp_path / "p.npy",
+        capsys=capsys,
+    )
+    assert code == 0
+    probs = np.load(tmp_path / "p.npy")
+    labels = SplitBinaryDataset(tiny_dataset, "test").labels()
+    assert probs.dtype == np.float32 and probs.shape == (2400,)
+    assert metrics["samples"] == 2400
+    assert metrics["auc"] == pytest.approx(roc_auc_score(labels, probs), abs=1e-5)
+    assert metrics["logloss"] == pytest.approx(log_loss(labels, probs.astype(np.float64)), abs=1e-5)
+    assert metrics["auc"] > 0.6
+
+
+def test_resume_from_cli(trained, tiny_dataset, tmp_path, capsys):
+    shutil.copy(trained, tmp_path / "m.pt")
+    code, out, _ = run_cli(
+        "train",
+        "--dataset",
+        tiny_dataset,
+        "--batch-size",
+        "256",
+        "--epochs",
+        "2",
+        "--load-checkpoint",
+        tmp_path / "m.pt",
+        "--save-checkpoint",
+        tmp_path / "m.pt",
+        "--no-progress",
+        capsys=capsys,
+    )
+    assert code == 0 and "done: 170 steps" in out
+
+
+def bad(capsys, *args):
+    code, out, err = run_cli(*args, capsys=capsys)
+    assert code == 2, (out, err)
+    assert "Traceback" not in err
+    return err
+
+
+def test_bad_inputs_give_clear_errors(tiny_dataset, trained, tmp_path, capsys):
+    err = bad(capsys, "train", "--dataset", tmp_path / "nowhere")
+    assert "feature_spec.yaml" in err and "not found" in err
+
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "feature_spec.yaml").write_text("feature_spec: {a: [1,\n")
+    assert "not valid YAML" in bad(capsys, "evaluate", "--checkpoint", trained, "--dataset", tmp_path / "broken")
+
+    err = bad(capsys, "train", "--model", "nosuchmodel", "--dataset", tiny_dataset)
+    assert "unknown model 'nosuchmodel'; available: dlrm" in err
+
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_dataset, copy)
+    ids = np.fromfile(copy / "test" / "cat_1.bin", dtype=np.int8)
+    ids[10] = 10  # cardinality of cat_1 is 10
+    ids.tofile(copy / "test" / "cat_1.bin")
+    err = bad(capsys, "evaluate", "--checkpoint", trained, "--dataset", copy)
+    assert "cat_1.bin" in err and "id 10 at sample 10" in err and "cardinality 10" in err
+
+    ids[10] = -3
+    ids.tofile(copy / "test" / "cat_1.bin")
+    assert "negative id -3" in bad(capsys, "evaluate", "--checkpoint", trained, "--dataset", copy)
+
+    (copy / "test" / "cat_1.bin").write_bytes(ids[:-7].tobytes())
+    err = bad(capsys, "evaluate", "--checkpoint", trained, "--dataset", copy)
+    assert "different numbers of samples" in err and "cat_1.bin: 2393" in err
+
+    (copy / "test" / "cat_1.bin").unlink()
+    err = bad(capsys, "predict", "--checkpoint", trained, "--dataset", copy, "--out", tmp_path / "x.npy")
+    assert "cat_1.bin: file of categorical feature 'cat_1.bin' not found" in err
+
+
+def test_checkpoint_from_different_feature_spec(trained, tmp_path, capsys):
+    run_cli(
+        "synth",
+        "--out",
+        tmp_path / "other",
+        "--rows",
+        "500",
+        "--tables",
+        "3,10,51,120,400,2000,7,900",
+        "--num-numerical",
+        "4",
+        capsys=capsys,
+    )
+    err = bad(capsys, "evaluate", "--checkpoint", trained, "--dataset", tmp_path / "other")
+    assert "different feature spec" in err and "'cat_2.bin' has cardinality 51" in err
+
+
+def test_real_process_exit_codes(tiny_dataset, tmp_path):
+    ok = run_process("evaluate", "--help")
+    assert ok.returncode == 0 and "--mapping" in ok.stdout
+    failed = run_process("train", "--dataset", tmp_path)
+    assert failed.returncode == 2
+    assert "error:" in failed.stderr and "Traceback" not in failed.stderr
+
+
+def test_every_subcommand_and_flag_has_help():
+    parser = build_parser()
+    subparsers = parser._subparsers._group_actions[0].choices
+    for name, sub in subparsers.items():
+        for action in sub._actions:
+            if action.dest not in ("help", "bench"):
+                assert action.help, f"ctrkit {name} {action.option_strings} has no help text"
