@@ -12,9 +12,11 @@ class SparseSGD(torch.optim.Optimizer):
     """Plain SGD for a mix of dense and sparse gradients.
 
     Dense gradients are applied with one fused ``_foreach_add_``. A sparse gradient (from an
-    embedding with ``sparse=True``) is applied with ``index_add_`` straight from its uncoalesced
-    indices: duplicate rows add up, which is exactly the summed gradient, without the sort that
-    coalescing costs.
+    embedding with ``sparse=True``) is applied straight from its uncoalesced indices with
+    ``scatter_add_`` over a row index expanded across columns: duplicate rows add up, which is the
+    summed gradient, without coalescing. On the Criteo-Kaggle shape (53k looked-up rows of 16)
+    this took ~2 ms against ~5.5 ms for ``index_add_`` and ~3.5 ms for ``index_put_`` here.
+    Sparse gradients are consumed by ``step()``: their values are scaled by -lr in place.
     """
 
     def __init__(self, params: Iterable[torch.nn.Parameter], lr: float):
@@ -32,7 +34,12 @@ class SparseSGD(torch.optim.Optimizer):
                 if g is None:
                     continue
                 if g.is_sparse:
-                    p.index_add_(0, g._indices()[0], g._values().to(p.dtype), alpha=-lr)
+                    rows = g._indices()[0].unsqueeze(1).expand(-1, p.shape[1])  # (nnz, D)
+                    values = g._values()
+                    # scaled in place: the gradient is consumed, and a fresh (nnz, D) buffer would
+                    # cost more than the multiply
+                    values = values.mul_(-lr) if values.dtype == p.dtype else values.to(p.dtype).mul_(-lr)
+                    p.scatter_add_(0, rows, values)
                 else:
                     dense_p.append(p)
                     dense_g.append(g)

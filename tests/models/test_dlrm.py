@@ -106,3 +106,25 @@ def test_bad_names_and_configs_are_errors():
         create_model("dlrm", small_config(top_mlp=(16, 2)))
     with pytest.raises(ValueError, match="no config field"):
         create_model("dlrm", {"num_numerical": 1, "cardinalities": [2], "hidden": 3})
+
+
+@pytest.mark.parametrize("self_interaction", [False, True])
+def test_interaction_backward_matches_autograd_reference(self_interaction):
+    torch.manual_seed(2)
+    b, f, d = 6, 5, 4
+    dense = torch.randn(b, d, dtype=torch.float64, requires_grad=True)
+    emb = torch.randn(b, f, d, dtype=torch.float64, requires_grad=True)
+    layer = DotInteraction(f + 1, d, self_interaction=self_interaction)
+    assert torch.autograd.gradcheck(lambda x, e: layer(x, e), (dense, emb))
+
+    # and against plain autograd through bmm + advanced indexing
+    weights = torch.randn(b, layer.out_features, dtype=torch.float64)
+    (layer(dense, emb) * weights).sum().backward()
+    got = dense.grad.clone(), emb.grad.clone()
+    dense.grad = emb.grad = None
+    vectors = torch.cat([dense.unsqueeze(1), emb], 1)
+    rows, cols = torch.tril_indices(f + 1, f + 1, offset=0 if self_interaction else -1)
+    ref = torch.cat([dense, torch.bmm(vectors, vectors.transpose(1, 2))[:, rows, cols]], 1)
+    (ref * weights[:, : ref.shape[1]]).sum().backward()
+    torch.testing.assert_close(got[0], dense.grad)
+    torch.testing.assert_close(got[1], emb.grad)
