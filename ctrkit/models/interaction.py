@@ -30,11 +30,12 @@ class _PairwiseDots(torch.autograd.Function):
         vectors, sym_index = ctx.saved_tensors
         b, v, _ = vectors.shape
         # in float32: index_select along dim 1 is ~4x slower for bf16 than for fp32 on CPU
-        padded = F.pad(grad_pairs.float(), (0, 1))  # (B, P + 1), the last column is zero
+        work = torch.promote_types(vectors.dtype, torch.float32)
+        padded = F.pad(grad_pairs.to(work), (0, 1))  # (B, P + 1), the last column is zero
         grad_gram = padded.index_select(1, sym_index).view(b, v, v)  # (B, V, V), symmetric
         if ctx.self_interaction:
             grad_gram.diagonal(dim1=1, dim2=2).mul_(2.0)  # d<t, t>/dt = 2t
-        grad_vectors = torch.bmm(grad_gram, vectors.float())  # (B, V, D)
+        grad_vectors = torch.bmm(grad_gram, vectors.to(work))  # (B, V, D)
         return grad_vectors.to(vectors.dtype), None, None, None
 
 
