@@ -128,3 +128,11 @@ def test_interaction_backward_matches_autograd_reference(self_interaction):
     (ref * weights[:, : ref.shape[1]]).sum().backward()
     torch.testing.assert_close(got[0], dense.grad)
     torch.testing.assert_close(got[1], emb.grad)
+
+
+def test_interaction_without_dense_vector_gradients():
+    torch.manual_seed(3)
+    emb = torch.randn(4, 5, 3, dtype=torch.float64, requires_grad=True)
+    layer = DotInteraction(5, 3, with_dense=False)
+    assert layer.out_features == 16  # 10 pairs padded to 16
+    assert torch.autograd.gradcheck(lambda e: layer(None, e), (emb,))
