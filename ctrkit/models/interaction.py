@@ -52,7 +52,7 @@ class _DotInteractionFn(torch.autograd.Function):
             diagonal.zero_()  # the diagonal is not an output
         grad_vectors = torch.bmm(grad_gram, vectors.to(work))  # (B, V, D)
         if not has_dense:
-            return grad_vectors.to(emb_dtype), None, None, None, None, None
+            return None, grad_vectors.to(emb_dtype), None, None, None, None
         grad_dense = grad_vectors[:, 0] + grad_out[:, :lead]  # (B, D)
         return grad_dense.to(vectors.dtype), grad_vectors[:, 1:].to(emb_dtype), None, None, None, None
 
