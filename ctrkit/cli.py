@@ -178,6 +178,11 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--steps", type=int, default=50, help="timed steps per repeat (default 50)")
     t.add_argument("--repeats", type=int, default=5, help="timed repeats; the median is reported (default 5)")
     t.add_argument("--amp", action="store_true", help="bf16 autocast (CPU) / fp16 (CUDA)")
+    t.add_argument(
+        "--dense-gradients",
+        action="store_true",
+        help="dense embedding gradients (the plain-PyTorch baseline) instead of sparse ones",
+    )
     t.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
     t.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     t.add_argument("--seed", type=int, default=0, help="seed (default 0)")

@@ -206,6 +206,7 @@ def bench(args: argparse.Namespace) -> int:
         steps=args.steps,
         repeats=args.repeats,
         amp=args.amp,
+        dense_gradients=args.dense_gradients,
         seed=args.seed,
     )
     result = run_train_bench(cfg, resolve_device(args.device))

@@ -160,3 +160,38 @@ def test_every_subcommand_and_flag_has_help():
         for action in sub._actions:
             if action.dest not in ("help", "bench"):
                 assert action.help, f"ctrkit {name} {action.option_strings} has no help text"
+
+
+def test_model_config_flags_and_yaml(tiny_dataset, tmp_path, capsys):
+    (tmp_path / "m.yaml").write_text("top_mlp: [24, 1]\nself_interaction: true\n")
+    code, out, _ = run_cli(
+        "train",
+        "--dataset",
+        tiny_dataset,
+        "--embedding-dim",
+        "4",
+        "--model-config",
+        tmp_path / "m.yaml",
+        "--max-steps",
+        "3",
+        "--evals-per-epoch",
+        "0",
+        "--no-progress",
+        "--save-checkpoint",
+        tmp_path / "c.pt",
+        capsys=capsys,
+    )
+    assert code == 0, out
+    resolved = (tmp_path / "c.yaml").read_text()
+    # --embedding-dim keeps the default bottom MLP but ends it in the requested width
+    assert "- 64\n  - 4\n" in resolved and "self_interaction: true" in resolved and "- 24\n" in resolved
+
+
+def test_synth_and_models_commands(tmp_path, capsys):
+    code, out, _ = run_cli("synth", "--out", tmp_path / "d", "--rows", "1000", "--tables", "5,6,7", capsys=capsys)
+    assert code == 0 and "900 train + 100 test samples, 3 categorical" in out
+    assert SplitBinaryDataset(tmp_path / "d", "train").spec.cardinalities == [5, 6, 7]
+    code, out, _ = run_cli("models", capsys=capsys)
+    assert code == 0 and out.startswith("dlrm: {'embedding_dim': 16")
+    err = bad(capsys, "synth", "--out", tmp_path / "d", "--rows", "1000")
+    assert "not empty; pass --overwrite" in err

@@ -35,6 +35,7 @@ class TrainBenchConfig:
     steps: int = 50
     repeats: int = 5
     amp: bool = False
+    dense_gradients: bool = False
     seed: int = 0
     distinct_batches: int = 16
 
@@ -63,6 +64,7 @@ def run_train_bench(cfg: TrainBenchConfig, device: torch.device) -> dict:
             "embedding_dim": cfg.embedding_dim,
             "bottom_mlp": cfg.bottom_mlp,
             "top_mlp": cfg.top_mlp,
+            "sparse_gradients": not cfg.dense_gradients,
         },
     )
     model = create_model(cfg.model, model_cfg).to(device)

@@ -140,6 +140,7 @@ class Trainer:
         self.optimizer = SparseSGD(model.parameters(), lr=cfg.lr)
         self.step_fn = TrainStep(model, self.optimizer, device, amp_dtype)
         self.step = 0
+        self._saved_step: int | None = None
         self.history: list[dict[str, Any]] = []
 
     # -------------------------------------------------------------------------- checkpointing
@@ -171,8 +172,10 @@ class Trainer:
         set_rng_state(ckpt["rng"])
 
     def save(self) -> None:
-        if self.save_path is not None:
+        """Checkpoints the current step (once: a step already saved is not written again)."""
+        if self.save_path is not None and self._saved_step != self.step:
             save_checkpoint(self.save_path, self.state())
+            self._saved_step = self.step
 
     # -------------------------------------------------------------------------------- logging
     def _log(self, record: dict[str, Any]) -> None:
