@@ -49,16 +49,25 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     from ctrkit.config import TrainConfig
 
     d = TrainConfig()
+    S = argparse.SUPPRESS  # training options absent from the command line come from --config, then defaults
     p = sub.add_parser(
         "train",
         help="train a model on a dataset",
         description="Trains a model on the 'train' mapping of a split-binary dataset with SGD "
         "(sparse embedding updates), evaluating on 'test'. The LR schedule warms up "
         "linearly, holds, then decays polynomially; unset schedule flags are derived "
-        "from the run length (5%% warmup, decay over the last half).",
+        "from the run length (5%% warmup, decay over the last half). Settings resolve as: flags, "
+        "then --config, then defaults; the resolved run is written beside the checkpoint as YAML, "
+        "which --config accepts back.",
     )
-    p.add_argument("--model", default="dlrm", help="registered model name (default dlrm; see `ctrkit models`)")
-    p.add_argument("--dataset", required=True, type=Path, help="dataset directory holding feature_spec.yaml")
+    p.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="run YAML (model, model_config, train_config, dataset), e.g. the one written beside a checkpoint",
+    )
+    p.add_argument("--model", default=S, help="registered model name (default dlrm; see `ctrkit models`)")
+    p.add_argument("--dataset", type=Path, default=S, help="dataset directory holding feature_spec.yaml")
     p.add_argument(
         "--model-config",
         type=Path,
@@ -73,47 +82,45 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         help="bottom MLP widths, last = embedding dim (default 512,256,64,16)",
     )
     p.add_argument("--top-mlp", type=_int_list, default=None, help="top MLP widths, last = 1 (default 512,256,1)")
-    p.add_argument("--epochs", type=int, default=d.epochs, help=f"passes over the training data (default {d.epochs})")
-    p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps in total")
-    p.add_argument("--batch-size", type=int, default=d.batch_size, help=f"samples per step (default {d.batch_size})")
+    p.add_argument("--epochs", type=int, default=S, help=f"passes over the training data (default {d.epochs})")
+    p.add_argument("--max-steps", type=int, default=S, help="stop after this many steps in total")
+    p.add_argument("--batch-size", type=int, default=S, help=f"samples per step (default {d.batch_size})")
     p.add_argument(
         "--eval-batch-size",
         type=int,
-        default=d.eval_batch_size,
+        default=S,
         help=f"samples per forward pass in evaluation (default {d.eval_batch_size})",
     )
-    p.add_argument("--lr", type=float, default=d.lr, help=f"peak learning rate (default {d.lr})")
-    p.add_argument("--warmup-steps", type=int, default=None, help="linear warmup steps (default 5%% of the run)")
+    p.add_argument("--lr", type=float, default=S, help=f"peak learning rate (default {d.lr})")
+    p.add_argument("--warmup-steps", type=int, default=S, help="linear warmup steps (default 5%% of the run)")
     p.add_argument(
-        "--decay-start-step", type=int, default=None, help="step where polynomial decay begins (default: half-way)"
+        "--decay-start-step", type=int, default=S, help="step where polynomial decay begins (default: half-way)"
     )
-    p.add_argument("--decay-steps", type=int, default=None, help="length of the decay (default: half the run)")
+    p.add_argument("--decay-steps", type=int, default=S, help="length of the decay (default: half the run)")
     p.add_argument(
         "--decay-power",
         type=float,
-        default=d.decay_power,
+        default=S,
         help=f"power of the polynomial decay (default {d.decay_power})",
     )
-    p.add_argument("--end-lr", type=float, default=d.end_lr, help=f"learning rate after the decay (default {d.end_lr})")
-    p.add_argument("--seed", type=int, default=d.seed, help=f"seed of weights and batch order (default {d.seed})")
+    p.add_argument("--end-lr", type=float, default=S, help=f"learning rate after the decay (default {d.end_lr})")
+    p.add_argument("--seed", type=int, default=S, help=f"seed of weights and batch order (default {d.seed})")
     p.add_argument(
         "--evals-per-epoch",
         type=int,
-        default=d.evals_per_epoch,
+        default=S,
         help=f"test evaluations per epoch, 0 for only at the end (default {d.evals_per_epoch})",
     )
-    p.add_argument(
-        "--print-freq", type=int, default=d.print_freq, help=f"steps between log records (default {d.print_freq})"
-    )
-    p.add_argument("--amp", action="store_true", help="mixed precision: bf16 autocast on CPU, fp16 on CUDA")
-    p.add_argument("--amp-dtype", choices=("bf16", "fp16"), default=None, help="override the --amp dtype")
+    p.add_argument("--print-freq", type=int, default=S, help=f"steps between log records (default {d.print_freq})")
+    p.add_argument("--amp", action="store_true", default=S, help="mixed precision: bf16 autocast on CPU, fp16 on CUDA")
+    p.add_argument("--amp-dtype", choices=("bf16", "fp16"), default=S, help="override the --amp dtype")
     p.add_argument(
         "--save-checkpoint",
         type=Path,
         default=None,
         help="checkpoint file, written atomically at each evaluation and at the end",
     )
-    p.add_argument("--checkpoint-every", type=int, default=None, help="also checkpoint every N steps")
+    p.add_argument("--checkpoint-every", type=int, default=S, help="also checkpoint every N steps")
     p.add_argument(
         "--load-checkpoint",
         type=Path,

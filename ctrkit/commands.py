@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import fields
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -33,23 +35,42 @@ def synth(args: argparse.Namespace) -> int:
     return 0
 
 
-def _model_config(args: argparse.Namespace, spec: FeatureSpec):
-    """Model config: dataset shape, then --model-config YAML, then explicit flags."""
-    cfg_cls = config_class(args.model)
-    values: dict = {"num_numerical": len(spec.numerical_features), "cardinalities": spec.cardinalities}
+def _load_run_file(path: Path | None) -> dict:
+    """The run YAML given with --config (the format written beside checkpoints), or an empty dict."""
+    if path is None:
+        return {}
+    if not path.exists():
+        raise ValueError(f"{path}: --config file not found")
+    with open(path) as f:
+        run = yaml.safe_load(f) or {}
+    known = {"model", "model_config", "train_config", "dataset"}
+    if not isinstance(run, dict) or set(run) - known:
+        raise ValueError(f"{path}: expected a mapping with keys among {sorted(known)}")
+    for key in ("model_config", "train_config"):
+        if not isinstance(run.get(key, {}), dict):
+            raise ValueError(f"{path}: '{key}' must be a mapping of fields")
+    return run
+
+
+def _model_config(args: argparse.Namespace, model: str, run: dict, spec: FeatureSpec):
+    """Model config: dataset shape, then --config, then --model-config YAML, then explicit flags."""
+    cfg_cls = config_class(model)
+    values: dict = dict(run.get("model_config", {}))
     if args.model_config is not None:
         with open(args.model_config) as f:
             loaded = yaml.safe_load(f) or {}
         if not isinstance(loaded, dict):
             raise ValueError(f"{args.model_config}: expected a mapping of model config fields")
         values.update(loaded)
+    values.update({"num_numerical": len(spec.numerical_features), "cardinalities": spec.cardinalities})
     flags = {"embedding_dim": args.embedding_dim, "bottom_mlp": args.bottom_mlp, "top_mlp": args.top_mlp}
-    values.update({k: v for k, v in flags.items() if v is not None})
-    if "embedding_dim" in values and "bottom_mlp" not in values and values["num_numerical"]:
-        # keep the default bottom MLP but end it in the requested width
-        default_bottom = cfg_cls.__dataclass_fields__["bottom_mlp"].default
-        values["bottom_mlp"] = tuple(default_bottom[:-1]) + (values["embedding_dim"],)
-    return make_config(args.model, values)
+    given = {k: v for k, v in flags.items() if v is not None}
+    values.update(given)
+    if "embedding_dim" in given and "bottom_mlp" not in given and values["num_numerical"]:
+        # keep the bottom MLP but end it in the requested width
+        bottom = values.get("bottom_mlp", cfg_cls.__dataclass_fields__["bottom_mlp"].default)
+        values["bottom_mlp"] = tuple(bottom[:-1]) + (values["embedding_dim"],)
+    return make_config(model, values)
 
 
 def train(args: argparse.Namespace) -> int:
@@ -58,28 +79,18 @@ def train(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    cfg = TrainConfig(
-        epochs=args.epochs,
-        max_steps=args.max_steps,
-        batch_size=args.batch_size,
-        eval_batch_size=args.eval_batch_size,
-        lr=args.lr,
-        warmup_steps=args.warmup_steps,
-        decay_start_step=args.decay_start_step,
-        decay_steps=args.decay_steps,
-        decay_power=args.decay_power,
-        end_lr=args.end_lr,
-        seed=args.seed,
-        evals_per_epoch=args.evals_per_epoch,
-        print_freq=args.print_freq,
-        amp=args.amp,
-        amp_dtype=args.amp_dtype,
-        checkpoint_every=args.checkpoint_every,
-    )
-    cfg.validate()
+    run = _load_run_file(args.config)
+    # training options: defaults, then --config, then the flags actually given
+    values = dict(run.get("train_config", {}))
+    values.update({f.name: getattr(args, f.name) for f in fields(TrainConfig) if hasattr(args, f.name)})
+    cfg = TrainConfig.from_dict(values)
+    model_name = getattr(args, "model", None) or run.get("model") or "dlrm"
+    dataset_dir = getattr(args, "dataset", None) or run.get("dataset")
+    if dataset_dir is None:
+        raise ValueError("no dataset: pass --dataset DIR (or a --config file naming one)")
     device = resolve_device(args.device)
     amp_dtype = amp_dtype_for(device, cfg.amp, cfg.amp_dtype)
-    spec = FeatureSpec.from_yaml(args.dataset)
+    spec = FeatureSpec.from_yaml(Path(dataset_dir))
     train_set = SplitBinaryDataset(spec, "train")
     test_set = SplitBinaryDataset(spec, "test") if "test" in spec.source_spec else None
 
@@ -87,16 +98,16 @@ def train(args: argparse.Namespace) -> int:
     if args.load_checkpoint is not None:
         ckpt = load_checkpoint(args.load_checkpoint)
         check_spec_matches(ckpt, spec.summary(), str(spec.base_dir))
-        if ckpt["model_name"] != args.model:
+        if ckpt["model_name"] != model_name:
             raise ValueError(
-                f"{args.load_checkpoint}: checkpoint holds a '{ckpt['model_name']}' model, not '{args.model}'"
+                f"{args.load_checkpoint}: checkpoint holds a '{ckpt['model_name']}' model, not '{model_name}'"
             )
         model_config = make_config(ckpt["model_name"], ckpt["model_config"])
     else:
-        model_config = _model_config(args, spec)
+        model_config = _model_config(args, model_name, run, spec)
 
     torch.manual_seed(cfg.seed)
-    model = create_model(args.model, model_config).to(device)
+    model = create_model(model_name, model_config).to(device)
     if args.save_checkpoint is not None:
         # the resolved configuration, beside the run, so every result says how it was made
         run_yaml = args.save_checkpoint.with_suffix(".yaml")
@@ -104,17 +115,17 @@ def train(args: argparse.Namespace) -> int:
         with open(run_yaml, "w") as f:
             yaml.safe_dump(
                 {
-                    "model": args.model,
+                    "model": model_name,
                     "model_config": config_to_dict(model_config),
                     "train_config": cfg.to_dict(),
-                    "dataset": str(args.dataset),
+                    "dataset": str(dataset_dir),
                 },
                 f,
                 sort_keys=False,
             )
     trainer = Trainer(
         model,
-        RunInfo(args.model, model_config, spec.summary()),
+        RunInfo(model_name, model_config, spec.summary()),
         train_set,
         test_set,
         cfg,
@@ -128,7 +139,7 @@ def train(args: argparse.Namespace) -> int:
         trainer.restore(ckpt)
     n_params = sum(p.numel() for p in model.parameters())
     print(
-        f"training {args.model} ({n_params:,} parameters) on {len(train_set):,} samples, "
+        f"training {model_name} ({n_params:,} parameters) on {len(train_set):,} samples, "
         f"{trainer.total_steps} steps of {cfg.batch_size} on {device}"
         f"{' with ' + str(amp_dtype).replace('torch.', '') + ' autocast' if amp_dtype else ''}",
         file=sys.stderr,

@@ -5,6 +5,7 @@ import shutil
 
 import numpy as np
 import pytest
+import yaml
 from sklearn.metrics import log_loss, roc_auc_score
 
 from ctrkit.cli import build_parser
@@ -195,3 +196,50 @@ def test_synth_and_models_commands(tmp_path, capsys):
     assert code == 0 and out.startswith("dlrm: {'embedding_dim': 16")
     err = bad(capsys, "synth", "--out", tmp_path / "d", "--rows", "1000")
     assert "not empty; pass --overwrite" in err
+
+
+def test_run_file_round_trip_with_flag_overrides(tiny_dataset, tmp_path, capsys):
+    code, _, _ = run_cli(
+        "train",
+        "--dataset",
+        tiny_dataset,
+        *small_model_flags(),
+        "--batch-size",
+        "512",
+        "--lr",
+        "0.5",
+        "--max-steps",
+        "2",
+        "--evals-per-epoch",
+        "0",
+        "--no-progress",
+        "--save-checkpoint",
+        tmp_path / "a.pt",
+        capsys=capsys,
+    )
+    assert code == 0
+    # the written run file reproduces the run; flags given on top of it win
+    code, out, _ = run_cli(
+        "train",
+        "--config",
+        tmp_path / "a.yaml",
+        "--max-steps",
+        "3",
+        "--no-progress",
+        "--save-checkpoint",
+        tmp_path / "b.pt",
+        capsys=capsys,
+    )
+    assert code == 0 and "done: 3 steps" in out
+    first = yaml.safe_load((tmp_path / "a.yaml").read_text())
+    second = yaml.safe_load((tmp_path / "b.yaml").read_text())
+    assert second["train_config"] == {**first["train_config"], "max_steps": 3}
+    assert second["model_config"] == first["model_config"] and second["dataset"] == str(tiny_dataset)
+    assert second["train_config"]["batch_size"] == 512 and second["train_config"]["lr"] == 0.5
+
+
+def test_run_file_errors(tmp_path, capsys):
+    assert "no dataset: pass --dataset" in bad(capsys, "train")
+    (tmp_path / "r.yaml").write_text("model: dlrm\nbatch_size: 3\n")
+    assert "expected a mapping with keys among" in bad(capsys, "train", "--config", tmp_path / "r.yaml")
+    assert "--config file not found" in bad(capsys, "train", "--config", tmp_path / "missing.yaml")
