@@ -204,22 +204,8 @@ def bench(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    cfg = TrainBenchConfig(
-        model=args.model,
-        batch_size=args.batch_size,
-        num_tables=args.num_tables,
-        table_rows=args.table_rows,
-        embedding_dim=args.embedding_dim,
-        num_numerical=args.num_numerical,
-        bottom_mlp=tuple(args.bottom_mlp),
-        top_mlp=tuple(args.top_mlp),
-        warmup=args.warmup,
-        steps=args.steps,
-        repeats=args.repeats,
-        amp=args.amp,
-        dense_gradients=args.dense_gradients,
-        seed=args.seed,
-    )
+    values = {f.name: getattr(args, f.name) for f in fields(TrainBenchConfig) if hasattr(args, f.name)}
+    cfg = TrainBenchConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
     result = run_train_bench(cfg, resolve_device(args.device))
     print(
         f"{cfg.model} train, batch {cfg.batch_size}, {'amp ' + result['amp_dtype'] if cfg.amp else 'fp32'}, "
