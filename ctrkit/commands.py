@@ -177,7 +177,8 @@ def evaluate(args: argparse.Namespace) -> int:
     )
     metrics = {**metrics, "mapping": args.mapping, "model": ckpt["model_name"], "step": int(ckpt["step"])}
     if args.json:
-        print(json.dumps(metrics, sort_keys=True))
+        # strict JSON: an undefined AUC (one class only) is null, not NaN
+        print(json.dumps({k: None if v != v else v for k, v in metrics.items()}, sort_keys=True))
     else:
         print(
             f"{ckpt['model_name']} step {metrics['step']} on {args.mapping}: AUC {metrics['auc']:.4f}  "

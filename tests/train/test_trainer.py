@@ -152,3 +152,15 @@ def test_oracle_reference_for_the_tiny_data():
     model = SyntheticCTR((3, 10, 50, 120, 400, 2000, 7, 900), 4, seed=7)
     block = model.sample(np.random.default_rng(0), 20_000)
     assert roc_auc(block.labels, block.logits) > 0.8
+
+
+class _NotATensor:
+    pass
+
+
+def test_checkpoint_with_pickled_objects_is_refused(tmp_path):
+    from ctrkit.train.checkpoint import FORMAT
+
+    torch.save({"format": FORMAT, "payload": _NotATensor()}, tmp_path / "evil.pt")
+    with pytest.raises(CheckpointError, match="evil.pt: not a readable ctrkit checkpoint"):
+        load_checkpoint(tmp_path / "evil.pt")
