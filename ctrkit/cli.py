@@ -91,7 +91,25 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         default=S,
         help=f"samples per forward pass in evaluation (default {d.eval_batch_size})",
     )
-    p.add_argument("--lr", type=float, default=S, help=f"peak learning rate (default {d.lr})")
+    p.add_argument("--lr", type=float, default=S, help="peak learning rate of the dense part (default: the model's)")
+    p.add_argument(
+        "--optimizer",
+        choices=("sgd", "adagrad", "adam"),
+        default=S,
+        help="optimizer of the dense part (default: the model's; `ctrkit models` shows it)",
+    )
+    p.add_argument(
+        "--embedding-optimizer",
+        choices=("sgd", "adagrad", "rowwise_adagrad", "adam"),
+        default=S,
+        help="optimizer of the embedding tables, always with sparse row updates (default: the model's)",
+    )
+    p.add_argument(
+        "--embedding-lr",
+        type=float,
+        default=S,
+        help="peak learning rate of the embeddings (default: the model's, else --lr)",
+    )
     p.add_argument("--warmup-steps", type=int, default=S, help="linear warmup steps (default 5%% of the run)")
     p.add_argument(
         "--decay-start-step", type=int, default=S, help="step where polynomial decay begins (default: half-way)"

@@ -16,7 +16,14 @@ from ctrkit.config import TrainConfig
 from ctrkit.data.dataset import SplitBinaryDataset
 from ctrkit.data.feature_spec import FeatureSpec
 from ctrkit.device import amp_dtype_for, resolve_device
-from ctrkit.models.registry import config_class, config_to_dict, create_model, list_models, make_config
+from ctrkit.models.registry import (
+    config_class,
+    config_to_dict,
+    create_model,
+    list_models,
+    make_config,
+    train_defaults,
+)
 
 
 def synth(args: argparse.Namespace) -> int:
@@ -83,8 +90,8 @@ def train(args: argparse.Namespace) -> int:
     # training options: defaults, then --config, then the flags actually given
     values = dict(run.get("train_config", {}))
     values.update({f.name: getattr(args, f.name) for f in fields(TrainConfig) if hasattr(args, f.name)})
-    cfg = TrainConfig.from_dict(values)
     model_name = getattr(args, "model", None) or run.get("model") or "dlrm"
+    cfg = TrainConfig.from_dict(values).with_model_defaults(train_defaults(model_name))
     dataset_dir = getattr(args, "dataset", None) or run.get("dataset")
     if dataset_dir is None:
         raise ValueError("no dataset: pass --dataset DIR (or a --config file naming one)")
@@ -222,12 +229,12 @@ def bench(args: argparse.Namespace) -> int:
 
 def models(args: argparse.Namespace) -> int:
     for name in list_models():
-        defaults = {
+        shape = {
             k: v
             for k, v in config_to_dict(_example_config(name)).items()
             if k not in ("num_numerical", "cardinalities")
         }
-        print(f"{name}: {defaults}")
+        print(f"{name}: {shape}; training defaults {train_defaults(name)}")
     return 0
 
 

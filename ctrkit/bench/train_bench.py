@@ -14,8 +14,8 @@ import torch
 from ctrkit.data.batch import Batch
 from ctrkit.data.synthetic import power_law_ids
 from ctrkit.device import amp_dtype_for
-from ctrkit.models.registry import create_model, make_config
-from ctrkit.train.optim import SparseSGD
+from ctrkit.models.registry import create_model, make_config, train_defaults
+from ctrkit.train.optim import build_optimizers
 from ctrkit.train.trainer import TrainStep
 
 
@@ -69,17 +69,19 @@ def run_train_bench(cfg: TrainBenchConfig, device: torch.device) -> dict:
     )
     model = create_model(cfg.model, model_cfg).to(device)
     amp_dtype = amp_dtype_for(device, cfg.amp, None)
-    step = TrainStep(model, SparseSGD(model.parameters(), lr=0.01), device, amp_dtype)
+    d = train_defaults(cfg.model)  # the model's own optimizers, at a small lr so weights stay sane
+    optimizers = build_optimizers(model, d.get("optimizer", "sgd"), 1e-3, d.get("embedding_optimizer", "sgd"), 1e-3)
+    step = TrainStep(model, optimizers, device, amp_dtype)
     batches = [b.to(device) for b in make_batches(cfg, np.random.default_rng(cfg.seed))]
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     for i in range(cfg.warmup):
-        step(batches[i % len(batches)], 0.01)
+        step(batches[i % len(batches)])
     sync()
     times = []
     for _ in range(cfg.repeats):
         t0 = time.perf_counter()
         for i in range(cfg.steps):
-            step(batches[i % len(batches)], 0.01)
+            step(batches[i % len(batches)])
         sync()
         times.append((time.perf_counter() - t0) / cfg.steps)
     ms = statistics.median(times) * 1000

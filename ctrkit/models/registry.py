@@ -9,21 +9,30 @@ from typing import Any
 from torch import nn
 
 _REGISTRY: dict[str, tuple[type, type]] = {}
+_TRAIN_DEFAULTS: dict[str, dict[str, Any]] = {}
 
 
-def register_model(name: str, config_cls: type) -> Callable[[type], type]:
+def register_model(name: str, config_cls: type, train_defaults: dict[str, Any] | None = None) -> Callable[[type], type]:
     """Class decorator: registers ``cls`` under ``name``, built from a ``config_cls`` instance.
 
-    A duplicate name is an error, never a silent replacement.
+    ``train_defaults`` are the model's own training defaults (optimizer, lr, ...), used where the
+    run leaves them unset. A duplicate name is an error, never a silent replacement.
     """
 
     def wrap(cls: type) -> type:
         if name in _REGISTRY:
             raise ValueError(f"model '{name}' is already registered (by {_REGISTRY[name][0].__name__})")
         _REGISTRY[name] = (cls, config_cls)
+        _TRAIN_DEFAULTS[name] = dict(train_defaults or {})
         return cls
 
     return wrap
+
+
+def train_defaults(name: str) -> dict[str, Any]:
+    """Model ``name``'s training defaults (TrainConfig fields), e.g. its optimizer and lr."""
+    _lookup(name)
+    return dict(_TRAIN_DEFAULTS[name])
 
 
 def list_models() -> list[str]:

@@ -72,3 +72,138 @@ class LRSchedule:
             return self.base_lr
         t = min(step - self.decay_start_step, self.decay_steps)
         return self.end_lr + (self.base_lr - self.end_lr) * (1.0 - t / self.decay_steps) ** self.power
+
+
+OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad", "adam")
+
+
+class SparseRowOptimizer(torch.optim.Optimizer):
+    """Adagrad, row-wise Adagrad or (lazy) Adam for embedding tables with sparse gradients.
+
+    Only the rows a batch looked up are read and written, so a step costs O(rows used x D), not
+    O(table). The gradient is coalesced first (duplicate ids summed), so the update is exactly the
+    dense algorithm's for those rows; rows not in the batch keep their state, as in
+    ``torch.optim.SparseAdam`` ("lazy" Adam). A dense gradient is treated as touching every row.
+
+    ``rowwise_adagrad`` keeps one accumulator per row (the mean of the squared gradient over the
+    row), a D-fold saving of optimizer memory that FBGEMM and TorchRec use for large tables.
+
+    Args:
+        params: 2-D embedding parameters.
+        kind: "adagrad", "rowwise_adagrad" or "adam".
+        lr: learning rate.
+        eps: added to the denominator.
+        betas: Adam's moment decay rates.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[torch.nn.Parameter],
+        kind: str,
+        lr: float,
+        eps: float | None = None,
+        betas: tuple[float, float] = (0.9, 0.999),
+    ):
+        if kind not in ("adagrad", "rowwise_adagrad", "adam"):
+            raise ValueError(f"unknown sparse optimizer '{kind}'; expected adagrad, rowwise_adagrad or adam")
+        if lr < 0:
+            raise ValueError(f"lr must be >= 0, got {lr}")
+        default_eps = 1e-8 if kind == "adam" else 1e-10
+        super().__init__(params, {"lr": lr, "eps": default_eps if eps is None else eps, "betas": betas})
+        self.kind = kind
+
+    def _state(self, p: torch.Tensor) -> dict:
+        state = self.state[p]
+        if not state:
+            state["step"] = 0
+            if self.kind == "adam":
+                state["exp_avg"] = torch.zeros_like(p)
+                state["exp_avg_sq"] = torch.zeros_like(p)
+            elif self.kind == "adagrad":
+                state["sum"] = torch.zeros_like(p)
+            else:
+                state["sum"] = torch.zeros(p.shape[0], dtype=p.dtype, device=p.device)
+        return state
+
+    @torch.no_grad()
+    def step(self, closure=None):  # noqa: D102 - torch.optim API
+        for group in self.param_groups:
+            lr, eps = group["lr"], group["eps"]
+            for p in group["params"]:
+                g = p.grad
+                if g is None:
+                    continue
+                if g.is_sparse:
+                    g = g.coalesce()
+                    rows, values = g.indices()[0], g.values().to(p.dtype)  # (U,), (U, D)
+                else:
+                    rows, values = torch.arange(p.shape[0], device=p.device), g
+                state = self._state(p)
+                state["step"] += 1
+                if self.kind == "adagrad":
+                    acc = state["sum"].index_select(0, rows).addcmul_(values, values)  # (U, D)
+                    state["sum"].index_copy_(0, rows, acc)
+                    update = values / acc.sqrt_().add_(eps)
+                elif self.kind == "rowwise_adagrad":
+                    acc = state["sum"].index_select(0, rows) + values.pow(2).mean(1)  # (U,)
+                    state["sum"].index_copy_(0, rows, acc)
+                    update = values / acc.sqrt_().add_(eps).unsqueeze(1)
+                else:
+                    beta1, beta2 = group["betas"]
+                    m = state["exp_avg"].index_select(0, rows).mul_(beta1).add_(values, alpha=1 - beta1)
+                    v = state["exp_avg_sq"].index_select(0, rows).mul_(beta2).addcmul_(values, values, value=1 - beta2)
+                    state["exp_avg"].index_copy_(0, rows, m)
+                    state["exp_avg_sq"].index_copy_(0, rows, v)
+                    t = state["step"]
+                    update = (m / (1 - beta1**t)) / (v / (1 - beta2**t)).sqrt_().add_(eps)
+                p.index_add_(0, rows, update, alpha=-lr)
+        return None
+
+
+def make_optimizer(kind: str, params: list[torch.nn.Parameter], lr: float, sparse: bool) -> torch.optim.Optimizer:
+    """Builds optimizer ``kind`` for ``params``.
+
+    Args:
+        kind: one of OPTIMIZERS.
+        params: the parameters.
+        lr: learning rate.
+        sparse: the parameters are embedding tables that receive sparse gradients.
+    """
+    if kind not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer '{kind}'; expected one of {', '.join(OPTIMIZERS)}")
+    if kind == "sgd":
+        return SparseSGD(params, lr=lr)
+    if sparse:
+        return SparseRowOptimizer(params, kind, lr)
+    if kind == "adagrad":
+        return torch.optim.Adagrad(params, lr=lr, foreach=True)
+    if kind == "adam":
+        return torch.optim.Adam(params, lr=lr, foreach=True)
+    raise ValueError(
+        "rowwise_adagrad keeps one accumulator per embedding row and applies to embedding tables "
+        "only; use adagrad or adam for the dense part"
+    )
+
+
+def build_optimizers(
+    model: torch.nn.Module, optimizer: str, lr: float, embedding_optimizer: str, embedding_lr: float
+) -> list[torch.optim.Optimizer]:
+    """One optimizer for the embedding tables (sparse updates) and one for every other parameter.
+
+    Each parameter group remembers its ``base_lr``; the schedule scales it (see TrainStep).
+    """
+    from ctrkit.models.embeddings import EmbeddingCollection
+
+    tables = {id(m.weight): m for m in model.modules() if isinstance(m, EmbeddingCollection)}
+    emb = [p for p in model.parameters() if id(p) in tables]
+    dense = [p for p in model.parameters() if id(p) not in tables]
+    sparse = all(m.sparse for m in tables.values())
+    out = []
+    if emb:
+        out.append(make_optimizer(embedding_optimizer, emb, embedding_lr, sparse=sparse))
+    if dense:
+        out.append(make_optimizer(optimizer, dense, lr, sparse=False))
+    for opt in out:
+        for group in opt.param_groups:
+            group["base_lr"] = group["lr"]
+    return out

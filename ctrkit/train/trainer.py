@@ -21,9 +21,9 @@ from ctrkit.data.batch import Batch
 from ctrkit.data.dataset import SplitBinaryDataset
 from ctrkit.data.loader import BatchLoader
 from ctrkit.eval.evaluator import evaluate
-from ctrkit.models.registry import config_to_dict
+from ctrkit.models.registry import config_to_dict, train_defaults
 from ctrkit.train.checkpoint import rng_state, save_checkpoint, set_rng_state
-from ctrkit.train.optim import LRSchedule, SparseSGD
+from ctrkit.train.optim import LRSchedule, build_optimizers
 
 
 def resolve_schedule(cfg: TrainConfig, total_steps: int) -> LRSchedule:
@@ -41,7 +41,8 @@ class TrainStep:
 
     Args:
         model: maps (dense, sparse) to logits (B,).
-        optimizer: accepts sparse gradients (e.g. SparseSGD).
+        optimizers: the optimizers of the parameter sets (see build_optimizers); each group's
+            ``base_lr`` is scaled by the schedule factor passed to each call.
         device: where batches are moved before the forward pass.
         amp_dtype: autocast dtype, or None for full precision. fp16 enables loss scaling.
     """
@@ -49,19 +50,20 @@ class TrainStep:
     def __init__(
         self,
         model: nn.Module,
-        optimizer: torch.optim.Optimizer,
+        optimizers: list[torch.optim.Optimizer],
         device: torch.device,
         amp_dtype: torch.dtype | None = None,
     ):
         self.model = model
-        self.optimizer = optimizer
+        self.optimizers = optimizers
         self.device = device
         self.amp_dtype = amp_dtype
         self.scaler = torch.amp.GradScaler(device.type) if amp_dtype == torch.float16 else None
 
-    def __call__(self, batch: Batch, lr: float) -> torch.Tensor:
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+    def __call__(self, batch: Batch, scale: float = 1.0) -> torch.Tensor:
+        for opt in self.optimizers:
+            for group in opt.param_groups:
+                group["lr"] = group["base_lr"] * scale
         batch = batch.to(self.device, non_blocking=True)
         autocast = (
             torch.autocast(self.device.type, dtype=self.amp_dtype) if self.amp_dtype is not None else nullcontext()
@@ -69,14 +71,17 @@ class TrainStep:
         with autocast:
             logits = self.model(batch.dense, batch.sparse)  # (B,)
         loss = F.binary_cross_entropy_with_logits(logits.float(), batch.labels)
-        self.optimizer.zero_grad(set_to_none=True)
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=True)
         if self.scaler is not None:
             self.scaler.scale(loss).backward()
-            self.scaler.step(self.optimizer)
+            for opt in self.optimizers:
+                self.scaler.step(opt)
             self.scaler.update()
         else:
             loss.backward()
-            self.optimizer.step()
+            for opt in self.optimizers:
+                opt.step()
         return loss.detach()
 
 
@@ -119,7 +124,7 @@ class Trainer:
         log_path: str | os.PathLike | None = None,
         progress: bool = True,
     ):
-        cfg.validate()
+        cfg = cfg.with_model_defaults(train_defaults(info.model_name))
         if len(train_set) == 0:
             raise ValueError(f"the training mapping '{train_set.mapping}' holds no samples")
         self.model = model
@@ -137,8 +142,8 @@ class Trainer:
         planned = cfg.epochs * self.steps_per_epoch
         self.total_steps = min(planned, cfg.max_steps) if cfg.max_steps else planned
         self.schedule = resolve_schedule(cfg, planned)
-        self.optimizer = SparseSGD(model.parameters(), lr=cfg.lr)
-        self.step_fn = TrainStep(model, self.optimizer, device, amp_dtype)
+        self.optimizers = build_optimizers(model, cfg.optimizer, cfg.lr, cfg.embedding_optimizer, cfg.embedding_lr)
+        self.step_fn = TrainStep(model, self.optimizers, device, amp_dtype)
         self.step = 0
         self._saved_step: int | None = None
         self.history: list[dict[str, Any]] = []
@@ -151,7 +156,7 @@ class Trainer:
             "spec": self.info.spec_summary,
             "train_config": self.cfg.to_dict(),
             "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "optimizers": [opt.state_dict() for opt in self.optimizers],
             "step": self.step,
             "epoch": self.step // self.steps_per_epoch,
             "batch_in_epoch": self.step % self.steps_per_epoch,
@@ -166,8 +171,21 @@ class Trainer:
                 f"the checkpoint's run had {ckpt['steps_per_epoch']} batches per epoch, this one "
                 f"has {self.steps_per_epoch}: resume with the same dataset and --batch-size"
             )
+        states = ckpt["optimizers"]
+        if (
+            len(states) != len(self.optimizers)
+            or ckpt["train_config"].get("optimizer") != self.cfg.optimizer
+            or (ckpt["train_config"].get("embedding_optimizer") != self.cfg.embedding_optimizer)
+        ):
+            raise ValueError(
+                "the checkpoint's optimizers ("
+                f"{ckpt['train_config'].get('optimizer')}/{ckpt['train_config'].get('embedding_optimizer')}) differ "
+                f"from this run's ({self.cfg.optimizer}/{self.cfg.embedding_optimizer}); resume with the same "
+                "--optimizer and --embedding-optimizer"
+            )
         self.model.load_state_dict(ckpt["model"])
-        self.optimizer.load_state_dict(ckpt["optimizer"])
+        for opt, state in zip(self.optimizers, states):
+            opt.load_state_dict(state)
         self.step = int(ckpt["step"])
         set_rng_state(ckpt["rng"])
 
@@ -238,7 +256,7 @@ class Trainer:
             while self.step < self.total_steps:
                 epoch, start = divmod(self.step, self.steps_per_epoch)
                 for batch in self.loader.epoch(epoch, start):
-                    loss = self.step_fn(batch, self.schedule(self.step))
+                    loss = self.step_fn(batch, self.schedule(self.step) / cfg.lr)
                     loss_sum += loss
                     self.step += 1
                     window_steps += 1

@@ -46,3 +46,80 @@ def test_schedule_without_decay_is_constant_after_warmup():
 def test_negative_lr_rejected():
     with pytest.raises(ValueError, match="lr must be >= 0"):
         SparseSGD([torch.nn.Parameter(torch.zeros(1))], lr=-1)
+
+
+def _run(make_opt, ids_per_step, sparse, steps=4, rows=12, dim=3, seed=0):
+    """Trains a lookup + linear head with the optimizer from ``make_opt``; returns the table."""
+    torch.manual_seed(seed)
+    weight = torch.nn.Parameter(torch.randn(rows, dim))
+    head = torch.randn(dim, 1)
+    opt = make_opt([weight])
+    for ids in ids_per_step[:steps]:
+        opt.zero_grad()
+        out = F.embedding(ids, weight, sparse=sparse).sum(1) @ head
+        (out.pow(2).mean() + out.mean()).backward()
+        opt.step()
+    return weight.detach()
+
+
+# every step touches every row (so lazy and dense updates coincide), with repeated ids
+ALL_ROWS = [torch.tensor([[i % 12, (i * 5 + s) % 12, 3] for i in range(12)]) for s in range(4)]
+SOME_ROWS = [torch.tensor([[1, 1, 5], [5, 7, 1]]), torch.tensor([[2, 7, 7]]), torch.tensor([[1, 9, 0]])] * 2
+
+
+def test_sparse_adagrad_matches_torch_adagrad():
+    from ctrkit.train.optim import SparseRowOptimizer
+
+    for ids in (ALL_ROWS, SOME_ROWS):
+        ours = _run(lambda p: SparseRowOptimizer(p, "adagrad", lr=0.1), ids, sparse=True)
+        ref = _run(lambda p: torch.optim.Adagrad(p, lr=0.1), ids, sparse=False)
+        torch.testing.assert_close(ours, ref)
+
+
+def test_sparse_adam_matches_adam_when_rows_are_all_touched_and_sparse_adam_otherwise():
+    from ctrkit.train.optim import SparseRowOptimizer
+
+    ours = _run(lambda p: SparseRowOptimizer(p, "adam", lr=0.05), ALL_ROWS, sparse=True)
+    ref = _run(lambda p: torch.optim.Adam(p, lr=0.05), ALL_ROWS, sparse=False)
+    torch.testing.assert_close(ours, ref)
+    ours = _run(lambda p: SparseRowOptimizer(p, "adam", lr=0.05), SOME_ROWS, sparse=True)
+    lazy = _run(lambda p: torch.optim.SparseAdam(p, lr=0.05), SOME_ROWS, sparse=True)
+    torch.testing.assert_close(ours, lazy, rtol=1e-5, atol=1e-6)  # eps sits in a different place
+    untouched = [r for r in range(12) if r not in {0, 1, 2, 5, 7, 9}]
+    torch.manual_seed(0)
+    start = torch.randn(12, 3)
+    torch.testing.assert_close(ours[untouched], start[untouched])  # lazy: rows not looked up never move
+
+
+def test_rowwise_adagrad_against_a_loop():
+    from ctrkit.train.optim import SparseRowOptimizer
+
+    ours = _run(lambda p: SparseRowOptimizer(p, "rowwise_adagrad", lr=0.1), SOME_ROWS, sparse=True)
+    # reference: dense gradient, one accumulator per row holding the mean squared gradient
+    torch.manual_seed(0)
+    weight = torch.nn.Parameter(torch.randn(12, 3))
+    head = torch.randn(3, 1)
+    acc = torch.zeros(12)
+    for ids in SOME_ROWS[:4]:
+        weight.grad = None
+        out = F.embedding(ids, weight).sum(1) @ head
+        (out.pow(2).mean() + out.mean()).backward()
+        with torch.no_grad():
+            for r in ids.unique().tolist():
+                g = weight.grad[r]
+                acc[r] += g.pow(2).mean()
+                weight[r] -= 0.1 * g / (acc[r].sqrt() + 1e-10)
+    torch.testing.assert_close(ours, weight.detach())
+
+
+def test_make_optimizer_choices_and_errors():
+    from ctrkit.train.optim import SparseRowOptimizer, make_optimizer
+
+    p = [torch.nn.Parameter(torch.zeros(4, 2))]
+    assert isinstance(make_optimizer("adam", p, 0.1, sparse=False), torch.optim.Adam)
+    assert isinstance(make_optimizer("adagrad", p, 0.1, sparse=True), SparseRowOptimizer)
+    assert isinstance(make_optimizer("sgd", p, 0.1, sparse=True), SparseSGD)
+    with pytest.raises(ValueError, match="rowwise_adagrad .* embedding tables only"):
+        make_optimizer("rowwise_adagrad", p, 0.1, sparse=False)
+    with pytest.raises(ValueError, match="unknown optimizer 'lamb'"):
+        make_optimizer("lamb", p, 0.1, sparse=False)

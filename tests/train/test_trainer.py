@@ -164,3 +164,29 @@ def test_checkpoint_with_pickled_objects_is_refused(tmp_path):
     torch.save({"format": FORMAT, "payload": _NotATensor()}, tmp_path / "evil.pt")
     with pytest.raises(CheckpointError, match="evil.pt: not a readable ctrkit checkpoint"):
         load_checkpoint(tmp_path / "evil.pt")
+
+
+@pytest.mark.parametrize("dense_opt, emb_opt", [("adam", "rowwise_adagrad"), ("adagrad", "adam")])
+def test_other_optimizers_train_and_resume_exactly(tiny_dataset, tmp_path, dense_opt, emb_opt):
+    cfg = TrainConfig(
+        batch_size=512,
+        max_steps=30,
+        evals_per_epoch=0,
+        optimizer=dense_opt,
+        lr=1e-3,
+        embedding_optimizer=emb_opt,
+        embedding_lr=0.05,
+    )
+    straight = build(tiny_dataset, cfg)
+    result = straight.fit()
+    assert result["auc"] > 0.6
+    first = build(tiny_dataset, TrainConfig(**{**cfg.to_dict(), "max_steps": 13}), save=tmp_path / "c.pt")
+    first.fit()
+    resumed = build(tiny_dataset, cfg)
+    resumed.restore(load_checkpoint(tmp_path / "c.pt"))
+    resumed.fit()
+    for k, v in params(straight.model).items():
+        torch.testing.assert_close(params(resumed.model)[k], v, rtol=0, atol=0, msg=k)
+    other = build(tiny_dataset, TrainConfig(**{**cfg.to_dict(), "embedding_optimizer": "sgd"}))
+    with pytest.raises(ValueError, match="resume with the same --optimizer and --embedding-optimizer"):
+        other.restore(load_checkpoint(tmp_path / "c.pt"))
