@@ -84,7 +84,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top-mlp", type=_int_list, default=None, help="top MLP widths, last = 1 (default 512,256,1)")
     p.add_argument("--epochs", type=int, default=S, help=f"passes over the training data (default {d.epochs})")
     p.add_argument("--max-steps", type=int, default=S, help="stop after this many steps in total")
-    p.add_argument("--batch-size", type=int, default=S, help=f"samples per step (default {d.batch_size})")
+    p.add_argument("--batch-size", type=int, default=S, help="samples per step (default: the model's; 128 for dlrm)")
     p.add_argument(
         "--eval-batch-size",
         type=int,

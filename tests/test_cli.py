@@ -106,7 +106,7 @@ def test_bad_inputs_give_clear_errors(tiny_dataset, trained, tmp_path, capsys):
     assert "not valid YAML" in bad(capsys, "evaluate", "--checkpoint", trained, "--dataset", tmp_path / "broken")
 
     err = bad(capsys, "train", "--model", "nosuchmodel", "--dataset", tiny_dataset)
-    assert "unknown model 'nosuchmodel'; available: dlrm" in err
+    assert "unknown model 'nosuchmodel'; available: dcnv2, dlrm" in err
 
     copy = tmp_path / "copy"
     shutil.copytree(tiny_dataset, copy)
@@ -193,7 +193,7 @@ def test_synth_and_models_commands(tmp_path, capsys):
     assert code == 0 and "900 train + 100 test samples, 3 categorical" in out
     assert SplitBinaryDataset(tmp_path / "d", "train").spec.cardinalities == [5, 6, 7]
     code, out, _ = run_cli("models", capsys=capsys)
-    assert code == 0 and out.startswith("dlrm: {'embedding_dim': 16")
+    assert code == 0 and "\ndlrm: {'embedding_dim': 16" in out and out.startswith("dcnv2: ")
     err = bad(capsys, "synth", "--out", tmp_path / "d", "--rows", "1000")
     assert "not empty; pass --overwrite" in err
 

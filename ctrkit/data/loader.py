@@ -101,4 +101,12 @@ def _prefetched(items: Iterator[Batch], depth: int) -> Iterator[Batch]:
                 raise item
             yield item
     finally:
+        # stop the worker and wait for it: a thread left inside numpy/torch at interpreter exit
+        # can abort the process
         stop.set()
+        while t.is_alive():
+            try:
+                q.get_nowait()
+            except queue.Empty:
+                pass
+            t.join(timeout=0.05)

@@ -30,14 +30,16 @@ def predict_logits(
     loader = BatchLoader(dataset, batch_size, shuffle=False)
     pos = 0
     autocast = torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None else nullcontext()
+    batches = loader.epoch(0)
     try:
-        for batch in tqdm(loader, total=len(loader), desc="scoring", unit="batch", disable=not progress, leave=False):
+        for batch in tqdm(batches, total=len(loader), desc="scoring", unit="batch", disable=not progress, leave=False):
             batch = batch.to(device, non_blocking=True)
             with autocast:
                 logits = model(batch.dense, batch.sparse)
             out[pos : pos + len(batch)] = logits.float().cpu().numpy()
             pos += len(batch)
     finally:
+        batches.close()  # stops the prefetch thread even when scoring fails
         model.train(was_training)
     return out
 

@@ -54,7 +54,7 @@ class DLRMConfig:
 
 
 # Plain SGD on everything, as the reference DLRM; lr 1.0 at batch 128 trained best on 300k synthetic rows.
-DLRM_TRAIN_DEFAULTS = {"optimizer": "sgd", "lr": 1.0, "embedding_optimizer": "sgd"}
+DLRM_TRAIN_DEFAULTS = {"optimizer": "sgd", "lr": 1.0, "embedding_optimizer": "sgd", "batch_size": 128}
 
 
 @register_model("dlrm", DLRMConfig, DLRM_TRAIN_DEFAULTS)

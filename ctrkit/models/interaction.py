@@ -99,3 +99,55 @@ class DotInteraction(nn.Module):
         return _DotInteractionFn.apply(
             dense, embeddings, self.pair_index, self.sym_index, self.self_interaction, self.padding
         )  # (B, D + P + pad)
+
+
+class CrossLayer(nn.Module):
+    """One DCNv2 cross layer: x_{l+1} = x0 * (V(U x_l) + b) + x_l.
+
+    U (d -> r, no bias) and V (r -> d, with bias) form a rank-r factorisation of the d x d weight.
+    With ``rank`` 0, or a rank of at least d (which factorises nothing and costs more), the layer is
+    full rank: x0 * (W x_l + b) + x_l.
+
+    Shapes: x0 (B, d), x (B, d) -> (B, d).
+    """
+
+    def __init__(self, dim: int, rank: int = 0):
+        super().__init__()
+        self.low_rank = 0 < rank < dim
+        if self.low_rank:
+            self.down = nn.Linear(dim, rank, bias=False)  # U
+            self.up = nn.Linear(rank, dim)  # V, b
+        else:
+            self.up = nn.Linear(dim, dim)  # W, b
+        with torch.no_grad():  # Glorot-normal weights and zero bias, as the DCNv2 reference
+            for layer in (self.down, self.up) if self.low_rank else (self.up,):
+                fan_out, fan_in = layer.weight.shape
+                layer.weight.normal_(0.0, (2.0 / (fan_in + fan_out)) ** 0.5)
+            self.up.bias.zero_()
+
+    def forward(self, x0: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        h = self.up(self.down(x)) if self.low_rank else self.up(x)  # (B, d)
+        return x0 * h + x
+
+
+class CrossNetwork(nn.Module):
+    """A stack of DCNv2 cross layers over the same x0.
+
+    Args:
+        dim: d, the width of x0.
+        num_layers: cross layers.
+        rank: low-rank projection width r (0: full rank).
+
+    Shapes: x0 (B, d) -> (B, d).
+    """
+
+    def __init__(self, dim: int, num_layers: int, rank: int = 0):
+        super().__init__()
+        self.layers = nn.ModuleList(CrossLayer(dim, rank) for _ in range(num_layers))
+        self.out_features = dim
+
+    def forward(self, x0: torch.Tensor) -> torch.Tensor:
+        x = x0
+        for layer in self.layers:
+            x = layer(x0, x)
+        return x

@@ -252,10 +252,12 @@ class Trainer:
             dynamic_ncols=True,
         )
         self.model.train()
+        batches = None
         try:
             while self.step < self.total_steps:
                 epoch, start = divmod(self.step, self.steps_per_epoch)
-                for batch in self.loader.epoch(epoch, start):
+                batches = self.loader.epoch(epoch, start)
+                for batch in batches:
                     loss = self.step_fn(batch, self.schedule(self.step) / cfg.lr)
                     loss_sum += loss
                     self.step += 1
@@ -297,6 +299,8 @@ class Trainer:
                     if self.step >= self.total_steps:
                         break
         finally:
+            if batches is not None:
+                batches.close()  # stops the prefetch thread however the loop ended
             bar.close()
         self.save()
         return last_eval or {"event": "done", "step": self.step}
