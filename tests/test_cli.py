@@ -243,3 +243,29 @@ def test_run_file_errors(tmp_path, capsys):
     (tmp_path / "r.yaml").write_text("model: dlrm\nbatch_size: 3\n")
     assert "expected a mapping with keys among" in bad(capsys, "train", "--config", tmp_path / "r.yaml")
     assert "--config file not found" in bad(capsys, "train", "--config", tmp_path / "missing.yaml")
+
+
+def test_dcnv2_trains_with_its_defaults_and_round_trips(tiny_dataset, tmp_path, capsys):
+    code, out, _ = run_cli(
+        "train",
+        "--model",
+        "dcnv2",
+        "--dataset",
+        tiny_dataset,
+        "--embedding-dim",
+        "8",
+        "--top-mlp",
+        "32,1",
+        "--no-progress",
+        "--save-checkpoint",
+        tmp_path / "d.pt",
+        capsys=capsys,
+    )
+    assert code == 0, out
+    run = yaml.safe_load((tmp_path / "d.yaml").read_text())
+    assert run["train_config"]["optimizer"] == "adam" and run["train_config"]["batch_size"] == 1024
+    code, out, _ = run_cli(
+        "evaluate", "--checkpoint", tmp_path / "d.pt", "--dataset", tiny_dataset, "--json", capsys=capsys
+    )
+    metrics = json.loads(out)
+    assert metrics["model"] == "dcnv2" and metrics["auc"] > 0.62
