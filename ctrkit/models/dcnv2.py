@@ -104,7 +104,11 @@ class DCNv2(nn.Module):
 
     def forward(self, dense: torch.Tensor | None, sparse: torch.Tensor) -> torch.Tensor:
         emb = self.embeddings(sparse).flatten(1)  # (B, F*D)
-        x0 = emb if self.bottom_mlp is None else torch.cat([self.bottom_mlp(dense), emb.to(dense.dtype)], 1)  # (B, d)
+        if self.bottom_mlp is None:
+            x0 = emb  # (B, d)
+        else:
+            bottom = self.bottom_mlp(dense)  # (B, D), bf16 under autocast
+            x0 = torch.cat([bottom, emb.to(bottom.dtype)], 1)  # (B, d), one dtype: mixed products are slow
         crossed = self.cross(x0)  # (B, d)
         if self.deep is not None:
             crossed = torch.cat([crossed, self.deep(x0)], 1)  # (B, d + deep)
