@@ -208,6 +208,15 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="dense embedding gradients (the plain-PyTorch baseline) instead of sparse ones",
     )
+    t.add_argument(
+        "--optimizer", choices=("sgd", "adagrad", "adam"), default=None, help="dense optimizer (default: the model's)"
+    )
+    t.add_argument(
+        "--embedding-optimizer",
+        choices=("sgd", "adagrad", "rowwise_adagrad", "adam"),
+        default=None,
+        help="embedding optimizer (default: the model's)",
+    )
     t.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
     t.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     t.add_argument("--seed", type=int, default=0, help="seed (default 0)")

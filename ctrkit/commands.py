@@ -217,6 +217,7 @@ def bench(args: argparse.Namespace) -> int:
     result = run_train_bench(cfg, resolve_device(args.device))
     print(
         f"{cfg.model} train, batch {cfg.batch_size}, {'amp ' + result['amp_dtype'] if cfg.amp else 'fp32'}, "
+        f"optimizers {result['optimizers']['dense']}/{result['optimizers']['embedding']}, "
         f"{result['threads']} threads: {result['samples_per_s']:,.0f} samples/s (median of {cfg.repeats}), "
         f"{result['ms_per_step']:.2f} ms/step"
     )

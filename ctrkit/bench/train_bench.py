@@ -36,6 +36,8 @@ class TrainBenchConfig:
     repeats: int = 5
     amp: bool = False
     dense_gradients: bool = False
+    optimizer: str | None = None
+    embedding_optimizer: str | None = None
     seed: int = 0
     distinct_batches: int = 16
 
@@ -69,8 +71,10 @@ def run_train_bench(cfg: TrainBenchConfig, device: torch.device) -> dict:
     )
     model = create_model(cfg.model, model_cfg).to(device)
     amp_dtype = amp_dtype_for(device, cfg.amp, None)
-    d = train_defaults(cfg.model)  # the model's own optimizers, at a small lr so weights stay sane
-    optimizers = build_optimizers(model, d.get("optimizer", "sgd"), 1e-3, d.get("embedding_optimizer", "sgd"), 1e-3)
+    d = train_defaults(cfg.model)  # the model's own optimizers unless given, at a small lr so weights stay sane
+    dense_opt = cfg.optimizer or d.get("optimizer", "sgd")
+    emb_opt = cfg.embedding_optimizer or d.get("embedding_optimizer", "sgd")
+    optimizers = build_optimizers(model, dense_opt, 1e-3, emb_opt, 1e-3)
     step = TrainStep(model, optimizers, device, amp_dtype)
     batches = [b.to(device) for b in make_batches(cfg, np.random.default_rng(cfg.seed))]
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -92,6 +96,7 @@ def run_train_bench(cfg: TrainBenchConfig, device: torch.device) -> dict:
         "ms_per_step": ms,
         "ms_per_step_all": [t * 1000 for t in times],
         "amp_dtype": str(amp_dtype).replace("torch.", "") if amp_dtype else None,
+        "optimizers": {"dense": dense_opt, "embedding": emb_opt},
         "device": str(device),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
