@@ -88,6 +88,9 @@ class SyntheticCTR:
         latent_dim: width of the planted latent vectors.
         num_pairs: interacting feature pairs.
         ctr: target click rate.
+        effect_scale: upper bound of the per-feature spread of per-id effects (0: none).
+        pair_scale: multiplier of the pairwise latent interactions (0: none).
+        hidden_scale: multiplier of the effect of the hidden state the numerical features observe.
     """
 
     def __init__(
@@ -99,13 +102,16 @@ class SyntheticCTR:
         latent_dim: int = 4,
         num_pairs: int = 12,
         ctr: float = 0.25,
+        effect_scale: float = 0.6,
+        pair_scale: float = 1.0,
+        hidden_scale: float = 1.0,
     ):
         rng = np.random.default_rng([seed, 1])
         self.cardinalities = tuple(int(c) for c in cardinalities)
         self.num_numerical = num_numerical
         self.exponent = exponent
         nf = len(self.cardinalities)
-        scales = rng.uniform(0.0, 0.6, nf)
+        scales = rng.uniform(0.0, 1.0, nf) * effect_scale
         self.effects = [rng.normal(0.0, s, c).astype(np.float32) for s, c in zip(scales, self.cardinalities)]
         self.latents = [
             rng.normal(0.0, 1.0 / np.sqrt(latent_dim), (c, latent_dim)).astype(np.float32) for c in self.cardinalities
@@ -115,12 +121,13 @@ class SyntheticCTR:
             f, g = rng.choice(nf, 2, replace=False)
             pairs.add((int(min(f, g)), int(max(f, g))))
         self.pairs = sorted(pairs)
-        self.pair_weight = 1.2 / np.sqrt(max(len(self.pairs), 1)) * 2.0
+        self.pair_weight = 2.4 / np.sqrt(max(len(self.pairs), 1)) * pair_scale
         self.hidden_dim = 3
         self.num_loading = rng.normal(0.0, 1.0, (self.hidden_dim, num_numerical))
         self.num_offset = rng.uniform(0.0, 3.0, num_numerical)
         self.num_missing = rng.uniform(0.0, 0.4, num_numerical)
-        self.hidden_weight = rng.normal(0.0, 0.5, self.hidden_dim)
+        self.hidden_weight = rng.normal(0.0, 0.5, self.hidden_dim) * hidden_scale
+        self.hidden_scale = hidden_scale
         self.bias = 0.0
         pilot = self.sample(np.random.default_rng([seed, 2]), 50_000, labels=False).logits
         self.bias = self._bias_for_ctr(pilot, ctr)
@@ -146,7 +153,7 @@ class SyntheticCTR:
         for f, g in self.pairs:
             logits += self.pair_weight * np.einsum("nk,nk->n", self.latents[f][cats[:, f]], self.latents[g][cats[:, g]])
         hidden = rng.normal(0.0, 1.0, (n, self.hidden_dim))  # (n, H)
-        logits += hidden @ self.hidden_weight + 0.8 * np.maximum(hidden[:, 0] * hidden[:, 1], 0.0)
+        logits += hidden @ self.hidden_weight + 0.8 * self.hidden_scale * np.maximum(hidden[:, 0] * hidden[:, 1], 0.0)
         # numerical features: noisy log-counts of the hidden state, like Criteo's log(x + 3) integers
         noise = rng.normal(0.0, 0.5, (n, self.num_numerical))
         counts = np.exp(self.num_offset + 0.6 * hidden @ self.num_loading + noise)
@@ -166,6 +173,7 @@ def generate_dataset(
     chunk_rows: int = 1 << 18,
     overwrite: bool = False,
     progress: bool = True,
+    click_model: SyntheticCTR | None = None,
 ) -> FeatureSpec:
     """Writes a split-binary dataset (``train``/``test`` mappings + feature_spec.yaml) to ``out_dir``.
 
@@ -182,6 +190,8 @@ def generate_dataset(
         chunk_rows: rows generated per block (bounds memory).
         overwrite: replace an existing dataset at ``out_dir``.
         progress: show a progress bar.
+        click_model: the click model to sample from (default: ``SyntheticCTR(cardinalities,
+            num_numerical, seed)``; its cardinalities and numerical count then take precedence).
     """
     if rows < 2:
         raise ValueError(f"--rows must be at least 2, got {rows}")
@@ -193,7 +203,8 @@ def generate_dataset(
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
     try:
-        model = SyntheticCTR(cardinalities, num_numerical, seed)
+        model = click_model or SyntheticCTR(cardinalities, num_numerical, seed)
+        num_numerical = model.num_numerical
         spec = criteo_like_spec(model.cardinalities, num_numerical)
         spec = FeatureSpec(
             spec.feature_spec,
