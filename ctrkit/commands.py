@@ -187,10 +187,13 @@ def evaluate(args: argparse.Namespace) -> int:
         # strict JSON: an undefined AUC (one class only) is null, not NaN
         print(json.dumps({k: None if v != v else v for k, v in metrics.items()}, sort_keys=True))
     else:
-        print(
+        line = (
             f"{ckpt['model_name']} step {metrics['step']} on {args.mapping}: AUC {metrics['auc']:.4f}  "
             f"logloss {metrics['logloss']:.4f}  samples {metrics['samples']:,}  CTR {metrics['ctr']:.4f}"
         )
+        if "map@12" in metrics:
+            line += f"  MAP@12 {metrics['map@12']:.4f} over {metrics['map_groups']:,} groups"
+        print(line)
     return 0
 
 

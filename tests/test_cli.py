@@ -10,6 +10,7 @@ from sklearn.metrics import log_loss, roc_auc_score
 
 from ctrkit.cli import build_parser
 from ctrkit.data.dataset import SplitBinaryDataset
+from ctrkit.eval.metrics import mean_average_precision
 from tests.conftest import run_cli, run_process, small_model_flags
 
 
@@ -269,3 +270,31 @@ def test_dcnv2_trains_with_its_defaults_and_round_trips(tiny_dataset, tmp_path, 
     )
     metrics = json.loads(out)
     assert metrics["model"] == "dcnv2" and metrics["auc"] > 0.62
+
+
+def test_map_channel_in_the_test_mapping_gives_map_at_12(trained, tiny_dataset, tmp_path, capsys):
+    data = tmp_path / "with_groups"
+    shutil.copytree(tiny_dataset, data)
+    n = len(SplitBinaryDataset(data, "test"))
+    groups = (np.arange(n) // 6).astype(np.int32)  # displays of 6 consecutive rows
+    groups.tofile(data / "test" / "display_id.bin")
+    spec = yaml.safe_load((data / "feature_spec.yaml").read_text())
+    spec["feature_spec"]["display_id"] = {"dtype": "int32"}
+    spec["channel_spec"]["map"] = ["display_id"]
+    spec["source_spec"]["test"].append(
+        {"type": "split_binary", "features": ["display_id"], "files": ["test/display_id.bin"]}
+    )
+    (data / "feature_spec.yaml").write_text(yaml.safe_dump(spec))
+
+    code, out, _ = run_cli("evaluate", "--checkpoint", trained, "--dataset", data, "--json", capsys=capsys)
+    assert code == 0
+    metrics = json.loads(out)
+    run_cli("predict", "--checkpoint", trained, "--dataset", data, "--out", tmp_path / "p.npy", capsys=capsys)
+    probs = np.load(tmp_path / "p.npy")
+    labels = SplitBinaryDataset(data, "test").labels()
+    expected, clicked = mean_average_precision(groups, labels, probs)
+    assert metrics["map_groups"] == clicked > 300
+    assert metrics["map@12"] == pytest.approx(expected, abs=1e-6)
+    # the train mapping has no group ids, and training still works
+    code, _, _ = run_cli("train", "--dataset", data, "--max-steps", "2", "--no-progress", capsys=capsys)
+    assert code == 0

@@ -51,6 +51,10 @@ class SplitBinaryDataset:
         labels = torch.from_numpy(np.asarray(d.labels[start:stop], dtype=np.float32))  # (B,)
         return Batch(dense, torch.from_numpy(sparse), labels)
 
+    def groups(self) -> np.ndarray | None:
+        """The map channel's (N,) group ids when this mapping stores them, else None."""
+        return None if self._data.groups is None else np.asarray(self._data.groups)
+
     def labels(self) -> np.ndarray:
         """All labels as a (N,) uint8 array."""
         return np.asarray(self._data.labels)

@@ -35,6 +35,9 @@ import yaml
 CATEGORICAL_CHANNEL = "categorical"
 NUMERICAL_CHANNEL = "numerical"
 LABEL_CHANNEL = "label"
+# optional: rows sharing this feature's value (e.g. an Outbrain display id) are ranked together for
+# MAP@12; it may be stored in the test mapping only
+MAP_CHANNEL = "map"
 
 CHUNK_TYPES = ("split_binary", "csv", "parquet")
 INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8")
@@ -260,6 +263,8 @@ class FeatureSpec:
                         )
                     seen[n] = i
             for channel, names in self.channel_spec.items():
+                if channel == MAP_CHANNEL:
+                    continue
                 for n in names:
                     if n not in seen:
                         raise SpecError(
@@ -277,6 +282,17 @@ class FeatureSpec:
                     f"feature_spec.{n}: categorical feature has no 'cardinality' "
                     "(expected a positive integer, or 'auto' before transcoding)"
                 )
+        groups = self.channel_spec.get(MAP_CHANNEL)
+        if groups is not None:
+            if len(groups) != 1:
+                raise SpecError(
+                    f"channel_spec.map: expected exactly one group feature (e.g. a display id), got {list(groups)}"
+                )
+            if self.feature_spec[groups[0]].dtype not in INT_DTYPES:
+                raise SpecError(
+                    f"feature_spec.{groups[0]}.dtype: the map channel's group ids need an integer dtype, "
+                    f"got '{self.feature_spec[groups[0]].dtype}'"
+                )
         labels = self.channel_spec.get(LABEL_CHANNEL)
         if labels is not None and len(labels) != 1:
             raise SpecError(f"channel_spec.label: expected exactly one label feature, got {list(labels)}")
@@ -293,6 +309,12 @@ class FeatureSpec:
     @property
     def numerical_features(self) -> tuple[str, ...]:
         return self.channel(NUMERICAL_CHANNEL)
+
+    @property
+    def group_feature(self) -> str | None:
+        """The map channel's feature (rows ranked together for MAP@12), or None."""
+        groups = self.channel(MAP_CHANNEL)
+        return groups[0] if groups else None
 
     @property
     def label_feature(self) -> str:

@@ -34,6 +34,7 @@ class SplitBinaryMapping:
         numerical: (N, n_numerical) float array, or None when the spec has no numerical features.
         categorical: one (N,) integer array per categorical feature, in channel order.
         files: every file used, by feature group, for messages.
+        groups: (N,) group ids of the map channel when this mapping stores them, else None.
     """
 
     num_samples: int
@@ -41,6 +42,7 @@ class SplitBinaryMapping:
     numerical: np.ndarray | None
     categorical: list[np.ndarray]
     files: dict[str, Path]
+    groups: np.ndarray | None = None
 
 
 def _memmap(path: Path, dtype: np.dtype, width: int, what: str) -> np.ndarray:
@@ -146,6 +148,17 @@ def open_mapping(spec: FeatureSpec, mapping: str, check_ids: bool = True) -> Spl
         columns[name] = arr
         categorical.append(arr)
 
+    group = spec.group_feature
+    if group is not None and group in chunk_of:
+        chunk = chunks[chunk_of[group]]
+        if chunk.features != (group,):
+            raise SpecError(
+                f"source_spec.{mapping}: the map channel's feature '{group}' must be alone in its "
+                f"chunk, found with {list(chunk.features)}"
+            )
+        files["map"] = spec.path_of(chunk.files[0])
+        columns["map"] = _memmap(files["map"], np.dtype(spec.feature_spec[group].dtype), 1, f"group ids '{group}'")
+
     counts = {k: len(v) for k, v in columns.items()}
     n = counts["label"]
     if len(set(counts.values())) != 1:
@@ -162,7 +175,7 @@ def open_mapping(spec: FeatureSpec, mapping: str, check_ids: bool = True) -> Spl
     if check_ids and n:
         for name, arr in zip(cats, categorical):
             check_id_range(arr, spec.feature_spec[name].cardinality, name, files[name])
-    return SplitBinaryMapping(n, columns["label"], numerical, categorical, files)
+    return SplitBinaryMapping(n, columns["label"], numerical, categorical, files, columns.get("map"))
 
 
 def check_id_range(ids: np.ndarray, cardinality: int, name: str, where: os.PathLike | str) -> None:

@@ -11,7 +11,7 @@ from tqdm.auto import tqdm
 
 from ctrkit.data.dataset import SplitBinaryDataset
 from ctrkit.data.loader import BatchLoader
-from ctrkit.eval.metrics import log_loss_from_logits, roc_auc
+from ctrkit.eval.metrics import log_loss_from_logits, mean_average_precision, roc_auc
 
 
 @torch.no_grad()
@@ -52,16 +52,22 @@ def evaluate(
     amp_dtype: torch.dtype | None = None,
     progress: bool = False,
 ) -> dict[str, float]:
-    """AUC and log loss of ``model`` over the whole of ``dataset``.
+    """AUC and log loss of ``model`` over the whole of ``dataset``, and MAP@12 when it has groups.
 
     Returns:
         ``{"auc", "logloss", "samples", "ctr"}``; ``ctr`` is the mean label, for reading log loss.
+        When the mapping stores the spec's map channel, also ``"map@12"`` and ``"map_groups"`` (the
+        groups with a click, over which the mean is taken).
     """
     logits = predict_logits(model, dataset, device, batch_size, amp_dtype, progress)
     labels = dataset.labels()
-    return {
+    metrics = {
         "auc": roc_auc(labels, logits),
         "logloss": log_loss_from_logits(labels, logits),
         "samples": int(len(labels)),
         "ctr": float(labels.mean()) if len(labels) else float("nan"),
     }
+    groups = dataset.groups()
+    if groups is not None:
+        metrics["map@12"], metrics["map_groups"] = mean_average_precision(groups, labels, logits, k=12)
+    return metrics

@@ -46,3 +46,47 @@ def sigmoid(logits: np.ndarray) -> np.ndarray:
     """Numerically stable logistic function."""
     z = np.asarray(logits, dtype=np.float64)
     return np.exp(-np.logaddexp(0.0, -z))
+
+
+def mean_average_precision(
+    groups: np.ndarray, labels: np.ndarray, scores: np.ndarray, k: int = 12
+) -> tuple[float, int]:
+    """MAP@k over groups of rows ranked together (Outbrain's displays: MAP@12).
+
+    Within each group rows are ranked by descending score; tied scores keep dataset order (a
+    stable sort), so the result is deterministic. For a group with P clicks,
+    AP@k = sum over clicked rows at rank r <= k of precision@r, divided by min(P, k); with exactly
+    one click (Outbrain) that is 1 / rank of the click, or 0 beyond rank k. Groups without a click
+    have no AP and are left out.
+
+    Args:
+        groups: (N,) group id of each row (e.g. the display id); rows need not be contiguous.
+        labels: (N,) zeros and ones.
+        scores: (N,) model scores.
+        k: cut-off rank.
+
+    Returns:
+        (MAP@k, number of groups with at least one click); MAP is NaN when there are none.
+    """
+    g = np.asarray(groups).ravel()
+    y = np.asarray(labels).astype(np.float64).ravel()
+    s = np.asarray(scores, dtype=np.float64).ravel()
+    if not (g.shape == y.shape == s.shape):
+        raise ValueError(f"groups, labels and scores differ in length: {g.size}, {y.size}, {s.size}")
+    if g.size == 0:
+        return float("nan"), 0
+    order = np.lexsort((np.arange(g.size), -s, g))  # by group, then score descending, then row
+    g, y = g[order], y[order]
+    starts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
+    sizes = np.diff(np.r_[starts, g.size])
+    rank = np.arange(g.size) - np.repeat(starts, sizes) + 1  # 1-based rank within the group
+    cum = np.cumsum(y)
+    clicks_before_group = np.repeat(cum[starts] - y[starts], sizes)
+    precision = (cum - clicks_before_group) / rank
+    hits = np.add.reduceat(y * precision * (rank <= k), starts)
+    positives = np.add.reduceat(y, starts)
+    has_click = positives > 0
+    if not has_click.any():
+        return float("nan"), 0
+    ap = hits[has_click] / np.minimum(positives[has_click], k)
+    return float(ap.mean()), int(has_click.sum())

@@ -169,3 +169,18 @@ def test_criteo_like_spec_layout():
     assert [spec.feature_spec[c].dtype for c in spec.categorical_features] == ["int8", "int16", "int32"]
     files = [c.files[0] for c in spec.mapping("train")]
     assert files == ["train/numerical.bin", "train/label.bin", "train/cat_0.bin", "train/cat_1.bin", "train/cat_2.bin"]
+
+
+def test_map_channel_is_optional_per_mapping_and_checked(tmp_path):
+    raw = yaml.safe_load(NVIDIA_STYLE)
+    raw["feature_spec"]["display_id"] = {"dtype": "int32"}
+    raw["channel_spec"]["map"] = ["display_id"]
+    spec = FeatureSpec.from_dict(raw, tmp_path)  # not stored in the test mapping: allowed
+    assert spec.group_feature == "display_id"
+    raw["feature_spec"]["display_id"] = {"dtype": "float16"}
+    with pytest.raises(SpecError, match="map channel's group ids need an integer dtype"):
+        FeatureSpec.from_dict(raw, tmp_path)
+    raw["feature_spec"]["display_id"] = {"dtype": "int32"}
+    raw["channel_spec"]["map"] = ["display_id", "cat_0.bin"]
+    with pytest.raises(SpecError, match="channel_spec.map: expected exactly one group feature"):
+        FeatureSpec.from_dict(raw, tmp_path)

@@ -31,3 +31,43 @@ def test_log_loss_matches_sklearn():
 def test_log_loss_is_finite_for_extreme_logits():
     assert log_loss_from_logits([1, 0], [800.0, -800.0]) == pytest.approx(0.0, abs=1e-12)
     assert log_loss_from_logits([0], [800.0]) == pytest.approx(800.0)
+
+
+def test_map_at_k_hand_computed_with_ties():
+    from ctrkit.eval.metrics import mean_average_precision
+
+    groups = [7, 7, 7, 3, 3, 3, 3, 9, 9]
+    labels = [0, 1, 0, 1, 0, 0, 0, 0, 0]
+    scores = [0.9, 0.5, 0.5, 0.2, 0.2, 0.2, 0.8, 0.4, 0.1]
+    # group 7: order 0.9 (row 0), then the tie 0.5/0.5 kept in row order (row 1 clicked, row 2): click at
+    # rank 2 -> AP 1/2. group 3: 0.8 (row 6), then the three tied 0.2 in row order: click (row 3) at
+    # rank 2 -> 1/2... unless k cuts it: with k=1 it is 0. group 9: no click, left out.
+    m, n = mean_average_precision(groups, labels, scores, k=12)
+    assert (m, n) == (0.5, 2)
+    m1, _ = mean_average_precision(groups, labels, scores, k=1)
+    assert m1 == 0.0
+    # two clicks in one group: ranks 1 and 3 -> (1/1 + 2/3) / 2
+    m2, n2 = mean_average_precision([1, 1, 1], [1, 0, 1], [0.9, 0.8, 0.7])
+    assert n2 == 1 and m2 == pytest.approx((1 + 2 / 3) / 2)
+
+
+def test_map_against_a_loop_on_random_displays():
+    from ctrkit.eval.metrics import mean_average_precision
+
+    rng = np.random.default_rng(3)
+    groups = rng.integers(0, 200, 3000)
+    labels = rng.random(3000) < 0.2
+    scores = np.round(rng.random(3000), 2)  # ties
+    aps = []
+    for g in np.unique(groups):
+        rows = np.flatnonzero(groups == g)  # dataset order
+        ranked = rows[np.argsort(-scores[rows], kind="stable")]
+        hits, total = 0, 0.0
+        for r, row in enumerate(ranked[:12], start=1):
+            if labels[row]:
+                hits += 1
+                total += hits / r
+        if labels[rows].any():
+            aps.append(total / min(labels[rows].sum(), 12))
+    m, n = mean_average_precision(groups, labels, scores)
+    assert n == len(aps) and m == pytest.approx(np.mean(aps), abs=1e-12)
