@@ -133,6 +133,12 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--amp", action="store_true", default=S, help="mixed precision: bf16 autocast on CPU, fp16 on CUDA")
     p.add_argument("--amp-dtype", choices=("bf16", "fp16"), default=S, help="override the --amp dtype")
     p.add_argument(
+        "--compile",
+        action="store_true",
+        default=S,
+        help="torch.compile the model (the seeds' XLA flag); falls back to eager with a message if compiling fails",
+    )
+    p.add_argument(
         "--save-checkpoint",
         type=Path,
         default=None,
@@ -217,6 +223,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="embedding optimizer (default: the model's)",
     )
+    t.add_argument("--compile", action="store_true", help="torch.compile the model (compile time is in the warm-up)")
     t.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
     t.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     t.add_argument("--seed", type=int, default=0, help="seed (default 0)")

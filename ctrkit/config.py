@@ -32,6 +32,8 @@ class TrainConfig:
         print_freq: steps between log lines.
         amp: mixed precision (bf16 autocast on CPU; fp16 with loss scaling or bf16 on CUDA).
         amp_dtype: "bf16" or "fp16"; None picks bf16 on CPU and fp16 on CUDA.
+        compile: run the model through torch.compile (falls back to eager, with a warning, if
+            compiling fails).
         checkpoint_every: also save a checkpoint every this many steps (None: at evals and the end).
     """
 
@@ -53,6 +55,7 @@ class TrainConfig:
     print_freq: int = 50
     amp: bool = False
     amp_dtype: str | None = None
+    compile: bool = False
     checkpoint_every: int | None = None
 
     def validate(self) -> None:

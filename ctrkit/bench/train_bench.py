@@ -38,6 +38,7 @@ class TrainBenchConfig:
     dense_gradients: bool = False
     optimizer: str | None = None
     embedding_optimizer: str | None = None
+    compile: bool = False
     seed: int = 0
     distinct_batches: int = 16
 
@@ -75,7 +76,7 @@ def run_train_bench(cfg: TrainBenchConfig, device: torch.device) -> dict:
     dense_opt = cfg.optimizer or d.get("optimizer", "sgd")
     emb_opt = cfg.embedding_optimizer or d.get("embedding_optimizer", "sgd")
     optimizers = build_optimizers(model, dense_opt, 1e-3, emb_opt, 1e-3)
-    step = TrainStep(model, optimizers, device, amp_dtype)
+    step = TrainStep(model, optimizers, device, amp_dtype, compile=cfg.compile)
     batches = [b.to(device) for b in make_batches(cfg, np.random.default_rng(cfg.seed))]
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     for i in range(cfg.warmup):

@@ -6,6 +6,7 @@ import json
 import math
 import os
 import time
+import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +46,8 @@ class TrainStep:
             ``base_lr`` is scaled by the schedule factor passed to each call.
         device: where batches are moved before the forward pass.
         amp_dtype: autocast dtype, or None for full precision. fp16 enables loss scaling.
+        compile: run the forward (and its backward) through ``torch.compile``; if compiling fails
+            (no C++ compiler or Triton, an unsupported op) the step says why once and runs eagerly.
     """
 
     def __init__(
@@ -53,8 +56,10 @@ class TrainStep:
         optimizers: list[torch.optim.Optimizer],
         device: torch.device,
         amp_dtype: torch.dtype | None = None,
+        compile: bool = False,
     ):
         self.model = model
+        self.forward = torch.compile(model) if compile else model
         self.optimizers = optimizers
         self.device = device
         self.amp_dtype = amp_dtype
@@ -69,7 +74,7 @@ class TrainStep:
             torch.autocast(self.device.type, dtype=self.amp_dtype) if self.amp_dtype is not None else nullcontext()
         )
         with autocast:
-            logits = self.model(batch.dense, batch.sparse)  # (B,)
+            logits = self._forward(batch)  # (B,)
         loss = F.binary_cross_entropy_with_logits(logits.float(), batch.labels)
         for opt in self.optimizers:
             opt.zero_grad(set_to_none=True)
@@ -83,6 +88,20 @@ class TrainStep:
             for opt in self.optimizers:
                 opt.step()
         return loss.detach()
+
+    def _forward(self, batch: Batch) -> torch.Tensor:
+        if self.forward is self.model:
+            return self.model(batch.dense, batch.sparse)
+        try:
+            return self.forward(batch.dense, batch.sparse)
+        except Exception as e:  # the backend is missing or cannot handle the model: run eagerly
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            warnings.warn(
+                f"--compile: torch.compile failed ({type(e).__name__}: {first}); training continues in eager mode",
+                stacklevel=2,
+            )
+            self.forward = self.model
+            return self.model(batch.dense, batch.sparse)
 
 
 @dataclass
@@ -143,7 +162,7 @@ class Trainer:
         self.total_steps = min(planned, cfg.max_steps) if cfg.max_steps else planned
         self.schedule = resolve_schedule(cfg, planned)
         self.optimizers = build_optimizers(model, cfg.optimizer, cfg.lr, cfg.embedding_optimizer, cfg.embedding_lr)
-        self.step_fn = TrainStep(model, self.optimizers, device, amp_dtype)
+        self.step_fn = TrainStep(model, self.optimizers, device, amp_dtype, compile=cfg.compile)
         self.step = 0
         self._saved_step: int | None = None
         self.history: list[dict[str, Any]] = []

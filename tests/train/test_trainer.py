@@ -190,3 +190,51 @@ def test_other_optimizers_train_and_resume_exactly(tiny_dataset, tmp_path, dense
     other = build(tiny_dataset, TrainConfig(**{**cfg.to_dict(), "embedding_optimizer": "sgd"}))
     with pytest.raises(ValueError, match="resume with the same --optimizer and --embedding-optimizer"):
         other.restore(load_checkpoint(tmp_path / "c.pt"))
+
+
+def _tiny_step(compile: bool):
+    from ctrkit.train.optim import build_optimizers
+    from ctrkit.train.trainer import TrainStep
+
+    torch.manual_seed(0)
+    cfg = DLRMConfig(3, (5, 7), embedding_dim=4, bottom_mlp=(8, 4), top_mlp=(8, 1))
+    model = create_model("dlrm", cfg)
+    step = TrainStep(model, build_optimizers(model, "sgd", 0.1, "sgd", 0.1), CPU, compile=compile)
+    return model, step
+
+
+def _tiny_batches():
+    from ctrkit.data.batch import Batch
+
+    g = torch.Generator().manual_seed(1)
+    return [
+        Batch(
+            torch.randn(32, 3, generator=g),
+            torch.stack([torch.randint(0, 5, (32,), generator=g), torch.randint(0, 7, (32,), generator=g)], 1),
+            torch.randint(0, 2, (32,), generator=g).float(),
+        )
+        for _ in range(4)
+    ]
+
+
+def test_compiled_training_matches_eager():
+    eager_model, eager = _tiny_step(False)
+    compiled_model, compiled = _tiny_step(True)
+    for batch in _tiny_batches():
+        torch.testing.assert_close(compiled(batch), eager(batch), rtol=1e-4, atol=1e-5)
+    assert compiled.forward is not compiled_model  # really compiled, not fallen back
+    torch.testing.assert_close(compiled_model.top_mlp[0].weight, eager_model.top_mlp[0].weight, rtol=1e-4, atol=1e-5)
+
+
+def test_compile_failure_falls_back_to_eager(monkeypatch):
+    def broken_compile(model):
+        def run(*args):
+            raise RuntimeError("no C++ compiler found\nmore detail")
+
+        return run
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    model, step = _tiny_step(True)
+    with pytest.warns(UserWarning, match=r"torch.compile failed \(RuntimeError: no C\+\+ compiler found\); training"):
+        loss = step(_tiny_batches()[0])
+    assert torch.isfinite(loss) and step.forward is model
