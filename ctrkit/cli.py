@@ -105,6 +105,15 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         help="optimizer of the embedding tables, always with sparse row updates (default: the model's)",
     )
     p.add_argument(
+        "--wide-optimizer",
+        choices=("sgd", "adagrad", "rowwise_adagrad", "adam"),
+        default=S,
+        help="optimizer of a model's wide (linear) part, e.g. wide_deep's (default: the model's)",
+    )
+    p.add_argument(
+        "--wide-lr", type=float, default=S, help="peak learning rate of the wide part (default: the model's)"
+    )
+    p.add_argument(
         "--embedding-lr",
         type=float,
         default=S,

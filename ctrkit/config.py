@@ -26,6 +26,8 @@ class TrainConfig:
         embedding_optimizer: the embeddings' optimizer, sgd|adagrad|rowwise_adagrad|adam, always with
             sparse row updates (None: the model's default).
         embedding_lr: peak learning rate of the embeddings (None: the model's default, else ``lr``).
+        wide_optimizer, wide_lr: optimizer and peak learning rate of a wide (linear) part, for models
+            that have one (Wide & Deep); None: the model's default.
         warmup_steps, decay_start_step, decay_steps, decay_power, end_lr: the schedule (see LRSchedule).
         seed: seeds weights, batch order and every torch random source.
         evals_per_epoch: evaluations on the test mapping per epoch (0: only at the end).
@@ -45,6 +47,8 @@ class TrainConfig:
     optimizer: str | None = None
     embedding_optimizer: str | None = None
     embedding_lr: float | None = None
+    wide_optimizer: str | None = None
+    wide_lr: float | None = None
     warmup_steps: int | None = None
     decay_start_step: int | None = None
     decay_steps: int | None = None
@@ -77,7 +81,7 @@ class TrainConfig:
         positive("evals_per_epoch", allow_zero=True)
         positive("print_freq")
         positive("checkpoint_every", allow_none=True)
-        for name in ("lr", "embedding_lr"):
+        for name in ("lr", "embedding_lr", "wide_lr"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"{name}: expected a positive learning rate, got {value}")
@@ -86,6 +90,7 @@ class TrainConfig:
         for name, allowed in (
             ("optimizer", ("sgd", "adagrad", "adam")),
             ("embedding_optimizer", ("sgd", "adagrad", "rowwise_adagrad", "adam")),
+            ("wide_optimizer", ("sgd", "adagrad", "rowwise_adagrad", "adam")),
         ):
             value = getattr(self, name)
             if value is not None and value not in allowed:

@@ -75,7 +75,7 @@ def run_train_bench(cfg: TrainBenchConfig, device: torch.device) -> dict:
     d = train_defaults(cfg.model)  # the model's own optimizers unless given, at a small lr so weights stay sane
     dense_opt = cfg.optimizer or d.get("optimizer", "sgd")
     emb_opt = cfg.embedding_optimizer or d.get("embedding_optimizer", "sgd")
-    optimizers = build_optimizers(model, dense_opt, 1e-3, emb_opt, 1e-3)
+    optimizers = build_optimizers(model, dense_opt, 1e-3, emb_opt, 1e-3, d.get("wide_optimizer", "sgd"), 1e-3)
     step = TrainStep(model, optimizers, device, amp_dtype, compile=cfg.compile)
     batches = [b.to(device) for b in make_batches(cfg, np.random.default_rng(cfg.seed))]
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)

@@ -19,11 +19,12 @@ class MLP(nn.Sequential):
         in_features: width of the input.
         sizes: output width of each layer.
         relu_last: apply ReLU after the last layer too (bottom MLP) or not (a top MLP ending in a logit).
+        dropout: dropout probability after each ReLU (0: none).
 
     Shapes: (B, in_features) -> (B, sizes[-1]).
     """
 
-    def __init__(self, in_features: int, sizes: Sequence[int], relu_last: bool = True):
+    def __init__(self, in_features: int, sizes: Sequence[int], relu_last: bool = True, dropout: float = 0.0):
         layers: list[nn.Module] = []
         width = in_features
         for i, out in enumerate(sizes):
@@ -34,6 +35,8 @@ class MLP(nn.Sequential):
             layers.append(linear)
             if relu_last or i < len(sizes) - 1:
                 layers.append(nn.ReLU(inplace=True))
+                if dropout > 0:
+                    layers.append(nn.Dropout(dropout))
             width = out
         super().__init__(*layers)
         self.out_features = width

@@ -186,24 +186,42 @@ def make_optimizer(kind: str, params: list[torch.nn.Parameter], lr: float, spars
 
 
 def build_optimizers(
-    model: torch.nn.Module, optimizer: str, lr: float, embedding_optimizer: str, embedding_lr: float
+    model: torch.nn.Module,
+    optimizer: str,
+    lr: float,
+    embedding_optimizer: str,
+    embedding_lr: float,
+    wide_optimizer: str | None = None,
+    wide_lr: float | None = None,
 ) -> list[torch.optim.Optimizer]:
-    """One optimizer for the embedding tables (sparse updates) and one for every other parameter.
+    """Optimizers for the parts of a model.
 
-    Each parameter group remembers its ``base_lr``; the schedule scales it (see TrainStep).
+    Embedding tables get ``embedding_optimizer`` (sparse row updates) and every other parameter
+    ``optimizer``. A model with a wide (linear) part, i.e. a ``wide_parameters()`` method, trains
+    those parameters with ``wide_optimizer`` instead (its table with sparse updates). Each parameter
+    group remembers its ``base_lr``; the schedule scales it (see TrainStep).
     """
     from ctrkit.models.embeddings import EmbeddingCollection
 
     tables = {id(m.weight): m for m in model.modules() if isinstance(m, EmbeddingCollection)}
-    emb = [p for p in model.parameters() if id(p) in tables]
-    dense = [p for p in model.parameters() if id(p) not in tables]
-    sparse = all(m.sparse for m in tables.values())
+    wide = model.wide_parameters() if hasattr(model, "wide_parameters") else []
+    wide_ids = {id(p) for p in wide}
+    parts: list[tuple[str, list[torch.nn.Parameter], float, bool]] = []
+    if wide:
+        if wide_optimizer is None or wide_lr is None:
+            raise ValueError("this model has a wide part: set wide_optimizer and wide_lr")
+        parts.append((wide_optimizer, [p for p in wide if id(p) in tables], wide_lr, True))
+        parts.append((wide_optimizer, [p for p in wide if id(p) not in tables], wide_lr, False))
+    rest = [p for p in model.parameters() if id(p) not in wide_ids]
+    parts.append((embedding_optimizer, [p for p in rest if id(p) in tables], embedding_lr, True))
+    parts.append((optimizer, [p for p in rest if id(p) not in tables], lr, False))
     out = []
-    if emb:
-        out.append(make_optimizer(embedding_optimizer, emb, embedding_lr, sparse=sparse))
-    if dense:
-        out.append(make_optimizer(optimizer, dense, lr, sparse=False))
-    for opt in out:
+    for kind, params, part_lr, is_table in parts:
+        if not params:
+            continue
+        sparse = is_table and all(tables[id(p)].sparse for p in params)
+        opt = make_optimizer(kind, params, part_lr, sparse=sparse)
         for group in opt.param_groups:
             group["base_lr"] = group["lr"]
+        out.append(opt)
     return out

@@ -161,7 +161,9 @@ class Trainer:
         planned = cfg.epochs * self.steps_per_epoch
         self.total_steps = min(planned, cfg.max_steps) if cfg.max_steps else planned
         self.schedule = resolve_schedule(cfg, planned)
-        self.optimizers = build_optimizers(model, cfg.optimizer, cfg.lr, cfg.embedding_optimizer, cfg.embedding_lr)
+        self.optimizers = build_optimizers(
+            model, cfg.optimizer, cfg.lr, cfg.embedding_optimizer, cfg.embedding_lr, cfg.wide_optimizer, cfg.wide_lr
+        )
         self.step_fn = TrainStep(model, self.optimizers, device, amp_dtype, compile=cfg.compile)
         self.step = 0
         self._saved_step: int | None = None
@@ -191,16 +193,13 @@ class Trainer:
                 f"has {self.steps_per_epoch}: resume with the same dataset and --batch-size"
             )
         states = ckpt["optimizers"]
-        if (
-            len(states) != len(self.optimizers)
-            or ckpt["train_config"].get("optimizer") != self.cfg.optimizer
-            or (ckpt["train_config"].get("embedding_optimizer") != self.cfg.embedding_optimizer)
-        ):
+        kinds = ("optimizer", "embedding_optimizer", "wide_optimizer")
+        theirs = [ckpt["train_config"].get(k) for k in kinds]
+        ours = [getattr(self.cfg, k) for k in kinds]
+        if len(states) != len(self.optimizers) or theirs != ours:
             raise ValueError(
-                "the checkpoint's optimizers ("
-                f"{ckpt['train_config'].get('optimizer')}/{ckpt['train_config'].get('embedding_optimizer')}) differ "
-                f"from this run's ({self.cfg.optimizer}/{self.cfg.embedding_optimizer}); resume with the same "
-                "--optimizer and --embedding-optimizer"
+                f"the checkpoint's optimizers (dense/embedding/wide: {theirs}) differ from this run's ({ours}); "
+                "resume with the same --optimizer, --embedding-optimizer and --wide-optimizer"
             )
         self.model.load_state_dict(ckpt["model"])
         for opt, state in zip(self.optimizers, states):

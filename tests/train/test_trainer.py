@@ -188,7 +188,9 @@ def test_other_optimizers_train_and_resume_exactly(tiny_dataset, tmp_path, dense
     for k, v in params(straight.model).items():
         torch.testing.assert_close(params(resumed.model)[k], v, rtol=0, atol=0, msg=k)
     other = build(tiny_dataset, TrainConfig(**{**cfg.to_dict(), "embedding_optimizer": "sgd"}))
-    with pytest.raises(ValueError, match="resume with the same --optimizer and --embedding-optimizer"):
+    with pytest.raises(
+        ValueError, match="resume with the same --optimizer, --embedding-optimizer and --wide-optimizer"
+    ):
         other.restore(load_checkpoint(tmp_path / "c.pt"))
 
 
