@@ -216,7 +216,7 @@ def bench(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     values = {f.name: getattr(args, f.name) for f in fields(TrainBenchConfig) if hasattr(args, f.name)}
-    cfg = TrainBenchConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+    cfg = TrainBenchConfig(**values)
     result = run_train_bench(cfg, resolve_device(args.device))
     print(
         f"{cfg.model} train, batch {cfg.batch_size}, {'amp ' + result['amp_dtype'] if cfg.amp else 'fp32'}, "

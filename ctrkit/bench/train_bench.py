@@ -14,7 +14,7 @@ import torch
 from ctrkit.data.batch import Batch
 from ctrkit.data.synthetic import power_law_ids
 from ctrkit.device import amp_dtype_for
-from ctrkit.models.registry import create_model, make_config, train_defaults
+from ctrkit.models.registry import config_to_dict, create_model, make_config, train_defaults
 from ctrkit.train.optim import build_optimizers
 from ctrkit.train.trainer import TrainStep
 
@@ -29,8 +29,8 @@ class TrainBenchConfig:
     table_rows: int = 100_000
     embedding_dim: int = 16
     num_numerical: int = 13
-    bottom_mlp: tuple[int, ...] = (512, 256, 64, 16)
-    top_mlp: tuple[int, ...] = (512, 256, 1)
+    bottom_mlp: tuple[int, ...] | None = None  # None: the model's default (DLRM/DCNv2: 512,256,64,16)
+    top_mlp: tuple[int, ...] | None = None  # None: the model's default (DLRM/DCNv2: 512,256,1)
     warmup: int = 10
     steps: int = 50
     repeats: int = 5
@@ -59,17 +59,14 @@ def make_batches(cfg: TrainBenchConfig, rng: np.random.Generator) -> list[Batch]
 def run_train_bench(cfg: TrainBenchConfig, device: torch.device) -> dict:
     """Runs ``warmup`` untimed steps, then ``repeats`` x ``steps`` timed steps; reports the median."""
     torch.manual_seed(cfg.seed)
-    model_cfg = make_config(
-        cfg.model,
-        {
-            "num_numerical": cfg.num_numerical,
-            "cardinalities": (cfg.table_rows,) * cfg.num_tables,
-            "embedding_dim": cfg.embedding_dim,
-            "bottom_mlp": cfg.bottom_mlp,
-            "top_mlp": cfg.top_mlp,
-            "sparse_gradients": not cfg.dense_gradients,
-        },
-    )
+    shape = {
+        "num_numerical": cfg.num_numerical,
+        "cardinalities": (cfg.table_rows,) * cfg.num_tables,
+        "embedding_dim": cfg.embedding_dim,
+        "sparse_gradients": not cfg.dense_gradients,
+    }
+    shape.update({k: v for k, v in (("bottom_mlp", cfg.bottom_mlp), ("top_mlp", cfg.top_mlp)) if v is not None})
+    model_cfg = make_config(cfg.model, shape)
     model = create_model(cfg.model, model_cfg).to(device)
     amp_dtype = amp_dtype_for(device, cfg.amp, None)
     d = train_defaults(cfg.model)  # the model's own optimizers unless given, at a small lr so weights stay sane
@@ -93,6 +90,7 @@ def run_train_bench(cfg: TrainBenchConfig, device: torch.device) -> dict:
     return {
         "benchmark": "train",
         "config": asdict(cfg),
+        "model_config": {k: v for k, v in config_to_dict(model_cfg).items() if k != "cardinalities"},
         "samples_per_s": cfg.batch_size / (ms / 1000),
         "ms_per_step": ms,
         "ms_per_step_all": [t * 1000 for t in times],
