@@ -11,6 +11,7 @@ from ctrkit.models.embeddings import EmbeddingCollection
 from ctrkit.models.interaction import CrossNetwork
 from ctrkit.models.mlp import MLP
 from ctrkit.models.registry import register_model
+from ctrkit.models.validation import check_bottom_top, check_inputs
 
 STRUCTURES = ("stacked", "parallel")
 
@@ -44,16 +45,8 @@ class DCNv2Config:
     sparse_gradients: bool = True
 
     def validate(self) -> None:
-        if self.num_numerical < 0:
-            raise ValueError(f"num_numerical must be >= 0, got {self.num_numerical}")
-        if not self.cardinalities or any(int(c) < 1 for c in self.cardinalities):
-            raise ValueError(f"cardinalities must be positive integers, got {list(self.cardinalities)}")
-        if self.embedding_dim < 1:
-            raise ValueError(f"embedding_dim must be positive, got {self.embedding_dim}")
-        if self.num_numerical and (not self.bottom_mlp or self.bottom_mlp[-1] != self.embedding_dim):
-            raise ValueError(f"bottom_mlp must end in embedding_dim={self.embedding_dim}, got {list(self.bottom_mlp)}")
-        if not self.top_mlp or self.top_mlp[-1] != 1:
-            raise ValueError(f"top_mlp must end in 1 (the logit), got {list(self.top_mlp)}")
+        check_inputs(self.num_numerical, self.cardinalities, self.embedding_dim)
+        check_bottom_top(self.num_numerical, self.embedding_dim, self.bottom_mlp, self.top_mlp)
         if self.cross_layers < 1:
             raise ValueError(f"cross_layers must be >= 1, got {self.cross_layers}")
         if self.cross_projection_dim < 0:

@@ -11,6 +11,7 @@ from ctrkit.models.embeddings import EmbeddingCollection
 from ctrkit.models.interaction import DotInteraction
 from ctrkit.models.mlp import MLP
 from ctrkit.models.registry import register_model
+from ctrkit.models.validation import check_bottom_top, check_inputs
 
 
 @dataclass(frozen=True)
@@ -36,21 +37,8 @@ class DLRMConfig:
     sparse_gradients: bool = True
 
     def validate(self) -> None:
-        if self.num_numerical < 0:
-            raise ValueError(f"num_numerical must be >= 0, got {self.num_numerical}")
-        if not self.cardinalities or any(int(c) < 1 for c in self.cardinalities):
-            raise ValueError(
-                f"cardinalities must be a non-empty list of positive integers, got {list(self.cardinalities)}"
-            )
-        if self.embedding_dim < 1:
-            raise ValueError(f"embedding_dim must be positive, got {self.embedding_dim}")
-        if self.num_numerical and (not self.bottom_mlp or self.bottom_mlp[-1] != self.embedding_dim):
-            raise ValueError(
-                f"bottom_mlp must end in embedding_dim={self.embedding_dim} so its output "
-                f"can interact with the embeddings, got {list(self.bottom_mlp)}"
-            )
-        if not self.top_mlp or self.top_mlp[-1] != 1:
-            raise ValueError(f"top_mlp must end in 1 (the logit), got {list(self.top_mlp)}")
+        check_inputs(self.num_numerical, self.cardinalities, self.embedding_dim)
+        check_bottom_top(self.num_numerical, self.embedding_dim, self.bottom_mlp, self.top_mlp)
 
 
 # Plain SGD on everything, as the reference DLRM; lr 1.0 at batch 128 trained best on 300k synthetic rows.

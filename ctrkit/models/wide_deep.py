@@ -10,6 +10,7 @@ from torch import nn
 from ctrkit.models.embeddings import EmbeddingCollection
 from ctrkit.models.mlp import MLP
 from ctrkit.models.registry import register_model
+from ctrkit.models.validation import check_inputs
 
 
 @dataclass(frozen=True)
@@ -33,12 +34,7 @@ class WideDeepConfig:
     sparse_gradients: bool = True
 
     def validate(self) -> None:
-        if self.num_numerical < 0:
-            raise ValueError(f"num_numerical must be >= 0, got {self.num_numerical}")
-        if not self.cardinalities or any(int(c) < 1 for c in self.cardinalities):
-            raise ValueError(f"cardinalities must be positive integers, got {list(self.cardinalities)}")
-        if self.embedding_dim < 1:
-            raise ValueError(f"embedding_dim must be positive, got {self.embedding_dim}")
+        check_inputs(self.num_numerical, self.cardinalities, self.embedding_dim)
         if not self.deep_mlp or any(w < 1 for w in self.deep_mlp):
             raise ValueError(f"deep_mlp must be a non-empty list of positive widths, got {list(self.deep_mlp)}")
         if not 0.0 <= self.dropout < 1.0:
