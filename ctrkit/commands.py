@@ -70,6 +70,8 @@ def _model_config(args: argparse.Namespace, model: str, run: dict, spec: Feature
             raise ValueError(f"{args.model_config}: expected a mapping of model config fields")
         values.update(loaded)
     values.update({"num_numerical": len(spec.numerical_features), "cardinalities": spec.cardinalities})
+    if spec.multihot_features:
+        values.update(multihot_cardinalities=spec.multihot_cardinalities, multihot_combiners=spec.multihot_combiners)
     flags = {"embedding_dim": args.embedding_dim, "bottom_mlp": args.bottom_mlp, "top_mlp": args.top_mlp}
     given = {k: v for k, v in flags.items() if v is not None}
     values.update(given)

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ctrkit.data.batch import Batch
+from ctrkit.data.batch import Batch, MultiHot
 from ctrkit.data.feature_spec import FeatureSpec
 from ctrkit.data.split_binary import open_mapping
 
@@ -49,7 +49,21 @@ class SplitBinaryDataset:
         if d.numerical is not None:
             dense = torch.from_numpy(np.asarray(d.numerical[start:stop], dtype=np.float32))  # (B, n_num)
         labels = torch.from_numpy(np.asarray(d.labels[start:stop], dtype=np.float32))  # (B,)
-        return Batch(dense, torch.from_numpy(sparse), labels)
+        return Batch(dense, torch.from_numpy(sparse), labels, self._multi_hot(start, stop))
+
+    def _multi_hot(self, start: int, stop: int) -> MultiHot | None:
+        """Feature-major bags of the multi-hot features for samples ``[start, stop)``."""
+        if not self._data.multihot:
+            return None
+        ids, bounds, total = [], [np.zeros(1, np.int64)], 0
+        for values, offsets in self._data.multihot:
+            o = np.asarray(offsets[start : stop + 1], dtype=np.int64)  # (B + 1,)
+            ids.append(np.asarray(values[o[0] : o[-1]], dtype=np.int64))
+            bounds.append(o[1:] - o[0] + total)
+            total += int(o[-1] - o[0])
+        return MultiHot(
+            torch.from_numpy(np.concatenate(ids)), torch.from_numpy(np.concatenate(bounds)), len(self._data.multihot)
+        )
 
     def groups(self) -> np.ndarray | None:
         """The map channel's (N,) group ids when this mapping stores them, else None."""

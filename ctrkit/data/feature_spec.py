@@ -38,6 +38,7 @@ LABEL_CHANNEL = "label"
 # optional: rows sharing this feature's value (e.g. an Outbrain display id) are ranked together for
 # MAP@12; it may be stored in the test mapping only
 MAP_CHANNEL = "map"
+COMBINERS = ("sum", "mean")
 
 CHUNK_TYPES = ("split_binary", "csv", "parquet")
 INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8")
@@ -88,6 +89,16 @@ class Feature:
     dtype: str
     cardinality: int | str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def multihot(self) -> bool:
+        """Several ids per sample (metadata ``multihot: true``), pooled by ``combiner``."""
+        return bool(self.extra.get("multihot", False))
+
+    @property
+    def combiner(self) -> str:
+        """How a multi-hot feature's embeddings are pooled: ``sum`` or ``mean`` (the default)."""
+        return str(self.extra.get("combiner", "mean"))
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.extra)
@@ -282,6 +293,13 @@ class FeatureSpec:
                     f"feature_spec.{n}: categorical feature has no 'cardinality' "
                     "(expected a positive integer, or 'auto' before transcoding)"
                 )
+            if feat.multihot and feat.combiner not in COMBINERS:
+                raise SpecError(
+                    f"feature_spec.{n}.combiner: expected one of {', '.join(COMBINERS)}, got {feat.combiner!r}"
+                )
+        for name, feat in self.feature_spec.items():
+            if feat.multihot and name not in self.channel_spec.get(CATEGORICAL_CHANNEL, ()):
+                raise SpecError(f"feature_spec.{name}: multihot applies to categorical features only")
         groups = self.channel_spec.get(MAP_CHANNEL)
         if groups is not None:
             if len(groups) != 1:
@@ -325,9 +343,30 @@ class FeatureSpec:
 
     @property
     def cardinalities(self) -> list[int]:
-        """Cardinalities of the categorical channel, in channel order."""
+        """Cardinalities of the one-hot categorical features, in channel order."""
+        return self._cardinalities(self.onehot_features)
+
+    @property
+    def onehot_features(self) -> tuple[str, ...]:
+        """Categorical features with one id per sample, in channel order."""
+        return tuple(n for n in self.categorical_features if not self.feature_spec[n].multihot)
+
+    @property
+    def multihot_features(self) -> tuple[str, ...]:
+        """Categorical features with a variable number of ids per sample, in channel order."""
+        return tuple(n for n in self.categorical_features if self.feature_spec[n].multihot)
+
+    @property
+    def multihot_cardinalities(self) -> list[int]:
+        return self._cardinalities(self.multihot_features)
+
+    @property
+    def multihot_combiners(self) -> list[str]:
+        return [self.feature_spec[n].combiner for n in self.multihot_features]
+
+    def _cardinalities(self, names: Sequence[str]) -> list[int]:
         out = []
-        for n in self.categorical_features:
+        for n in names:
             card = self.feature_spec[n].cardinality
             if not isinstance(card, int):
                 raise SpecError(
@@ -351,12 +390,17 @@ class FeatureSpec:
 
     def summary(self) -> dict[str, Any]:
         """What a model trained on this spec depends on (stored in checkpoints to catch mismatches)."""
-        return {
-            "categorical_features": list(self.categorical_features),
+        out = {
+            "categorical_features": list(self.onehot_features),
             "cardinalities": self.cardinalities,
             "numerical_features": list(self.numerical_features),
             "label": self.label_feature,
         }
+        if self.multihot_features:
+            out["multihot_features"] = list(self.multihot_features)
+            out["multihot_cardinalities"] = self.multihot_cardinalities
+            out["multihot_combiners"] = self.multihot_combiners
+        return out
 
 
 def criteo_like_spec(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +35,8 @@ class SplitBinaryMapping:
         categorical: one (N,) integer array per categorical feature, in channel order.
         files: every file used, by feature group, for messages.
         groups: (N,) group ids of the map channel when this mapping stores them, else None.
+        multihot: per multi-hot feature (channel order): its (nnz,) ids and (N + 1,) int64 offsets;
+            sample i's ids are ``values[offsets[i]:offsets[i + 1]]``.
     """
 
     num_samples: int
@@ -43,6 +45,7 @@ class SplitBinaryMapping:
     categorical: list[np.ndarray]
     files: dict[str, Path]
     groups: np.ndarray | None = None
+    multihot: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
 
 
 def _memmap(path: Path, dtype: np.dtype, width: int, what: str) -> np.ndarray:
@@ -77,7 +80,8 @@ def open_mapping(spec: FeatureSpec, mapping: str, check_ids: bool = True) -> Spl
             id outside its feature's range.
     """
     chunks = spec.mapping(mapping)
-    cats = spec.categorical_features
+    cats = spec.onehot_features
+    multi = set(spec.multihot_features)
     nums = spec.numerical_features
     label = spec.label_feature
     chunk_of: dict[str, int] = {}
@@ -88,8 +92,10 @@ def open_mapping(spec: FeatureSpec, mapping: str, check_ids: bool = True) -> Spl
                 f"{where}: chunk type '{chunk.type}' cannot be read directly; expected "
                 "'split_binary' (convert CSV/Parquet data with a transcoder first)"
             )
-        if len(chunk.files) != 1:
-            raise SpecError(f"{where}: split_binary chunks hold exactly one file, got {list(chunk.files)}")
+        expected_files = 2 if len(chunk.features) == 1 and chunk.features[0] in multi else 1
+        if len(chunk.files) != expected_files:
+            what = "two files (values, offsets) for a multi-hot feature" if expected_files == 2 else "exactly one file"
+            raise SpecError(f"{where}: split_binary chunks hold {what}, got {list(chunk.files)}")
         for f in chunk.features:
             chunk_of[f] = i
 
@@ -148,6 +154,23 @@ def open_mapping(spec: FeatureSpec, mapping: str, check_ids: bool = True) -> Spl
         columns[name] = arr
         categorical.append(arr)
 
+    multihot = []
+    for name in spec.multihot_features:
+        chunk = chunks[chunk_of[name]]
+        if chunk.features != (name,):
+            raise SpecError(
+                f"source_spec.{mapping}: multi-hot feature '{name}' must be alone in its chunk, "
+                f"found with {list(chunk.features)}"
+            )
+        values_path, offsets_path = spec.path_of(chunk.files[0]), spec.path_of(chunk.files[1])
+        files[name] = values_path
+        values = _memmap(values_path, np.dtype(spec.feature_spec[name].dtype), 1, f"multi-hot feature '{name}'")
+        offsets = _memmap(offsets_path, np.dtype(np.int64), 1, f"offsets of multi-hot feature '{name}'")
+        _check_offsets(offsets, len(values), name, offsets_path)
+        files[f"{name} offsets"] = offsets_path
+        columns[f"{name} offsets"] = offsets[1:]  # N entries, for the sample-count check
+        multihot.append((values, offsets))
+
     group = spec.group_feature
     if group is not None and group in chunk_of:
         chunk = chunks[chunk_of[group]]
@@ -175,7 +198,24 @@ def open_mapping(spec: FeatureSpec, mapping: str, check_ids: bool = True) -> Spl
     if check_ids and n:
         for name, arr in zip(cats, categorical):
             check_id_range(arr, spec.feature_spec[name].cardinality, name, files[name])
-    return SplitBinaryMapping(n, columns["label"], numerical, categorical, files, columns.get("map"))
+        for name, (values, _) in zip(spec.multihot_features, multihot):
+            if len(values):
+                check_id_range(values, spec.feature_spec[name].cardinality, name, files[name])
+    return SplitBinaryMapping(n, columns["label"], numerical, categorical, files, columns.get("map"), multihot)
+
+
+def _check_offsets(offsets: np.ndarray, num_values: int, name: str, where: Path) -> None:
+    """CSR offsets: N + 1 non-decreasing int64 from 0 to the number of values."""
+    if len(offsets) == 0:
+        raise DataError(f"{where}: offsets of '{name}' are empty; expected N + 1 int64 values starting at 0")
+    if offsets[0] != 0 or offsets[-1] != num_values:
+        raise DataError(
+            f"{where}: offsets of '{name}' run from {int(offsets[0])} to {int(offsets[-1])}; expected 0 to "
+            f"{num_values}, the number of ids in its values file"
+        )
+    if len(offsets) > 1 and (np.diff(offsets) < 0).any():
+        pos = int(np.argmax(np.diff(offsets) < 0))
+        raise DataError(f"{where}: offsets of '{name}' decrease at sample {pos}; lengths cannot be negative")
 
 
 def check_id_range(ids: np.ndarray, cardinality: int, name: str, where: os.PathLike | str) -> None:
@@ -207,12 +247,16 @@ class SplitBinaryWriter:
         self.mapping = mapping
         chunks = spec.mapping(mapping)
         by_feature = {f: spec.path_of(c.files[0]) for c in chunks for f in c.features}
-        self._cats = spec.categorical_features
+        offsets_of = {c.features[0]: spec.path_of(c.files[1]) for c in chunks if len(c.files) == 2}
+        self._cats = spec.onehot_features
+        self._multi = spec.multihot_features
+        self._multi_cards = spec.multihot_cardinalities
+        self._multi_dtypes = [np.dtype(spec.feature_spec[c].dtype) for c in self._multi]
         self._nums = spec.numerical_features
         self._cards = spec.cardinalities
         self._cat_dtypes = [np.dtype(spec.feature_spec[c].dtype) for c in self._cats]
         self._num_dtype = np.dtype(spec.feature_spec[self._nums[0]].dtype) if self._nums else None
-        paths = [by_feature[spec.label_feature]] + [by_feature[c] for c in self._cats]
+        paths = [by_feature[spec.label_feature]] + [by_feature[c] for c in self._cats + self._multi]
         if self._nums:
             paths.append(by_feature[self._nums[0]])
         for p in paths:
@@ -220,17 +264,27 @@ class SplitBinaryWriter:
         self._label_f = open(by_feature[spec.label_feature], "wb")
         self._num_f = open(by_feature[self._nums[0]], "wb") if self._nums else None
         self._cat_f = [open(by_feature[c], "wb") for c in self._cats]
+        self._multi_f = [(open(by_feature[c], "wb"), open(offsets_of[c], "wb")) for c in self._multi]
+        self._multi_total = [0] * len(self._multi)
+        for _, off_f in self._multi_f:
+            off_f.write(np.zeros(1, np.int64).tobytes())  # offsets start at 0
         self.num_samples = 0
 
     def append(
-        self, numerical: np.ndarray | None, categorical: np.ndarray | Sequence[np.ndarray], labels: np.ndarray
+        self,
+        numerical: np.ndarray | None,
+        categorical: np.ndarray | Sequence[np.ndarray],
+        labels: np.ndarray,
+        multihot: Sequence[tuple[np.ndarray, np.ndarray]] | None = None,
     ) -> None:
         """Writes a block of samples.
 
         Args:
             numerical: (n, n_numerical) floats, or None when the spec has no numerical features.
-            categorical: (n, n_categorical) ids, or one (n,) array per categorical feature.
+            categorical: (n, n_onehot) ids, or one (n,) array per one-hot categorical feature.
             labels: (n,) zeros and ones.
+            multihot: per multi-hot feature (channel order): its ids, concatenated over the block's
+                samples, and the (n,) number of ids of each sample.
         """
         labels = np.asarray(labels)
         n = len(labels)
@@ -253,13 +307,31 @@ class SplitBinaryWriter:
             if numerical.shape != (n, len(self._nums)):
                 raise DataError(f"numerical block has shape {numerical.shape}, expected ({n}, {len(self._nums)})")
             self._num_f.write(np.ascontiguousarray(numerical, dtype=self._num_dtype).tobytes())
+        multihot = list(multihot or [])
+        if len(multihot) != len(self._multi):
+            raise DataError(f"expected {len(self._multi)} multi-hot features, got {len(multihot)}")
+        for name, (values, lengths), card in zip(self._multi, multihot, self._multi_cards):
+            values, lengths = np.asarray(values), np.asarray(lengths)
+            if len(lengths) != n or (lengths < 0).any() or lengths.sum() != len(values):
+                raise DataError(
+                    f"multi-hot feature '{name}': expected {n} non-negative lengths summing to its "
+                    f"{len(values)} ids, got {len(lengths)} summing to {int(lengths.sum())}"
+                )
+            if len(values):
+                check_id_range(values, card, name, f"mapping '{self.mapping}'")
         self._label_f.write(labels.astype(np.uint8).tobytes())
         for f, col, dtype in zip(self._cat_f, cols, self._cat_dtypes):
             f.write(np.asarray(col).astype(dtype).tobytes())
+        for k, ((values, lengths), (val_f, off_f), dtype) in enumerate(
+            zip(multihot, self._multi_f, self._multi_dtypes)
+        ):
+            val_f.write(np.asarray(values).astype(dtype).tobytes())
+            off_f.write((self._multi_total[k] + np.cumsum(lengths, dtype=np.int64)).tobytes())
+            self._multi_total[k] += int(np.sum(lengths))
         self.num_samples += n
 
     def close(self) -> None:
-        for f in [self._label_f, self._num_f, *self._cat_f]:
+        for f in [self._label_f, self._num_f, *self._cat_f, *(f for pair in self._multi_f for f in pair)]:
             if f is not None and not f.closed:
                 f.close()
 

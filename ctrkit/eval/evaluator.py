@@ -35,7 +35,7 @@ def predict_logits(
         for batch in tqdm(batches, total=len(loader), desc="scoring", unit="batch", disable=not progress, leave=False):
             batch = batch.to(device, non_blocking=True)
             with autocast:
-                logits = model(batch.dense, batch.sparse)
+                logits = model(batch.dense, batch.sparse, batch.multi_hot)
             out[pos : pos + len(batch)] = logits.float().cpu().numpy()
             pos += len(batch)
     finally:

@@ -7,11 +7,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ctrkit.models.embeddings import EmbeddingCollection
+from ctrkit.models.embeddings import EmbeddingCollection, bag_embeddings, lookup
 from ctrkit.models.interaction import CrossNetwork
 from ctrkit.models.mlp import MLP
 from ctrkit.models.registry import register_model
-from ctrkit.models.validation import check_bottom_top, check_inputs
+from ctrkit.models.validation import check_bottom_top, check_inputs, check_multihot
 
 STRUCTURES = ("stacked", "parallel")
 
@@ -32,6 +32,8 @@ class DCNv2Config:
         structure: "stacked" (cross network, then the MLP, as NVIDIA's DCNv2) or "parallel"
             (cross network and deep tower side by side, concatenated, then one linear layer).
         sparse_gradients: embeddings produce sparse gradients.
+        multihot_cardinalities: rows of each multi-hot feature's table (several ids per sample).
+        multihot_combiners: "sum" or "mean" pooling per multi-hot feature.
     """
 
     num_numerical: int
@@ -43,9 +45,12 @@ class DCNv2Config:
     cross_projection_dim: int = 512
     structure: str = "stacked"
     sparse_gradients: bool = True
+    multihot_cardinalities: tuple[int, ...] = ()
+    multihot_combiners: tuple[str, ...] = ()
 
     def validate(self) -> None:
         check_inputs(self.num_numerical, self.cardinalities, self.embedding_dim)
+        check_multihot(self.multihot_cardinalities, self.multihot_combiners)
         check_bottom_top(self.num_numerical, self.embedding_dim, self.bottom_mlp, self.top_mlp)
         if self.cross_layers < 1:
             raise ValueError(f"cross_layers must be >= 1, got {self.cross_layers}")
@@ -76,7 +81,7 @@ class DCNv2(nn.Module):
     Args:
         config: DCNv2Config.
 
-    Shapes: dense (B, N) float, sparse (B, F) int64 -> logits (B,).
+    Shapes: dense (B, N) float, sparse (B, F) int64, multi_hot (Fm features) or None -> logits (B,).
     """
 
     def __init__(self, config: DCNv2Config):
@@ -85,7 +90,11 @@ class DCNv2(nn.Module):
         d = config.embedding_dim
         self.bottom_mlp = MLP(config.num_numerical, config.bottom_mlp) if config.num_numerical else None
         self.embeddings = EmbeddingCollection(config.cardinalities, d, sparse=config.sparse_gradients)
-        width = d * (len(config.cardinalities) + (1 if self.bottom_mlp is not None else 0))
+        self.bag_embeddings = bag_embeddings(
+            config.multihot_cardinalities, d, config.multihot_combiners, config.sparse_gradients
+        )
+        num_features = len(config.cardinalities) + len(config.multihot_cardinalities)
+        width = d * (num_features + (1 if self.bottom_mlp is not None else 0))
         self.cross = CrossNetwork(width, config.cross_layers, config.cross_projection_dim)
         if config.structure == "stacked":
             self.deep = None
@@ -95,8 +104,8 @@ class DCNv2(nn.Module):
             deep_width = self.deep.out_features if self.deep is not None else 0
             self.top_mlp = MLP(width + deep_width, (1,), relu_last=False)
 
-    def forward(self, dense: torch.Tensor | None, sparse: torch.Tensor) -> torch.Tensor:
-        emb = self.embeddings(sparse).flatten(1)  # (B, F*D)
+    def forward(self, dense: torch.Tensor | None, sparse: torch.Tensor, multi_hot=None) -> torch.Tensor:
+        emb = lookup(self.embeddings, self.bag_embeddings, sparse, multi_hot).flatten(1)  # (B, F*D)
         if self.bottom_mlp is None:
             x0 = emb  # (B, d)
         else:

@@ -7,11 +7,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ctrkit.models.embeddings import EmbeddingCollection
+from ctrkit.models.embeddings import EmbeddingCollection, bag_embeddings, lookup
 from ctrkit.models.interaction import DotInteraction
 from ctrkit.models.mlp import MLP
 from ctrkit.models.registry import register_model
-from ctrkit.models.validation import check_bottom_top, check_inputs
+from ctrkit.models.validation import check_bottom_top, check_inputs, check_multihot
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,8 @@ class DLRMConfig:
         top_mlp: layer widths of the top MLP; the last must be 1 (the logit).
         self_interaction: include each vector's dot with itself in the interaction.
         sparse_gradients: embeddings produce sparse gradients (keep True for speed).
+        multihot_cardinalities: rows of each multi-hot feature's table (several ids per sample).
+        multihot_combiners: "sum" or "mean" pooling per multi-hot feature.
     """
 
     num_numerical: int
@@ -35,9 +37,12 @@ class DLRMConfig:
     top_mlp: tuple[int, ...] = (512, 256, 1)
     self_interaction: bool = False
     sparse_gradients: bool = True
+    multihot_cardinalities: tuple[int, ...] = ()
+    multihot_combiners: tuple[str, ...] = ()
 
     def validate(self) -> None:
         check_inputs(self.num_numerical, self.cardinalities, self.embedding_dim)
+        check_multihot(self.multihot_cardinalities, self.multihot_combiners)
         check_bottom_top(self.num_numerical, self.embedding_dim, self.bottom_mlp, self.top_mlp)
 
 
@@ -54,7 +59,7 @@ class DLRM(nn.Module):
     Args:
         config: DLRMConfig.
 
-    Shapes: dense (B, N) float, sparse (B, F) int64 -> logits (B,).
+    Shapes: dense (B, N) float, sparse (B, F) int64, multi_hot (Fm features) or None -> logits (B,).
     """
 
     def __init__(self, config: DLRMConfig):
@@ -63,13 +68,17 @@ class DLRM(nn.Module):
         d = config.embedding_dim
         self.bottom_mlp = MLP(config.num_numerical, config.bottom_mlp) if config.num_numerical else None
         self.embeddings = EmbeddingCollection(config.cardinalities, d, sparse=config.sparse_gradients)
-        num_vectors = len(config.cardinalities) + (1 if self.bottom_mlp is not None else 0)
+        self.bag_embeddings = bag_embeddings(
+            config.multihot_cardinalities, d, config.multihot_combiners, config.sparse_gradients
+        )
+        num_features = len(config.cardinalities) + len(config.multihot_cardinalities)
+        num_vectors = num_features + (1 if self.bottom_mlp is not None else 0)
         self.interaction = DotInteraction(
             num_vectors, d, config.self_interaction, with_dense=self.bottom_mlp is not None
         )
         self.top_mlp = MLP(self.interaction.out_features, config.top_mlp, relu_last=False)
 
-    def forward(self, dense: torch.Tensor | None, sparse: torch.Tensor) -> torch.Tensor:
-        emb = self.embeddings(sparse)  # (B, F, D)
+    def forward(self, dense: torch.Tensor | None, sparse: torch.Tensor, multi_hot=None) -> torch.Tensor:
+        emb = lookup(self.embeddings, self.bag_embeddings, sparse, multi_hot)  # (B, F, D), F counting multi-hot
         bottom = self.bottom_mlp(dense) if self.bottom_mlp is not None else None  # (B, D)
         return self.top_mlp(self.interaction(bottom, emb)).squeeze(1)  # (B,)

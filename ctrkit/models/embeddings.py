@@ -51,3 +51,74 @@ class EmbeddingCollection(nn.Module):
         """The rows of one feature's table: (cardinality, D), a view of the flat weight."""
         off = int(self.offsets[feature])
         return self.weight[off : off + self.cardinalities[feature]]
+
+
+class EmbeddingBagCollection(nn.Module):
+    """Pools a variable number of ids per sample for each multi-hot feature.
+
+    Like EmbeddingCollection, one flat (sum of cardinalities, D) table with per-feature row
+    offsets and sparse gradients. Each (feature, sample) bag is pooled by its feature's combiner:
+    ``sum`` or ``mean`` (an empty bag gives zeros either way). One ``embedding_bag`` call in sum
+    mode serves all features; mean features are then divided by their bag lengths.
+
+    Args:
+        cardinalities: rows of each multi-hot feature's table (Fm entries).
+        dim: D.
+        combiners: "sum" or "mean" per feature.
+        sparse: produce sparse gradients.
+
+    Shapes: MultiHot with B samples -> (B, Fm, D).
+    """
+
+    def __init__(self, cardinalities: Sequence[int], dim: int, combiners: Sequence[str], sparse: bool = True):
+        super().__init__()
+        if len(combiners) != len(cardinalities) or any(c not in ("sum", "mean") for c in combiners):
+            raise ValueError(f"need one combiner ('sum' or 'mean') per multi-hot feature, got {list(combiners)}")
+        cards = torch.tensor(list(cardinalities), dtype=torch.int64)
+        self.cardinalities = tuple(int(c) for c in cardinalities)
+        self.combiners = tuple(combiners)
+        self.dim = dim
+        self.sparse = sparse
+        self.register_buffer("offsets", torch.cumsum(cards, 0) - cards, persistent=False)  # (Fm,)
+        self.register_buffer(
+            "is_mean", torch.tensor([c == "mean" for c in combiners], dtype=torch.bool), persistent=False
+        )
+        self.weight = nn.Parameter(torch.empty(int(cards.sum()), dim))
+        with torch.no_grad():
+            for off, card in zip(self.offsets.tolist(), self.cardinalities):
+                bound = 1.0 / math.sqrt(card)
+                self.weight[off : off + card].uniform_(-bound, bound)
+
+    def forward(self, multi_hot) -> torch.Tensor:
+        fm = len(self.cardinalities)
+        b = (multi_hot.offsets.numel() - 1) // fm
+        per_feature = multi_hot.offsets[::b]  # (Fm + 1,) first bag of each feature, and the end
+        counts = per_feature[1:] - per_feature[:-1]  # (Fm,) ids per feature
+        rows = multi_hot.ids + torch.repeat_interleave(self.offsets, counts)  # (nnz,)
+        pooled = F.embedding_bag(
+            rows, self.weight, multi_hot.offsets, mode="sum", sparse=self.sparse, include_last_offset=True
+        ).view(fm, b, self.dim)  # (Fm, B, D)
+        if self.is_mean.any():
+            lengths = (multi_hot.offsets[1:] - multi_hot.offsets[:-1]).view(fm, b, 1).clamp_min(1)
+            scale = torch.where(self.is_mean.view(fm, 1, 1), 1.0 / lengths.to(pooled.dtype), 1.0)
+            pooled = pooled * scale
+        return pooled.transpose(0, 1)  # (B, Fm, D)
+
+
+def bag_embeddings(
+    cardinalities: Sequence[int], dim: int, combiners: Sequence[str], sparse: bool
+) -> EmbeddingBagCollection | None:
+    """An EmbeddingBagCollection for the multi-hot features, or None when there are none."""
+    return EmbeddingBagCollection(cardinalities, dim, combiners, sparse) if cardinalities else None
+
+
+def lookup(
+    onehot: EmbeddingCollection, bags: EmbeddingBagCollection | None, sparse: torch.Tensor, multi_hot
+) -> torch.Tensor:
+    """One-hot and multi-hot embeddings side by side: (B, F, D) and (B, Fm, D) -> (B, F + Fm, D)."""
+    emb = onehot(sparse)  # (B, F, D)
+    if bags is None:
+        return emb
+    if multi_hot is None:
+        raise ValueError(f"the model has {len(bags.cardinalities)} multi-hot features but the batch has none")
+    return torch.cat([emb, bags(multi_hot)], dim=1)  # (B, F + Fm, D)

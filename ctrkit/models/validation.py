@@ -25,3 +25,14 @@ def check_bottom_top(num_numerical: int, embedding_dim: int, bottom_mlp: Sequenc
         )
     if not top_mlp or top_mlp[-1] != 1:
         raise ValueError(f"top_mlp must end in 1 (the logit), got {list(top_mlp)}")
+
+
+def check_multihot(cardinalities: Sequence[int], combiners: Sequence[str]) -> None:
+    """One positive cardinality and one combiner (sum/mean) per multi-hot feature."""
+    if any(int(c) < 1 for c in cardinalities):
+        raise ValueError(f"multihot_cardinalities must be positive integers, got {list(cardinalities)}")
+    if len(combiners) != len(cardinalities) or any(c not in ("sum", "mean") for c in combiners):
+        raise ValueError(
+            f"multihot_combiners needs one of 'sum'/'mean' per multi-hot feature ({len(cardinalities)}), "
+            f"got {list(combiners)}"
+        )

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ctrkit.models.embeddings import EmbeddingCollection
+from ctrkit.models.embeddings import EmbeddingCollection, bag_embeddings, lookup
 from ctrkit.models.mlp import MLP
 from ctrkit.models.registry import register_model
-from ctrkit.models.validation import check_inputs
+from ctrkit.models.validation import check_inputs, check_multihot
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,8 @@ class WideDeepConfig:
         deep_mlp: hidden widths of the deep tower (a final layer to one logit is added).
         dropout: dropout after each hidden layer of the deep tower.
         sparse_gradients: embeddings (wide and deep) produce sparse gradients.
+        multihot_cardinalities: rows of each multi-hot feature's table (several ids per sample).
+        multihot_combiners: "sum" or "mean" pooling per multi-hot feature.
     """
 
     num_numerical: int
@@ -32,9 +34,12 @@ class WideDeepConfig:
     deep_mlp: tuple[int, ...] = (1024, 1024, 1024, 1024, 1024)
     dropout: float = 0.1
     sparse_gradients: bool = True
+    multihot_cardinalities: tuple[int, ...] = ()
+    multihot_combiners: tuple[str, ...] = ()
 
     def validate(self) -> None:
         check_inputs(self.num_numerical, self.cardinalities, self.embedding_dim)
+        check_multihot(self.multihot_cardinalities, self.multihot_combiners)
         if not self.deep_mlp or any(w < 1 for w in self.deep_mlp):
             raise ValueError(f"deep_mlp must be a non-empty list of positive widths, got {list(self.deep_mlp)}")
         if not 0.0 <= self.dropout < 1.0:
@@ -67,7 +72,7 @@ class WideDeep(nn.Module):
     Args:
         config: WideDeepConfig.
 
-    Shapes: dense (B, N) float, sparse (B, F) int64 -> logits (B,).
+    Shapes: dense (B, N) float, sparse (B, F) int64, multi_hot (Fm features) or None -> logits (B,).
     """
 
     def __init__(self, config: WideDeepConfig):
@@ -75,24 +80,34 @@ class WideDeep(nn.Module):
         self.config = config
         sparse = config.sparse_gradients
         self.wide_embeddings = EmbeddingCollection(config.cardinalities, 1, sparse=sparse)
-        with torch.no_grad():
-            self.wide_embeddings.weight.zero_()  # a linear model starts at zero
+        self.wide_bag_embeddings = bag_embeddings(config.multihot_cardinalities, 1, config.multihot_combiners, sparse)
+        with torch.no_grad():  # a linear model starts at zero
+            self.wide_embeddings.weight.zero_()
+            if self.wide_bag_embeddings is not None:
+                self.wide_bag_embeddings.weight.zero_()
         self.wide_dense = nn.Linear(config.num_numerical, 1) if config.num_numerical else None
         if self.wide_dense is not None:
             with torch.no_grad():
                 self.wide_dense.weight.zero_()
                 self.wide_dense.bias.zero_()
         self.embeddings = EmbeddingCollection(config.cardinalities, config.embedding_dim, sparse=sparse)
-        width = config.embedding_dim * len(config.cardinalities) + config.num_numerical
+        self.bag_embeddings = bag_embeddings(
+            config.multihot_cardinalities, config.embedding_dim, config.multihot_combiners, sparse
+        )
+        num_features = len(config.cardinalities) + len(config.multihot_cardinalities)
+        width = config.embedding_dim * num_features + config.num_numerical
         self.deep = MLP(width, tuple(config.deep_mlp) + (1,), relu_last=False, dropout=config.dropout)
 
     def wide_parameters(self) -> list[nn.Parameter]:
         """The wide (linear) part's parameters, trained by their own optimizer."""
-        return [self.wide_embeddings.weight] + (list(self.wide_dense.parameters()) if self.wide_dense else [])
+        tables = [self.wide_embeddings.weight]
+        if self.wide_bag_embeddings is not None:
+            tables.append(self.wide_bag_embeddings.weight)
+        return tables + (list(self.wide_dense.parameters()) if self.wide_dense else [])
 
-    def forward(self, dense: torch.Tensor | None, sparse: torch.Tensor) -> torch.Tensor:
-        wide = self.wide_embeddings(sparse).sum((1, 2))  # (B,)
-        emb = self.embeddings(sparse).flatten(1)  # (B, F*D)
+    def forward(self, dense: torch.Tensor | None, sparse: torch.Tensor, multi_hot=None) -> torch.Tensor:
+        wide = lookup(self.wide_embeddings, self.wide_bag_embeddings, sparse, multi_hot).sum((1, 2))  # (B,)
+        emb = lookup(self.embeddings, self.bag_embeddings, sparse, multi_hot).flatten(1)  # (B, F*D)
         if self.wide_dense is not None:
             wide = wide + self.wide_dense(dense).squeeze(1)  # (B,)
             emb = torch.cat([emb.to(dense.dtype), dense], 1)  # (B, F*D + N)

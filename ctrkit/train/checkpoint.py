@@ -70,8 +70,16 @@ def model_from_checkpoint(ckpt: dict[str, Any]) -> nn.Module:
 def check_spec_matches(ckpt: dict[str, Any], spec_summary: dict[str, Any], where: str) -> None:
     """Raises CheckpointError when the dataset's features differ from those the model was trained on."""
     trained = ckpt["spec"]
-    for key in ("numerical_features", "categorical_features", "cardinalities"):
-        a, b = list(trained[key]), list(spec_summary[key])
+    keys = (
+        "numerical_features",
+        "categorical_features",
+        "cardinalities",
+        "multihot_features",
+        "multihot_cardinalities",
+        "multihot_combiners",
+    )
+    for key in keys:
+        a, b = list(trained.get(key, [])), list(spec_summary.get(key, []))
         if a == b:
             continue
         if key == "cardinalities" and len(a) == len(b):

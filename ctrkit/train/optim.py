@@ -201,9 +201,10 @@ def build_optimizers(
     those parameters with ``wide_optimizer`` instead (its table with sparse updates). Each parameter
     group remembers its ``base_lr``; the schedule scales it (see TrainStep).
     """
-    from ctrkit.models.embeddings import EmbeddingCollection
+    from ctrkit.models.embeddings import EmbeddingBagCollection, EmbeddingCollection
 
-    tables = {id(m.weight): m for m in model.modules() if isinstance(m, EmbeddingCollection)}
+    kinds = (EmbeddingCollection, EmbeddingBagCollection)
+    tables = {id(m.weight): m for m in model.modules() if isinstance(m, kinds)}
     wide = model.wide_parameters() if hasattr(model, "wide_parameters") else []
     wide_ids = {id(p) for p in wide}
     parts: list[tuple[str, list[torch.nn.Parameter], float, bool]] = []

@@ -91,9 +91,9 @@ class TrainStep:
 
     def _forward(self, batch: Batch) -> torch.Tensor:
         if self.forward is self.model:
-            return self.model(batch.dense, batch.sparse)
+            return self.model(batch.dense, batch.sparse, batch.multi_hot)
         try:
-            return self.forward(batch.dense, batch.sparse)
+            return self.forward(batch.dense, batch.sparse, batch.multi_hot)
         except Exception as e:  # the backend is missing or cannot handle the model: run eagerly
             first = str(e).strip().splitlines()[0] if str(e).strip() else ""
             warnings.warn(
@@ -101,7 +101,7 @@ class TrainStep:
                 stacklevel=2,
             )
             self.forward = self.model
-            return self.model(batch.dense, batch.sparse)
+            return self.model(batch.dense, batch.sparse, batch.multi_hot)
 
 
 @dataclass
