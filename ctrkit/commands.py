@@ -75,7 +75,8 @@ def _model_config(args: argparse.Namespace, model: str, run: dict, spec: Feature
     flags = {"embedding_dim": args.embedding_dim, "bottom_mlp": args.bottom_mlp, "top_mlp": args.top_mlp}
     given = {k: v for k, v in flags.items() if v is not None}
     values.update(given)
-    if "embedding_dim" in given and "bottom_mlp" not in given and values["num_numerical"]:
+    has_bottom = "bottom_mlp" in cfg_cls.__dataclass_fields__
+    if "embedding_dim" in given and "bottom_mlp" not in given and values["num_numerical"] and has_bottom:
         # keep the bottom MLP but end it in the requested width
         bottom = values.get("bottom_mlp", cfg_cls.__dataclass_fields__["bottom_mlp"].default)
         values["bottom_mlp"] = tuple(bottom[:-1]) + (values["embedding_dim"],)
