@@ -30,8 +30,16 @@ def _add_synth(sub: argparse._SubParsersAction) -> None:
         "planted click signal (per-id effects, pairwise latent interactions, "
         "nonlinear numerical effects), so a model can learn it.",
     )
+    p.add_argument(
+        "kind",
+        nargs="?",
+        choices=("criteo-like", "outbrain"),
+        default="criteo-like",
+        help="criteo-like (default): 13 numerical + 26 categorical features; outbrain: displays of 2-12 ads "
+        "with one click each, request- and item-level features, two multi-hot, display ids for MAP@12",
+    )
     p.add_argument("--out", required=True, type=Path, help="dataset directory to create")
-    p.add_argument("--rows", type=int, default=300_000, help="total samples, train + test (default 300000)")
+    p.add_argument("--rows", type=int, default=300_000, help="about this many samples, train + test (default 300000)")
     p.add_argument(
         "--tables",
         type=_int_list,

@@ -27,6 +27,20 @@ from ctrkit.models.registry import (
 
 
 def synth(args: argparse.Namespace) -> int:
+    if args.kind == "outbrain":
+        from ctrkit.data.synthetic_outbrain import generate_outbrain
+
+        if args.tables is not None or args.num_numerical != 13:
+            raise ValueError("--tables and --num-numerical apply to the criteo-like dataset only")
+        spec = generate_outbrain(args.out, args.rows, args.test_fraction, args.seed, overwrite=args.overwrite)
+        test = SplitBinaryDataset(spec, "test", check_ids=False)
+        n_train = len(SplitBinaryDataset(spec, "train", check_ids=False))
+        print(
+            f"wrote {args.out}: {n_train} train + {len(test)} test rows, {len(np.unique(test.groups()))} test "
+            f"displays; {len(spec.onehot_features)} one-hot + {len(spec.multihot_features)} multi-hot categorical, "
+            f"{len(spec.numerical_features)} numerical features"
+        )
+        return 0
     from ctrkit.data.synthetic import CRITEO_LIKE_CARDINALITIES, generate_dataset
 
     tables = args.tables or CRITEO_LIKE_CARDINALITIES

@@ -266,6 +266,9 @@ class SplitBinaryWriter:
         self._cat_f = [open(by_feature[c], "wb") for c in self._cats]
         self._multi_f = [(open(by_feature[c], "wb"), open(offsets_of[c], "wb")) for c in self._multi]
         self._multi_total = [0] * len(self._multi)
+        group = spec.group_feature
+        self._group_f = open(by_feature[group], "wb") if group is not None and group in by_feature else None
+        self._group_dtype = np.dtype(spec.feature_spec[group].dtype) if self._group_f is not None else None
         for _, off_f in self._multi_f:
             off_f.write(np.zeros(1, np.int64).tobytes())  # offsets start at 0
         self.num_samples = 0
@@ -276,6 +279,7 @@ class SplitBinaryWriter:
         categorical: np.ndarray | Sequence[np.ndarray],
         labels: np.ndarray,
         multihot: Sequence[tuple[np.ndarray, np.ndarray]] | None = None,
+        groups: np.ndarray | None = None,
     ) -> None:
         """Writes a block of samples.
 
@@ -285,6 +289,7 @@ class SplitBinaryWriter:
             labels: (n,) zeros and ones.
             multihot: per multi-hot feature (channel order): its ids, concatenated over the block's
                 samples, and the (n,) number of ids of each sample.
+            groups: (n,) group ids of the map channel, when this mapping stores them.
         """
         labels = np.asarray(labels)
         n = len(labels)
@@ -319,6 +324,13 @@ class SplitBinaryWriter:
                 )
             if len(values):
                 check_id_range(values, card, name, f"mapping '{self.mapping}'")
+        if (groups is None) != (self._group_f is None) or (groups is not None and len(groups) != n):
+            raise DataError(
+                f"mapping '{self.mapping}' {'stores' if self._group_f else 'does not store'} map-channel group "
+                f"ids; pass {'(n,) groups' if self._group_f else 'no groups'}"
+            )
+        if self._group_f is not None:
+            self._group_f.write(np.asarray(groups).astype(self._group_dtype).tobytes())
         self._label_f.write(labels.astype(np.uint8).tobytes())
         for f, col, dtype in zip(self._cat_f, cols, self._cat_dtypes):
             f.write(np.asarray(col).astype(dtype).tobytes())
@@ -331,7 +343,8 @@ class SplitBinaryWriter:
         self.num_samples += n
 
     def close(self) -> None:
-        for f in [self._label_f, self._num_f, *self._cat_f, *(f for pair in self._multi_f for f in pair)]:
+        multi = (f for pair in self._multi_f for f in pair)
+        for f in [self._label_f, self._num_f, self._group_f, *self._cat_f, *multi]:
             if f is not None and not f.closed:
                 f.close()
 

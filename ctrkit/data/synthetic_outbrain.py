@@ -1,0 +1,188 @@
+"""Synthetic Outbrain-like data: displays of 2-12 ads with exactly one click each.
+
+A display is one page view (request-level features: user, platform, geography, the page's
+document and its topics); each ad shown in it is one row (item-level features: ad, advertiser,
+campaign, the ad's topics, two numerical signals). Which ad is clicked is drawn from a softmax over
+the display's ads of a planted score: a per-ad appeal, a user x advertiser affinity (dot product of
+latent vectors), a bonus for every topic the ad shares with the page, and a platform x campaign
+effect. Rows of a display are stored together; the test mapping also stores the display id in the
+``map`` channel, so ``evaluate`` reports MAP@12 as the Outbrain challenge defines it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from ctrkit.data.feature_spec import Chunk, Feature, FeatureSpec, smallest_int_dtype
+from ctrkit.data.split_binary import SplitBinaryWriter
+from ctrkit.data.synthetic import power_law_ids
+
+# one-hot features: request level, then item level
+ONEHOT = {
+    "user_id": 20000,
+    "platform": 3,
+    "geo": 200,
+    "document_id": 5000,
+    "ad_id": 20000,
+    "advertiser_id": 800,
+    "campaign_id": 3000,
+}
+MULTIHOT = {"document_topics": 300, "ad_topics": 300}
+NUMERICAL = ("ad_popularity", "document_age")
+
+
+def outbrain_spec() -> FeatureSpec:
+    """Feature spec of the synthetic Outbrain-like dataset (display id in the test mapping only)."""
+    features: dict[str, Feature] = {}
+    for name, card in {**ONEHOT, **MULTIHOT}.items():
+        extra = {"multihot": True, "combiner": "mean"} if name in MULTIHOT else {}
+        features[name] = Feature(smallest_int_dtype(card), card, extra)
+    for name in NUMERICAL:
+        features[name] = Feature("float16")
+    features["clicked"] = Feature("bool")
+    features["display_id"] = Feature("int32")
+    sources = {}
+    for m in ("train", "test"):
+        chunks = [
+            Chunk("split_binary", NUMERICAL, (f"{m}/numerical.bin",)),
+            Chunk("split_binary", ("clicked",), (f"{m}/label.bin",)),
+        ]
+        chunks += [Chunk("split_binary", (n,), (f"{m}/{n}.bin",)) for n in ONEHOT]
+        chunks += [Chunk("split_binary", (n,), (f"{m}/{n}.bin", f"{m}/{n}.offsets.bin")) for n in MULTIHOT]
+        if m == "test":
+            chunks.append(Chunk("split_binary", ("display_id",), (f"{m}/display_id.bin",)))
+        sources[m] = tuple(chunks)
+    channels = {
+        "categorical": tuple(ONEHOT) + tuple(MULTIHOT),
+        "numerical": NUMERICAL,
+        "label": ("clicked",),
+        "map": ("display_id",),
+    }
+    spec = FeatureSpec(features, sources, channels, {"generator": "ctrkit synth outbrain"})
+    spec.validate()
+    return spec
+
+
+class SyntheticOutbrain:
+    """A fixed random click model over displays; ``sample`` draws whole displays."""
+
+    def __init__(self, seed: int = 0, latent_dim: int = 4):
+        rng = np.random.default_rng([seed, 11])
+        self.ad_appeal = rng.normal(0.0, 1.0, ONEHOT["ad_id"])
+        self.ad_advertiser = rng.integers(0, ONEHOT["advertiser_id"], ONEHOT["ad_id"])
+        self.ad_campaign = rng.integers(0, ONEHOT["campaign_id"], ONEHOT["ad_id"])
+        self.user_vec = rng.normal(0.0, 1.0, (ONEHOT["user_id"], latent_dim))
+        self.advertiser_vec = rng.normal(0.0, 1.0, (ONEHOT["advertiser_id"], latent_dim)) / np.sqrt(latent_dim)
+        self.platform_campaign = rng.normal(0.0, 0.7, (ONEHOT["platform"], ONEHOT["campaign_id"]))
+        self.doc_topics = [
+            np.unique(rng.integers(0, MULTIHOT["document_topics"], rng.integers(1, 5)))
+            for _ in range(ONEHOT["document_id"])
+        ]
+        self.ad_topics = [
+            np.unique(rng.integers(0, MULTIHOT["ad_topics"], rng.integers(0, 4))) for _ in range(ONEHOT["ad_id"])
+        ]
+        self.doc_age = rng.exponential(1.0, ONEHOT["document_id"])
+
+    def sample(self, rng: np.random.Generator, displays: int, first_display: int) -> dict:
+        """Rows of ``displays`` displays, numbered from ``first_display``."""
+        sizes = rng.integers(2, 13, displays)  # 2..12 ads per display
+        n = int(sizes.sum())
+        display = np.repeat(np.arange(first_display, first_display + displays), sizes)
+        user = np.repeat(power_law_ids(rng, ONEHOT["user_id"], displays, 1.05), sizes)
+        platform = np.repeat(rng.choice(3, displays, p=[0.5, 0.35, 0.15]), sizes)
+        geo = np.repeat(power_law_ids(rng, ONEHOT["geo"], displays, 1.3), sizes)
+        doc = np.repeat(power_law_ids(rng, ONEHOT["document_id"], displays, 1.1), sizes)
+        ad = power_law_ids(rng, ONEHOT["ad_id"], n, 1.05)
+        advertiser, campaign = self.ad_advertiser[ad], self.ad_campaign[ad]
+        shared = np.array(
+            [len(np.intersect1d(self.doc_topics[d], self.ad_topics[a], assume_unique=True)) for d, a in zip(doc, ad)]
+        )
+        score = (
+            self.ad_appeal[ad]
+            + np.einsum("nk,nk->n", self.user_vec[user], self.advertiser_vec[advertiser])
+            + 0.8 * shared
+            + self.platform_campaign[platform, campaign]
+        )
+        # exactly one click per display: a softmax draw over its ads (Gumbel-max)
+        noisy = score + rng.gumbel(size=n)
+        starts = np.r_[0, np.cumsum(sizes)[:-1]]
+        best = np.maximum.reduceat(noisy, starts)
+        clicked = (noisy == np.repeat(best, sizes)).astype(np.uint8)
+        popularity = np.log1p(np.exp(self.ad_appeal[ad] + rng.normal(0.0, 1.0, n)))  # a noisy hint of appeal
+        numerical = np.stack([popularity, self.doc_age[doc]], axis=1).astype(np.float32)
+        doc_topics = [self.doc_topics[d] for d in doc]
+        ad_topics = [self.ad_topics[a] for a in ad]
+        onehot = np.stack([user, platform, geo, doc, ad, advertiser, campaign], axis=1)
+        multihot = [
+            (np.concatenate(t) if t else np.zeros(0, np.int64), np.array([len(x) for x in t]))
+            for t in (doc_topics, ad_topics)
+        ]
+        return {"numerical": numerical, "onehot": onehot, "labels": clicked, "multihot": multihot, "display": display}
+
+
+def generate_outbrain(
+    out_dir: str | os.PathLike,
+    rows: int,
+    test_fraction: float = 0.2,
+    seed: int = 0,
+    overwrite: bool = False,
+    progress: bool = True,
+    displays_per_block: int = 20_000,
+) -> FeatureSpec:
+    """Writes an Outbrain-like split-binary dataset of about ``rows`` rows (whole displays).
+
+    Displays are split between ``train`` and ``test`` (about ``test_fraction`` of them in test); the
+    test mapping also stores each row's display id (the ``map`` channel). The directory appears
+    only when complete (written to a temporary directory, then renamed).
+    """
+    if rows < 20:
+        raise ValueError(f"--rows must be at least 20 for displays of 2-12 ads, got {rows}")
+    if not 0.0 < test_fraction < 1.0:
+        raise ValueError(f"--test-fraction must lie in (0, 1), got {test_fraction}")
+    out = Path(out_dir)
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise ValueError(f"{out}: directory exists and is not empty; pass --overwrite to replace it")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
+    try:
+        model = SyntheticOutbrain(seed)
+        base = outbrain_spec()
+        spec = FeatureSpec(
+            base.feature_spec, base.source_spec, base.channel_spec, {**base.metadata, "seed": seed, "rows": rows}, tmp
+        )
+        displays = max(2, rows // 7)  # 7 ads per display on average
+        n_test = max(1, int(round(displays * test_fraction)))
+        rng = np.random.default_rng([seed, 12])
+        next_display = 0
+        with tqdm(total=displays, desc="synth outbrain", unit="display", unit_scale=True, disable=not progress) as bar:
+            for mapping, count in (("train", displays - n_test), ("test", n_test)):
+                with SplitBinaryWriter(spec, mapping) as writer:
+                    done = 0
+                    while done < count:
+                        k = min(displays_per_block, count - done)
+                        block = model.sample(rng, k, next_display)
+                        writer.append(
+                            block["numerical"],
+                            block["onehot"],
+                            block["labels"],
+                            block["multihot"],
+                            block["display"] if mapping == "test" else None,
+                        )
+                        done += k
+                        next_display += k
+                        bar.update(k)
+        spec.to_yaml(tmp / "feature_spec.yaml")
+        os.chmod(tmp, 0o755)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return FeatureSpec.from_yaml(out / "feature_spec.yaml")
