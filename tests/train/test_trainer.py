@@ -240,3 +240,35 @@ def test_compile_failure_falls_back_to_eager(monkeypatch):
     with pytest.warns(UserWarning, match=r"torch.compile failed \(RuntimeError: no C\+\+ compiler found\); training"):
         loss = step(_tiny_batches()[0])
     assert torch.isfinite(loss) and step.forward is model
+
+
+@pytest.mark.parametrize(
+    "name, shape",
+    [
+        ("dlrm", {"bottom_mlp": (16, 8), "top_mlp": (16, 1)}),
+        ("dcnv2", {"bottom_mlp": (16, 8), "top_mlp": (16, 8, 1), "structure": "parallel", "cross_projection_dim": 4}),
+        ("wide_deep", {"deep_mlp": (16,)}),
+    ],
+)
+def test_every_model_round_trips_through_a_checkpoint(tiny_dataset, tmp_path, name, shape):
+    from ctrkit.models.registry import make_config
+
+    spec = FeatureSpec.from_yaml(tiny_dataset)
+    config = make_config(name, {"num_numerical": 4, "cardinalities": spec.cardinalities, "embedding_dim": 8, **shape})
+    torch.manual_seed(0)
+    model = create_model(name, config)
+    trainer = Trainer(
+        model,
+        RunInfo(name, config, spec.summary()),
+        SplitBinaryDataset(spec, "train"),
+        None,
+        TrainConfig(max_steps=5, evals_per_epoch=0),
+        CPU,
+        save_path=tmp_path / "m.pt",
+        progress=False,
+    )
+    trainer.fit()
+    loaded = model_from_checkpoint(load_checkpoint(tmp_path / "m.pt"))
+    assert type(loaded) is type(model) and loaded.config == model.config
+    test = SplitBinaryDataset(spec, "test")
+    assert evaluate(loaded, test, CPU) == evaluate(model, test, CPU)
