@@ -15,8 +15,6 @@ so the best achievable AUC is below 1; ``oracle_logits`` gives it for comparison
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +22,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
+from ctrkit.data.atomic_dir import atomic_directory
 from ctrkit.data.feature_spec import FeatureSpec, criteo_like_spec
 from ctrkit.data.split_binary import SplitBinaryWriter
 
@@ -197,12 +196,7 @@ def generate_dataset(
         raise ValueError(f"--rows must be at least 2, got {rows}")
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"--test-fraction must lie in (0, 1), got {test_fraction}")
-    out = Path(out_dir)
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise ValueError(f"{out}: directory exists and is not empty; pass --overwrite to replace it")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
-    try:
+    with atomic_directory(out_dir, overwrite) as tmp:
         model = click_model or SyntheticCTR(cardinalities, num_numerical, seed)
         num_numerical = model.num_numerical
         spec = criteo_like_spec(model.cardinalities, num_numerical)
@@ -225,11 +219,4 @@ def generate_dataset(
                         done += len(block.labels)
                         bar.update(len(block.labels))
         spec.to_yaml(tmp / "feature_spec.yaml")
-        os.chmod(tmp, 0o755)  # mkdtemp creates 0700
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return FeatureSpec.from_yaml(out / "feature_spec.yaml")
+    return FeatureSpec.from_yaml(Path(out_dir) / "feature_spec.yaml")

@@ -12,13 +12,12 @@ effect. Rows of a display are stored together; the test mapping also stores the 
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 from tqdm.auto import tqdm
 
+from ctrkit.data.atomic_dir import atomic_directory
 from ctrkit.data.feature_spec import Chunk, Feature, FeatureSpec, smallest_int_dtype
 from ctrkit.data.split_binary import SplitBinaryWriter
 from ctrkit.data.synthetic import power_law_ids
@@ -145,12 +144,7 @@ def generate_outbrain(
         raise ValueError(f"--rows must be at least 20 for displays of 2-12 ads, got {rows}")
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"--test-fraction must lie in (0, 1), got {test_fraction}")
-    out = Path(out_dir)
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise ValueError(f"{out}: directory exists and is not empty; pass --overwrite to replace it")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
-    try:
+    with atomic_directory(out_dir, overwrite) as tmp:
         model = SyntheticOutbrain(seed)
         base = outbrain_spec()
         spec = FeatureSpec(
@@ -178,11 +172,4 @@ def generate_outbrain(
                         next_display += k
                         bar.update(k)
         spec.to_yaml(tmp / "feature_spec.yaml")
-        os.chmod(tmp, 0o755)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return FeatureSpec.from_yaml(out / "feature_spec.yaml")
+    return FeatureSpec.from_yaml(Path(out_dir) / "feature_spec.yaml")

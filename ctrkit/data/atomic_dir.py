@@ -1,0 +1,36 @@
+"""A dataset directory that appears only when complete."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+@contextmanager
+def atomic_directory(out_dir: str | os.PathLike, overwrite: bool = False) -> Iterator[Path]:
+    """Yields a temporary directory beside ``out_dir`` and renames it to ``out_dir`` on success.
+
+    An interrupted or failed write leaves no directory that looks complete: the temporary one is
+    removed, and an existing ``out_dir`` is replaced only at the end (and only with ``overwrite``).
+
+    Raises:
+        ValueError: ``out_dir`` exists, is not empty, and ``overwrite`` is False.
+    """
+    out = Path(out_dir)
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise ValueError(f"{out}: directory exists and is not empty; pass --overwrite to replace it")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
+    try:
+        yield tmp
+        os.chmod(tmp, 0o755)  # mkdtemp creates 0700
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
