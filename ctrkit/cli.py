@@ -61,12 +61,11 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "train",
         help="train a model on a dataset",
-        description="Trains a model on the 'train' mapping of a split-binary dataset with SGD "
-        "(sparse embedding updates), evaluating on 'test'. The LR schedule warms up "
-        "linearly, holds, then decays polynomially; unset schedule flags are derived "
-        "from the run length (5%% warmup, decay over the last half). Settings resolve as: flags, "
-        "then --config, then defaults; the resolved run is written beside the checkpoint as YAML, "
-        "which --config accepts back.",
+        description="Trains a model on the 'train' mapping of a split-binary dataset with the model's optimizers "
+        "(sparse embedding updates), evaluating on 'test'. The LR schedule warms up linearly, holds, then decays "
+        "polynomially; unset schedule flags are derived from the run length (5% warmup, decay over the last "
+        "half). Settings resolve as: flags, then --config, then the model's defaults; the resolved run is "
+        "written beside the checkpoint as YAML, which --config accepts back.",
     )
     p.add_argument(
         "--config",
@@ -74,7 +73,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="run YAML (model, model_config, train_config, dataset), e.g. the one written beside a checkpoint",
     )
-    p.add_argument("--model", default=S, help="registered model name (default dlrm; see `ctrkit models`)")
+    p.add_argument("--model", default=S, help="dlrm (default), dcnv2 or wide_deep; `ctrkit models` lists them")
     p.add_argument("--dataset", type=Path, default=S, help="dataset directory holding feature_spec.yaml")
     p.add_argument(
         "--model-config",
@@ -249,7 +248,8 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="ctrkit", description="Click-through-rate ranking models (DLRM) from data to evaluation."
+        prog="ctrkit",
+        description="Click-through-rate ranking models (DLRM, DCNv2, Wide & Deep) from data to evaluation.",
     )
     parser.add_argument("--version", action="version", version=f"ctrkit {__version__}")
     parser.add_argument("--traceback", action="store_true", help="show the full traceback of errors")
