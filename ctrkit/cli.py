@@ -33,12 +33,13 @@ def _add_synth(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "kind",
         nargs="?",
-        choices=("criteo-like", "outbrain"),
+        choices=("criteo-like", "outbrain", "criteo"),
         default="criteo-like",
-        help="criteo-like (default): 13 numerical + 26 categorical features; outbrain: displays of 2-12 ads "
-        "with one click each, request- and item-level features, two multi-hot, display ids for MAP@12",
+        help="criteo-like (default): a split-binary dataset of 13 numerical + 26 categorical features; "
+        "outbrain: displays of 2-12 ads with one click each, request- and item-level features, two multi-hot, "
+        "display ids for MAP@12; criteo: raw Criteo-format TSV (--out names a file; .gz to compress)",
     )
-    p.add_argument("--out", required=True, type=Path, help="dataset directory to create")
+    p.add_argument("--out", required=True, type=Path, help="dataset directory to create (a file for criteo)")
     p.add_argument("--rows", type=int, default=300_000, help="about this many samples, train + test (default 300000)")
     p.add_argument(
         "--tables",

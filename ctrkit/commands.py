@@ -27,6 +27,13 @@ from ctrkit.models.registry import (
 
 
 def synth(args: argparse.Namespace) -> int:
+    if args.kind == "criteo":
+        from ctrkit.data.synthetic import CRITEO_LIKE_CARDINALITIES, write_criteo_tsv
+
+        tables = args.tables or CRITEO_LIKE_CARDINALITIES
+        out = write_criteo_tsv(args.out, args.rows, tables, args.num_numerical, args.seed, overwrite=args.overwrite)
+        print(f"wrote {out}: {args.rows} raw rows (label, {args.num_numerical} integer, {len(tables)} hashed columns)")
+        return 0
     if args.kind == "outbrain":
         from ctrkit.data.synthetic_outbrain import generate_outbrain
 

@@ -14,7 +14,9 @@ so the best achievable AUC is below 1; ``oracle_logits`` gives it for comparison
 
 from __future__ import annotations
 
+import gzip
 import os
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,10 +72,12 @@ def power_law_ids(rng: np.random.Generator, cardinality: int, n: int, exponent: 
 
 @dataclass
 class Block:
-    numerical: np.ndarray  # (n, N) float32
+    numerical: np.ndarray  # (n, N) float32, log(count + 3), 0 where missing
     categorical: np.ndarray  # (n, F) int64
     logits: np.ndarray  # (n,) the true click log-odds
     labels: np.ndarray  # (n,) uint8
+    counts: np.ndarray  # (n, N) int64 raw counts behind ``numerical``
+    missing: np.ndarray  # (n, N) bool, numerical values that are missing
 
 
 class SyntheticCTR:
@@ -155,11 +159,12 @@ class SyntheticCTR:
         logits += hidden @ self.hidden_weight + 0.8 * self.hidden_scale * np.maximum(hidden[:, 0] * hidden[:, 1], 0.0)
         # numerical features: noisy log-counts of the hidden state, like Criteo's log(x + 3) integers
         noise = rng.normal(0.0, 0.5, (n, self.num_numerical))
-        counts = np.exp(self.num_offset + 0.6 * hidden @ self.num_loading + noise)
-        numerical = np.log(np.floor(counts) + 3.0)
-        numerical[rng.random((n, self.num_numerical)) < self.num_missing] = 0.0  # missing -> 0
+        counts = np.floor(np.exp(self.num_offset + 0.6 * hidden @ self.num_loading + noise)).astype(np.int64)
+        numerical = np.log(counts + 3.0)
+        missing = rng.random((n, self.num_numerical)) < self.num_missing
+        numerical[missing] = 0.0  # missing -> 0
         y = (rng.random(n) < 1.0 / (1.0 + np.exp(-logits))).astype(np.uint8) if labels else np.zeros(n, np.uint8)
-        return Block(numerical.astype(np.float32), cats, logits, y)
+        return Block(numerical.astype(np.float32), cats, logits, y, counts, missing)
 
 
 def generate_dataset(
@@ -220,3 +225,69 @@ def generate_dataset(
                         bar.update(len(block.labels))
         spec.to_yaml(tmp / "feature_spec.yaml")
     return FeatureSpec.from_yaml(Path(out_dir) / "feature_spec.yaml")
+
+
+def write_criteo_tsv(
+    out_file: str | os.PathLike,
+    rows: int,
+    cardinalities: Sequence[int] = CRITEO_LIKE_CARDINALITIES,
+    num_numerical: int = 13,
+    seed: int = 0,
+    chunk_rows: int = 1 << 17,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> Path:
+    """Writes raw Criteo-format TSV: label, ``num_numerical`` integer and ``len(cardinalities)`` hashed
+    categorical columns per line, empty fields for missing values (``.gz`` names are gzipped).
+
+    The rows come from the same click model as ``generate_dataset`` (power-law ids, planted signal).
+    Each categorical id becomes an 8-hex-digit "hash" through a fixed bijection per column; each
+    column misses values at its own rate (0-30% for categoricals); the second integer column also
+    holds Criteo's small negative values (-1..-3) in about 5% of rows. Written to a temporary file
+    and renamed, so an interrupted run leaves no complete-looking file.
+    """
+    if rows < 1:
+        raise ValueError(f"--rows must be positive, got {rows}")
+    out = Path(out_file)
+    if out.exists() and not overwrite:
+        raise ValueError(f"{out}: file exists; pass --overwrite to replace it")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    model = SyntheticCTR(cardinalities, num_numerical, seed)
+    rng = np.random.default_rng([seed, 4])
+    nf = len(model.cardinalities)
+    mult = rng.integers(0, 2**31, nf, dtype=np.uint64) * 2 + 1  # odd: a bijection modulo 2^32
+    shift = rng.integers(0, 2**32, nf, dtype=np.uint64)
+    cat_missing = rng.uniform(0.0, 0.3, nf)
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        opener = gzip.open if out.suffix == ".gz" else open
+        with (
+            opener(tmp, "wt") as f,
+            tqdm(total=rows, desc="synth criteo", unit="row", unit_scale=True, disable=not progress) as bar,
+        ):
+            done = 0
+            while done < rows:
+                n = min(chunk_rows, rows - done)
+                block = model.sample(rng, n)
+                columns = [block.labels.astype(str)]
+                ints = block.counts.copy()
+                if num_numerical > 1:
+                    negative = rng.random(n) < 0.05
+                    ints[negative, 1] = -rng.integers(1, 4, int(negative.sum()))
+                for j in range(num_numerical):
+                    columns.append(np.where(block.missing[:, j], "", ints[:, j].astype(str)))
+                for j in range(nf):
+                    hashed = (block.categorical[:, j].astype(np.uint64) * mult[j] + shift[j]) % np.uint64(2**32)
+                    hexed = np.char.mod("%08x", hashed)
+                    columns.append(np.where(rng.random(n) < cat_missing[j], "", hexed))
+                f.write("".join("\t".join(fields) + "\n" for fields in zip(*columns)))
+                done += n
+                bar.update(n)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, out)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return out

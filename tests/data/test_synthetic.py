@@ -42,3 +42,38 @@ def test_refuses_to_overwrite_without_flag(tmp_path):
     generate_dataset(out, 200, (5, 6), num_numerical=1, progress=False, overwrite=True)
     assert len(SplitBinaryDataset(out, "train")) + len(SplitBinaryDataset(out, "test")) == 200
     assert [p.name for p in tmp_path.iterdir()] == ["d"]  # no temp directories left behind
+
+
+def test_raw_criteo_tsv_format(tmp_path):
+    import gzip
+
+    from ctrkit.data.synthetic import write_criteo_tsv
+
+    path = write_criteo_tsv(tmp_path / "day_0.tsv", 3000, (5, 300, 20000), num_numerical=3, seed=4, progress=False)
+    lines = path.read_text().splitlines()
+    assert len(lines) == 3000
+    rows = [line.split("\t") for line in lines]
+    assert {len(r) for r in rows} == {1 + 3 + 3}
+    labels = [int(r[0]) for r in rows]
+    assert set(labels) == {0, 1}
+    ints = [r[1:4] for r in rows]
+    assert any(v == "" for r in ints for v in r)  # missing integers
+    assert any(r[1].startswith("-") for r in ints) and all(int(v) >= -3 for r in ints for v in r if v)
+    cats = [r[4:] for r in rows]
+    assert any(v == "" for r in cats for v in r)  # missing categories
+    assert all(len(v) == 8 and int(v, 16) >= 0 for r in cats for v in r if v)
+    assert len({r[0] for r in cats if r[0]}) <= 5  # a bijection of the ids: at most cardinality values
+    # deterministic, and gzip when asked
+    again = write_criteo_tsv(tmp_path / "again.tsv.gz", 3000, (5, 300, 20000), num_numerical=3, seed=4, progress=False)
+    with gzip.open(again, "rt") as f:
+        assert f.read() == path.read_text()
+    with pytest.raises(ValueError, match="file exists; pass --overwrite"):
+        write_criteo_tsv(path, 10, (5,), num_numerical=1, progress=False)
+
+
+def test_synth_criteo_command(tmp_path, capsys):
+    from tests.conftest import run_cli
+
+    code, out, _ = run_cli("synth", "criteo", "--out", tmp_path / "raw.tsv", "--rows", "500", capsys=capsys)
+    assert code == 0 and "500 raw rows (label, 13 integer, 26 hashed columns)" in out
+    assert len((tmp_path / "raw.tsv").read_text().splitlines()[0].split("\t")) == 40
