@@ -54,6 +54,40 @@ def _add_synth(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace an existing dataset directory")
 
 
+def _add_preprocess(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "preprocess",
+        help="raw click logs -> a split-binary dataset",
+        description="Runs a preprocessing recipe on raw logs and writes a ctrkit dataset (split binary + "
+        "feature_spec.yaml), the vocabularies (vocab/<column>.parquet: value, count, id) and summary.json.",
+    )
+    psub = p.add_subparsers(dest="recipe", required=True, metavar="{criteo}")
+    c = psub.add_parser(
+        "criteo",
+        help="Criteo TSV: label, 13 integers, 26 hashed categories",
+        description="Criteo recipe: integers x -> log(max(x, -2) + 3), missing -> 0; categories seen fewer than "
+        "--frequency-threshold times in the train split share the rare id 1, the others get ids from 2 by "
+        "descending frequency (ties by value), id 0 is missing/unseen; the test split uses the train "
+        "vocabulary. Engine: Polars.",
+    )
+    c.add_argument("raw", nargs="+", type=Path, help="raw TSV files (plain or .gz) of the train split, in order")
+    c.add_argument("--out", required=True, type=Path, help="dataset directory to create")
+    split = c.add_mutually_exclusive_group()
+    split.add_argument("--test-files", nargs="+", type=Path, default=None, help="raw files of the test split")
+    split.add_argument(
+        "--test-fraction", type=float, default=None, help="last fraction of the rows as the test split (default 0.1)"
+    )
+    c.add_argument("--frequency-threshold", type=int, default=3, help="FL: rarer categories share one id (default 3)")
+    c.add_argument(
+        "--bad-rows",
+        choices=("error", "skip"),
+        default="error",
+        help="error (default): stop at the first malformed row, naming file and line; skip: drop and count "
+        "them, keeping the first 20 in rejects.jsonl",
+    )
+    c.add_argument("--overwrite", action="store_true", help="replace an existing dataset directory")
+
+
 def _add_train(sub: argparse._SubParsersAction) -> None:
     from ctrkit.config import TrainConfig
 
@@ -254,8 +288,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"ctrkit {__version__}")
     parser.add_argument("--traceback", action="store_true", help="show the full traceback of errors")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{synth,train,evaluate,predict,bench,models}")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="{synth,preprocess,train,evaluate,predict,bench,models}"
+    )
     _add_synth(sub)
+    _add_preprocess(sub)
     _add_train(sub)
     _add_evaluate(sub)
     _add_predict(sub)
@@ -271,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
 
     handler = {
         "synth": commands.synth,
+        "preprocess": commands.preprocess,
         "train": commands.train,
         "evaluate": commands.evaluate,
         "predict": commands.predict,

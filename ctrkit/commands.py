@@ -63,6 +63,29 @@ def synth(args: argparse.Namespace) -> int:
     return 0
 
 
+def preprocess(args: argparse.Namespace) -> int:
+    from ctrkit.preprocess.criteo import CriteoRecipe
+    from ctrkit.preprocess.polars_engine import preprocess_criteo
+
+    test_fraction = args.test_fraction if args.test_fraction is not None else 0.1
+    summary = preprocess_criteo(
+        args.raw,
+        args.out,
+        CriteoRecipe(frequency_threshold=args.frequency_threshold),
+        test_files=args.test_files,
+        test_fraction=None if args.test_files is not None else test_fraction,
+        bad_rows=args.bad_rows,
+        overwrite=args.overwrite,
+    )
+    cards = list(summary["cardinalities"].values())
+    print(
+        f"wrote {args.out}: {summary['train_rows']:,} train + {summary['test_rows']:,} test rows, "
+        f"{summary['bad_rows']:,} bad rows dropped, cardinalities {min(cards)}..{max(cards)}, "
+        f"{summary['seconds']:.1f} s"
+    )
+    return 0
+
+
 def _load_run_file(path: Path | None) -> dict:
     """The run YAML given with --config (the format written beside checkpoints), or an empty dict."""
     if path is None:

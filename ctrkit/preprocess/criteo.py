@@ -1,0 +1,56 @@
+"""The Criteo preprocessing recipe, as one definition every engine executes.
+
+Input lines: ``label \\t I1..I13 \\t C1..C26`` (integers may be negative; categories are hex hashes;
+an empty field is a missing value). Output: a split-binary dataset.
+
+* numerical x -> log(max(x, -2) + 3), missing -> 0. This is NVIDIA's Spark recipe for every integer
+  (Criteo's -1..-3 included) without its log(0): -3 is clipped to -2, giving log(1) = 0.
+* categorical values seen fewer than ``frequency_threshold`` times in the train split share the
+  "rare" id 1; the others get contiguous ids from 2 in order of descending train frequency, ties
+  broken by the raw value; id 0 is missing or unseen. The test split uses the train vocabulary:
+  a value never seen in train maps to 0, never to an error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MISSING_ID = 0  # an empty field, or a value the train split never had
+RARE_ID = 1  # a value seen fewer than frequency_threshold times in the train split
+FIRST_ID = 2  # the most frequent value
+
+
+@dataclass(frozen=True)
+class CriteoRecipe:
+    """Parameters of the recipe.
+
+    Attributes:
+        num_numerical: integer columns after the label (13 for Criteo).
+        num_categorical: hashed categorical columns after them (26 for Criteo).
+        frequency_threshold: FL; values seen fewer times in the train split become the rare id.
+    """
+
+    num_numerical: int = 13
+    num_categorical: int = 26
+    frequency_threshold: int = 3
+
+    def validate(self) -> None:
+        if self.num_numerical < 0 or self.num_categorical < 1:
+            raise ValueError(
+                f"expected >= 0 numerical and >= 1 categorical columns, got {self.num_numerical} and "
+                f"{self.num_categorical}"
+            )
+        if self.frequency_threshold < 1:
+            raise ValueError(f"--frequency-threshold must be >= 1, got {self.frequency_threshold}")
+
+    @property
+    def num_fields(self) -> int:
+        return 1 + self.num_numerical + self.num_categorical
+
+    def field_name(self, i: int) -> str:
+        """Criteo's column names: label, I1..I13, C1..C26."""
+        if i == 0:
+            return "label"
+        if i <= self.num_numerical:
+            return f"I{i}"
+        return f"C{i - self.num_numerical}"
