@@ -61,7 +61,7 @@ def _add_preprocess(sub: argparse._SubParsersAction) -> None:
         description="Runs a preprocessing recipe on raw logs and writes a ctrkit dataset (split binary + "
         "feature_spec.yaml), the vocabularies (vocab/<column>.parquet: value, count, id) and summary.json.",
     )
-    psub = p.add_subparsers(dest="recipe", required=True, metavar="{criteo}")
+    psub = p.add_subparsers(dest="recipe", required=True, metavar="{criteo}", help="the raw format and its recipe")
     c = psub.add_parser(
         "criteo",
         help="Criteo TSV: label, 13 integers, 26 hashed categories",
@@ -239,7 +239,7 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmarks (training throughput)")
-    bsub = p.add_subparsers(dest="bench", required=True, metavar="{train}")
+    bsub = p.add_subparsers(dest="bench", required=True, metavar="{train}", help="what to measure")
     t = bsub.add_parser(
         "train",
         help="training throughput on synthetic in-memory batches",
