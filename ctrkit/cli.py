@@ -25,7 +25,7 @@ def _int_list(text: str) -> tuple[int, ...]:
 def _add_synth(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "synth",
-        help="write a synthetic Criteo-like dataset (split binary + feature_spec.yaml)",
+        help="write synthetic data: a Criteo-like or Outbrain-like dataset, or raw Criteo TSV",
         description="Writes train/ and test/ split-binary mappings with power-law ids and a "
         "planted click signal (per-id effects, pairwise latent interactions, "
         "nonlinear numerical effects), so a model can learn it.",
@@ -289,7 +289,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"ctrkit {__version__}")
     parser.add_argument("--traceback", action="store_true", help="show the full traceback of errors")
     sub = parser.add_subparsers(
-        dest="command", required=True, metavar="{synth,preprocess,train,evaluate,predict,bench,models}"
+        dest="command",
+        required=True,
+        metavar="{synth,preprocess,train,evaluate,predict,bench,models}",
+        help="what to do",
     )
     _add_synth(sub)
     _add_preprocess(sub)
