@@ -26,9 +26,10 @@ def _add_synth(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "synth",
         help="write synthetic data: a Criteo-like or Outbrain-like dataset, or raw Criteo TSV",
-        description="Writes train/ and test/ split-binary mappings with power-law ids and a "
-        "planted click signal (per-id effects, pairwise latent interactions, "
-        "nonlinear numerical effects), so a model can learn it.",
+        description="criteo-like (default): train/ and test/ split-binary mappings with power-law ids and a "
+        "planted click signal (per-id effects, pairwise latent interactions, nonlinear numerical effects). "
+        "outbrain: displays of 2-12 ads with one click each, multi-hot topics and display ids for MAP@12. "
+        "criteo: the same click model as raw Criteo-format TSV, for `ctrkit preprocess criteo`.",
     )
     p.add_argument(
         "kind",
