@@ -89,6 +89,29 @@ def _add_preprocess(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--overwrite", action="store_true", help="replace an existing dataset directory")
 
 
+def _add_transcode(sub: argparse._SubParsersAction) -> None:
+    t = sub.add_parser(
+        "transcode",
+        help="CSV/Parquet + feature_spec.yaml -> split binary",
+        description="Converts a dataset whose feature_spec.yaml describes CSV (headerless, one column per feature "
+        "in the chunk's order) or Parquet chunks into split binary with a new feature_spec.yaml; "
+        "'cardinality: auto' is inferred as the largest id + 1.",
+    )
+    t.add_argument("--input", required=True, type=Path, help="directory holding feature_spec.yaml and the data")
+    t.add_argument("--output", required=True, type=Path, help="dataset directory to create")
+    t.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
+    g = sub.add_parser(
+        "gen-csv",
+        help="random CSV data matching a CSV-type feature spec",
+        description="Writes the CSV files a feature spec's source_spec names, with ids in range and labels of "
+        "both classes, plus a copy of the spec, for trying `ctrkit transcode`.",
+    )
+    g.add_argument("--feature-spec", required=True, type=Path, help="a feature_spec.yaml with csv chunks")
+    g.add_argument("--out", required=True, type=Path, help="directory for the CSV files and the spec")
+    g.add_argument("--rows", type=int, default=1000, help="rows per mapping (default 1000)")
+    g.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+
+
 def _add_train(sub: argparse._SubParsersAction) -> None:
     from ctrkit.config import TrainConfig
 
@@ -292,11 +315,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(
         dest="command",
         required=True,
-        metavar="{synth,preprocess,train,evaluate,predict,bench,models}",
+        metavar="{synth,preprocess,transcode,gen-csv,train,evaluate,predict,bench,models}",
         help="what to do",
     )
     _add_synth(sub)
     _add_preprocess(sub)
+    _add_transcode(sub)
     _add_train(sub)
     _add_evaluate(sub)
     _add_predict(sub)
@@ -313,6 +337,8 @@ def main(argv: list[str] | None = None) -> int:
     handler = {
         "synth": commands.synth,
         "preprocess": commands.preprocess,
+        "transcode": commands.transcode,
+        "gen-csv": commands.gen_csv,
         "train": commands.train,
         "evaluate": commands.evaluate,
         "predict": commands.predict,

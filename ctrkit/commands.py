@@ -86,6 +86,26 @@ def preprocess(args: argparse.Namespace) -> int:
     return 0
 
 
+def transcode(args: argparse.Namespace) -> int:
+    from ctrkit.data.transcode import transcode as run_transcode
+
+    spec = run_transcode(args.input, args.output, overwrite=args.overwrite)
+    sizes = {m: len(SplitBinaryDataset(spec, m, check_ids=False)) for m in spec.source_spec}
+    print(
+        f"wrote {args.output}: " + ", ".join(f"{n:,} {m}" for m, n in sizes.items()) + f" rows; cardinalities "
+        f"{dict(zip(spec.categorical_features, spec.cardinalities))}"
+    )
+    return 0
+
+
+def gen_csv(args: argparse.Namespace) -> int:
+    from ctrkit.data.transcode import generate_csv
+
+    out = generate_csv(args.feature_spec, args.out, args.rows, args.seed)
+    print(f"wrote {out}: {args.rows} rows per mapping as CSV, and feature_spec.yaml")
+    return 0
+
+
 def _load_run_file(path: Path | None) -> dict:
     """The run YAML given with --config (the format written beside checkpoints), or an empty dict."""
     if path is None:

@@ -403,27 +403,46 @@ class FeatureSpec:
         return out
 
 
+def split_binary_spec(
+    categorical: Mapping[str, Feature],
+    numerical: Sequence[str],
+    label: str = "label",
+    mappings: Sequence[str] = ("train", "test"),
+    metadata: Mapping[str, Any] | None = None,
+) -> FeatureSpec:
+    """A spec in NVIDIA's split-binary layout: per mapping, ``numerical.bin`` (all numerical features,
+    float16), ``label.bin`` and one file per categorical feature named after it (``.bin`` appended
+    unless the name ends with it).
+
+    Args:
+        categorical: categorical feature name -> Feature (dtype and cardinality), in channel order.
+        numerical: numerical feature names, in channel order.
+        label: the label feature's name.
+        mappings: the mappings to lay out.
+        metadata: the spec's metadata section.
+    """
+    features: dict[str, Feature] = dict(categorical)
+    for name in numerical:
+        features[name] = Feature("float16")
+    features[label] = Feature("bool")
+    file_of = {c: c if c.endswith(".bin") else f"{c}.bin" for c in categorical}
+    sources = {}
+    for m in mappings:
+        chunks = []
+        if numerical:
+            chunks.append(Chunk("split_binary", tuple(numerical), (f"{m}/numerical.bin",)))
+        chunks.append(Chunk("split_binary", (label,), (f"{m}/label.bin",)))
+        chunks += [Chunk("split_binary", (c,), (f"{m}/{file_of[c]}",)) for c in categorical]
+        sources[m] = tuple(chunks)
+    channels = {CATEGORICAL_CHANNEL: tuple(categorical), NUMERICAL_CHANNEL: tuple(numerical), LABEL_CHANNEL: (label,)}
+    spec = FeatureSpec(features, sources, channels, dict(metadata or {}))
+    spec.validate()
+    return spec
+
+
 def criteo_like_spec(
     cardinalities: Sequence[int], num_numerical: int, mappings: Sequence[str] = ("train", "test")
 ) -> FeatureSpec:
     """A split-binary spec laid out as NVIDIA's Criteo datasets are (``cat_i.bin``, ``num_i``, ``label``)."""
-    cats = [f"cat_{i}.bin" for i in range(len(cardinalities))]
-    nums = [f"num_{i}" for i in range(num_numerical)]
-    features: dict[str, Feature] = {}
-    for name, card in zip(cats, cardinalities):
-        features[name] = Feature(smallest_int_dtype(card), int(card))
-    for name in nums:
-        features[name] = Feature("float16")
-    features["label"] = Feature("bool")
-    sources = {}
-    for m in mappings:
-        chunks = []
-        if nums:
-            chunks.append(Chunk("split_binary", tuple(nums), (f"{m}/numerical.bin",)))
-        chunks.append(Chunk("split_binary", ("label",), (f"{m}/label.bin",)))
-        chunks += [Chunk("split_binary", (c,), (f"{m}/{c}",)) for c in cats]
-        sources[m] = tuple(chunks)
-    channels = {CATEGORICAL_CHANNEL: tuple(cats), NUMERICAL_CHANNEL: tuple(nums), LABEL_CHANNEL: ("label",)}
-    spec = FeatureSpec(features, sources, channels, {})
-    spec.validate()
-    return spec
+    categorical = {f"cat_{i}.bin": Feature(smallest_int_dtype(c), int(c)) for i, c in enumerate(cardinalities)}
+    return split_binary_spec(categorical, [f"num_{i}" for i in range(num_numerical)], "label", mappings)
