@@ -263,7 +263,18 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmarks (training throughput)")
-    bsub = p.add_subparsers(dest="bench", required=True, metavar="{train}", help="what to measure")
+    bsub = p.add_subparsers(dest="bench", required=True, metavar="{train,preprocess}", help="what to measure")
+    pp = bsub.add_parser(
+        "preprocess",
+        help="preprocessing rows/s and peak RSS",
+        description="Runs `ctrkit preprocess criteo` as a child process on a generated raw Criteo file (or "
+        "--input) and reports end-to-end rows/s and the child's peak RSS.",
+    )
+    pp.add_argument("--rows", type=int, default=2_000_000, help="raw rows to generate (default 2000000)")
+    pp.add_argument("--input", type=Path, default=None, help="use this raw file instead of generating one")
+    pp.add_argument("--engine", default="polars", choices=("polars",), help="preprocessing engine (default polars)")
+    pp.add_argument("--seed", type=int, default=0, help="seed of the generated file (default 0)")
+    pp.add_argument("--output", type=Path, default=None, help="write the result as JSON here")
     t = bsub.add_parser(
         "train",
         help="training throughput on synthetic in-memory batches",

@@ -278,6 +278,8 @@ def predict(args: argparse.Namespace) -> int:
 
 
 def bench(args: argparse.Namespace) -> int:
+    if args.bench == "preprocess":
+        return _bench_preprocess(args)
     from ctrkit.bench.train_bench import TrainBenchConfig, run_train_bench
 
     if args.threads:
@@ -290,6 +292,21 @@ def bench(args: argparse.Namespace) -> int:
         f"optimizers {result['optimizers']['dense']}/{result['optimizers']['embedding']}, "
         f"{result['threads']} threads: {result['samples_per_s']:,.0f} samples/s (median of {cfg.repeats}), "
         f"{result['ms_per_step']:.2f} ms/step"
+    )
+    if args.output is not None:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+        print(f"wrote {args.output}")
+    return 0
+
+
+def _bench_preprocess(args: argparse.Namespace) -> int:
+    from ctrkit.bench.preprocess_bench import run_preprocess_bench
+
+    result = run_preprocess_bench(args.rows, args.input, args.engine, args.seed)
+    print(
+        f"preprocess criteo ({result['engine']}): {result['rows']:,} rows in {result['seconds']:.1f} s = "
+        f"{result['rows_per_s']:,.0f} rows/s, peak RSS {result['peak_rss_mb']:,.0f} MB"
     )
     if args.output is not None:
         args.output.parent.mkdir(parents=True, exist_ok=True)
