@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ctrkit.models.embeddings import EmbeddingCollection, bag_embeddings, lookup
+from ctrkit.models.embeddings import CategoricalEmbeddings
 from ctrkit.models.interaction import CrossNetwork
 from ctrkit.models.mlp import MLP
 from ctrkit.models.registry import register_model
@@ -89,11 +89,10 @@ class DCNv2(nn.Module):
         self.config = config
         d = config.embedding_dim
         self.bottom_mlp = MLP(config.num_numerical, config.bottom_mlp) if config.num_numerical else None
-        self.embeddings = EmbeddingCollection(config.cardinalities, d, sparse=config.sparse_gradients)
-        self.bag_embeddings = bag_embeddings(
-            config.multihot_cardinalities, d, config.multihot_combiners, config.sparse_gradients
+        self.embeddings = CategoricalEmbeddings(
+            config.cardinalities, d, config.sparse_gradients, config.multihot_cardinalities, config.multihot_combiners
         )
-        num_features = len(config.cardinalities) + len(config.multihot_cardinalities)
+        num_features = self.embeddings.num_features
         width = d * (num_features + (1 if self.bottom_mlp is not None else 0))
         self.cross = CrossNetwork(width, config.cross_layers, config.cross_projection_dim)
         if config.structure == "stacked":
@@ -105,7 +104,7 @@ class DCNv2(nn.Module):
             self.top_mlp = MLP(width + deep_width, (1,), relu_last=False)
 
     def forward(self, dense: torch.Tensor | None, sparse: torch.Tensor, multi_hot=None) -> torch.Tensor:
-        emb = lookup(self.embeddings, self.bag_embeddings, sparse, multi_hot).flatten(1)  # (B, F*D)
+        emb = self.embeddings(sparse, multi_hot).flatten(1)  # (B, F*D)
         if self.bottom_mlp is None:
             x0 = emb  # (B, d)
         else:

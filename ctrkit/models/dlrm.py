@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ctrkit.models.embeddings import EmbeddingCollection, bag_embeddings, lookup
+from ctrkit.models.embeddings import CategoricalEmbeddings
 from ctrkit.models.interaction import DotInteraction
 from ctrkit.models.mlp import MLP
 from ctrkit.models.registry import register_model
@@ -67,11 +67,10 @@ class DLRM(nn.Module):
         self.config = config
         d = config.embedding_dim
         self.bottom_mlp = MLP(config.num_numerical, config.bottom_mlp) if config.num_numerical else None
-        self.embeddings = EmbeddingCollection(config.cardinalities, d, sparse=config.sparse_gradients)
-        self.bag_embeddings = bag_embeddings(
-            config.multihot_cardinalities, d, config.multihot_combiners, config.sparse_gradients
+        self.embeddings = CategoricalEmbeddings(
+            config.cardinalities, d, config.sparse_gradients, config.multihot_cardinalities, config.multihot_combiners
         )
-        num_features = len(config.cardinalities) + len(config.multihot_cardinalities)
+        num_features = self.embeddings.num_features
         num_vectors = num_features + (1 if self.bottom_mlp is not None else 0)
         self.interaction = DotInteraction(
             num_vectors, d, config.self_interaction, with_dense=self.bottom_mlp is not None
@@ -79,6 +78,6 @@ class DLRM(nn.Module):
         self.top_mlp = MLP(self.interaction.out_features, config.top_mlp, relu_last=False)
 
     def forward(self, dense: torch.Tensor | None, sparse: torch.Tensor, multi_hot=None) -> torch.Tensor:
-        emb = lookup(self.embeddings, self.bag_embeddings, sparse, multi_hot)  # (B, F, D), F counting multi-hot
+        emb = self.embeddings(sparse, multi_hot)  # (B, F, D), F counting multi-hot features
         bottom = self.bottom_mlp(dense) if self.bottom_mlp is not None else None  # (B, D)
         return self.top_mlp(self.interaction(bottom, emb)).squeeze(1)  # (B,)

@@ -105,20 +105,43 @@ class EmbeddingBagCollection(nn.Module):
         return pooled.transpose(0, 1)  # (B, Fm, D)
 
 
-def bag_embeddings(
-    cardinalities: Sequence[int], dim: int, combiners: Sequence[str], sparse: bool
-) -> EmbeddingBagCollection | None:
-    """An EmbeddingBagCollection for the multi-hot features, or None when there are none."""
-    return EmbeddingBagCollection(cardinalities, dim, combiners, sparse) if cardinalities else None
+class CategoricalEmbeddings(nn.Module):
+    """Every categorical feature's embedding: one-hot features gathered, multi-hot ones pooled.
 
+    The sparse part every model shares: an EmbeddingCollection for the one-hot features and, when
+    there are multi-hot features, an EmbeddingBagCollection after them.
 
-def lookup(
-    onehot: EmbeddingCollection, bags: EmbeddingBagCollection | None, sparse: torch.Tensor, multi_hot
-) -> torch.Tensor:
-    """One-hot and multi-hot embeddings side by side: (B, F, D) and (B, Fm, D) -> (B, F + Fm, D)."""
-    emb = onehot(sparse)  # (B, F, D)
-    if bags is None:
-        return emb
-    if multi_hot is None:
-        raise ValueError(f"the model has {len(bags.cardinalities)} multi-hot features but the batch has none")
-    return torch.cat([emb, bags(multi_hot)], dim=1)  # (B, F + Fm, D)
+    Args:
+        cardinalities: rows of each one-hot feature's table (F1 entries).
+        dim: D.
+        sparse: produce sparse gradients.
+        multihot_cardinalities: rows of each multi-hot feature's table (Fm entries).
+        multihot_combiners: "sum" or "mean" per multi-hot feature.
+
+    Shapes: sparse (B, F1) int64, multi_hot (Fm features) or None -> (B, F1 + Fm, D).
+    """
+
+    def __init__(
+        self,
+        cardinalities: Sequence[int],
+        dim: int,
+        sparse: bool = True,
+        multihot_cardinalities: Sequence[int] = (),
+        multihot_combiners: Sequence[str] = (),
+    ):
+        super().__init__()
+        self.onehot = EmbeddingCollection(cardinalities, dim, sparse)
+        self.bags = (
+            EmbeddingBagCollection(multihot_cardinalities, dim, multihot_combiners, sparse)
+            if (multihot_cardinalities)
+            else None
+        )
+        self.num_features = len(cardinalities) + len(multihot_cardinalities)
+
+    def forward(self, sparse: torch.Tensor, multi_hot=None) -> torch.Tensor:
+        emb = self.onehot(sparse)  # (B, F1, D)
+        if self.bags is None:
+            return emb
+        if multi_hot is None:
+            raise ValueError(f"the model has {len(self.bags.cardinalities)} multi-hot features but the batch has none")
+        return torch.cat([emb, self.bags(multi_hot)], dim=1)  # (B, F1 + Fm, D)

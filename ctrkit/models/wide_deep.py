@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ctrkit.models.embeddings import EmbeddingCollection, bag_embeddings, lookup
+from ctrkit.models.embeddings import CategoricalEmbeddings
 from ctrkit.models.mlp import MLP
 from ctrkit.models.registry import register_model
 from ctrkit.models.validation import check_inputs, check_multihot
@@ -79,35 +79,29 @@ class WideDeep(nn.Module):
         super().__init__()
         self.config = config
         sparse = config.sparse_gradients
-        self.wide_embeddings = EmbeddingCollection(config.cardinalities, 1, sparse=sparse)
-        self.wide_bag_embeddings = bag_embeddings(config.multihot_cardinalities, 1, config.multihot_combiners, sparse)
+        multihot = (config.multihot_cardinalities, config.multihot_combiners)
+        self.wide_embeddings = CategoricalEmbeddings(config.cardinalities, 1, sparse, *multihot)
         with torch.no_grad():  # a linear model starts at zero
-            self.wide_embeddings.weight.zero_()
-            if self.wide_bag_embeddings is not None:
-                self.wide_bag_embeddings.weight.zero_()
+            for table in self.wide_embeddings.parameters():
+                table.zero_()
         self.wide_dense = nn.Linear(config.num_numerical, 1) if config.num_numerical else None
         if self.wide_dense is not None:
             with torch.no_grad():
                 self.wide_dense.weight.zero_()
                 self.wide_dense.bias.zero_()
-        self.embeddings = EmbeddingCollection(config.cardinalities, config.embedding_dim, sparse=sparse)
-        self.bag_embeddings = bag_embeddings(
-            config.multihot_cardinalities, config.embedding_dim, config.multihot_combiners, sparse
-        )
-        num_features = len(config.cardinalities) + len(config.multihot_cardinalities)
+        self.embeddings = CategoricalEmbeddings(config.cardinalities, config.embedding_dim, sparse, *multihot)
+        num_features = self.embeddings.num_features
         width = config.embedding_dim * num_features + config.num_numerical
         self.deep = MLP(width, tuple(config.deep_mlp) + (1,), relu_last=False, dropout=config.dropout)
 
     def wide_parameters(self) -> list[nn.Parameter]:
         """The wide (linear) part's parameters, trained by their own optimizer."""
-        tables = [self.wide_embeddings.weight]
-        if self.wide_bag_embeddings is not None:
-            tables.append(self.wide_bag_embeddings.weight)
-        return tables + (list(self.wide_dense.parameters()) if self.wide_dense else [])
+        dense = list(self.wide_dense.parameters()) if self.wide_dense is not None else []
+        return list(self.wide_embeddings.parameters()) + dense
 
     def forward(self, dense: torch.Tensor | None, sparse: torch.Tensor, multi_hot=None) -> torch.Tensor:
-        wide = lookup(self.wide_embeddings, self.wide_bag_embeddings, sparse, multi_hot).sum((1, 2))  # (B,)
-        emb = lookup(self.embeddings, self.bag_embeddings, sparse, multi_hot).flatten(1)  # (B, F*D)
+        wide = self.wide_embeddings(sparse, multi_hot).sum((1, 2))  # (B,)
+        emb = self.embeddings(sparse, multi_hot).flatten(1)  # (B, F*D)
         if self.wide_dense is not None:
             wide = wide + self.wide_dense(dense).squeeze(1)  # (B,)
             emb = torch.cat([emb.to(dense.dtype), dense], 1)  # (B, F*D + N)

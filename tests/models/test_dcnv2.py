@@ -65,7 +65,7 @@ def test_forward_shape_and_every_parameter_gets_a_gradient(structure):
     for name, p in model.named_parameters():
         g = p.grad.to_dense() if p.grad.is_sparse else p.grad
         assert torch.count_nonzero(g) > 0, name
-    assert model.embeddings.weight.grad.is_sparse
+    assert model.embeddings.onehot.weight.grad.is_sparse
     # x0 = bottom output + 4 embeddings of width 8
     assert model.cross.out_features == 8 * 5
 

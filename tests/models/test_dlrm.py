@@ -62,9 +62,9 @@ def test_backward_reaches_every_parameter_and_embedding_gradient_is_sparse():
         assert p.grad is not None, name
         g = p.grad.to_dense() if p.grad.is_sparse else p.grad
         assert torch.count_nonzero(g) > 0, name
-    grad = model.embeddings.weight.grad
+    grad = model.embeddings.onehot.weight.grad
     assert grad.is_sparse
-    used_rows = set((sparse + model.embeddings.offsets).flatten().tolist())
+    used_rows = set((sparse + model.embeddings.onehot.offsets).flatten().tolist())
     assert set(grad.coalesce().indices()[0].tolist()) == used_rows
 
 

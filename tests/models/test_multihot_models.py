@@ -66,7 +66,7 @@ def test_forward_backward_with_multihot(tag_data, name):
     out = model(batch.dense, batch.sparse, batch.multi_hot)
     assert out.shape == (32,)
     out.sum().backward()
-    bags = model.bag_embeddings
+    bags = model.embeddings.bags
     assert bags.weight.grad.is_sparse and torch.count_nonzero(bags.weight.grad.to_dense()) > 0
     with pytest.raises(ValueError, match="2 multi-hot features but the batch has none"):
         model(batch.dense, batch.sparse, None)

@@ -18,7 +18,7 @@ def inputs(b: int = 16):
 def test_forward_shape_and_gradients_reach_every_parameter():
     model = create_model("wide_deep", small())
     with torch.no_grad():  # the wide part starts at zero; give it values so its gradients are informative
-        model.wide_embeddings.weight.normal_()
+        model.wide_embeddings.onehot.weight.normal_()
     dense, sparse = inputs()
     out = model(dense, sparse)
     assert out.shape == (16,)
@@ -34,7 +34,7 @@ def test_wide_part_is_a_linear_model():
     with torch.no_grad():
         last.weight.zero_()
         last.bias.zero_()  # silence the deep tower
-        model.wide_embeddings.weight.copy_(torch.arange(63, dtype=torch.float32).unsqueeze(1) / 10)
+        model.wide_embeddings.onehot.weight.copy_(torch.arange(63, dtype=torch.float32).unsqueeze(1) / 10)
         model.wide_dense.weight.copy_(torch.tensor([[2.0, -1.0]]))
         model.wide_dense.bias.fill_(0.5)
     dense = torch.tensor([[1.0, 3.0]])
@@ -57,11 +57,11 @@ def test_wide_and_deep_parts_get_their_own_optimizers():
     opts = build_optimizers(model, "adam", 1e-3, "adam", 1e-2, "adagrad", 0.02)
     by_param = {id(p): opt for opt in opts for g in opt.param_groups for p in g["params"]}
     assert len(by_param) == len(list(model.parameters()))  # every parameter exactly once
-    wide_table = by_param[id(model.wide_embeddings.weight)]
+    wide_table = by_param[id(model.wide_embeddings.onehot.weight)]
     assert isinstance(wide_table, SparseRowOptimizer) and wide_table.kind == "adagrad"
     assert wide_table.param_groups[0]["lr"] == 0.02
     assert isinstance(by_param[id(model.wide_dense.weight)], torch.optim.Adagrad)
-    deep_table = by_param[id(model.embeddings.weight)]
+    deep_table = by_param[id(model.embeddings.onehot.weight)]
     assert isinstance(deep_table, SparseRowOptimizer) and deep_table.kind == "adam"
     assert isinstance(by_param[id(model.deep[0].weight)], torch.optim.Adam)
     with pytest.raises(ValueError, match="has a wide part"):
