@@ -86,6 +86,12 @@ def _add_preprocess(sub: argparse._SubParsersAction) -> None:
         help="error (default): stop at the first malformed row, naming file and line; skip: drop and count "
         "them, keeping the first 20 in rejects.jsonl",
     )
+    c.add_argument(
+        "--engine",
+        choices=("polars",),
+        default="polars",
+        help="preprocessing engine: polars (embedded, the default; the Spark engine is still to come)",
+    )
     c.add_argument("--overwrite", action="store_true", help="replace an existing dataset directory")
 
 
