@@ -34,8 +34,8 @@ test: install lint
 	$(BIN)/python -m pytest -q
 
 bench: install
-	$(BIN)/ctrkit bench train --output benchmarks/train_dlrm_fp32.json
-	$(BIN)/ctrkit bench train --amp --output benchmarks/train_dlrm_bf16.json
+	bash benchmarks/run_train.sh
+	ROUNDS=2 bash benchmarks/run_train_models.sh
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .ruff_cache

@@ -293,11 +293,16 @@ def bench(args: argparse.Namespace) -> int:
         f"{result['threads']} threads: {result['samples_per_s']:,.0f} samples/s (median of {cfg.repeats}), "
         f"{result['ms_per_step']:.2f} ms/step"
     )
-    if args.output is not None:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
-        print(f"wrote {args.output}")
+    _write_result(result, args.output)
     return 0
+
+
+def _write_result(result: dict, path: Path | None) -> None:
+    """Writes a benchmark result as JSON when ``--output`` was given."""
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+        print(f"wrote {path}")
 
 
 def _bench_preprocess(args: argparse.Namespace) -> int:
@@ -308,10 +313,7 @@ def _bench_preprocess(args: argparse.Namespace) -> int:
         f"preprocess criteo ({result['engine']}): {result['rows']:,} rows in {result['seconds']:.1f} s = "
         f"{result['rows_per_s']:,.0f} rows/s, peak RSS {result['peak_rss_mb']:,.0f} MB"
     )
-    if args.output is not None:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
-        print(f"wrote {args.output}")
+    _write_result(result, args.output)
     return 0
 
 

@@ -56,10 +56,3 @@ class Batch:
         """The same batch on ``device`` (a no-op for tensors already there)."""
         move = lambda t: None if t is None else t.to(device, non_blocking=non_blocking)
         return Batch(move(self.dense), move(self.sparse), move(self.labels), move(self.multi_hot))
-
-    def pin_memory(self) -> Batch:
-        pin = lambda t: None if t is None else t.pin_memory()
-        multi = self.multi_hot
-        if multi is not None:
-            multi = MultiHot(multi.ids.pin_memory(), multi.offsets.pin_memory(), multi.num_features)
-        return Batch(pin(self.dense), pin(self.sparse), pin(self.labels), multi)
