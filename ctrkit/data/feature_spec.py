@@ -24,7 +24,6 @@ File paths in ``source_spec`` are relative to the directory holding the YAML fil
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -228,18 +227,10 @@ class FeatureSpec:
 
     def to_yaml(self, path: str | os.PathLike) -> None:
         """Writes the spec atomically (temp file in the same directory, then rename)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".feature_spec.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                yaml.safe_dump(self.to_dict(), f, sort_keys=False)
-            os.chmod(tmp, 0o644)  # mkstemp creates 0600
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        from ctrkit.data.atomic import atomic_file
+
+        with atomic_file(path) as tmp, open(tmp, "w") as f:
+            yaml.safe_dump(self.to_dict(), f, sort_keys=False)
 
     # ------------------------------------------------------------------------------ validation
     def validate(self) -> None:

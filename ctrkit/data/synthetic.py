@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import gzip
 import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +23,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from ctrkit.data.atomic_dir import atomic_directory
+from ctrkit.data.atomic import atomic_directory, atomic_file
 from ctrkit.data.feature_spec import FeatureSpec, criteo_like_spec
 from ctrkit.data.split_binary import SplitBinaryWriter
 
@@ -258,9 +257,7 @@ def write_criteo_tsv(
     mult = rng.integers(0, 2**31, nf, dtype=np.uint64) * 2 + 1  # odd: a bijection modulo 2^32
     shift = rng.integers(0, 2**32, nf, dtype=np.uint64)
     cat_missing = rng.uniform(0.0, 0.3, nf)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
+    with atomic_file(out) as tmp:
         opener = gzip.open if out.suffix == ".gz" else open
         with (
             opener(tmp, "wt") as f,
@@ -284,10 +281,4 @@ def write_criteo_tsv(
                 f.write("".join("\t".join(fields) + "\n" for fields in zip(*columns)))
                 done += n
                 bar.update(n)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, out)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
     return out

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from ctrkit.data.atomic_dir import atomic_directory
+from ctrkit.data.atomic import atomic_directory
 from ctrkit.data.feature_spec import (
     AUTO,
     CATEGORICAL_CHANNEL,

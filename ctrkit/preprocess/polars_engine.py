@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from ctrkit.data.atomic_dir import atomic_directory
+from ctrkit.data.atomic import atomic_directory
 from ctrkit.data.feature_spec import FeatureSpec, criteo_like_spec
 from ctrkit.data.split_binary import DataError, SplitBinaryWriter
 from ctrkit.preprocess.criteo import FIRST_ID, MISSING_ID, RARE_ID, CriteoRecipe

@@ -10,13 +10,13 @@ spec), ``train_config``, ``model`` (state dict), ``optimizer`` (state dict), ``s
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from ctrkit.data.atomic import atomic_file
 from ctrkit.models.registry import create_model, make_config
 
 FORMAT = "ctrkit-checkpoint-v1"
@@ -28,19 +28,8 @@ class CheckpointError(ValueError):
 
 def save_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> None:
     """Writes ``state`` atomically: to a temp file in the same directory, fsynced, then renamed."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save({"format": FORMAT, **state}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_file(path) as tmp:
+        torch.save({"format": FORMAT, **state}, tmp)
 
 
 def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""A dataset directory that appears only when complete."""
+"""Files and directories that appear only when complete (temp beside the target, then rename)."""
 
 from __future__ import annotations
 
@@ -33,4 +33,24 @@ def atomic_directory(out_dir: str | os.PathLike, overwrite: bool = False) -> Ite
         os.replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+@contextmanager
+def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
+    """Yields a temporary path beside ``path``; when the block succeeds, fsyncs it and renames it to
+    ``path`` (mode 0644). On failure the temporary file is removed and ``path`` is untouched."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        yield tmp
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
         raise
