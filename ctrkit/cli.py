@@ -69,7 +69,7 @@ def _add_preprocess(sub: argparse._SubParsersAction) -> None:
         description="Criteo recipe: integers x -> log(max(x, -2) + 3), missing -> 0; categories seen fewer than "
         "--frequency-threshold times in the train split share the rare id 1, the others get ids from 2 by "
         "descending frequency (ties by value), id 0 is missing/unseen; the test split uses the train "
-        "vocabulary. Engine: Polars.",
+        "vocabulary. Categories are hexadecimal numbers of 1 to 15 digits (case does not matter).",
     )
     c.add_argument("raw", nargs="+", type=Path, help="raw TSV files (plain or .gz) of the train split, in order")
     c.add_argument("--out", required=True, type=Path, help="dataset directory to create")
@@ -88,11 +88,18 @@ def _add_preprocess(sub: argparse._SubParsersAction) -> None:
     )
     c.add_argument(
         "--engine",
-        choices=("polars",),
+        choices=("polars", "spark"),
         default="polars",
-        help="preprocessing engine: polars (embedded, the default; the Spark engine is still to come)",
+        help="polars (default): embedded, streaming, memory bounded; spark: Apache Spark (pip install "
+        "'ctrkit[spark]'), for data that outgrows one machine. Both write byte-identical datasets",
+    )
+    c.add_argument(
+        "--spark-master",
+        default="local[*]",
+        help="Spark master URL for --engine spark (default local[*]: all cores of this machine)",
     )
     c.add_argument("--overwrite", action="store_true", help="replace an existing dataset directory")
+    c.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
 def _add_transcode(sub: argparse._SubParsersAction) -> None:

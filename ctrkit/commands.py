@@ -65,18 +65,24 @@ def synth(args: argparse.Namespace) -> int:
 
 def preprocess(args: argparse.Namespace) -> int:
     from ctrkit.preprocess.criteo import CriteoRecipe
-    from ctrkit.preprocess.polars_engine import preprocess_criteo
 
     test_fraction = args.test_fraction if args.test_fraction is not None else 0.1
-    summary = preprocess_criteo(
-        args.raw,
-        args.out,
-        CriteoRecipe(frequency_threshold=args.frequency_threshold),
+    kwargs = dict(
         test_files=args.test_files,
         test_fraction=None if args.test_files is not None else test_fraction,
         bad_rows=args.bad_rows,
         overwrite=args.overwrite,
+        progress=not args.no_progress,
     )
+    recipe = CriteoRecipe(frequency_threshold=args.frequency_threshold)
+    if args.engine == "spark":
+        from ctrkit.preprocess.spark_engine import preprocess_criteo_spark
+
+        summary = preprocess_criteo_spark(args.raw, args.out, recipe, master=args.spark_master, **kwargs)
+    else:
+        from ctrkit.preprocess.polars_engine import preprocess_criteo
+
+        summary = preprocess_criteo(args.raw, args.out, recipe, **kwargs)
     cards = list(summary["cardinalities"].values())
     print(
         f"wrote {args.out}: {summary['train_rows']:,} train + {summary['test_rows']:,} test rows, "

@@ -13,7 +13,10 @@ an empty field is a missing value). Output: a split-binary dataset.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 MISSING_ID = 0  # an empty field, or a value the train split never had
 RARE_ID = 1  # a value seen fewer than frequency_threshold times in the train split
@@ -54,3 +57,30 @@ class CriteoRecipe:
         if i <= self.num_numerical:
             return f"I{i}"
         return f"C{i - self.num_numerical}"
+
+
+BAD_ROW_POLICIES = ("error", "skip")
+
+
+def check_arguments(
+    recipe: CriteoRecipe,
+    raw_files: Sequence[object],
+    test_files: Sequence[object] | None,
+    test_fraction: float | None,
+    bad_rows: str,
+) -> None:
+    """The checks every engine makes before reading anything."""
+    recipe.validate()
+    if bad_rows not in BAD_ROW_POLICIES:
+        raise ValueError(f"--bad-rows must be one of {', '.join(BAD_ROW_POLICIES)}, got {bad_rows!r}")
+    if not raw_files:
+        raise ValueError("no input files given")
+    if (test_files is None) == (test_fraction is None):
+        raise ValueError("give exactly one of --test-files and --test-fraction")
+    if test_fraction is not None and not 0.0 < test_fraction < 1.0:
+        raise ValueError(f"--test-fraction must lie in (0, 1), got {test_fraction}")
+
+
+def numerical_transform(ints: np.ndarray) -> np.ndarray:
+    """log(max(x, -2) + 3) as float16, for integers with missing values already set to -2 (-> 0)."""
+    return np.log(np.maximum(ints, -2).astype(np.float64) + 3.0).astype(np.float16)

@@ -1,162 +1,257 @@
-"""The Criteo recipe on Polars, the embedded default engine."""
+"""The Criteo recipe on Polars, the embedded default engine: streaming, memory bounded.
+
+Pass 1 reads the input in blocks of whole lines (~24 MB), parses and validates each block, and
+appends its labels, transformed numerical values and categorical keys to temporary column files.
+Pass 2 counts the train split's keys, builds the vocabularies, and maps the keys to ids block by
+block into the split-binary dataset. Peak memory is a few blocks plus the vocabularies, whatever the
+number of rows.
+"""
 
 from __future__ import annotations
 
-import json
+import gzip
 import os
+import queue
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
 import polars as pl
+from tqdm import tqdm
 
-from ctrkit.data.atomic import atomic_directory
-from ctrkit.data.feature_spec import FeatureSpec, criteo_like_spec
-from ctrkit.data.split_binary import DataError, SplitBinaryWriter
-from ctrkit.preprocess.criteo import FIRST_ID, MISSING_ID, RARE_ID, CriteoRecipe
+from ctrkit.preprocess import vocabulary as vocab_mod
+from ctrkit.preprocess.criteo import CriteoRecipe, check_arguments, numerical_transform
+from ctrkit.preprocess.output import DatasetOutput, Rejects
 
-BAD_ROW_POLICIES = ("error", "skip")
-REJECTS_KEPT = 20
-WRITE_ROWS = 1 << 20
+BLOCK_BYTES = 24 << 20  # under glibc's mmap threshold, so block buffers are reused, not page-faulted anew
+PASS2_ROWS = 1 << 18  # rows per pass-2 block: keys, joins and ids of 26 columns stay well under 1 GB
 
 
-def _read_lines(path: Path) -> pl.DataFrame:
-    """One string per input line (plain or gzipped), with its file and 1-based line number."""
+def _open(path: Path):
     if not path.exists():
         raise ValueError(f"{path}: input file not found")
-    if path.stat().st_size == 0:
+    with open(path, "rb") as f:
+        gz = f.read(2) == b"\x1f\x8b"
+    return gzip.open(path, "rb") if gz else open(path, "rb")
+
+
+def read_blocks(path: Path, block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[bytes, int]]:
+    """Blocks of whole lines of ``path`` (plain or gzip), each with the 1-based number of its first line.
+
+    Every block ends with a newline (one is added after a last line that lacks it).
+    """
+    line, rest, empty = 1, b"", True
+    with _open(path) as f:
+        while data := f.read(block_bytes):
+            empty = False
+            data = rest + data if rest else data
+            cut = data.rfind(b"\n") + 1
+            if cut == 0:
+                rest = data
+                continue
+            block, rest = (data, b"") if cut == len(data) else (data[:cut], data[cut:])
+            yield block, line
+            line += block.count(b"\n")
+    if empty:
         raise ValueError(f"{path}: input file is empty")
-    df = pl.read_csv(path, separator="\x1f", has_header=False, quote_char=None, schema={"line": pl.String})
-    return df.with_row_index("line_no", offset=1).with_columns(pl.lit(str(path)).alias("file"))
+    if rest:
+        yield rest + b"\n", line
 
 
-def _parse(lines: pl.DataFrame, recipe: CriteoRecipe) -> pl.DataFrame:
-    """Splits lines into named string fields and a ``problem`` column (null for a good row)."""
-    names = [recipe.field_name(i) for i in range(recipe.num_fields)]
-    fields = pl.col("line").str.split("\t")
-    df = lines.with_columns(fields.alias("_fields"), fields.list.len().fill_null(0).alias("_n"))
-    df = df.with_columns([pl.col("_fields").list.get(i, null_on_oob=True).alias(n) for i, n in enumerate(names)])
-    return _validate(df, recipe, field_count="_n").drop("_fields", "_n")
+def _prefetched(blocks: Iterator, depth: int = 2) -> Iterator:
+    """Items of ``blocks`` read ahead on a thread (file reads and gunzip release the GIL)."""
+    q: queue.Queue = queue.Queue(depth)
+    stop = threading.Event()
+    done = object()
+
+    def fill() -> None:
+        try:
+            for item in blocks:
+                while not stop.is_set():
+                    try:
+                        q.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            q.put(done)
+        except BaseException as e:  # handed to the consumer
+            q.put(e)
+
+    thread = threading.Thread(target=fill, daemon=True)
+    thread.start()
+    try:
+        while (item := q.get()) is not done:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        thread.join()
 
 
-def _validate(df: pl.DataFrame, recipe: CriteoRecipe, field_count: str | None = None) -> pl.DataFrame:
-    """Adds ``problem``: what is wrong with each row (null for a good one), first problem first."""
-    names = [recipe.field_name(i) for i in range(recipe.num_fields)]
-    checks = (
-        []
-        if field_count is None
-        else [
-            pl.when(pl.col(field_count) != recipe.num_fields).then(
-                pl.format(f"expected {recipe.num_fields} tab-separated fields, found {{}}", pl.col(field_count))
+class _Parser:
+    """Parses blocks into typed frames of good rows; bad rows are raised or handed to ``rejects``."""
+
+    def __init__(self, recipe: CriteoRecipe, rejects: Rejects):
+        self.recipe = recipe
+        self.rejects = rejects
+        self.names = [recipe.field_name(i) for i in range(recipe.num_fields)]
+        self.nums = self.names[1 : 1 + recipe.num_numerical]
+        self.cats = self.names[1 + recipe.num_numerical :]
+        self.typed = {"label": pl.UInt8, **dict.fromkeys(self.nums, pl.Int64), **dict.fromkeys(self.cats, pl.String)}
+
+    def parse(self, block: bytes, path: Path, first_line: int) -> pl.DataFrame:
+        """Good rows of ``block`` as (label UInt8, numerical Int64, categorical keys Int64)."""
+        df = self._fast(block)
+        if df is not None:
+            keyed = df.select("label", *self.nums, *[vocab_mod.key_expr(c).alias(c) for c in self.cats])
+            if not any(keyed[c].has_nulls() for c in self.cats):
+                return keyed
+        return self._slow(block, path, first_line)
+
+    def _fast(self, block: bytes) -> pl.DataFrame | None:
+        """Polars' own typed tab parser, when the block's tab count vouches for every line; else None.
+
+        The native reader is several times faster than splitting lines, but it reads a missing trailing
+        field as an empty one. It refuses a line with too many fields, so a total of exactly
+        ``fields - 1`` tabs per line means every line has them all.
+        """
+        lines = block.count(b"\n")
+        if block.count(b"\t") != lines * (self.recipe.num_fields - 1):
+            return None
+        try:
+            df = pl.read_csv(
+                block,
+                separator="\t",
+                has_header=False,
+                schema=self.typed,
+                quote_char=None,
+                empty_string_is_null=False,
+            )
+        except pl.exceptions.PolarsError:
+            return None  # a non-integer, a bad label, ...: the slow path names the line
+        if len(df) != lines or df["label"].has_nulls() or (df["label"].max() or 0) > 1:
+            return None
+        return df
+
+    def _slow(self, block: bytes, path: Path, first_line: int) -> pl.DataFrame:
+        """Line by line: every row checked, the first problem of each bad row named."""
+        text = pl.Series("line", block.decode("utf-8", errors="replace").split("\n")[:-1], dtype=pl.String)
+        fields = pl.col("line").str.split("\t")
+        df = text.to_frame().with_columns(fields.list.len().alias("_n"))
+        df = df.with_columns([fields.list.get(i, null_on_oob=True).alias(n) for i, n in enumerate(self.names)])
+        df = df.with_columns([vocab_mod.key_expr(c).alias(f"_key_{c}") for c in self.cats])
+        checks = [
+            pl.when(pl.col("_n") != self.recipe.num_fields).then(
+                pl.format(f"expected {self.recipe.num_fields} tab-separated fields, found {{}}", pl.col("_n"))
+            ),
+            pl.when(~pl.col("label").is_in(["0", "1"])).then(
+                pl.format("label must be 0 or 1, got '{}'", pl.col("label"))
             ),
         ]
-    )
-    checks.append(
-        pl.when(~pl.col("label").is_in(["0", "1"])).then(pl.format("label must be 0 or 1, got '{}'", pl.col("label")))
-    )
-    for n in names[1 : 1 + recipe.num_numerical]:
-        bad = (pl.col(n) != "") & pl.col(n).cast(pl.Int64, strict=False).is_null()
-        checks.append(pl.when(bad).then(pl.format(f"{n}: '{{}}' is not an integer", pl.col(n))))
-    for n in names[1 + recipe.num_numerical :]:
-        bad = (pl.col(n) != "") & ~pl.col(n).str.contains(r"^[0-9a-fA-F]+$")
-        checks.append(pl.when(bad).then(pl.format(f"{n}: '{{}}' is not a hexadecimal category", pl.col(n))))
-    return df.with_columns(pl.coalesce(checks).alias("problem"))
-
-
-def _fast_parse(path: Path, recipe: CriteoRecipe) -> pl.DataFrame | None:
-    """Polars' own tab parser, when every line has exactly the recipe's field count; else None.
-
-    The native reader is several times faster than splitting lines, but it cannot tell a missing
-    trailing field from an empty one, so a tab count over the raw lines vouches for the file first;
-    any doubt sends the file down the line-by-line path, which names the bad line.
-    """
-    lines = _read_lines(path)
-    tabs = lines.select(pl.col("line").str.count_matches("\t", literal=True).fill_null(-1).alias("tabs"))["tabs"]
-    if len(lines) == 0 or (tabs != recipe.num_fields - 1).any():
-        return None
-    names = [recipe.field_name(i) for i in range(recipe.num_fields)]
-    try:
-        df = pl.read_csv(
-            path,
-            separator="\t",
-            has_header=False,
-            schema=dict.fromkeys(names, pl.String),
-            quote_char=None,
-            empty_string_is_null=False,
-        )
-    except pl.exceptions.PolarsError:
-        return None
-    if len(df) != len(lines):
-        return None
-    return df.with_row_index("line_no", offset=1).with_columns(
-        pl.lit(str(path)).alias("file"), pl.lit(None, dtype=pl.String).alias("line")
-    )
-
-
-def _load(files: Sequence[Path], recipe: CriteoRecipe, bad_rows: str, rejects: list[dict]) -> tuple[pl.DataFrame, int]:
-    """Parsed good rows of ``files`` in order, and the number of bad rows dropped."""
-    frames, dropped = [], 0
-    for path in files:
-        fast = _fast_parse(Path(path), recipe)
-        if fast is not None:
-            df = _validate(fast, recipe)
-            if df["problem"].null_count() != len(df):  # a bad value: redo slowly, with the raw line for rejects
-                df = _parse(_read_lines(Path(path)), recipe)
-        else:
-            df = _parse(_read_lines(Path(path)), recipe)
+        for n in self.nums:
+            bad = (pl.col(n) != "") & pl.col(n).cast(pl.Int64, strict=False).is_null()
+            checks.append(pl.when(bad).then(pl.format(f"{n}: '{{}}' is not an integer", pl.col(n))))
+        for c in self.cats:
+            checks.append(
+                pl.when(pl.col(f"_key_{c}").is_null()).then(
+                    pl.format(f"{c}: '{{}}' is not a hexadecimal category (1 to 15 digits)", pl.col(c))
+                )
+            )
+        df = df.with_row_index("line_no", offset=first_line).with_columns(pl.coalesce(checks).alias("problem"))
         bad = df.filter(pl.col("problem").is_not_null())
         if len(bad):
-            first = bad.row(0, named=True)
-            if bad_rows == "error":
-                raise DataError(
-                    f"{first['file']}:{first['line_no']}: {first['problem']} (pass --bad-rows skip to drop bad rows)"
-                )
-            dropped += len(bad)
-            room = REJECTS_KEPT - len(rejects)
-            if room > 0:
-                rejects.extend(bad.head(room).select("file", "line_no", "problem", "line").to_dicts())
-            df = df.filter(pl.col("problem").is_null())
-        frames.append(df.drop("problem", "line"))
-    return pl.concat(frames), dropped
+            self.rejects.add(str(path), bad.select("line_no", "problem", "line").rows())
+        good = df.filter(pl.col("problem").is_null())
+        return good.select(
+            pl.col("label").cast(pl.UInt8),
+            *[pl.col(n).cast(pl.Int64, strict=False) for n in self.nums],
+            *[pl.col(f"_key_{c}").alias(c) for c in self.cats],
+        )
 
 
-def build_vocabulary(train: pl.DataFrame, column: str, frequency_threshold: int) -> pl.DataFrame:
-    """(value, count, id) of every value of ``column`` in the train split, ids as the recipe says."""
-    values = train.select(pl.col(column).alias("value")).filter(pl.col("value") != "")  # one column, not the frame
-    counts = values.group_by("value").len("count")
-    frequent = (
-        counts.filter(pl.col("count") >= frequency_threshold)
-        .sort(["count", "value"], descending=[True, False])
-        .with_row_index("id", offset=FIRST_ID)
-    )
-    rare = counts.filter(pl.col("count") < frequency_threshold).sort("value").with_columns(pl.lit(RARE_ID).alias("id"))
-    return pl.concat(
-        [
-            frequent.select("value", "count", pl.col("id").cast(pl.Int64)),
-            rare.select("value", "count", pl.col("id").cast(pl.Int64)),
+class _ColumnFiles:
+    """Temporary per-column files of pass 1: labels, numerical block, one key file per category."""
+
+    def __init__(self, directory: Path, recipe: CriteoRecipe):
+        directory.mkdir()
+        self.recipe = recipe
+        self.label = directory / "label.u8"
+        self.numerical = directory / "numerical.f16"
+        self.keys = [directory / f"key_{j}.i64" for j in range(recipe.num_categorical)]
+        self._files = [open(p, "wb") for p in (self.label, self.numerical, *self.keys)]
+        self.rows = 0
+
+    def append(self, df: pl.DataFrame, parser: _Parser) -> None:
+        label_f, num_f, *key_f = self._files
+        label_f.write(df["label"].to_numpy().tobytes())
+        if parser.nums:
+            ints = df.select([pl.col(n).fill_null(-2) for n in parser.nums]).to_numpy()
+            num_f.write(numerical_transform(ints).tobytes())
+        for f, c in zip(key_f, parser.cats):
+            f.write(df[c].to_numpy().astype(np.int64, copy=False).tobytes())
+        self.rows += len(df)
+
+    def close(self) -> None:
+        for f in self._files:
+            f.close()
+
+    def read(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+        """Rows [lo, hi): labels (n,), numerical (n, n_num) float16, keys per category (n,)."""
+        n, width = hi - lo, self.recipe.num_numerical
+        labels = np.fromfile(self.label, np.uint8, n, offset=lo)
+        numerical = np.fromfile(self.numerical, np.float16, n * width, offset=lo * width * 2).reshape(n, width)
+        keys = [np.fromfile(p, np.int64, n, offset=lo * 8) for p in self.keys]
+        return labels, numerical, keys
+
+
+class _Counts:
+    """Running (key, count) per category, merged every few blocks to keep the partial tables few."""
+
+    MERGE_EVERY = 16
+
+    def __init__(self, num_categorical: int):
+        self.parts: list[list[pl.DataFrame]] = [[] for _ in range(num_categorical)]
+
+    def add(self, keys: Sequence[pl.Series]) -> None:
+        counted = pl.collect_all([k.alias("key").to_frame().lazy().group_by("key").len("count") for k in keys])
+        for parts, c in zip(self.parts, counted):
+            parts.append(c.with_columns(pl.col("count").cast(pl.Int64)))
+            if len(parts) >= self.MERGE_EVERY:
+                parts[:] = [self._merge(parts)]
+
+    @staticmethod
+    def _merge(parts: list[pl.DataFrame]) -> pl.DataFrame:
+        return pl.concat(parts).group_by("key").agg(pl.col("count").sum())
+
+    def totals(self) -> list[pl.DataFrame]:
+        return [self._merge(p) if p else pl.DataFrame(schema={"key": pl.Int64, "count": pl.Int64}) for p in self.parts]
+
+    @staticmethod
+    def subtract(totals: list[pl.DataFrame], others: list[pl.DataFrame]) -> list[pl.DataFrame]:
+        """``totals`` minus ``others`` per category (keys left at zero are dropped)."""
+        return [
+            t.join(o.rename({"count": "minus"}), on="key", how="left")
+            .select("key", pl.col("count") - pl.col("minus").fill_null(0))
+            .filter(pl.col("count") > 0)
+            for t, o in zip(totals, others)
         ]
-    )
 
 
-def _encode(df: pl.DataFrame, recipe: CriteoRecipe, vocabularies: list[pl.DataFrame]) -> tuple[np.ndarray, ...]:
-    """(numerical (N, n_num) float64, categorical (N, n_cat) int64, labels (N,) uint8)."""
-    nums = [recipe.field_name(i) for i in range(1, 1 + recipe.num_numerical)]
-    cats = [recipe.field_name(i) for i in range(1 + recipe.num_numerical, recipe.num_fields)]
-    numerical = df.select(
-        [
-            ((pl.max_horizontal(pl.col(n).cast(pl.Int64, strict=False), pl.lit(-2)) + 3).log()).fill_null(0.0).alias(n)
-            for n in nums
-        ]
-    ).to_numpy()
-    categorical = df.select(
-        [
-            pl.col(c).replace_strict(v["value"], v["id"], default=MISSING_ID, return_dtype=pl.Int64).alias(c)
-            for c, v in zip(cats, vocabularies)
-        ]
-    ).to_numpy()
-    labels = df["label"].cast(pl.UInt8).to_numpy()
-    return numerical.reshape(len(df), len(nums)), categorical, labels
+def _pass1(
+    files: Sequence[Path], parser: _Parser, columns: _ColumnFiles, counts: _Counts, progress: tqdm | None
+) -> None:
+    for path in files:
+        for block, first_line in _prefetched(read_blocks(path)):
+            df = parser.parse(block, path, first_line)
+            columns.append(df, parser)
+            counts.add([df[c] for c in parser.cats])
+            if progress is not None:
+                progress.update(len(block))
 
 
 def preprocess_criteo(
@@ -167,11 +262,12 @@ def preprocess_criteo(
     test_fraction: float | None = None,
     bad_rows: str = "error",
     overwrite: bool = False,
+    progress: bool = False,
 ) -> dict:
-    """Raw Criteo TSV -> a split-binary dataset with ``train`` and ``test`` mappings.
+    """Raw Criteo TSV -> a split-binary dataset with ``train`` and ``test`` mappings, on Polars.
 
     Args:
-        raw_files: training input (plain or .gz), in order.
+        raw_files: training input (plain or gzip), in order.
         out_dir: dataset directory to create; it appears only when complete.
         recipe: the recipe's parameters (frequency threshold, column counts); default CriteoRecipe().
         test_files: files of the test split; if None, the last ``test_fraction`` of the rows of
@@ -180,66 +276,44 @@ def preprocess_criteo(
         bad_rows: "error" (default: stop at the first bad row, naming file and line) or "skip"
             (drop, count, and keep the first 20 in ``rejects.jsonl``).
         overwrite: replace an existing dataset directory.
+        progress: show a progress bar over the input bytes.
 
     Returns:
         The summary also written to ``summary.json``: rows per split, bad rows, cardinalities, seconds.
     """
     recipe = recipe or CriteoRecipe()
-    recipe.validate()
-    if bad_rows not in BAD_ROW_POLICIES:
-        raise ValueError(f"--bad-rows must be one of {', '.join(BAD_ROW_POLICIES)}, got {bad_rows!r}")
-    if not raw_files:
-        raise ValueError("no input files given")
-    if (test_files is None) == (test_fraction is None):
-        raise ValueError("give exactly one of --test-files and --test-fraction")
-    if test_fraction is not None and not 0.0 < test_fraction < 1.0:
-        raise ValueError(f"--test-fraction must lie in (0, 1), got {test_fraction}")
+    check_arguments(recipe, raw_files, test_files, test_fraction, bad_rows)
     start = time.perf_counter()
-    rejects: list[dict] = []
-    rows, dropped = _load([Path(p) for p in raw_files], recipe, bad_rows, rejects)
-    if test_files is not None:
-        train = rows
-        test, dropped_test = _load([Path(p) for p in test_files], recipe, bad_rows, rejects)
-        dropped += dropped_test
-    else:
-        n_test = int(round(len(rows) * test_fraction))
-        train, test = rows.head(len(rows) - n_test), rows.tail(n_test)
-    if len(train) == 0 or len(test) == 0:
-        raise ValueError(f"the split left {len(train)} train and {len(test)} test rows; both need at least one")
-
-    cats = [recipe.field_name(i) for i in range(1 + recipe.num_numerical, recipe.num_fields)]
-    vocabularies = [build_vocabulary(train, c, recipe.frequency_threshold) for c in cats]
-    cardinalities = [FIRST_ID + int((v["id"] >= FIRST_ID).sum()) for v in vocabularies]
-    with atomic_directory(out_dir, overwrite) as tmp:
-        base = criteo_like_spec(cardinalities, recipe.num_numerical)
-        meta = {
-            "preprocessed_by": "ctrkit preprocess criteo",
-            "engine": "polars",
-            "frequency_threshold": recipe.frequency_threshold,
-            "missing_id": MISSING_ID,
-            "rare_id": RARE_ID,
-        }
-        spec = FeatureSpec(base.feature_spec, base.source_spec, base.channel_spec, meta, tmp)
-        for mapping, df in (("train", train), ("test", test)):
-            with SplitBinaryWriter(spec, mapping) as writer:
-                for lo in range(0, len(df), WRITE_ROWS):
-                    writer.append(*_encode(df.slice(lo, WRITE_ROWS), recipe, vocabularies))
-        spec.to_yaml(tmp / "feature_spec.yaml")
-        (tmp / "vocab").mkdir()
-        for c, v in zip(cats, vocabularies):
-            v.write_parquet(tmp / "vocab" / f"{c}.parquet")
-        if rejects:
-            with open(tmp / "rejects.jsonl", "w") as f:
-                for r in rejects:
-                    f.write(json.dumps(r) + "\n")
-        summary = {
-            "engine": "polars",
-            "train_rows": len(train),
-            "test_rows": len(test),
-            "bad_rows": dropped,
-            "cardinalities": dict(zip(cats, cardinalities)),
-            "frequency_threshold": recipe.frequency_threshold,
-            "seconds": round(time.perf_counter() - start, 3),
-        }
-        (tmp / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    train_paths = [Path(p) for p in raw_files]
+    test_paths = [Path(p) for p in test_files] if test_files is not None else []
+    for path in train_paths + test_paths:
+        if not path.exists():
+            raise ValueError(f"{path}: input file not found")
+    rejects = Rejects(bad_rows)
+    parser = _Parser(recipe, rejects)
+    with DatasetOutput(out_dir, recipe, overwrite) as out:
+        columns = _ColumnFiles(out.scratch, recipe)
+        total_bytes = sum(p.stat().st_size for p in train_paths + test_paths)
+        bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc="preprocess pass 1", disable=not progress)
+        with bar:
+            counts = _Counts(recipe.num_categorical)
+            _pass1(train_paths, parser, columns, counts, bar)
+            n_train = columns.rows
+            train_counts = counts.totals()
+            _pass1(test_paths, parser, columns, counts, bar)
+            columns.close()
+        if test_files is None:  # the test split is the tail: count it again and take it off
+            n_train = columns.rows - int(round(columns.rows * test_fraction))
+            tail = _Counts(recipe.num_categorical)
+            for lo in range(n_train, columns.rows, PASS2_ROWS):
+                tail.add([pl.Series(k) for k in columns.read(lo, min(columns.rows, lo + PASS2_ROWS))[2]])
+            train_counts = _Counts.subtract(train_counts, tail.totals())
+        out.check_split(n_train, columns.rows - n_train)
+        vocabularies = [vocab_mod.vocabulary(c, recipe.frequency_threshold) for c in train_counts]
+        out.start(vocabularies)
+        for mapping, lo, hi in (("train", 0, n_train), ("test", n_train, columns.rows)):
+            for a in tqdm(range(lo, hi, PASS2_ROWS), desc=f"preprocess write {mapping}", disable=not progress):
+                labels, numerical, keys = columns.read(a, min(hi, a + PASS2_ROWS))
+                out.append(mapping, numerical, vocab_mod.lookup(keys, vocabularies), labels)
+        summary = out.finish("polars", n_train, columns.rows - n_train, rejects, time.perf_counter() - start)
     return summary

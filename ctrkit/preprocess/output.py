@@ -1,0 +1,114 @@
+"""What every preprocessing engine writes, written one way: dataset, vocabularies, rejects, summary.
+
+The directory appears only when complete (see ``atomic_directory``); engines keep their temporary
+files in ``scratch`` inside it, which is removed before the rename.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Sequence
+from contextlib import ExitStack
+
+import numpy as np
+import polars as pl
+
+from ctrkit.data.atomic import atomic_directory
+from ctrkit.data.feature_spec import FeatureSpec, criteo_like_spec
+from ctrkit.data.split_binary import DataError, SplitBinaryWriter
+from ctrkit.preprocess.criteo import MISSING_ID, RARE_ID, CriteoRecipe
+from ctrkit.preprocess.vocabulary import cardinality, save_vocabulary
+
+REJECTS_KEPT = 20
+
+
+class Rejects:
+    """Bad rows: the first one raised (``error``) or all counted and the first 20 kept (``skip``)."""
+
+    def __init__(self, policy: str):
+        self.policy = policy
+        self.count = 0
+        self.kept: list[dict] = []
+
+    def add(self, file: str, rows: Sequence[tuple[int, str, str]]) -> None:
+        """Bad rows of ``file`` in line order, as (line_no, problem, raw line)."""
+        if not rows:
+            return
+        if self.policy == "error":
+            line_no, problem, _ = rows[0]
+            raise DataError(f"{file}:{line_no}: {problem} (pass --bad-rows skip to drop bad rows)")
+        self.count += len(rows)
+        for line_no, problem, line in rows[: max(0, REJECTS_KEPT - len(self.kept))]:
+            self.kept.append({"file": file, "line_no": line_no, "problem": problem, "line": line})
+
+
+class DatasetOutput:
+    """The output directory of one preprocessing run; use as a context manager.
+
+    Order of calls: ``check_split`` → ``start(vocabularies)`` → ``append(...)`` per block, train rows
+    before test rows → ``finish(...)``.
+    """
+
+    def __init__(self, out_dir: str | os.PathLike, recipe: CriteoRecipe, overwrite: bool):
+        self.recipe = recipe
+        self.cats = [recipe.field_name(i) for i in range(1 + recipe.num_numerical, recipe.num_fields)]
+        self._atomic = atomic_directory(out_dir, overwrite)
+        self._stack = ExitStack()
+        self._writers: dict[str, SplitBinaryWriter] = {}
+
+    def __enter__(self) -> DatasetOutput:
+        self.dir = self._atomic.__enter__()
+        self.scratch = self.dir / "scratch"
+        return self
+
+    def __exit__(self, *exc) -> bool | None:
+        self._stack.close()
+        shutil.rmtree(self.scratch, ignore_errors=True)
+        return self._atomic.__exit__(*exc)
+
+    @staticmethod
+    def check_split(n_train: int, n_test: int) -> None:
+        if n_train == 0 or n_test == 0:
+            raise ValueError(f"the split left {n_train} train and {n_test} test rows; both need at least one")
+
+    def start(self, vocabularies: Sequence[pl.DataFrame]) -> None:
+        """Writes the spec and vocabularies and opens the split-binary writers."""
+        self.cardinalities = [cardinality(v) for v in vocabularies]
+        base = criteo_like_spec(self.cardinalities, self.recipe.num_numerical)
+        meta = {
+            "preprocessed_by": "ctrkit preprocess criteo",
+            "frequency_threshold": self.recipe.frequency_threshold,
+            "missing_id": MISSING_ID,
+            "rare_id": RARE_ID,
+        }
+        self.spec = FeatureSpec(base.feature_spec, base.source_spec, base.channel_spec, meta, self.dir)
+        self.spec.to_yaml(self.dir / "feature_spec.yaml")
+        (self.dir / "vocab").mkdir()
+        for c, v in zip(self.cats, vocabularies):
+            save_vocabulary(v, self.dir / "vocab" / f"{c}.parquet")
+        for mapping in ("train", "test"):
+            self._writers[mapping] = self._stack.enter_context(SplitBinaryWriter(self.spec, mapping))
+
+    def append(self, mapping: str, numerical: np.ndarray, ids: Sequence[np.ndarray], labels: np.ndarray) -> None:
+        self._writers[mapping].append(numerical if self.recipe.num_numerical else None, list(ids), labels)
+
+    def finish(self, engine: str, n_train: int, n_test: int, rejects: Rejects, seconds: float) -> dict:
+        """Closes the writers, writes ``rejects.jsonl`` (when any) and ``summary.json``; returns the summary."""
+        self._stack.close()
+        if rejects.kept:
+            with open(self.dir / "rejects.jsonl", "w") as f:
+                for r in rejects.kept:
+                    f.write(json.dumps(r) + "\n")
+        summary = {
+            "engine": engine,
+            "train_rows": n_train,
+            "test_rows": n_test,
+            "bad_rows": rejects.count,
+            "cardinalities": dict(zip(self.cats, self.cardinalities)),
+            "frequency_threshold": self.recipe.frequency_threshold,
+            "seconds": round(seconds, 3),
+        }
+        (self.dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        return summary

@@ -1,0 +1,90 @@
+"""Categorical vocabularies of the Criteo recipe: value keys, id order, lookup, and their Parquet form.
+
+A category is a hexadecimal number written with a given number of digits, so ``"0a"`` and ``"a"`` are
+different values while ``"A1"`` and ``"a1"`` are the same one. Every value is held as one int64
+*key*, ``int(value, 16) + (len(value) << 60)``: exact and injective for up to 15 digits, and its
+order is the recipe's tie-break order (fewer digits first, then the number, i.e. plain string order
+for Criteo's fixed-width lowercase hashes). The empty (missing) value has key 0. Both engines
+count keys and build ids with the functions here, which is what makes their outputs identical.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import polars as pl
+
+from ctrkit.preprocess.criteo import FIRST_ID, MISSING_ID, RARE_ID
+
+MAX_DIGITS = 15
+LENGTH_SHIFT = 60
+MISSING_KEY = 0
+
+
+def key_expr(column: str) -> pl.Expr:
+    """Key of each value of the string ``column``; null where the value is not a valid category.
+
+    Valid: empty (missing, key 0) or 1 to 15 hexadecimal digits without a sign.
+    """
+    value = pl.col(column)
+    length = value.str.len_bytes().cast(pl.Int64)
+    number = value.str.to_integer(base=16, strict=False)
+    signed = value.str.starts_with("+") | value.str.starts_with("-")
+    valid = (length == 0) | (number.is_not_null() & ~signed & (length <= MAX_DIGITS))
+    return (
+        pl.when(length == 0).then(MISSING_KEY).when(valid).then(number + length * (1 << LENGTH_SHIFT)).otherwise(None)
+    )
+
+
+def key_strings(keys: np.ndarray) -> pl.Series:
+    """The lowercase value strings of ``keys`` (inverse of ``key_expr`` up to case)."""
+    keys = np.asarray(keys, dtype=np.int64)
+    lengths = (keys >> LENGTH_SHIFT).astype(np.int64)
+    numbers = keys & ((1 << LENGTH_SHIFT) - 1)
+    digits = np.zeros((len(keys), MAX_DIGITS), dtype=np.uint8)
+    for i in range(MAX_DIGITS):  # digit i from the left of a value with `lengths` digits
+        shift = 4 * (lengths - 1 - i)
+        nibble = (numbers >> np.maximum(shift, 0)) & 15
+        digits[:, i] = np.where(shift >= 0, np.frombuffer(b"0123456789abcdef", np.uint8)[nibble], 0)
+    return pl.Series("value", digits.view(f"S{MAX_DIGITS}").ravel()).cast(pl.String)
+
+
+def vocabulary(counts: pl.DataFrame, frequency_threshold: int) -> pl.DataFrame:
+    """(value, count, id) from the train split's (key, count) pairs of one column, ids as the recipe says.
+
+    Values seen at least ``frequency_threshold`` times get ids from FIRST_ID by descending count, ties
+    by key; the rest share RARE_ID (listed by key). The missing value is left out (it is MISSING_ID).
+    """
+    counts = counts.filter(pl.col("key") != MISSING_KEY)
+    frequent = (
+        counts.filter(pl.col("count") >= frequency_threshold)
+        .sort(["count", "key"], descending=[True, False])
+        .with_row_index("id", offset=FIRST_ID)
+        .with_columns(pl.col("id").cast(pl.Int64))
+    )
+    rare = counts.filter(pl.col("count") < frequency_threshold).sort("key").with_columns(pl.lit(RARE_ID).alias("id"))
+    vocab = pl.concat([frequent.select("key", "count", "id"), rare.select("key", "count", pl.col("id").cast(pl.Int64))])
+    return vocab.with_columns(key_strings(vocab["key"].to_numpy()), pl.col("count").cast(pl.Int64))
+
+
+def cardinality(vocab: pl.DataFrame) -> int:
+    """Rows of the embedding table the column needs: missing, rare, and one per frequent value."""
+    return FIRST_ID + int((vocab["id"] >= FIRST_ID).sum())
+
+
+def lookup(keys: Sequence[np.ndarray], vocabularies: Sequence[pl.DataFrame]) -> list[np.ndarray]:
+    """Ids of each column's ``keys`` under its vocabulary; keys it does not hold (missing, unseen) get
+    MISSING_ID. Columns are joined in parallel."""
+    joined = pl.collect_all(
+        [
+            pl.LazyFrame({"key": k}).join(v.lazy().select("key", "id"), on="key", how="left", maintain_order="left")
+            for k, v in zip(keys, vocabularies)
+        ]
+    )
+    return [j["id"].fill_null(MISSING_ID).to_numpy() for j in joined]
+
+
+def save_vocabulary(vocab: pl.DataFrame, path) -> None:
+    """The vocabulary as Parquet: value (lowercase), count in the train split, id."""
+    vocab.select("value", "count", "id").write_parquet(path)
