@@ -1,0 +1,69 @@
+"""The Spark engine against the Polars engine: byte-identical datasets on the same input.
+
+A real local Spark session runs (Java 17 is on the machine; PySpark comes with ``ctrkit[spark]``).
+"""
+
+import gzip
+import json
+
+import pytest
+
+from ctrkit.data.split_binary import DataError
+from ctrkit.data.synthetic import write_criteo_tsv
+from ctrkit.preprocess.criteo import CriteoRecipe
+from ctrkit.preprocess.polars_engine import preprocess_criteo
+from tests.preprocess.test_criteo_polars import SMALL, TEST, TRAIN, write
+
+pytest.importorskip("pyspark")
+from ctrkit.preprocess.spark_engine import preprocess_criteo_spark  # noqa: E402
+
+MASTER = "local[2]"
+TIMING = ("engine", "seconds")  # the only summary fields allowed to differ
+
+
+def assert_same_output(a, b):
+    files_a = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
+    files_b = sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file())
+    assert files_a == files_b
+    for rel in files_a:
+        if rel.name == "summary.json":
+            sa, sb = (json.loads((d / rel).read_text()) for d in (a, b))
+            assert {k: v for k, v in sa.items() if k not in TIMING} == {k: v for k, v in sb.items() if k not in TIMING}
+        else:
+            assert (a / rel).read_bytes() == (b / rel).read_bytes(), rel
+    return files_a
+
+
+def test_engines_write_identical_files_with_bad_rows_and_gzip(tmp_path):
+    raw = write_criteo_tsv(
+        tmp_path / "day.tsv", 3000, cardinalities=[5, 40, 300, 2000] * 6 + [7, 11], seed=3, progress=False
+    )
+    lines = raw.read_text().splitlines()
+    lines[10] = lines[10].replace("\t", "\tx", 1)  # label 'x...'
+    lines[500] = "\t".join(lines[500].split("\t")[:-1])  # a field short
+    lines[2999] = lines[2999] + "\tzz"  # a field too many
+    with gzip.open(tmp_path / "day2.tsv.gz", "wt") as f:
+        f.write("\n".join(lines[:1500]) + "\n")
+    (tmp_path / "day3.tsv").write_text("\n".join(lines[1500:]))  # no trailing newline
+    inputs = [tmp_path / "day2.tsv.gz", tmp_path / "day3.tsv"]
+    kw = dict(recipe=CriteoRecipe(frequency_threshold=2), test_fraction=0.15, bad_rows="skip")
+    polars = preprocess_criteo(inputs, tmp_path / "polars", **kw)
+    spark = preprocess_criteo_spark(inputs, tmp_path / "spark", master=MASTER, **kw)
+    assert polars["bad_rows"] == spark["bad_rows"] == 3
+    files = assert_same_output(tmp_path / "polars", tmp_path / "spark")
+    assert (
+        len([f for f in files if f.suffix == ".bin"]) == 2 * (26 + 2)
+        and (tmp_path / "spark" / "rejects.jsonl").exists()
+    )
+
+
+def test_spark_known_ids_with_test_files_and_errors(tmp_path):
+    train, test = write(tmp_path / "train.tsv", TRAIN), write(tmp_path / "test.tsv", TEST)
+    preprocess_criteo([train], tmp_path / "polars", SMALL, test_files=[test])
+    summary = preprocess_criteo_spark([train], tmp_path / "spark", SMALL, test_files=[test], master=MASTER)
+    assert summary["cardinalities"] == {"C1": 5, "C2": 5} and summary["engine"] == "spark"
+    assert_same_output(tmp_path / "polars", tmp_path / "spark")  # the Polars test checks every id and value
+    bad = write(tmp_path / "bad.tsv", TRAIN[:4] + ["1\t5\tx\taa\t0f"] + TRAIN[4:])
+    with pytest.raises(DataError, match=r"bad.tsv:5: I2: 'x' is not an integer"):
+        preprocess_criteo_spark([bad], tmp_path / "out", SMALL, test_fraction=0.3, master=MASTER)
+    assert not (tmp_path / "out").exists()
