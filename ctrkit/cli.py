@@ -113,6 +113,12 @@ def _add_transcode(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--input", required=True, type=Path, help="directory holding feature_spec.yaml and the data")
     t.add_argument("--output", required=True, type=Path, help="dataset directory to create")
     t.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
+    t.add_argument(
+        "--chunk-size",
+        type=int,
+        default=1 << 20,
+        help="rows read and written at a time; memory stays bounded by it, not by the data (default 1048576)",
+    )
     g = sub.add_parser(
         "gen-csv",
         help="random CSV data matching a CSV-type feature spec",
@@ -285,7 +291,10 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     )
     pp.add_argument("--rows", type=int, default=2_000_000, help="raw rows to generate (default 2000000)")
     pp.add_argument("--input", type=Path, default=None, help="use this raw file instead of generating one")
-    pp.add_argument("--engine", default="polars", choices=("polars",), help="preprocessing engine (default polars)")
+    pp.add_argument(
+        "--engine", default="polars", choices=("polars", "spark"), help="preprocessing engine (default polars)"
+    )
+    pp.add_argument("--spark-master", default="local[*]", help="Spark master URL for --engine spark (default local[*])")
     pp.add_argument("--seed", type=int, default=0, help="seed of the generated file (default 0)")
     pp.add_argument("--output", type=Path, default=None, help="write the result as JSON here")
     t = bsub.add_parser(

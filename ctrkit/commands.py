@@ -95,7 +95,7 @@ def preprocess(args: argparse.Namespace) -> int:
 def transcode(args: argparse.Namespace) -> int:
     from ctrkit.data.transcode import transcode as run_transcode
 
-    spec = run_transcode(args.input, args.output, overwrite=args.overwrite)
+    spec = run_transcode(args.input, args.output, overwrite=args.overwrite, chunk_size=args.chunk_size)
     sizes = {m: len(SplitBinaryDataset(spec, m, check_ids=False)) for m in spec.source_spec}
     print(
         f"wrote {args.output}: " + ", ".join(f"{n:,} {m}" for m, n in sizes.items()) + f" rows; cardinalities "
@@ -314,7 +314,7 @@ def _write_result(result: dict, path: Path | None) -> None:
 def _bench_preprocess(args: argparse.Namespace) -> int:
     from ctrkit.bench.preprocess_bench import run_preprocess_bench
 
-    result = run_preprocess_bench(args.rows, args.input, args.engine, args.seed)
+    result = run_preprocess_bench(args.rows, args.input, args.engine, args.seed, args.spark_master)
     print(
         f"preprocess criteo ({result['engine']}): {result['rows']:,} rows in {result['seconds']:.1f} s = "
         f"{result['rows_per_s']:,.0f} rows/s, peak RSS {result['peak_rss_mb']:,.0f} MB"

@@ -23,82 +23,135 @@ from ctrkit.data.feature_spec import (
 from ctrkit.data.split_binary import DataError, SplitBinaryWriter, check_id_range
 
 READABLE_CHANNELS = (CATEGORICAL_CHANNEL, NUMERICAL_CHANNEL, LABEL_CHANNEL)
-WRITE_ROWS = 1 << 20
+DEFAULT_CHUNK_ROWS = 1 << 20
 
 
-def _read_chunk_file(path: Path, kind: str, features: tuple[str, ...], floats: set[str]) -> pl.DataFrame:
+def _read_error(path: Path, features: tuple[str, ...], e: Exception) -> DataError:
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return DataError(f"{path}: cannot read the columns {list(features)} as the spec describes: {first}")
+
+
+def _file_batches(path: Path, kind: str, features: tuple[str, ...], floats: set[str], rows: int):
+    """Frames of at most ``rows`` rows of one CSV or Parquet file, streamed (never the whole file)."""
     if not path.exists():
         raise DataError(f"{path}: file named in the feature spec's source_spec not found")
     schema = {f: pl.Float64 if f in floats else pl.Int64 for f in features}
     try:
         if kind == "csv":
-            return pl.read_csv(path, has_header=False, schema=schema)
-        df = pl.read_parquet(path, columns=list(features))
-        return df.select([pl.col(f).cast(t) for f, t in schema.items()])
+            lazy = pl.scan_csv(path, has_header=False, schema=schema)
+        else:
+            lazy = pl.scan_parquet(path).select([pl.col(f).cast(t) for f, t in schema.items()])
+        yield from lazy.collect_batches(chunk_size=rows)
     except (pl.exceptions.PolarsError, OSError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise DataError(f"{path}: cannot read the columns {list(features)} as the spec describes: {first}") from None
+        raise _read_error(path, features, e) from None
 
 
-def _read_mapping(spec: FeatureSpec, mapping: str) -> pl.DataFrame:
-    """Every feature of ``mapping`` as one frame: chunks side by side, each chunk's files in order."""
+def _chunk_batches(spec: FeatureSpec, mapping: str, i: int, floats: set[str], rows: int):
+    """Frames of exactly ``rows`` rows (the last may be shorter) over the files of one chunk, in order."""
+    chunk = spec.mapping(mapping)[i]
+    if chunk.type not in ("csv", "parquet"):
+        raise SpecError(f"source_spec.{mapping}[{i}]: transcoding reads csv or parquet chunks, got '{chunk.type}'")
+    pending: list[pl.DataFrame] = []
+    held = 0
+    for f in chunk.files:
+        for batch in _file_batches(spec.path_of(f), chunk.type, chunk.features, floats, rows):
+            pending.append(batch)
+            held += len(batch)
+            while held >= rows:
+                joined = pl.concat(pending)
+                yield joined.head(rows)
+                pending, held = [joined.slice(rows)], held - rows
+    if held:
+        yield pl.concat(pending)
+
+
+def _mapping_batches(spec: FeatureSpec, mapping: str, rows: int):
+    """Every feature of ``mapping``, ``rows`` rows at a time: chunks side by side, each chunk's files in order."""
     floats = set(spec.numerical_features) | {spec.label_feature}  # labels may be written 0.0 / 1.0
-    parts = []
-    for i, chunk in enumerate(spec.mapping(mapping)):
-        if chunk.type not in ("csv", "parquet"):
-            raise SpecError(f"source_spec.{mapping}[{i}]: transcoding reads csv or parquet chunks, got '{chunk.type}'")
-        frames = [_read_chunk_file(spec.path_of(f), chunk.type, chunk.features, floats) for f in chunk.files]
-        parts.append((chunk, pl.concat(frames)))
-    rows = {len(df) for _, df in parts}
-    if len(rows) > 1:
-        detail = ", ".join(f"{list(c.files)}: {len(df)}" for c, df in parts)
-        raise DataError(f"mapping '{mapping}': its chunks hold different numbers of rows ({detail})")
-    return pl.concat([df for _, df in parts], how="horizontal")
+    chunks = spec.mapping(mapping)
+    streams = [_chunk_batches(spec, mapping, i, floats, rows) for i in range(len(chunks))]
+    done = 0
+    while True:
+        parts = [next(s, None) for s in streams]
+        if all(p is None for p in parts):
+            return
+        if any(p is None or len(p) != len(parts[0]) for p in parts):
+            detail = ", ".join(f"{list(c.files)}: {done + (0 if p is None else len(p))}" for c, p in zip(chunks, parts))
+            raise DataError(f"mapping '{mapping}': its chunks hold different numbers of rows (at least {detail})")
+        done += len(parts[0])
+        yield pl.concat(parts, how="horizontal")
 
 
-def transcode(input_dir: str | os.PathLike, output_dir: str | os.PathLike, overwrite: bool = False) -> FeatureSpec:
+class _Stats:
+    """What pass 1 learns of each categorical feature (id range, empties) and of the labels."""
+
+    def __init__(self, names: list[str]):
+        self.low = dict.fromkeys(names)
+        self.high = dict.fromkeys(names)
+
+    def update(self, mapping: str, df: pl.DataFrame, label: str, offset: int) -> None:
+        for name in self.low:
+            if df[name].null_count():
+                row = offset + int(df[name].is_null().arg_max())
+                raise DataError(
+                    f"feature '{name}': empty value in mapping '{mapping}' row {row}; categorical ids must be "
+                    "present in every row"
+                )
+            lo, hi = int(df[name].min()), int(df[name].max())
+            self.low[name] = lo if self.low[name] is None else min(self.low[name], lo)
+            self.high[name] = hi if self.high[name] is None else max(self.high[name], hi)
+        bad = df.filter(~pl.col(label).is_in([0.0, 1.0]) | pl.col(label).is_null())
+        if len(bad):
+            raise DataError(f"mapping '{mapping}': label '{label}' must be 0 or 1, found {bad[label][0]}")
+
+
+def transcode(
+    input_dir: str | os.PathLike,
+    output_dir: str | os.PathLike,
+    overwrite: bool = False,
+    chunk_size: int = DEFAULT_CHUNK_ROWS,
+) -> FeatureSpec:
     """Converts the CSV/Parquet dataset that ``input_dir/feature_spec.yaml`` describes.
 
     CSV files have no header and one column per feature of their chunk, in the chunk's order.
     Categorical values must be integer ids in ``[0, cardinality)``; ``cardinality: auto`` becomes
-    the largest id seen in any mapping plus one. Labels must be 0 or 1. The output directory (split
-    binary files and a new feature_spec.yaml) appears only when complete.
+    the largest id seen in any mapping plus one. Labels must be 0 or 1. The input is read twice
+    (ranges, then writing), ``chunk_size`` rows at a time, so memory does not grow with the data.
+    The output directory (split binary files and a new feature_spec.yaml) appears only when complete.
     """
+    if chunk_size < 1:
+        raise ValueError(f"--chunk-size must be >= 1, got {chunk_size}")
     spec = FeatureSpec.from_yaml(input_dir)
     extra = set(spec.channel_spec) - set(READABLE_CHANNELS)
     if extra:
         raise SpecError(
             f"channel(s) {sorted(extra)} are not ones ctrkit models read; expected {', '.join(READABLE_CHANNELS)}"
         )
-    frames = {m: _read_mapping(spec, m) for m in spec.source_spec}
     label = spec.label_feature
+    stats = _Stats(list(spec.categorical_features))
+    for m in spec.source_spec:
+        offset = 0
+        for df in _mapping_batches(spec, m, chunk_size):
+            stats.update(m, df, label, offset)
+            offset += len(df)
     categorical: dict[str, Feature] = {}
     for name in spec.categorical_features:
         feat = spec.feature_spec[name]
-        lows = [int(df[name].min()) for df in frames.values() if len(df)]
-        highs = [int(df[name].max()) for df in frames.values() if len(df)]
-        if any(df[name].null_count() for df in frames.values()):
-            raise DataError(f"feature '{name}': empty values; categorical ids must be present in every row")
-        card = max(highs) + 1 if feat.cardinality == AUTO else int(feat.cardinality)
-        if lows and min(lows) < 0:
-            raise DataError(f"feature '{name}': negative id {min(lows)}; ids must lie in [0, cardinality)")
-        if highs and max(highs) >= card:
-            raise DataError(f"feature '{name}': id {max(highs)} is beyond its cardinality {card} in the feature spec")
-        extra_meta = {k: v for k, v in feat.extra.items()}
-        categorical[name] = Feature(smallest_int_dtype(card), card, extra_meta)
-    for m, df in frames.items():
-        bad = df.filter(~pl.col(label).is_in([0.0, 1.0]))
-        if len(bad):
-            raise DataError(f"mapping '{m}': label '{label}' must be 0 or 1, found {bad[label][0]}")
+        low, high = stats.low[name], stats.high[name]
+        card = (high or 0) + 1 if feat.cardinality == AUTO else int(feat.cardinality)
+        if low is not None and low < 0:
+            raise DataError(f"feature '{name}': negative id {low}; ids must lie in [0, cardinality)")
+        if high is not None and high >= card:
+            raise DataError(f"feature '{name}': id {high} is beyond its cardinality {card} in the feature spec")
+        categorical[name] = Feature(smallest_int_dtype(card), card, dict(feat.extra))
     nums = list(spec.numerical_features)
     with atomic_directory(output_dir, overwrite) as tmp:
         meta = {**spec.metadata, "transcoded_from": str(Path(input_dir))}
         base = split_binary_spec(categorical, nums, label, tuple(spec.source_spec), meta)
         out = FeatureSpec(base.feature_spec, base.source_spec, base.channel_spec, base.metadata, tmp)
-        for m, df in frames.items():
+        for m in spec.source_spec:
             with SplitBinaryWriter(out, m) as writer:
-                for lo in range(0, len(df), WRITE_ROWS):
-                    part = df.slice(lo, WRITE_ROWS)
+                for part in _mapping_batches(spec, m, chunk_size):
                     numerical = part.select(nums).fill_null(0.0).to_numpy() if nums else None
                     cats = [part[c].to_numpy() for c in categorical]
                     for c, col in zip(categorical, cats):

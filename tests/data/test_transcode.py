@@ -130,3 +130,18 @@ def test_cli_gen_csv_transcode_train(tmp_path, capsys):
     assert code == 0 and "300 train" in out and "300 test" in out
     code, out, _ = run_cli("train", "--dataset", tmp_path / "bin", "--max-steps", "2", "--no-progress", capsys=capsys)
     assert code == 0 and "done: 2 steps" in out
+
+
+def test_small_chunks_give_the_same_files(csv_dataset, tmp_path, capsys):
+    """7-row chunks cut across the two train files of the first chunk and never line up with them."""
+    transcode(csv_dataset, tmp_path / "whole")
+    code, out, _ = run_cli(
+        "transcode", "--input", csv_dataset, "--output", tmp_path / "small", "--chunk-size", "7", capsys=capsys
+    )
+    assert code == 0, out
+    files = sorted(p.relative_to(tmp_path / "whole") for p in (tmp_path / "whole").rglob("*.bin"))
+    assert len(files) == 2 * 5
+    for rel in files:
+        assert (tmp_path / "whole" / rel).read_bytes() == (tmp_path / "small" / rel).read_bytes(), rel
+    with pytest.raises(ValueError, match="--chunk-size must be >= 1"):
+        transcode(csv_dataset, tmp_path / "zero", chunk_size=0)
