@@ -36,6 +36,7 @@ test: install lint
 bench: install
 	bash benchmarks/run_train.sh
 	ROUNDS=2 bash benchmarks/run_train_models.sh
+	bash benchmarks/run_preprocess.sh
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .ruff_cache
