@@ -1,0 +1,107 @@
+"""An EmbeddingCollection split over ranks by a ShardingPlan, with the interface of the original.
+
+Each rank looks up its shards for the global batch (ids are all-gathered first), and one
+all-to-all hands every rank the vectors of its own samples; row-wise shards contribute zeros for ids
+outside their rows, so their pieces are summed, column-wise pieces are placed side by side.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from ctrkit.distributed.all_to_all import all_to_all
+from ctrkit.distributed.planner import Shard, ShardingPlan
+from ctrkit.models.embeddings import EmbeddingCollection
+
+
+class ShardedEmbeddingCollection(nn.Module):
+    """This rank's shards of ``source`` (an EmbeddingCollection with the full tables).
+
+    Args:
+        source: the single-process module; its weights initialise the shards, so a sharded model
+            starts exactly where the single-process one does.
+        plan: where each shard lives.
+        rank: this rank.
+
+    Shapes: ids (B_r, F) int64 (this rank's samples) -> (B_r, F, D).
+    """
+
+    def __init__(self, source: EmbeddingCollection, plan: ShardingPlan, rank: int):
+        super().__init__()
+        if tuple(source.cardinalities) != plan.cardinalities or source.dim != plan.dim:
+            raise ValueError("the sharding plan was made for other tables than the model's")
+        self.plan, self.rank, self.dim, self.sparse = plan, rank, source.dim, source.sparse
+        self.cardinalities = source.cardinalities
+        self.num_features = len(source.cardinalities)
+        self.local = plan.on_rank(rank)
+        self.shards = nn.ParameterList(
+            nn.Parameter(source.table(s.feature)[s.row_lo : s.row_hi, s.col_lo : s.col_hi].detach().clone())
+            for s in self.local
+        )
+        self._widths = [sum(s.width for s in plan.on_rank(r)) for r in range(plan.world_size)]
+
+    def _lookup(self, shard: Shard, weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """(B,) ids of the shard's feature -> (B, width); zeros for ids outside a row shard."""
+        if shard.row_lo == 0 and shard.row_hi == self.cardinalities[shard.feature]:
+            return F.embedding(ids, weight, sparse=self.sparse)
+        inside = (ids >= shard.row_lo) & (ids < shard.row_hi)
+        local = torch.where(inside, ids - shard.row_lo, torch.zeros_like(ids))
+        return F.embedding(local, weight, sparse=self.sparse) * inside.unsqueeze(1).to(weight.dtype)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        world = self.plan.world_size
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+        dist.all_gather(sizes, torch.tensor([ids.shape[0]], dtype=torch.int64))
+        sizes = [int(s) for s in sizes]  # samples per rank
+        most = max(sizes)  # gloo gathers equal sizes only: pad, then trim
+        padded = ids.new_zeros((most, self.num_features))
+        padded[: ids.shape[0]] = ids
+        gathered = [ids.new_empty((most, self.num_features)) for _ in sizes]
+        dist.all_gather(gathered, padded)
+        every = torch.cat([g[:n] for g, n in zip(gathered, sizes)])  # (B, F): the global batch, in rank order
+        # (B, W_self): this rank's columns for every sample, then cut per destination rank
+        mine = [self._lookup(s, w, every[:, s.feature]) for s, w in zip(self.local, self.shards)]
+        own = torch.cat(mine, 1) if mine else every.new_zeros((every.shape[0], 0), dtype=torch.float32)
+        pieces = own.split(sizes, 0)  # per destination: (B_dest, W_self)
+        send = [p.numel() for p in pieces]
+        recv = [sizes[self.rank] * w for w in self._widths]
+        got = all_to_all(torch.cat([p.reshape(-1) for p in pieces]), send, recv)
+        n = ids.shape[0]
+        out = []
+        for r, block in enumerate(got.split(recv)):
+            block = block.view(n, self._widths[r])
+            col = 0
+            for s in self.plan.on_rank(r):
+                out.append((s, block[:, col : col + s.width]))
+                col += s.width
+        return self._assemble(out, n)  # (B_r, F, D)
+
+    def _assemble(self, pieces: list[tuple[Shard, torch.Tensor]], n: int) -> torch.Tensor:
+        per_feature: list[list[tuple[Shard, torch.Tensor]]] = [[] for _ in range(self.num_features)]
+        for s, t in pieces:
+            per_feature[s.feature].append((s, t))
+        columns = []
+        for f, parts in enumerate(per_feature):
+            if self.plan.strategy[f] == "row":
+                columns.append(torch.stack([t for _, t in parts]).sum(0))  # (B_r, D)
+            else:
+                columns.append(torch.cat([t for _, t in sorted(parts, key=lambda p: p[0].col_lo)], 1))
+        return torch.stack(columns, 1)  # (B_r, F, D)
+
+    def full_tables(self) -> torch.Tensor:
+        """Every table, whole, on every rank: the flat (sum of cardinalities, D) weight of the source.
+
+        Used to save checkpoints that load into any world size.
+        """
+        world = self.plan.world_size
+        flat = torch.zeros(sum(self.cardinalities), self.dim)
+        offsets = [sum(self.cardinalities[:f]) for f in range(self.num_features)]
+        for s, w in zip(self.local, self.shards):
+            off = offsets[s.feature]
+            flat[off + s.row_lo : off + s.row_hi, s.col_lo : s.col_hi] = w.detach()
+        if world > 1:
+            dist.all_reduce(flat)  # every value is owned by exactly one rank, the others hold zeros
+        return flat

@@ -1,0 +1,29 @@
+"""The sharding planner: placement rules and balance."""
+
+import pytest
+
+from ctrkit.distributed.planner import plan_sharding
+
+
+def test_table_wise_balances_memory_largest_first():
+    plan = plan_sharding([1000, 10, 900, 50, 80], dim=4, world_size=2)
+    assert set(plan.strategy) == {"table"}
+    assert {s.feature: s.rank for s in plan.shards} == {0: 0, 2: 1, 4: 1, 3: 1, 1: 0}  # 10 goes to the lighter rank 0
+    assert plan.memory_bytes(0) == (1000 + 10) * 4 * 4 and plan.memory_bytes(1) == (900 + 80 + 50) * 4 * 4
+
+
+def test_auto_splits_wide_tables_by_columns_and_large_ones_by_rows():
+    plan = plan_sharding([100, 5000, 20], dim=16, world_size=3, column_split_dim=8, row_budget_bytes=100 * 16 * 4)
+    assert plan.strategy == ("column", "row", "column")
+    rows = sorted((s.row_lo, s.row_hi, s.rank) for s in plan.shards if s.feature == 1)
+    assert rows == [(0, 1666, 0), (1666, 3333, 1), (3333, 5000, 2)]  # every row exactly once
+    cols = sorted((s.col_lo, s.col_hi) for s in plan.shards if s.feature == 0)
+    assert cols == [(0, 8), (8, 16)]
+    assert "table   1 (5,000 x 16) row-wise" in plan.describe()
+
+
+def test_bad_requests_are_refused():
+    with pytest.raises(ValueError, match="sharding strategy must be one of"):
+        plan_sharding([10], 4, 2, "diagonal")
+    with pytest.raises(ValueError, match="column-wise sharding needs dim >= world size"):
+        plan_sharding([10], 2, 4, "column")
