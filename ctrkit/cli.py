@@ -249,6 +249,45 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="auto", help="auto (CUDA if present, else CPU), cpu, cuda, cuda:N")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_parallel(p)
+
+
+def _add_parallel(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(
+        "hybrid parallel",
+        "Launched by torchrun (torchrun --nproc-per-node N -m ctrkit train ...; --nnodes/--node-rank/"
+        "--rdzv-endpoint for several machines), embedding tables are sharded over the ranks and the dense "
+        "part is data-parallel; gloo on CPU, NCCL on CUDA. Without torchrun these flags only shape "
+        "--print-sharding-plan.",
+    )
+    g.add_argument(
+        "--sharding",
+        choices=("auto", "table", "column", "row"),
+        default="auto",
+        help="auto (default): whole tables balanced over ranks, split by columns above --column-split-dim and "
+        "by rows above --row-budget-mb; table, column or row force one strategy for every table",
+    )
+    g.add_argument(
+        "--column-split-dim",
+        type=int,
+        default=None,
+        help="under auto, split tables wider than this into column blocks this wide (default: never)",
+    )
+    g.add_argument(
+        "--row-budget-mb",
+        type=float,
+        default=None,
+        help="under auto, split a table larger than this many MB (fp32) by rows over every rank, so a table "
+        "larger than one worker's memory still trains (default: never)",
+    )
+    g.add_argument("--print-sharding-plan", action="store_true", help="print where every table lives (rank 0)")
+    g.add_argument(
+        "--dist-timeout",
+        type=float,
+        default=120.0,
+        help="seconds a rank waits in a collective before failing (a dead peer ends the job, not hangs it; "
+        "default 120)",
+    )
 
 
 def _add_evaluate(sub: argparse._SubParsersAction) -> None:

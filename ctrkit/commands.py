@@ -168,8 +168,11 @@ def train(args: argparse.Namespace) -> int:
     dataset_dir = getattr(args, "dataset", None) or run.get("dataset")
     if dataset_dir is None:
         raise ValueError("no dataset: pass --dataset DIR (or a --config file naming one)")
-    device = resolve_device(args.device)
+    env = _distributed_env(args)
+    device = env.device if env is not None else resolve_device(args.device)
     amp_dtype = amp_dtype_for(device, cfg.amp, cfg.amp_dtype)
+    if env is not None and amp_dtype == torch.float16:
+        raise ValueError("hybrid-parallel training supports --amp with bf16 only (--amp-dtype bf16)")
     spec = FeatureSpec.from_yaml(Path(dataset_dir))
     train_set = SplitBinaryDataset(spec, "train")
     test_set = SplitBinaryDataset(spec, "test") if "test" in spec.source_spec else None
@@ -188,7 +191,10 @@ def train(args: argparse.Namespace) -> int:
 
     torch.manual_seed(cfg.seed)
     model = create_model(model_name, model_config).to(device)
-    if args.save_checkpoint is not None:
+    if env is not None or args.print_sharding_plan:
+        model = _shard(model, args, env, ckpt)
+    main = env is None or env.is_main
+    if args.save_checkpoint is not None and main:
         # the resolved configuration, beside the run, so every result says how it was made
         run_yaml = args.save_checkpoint.with_suffix(".yaml")
         run_yaml.parent.mkdir(parents=True, exist_ok=True)
@@ -214,10 +220,19 @@ def train(args: argparse.Namespace) -> int:
         args.save_checkpoint,
         args.log_path,
         progress=not args.no_progress,
+        env=env,
     )
     if ckpt is not None:
         trainer.restore(ckpt)
     n_params = sum(p.numel() for p in model.parameters())
+    if not main:
+        trainer.fit()
+        return 0
+    if env is not None:
+        print(
+            f"hybrid parallel: {env.world_size} ranks ({env.backend}); rank 0 holds {n_params:,} parameters",
+            file=sys.stderr,
+        )
     print(
         f"training {model_name} ({n_params:,} parameters) on {len(train_set):,} samples, "
         f"{trainer.total_steps} steps of {cfg.batch_size} on {device}"
@@ -234,6 +249,33 @@ def train(args: argparse.Namespace) -> int:
     else:
         print(f"done: {trainer.step} steps" + (f"; checkpoint {args.save_checkpoint}" if args.save_checkpoint else ""))
     return 0
+
+
+def _distributed_env(args: argparse.Namespace):
+    """This rank's DistEnv when torchrun launched several processes, else None."""
+    from ctrkit.distributed.env import init_distributed, launched_by_torchrun
+
+    if not launched_by_torchrun():
+        return None
+    return init_distributed(args.device, args.dist_timeout)
+
+
+def _shard(model, args: argparse.Namespace, env, ckpt: dict | None):
+    """``model`` with its one-hot tables sharded over the job's ranks (checkpoint weights loaded first)."""
+    from ctrkit.distributed.hybrid import HybridModel
+    from ctrkit.distributed.planner import plan_sharding
+
+    tables = model.embeddings.onehot
+    world = env.world_size if env is not None else 1
+    budget = None if args.row_budget_mb is None else int(args.row_budget_mb * 2**20)
+    plan = plan_sharding(tables.cardinalities, tables.dim, world, args.sharding, args.column_split_dim, budget)
+    if args.print_sharding_plan and (env is None or env.is_main):
+        print(plan.describe(), file=sys.stderr)
+    if env is None:
+        return model
+    if ckpt is not None:
+        model.load_state_dict(ckpt["model"])  # whole tables, before they are split
+    return HybridModel(model, plan, env.rank)
 
 
 def _load_for_inference(args: argparse.Namespace):

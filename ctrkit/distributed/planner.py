@@ -44,6 +44,10 @@ class ShardingPlan:
     shards: tuple[Shard, ...]
     strategy: tuple[str, ...]
 
+    def key(self) -> list[list[int]]:
+        """The placement as plain lists (stored in checkpoints to recognise the same sharding)."""
+        return [[self.world_size]] + [[s.feature, s.rank, s.row_lo, s.row_hi, s.col_lo, s.col_hi] for s in self.shards]
+
     def on_rank(self, rank: int) -> tuple[Shard, ...]:
         return tuple(s for s in self.shards if s.rank == rank)
 

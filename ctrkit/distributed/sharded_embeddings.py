@@ -47,9 +47,11 @@ class ShardedEmbeddingCollection(nn.Module):
         """(B,) ids of the shard's feature -> (B, width); zeros for ids outside a row shard."""
         if shard.row_lo == 0 and shard.row_hi == self.cardinalities[shard.feature]:
             return F.embedding(ids, weight, sparse=self.sparse)
-        inside = (ids >= shard.row_lo) & (ids < shard.row_hi)
-        local = torch.where(inside, ids - shard.row_lo, torch.zeros_like(ids))
-        return F.embedding(local, weight, sparse=self.sparse) * inside.unsqueeze(1).to(weight.dtype)
+        # only the ids inside the shard are looked up, so the gradient touches no other row (a zero
+        # gradient row would still move Adam's moments)
+        inside = ((ids >= shard.row_lo) & (ids < shard.row_hi)).nonzero().squeeze(1)  # (n_in,)
+        rows = F.embedding(ids[inside] - shard.row_lo, weight, sparse=self.sparse)  # (n_in, width)
+        return weight.new_zeros((ids.shape[0], shard.width)).index_copy(0, inside, rows)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         world = self.plan.world_size
@@ -90,6 +92,10 @@ class ShardedEmbeddingCollection(nn.Module):
             else:
                 columns.append(torch.cat([t for _, t in sorted(parts, key=lambda p: p[0].col_lo)], 1))
         return torch.stack(columns, 1)  # (B_r, F, D)
+
+    def table_parameters(self) -> list[nn.Parameter]:
+        """The shards: embedding tables to the optimizers (sparse row updates)."""
+        return list(self.shards)
 
     def full_tables(self) -> torch.Tensor:
         """Every table, whole, on every rank: the flat (sum of cardinalities, D) weight of the source.

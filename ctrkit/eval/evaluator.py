@@ -10,7 +10,8 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ctrkit.data.dataset import SplitBinaryDataset
-from ctrkit.data.loader import BatchLoader
+from ctrkit.data.loader import BatchLoader, part_bounds
+from ctrkit.distributed.env import DistEnv, gather_in_order
 from ctrkit.eval.metrics import log_loss_from_logits, mean_average_precision, roc_auc
 
 
@@ -22,12 +23,21 @@ def predict_logits(
     batch_size: int = 16384,
     amp_dtype: torch.dtype | None = None,
     progress: bool = False,
+    env: DistEnv | None = None,
 ) -> np.ndarray:
-    """Logits of every sample of ``dataset``, in dataset order, as a (N,) float32 array."""
+    """Logits of every sample of ``dataset``, in dataset order, as a (N,) float32 array.
+
+    In a hybrid-parallel job (``env``) every rank scores its share of each batch and every rank
+    returns the whole array.
+    """
     was_training = model.training
     model.eval()
-    out = np.empty(len(dataset), dtype=np.float32)
-    loader = BatchLoader(dataset, batch_size, shuffle=False)
+    loader = BatchLoader(dataset, batch_size, shuffle=False, part=env and env.part)
+    bounds = [loader.global_bounds(i) for i in range(len(loader))]
+    if env is not None:
+        bounds = [part_bounds(lo, hi, *env.part) for lo, hi in bounds]
+    positions = np.concatenate([np.arange(lo, hi) for lo, hi in bounds]) if bounds else np.zeros(0, np.int64)
+    out = np.empty(len(positions), dtype=np.float32)
     pos = 0
     autocast = torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None else nullcontext()
     batches = loader.epoch(0)
@@ -41,7 +51,7 @@ def predict_logits(
     finally:
         batches.close()  # stops the prefetch thread even when scoring fails
         model.train(was_training)
-    return out
+    return out if env is None else gather_in_order(out, positions, len(dataset))
 
 
 def evaluate(
@@ -51,6 +61,7 @@ def evaluate(
     batch_size: int = 16384,
     amp_dtype: torch.dtype | None = None,
     progress: bool = False,
+    env: DistEnv | None = None,
 ) -> dict[str, float]:
     """AUC and log loss of ``model`` over the whole of ``dataset``, and MAP@12 when it has groups.
 
@@ -59,7 +70,7 @@ def evaluate(
         When the mapping stores the spec's map channel, also ``"map@12"`` and ``"map_groups"`` (the
         groups with a click, over which the mean is taken).
     """
-    logits = predict_logits(model, dataset, device, batch_size, amp_dtype, progress)
+    logits = predict_logits(model, dataset, device, batch_size, amp_dtype, progress, env)
     labels = dataset.labels()
     metrics = {
         "auc": roc_auc(labels, logits),

@@ -47,6 +47,10 @@ class EmbeddingCollection(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(ids + self.offsets, self.weight, sparse=self.sparse)  # (B, F, D)
 
+    def table_parameters(self) -> list[nn.Parameter]:
+        """The embedding tables, for optimizers that update them by rows."""
+        return [self.weight]
+
     def table(self, feature: int) -> torch.Tensor:
         """The rows of one feature's table: (cardinality, D), a view of the flat weight."""
         off = int(self.offsets[feature])
@@ -88,6 +92,10 @@ class EmbeddingBagCollection(nn.Module):
             for off, card in zip(self.offsets.tolist(), self.cardinalities):
                 bound = 1.0 / math.sqrt(card)
                 self.weight[off : off + card].uniform_(-bound, bound)
+
+    def table_parameters(self) -> list[nn.Parameter]:
+        """The embedding tables, for optimizers that update them by rows."""
+        return [self.weight]
 
     def forward(self, multi_hot) -> torch.Tensor:
         fm = len(self.cardinalities)

@@ -201,10 +201,8 @@ def build_optimizers(
     those parameters with ``wide_optimizer`` instead (its table with sparse updates). Each parameter
     group remembers its ``base_lr``; the schedule scales it (see TrainStep).
     """
-    from ctrkit.models.embeddings import EmbeddingBagCollection, EmbeddingCollection
-
-    kinds = (EmbeddingCollection, EmbeddingBagCollection)
-    tables = {id(m.weight): m for m in model.modules() if isinstance(m, kinds)}
+    # embedding modules (single-process or sharded) name their tables with table_parameters()
+    tables = {id(p): m for m in model.modules() if hasattr(m, "table_parameters") for p in m.table_parameters()}
     wide = model.wide_parameters() if hasattr(model, "wide_parameters") else []
     wide_ids = {id(p) for p in wide}
     parts: list[tuple[str, list[torch.nn.Parameter], float, bool]] = []
@@ -224,5 +222,6 @@ def build_optimizers(
         opt = make_optimizer(kind, params, part_lr, sparse=sparse)
         for group in opt.param_groups:
             group["base_lr"] = group["lr"]
+        opt.is_table_optimizer = is_table  # its state is per table row (sharded in hybrid-parallel runs)
         out.append(opt)
     return out

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
@@ -21,6 +22,7 @@ from ctrkit.config import TrainConfig
 from ctrkit.data.batch import Batch
 from ctrkit.data.dataset import SplitBinaryDataset
 from ctrkit.data.loader import BatchLoader
+from ctrkit.distributed.env import DistEnv, all_reduce_sum
 from ctrkit.eval.evaluator import evaluate
 from ctrkit.models.registry import config_to_dict, train_defaults
 from ctrkit.train.checkpoint import rng_state, save_checkpoint, set_rng_state
@@ -48,6 +50,8 @@ class TrainStep:
         amp_dtype: autocast dtype, or None for full precision. fp16 enables loss scaling.
         compile: run the forward (and its backward) through ``torch.compile``; if compiling fails
             (no C++ compiler or Triton, an unsupported op) the step says why once and runs eagerly.
+        after_backward: called between backward and the optimizer steps (hybrid parallel: summing
+            the data-parallel gradients over ranks).
     """
 
     def __init__(
@@ -57,15 +61,19 @@ class TrainStep:
         device: torch.device,
         amp_dtype: torch.dtype | None = None,
         compile: bool = False,
+        after_backward=None,
     ):
         self.model = model
+        self.after_backward = after_backward
         self.forward = torch.compile(model) if compile else model
         self.optimizers = optimizers
         self.device = device
         self.amp_dtype = amp_dtype
         self.scaler = torch.amp.GradScaler(device.type) if amp_dtype == torch.float16 else None
 
-    def __call__(self, batch: Batch, scale: float = 1.0) -> torch.Tensor:
+    def __call__(self, batch: Batch, scale: float = 1.0, global_size: int | None = None) -> torch.Tensor:
+        """One step; returns the loss. ``global_size``: the whole job's batch size when this rank holds
+        only part of it (the loss is then this part's sum over ``global_size``)."""
         for opt in self.optimizers:
             for group in opt.param_groups:
                 group["lr"] = group["base_lr"] * scale
@@ -75,16 +83,23 @@ class TrainStep:
         )
         with autocast:
             logits = self._forward(batch)  # (B,)
-        loss = F.binary_cross_entropy_with_logits(logits.float(), batch.labels)
+        if global_size is None:
+            loss = F.binary_cross_entropy_with_logits(logits.float(), batch.labels)
+        else:
+            loss = F.binary_cross_entropy_with_logits(logits.float(), batch.labels, reduction="sum") / global_size
         for opt in self.optimizers:
             opt.zero_grad(set_to_none=True)
         if self.scaler is not None:
             self.scaler.scale(loss).backward()
+            if self.after_backward is not None:
+                self.after_backward()
             for opt in self.optimizers:
                 self.scaler.step(opt)
             self.scaler.update()
         else:
             loss.backward()
+            if self.after_backward is not None:
+                self.after_backward()
             for opt in self.optimizers:
                 opt.step()
         return loss.detach()
@@ -128,6 +143,9 @@ class Trainer:
             and at the end), or None.
         log_path: JSON-lines log file, or None.
         progress: show a progress bar.
+        env: this rank's place in a hybrid-parallel job (``model`` is then a HybridModel), or None.
+            Every rank reads its share of each global batch; rank 0 logs, shows progress and writes
+            checkpoints, which every rank helps assemble (whole tables).
     """
 
     def __init__(
@@ -142,6 +160,7 @@ class Trainer:
         save_path: str | os.PathLike | None = None,
         log_path: str | os.PathLike | None = None,
         progress: bool = True,
+        env: DistEnv | None = None,
     ):
         cfg = cfg.with_model_defaults(train_defaults(info.model_name))
         if len(train_set) == 0:
@@ -155,8 +174,10 @@ class Trainer:
         self.amp_dtype = amp_dtype
         self.save_path = Path(save_path) if save_path else None
         self.log_path = Path(log_path) if log_path else None
-        self.progress = progress
-        self.loader = BatchLoader(train_set, cfg.batch_size, shuffle=True, seed=cfg.seed)
+        self.env = env
+        self.main = env is None or env.is_main
+        self.progress = progress and self.main
+        self.loader = BatchLoader(train_set, cfg.batch_size, shuffle=True, seed=cfg.seed, part=env and env.part)
         self.steps_per_epoch = len(self.loader)
         planned = cfg.epochs * self.steps_per_epoch
         self.total_steps = min(planned, cfg.max_steps) if cfg.max_steps else planned
@@ -164,20 +185,30 @@ class Trainer:
         self.optimizers = build_optimizers(
             model, cfg.optimizer, cfg.lr, cfg.embedding_optimizer, cfg.embedding_lr, cfg.wide_optimizer, cfg.wide_lr
         )
-        self.step_fn = TrainStep(model, self.optimizers, device, amp_dtype, compile=cfg.compile)
+        sync = getattr(model, "sync_gradients", None)
+        self.step_fn = TrainStep(model, self.optimizers, device, amp_dtype, compile=cfg.compile, after_backward=sync)
         self.step = 0
         self._saved_step: int | None = None
         self.history: list[dict[str, Any]] = []
 
     # -------------------------------------------------------------------------- checkpointing
     def state(self) -> dict[str, Any]:
+        """The checkpoint; in a hybrid-parallel run every rank must call it (tables are gathered)."""
+        optimizers = [opt.state_dict() for opt in self.optimizers]
+        extra: dict[str, Any] = {}
+        if self.env is not None:
+            every: list = [None] * self.env.world_size
+            dist.all_gather_object(every, optimizers)
+            extra = {"rank_optimizers": every, "sharding": self.model.plan.key()}
+        model_state = self.model.full_state_dict() if self.env is not None else self.model.state_dict()
         return {
+            **extra,
             "model_name": self.info.model_name,
             "model_config": config_to_dict(self.info.model_config),
             "spec": self.info.spec_summary,
             "train_config": self.cfg.to_dict(),
-            "model": self.model.state_dict(),
-            "optimizers": [opt.state_dict() for opt in self.optimizers],
+            "model": model_state,
+            "optimizers": optimizers,
             "step": self.step,
             "epoch": self.step // self.steps_per_epoch,
             "batch_in_epoch": self.step % self.steps_per_epoch,
@@ -201,22 +232,55 @@ class Trainer:
                 f"the checkpoint's optimizers (dense/embedding/wide: {theirs}) differ from this run's ({ours}); "
                 "resume with the same --optimizer, --embedding-optimizer and --wide-optimizer"
             )
-        self.model.load_state_dict(ckpt["model"])
+        if self.env is None:
+            self.model.load_state_dict(ckpt["model"])
+        # else: the weights went into the model before it was sharded (see ctrkit train)
+        if ckpt.get("sharding") is not None or self.env is not None:
+            states = self._optimizer_states_for_this_run(ckpt)
         for opt, state in zip(self.optimizers, states):
-            opt.load_state_dict(state)
+            if state is not None:
+                opt.load_state_dict(state)
         self.step = int(ckpt["step"])
         set_rng_state(ckpt["rng"])
 
+    def _optimizer_states_for_this_run(self, ckpt: dict[str, Any]) -> list[dict | None]:
+        """Optimizer states when a hybrid-parallel run is involved (saving, resuming, or both).
+
+        The same sharding resumes exactly (each rank takes its own states). Otherwise table
+        optimizers can only restart if they keep no state (SGD); stateful ones are refused.
+        """
+        same = self.env is not None and ckpt.get("sharding") == self.model.plan.key()
+        if same:
+            return ckpt["rank_optimizers"][self.env.rank]
+        out: list[dict | None] = []
+        for opt, state in zip(self.optimizers, ckpt["optimizers"]):
+            if not getattr(opt, "is_table_optimizer", False):
+                out.append(state)
+            elif any(state["state"].values()):
+                raise ValueError(
+                    "the checkpoint's embedding optimizer state was sharded differently (another world size or "
+                    "sharding); resume it with the same torchrun layout and --sharding, or use an optimizer without "
+                    "state for the tables (sgd). Evaluation, export and serving load it at any world size."
+                )
+            else:
+                out.append(None)
+        return out
+
     def save(self) -> None:
-        """Checkpoints the current step (once: a step already saved is not written again)."""
+        """Checkpoints the current step (once: a step already saved is not written again).
+
+        In a hybrid-parallel run every rank takes part and rank 0 writes.
+        """
         if self.save_path is not None and self._saved_step != self.step:
-            save_checkpoint(self.save_path, self.state())
+            state = self.state()
+            if self.main:
+                save_checkpoint(self.save_path, state)
             self._saved_step = self.step
 
     # -------------------------------------------------------------------------------- logging
     def _log(self, record: dict[str, Any]) -> None:
         self.history.append(record)
-        if self.log_path is not None:
+        if self.log_path is not None and self.main:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             with open(self.log_path, "a") as f:
                 f.write(json.dumps(record) + "\n")
@@ -234,7 +298,9 @@ class Trainer:
     def run_eval(self) -> dict[str, Any] | None:
         if self.test_set is None or len(self.test_set) == 0:
             return None
-        metrics = evaluate(self.model, self.test_set, self.device, self.cfg.eval_batch_size, self.amp_dtype)
+        metrics = evaluate(
+            self.model, self.test_set, self.device, self.cfg.eval_batch_size, self.amp_dtype, env=self.env
+        )
         record = {"event": "eval", "step": self.step, **metrics}
         self._log(record)
         return record
@@ -275,16 +341,20 @@ class Trainer:
             while self.step < self.total_steps:
                 epoch, start = divmod(self.step, self.steps_per_epoch)
                 batches = self.loader.epoch(epoch, start)
-                for batch in batches:
-                    loss = self.step_fn(batch, self.schedule(self.step) / cfg.lr)
+                order = self.loader.batch_order(epoch)[start:]
+                for k, batch in enumerate(batches):
+                    lo, hi = self.loader.global_bounds(int(order[k]))
+                    global_size = hi - lo if self.env is not None else None
+                    loss = self.step_fn(batch, self.schedule(self.step) / cfg.lr, global_size)
                     loss_sum += loss
                     self.step += 1
                     window_steps += 1
-                    window_samples += len(batch)
+                    window_samples += hi - lo
                     bar.update(1)
                     if self.step % cfg.print_freq == 0 or self.step == self.total_steps:
                         elapsed = time.perf_counter() - window_start
-                        mean_loss = float(loss_sum) / window_steps
+                        total = float(loss_sum) if self.env is None else all_reduce_sum(float(loss_sum))
+                        mean_loss = total / window_steps
                         if not math.isfinite(mean_loss):
                             raise FloatingPointError(
                                 f"training loss became {mean_loss} by step {self.step} (lr "
@@ -306,7 +376,7 @@ class Trainer:
                     if self.step in eval_steps:
                         t0 = time.perf_counter()
                         last_eval = self.run_eval() or last_eval
-                        if last_eval is not None:
+                        if last_eval is not None and self.main:
                             bar.write(
                                 f"step {self.step}: test AUC {last_eval['auc']:.4f} logloss {last_eval['logloss']:.4f}"
                             )
