@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -303,6 +304,7 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--amp", action="store_true", help="score under bf16 (CPU) / fp16 (CUDA) autocast")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a text line")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    _add_parallel(p)
 
 
 def _add_predict(sub: argparse._SubParsersAction) -> None:
@@ -317,6 +319,7 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, type=Path, help="output .npy file")
     p.add_argument("--batch-size", type=int, default=16384, help="samples per forward pass (default 16384)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    _add_parallel(p)
 
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:
@@ -418,15 +421,35 @@ def main(argv: list[str] | None = None) -> int:
         "models": commands.models,
     }[args.command]
     try:
-        return handler(args) or 0
+        code = handler(args) or 0
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return 130
+        code = 130
     except (ValueError, FloatingPointError, FileNotFoundError, NotADirectoryError, PermissionError) as e:
         if args.traceback:
             raise
         print(f"ctrkit {args.command}: error: {e}", file=sys.stderr)
-        return EXIT_USER_ERROR
+        code = EXIT_USER_ERROR
+    _leave_process_group(code)
+    return code
+
+
+def _leave_process_group(code: int) -> None:
+    """Ends a hybrid-parallel process without tearing gloo down.
+
+    Letting the interpreter destroy a live gloo process group aborted a rank now and then here
+    ("terminate called without an active exception", SIGABRT) after all work was done; so a rank
+    that finished waits for its peers (when it succeeded) and leaves with ``os._exit``.
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if code == 0:
+        dist.barrier()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def print_json(obj: object) -> None:

@@ -285,18 +285,23 @@ def _load_for_inference(args: argparse.Namespace):
     spec = FeatureSpec.from_yaml(args.dataset)
     check_spec_matches(ckpt, spec.summary(), str(spec.base_dir))
     dataset = SplitBinaryDataset(spec, args.mapping)
-    device = resolve_device(args.device)
+    env = _distributed_env(args)
+    device = env.device if env is not None else resolve_device(args.device)
     model = model_from_checkpoint(ckpt).to(device)
-    return ckpt, dataset, model, device
+    if env is not None or args.print_sharding_plan:
+        model = _shard(model, args, env, None)  # the checkpoint's whole tables are already in the model
+    return ckpt, dataset, model, device, env
 
 
 def evaluate(args: argparse.Namespace) -> int:
     from ctrkit.eval.evaluator import evaluate as run_evaluate
 
-    ckpt, dataset, model, device = _load_for_inference(args)
+    ckpt, dataset, model, device, env = _load_for_inference(args)
     metrics = run_evaluate(
-        model, dataset, device, args.batch_size, amp_dtype_for(device, args.amp, None), progress=not args.json
+        model, dataset, device, args.batch_size, amp_dtype_for(device, args.amp, None), not args.json, env
     )
+    if env is not None and not env.is_main:
+        return 0
     metrics = {**metrics, "mapping": args.mapping, "model": ckpt["model_name"], "step": int(ckpt["step"])}
     if args.json:
         # strict JSON: an undefined AUC (one class only) is null, not NaN
@@ -316,8 +321,10 @@ def predict(args: argparse.Namespace) -> int:
     from ctrkit.eval.evaluator import predict_logits
     from ctrkit.eval.metrics import sigmoid
 
-    _, dataset, model, device = _load_for_inference(args)
-    logits = predict_logits(model, dataset, device, args.batch_size, progress=True)
+    _, dataset, model, device, env = _load_for_inference(args)
+    logits = predict_logits(model, dataset, device, args.batch_size, progress=env is None, env=env)
+    if env is not None and not env.is_main:
+        return 0
     probs = sigmoid(logits).astype(np.float32)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     np.save(args.out, probs)
