@@ -262,20 +262,18 @@ def _distributed_env(args: argparse.Namespace):
 
 def _shard(model, args: argparse.Namespace, env, ckpt: dict | None):
     """``model`` with its one-hot tables sharded over the job's ranks (checkpoint weights loaded first)."""
-    from ctrkit.distributed.hybrid import HybridModel
-    from ctrkit.distributed.planner import plan_sharding
+    from ctrkit.distributed.hybrid import HybridModel, describe_plans, plan_model
 
-    tables = model.embeddings.onehot
     world = env.world_size if env is not None else 1
     budget = None if args.row_budget_mb is None else int(args.row_budget_mb * 2**20)
-    plan = plan_sharding(tables.cardinalities, tables.dim, world, args.sharding, args.column_split_dim, budget)
+    plans = plan_model(model, world, args.sharding, args.column_split_dim, budget)
     if args.print_sharding_plan and (env is None or env.is_main):
-        print(plan.describe(), file=sys.stderr)
+        print(describe_plans(plans), file=sys.stderr)
     if env is None:
         return model
     if ckpt is not None:
         model.load_state_dict(ckpt["model"])  # whole tables, before they are split
-    return HybridModel(model, plan, env.rank)
+    return HybridModel(model, plans, env.rank)
 
 
 def _load_for_inference(args: argparse.Namespace):

@@ -1,10 +1,12 @@
 """Hybrid parallelism around an unchanged single-process model.
 
-The model's one-hot embedding tables (``model.embeddings.onehot``) are swapped for this rank's
-shards (model parallel); every other parameter is replicated (data parallel) and its gradients are
-summed over ranks after each backward pass. Losses are sums over a rank's samples divided by the
-global batch size, so the summed gradients are exactly the single-process gradients of the global
-batch's mean loss, whatever the split of the batch over ranks (an uneven last batch included).
+Every one-hot embedding collection of the model (``<part>.onehot`` of each CategoricalEmbeddings:
+the embeddings of DLRM and DCNv2, and both the deep and the wide tables of Wide & Deep) is swapped
+for this rank's shards (model parallel); every other parameter is replicated (data parallel) and its
+gradients are summed over ranks after each backward pass. Losses are sums over a rank's samples
+divided by the global batch size, so the summed gradients are exactly the single-process gradients
+of the global batch's mean loss, whatever the split of the batch over ranks (an uneven last batch
+included).
 """
 
 from __future__ import annotations
@@ -13,40 +15,76 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ctrkit.distributed.planner import ShardingPlan
+from ctrkit.distributed.planner import ShardingPlan, plan_sharding
 from ctrkit.distributed.sharded_embeddings import ShardedEmbeddingCollection
+from ctrkit.models.embeddings import CategoricalEmbeddings
+
+
+def sharded_collections(model: nn.Module) -> dict[str, CategoricalEmbeddings]:
+    """The model's CategoricalEmbeddings by attribute path ("embeddings", "wide_embeddings", ...)."""
+    found = {name: m for name, m in model.named_modules() if isinstance(m, CategoricalEmbeddings)}
+    if not found:
+        raise ValueError(f"{type(model).__name__} has no categorical embeddings to shard")
+    for name, m in found.items():
+        if m.bags is not None:
+            raise ValueError(
+                f"{name}: hybrid-parallel training shards one-hot tables; multi-hot features are not supported yet"
+            )
+    return found
+
+
+def plan_model(
+    model: nn.Module,
+    world_size: int,
+    strategy: str = "auto",
+    column_split_dim: int | None = None,
+    row_budget_bytes: int | None = None,
+) -> dict[str, ShardingPlan]:
+    """A sharding plan per embedding collection of ``model`` (collections too narrow to split by
+    columns over ``world_size`` ranks, such as Wide & Deep's width-1 wide tables, go table-wise)."""
+    plans = {}
+    for name, m in sharded_collections(model).items():
+        tables = m.onehot
+        s = "table" if strategy == "column" and tables.dim < world_size else strategy
+        plans[name] = plan_sharding(tables.cardinalities, tables.dim, world_size, s, column_split_dim, row_budget_bytes)
+    return plans
+
+
+def describe_plans(plans: dict[str, ShardingPlan]) -> str:
+    return "\n".join(f"[{name}] {plan.describe()}" for name, plan in plans.items())
 
 
 class HybridModel(nn.Module):
     """``model`` with sharded one-hot embeddings; call ``sync_gradients()`` after every backward.
 
     Args:
-        model: a ctrkit model (DLRM, DCNv2, ...) holding ``embeddings.onehot``; it is modified in place.
-        plan: the sharding plan for its one-hot tables.
+        model: a ctrkit model (DLRM, DCNv2, Wide & Deep); it is modified in place.
+        plans: a plan per embedding collection (see ``plan_model``).
         rank: this rank.
     """
 
-    def __init__(self, model: nn.Module, plan: ShardingPlan, rank: int):
+    def __init__(self, model: nn.Module, plans: dict[str, ShardingPlan], rank: int):
         super().__init__()
-        embeddings = getattr(model, "embeddings", None)
-        if embeddings is None or not hasattr(embeddings, "onehot"):
-            raise ValueError(f"{type(model).__name__} has no embeddings.onehot to shard")
-        if getattr(embeddings, "bags", None) is not None or hasattr(model, "wide"):
-            raise ValueError(
-                "hybrid-parallel training shards one-hot tables only; multi-hot features and the wide part of "
-                "Wide & Deep are not supported yet"
-            )
-        embeddings.onehot = ShardedEmbeddingCollection(embeddings.onehot, plan, rank)
+        collections = sharded_collections(model)
+        if set(plans) != set(collections):
+            raise ValueError(f"plans for {sorted(plans)} but the model's embeddings are {sorted(collections)}")
+        for name, m in collections.items():
+            m.onehot = ShardedEmbeddingCollection(m.onehot, plans[name], rank)
         self.model = model
-        self.plan = plan
+        self.plans = plans
         self.rank = rank
-        self._dense = [p for n, p in model.named_parameters() if not n.startswith("embeddings.onehot.")]
+        self._sharded = tuple(f"{name}.onehot." for name in collections)
+        self._dense = [p for n, p in model.named_parameters() if not n.startswith(self._sharded)]
         with torch.no_grad():  # every rank starts from rank 0's dense weights
             for p in self._dense:
                 dist.broadcast(p, 0)
 
     def forward(self, dense: torch.Tensor | None, sparse: torch.Tensor, multi_hot=None) -> torch.Tensor:
         return self.model(dense, sparse, multi_hot)  # (B_r,) logits of this rank's samples
+
+    def sharding_key(self) -> dict[str, list[list[int]]]:
+        """The placement of every shard (stored in checkpoints to recognise the same sharding)."""
+        return {name: plan.key() for name, plan in self.plans.items()}
 
     def sync_gradients(self) -> None:
         """Sums the data-parallel gradients over ranks, in one flat all-reduce."""
@@ -58,6 +96,7 @@ class HybridModel(nn.Module):
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The single-process model's state dict (whole tables), identical on every rank."""
-        state = {k: v for k, v in self.model.state_dict().items() if not k.startswith("embeddings.onehot.")}
-        state["embeddings.onehot.weight"] = self.model.embeddings.onehot.full_tables()
+        state = {k: v for k, v in self.model.state_dict().items() if not k.startswith(self._sharded)}
+        for name, m in sharded_collections(self.model).items():
+            state[f"{name}.onehot.weight"] = m.onehot.full_tables()
         return state

@@ -199,7 +199,7 @@ class Trainer:
         if self.env is not None:
             every: list = [None] * self.env.world_size
             dist.all_gather_object(every, optimizers)
-            extra = {"rank_optimizers": every, "sharding": self.model.plan.key()}
+            extra = {"rank_optimizers": every, "sharding": self.model.sharding_key()}
         model_state = self.model.full_state_dict() if self.env is not None else self.model.state_dict()
         return {
             **extra,
@@ -249,7 +249,7 @@ class Trainer:
         The same sharding resumes exactly (each rank takes its own states). Otherwise table
         optimizers can only restart if they keep no state (SGD); stateful ones are refused.
         """
-        same = self.env is not None and ckpt.get("sharding") == self.model.plan.key()
+        same = self.env is not None and ckpt.get("sharding") == self.model.sharding_key()
         if same:
             return ckpt["rank_optimizers"][self.env.rank]
         out: list[dict | None] = []

@@ -1,5 +1,6 @@
 """Hybrid parallel (2 processes, gloo, CPU) against the single-process model on the same global batches."""
 
+import os
 import socket
 from datetime import timedelta
 
@@ -8,9 +9,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from ctrkit.distributed.hybrid import HybridModel
-from ctrkit.distributed.planner import plan_sharding
-from ctrkit.models.registry import create_model, make_config
+from ctrkit.distributed.hybrid import HybridModel, plan_model
+from ctrkit.models.registry import create_model, make_config, train_defaults
 from ctrkit.train.optim import build_optimizers
 
 CARDS = (7, 50, 3, 120, 31)
@@ -20,10 +20,22 @@ BATCHES = (16, 16, 16, 11)  # the last global batch does not divide over 2 ranks
 
 def build(model_name: str):
     torch.manual_seed(0)
-    shape = dict(num_numerical=4, cardinalities=CARDS, embedding_dim=8, bottom_mlp=(16, 8), top_mlp=(16, 1))
+    shape = dict(num_numerical=4, cardinalities=CARDS, embedding_dim=8)
+    if model_name == "wide_deep":
+        shape.update(deep_mlp=(16, 16), dropout=0.0)  # dropout masks would differ between layouts
+    else:
+        shape.update(bottom_mlp=(16, 8), top_mlp=(16, 1))
     if model_name == "dcnv2":
         shape["cross_layers"] = 2
     return create_model(model_name, make_config(model_name, shape))
+
+
+def optimizers(model, model_name):
+    """Each model's own optimizer kinds: sparse SGD (DLRM), lazy Adam (DCNv2), Adagrad + Adam (W&D)."""
+    d = train_defaults(model_name)
+    return build_optimizers(
+        model, d["optimizer"], 0.05, d["embedding_optimizer"], 0.05, d.get("wide_optimizer"), d.get("wide_lr")
+    )
 
 
 def batches():
@@ -50,7 +62,7 @@ def step(model, optimizers, dense, sparse, labels, scale, sync=None):
 
 def single_process(model_name):
     model = build(model_name)
-    opts = build_optimizers(model, "sgd", 0.1, "sgd", 0.1)
+    opts = optimizers(model, model_name)
     losses = [float(step(model, opts, d, s, y, len(y))) for d, s, y in batches()]
     return losses, model.state_dict()
 
@@ -60,9 +72,8 @@ def _worker(rank, world, port, model_name, strategy, out):
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=60)
     )
     model = build(model_name)
-    plan = plan_sharding(CARDS, 8, world, strategy)
-    hybrid = HybridModel(model, plan, rank)
-    opts = build_optimizers(hybrid.model, "sgd", 0.1, "sgd", 0.1)
+    hybrid = HybridModel(model, plan_model(model, world, strategy), rank)
+    opts = optimizers(hybrid.model, model_name)
     losses = []
     for d, s, y in batches():
         lo, hi = len(y) * rank // world, len(y) * (rank + 1) // world  # this rank's slice
@@ -74,8 +85,9 @@ def _worker(rank, world, port, model_name, strategy, out):
     if rank == 0:
         torch.save({"losses": losses, "state": state}, out)
     dist.barrier()  # nobody leaves while a peer still needs it
-    # no destroy_process_group(): tearing gloo down here aborted a rank now and then ("terminate
-    # called without an active exception"); the process exits instead
+    # leave without tearing gloo down: that aborted a rank now and then ("terminate called without an
+    # active exception"), as ctrkit's CLI also avoids (cli._leave_process_group)
+    os._exit(0)
 
 
 def free_port():
@@ -85,7 +97,7 @@ def free_port():
 
 
 @pytest.mark.parametrize("strategy", ["table", "column", "row"])
-@pytest.mark.parametrize("model_name", ["dlrm", "dcnv2"])
+@pytest.mark.parametrize("model_name", ["dlrm", "dcnv2", "wide_deep"])
 def test_hybrid_matches_single_process(tmp_path, strategy, model_name):
     losses, state = single_process(model_name)
     out = tmp_path / "rank0.pt"
