@@ -37,6 +37,7 @@ bench: install
 	bash benchmarks/run_train.sh
 	ROUNDS=2 bash benchmarks/run_train_models.sh
 	bash benchmarks/run_preprocess.sh
+	bash benchmarks/run_scale.sh
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .ruff_cache

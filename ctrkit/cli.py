@@ -323,8 +323,27 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="benchmarks (training throughput)")
-    bsub = p.add_subparsers(dest="bench", required=True, metavar="{train,preprocess}", help="what to measure")
+    p = sub.add_parser("bench", help="benchmarks (training, preprocessing, hybrid-parallel scaling)")
+    bsub = p.add_subparsers(dest="bench", required=True, metavar="{train,preprocess,scale}", help="what to measure")
+    sc = bsub.add_parser(
+        "scale",
+        help="step time per world size on the Merlin synthetic models, scaled down",
+        description="The Merlin Distributed-Embeddings synthetic DLRMs (tiny 55 tables 4.2 GiB, small 107 / 26.3, "
+        "medium 311 / 206.2, large 612 / 773.8, jumbo 1,022 / 3,109.5 GiB) divided in size by --scale, power-law "
+        "table sizes and ids, Adagrad; each world size runs as its own job (torchrun above 1 rank), the cores "
+        "split between its ranks. Reports the median step time.",
+    )
+    sc.add_argument("--models", default="tiny,small", help="comma-separated synthetic models (default tiny,small)")
+    sc.add_argument("--scale", type=float, default=1024.0, help="divide every model's size by this (default 1024)")
+    sc.add_argument("--world-sizes", default="1,2", help="comma-separated world sizes (default 1,2)")
+    sc.add_argument("--embedding-dim", type=int, default=32, help="embedding width (default 32)")
+    sc.add_argument("--batch-size", type=int, default=4096, help="global samples per step (default 4096)")
+    sc.add_argument("--warmup", type=int, default=3, help="untimed steps (default 3)")
+    sc.add_argument("--steps", type=int, default=15, help="timed steps; the median is reported (default 15)")
+    sc.add_argument("--sharding", choices=("auto", "table", "column", "row"), default="auto", help="(default auto)")
+    sc.add_argument("--seed", type=int, default=0, help="seed of the synthetic batches (default 0)")
+    sc.add_argument("--output", type=Path, default=None, help="write the results as JSON here")
+    sc.add_argument("--worker-output", type=Path, default=None, help=argparse.SUPPRESS)  # set for each job
     pp = bsub.add_parser(
         "preprocess",
         help="preprocessing rows/s and peak RSS",

@@ -333,6 +333,8 @@ def predict(args: argparse.Namespace) -> int:
 def bench(args: argparse.Namespace) -> int:
     if args.bench == "preprocess":
         return _bench_preprocess(args)
+    if args.bench == "scale":
+        return _bench_scale(args)
     from ctrkit.bench.train_bench import TrainBenchConfig, run_train_bench
 
     if args.threads:
@@ -350,12 +352,47 @@ def bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write_result(result: dict, path: Path | None) -> None:
+def _write_result(result: dict | list, path: Path | None) -> None:
     """Writes a benchmark result as JSON when ``--output`` was given."""
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
         print(f"wrote {path}")
+
+
+def _bench_scale(args: argparse.Namespace) -> int:
+    from ctrkit.bench.scale_bench import ScaleBenchConfig, run_scale_bench, run_worker
+    from ctrkit.distributed.env import init_distributed, launched_by_torchrun
+
+    def config(model: str) -> ScaleBenchConfig:
+        return ScaleBenchConfig(
+            model, args.scale, args.embedding_dim, args.batch_size, args.warmup, args.steps, args.sharding, args.seed
+        )
+
+    if args.worker_output is not None:  # one job of the benchmark (every rank of it)
+        env = init_distributed("cpu") if launched_by_torchrun() else None
+        result = run_worker(config(args.models), env)
+        if env is None or env.is_main:
+            args.worker_output.write_text(json.dumps(result))
+        return 0
+    world_sizes = _int_list(args.world_sizes, "--world-sizes")
+    results = []
+    for model in [m.strip() for m in args.models.split(",") if m.strip()]:
+        for r in run_scale_bench(config(model), world_sizes):
+            results.append(r)
+            print(
+                f"{model} ({r['tables']} tables, {r['embedding_mib']:.1f} MiB at 1/{args.scale:g}), world size "
+                f"{r['world_size']}: {r['ms_per_step']:.1f} ms/step, {r['samples_per_s']:,.0f} samples/s"
+            )
+    _write_result(results, args.output)
+    return 0
+
+
+def _int_list(text: str, flag: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{flag}: expected comma-separated integers, got '{text}'") from None
 
 
 def _bench_preprocess(args: argparse.Namespace) -> int:

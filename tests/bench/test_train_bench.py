@@ -1,5 +1,6 @@
 import json
 
+from ctrkit.bench.scale_bench import table_sizes
 from tests.conftest import run_cli
 
 
@@ -38,3 +39,17 @@ def test_bench_preprocess_runs_the_real_command(tmp_path, capsys):
     result = json.loads(out.read_text())
     assert result["rows"] == 3000 and result["engine"] == "polars" and result["peak_rss_mb"] > 10
     assert result["rows_per_s"] == result["rows"] / result["seconds"]
+
+
+def test_bench_scale_runs_one_job_per_world_size(tmp_path, capsys):
+    out = tmp_path / "s.json"
+    flags = ["--models", "tiny", "--scale", "65536", "--world-sizes", "1,2", "--batch-size", "64"]
+    code, stdout, _ = run_cli("bench", "scale", *flags, "--warmup", "1", "--steps", "2", "--output", out, capsys=capsys)
+    assert code == 0 and "world size 2" in stdout
+    results = json.loads(out.read_text())
+    assert [r["world_size"] for r in results] == [1, 2]
+    for r in results:
+        assert r["tables"] == 55 and r["samples_per_s"] == 64 / r["ms_per_step"] * 1000
+    assert sum(table_sizes("tiny", 65536, 32)) * 32 * 4 <= 4.2 * 2**30 / 65536  # the size the blog gives, scaled
+    code, _, err = run_cli("bench", "scale", "--models", "huge", capsys=capsys)
+    assert code == 2 and "unknown model 'huge'" in err
