@@ -322,6 +322,53 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
     _add_parallel(p)
 
 
+def _add_export(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "export",
+        help="a checkpoint as ONNX, TorchScript or a Triton model repository",
+        description="Writes the model for serving: inputs 'numerical' (B, N) FP32 and 'categorical' (B, F) INT64 "
+        "(ids outside a table map to its row 0, the missing/unseen id), output 'probability' (B, 1) FP32, dynamic "
+        "batch. ONNX is loaded back in onnxruntime and compared with PyTorch (max abs diff printed).",
+    )
+    p.add_argument("--checkpoint", required=True, type=Path, help="checkpoint written by `ctrkit train`")
+    p.add_argument("--format", required=True, choices=("onnx", "torchscript", "triton"), help="what to write")
+    p.add_argument("--out", required=True, type=Path, help="directory to create")
+    p.add_argument("--name", default=None, help="model name in a Triton repository (default: the model type)")
+    p.add_argument(
+        "--backend",
+        choices=("onnx", "torchscript"),
+        default="onnx",
+        help="model file inside a Triton repository (default onnx)",
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
+
+
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="a KServe v2 / Triton HTTP inference server",
+        description="Serves a checkpoint (PyTorch) or an export (--model-dir: ONNX Runtime or TorchScript) over the "
+        "KServe v2 HTTP protocol as Triton does: /v2/health/live, /v2/health/ready, /v2/models/NAME, "
+        "/v2/models/NAME/ready, POST /v2/models/NAME/infer with JSON tensors or the binary-tensor extension (the "
+        "faster choice for clients). Concurrent requests are batched dynamically.",
+    )
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--checkpoint", type=Path, default=None, help="checkpoint written by `ctrkit train`")
+    src.add_argument("--model-dir", type=Path, default=None, help="directory written by `ctrkit export`")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument("--name", default=None, help="model name in the URLs (default: the model type, e.g. dlrm)")
+    p.add_argument(
+        "--batch-window-ms",
+        type=float,
+        default=1.0,
+        help="how long a request may wait for others to be scored with it (default 1.0)",
+    )
+    p.add_argument("--max-batch-size", type=int, default=8192, help="samples per model call and request (default 8192)")
+    p.add_argument("--max-body-mb", type=float, default=64.0, help="largest request body accepted (default 64)")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
+
+
 def _add_bench(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmarks (training, preprocessing, hybrid-parallel scaling)")
     bsub = p.add_subparsers(dest="bench", required=True, metavar="{train,preprocess,scale}", help="what to measure")
@@ -418,6 +465,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train(sub)
     _add_evaluate(sub)
     _add_predict(sub)
+    _add_export(sub)
+    _add_serve(sub)
     _add_bench(sub)
     sub.add_parser("models", help="list the registered model names")
     return parser
@@ -436,6 +485,8 @@ def main(argv: list[str] | None = None) -> int:
         "train": commands.train,
         "evaluate": commands.evaluate,
         "predict": commands.predict,
+        "export": commands.export,
+        "serve": commands.serve,
         "bench": commands.bench,
         "models": commands.models,
     }[args.command]

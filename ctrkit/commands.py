@@ -330,6 +330,37 @@ def predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def export(args: argparse.Namespace) -> int:
+    from ctrkit.export.exporter import export_checkpoint
+
+    summary = export_checkpoint(args.checkpoint, args.out, args.format, args.name, args.backend, args.overwrite)
+    line = f"wrote {args.out} ({args.format}): " + ", ".join(summary["files"])
+    if "max_abs_diff_vs_pytorch" in summary:
+        line += f"; onnxruntime vs PyTorch max abs diff {summary['max_abs_diff_vs_pytorch']:.2e}"
+    print(line)
+    return 0
+
+
+def serve(args: argparse.Namespace) -> int:
+    from ctrkit.serve.predictor import load_predictor
+    from ctrkit.serve.server import serve as run_server
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.max_batch_size < 1 or args.batch_window_ms < 0:
+        raise ValueError("--max-batch-size must be >= 1 and --batch-window-ms >= 0")
+    predictor = load_predictor(args.checkpoint, args.model_dir)
+    name = args.name or predictor.meta["model_name"]
+    print(
+        f"serving {name} ({predictor.backend}) on http://{args.host}:{args.port}/v2/models/{name}/infer",
+        file=sys.stderr,
+        flush=True,
+    )
+    run_server(predictor, name, args.host, args.port, args.batch_window_ms, args.max_batch_size,
+               int(args.max_body_mb * 2**20))  # fmt: skip
+    return 0
+
+
 def bench(args: argparse.Namespace) -> int:
     if args.bench == "preprocess":
         return _bench_preprocess(args)

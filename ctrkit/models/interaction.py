@@ -96,9 +96,23 @@ class DotInteraction(nn.Module):
         self.out_features = width + self.padding
 
     def forward(self, dense: torch.Tensor | None, embeddings: torch.Tensor) -> torch.Tensor:
+        if not torch.is_grad_enabled():  # inference and export: plain ops every exporter knows
+            return self._plain(dense, embeddings)
         return _DotInteractionFn.apply(
             dense, embeddings, self.pair_index, self.sym_index, self.self_interaction, self.padding
         )  # (B, D + P + pad)
+
+    def _plain(self, dense: torch.Tensor | None, embeddings: torch.Tensor) -> torch.Tensor:
+        """The forward pass without the custom autograd function (same values)."""
+        dtype = embeddings.dtype if dense is None else dense.dtype
+        parts = [embeddings.to(dtype)] if dense is None else [dense.unsqueeze(1), embeddings.to(dtype)]
+        vectors = torch.cat(parts, dim=1)  # (B, V, D)
+        gram = torch.bmm(vectors, vectors.transpose(1, 2)).flatten(1)  # (B, V*V)
+        pairs = gram.index_select(1, self.pair_index)  # (B, P)
+        out = [pairs] if dense is None else [dense, pairs]
+        if self.padding:
+            out.append(pairs.new_zeros(pairs.shape[0], self.padding))
+        return torch.cat(out, 1)  # (B, W)
 
 
 class CrossLayer(nn.Module):

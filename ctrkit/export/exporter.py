@@ -1,0 +1,184 @@
+"""Exports a trained model for serving: ONNX, TorchScript, or a Triton model repository.
+
+Every artifact takes the two tensors of the KServe v2 request ctrkit's server speaks, named after the
+FeatureSpec channels: ``numerical`` (B, N) FP32 (the dataset's numerical values) and ``categorical``
+(B, F) INT64 (raw contiguous ids), and returns ``probability`` (B, 1) FP32. Ids outside a table
+(values unseen at training time) are mapped to the table's row 0, the recipe's missing/unseen id,
+inside the graph, so no runtime fails on them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from ctrkit.data.atomic import atomic_directory
+
+FORMATS = ("onnx", "torchscript", "triton")
+INPUT_NUMERICAL, INPUT_CATEGORICAL, OUTPUT = "numerical", "categorical", "probability"
+ONNX_OPSET = 18
+
+
+class InferenceModel(nn.Module):
+    """A trained model as a server runs it: raw ids in, click probabilities out.
+
+    Args:
+        model: a single-process ctrkit model (one-hot features only).
+        cardinalities: rows of each categorical feature's table.
+
+    Shapes: numerical (B, N) float32, categorical (B, F) int64 -> probability (B, 1) float32.
+    """
+
+    def __init__(self, model: nn.Module, cardinalities: list[int]):
+        super().__init__()
+        self.model = model.eval()
+        self.has_numerical = getattr(getattr(model, "config", None), "num_numerical", 1) > 0
+        self.register_buffer("cardinalities", torch.tensor(cardinalities, dtype=torch.int64))
+
+    def forward(self, numerical: torch.Tensor, categorical: torch.Tensor) -> torch.Tensor:
+        outside = (categorical < 0) | (categorical >= self.cardinalities)  # (B, F)
+        ids = torch.where(outside, torch.zeros_like(categorical), categorical)
+        dense = numerical if self.has_numerical else None
+        return torch.sigmoid(self.model(dense, ids)).unsqueeze(1)  # (B, 1)
+
+
+def model_metadata(ckpt: dict) -> dict:
+    """What a server needs besides the graph: names, shapes and where the model came from."""
+    cfg = ckpt["model_config"]
+    if cfg.get("multihot_cardinalities"):
+        raise ValueError("serving takes one-hot categorical features; this model has multi-hot features")
+    return {
+        "model_name": ckpt["model_name"],
+        "num_numerical": int(cfg["num_numerical"]),
+        "cardinalities": [int(c) for c in cfg["cardinalities"]],
+        "step": int(ckpt.get("step", 0)),
+        "inputs": {INPUT_NUMERICAL: "FP32", INPUT_CATEGORICAL: "INT64"},
+        "output": OUTPUT,
+    }
+
+
+def example_inputs(meta: dict, batch: int = 4, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random (numerical, categorical) inputs of the model's shape, some ids out of range on purpose."""
+    g = torch.Generator().manual_seed(seed)
+    numerical = torch.randn(batch, meta["num_numerical"], generator=g)
+    cats = [torch.randint(0, c + 2, (batch,), generator=g) for c in meta["cardinalities"]]
+    return numerical, torch.stack(cats, 1) if cats else torch.zeros(batch, 0, dtype=torch.int64)
+
+
+def export_onnx(wrapper: InferenceModel, meta: dict, path: Path) -> None:
+    numerical, categorical = example_inputs(meta)
+    batch = {0: "batch"}
+    with torch.no_grad():
+        torch.onnx.export(
+            wrapper,
+            (numerical, categorical),
+            str(path),
+            input_names=[INPUT_NUMERICAL, INPUT_CATEGORICAL],
+            output_names=[OUTPUT],
+            dynamic_axes={INPUT_NUMERICAL: batch, INPUT_CATEGORICAL: batch, OUTPUT: batch},
+            opset_version=ONNX_OPSET,
+            dynamo=False,
+        )
+
+
+def export_torchscript(wrapper: InferenceModel, meta: dict, path: Path) -> None:
+    numerical, categorical = example_inputs(meta)
+    with torch.no_grad():
+        traced = torch.jit.trace(wrapper, (numerical, categorical), check_trace=False)
+    traced.save(str(path))
+
+
+def triton_config(name: str, platform: str, meta: dict, max_batch_size: int = 65536) -> str:
+    """config.pbtxt for Triton: dynamic batching, inputs named after the FeatureSpec channels."""
+    return (
+        f'name: "{name}"\n'
+        f'platform: "{platform}"\n'
+        f"max_batch_size: {max_batch_size}\n"
+        "input [\n"
+        f'  {{ name: "{INPUT_NUMERICAL}" data_type: TYPE_FP32 dims: [ {meta["num_numerical"]} ] }},\n'
+        f'  {{ name: "{INPUT_CATEGORICAL}" data_type: TYPE_INT64 dims: [ {len(meta["cardinalities"])} ] }}\n'
+        "]\n"
+        "output [\n"
+        f'  {{ name: "{OUTPUT}" data_type: TYPE_FP32 dims: [ 1 ] }}\n'
+        "]\n"
+        "dynamic_batching { max_queue_delay_microseconds: 500 }\n"
+        "instance_group [ { kind: KIND_AUTO } ]\n"
+    )
+
+
+def check_onnx(wrapper: InferenceModel, meta: dict, path: Path, batch: int = 256) -> float:
+    """Max |onnxruntime - PyTorch| over a random batch (out-of-range ids included)."""
+    import onnxruntime as ort
+
+    numerical, categorical = example_inputs(meta, batch, seed=1)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    got = session.run([OUTPUT], {INPUT_NUMERICAL: numerical.numpy(), INPUT_CATEGORICAL: categorical.numpy()})[0]
+    with torch.no_grad():
+        want = wrapper(numerical, categorical).numpy()
+    return float(np.abs(got - want).max())
+
+
+def export_checkpoint(
+    checkpoint: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    fmt: str,
+    name: str | None = None,
+    backend: str = "onnx",
+    overwrite: bool = False,
+) -> dict:
+    """Writes ``fmt`` (onnx, torchscript, triton) for a checkpoint into ``out_dir``.
+
+    ``out_dir`` gets ``model.onnx`` or ``model.pt`` plus ``ctrkit_model.json`` (the metadata a server
+    needs); ``triton`` writes ``out_dir/<name>/config.pbtxt`` and ``out_dir/<name>/1/model.<ext>`` with
+    ``backend`` (onnx or torchscript) as the model file, and the metadata beside the config.
+
+    Returns:
+        A summary: files written and, for ONNX, the max abs difference against PyTorch.
+    """
+    from ctrkit.train.checkpoint import load_checkpoint, model_from_checkpoint
+
+    if fmt not in FORMATS:
+        raise ValueError(f"--format must be one of {', '.join(FORMATS)}, got '{fmt}'")
+    if backend not in ("onnx", "torchscript"):
+        raise ValueError(f"--backend must be onnx or torchscript, got '{backend}'")
+    ckpt = load_checkpoint(checkpoint)
+    meta = model_metadata(ckpt)
+    wrapper = InferenceModel(model_from_checkpoint(ckpt).cpu(), meta["cardinalities"]).eval()
+    name = name or meta["model_name"]
+    kind = backend if fmt == "triton" else fmt
+    summary: dict = {"format": fmt, "name": name}
+    with atomic_directory(out_dir, overwrite) as tmp:
+        target = tmp / name / "1" if fmt == "triton" else tmp
+        target.mkdir(parents=True, exist_ok=True)
+        model_file = target / ("model.onnx" if kind == "onnx" else "model.pt")
+        if kind == "onnx":
+            export_onnx(wrapper, meta, model_file)
+            summary["max_abs_diff_vs_pytorch"] = check_onnx(wrapper, meta, model_file)
+        else:
+            export_torchscript(wrapper, meta, model_file)
+        meta_dir = tmp / name if fmt == "triton" else tmp
+        (meta_dir / "ctrkit_model.json").write_text(json.dumps({**meta, "file": model_file.name}, indent=2) + "\n")
+        if fmt == "triton":
+            platform = "onnxruntime_onnx" if kind == "onnx" else "pytorch_libtorch"
+            (tmp / name / "config.pbtxt").write_text(triton_config(name, platform, meta))
+        summary["files"] = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
+    return summary
+
+
+def find_model_dir(model_dir: str | os.PathLike) -> Path:
+    """The directory holding ``ctrkit_model.json`` in an export (itself, or the one model of a Triton repo)."""
+    root = Path(model_dir)
+    if (root / "ctrkit_model.json").exists():
+        return root
+    found = sorted(p.parent for p in root.glob("*/ctrkit_model.json"))
+    if len(found) != 1:
+        raise ValueError(
+            f"{root}: expected an export written by `ctrkit export` (ctrkit_model.json here or in one model "
+            f"directory), found {len(found)}"
+        )
+    return found[0]

@@ -1,0 +1,134 @@
+"""The KServe v2 inference protocol as Triton speaks it: JSON tensors and the binary-tensor extension.
+
+Only parsing and encoding live here (no I/O), so every malformed request becomes a ``RequestError``
+naming the input and what was expected, which the server turns into a 400.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+
+HEADER_LENGTH = "inference-header-content-length"
+DTYPES = {"FP32": np.float32, "FP64": np.float64, "INT64": np.int64, "INT32": np.int32}
+
+
+class RequestError(ValueError):
+    """A request the server cannot serve; the message says which part and what was expected."""
+
+
+@dataclass(frozen=True)
+class InferRequest:
+    """A parsed request: its id, the two inputs, and whether the output goes back as binary."""
+
+    id: str | None
+    numerical: np.ndarray  # (B, N) float32
+    categorical: np.ndarray  # (B, F) int64
+    binary_output: bool
+
+
+def _expected(name: str, expect: dict) -> str:
+    return f"input '{name}' must be {expect[name][0]} with shape [B, {expect[name][1]}]"
+
+
+def parse_request(body: bytes, header_length: str | None, num_numerical: int, num_categorical: int) -> InferRequest:
+    """Parses a v2 infer request body (JSON, or JSON header + binary tensors)."""
+    expect = {"numerical": ("FP32", num_numerical), "categorical": ("INT64", num_categorical)}
+    if header_length is not None:
+        try:
+            n = int(header_length)
+        except ValueError:
+            raise RequestError(f"Inference-Header-Content-Length must be an integer, got '{header_length}'") from None
+        if not 0 < n <= len(body):
+            raise RequestError(f"Inference-Header-Content-Length {n} does not fit a body of {len(body)} bytes")
+        header, binary = body[:n], memoryview(body)[n:]
+    else:
+        header, binary = body, memoryview(b"")
+    try:
+        doc = json.loads(header)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise RequestError(f"the request is not valid JSON: {e}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), list):
+        raise RequestError("the request must be a JSON object with an 'inputs' list")
+    arrays: dict[str, np.ndarray] = {}
+    offset = 0
+    for i, item in enumerate(doc["inputs"]):
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            raise RequestError(f"inputs[{i}] must be an object with a 'name'")
+        name = item["name"]
+        if name not in expect:
+            raise RequestError(f"unknown input '{name}'; this model takes {', '.join(expect)}")
+        datatype, shape = item.get("datatype"), item.get("shape")
+        if datatype not in DTYPES:
+            raise RequestError(f"{_expected(name, expect)}; datatype '{datatype}' is not one of {', '.join(DTYPES)}")
+        if datatype != expect[name][0]:
+            raise RequestError(f"{_expected(name, expect)}, got datatype {datatype}")
+        if (
+            not isinstance(shape, list)
+            or len(shape) != 2
+            or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
+        ):
+            raise RequestError(f"{_expected(name, expect)}, got shape {shape}")
+        if shape[1] != expect[name][1]:
+            raise RequestError(f"{_expected(name, expect)}, got shape {shape}")
+        dtype = np.dtype(DTYPES[datatype])
+        count = shape[0] * shape[1]
+        size = (item.get("parameters") or {}).get("binary_data_size")
+        if size is not None:
+            if not isinstance(size, int) or size != count * dtype.itemsize:
+                raise RequestError(f"input '{name}': binary_data_size {size}, expected {count * dtype.itemsize} bytes")
+            if offset + size > len(binary):
+                raise RequestError(f"input '{name}': the body holds {len(binary) - offset} of its {size} binary bytes")
+            arrays[name] = np.frombuffer(binary[offset : offset + size], dtype=dtype).reshape(shape)
+            offset += size
+        else:
+            try:
+                values = np.asarray(item.get("data"), dtype=dtype)
+            except (TypeError, ValueError, OverflowError):
+                raise RequestError(f"input '{name}': 'data' must hold {count} numbers") from None
+            if values.size != count:
+                raise RequestError(f"input '{name}': 'data' holds {values.size} values, shape {shape} needs {count}")
+            arrays[name] = values.reshape(shape)
+    missing = [n for n in expect if n not in arrays]
+    if missing:
+        raise RequestError(f"missing input(s) {', '.join(missing)}; " + "; ".join(_expected(n, expect) for n in expect))
+    if offset != len(binary):
+        raise RequestError(f"{len(binary) - offset} binary bytes after the last input")
+    if arrays["numerical"].shape[0] != arrays["categorical"].shape[0]:
+        raise RequestError(
+            f"inputs disagree on the batch size: numerical {arrays['numerical'].shape[0]}, categorical "
+            f"{arrays['categorical'].shape[0]}"
+        )
+    if arrays["numerical"].shape[0] == 0:
+        raise RequestError("the batch is empty")
+    if not np.isfinite(arrays["numerical"]).all():
+        raise RequestError("input 'numerical' holds NaN or infinite values")
+    params = doc.get("parameters") or {}
+    outputs = doc.get("outputs") or []
+    binary_output = bool(params.get("binary_data_output", False)) or any(
+        isinstance(o, dict) and (o.get("parameters") or {}).get("binary_data", False) for o in outputs
+    )
+    request_id = doc.get("id")
+    return InferRequest(
+        str(request_id) if request_id is not None else None,
+        np.asarray(arrays["numerical"], np.float32),
+        np.asarray(arrays["categorical"], np.int64),
+        binary_output,
+    )
+
+
+def encode_response(model_name: str, request: InferRequest, probability: np.ndarray) -> tuple[bytes, dict[str, str]]:
+    """The v2 response body and its headers (binary output when the request asked for it)."""
+    out: dict = {"name": "probability", "datatype": "FP32", "shape": list(probability.shape)}
+    doc: dict = {"model_name": model_name, "model_version": "1", "outputs": [out]}
+    if request.id is not None:
+        doc["id"] = request.id
+    if request.binary_output:
+        raw = np.ascontiguousarray(probability, np.float32).tobytes()
+        out["parameters"] = {"binary_data_size": len(raw)}
+        header = json.dumps(doc).encode()
+        return header + raw, {HEADER_LENGTH: str(len(header)), "content-type": "application/octet-stream"}
+    out["data"] = probability.reshape(-1).tolist()
+    return json.dumps(doc).encode(), {"content-type": "application/json"}
