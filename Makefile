@@ -17,7 +17,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check "$(TORCH)"
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[test,spark]"
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[test,spark,serve]"
 	touch $(STAMP)
 
 demo: install

@@ -45,3 +45,15 @@ def run_process(*args: str, timeout: float = 300) -> subprocess.CompletedProcess
     return subprocess.run(
         [sys.executable, "-m", "ctrkit", *[str(a) for a in args]], capture_output=True, text=True, timeout=timeout
     )
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tiny_dataset, tmp_path_factory) -> Path:
+    """A DLRM trained 30 steps on tiny_dataset (small shape), for export and serving tests."""
+    out = tmp_path_factory.mktemp("ckpt") / "dlrm.pt"
+    code = main(
+        ["train", "--dataset", str(tiny_dataset), "--max-steps", "30", "--batch-size", "256", "--no-progress",
+         "--save-checkpoint", str(out), *small_model_flags()]
+    )  # fmt: skip
+    assert code == 0
+    return out

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -73,7 +74,10 @@ def example_inputs(meta: dict, batch: int = 4, seed: int = 0) -> tuple[torch.Ten
 def export_onnx(wrapper: InferenceModel, meta: dict, path: Path) -> None:
     numerical, categorical = example_inputs(meta)
     batch = {0: "batch"}
-    with torch.no_grad():
+    # the TorchScript-based exporter: it handles this graph without the extra onnxscript dependency; torch
+    # 2.13 marks it deprecated, which says nothing about this export
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
         torch.onnx.export(
             wrapper,
             (numerical, categorical),

@@ -145,14 +145,13 @@ def create_app(
     async def infer(model: str, request: Request, version: str = "1"):
         if model != name:
             return unknown(model)
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > max_body:
-            return error(400, f"the request body of {declared} bytes exceeds the limit of {max_body} bytes")
-        body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > max_body:
-                return error(400, f"the request body exceeds the limit of {max_body} bytes")
+        body, seen = bytearray(), 0
+        async for chunk in request.stream():  # an oversized body is read to its end (not kept), so the
+            seen += len(chunk)  # client gets the 400 rather than a reset connection
+            if seen <= max_body:
+                body += chunk
+        if seen > max_body:
+            return error(400, f"the request body of {seen} bytes exceeds the limit of {max_body} bytes")
         try:
             parsed = parse_request(bytes(body), request.headers.get(HEADER_LENGTH), n_num, n_cat)
         except RequestError as e:

@@ -1,0 +1,102 @@
+"""Exports loaded back in the runtime that serves them, against the PyTorch model."""
+
+import json
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+from ctrkit.data.dataset import SplitBinaryDataset
+from ctrkit.eval.evaluator import predict_logits
+from ctrkit.eval.metrics import sigmoid
+from ctrkit.train.checkpoint import load_checkpoint, model_from_checkpoint
+from tests.conftest import run_cli
+
+
+@pytest.fixture(scope="module")
+def rows(tiny_dataset):
+    """500 real test rows, plus PyTorch's probabilities for them (the reference)."""
+    test = SplitBinaryDataset(tiny_dataset, "test")
+    batch = test.slice(0, 500)
+    return batch.dense.numpy(), batch.sparse.numpy()
+
+
+def reference(ckpt_path, numerical, categorical):
+    model = model_from_checkpoint(load_checkpoint(ckpt_path)).eval()
+    with torch.no_grad():
+        return torch.sigmoid(model(torch.from_numpy(numerical), torch.from_numpy(categorical))).numpy()[:, None]
+
+
+def test_onnx_matches_pytorch_and_maps_unseen_ids(tiny_checkpoint, tmp_path, rows, capsys):
+    code, out, _ = run_cli(
+        "export", "--checkpoint", tiny_checkpoint, "--format", "onnx", "--out", tmp_path / "onnx", capsys=capsys
+    )
+    assert code == 0 and "max abs diff" in out
+    numerical, categorical = rows
+    session = ort.InferenceSession(str(tmp_path / "onnx" / "model.onnx"), providers=["CPUExecutionProvider"])
+    got = session.run(["probability"], {"numerical": numerical, "categorical": categorical})[0]
+    np.testing.assert_allclose(got, reference(tiny_checkpoint, numerical, categorical), atol=1e-5)
+    # ids beyond a table (and negative ones) score as the unseen id 0 instead of failing
+    cards = json.loads((tmp_path / "onnx" / "ctrkit_model.json").read_text())["cardinalities"]
+    wild = categorical[:20].copy()
+    wild[:, 0], wild[:, 3] = cards[0] + 5, -7
+    got = session.run(["probability"], {"numerical": numerical[:20], "categorical": wild})[0]
+    tame = wild.copy()
+    tame[:, 0], tame[:, 3] = 0, 0
+    np.testing.assert_allclose(got, reference(tiny_checkpoint, numerical[:20], tame), atol=1e-5)
+
+
+def test_torchscript_matches_pytorch(tiny_checkpoint, tmp_path, rows, capsys):
+    code, _, _ = run_cli(
+        "export", "--checkpoint", tiny_checkpoint, "--format", "torchscript", "--out", tmp_path / "ts", capsys=capsys
+    )
+    assert code == 0
+    numerical, categorical = rows
+    module = torch.jit.load(str(tmp_path / "ts" / "model.pt"))
+    with torch.no_grad():
+        got = module(torch.from_numpy(numerical), torch.from_numpy(categorical)).numpy()
+    np.testing.assert_allclose(got, reference(tiny_checkpoint, numerical, categorical), atol=1e-6)
+
+
+def test_predict_and_export_agree(tiny_checkpoint, tiny_dataset, rows):
+    """The exported probability is the sigmoid of what `ctrkit predict` scores."""
+    numerical, categorical = rows
+    model = model_from_checkpoint(load_checkpoint(tiny_checkpoint))
+    logits = predict_logits(model, SplitBinaryDataset(tiny_dataset, "test"), torch.device("cpu"))[:500]
+    np.testing.assert_allclose(sigmoid(logits)[:, None], reference(tiny_checkpoint, numerical, categorical), atol=1e-6)
+
+
+@pytest.mark.parametrize("backend, platform, file", [("onnx", "onnxruntime_onnx", "model.onnx"),
+                                                     ("torchscript", "pytorch_libtorch", "model.pt")])  # fmt: skip
+def test_triton_repository_parses_with_tritons_schema(tiny_checkpoint, tmp_path, capsys, backend, platform, file):
+    out = tmp_path / "repo"
+    code, _, _ = run_cli(
+        "export", "--checkpoint", tiny_checkpoint, "--format", "triton", "--out", out, "--name", "ctr",
+        "--backend", backend, capsys=capsys,
+    )  # fmt: skip
+    assert code == 0 and (out / "ctr" / "1" / file).exists()
+    config = text_format.Parse((out / "ctr" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    meta = json.loads((out / "ctr" / "ctrkit_model.json").read_text())
+    assert config.name == "ctr" and config.platform == platform and config.max_batch_size > 0
+    assert [(i.name, list(i.dims)) for i in config.input] == [
+        ("numerical", [meta["num_numerical"]]),
+        ("categorical", [len(meta["cardinalities"])]),
+    ]
+    assert [i.data_type for i in config.input] == [model_config_pb2.TYPE_FP32, model_config_pb2.TYPE_INT64]
+    assert [(o.name, list(o.dims)) for o in config.output] == [("probability", [1])]
+    assert config.HasField("dynamic_batching")
+
+
+def test_export_refuses_bad_requests(tiny_checkpoint, tmp_path, capsys):
+    run_cli("export", "--checkpoint", tiny_checkpoint, "--format", "onnx", "--out", tmp_path / "o", capsys=capsys)
+    code, _, err = run_cli(
+        "export", "--checkpoint", tiny_checkpoint, "--format", "onnx", "--out", tmp_path / "o", capsys=capsys
+    )
+    assert code == 2 and "--overwrite" in err
+    code, _, err = run_cli(
+        "export", "--checkpoint", tmp_path / "none.pt", "--format", "onnx", "--out", tmp_path / "x", capsys=capsys
+    )
+    assert code == 2 and "none.pt" in err

@@ -1,0 +1,184 @@
+"""The real server on 127.0.0.1, queried with the real tritonclient (JSON and binary) and plain HTTP."""
+
+import json
+import random
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+
+from ctrkit.data.dataset import SplitBinaryDataset
+from tests.conftest import run_cli
+
+N_ROWS = 300
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, *args):
+        self.port = free_port()
+        self.url = f"127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "ctrkit", "serve", *map(str, args), "--port", str(self.port), "--threads", "1"]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        while not self.healthy():
+            assert self.proc.poll() is None, self.proc.stderr.read()
+            assert time.monotonic() < deadline, "server did not become ready"
+            time.sleep(0.2)
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.url}/v2/health/ready", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def post(self, body: bytes, headers=None, model="dlrm"):
+        req = urllib.request.Request(
+            f"http://{self.url}/v2/models/{model}/infer", data=body, method="POST", headers=headers or {}
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(timeout=20)
+
+
+@pytest.fixture(scope="module")
+def rows(tiny_dataset):
+    batch = SplitBinaryDataset(tiny_dataset, "test").slice(0, N_ROWS)
+    return batch.dense.numpy(), batch.sparse.numpy()
+
+
+@pytest.fixture(scope="module")
+def predicted(tiny_checkpoint, tiny_dataset, tmp_path_factory):
+    """`ctrkit predict` on the test mapping: what the server must answer."""
+    out = tmp_path_factory.mktemp("pred") / "p.npy"
+    assert run_cli("predict", "--checkpoint", tiny_checkpoint, "--dataset", tiny_dataset, "--out", out)[0] == 0
+    return np.load(out)[:N_ROWS]
+
+
+@pytest.fixture(scope="module", params=["checkpoint", "onnx"])
+def server(request, tiny_checkpoint, tmp_path_factory):
+    if request.param == "checkpoint":
+        s = Server("--checkpoint", tiny_checkpoint, "--max-body-mb", "1")
+    else:
+        out = tmp_path_factory.mktemp("export") / "onnx"
+        assert run_cli("export", "--checkpoint", tiny_checkpoint, "--format", "onnx", "--out", out)[0] == 0
+        s = Server("--model-dir", out, "--max-body-mb", "1")
+    yield s
+    s.stop()
+
+
+def infer(client, numerical, categorical, binary):
+    a = httpclient.InferInput("numerical", list(numerical.shape), "FP32")
+    a.set_data_from_numpy(numerical, binary_data=binary)
+    b = httpclient.InferInput("categorical", list(categorical.shape), "INT64")
+    b.set_data_from_numpy(categorical, binary_data=binary)
+    out = httpclient.InferRequestedOutput("probability", binary_data=binary)
+    return client.infer("dlrm", [a, b], outputs=[out]).as_numpy("probability")
+
+
+@pytest.mark.parametrize("binary", [False, True])
+def test_predictions_equal_ctrkit_predict(server, rows, predicted, binary):
+    client = httpclient.InferenceServerClient(server.url)
+    assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("dlrm")
+    meta = client.get_model_metadata("dlrm")
+    assert [(i["name"], i["datatype"], i["shape"]) for i in meta["inputs"]] == [
+        ("numerical", "FP32", [-1, 4]),
+        ("categorical", "INT64", [-1, 8]),
+    ]
+    numerical, categorical = rows
+    got = infer(client, numerical, categorical, binary)
+    assert got.shape == (N_ROWS, 1) and got.dtype == np.float32
+    np.testing.assert_allclose(got[:, 0], predicted, atol=1e-5)
+    # one row at a time gives the same numbers as the whole batch (dynamic batching changes nothing)
+    np.testing.assert_allclose(infer(client, numerical[:1], categorical[:1], binary)[:, 0], predicted[:1], atol=1e-5)
+
+
+def request_body(numerical, categorical):
+    return json.dumps(
+        {
+            "inputs": [
+                {"name": "numerical", "datatype": "FP32", "shape": list(numerical.shape), "data": numerical.tolist()},
+                {
+                    "name": "categorical",
+                    "datatype": "INT64",
+                    "shape": list(categorical.shape),
+                    "data": categorical.tolist(),
+                },
+            ]
+        }
+    ).encode()
+
+
+def test_bad_requests_get_400_naming_the_input(server, rows):
+    numerical, categorical = rows[0][:2], rows[1][:2]
+    good = json.loads(request_body(numerical, categorical))
+    cases = {
+        "shape": ({**good, "inputs": [{**good["inputs"][0], "shape": [2, 5]}, good["inputs"][1]]}, "numerical"),
+        "dtype": ({**good, "inputs": [good["inputs"][0], {**good["inputs"][1], "datatype": "FP32"}]}, "INT64"),
+        "missing": ({**good, "inputs": [good["inputs"][0]]}, "missing input(s) categorical"),
+        "count": ({**good, "inputs": [{**good["inputs"][0], "data": [1.0]}, good["inputs"][1]]}, "holds 1 values"),
+    }
+    for what, (doc, expect) in cases.items():
+        status, body = server.post(json.dumps(doc).encode())
+        assert status == 400 and expect in json.loads(body)["error"], (what, body)
+    status, body = server.post(b"{not json")
+    assert status == 400 and "not valid JSON" in json.loads(body)["error"]
+    status, body = server.post(b"x" * (2 << 20))  # over --max-body-mb 1
+    assert status == 400 and "exceeds the limit" in json.loads(body)["error"]
+    status, body = server.post(request_body(numerical, categorical), headers={"Inference-Header-Content-Length": "9"})
+    assert status == 400
+    status, _ = server.post(request_body(numerical, categorical), model="other")
+    assert status == 404
+    status, body = server.post(request_body(numerical, categorical))
+    assert status == 200 and len(json.loads(body)["outputs"][0]["data"]) == 2  # still serving
+
+
+def test_fuzzed_bodies_never_crash_it(server, rows):
+    rng = random.Random(0)
+    base = request_body(rows[0][:3], rows[1][:3])
+    statuses = []
+    for i in range(150):
+        body = bytearray(base)
+        for _ in range(rng.randint(1, 8)):
+            body[rng.randrange(len(body))] = rng.randrange(256)
+        if i % 5 == 0:
+            body = bytes(rng.randrange(256) for _ in range(rng.randint(0, 300)))
+        headers = {"Inference-Header-Content-Length": str(rng.randint(-5, len(body) + 5))} if i % 7 == 0 else {}
+        statuses.append(server.post(bytes(body), headers)[0])
+    assert set(statuses) <= {200, 400}, sorted(set(statuses))
+    assert server.healthy() and server.proc.poll() is None
+
+
+def test_bounded_load_has_no_failures(server, rows):
+    numerical, categorical = rows
+
+    def client_run(k):
+        client = httpclient.InferenceServerClient(server.url)
+        for j in range(60):
+            i = (k * 60 + j) % N_ROWS
+            got = infer(client, numerical[i : i + 1], categorical[i : i + 1], binary=True)
+            assert got.shape == (1, 1)
+        return 60
+
+    with ThreadPoolExecutor(8) as pool:
+        done = sum(pool.map(client_run, range(8)))
+    assert done == 8 * 60 and server.healthy()
