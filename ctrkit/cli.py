@@ -367,6 +367,14 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-batch-size", type=int, default=8192, help="samples per model call and request (default 8192)")
     p.add_argument("--max-body-mb", type=float, default=64.0, help="largest request body accepted (default 64)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
+    p.add_argument(
+        "--embedding-store",
+        choices=("memory", "mmap"),
+        default="memory",
+        help="memory (default): tables in RAM; mmap: tables stay in the memory-mapped checkpoint and only "
+        "--cache-rows hot rows are kept in memory, so tables larger than RAM can be served (--checkpoint only)",
+    )
+    p.add_argument("--cache-rows", type=int, default=1 << 20, help="rows of the mmap store's cache (default 1048576)")
 
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:

@@ -29,12 +29,14 @@ class EmbeddingCollection(nn.Module):
 
     def __init__(self, cardinalities: Sequence[int], dim: int, sparse: bool = True):
         super().__init__()
-        cards = torch.tensor(list(cardinalities), dtype=torch.int64)
+        cards = torch.tensor(
+            list(cardinalities), dtype=torch.int64, device="cpu"
+        )  # index data, even when built on meta
         self.cardinalities = tuple(int(c) for c in cardinalities)
         self.dim = dim
         self.sparse = sparse
         self.register_buffer("offsets", torch.cumsum(cards, 0) - cards, persistent=False)  # (F,)
-        self.weight = nn.Parameter(torch.empty(int(cards.sum()), dim))
+        self.weight = nn.Parameter(torch.empty(sum(self.cardinalities), dim))
         with torch.no_grad():
             for off, card in zip(self.offsets.tolist(), self.cardinalities):
                 bound = 1.0 / math.sqrt(card)
@@ -78,16 +80,18 @@ class EmbeddingBagCollection(nn.Module):
         super().__init__()
         if len(combiners) != len(cardinalities) or any(c not in ("sum", "mean") for c in combiners):
             raise ValueError(f"need one combiner ('sum' or 'mean') per multi-hot feature, got {list(combiners)}")
-        cards = torch.tensor(list(cardinalities), dtype=torch.int64)
+        cards = torch.tensor(
+            list(cardinalities), dtype=torch.int64, device="cpu"
+        )  # index data, even when built on meta
         self.cardinalities = tuple(int(c) for c in cardinalities)
         self.combiners = tuple(combiners)
         self.dim = dim
         self.sparse = sparse
         self.register_buffer("offsets", torch.cumsum(cards, 0) - cards, persistent=False)  # (Fm,)
         self.register_buffer(
-            "is_mean", torch.tensor([c == "mean" for c in combiners], dtype=torch.bool), persistent=False
+            "is_mean", torch.tensor([c == "mean" for c in combiners], dtype=torch.bool, device="cpu"), persistent=False
         )
-        self.weight = nn.Parameter(torch.empty(int(cards.sum()), dim))
+        self.weight = nn.Parameter(torch.empty(sum(self.cardinalities), dim))
         with torch.no_grad():
             for off, card in zip(self.offsets.tolist(), self.cardinalities):
                 bound = 1.0 / math.sqrt(card)

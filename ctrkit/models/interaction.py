@@ -80,13 +80,14 @@ class DotInteraction(nn.Module):
         self, num_vectors: int, dim: int, self_interaction: bool = False, pad_to: int = 8, with_dense: bool = True
     ):
         super().__init__()
-        rows, cols = torch.tril_indices(num_vectors, num_vectors, offset=0 if self_interaction else -1)
+        # index buffers are built on the CPU even under a meta default device (lazy loading for serving)
+        rows, cols = torch.tril_indices(num_vectors, num_vectors, offset=0 if self_interaction else -1, device="cpu")
         self.register_buffer("pair_index", rows * num_vectors + cols, persistent=False)
         # for every Gram entry (i, j): the pair it belongs to (the diagonal's is ignored without
         # self-interaction)
-        sym = torch.zeros((num_vectors, num_vectors), dtype=torch.int64)
-        sym[rows, cols] = torch.arange(rows.numel())
-        sym[cols, rows] = torch.arange(rows.numel())
+        sym = torch.zeros((num_vectors, num_vectors), dtype=torch.int64, device="cpu")
+        sym[rows, cols] = torch.arange(rows.numel(), device="cpu")
+        sym[cols, rows] = torch.arange(rows.numel(), device="cpu")
         self.register_buffer("sym_index", sym.flatten(), persistent=False)
         self.num_vectors = num_vectors
         self.self_interaction = self_interaction

@@ -26,24 +26,37 @@ class Predictor:
         self._run = run
         self.num_numerical = int(meta["num_numerical"])
         self.num_categorical = len(meta["cardinalities"])
+        self.stores: list = []  # memory-mapped embedding stores, when serving with --embedding-store mmap
 
     def __call__(self, numerical: np.ndarray, categorical: np.ndarray) -> np.ndarray:
         return self._run(np.ascontiguousarray(numerical, np.float32), np.ascontiguousarray(categorical, np.int64))
 
     @classmethod
-    def from_checkpoint(cls, checkpoint: str | os.PathLike, threads: int | None = None) -> Predictor:
+    def from_checkpoint(
+        cls, checkpoint: str | os.PathLike, embedding_store: str = "memory", cache_rows: int = 1 << 20
+    ) -> Predictor:
+        """The checkpoint's PyTorch model; ``embedding_store="mmap"`` keeps its tables on disk (memory-mapped,
+        ``cache_rows`` hot rows cached), so tables larger than RAM can be served."""
         from ctrkit.export.exporter import InferenceModel, model_metadata
+        from ctrkit.serve.embedding_store import use_mmap_store
         from ctrkit.train.checkpoint import load_checkpoint, model_from_checkpoint
 
-        ckpt = load_checkpoint(checkpoint)
+        if embedding_store not in ("memory", "mmap"):
+            raise ValueError(f"--embedding-store must be memory or mmap, got '{embedding_store}'")
+        lazy = embedding_store == "mmap"
+        ckpt = load_checkpoint(checkpoint, mmap=lazy)
         meta = model_metadata(ckpt)
-        model = InferenceModel(model_from_checkpoint(ckpt).cpu(), meta["cardinalities"]).eval()
+        model = model_from_checkpoint(ckpt, assign=lazy).cpu()
+        stores = use_mmap_store(model, cache_rows) if lazy else []
+        model = InferenceModel(model, meta["cardinalities"]).eval()
 
         @torch.inference_mode()
         def run(numerical: np.ndarray, categorical: np.ndarray) -> np.ndarray:
             return model(torch.from_numpy(numerical), torch.from_numpy(categorical)).numpy()
 
-        return cls(meta, "torch", run)
+        predictor = cls(meta, "torch" if not lazy else "torch+mmap", run)
+        predictor.stores = stores
+        return predictor
 
     @classmethod
     def from_export(cls, model_dir: str | os.PathLike) -> Predictor:
@@ -73,7 +86,13 @@ class Predictor:
         return cls(meta, "torchscript", run_ts)
 
 
-def load_predictor(checkpoint: Path | None, model_dir: Path | None) -> Predictor:
+def load_predictor(
+    checkpoint: Path | None, model_dir: Path | None, embedding_store: str = "memory", cache_rows: int = 1 << 20
+) -> Predictor:
     if (checkpoint is None) == (model_dir is None):
         raise ValueError("give exactly one of --checkpoint and --model-dir")
-    return Predictor.from_checkpoint(checkpoint) if checkpoint is not None else Predictor.from_export(model_dir)
+    if checkpoint is None:
+        if embedding_store != "memory":
+            raise ValueError("--embedding-store mmap serves a --checkpoint (an export holds its tables in the graph)")
+        return Predictor.from_export(model_dir)
+    return Predictor.from_checkpoint(checkpoint, embedding_store, cache_rows)

@@ -32,13 +32,16 @@ def save_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> None:
         torch.save({"format": FORMAT, **state}, tmp)
 
 
-def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
-    """Reads a checkpoint with ``weights_only=True`` (tensors and plain containers only)."""
+def load_checkpoint(path: str | os.PathLike, mmap: bool = False) -> dict[str, Any]:
+    """Reads a checkpoint with ``weights_only=True`` (tensors and plain containers only).
+
+    With ``mmap``, tensors stay in the file (memory-mapped, read on use) instead of being loaded.
+    """
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"{path}: checkpoint not found")
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as e:  # truncated file, not a torch file, forbidden pickled object
         raise CheckpointError(
             f"{path}: not a readable ctrkit checkpoint ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
@@ -48,11 +51,23 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     return ckpt
 
 
-def model_from_checkpoint(ckpt: dict[str, Any]) -> nn.Module:
-    """Rebuilds the model from the config stored in the checkpoint and loads its weights."""
+def model_from_checkpoint(ckpt: dict[str, Any], assign: bool = False) -> nn.Module:
+    """Rebuilds the model from the config stored in the checkpoint and loads its weights.
+
+    With ``assign``, the model is built without memory of its own (on the meta device) and takes the
+    checkpoint's tensors as its parameters: with a memory-mapped checkpoint, tables stay on disk.
+    """
     config = make_config(ckpt["model_name"], ckpt["model_config"])
-    model = create_model(ckpt["model_name"], config)
-    model.load_state_dict(ckpt["model"])
+    if not assign:
+        model = create_model(ckpt["model_name"], config)
+        model.load_state_dict(ckpt["model"])
+        return model
+    with torch.device("meta"):
+        model = create_model(ckpt["model_name"], config)
+    model.load_state_dict(ckpt["model"], assign=True)
+    for name, buffer in model.named_buffers():  # non-persistent buffers (offsets, indices) are rebuilt
+        if buffer.is_meta:
+            raise CheckpointError(f"buffer '{name}' is not stored in the checkpoint; cannot build the model lazily")
     return model
 
 

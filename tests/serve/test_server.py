@@ -74,10 +74,14 @@ def predicted(tiny_checkpoint, tiny_dataset, tmp_path_factory):
     return np.load(out)[:N_ROWS]
 
 
-@pytest.fixture(scope="module", params=["checkpoint", "onnx"])
+@pytest.fixture(scope="module", params=["checkpoint", "onnx", "mmap"])
 def server(request, tiny_checkpoint, tmp_path_factory):
     if request.param == "checkpoint":
         s = Server("--checkpoint", tiny_checkpoint, "--max-body-mb", "1")
+    elif request.param == "mmap":
+        s = Server(
+            "--checkpoint", tiny_checkpoint, "--max-body-mb", "1", "--embedding-store", "mmap", "--cache-rows", "50"
+        )
     else:
         out = tmp_path_factory.mktemp("export") / "onnx"
         assert run_cli("export", "--checkpoint", tiny_checkpoint, "--format", "onnx", "--out", out)[0] == 0

@@ -1,0 +1,64 @@
+"""Serving with the tables left on disk: the same predictions, bounded memory."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from ctrkit.models.registry import config_to_dict, create_model, make_config
+from ctrkit.serve.predictor import Predictor
+from ctrkit.train.checkpoint import save_checkpoint
+
+
+def inputs(meta, n, seed):
+    rng = np.random.default_rng(seed)
+    numerical = rng.normal(size=(n, meta["num_numerical"])).astype(np.float32)
+    cats = np.stack([np.minimum(rng.zipf(1.3, n) - 1, c + 3) for c in meta["cardinalities"]], 1)  # some unseen
+    return numerical, cats.astype(np.int64)
+
+
+@pytest.mark.parametrize("cache_rows", [0, 7, 100_000])
+def test_mmap_store_predicts_like_the_in_memory_model(tiny_checkpoint, cache_rows):
+    memory = Predictor.from_checkpoint(tiny_checkpoint)
+    mmap = Predictor.from_checkpoint(tiny_checkpoint, "mmap", cache_rows)
+    for seed in range(3):  # repeated traffic: the cache fills, collides (7 slots) and is reused
+        numerical, categorical = inputs(memory.meta, 700, seed)
+        np.testing.assert_array_equal(mmap(numerical, categorical), memory(numerical, categorical))
+    store = mmap.stores[0]
+    assert store.hits + store.misses == 3 * 700 * len(memory.meta["cardinalities"])
+    assert (store.hits > 0) == (cache_rows > 0)
+    assert store.cache.nbytes == cache_rows * store.dim * 4  # the only table memory the store owns
+
+
+# anonymous memory (what the process allocated; file pages of a memory-mapped table are the kernel's
+# reclaimable page cache) of a process serving a checkpoint, after scoring a batch
+SERVE_ONCE = """
+import json, sys
+import numpy as np
+from ctrkit.serve.predictor import Predictor
+p = Predictor.from_checkpoint(sys.argv[1], sys.argv[2], 10_000)
+rng = np.random.default_rng(0)
+out = p(rng.normal(size=(256, 1)).astype(np.float32), rng.integers(0, 1000, (256, 2)))
+anon = [int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("RssAnon")][0]
+print(json.dumps({"anon_mb": anon / 1024, "mean": float(out.mean())}))
+"""
+
+
+def test_mmap_store_does_not_load_the_tables(tmp_path):
+    """A 256 MiB table: served from memory it is resident; served from the mmap store it is not."""
+    torch.manual_seed(0)
+    cfg = make_config("dlrm", dict(num_numerical=1, cardinalities=[2_000_000, 1000], embedding_dim=32,
+                                   bottom_mlp=(8, 32), top_mlp=(8, 1)))  # fmt: skip
+    state = {"model_name": "dlrm", "model_config": config_to_dict(cfg), "model": create_model("dlrm", cfg).state_dict()}
+    save_checkpoint(tmp_path / "big.pt", {**state, "step": 0})
+    runs = {}
+    for store in ("memory", "mmap"):
+        done = subprocess.run([sys.executable, "-c", SERVE_ONCE, str(tmp_path / "big.pt"), store], capture_output=True,
+                              text=True, check=True)  # fmt: skip
+        runs[store] = json.loads(done.stdout)
+    assert runs["mmap"]["mean"] == pytest.approx(runs["memory"]["mean"], abs=1e-6)
+    # the table is 244 MiB: served from memory it is in the process (177 MiB more here), from mmap it is not
+    assert runs["memory"]["anon_mb"] - runs["mmap"]["anon_mb"] > 120, runs
