@@ -375,11 +375,45 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         "--cache-rows hot rows are kept in memory, so tables larger than RAM can be served (--checkpoint only)",
     )
     p.add_argument("--cache-rows", type=int, default=1 << 20, help="rows of the mmap store's cache (default 1048576)")
+    p.add_argument(
+        "--dtype",
+        choices=("fp32", "bf16"),
+        default="fp32",
+        help="weights of a --checkpoint model: fp32 (default) or bf16 (faster on CPUs with AMX)",
+    )
 
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmarks (training, preprocessing, hybrid-parallel scaling)")
-    bsub = p.add_subparsers(dest="bench", required=True, metavar="{train,preprocess,scale}", help="what to measure")
+    bsub = p.add_subparsers(
+        dest="bench", required=True, metavar="{train,preprocess,scale,inference}", help="what to measure"
+    )
+    inf = bsub.add_parser(
+        "inference",
+        help="inference samples/s and latency per batch size, in process per runtime or through a server",
+        description="In process: scores pre-built batches with each runtime (torch fp32, torch-bf16 autocast, "
+        "onnx = ONNX Runtime, torchscript) for about --seconds per batch size. With --server: sends --requests "
+        "binary-tensor requests per batch size from --concurrency tritonclient clients to a running `ctrkit "
+        "serve`. Reports samples/s and latency p50/p90/p99.",
+    )
+    src = inf.add_mutually_exclusive_group(required=True)
+    src.add_argument("--checkpoint", type=Path, default=None, help="checkpoint to score in process")
+    src.add_argument(
+        "--kaggle-shape",
+        action="store_true",
+        help="a randomly initialised DLRM of the Criteo-Kaggle shape (26 x 100,000 x 16) instead of a checkpoint",
+    )
+    src.add_argument("--server", default=None, help="host:port of a running `ctrkit serve` to measure through")
+    inf.add_argument("--model", default="dlrm", help="model name on the server (default dlrm)")
+    inf.add_argument("--batch-sizes", default="1,64,4096", help="comma-separated batch sizes (default 1,64,4096)")
+    inf.add_argument(
+        "--runtimes", default="torch,torch-bf16,onnx,torchscript", help="in-process runtimes (default: all four)"
+    )
+    inf.add_argument("--seconds", type=float, default=2.0, help="in process: time per batch size (default 2)")
+    inf.add_argument("--requests", type=int, default=2000, help="server: requests per batch size (default 2000)")
+    inf.add_argument("--concurrency", type=int, default=8, help="server: concurrent clients (default 8)")
+    inf.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
+    inf.add_argument("--output", type=Path, default=None, help="write the results as JSON here")
     sc = bsub.add_parser(
         "scale",
         help="step time per world size on the Merlin synthetic models, scaled down",

@@ -349,7 +349,7 @@ def serve(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     if args.max_batch_size < 1 or args.batch_window_ms < 0:
         raise ValueError("--max-batch-size must be >= 1 and --batch-window-ms >= 0")
-    predictor = load_predictor(args.checkpoint, args.model_dir, args.embedding_store, args.cache_rows)
+    predictor = load_predictor(args.checkpoint, args.model_dir, args.embedding_store, args.cache_rows, args.dtype)
     name = args.name or predictor.meta["model_name"]
     print(
         f"serving {name} ({predictor.backend}) on http://{args.host}:{args.port}/v2/models/{name}/infer",
@@ -366,6 +366,8 @@ def bench(args: argparse.Namespace) -> int:
         return _bench_preprocess(args)
     if args.bench == "scale":
         return _bench_scale(args)
+    if args.bench == "inference":
+        return _bench_inference(args)
     from ctrkit.bench.train_bench import TrainBenchConfig, run_train_bench
 
     if args.threads:
@@ -416,6 +418,35 @@ def _bench_scale(args: argparse.Namespace) -> int:
                 f"{r['world_size']}: {r['ms_per_step']:.1f} ms/step, {r['samples_per_s']:,.0f} samples/s"
             )
     _write_result(results, args.output)
+    return 0
+
+
+def _bench_inference(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from ctrkit.bench.inference_bench import environment, kaggle_checkpoint, run_in_process, run_through_server
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    batch_sizes = _int_list(args.batch_sizes, "--batch-sizes")
+    if not batch_sizes or min(batch_sizes) < 1:
+        raise ValueError(f"--batch-sizes: expected positive integers, got '{args.batch_sizes}'")
+    if args.server is not None:
+        if args.requests < 1 or args.concurrency < 1:
+            raise ValueError("--requests and --concurrency must be >= 1")
+        results = run_through_server(args.server, args.model, batch_sizes, args.requests, args.concurrency)
+    else:
+        runtimes = [r.strip() for r in args.runtimes.split(",") if r.strip()]
+        with tempfile.TemporaryDirectory(prefix="ctrkit-kaggle-") as tmp:
+            ckpt = args.checkpoint or kaggle_checkpoint(Path(tmp) / "dlrm_kaggle.pt")
+            results = run_in_process(ckpt, batch_sizes, runtimes, args.seconds)
+    for r in results:
+        where = r.get("runtime", f"server {r.get('url')} x{r.get('concurrency')}")
+        print(
+            f"{where:>24} batch {r['batch_size']:>6}: {r['samples_per_s']:>12,.0f} samples/s  p50 "
+            f"{r['p50_ms']:.3f} ms  p90 {r['p90_ms']:.3f} ms  p99 {r['p99_ms']:.3f} ms"
+        )
+    _write_result({"results": results, "environment": environment()}, args.output)
     return 0
 
 

@@ -45,7 +45,7 @@ class InferenceModel(nn.Module):
         outside = (categorical < 0) | (categorical >= self.cardinalities)  # (B, F)
         ids = torch.where(outside, torch.zeros_like(categorical), categorical)
         dense = numerical if self.has_numerical else None
-        return torch.sigmoid(self.model(dense, ids)).unsqueeze(1)  # (B, 1)
+        return torch.sigmoid(self.model(dense, ids).float()).unsqueeze(1)  # (B, 1), fp32 under autocast too
 
 
 def model_metadata(ckpt: dict) -> dict:

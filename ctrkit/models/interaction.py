@@ -109,7 +109,7 @@ class DotInteraction(nn.Module):
         parts = [embeddings.to(dtype)] if dense is None else [dense.unsqueeze(1), embeddings.to(dtype)]
         vectors = torch.cat(parts, dim=1)  # (B, V, D)
         gram = torch.bmm(vectors, vectors.transpose(1, 2)).flatten(1)  # (B, V*V)
-        pairs = gram.index_select(1, self.pair_index)  # (B, P)
+        pairs = gram.gather(1, self.pair_index.expand(gram.shape[0], -1))  # (B, P); faster than index_select on dim 1
         out = [pairs] if dense is None else [dense, pairs]
         if self.padding:
             out.append(pairs.new_zeros(pairs.shape[0], self.padding))

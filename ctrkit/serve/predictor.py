@@ -33,28 +33,40 @@ class Predictor:
 
     @classmethod
     def from_checkpoint(
-        cls, checkpoint: str | os.PathLike, embedding_store: str = "memory", cache_rows: int = 1 << 20
+        cls,
+        checkpoint: str | os.PathLike,
+        embedding_store: str = "memory",
+        cache_rows: int = 1 << 20,
+        dtype: str = "fp32",
     ) -> Predictor:
         """The checkpoint's PyTorch model; ``embedding_store="mmap"`` keeps its tables on disk (memory-mapped,
-        ``cache_rows`` hot rows cached), so tables larger than RAM can be served."""
+        ``cache_rows`` hot rows cached), so tables larger than RAM can be served. ``dtype="bf16"`` converts
+        the weights to bfloat16 (about twice the throughput of fp32 on CPUs with AMX; probabilities come
+        back as float32)."""
         from ctrkit.export.exporter import InferenceModel, model_metadata
         from ctrkit.serve.embedding_store import use_mmap_store
         from ctrkit.train.checkpoint import load_checkpoint, model_from_checkpoint
 
         if embedding_store not in ("memory", "mmap"):
             raise ValueError(f"--embedding-store must be memory or mmap, got '{embedding_store}'")
+        if dtype not in ("fp32", "bf16") or (dtype == "bf16" and embedding_store == "mmap"):
+            raise ValueError(f"--dtype must be fp32, or bf16 with the memory store; got '{dtype}' ({embedding_store})")
         lazy = embedding_store == "mmap"
         ckpt = load_checkpoint(checkpoint, mmap=lazy)
         meta = model_metadata(ckpt)
         model = model_from_checkpoint(ckpt, assign=lazy).cpu()
         stores = use_mmap_store(model, cache_rows) if lazy else []
         model = InferenceModel(model, meta["cardinalities"]).eval()
+        half = dtype == "bf16"
+        if half:
+            model = model.to(torch.bfloat16)
 
         @torch.inference_mode()
         def run(numerical: np.ndarray, categorical: np.ndarray) -> np.ndarray:
-            return model(torch.from_numpy(numerical), torch.from_numpy(categorical)).numpy()
+            dense = torch.from_numpy(numerical)
+            return model(dense.to(torch.bfloat16) if half else dense, torch.from_numpy(categorical)).float().numpy()
 
-        predictor = cls(meta, "torch" if not lazy else "torch+mmap", run)
+        predictor = cls(meta, "torch" + ("+mmap" if lazy else "") + ("-bf16" if half else ""), run)
         predictor.stores = stores
         return predictor
 
@@ -87,12 +99,16 @@ class Predictor:
 
 
 def load_predictor(
-    checkpoint: Path | None, model_dir: Path | None, embedding_store: str = "memory", cache_rows: int = 1 << 20
+    checkpoint: Path | None,
+    model_dir: Path | None,
+    embedding_store: str = "memory",
+    cache_rows: int = 1 << 20,
+    dtype: str = "fp32",
 ) -> Predictor:
     if (checkpoint is None) == (model_dir is None):
         raise ValueError("give exactly one of --checkpoint and --model-dir")
     if checkpoint is None:
-        if embedding_store != "memory":
-            raise ValueError("--embedding-store mmap serves a --checkpoint (an export holds its tables in the graph)")
+        if embedding_store != "memory" or dtype != "fp32":
+            raise ValueError("--embedding-store mmap and --dtype bf16 apply to a --checkpoint, not an export")
         return Predictor.from_export(model_dir)
-    return Predictor.from_checkpoint(checkpoint, embedding_store, cache_rows)
+    return Predictor.from_checkpoint(checkpoint, embedding_store, cache_rows, dtype)

@@ -1,0 +1,131 @@
+"""Inference throughput and latency: in process per runtime, or through a running server.
+
+In process, each runtime scores pre-built batches of each size (no I/O in the timed loop); through a
+server, a bounded number of requests is sent with the binary-tensor extension by a few concurrent
+tritonclient clients. Latencies are per call; throughput is samples per second of wall time.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+
+RUNTIMES = ("torch", "torch-bf16", "onnx", "torchscript")
+
+
+def kaggle_checkpoint(path: Path, seed: int = 0) -> Path:
+    """A DLRM of the Criteo-Kaggle benchmark shape (26 x 100,000 rows, dim 16, bottom 512-256-64-16,
+    top 512-256-1), randomly initialised: the shape the issue's targets are stated for."""
+    from ctrkit.models.registry import config_to_dict, create_model, make_config
+    from ctrkit.train.checkpoint import save_checkpoint
+
+    torch.manual_seed(seed)
+    cfg = make_config("dlrm", dict(num_numerical=13, cardinalities=[100_000] * 26, embedding_dim=16))
+    save_checkpoint(path, {"model_name": "dlrm", "model_config": config_to_dict(cfg),
+                           "model": create_model("dlrm", cfg).state_dict(), "step": 0})  # fmt: skip
+    return path
+
+
+def _inputs(meta: dict, batch: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    numerical = rng.normal(size=(batch, meta["num_numerical"])).astype(np.float32)
+    cats = [np.minimum(rng.zipf(1.2, batch) - 1, c - 1) for c in meta["cardinalities"]]
+    return numerical, np.stack(cats, 1).astype(np.int64)
+
+
+def _percentiles(seconds: list[float]) -> dict[str, float]:
+    ms = np.array(seconds) * 1e3
+    return {f"p{q}_ms": float(np.percentile(ms, q)) for q in (50, 90, 99)}
+
+
+def _runner(runtime: str, checkpoint: Path, workdir: Path):
+    """(meta, score function) for one runtime."""
+    from ctrkit.export.exporter import export_checkpoint
+    from ctrkit.serve.predictor import Predictor
+
+    if runtime in ("torch", "torch-bf16"):
+        predictor = Predictor.from_checkpoint(checkpoint, dtype="bf16" if runtime == "torch-bf16" else "fp32")
+        return predictor.meta, predictor
+    fmt = "onnx" if runtime == "onnx" else "torchscript"
+    out = workdir / fmt
+    export_checkpoint(checkpoint, out, fmt, overwrite=True)
+    predictor = Predictor.from_export(out)
+    return predictor.meta, predictor
+
+
+def run_in_process(
+    checkpoint: Path, batch_sizes: list[int], runtimes: list[str], seconds: float = 2.0, seed: int = 0
+) -> list[dict]:
+    """Per runtime and batch size: samples/s and latency percentiles over ~``seconds`` of calls."""
+    results = []
+    with tempfile.TemporaryDirectory(prefix="ctrkit-bench-inf-") as tmp:
+        for runtime in runtimes:
+            if runtime not in RUNTIMES:
+                raise ValueError(f"--runtimes: unknown runtime '{runtime}'; expected {', '.join(RUNTIMES)}")
+            meta, score = _runner(runtime, checkpoint, Path(tmp))
+            for batch in batch_sizes:
+                numerical, categorical = _inputs(meta, batch, seed)
+                for _ in range(3):
+                    score(numerical, categorical)
+                times, start = [], time.perf_counter()
+                while time.perf_counter() - start < seconds or len(times) < 5:
+                    t0 = time.perf_counter()
+                    score(numerical, categorical)
+                    times.append(time.perf_counter() - t0)
+                total = time.perf_counter() - start
+                results.append({"mode": "in-process", "runtime": runtime, "batch_size": batch, "calls": len(times),
+                                "samples_per_s": batch * len(times) / total, **_percentiles(times)})  # fmt: skip
+    return results
+
+
+def run_through_server(
+    url: str, model: str, batch_sizes: list[int], requests: int = 2000, concurrency: int = 8, seed: int = 0
+) -> list[dict]:
+    """Per batch size: ``requests`` binary requests from ``concurrency`` clients; samples/s and latencies."""
+    import tritonclient.http as httpclient
+
+    meta_client = httpclient.InferenceServerClient(url)
+    meta = meta_client.get_model_metadata(model)
+    shape = {i["name"]: i["shape"][1] for i in meta["inputs"]}
+    results = []
+    for batch in batch_sizes:
+        rng = np.random.default_rng(seed)
+        numerical = rng.normal(size=(batch, shape["numerical"])).astype(np.float32)
+        categorical = rng.integers(0, 1000, (batch, shape["categorical"])).astype(np.int64)
+
+        def client_run(n: int, numerical: np.ndarray = numerical, categorical: np.ndarray = categorical) -> list[float]:
+            client = httpclient.InferenceServerClient(url, connection_timeout=30, network_timeout=60)
+            a = httpclient.InferInput("numerical", list(numerical.shape), "FP32")
+            a.set_data_from_numpy(numerical, binary_data=True)
+            b = httpclient.InferInput("categorical", list(categorical.shape), "INT64")
+            b.set_data_from_numpy(categorical, binary_data=True)
+            out = [httpclient.InferRequestedOutput("probability", binary_data=True)]
+            times = []
+            for _ in range(n):
+                t0 = time.perf_counter()
+                client.infer(model, [a, b], outputs=out)
+                times.append(time.perf_counter() - t0)
+            return times
+
+        per_client = [requests // concurrency + (1 if k < requests % concurrency else 0) for k in range(concurrency)]
+        client_run(5)  # warm-up
+        start = time.perf_counter()
+        with ThreadPoolExecutor(concurrency) as pool:
+            times = [t for ts in pool.map(client_run, per_client) for t in ts]
+        total = time.perf_counter() - start
+        results.append({"mode": "server", "url": url, "batch_size": batch, "requests": len(times),
+                        "concurrency": concurrency, "samples_per_s": batch * len(times) / total,
+                        **_percentiles(times)})  # fmt: skip
+    return results
+
+
+def environment() -> dict:
+    return {"python": platform.python_version(), "torch": torch.__version__, "cpu_count": os.cpu_count(),
+            "threads": torch.get_num_threads()}  # fmt: skip

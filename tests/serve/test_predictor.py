@@ -1,0 +1,58 @@
+"""Predictor variants against the fp32 PyTorch model, with scikit-learn's AUC as the judge."""
+
+import json
+
+import numpy as np
+import pytest
+from sklearn.metrics import roc_auc_score
+
+from ctrkit.data.dataset import SplitBinaryDataset
+from ctrkit.serve.predictor import Predictor, load_predictor
+from tests.conftest import run_cli
+
+
+def test_bf16_weights_keep_the_auc(tiny_checkpoint, tiny_dataset):
+    test = SplitBinaryDataset(tiny_dataset, "test")
+    batch, labels = test.slice(0, len(test)), test.labels()
+    fp32 = Predictor.from_checkpoint(tiny_checkpoint)(batch.dense.numpy(), batch.sparse.numpy())[:, 0]
+    bf16 = Predictor.from_checkpoint(tiny_checkpoint, dtype="bf16")(batch.dense.numpy(), batch.sparse.numpy())[:, 0]
+    assert bf16.dtype == np.float32
+    assert abs(roc_auc_score(labels, fp32) - roc_auc_score(labels, bf16)) < 1e-3
+    assert np.abs(fp32 - bf16).max() < 0.02
+
+
+def test_bad_predictor_requests_are_refused(tiny_checkpoint, tmp_path):
+    with pytest.raises(ValueError, match="exactly one of --checkpoint and --model-dir"):
+        load_predictor(None, None)
+    with pytest.raises(ValueError, match="--dtype must be fp32, or bf16 with the memory store"):
+        Predictor.from_checkpoint(tiny_checkpoint, "mmap", 10, "bf16")
+    with pytest.raises(ValueError, match="expected an export written by `ctrkit export`"):
+        Predictor.from_export(tmp_path)
+
+
+def test_bench_inference_in_process_and_through_a_server(tiny_checkpoint, tmp_path, capsys):
+    out = tmp_path / "inf.json"
+    code, stdout, _ = run_cli(
+        "bench", "inference", "--checkpoint", tiny_checkpoint, "--batch-sizes", "1,32", "--runtimes",
+        "torch,torch-bf16,onnx,torchscript", "--seconds", "0.05", "--output", out, capsys=capsys,
+    )  # fmt: skip
+    assert code == 0
+    results = json.loads(out.read_text())["results"]
+    assert [(r["runtime"], r["batch_size"]) for r in results] == [
+        (rt, b) for rt in ("torch", "torch-bf16", "onnx", "torchscript") for b in (1, 32)
+    ]
+    for r in results:
+        assert r["p50_ms"] <= r["p90_ms"] <= r["p99_ms"] and r["samples_per_s"] > 0 and r["calls"] >= 5
+    from tests.serve.test_server import Server  # the real server, on a free loopback port
+
+    server = Server("--checkpoint", tiny_checkpoint)
+    try:
+        code, stdout, _ = run_cli(
+            "bench", "inference", "--server", server.url, "--batch-sizes", "1,16", "--requests", "40",
+            "--concurrency", "4", "--output", out, capsys=capsys,
+        )  # fmt: skip
+    finally:
+        server.stop()
+    assert code == 0
+    results = json.loads(out.read_text())["results"]
+    assert [(r["batch_size"], r["requests"]) for r in results] == [(1, 40), (16, 40)]
