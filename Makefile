@@ -38,6 +38,7 @@ bench: install
 	ROUNDS=2 bash benchmarks/run_train_models.sh
 	bash benchmarks/run_preprocess.sh
 	bash benchmarks/run_scale.sh
+	bash benchmarks/run_inference.sh
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .ruff_cache

@@ -29,7 +29,13 @@ class Predictor:
         self.stores: list = []  # memory-mapped embedding stores, when serving with --embedding-store mmap
 
     def __call__(self, numerical: np.ndarray, categorical: np.ndarray) -> np.ndarray:
-        return self._run(np.ascontiguousarray(numerical, np.float32), np.ascontiguousarray(categorical, np.int64))
+        numerical = np.ascontiguousarray(numerical, np.float32)
+        categorical = np.ascontiguousarray(categorical, np.int64)
+        if not numerical.flags.writeable:  # views of a request body: torch wants memory it may write
+            numerical = numerical.copy()
+        if not categorical.flags.writeable:
+            categorical = categorical.copy()
+        return self._run(numerical, categorical)
 
     @classmethod
     def from_checkpoint(
