@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -57,3 +58,10 @@ def tiny_checkpoint(tiny_dataset, tmp_path_factory) -> Path:
     )  # fmt: skip
     assert code == 0
     return out
+
+
+def free_port() -> int:
+    """A TCP port free on the loopback interface right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Iterator
+from typing import TypeVar
 
 import numpy as np
 
@@ -78,7 +79,7 @@ class BatchLoader:
             for i in order:
                 yield make(i)
             return
-        yield from _prefetched((make(i) for i in order), self.prefetch)
+        yield from prefetched((make(i) for i in order), self.prefetch)
 
     def __iter__(self) -> Iterator[Batch]:
         return self.epoch(0)
@@ -90,11 +91,15 @@ def part_bounds(lo: int, hi: int, rank: int, world: int) -> tuple[int, int]:
     return lo + n * rank // world, lo + n * (rank + 1) // world
 
 
+T = TypeVar("T")
 _DONE = object()
 
 
-def _prefetched(items: Iterator[Batch], depth: int) -> Iterator[Batch]:
-    """Runs ``items`` in a daemon thread, ``depth`` ahead of the consumer; re-raises its errors."""
+def prefetched(items: Iterator[T], depth: int) -> Iterator[T]:
+    """Runs ``items`` in a daemon thread, ``depth`` ahead of the consumer; re-raises its errors.
+
+    Used for batches here and for raw-file blocks in preprocessing (file reads release the GIL).
+    """
     q: queue.Queue = queue.Queue(maxsize=depth)
     stop = threading.Event()
 

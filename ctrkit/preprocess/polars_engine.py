@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import gzip
 import os
-import queue
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -21,6 +19,7 @@ import numpy as np
 import polars as pl
 from tqdm import tqdm
 
+from ctrkit.data.loader import prefetched
 from ctrkit.preprocess import vocabulary as vocab_mod
 from ctrkit.preprocess.criteo import CriteoRecipe, check_arguments, numerical_transform
 from ctrkit.preprocess.output import DatasetOutput, Rejects
@@ -58,39 +57,6 @@ def read_blocks(path: Path, block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[by
         raise ValueError(f"{path}: input file is empty")
     if rest:
         yield rest + b"\n", line
-
-
-def _prefetched(blocks: Iterator, depth: int = 2) -> Iterator:
-    """Items of ``blocks`` read ahead on a thread (file reads and gunzip release the GIL)."""
-    q: queue.Queue = queue.Queue(depth)
-    stop = threading.Event()
-    done = object()
-
-    def fill() -> None:
-        try:
-            for item in blocks:
-                while not stop.is_set():
-                    try:
-                        q.put(item, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
-                    return
-            q.put(done)
-        except BaseException as e:  # handed to the consumer
-            q.put(e)
-
-    thread = threading.Thread(target=fill, daemon=True)
-    thread.start()
-    try:
-        while (item := q.get()) is not done:
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        stop.set()
-        thread.join()
 
 
 class _Parser:
@@ -246,7 +212,7 @@ def _pass1(
     files: Sequence[Path], parser: _Parser, columns: _ColumnFiles, counts: _Counts, progress: tqdm | None
 ) -> None:
     for path in files:
-        for block, first_line in _prefetched(read_blocks(path)):
+        for block, first_line in prefetched(read_blocks(path), 2):
             df = parser.parse(block, path, first_line)
             columns.append(df, parser)
             counts.add([df[c] for c in parser.cats])

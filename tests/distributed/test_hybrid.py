@@ -1,7 +1,6 @@
 """Hybrid parallel (2 processes, gloo, CPU) against the single-process model on the same global batches."""
 
 import os
-import socket
 from datetime import timedelta
 
 import pytest
@@ -12,6 +11,7 @@ import torch.multiprocessing as mp
 from ctrkit.distributed.hybrid import HybridModel, plan_model
 from ctrkit.models.registry import create_model, make_config, train_defaults
 from ctrkit.train.optim import build_optimizers
+from tests.conftest import free_port
 
 CARDS = (7, 50, 3, 120, 31)
 STEPS = 4
@@ -88,12 +88,6 @@ def _worker(rank, world, port, model_name, strategy, out):
     # leave without tearing gloo down: that aborted a rank now and then ("terminate called without an
     # active exception"), as ctrkit's CLI also avoids (cli._leave_process_group)
     os._exit(0)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.parametrize("strategy", ["table", "column", "row"])

@@ -2,7 +2,6 @@
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -12,17 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import small_model_flags
+from tests.conftest import free_port, small_model_flags
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 TRAIN = ["--epochs", "1", "--max-steps", "12", "--batch-size", "333", "--no-progress", *small_model_flags()]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def single(*args) -> subprocess.CompletedProcess:

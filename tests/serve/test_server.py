@@ -2,7 +2,6 @@
 
 import json
 import random
-import socket
 import subprocess
 import sys
 import time
@@ -15,15 +14,9 @@ import pytest
 import tritonclient.http as httpclient
 
 from ctrkit.data.dataset import SplitBinaryDataset
-from tests.conftest import run_cli
+from tests.conftest import free_port, run_cli
 
 N_ROWS = 300
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:
