@@ -349,7 +349,9 @@ def serve(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     if args.max_batch_size < 1 or args.batch_window_ms < 0:
         raise ValueError("--max-batch-size must be >= 1 and --batch-window-ms >= 0")
-    predictor = load_predictor(args.checkpoint, args.model_dir, args.embedding_store, args.cache_rows, args.dtype)
+    predictor = load_predictor(
+        args.checkpoint, args.model_dir, args.embedding_store, args.cache_rows, args.dtype, args.compile
+    )
     name = args.name or predictor.meta["model_name"]
     print(
         f"serving {name} ({predictor.backend}) on http://{args.host}:{args.port}/v2/models/{name}/infer",

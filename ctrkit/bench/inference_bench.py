@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-RUNTIMES = ("torch", "torch-bf16", "onnx", "torchscript")
+RUNTIMES = ("torch", "torch-bf16", "torch-bf16-compiled", "onnx", "torchscript")
 
 
 def kaggle_checkpoint(path: Path, seed: int = 0) -> Path:
@@ -50,8 +50,9 @@ def _runner(runtime: str, checkpoint: Path, workdir: Path):
     from ctrkit.export.exporter import export_checkpoint
     from ctrkit.serve.predictor import Predictor
 
-    if runtime in ("torch", "torch-bf16"):
-        predictor = Predictor.from_checkpoint(checkpoint, dtype="bf16" if runtime == "torch-bf16" else "fp32")
+    if runtime.startswith("torch-") or runtime == "torch":
+        dtype = "bf16" if "bf16" in runtime else "fp32"
+        predictor = Predictor.from_checkpoint(checkpoint, dtype=dtype, compile=runtime.endswith("compiled"))
         return predictor.meta, predictor
     fmt = "onnx" if runtime == "onnx" else "torchscript"
     out = workdir / fmt
