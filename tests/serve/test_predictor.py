@@ -56,3 +56,12 @@ def test_bench_inference_in_process_and_through_a_server(tiny_checkpoint, tmp_pa
     assert code == 0
     results = json.loads(out.read_text())["results"]
     assert [(r["batch_size"], r["requests"]) for r in results] == [(1, 40), (16, 40)]
+
+
+def test_compiled_predictor_matches_eager(tiny_checkpoint, tiny_dataset):
+    batch = SplitBinaryDataset(tiny_dataset, "test").slice(0, 257)
+    eager = Predictor.from_checkpoint(tiny_checkpoint)
+    compiled = Predictor.from_checkpoint(tiny_checkpoint, compile=True)
+    for n in (257, 3):  # two batch sizes: compiled for dynamic shapes
+        args = (batch.dense.numpy()[:n], batch.sparse.numpy()[:n])
+        np.testing.assert_allclose(compiled(*args), eager(*args), atol=1e-5)
