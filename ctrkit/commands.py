@@ -7,26 +7,20 @@ import json
 import sys
 from dataclasses import fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
-import torch
-import yaml
+if TYPE_CHECKING:
+    from ctrkit.data.feature_spec import FeatureSpec
 
-from ctrkit.config import TrainConfig
-from ctrkit.data.dataset import SplitBinaryDataset
-from ctrkit.data.feature_spec import FeatureSpec
-from ctrkit.device import amp_dtype_for, resolve_device
-from ctrkit.models.registry import (
-    config_class,
-    config_to_dict,
-    create_model,
-    list_models,
-    make_config,
-    train_defaults,
-)
+# heavy modules (torch above all, ~1.2 s) are imported by the commands that use them, so that
+# `ctrkit preprocess` and `ctrkit --help` start quickly
 
 
 def synth(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from ctrkit.data.dataset import SplitBinaryDataset
+
     if args.kind == "criteo":
         from ctrkit.data.synthetic import CRITEO_LIKE_CARDINALITIES, write_criteo_tsv
 
@@ -93,6 +87,7 @@ def preprocess(args: argparse.Namespace) -> int:
 
 
 def transcode(args: argparse.Namespace) -> int:
+    from ctrkit.data.dataset import SplitBinaryDataset
     from ctrkit.data.transcode import transcode as run_transcode
 
     spec = run_transcode(args.input, args.output, overwrite=args.overwrite, chunk_size=args.chunk_size)
@@ -114,6 +109,8 @@ def gen_csv(args: argparse.Namespace) -> int:
 
 def _load_run_file(path: Path | None) -> dict:
     """The run YAML given with --config (the format written beside checkpoints), or an empty dict."""
+    import yaml
+
     if path is None:
         return {}
     if not path.exists():
@@ -131,6 +128,10 @@ def _load_run_file(path: Path | None) -> dict:
 
 def _model_config(args: argparse.Namespace, model: str, run: dict, spec: FeatureSpec):
     """Model config: dataset shape, then --config, then --model-config YAML, then explicit flags."""
+    import yaml
+
+    from ctrkit.models.registry import config_class, make_config
+
     cfg_cls = config_class(model)
     values: dict = dict(run.get("model_config", {}))
     if args.model_config is not None:
@@ -154,6 +155,14 @@ def _model_config(args: argparse.Namespace, model: str, run: dict, spec: Feature
 
 
 def train(args: argparse.Namespace) -> int:
+    import torch
+    import yaml
+
+    from ctrkit.config import TrainConfig
+    from ctrkit.data.dataset import SplitBinaryDataset
+    from ctrkit.data.feature_spec import FeatureSpec
+    from ctrkit.device import amp_dtype_for, resolve_device
+    from ctrkit.models.registry import config_to_dict, create_model, make_config, train_defaults
     from ctrkit.train.checkpoint import check_spec_matches, load_checkpoint
     from ctrkit.train.trainer import RunInfo, Trainer
 
@@ -277,6 +286,9 @@ def _shard(model, args: argparse.Namespace, env, ckpt: dict | None):
 
 
 def _load_for_inference(args: argparse.Namespace):
+    from ctrkit.data.dataset import SplitBinaryDataset
+    from ctrkit.data.feature_spec import FeatureSpec
+    from ctrkit.device import resolve_device
     from ctrkit.train.checkpoint import check_spec_matches, load_checkpoint, model_from_checkpoint
 
     ckpt = load_checkpoint(args.checkpoint)
@@ -292,6 +304,7 @@ def _load_for_inference(args: argparse.Namespace):
 
 
 def evaluate(args: argparse.Namespace) -> int:
+    from ctrkit.device import amp_dtype_for
     from ctrkit.eval.evaluator import evaluate as run_evaluate
 
     ckpt, dataset, model, device, env = _load_for_inference(args)
@@ -316,6 +329,8 @@ def evaluate(args: argparse.Namespace) -> int:
 
 
 def predict(args: argparse.Namespace) -> int:
+    import numpy as np
+
     from ctrkit.eval.evaluator import predict_logits
     from ctrkit.eval.metrics import sigmoid
 
@@ -342,6 +357,8 @@ def export(args: argparse.Namespace) -> int:
 
 
 def serve(args: argparse.Namespace) -> int:
+    import torch
+
     from ctrkit.serve.predictor import load_predictor
     from ctrkit.serve.server import serve as run_server
 
@@ -364,6 +381,10 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def bench(args: argparse.Namespace) -> int:
+    import torch
+
+    from ctrkit.device import resolve_device
+
     if args.bench == "preprocess":
         return _bench_preprocess(args)
     if args.bench == "scale":
@@ -426,6 +447,8 @@ def _bench_scale(args: argparse.Namespace) -> int:
 def _bench_inference(args: argparse.Namespace) -> int:
     import tempfile
 
+    import torch
+
     from ctrkit.bench.inference_bench import environment, kaggle_checkpoint, run_in_process, run_through_server
 
     if args.threads:
@@ -472,6 +495,8 @@ def _bench_preprocess(args: argparse.Namespace) -> int:
 
 
 def models(args: argparse.Namespace) -> int:
+    from ctrkit.models.registry import config_to_dict, list_models, train_defaults
+
     for name in list_models():
         shape = {
             k: v
@@ -483,4 +508,6 @@ def models(args: argparse.Namespace) -> int:
 
 
 def _example_config(name: str):
+    from ctrkit.models.registry import config_class
+
     return config_class(name)(num_numerical=13, cardinalities=(1,))

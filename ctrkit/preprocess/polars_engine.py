@@ -19,7 +19,7 @@ import numpy as np
 import polars as pl
 from tqdm import tqdm
 
-from ctrkit.data.loader import prefetched
+from ctrkit.data.prefetch import prefetched
 from ctrkit.preprocess import vocabulary as vocab_mod
 from ctrkit.preprocess.criteo import CriteoRecipe, check_arguments, numerical_transform
 from ctrkit.preprocess.output import DatasetOutput, Rejects
