@@ -1,9 +1,10 @@
 """Hybrid parallelism around an unchanged single-process model.
 
-Every one-hot embedding collection of the model (``<part>.onehot`` of each CategoricalEmbeddings:
-the embeddings of DLRM and DCNv2, and both the deep and the wide tables of Wide & Deep) is swapped
-for this rank's shards (model parallel); every other parameter is replicated (data parallel) and its
-gradients are summed over ranks after each backward pass. Losses are sums over a rank's samples
+Every embedding collection of the model (``<part>.onehot`` and, with multi-hot features,
+``<part>.bags`` of each CategoricalEmbeddings: the embeddings of DLRM and DCNv2, and both the deep
+and the wide tables of Wide & Deep) is swapped for this rank's shards (model parallel); every other
+parameter is replicated (data parallel) and its gradients are summed over ranks after each backward
+pass. Losses are sums over a rank's samples
 divided by the global batch size, so the summed gradients are exactly the single-process gradients
 of the global batch's mean loss, whatever the split of the batch over ranks (an uneven last batch
 included).
@@ -16,7 +17,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ctrkit.distributed.planner import ShardingPlan, plan_sharding
-from ctrkit.distributed.sharded_embeddings import ShardedEmbeddingCollection
+from ctrkit.distributed.sharded_embeddings import ShardedEmbeddingBagCollection, ShardedEmbeddingCollection
 from ctrkit.models.embeddings import CategoricalEmbeddings
 
 
@@ -25,12 +26,17 @@ def sharded_collections(model: nn.Module) -> dict[str, CategoricalEmbeddings]:
     found = {name: m for name, m in model.named_modules() if isinstance(m, CategoricalEmbeddings)}
     if not found:
         raise ValueError(f"{type(model).__name__} has no categorical embeddings to shard")
-    for name, m in found.items():
-        if m.bags is not None:
-            raise ValueError(
-                f"{name}: hybrid-parallel training shards one-hot tables; multi-hot features are not supported yet"
-            )
     return found
+
+
+def _tables(model: nn.Module) -> dict[str, nn.Module]:
+    """Every table collection to shard, by plan key: "<part>" for one-hot, "<part>.bags" for multi-hot."""
+    out: dict[str, nn.Module] = {}
+    for name, m in sharded_collections(model).items():
+        out[name] = m.onehot
+        if m.bags is not None:
+            out[f"{name}.bags"] = m.bags
+    return out
 
 
 def plan_model(
@@ -43,8 +49,7 @@ def plan_model(
     """A sharding plan per embedding collection of ``model`` (collections too narrow to split by
     columns over ``world_size`` ranks, such as Wide & Deep's width-1 wide tables, go table-wise)."""
     plans = {}
-    for name, m in sharded_collections(model).items():
-        tables = m.onehot
+    for name, tables in _tables(model).items():
         s = "table" if strategy == "column" and tables.dim < world_size else strategy
         plans[name] = plan_sharding(tables.cardinalities, tables.dim, world_size, s, column_split_dim, row_budget_bytes)
     return plans
@@ -66,14 +71,16 @@ class HybridModel(nn.Module):
     def __init__(self, model: nn.Module, plans: dict[str, ShardingPlan], rank: int):
         super().__init__()
         collections = sharded_collections(model)
-        if set(plans) != set(collections):
-            raise ValueError(f"plans for {sorted(plans)} but the model's embeddings are {sorted(collections)}")
+        if set(plans) != set(_tables(model)):
+            raise ValueError(f"plans for {sorted(plans)} but the model's tables are {sorted(_tables(model))}")
         for name, m in collections.items():
             m.onehot = ShardedEmbeddingCollection(m.onehot, plans[name], rank)
+            if m.bags is not None:
+                m.bags = ShardedEmbeddingBagCollection(m.bags, plans[f"{name}.bags"], rank)
         self.model = model
         self.plans = plans
         self.rank = rank
-        self._sharded = tuple(f"{name}.onehot." for name in collections)
+        self._sharded = tuple(f"{name}.{part}." for name in collections for part in ("onehot", "bags"))
         self._dense = [p for n, p in model.named_parameters() if not n.startswith(self._sharded)]
         with torch.no_grad():  # every rank starts from rank 0's dense weights
             for p in self._dense:
@@ -99,4 +106,6 @@ class HybridModel(nn.Module):
         state = {k: v for k, v in self.model.state_dict().items() if not k.startswith(self._sharded)}
         for name, m in sharded_collections(self.model).items():
             state[f"{name}.onehot.weight"] = m.onehot.full_tables()
+            if m.bags is not None:
+                state[f"{name}.bags.weight"] = m.bags.full_tables()
         return state

@@ -12,9 +12,26 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from ctrkit.data.batch import MultiHot
 from ctrkit.distributed.all_to_all import all_to_all
 from ctrkit.distributed.planner import Shard, ShardingPlan
-from ctrkit.models.embeddings import EmbeddingCollection
+from ctrkit.models.embeddings import EmbeddingBagCollection, EmbeddingCollection
+
+
+def gather_sizes(n: int) -> list[int]:
+    """Every rank's ``n`` (its number of samples), in rank order."""
+    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size())]
+    dist.all_gather(sizes, torch.tensor([n], dtype=torch.int64))
+    return [int(s) for s in sizes]
+
+
+def gather_padded(t: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
+    """Every rank's ``t`` (``sizes[r]`` rows each): gloo gathers equal shapes only, so pad, then trim."""
+    padded = t.new_zeros((max(sizes), *t.shape[1:]))
+    padded[: t.shape[0]] = t
+    gathered = [torch.empty_like(padded) for _ in sizes]
+    dist.all_gather(gathered, padded)
+    return [g[:n] for g, n in zip(gathered, sizes)]
 
 
 class ShardedEmbeddingCollection(nn.Module):
@@ -54,24 +71,21 @@ class ShardedEmbeddingCollection(nn.Module):
         return weight.new_zeros((ids.shape[0], shard.width)).index_copy(0, inside, rows)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        world = self.plan.world_size
-        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
-        dist.all_gather(sizes, torch.tensor([ids.shape[0]], dtype=torch.int64))
-        sizes = [int(s) for s in sizes]  # samples per rank
-        most = max(sizes)  # gloo gathers equal sizes only: pad, then trim
-        padded = ids.new_zeros((most, self.num_features))
-        padded[: ids.shape[0]] = ids
-        gathered = [ids.new_empty((most, self.num_features)) for _ in sizes]
-        dist.all_gather(gathered, padded)
-        every = torch.cat([g[:n] for g, n in zip(gathered, sizes)])  # (B, F): the global batch, in rank order
-        # (B, W_self): this rank's columns for every sample, then cut per destination rank
+        sizes = gather_sizes(ids.shape[0])  # samples per rank
+        every = torch.cat(gather_padded(ids, sizes))  # (B, F): the global batch, in rank order
+        # (B, W_self): this rank's columns for every sample
         mine = [self._lookup(s, w, every[:, s.feature]) for s, w in zip(self.local, self.shards)]
-        own = torch.cat(mine, 1) if mine else every.new_zeros((every.shape[0], 0), dtype=torch.float32)
+        return self._exchange(mine, sizes)  # (B_r, F, D)
+
+    def _exchange(self, mine: list[torch.Tensor], sizes: list[int]) -> torch.Tensor:
+        """This rank's (B, width) shard outputs for the global batch -> (B_r, F, D) for its own samples."""
+        total = sum(sizes)
+        own = torch.cat(mine, 1) if mine else self.shards_dtype_zeros(total)
         pieces = own.split(sizes, 0)  # per destination: (B_dest, W_self)
         send = [p.numel() for p in pieces]
         recv = [sizes[self.rank] * w for w in self._widths]
         got = all_to_all(torch.cat([p.reshape(-1) for p in pieces]), send, recv)
-        n = ids.shape[0]
+        n = sizes[self.rank]
         out = []
         for r, block in enumerate(got.split(recv)):
             block = block.view(n, self._widths[r])
@@ -93,6 +107,9 @@ class ShardedEmbeddingCollection(nn.Module):
                 columns.append(torch.cat([t for _, t in sorted(parts, key=lambda p: p[0].col_lo)], 1))
         return torch.stack(columns, 1)  # (B_r, F, D)
 
+    def shards_dtype_zeros(self, rows: int) -> torch.Tensor:
+        return torch.zeros((rows, 0))
+
     def table_parameters(self) -> list[nn.Parameter]:
         """The shards: embedding tables to the optimizers (sparse row updates)."""
         return list(self.shards)
@@ -111,3 +128,43 @@ class ShardedEmbeddingCollection(nn.Module):
         if world > 1:
             dist.all_reduce(flat)  # every value is owned by exactly one rank, the others hold zeros
         return flat
+
+
+class ShardedEmbeddingBagCollection(ShardedEmbeddingCollection):
+    """An EmbeddingBagCollection (multi-hot features, sum or mean pooling) split over ranks.
+
+    The bags of the global batch are gathered (lengths, then ids), each rank pools its shards over
+    them (a row shard sums the ids it holds; a mean divides by the whole bag's length), and the same
+    all-to-all as for one-hot features hands every rank its samples' pooled vectors.
+
+    Shapes: multi_hot (Fm features, B_r samples) -> (B_r, Fm, D).
+    """
+
+    def __init__(self, source: EmbeddingBagCollection, plan: ShardingPlan, rank: int):
+        super().__init__(source, plan, rank)
+        self.is_mean = [c == "mean" for c in source.combiners]
+
+    def forward(self, multi_hot: MultiHot) -> torch.Tensor:
+        fm = self.num_features
+        n = (multi_hot.offsets.numel() - 1) // fm
+        sizes = gather_sizes(n)
+        lengths = (multi_hot.offsets[1:] - multi_hot.offsets[:-1]).view(fm, n)  # (Fm, B_r)
+        all_lengths = gather_padded(lengths.t().contiguous(), sizes)  # per rank (B_r', Fm)
+        nnz = gather_sizes(multi_hot.ids.numel())
+        all_ids = gather_padded(multi_hot.ids, nnz)  # per rank (nnz_r,), feature-major
+        # per feature: the global batch's ids in rank order, and the bag (global sample) of each id
+        per_rank_feature = [ids.split(lens.sum(0).tolist()) for ids, lens in zip(all_ids, all_lengths)]
+        lengths_global = torch.cat(all_lengths)  # (B, Fm)
+        mine = []
+        for shard, weight in zip(self.local, self.shards):
+            f = shard.feature
+            ids = torch.cat([parts[f] for parts in per_rank_feature])  # (nnz_f,)
+            bag_len = lengths_global[:, f]  # (B,)
+            bag = torch.repeat_interleave(torch.arange(len(bag_len)), bag_len)  # (nnz_f,)
+            inside = ((ids >= shard.row_lo) & (ids < shard.row_hi)).nonzero().squeeze(1)
+            rows = F.embedding(ids[inside] - shard.row_lo, weight, sparse=self.sparse)  # (n_in, width)
+            pooled = weight.new_zeros((len(bag_len), shard.width)).index_add(0, bag[inside], rows)  # (B, width)
+            if self.is_mean[f]:
+                pooled = pooled / bag_len.clamp_min(1).unsqueeze(1).to(pooled.dtype)
+            mine.append(pooled)
+        return self._exchange(mine, sizes)  # (B_r, Fm, D)

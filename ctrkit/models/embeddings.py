@@ -101,6 +101,11 @@ class EmbeddingBagCollection(nn.Module):
         """The embedding tables, for optimizers that update them by rows."""
         return [self.weight]
 
+    def table(self, feature: int) -> torch.Tensor:
+        """The rows of one feature's table: (cardinality, D), a view of the flat weight."""
+        off = int(self.offsets[feature])
+        return self.weight[off : off + self.cardinalities[feature]]
+
     def forward(self, multi_hot) -> torch.Tensor:
         fm = len(self.cardinalities)
         b = (multi_hot.offsets.numel() - 1) // fm
