@@ -1,0 +1,43 @@
+"""Dynamic batching: concurrent requests share model calls and each gets its own rows back."""
+
+import asyncio
+
+import numpy as np
+
+from ctrkit.serve.server import Batcher
+
+
+class Echo:
+    """A stand-in model with the Predictor call signature: returns each row's first numerical value."""
+
+    def __call__(self, numerical, categorical):
+        return numerical[:, :1].copy()
+
+
+def test_concurrent_requests_share_model_calls():
+    async def run():
+        batcher = Batcher(Echo(), window_ms=50.0, max_batch_size=1000)
+        batcher.start()
+        requests = [np.full((i % 3 + 1, 2), float(i), np.float32) for i in range(40)]
+        results = await asyncio.gather(*(batcher.score(r, np.zeros((len(r), 1), np.int64)) for r in requests))
+        await batcher.stop()
+        return requests, results, batcher.calls
+
+    requests, results, calls = asyncio.run(run())
+    for r, got in zip(requests, results):
+        np.testing.assert_array_equal(got[:, 0], r[:, 0])  # every request gets exactly its own rows
+    assert calls < 5  # 40 requests within one 50 ms window: a handful of model calls, not 40
+
+
+def test_max_batch_size_splits_the_queue():
+    async def run():
+        batcher = Batcher(Echo(), window_ms=50.0, max_batch_size=4)
+        batcher.start()
+        requests = [np.full((2, 1), float(i), np.float32) for i in range(10)]
+        results = await asyncio.gather(*(batcher.score(r, np.zeros((2, 1), np.int64)) for r in requests))
+        await batcher.stop()
+        return results, batcher.calls
+
+    results, calls = asyncio.run(run())
+    assert [float(r[0, 0]) for r in results] == [float(i) for i in range(10)]
+    assert calls == 5  # 2 requests of 2 rows fill a batch of 4
