@@ -98,7 +98,7 @@ def run_worker(cfg: ScaleBenchConfig, env=None) -> dict:
     if env is not None:
         model = HybridModel(model, plan_model(model, world, cfg.sharding), rank)
     optimizers = build_optimizers(model, "adagrad", 0.01, "adagrad", 0.01)
-    step = TrainStep(model, optimizers, torch.device("cpu"), after_backward=getattr(model, "sync_gradients", None))
+    step = TrainStep(model, optimizers, torch.device("cpu"))
     batches = _batches(cfg, cards, 4)
     if env is not None:
         batches = [_part(b, *part_bounds(0, len(b), rank, world)) for b in batches]

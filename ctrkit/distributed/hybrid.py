@@ -3,8 +3,8 @@
 Every embedding collection of the model (``<part>.onehot`` and, with multi-hot features,
 ``<part>.bags`` of each CategoricalEmbeddings: the embeddings of DLRM and DCNv2, and both the deep
 and the wide tables of Wide & Deep) is swapped for this rank's shards (model parallel); every other
-parameter is replicated (data parallel) and its gradients are summed over ranks after each backward
-pass. Losses are sums over a rank's samples
+parameter is replicated (data parallel, DistributedDataParallel) and its gradients are summed over
+ranks during each backward pass. Losses are sums over a rank's samples
 divided by the global batch size, so the summed gradients are exactly the single-process gradients
 of the global batch's mean loss, whatever the split of the batch over ranks (an uneven last batch
 included).
@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ctrkit.distributed.planner import ShardingPlan, plan_sharding
 from ctrkit.distributed.sharded_embeddings import ShardedEmbeddingBagCollection, ShardedEmbeddingCollection
@@ -59,8 +60,14 @@ def describe_plans(plans: dict[str, ShardingPlan]) -> str:
     return "\n".join(f"[{name}] {plan.describe()}" for name, plan in plans.items())
 
 
+def _sum_gradients(state, bucket):  # no annotations: DDP checks them, and these would be strings here
+    """DDP communication hook: sum the bucket (a dist.GradBucket) over ranks; DDP's default averages."""
+    work = dist.all_reduce(bucket.buffer(), async_op=True)
+    return work.get_future().then(lambda fut: fut.value()[0])
+
+
 class HybridModel(nn.Module):
-    """``model`` with sharded one-hot embeddings; call ``sync_gradients()`` after every backward.
+    """``model`` with sharded embedding tables and its dense part in DistributedDataParallel.
 
     Args:
         model: a ctrkit model (DLRM, DCNv2, Wide & Deep); it is modified in place.
@@ -81,25 +88,20 @@ class HybridModel(nn.Module):
         self.plans = plans
         self.rank = rank
         self._sharded = tuple(f"{name}.{part}." for name in collections for part in ("onehot", "bags"))
-        self._dense = [p for n, p in model.named_parameters() if not n.startswith(self._sharded)]
-        with torch.no_grad():  # every rank starts from rank 0's dense weights
-            for p in self._dense:
-                dist.broadcast(p, 0)
+        sharded = [n for n, _ in model.named_parameters() if n.startswith(self._sharded)]
+        DDP._set_params_and_buffers_to_ignore_for_model(model, sharded)  # model parallel: not replicated
+        device = next(model.parameters()).device
+        # DDP broadcasts rank 0's dense weights at construction and all-reduces dense gradients in buckets
+        # during backward, summed (not averaged): each rank's loss is its sum over the global batch size
+        self.ddp = DDP(model, device_ids=[device] if device.type == "cuda" else None, forward_sync_buffers=False)
+        self.ddp.register_comm_hook(None, _sum_gradients)
 
     def forward(self, dense: torch.Tensor | None, sparse: torch.Tensor, multi_hot=None) -> torch.Tensor:
-        return self.model(dense, sparse, multi_hot)  # (B_r,) logits of this rank's samples
+        return self.ddp(dense, sparse, multi_hot)  # (B_r,) logits of this rank's samples
 
     def sharding_key(self) -> dict[str, list[list[int]]]:
         """The placement of every shard (stored in checkpoints to recognise the same sharding)."""
         return {name: plan.key() for name, plan in self.plans.items()}
-
-    def sync_gradients(self) -> None:
-        """Sums the data-parallel gradients over ranks, in one flat all-reduce."""
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self._dense]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat)
-        for p, chunk in zip(self._dense, flat.split([g.numel() for g in grads])):
-            p.grad = chunk.view_as(p).clone()
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The single-process model's state dict (whole tables), identical on every rank."""

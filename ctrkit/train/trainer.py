@@ -50,8 +50,6 @@ class TrainStep:
         amp_dtype: autocast dtype, or None for full precision. fp16 enables loss scaling.
         compile: run the forward (and its backward) through ``torch.compile``; if compiling fails
             (no C++ compiler or Triton, an unsupported op) the step says why once and runs eagerly.
-        after_backward: called between backward and the optimizer steps (hybrid parallel: summing
-            the data-parallel gradients over ranks).
     """
 
     def __init__(
@@ -61,10 +59,8 @@ class TrainStep:
         device: torch.device,
         amp_dtype: torch.dtype | None = None,
         compile: bool = False,
-        after_backward=None,
     ):
         self.model = model
-        self.after_backward = after_backward
         self.forward = torch.compile(model) if compile else model
         self.optimizers = optimizers
         self.device = device
@@ -91,15 +87,11 @@ class TrainStep:
             opt.zero_grad(set_to_none=True)
         if self.scaler is not None:
             self.scaler.scale(loss).backward()
-            if self.after_backward is not None:
-                self.after_backward()
             for opt in self.optimizers:
                 self.scaler.step(opt)
             self.scaler.update()
         else:
-            loss.backward()
-            if self.after_backward is not None:
-                self.after_backward()
+            loss.backward()  # hybrid parallel: DDP sums the dense gradients over ranks meanwhile
             for opt in self.optimizers:
                 opt.step()
         return loss.detach()
@@ -185,8 +177,7 @@ class Trainer:
         self.optimizers = build_optimizers(
             model, cfg.optimizer, cfg.lr, cfg.embedding_optimizer, cfg.embedding_lr, cfg.wide_optimizer, cfg.wide_lr
         )
-        sync = getattr(model, "sync_gradients", None)
-        self.step_fn = TrainStep(model, self.optimizers, device, amp_dtype, compile=cfg.compile, after_backward=sync)
+        self.step_fn = TrainStep(model, self.optimizers, device, amp_dtype, compile=cfg.compile)
         self.step = 0
         self._saved_step: int | None = None
         self.history: list[dict[str, Any]] = []

@@ -67,14 +67,12 @@ def rows_of(mh: MultiHot, b: int, lo: int, hi: int) -> MultiHot:
     return MultiHot(torch.cat(ids), offsets, mh.num_features)
 
 
-def step(model, optimizers, dense, sparse, labels, multi_hot, scale, sync=None):
+def step(model, optimizers, dense, sparse, labels, multi_hot, scale):
     logits = model(dense, sparse, multi_hot)
     loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, labels, reduction="sum") / scale
     for o in optimizers:
         o.zero_grad()
-    loss.backward()
-    if sync is not None:
-        sync()
+    loss.backward()  # hybrid: DDP sums the dense gradients over ranks here
     for o in optimizers:
         o.step()
     return loss.detach()
@@ -98,7 +96,7 @@ def _worker(rank, world, port, model_name, strategy, out):
     for d, s, y, m in batches():
         lo, hi = len(y) * rank // world, len(y) * (rank + 1) // world  # this rank's slice
         mine = rows_of(m, len(y), lo, hi)
-        local = step(hybrid, opts, d[lo:hi], s[lo:hi], y[lo:hi], mine, len(y), hybrid.sync_gradients)
+        local = step(hybrid, opts, d[lo:hi], s[lo:hi], y[lo:hi], mine, len(y))
         total = local.clone()
         dist.all_reduce(total)
         losses.append(float(total))
