@@ -92,6 +92,7 @@ def run_through_server(
     """Per batch size: ``requests`` binary requests from ``concurrency`` clients; samples/s and latencies."""
     import tritonclient.http as httpclient
 
+    url = url.split("://", 1)[-1].rstrip("/")  # tritonclient wants host:port
     meta_client = httpclient.InferenceServerClient(url)
     meta = meta_client.get_model_metadata(model)
     shape = {i["name"]: i["shape"][1] for i in meta["inputs"]}

@@ -48,7 +48,7 @@ def test_bench_inference_in_process_and_through_a_server(tiny_checkpoint, tmp_pa
     server = Server("--checkpoint", tiny_checkpoint)
     try:
         code, stdout, _ = run_cli(
-            "bench", "inference", "--server", server.url, "--batch-sizes", "1,16", "--requests", "40",
+            "bench", "inference", "--server", f"http://{server.url}/", "--batch-sizes", "1,16", "--requests", "40",
             "--concurrency", "4", "--output", out, capsys=capsys,
         )  # fmt: skip
     finally:
