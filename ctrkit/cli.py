@@ -500,14 +500,14 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ctrkit",
-        description="Click-through-rate ranking models (DLRM, DCNv2, Wide & Deep) from data to evaluation.",
+        description="Click-through-rate ranking models (DLRM, DCNv2, Wide & Deep) from raw logs to a served model.",
     )
     parser.add_argument("--version", action="version", version=f"ctrkit {__version__}")
     parser.add_argument("--traceback", action="store_true", help="show the full traceback of errors")
     sub = parser.add_subparsers(
         dest="command",
         required=True,
-        metavar="{synth,preprocess,transcode,gen-csv,train,evaluate,predict,bench,models}",
+        metavar="{synth,preprocess,transcode,gen-csv,train,evaluate,predict,export,serve,bench,models}",
         help="what to do",
     )
     _add_synth(sub)
