@@ -80,7 +80,7 @@ class ShardedEmbeddingCollection(nn.Module):
     def _exchange(self, mine: list[torch.Tensor], sizes: list[int]) -> torch.Tensor:
         """This rank's (B, width) shard outputs for the global batch -> (B_r, F, D) for its own samples."""
         total = sum(sizes)
-        own = torch.cat(mine, 1) if mine else self.shards_dtype_zeros(total)
+        own = torch.cat(mine, 1) if mine else torch.zeros((total, 0))  # a rank may hold no shard
         pieces = own.split(sizes, 0)  # per destination: (B_dest, W_self)
         send = [p.numel() for p in pieces]
         recv = [sizes[self.rank] * w for w in self._widths]
@@ -106,9 +106,6 @@ class ShardedEmbeddingCollection(nn.Module):
             else:
                 columns.append(torch.cat([t for _, t in sorted(parts, key=lambda p: p[0].col_lo)], 1))
         return torch.stack(columns, 1)  # (B_r, F, D)
-
-    def shards_dtype_zeros(self, rows: int) -> torch.Tensor:
-        return torch.zeros((rows, 0))
 
     def table_parameters(self) -> list[nn.Parameter]:
         """The shards: embedding tables to the optimizers (sparse row updates)."""

@@ -36,8 +36,9 @@ def _open(path: Path):
     return gzip.open(path, "rb") if gz else open(path, "rb")
 
 
-def read_blocks(path: Path, block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[bytes, int]]:
-    """Blocks of whole lines of ``path`` (plain or gzip), each with the 1-based number of its first line.
+def read_blocks(path: Path, block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[bytes, int, int]]:
+    """Blocks of whole lines of ``path`` (plain or gzip), each with the 1-based number of its first line
+    and its number of lines (counted once, here, on the reading thread).
 
     Every block ends with a newline (one is added after a last line that lacks it).
     """
@@ -51,12 +52,13 @@ def read_blocks(path: Path, block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[by
                 rest = data
                 continue
             block, rest = (data, b"") if cut == len(data) else (data[:cut], data[cut:])
-            yield block, line
-            line += block.count(b"\n")
+            lines = block.count(b"\n")
+            yield block, line, lines
+            line += lines
     if empty:
         raise ValueError(f"{path}: input file is empty")
     if rest:
-        yield rest + b"\n", line
+        yield rest + b"\n", line, rest.count(b"\n") + 1
 
 
 class _Parser:
@@ -70,23 +72,22 @@ class _Parser:
         self.cats = self.names[1 + recipe.num_numerical :]
         self.typed = {"label": pl.UInt8, **dict.fromkeys(self.nums, pl.Int64), **dict.fromkeys(self.cats, pl.String)}
 
-    def parse(self, block: bytes, path: Path, first_line: int) -> pl.DataFrame:
-        """Good rows of ``block`` as (label UInt8, numerical Int64, categorical keys Int64)."""
-        df = self._fast(block)
+    def parse(self, block: bytes, path: Path, first_line: int, lines: int) -> pl.DataFrame:
+        """Good rows of ``block`` (``lines`` lines) as (label UInt8, numerical Int64, categorical keys Int64)."""
+        df = self._fast(block, lines)
         if df is not None:
             keyed = df.select("label", *self.nums, *[vocab_mod.key_expr(c).alias(c) for c in self.cats])
             if not any(keyed[c].has_nulls() for c in self.cats):
                 return keyed
         return self._slow(block, path, first_line)
 
-    def _fast(self, block: bytes) -> pl.DataFrame | None:
+    def _fast(self, block: bytes, lines: int) -> pl.DataFrame | None:
         """Polars' own typed tab parser, when the block's tab count vouches for every line; else None.
 
         The native reader is several times faster than splitting lines, but it reads a missing trailing
         field as an empty one. It refuses a line with too many fields, so a total of exactly
         ``fields - 1`` tabs per line means every line has them all.
         """
-        lines = block.count(b"\n")
         if block.count(b"\t") != lines * (self.recipe.num_fields - 1):
             return None
         try:
@@ -212,8 +213,8 @@ def _pass1(
     files: Sequence[Path], parser: _Parser, columns: _ColumnFiles, counts: _Counts, progress: tqdm | None
 ) -> None:
     for path in files:
-        for block, first_line in prefetched(read_blocks(path), 2):
-            df = parser.parse(block, path, first_line)
+        for block, first_line, lines in prefetched(read_blocks(path), 2):
+            df = parser.parse(block, path, first_line, lines)
             columns.append(df, parser)
             counts.add([df[c] for c in parser.cats])
             if progress is not None:
