@@ -562,6 +562,8 @@ def _leave_process_group(code: int) -> None:
     ("terminate called without an active exception", SIGABRT) after all work was done; so a rank
     that finished waits for its peers (when it succeeded) and leaves with ``os._exit``.
     """
+    if "torch.distributed" not in sys.modules:  # never started one (and importing torch costs ~1.3 s)
+        return
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):

@@ -311,7 +311,7 @@ class SplitBinaryWriter:
             numerical = np.asarray(numerical)
             if numerical.shape != (n, len(self._nums)):
                 raise DataError(f"numerical block has shape {numerical.shape}, expected ({n}, {len(self._nums)})")
-            self._num_f.write(np.ascontiguousarray(numerical, dtype=self._num_dtype).tobytes())
+            self._num_f.write(np.ascontiguousarray(numerical, dtype=self._num_dtype))
         multihot = list(multihot or [])
         if len(multihot) != len(self._multi):
             raise DataError(f"expected {len(self._multi)} multi-hot features, got {len(multihot)}")
@@ -330,15 +330,15 @@ class SplitBinaryWriter:
                 f"ids; pass {'(n,) groups' if self._group_f else 'no groups'}"
             )
         if self._group_f is not None:
-            self._group_f.write(np.asarray(groups).astype(self._group_dtype).tobytes())
-        self._label_f.write(labels.astype(np.uint8).tobytes())
+            self._group_f.write(np.ascontiguousarray(groups, dtype=self._group_dtype))
+        self._label_f.write(np.ascontiguousarray(labels, dtype=np.uint8))
         for f, col, dtype in zip(self._cat_f, cols, self._cat_dtypes):
-            f.write(np.asarray(col).astype(dtype).tobytes())
+            f.write(np.ascontiguousarray(col, dtype=dtype))  # arrays write without a bytes copy
         for k, ((values, lengths), (val_f, off_f), dtype) in enumerate(
             zip(multihot, self._multi_f, self._multi_dtypes)
         ):
-            val_f.write(np.asarray(values).astype(dtype).tobytes())
-            off_f.write((self._multi_total[k] + np.cumsum(lengths, dtype=np.int64)).tobytes())
+            val_f.write(np.ascontiguousarray(values, dtype=dtype))
+            off_f.write(self._multi_total[k] + np.cumsum(lengths, dtype=np.int64))
             self._multi_total[k] += int(np.sum(lengths))
         self.num_samples += n
 

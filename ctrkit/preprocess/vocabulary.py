@@ -2,15 +2,14 @@
 
 A category is a hexadecimal number written with a given number of digits, so ``"0a"`` and ``"a"`` are
 different values while ``"A1"`` and ``"a1"`` are the same one. Every value is held as one int64
-*key*, ``int(value, 16) + (len(value) << 60)``: exact and injective for up to 15 digits, and its
-order is the recipe's tie-break order (fewer digits first, then the number, i.e. plain string order
-for Criteo's fixed-width lowercase hashes). The empty (missing) value has key 0. Both engines
+*key*, ``int(value, 16) + (len(value) << 60)`` modulo 2**64 (values of 8 or more digits have the top
+bit set, so their int64 keys are negative): exact and injective for up to 15 digits, and read as
+unsigned its order is the recipe's tie-break order (fewer digits first, then the number, i.e. plain
+string order for Criteo's fixed-width lowercase hashes). The empty (missing) value has key 0. Both engines
 count keys and build ids with the functions here, which is what makes their outputs identical.
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 import numpy as np
 import polars as pl
@@ -39,9 +38,9 @@ def key_expr(column: str) -> pl.Expr:
 
 def key_strings(keys: np.ndarray) -> pl.Series:
     """The lowercase value strings of ``keys`` (inverse of ``key_expr`` up to case)."""
-    keys = np.asarray(keys, dtype=np.int64)
-    lengths = (keys >> LENGTH_SHIFT).astype(np.int64)
-    numbers = keys & ((1 << LENGTH_SHIFT) - 1)
+    keys = np.asarray(keys, dtype=np.int64).view(np.uint64)  # 8+ digit keys are negative as int64
+    lengths = (keys >> np.uint64(LENGTH_SHIFT)).astype(np.int64)
+    numbers = (keys & np.uint64((1 << LENGTH_SHIFT) - 1)).astype(np.int64)
     digits = np.zeros((len(keys), MAX_DIGITS), dtype=np.uint8)
     for i in range(MAX_DIGITS):  # digit i from the left of a value with `lengths` digits
         shift = 4 * (lengths - 1 - i)
@@ -54,16 +53,19 @@ def vocabulary(counts: pl.DataFrame, frequency_threshold: int) -> pl.DataFrame:
     """(value, count, id) from the train split's (key, count) pairs of one column, ids as the recipe says.
 
     Values seen at least ``frequency_threshold`` times get ids from FIRST_ID by descending count, ties
-    by key; the rest share RARE_ID (listed by key). The missing value is left out (it is MISSING_ID).
+    by key (unsigned); the rest share RARE_ID (listed by key). The missing value is left out (it is MISSING_ID).
     """
-    counts = counts.filter(pl.col("key") != MISSING_KEY)
+    # keys of 8 or more digits pass 2**63: as int64 they wrap to negative numbers, as uint64 they keep the order
+    counts = counts.filter(pl.col("key") != MISSING_KEY).with_columns(
+        pl.col("key").reinterpret(signed=False).alias("_order")
+    )
     frequent = (
         counts.filter(pl.col("count") >= frequency_threshold)
-        .sort(["count", "key"], descending=[True, False])
+        .sort(["count", "_order"], descending=[True, False])
         .with_row_index("id", offset=FIRST_ID)
         .with_columns(pl.col("id").cast(pl.Int64))
     )
-    rare = counts.filter(pl.col("count") < frequency_threshold).sort("key").with_columns(pl.lit(RARE_ID).alias("id"))
+    rare = counts.filter(pl.col("count") < frequency_threshold).sort("_order").with_columns(pl.lit(RARE_ID).alias("id"))
     vocab = pl.concat([frequent.select("key", "count", "id"), rare.select("key", "count", pl.col("id").cast(pl.Int64))])
     return vocab.with_columns(key_strings(vocab["key"].to_numpy()), pl.col("count").cast(pl.Int64))
 
@@ -73,16 +75,10 @@ def cardinality(vocab: pl.DataFrame) -> int:
     return FIRST_ID + int((vocab["id"] >= FIRST_ID).sum())
 
 
-def lookup(keys: Sequence[np.ndarray], vocabularies: Sequence[pl.DataFrame]) -> list[np.ndarray]:
-    """Ids of each column's ``keys`` under its vocabulary; keys it does not hold (missing, unseen) get
-    MISSING_ID. Columns are joined in parallel."""
-    joined = pl.collect_all(
-        [
-            pl.LazyFrame({"key": k}).join(v.lazy().select("key", "id"), on="key", how="left", maintain_order="left")
-            for k, v in zip(keys, vocabularies)
-        ]
-    )
-    return [j["id"].fill_null(MISSING_ID).to_numpy() for j in joined]
+def ids_of_keys(keys: np.ndarray, vocab: pl.DataFrame) -> np.ndarray:
+    """Ids of ``keys`` under ``vocab``; keys it does not hold (missing, unseen) get MISSING_ID."""
+    joined = pl.DataFrame({"key": keys}).join(vocab.select("key", "id"), on="key", how="left", maintain_order="left")
+    return joined["id"].fill_null(MISSING_ID).to_numpy()
 
 
 def save_vocabulary(vocab: pl.DataFrame, path) -> None:

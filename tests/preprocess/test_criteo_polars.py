@@ -60,6 +60,21 @@ def test_known_ids_and_values(tmp_path):
     assert json.loads((tmp_path / "out" / "summary.json").read_text())["engine"] == "polars"
 
 
+def test_ties_across_lengths_and_cases(tmp_path):
+    # every C1 value twice ('a' and 'A' are one value); ties go to fewer digits, then the number: 8 and
+    # more digits included (their keys pass 2**63), and the vocabulary spells each value back
+    values = ["00000000a", "0000000a", "a", "A", "0000000a", "00000000a", "ffffffff", "ffffffff", "b", "b"]
+    rows = [f"{i % 2}\t{i}\t1\t{v}\t0f" for i, v in enumerate(values)]
+    recipe = CriteoRecipe(num_numerical=2, num_categorical=2, frequency_threshold=1)
+    preprocess_criteo(
+        [write(tmp_path / "t.tsv", rows)], tmp_path / "out", recipe, test_files=[write(tmp_path / "s.tsv", rows[:1])]
+    )
+    vocab = pl.read_parquet(tmp_path / "out" / "vocab" / "C1.parquet")
+    assert vocab.rows() == [("a", 2, 2), ("b", 2, 3), ("0000000a", 2, 4), ("ffffffff", 2, 5), ("00000000a", 2, 6)]
+    train = SplitBinaryDataset(tmp_path / "out", "train").slice(0, 10)
+    np.testing.assert_array_equal(train.sparse[:, 0].numpy(), [6, 4, 2, 2, 4, 6, 5, 5, 3, 3])
+
+
 def test_gzip_input_gives_identical_files(tmp_path):
     plain = write(tmp_path / "day.tsv", TRAIN + TEST)
     with gzip.open(tmp_path / "day.tsv.gz", "wt") as f:
