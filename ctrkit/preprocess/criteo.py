@@ -81,6 +81,23 @@ def check_arguments(
         raise ValueError(f"--test-fraction must lie in (0, 1), got {test_fraction}")
 
 
-def numerical_transform(ints: np.ndarray) -> np.ndarray:
-    """log(max(x, -2) + 3) as float16, for integers with missing values already set to -2 (-> 0)."""
+def _log_transform(ints: np.ndarray) -> np.ndarray:
     return np.log(np.maximum(ints, -2).astype(np.float64) + 3.0).astype(np.float16)
+
+
+_TABLE = _log_transform(np.arange(-2, 1 << 16))  # the transform of every integer from -2 to 65,535
+
+
+def numerical_transform(ints: np.ndarray) -> np.ndarray:
+    """log(max(x, -2) + 3) as float16, for integers with missing values already set to -2 (-> 0).
+
+    Integers below 65,536 (nearly all of Criteo's) are looked up in a table of the same function's
+    results, which is twice as fast as computing logarithms and half-precision conversions per value.
+    """
+    index = np.maximum(ints, -2) + 2  # (n, N)
+    big = index >= len(_TABLE)
+    np.minimum(index, len(_TABLE) - 1, out=index)
+    out = _TABLE.take(index)
+    if big.any():
+        out[big] = _log_transform(ints[big])
+    return out

@@ -56,13 +56,13 @@ class KeyIndex:
             new = np.unique(keys[missing])
             self._add(new)
             codes[missing] = self._find(keys[missing])
-        return codes.astype(np.uint32)
+        return codes.view(np.uint32)  # all >= 0 now
 
     def _allocate(self, bits: int) -> None:
         self._bits = bits
         self._mask = (1 << bits) - 1
         self._slot_keys = np.full(1 << bits, RESERVED, dtype=np.int64)
-        self._slot_codes = np.zeros(1 << bits, dtype=np.int64)
+        self._slot_codes = np.zeros(1 << bits, dtype=np.int32)  # 2**31 codes per column is plenty
 
     def _home(self, keys: np.ndarray) -> np.ndarray:
         """The slot each key's probe starts at: the top ``bits`` bits of key * golden (mod 2**64)."""
@@ -100,11 +100,11 @@ class KeyIndex:
         if 2 * size > len(self._slot_keys):
             bits = max(self._bits + 1, int(2 * size - 1).bit_length())
             self._allocate(bits)
-            self._insert(self._keys[: self._size], np.arange(self._size))
+            self._insert(self._keys[: self._size], np.arange(self._size, dtype=np.int32))
         if size > len(self._keys):
             self._keys = np.concatenate([self._keys[: self._size], np.empty(size, dtype=np.int64)])
         self._keys[self._size : size] = new
-        self._insert(new, np.arange(self._size, size))
+        self._insert(new, np.arange(self._size, size, dtype=np.int32))
         self._size = size
 
     def _insert(self, keys: np.ndarray, codes: np.ndarray) -> None:

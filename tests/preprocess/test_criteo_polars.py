@@ -11,7 +11,7 @@ import pytest
 
 from ctrkit.data.dataset import SplitBinaryDataset
 from ctrkit.data.split_binary import DataError
-from ctrkit.preprocess.criteo import CriteoRecipe
+from ctrkit.preprocess.criteo import CriteoRecipe, numerical_transform
 from ctrkit.preprocess.polars_engine import preprocess_criteo
 from tests.conftest import SHARED_DATA, run_cli
 
@@ -73,6 +73,14 @@ def test_ties_across_lengths_and_cases(tmp_path):
     assert vocab.rows() == [("a", 2, 2), ("b", 2, 3), ("0000000a", 2, 4), ("ffffffff", 2, 5), ("00000000a", 2, 6)]
     train = SplitBinaryDataset(tmp_path / "out", "train").slice(0, 10)
     np.testing.assert_array_equal(train.sparse[:, 0].numpy(), [6, 4, 2, 2, 4, 6, 5, 5, 3, 3])
+
+
+def test_numerical_transform_table_and_beyond():
+    ints = np.array([[-7, -3, -2, -1, 0, 1, 2], [65_533, 65_534, 65_535, 65_536, 65_537, 10**9, 2**62]])
+    expected = np.log(np.maximum(ints, -2).astype(np.float64) + 3).astype(np.float16)
+    np.testing.assert_array_equal(numerical_transform(ints), expected)
+    many = np.random.default_rng(0).integers(-5, 200_000, size=(1000, 13))
+    np.testing.assert_array_equal(numerical_transform(many), np.log(np.maximum(many, -2) + 3.0).astype(np.float16))
 
 
 def test_gzip_input_gives_identical_files(tmp_path):
