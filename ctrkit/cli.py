@@ -455,6 +455,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     )
     pp.add_argument("--spark-master", default="local[*]", help="Spark master URL for --engine spark (default local[*])")
     pp.add_argument("--seed", type=int, default=0, help="seed of the generated file (default 0)")
+    pp.add_argument("--repeats", type=int, default=1, help="runs to take the median time of (default 1)")
     pp.add_argument("--output", type=Path, default=None, help="write the result as JSON here")
     t = bsub.add_parser(
         "train",

@@ -485,9 +485,10 @@ def _int_list(text: str, flag: str) -> list[int]:
 def _bench_preprocess(args: argparse.Namespace) -> int:
     from ctrkit.bench.preprocess_bench import run_preprocess_bench
 
-    result = run_preprocess_bench(args.rows, args.input, args.engine, args.seed, args.spark_master)
+    result = run_preprocess_bench(args.rows, args.input, args.engine, args.seed, args.spark_master, args.repeats)
     print(
-        f"preprocess criteo ({result['engine']}): {result['rows']:,} rows in {result['seconds']:.1f} s = "
+        f"preprocess criteo ({result['engine']}): {result['rows']:,} rows in {result['seconds']:.1f} s "
+        f"(median of {result['repeats']}) = "
         f"{result['rows_per_s']:,.0f} rows/s, peak RSS {result['peak_rss_mb']:,.0f} MB"
     )
     _write_result(result, args.output)

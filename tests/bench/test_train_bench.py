@@ -1,5 +1,8 @@
 import json
 
+import numpy as np
+import pytest
+
 from ctrkit.bench.scale_bench import table_sizes
 from tests.conftest import run_cli
 
@@ -34,10 +37,13 @@ def test_bench_train_writes_its_result(tmp_path, capsys):
 
 def test_bench_preprocess_runs_the_real_command(tmp_path, capsys):
     out = tmp_path / "p.json"
-    code, stdout, _ = run_cli("bench", "preprocess", "--rows", "3000", "--output", out, capsys=capsys)
-    assert code == 0 and "3,000 rows in" in stdout
+    code, stdout, _ = run_cli("bench", "preprocess", "--rows", "3000", "--repeats", "2", "--output", out, capsys=capsys)
+    assert code == 0 and "3,000 rows in" in stdout and "median of 2" in stdout
     result = json.loads(out.read_text())
     assert result["rows"] == 3000 and result["engine"] == "polars" and result["peak_rss_mb"] > 10
+    assert len(result["seconds_each"]) == 2 and result["seconds"] == pytest.approx(
+        np.median(result["seconds_each"]), abs=1e-3
+    )
     assert result["rows_per_s"] == result["rows"] / result["seconds"]
 
 
