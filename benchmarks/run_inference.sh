@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Inference throughput and latency on the Criteo-Kaggle DLRM shape (26 x 100,000 x 16, randomly
 # initialised), as recorded in benchmarks/README.md: in process for each runtime, then through a real
-# `ctrkit serve` (ONNX Runtime and compiled bf16 PyTorch) with batch-1 requests from 1 client (latency) and
+# `ctrkit serve` (ONNX Runtime float32 and int8, compiled bf16 PyTorch) with batch-1 requests from 1 client (latency) and
 # batch-1024 binary requests from 4 clients (throughput).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,8 +14,12 @@ mkdir -p "$OUT"
 "$PY" -m ctrkit bench inference --kaggle-shape --batch-sizes 1,64,1024,4096 --output "$OUT/in_process.json"
 "$PY" -c "from pathlib import Path; from ctrkit.bench.inference_bench import kaggle_checkpoint; kaggle_checkpoint(Path('$WORK/kaggle.pt'))"
 "$PY" -m ctrkit export --checkpoint "$WORK/kaggle.pt" --format onnx --out "$WORK/onnx"
-for variant in onnx bf16_compiled; do
-    if [ "$variant" = onnx ]; then src=(--model-dir "$WORK/onnx"); else src=(--checkpoint "$WORK/kaggle.pt" --dtype bf16 --compile); fi
+"$PY" -m ctrkit export --checkpoint "$WORK/kaggle.pt" --format onnx --quantize int8 --out "$WORK/onnx_int8"
+for variant in onnx onnx_int8 bf16_compiled; do
+    case "$variant" in
+        onnx*) src=(--model-dir "$WORK/$variant") ;;
+        *) src=(--checkpoint "$WORK/kaggle.pt" --dtype bf16 --compile) ;;
+    esac
     "$PY" -m ctrkit serve "${src[@]}" --port 8311 &
     server=$!
     for _ in $(seq 60); do curl -sf http://127.0.0.1:8311/v2/health/ready >/dev/null && break; sleep 0.5; done

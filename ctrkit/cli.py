@@ -340,6 +340,13 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
         default="onnx",
         help="model file inside a Triton repository (default onnx)",
     )
+    p.add_argument(
+        "--quantize",
+        choices=("none", "int8"),
+        default="none",
+        help="int8: ONNX with int8 linear layers (onnxruntime dynamic quantization; the fastest CPU runtime "
+        "measured here, about 2x float32 ONNX at batch 4096; embeddings stay float32). Default none",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
 
 
@@ -414,9 +421,10 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     inf.add_argument("--batch-sizes", default="1,64,4096", help="comma-separated batch sizes (default 1,64,4096)")
     inf.add_argument(
         "--runtimes",
-        default="torch,torch-bf16,torch-bf16-compiled,onnx,torchscript",
+        default="torch,torch-bf16,torch-bf16-compiled,onnx,onnx-int8,torchscript",
         help="in-process runtimes: torch (fp32), torch-bf16 (bf16 weights), torch-bf16-compiled (torch.compile with "
-        "weight freezing), onnx (ONNX Runtime), torchscript (default: all)",
+        "weight freezing), onnx (ONNX Runtime), onnx-int8 (ONNX Runtime, int8 linear layers), torchscript "
+        "(default: all)",
     )
     inf.add_argument("--seconds", type=float, default=2.0, help="in process: time per batch size (default 2)")
     inf.add_argument("--requests", type=int, default=2000, help="server: requests per batch size (default 2000)")

@@ -348,8 +348,11 @@ def predict(args: argparse.Namespace) -> int:
 def export(args: argparse.Namespace) -> int:
     from ctrkit.export.exporter import export_checkpoint
 
-    summary = export_checkpoint(args.checkpoint, args.out, args.format, args.name, args.backend, args.overwrite)
-    line = f"wrote {args.out} ({args.format}): " + ", ".join(summary["files"])
+    summary = export_checkpoint(
+        args.checkpoint, args.out, args.format, args.name, args.backend, args.overwrite, args.quantize
+    )
+    kind = args.format + (f", {args.quantize}" if args.quantize != "none" else "")
+    line = f"wrote {args.out} ({kind}): " + ", ".join(summary["files"])
     if "max_abs_diff_vs_pytorch" in summary:
         line += f"; onnxruntime vs PyTorch max abs diff {summary['max_abs_diff_vs_pytorch']:.2e}"
     print(line)

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-RUNTIMES = ("torch", "torch-bf16", "torch-bf16-compiled", "onnx", "torchscript")
+RUNTIMES = ("torch", "torch-bf16", "torch-bf16-compiled", "onnx", "onnx-int8", "torchscript")
 
 
 def kaggle_checkpoint(path: Path, seed: int = 0) -> Path:
@@ -54,9 +54,9 @@ def _runner(runtime: str, checkpoint: Path, workdir: Path):
         dtype = "bf16" if "bf16" in runtime else "fp32"
         predictor = Predictor.from_checkpoint(checkpoint, dtype=dtype, compile=runtime.endswith("compiled"))
         return predictor.meta, predictor
-    fmt = "onnx" if runtime == "onnx" else "torchscript"
-    out = workdir / fmt
-    export_checkpoint(checkpoint, out, fmt, overwrite=True)
+    fmt = "torchscript" if runtime == "torchscript" else "onnx"
+    out = workdir / runtime
+    export_checkpoint(checkpoint, out, fmt, overwrite=True, quantize="int8" if runtime == "onnx-int8" else "none")
     predictor = Predictor.from_export(out)
     return predictor.meta, predictor
 

@@ -21,6 +21,7 @@ from torch import nn
 from ctrkit.data.atomic import atomic_directory
 
 FORMATS = ("onnx", "torchscript", "triton")
+QUANTIZATIONS = ("none", "int8")
 INPUT_NUMERICAL, INPUT_CATEGORICAL, OUTPUT = "numerical", "categorical", "probability"
 ONNX_OPSET = 18
 
@@ -90,6 +91,21 @@ def export_onnx(wrapper: InferenceModel, meta: dict, path: Path) -> None:
         )
 
 
+def quantize_onnx_int8(source: Path, path: Path) -> None:
+    """``source`` with int8 weights and per-batch int8 activations in its linear layers (onnxruntime's
+    dynamic quantization: uint8 x int8 products, the VNNI instructions' kind); embeddings, the
+    interaction and the output stay float32."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(
+        str(source),
+        str(path),
+        weight_type=QuantType.QInt8,
+        op_types_to_quantize=["MatMul", "Gemm"],
+        extra_options={"MatMulConstBOnly": True},  # weights only: the interaction's Gram matrix stays float
+    )
+
+
 def export_torchscript(wrapper: InferenceModel, meta: dict, path: Path) -> None:
     numerical, categorical = example_inputs(meta)
     with torch.no_grad():
@@ -134,6 +150,7 @@ def export_checkpoint(
     name: str | None = None,
     backend: str = "onnx",
     overwrite: bool = False,
+    quantize: str = "none",
 ) -> dict:
     """Writes ``fmt`` (onnx, torchscript, triton) for a checkpoint into ``out_dir``.
 
@@ -150,23 +167,35 @@ def export_checkpoint(
         raise ValueError(f"--format must be one of {', '.join(FORMATS)}, got '{fmt}'")
     if backend not in ("onnx", "torchscript"):
         raise ValueError(f"--backend must be onnx or torchscript, got '{backend}'")
+    if quantize not in QUANTIZATIONS:
+        raise ValueError(f"--quantize must be one of {', '.join(QUANTIZATIONS)}, got '{quantize}'")
+    kind = backend if fmt == "triton" else fmt
+    if quantize != "none" and kind != "onnx":
+        raise ValueError(f"--quantize {quantize} applies to ONNX models; this export writes {kind}")
     ckpt = load_checkpoint(checkpoint)
     meta = model_metadata(ckpt)
     wrapper = InferenceModel(model_from_checkpoint(ckpt).cpu(), meta["cardinalities"]).eval()
     name = name or meta["model_name"]
-    kind = backend if fmt == "triton" else fmt
-    summary: dict = {"format": fmt, "name": name}
+    summary: dict = {"format": fmt, "name": name, "quantize": quantize}
     with atomic_directory(out_dir, overwrite) as tmp:
         target = tmp / name / "1" if fmt == "triton" else tmp
         target.mkdir(parents=True, exist_ok=True)
         model_file = target / ("model.onnx" if kind == "onnx" else "model.pt")
-        if kind == "onnx":
+        if kind == "onnx" and quantize == "int8":
+            float_file = target / "model.fp32.onnx"
+            export_onnx(wrapper, meta, float_file)
+            quantize_onnx_int8(float_file, model_file)
+            float_file.unlink()
+            summary["max_abs_diff_vs_pytorch"] = check_onnx(wrapper, meta, model_file)
+        elif kind == "onnx":
             export_onnx(wrapper, meta, model_file)
             summary["max_abs_diff_vs_pytorch"] = check_onnx(wrapper, meta, model_file)
         else:
             export_torchscript(wrapper, meta, model_file)
         meta_dir = tmp / name if fmt == "triton" else tmp
-        (meta_dir / "ctrkit_model.json").write_text(json.dumps({**meta, "file": model_file.name}, indent=2) + "\n")
+        (meta_dir / "ctrkit_model.json").write_text(
+            json.dumps({**meta, "file": model_file.name, "quantize": quantize}, indent=2) + "\n"
+        )
         if fmt == "triton":
             platform = "onnxruntime_onnx" if kind == "onnx" else "pytorch_libtorch"
             (tmp / name / "config.pbtxt").write_text(triton_config(name, platform, meta))

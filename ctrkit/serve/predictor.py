@@ -99,7 +99,7 @@ class Predictor:
             def run(numerical: np.ndarray, categorical: np.ndarray) -> np.ndarray:
                 return session.run([OUTPUT], {INPUT_NUMERICAL: numerical, INPUT_CATEGORICAL: categorical})[0]
 
-            return cls(meta, "onnx", run)
+            return cls(meta, "onnx" + ("-int8" if meta.get("quantize") == "int8" else ""), run)
         module = torch.jit.load(str(path))
 
         @torch.inference_mode()

@@ -3,10 +3,12 @@
 import json
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 import torch
 from google.protobuf import text_format
+from sklearn.metrics import roc_auc_score
 from tritonclient.grpc import model_config_pb2
 
 from ctrkit.data.dataset import SplitBinaryDataset
@@ -47,6 +49,33 @@ def test_onnx_matches_pytorch_and_maps_unseen_ids(tiny_checkpoint, tmp_path, row
     tame = wild.copy()
     tame[:, 0], tame[:, 3] = 0, 0
     np.testing.assert_allclose(got, reference(tiny_checkpoint, numerical[:20], tame), atol=1e-5)
+
+
+def test_int8_onnx_is_quantized_and_ranks_like_float(tiny_checkpoint, tiny_dataset, tmp_path, capsys):
+    code, out, _ = run_cli(
+        "export", "--checkpoint", tiny_checkpoint, "--format", "onnx", "--quantize", "int8", "--out", tmp_path / "q",
+        capsys=capsys,
+    )  # fmt: skip
+    assert code == 0 and "(onnx, int8)" in out
+    graph = onnx.load(str(tmp_path / "q" / "model.onnx")).graph
+    ops = {n.op_type for n in graph.node}
+    assert "DynamicQuantizeMatMul" in ops or "MatMulInteger" in ops or "DynamicQuantizeLinear" in ops, ops
+    int8_weights = [t for t in graph.initializer if t.data_type == onnx.TensorProto.INT8]
+    assert len(int8_weights) >= 3  # every linear layer's weights
+    test = SplitBinaryDataset(tiny_dataset, "test")
+    batch = test.slice(0, len(test))
+    numerical, categorical, labels = batch.dense.numpy(), batch.sparse.numpy(), batch.labels.numpy()
+    session = ort.InferenceSession(str(tmp_path / "q" / "model.onnx"), providers=["CPUExecutionProvider"])
+    got = session.run(["probability"], {"numerical": numerical, "categorical": categorical})[0]
+    want = reference(tiny_checkpoint, numerical, categorical)
+    assert np.abs(got - want).max() < 0.02
+    assert abs(roc_auc_score(labels, got[:, 0]) - roc_auc_score(labels, want[:, 0])) < 2e-3
+    assert json.loads((tmp_path / "q" / "ctrkit_model.json").read_text())["quantize"] == "int8"
+    code, _, err = run_cli(
+        "export", "--checkpoint", tiny_checkpoint, "--format", "torchscript", "--quantize", "int8", "--out",
+        tmp_path / "t", capsys=capsys,
+    )  # fmt: skip
+    assert code == 2 and "--quantize int8 applies to ONNX models" in err
 
 
 def test_torchscript_matches_pytorch(tiny_checkpoint, tmp_path, rows, capsys):
