@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 
 import numpy as np
@@ -86,8 +87,11 @@ class DatasetOutput:
         self.spec = FeatureSpec(base.feature_spec, base.source_spec, base.channel_spec, meta, self.dir)
         self.spec.to_yaml(self.dir / "feature_spec.yaml")
         (self.dir / "vocab").mkdir()
-        for c, v in zip(self.cats, vocabularies):
-            save_vocabulary(v, self.dir / "vocab" / f"{c}.parquet")
+        with ThreadPoolExecutor(os.cpu_count() or 1) as pool:  # Parquet writes release the GIL
+            list(
+                pool.map(lambda c, v: save_vocabulary(v, self.dir / "vocab" / f"{c}.parquet"), self.cats, vocabularies)
+            )
+        self.cat_dtypes = [np.dtype(self.spec.feature_spec[c].dtype) for c in self.spec.onehot_features]
         for mapping in ("train", "test"):
             self._writers[mapping] = self._stack.enter_context(SplitBinaryWriter(self.spec, mapping))
 

@@ -319,12 +319,13 @@ def preprocess_criteo(
         )
         vocabularies, id_of_code = zip(*built)
         out.start(vocabularies)
+        id_of_code = [ids.astype(dtype) for ids, dtype in zip(id_of_code, out.cat_dtypes)]  # as the files store them
         for mapping, lo, hi in (("train", 0, n_train), ("test", n_train, columns.rows)):
             chunks = (columns.read(a, min(hi, a + PASS2_ROWS)) for a in range(lo, hi, PASS2_ROWS))
             steps = tqdm(total=hi - lo, unit="row", desc=f"preprocess write {mapping}", disable=not progress)
             with steps:
                 for labels, numerical, codes in prefetched(chunks, 1):
-                    out.append(mapping, numerical, [ids[c] for ids, c in zip(id_of_code, codes)], labels)
+                    out.append(mapping, numerical, list(pool.map(np.take, id_of_code, codes)), labels)
                     steps.update(len(labels))
         summary = out.finish("polars", n_train, columns.rows - n_train, rejects, time.perf_counter() - start)
     return summary
