@@ -89,9 +89,7 @@ class DCNv2(nn.Module):
         self.config = config
         d = config.embedding_dim
         self.bottom_mlp = MLP(config.num_numerical, config.bottom_mlp) if config.num_numerical else None
-        self.embeddings = CategoricalEmbeddings(
-            config.cardinalities, d, config.sparse_gradients, config.multihot_cardinalities, config.multihot_combiners
-        )
+        self.embeddings = CategoricalEmbeddings.from_config(config, d)
         num_features = self.embeddings.num_features
         width = d * (num_features + (1 if self.bottom_mlp is not None else 0))
         self.cross = CrossNetwork(width, config.cross_layers, config.cross_projection_dim)

@@ -67,9 +67,7 @@ class DLRM(nn.Module):
         self.config = config
         d = config.embedding_dim
         self.bottom_mlp = MLP(config.num_numerical, config.bottom_mlp) if config.num_numerical else None
-        self.embeddings = CategoricalEmbeddings(
-            config.cardinalities, d, config.sparse_gradients, config.multihot_cardinalities, config.multihot_combiners
-        )
+        self.embeddings = CategoricalEmbeddings.from_config(config, d)
         num_features = self.embeddings.num_features
         num_vectors = num_features + (1 if self.bottom_mlp is not None else 0)
         self.interaction = DotInteraction(

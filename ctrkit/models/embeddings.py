@@ -155,6 +155,13 @@ class CategoricalEmbeddings(nn.Module):
         )
         self.num_features = len(cardinalities) + len(multihot_cardinalities)
 
+    @classmethod
+    def from_config(cls, config, dim: int) -> CategoricalEmbeddings:
+        """The tables a model config describes (``cardinalities``, ``sparse_gradients``, ``multihot_*``)."""
+        return cls(
+            config.cardinalities, dim, config.sparse_gradients, config.multihot_cardinalities, config.multihot_combiners
+        )
+
     def forward(self, sparse: torch.Tensor, multi_hot=None) -> torch.Tensor:
         emb = self.onehot(sparse)  # (B, F1, D)
         if self.bags is None:

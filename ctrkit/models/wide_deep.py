@@ -78,9 +78,7 @@ class WideDeep(nn.Module):
     def __init__(self, config: WideDeepConfig):
         super().__init__()
         self.config = config
-        sparse = config.sparse_gradients
-        multihot = (config.multihot_cardinalities, config.multihot_combiners)
-        self.wide_embeddings = CategoricalEmbeddings(config.cardinalities, 1, sparse, *multihot)
+        self.wide_embeddings = CategoricalEmbeddings.from_config(config, 1)
         with torch.no_grad():  # a linear model starts at zero
             for table in self.wide_embeddings.parameters():
                 table.zero_()
@@ -89,7 +87,7 @@ class WideDeep(nn.Module):
             with torch.no_grad():
                 self.wide_dense.weight.zero_()
                 self.wide_dense.bias.zero_()
-        self.embeddings = CategoricalEmbeddings(config.cardinalities, config.embedding_dim, sparse, *multihot)
+        self.embeddings = CategoricalEmbeddings.from_config(config, config.embedding_dim)
         num_features = self.embeddings.num_features
         width = config.embedding_dim * num_features + config.num_numerical
         self.deep = MLP(width, tuple(config.deep_mlp) + (1,), relu_last=False, dropout=config.dropout)
