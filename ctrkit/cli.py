@@ -344,8 +344,8 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
         "--quantize",
         choices=("none", "int8"),
         default="none",
-        help="int8: ONNX with int8 linear layers (onnxruntime dynamic quantization; the fastest CPU runtime "
-        "measured here, about 2x float32 ONNX at batch 4096; embeddings stay float32). Default none",
+        help="int8: ONNX with int8 linear layers (onnxruntime dynamic quantization, embeddings stay float32; "
+        "about 2x float32 ONNX at batch 4096 here, and the fastest runtime through `ctrkit serve`). Default none",
     )
     p.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
 
