@@ -386,7 +386,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         "--dtype",
         choices=("fp32", "bf16"),
         default="fp32",
-        help="weights of a --checkpoint model: fp32 (default) or bf16 (faster on CPUs with AMX)",
+        help="weights of a --checkpoint model: fp32 (default) or bf16 (2-3x fp32 at large batches on the "
+        "AVX-512 BF16 cores measured here)",
     )
     p.add_argument(
         "--compile",
