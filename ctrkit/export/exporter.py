@@ -181,14 +181,12 @@ def export_checkpoint(
         target = tmp / name / "1" if fmt == "triton" else tmp
         target.mkdir(parents=True, exist_ok=True)
         model_file = target / ("model.onnx" if kind == "onnx" else "model.pt")
-        if kind == "onnx" and quantize == "int8":
-            float_file = target / "model.fp32.onnx"
+        if kind == "onnx":
+            float_file = target / "model.fp32.onnx" if quantize == "int8" else model_file
             export_onnx(wrapper, meta, float_file)
-            quantize_onnx_int8(float_file, model_file)
-            float_file.unlink()
-            summary["max_abs_diff_vs_pytorch"] = check_onnx(wrapper, meta, model_file)
-        elif kind == "onnx":
-            export_onnx(wrapper, meta, model_file)
+            if quantize == "int8":
+                quantize_onnx_int8(float_file, model_file)
+                float_file.unlink()
             summary["max_abs_diff_vs_pytorch"] = check_onnx(wrapper, meta, model_file)
         else:
             export_torchscript(wrapper, meta, model_file)

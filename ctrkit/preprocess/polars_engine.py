@@ -65,7 +65,7 @@ def read_blocks(path: Path, block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[by
     if empty:
         raise ValueError(f"{path}: input file is empty")
     if rest:
-        yield rest + b"\n", line, rest.count(b"\n") + 1
+        yield rest + b"\n", line, 1  # a last line without its newline
 
 
 def _count(data: bytes, byte: bytes) -> int:

@@ -4,6 +4,7 @@ import gzip
 import json
 import re
 import shutil
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -12,7 +13,9 @@ import pytest
 from ctrkit.data.dataset import SplitBinaryDataset
 from ctrkit.data.split_binary import DataError
 from ctrkit.preprocess.criteo import CriteoRecipe, numerical_transform
-from ctrkit.preprocess.polars_engine import preprocess_criteo
+from ctrkit.preprocess.output import Rejects
+from ctrkit.preprocess.polars_engine import _Parser, preprocess_criteo
+from ctrkit.preprocess.vocabulary import key_strings
 from tests.conftest import SHARED_DATA, run_cli
 
 SMALL = CriteoRecipe(num_numerical=2, num_categorical=2, frequency_threshold=2)
@@ -73,6 +76,19 @@ def test_ties_across_lengths_and_cases(tmp_path):
     assert vocab.rows() == [("a", 2, 2), ("b", 2, 3), ("0000000a", 2, 4), ("ffffffff", 2, 5), ("00000000a", 2, 6)]
     train = SplitBinaryDataset(tmp_path / "out", "train").slice(0, 10)
     np.testing.assert_array_equal(train.sparse[:, 0].numpy(), [6, 4, 2, 2, 4, 6, 5, 5, 3, 3])
+
+
+def test_fast_and_checking_paths_give_the_same_keys():
+    # blocks without a '+' take Polars' typed reader and an unsigned hex parse; others go line by line
+    # through vocabulary.key_expr: a value must get one key either way, or its counts would split
+    values = ["", "0", "a", "A", "0a", "ffffffff", "FFFFFFFF", "00000000a", "123456789abcdef", "7fffffffffffffff"[1:]]
+    parser = _Parser(CriteoRecipe(num_numerical=1, num_categorical=1), Rejects("error"))
+    block = "".join(f"1\t2\t{v}\n" for v in values).encode()
+    fast = parser._keys(parser._fast(block, len(values)))[0]
+    slow = parser._slow(block, Path("b.tsv"), 1)["C1"].to_numpy()
+    np.testing.assert_array_equal(fast, slow)
+    assert len(set(fast.tolist())) == len(values) - 2  # 'a'/'A' and 'ffffffff'/'FFFFFFFF' are one value each
+    assert key_strings(fast).to_list() == [v.lower() for v in values]
 
 
 def test_numerical_transform_table_and_beyond():
