@@ -11,7 +11,7 @@ OUT=benchmarks/results/inference
 WORK=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
 mkdir -p "$OUT"
-"$PY" -m ctrkit bench inference --kaggle-shape --batch-sizes 1,64,1024,4096 --output "$OUT/in_process.json"
+"$PY" -m ctrkit bench inference --kaggle-shape --batch-sizes 1,64,1024,4096 --repeats 3 --output "$OUT/in_process.json"
 "$PY" -c "from pathlib import Path; from ctrkit.bench.inference_bench import kaggle_checkpoint; kaggle_checkpoint(Path('$WORK/kaggle.pt'))"
 "$PY" -m ctrkit export --checkpoint "$WORK/kaggle.pt" --format onnx --out "$WORK/onnx"
 "$PY" -m ctrkit export --checkpoint "$WORK/kaggle.pt" --format onnx --quantize int8 --out "$WORK/onnx_int8"

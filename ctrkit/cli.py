@@ -405,10 +405,11 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     inf = bsub.add_parser(
         "inference",
         help="inference samples/s and latency per batch size, in process per runtime or through a server",
-        description="In process: scores pre-built batches with each runtime (torch fp32, torch-bf16 autocast, "
-        "onnx = ONNX Runtime, torchscript) for about --seconds per batch size. With --server: sends --requests "
-        "binary-tensor requests per batch size from --concurrency tritonclient clients to a running `ctrkit "
-        "serve`. Reports samples/s and latency p50/p90/p99.",
+        description="In process: scores pre-built batches with each of --runtimes for about --seconds per batch "
+        "size, the runtimes taking turns for --repeats rounds (samples/s is the median over rounds, with the ratio "
+        "to torch fp32 of the same round). With --server: sends --requests binary-tensor requests per batch size "
+        "from --concurrency tritonclient clients to a running `ctrkit serve`. Reports samples/s and latency "
+        "p50/p90/p99, and the machine's load average before and after (other work competing for the cores).",
     )
     src = inf.add_mutually_exclusive_group(required=True)
     src.add_argument("--checkpoint", type=Path, default=None, help="checkpoint to score in process")
@@ -428,6 +429,12 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
         "(default: all)",
     )
     inf.add_argument("--seconds", type=float, default=2.0, help="in process: time per batch size (default 2)")
+    inf.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="in process: rounds over all runtimes; the median is reported (default 1)",
+    )
     inf.add_argument("--requests", type=int, default=2000, help="server: requests per batch size (default 2000)")
     inf.add_argument("--concurrency", type=int, default=8, help="server: concurrent clients (default 8)")
     inf.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")

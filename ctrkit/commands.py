@@ -452,10 +452,17 @@ def _bench_inference(args: argparse.Namespace) -> int:
 
     import torch
 
-    from ctrkit.bench.inference_bench import environment, kaggle_checkpoint, run_in_process, run_through_server
+    from ctrkit.bench.inference_bench import (
+        check_in_process_args,
+        environment,
+        kaggle_checkpoint,
+        run_in_process,
+        run_through_server,
+    )
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    before = environment()
     batch_sizes = _int_list(args.batch_sizes, "--batch-sizes")
     if not batch_sizes or min(batch_sizes) < 1:
         raise ValueError(f"--batch-sizes: expected positive integers, got '{args.batch_sizes}'")
@@ -465,16 +472,21 @@ def _bench_inference(args: argparse.Namespace) -> int:
         results = run_through_server(args.server, args.model, batch_sizes, args.requests, args.concurrency)
     else:
         runtimes = [r.strip() for r in args.runtimes.split(",") if r.strip()]
+        check_in_process_args(runtimes, args.repeats)  # before building a Kaggle-shape checkpoint
         with tempfile.TemporaryDirectory(prefix="ctrkit-kaggle-") as tmp:
             ckpt = args.checkpoint or kaggle_checkpoint(Path(tmp) / "dlrm_kaggle.pt")
-            results = run_in_process(ckpt, batch_sizes, runtimes, args.seconds)
+            results = run_in_process(ckpt, batch_sizes, runtimes, args.seconds, repeats=args.repeats)
     for r in results:
         where = r.get("runtime", f"server {r.get('url')} x{r.get('concurrency')}")
+        ratio = f"  ({r['vs_torch']:.2f}x torch fp32)" if "vs_torch" in r else ""
         print(
             f"{where:>24} batch {r['batch_size']:>6}: {r['samples_per_s']:>12,.0f} samples/s  p50 "
-            f"{r['p50_ms']:.3f} ms  p90 {r['p90_ms']:.3f} ms  p99 {r['p99_ms']:.3f} ms"
+            f"{r['p50_ms']:.3f} ms  p90 {r['p90_ms']:.3f} ms  p99 {r['p99_ms']:.3f} ms{ratio}"
         )
-    _write_result({"results": results, "environment": environment()}, args.output)
+    after = environment()
+    print(f"load average (1 min) before {before['load_average_1min']:.2f}, after {after['load_average_1min']:.2f}")
+    env = {**after, "load_average_1min_before": before["load_average_1min"]}
+    _write_result({"results": results, "environment": env}, args.output)
     return 0
 
 

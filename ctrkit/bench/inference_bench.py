@@ -62,28 +62,61 @@ def _runner(runtime: str, checkpoint: Path, workdir: Path):
 
 
 def run_in_process(
-    checkpoint: Path, batch_sizes: list[int], runtimes: list[str], seconds: float = 2.0, seed: int = 0
+    checkpoint: Path,
+    batch_sizes: list[int],
+    runtimes: list[str],
+    seconds: float = 2.0,
+    seed: int = 0,
+    repeats: int = 1,
 ) -> list[dict]:
-    """Per runtime and batch size: samples/s and latency percentiles over ~``seconds`` of calls."""
-    results = []
+    """Per runtime and batch size: samples/s and latency percentiles over ~``seconds`` of calls.
+
+    With ``repeats`` > 1 the runtimes take turns in that many rounds (so a burst of load on a shared
+    machine hits them alike): samples/s is the median over rounds, latencies pool every call, and
+    ``vs_torch`` is the median of the per-round ratios to torch fp32 at the same batch size.
+    """
+    check_in_process_args(runtimes, repeats)
+    rounds: dict[tuple[str, int], list[float]] = {(r, b): [] for r in runtimes for b in batch_sizes}
+    times: dict[tuple[str, int], list[float]] = {key: [] for key in rounds}
     with tempfile.TemporaryDirectory(prefix="ctrkit-bench-inf-") as tmp:
-        for runtime in runtimes:
-            if runtime not in RUNTIMES:
-                raise ValueError(f"--runtimes: unknown runtime '{runtime}'; expected {', '.join(RUNTIMES)}")
-            meta, score = _runner(runtime, checkpoint, Path(tmp))
-            for batch in batch_sizes:
-                numerical, categorical = _inputs(meta, batch, seed)
-                for _ in range(3):
-                    score(numerical, categorical)
-                times, start = [], time.perf_counter()
-                while time.perf_counter() - start < seconds or len(times) < 5:
-                    t0 = time.perf_counter()
-                    score(numerical, categorical)
-                    times.append(time.perf_counter() - t0)
-                total = time.perf_counter() - start
-                results.append({"mode": "in-process", "runtime": runtime, "batch_size": batch, "calls": len(times),
-                                "samples_per_s": batch * len(times) / total, **_percentiles(times)})  # fmt: skip
+        runners = {runtime: _runner(runtime, checkpoint, Path(tmp)) for runtime in runtimes}
+        inputs = {b: _inputs(next(iter(runners.values()))[0], b, seed) for b in batch_sizes}
+        for _ in range(repeats):
+            for runtime, (_, score) in runners.items():
+                for batch in batch_sizes:
+                    took, total = _time_calls(score, *inputs[batch], seconds)
+                    rounds[runtime, batch].append(batch * len(took) / total)
+                    times[runtime, batch] += took
+    results = []
+    for (runtime, batch), per_round in rounds.items():
+        result = {"mode": "in-process", "runtime": runtime, "batch_size": batch, "calls": len(times[runtime, batch]),
+                  "samples_per_s": float(np.median(per_round)), "rounds_samples_per_s": per_round,
+                  **_percentiles(times[runtime, batch])}  # fmt: skip
+        if "torch" in runtimes:
+            ratios = np.array(per_round) / np.array(rounds["torch", batch])
+            result["vs_torch"] = float(np.median(ratios))
+        results.append(result)
     return results
+
+
+def check_in_process_args(runtimes: list[str], repeats: int) -> None:
+    for runtime in runtimes:
+        if runtime not in RUNTIMES:
+            raise ValueError(f"--runtimes: unknown runtime '{runtime}'; expected {', '.join(RUNTIMES)}")
+    if repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {repeats}")
+
+
+def _time_calls(score, numerical: np.ndarray, categorical: np.ndarray, seconds: float) -> tuple[list[float], float]:
+    """Per-call times of ``score`` over about ``seconds`` (at least 5 calls, after 3 warm-up calls)."""
+    for _ in range(3):
+        score(numerical, categorical)
+    took, start = [], time.perf_counter()
+    while time.perf_counter() - start < seconds or len(took) < 5:
+        t0 = time.perf_counter()
+        score(numerical, categorical)
+        took.append(time.perf_counter() - t0)
+    return took, time.perf_counter() - start
 
 
 def run_through_server(
@@ -129,5 +162,6 @@ def run_through_server(
 
 
 def environment() -> dict:
+    """Versions, threads and the 1-minute load average (other work competing for the cores)."""
     return {"python": platform.python_version(), "torch": torch.__version__, "cpu_count": os.cpu_count(),
-            "threads": torch.get_num_threads()}  # fmt: skip
+            "threads": torch.get_num_threads(), "load_average_1min": os.getloadavg()[0]}  # fmt: skip

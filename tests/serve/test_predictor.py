@@ -34,15 +34,24 @@ def test_bench_inference_in_process_and_through_a_server(tiny_checkpoint, tmp_pa
     out = tmp_path / "inf.json"
     code, stdout, _ = run_cli(
         "bench", "inference", "--checkpoint", tiny_checkpoint, "--batch-sizes", "1,32", "--runtimes",
-        "torch,torch-bf16,onnx,torchscript", "--seconds", "0.05", "--output", out, capsys=capsys,
+        "torch,torch-bf16,onnx,torchscript", "--seconds", "0.05", "--repeats", "2", "--output", out, capsys=capsys,
     )  # fmt: skip
     assert code == 0
-    results = json.loads(out.read_text())["results"]
+    written = json.loads(out.read_text())
+    results = written["results"]
     assert [(r["runtime"], r["batch_size"]) for r in results] == [
         (rt, b) for rt in ("torch", "torch-bf16", "onnx", "torchscript") for b in (1, 32)
     ]
     for r in results:
-        assert r["p50_ms"] <= r["p90_ms"] <= r["p99_ms"] and r["samples_per_s"] > 0 and r["calls"] >= 5
+        assert r["p50_ms"] <= r["p90_ms"] <= r["p99_ms"] and r["samples_per_s"] > 0 and r["calls"] >= 10
+        assert len(r["rounds_samples_per_s"]) == 2 and r["samples_per_s"] == np.median(r["rounds_samples_per_s"])
+        torch_rounds = next(t for t in results if t["runtime"] == "torch" and t["batch_size"] == r["batch_size"])
+        ratios = np.array(r["rounds_samples_per_s"]) / np.array(torch_rounds["rounds_samples_per_s"])
+        assert r["vs_torch"] == pytest.approx(np.median(ratios))
+    assert {"load_average_1min", "load_average_1min_before"} <= written["environment"].keys()
+    assert "load average (1 min) before" in stdout
+    code, _, err = run_cli("bench", "inference", "--kaggle-shape", "--repeats", "0", capsys=capsys)
+    assert code != 0 and "--repeats must be >= 1, got 0" in err
     from tests.serve.test_server import Server  # the real server, on a free loopback port
 
     server = Server("--checkpoint", tiny_checkpoint)
