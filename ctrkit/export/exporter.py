@@ -46,6 +46,8 @@ class InferenceModel(nn.Module):
         outside = (categorical < 0) | (categorical >= self.cardinalities)  # (B, F)
         ids = torch.where(outside, torch.zeros_like(categorical), categorical)
         dense = numerical if self.has_numerical else None
+        if dense is None:  # use the (B, 0) input, or exporters drop it from the graph (and Triton's config)
+            ids = ids.reshape(numerical.shape[0], -1)  # fails unless both inputs hold B samples
         return torch.sigmoid(self.model(dense, ids).float()).unsqueeze(1)  # (B, 1), fp32 under autocast too
 
 

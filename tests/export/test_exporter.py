@@ -14,7 +14,10 @@ from tritonclient.grpc import model_config_pb2
 from ctrkit.data.dataset import SplitBinaryDataset
 from ctrkit.eval.evaluator import predict_logits
 from ctrkit.eval.metrics import sigmoid
-from ctrkit.train.checkpoint import load_checkpoint, model_from_checkpoint
+from ctrkit.export.exporter import export_checkpoint
+from ctrkit.models.registry import config_to_dict, create_model, make_config
+from ctrkit.serve.predictor import Predictor
+from ctrkit.train.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from tests.conftest import run_cli
 
 
@@ -76,6 +79,34 @@ def test_int8_onnx_is_quantized_and_ranks_like_float(tiny_checkpoint, tiny_datas
         tmp_path / "t", capsys=capsys,
     )  # fmt: skip
     assert code == 2 and "--quantize int8 applies to ONNX models" in err
+
+
+@pytest.mark.parametrize(
+    "name, extra, num_numerical",
+    [("dlrm", {}, 0), ("dcnv2", {}, 3), ("dcnv2", {"structure": "parallel"}, 0), ("wide_deep", {}, 3),
+     ("wide_deep", {}, 0)],
+)  # fmt: skip
+def test_every_model_exports_and_scores_like_pytorch(tmp_path, name, extra, num_numerical):
+    """DCNv2, Wide & Deep, and models without numerical features (whose (B, 0) input must stay in the graph)."""
+    torch.manual_seed(0)
+    cfg = make_config(name, dict(num_numerical=num_numerical, cardinalities=[10, 20, 5], **extra))
+    ckpt = tmp_path / "model.pt"
+    model = create_model(name, cfg).eval()
+    save_checkpoint(ckpt, {"model_name": name, "model_config": config_to_dict(cfg), "model": model.state_dict()})
+    rng = np.random.default_rng(0)
+    numerical = rng.normal(size=(64, num_numerical)).astype(np.float32)
+    categorical = rng.integers(-2, 25, (64, 3))  # some ids outside their table: scored as id 0
+    with torch.no_grad():
+        known = np.where((categorical < 0) | (categorical >= [10, 20, 5]), 0, categorical)
+        dense = torch.from_numpy(numerical) if num_numerical else None
+        want = torch.sigmoid(model(dense, torch.from_numpy(known))).numpy()[:, None]
+    for fmt, quantize, atol in (("onnx", "none", 1e-5), ("onnx", "int8", 0.05), ("torchscript", "none", 1e-6)):
+        out = tmp_path / f"{fmt}-{quantize}"
+        export_checkpoint(ckpt, out, fmt, quantize=quantize)
+        predictor = Predictor.from_export(out)
+        np.testing.assert_allclose(predictor(numerical, categorical), want, atol=atol, err_msg=f"{fmt} {quantize}")
+    graph = onnx.load(str(tmp_path / "onnx-none" / "model.onnx")).graph
+    assert [i.name for i in graph.input] == ["numerical", "categorical"]
 
 
 def test_torchscript_matches_pytorch(tiny_checkpoint, tmp_path, rows, capsys):
