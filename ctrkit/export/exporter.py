@@ -176,6 +176,11 @@ def export_checkpoint(
         raise ValueError(f"--quantize {quantize} applies to ONNX models; this export writes {kind}")
     ckpt = load_checkpoint(checkpoint)
     meta = model_metadata(ckpt)
+    if fmt == "triton" and meta["num_numerical"] == 0:
+        raise ValueError(
+            "--format triton: this model has no numerical features, and Triton refuses a zero-width input "
+            "(config dims must be >= 1); export --format onnx or torchscript and serve it with `ctrkit serve`"
+        )
     wrapper = InferenceModel(model_from_checkpoint(ckpt).cpu(), meta["cardinalities"]).eval()
     name = name or meta["model_name"]
     summary: dict = {"format": fmt, "name": name, "quantize": quantize}

@@ -107,6 +107,10 @@ def test_every_model_exports_and_scores_like_pytorch(tmp_path, name, extra, num_
         np.testing.assert_allclose(predictor(numerical, categorical), want, atol=atol, err_msg=f"{fmt} {quantize}")
     graph = onnx.load(str(tmp_path / "onnx-none" / "model.onnx")).graph
     assert [i.name for i in graph.input] == ["numerical", "categorical"]
+    if num_numerical == 0:  # Triton refuses dims of 0
+        with pytest.raises(ValueError, match="Triton refuses a zero-width input"):
+            export_checkpoint(ckpt, tmp_path / "triton", "triton")
+        assert not (tmp_path / "triton").exists()
 
 
 def test_torchscript_matches_pytorch(tiny_checkpoint, tmp_path, rows, capsys):
