@@ -327,8 +327,9 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
         "export",
         help="a checkpoint as ONNX, TorchScript or a Triton model repository",
         description="Writes the model for serving: inputs 'numerical' (B, N) FP32 and 'categorical' (B, F) INT64 "
-        "(ids outside a table map to its row 0, the missing/unseen id), output 'probability' (B, 1) FP32, dynamic "
-        "batch. ONNX is loaded back in onnxruntime and compared with PyTorch (max abs diff printed).",
+        "(ids outside a table map to its row 0, the missing/unseen id), with multi-hot features also 'multi_hot' "
+        "(B, Fm, L) INT64 (each sample's ids per multi-hot feature, padded with -1), output 'probability' (B, 1) "
+        "FP32, dynamic batch. ONNX is loaded back in onnxruntime and compared with PyTorch (max abs diff printed).",
     )
     p.add_argument("--checkpoint", required=True, type=Path, help="checkpoint written by `ctrkit train`")
     p.add_argument("--format", required=True, choices=("onnx", "torchscript", "triton"), help="what to write")
@@ -382,7 +383,12 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         help="memory (default): tables in RAM; mmap: tables stay in the memory-mapped checkpoint and only "
         "--cache-rows hot rows are kept in memory, so tables larger than RAM can be served (--checkpoint only)",
     )
-    p.add_argument("--cache-rows", type=int, default=1 << 20, help="rows of the mmap store's cache (default 1048576)")
+    p.add_argument(
+        "--cache-rows",
+        type=int,
+        default=1 << 20,
+        help="rows of each mmap store cache, one per table collection (default 1048576)",
+    )
     p.add_argument(
         "--dtype",
         choices=("fp32", "bf16"),

@@ -33,11 +33,18 @@ def kaggle_checkpoint(path: Path, seed: int = 0) -> Path:
     return path
 
 
-def _inputs(meta: dict, batch: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def _inputs(meta: dict, batch: int, seed: int, bag_length: int = 4) -> tuple[np.ndarray, ...]:
+    """(numerical, categorical[, multi_hot]) with power-law ids; bags of 1 to ``bag_length`` ids, -1 padded."""
     rng = np.random.default_rng(seed)
     numerical = rng.normal(size=(batch, meta["num_numerical"])).astype(np.float32)
     cats = [np.minimum(rng.zipf(1.2, batch) - 1, c - 1) for c in meta["cardinalities"]]
-    return numerical, np.stack(cats, 1).astype(np.int64)
+    inputs = (numerical, np.stack(cats, 1).astype(np.int64).reshape(batch, len(cats)))
+    multihot = meta.get("multihot_cardinalities") or []
+    if multihot:
+        bags = np.stack([np.minimum(rng.zipf(1.2, (batch, bag_length)) - 1, c - 1) for c in multihot], 1)
+        lengths = rng.integers(1, bag_length + 1, (batch, len(multihot), 1))
+        inputs += (np.where(np.arange(bag_length) < lengths, bags, -1).astype(np.int64),)  # (B, Fm, L)
+    return inputs
 
 
 def _percentiles(seconds: list[float]) -> dict[str, float]:
@@ -84,7 +91,7 @@ def run_in_process(
         for _ in range(repeats):
             for runtime, (_, score) in runners.items():
                 for batch in batch_sizes:
-                    took, total = _time_calls(score, *inputs[batch], seconds)
+                    took, total = _time_calls(score, inputs[batch], seconds)
                     rounds[runtime, batch].append(batch * len(took) / total)
                     times[runtime, batch] += took
     results = []
@@ -107,14 +114,14 @@ def check_in_process_args(runtimes: list[str], repeats: int) -> None:
         raise ValueError(f"--repeats must be >= 1, got {repeats}")
 
 
-def _time_calls(score, numerical: np.ndarray, categorical: np.ndarray, seconds: float) -> tuple[list[float], float]:
+def _time_calls(score, inputs: tuple[np.ndarray, ...], seconds: float) -> tuple[list[float], float]:
     """Per-call times of ``score`` over about ``seconds`` (at least 5 calls, after 3 warm-up calls)."""
     for _ in range(3):
-        score(numerical, categorical)
+        score(*inputs)
     took, start = [], time.perf_counter()
     while time.perf_counter() - start < seconds or len(took) < 5:
         t0 = time.perf_counter()
-        score(numerical, categorical)
+        score(*inputs)
         took.append(time.perf_counter() - t0)
     return took, time.perf_counter() - start
 
@@ -128,24 +135,27 @@ def run_through_server(
     url = url.split("://", 1)[-1].rstrip("/")  # tritonclient wants host:port
     meta_client = httpclient.InferenceServerClient(url)
     meta = meta_client.get_model_metadata(model)
-    shape = {i["name"]: i["shape"][1] for i in meta["inputs"]}
+    shape = {i["name"]: i["shape"] for i in meta["inputs"]}
+    # ids below 1000 stand for any traffic (ids beyond a table are served as its unseen row)
+    fake = {"num_numerical": shape["numerical"][1], "cardinalities": [1000] * shape["categorical"][1],
+            "multihot_cardinalities": [1000] * shape["multi_hot"][1] if "multi_hot" in shape else []}  # fmt: skip
     results = []
     for batch in batch_sizes:
-        rng = np.random.default_rng(seed)
-        numerical = rng.normal(size=(batch, shape["numerical"])).astype(np.float32)
-        categorical = rng.integers(0, 1000, (batch, shape["categorical"])).astype(np.int64)
+        arrays = dict(zip(shape, _inputs(fake, batch, seed)))
 
-        def client_run(n: int, numerical: np.ndarray = numerical, categorical: np.ndarray = categorical) -> list[float]:
+        def client_run(n: int, arrays: dict[str, np.ndarray] = arrays) -> list[float]:
             client = httpclient.InferenceServerClient(url, connection_timeout=30, network_timeout=60)
-            a = httpclient.InferInput("numerical", list(numerical.shape), "FP32")
-            a.set_data_from_numpy(numerical, binary_data=True)
-            b = httpclient.InferInput("categorical", list(categorical.shape), "INT64")
-            b.set_data_from_numpy(categorical, binary_data=True)
+            inputs = []
+            for name, array in arrays.items():
+                inputs.append(
+                    httpclient.InferInput(name, list(array.shape), "FP32" if name == "numerical" else "INT64")
+                )
+                inputs[-1].set_data_from_numpy(array, binary_data=True)
             out = [httpclient.InferRequestedOutput("probability", binary_data=True)]
             times = []
             for _ in range(n):
                 t0 = time.perf_counter()
-                client.infer(model, [a, b], outputs=out)
+                client.infer(model, inputs, outputs=out)
                 times.append(time.perf_counter() - t0)
             return times
 

@@ -32,6 +32,32 @@ class MultiHot:
             self.num_features,
         )
 
+    def to_padded(self) -> torch.Tensor:
+        """The same bags as a (B, Fm, L) tensor, each bag's ids followed by -1 up to the longest bag's
+        length L (at least 1): the rectangular form a server request carries (see PaddedMultiHot)."""
+        bags = self.offsets.numel() - 1  # Fm * B
+        lengths = self.offsets[1:] - self.offsets[:-1]  # (Fm * B,)
+        width = max(int(lengths.max()) if bags else 0, 1)
+        out = torch.full((bags, width), -1, dtype=torch.int64, device=self.ids.device)
+        bag = torch.repeat_interleave(torch.arange(bags, device=self.ids.device), lengths)  # (nnz,)
+        out[bag, torch.arange(self.ids.numel(), device=self.ids.device) - self.offsets[bag]] = self.ids
+        return out.view(self.num_features, bags // max(self.num_features, 1), width).transpose(0, 1).contiguous()
+
+
+@dataclass(frozen=True)
+class PaddedMultiHot:
+    """Multi-hot ids as a rectangle: ``ids[b, f]`` holds sample b's ids of feature f, then -1 padding.
+
+    Every negative entry is padding: it adds nothing to the bag and does not count towards a mean.
+    The form servers take (KServe v2 tensors are rectangular) and exports trace (plain gathers and
+    sums, which every runtime has); pooling it equals pooling the same bags as a MultiHot.
+
+    Attributes:
+        ids: (B, Fm, L) int64.
+    """
+
+    ids: torch.Tensor
+
 
 @dataclass
 class Batch:

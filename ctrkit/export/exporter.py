@@ -1,10 +1,12 @@
 """Exports a trained model for serving: ONNX, TorchScript, or a Triton model repository.
 
-Every artifact takes the two tensors of the KServe v2 request ctrkit's server speaks, named after the
+Every artifact takes the tensors of the KServe v2 request ctrkit's server speaks, named after the
 FeatureSpec channels: ``numerical`` (B, N) FP32 (the dataset's numerical values) and ``categorical``
-(B, F) INT64 (raw contiguous ids), and returns ``probability`` (B, 1) FP32. Ids outside a table
-(values unseen at training time) are mapped to the table's row 0, the recipe's missing/unseen id,
-inside the graph, so no runtime fails on them.
+(B, F) INT64 (raw contiguous ids of the one-hot features), plus, for a model with multi-hot features,
+``multi_hot`` (B, Fm, L) INT64 (each sample's ids per multi-hot feature, padded with -1 to a common
+length L), and returns ``probability`` (B, 1) FP32. Ids beyond a table (values unseen at training
+time) are mapped to the table's row 0, the recipe's missing/unseen id, inside the graph, so no
+runtime fails on them; a negative one-hot id does the same, a negative multi-hot id is padding.
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ import torch
 from torch import nn
 
 from ctrkit.data.atomic import atomic_directory
+from ctrkit.data.batch import PaddedMultiHot
 
 FORMATS = ("onnx", "torchscript", "triton")
 QUANTIZATIONS = ("none", "int8")
-INPUT_NUMERICAL, INPUT_CATEGORICAL, OUTPUT = "numerical", "categorical", "probability"
+INPUT_NUMERICAL, INPUT_CATEGORICAL, INPUT_MULTI_HOT, OUTPUT = "numerical", "categorical", "multi_hot", "probability"
 ONNX_OPSET = 18
 
 
@@ -30,64 +33,86 @@ class InferenceModel(nn.Module):
     """A trained model as a server runs it: raw ids in, click probabilities out.
 
     Args:
-        model: a single-process ctrkit model (one-hot features only).
-        cardinalities: rows of each categorical feature's table.
+        model: a single-process ctrkit model.
+        cardinalities: rows of each one-hot categorical feature's table.
+        multihot_cardinalities: rows of each multi-hot feature's table (none: the model has none).
 
-    Shapes: numerical (B, N) float32, categorical (B, F) int64 -> probability (B, 1) float32.
+    Shapes: numerical (B, N) float32, categorical (B, F) int64, multi_hot (B, Fm, L) int64 (-1 padding;
+    only with multi-hot features) -> probability (B, 1) float32.
     """
 
-    def __init__(self, model: nn.Module, cardinalities: list[int]):
+    def __init__(self, model: nn.Module, cardinalities: list[int], multihot_cardinalities: list[int] = ()):
         super().__init__()
         self.model = model.eval()
         self.has_numerical = getattr(getattr(model, "config", None), "num_numerical", 1) > 0
         self.register_buffer("cardinalities", torch.tensor(cardinalities, dtype=torch.int64))
+        self.register_buffer("multihot_cardinalities", torch.tensor(list(multihot_cardinalities), dtype=torch.int64))
 
-    def forward(self, numerical: torch.Tensor, categorical: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, numerical: torch.Tensor, categorical: torch.Tensor, multi_hot: torch.Tensor | None = None
+    ) -> torch.Tensor:
         outside = (categorical < 0) | (categorical >= self.cardinalities)  # (B, F)
         ids = torch.where(outside, torch.zeros_like(categorical), categorical)
         dense = numerical if self.has_numerical else None
         if dense is None:  # use the (B, 0) input, or exporters drop it from the graph (and Triton's config)
             ids = ids.reshape(numerical.shape[0], -1)  # fails unless both inputs hold B samples
-        return torch.sigmoid(self.model(dense, ids).float()).unsqueeze(1)  # (B, 1), fp32 under autocast too
+        bags = None
+        if multi_hot is not None:  # ids beyond a table -> 0 (unseen); negative ones stay padding
+            unseen = multi_hot >= self.multihot_cardinalities.view(1, -1, 1)  # (B, Fm, L)
+            bags = PaddedMultiHot(torch.where(unseen, torch.zeros_like(multi_hot), multi_hot))
+        return torch.sigmoid(self.model(dense, ids, bags).float()).unsqueeze(1)  # (B, 1), fp32 under autocast too
 
 
 def model_metadata(ckpt: dict) -> dict:
     """What a server needs besides the graph: names, shapes and where the model came from."""
     cfg = ckpt["model_config"]
-    if cfg.get("multihot_cardinalities"):
-        raise ValueError("serving takes one-hot categorical features; this model has multi-hot features")
+    multihot = [int(c) for c in cfg.get("multihot_cardinalities") or ()]
+    inputs = {INPUT_NUMERICAL: "FP32", INPUT_CATEGORICAL: "INT64", **({INPUT_MULTI_HOT: "INT64"} if multihot else {})}
     return {
         "model_name": ckpt["model_name"],
         "num_numerical": int(cfg["num_numerical"]),
         "cardinalities": [int(c) for c in cfg["cardinalities"]],
+        "multihot_cardinalities": multihot,
         "step": int(ckpt.get("step", 0)),
-        "inputs": {INPUT_NUMERICAL: "FP32", INPUT_CATEGORICAL: "INT64"},
+        "inputs": inputs,
         "output": OUTPUT,
     }
 
 
-def example_inputs(meta: dict, batch: int = 4, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random (numerical, categorical) inputs of the model's shape, some ids out of range on purpose."""
+def example_inputs(meta: dict, batch: int = 4, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    """Random inputs of the model's shape (numerical, categorical[, multi_hot]), some ids out of range
+    and some multi-hot padding on purpose."""
     g = torch.Generator().manual_seed(seed)
     numerical = torch.randn(batch, meta["num_numerical"], generator=g)
     cats = [torch.randint(0, c + 2, (batch,), generator=g) for c in meta["cardinalities"]]
-    return numerical, torch.stack(cats, 1) if cats else torch.zeros(batch, 0, dtype=torch.int64)
+    inputs = (numerical, torch.stack(cats, 1) if cats else torch.zeros(batch, 0, dtype=torch.int64))
+    multihot = meta.get("multihot_cardinalities") or []
+    if multihot:
+        bags = torch.stack([torch.randint(-1, c + 2, (batch, 3), generator=g) for c in multihot], 1)  # (B, Fm, 3)
+        inputs += (bags,)
+    return inputs
+
+
+def input_names(meta: dict) -> list[str]:
+    return list(meta.get("inputs") or (INPUT_NUMERICAL, INPUT_CATEGORICAL))
 
 
 def export_onnx(wrapper: InferenceModel, meta: dict, path: Path) -> None:
-    numerical, categorical = example_inputs(meta)
-    batch = {0: "batch"}
+    inputs, names = example_inputs(meta), input_names(meta)
+    axes = {name: {0: "batch"} for name in (*names, OUTPUT)}
+    if INPUT_MULTI_HOT in axes:
+        axes[INPUT_MULTI_HOT] = {0: "batch", 2: "bag_length"}
     # the TorchScript-based exporter: it handles this graph without the extra onnxscript dependency; torch
     # 2.13 marks it deprecated, which says nothing about this export
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         torch.onnx.export(
             wrapper,
-            (numerical, categorical),
+            inputs,
             str(path),
-            input_names=[INPUT_NUMERICAL, INPUT_CATEGORICAL],
+            input_names=names,
             output_names=[OUTPUT],
-            dynamic_axes={INPUT_NUMERICAL: batch, INPUT_CATEGORICAL: batch, OUTPUT: batch},
+            dynamic_axes=axes,
             opset_version=ONNX_OPSET,
             dynamo=False,
         )
@@ -109,22 +134,24 @@ def quantize_onnx_int8(source: Path, path: Path) -> None:
 
 
 def export_torchscript(wrapper: InferenceModel, meta: dict, path: Path) -> None:
-    numerical, categorical = example_inputs(meta)
     with torch.no_grad():
-        traced = torch.jit.trace(wrapper, (numerical, categorical), check_trace=False)
+        traced = torch.jit.trace(wrapper, example_inputs(meta), check_trace=False)
     traced.save(str(path))
 
 
 def triton_config(name: str, platform: str, meta: dict, max_batch_size: int = 65536) -> str:
-    """config.pbtxt for Triton: dynamic batching, inputs named after the FeatureSpec channels."""
+    """config.pbtxt for Triton: dynamic batching, inputs named after the FeatureSpec channels (a
+    multi-hot input's last dimension, the padded bag length, is variable)."""
+    dims = {INPUT_NUMERICAL: f"{meta['num_numerical']}", INPUT_CATEGORICAL: f"{len(meta['cardinalities'])}"}
+    if meta.get("multihot_cardinalities"):
+        dims[INPUT_MULTI_HOT] = f"{len(meta['multihot_cardinalities'])}, -1"
+    types = {INPUT_NUMERICAL: "TYPE_FP32", INPUT_CATEGORICAL: "TYPE_INT64", INPUT_MULTI_HOT: "TYPE_INT64"}
+    inputs = ",\n".join(f'  {{ name: "{n}" data_type: {types[n]} dims: [ {d} ] }}' for n, d in dims.items())
     return (
         f'name: "{name}"\n'
         f'platform: "{platform}"\n'
         f"max_batch_size: {max_batch_size}\n"
-        "input [\n"
-        f'  {{ name: "{INPUT_NUMERICAL}" data_type: TYPE_FP32 dims: [ {meta["num_numerical"]} ] }},\n'
-        f'  {{ name: "{INPUT_CATEGORICAL}" data_type: TYPE_INT64 dims: [ {len(meta["cardinalities"])} ] }}\n'
-        "]\n"
+        f"input [\n{inputs}\n]\n"
         "output [\n"
         f'  {{ name: "{OUTPUT}" data_type: TYPE_FP32 dims: [ 1 ] }}\n'
         "]\n"
@@ -137,11 +164,11 @@ def check_onnx(wrapper: InferenceModel, meta: dict, path: Path, batch: int = 256
     """Max |onnxruntime - PyTorch| over a random batch (out-of-range ids included)."""
     import onnxruntime as ort
 
-    numerical, categorical = example_inputs(meta, batch, seed=1)
+    inputs = example_inputs(meta, batch, seed=1)
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    got = session.run([OUTPUT], {INPUT_NUMERICAL: numerical.numpy(), INPUT_CATEGORICAL: categorical.numpy()})[0]
+    got = session.run([OUTPUT], {name: x.numpy() for name, x in zip(input_names(meta), inputs)})[0]
     with torch.no_grad():
-        want = wrapper(numerical, categorical).numpy()
+        want = wrapper(*inputs).numpy()
     return float(np.abs(got - want).max())
 
 
@@ -181,7 +208,9 @@ def export_checkpoint(
             "--format triton: this model has no numerical features, and Triton refuses a zero-width input "
             "(config dims must be >= 1); export --format onnx or torchscript and serve it with `ctrkit serve`"
         )
-    wrapper = InferenceModel(model_from_checkpoint(ckpt).cpu(), meta["cardinalities"]).eval()
+    wrapper = InferenceModel(
+        model_from_checkpoint(ckpt).cpu(), meta["cardinalities"], meta["multihot_cardinalities"]
+    ).eval()
     name = name or meta["model_name"]
     summary: dict = {"format": fmt, "name": name, "quantize": quantize}
     with atomic_directory(out_dir, overwrite) as tmp:

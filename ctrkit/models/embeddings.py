@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ctrkit.data.batch import PaddedMultiHot
+
 
 class EmbeddingCollection(nn.Module):
     """Looks up one D-dimensional vector per categorical feature.
@@ -73,7 +75,7 @@ class EmbeddingBagCollection(nn.Module):
         combiners: "sum" or "mean" per feature.
         sparse: produce sparse gradients.
 
-    Shapes: MultiHot with B samples -> (B, Fm, D).
+    Shapes: MultiHot or PaddedMultiHot with B samples -> (B, Fm, D).
     """
 
     def __init__(self, cardinalities: Sequence[int], dim: int, combiners: Sequence[str], sparse: bool = True):
@@ -107,6 +109,8 @@ class EmbeddingBagCollection(nn.Module):
         return self.weight[off : off + self.cardinalities[feature]]
 
     def forward(self, multi_hot) -> torch.Tensor:
+        if isinstance(multi_hot, PaddedMultiHot):
+            return self._pool_padded(multi_hot.ids)
         fm = len(self.cardinalities)
         b = (multi_hot.offsets.numel() - 1) // fm
         per_feature = multi_hot.offsets[::b]  # (Fm + 1,) first bag of each feature, and the end
@@ -120,6 +124,28 @@ class EmbeddingBagCollection(nn.Module):
             scale = torch.where(self.is_mean.view(fm, 1, 1), 1.0 / lengths.to(pooled.dtype), 1.0)
             pooled = pooled * scale
         return pooled.transpose(0, 1)  # (B, Fm, D)
+
+    def _pool_padded(self, ids: torch.Tensor) -> torch.Tensor:
+        return pool_padded(ids, self.offsets, self.is_mean, lambda rows: F.embedding(rows, self.weight))
+
+
+def pool_padded(ids: torch.Tensor, offsets: torch.Tensor, is_mean: torch.Tensor, lookup) -> torch.Tensor:
+    """Pools padded bags as EmbeddingBagCollection pools the same bags given as a MultiHot.
+
+    Args:
+        ids: (B, Fm, L) ids, negative entries padding.
+        offsets: (Fm,) first row of each feature in the flat table.
+        is_mean: (Fm,) bool, the features pooled by mean (the others by sum).
+        lookup: flat table rows (any shape) -> their vectors (shape + (D,)).
+
+    Returns:
+        (B, Fm, D); an empty bag gives zeros.
+    """
+    valid = ids >= 0  # (B, Fm, L)
+    vectors = lookup(ids.clamp_min(0) + offsets.view(1, -1, 1))  # (B, Fm, L, D)
+    pooled = (vectors * valid.unsqueeze(-1).to(vectors.dtype)).sum(2)  # (B, Fm, D)
+    lengths = valid.sum(2, keepdim=True).clamp_min(1).to(pooled.dtype)  # (B, Fm, 1); no branch: exports trace it
+    return torch.where(is_mean.view(1, -1, 1), pooled / lengths, pooled)
 
 
 class CategoricalEmbeddings(nn.Module):

@@ -12,7 +12,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ctrkit.models.embeddings import CategoricalEmbeddings, EmbeddingCollection
+from ctrkit.data.batch import PaddedMultiHot
+from ctrkit.models.embeddings import CategoricalEmbeddings, EmbeddingBagCollection, EmbeddingCollection, pool_padded
 
 
 class CachedMmapEmbeddings(nn.Module):
@@ -25,7 +26,7 @@ class CachedMmapEmbeddings(nn.Module):
     Shapes: ids (B, F) int64 -> (B, F, D) float32.
     """
 
-    def __init__(self, source: EmbeddingCollection, cache_rows: int):
+    def __init__(self, source: EmbeddingCollection | EmbeddingBagCollection, cache_rows: int):
         super().__init__()
         if cache_rows < 0:
             raise ValueError(f"--cache-rows must be >= 0, got {cache_rows}")
@@ -58,19 +59,40 @@ class CachedMmapEmbeddings(nn.Module):
         self.misses += int(miss.sum())
         return out
 
+    def vectors(self, rows: torch.Tensor) -> torch.Tensor:
+        """Flat table ``rows`` (any shape) -> their vectors (shape + (D,))."""
+        found = self.lookup(rows.cpu().numpy().reshape(-1)).reshape(*rows.shape, self.dim)
+        return torch.from_numpy(found).to(rows.device)
+
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        rows = (ids.cpu().numpy() + self.offsets).reshape(-1)  # (B*F,)
-        vectors = self.lookup(rows).reshape(ids.shape[0], ids.shape[1], self.dim)
-        return torch.from_numpy(vectors).to(ids.device)  # (B, F, D)
+        return self.vectors(ids + torch.from_numpy(self.offsets).to(ids.device))  # (B, F, D)
+
+
+class CachedMmapBags(CachedMmapEmbeddings):
+    """An EmbeddingBagCollection's pooling over a memory-mapped, cached table (padded bags, as served).
+
+    Shapes: PaddedMultiHot (B, Fm, L) -> (B, Fm, D) float32.
+    """
+
+    def __init__(self, source: EmbeddingBagCollection, cache_rows: int):
+        super().__init__(source, cache_rows)
+        self.is_mean = source.is_mean
+
+    def forward(self, multi_hot: PaddedMultiHot) -> torch.Tensor:
+        if not isinstance(multi_hot, PaddedMultiHot):
+            raise TypeError("the memory-mapped store serves padded bags (PaddedMultiHot), not training batches")
+        offsets = torch.from_numpy(self.offsets).to(multi_hot.ids.device)
+        return pool_padded(multi_hot.ids, offsets, self.is_mean, self.vectors)
 
 
 def use_mmap_store(model: nn.Module, cache_rows: int) -> list[CachedMmapEmbeddings]:
-    """Swaps every one-hot embedding collection of ``model`` for a cached memory-mapped one."""
+    """Swaps every embedding collection of ``model`` (one-hot and multi-hot) for a cached memory-mapped one."""
     stores = []
     for m in model.modules():
         if isinstance(m, CategoricalEmbeddings):
-            if m.bags is not None:
-                raise ValueError("--embedding-store mmap serves one-hot features; this model has multi-hot ones")
             m.onehot = CachedMmapEmbeddings(m.onehot, cache_rows)
             stores.append(m.onehot)
+            if m.bags is not None:
+                m.bags = CachedMmapBags(m.bags, cache_rows)
+                stores.append(m.bags)
     return stores

@@ -17,7 +17,8 @@ import torch
 class Predictor:
     """Scores batches; ``meta`` describes the inputs (see ``export.exporter.model_metadata``).
 
-    Shapes: numerical (B, N) float32, categorical (B, F) int64 -> (B, 1) float32.
+    Shapes: numerical (B, N) float32, categorical (B, F) int64, multi_hot (B, Fm, L) int64 with -1
+    padding (models with multi-hot features only) -> (B, 1) float32.
     """
 
     def __init__(self, meta: dict, backend: str, run):
@@ -26,16 +27,20 @@ class Predictor:
         self._run = run
         self.num_numerical = int(meta["num_numerical"])
         self.num_categorical = len(meta["cardinalities"])
+        self.num_multihot = len(meta.get("multihot_cardinalities") or ())
         self.stores: list = []  # memory-mapped embedding stores, when serving with --embedding-store mmap
 
-    def __call__(self, numerical: np.ndarray, categorical: np.ndarray) -> np.ndarray:
-        numerical = np.ascontiguousarray(numerical, np.float32)
-        categorical = np.ascontiguousarray(categorical, np.int64)
-        if not numerical.flags.writeable:  # views of a request body: torch wants memory it may write
-            numerical = numerical.copy()
-        if not categorical.flags.writeable:
-            categorical = categorical.copy()
-        return self._run(numerical, categorical)
+    def __call__(
+        self, numerical: np.ndarray, categorical: np.ndarray, multi_hot: np.ndarray | None = None
+    ) -> np.ndarray:
+        if (multi_hot is None) != (self.num_multihot == 0):
+            raise ValueError(f"the model has {self.num_multihot} multi-hot features: pass multi_hot (B, Fm, L) ids "
+                             "exactly when it has some")  # fmt: skip
+        arrays = [np.ascontiguousarray(numerical, np.float32), np.ascontiguousarray(categorical, np.int64)]
+        if multi_hot is not None:
+            arrays.append(np.ascontiguousarray(multi_hot, np.int64))
+        # views of a request body: torch wants memory it may write
+        return self._run(*(a if a.flags.writeable else a.copy() for a in arrays))
 
     @classmethod
     def from_checkpoint(
@@ -65,7 +70,7 @@ class Predictor:
         meta = model_metadata(ckpt)
         model = model_from_checkpoint(ckpt, assign=lazy).cpu()
         stores = use_mmap_store(model, cache_rows) if lazy else []
-        model = InferenceModel(model, meta["cardinalities"]).eval()
+        model = InferenceModel(model, meta["cardinalities"], meta["multihot_cardinalities"]).eval()
         half = dtype == "bf16"
         if half:
             model = model.to(torch.bfloat16)
@@ -73,9 +78,10 @@ class Predictor:
             model = _compiled(model)
 
         @torch.inference_mode()
-        def run(numerical: np.ndarray, categorical: np.ndarray) -> np.ndarray:
+        def run(numerical: np.ndarray, *ids: np.ndarray) -> np.ndarray:
             dense = torch.from_numpy(numerical)
-            return model(dense.to(torch.bfloat16) if half else dense, torch.from_numpy(categorical)).float().numpy()
+            dense = dense.to(torch.bfloat16) if half else dense
+            return model(dense, *map(torch.from_numpy, ids)).float().numpy()
 
         predictor = cls(meta, "torch" + ("+mmap" if lazy else "") + ("-bf16" if half else ""), run)
         predictor.stores = stores
@@ -83,7 +89,7 @@ class Predictor:
 
     @classmethod
     def from_export(cls, model_dir: str | os.PathLike) -> Predictor:
-        from ctrkit.export.exporter import INPUT_CATEGORICAL, INPUT_NUMERICAL, OUTPUT, find_model_dir
+        from ctrkit.export.exporter import OUTPUT, find_model_dir, input_names
 
         root = find_model_dir(model_dir)
         meta = json.loads((root / "ctrkit_model.json").read_text())
@@ -95,16 +101,17 @@ class Predictor:
             import onnxruntime as ort
 
             session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+            names = input_names(meta)
 
-            def run(numerical: np.ndarray, categorical: np.ndarray) -> np.ndarray:
-                return session.run([OUTPUT], {INPUT_NUMERICAL: numerical, INPUT_CATEGORICAL: categorical})[0]
+            def run(*arrays: np.ndarray) -> np.ndarray:
+                return session.run([OUTPUT], dict(zip(names, arrays)))[0]
 
             return cls(meta, "onnx" + ("-int8" if meta.get("quantize") == "int8" else ""), run)
         module = torch.jit.load(str(path))
 
         @torch.inference_mode()
-        def run_ts(numerical: np.ndarray, categorical: np.ndarray) -> np.ndarray:
-            return module(torch.from_numpy(numerical), torch.from_numpy(categorical)).numpy()
+        def run_ts(*arrays: np.ndarray) -> np.ndarray:
+            return module(*map(torch.from_numpy, arrays)).numpy()
 
         return cls(meta, "torchscript", run_ts)
 
@@ -119,14 +126,14 @@ def _compiled(model: torch.nn.Module):
     compiled = torch.compile(model, dynamic=True)
     calls = {"eager": False}
 
-    def run(numerical: torch.Tensor, categorical: torch.Tensor) -> torch.Tensor:
+    def run(*inputs: torch.Tensor) -> torch.Tensor:
         if not calls["eager"]:
             try:
-                return compiled(numerical, categorical)
+                return compiled(*inputs)
             except Exception as e:  # no C++ compiler, an unsupported op: serve eagerly
                 warnings.warn(f"torch.compile failed ({type(e).__name__}); serving in eager mode", stacklevel=2)
                 calls["eager"] = True
-        return model(numerical, categorical)
+        return model(*inputs)
 
     return run
 

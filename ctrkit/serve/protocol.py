@@ -21,21 +21,37 @@ class RequestError(ValueError):
 
 @dataclass(frozen=True)
 class InferRequest:
-    """A parsed request: its id, the two inputs, and whether the output goes back as binary."""
+    """A parsed request: its id, the inputs, and whether the output goes back as binary."""
 
     id: str | None
     numerical: np.ndarray  # (B, N) float32
     categorical: np.ndarray  # (B, F) int64
     binary_output: bool
+    multi_hot: np.ndarray | None = None  # (B, Fm, L) int64, -1 padding; models with multi-hot features only
 
 
 def _expected(name: str, expect: dict) -> str:
-    return f"input '{name}' must be {expect[name][0]} with shape [B, {expect[name][1]}]"
+    dims = ", ".join("L" if d is None else str(d) for d in expect[name][1])
+    return f"input '{name}' must be {expect[name][0]} with shape [B, {dims}]"
 
 
-def parse_request(body: bytes, header_length: str | None, num_numerical: int, num_categorical: int) -> InferRequest:
+def _shape_fits(shape, dims: tuple) -> bool:
+    """``shape`` is a list of non-negative ints [B, *dims], a None in ``dims`` matching any length >= 1."""
+    return (
+        isinstance(shape, list)
+        and len(shape) == 1 + len(dims)
+        and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
+        and all(got == want if want is not None else got >= 1 for got, want in zip(shape[1:], dims))
+    )
+
+
+def parse_request(
+    body: bytes, header_length: str | None, num_numerical: int, num_categorical: int, num_multihot: int = 0
+) -> InferRequest:
     """Parses a v2 infer request body (JSON, or JSON header + binary tensors)."""
-    expect = {"numerical": ("FP32", num_numerical), "categorical": ("INT64", num_categorical)}
+    expect = {"numerical": ("FP32", (num_numerical,)), "categorical": ("INT64", (num_categorical,))}
+    if num_multihot:
+        expect["multi_hot"] = ("INT64", (num_multihot, None))  # padded bags: any length L >= 1
     if header_length is not None:
         try:
             n = int(header_length)
@@ -65,16 +81,10 @@ def parse_request(body: bytes, header_length: str | None, num_numerical: int, nu
             raise RequestError(f"{_expected(name, expect)}; datatype '{datatype}' is not one of {', '.join(DTYPES)}")
         if datatype != expect[name][0]:
             raise RequestError(f"{_expected(name, expect)}, got datatype {datatype}")
-        if (
-            not isinstance(shape, list)
-            or len(shape) != 2
-            or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
-        ):
-            raise RequestError(f"{_expected(name, expect)}, got shape {shape}")
-        if shape[1] != expect[name][1]:
+        if not _shape_fits(shape, expect[name][1]):
             raise RequestError(f"{_expected(name, expect)}, got shape {shape}")
         dtype = np.dtype(DTYPES[datatype])
-        count = shape[0] * shape[1]
+        count = int(np.prod(shape))
         size = (item.get("parameters") or {}).get("binary_data_size")
         if size is not None:
             if not isinstance(size, int) or size != count * dtype.itemsize:
@@ -96,11 +106,9 @@ def parse_request(body: bytes, header_length: str | None, num_numerical: int, nu
         raise RequestError(f"missing input(s) {', '.join(missing)}; " + "; ".join(_expected(n, expect) for n in expect))
     if offset != len(binary):
         raise RequestError(f"{len(binary) - offset} binary bytes after the last input")
-    if arrays["numerical"].shape[0] != arrays["categorical"].shape[0]:
-        raise RequestError(
-            f"inputs disagree on the batch size: numerical {arrays['numerical'].shape[0]}, categorical "
-            f"{arrays['categorical'].shape[0]}"
-        )
+    if len({a.shape[0] for a in arrays.values()}) > 1:
+        sizes = ", ".join(f"{n} {a.shape[0]}" for n, a in arrays.items())
+        raise RequestError(f"inputs disagree on the batch size: {sizes}")
     if arrays["numerical"].shape[0] == 0:
         raise RequestError("the batch is empty")
     if not np.isfinite(arrays["numerical"]).all():
@@ -116,6 +124,7 @@ def parse_request(body: bytes, header_length: str | None, num_numerical: int, nu
         np.asarray(arrays["numerical"], np.float32),
         np.asarray(arrays["categorical"], np.int64),
         binary_output,
+        np.asarray(arrays["multi_hot"], np.int64) if num_multihot else None,
     )
 
 

@@ -43,16 +43,18 @@ class Batcher:
             self._task.cancel()
         self.pool.shutdown(wait=False)
 
-    async def score(self, numerical: np.ndarray, categorical: np.ndarray) -> np.ndarray:
+    async def score(
+        self, numerical: np.ndarray, categorical: np.ndarray, multi_hot: np.ndarray | None = None
+    ) -> np.ndarray:
         future = asyncio.get_running_loop().create_future()
-        await self.queue.put((numerical, categorical, future))
+        await self.queue.put(((numerical, categorical) + (() if multi_hot is None else (multi_hot,)), future))
         return await future
 
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
             first = await self.queue.get()
-            items, size = [first], len(first[0])
+            items, size = [first], len(first[0][0])
             deadline = time.monotonic() + self.window
             while size < self.max_batch_size:
                 left = deadline - time.monotonic()
@@ -63,22 +65,31 @@ class Batcher:
                 except asyncio.TimeoutError:
                     break
                 items.append(item)
-                size += len(item[0])
-            numerical = np.concatenate([i[0] for i in items]) if len(items) > 1 else first[0]
-            categorical = np.concatenate([i[1] for i in items]) if len(items) > 1 else first[1]
+                size += len(item[0][0])
+            inputs = first[0] if len(items) == 1 else _concatenate([arrays for arrays, _ in items])
             try:
-                probs = await loop.run_in_executor(self.pool, self.predictor, numerical, categorical)
+                probs = await loop.run_in_executor(self.pool, self.predictor, *inputs)
                 self.calls += 1
             except Exception as e:  # the model failed: every waiting request gets the error
-                for *_, fut in items:
+                for _, fut in items:
                     if not fut.done():
                         fut.set_exception(e)
                 continue
             start = 0
-            for numbers, _, fut in items:
+            for arrays, fut in items:
                 if not fut.done():
-                    fut.set_result(probs[start : start + len(numbers)])
-                start += len(numbers)
+                    fut.set_result(probs[start : start + len(arrays[0])])
+                start += len(arrays[0])
+
+
+def _concatenate(requests: list[tuple[np.ndarray, ...]]) -> tuple[np.ndarray, ...]:
+    """Several requests' inputs as one batch; multi-hot bags (B, Fm, L) are padded with -1 to the longest L."""
+    out = [np.concatenate([r[0] for r in requests]), np.concatenate([r[1] for r in requests])]
+    if len(requests[0]) > 2:
+        width = max(r[2].shape[2] for r in requests)
+        out.append(np.concatenate([np.pad(r[2], ((0, 0), (0, 0), (0, width - r[2].shape[2])), constant_values=-1)
+                                   for r in requests]))  # fmt: skip
+    return tuple(out)
 
 
 def create_app(
@@ -99,7 +110,13 @@ def create_app(
 
     app = FastAPI(title="ctrkit", lifespan=lifespan)
     app.state.batcher = batcher
-    n_num, n_cat = predictor.num_numerical, predictor.num_categorical
+    n_num, n_cat, n_mh = predictor.num_numerical, predictor.num_categorical, predictor.num_multihot
+    inputs = [
+        {"name": "numerical", "datatype": "FP32", "shape": [-1, n_num]},
+        {"name": "categorical", "datatype": "INT64", "shape": [-1, n_cat]},
+    ]
+    if n_mh:  # padded bags: -1 after each sample's ids, any length
+        inputs.append({"name": "multi_hot", "datatype": "INT64", "shape": [-1, n_mh, -1]})
 
     def error(status: int, message: str) -> JSONResponse:
         return JSONResponse({"error": message}, status_code=status)
@@ -133,10 +150,7 @@ def create_app(
             "name": name,
             "versions": ["1"],
             "platform": f"ctrkit_{predictor.backend}",
-            "inputs": [
-                {"name": "numerical", "datatype": "FP32", "shape": [-1, n_num]},
-                {"name": "categorical", "datatype": "INT64", "shape": [-1, n_cat]},
-            ],
+            "inputs": inputs,
             "outputs": [{"name": "probability", "datatype": "FP32", "shape": [-1, 1]}],
         }
 
@@ -153,12 +167,12 @@ def create_app(
         if seen > max_body:
             return error(400, f"the request body of {seen} bytes exceeds the limit of {max_body} bytes")
         try:
-            parsed = parse_request(bytes(body), request.headers.get(HEADER_LENGTH), n_num, n_cat)
+            parsed = parse_request(bytes(body), request.headers.get(HEADER_LENGTH), n_num, n_cat, n_mh)
         except RequestError as e:
             return error(400, str(e))
         if len(parsed.numerical) > max_batch_size:
             return error(400, f"batch of {len(parsed.numerical)} samples exceeds the limit of {max_batch_size}")
-        probs = await batcher.score(parsed.numerical, parsed.categorical)
+        probs = await batcher.score(parsed.numerical, parsed.categorical, parsed.multi_hot)
         content, headers = encode_response(name, parsed, probs)
         return Response(content=content, headers=headers, media_type=headers["content-type"])
 
