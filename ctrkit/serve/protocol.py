@@ -7,6 +7,7 @@ naming the input and what was expected, which the server turns into a 400.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -84,7 +85,7 @@ def parse_request(
         if not _shape_fits(shape, expect[name][1]):
             raise RequestError(f"{_expected(name, expect)}, got shape {shape}")
         dtype = np.dtype(DTYPES[datatype])
-        count = int(np.prod(shape))
+        count = math.prod(shape)  # exact: numpy's int64 product wraps for absurd shapes
         size = (item.get("parameters") or {}).get("binary_data_size")
         if size is not None:
             if not isinstance(size, int) or size != count * dtype.itemsize:

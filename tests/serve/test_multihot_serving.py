@@ -3,6 +3,7 @@ export and through the real server, against `ctrkit predict` on the same rows (w
 with embedding_bag, the training path)."""
 
 import json
+import random
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -142,6 +143,13 @@ def test_server_answers_multihot_requests_like_ctrkit_predict(wd_checkpoint, row
         ):
             status, body = server.post(json.dumps({"inputs": inputs}).encode(), model="wide_deep")
             assert status == 400 and message in json.loads(body)["error"], body
+        rng = random.Random(1)  # fuzzed multi-hot bodies: 200 or 400, never a crash
+        base_body = json.dumps({"inputs": base + [good]}).encode()
+        for _ in range(60):
+            body = bytearray(base_body)
+            for _ in range(rng.randint(1, 6)):
+                body[rng.randrange(len(body))] = rng.choice(b'0123456789-,[]{}" e')
+            assert server.post(bytes(body), model="wide_deep")[0] in (200, 400)
         assert server.healthy()
     finally:
         server.stop()

@@ -133,6 +133,13 @@ def test_bad_requests_get_400_naming_the_input(server, rows):
         "dtype": ({**good, "inputs": [good["inputs"][0], {**good["inputs"][1], "datatype": "FP32"}]}, "INT64"),
         "missing": ({**good, "inputs": [good["inputs"][0]]}, "missing input(s) categorical"),
         "count": ({**good, "inputs": [{**good["inputs"][0], "data": [1.0]}, good["inputs"][1]]}, "holds 1 values"),
+        "huge": (
+            {
+                **good,
+                "inputs": [{**good["inputs"][0], "shape": [2**62, numerical.shape[1]], "data": []}, good["inputs"][1]],
+            },
+            "holds 0 values",
+        ),  # fmt: skip
     }
     for what, (doc, expect) in cases.items():
         status, body = server.post(json.dumps(doc).encode())
