@@ -41,3 +41,29 @@ def test_max_batch_size_splits_the_queue():
     results, calls = asyncio.run(run())
     assert [float(r[0, 0]) for r in results] == [float(i) for i in range(10)]
     assert calls == 5  # 2 requests of 2 rows fill a batch of 4
+
+
+class BagSums:
+    """A stand-in multi-hot model: each row's sum of its non-padding ids, and the batch's bag length."""
+
+    def __call__(self, numerical, categorical, multi_hot):
+        total = np.where(multi_hot >= 0, multi_hot, 0).sum((1, 2))
+        return np.stack([total, np.full(len(total), multi_hot.shape[2])], 1).astype(np.float32)
+
+
+def test_multihot_requests_of_different_bag_lengths_are_padded_together():
+    async def run():
+        batcher = Batcher(BagSums(), window_ms=50.0, max_batch_size=1000)
+        batcher.start()
+        bags = [np.arange(2 * 2 * (i + 1)).reshape(2, 2, i + 1) for i in range(4)]  # bag lengths 1..4
+        results = await asyncio.gather(
+            *(batcher.score(np.zeros((2, 1), np.float32), np.zeros((2, 1), np.int64), b) for b in bags)
+        )
+        await batcher.stop()
+        return bags, results, batcher.calls
+
+    bags, results, calls = asyncio.run(run())
+    assert calls == 1
+    for b, got in zip(bags, results):
+        np.testing.assert_array_equal(got[:, 0], b.sum((1, 2)))  # -1 padding added nothing
+        assert (got[:, 1] == 4).all()  # one batch, padded to the longest bag
