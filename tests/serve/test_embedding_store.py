@@ -33,6 +33,17 @@ def test_mmap_store_predicts_like_the_in_memory_model(tiny_checkpoint, cache_row
     assert store.cache.nbytes == cache_rows * store.dim * 4  # the only table memory the store owns
 
 
+def test_mmap_store_compiles_around_its_lookups(tiny_checkpoint, recwarn):
+    """--compile with the mmap store: the lookups (numpy, file reads) stay eager, the rest compiles."""
+    memory = Predictor.from_checkpoint(tiny_checkpoint)
+    compiled = Predictor.from_checkpoint(tiny_checkpoint, "mmap", 50, compile=True)
+    for n in (300, 5):  # two batch sizes: compiled for dynamic shapes
+        numerical, categorical = inputs(memory.meta, n, n)
+        np.testing.assert_allclose(compiled(numerical, categorical), memory(numerical, categorical), atol=1e-6)
+    assert not [w for w in recwarn if "torch.compile failed" in str(w.message)]  # no fallback to eager
+    assert compiled.stores[0].misses > 0  # the memory-mapped store answered the lookups
+
+
 # anonymous memory (what the process allocated; file pages of a memory-mapped table are the kernel's
 # reclaimable page cache) of a process serving a checkpoint, after scoring a batch
 SERVE_ONCE = """
