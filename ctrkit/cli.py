@@ -359,7 +359,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         description="Serves a checkpoint (PyTorch) or an export (--model-dir: ONNX Runtime or TorchScript) over the "
         "KServe v2 HTTP protocol as Triton does: /v2/health/live, /v2/health/ready, /v2/models/NAME, "
         "/v2/models/NAME/ready, POST /v2/models/NAME/infer with JSON tensors or the binary-tensor extension (the "
-        "faster choice for clients). Concurrent requests are batched dynamically.",
+        "faster choice for clients). Inputs: numerical (B, N) FP32, categorical (B, F) INT64 and, for models with "
+        "multi-hot features, multi_hot (B, Fm, L) INT64 padded with -1; output: probability (B, 1) FP32. "
+        "Concurrent requests are batched dynamically.",
     )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--checkpoint", type=Path, default=None, help="checkpoint written by `ctrkit train`")
