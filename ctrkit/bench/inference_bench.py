@@ -38,7 +38,7 @@ def _inputs(meta: dict, batch: int, seed: int, bag_length: int = 4) -> tuple[np.
     rng = np.random.default_rng(seed)
     numerical = rng.normal(size=(batch, meta["num_numerical"])).astype(np.float32)
     cats = [np.minimum(rng.zipf(1.2, batch) - 1, c - 1) for c in meta["cardinalities"]]
-    inputs = (numerical, np.stack(cats, 1).astype(np.int64).reshape(batch, len(cats)))
+    inputs = (numerical, np.stack(cats, 1).astype(np.int64))
     multihot = meta.get("multihot_cardinalities") or []
     if multihot:
         bags = np.stack([np.minimum(rng.zipf(1.2, (batch, bag_length)) - 1, c - 1) for c in multihot], 1)
@@ -136,6 +136,7 @@ def run_through_server(
     meta_client = httpclient.InferenceServerClient(url)
     meta = meta_client.get_model_metadata(model)
     shape = {i["name"]: i["shape"] for i in meta["inputs"]}
+    datatype = {i["name"]: i["datatype"] for i in meta["inputs"]}
     # ids below 1000 stand for any traffic (ids beyond a table are served as its unseen row)
     fake = {"num_numerical": shape["numerical"][1], "cardinalities": [1000] * shape["categorical"][1],
             "multihot_cardinalities": [1000] * shape["multi_hot"][1] if "multi_hot" in shape else []}  # fmt: skip
@@ -147,9 +148,7 @@ def run_through_server(
             client = httpclient.InferenceServerClient(url, connection_timeout=30, network_timeout=60)
             inputs = []
             for name, array in arrays.items():
-                inputs.append(
-                    httpclient.InferInput(name, list(array.shape), "FP32" if name == "numerical" else "INT64")
-                )
+                inputs.append(httpclient.InferInput(name, list(array.shape), datatype[name]))
                 inputs[-1].set_data_from_numpy(array, binary_data=True)
             out = [httpclient.InferRequestedOutput("probability", binary_data=True)]
             times = []

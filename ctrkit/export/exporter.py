@@ -145,8 +145,9 @@ def triton_config(name: str, platform: str, meta: dict, max_batch_size: int = 65
     dims = {INPUT_NUMERICAL: f"{meta['num_numerical']}", INPUT_CATEGORICAL: f"{len(meta['cardinalities'])}"}
     if meta.get("multihot_cardinalities"):
         dims[INPUT_MULTI_HOT] = f"{len(meta['multihot_cardinalities'])}, -1"
-    types = {INPUT_NUMERICAL: "TYPE_FP32", INPUT_CATEGORICAL: "TYPE_INT64", INPUT_MULTI_HOT: "TYPE_INT64"}
-    inputs = ",\n".join(f'  {{ name: "{n}" data_type: {types[n]} dims: [ {d} ] }}' for n, d in dims.items())
+    inputs = ",\n".join(
+        f'  {{ name: "{n}" data_type: TYPE_{meta["inputs"][n]} dims: [ {d} ] }}' for n, d in dims.items()
+    )
     return (
         f'name: "{name}"\n'
         f'platform: "{platform}"\n'
