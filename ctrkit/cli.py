@@ -346,7 +346,7 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
         choices=("none", "int8"),
         default="none",
         help="int8: ONNX with int8 linear layers (onnxruntime dynamic quantization, embeddings stay float32; "
-        "1.7-1.8x float32 ONNX at batches of 1024-4096 here, and the fastest runtime through `ctrkit serve`). "
+        "1.7-2x float32 ONNX at batches of 1024-4096 here, and the fastest runtime through `ctrkit serve`). "
         "Default none",
     )
     p.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
