@@ -1,66 +1,66 @@
-"""Typed, frozen configuration of the training run (model configs live beside their models)."""
+"""Typed, frozen configuration of the components (model configs live beside their models).
+
+Each field carries its help text in its metadata: the command line's flags are generated from these
+dataclasses (``cli/options.py``), so every default has one source, this file.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
+
+DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam")
+TABLE_OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad", "adam")
+EXPORT_FORMATS = ("onnx", "torchscript", "triton")
+QUANTIZATIONS = ("none", "int8")
+
+
+def option(default: Any, help: str, choices: tuple | None = None, unset: str | None = None) -> Any:
+    """A config field with its command-line help: ``choices`` restricts the values, ``unset`` says
+    what a default of None means (e.g. "the model's")."""
+    return field(default=default, metadata={"help": help, "choices": choices, "unset": unset})
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """How to train.
+    """How to train (each field's metadata holds its description).
 
     The learning-rate schedule fields left as None are derived from the run's length (epochs x
     batches per epoch, not ``max_steps``, so a run stopped early and resumed follows the same curve):
-    warmup over the first 5% of steps, decay over the last 50%, quadratic, down to 0.
-
-    Attributes:
-        epochs: passes over the training mapping.
-        max_steps: stop after this many optimizer steps in total (None: run all epochs).
-        batch_size: samples per training step (None: the model's default, else 128). Small batches
-            learn sparse embeddings faster with SGD: on 300k synthetic Criteo-like rows, one epoch of
-            DLRM reached test AUC 0.813 at 128 vs 0.734 at 1024.
-        eval_batch_size: samples per forward pass during evaluation.
-        lr: peak learning rate of the dense part (None: the model's default).
-        optimizer: the dense part's optimizer, sgd|adagrad|adam (None: the model's default).
-        embedding_optimizer: the embeddings' optimizer, sgd|adagrad|rowwise_adagrad|adam, always with
-            sparse row updates (None: the model's default).
-        embedding_lr: peak learning rate of the embeddings (None: the model's default, else ``lr``).
-        wide_optimizer, wide_lr: optimizer and peak learning rate of a wide (linear) part, for models
-            that have one (Wide & Deep); None: the model's default.
-        warmup_steps, decay_start_step, decay_steps, decay_power, end_lr: the schedule (see LRSchedule).
-        seed: seeds weights, batch order and every torch random source.
-        evals_per_epoch: evaluations on the test mapping per epoch (0: only at the end).
-        print_freq: steps between log lines.
-        amp: mixed precision (bf16 autocast on CPU; fp16 with loss scaling or bf16 on CUDA).
-        amp_dtype: "bf16" or "fp16"; None picks bf16 on CPU and fp16 on CUDA.
-        compile: run the model through torch.compile (falls back to eager, with a warning, if
-            compiling fails).
-        checkpoint_every: also save a checkpoint every this many steps (None: at evals and the end).
+    warmup over the first 5% of steps, decay over the last 50%, quadratic, down to 0. Fields a model
+    chooses for itself (optimizers, rates, batch size) are None until ``resolve`` fills them in.
     """
 
-    epochs: int = 1
-    max_steps: int | None = None
-    batch_size: int | None = None
-    eval_batch_size: int = 16384
-    lr: float | None = None
-    optimizer: str | None = None
-    embedding_optimizer: str | None = None
-    embedding_lr: float | None = None
-    wide_optimizer: str | None = None
-    wide_lr: float | None = None
-    warmup_steps: int | None = None
-    decay_start_step: int | None = None
-    decay_steps: int | None = None
-    decay_power: float = 2.0
-    end_lr: float = 0.0
-    seed: int = 0
-    evals_per_epoch: int = 1
-    print_freq: int = 50
-    amp: bool = False
-    amp_dtype: str | None = None
-    compile: bool = False
-    checkpoint_every: int | None = None
+    epochs: int = option(1, "passes over the training data")
+    max_steps: int | None = option(None, "stop after this many steps in total", unset="all epochs")
+    batch_size: int | None = option(None, "samples per step", unset="the model's")
+    eval_batch_size: int = option(16384, "samples per forward pass in evaluation")
+    lr: float | None = option(None, "peak learning rate of the dense part", unset="the model's")
+    optimizer: str | None = option(None, "optimizer of the dense part", DENSE_OPTIMIZERS, "the model's")
+    embedding_optimizer: str | None = option(
+        None, "optimizer of the embedding tables, always with sparse row updates", TABLE_OPTIMIZERS, "the model's"
+    )
+    embedding_lr: float | None = option(
+        None, "peak learning rate of the embeddings", unset="the model's, else the dense part's"
+    )
+    wide_optimizer: str | None = option(
+        None, "optimizer of a model's wide (linear) part, e.g. wide_deep's", TABLE_OPTIMIZERS, "the model's"
+    )
+    wide_lr: float | None = option(None, "peak learning rate of the wide part", unset="the model's")
+    warmup_steps: int | None = option(None, "linear warmup steps", unset="5% of the run")
+    decay_start_step: int | None = option(None, "step where polynomial decay begins", unset="half-way")
+    decay_steps: int | None = option(None, "length of the decay", unset="half the run")
+    decay_power: float = option(2.0, "power of the polynomial decay")
+    end_lr: float = option(0.0, "learning rate after the decay")
+    seed: int = option(0, "seed of weights, batch order and every torch random source")
+    evals_per_epoch: int = option(1, "evaluations per epoch, 0 for only at the end")
+    print_freq: int = option(50, "steps between log records")
+    amp: bool = option(False, "mixed precision: bf16 autocast on CPU, fp16 (with loss scaling) on CUDA")
+    amp_dtype: str | None = option(None, "override the mixed-precision dtype", ("bf16", "fp16"), "bf16 on CPU")
+    compile: bool = option(
+        False, "torch.compile the model (the seeds' XLA flag); falls back to eager with a message if compiling fails"
+    )
+    checkpoint_every: int | None = option(None, "also checkpoint every N steps", unset="at evaluations and the end")
 
     def validate(self) -> None:
         def positive(name: str, allow_none: bool = False, allow_zero: bool = False) -> None:
@@ -88,9 +88,9 @@ class TrainConfig:
         if self.end_lr < 0 or (self.lr is not None and self.end_lr > self.lr):
             raise ValueError(f"end_lr: expected 0 <= end_lr <= lr ({self.lr}), got {self.end_lr}")
         for name, allowed in (
-            ("optimizer", ("sgd", "adagrad", "adam")),
-            ("embedding_optimizer", ("sgd", "adagrad", "rowwise_adagrad", "adam")),
-            ("wide_optimizer", ("sgd", "adagrad", "rowwise_adagrad", "adam")),
+            ("optimizer", DENSE_OPTIMIZERS),
+            ("embedding_optimizer", TABLE_OPTIMIZERS),
+            ("wide_optimizer", TABLE_OPTIMIZERS),
         ):
             value = getattr(self, name)
             if value is not None and value not in allowed:
@@ -100,26 +100,20 @@ class TrainConfig:
         if self.amp_dtype not in (None, "bf16", "fp16"):
             raise ValueError(f"amp_dtype: expected 'bf16' or 'fp16', got {self.amp_dtype!r}")
 
-    def with_model_defaults(self, defaults: dict[str, Any]) -> TrainConfig:
-        """This config with unset (None) fields taken from a model's training defaults.
+    def resolve(self, model_name: str) -> TrainConfig:
+        """This config with unset (None) fields taken from model ``model_name``'s training defaults (the
+        one place defaults are applied; a resolved config comes back unchanged). ``embedding_lr``
+        falls back to the model's default, then to ``lr``."""
+        from ctrkit.models.registry import train_defaults
 
-        ``embedding_lr`` falls back to the model's default, then to ``lr``.
-        """
         values = self.to_dict()
-        for key, default in defaults.items():
+        for key, default in train_defaults(model_name).items():
             if key not in values:
                 raise ValueError(f"model training default '{key}' is not a TrainConfig field")
             if values[key] is None:
                 values[key] = default
-        if values["lr"] is None:
-            values["lr"] = 1.0
-        if values["batch_size"] is None:
-            values["batch_size"] = 128
         if values["embedding_lr"] is None:
             values["embedding_lr"] = values["lr"]
-        for key in ("optimizer", "embedding_optimizer"):
-            if values[key] is None:
-                values[key] = "sgd"
         return TrainConfig.from_dict(values)
 
     def to_dict(self) -> dict[str, Any]:
@@ -134,3 +128,101 @@ class TrainConfig:
         cfg = cls(**values)
         cfg.validate()
         return cfg
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """How a hybrid-parallel job shards its embedding tables (see ``distributed/planner.py``)."""
+
+    sharding: str = option(
+        "auto",
+        "auto: whole tables balanced over ranks, split by columns above column_split_dim and by rows above "
+        "row_budget_mb; table, column or row force one strategy for every table",
+        ("auto", "table", "column", "row"),
+    )
+    column_split_dim: int | None = option(
+        None, "under auto, split tables wider than this into column blocks this wide", unset="never"
+    )
+    row_budget_mb: float | None = option(
+        None,
+        "under auto, split a table larger than this many MB (fp32) by rows over every rank, so a table larger than "
+        "one worker's memory still trains",
+        unset="never",
+    )
+    print_sharding_plan: bool = option(False, "print where every table lives (rank 0)")
+    dist_timeout: float = option(
+        120.0, "seconds a rank waits in a collective before failing (a dead peer ends the job, not hangs it)"
+    )
+
+    def validate(self) -> None:
+        if self.column_split_dim is not None and self.column_split_dim < 1:
+            raise ValueError(f"column_split_dim: expected an integer >= 1, got {self.column_split_dim}")
+        if self.row_budget_mb is not None and not self.row_budget_mb > 0:
+            raise ValueError(f"row_budget_mb: expected a positive size, got {self.row_budget_mb}")
+        if not self.dist_timeout > 0:
+            raise ValueError(f"dist_timeout: expected a positive number of seconds, got {self.dist_timeout}")
+
+    @property
+    def row_budget_bytes(self) -> int | None:
+        return None if self.row_budget_mb is None else int(self.row_budget_mb * 2**20)
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """How a checkpoint is scored on a dataset mapping."""
+
+    mapping: str = option("test", "source_spec mapping to score")
+    batch_size: int = option(16384, "samples per forward pass")
+    amp: bool = option(False, "score under bf16 (CPU) / fp16 (CUDA) autocast")
+
+    def validate(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size: expected an integer >= 1, got {self.batch_size}")
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """How ``ctrkit serve`` runs a model."""
+
+    host: str = option("127.0.0.1", "address to bind (127.0.0.1: this machine only)")
+    port: int = option(8000, "port")
+    name: str | None = option(None, "model name in the URLs", unset="the model type, e.g. dlrm")
+    batch_window_ms: float = option(1.0, "how long a request may wait for others to be scored with it")
+    max_batch_size: int = option(8192, "samples per model call and request")
+    max_body_mb: float = option(64.0, "largest request body accepted, in MB")
+    embedding_store: str = option(
+        "memory",
+        "memory: tables in RAM; mmap: tables stay in the memory-mapped checkpoint and only cache_rows hot rows are "
+        "kept in memory, so tables larger than RAM can be served (checkpoints only)",
+        ("memory", "mmap"),
+    )
+    cache_rows: int = option(1 << 20, "rows of each mmap store cache, one per table collection")
+    dtype: str = option(
+        "fp32",
+        "weights of a checkpoint's model: fp32, or bf16 (fast where the CPU has native bf16 instructions)",
+        ("fp32", "bf16"),
+    )
+    compile: bool = option(
+        False,
+        "run a checkpoint's model through torch.compile with weight freezing (the first requests of each new "
+        "shape wait for compilation)",
+    )
+
+    def validate(self) -> None:
+        if self.max_batch_size < 1:
+            raise ValueError(f"max_batch_size: expected an integer >= 1, got {self.max_batch_size}")
+        if self.batch_window_ms < 0:
+            raise ValueError(f"batch_window_ms: expected a number >= 0, got {self.batch_window_ms}")
+        if not self.max_body_mb > 0:
+            raise ValueError(f"max_body_mb: expected a positive size, got {self.max_body_mb}")
+        if self.cache_rows < 0:
+            raise ValueError(f"cache_rows: expected an integer >= 0, got {self.cache_rows}")
+
+
+def from_values(cls: type, values: dict[str, Any]) -> Any:
+    """An instance of config dataclass ``cls`` from the fields present in ``values`` (others keep
+    their defaults), validated."""
+    known = {f.name for f in fields(cls)}
+    cfg = cls(**{k: v for k, v in values.items() if k in known})
+    cfg.validate()
+    return cfg

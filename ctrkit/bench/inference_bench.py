@@ -17,32 +17,33 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ctrkit.models.signature import CATEGORICAL, MULTI_HOT, NUMERICAL, Signature
+
 RUNTIMES = ("torch", "torch-bf16", "torch-bf16-compiled", "onnx", "onnx-int8", "torchscript")
 
 
 def kaggle_checkpoint(path: Path, seed: int = 0) -> Path:
     """A DLRM of the Criteo-Kaggle benchmark shape (26 x 100,000 rows, dim 16, bottom 512-256-64-16,
     top 512-256-1), randomly initialised: the shape the issue's targets are stated for."""
+    from ctrkit.checkpoint import Checkpoint, save_checkpoint
     from ctrkit.models.registry import config_to_dict, create_model, make_config
-    from ctrkit.train.checkpoint import save_checkpoint
 
     torch.manual_seed(seed)
     cfg = make_config("dlrm", dict(num_numerical=13, cardinalities=[100_000] * 26, embedding_dim=16))
-    save_checkpoint(path, {"model_name": "dlrm", "model_config": config_to_dict(cfg),
-                           "model": create_model("dlrm", cfg).state_dict(), "step": 0})  # fmt: skip
+    save_checkpoint(path, Checkpoint("dlrm", config_to_dict(cfg), {}, create_model("dlrm", cfg).state_dict()))
     return path
 
 
-def _inputs(meta: dict, batch: int, seed: int, bag_length: int = 4) -> tuple[np.ndarray, ...]:
-    """(numerical, categorical[, multi_hot]) with power-law ids; bags of 1 to ``bag_length`` ids, -1 padded."""
+def _inputs(signature: Signature, batch: int, seed: int, bag_length: int = 4) -> tuple[np.ndarray, ...]:
+    """The signature's inputs with power-law ids; bags of 1 to ``bag_length`` ids, -1 padded."""
     rng = np.random.default_rng(seed)
-    numerical = rng.normal(size=(batch, meta["num_numerical"])).astype(np.float32)
-    cats = [np.minimum(rng.zipf(1.2, batch) - 1, c - 1) for c in meta["cardinalities"]]
+    numerical = rng.normal(size=(batch, signature.num_numerical)).astype(np.float32)
+    cats = [np.minimum(rng.zipf(1.2, batch) - 1, c - 1) for c in signature.cardinalities]
     inputs = (numerical, np.stack(cats, 1).astype(np.int64))
-    multihot = meta.get("multihot_cardinalities") or []
-    if multihot:
-        bags = np.stack([np.minimum(rng.zipf(1.2, (batch, bag_length)) - 1, c - 1) for c in multihot], 1)
-        lengths = rng.integers(1, bag_length + 1, (batch, len(multihot), 1))
+    multi_hot = signature.multi_hot_cardinalities
+    if multi_hot:
+        bags = np.stack([np.minimum(rng.zipf(1.2, (batch, bag_length)) - 1, c - 1) for c in multi_hot], 1)
+        lengths = rng.integers(1, bag_length + 1, (batch, len(multi_hot), 1))
         inputs += (np.where(np.arange(bag_length) < lengths, bags, -1).astype(np.int64),)  # (B, Fm, L)
     return inputs
 
@@ -53,19 +54,18 @@ def _percentiles(seconds: list[float]) -> dict[str, float]:
 
 
 def _runner(runtime: str, checkpoint: Path, workdir: Path):
-    """(meta, score function) for one runtime."""
+    """The predictor (a score function with its signature) of one runtime."""
     from ctrkit.export.exporter import export_checkpoint
     from ctrkit.serve.predictor import Predictor
 
     if runtime.startswith("torch-") or runtime == "torch":
         dtype = "bf16" if "bf16" in runtime else "fp32"
         predictor = Predictor.from_checkpoint(checkpoint, dtype=dtype, compile=runtime.endswith("compiled"))
-        return predictor.meta, predictor
+        return predictor
     fmt = "torchscript" if runtime == "torchscript" else "onnx"
     out = workdir / runtime
     export_checkpoint(checkpoint, out, fmt, overwrite=True, quantize="int8" if runtime == "onnx-int8" else "none")
-    predictor = Predictor.from_export(out)
-    return predictor.meta, predictor
+    return Predictor.from_export(out)
 
 
 def run_in_process(
@@ -87,9 +87,9 @@ def run_in_process(
     times: dict[tuple[str, int], list[float]] = {key: [] for key in rounds}
     with tempfile.TemporaryDirectory(prefix="ctrkit-bench-inf-") as tmp:
         runners = {runtime: _runner(runtime, checkpoint, Path(tmp)) for runtime in runtimes}
-        inputs = {b: _inputs(next(iter(runners.values()))[0], b, seed) for b in batch_sizes}
+        inputs = {b: _inputs(next(iter(runners.values())).signature, b, seed) for b in batch_sizes}
         for _ in range(repeats):
-            for runtime, (_, score) in runners.items():
+            for runtime, score in runners.items():
                 for batch in batch_sizes:
                     took, total = _time_calls(score, inputs[batch], seconds)
                     rounds[runtime, batch].append(batch * len(took) / total)
@@ -138,11 +138,11 @@ def run_through_server(
     shape = {i["name"]: i["shape"] for i in meta["inputs"]}
     datatype = {i["name"]: i["datatype"] for i in meta["inputs"]}
     # ids below 1000 stand for any traffic (ids beyond a table are served as its unseen row)
-    fake = {"num_numerical": shape["numerical"][1], "cardinalities": [1000] * shape["categorical"][1],
-            "multihot_cardinalities": [1000] * shape["multi_hot"][1] if "multi_hot" in shape else []}  # fmt: skip
+    fake = Signature(shape[NUMERICAL][1], (1000,) * shape[CATEGORICAL][1],
+                     (1000,) * shape[MULTI_HOT][1] if MULTI_HOT in shape else ())  # fmt: skip
     results = []
     for batch in batch_sizes:
-        arrays = dict(zip(shape, _inputs(fake, batch, seed)))
+        arrays = dict(zip(fake.input_names, _inputs(fake, batch, seed)))
 
         def client_run(n: int, arrays: dict[str, np.ndarray] = arrays) -> list[float]:
             client = httpclient.InferenceServerClient(url, connection_timeout=30, network_timeout=60)
@@ -150,7 +150,7 @@ def run_through_server(
             for name, array in arrays.items():
                 inputs.append(httpclient.InferInput(name, list(array.shape), datatype[name]))
                 inputs[-1].set_data_from_numpy(array, binary_data=True)
-            out = [httpclient.InferRequestedOutput("probability", binary_data=True)]
+            out = [httpclient.InferRequestedOutput(fake.output.name, binary_data=True)]
             times = []
             for _ in range(n):
                 t0 = time.perf_counter()

@@ -125,7 +125,7 @@ def run_worker(cfg: ScaleBenchConfig, env=None) -> dict:
 
 
 def _part(b: Batch, lo: int, hi: int) -> Batch:
-    return Batch(b.dense[lo:hi], b.sparse[lo:hi], b.labels[lo:hi])
+    return Batch(b.numerical[lo:hi], b.categorical[lo:hi], b.labels[lo:hi])
 
 
 def run_scale_bench(cfg: ScaleBenchConfig, world_sizes: list[int]) -> list[dict]:

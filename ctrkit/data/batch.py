@@ -32,17 +32,6 @@ class MultiHot:
             self.num_features,
         )
 
-    def to_padded(self) -> torch.Tensor:
-        """The same bags as a (B, Fm, L) tensor, each bag's ids followed by -1 up to the longest bag's
-        length L (at least 1): the rectangular form a server request carries (see PaddedMultiHot)."""
-        bags = self.offsets.numel() - 1  # Fm * B
-        lengths = self.offsets[1:] - self.offsets[:-1]  # (Fm * B,)
-        width = max(int(lengths.max()) if bags else 0, 1)
-        out = torch.full((bags, width), -1, dtype=torch.int64, device=self.ids.device)
-        bag = torch.repeat_interleave(torch.arange(bags, device=self.ids.device), lengths)  # (nnz,)
-        out[bag, torch.arange(self.ids.numel(), device=self.ids.device) - self.offsets[bag]] = self.ids
-        return out.view(self.num_features, bags // max(self.num_features, 1), width).transpose(0, 1).contiguous()
-
 
 @dataclass(frozen=True)
 class PaddedMultiHot:
@@ -64,21 +53,21 @@ class Batch:
     """A batch of B samples.
 
     Attributes:
-        dense: (B, n_numerical) float32 numerical features, or None when there are none.
-        sparse: (B, F) int64 categorical ids, one column per categorical feature.
+        numerical: (B, N) float32 numerical features, or None when there are none.
+        categorical: (B, F) int64 ids, one column per one-hot categorical feature.
         labels: (B,) float32 clicks (0 or 1), or None at inference time.
         multi_hot: the multi-hot categorical features, or None when there are none.
     """
 
-    dense: torch.Tensor | None
-    sparse: torch.Tensor
+    numerical: torch.Tensor | None
+    categorical: torch.Tensor
     labels: torch.Tensor | None = None
     multi_hot: MultiHot | None = None
 
     def __len__(self) -> int:
-        return self.sparse.shape[0]
+        return self.categorical.shape[0]
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
         """The same batch on ``device`` (a no-op for tensors already there)."""
         move = lambda t: None if t is None else t.to(device, non_blocking=non_blocking)
-        return Batch(move(self.dense), move(self.sparse), move(self.labels), move(self.multi_hot))
+        return Batch(move(self.numerical), move(self.categorical), move(self.labels), move(self.multi_hot))

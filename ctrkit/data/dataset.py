@@ -23,7 +23,7 @@ class SplitBinaryDataset:
 
     Example:
         >>> ds = SplitBinaryDataset("data/", "test")
-        >>> batch = ds.slice(0, 1024)  # Batch with dense (1024, 13), sparse (1024, 26), labels (1024,)
+        >>> batch = ds.slice(0, 1024)  # Batch with numerical (1024, 13), categorical (1024, 26), labels (1024,)
     """
 
     def __init__(self, path: str | os.PathLike | FeatureSpec, mapping: str = "train", check_ids: bool = True):
@@ -53,16 +53,16 @@ class SplitBinaryDataset:
 
     def _multi_hot(self, start: int, stop: int) -> MultiHot | None:
         """Feature-major bags of the multi-hot features for samples ``[start, stop)``."""
-        if not self._data.multihot:
+        if not self._data.multi_hot:
             return None
         ids, bounds, total = [], [np.zeros(1, np.int64)], 0
-        for values, offsets in self._data.multihot:
+        for values, offsets in self._data.multi_hot:
             o = np.asarray(offsets[start : stop + 1], dtype=np.int64)  # (B + 1,)
             ids.append(np.asarray(values[o[0] : o[-1]], dtype=np.int64))
             bounds.append(o[1:] - o[0] + total)
             total += int(o[-1] - o[0])
         return MultiHot(
-            torch.from_numpy(np.concatenate(ids)), torch.from_numpy(np.concatenate(bounds)), len(self._data.multihot)
+            torch.from_numpy(np.concatenate(ids)), torch.from_numpy(np.concatenate(bounds)), len(self._data.multi_hot)
         )
 
     def groups(self) -> np.ndarray | None:

@@ -74,6 +74,9 @@ def smallest_int_dtype(cardinality: int) -> str:
     return "int64"
 
 
+LEGACY_MULTI_HOT_KEY = "multihot"
+
+
 @dataclass(frozen=True)
 class Feature:
     """One feature's metadata.
@@ -90,9 +93,10 @@ class Feature:
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
-    def multihot(self) -> bool:
-        """Several ids per sample (metadata ``multihot: true``), pooled by ``combiner``."""
-        return bool(self.extra.get("multihot", False))
+    def multi_hot(self) -> bool:
+        """Several ids per sample (metadata ``multi_hot: true``; ``multihot: true``, the spelling of
+        datasets written before ctrkit 0.2, is read the same), pooled by ``combiner``."""
+        return bool(self.extra.get("multi_hot", self.extra.get(LEGACY_MULTI_HOT_KEY, False)))
 
     @property
     def combiner(self) -> str:
@@ -284,13 +288,13 @@ class FeatureSpec:
                     f"feature_spec.{n}: categorical feature has no 'cardinality' "
                     "(expected a positive integer, or 'auto' before transcoding)"
                 )
-            if feat.multihot and feat.combiner not in COMBINERS:
+            if feat.multi_hot and feat.combiner not in COMBINERS:
                 raise SpecError(
                     f"feature_spec.{n}.combiner: expected one of {', '.join(COMBINERS)}, got {feat.combiner!r}"
                 )
         for name, feat in self.feature_spec.items():
-            if feat.multihot and name not in self.channel_spec.get(CATEGORICAL_CHANNEL, ()):
-                raise SpecError(f"feature_spec.{name}: multihot applies to categorical features only")
+            if feat.multi_hot and name not in self.channel_spec.get(CATEGORICAL_CHANNEL, ()):
+                raise SpecError(f"feature_spec.{name}: multi_hot applies to categorical features only")
         groups = self.channel_spec.get(MAP_CHANNEL)
         if groups is not None:
             if len(groups) != 1:
@@ -340,20 +344,20 @@ class FeatureSpec:
     @property
     def onehot_features(self) -> tuple[str, ...]:
         """Categorical features with one id per sample, in channel order."""
-        return tuple(n for n in self.categorical_features if not self.feature_spec[n].multihot)
+        return tuple(n for n in self.categorical_features if not self.feature_spec[n].multi_hot)
 
     @property
-    def multihot_features(self) -> tuple[str, ...]:
+    def multi_hot_features(self) -> tuple[str, ...]:
         """Categorical features with a variable number of ids per sample, in channel order."""
-        return tuple(n for n in self.categorical_features if self.feature_spec[n].multihot)
+        return tuple(n for n in self.categorical_features if self.feature_spec[n].multi_hot)
 
     @property
-    def multihot_cardinalities(self) -> list[int]:
-        return self._cardinalities(self.multihot_features)
+    def multi_hot_cardinalities(self) -> list[int]:
+        return self._cardinalities(self.multi_hot_features)
 
     @property
-    def multihot_combiners(self) -> list[str]:
-        return [self.feature_spec[n].combiner for n in self.multihot_features]
+    def multi_hot_combiners(self) -> list[str]:
+        return [self.feature_spec[n].combiner for n in self.multi_hot_features]
 
     def _cardinalities(self, names: Sequence[str]) -> list[int]:
         out = []
@@ -387,10 +391,10 @@ class FeatureSpec:
             "numerical_features": list(self.numerical_features),
             "label": self.label_feature,
         }
-        if self.multihot_features:
-            out["multihot_features"] = list(self.multihot_features)
-            out["multihot_cardinalities"] = self.multihot_cardinalities
-            out["multihot_combiners"] = self.multihot_combiners
+        if self.multi_hot_features:
+            out["multi_hot_features"] = list(self.multi_hot_features)
+            out["multi_hot_cardinalities"] = self.multi_hot_cardinalities
+            out["multi_hot_combiners"] = self.multi_hot_combiners
         return out
 
 

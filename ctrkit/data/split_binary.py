@@ -35,7 +35,7 @@ class SplitBinaryMapping:
         categorical: one (N,) integer array per categorical feature, in channel order.
         files: every file used, by feature group, for messages.
         groups: (N,) group ids of the map channel when this mapping stores them, else None.
-        multihot: per multi-hot feature (channel order): its (nnz,) ids and (N + 1,) int64 offsets;
+        multi_hot: per multi-hot feature (channel order): its (nnz,) ids and (N + 1,) int64 offsets;
             sample i's ids are ``values[offsets[i]:offsets[i + 1]]``.
     """
 
@@ -45,7 +45,7 @@ class SplitBinaryMapping:
     categorical: list[np.ndarray]
     files: dict[str, Path]
     groups: np.ndarray | None = None
-    multihot: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
+    multi_hot: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
 
 
 def _memmap(path: Path, dtype: np.dtype, width: int, what: str) -> np.ndarray:
@@ -81,7 +81,7 @@ def open_mapping(spec: FeatureSpec, mapping: str, check_ids: bool = True) -> Spl
     """
     chunks = spec.mapping(mapping)
     cats = spec.onehot_features
-    multi = set(spec.multihot_features)
+    multi = set(spec.multi_hot_features)
     nums = spec.numerical_features
     label = spec.label_feature
     chunk_of: dict[str, int] = {}
@@ -154,8 +154,8 @@ def open_mapping(spec: FeatureSpec, mapping: str, check_ids: bool = True) -> Spl
         columns[name] = arr
         categorical.append(arr)
 
-    multihot = []
-    for name in spec.multihot_features:
+    multi_hot = []
+    for name in spec.multi_hot_features:
         chunk = chunks[chunk_of[name]]
         if chunk.features != (name,):
             raise SpecError(
@@ -169,7 +169,7 @@ def open_mapping(spec: FeatureSpec, mapping: str, check_ids: bool = True) -> Spl
         _check_offsets(offsets, len(values), name, offsets_path)
         files[f"{name} offsets"] = offsets_path
         columns[f"{name} offsets"] = offsets[1:]  # N entries, for the sample-count check
-        multihot.append((values, offsets))
+        multi_hot.append((values, offsets))
 
     group = spec.group_feature
     if group is not None and group in chunk_of:
@@ -198,10 +198,10 @@ def open_mapping(spec: FeatureSpec, mapping: str, check_ids: bool = True) -> Spl
     if check_ids and n:
         for name, arr in zip(cats, categorical):
             check_id_range(arr, spec.feature_spec[name].cardinality, name, files[name])
-        for name, (values, _) in zip(spec.multihot_features, multihot):
+        for name, (values, _) in zip(spec.multi_hot_features, multi_hot):
             if len(values):
                 check_id_range(values, spec.feature_spec[name].cardinality, name, files[name])
-    return SplitBinaryMapping(n, columns["label"], numerical, categorical, files, columns.get("map"), multihot)
+    return SplitBinaryMapping(n, columns["label"], numerical, categorical, files, columns.get("map"), multi_hot)
 
 
 def _check_offsets(offsets: np.ndarray, num_values: int, name: str, where: Path) -> None:
@@ -249,8 +249,8 @@ class SplitBinaryWriter:
         by_feature = {f: spec.path_of(c.files[0]) for c in chunks for f in c.features}
         offsets_of = {c.features[0]: spec.path_of(c.files[1]) for c in chunks if len(c.files) == 2}
         self._cats = spec.onehot_features
-        self._multi = spec.multihot_features
-        self._multi_cards = spec.multihot_cardinalities
+        self._multi = spec.multi_hot_features
+        self._multi_cards = spec.multi_hot_cardinalities
         self._multi_dtypes = [np.dtype(spec.feature_spec[c].dtype) for c in self._multi]
         self._nums = spec.numerical_features
         self._cards = spec.cardinalities
@@ -278,7 +278,7 @@ class SplitBinaryWriter:
         numerical: np.ndarray | None,
         categorical: np.ndarray | Sequence[np.ndarray],
         labels: np.ndarray,
-        multihot: Sequence[tuple[np.ndarray, np.ndarray]] | None = None,
+        multi_hot: Sequence[tuple[np.ndarray, np.ndarray]] | None = None,
         groups: np.ndarray | None = None,
     ) -> None:
         """Writes a block of samples.
@@ -287,7 +287,7 @@ class SplitBinaryWriter:
             numerical: (n, n_numerical) floats, or None when the spec has no numerical features.
             categorical: (n, n_onehot) ids, or one (n,) array per one-hot categorical feature.
             labels: (n,) zeros and ones.
-            multihot: per multi-hot feature (channel order): its ids, concatenated over the block's
+            multi_hot: per multi-hot feature (channel order): its ids, concatenated over the block's
                 samples, and the (n,) number of ids of each sample.
             groups: (n,) group ids of the map channel, when this mapping stores them.
         """
@@ -312,10 +312,10 @@ class SplitBinaryWriter:
             if numerical.shape != (n, len(self._nums)):
                 raise DataError(f"numerical block has shape {numerical.shape}, expected ({n}, {len(self._nums)})")
             self._num_f.write(np.ascontiguousarray(numerical, dtype=self._num_dtype))
-        multihot = list(multihot or [])
-        if len(multihot) != len(self._multi):
-            raise DataError(f"expected {len(self._multi)} multi-hot features, got {len(multihot)}")
-        for name, (values, lengths), card in zip(self._multi, multihot, self._multi_cards):
+        multi_hot = list(multi_hot or [])
+        if len(multi_hot) != len(self._multi):
+            raise DataError(f"expected {len(self._multi)} multi-hot features, got {len(multi_hot)}")
+        for name, (values, lengths), card in zip(self._multi, multi_hot, self._multi_cards):
             values, lengths = np.asarray(values), np.asarray(lengths)
             if len(lengths) != n or (lengths < 0).any() or lengths.sum() != len(values):
                 raise DataError(
@@ -335,7 +335,7 @@ class SplitBinaryWriter:
         for f, col, dtype in zip(self._cat_f, cols, self._cat_dtypes):
             f.write(np.ascontiguousarray(col, dtype=dtype))  # arrays write without a bytes copy
         for k, ((values, lengths), (val_f, off_f), dtype) in enumerate(
-            zip(multihot, self._multi_f, self._multi_dtypes)
+            zip(multi_hot, self._multi_f, self._multi_dtypes)
         ):
             val_f.write(np.ascontiguousarray(values, dtype=dtype))
             off_f.write(self._multi_total[k] + np.cumsum(lengths, dtype=np.int64))

@@ -32,15 +32,15 @@ ONEHOT = {
     "advertiser_id": 800,
     "campaign_id": 3000,
 }
-MULTIHOT = {"document_topics": 300, "ad_topics": 300}
+MULTI_HOT = {"document_topics": 300, "ad_topics": 300}
 NUMERICAL = ("ad_popularity", "document_age")
 
 
 def outbrain_spec() -> FeatureSpec:
     """Feature spec of the synthetic Outbrain-like dataset (display id in the test mapping only)."""
     features: dict[str, Feature] = {}
-    for name, card in {**ONEHOT, **MULTIHOT}.items():
-        extra = {"multihot": True, "combiner": "mean"} if name in MULTIHOT else {}
+    for name, card in {**ONEHOT, **MULTI_HOT}.items():
+        extra = {"multi_hot": True, "combiner": "mean"} if name in MULTI_HOT else {}
         features[name] = Feature(smallest_int_dtype(card), card, extra)
     for name in NUMERICAL:
         features[name] = Feature("float16")
@@ -53,12 +53,12 @@ def outbrain_spec() -> FeatureSpec:
             Chunk("split_binary", ("clicked",), (f"{m}/label.bin",)),
         ]
         chunks += [Chunk("split_binary", (n,), (f"{m}/{n}.bin",)) for n in ONEHOT]
-        chunks += [Chunk("split_binary", (n,), (f"{m}/{n}.bin", f"{m}/{n}.offsets.bin")) for n in MULTIHOT]
+        chunks += [Chunk("split_binary", (n,), (f"{m}/{n}.bin", f"{m}/{n}.offsets.bin")) for n in MULTI_HOT]
         if m == "test":
             chunks.append(Chunk("split_binary", ("display_id",), (f"{m}/display_id.bin",)))
         sources[m] = tuple(chunks)
     channels = {
-        "categorical": tuple(ONEHOT) + tuple(MULTIHOT),
+        "categorical": tuple(ONEHOT) + tuple(MULTI_HOT),
         "numerical": NUMERICAL,
         "label": ("clicked",),
         "map": ("display_id",),
@@ -80,11 +80,11 @@ class SyntheticOutbrain:
         self.advertiser_vec = rng.normal(0.0, 1.0, (ONEHOT["advertiser_id"], latent_dim)) / np.sqrt(latent_dim)
         self.platform_campaign = rng.normal(0.0, 0.7, (ONEHOT["platform"], ONEHOT["campaign_id"]))
         self.doc_topics = [
-            np.unique(rng.integers(0, MULTIHOT["document_topics"], rng.integers(1, 5)))
+            np.unique(rng.integers(0, MULTI_HOT["document_topics"], rng.integers(1, 5)))
             for _ in range(ONEHOT["document_id"])
         ]
         self.ad_topics = [
-            np.unique(rng.integers(0, MULTIHOT["ad_topics"], rng.integers(0, 4))) for _ in range(ONEHOT["ad_id"])
+            np.unique(rng.integers(0, MULTI_HOT["ad_topics"], rng.integers(0, 4))) for _ in range(ONEHOT["ad_id"])
         ]
         self.doc_age = rng.exponential(1.0, ONEHOT["document_id"])
 
@@ -118,11 +118,11 @@ class SyntheticOutbrain:
         doc_topics = [self.doc_topics[d] for d in doc]
         ad_topics = [self.ad_topics[a] for a in ad]
         onehot = np.stack([user, platform, geo, doc, ad, advertiser, campaign], axis=1)
-        multihot = [
+        multi_hot = [
             (np.concatenate(t) if t else np.zeros(0, np.int64), np.array([len(x) for x in t]))
             for t in (doc_topics, ad_topics)
         ]
-        return {"numerical": numerical, "onehot": onehot, "labels": clicked, "multihot": multihot, "display": display}
+        return {"numerical": numerical, "onehot": onehot, "labels": clicked, "multi_hot": multi_hot, "display": display}
 
 
 def generate_outbrain(
@@ -165,7 +165,7 @@ def generate_outbrain(
                             block["numerical"],
                             block["onehot"],
                             block["labels"],
-                            block["multihot"],
+                            block["multi_hot"],
                             block["display"] if mapping == "test" else None,
                         )
                         done += k

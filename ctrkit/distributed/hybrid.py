@@ -96,8 +96,8 @@ class HybridModel(nn.Module):
         self.ddp = DDP(model, device_ids=[device] if device.type == "cuda" else None, forward_sync_buffers=False)
         self.ddp.register_comm_hook(None, _sum_gradients)
 
-    def forward(self, dense: torch.Tensor | None, sparse: torch.Tensor, multi_hot=None) -> torch.Tensor:
-        return self.ddp(dense, sparse, multi_hot)  # (B_r,) logits of this rank's samples
+    def forward(self, numerical: torch.Tensor | None, categorical: torch.Tensor, multi_hot=None) -> torch.Tensor:
+        return self.ddp(numerical, categorical, multi_hot)  # (B_r,) logits of this rank's samples
 
     def sharding_key(self) -> dict[str, list[list[int]]]:
         """The placement of every shard (stored in checkpoints to recognise the same sharding)."""
@@ -111,3 +111,25 @@ class HybridModel(nn.Module):
             if m.bags is not None:
                 state[f"{name}.bags.weight"] = m.bags.full_tables()
         return state
+
+
+def shard_for_job(
+    model: nn.Module,
+    world_size: int,
+    rank: int | None,
+    sharding: str = "auto",
+    column_split_dim: int | None = None,
+    row_budget_bytes: int | None = None,
+    state: dict[str, torch.Tensor] | None = None,
+) -> tuple[nn.Module, dict[str, ShardingPlan]]:
+    """``model`` with its tables sharded over a job's ranks, and the plans.
+
+    ``rank`` None plans only (the model comes back unchanged, e.g. to print the plan outside a job).
+    ``state``: whole-table weights loaded before the tables are split (a checkpoint being resumed).
+    """
+    plans = plan_model(model, world_size, sharding, column_split_dim, row_budget_bytes)
+    if rank is None:
+        return model, plans
+    if state is not None:
+        model.load_state_dict(state)
+    return HybridModel(model, plans, rank), plans

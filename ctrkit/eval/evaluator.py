@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from ctrkit.checkpoint import Checkpoint, load_checkpoint
+from ctrkit.config import ParallelConfig
 from ctrkit.data.dataset import SplitBinaryDataset
+from ctrkit.data.feature_spec import FeatureSpec
 from ctrkit.data.loader import BatchLoader, part_bounds
 from ctrkit.distributed.env import DistEnv, gather_in_order
-from ctrkit.eval.metrics import log_loss_from_logits, mean_average_precision, roc_auc
+from ctrkit.eval.metrics import log_loss_from_logits, mean_average_precision, roc_auc, sigmoid
 
 
 @torch.no_grad()
@@ -45,7 +52,7 @@ def predict_logits(
         for batch in tqdm(batches, total=len(loader), desc="scoring", unit="batch", disable=not progress, leave=False):
             batch = batch.to(device, non_blocking=True)
             with autocast:
-                logits = model(batch.dense, batch.sparse, batch.multi_hot)
+                logits = model(batch.numerical, batch.categorical, batch.multi_hot)
             out[pos : pos + len(batch)] = logits.float().cpu().numpy()
             pos += len(batch)
     finally:
@@ -82,3 +89,61 @@ def evaluate(
     if groups is not None:
         metrics["map@12"], metrics["map_groups"] = mean_average_precision(groups, labels, logits, k=12)
     return metrics
+
+
+@dataclass
+class Scoring:
+    """A checkpoint's model ready to score a dataset mapping (sharded over the ranks in a torchrun job)."""
+
+    checkpoint: Checkpoint
+    dataset: SplitBinaryDataset
+    model: nn.Module
+    device: torch.device
+    env: DistEnv | None
+
+    @classmethod
+    def load(
+        cls,
+        checkpoint: str | os.PathLike,
+        dataset: str | os.PathLike,
+        mapping: str = "test",
+        device: str = "auto",
+        parallel: ParallelConfig | None = None,
+    ) -> Scoring:
+        """Reads the checkpoint, checks it fits the dataset's features, and builds its model on the device."""
+        from ctrkit.device import resolve_device
+        from ctrkit.distributed.env import init_distributed, launched_by_torchrun
+        from ctrkit.distributed.hybrid import describe_plans, shard_for_job
+
+        par = parallel or ParallelConfig()
+        ckpt = load_checkpoint(checkpoint)
+        spec = FeatureSpec.from_yaml(dataset)
+        ckpt.check_spec(spec.summary(), str(spec.base_dir))
+        data = SplitBinaryDataset(spec, mapping)
+        env = init_distributed(device, par.dist_timeout) if launched_by_torchrun() else None
+        dev = env.device if env is not None else resolve_device(device)
+        model = ckpt.build_model().to(dev)
+        if env is not None or par.print_sharding_plan:  # the checkpoint's whole tables are already in the model
+            world, rank = (env.world_size, env.rank) if env is not None else (1, None)
+            model, plans = shard_for_job(model, world, rank, par.sharding, par.column_split_dim, par.row_budget_bytes)
+            if par.print_sharding_plan and (env is None or env.is_main):
+                print(describe_plans(plans), file=sys.stderr)
+        return cls(ckpt, data, model, dev, env)
+
+    @property
+    def is_main(self) -> bool:
+        return self.env is None or self.env.is_main
+
+    def evaluate(self, batch_size: int = 16384, amp: bool = False, progress: bool = False) -> dict[str, Any]:
+        """``evaluate``'s metrics, plus the mapping, the model name and the checkpoint's step."""
+        from ctrkit.device import amp_dtype_for
+
+        amp_dtype = amp_dtype_for(self.device, amp, None)
+        metrics = evaluate(self.model, self.dataset, self.device, batch_size, amp_dtype, progress, self.env)
+        return {**metrics, "mapping": self.dataset.mapping, "model": self.checkpoint.model_name,
+                "step": int(self.checkpoint.step)}  # fmt: skip
+
+    def predict(self, batch_size: int = 16384, progress: bool = False) -> np.ndarray:
+        """(N,) float32 click probabilities in dataset order."""
+        logits = predict_logits(self.model, self.dataset, self.device, batch_size, progress=progress, env=self.env)
+        return sigmoid(logits).astype(np.float32)

@@ -8,50 +8,33 @@ import torch
 from torch import nn
 
 from ctrkit.models.embeddings import CategoricalEmbeddings
+from ctrkit.models.inputs import BottomTopConfig
 from ctrkit.models.interaction import CrossNetwork
 from ctrkit.models.mlp import MLP
 from ctrkit.models.registry import register_model
-from ctrkit.models.validation import check_bottom_top, check_inputs, check_multihot
 
 STRUCTURES = ("stacked", "parallel")
 
 
 @dataclass(frozen=True)
-class DCNv2Config:
-    """DCNv2 hyper-parameters; widths default to the Criteo-Kaggle DLRM shape for comparison.
+class DCNv2Config(BottomTopConfig):
+    """DCNv2 hyper-parameters (the input and MLP fields are InputsConfig's and BottomTopConfig's);
+    widths default to the Criteo-Kaggle DLRM shape for comparison. In the parallel structure the
+    top MLP's layers before the last form the deep tower and the last is the final projection.
 
     Attributes:
-        num_numerical: numerical input features.
-        cardinalities: rows of each categorical feature's table.
-        embedding_dim: D; the bottom MLP's last layer must output D.
-        bottom_mlp: layer widths of the bottom MLP over numerical features.
-        top_mlp: widths of the deep MLP; the last must be 1 (the logit). In the parallel structure
-            the layers before the last form the deep tower and the last is the final projection.
         cross_layers: cross layers.
         cross_projection_dim: rank r of each cross layer's U/V factorisation; 0 for full rank.
         structure: "stacked" (cross network, then the MLP, as NVIDIA's DCNv2) or "parallel"
             (cross network and deep tower side by side, concatenated, then one linear layer).
-        sparse_gradients: embeddings produce sparse gradients.
-        multihot_cardinalities: rows of each multi-hot feature's table (several ids per sample).
-        multihot_combiners: "sum" or "mean" pooling per multi-hot feature.
     """
 
-    num_numerical: int
-    cardinalities: tuple[int, ...]
-    embedding_dim: int = 16
-    bottom_mlp: tuple[int, ...] = (512, 256, 64, 16)
-    top_mlp: tuple[int, ...] = (512, 256, 1)
     cross_layers: int = 3
     cross_projection_dim: int = 512
     structure: str = "stacked"
-    sparse_gradients: bool = True
-    multihot_cardinalities: tuple[int, ...] = ()
-    multihot_combiners: tuple[str, ...] = ()
 
     def validate(self) -> None:
-        check_inputs(self.num_numerical, self.cardinalities, self.embedding_dim)
-        check_multihot(self.multihot_cardinalities, self.multihot_combiners)
-        check_bottom_top(self.num_numerical, self.embedding_dim, self.bottom_mlp, self.top_mlp)
+        super().validate()
         if self.cross_layers < 1:
             raise ValueError(f"cross_layers must be >= 1, got {self.cross_layers}")
         if self.cross_projection_dim < 0:
@@ -81,7 +64,7 @@ class DCNv2(nn.Module):
     Args:
         config: DCNv2Config.
 
-    Shapes: dense (B, N) float, sparse (B, F) int64, multi_hot (Fm features) or None -> logits (B,).
+    Shapes: numerical (B, N) float, categorical (B, F) int64, multi_hot (Fm features) or None -> logits (B,).
     """
 
     def __init__(self, config: DCNv2Config):
@@ -101,12 +84,12 @@ class DCNv2(nn.Module):
             deep_width = self.deep.out_features if self.deep is not None else 0
             self.top_mlp = MLP(width + deep_width, (1,), relu_last=False)
 
-    def forward(self, dense: torch.Tensor | None, sparse: torch.Tensor, multi_hot=None) -> torch.Tensor:
-        emb = self.embeddings(sparse, multi_hot).flatten(1)  # (B, F*D)
+    def forward(self, numerical: torch.Tensor | None, categorical: torch.Tensor, multi_hot=None) -> torch.Tensor:
+        emb = self.embeddings(categorical, multi_hot).flatten(1)  # (B, F*D)
         if self.bottom_mlp is None:
             x0 = emb  # (B, d)
         else:
-            bottom = self.bottom_mlp(dense)  # (B, D), bf16 under autocast
+            bottom = self.bottom_mlp(numerical)  # (B, D), bf16 under autocast
             x0 = torch.cat([bottom, emb.to(bottom.dtype)], 1)  # (B, d), one dtype: mixed products are slow
         crossed = self.cross(x0)  # (B, d)
         if self.deep is not None:

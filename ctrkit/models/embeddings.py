@@ -158,10 +158,10 @@ class CategoricalEmbeddings(nn.Module):
         cardinalities: rows of each one-hot feature's table (F1 entries).
         dim: D.
         sparse: produce sparse gradients.
-        multihot_cardinalities: rows of each multi-hot feature's table (Fm entries).
-        multihot_combiners: "sum" or "mean" per multi-hot feature.
+        multi_hot_cardinalities: rows of each multi-hot feature's table (Fm entries).
+        multi_hot_combiners: "sum" or "mean" per multi-hot feature.
 
-    Shapes: sparse (B, F1) int64, multi_hot (Fm features) or None -> (B, F1 + Fm, D).
+    Shapes: categorical (B, F1) int64, multi_hot (Fm features) or None -> (B, F1 + Fm, D).
     """
 
     def __init__(
@@ -169,27 +169,31 @@ class CategoricalEmbeddings(nn.Module):
         cardinalities: Sequence[int],
         dim: int,
         sparse: bool = True,
-        multihot_cardinalities: Sequence[int] = (),
-        multihot_combiners: Sequence[str] = (),
+        multi_hot_cardinalities: Sequence[int] = (),
+        multi_hot_combiners: Sequence[str] = (),
     ):
         super().__init__()
         self.onehot = EmbeddingCollection(cardinalities, dim, sparse)
         self.bags = (
-            EmbeddingBagCollection(multihot_cardinalities, dim, multihot_combiners, sparse)
-            if (multihot_cardinalities)
+            EmbeddingBagCollection(multi_hot_cardinalities, dim, multi_hot_combiners, sparse)
+            if (multi_hot_cardinalities)
             else None
         )
-        self.num_features = len(cardinalities) + len(multihot_cardinalities)
+        self.num_features = len(cardinalities) + len(multi_hot_cardinalities)
 
     @classmethod
     def from_config(cls, config, dim: int) -> CategoricalEmbeddings:
-        """The tables a model config describes (``cardinalities``, ``sparse_gradients``, ``multihot_*``)."""
+        """The tables a model config describes (``cardinalities``, ``sparse_gradients``, ``multi_hot_*``)."""
         return cls(
-            config.cardinalities, dim, config.sparse_gradients, config.multihot_cardinalities, config.multihot_combiners
+            config.cardinalities,
+            dim,
+            config.sparse_gradients,
+            config.multi_hot_cardinalities,
+            config.multi_hot_combiners,
         )
 
-    def forward(self, sparse: torch.Tensor, multi_hot=None) -> torch.Tensor:
-        emb = self.onehot(sparse)  # (B, F1, D)
+    def forward(self, categorical: torch.Tensor, multi_hot=None) -> torch.Tensor:
+        emb = self.onehot(categorical)  # (B, F1, D)
         if self.bags is None:
             return emb
         if multi_hot is None:

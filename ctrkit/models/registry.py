@@ -10,6 +10,8 @@ from torch import nn
 
 _REGISTRY: dict[str, tuple[type, type]] = {}
 _TRAIN_DEFAULTS: dict[str, dict[str, Any]] = {}
+# what every model must choose for itself: a run that leaves them unset takes the model's
+REQUIRED_TRAIN_DEFAULTS = ("optimizer", "lr", "embedding_optimizer", "batch_size")
 
 
 def register_model(name: str, config_cls: type, train_defaults: dict[str, Any] | None = None) -> Callable[[type], type]:
@@ -19,9 +21,13 @@ def register_model(name: str, config_cls: type, train_defaults: dict[str, Any] |
     run leaves them unset. A duplicate name is an error, never a silent replacement.
     """
 
+    if name in _REGISTRY:
+        raise ValueError(f"model '{name}' is already registered (by {_REGISTRY[name][0].__name__})")
+    missing = set(REQUIRED_TRAIN_DEFAULTS) - set(train_defaults or {})
+    if missing:
+        raise ValueError(f"model '{name}': train_defaults must set {sorted(missing)}")
+
     def wrap(cls: type) -> type:
-        if name in _REGISTRY:
-            raise ValueError(f"model '{name}' is already registered (by {_REGISTRY[name][0].__name__})")
         _REGISTRY[name] = (cls, config_cls)
         _TRAIN_DEFAULTS[name] = dict(train_defaults or {})
         return cls

@@ -8,38 +8,26 @@ import torch
 from torch import nn
 
 from ctrkit.models.embeddings import CategoricalEmbeddings
+from ctrkit.models.inputs import InputsConfig
 from ctrkit.models.mlp import MLP
 from ctrkit.models.registry import register_model
-from ctrkit.models.validation import check_inputs, check_multihot
 
 
 @dataclass(frozen=True)
-class WideDeepConfig:
-    """Wide & Deep hyper-parameters (deep tower as NVIDIA's: five layers of 1024, dropout 0.1).
+class WideDeepConfig(InputsConfig):
+    """Wide & Deep hyper-parameters (the input fields are InputsConfig's; the deep tower as NVIDIA's:
+    five layers of 1024, dropout 0.1).
 
     Attributes:
-        num_numerical: numerical input features.
-        cardinalities: rows of each categorical feature's table.
-        embedding_dim: D of the deep part's embeddings.
         deep_mlp: hidden widths of the deep tower (a final layer to one logit is added).
         dropout: dropout after each hidden layer of the deep tower.
-        sparse_gradients: embeddings (wide and deep) produce sparse gradients.
-        multihot_cardinalities: rows of each multi-hot feature's table (several ids per sample).
-        multihot_combiners: "sum" or "mean" pooling per multi-hot feature.
     """
 
-    num_numerical: int
-    cardinalities: tuple[int, ...]
-    embedding_dim: int = 16
     deep_mlp: tuple[int, ...] = (1024, 1024, 1024, 1024, 1024)
     dropout: float = 0.1
-    sparse_gradients: bool = True
-    multihot_cardinalities: tuple[int, ...] = ()
-    multihot_combiners: tuple[str, ...] = ()
 
     def validate(self) -> None:
-        check_inputs(self.num_numerical, self.cardinalities, self.embedding_dim)
-        check_multihot(self.multihot_cardinalities, self.multihot_combiners)
+        super().validate()
         if not self.deep_mlp or any(w < 1 for w in self.deep_mlp):
             raise ValueError(f"deep_mlp must be a non-empty list of positive widths, got {list(self.deep_mlp)}")
         if not 0.0 <= self.dropout < 1.0:
@@ -72,7 +60,7 @@ class WideDeep(nn.Module):
     Args:
         config: WideDeepConfig.
 
-    Shapes: dense (B, N) float, sparse (B, F) int64, multi_hot (Fm features) or None -> logits (B,).
+    Shapes: numerical (B, N) float, categorical (B, F) int64, multi_hot (Fm features) or None -> logits (B,).
     """
 
     def __init__(self, config: WideDeepConfig):
@@ -97,10 +85,10 @@ class WideDeep(nn.Module):
         dense = list(self.wide_dense.parameters()) if self.wide_dense is not None else []
         return list(self.wide_embeddings.parameters()) + dense
 
-    def forward(self, dense: torch.Tensor | None, sparse: torch.Tensor, multi_hot=None) -> torch.Tensor:
-        wide = self.wide_embeddings(sparse, multi_hot).sum((1, 2))  # (B,)
-        emb = self.embeddings(sparse, multi_hot).flatten(1)  # (B, F*D)
+    def forward(self, numerical: torch.Tensor | None, categorical: torch.Tensor, multi_hot=None) -> torch.Tensor:
+        wide = self.wide_embeddings(categorical, multi_hot).sum((1, 2))  # (B,)
+        emb = self.embeddings(categorical, multi_hot).flatten(1)  # (B, F*D)
         if self.wide_dense is not None:
-            wide = wide + self.wide_dense(dense).squeeze(1)  # (B,)
-            emb = torch.cat([emb.to(dense.dtype), dense], 1)  # (B, F*D + N)
+            wide = wide + self.wide_dense(numerical).squeeze(1)  # (B,)
+            emb = torch.cat([emb.to(numerical.dtype), numerical], 1)  # (B, F*D + N)
         return wide + self.deep(emb).squeeze(1).to(wide.dtype)  # (B,)

@@ -13,9 +13,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ctrkit.models.signature import PROBABILITY, InferenceModel, Signature
+
 
 class Predictor:
-    """Scores batches; ``meta`` describes the inputs (see ``export.exporter.model_metadata``).
+    """Scores batches; ``meta`` describes the model (``Signature.metadata``), ``signature`` its tensors.
 
     Shapes: numerical (B, N) float32, categorical (B, F) int64, multi_hot (B, Fm, L) int64 with -1
     padding (models with multi-hot features only) -> (B, 1) float32.
@@ -25,16 +27,15 @@ class Predictor:
         self.meta = meta
         self.backend = backend
         self._run = run
-        self.num_numerical = int(meta["num_numerical"])
-        self.num_categorical = len(meta["cardinalities"])
-        self.num_multihot = len(meta.get("multihot_cardinalities") or ())
+        self.signature = Signature.from_config(meta)
+        self.num_multi_hot = len(self.signature.multi_hot_cardinalities)
         self.stores: list = []  # memory-mapped embedding stores, when serving with --embedding-store mmap
 
     def __call__(
         self, numerical: np.ndarray, categorical: np.ndarray, multi_hot: np.ndarray | None = None
     ) -> np.ndarray:
-        if (multi_hot is None) != (self.num_multihot == 0):
-            raise ValueError(f"the model has {self.num_multihot} multi-hot features: pass multi_hot (B, Fm, L) ids "
+        if (multi_hot is None) != (self.num_multi_hot == 0):
+            raise ValueError(f"the model has {self.num_multi_hot} multi-hot features: pass multi_hot (B, Fm, L) ids "
                              "exactly when it has some")  # fmt: skip
         arrays = [np.ascontiguousarray(numerical, np.float32), np.ascontiguousarray(categorical, np.int64)]
         if multi_hot is not None:
@@ -57,9 +58,8 @@ class Predictor:
         probabilities come back as float32). ``compile`` runs the model through ``torch.compile`` with Inductor's weight
         freezing (constant-folded, prepacked weights; inference only), falling back to eager with a
         warning when compiling fails."""
-        from ctrkit.export.exporter import InferenceModel, model_metadata
+        from ctrkit.checkpoint import load_checkpoint
         from ctrkit.serve.embedding_store import use_mmap_store
-        from ctrkit.train.checkpoint import load_checkpoint, model_from_checkpoint
 
         if embedding_store not in ("memory", "mmap"):
             raise ValueError(f"--embedding-store must be memory or mmap, got '{embedding_store}'")
@@ -67,10 +67,11 @@ class Predictor:
             raise ValueError(f"--dtype must be fp32, or bf16 with the memory store; got '{dtype}' ({embedding_store})")
         lazy = embedding_store == "mmap"
         ckpt = load_checkpoint(checkpoint, mmap=lazy)
-        meta = model_metadata(ckpt)
-        model = model_from_checkpoint(ckpt, assign=lazy).cpu()
+        signature = Signature.from_config(ckpt.model_config)
+        meta = signature.metadata(ckpt.model_name, ckpt.step)
+        model = ckpt.build_model(assign=lazy).cpu()
         stores = use_mmap_store(model, cache_rows) if lazy else []
-        model = InferenceModel(model, meta["cardinalities"], meta["multihot_cardinalities"]).eval()
+        model = InferenceModel(model, signature).eval()
         half = dtype == "bf16"
         if half:
             model = model.to(torch.bfloat16)
@@ -89,7 +90,7 @@ class Predictor:
 
     @classmethod
     def from_export(cls, model_dir: str | os.PathLike) -> Predictor:
-        from ctrkit.export.exporter import OUTPUT, find_model_dir, input_names
+        from ctrkit.export.exporter import find_model_dir
 
         root = find_model_dir(model_dir)
         meta = json.loads((root / "ctrkit_model.json").read_text())
@@ -101,10 +102,10 @@ class Predictor:
             import onnxruntime as ort
 
             session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-            names = input_names(meta)
+            names = Signature.from_config(meta).input_names
 
             def run(*arrays: np.ndarray) -> np.ndarray:
-                return session.run([OUTPUT], dict(zip(names, arrays)))[0]
+                return session.run([PROBABILITY], dict(zip(names, arrays)))[0]
 
             return cls(meta, "onnx" + ("-int8" if meta.get("quantize") == "int8" else ""), run)
         module = torch.jit.load(str(path))

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ctrkit.models.signature import CATEGORICAL, MULTI_HOT, NUMERICAL, OUTPUT, Signature, TensorSpec
+
 HEADER_LENGTH = "inference-header-content-length"
 DTYPES = {"FP32": np.float32, "FP64": np.float64, "INT64": np.int64, "INT32": np.int32}
 
@@ -31,9 +33,9 @@ class InferRequest:
     multi_hot: np.ndarray | None = None  # (B, Fm, L) int64, -1 padding; models with multi-hot features only
 
 
-def _expected(name: str, expect: dict) -> str:
-    dims = ", ".join("L" if d is None else str(d) for d in expect[name][1])
-    return f"input '{name}' must be {expect[name][0]} with shape [B, {dims}]"
+def _expected(name: str, expect: dict[str, TensorSpec]) -> str:
+    dims = ", ".join("L" if d is None else str(d) for d in expect[name].dims)
+    return f"input '{name}' must be {expect[name].datatype} with shape [B, {dims}]"
 
 
 def _shape_fits(shape, dims: tuple) -> bool:
@@ -46,13 +48,9 @@ def _shape_fits(shape, dims: tuple) -> bool:
     )
 
 
-def parse_request(
-    body: bytes, header_length: str | None, num_numerical: int, num_categorical: int, num_multihot: int = 0
-) -> InferRequest:
-    """Parses a v2 infer request body (JSON, or JSON header + binary tensors)."""
-    expect = {"numerical": ("FP32", (num_numerical,)), "categorical": ("INT64", (num_categorical,))}
-    if num_multihot:
-        expect["multi_hot"] = ("INT64", (num_multihot, None))  # padded bags: any length L >= 1
+def parse_request(body: bytes, header_length: str | None, signature: Signature) -> InferRequest:
+    """Parses a v2 infer request body (JSON, or JSON header + binary tensors) for a model's signature."""
+    expect = {t.name: t for t in signature.inputs}
     if header_length is not None:
         try:
             n = int(header_length)
@@ -80,9 +78,9 @@ def parse_request(
         datatype, shape = item.get("datatype"), item.get("shape")
         if datatype not in DTYPES:
             raise RequestError(f"{_expected(name, expect)}; datatype '{datatype}' is not one of {', '.join(DTYPES)}")
-        if datatype != expect[name][0]:
+        if datatype != expect[name].datatype:
             raise RequestError(f"{_expected(name, expect)}, got datatype {datatype}")
-        if not _shape_fits(shape, expect[name][1]):
+        if not _shape_fits(shape, expect[name].dims):
             raise RequestError(f"{_expected(name, expect)}, got shape {shape}")
         dtype = np.dtype(DTYPES[datatype])
         count = math.prod(shape)  # exact: numpy's int64 product wraps for absurd shapes
@@ -110,10 +108,10 @@ def parse_request(
     if len({a.shape[0] for a in arrays.values()}) > 1:
         sizes = ", ".join(f"{n} {a.shape[0]}" for n, a in arrays.items())
         raise RequestError(f"inputs disagree on the batch size: {sizes}")
-    if arrays["numerical"].shape[0] == 0:
+    if arrays[NUMERICAL].shape[0] == 0:
         raise RequestError("the batch is empty")
-    if not np.isfinite(arrays["numerical"]).all():
-        raise RequestError("input 'numerical' holds NaN or infinite values")
+    if not np.isfinite(arrays[NUMERICAL]).all():
+        raise RequestError(f"input '{NUMERICAL}' holds NaN or infinite values")
     params = doc.get("parameters") or {}
     outputs = doc.get("outputs") or []
     binary_output = bool(params.get("binary_data_output", False)) or any(
@@ -122,16 +120,17 @@ def parse_request(
     request_id = doc.get("id")
     return InferRequest(
         str(request_id) if request_id is not None else None,
-        np.asarray(arrays["numerical"], np.float32),
-        np.asarray(arrays["categorical"], np.int64),
+        np.asarray(arrays[NUMERICAL], np.float32),
+        np.asarray(arrays[CATEGORICAL], np.int64),
         binary_output,
-        np.asarray(arrays["multi_hot"], np.int64) if num_multihot else None,
+        np.asarray(arrays[MULTI_HOT], np.int64) if MULTI_HOT in arrays else None,
     )
 
 
 def encode_response(model_name: str, request: InferRequest, probability: np.ndarray) -> tuple[bytes, dict[str, str]]:
     """The v2 response body and its headers (binary output when the request asked for it)."""
-    out: dict = {"name": "probability", "datatype": "FP32", "shape": list(probability.shape)}
+    spec = OUTPUT
+    out: dict = {"name": spec.name, "datatype": spec.datatype, "shape": list(probability.shape)}
     doc: dict = {"model_name": model_name, "model_version": "1", "outputs": [out]}
     if request.id is not None:
         doc["id"] = request.id

@@ -110,13 +110,8 @@ def create_app(
 
     app = FastAPI(title="ctrkit", lifespan=lifespan)
     app.state.batcher = batcher
-    n_num, n_cat, n_mh = predictor.num_numerical, predictor.num_categorical, predictor.num_multihot
-    inputs = [
-        {"name": "numerical", "datatype": "FP32", "shape": [-1, n_num]},
-        {"name": "categorical", "datatype": "INT64", "shape": [-1, n_cat]},
-    ]
-    if n_mh:  # padded bags: -1 after each sample's ids, any length
-        inputs.append({"name": "multi_hot", "datatype": "INT64", "shape": [-1, n_mh, -1]})
+    signature = predictor.signature
+    tensors = lambda specs: [{"name": t.name, "datatype": t.datatype, "shape": t.shape()} for t in specs]
 
     def error(status: int, message: str) -> JSONResponse:
         return JSONResponse({"error": message}, status_code=status)
@@ -150,8 +145,8 @@ def create_app(
             "name": name,
             "versions": ["1"],
             "platform": f"ctrkit_{predictor.backend}",
-            "inputs": inputs,
-            "outputs": [{"name": "probability", "datatype": "FP32", "shape": [-1, 1]}],
+            "inputs": tensors(signature.inputs),
+            "outputs": tensors([signature.output]),
         }
 
     @app.post("/v2/models/{model}/infer")
@@ -167,7 +162,7 @@ def create_app(
         if seen > max_body:
             return error(400, f"the request body of {seen} bytes exceeds the limit of {max_body} bytes")
         try:
-            parsed = parse_request(bytes(body), request.headers.get(HEADER_LENGTH), n_num, n_cat, n_mh)
+            parsed = parse_request(bytes(body), request.headers.get(HEADER_LENGTH), signature)
         except RequestError as e:
             return error(400, str(e))
         if len(parsed.numerical) > max_batch_size:

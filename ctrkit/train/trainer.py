@@ -13,19 +13,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
+from ctrkit.checkpoint import Checkpoint, rng_state, save_checkpoint, set_rng_state
 from ctrkit.config import TrainConfig
 from ctrkit.data.batch import Batch
 from ctrkit.data.dataset import SplitBinaryDataset
 from ctrkit.data.loader import BatchLoader
 from ctrkit.distributed.env import DistEnv, all_reduce_sum
 from ctrkit.eval.evaluator import evaluate
-from ctrkit.models.registry import config_to_dict, train_defaults
-from ctrkit.train.checkpoint import rng_state, save_checkpoint, set_rng_state
+from ctrkit.models.registry import config_to_dict
 from ctrkit.train.optim import LRSchedule, build_optimizers
 
 
@@ -98,9 +97,9 @@ class TrainStep:
 
     def _forward(self, batch: Batch) -> torch.Tensor:
         if self.forward is self.model:
-            return self.model(batch.dense, batch.sparse, batch.multi_hot)
+            return self.model(batch.numerical, batch.categorical, batch.multi_hot)
         try:
-            return self.forward(batch.dense, batch.sparse, batch.multi_hot)
+            return self.forward(batch.numerical, batch.categorical, batch.multi_hot)
         except Exception as e:  # the backend is missing or cannot handle the model: run eagerly
             first = str(e).strip().splitlines()[0] if str(e).strip() else ""
             warnings.warn(
@@ -108,7 +107,7 @@ class TrainStep:
                 stacklevel=2,
             )
             self.forward = self.model
-            return self.model(batch.dense, batch.sparse, batch.multi_hot)
+            return self.model(batch.numerical, batch.categorical, batch.multi_hot)
 
 
 @dataclass
@@ -154,7 +153,7 @@ class Trainer:
         progress: bool = True,
         env: DistEnv | None = None,
     ):
-        cfg = cfg.with_model_defaults(train_defaults(info.model_name))
+        cfg = cfg.resolve(info.model_name)
         if len(train_set) == 0:
             raise ValueError(f"the training mapping '{train_set.mapping}' holds no samples")
         self.model = model
@@ -180,82 +179,59 @@ class Trainer:
         self.step_fn = TrainStep(model, self.optimizers, device, amp_dtype, compile=cfg.compile)
         self.step = 0
         self._saved_step: int | None = None
-        self.history: list[dict[str, Any]] = []
 
     # -------------------------------------------------------------------------- checkpointing
-    def state(self) -> dict[str, Any]:
+    def state(self) -> Checkpoint:
         """The checkpoint; in a hybrid-parallel run every rank must call it (tables are gathered)."""
-        optimizers = [opt.state_dict() for opt in self.optimizers]
-        extra: dict[str, Any] = {}
+        sharded: dict[str, Any] = {}
         if self.env is not None:
-            every: list = [None] * self.env.world_size
-            dist.all_gather_object(every, optimizers)
-            extra = {"rank_optimizers": every, "sharding": self.model.sharding_key()}
-        model_state = self.model.full_state_dict() if self.env is not None else self.model.state_dict()
-        return {
-            **extra,
-            "model_name": self.info.model_name,
-            "model_config": config_to_dict(self.info.model_config),
-            "spec": self.info.spec_summary,
-            "train_config": self.cfg.to_dict(),
-            "model": model_state,
-            "optimizers": optimizers,
-            "step": self.step,
-            "epoch": self.step // self.steps_per_epoch,
-            "batch_in_epoch": self.step % self.steps_per_epoch,
-            "steps_per_epoch": self.steps_per_epoch,
-            "rng": rng_state(),
-        }
+            from ctrkit.distributed.sharded_state import gather_rank_optimizers
 
-    def restore(self, ckpt: dict[str, Any]) -> None:
+            sharded = gather_rank_optimizers(self.model, self.optimizers)
+        return Checkpoint(
+            model_name=self.info.model_name,
+            model_config=config_to_dict(self.info.model_config),
+            spec=self.info.spec_summary,
+            model=self.model.full_state_dict() if self.env is not None else self.model.state_dict(),
+            train_config=self.cfg.to_dict(),
+            optimizers=[opt.state_dict() for opt in self.optimizers],
+            step=self.step,
+            steps_per_epoch=self.steps_per_epoch,
+            rng=rng_state(),
+            **sharded,
+        )
+
+    def restore(self, ckpt: Checkpoint) -> None:
         """Continues the run a checkpoint was taken from (weights, optimizer, step, RNG)."""
-        if ckpt.get("steps_per_epoch") not in (None, self.steps_per_epoch):
+        if ckpt.steps_per_epoch not in (None, self.steps_per_epoch):
             raise ValueError(
-                f"the checkpoint's run had {ckpt['steps_per_epoch']} batches per epoch, this one "
-                f"has {self.steps_per_epoch}: resume with the same dataset and --batch-size"
+                f"the checkpoint's run had {ckpt.steps_per_epoch} batches per epoch, this one "
+                f"has {self.steps_per_epoch}: resume with the same dataset and batch size"
             )
-        states = ckpt["optimizers"]
+        states = ckpt.optimizers or []
         kinds = ("optimizer", "embedding_optimizer", "wide_optimizer")
-        theirs = [ckpt["train_config"].get(k) for k in kinds]
+        theirs = [(ckpt.train_config or {}).get(k) for k in kinds]
         ours = [getattr(self.cfg, k) for k in kinds]
         if len(states) != len(self.optimizers) or theirs != ours:
             raise ValueError(
                 f"the checkpoint's optimizers (dense/embedding/wide: {theirs}) differ from this run's ({ours}); "
-                "resume with the same --optimizer, --embedding-optimizer and --wide-optimizer"
+                "resume with the same optimizer, embedding_optimizer and wide_optimizer"
             )
         if self.env is None:
-            self.model.load_state_dict(ckpt["model"])
-        # else: the weights went into the model before it was sharded (see ctrkit train)
-        if ckpt.get("sharding") is not None or self.env is not None:
-            states = self._optimizer_states_for_this_run(ckpt)
+            self.model.load_state_dict(ckpt.model)
+        # else: each rank took its shards of the weights when the model was sharded (see train/run.py)
+        if ckpt.sharding is not None or self.env is not None:
+            from ctrkit.distributed.sharded_state import optimizer_states_for_rank
+
+            rank = self.env.rank if self.env is not None else None
+            states = optimizer_states_for_rank(
+                self.optimizers, states, ckpt.rank_optimizers, ckpt.sharding, self.model, rank
+            )
         for opt, state in zip(self.optimizers, states):
             if state is not None:
                 opt.load_state_dict(state)
-        self.step = int(ckpt["step"])
-        set_rng_state(ckpt["rng"])
-
-    def _optimizer_states_for_this_run(self, ckpt: dict[str, Any]) -> list[dict | None]:
-        """Optimizer states when a hybrid-parallel run is involved (saving, resuming, or both).
-
-        The same sharding resumes exactly (each rank takes its own states). Otherwise table
-        optimizers can only restart if they keep no state (SGD); stateful ones are refused.
-        """
-        same = self.env is not None and ckpt.get("sharding") == self.model.sharding_key()
-        if same:
-            return ckpt["rank_optimizers"][self.env.rank]
-        out: list[dict | None] = []
-        for opt, state in zip(self.optimizers, ckpt["optimizers"]):
-            if not getattr(opt, "is_table_optimizer", False):
-                out.append(state)
-            elif any(state["state"].values()):
-                raise ValueError(
-                    "the checkpoint's embedding optimizer state was sharded differently (another world size or "
-                    "sharding); resume it with the same torchrun layout and --sharding, or use an optimizer without "
-                    "state for the tables (sgd). Evaluation, export and serving load it at any world size."
-                )
-            else:
-                out.append(None)
-        return out
+        self.step = int(ckpt.step)
+        set_rng_state(ckpt.rng)
 
     def save(self) -> None:
         """Checkpoints the current step (once: a step already saved is not written again).
@@ -270,7 +246,6 @@ class Trainer:
 
     # -------------------------------------------------------------------------------- logging
     def _log(self, record: dict[str, Any]) -> None:
-        self.history.append(record)
         if self.log_path is not None and self.main:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             with open(self.log_path, "a") as f:
@@ -349,7 +324,7 @@ class Trainer:
                         if not math.isfinite(mean_loss):
                             raise FloatingPointError(
                                 f"training loss became {mean_loss} by step {self.step} (lr "
-                                f"{self.schedule(self.step - 1):g}); lower --lr or lengthen --warmup-steps"
+                                f"{self.schedule(self.step - 1):g}); lower the learning rate or lengthen the warmup"
                             )
                         record = {
                             "event": "train",

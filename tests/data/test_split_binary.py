@@ -36,10 +36,10 @@ def test_nvidia_written_dataset_loads_unchanged(tmp_path):
     assert len(ds) == 1000
     b = ds.slice(100, 164)
     np.testing.assert_array_equal(b.labels.numpy(), cols["label"][100:164].astype(np.float32))
-    np.testing.assert_array_equal(b.dense.numpy(), cols["numerical"][100:164].astype(np.float32))
-    np.testing.assert_array_equal(b.sparse[:, 0].numpy(), cols["cat_0.bin"][100:164])
-    np.testing.assert_array_equal(b.sparse[:, 1].numpy(), cols["cat_1.bin"][100:164])
-    assert b.sparse.dtype.is_floating_point is False and b.sparse.shape == (64, 2)
+    np.testing.assert_array_equal(b.numerical.numpy(), cols["numerical"][100:164].astype(np.float32))
+    np.testing.assert_array_equal(b.categorical[:, 0].numpy(), cols["cat_0.bin"][100:164])
+    np.testing.assert_array_equal(b.categorical[:, 1].numpy(), cols["cat_1.bin"][100:164])
+    assert b.categorical.dtype.is_floating_point is False and b.categorical.shape == (64, 2)
 
 
 def test_int64_categorical_accepted(tmp_path):
@@ -52,7 +52,7 @@ def test_int64_categorical_accepted(tmp_path):
     (tmp_path / "feature_spec.yaml").write_text(text)
     ids = np.arange(50, dtype=np.int64) % 11
     ids.tofile(tmp_path / "test" / "cat_1.bin")
-    np.testing.assert_array_equal(SplitBinaryDataset(tmp_path, "test").slice(0, 50).sparse[:, 1].numpy(), ids)
+    np.testing.assert_array_equal(SplitBinaryDataset(tmp_path, "test").slice(0, 50).categorical[:, 1].numpy(), ids)
 
 
 def test_writer_round_trip(tmp_path):
@@ -68,8 +68,8 @@ def test_writer_round_trip(tmp_path):
     spec.to_yaml(tmp_path / "feature_spec.yaml")
     assert (tmp_path / "train" / "cat_1.bin").stat().st_size == 40 * 2  # int16 on disk
     b = SplitBinaryDataset(tmp_path, "train").slice(0, 40)
-    np.testing.assert_array_equal(b.sparse.numpy(), cats)
-    np.testing.assert_allclose(b.dense.numpy(), num.astype(np.float16).astype(np.float32))
+    np.testing.assert_array_equal(b.categorical.numpy(), cats)
+    np.testing.assert_allclose(b.numerical.numpy(), num.astype(np.float16).astype(np.float32))
     np.testing.assert_array_equal(b.labels.numpy(), labels)
 
 

@@ -29,8 +29,8 @@ def test_generated_dataset_matches_its_spec(tiny_dataset):
     b = train.slice(0, len(train))
     cards = train.spec.cardinalities
     assert cards == [3, 10, 50, 120, 400, 2000, 7, 900]
-    assert (b.sparse.max(0).values.numpy() < np.array(cards)).all()
-    assert b.dense.shape == (21_600, 4) and set(np.unique(b.labels.numpy())) == {0.0, 1.0}
+    assert (b.categorical.max(0).values.numpy() < np.array(cards)).all()
+    assert b.numerical.shape == (21_600, 4) and set(np.unique(b.labels.numpy())) == {0.0, 1.0}
     assert train.spec.metadata["seed"] == 7
 
 

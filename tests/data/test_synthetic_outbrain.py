@@ -29,7 +29,7 @@ def test_displays_have_two_to_twelve_ads_and_exactly_one_click(outbrain):
     np.testing.assert_array_equal(np.add.reduceat(labels, starts), 1)
     assert SplitBinaryDataset(outbrain, "train").groups() is None  # the map channel is in test only
     spec = test.spec
-    assert spec.multihot_features == ("document_topics", "ad_topics") and spec.group_feature == "display_id"
+    assert spec.multi_hot_features == ("document_topics", "ad_topics") and spec.group_feature == "display_id"
 
 
 def test_a_model_ranks_displays_better_than_chance(outbrain):
@@ -43,8 +43,8 @@ def test_a_model_ranks_displays_better_than_chance(outbrain):
             "embedding_dim": 8,
             "bottom_mlp": (16, 8),
             "top_mlp": (32, 1),
-            "multihot_cardinalities": spec.multihot_cardinalities,
-            "multihot_combiners": spec.multihot_combiners,
+            "multi_hot_cardinalities": spec.multi_hot_cardinalities,
+            "multi_hot_combiners": spec.multi_hot_combiners,
         },
     )
     torch.manual_seed(0)

@@ -63,11 +63,11 @@ def test_transcoded_values_equal_the_csv(csv_dataset, tmp_path):
     )
     second = read_csv(csv_dataset / "train_data_1.csv", ["user_id", "item_id", "label"])
     batch = SplitBinaryDataset(tmp_path / "bin", "train").slice(0, 400)
-    np.testing.assert_array_equal(batch.sparse[:, 0].numpy(), first["user_gender"].to_numpy())
-    np.testing.assert_array_equal(batch.sparse[:, 1].numpy(), second["user_id"].to_numpy())
-    np.testing.assert_array_equal(batch.sparse[:, 2].numpy(), second["item_id"].to_numpy())
+    np.testing.assert_array_equal(batch.categorical[:, 0].numpy(), first["user_gender"].to_numpy())
+    np.testing.assert_array_equal(batch.categorical[:, 1].numpy(), second["user_id"].to_numpy())
+    np.testing.assert_array_equal(batch.categorical[:, 2].numpy(), second["item_id"].to_numpy())
     np.testing.assert_array_equal(batch.labels.numpy(), second["label"].to_numpy())
-    np.testing.assert_allclose(batch.dense[:, 0].numpy(), first["user_age"].to_numpy().astype(np.float16), rtol=0)
+    np.testing.assert_allclose(batch.numerical[:, 0].numpy(), first["user_age"].to_numpy().astype(np.float16), rtol=0)
     # 'auto' is the largest id seen in any mapping + 1; given cardinalities are kept
     test = read_csv(csv_dataset / "test_data.csv", ["user_id", "item_id", "label", "user_gender", "user_age"])
     assert spec.cardinalities == [3, max(second["user_id"].max(), test["user_id"].max()) + 1, 856]

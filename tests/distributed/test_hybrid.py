@@ -25,8 +25,8 @@ MULTI = (40, 9)  # multi-hot tables (sum and mean pooling)
 
 def build(model_name: str):
     torch.manual_seed(0)
-    shape = dict(num_numerical=4, cardinalities=CARDS, embedding_dim=8, multihot_cardinalities=MULTI,
-                 multihot_combiners=("sum", "mean"))  # fmt: skip
+    shape = dict(num_numerical=4, cardinalities=CARDS, embedding_dim=8, multi_hot_cardinalities=MULTI,
+                 multi_hot_combiners=("sum", "mean"))  # fmt: skip
     if model_name == "wide_deep":
         shape.update(deep_mlp=(16, 16), dropout=0.0)  # dropout masks would differ between layouts
     else:

@@ -11,13 +11,13 @@ from google.protobuf import text_format
 from sklearn.metrics import roc_auc_score
 from tritonclient.grpc import model_config_pb2
 
+from ctrkit.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from ctrkit.data.dataset import SplitBinaryDataset
 from ctrkit.eval.evaluator import predict_logits
 from ctrkit.eval.metrics import sigmoid
 from ctrkit.export.exporter import export_checkpoint
 from ctrkit.models.registry import config_to_dict, create_model, make_config
 from ctrkit.serve.predictor import Predictor
-from ctrkit.train.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from tests.conftest import run_cli
 
 
@@ -26,11 +26,11 @@ def rows(tiny_dataset):
     """500 real test rows, plus PyTorch's probabilities for them (the reference)."""
     test = SplitBinaryDataset(tiny_dataset, "test")
     batch = test.slice(0, 500)
-    return batch.dense.numpy(), batch.sparse.numpy()
+    return batch.numerical.numpy(), batch.categorical.numpy()
 
 
 def reference(ckpt_path, numerical, categorical):
-    model = model_from_checkpoint(load_checkpoint(ckpt_path)).eval()
+    model = load_checkpoint(ckpt_path).build_model().eval()
     with torch.no_grad():
         return torch.sigmoid(model(torch.from_numpy(numerical), torch.from_numpy(categorical))).numpy()[:, None]
 
@@ -67,7 +67,7 @@ def test_int8_onnx_is_quantized_and_ranks_like_float(tiny_checkpoint, tiny_datas
     assert len(int8_weights) >= 3  # every linear layer's weights
     test = SplitBinaryDataset(tiny_dataset, "test")
     batch = test.slice(0, len(test))
-    numerical, categorical, labels = batch.dense.numpy(), batch.sparse.numpy(), batch.labels.numpy()
+    numerical, categorical, labels = batch.numerical.numpy(), batch.categorical.numpy(), batch.labels.numpy()
     session = ort.InferenceSession(str(tmp_path / "q" / "model.onnx"), providers=["CPUExecutionProvider"])
     got = session.run(["probability"], {"numerical": numerical, "categorical": categorical})[0]
     want = reference(tiny_checkpoint, numerical, categorical)
@@ -78,7 +78,7 @@ def test_int8_onnx_is_quantized_and_ranks_like_float(tiny_checkpoint, tiny_datas
         "export", "--checkpoint", tiny_checkpoint, "--format", "torchscript", "--quantize", "int8", "--out",
         tmp_path / "t", capsys=capsys,
     )  # fmt: skip
-    assert code == 2 and "--quantize int8 applies to ONNX models" in err
+    assert code == 2 and "quantization int8 applies to ONNX models" in err
 
 
 @pytest.mark.parametrize(
@@ -92,7 +92,7 @@ def test_every_model_exports_and_scores_like_pytorch(tmp_path, name, extra, num_
     cfg = make_config(name, dict(num_numerical=num_numerical, cardinalities=[10, 20, 5], **extra))
     ckpt = tmp_path / "model.pt"
     model = create_model(name, cfg).eval()
-    save_checkpoint(ckpt, {"model_name": name, "model_config": config_to_dict(cfg), "model": model.state_dict()})
+    save_checkpoint(ckpt, Checkpoint(name, config_to_dict(cfg), {}, model.state_dict()))
     rng = np.random.default_rng(0)
     numerical = rng.normal(size=(64, num_numerical)).astype(np.float32)
     categorical = rng.integers(-2, 25, (64, 3))  # some ids outside their table: scored as id 0
@@ -128,7 +128,7 @@ def test_torchscript_matches_pytorch(tiny_checkpoint, tmp_path, rows, capsys):
 def test_predict_and_export_agree(tiny_checkpoint, tiny_dataset, rows):
     """The exported probability is the sigmoid of what `ctrkit predict` scores."""
     numerical, categorical = rows
-    model = model_from_checkpoint(load_checkpoint(tiny_checkpoint))
+    model = load_checkpoint(tiny_checkpoint).build_model()
     logits = predict_logits(model, SplitBinaryDataset(tiny_dataset, "test"), torch.device("cpu"))[:500]
     np.testing.assert_allclose(sigmoid(logits)[:, None], reference(tiny_checkpoint, numerical, categorical), atol=1e-6)
 

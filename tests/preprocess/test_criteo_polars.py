@@ -47,17 +47,17 @@ def test_known_ids_and_values(tmp_path):
     assert summary["cardinalities"] == {"C1": 5, "C2": 5}
     assert (summary["train_rows"], summary["test_rows"], summary["bad_rows"]) == (9, 4, 0)
     train = SplitBinaryDataset(tmp_path / "out", "train").slice(0, 9)
-    np.testing.assert_array_equal(train.sparse[:, 0].numpy(), [2, 2, 3, 4, 3, 4, 2, 1, 0])
-    np.testing.assert_array_equal(train.sparse[:, 1].numpy(), [2, 2, 2, 0, 3, 3, 3, 4, 4])
+    np.testing.assert_array_equal(train.categorical[:, 0].numpy(), [2, 2, 3, 4, 3, 4, 2, 1, 0])
+    np.testing.assert_array_equal(train.categorical[:, 1].numpy(), [2, 2, 2, 0, 3, 3, 3, 4, 4])
     np.testing.assert_array_equal(train.labels.numpy(), [1, 0, 0, 1, 0, 1, 0, 0, 1])
     # log(max(x, -2) + 3), missing -> 0: 5 -> log 8, -3 -> log 1 = 0, '' -> 0, 0 -> log 3, -1 -> log 2
     expected_i1 = np.log(np.array([5, -2, np.nan, 0, 2, 1, 9, 4, 3]) + 3)
     expected_i2 = np.log(np.array([-1, np.nan, 7, -2, 2, 1, 3, 4, 5]) + 3)
     expected = np.nan_to_num(np.stack([expected_i1, expected_i2], 1), nan=0.0).astype(np.float16)
-    np.testing.assert_array_equal(train.dense.numpy(), expected.astype(np.float32))
+    np.testing.assert_array_equal(train.numerical.numpy(), expected.astype(np.float32))
     test = SplitBinaryDataset(tmp_path / "out", "test").slice(0, 4)
     # bb -> 3; dd was rare in train -> 1; ee never seen -> 0; '' -> 0; ff unseen -> 0
-    np.testing.assert_array_equal(test.sparse.numpy(), [[3, 0], [1, 2], [0, 0], [0, 4]])
+    np.testing.assert_array_equal(test.categorical.numpy(), [[3, 0], [1, 2], [0, 0], [0, 4]])
     vocab = pl.read_parquet(tmp_path / "out" / "vocab" / "C1.parquet")
     assert vocab.rows() == [("aa", 3, 2), ("bb", 2, 3), ("cc", 2, 4), ("dd", 1, 1)]
     assert json.loads((tmp_path / "out" / "summary.json").read_text())["engine"] == "polars"
@@ -75,7 +75,7 @@ def test_ties_across_lengths_and_cases(tmp_path):
     vocab = pl.read_parquet(tmp_path / "out" / "vocab" / "C1.parquet")
     assert vocab.rows() == [("a", 2, 2), ("b", 2, 3), ("0000000a", 2, 4), ("ffffffff", 2, 5), ("00000000a", 2, 6)]
     train = SplitBinaryDataset(tmp_path / "out", "train").slice(0, 10)
-    np.testing.assert_array_equal(train.sparse[:, 0].numpy(), [6, 4, 2, 2, 4, 6, 5, 5, 3, 3])
+    np.testing.assert_array_equal(train.categorical[:, 0].numpy(), [6, 4, 2, 2, 4, 6, 5, 5, 3, 3])
 
 
 def test_fast_and_checking_paths_give_the_same_keys():

@@ -51,7 +51,7 @@ class BagSums:
         return np.stack([total, np.full(len(total), multi_hot.shape[2])], 1).astype(np.float32)
 
 
-def test_multihot_requests_of_different_bag_lengths_are_padded_together():
+def test_multi_hot_requests_of_different_bag_lengths_are_padded_together():
     async def run():
         batcher = Batcher(BagSums(), window_ms=50.0, max_batch_size=1000)
         batcher.start()

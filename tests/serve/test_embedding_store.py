@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
+from ctrkit.checkpoint import Checkpoint, save_checkpoint
 from ctrkit.models.registry import config_to_dict, create_model, make_config
 from ctrkit.serve.predictor import Predictor
-from ctrkit.train.checkpoint import save_checkpoint
 
 
 def inputs(meta, n, seed):
@@ -63,8 +63,8 @@ def test_mmap_store_does_not_load_the_tables(tmp_path):
     torch.manual_seed(0)
     cfg = make_config("dlrm", dict(num_numerical=1, cardinalities=[2_000_000, 1000], embedding_dim=32,
                                    bottom_mlp=(8, 32), top_mlp=(8, 1)))  # fmt: skip
-    state = {"model_name": "dlrm", "model_config": config_to_dict(cfg), "model": create_model("dlrm", cfg).state_dict()}
-    save_checkpoint(tmp_path / "big.pt", {**state, "step": 0})
+    state = create_model("dlrm", cfg).state_dict()
+    save_checkpoint(tmp_path / "big.pt", Checkpoint("dlrm", config_to_dict(cfg), {}, state))
     runs = {}
     for store in ("memory", "mmap"):
         done = subprocess.run([sys.executable, "-c", SERVE_ONCE, str(tmp_path / "big.pt"), store], capture_output=True,

@@ -14,8 +14,10 @@ from tests.conftest import run_cli
 def test_bf16_weights_keep_the_auc(tiny_checkpoint, tiny_dataset):
     test = SplitBinaryDataset(tiny_dataset, "test")
     batch, labels = test.slice(0, len(test)), test.labels()
-    fp32 = Predictor.from_checkpoint(tiny_checkpoint)(batch.dense.numpy(), batch.sparse.numpy())[:, 0]
-    bf16 = Predictor.from_checkpoint(tiny_checkpoint, dtype="bf16")(batch.dense.numpy(), batch.sparse.numpy())[:, 0]
+    fp32 = Predictor.from_checkpoint(tiny_checkpoint)(batch.numerical.numpy(), batch.categorical.numpy())[:, 0]
+    bf16 = Predictor.from_checkpoint(tiny_checkpoint, dtype="bf16")(batch.numerical.numpy(), batch.categorical.numpy())[
+        :, 0
+    ]
     assert bf16.dtype == np.float32
     assert abs(roc_auc_score(labels, fp32) - roc_auc_score(labels, bf16)) < 1e-3
     assert np.abs(fp32 - bf16).max() < 0.02
@@ -72,5 +74,5 @@ def test_compiled_predictor_matches_eager(tiny_checkpoint, tiny_dataset):
     eager = Predictor.from_checkpoint(tiny_checkpoint)
     compiled = Predictor.from_checkpoint(tiny_checkpoint, compile=True)
     for n in (257, 3):  # two batch sizes: compiled for dynamic shapes
-        args = (batch.dense.numpy()[:n], batch.sparse.numpy()[:n])
+        args = (batch.numerical.numpy()[:n], batch.categorical.numpy()[:n])
         np.testing.assert_allclose(compiled(*args), eager(*args), atol=1e-5)

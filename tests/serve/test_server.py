@@ -56,7 +56,7 @@ class Server:
 @pytest.fixture(scope="module")
 def rows(tiny_dataset):
     batch = SplitBinaryDataset(tiny_dataset, "test").slice(0, N_ROWS)
-    return batch.dense.numpy(), batch.sparse.numpy()
+    return batch.numerical.numpy(), batch.categorical.numpy()
 
 
 @pytest.fixture(scope="module")

@@ -32,9 +32,9 @@ def interaction_data(tmp_path_factory):
     generate_dataset(out, 50_000, click_model=model, test_fraction=0.2, seed=11, progress=False)
     train, test = SplitBinaryDataset(out, "train"), SplitBinaryDataset(out, "test")
     a, b = train.slice(0, len(train)), test.slice(0, len(test))
-    encoder = OneHotEncoder(handle_unknown="ignore").fit(a.sparse.numpy())
-    logistic = LogisticRegression(max_iter=1000).fit(encoder.transform(a.sparse.numpy()), a.labels.numpy())
-    baseline = roc_auc_score(b.labels.numpy(), logistic.decision_function(encoder.transform(b.sparse.numpy())))
+    encoder = OneHotEncoder(handle_unknown="ignore").fit(a.categorical.numpy())
+    logistic = LogisticRegression(max_iter=1000).fit(encoder.transform(a.categorical.numpy()), a.labels.numpy())
+    baseline = roc_auc_score(b.labels.numpy(), logistic.decision_function(encoder.transform(b.categorical.numpy())))
     return train, test, baseline
 
 

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from ctrkit.checkpoint import CheckpointError, load_checkpoint
 from ctrkit.config import TrainConfig
 from ctrkit.data.dataset import SplitBinaryDataset
 from ctrkit.data.feature_spec import FeatureSpec
@@ -11,7 +12,6 @@ from ctrkit.data.synthetic import SyntheticCTR
 from ctrkit.eval.evaluator import evaluate
 from ctrkit.eval.metrics import roc_auc
 from ctrkit.models import DLRMConfig, create_model
-from ctrkit.train.checkpoint import CheckpointError, check_spec_matches, load_checkpoint, model_from_checkpoint
 from ctrkit.train.trainer import RunInfo, Trainer, resolve_schedule
 
 CPU = torch.device("cpu")
@@ -75,7 +75,7 @@ def test_resuming_reaches_the_same_parameters(tiny_dataset, tmp_path):
     first = build(tiny_dataset, TrainConfig(**{**cfg.to_dict(), "max_steps": 60}), save=tmp_path / "mid.pt")
     first.fit()
     ckpt = load_checkpoint(tmp_path / "mid.pt")
-    assert (ckpt["step"], ckpt["epoch"], ckpt["batch_in_epoch"]) == (60, 1, 60 - straight.steps_per_epoch)
+    assert (ckpt.step, ckpt.epoch, ckpt.batch_in_epoch) == (60, 1, 60 - straight.steps_per_epoch)
 
     resumed = build(tiny_dataset, cfg)
     resumed.restore(ckpt)
@@ -84,9 +84,7 @@ def test_resuming_reaches_the_same_parameters(tiny_dataset, tmp_path):
     for k, v in params(straight.model).items():
         torch.testing.assert_close(params(resumed.model)[k], v, rtol=0, atol=0, msg=k)
     # and the partial run really was different from the end state
-    assert not torch.equal(
-        model_from_checkpoint(ckpt).embeddings.onehot.weight, straight.model.embeddings.onehot.weight
-    )
+    assert not torch.equal(ckpt.build_model().embeddings.onehot.weight, straight.model.embeddings.onehot.weight)
 
 
 def test_checkpoint_round_trip_and_atomic_write(tiny_dataset, tmp_path):
@@ -94,10 +92,10 @@ def test_checkpoint_round_trip_and_atomic_write(tiny_dataset, tmp_path):
     t.fit()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.pt"]  # no temp file left
     ckpt = load_checkpoint(tmp_path / "c.pt")
-    model = model_from_checkpoint(ckpt)
+    model = ckpt.build_model()
     test = SplitBinaryDataset(tiny_dataset, "test")
     assert evaluate(model, test, CPU) == evaluate(t.model, test, CPU)
-    assert ckpt["train_config"]["max_steps"] == 5 and ckpt["model_name"] == "dlrm"
+    assert ckpt.train_config["max_steps"] == 5 and ckpt.model_name == "dlrm"
 
 
 def test_checkpoint_from_a_different_spec_is_refused(tiny_dataset, tmp_path):
@@ -107,7 +105,7 @@ def test_checkpoint_from_a_different_spec_is_refused(tiny_dataset, tmp_path):
     summary = FeatureSpec.from_yaml(tiny_dataset).summary()
     summary["cardinalities"][2] += 1
     with pytest.raises(CheckpointError, match="feature 'cat_2.bin' has cardinality 51 in other but 50"):
-        check_spec_matches(ckpt, summary, "other")
+        ckpt.check_spec(summary, "other")
 
 
 def test_unreadable_checkpoints(tmp_path):
@@ -132,7 +130,7 @@ def test_divergence_is_reported(tiny_dataset):
         tiny_dataset,
         TrainConfig(batch_size=256, max_steps=40, lr=1e6, warmup_steps=0, print_freq=10, evals_per_epoch=0),
     )
-    with pytest.raises(FloatingPointError, match="lower --lr"):
+    with pytest.raises(FloatingPointError, match="lower the learning rate"):
         t.fit()
 
 
@@ -161,9 +159,9 @@ class _NotATensor:
 
 
 def test_checkpoint_with_pickled_objects_is_refused(tmp_path):
-    from ctrkit.train.checkpoint import FORMAT
+    from ctrkit.checkpoint import FORMAT, VERSION
 
-    torch.save({"format": FORMAT, "payload": _NotATensor()}, tmp_path / "evil.pt")
+    torch.save({"format": FORMAT, "version": VERSION, "payload": _NotATensor()}, tmp_path / "evil.pt")
     with pytest.raises(CheckpointError, match="evil.pt: not a readable ctrkit checkpoint"):
         load_checkpoint(tmp_path / "evil.pt")
 
@@ -190,9 +188,7 @@ def test_other_optimizers_train_and_resume_exactly(tiny_dataset, tmp_path, dense
     for k, v in params(straight.model).items():
         torch.testing.assert_close(params(resumed.model)[k], v, rtol=0, atol=0, msg=k)
     other = build(tiny_dataset, TrainConfig(**{**cfg.to_dict(), "embedding_optimizer": "sgd"}))
-    with pytest.raises(
-        ValueError, match="resume with the same --optimizer, --embedding-optimizer and --wide-optimizer"
-    ):
+    with pytest.raises(ValueError, match="resume with the same optimizer, embedding_optimizer and wide_optimizer"):
         other.restore(load_checkpoint(tmp_path / "c.pt"))
 
 
@@ -270,7 +266,7 @@ def test_every_model_round_trips_through_a_checkpoint(tiny_dataset, tmp_path, na
         progress=False,
     )
     trainer.fit()
-    loaded = model_from_checkpoint(load_checkpoint(tmp_path / "m.pt"))
+    loaded = load_checkpoint(tmp_path / "m.pt").build_model()
     assert type(loaded) is type(model) and loaded.config == model.config
     test = SplitBinaryDataset(spec, "test")
     assert evaluate(loaded, test, CPU) == evaluate(model, test, CPU)

@@ -10,7 +10,7 @@ from ctrkit.data.split_binary import SplitBinaryWriter
 from ctrkit.models import create_model
 from ctrkit.models.registry import make_config
 from ctrkit.train.trainer import RunInfo, Trainer
-from tests.data.test_multihot import multihot_spec
+from tests.data.test_multi_hot import multi_hot_spec
 
 SHAPES = {
     "dlrm": {"bottom_mlp": (16, 8), "top_mlp": (16, 1)},
@@ -22,8 +22,8 @@ SHAPES = {
 @pytest.fixture(scope="module")
 def tag_data(tmp_path_factory):
     """Clicks decided by the tags alone: the mean of per-tag weights."""
-    root = tmp_path_factory.mktemp("multihot")
-    spec = multihot_spec(root)
+    root = tmp_path_factory.mktemp("multi_hot")
+    spec = multi_hot_spec(root)
     rng = np.random.default_rng(5)
     weight = rng.normal(0, 2.0, 40)
     for mapping, n in (("train", 16_000), ("test", 4_000)):
@@ -50,8 +50,8 @@ def build(name: str, spec):
         "cardinalities": spec.cardinalities,
         "embedding_dim": 8,
         **SHAPES[name],
-        "multihot_cardinalities": spec.multihot_cardinalities,
-        "multihot_combiners": spec.multihot_combiners,
+        "multi_hot_cardinalities": spec.multi_hot_cardinalities,
+        "multi_hot_combiners": spec.multi_hot_combiners,
     }
     config = make_config(name, values)
     torch.manual_seed(0)
@@ -59,21 +59,21 @@ def build(name: str, spec):
 
 
 @pytest.mark.parametrize("name", sorted(SHAPES))
-def test_forward_backward_with_multihot(tag_data, name):
+def test_forward_backward_with_multi_hot(tag_data, name):
     ds = SplitBinaryDataset(tag_data, "train")
     _, model = build(name, ds.spec)
     batch = ds.slice(0, 32)
-    out = model(batch.dense, batch.sparse, batch.multi_hot)
+    out = model(batch.numerical, batch.categorical, batch.multi_hot)
     assert out.shape == (32,)
     out.sum().backward()
     bags = model.embeddings.bags
     assert bags.weight.grad.is_sparse and torch.count_nonzero(bags.weight.grad.to_dense()) > 0
     with pytest.raises(ValueError, match="2 multi-hot features but the batch has none"):
-        model(batch.dense, batch.sparse, None)
+        model(batch.numerical, batch.categorical, None)
 
 
 @pytest.mark.parametrize("name", sorted(SHAPES))
-def test_models_learn_a_signal_carried_only_by_multihot_ids(tag_data, name):
+def test_models_learn_a_signal_carried_only_by_multi_hot_ids(tag_data, name):
     train, test = SplitBinaryDataset(tag_data, "train"), SplitBinaryDataset(tag_data, "test")
     config, model = build(name, train.spec)
     trainer = Trainer(
@@ -88,7 +88,7 @@ def test_models_learn_a_signal_carried_only_by_multihot_ids(tag_data, name):
     assert trainer.fit()["auc"] > 0.72  # the planted odds rank the test rows at 0.788
 
 
-def test_cli_train_and_evaluate_with_multihot(tag_data, tmp_path, capsys):
+def test_cli_train_and_evaluate_with_multi_hot(tag_data, tmp_path, capsys):
     import json
 
     import yaml
@@ -114,8 +114,8 @@ def test_cli_train_and_evaluate_with_multihot(tag_data, tmp_path, capsys):
     )
     assert code == 0
     run = yaml.safe_load((tmp_path / "w.yaml").read_text())
-    assert run["model_config"]["multihot_cardinalities"] == [40, 1000]
-    assert run["model_config"]["multihot_combiners"] == ["mean", "sum"]
+    assert run["model_config"]["multi_hot_cardinalities"] == [40, 1000]
+    assert run["model_config"]["multi_hot_combiners"] == ["mean", "sum"]
     code, out, _ = run_cli(
         "evaluate", "--checkpoint", tmp_path / "w.pt", "--dataset", tag_data, "--json", capsys=capsys
     )

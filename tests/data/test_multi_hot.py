@@ -11,12 +11,12 @@ from ctrkit.data.feature_spec import FeatureSpec, SpecError
 from ctrkit.data.split_binary import DataError, SplitBinaryWriter
 
 
-def multihot_spec(root: Path, combiner: str = "mean") -> FeatureSpec:
+def multi_hot_spec(root: Path, combiner: str = "mean") -> FeatureSpec:
     raw = {
         "feature_spec": {
             "ad": {"dtype": "int16", "cardinality": 300},
-            "tags": {"dtype": "int8", "cardinality": 40, "multihot": True, "combiner": combiner},
-            "topics": {"dtype": "int16", "cardinality": 1000, "multihot": True, "combiner": "sum"},
+            "tags": {"dtype": "int8", "cardinality": 40, "multi_hot": True, "combiner": combiner},
+            "topics": {"dtype": "int16", "cardinality": 1000, "multi_hot": True, "combiner": "sum"},
             "num_0": {"dtype": "float16"},
             "label": {"dtype": "bool"},
         },
@@ -55,18 +55,18 @@ def write(spec: FeatureSpec, blocks, mapping="train"):
     spec.to_yaml(spec.base_dir / "feature_spec.yaml")
 
 
-def test_spec_splits_onehot_and_multihot(tmp_path):
-    spec = multihot_spec(tmp_path)
-    assert spec.onehot_features == ("ad",) and spec.multihot_features == ("tags", "topics")
-    assert spec.cardinalities == [300] and spec.multihot_cardinalities == [40, 1000]
-    assert spec.multihot_combiners == ["mean", "sum"]
-    assert spec.summary()["multihot_features"] == ["tags", "topics"]
+def test_spec_splits_onehot_and_multi_hot(tmp_path):
+    spec = multi_hot_spec(tmp_path)
+    assert spec.onehot_features == ("ad",) and spec.multi_hot_features == ("tags", "topics")
+    assert spec.cardinalities == [300] and spec.multi_hot_cardinalities == [40, 1000]
+    assert spec.multi_hot_combiners == ["mean", "sum"]
+    assert spec.summary()["multi_hot_features"] == ["tags", "topics"]
     with pytest.raises(SpecError, match="tags.combiner: expected one of sum, mean, got 'max'"):
-        multihot_spec(tmp_path, combiner="max")
+        multi_hot_spec(tmp_path, combiner="max")
 
 
 def test_round_trip_and_bags_against_a_loop(tmp_path):
-    spec = multihot_spec(tmp_path)
+    spec = multi_hot_spec(tmp_path)
     rng = np.random.default_rng(0)
     blocks = [random_block(rng, 37), random_block(rng, 50)]  # two appends: offsets must continue
     write(spec, blocks)
@@ -87,13 +87,13 @@ def test_round_trip_and_bags_against_a_loop(tmp_path):
         got_topics = mh.ids[mh.offsets[b + i] : mh.offsets[b + i + 1]].numpy()
         np.testing.assert_array_equal(got_tags, tags[tag_off[lo + i] : tag_off[lo + i + 1]])
         np.testing.assert_array_equal(got_topics, topics[topic_off[lo + i] : topic_off[lo + i + 1]])
-    np.testing.assert_array_equal(batch.sparse[:, 0].numpy(), np.concatenate([x[1][:, 0] for x in blocks])[lo:hi])
+    np.testing.assert_array_equal(batch.categorical[:, 0].numpy(), np.concatenate([x[1][:, 0] for x in blocks])[lo:hi])
     assert (tmp_path / "train" / "tags.bin").stat().st_size == tag_len.sum()  # int8 on disk
     assert batch.to("meta").multi_hot.ids.device.type == "meta"
 
 
-def test_bad_multihot_files_are_named(tmp_path):
-    spec = multihot_spec(tmp_path)
+def test_bad_multi_hot_files_are_named(tmp_path):
+    spec = multi_hot_spec(tmp_path)
     write(spec, [random_block(np.random.default_rng(1), 20)])
     path = tmp_path / "train" / "tags.offsets.bin"
     good = np.fromfile(path, dtype=np.int64)
@@ -119,7 +119,7 @@ def test_bad_multihot_files_are_named(tmp_path):
 
 
 def test_writer_checks_lengths(tmp_path):
-    spec = multihot_spec(tmp_path)
+    spec = multi_hot_spec(tmp_path)
     num, cat, labels, multi = random_block(np.random.default_rng(2), 5)
     multi[0] = (multi[0][0], multi[0][1] + 1)
     with SplitBinaryWriter(spec, "train") as w, pytest.raises(DataError, match="multi-hot feature 'tags'"):
@@ -129,7 +129,7 @@ def test_writer_checks_lengths(tmp_path):
 def test_embedding_bags_sum_and_mean_against_a_loop(tmp_path):
     from ctrkit.models.embeddings import EmbeddingBagCollection
 
-    spec = multihot_spec(tmp_path)
+    spec = multi_hot_spec(tmp_path)
     write(spec, [random_block(np.random.default_rng(3), 64)])
     batch = SplitBinaryDataset(tmp_path, "train").slice(0, 64)
     torch.manual_seed(0)

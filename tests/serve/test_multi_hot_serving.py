@@ -24,6 +24,17 @@ from tests.serve.test_server import Server
 N_ROWS = 400
 
 
+def to_padded(multi_hot: MultiHot) -> torch.Tensor:
+    """The bags of a MultiHot as the (B, Fm, L) -1-padded rectangle a server request carries."""
+    bags = multi_hot.offsets.numel() - 1  # Fm * B
+    lengths = multi_hot.offsets[1:] - multi_hot.offsets[:-1]  # (Fm * B,)
+    width = max(int(lengths.max()) if bags else 0, 1)
+    out = torch.full((bags, width), -1, dtype=torch.int64)
+    bag = torch.repeat_interleave(torch.arange(bags), lengths)  # (nnz,)
+    out[bag, torch.arange(multi_hot.ids.numel()) - multi_hot.offsets[bag]] = multi_hot.ids
+    return out.view(multi_hot.num_features, bags // max(multi_hot.num_features, 1), width).transpose(0, 1).contiguous()
+
+
 @pytest.fixture(scope="module")
 def outbrain(tmp_path_factory):
     out = tmp_path_factory.mktemp("ob") / "data"
@@ -45,7 +56,7 @@ def wd_checkpoint(outbrain, tmp_path_factory):
 def rows(outbrain):
     """(numerical, categorical, multi_hot padded with -1) of the first test rows."""
     batch = SplitBinaryDataset(outbrain, "test").slice(0, N_ROWS)
-    return batch.dense.numpy(), batch.sparse.numpy(), batch.multi_hot.to_padded().numpy()
+    return batch.numerical.numpy(), batch.categorical.numpy(), to_padded(batch.multi_hot).numpy()
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +72,7 @@ def test_padded_bags_pool_like_embedding_bag():
     cards = torch.tensor([7, 5, 4]).repeat_interleave(4)
     ids = torch.cat([torch.randint(0, int(c), (int(n),)) for c, n in zip(cards, lengths)])
     multi_hot = MultiHot(ids, torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]), 3)
-    padded = multi_hot.to_padded()
+    padded = to_padded(multi_hot)
     assert padded.shape == (4, 3, 5) and ((padded >= 0).sum(2).T.reshape(-1) == lengths).all()
     with torch.no_grad():
         want = bags(multi_hot)
@@ -71,7 +82,7 @@ def test_padded_bags_pool_like_embedding_bag():
     assert want[1, 0].abs().sum() == 0  # sample 1's empty bag of feature 0 pools to zeros
 
 
-def test_every_backend_scores_multihot_rows_like_ctrkit_predict(wd_checkpoint, rows, predicted, tmp_path):
+def test_every_backend_scores_multi_hot_rows_like_ctrkit_predict(wd_checkpoint, rows, predicted, tmp_path):
     numerical, categorical, multi_hot = rows
     for fmt, quantize in (("onnx", "none"), ("onnx", "int8"), ("torchscript", "none"), ("triton", "none")):
         out = tmp_path / f"{fmt}-{quantize}"
@@ -90,7 +101,7 @@ def test_every_backend_scores_multihot_rows_like_ctrkit_predict(wd_checkpoint, r
     # an id beyond its table scores as the unseen id 0; -1 is padding
     meta = json.loads((tmp_path / "onnx-none" / "ctrkit_model.json").read_text())
     wild, tame = multi_hot[:20].copy(), multi_hot[:20].copy()
-    wild[:, 1, 0], tame[:, 1, 0] = meta["multihot_cardinalities"][1] + 3, 0
+    wild[:, 1, 0], tame[:, 1, 0] = meta["multi_hot_cardinalities"][1] + 3, 0
     onnx, reference = predictors["onnx-none"][0], predictors["checkpoint"][0]
     np.testing.assert_allclose(onnx(numerical[:20], categorical[:20], wild),
                                reference(numerical[:20], categorical[:20], tame), atol=1e-5)  # fmt: skip
@@ -98,7 +109,10 @@ def test_every_backend_scores_multihot_rows_like_ctrkit_predict(wd_checkpoint, r
         reference(numerical, categorical)
     config = (tmp_path / "triton-none" / "wide_deep" / "config.pbtxt").read_text()
     parsed = text_format.Parse(config, model_config_pb2.ModelConfig())
-    assert [(i.name, list(i.dims)) for i in parsed.input][2] == ("multi_hot", [len(meta["multihot_cardinalities"]), -1])
+    assert [(i.name, list(i.dims)) for i in parsed.input][2] == (
+        "multi_hot",
+        [len(meta["multi_hot_cardinalities"]), -1],
+    )
 
 
 def _infer(client, arrays, binary=True):
@@ -110,7 +124,7 @@ def _infer(client, arrays, binary=True):
     return client.infer("wide_deep", inputs, outputs=[out]).as_numpy("probability")
 
 
-def test_server_answers_multihot_requests_like_ctrkit_predict(wd_checkpoint, rows, predicted):
+def test_server_answers_multi_hot_requests_like_ctrkit_predict(wd_checkpoint, rows, predicted):
     numerical, categorical, multi_hot = rows
     server = Server("--checkpoint", wd_checkpoint, "--batch-window-ms", "20")
     try:

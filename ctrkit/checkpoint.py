@@ -1,0 +1,186 @@
+"""The typed checkpoint: everything needed to rebuild, evaluate, serve or resume a run, in one file.
+
+Written by training, read by evaluation, export and serving (none of which imports ``train/``). The
+file holds plain containers and tensors only, so reading it needs no pickle of arbitrary objects
+(``torch.load(..., weights_only=True)``). Its ``format`` names the layout version: version 2 is
+this dataclass's fields; version 1 files (written before the typed checkpoint) load through
+``_from_v1``; any other version is refused with a message naming it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ctrkit.data.atomic import atomic_file
+from ctrkit.models.registry import create_model, make_config
+
+FORMAT = "ctrkit-checkpoint"
+VERSION = 2
+_V1 = "ctrkit-checkpoint-v1"
+
+# the spec summary's fields a model depends on (see FeatureSpec.summary)
+SPEC_KEYS = (
+    "numerical_features",
+    "categorical_features",
+    "cardinalities",
+    "multi_hot_features",
+    "multi_hot_cardinalities",
+    "multi_hot_combiners",
+)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read or does not fit the data or model it is used with."""
+
+
+@dataclass
+class Checkpoint:
+    """One saved state of a run.
+
+    Attributes:
+        model_name: the registered model name (``ctrkit models``).
+        model_config: the model config's fields as plain values (see ``registry.config_to_dict``).
+        spec: the dataset's spec summary the model was trained on (features, cardinalities).
+        model: the single-process model's state dict (whole tables, whatever the world size).
+        train_config: the resolved TrainConfig as a dict (None for a model saved without a run).
+        optimizers: the optimizers' state dicts in TrainConfig's order (dense, embedding, wide).
+        step: optimizer steps taken.
+        steps_per_epoch: batches per epoch of the run (to resume at the same place).
+        rng: torch's CPU (and CUDA) generator states.
+        sharding: a hybrid-parallel run's shard placement (None: single process).
+        rank_optimizers: a hybrid-parallel run's optimizer states per rank.
+        selection: model selection on validation data: the best step, its metrics, and the
+            plateau/early-stopping counters (None: a run without validation).
+    """
+
+    model_name: str
+    model_config: dict[str, Any]
+    spec: dict[str, Any]
+    model: dict[str, torch.Tensor]
+    train_config: dict[str, Any] | None = None
+    optimizers: list[dict] | None = None
+    step: int = 0
+    steps_per_epoch: int | None = None
+    rng: dict[str, Any] | None = None
+    sharding: dict[str, list] | None = None
+    rank_optimizers: list | None = None
+    selection: dict[str, Any] | None = None
+
+    @property
+    def epoch(self) -> int:
+        return self.step // self.steps_per_epoch if self.steps_per_epoch else 0
+
+    @property
+    def batch_in_epoch(self) -> int:
+        """Batches of ``epoch`` already trained."""
+        return self.step % self.steps_per_epoch if self.steps_per_epoch else self.step
+
+    def build_model(self, assign: bool = False) -> nn.Module:
+        """The model rebuilt from the stored config, with the stored weights.
+
+        With ``assign``, the model is built without memory of its own (on the meta device) and takes the
+        checkpoint's tensors as its parameters: with a memory-mapped checkpoint, tables stay on disk.
+        """
+        config = make_config(self.model_name, self.model_config)
+        if not assign:
+            model = create_model(self.model_name, config)
+            model.load_state_dict(self.model)
+            return model
+        with torch.device("meta"):
+            model = create_model(self.model_name, config)
+        model.load_state_dict(self.model, assign=True)
+        for name, buffer in model.named_buffers():  # non-persistent buffers (offsets, indices) are rebuilt
+            if buffer.is_meta:
+                raise CheckpointError(f"buffer '{name}' is not stored in the checkpoint; cannot build the model lazily")
+        return model
+
+    def check_spec(self, spec_summary: dict[str, Any], where: str) -> None:
+        """Raises CheckpointError when a dataset's features differ from those the model was trained on."""
+        for key in SPEC_KEYS:
+            a, b = list(self.spec.get(key, [])), list(spec_summary.get(key, []))
+            if a == b:
+                continue
+            if key == "cardinalities" and len(a) == len(b):
+                i, x, y = next((i, x, y) for i, (x, y) in enumerate(zip(a, b)) if x != y)
+                name = self.spec["categorical_features"][i]
+                detail = f"feature '{name}' has cardinality {y} in {where} but {x} in the checkpoint"
+            else:
+                detail = f"{key}: checkpoint has {a}, {where} has {b}"
+            raise CheckpointError(f"the checkpoint was trained on a different feature spec: {detail}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": FORMAT, "version": VERSION, **{f.name: getattr(self, f.name) for f in fields(self)}}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "checkpoint") -> Checkpoint:
+        """A checkpoint from what ``torch.load`` returned; older versions are converted, unknown ones refused."""
+        if not isinstance(data, dict):
+            raise CheckpointError(f"{where}: not a ctrkit checkpoint (expected a mapping)")
+        if data.get("format") == _V1:
+            data = _from_v1(data)
+        elif data.get("format") != FORMAT:
+            raise CheckpointError(f"{where}: not a ctrkit checkpoint (format {data.get('format')!r})")
+        elif data.get("version") != VERSION:
+            raise CheckpointError(
+                f"{where}: checkpoint format version {data.get('version')!r} is not readable by this ctrkit "
+                f"(it reads version {VERSION} and {_V1})"
+            )
+        missing = {"model_name", "model_config", "model"} - set(data)
+        if missing:
+            raise CheckpointError(f"{where}: checkpoint lacks {sorted(missing)}")
+        known = {f.name for f in fields(cls)}
+        return cls(**{"spec": {}, **{k: v for k, v in data.items() if k in known}})
+
+
+def _renamed(d: dict[str, Any]) -> dict[str, Any]:
+    return {k.replace("multihot", "multi_hot"): v for k, v in d.items()}
+
+
+def _from_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """A version-1 checkpoint (an untyped dict; ``multihot_*`` field names) in version 2's layout."""
+    out = {k: v for k, v in data.items() if k not in ("format", "epoch", "batch_in_epoch")}
+    out["model_config"] = _renamed(data.get("model_config", {}))
+    out["spec"] = _renamed(data.get("spec", {}))
+    return {"format": FORMAT, "version": VERSION, **out}
+
+
+def save_checkpoint(path: str | os.PathLike, ckpt: Checkpoint) -> None:
+    """Writes ``ckpt`` atomically: to a temp file in the same directory, fsynced, then renamed."""
+    with atomic_file(path) as tmp:
+        torch.save(ckpt.to_dict(), tmp)
+
+
+def load_checkpoint(path: str | os.PathLike, mmap: bool = False) -> Checkpoint:
+    """Reads a checkpoint with ``weights_only=True`` (tensors and plain containers only).
+
+    With ``mmap``, tensors stay in the file (memory-mapped, read on use) instead of being loaded.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path}: checkpoint not found")
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except Exception as e:  # truncated file, not a torch file, forbidden pickled object
+        raise CheckpointError(
+            f"{path}: not a readable ctrkit checkpoint ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+        ) from None
+    return Checkpoint.from_dict(data, str(path))
+
+
+def rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

@@ -1,0 +1,72 @@
+"""The ``ctrkit`` command line: the only place that parses arguments.
+
+One module per command group, each holding its parsers and handlers together: ``data`` (synth,
+preprocess, transcode, gen-csv), ``train`` (train, evaluate, predict, models), ``serve`` (export,
+serve) and ``bench``. Shared option groups live in ``options``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from ctrkit import __version__
+from ctrkit.cli import bench, data, serve, train
+
+EXIT_USER_ERROR = 2
+COMMANDS = "{synth,preprocess,transcode,gen-csv,train,evaluate,predict,export,serve,bench,models}"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ctrkit",
+        description="Click-through-rate ranking models (DLRM, DCNv2, Wide & Deep) from raw logs to a served model.",
+    )
+    parser.add_argument("--version", action="version", version=f"ctrkit {__version__}")
+    parser.add_argument("--traceback", action="store_true", help="show the full traceback of errors")
+    sub = parser.add_subparsers(dest="command", required=True, metavar=COMMANDS, help="what to do")
+    for group in (data, train, serve, bench):
+        group.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code = args.handler(args) or 0
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        code = 130
+    except (ValueError, FloatingPointError, FileNotFoundError, NotADirectoryError, PermissionError) as e:
+        if args.traceback:
+            raise
+        print(f"ctrkit {args.command}: error: {e}", file=sys.stderr)
+        code = EXIT_USER_ERROR
+    _leave_process_group(code)
+    return code
+
+
+def _leave_process_group(code: int) -> None:
+    """Ends a hybrid-parallel process without tearing gloo down.
+
+    Letting the interpreter destroy a live gloo process group aborted a rank now and then here
+    ("terminate called without an active exception", SIGABRT) after all work was done; so a rank
+    that finished waits for its peers (when it succeeded) and leaves with ``os._exit``.
+    """
+    if "torch.distributed" not in sys.modules:  # never started one (and importing torch costs ~1.3 s)
+        return
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if code == 0:
+        dist.barrier()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""The input fields every model config shares (the dataset's shape), and their checks.
+
+Each check raises a ValueError naming the field and what was expected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+def check_inputs(num_numerical: int, cardinalities: Sequence[int], embedding_dim: int) -> None:
+    """The dataset-derived fields every model config has."""
+    if num_numerical < 0:
+        raise ValueError(f"num_numerical must be >= 0, got {num_numerical}")
+    if not cardinalities or any(int(c) < 1 for c in cardinalities):
+        raise ValueError(f"cardinalities must be a non-empty list of positive integers, got {list(cardinalities)}")
+    if embedding_dim < 1:
+        raise ValueError(f"embedding_dim must be positive, got {embedding_dim}")
+
+
+def check_multi_hot(cardinalities: Sequence[int], combiners: Sequence[str]) -> None:
+    """One positive cardinality and one combiner (sum/mean) per multi-hot feature."""
+    if any(int(c) < 1 for c in cardinalities):
+        raise ValueError(f"multi_hot_cardinalities must be positive integers, got {list(cardinalities)}")
+    if len(combiners) != len(cardinalities) or any(c not in ("sum", "mean") for c in combiners):
+        raise ValueError(
+            f"multi_hot_combiners needs one of 'sum'/'mean' per multi-hot feature ({len(cardinalities)}), "
+            f"got {list(combiners)}"
+        )
+
+
+@dataclass(frozen=True)
+class InputsConfig:
+    """What every model reads: the dataset's features and the embedding width.
+
+    Attributes:
+        num_numerical: numerical input features (13 for Criteo).
+        cardinalities: rows of each one-hot categorical feature's table.
+        embedding_dim: D.
+        sparse_gradients: embeddings produce sparse gradients (keep True for speed).
+        multi_hot_cardinalities: rows of each multi-hot feature's table (several ids per sample).
+        multi_hot_combiners: "sum" or "mean" pooling per multi-hot feature.
+    """
+
+    num_numerical: int
+    cardinalities: tuple[int, ...]
+    embedding_dim: int = 16
+    sparse_gradients: bool = True
+    multi_hot_cardinalities: tuple[int, ...] = ()
+    multi_hot_combiners: tuple[str, ...] = ()
+
+    def validate(self) -> None:
+        check_inputs(self.num_numerical, self.cardinalities, self.embedding_dim)
+        check_multi_hot(self.multi_hot_cardinalities, self.multi_hot_combiners)
+
+
+@dataclass(frozen=True)
+class BottomTopConfig(InputsConfig):
+    """Inputs plus a bottom MLP over the numerical features and a top MLP ending in the logit.
+
+    Attributes:
+        bottom_mlp: layer widths of the bottom MLP; the last must be ``embedding_dim`` when there are
+            numerical features (its output sits beside the embeddings).
+        top_mlp: layer widths of the top MLP; the last must be 1 (the logit).
+    """
+
+    bottom_mlp: tuple[int, ...] = (512, 256, 64, 16)
+    top_mlp: tuple[int, ...] = (512, 256, 1)
+
+    def validate(self) -> None:
+        super().validate()
+        if self.num_numerical and (not self.bottom_mlp or self.bottom_mlp[-1] != self.embedding_dim):
+            raise ValueError(
+                f"bottom_mlp must end in embedding_dim={self.embedding_dim} so its output can interact with the "
+                f"embeddings, got {list(self.bottom_mlp)}"
+            )
+        if not self.top_mlp or self.top_mlp[-1] != 1:
+            raise ValueError(f"top_mlp must end in 1 (the logit), got {list(self.top_mlp)}")

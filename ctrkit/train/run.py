@@ -1,0 +1,277 @@
+"""A training run built from one resolved configuration: what ``ctrkit train`` and the Python API call.
+
+Settings resolve once, in ``resolve_run``: explicit values, then the run YAML (``config``, the file
+written beside every checkpoint), then the model's defaults. ``Run`` then builds everything the run
+needs (device, distributed environment, datasets, model, sharding, resume) and ``Run.fit`` trains.
+
+Example:
+    >>> from ctrkit.train.run import train
+    >>> result = train("build/demo/data", model="dlrm", epochs=1, save_checkpoint="build/dlrm.pt")
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ctrkit.config import ParallelConfig, TrainConfig
+from ctrkit.data.feature_spec import FeatureSpec
+from ctrkit.models.registry import config_class, config_to_dict, make_config
+
+RUN_KEYS = ("model", "model_config", "train_config", "dataset")
+DEFAULT_MODEL = "dlrm"
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """A resolved run: everything ``Run`` needs, nothing left to default.
+
+    Attributes:
+        model: registered model name.
+        dataset: dataset directory (holding feature_spec.yaml).
+        model_config: the model's config dataclass, shaped to the dataset.
+        train: the resolved TrainConfig.
+        parallel: sharding of a hybrid-parallel job.
+        device: "auto", "cpu", "cuda" or "cuda:N".
+        save_checkpoint: checkpoint file to write (None: none).
+        load_checkpoint: checkpoint to resume from (None: a new run).
+        log_path: JSON-lines log (None: none).
+        progress: show a progress bar.
+    """
+
+    model: str
+    dataset: Path
+    model_config: Any
+    train: TrainConfig
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    device: str = "auto"
+    save_checkpoint: Path | None = None
+    load_checkpoint: Path | None = None
+    log_path: Path | None = None
+    progress: bool = True
+
+    def run_yaml(self) -> dict[str, Any]:
+        """The resolved run as written beside the checkpoint (and read back by ``config``)."""
+        return {
+            "model": self.model,
+            "model_config": config_to_dict(self.model_config),
+            "train_config": self.train.to_dict(),
+            "dataset": str(self.dataset),
+        }
+
+
+def load_run_file(path: str | os.PathLike | None) -> dict[str, Any]:
+    """A run YAML (the format written beside checkpoints), or an empty dict for None."""
+    if path is None:
+        return {}
+    path = Path(path)
+    if not path.exists():
+        raise ValueError(f"{path}: run config file not found")
+    with open(path) as f:
+        run = yaml.safe_load(f) or {}
+    if not isinstance(run, dict) or set(run) - set(RUN_KEYS):
+        raise ValueError(f"{path}: expected a mapping with keys among {sorted(RUN_KEYS)}")
+    for key in ("model_config", "train_config"):
+        if not isinstance(run.get(key, {}), dict):
+            raise ValueError(f"{path}: '{key}' must be a mapping of fields")
+    return run
+
+
+def _yaml_mapping(path: str | os.PathLike) -> dict[str, Any]:
+    with open(path) as f:
+        loaded = yaml.safe_load(f) or {}
+    if not isinstance(loaded, dict):
+        raise ValueError(f"{path}: expected a mapping of model config fields")
+    return loaded
+
+
+def resolve_model_config(model: str, spec: FeatureSpec, *layers: dict[str, Any]) -> Any:
+    """Model ``model``'s config for ``spec``'s features: the model's defaults, then each of ``layers`` in
+    turn (later ones win). When a layer sets ``embedding_dim`` but no ``bottom_mlp``, the bottom MLP keeps
+    its widths but ends in the new embedding width (its output sits beside the embeddings)."""
+    cfg_cls = config_class(model)
+    has_bottom = "bottom_mlp" in cfg_cls.__dataclass_fields__
+    values: dict[str, Any] = {}
+    for layer in layers:
+        values.update(layer)
+        if has_bottom and "embedding_dim" in layer and "bottom_mlp" not in layer:
+            bottom = values.get("bottom_mlp", cfg_cls.__dataclass_fields__["bottom_mlp"].default)
+            values["bottom_mlp"] = tuple(bottom[:-1]) + (layer["embedding_dim"],)
+    values.update(num_numerical=len(spec.numerical_features), cardinalities=spec.cardinalities)
+    if spec.multi_hot_features:
+        values.update(multi_hot_cardinalities=spec.multi_hot_cardinalities,
+                      multi_hot_combiners=spec.multi_hot_combiners)  # fmt: skip
+    return make_config(model, values)
+
+
+def resolve_run(
+    dataset: str | os.PathLike | None = None,
+    model: str | None = None,
+    *,
+    config: str | os.PathLike | None = None,
+    model_config: dict[str, Any] | None = None,
+    model_config_file: str | os.PathLike | None = None,
+    train: dict[str, Any] | None = None,
+    parallel: ParallelConfig | None = None,
+    device: str = "auto",
+    save_checkpoint: str | os.PathLike | None = None,
+    load_checkpoint: str | os.PathLike | None = None,
+    log_path: str | os.PathLike | None = None,
+    progress: bool = True,
+) -> RunSpec:
+    """Resolves a run once: explicit arguments, then the run YAML ``config``, then the model's defaults.
+
+    Args:
+        dataset: dataset directory (else the run YAML's).
+        model: registered model name (else the run YAML's, else dlrm).
+        config: a run YAML, e.g. the one written beside a checkpoint.
+        model_config: model config fields (e.g. embedding_dim, bottom_mlp), over ``model_config_file``.
+        model_config_file: a YAML file of model config fields, over the run YAML's.
+        train: TrainConfig fields, over the run YAML's.
+        parallel, device, save_checkpoint, load_checkpoint, log_path, progress: as RunSpec's.
+    """
+    run = load_run_file(config)
+    name = model or run.get("model") or DEFAULT_MODEL
+    train_cfg = TrainConfig.from_dict({**run.get("train_config", {}), **(train or {})}).resolve(name)
+    dataset = dataset or run.get("dataset")
+    if dataset is None:
+        raise ValueError("no dataset: name a dataset directory (or a run config naming one)")
+    spec = FeatureSpec.from_yaml(Path(dataset))
+    if load_checkpoint is not None:  # the model is the checkpoint's, whatever else says
+        from ctrkit.checkpoint import load_checkpoint as read
+
+        ckpt = read(load_checkpoint, mmap=True)
+        if ckpt.model_name != name:
+            raise ValueError(f"{load_checkpoint}: checkpoint holds a '{ckpt.model_name}' model, not '{name}'")
+        model_cfg = make_config(name, ckpt.model_config)
+    else:
+        file_layer = _yaml_mapping(model_config_file) if model_config_file is not None else {}
+        model_cfg = resolve_model_config(name, spec, run.get("model_config", {}), file_layer, model_config or {})
+    return RunSpec(
+        name,
+        Path(dataset),
+        model_cfg,
+        train_cfg,
+        parallel or ParallelConfig(),
+        device,
+        Path(save_checkpoint) if save_checkpoint is not None else None,
+        Path(load_checkpoint) if load_checkpoint is not None else None,
+        Path(log_path) if log_path is not None else None,
+        progress,
+    )
+
+
+class Run:
+    """A training run built from a RunSpec: device, distributed environment, datasets, model,
+    sharding and resume, ready to ``fit``.
+
+    Attributes:
+        spec: the resolved run.
+        env: this rank's DistEnv in a torchrun job, else None.
+        device: the torch device.
+        trainer: the Trainer.
+        is_main: this process reports (rank 0, or the only process).
+    """
+
+    def __init__(self, spec: RunSpec):
+        import torch
+
+        from ctrkit.checkpoint import load_checkpoint
+        from ctrkit.data.dataset import SplitBinaryDataset
+        from ctrkit.device import amp_dtype_for, resolve_device
+        from ctrkit.distributed.env import init_distributed, launched_by_torchrun
+        from ctrkit.distributed.hybrid import describe_plans, shard_for_job
+        from ctrkit.models.registry import create_model
+        from ctrkit.train.trainer import RunInfo, Trainer
+
+        self.spec = spec
+        cfg, par = spec.train, spec.parallel
+        self.env = init_distributed(spec.device, par.dist_timeout) if launched_by_torchrun() else None
+        self.device = self.env.device if self.env is not None else resolve_device(spec.device)
+        self.amp_dtype = amp_dtype_for(self.device, cfg.amp, cfg.amp_dtype)
+        if self.env is not None and self.amp_dtype == torch.float16:
+            raise ValueError("hybrid-parallel training supports mixed precision with bf16 only")
+        feature_spec = FeatureSpec.from_yaml(spec.dataset)
+        self.train_set = SplitBinaryDataset(feature_spec, "train")
+        test_set = SplitBinaryDataset(feature_spec, "test") if "test" in feature_spec.source_spec else None
+        ckpt = None
+        if spec.load_checkpoint is not None:
+            ckpt = load_checkpoint(spec.load_checkpoint)
+            ckpt.check_spec(feature_spec.summary(), str(feature_spec.base_dir))
+        self.is_main = self.env is None or self.env.is_main
+        torch.manual_seed(cfg.seed)
+        model = create_model(spec.model, spec.model_config).to(self.device)
+        if self.env is not None or par.print_sharding_plan:
+            world, rank = (self.env.world_size, self.env.rank) if self.env is not None else (1, None)
+            state = ckpt.model if ckpt is not None else None
+            model, plans = shard_for_job(
+                model, world, rank, par.sharding, par.column_split_dim, par.row_budget_bytes, state
+            )
+            if par.print_sharding_plan and self.is_main:
+                print(describe_plans(plans), file=sys.stderr)
+        self.model = model
+        if spec.save_checkpoint is not None and self.is_main:
+            # the resolved configuration, beside the run, so every result says how it was made
+            run_yaml = spec.save_checkpoint.with_suffix(".yaml")
+            run_yaml.parent.mkdir(parents=True, exist_ok=True)
+            with open(run_yaml, "w") as f:
+                yaml.safe_dump(spec.run_yaml(), f, sort_keys=False)
+        self.trainer = Trainer(
+            model,
+            RunInfo(spec.model, spec.model_config, feature_spec.summary()),
+            self.train_set,
+            test_set,
+            cfg,
+            self.device,
+            self.amp_dtype,
+            spec.save_checkpoint,
+            spec.log_path,
+            progress=spec.progress,
+            env=self.env,
+        )
+        if ckpt is not None:
+            self.trainer.restore(ckpt)
+
+    @property
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+    def describe(self) -> str:
+        """One line on what is about to be trained, how and where."""
+        amp = f" with {str(self.amp_dtype).replace('torch.', '')} autocast" if self.amp_dtype else ""
+        return (
+            f"training {self.spec.model} ({self.num_parameters:,} parameters) on {len(self.train_set):,} samples, "
+            f"{self.trainer.total_steps} steps of {self.trainer.cfg.batch_size} on {self.device}{amp}"
+        )
+
+    def fit(self) -> dict[str, Any]:
+        """Trains; returns the last evaluation (``auc``, ``logloss``, ...) or ``{"step": ...}`` without one."""
+        return self.trainer.fit()
+
+
+def train(dataset: str | os.PathLike, model: str = DEFAULT_MODEL, **options: Any) -> dict[str, Any]:
+    """Trains ``model`` on ``dataset`` in a few lines from Python; returns the final metrics.
+
+    ``options`` are TrainConfig fields (``epochs``, ``lr``, ...), model config fields (``embedding_dim``,
+    ``bottom_mlp``, ...) and ``resolve_run``'s keywords (``save_checkpoint``, ``device``, ``progress``, ...).
+    """
+    train_fields = {f.name for f in fields(TrainConfig)}
+    model_fields = set(config_class(model).__dataclass_fields__)
+    run_keys = {"config", "model_config_file", "parallel", "device", "save_checkpoint", "load_checkpoint",
+                "log_path", "progress"}  # fmt: skip
+    unknown = set(options) - train_fields - model_fields - run_keys
+    if unknown:
+        raise ValueError(f"unknown option(s) {sorted(unknown)}: expected training, model or run settings")
+    spec = resolve_run(
+        dataset,
+        model,
+        train={k: v for k, v in options.items() if k in train_fields},
+        model_config={k: v for k, v in options.items() if k in model_fields and k not in train_fields},
+        **{k: v for k, v in options.items() if k in run_keys},
+    )
+    return Run(spec).fit()
