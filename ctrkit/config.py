@@ -69,7 +69,7 @@ class TrainConfig:
                 return
             if not isinstance(v, int) or isinstance(v, bool) or v < (0 if allow_zero else 1):
                 bound = ">= 0" if allow_zero else ">= 1"
-                raise ValueError(f"{name}: expected an integer {bound}, got {v!r}")
+                raise ValueError(f"`{name}`: expected an integer {bound}, got {v!r}")
 
         positive("epochs")
         positive("max_steps", allow_none=True)
@@ -84,9 +84,9 @@ class TrainConfig:
         for name in ("lr", "embedding_lr", "wide_lr"):
             value = getattr(self, name)
             if value is not None and not value > 0:
-                raise ValueError(f"{name}: expected a positive learning rate, got {value}")
+                raise ValueError(f"`{name}`: expected a positive learning rate, got {value}")
         if self.end_lr < 0 or (self.lr is not None and self.end_lr > self.lr):
-            raise ValueError(f"end_lr: expected 0 <= end_lr <= lr ({self.lr}), got {self.end_lr}")
+            raise ValueError(f"`end_lr`: expected 0 <= end_lr <= lr ({self.lr}), got {self.end_lr}")
         for name, allowed in (
             ("optimizer", DENSE_OPTIMIZERS),
             ("embedding_optimizer", TABLE_OPTIMIZERS),
@@ -94,11 +94,11 @@ class TrainConfig:
         ):
             value = getattr(self, name)
             if value is not None and value not in allowed:
-                raise ValueError(f"{name}: expected one of {', '.join(allowed)}, got {value!r}")
+                raise ValueError(f"`{name}`: expected one of {', '.join(allowed)}, got {value!r}")
         if self.decay_power <= 0:
-            raise ValueError(f"decay_power: expected a positive power, got {self.decay_power}")
+            raise ValueError(f"`decay_power`: expected a positive power, got {self.decay_power}")
         if self.amp_dtype not in (None, "bf16", "fp16"):
-            raise ValueError(f"amp_dtype: expected 'bf16' or 'fp16', got {self.amp_dtype!r}")
+            raise ValueError(f"`amp_dtype`: expected 'bf16' or 'fp16', got {self.amp_dtype!r}")
 
     def resolve(self, model_name: str) -> TrainConfig:
         """This config with unset (None) fields taken from model ``model_name``'s training defaults (the
@@ -156,11 +156,11 @@ class ParallelConfig:
 
     def validate(self) -> None:
         if self.column_split_dim is not None and self.column_split_dim < 1:
-            raise ValueError(f"column_split_dim: expected an integer >= 1, got {self.column_split_dim}")
+            raise ValueError(f"`column_split_dim`: expected an integer >= 1, got {self.column_split_dim}")
         if self.row_budget_mb is not None and not self.row_budget_mb > 0:
-            raise ValueError(f"row_budget_mb: expected a positive size, got {self.row_budget_mb}")
+            raise ValueError(f"`row_budget_mb`: expected a positive size, got {self.row_budget_mb}")
         if not self.dist_timeout > 0:
-            raise ValueError(f"dist_timeout: expected a positive number of seconds, got {self.dist_timeout}")
+            raise ValueError(f"`dist_timeout`: expected a positive number of seconds, got {self.dist_timeout}")
 
     @property
     def row_budget_bytes(self) -> int | None:
@@ -177,7 +177,7 @@ class EvalConfig:
 
     def validate(self) -> None:
         if self.batch_size < 1:
-            raise ValueError(f"batch_size: expected an integer >= 1, got {self.batch_size}")
+            raise ValueError(f"`batch_size`: expected an integer >= 1, got {self.batch_size}")
 
 
 @dataclass(frozen=True)
@@ -210,13 +210,13 @@ class ServeConfig:
 
     def validate(self) -> None:
         if self.max_batch_size < 1:
-            raise ValueError(f"max_batch_size: expected an integer >= 1, got {self.max_batch_size}")
+            raise ValueError(f"`max_batch_size`: expected an integer >= 1, got {self.max_batch_size}")
         if self.batch_window_ms < 0:
-            raise ValueError(f"batch_window_ms: expected a number >= 0, got {self.batch_window_ms}")
+            raise ValueError(f"`batch_window_ms`: expected a number >= 0, got {self.batch_window_ms}")
         if not self.max_body_mb > 0:
-            raise ValueError(f"max_body_mb: expected a positive size, got {self.max_body_mb}")
+            raise ValueError(f"`max_body_mb`: expected a positive size, got {self.max_body_mb}")
         if self.cache_rows < 0:
-            raise ValueError(f"cache_rows: expected an integer >= 0, got {self.cache_rows}")
+            raise ValueError(f"`cache_rows`: expected an integer >= 0, got {self.cache_rows}")
 
 
 def from_values(cls: type, values: dict[str, Any]) -> Any:

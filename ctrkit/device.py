@@ -11,7 +11,7 @@ def resolve_device(name: str | None = None) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {name}: CUDA was requested but no CUDA device is available")
+        raise ValueError(f"`device` {name}: CUDA was requested but no CUDA device is available")
     return device
 
 
@@ -21,5 +21,5 @@ def amp_dtype_for(device: torch.device, amp: bool, amp_dtype: str | None) -> tor
         return None
     name = amp_dtype or ("fp16" if device.type == "cuda" else "bf16")
     if name == "fp16" and device.type == "cpu":
-        raise ValueError("--amp-dtype fp16 is not supported on CPU; use bf16")
+        raise ValueError("`amp_dtype` fp16 is not supported on CPU; use bf16")
     return torch.float16 if name == "fp16" else torch.bfloat16

@@ -205,7 +205,7 @@ def test_synth_and_models_commands(tmp_path, capsys):
     code, out, _ = run_cli("models", capsys=capsys)
     assert code == 0 and "\ndlrm: {'embedding_dim': 16" in out and out.startswith("dcnv2: ")
     err = bad(capsys, "synth", "--out", tmp_path / "d", "--rows", "1000")
-    assert "not empty; pass --overwrite" in err
+    assert "not empty; set --overwrite" in err
 
 
 def test_run_file_round_trip_with_flag_overrides(tiny_dataset, tmp_path, capsys):
@@ -307,3 +307,34 @@ def test_map_channel_in_the_test_mapping_gives_map_at_12(trained, tiny_dataset, 
     # the train mapping has no group ids, and training still works
     code, _, _ = run_cli("train", "--dataset", data, "--max-steps", "2", "--no-progress", capsys=capsys)
     assert code == 0
+
+
+def test_flags_come_from_the_config_dataclasses():
+    """Every TrainConfig/ParallelConfig/ServeConfig/EvalConfig field is a flag whose default is the field's."""
+    from dataclasses import fields
+
+    from ctrkit.config import EvalConfig, ParallelConfig, ServeConfig, TrainConfig
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command").choices
+    for command, classes in (("train", (TrainConfig, ParallelConfig)), ("serve", (ServeConfig,)),
+                             ("evaluate", (EvalConfig, ParallelConfig))):  # fmt: skip
+        actions = {a.dest: a for a in sub[command]._actions}
+        for cls in classes:
+            for f in fields(cls):
+                action = actions[f.name]
+                assert action.option_strings == ["--" + f.name.replace("_", "-")]
+                if command != "train" or cls is ParallelConfig:  # train's TrainConfig flags defer to --config
+                    assert action.default == f.default, (command, f.name)
+                if f.metadata.get("choices"):
+                    assert tuple(action.choices) == f.metadata["choices"]
+
+
+def test_library_errors_name_the_flag_on_the_command_line(tmp_path, capsys):
+    from ctrkit.data.transcode import transcode
+
+    with pytest.raises(ValueError, match="`chunk_size` must be >= 1"):  # Python: the parameter
+        transcode(tmp_path, tmp_path / "out", chunk_size=0)
+    code, _, err = run_cli("transcode", "--input", tmp_path, "--output", tmp_path / "out", "--chunk-size", "0",
+                           capsys=capsys)  # fmt: skip
+    assert code == 2 and "--chunk-size must be >= 1, got 0" in err and "`" not in err

@@ -109,9 +109,9 @@ def run_in_process(
 def check_in_process_args(runtimes: list[str], repeats: int) -> None:
     for runtime in runtimes:
         if runtime not in RUNTIMES:
-            raise ValueError(f"--runtimes: unknown runtime '{runtime}'; expected {', '.join(RUNTIMES)}")
+            raise ValueError(f"`runtimes`: unknown runtime '{runtime}'; expected {', '.join(RUNTIMES)}")
     if repeats < 1:
-        raise ValueError(f"--repeats must be >= 1, got {repeats}")
+        raise ValueError(f"`repeats` must be >= 1, got {repeats}")
 
 
 def _time_calls(score, inputs: tuple[np.ndarray, ...], seconds: float) -> tuple[list[float], float]:

@@ -58,7 +58,7 @@ def run_preprocess_bench(
     if engine not in ("polars", "spark"):
         raise ValueError(f"engine must be polars or spark, got '{engine}'")
     if repeats < 1:
-        raise ValueError(f"--repeats must be >= 1, got {repeats}")
+        raise ValueError(f"`repeats` must be >= 1, got {repeats}")
     with tempfile.TemporaryDirectory(prefix="ctrkit-bench-") as tmp:
         raw = input_file
         if raw is None:

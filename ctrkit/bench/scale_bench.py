@@ -52,9 +52,9 @@ class ScaleBenchConfig:
 
     def validate(self) -> None:
         if self.model not in MERLIN_MODELS:
-            raise ValueError(f"--models: unknown model '{self.model}'; expected {', '.join(MERLIN_MODELS)}")
+            raise ValueError(f"`models`: unknown model '{self.model}'; expected {', '.join(MERLIN_MODELS)}")
         if self.scale < 1:
-            raise ValueError(f"--scale must be >= 1, got {self.scale}")
+            raise ValueError(f"`scale` must be >= 1, got {self.scale}")
 
 
 def table_sizes(model: str, scale: float, dim: int) -> list[int]:
@@ -135,7 +135,7 @@ def run_scale_bench(cfg: ScaleBenchConfig, world_sizes: list[int]) -> list[dict]
     cores = os.cpu_count() or 1
     for world in world_sizes:
         if world < 1:
-            raise ValueError(f"--world-sizes: world sizes must be >= 1, got {world}")
+            raise ValueError(f"`world_sizes`: world sizes must be >= 1, got {world}")
         with tempfile.TemporaryDirectory(prefix="ctrkit-scale-") as tmp:
             out = Path(tmp) / "result.json"
             worker = ["-m", "ctrkit", "bench", "scale", "--worker-output", str(out), *_flags(cfg)]

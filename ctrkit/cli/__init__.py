@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 
 from ctrkit import __version__
@@ -42,10 +43,24 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FloatingPointError, FileNotFoundError, NotADirectoryError, PermissionError) as e:
         if args.traceback:
             raise
-        print(f"ctrkit {args.command}: error: {e}", file=sys.stderr)
+        print(f"ctrkit {args.command}: error: {_flags_named(str(e), parser)}", file=sys.stderr)
         code = EXIT_USER_ERROR
     _leave_process_group(code)
     return code
+
+
+def _flags_named(message: str, parser: argparse.ArgumentParser) -> str:
+    """A library error with the settings it names in backticks (``chunk_size``) written as the flags that
+    set them (--chunk-size); names no flag sets lose their backticks."""
+    flags: dict[str, str] = {}
+    stack = [parser]
+    while stack:
+        for action in stack.pop()._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                stack.extend(action.choices.values())
+            elif action.option_strings:
+                flags.setdefault(action.dest, action.option_strings[-1])
+    return re.sub(r"`(\w+)`", lambda m: flags.get(m[1], m[1]), message)
 
 
 def _leave_process_group(code: int) -> None:

@@ -22,7 +22,7 @@ def atomic_directory(out_dir: str | os.PathLike, overwrite: bool = False) -> Ite
     """
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()) and not overwrite:
-        raise ValueError(f"{out}: directory exists and is not empty; pass --overwrite to replace it")
+        raise ValueError(f"{out}: directory exists and is not empty; set `overwrite` to replace it")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
     try:

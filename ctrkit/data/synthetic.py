@@ -197,9 +197,9 @@ def generate_dataset(
             num_numerical, seed)``; its cardinalities and numerical count then take precedence).
     """
     if rows < 2:
-        raise ValueError(f"--rows must be at least 2, got {rows}")
+        raise ValueError(f"`rows` must be at least 2, got {rows}")
     if not 0.0 < test_fraction < 1.0:
-        raise ValueError(f"--test-fraction must lie in (0, 1), got {test_fraction}")
+        raise ValueError(f"`test_fraction` must lie in (0, 1), got {test_fraction}")
     with atomic_directory(out_dir, overwrite) as tmp:
         model = click_model or SyntheticCTR(cardinalities, num_numerical, seed)
         num_numerical = model.num_numerical
@@ -246,10 +246,10 @@ def write_criteo_tsv(
     and renamed, so an interrupted run leaves no complete-looking file.
     """
     if rows < 1:
-        raise ValueError(f"--rows must be positive, got {rows}")
+        raise ValueError(f"`rows` must be positive, got {rows}")
     out = Path(out_file)
     if out.exists() and not overwrite:
-        raise ValueError(f"{out}: file exists; pass --overwrite to replace it")
+        raise ValueError(f"{out}: file exists; set `overwrite` to replace it")
     out.parent.mkdir(parents=True, exist_ok=True)
     model = SyntheticCTR(cardinalities, num_numerical, seed)
     rng = np.random.default_rng([seed, 4])

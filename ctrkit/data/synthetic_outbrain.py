@@ -141,9 +141,9 @@ def generate_outbrain(
     only when complete (written to a temporary directory, then renamed).
     """
     if rows < 20:
-        raise ValueError(f"--rows must be at least 20 for displays of 2-12 ads, got {rows}")
+        raise ValueError(f"`rows` must be at least 20 for displays of 2-12 ads, got {rows}")
     if not 0.0 < test_fraction < 1.0:
-        raise ValueError(f"--test-fraction must lie in (0, 1), got {test_fraction}")
+        raise ValueError(f"`test_fraction` must lie in (0, 1), got {test_fraction}")
     with atomic_directory(out_dir, overwrite) as tmp:
         model = SyntheticOutbrain(seed)
         base = outbrain_spec()

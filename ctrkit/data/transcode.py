@@ -120,7 +120,7 @@ def transcode(
     The output directory (split binary files and a new feature_spec.yaml) appears only when complete.
     """
     if chunk_size < 1:
-        raise ValueError(f"--chunk-size must be >= 1, got {chunk_size}")
+        raise ValueError(f"`chunk_size` must be >= 1, got {chunk_size}")
     spec = FeatureSpec.from_yaml(input_dir)
     extra = set(spec.channel_spec) - set(READABLE_CHANNELS)
     if extra:
@@ -169,7 +169,7 @@ def generate_csv(spec_path: str | os.PathLike, out_dir: str | os.PathLike, rows:
     """
     spec = FeatureSpec.from_yaml(spec_path)
     if rows < 2:
-        raise ValueError(f"--rows must be at least 2, got {rows}")
+        raise ValueError(f"`rows` must be at least 2, got {rows}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)

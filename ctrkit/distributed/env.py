@@ -55,7 +55,7 @@ def init_distributed(device: str | None = None, timeout_s: float = DEFAULT_TIMEO
     else:
         use_cuda = torch.device(device).type == "cuda"
         if use_cuda and not torch.cuda.is_available():
-            raise ValueError(f"--device {device}: CUDA was requested but no CUDA device is available")
+            raise ValueError(f"`device` {device}: CUDA was requested but no CUDA device is available")
     if use_cuda:
         torch.cuda.set_device(local_rank)
         dev, backend = torch.device("cuda", local_rank), "nccl"

@@ -44,7 +44,7 @@ class CriteoRecipe:
                 f"{self.num_categorical}"
             )
         if self.frequency_threshold < 1:
-            raise ValueError(f"--frequency-threshold must be >= 1, got {self.frequency_threshold}")
+            raise ValueError(f"`frequency_threshold` must be >= 1, got {self.frequency_threshold}")
 
     @property
     def num_fields(self) -> int:
@@ -72,13 +72,13 @@ def check_arguments(
     """The checks every engine makes before reading anything."""
     recipe.validate()
     if bad_rows not in BAD_ROW_POLICIES:
-        raise ValueError(f"--bad-rows must be one of {', '.join(BAD_ROW_POLICIES)}, got {bad_rows!r}")
+        raise ValueError(f"`bad_rows` must be one of {', '.join(BAD_ROW_POLICIES)}, got {bad_rows!r}")
     if not raw_files:
         raise ValueError("no input files given")
     if (test_files is None) == (test_fraction is None):
-        raise ValueError("give exactly one of --test-files and --test-fraction")
+        raise ValueError("give exactly one of `test_files` and `test_fraction`")
     if test_fraction is not None and not 0.0 < test_fraction < 1.0:
-        raise ValueError(f"--test-fraction must lie in (0, 1), got {test_fraction}")
+        raise ValueError(f"`test_fraction` must lie in (0, 1), got {test_fraction}")
 
 
 def _log_transform(ints: np.ndarray) -> np.ndarray:

@@ -39,7 +39,7 @@ class Rejects:
             return
         if self.policy == "error":
             line_no, problem, _ = rows[0]
-            raise DataError(f"{file}:{line_no}: {problem} (pass --bad-rows skip to drop bad rows)")
+            raise DataError(f"{file}:{line_no}: {problem} (set `bad_rows` to skip to drop bad rows)")
         self.count += len(rows)
         for line_no, problem, line in rows[: max(0, REJECTS_KEPT - len(self.kept))]:
             self.kept.append({"file": file, "line_no": line_no, "problem": problem, "line": line})

@@ -31,7 +31,7 @@ def _spark_modules():
         from pyspark.sql import SparkSession, Window
         from pyspark.sql import functions as F
     except ImportError as e:
-        raise ValueError("--engine spark needs PySpark: pip install 'ctrkit[spark]'") from e
+        raise ValueError("the Spark engine needs PySpark: pip install 'ctrkit[spark]'") from e
     return SparkSession, Window, F
 
 

@@ -29,7 +29,7 @@ class CachedMmapEmbeddings(nn.Module):
     def __init__(self, source: EmbeddingCollection | EmbeddingBagCollection, cache_rows: int):
         super().__init__()
         if cache_rows < 0:
-            raise ValueError(f"--cache-rows must be >= 0, got {cache_rows}")
+            raise ValueError(f"`cache_rows` must be >= 0, got {cache_rows}")
         self.table = source.weight.detach().numpy()  # (rows, D), file-backed
         self.offsets = source.offsets.numpy()
         self.cardinalities = source.cardinalities

@@ -62,9 +62,9 @@ class Predictor:
         from ctrkit.serve.embedding_store import use_mmap_store
 
         if embedding_store not in ("memory", "mmap"):
-            raise ValueError(f"--embedding-store must be memory or mmap, got '{embedding_store}'")
+            raise ValueError(f"`embedding_store` must be memory or mmap, got '{embedding_store}'")
         if dtype not in ("fp32", "bf16") or (dtype == "bf16" and embedding_store == "mmap"):
-            raise ValueError(f"--dtype must be fp32, or bf16 with the memory store; got '{dtype}' ({embedding_store})")
+            raise ValueError(f"`dtype` must be fp32, or bf16 with the memory store; got '{dtype}' ({embedding_store})")
         lazy = embedding_store == "mmap"
         ckpt = load_checkpoint(checkpoint, mmap=lazy)
         signature = Signature.from_config(ckpt.model_config)
@@ -148,9 +148,11 @@ def load_predictor(
     compile: bool = False,
 ) -> Predictor:
     if (checkpoint is None) == (model_dir is None):
-        raise ValueError("give exactly one of --checkpoint and --model-dir")
+        raise ValueError("give exactly one of `checkpoint` and `model_dir`")
     if checkpoint is None:
         if embedding_store != "memory" or dtype != "fp32" or compile:
-            raise ValueError("--embedding-store mmap, --dtype bf16 and --compile apply to --checkpoint, not exports")
+            raise ValueError(
+                "`embedding_store` mmap, `dtype` bf16 and `compile` apply to a `checkpoint`, not to exports"
+            )
         return Predictor.from_export(model_dir)
     return Predictor.from_checkpoint(checkpoint, embedding_store, cache_rows, dtype, compile)

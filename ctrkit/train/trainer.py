@@ -103,7 +103,7 @@ class TrainStep:
         except Exception as e:  # the backend is missing or cannot handle the model: run eagerly
             first = str(e).strip().splitlines()[0] if str(e).strip() else ""
             warnings.warn(
-                f"--compile: torch.compile failed ({type(e).__name__}: {first}); training continues in eager mode",
+                f"torch.compile failed ({type(e).__name__}: {first}); training continues in eager mode",
                 stacklevel=2,
             )
             self.forward = self.model

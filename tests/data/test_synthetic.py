@@ -37,7 +37,7 @@ def test_generated_dataset_matches_its_spec(tiny_dataset):
 def test_refuses_to_overwrite_without_flag(tmp_path):
     out = tmp_path / "d"
     generate_dataset(out, 100, (5, 6), num_numerical=1, progress=False)
-    with pytest.raises(ValueError, match="not empty; pass --overwrite"):
+    with pytest.raises(ValueError, match="not empty; set `overwrite`"):
         generate_dataset(out, 100, (5, 6), num_numerical=1, progress=False)
     generate_dataset(out, 200, (5, 6), num_numerical=1, progress=False, overwrite=True)
     assert len(SplitBinaryDataset(out, "train")) + len(SplitBinaryDataset(out, "test")) == 200
@@ -67,7 +67,7 @@ def test_raw_criteo_tsv_format(tmp_path):
     again = write_criteo_tsv(tmp_path / "again.tsv.gz", 3000, (5, 300, 20000), num_numerical=3, seed=4, progress=False)
     with gzip.open(again, "rt") as f:
         assert f.read() == path.read_text()
-    with pytest.raises(ValueError, match="file exists; pass --overwrite"):
+    with pytest.raises(ValueError, match="file exists; set `overwrite`"):
         write_criteo_tsv(path, 10, (5,), num_numerical=1, progress=False)
 
 

@@ -140,7 +140,7 @@ def test_input_and_output_errors(tmp_path, capsys):
     with pytest.raises(ValueError, match="missing.tsv: input file not found"):
         preprocess_criteo([tmp_path / "missing.tsv"], tmp_path / "o", SMALL, test_fraction=0.5)
     preprocess_criteo([raw], tmp_path / "o", SMALL, test_fraction=0.5)
-    with pytest.raises(ValueError, match="not empty; pass --overwrite"):
+    with pytest.raises(ValueError, match="not empty; set `overwrite`"):
         preprocess_criteo([raw], tmp_path / "o", SMALL, test_fraction=0.5)
     code, _, err = run_cli("preprocess", "criteo", tmp_path / "missing.tsv", "--out", tmp_path / "x", capsys=capsys)
     assert code == 2 and "input file not found" in err

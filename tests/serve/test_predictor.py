@@ -24,9 +24,9 @@ def test_bf16_weights_keep_the_auc(tiny_checkpoint, tiny_dataset):
 
 
 def test_bad_predictor_requests_are_refused(tiny_checkpoint, tmp_path):
-    with pytest.raises(ValueError, match="exactly one of --checkpoint and --model-dir"):
+    with pytest.raises(ValueError, match="exactly one of `checkpoint` and `model_dir`"):
         load_predictor(None, None)
-    with pytest.raises(ValueError, match="--dtype must be fp32, or bf16 with the memory store"):
+    with pytest.raises(ValueError, match="`dtype` must be fp32, or bf16 with the memory store"):
         Predictor.from_checkpoint(tiny_checkpoint, "mmap", 10, "bf16")
     with pytest.raises(ValueError, match="expected an export written by `ctrkit export`"):
         Predictor.from_export(tmp_path)
