@@ -7,6 +7,7 @@ dataclasses (``cli/options.py``), so every default has one source, this file.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam")
@@ -15,10 +16,20 @@ EXPORT_FORMATS = ("onnx", "torchscript", "triton")
 QUANTIZATIONS = ("none", "int8")
 
 
-def option(default: Any, help: str, choices: tuple | None = None, unset: str | None = None) -> Any:
-    """A config field with its command-line help: ``choices`` restricts the values, ``unset`` says
-    what a default of None means (e.g. "the model's")."""
-    return field(default=default, metadata={"help": help, "choices": choices, "unset": unset})
+def option(default: Any, help: str, choices: tuple | None = None, unset: str | None = None, **command_line: Any) -> Any:
+    """A config field with its command-line description.
+
+    Args:
+        default: the field's default.
+        help: what the setting does.
+        choices: the values it may take.
+        unset: what a default of None means (e.g. "the model's").
+        command_line: how the flag is spelled beyond the defaults: ``parse`` ("int_list", "name_list"),
+            ``required``, ``positional``, ``nargs``, ``exclusive`` (a group name: at most one of the group,
+            exactly one if a member is ``required``), ``hidden``, ``shown`` (the default as the help says
+            it), ``suppress`` (absent from the parsed arguments unless given).
+    """
+    return field(default=default, metadata={"help": help, "choices": choices, "unset": unset, **command_line})
 
 
 @dataclass(frozen=True)
@@ -169,8 +180,13 @@ class ParallelConfig:
 
 @dataclass(frozen=True)
 class EvalConfig:
-    """How a checkpoint is scored on a dataset mapping."""
+    """How a checkpoint is scored on a dataset mapping (``json`` is evaluate's, ``out`` predict's)."""
 
+    checkpoint: Path | None = option(None, "checkpoint written by `ctrkit train`", required=True)
+    dataset: Path | None = option(None, "dataset directory holding feature_spec.yaml", required=True)
+    out: Path | None = option(None, "output .npy file", required=True)
+    json: bool = option(False, "print one JSON object instead of a text line")
+    device: str = option("auto", "auto, cpu, cuda, cuda:N")
     mapping: str = option("test", "source_spec mapping to score")
     batch_size: int = option(16384, "samples per forward pass")
     amp: bool = option(False, "score under bf16 (CPU) / fp16 (CUDA) autocast")
@@ -182,8 +198,10 @@ class EvalConfig:
 
 @dataclass(frozen=True)
 class ServeConfig:
-    """How ``ctrkit serve`` runs a model."""
+    """How ``ctrkit serve`` runs a model: a checkpoint's (PyTorch) or an export's."""
 
+    checkpoint: Path | None = option(None, "checkpoint written by `ctrkit train`", exclusive="source", required=True)
+    model_dir: Path | None = option(None, "directory written by `ctrkit export`", exclusive="source")
     host: str = option("127.0.0.1", "address to bind (127.0.0.1: this machine only)")
     port: int = option(8000, "port")
     name: str | None = option(None, "model name in the URLs", unset="the model type, e.g. dlrm")
@@ -207,6 +225,7 @@ class ServeConfig:
         "run a checkpoint's model through torch.compile with weight freezing (the first requests of each new "
         "shape wait for compilation)",
     )
+    threads: int | None = option(None, "torch intra-op threads", unset="torch's choice")
 
     def validate(self) -> None:
         if self.max_batch_size < 1:
@@ -226,3 +245,127 @@ def from_values(cls: type, values: dict[str, Any]) -> Any:
     cfg = cls(**{k: v for k, v in values.items() if k in known})
     cfg.validate()
     return cfg
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What ``ctrkit train`` takes besides TrainConfig and ParallelConfig: where the run comes from and
+    goes to, and the model's shape. ``model`` and ``dataset`` not given come from ``config``."""
+
+    config: Path | None = option(
+        None, "run YAML (model, model_config, train_config, dataset), e.g. the one written beside a checkpoint"
+    )
+    model: str | None = option(
+        None, "dlrm, dcnv2 or wide_deep; `ctrkit models` lists them", unset="dlrm", suppress=True
+    )
+    dataset: Path | None = option(None, "dataset directory holding feature_spec.yaml", suppress=True)
+    model_config: Path | None = option(None, "YAML file of model config fields (e.g. embedding_dim, bottom_mlp)")
+    embedding_dim: int | None = option(None, "embedding width D", unset="16")
+    bottom_mlp: tuple[int, ...] | None = option(
+        None, "bottom MLP widths, last = embedding dim", unset="512,256,64,16", parse="int_list"
+    )
+    top_mlp: tuple[int, ...] | None = option(None, "top MLP widths, last = 1", unset="512,256,1", parse="int_list")
+    save_checkpoint: Path | None = option(None, "checkpoint file, written atomically at each evaluation and at the end")
+    load_checkpoint: Path | None = option(
+        None, "resume from this checkpoint (weights, optimizer, step, RNG; same data and batch size)"
+    )
+    log_path: Path | None = option(None, "append JSON-lines records (loss, lr, samples/s, eval)")
+    device: str = option("auto", "auto (CUDA if present, else CPU), cpu, cuda, cuda:N")
+    threads: int | None = option(None, "torch intra-op threads", unset="torch's choice")
+    no_progress: bool = option(False, "no progress bar")
+
+
+@dataclass(frozen=True)
+class SynthConfig:
+    """``ctrkit synth``: which synthetic data, how much, where."""
+
+    kind: str = option(
+        "criteo-like",
+        "criteo-like: a split-binary dataset of 13 numerical + 26 categorical features; outbrain: displays of "
+        "2-12 ads with one click each, request- and item-level features, two multi-hot, display ids for MAP@12; "
+        "criteo: raw Criteo-format TSV (--out names a file; .gz to compress)",
+        ("criteo-like", "outbrain", "criteo"),
+        positional=True,
+    )
+    out: Path | None = option(None, "dataset directory to create (a file for criteo)", required=True)
+    rows: int = option(300_000, "about this many samples, train + test")
+    tables: tuple[int, ...] | None = option(
+        None,
+        "comma-separated cardinalities of the categorical features",
+        unset="26 Criteo-like tables of 3 to 200,000 rows",
+        parse="int_list",
+    )
+    num_numerical: int = option(13, "numerical features")
+    test_fraction: float = option(0.1, "share of rows in test/")
+    seed: int = option(0, "random seed of the click model and samples")
+    overwrite: bool = option(False, "replace an existing dataset directory")
+
+
+@dataclass(frozen=True)
+class CriteoPreprocessConfig:
+    """``ctrkit preprocess criteo``: the raw files, the split, the recipe's threshold and the engine."""
+
+    raw: tuple[Path, ...] = option(
+        (), "raw TSV files (plain or .gz) of the train split, in order", positional=True, nargs="+"
+    )
+    out: Path | None = option(None, "dataset directory to create", required=True)
+    test_files: tuple[Path, ...] | None = option(None, "raw files of the test split", nargs="+", exclusive="split")
+    test_fraction: float | None = option(
+        None, "last fraction of the rows as the test split", unset="0.1", exclusive="split"
+    )
+    frequency_threshold: int = option(3, "FL: rarer categories share one id")
+    bad_rows: str = option(
+        "error",
+        "error: stop at the first malformed row, naming file and line; skip: drop and count them, keeping the "
+        "first 20 in rejects.jsonl",
+        ("error", "skip"),
+    )
+    engine: str = option(
+        "polars",
+        "polars: embedded, streaming, memory bounded; spark: Apache Spark (pip install 'ctrkit[spark]'), for "
+        "data that outgrows one machine. Both write byte-identical datasets",
+        ("polars", "spark"),
+    )
+    spark_master: str = option(
+        "local[*]", "Spark master URL for --engine spark", shown="local[*]: all cores of this machine"
+    )
+    overwrite: bool = option(False, "replace an existing dataset directory")
+    no_progress: bool = option(False, "no progress bars")
+
+
+@dataclass(frozen=True)
+class TranscodeConfig:
+    """``ctrkit transcode``: CSV/Parquet chunks in, split binary out."""
+
+    input: Path | None = option(None, "directory holding feature_spec.yaml and the data", required=True)
+    output: Path | None = option(None, "dataset directory to create", required=True)
+    overwrite: bool = option(False, "replace an existing output directory")
+    chunk_size: int = option(1 << 20, "rows read and written at a time; memory stays bounded by it, not by the data")
+
+
+@dataclass(frozen=True)
+class GenCsvConfig:
+    """``ctrkit gen-csv``: random CSV files for a CSV-type feature spec."""
+
+    feature_spec: Path | None = option(None, "a feature_spec.yaml with csv chunks", required=True)
+    out: Path | None = option(None, "directory for the CSV files and the spec", required=True)
+    rows: int = option(1000, "rows per mapping")
+    seed: int = option(0, "random seed")
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    """``ctrkit export``: which checkpoint, in which format, where."""
+
+    checkpoint: Path | None = option(None, "checkpoint written by `ctrkit train`", required=True)
+    format: str | None = option(None, "what to write", EXPORT_FORMATS, required=True)
+    out: Path | None = option(None, "directory to create", required=True)
+    name: str | None = option(None, "model name in a Triton repository", unset="the model type")
+    backend: str = option("onnx", "model file inside a Triton repository", ("onnx", "torchscript"))
+    quantize: str = option(
+        "none",
+        "int8: ONNX with int8 linear layers (onnxruntime dynamic quantization, per-batch activation scales; "
+        "embeddings stay float32), for throughput on CPUs with int8 dot-product instructions",
+        QUANTIZATIONS,
+    )
+    overwrite: bool = option(False, "replace an existing output directory")

@@ -17,9 +17,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ctrkit.bench.config import INFERENCE_RUNTIMES as RUNTIMES
 from ctrkit.models.signature import CATEGORICAL, MULTI_HOT, NUMERICAL, Signature
-
-RUNTIMES = ("torch", "torch-bf16", "torch-bf16-compiled", "onnx", "onnx-int8", "torchscript")
 
 
 def kaggle_checkpoint(path: Path, seed: int = 0) -> Path:

@@ -6,41 +6,18 @@ import os
 import platform
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import numpy as np
 import torch
 
+from ctrkit.bench.config import TrainBenchConfig
 from ctrkit.data.batch import Batch
 from ctrkit.data.synthetic import power_law_ids
 from ctrkit.device import amp_dtype_for
 from ctrkit.models.registry import config_to_dict, create_model, make_config, train_defaults
 from ctrkit.train.optim import build_optimizers
 from ctrkit.train.trainer import TrainStep
-
-
-@dataclass(frozen=True)
-class TrainBenchConfig:
-    """Benchmark shape; the defaults are the Criteo-Kaggle DLRM."""
-
-    model: str = "dlrm"
-    batch_size: int = 2048
-    num_tables: int = 26
-    table_rows: int = 100_000
-    embedding_dim: int = 16
-    num_numerical: int = 13
-    bottom_mlp: tuple[int, ...] | None = None  # None: the model's default (DLRM/DCNv2: 512,256,64,16)
-    top_mlp: tuple[int, ...] | None = None  # None: the model's default (DLRM/DCNv2: 512,256,1)
-    warmup: int = 10
-    steps: int = 50
-    repeats: int = 5
-    amp: bool = False
-    dense_gradients: bool = False
-    optimizer: str | None = None
-    embedding_optimizer: str | None = None
-    compile: bool = False
-    seed: int = 0
-    distinct_batches: int = 16
 
 
 def make_batches(cfg: TrainBenchConfig, rng: np.random.Generator) -> list[Batch]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import typing
 from dataclasses import MISSING, fields
@@ -31,16 +32,26 @@ def name_list(text: str) -> tuple[str, ...]:
     return values
 
 
+PARSERS = {"int_list": int_list, "name_list": name_list}
+
+
 def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
 def _scalar_type(hint: Any) -> type:
-    """bool, int, float or str from a field's type hint such as ``int | None``."""
-    for t in (bool, int, float, str):
-        if t in (typing.get_args(hint) or (hint,)):
+    """bool, int, float, str or Path from a field's type hint such as ``int | None`` (the items' type
+    for ``tuple[Path, ...]``, a flag taking several values)."""
+    options = typing.get_args(hint) if typing.get_origin(hint) is not tuple else (hint,)
+    options = [typing.get_args(o)[0] if typing.get_origin(o) is tuple else o for o in options or (hint,)]
+    for t in (bool, int, float, str, Path):
+        if t in options:
             return t
     raise TypeError(f"no command-line type for {hint!r}")
+
+
+def _said(value: Any) -> str:
+    return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
 
 
 def add_config_flags(
@@ -49,26 +60,56 @@ def add_config_flags(
     exclude: tuple[str, ...] = (),
     suppress: bool = False,
 ) -> None:
-    """One flag per field of config dataclass ``cls`` (``--field-name``), typed, with the field's choices
-    and help and its default said in the help. With ``suppress``, a flag not given is absent from the
-    parsed namespace (so a YAML config can supply it before the default applies)."""
+    """One argument per field of config dataclass ``cls`` (``--field-name``), typed, with the field's
+    choices and help and its default said in the help (see ``config.option`` for the spellings a field
+    may ask for). With ``suppress``, a flag not given is absent from the parsed namespace (so a YAML
+    config can supply it before the default applies)."""
     hints = typing.get_type_hints(cls)
+    groups: dict[str, Any] = {}
     for f in fields(cls):
         if f.name in exclude:
             continue
         meta = f.metadata
         default = None if f.default is MISSING else f.default
-        kind = _scalar_type(hints[f.name])
-        said = meta.get("unset") if default is None else (default if kind is not bool else None)
+        kind = PARSERS[meta["parse"]] if "parse" in meta else _scalar_type(hints[f.name])
+        said = meta.get("shown") or (meta.get("unset") if default is None else None)
+        if said is None and default is not None and kind is not bool and not meta.get("required"):
+            said = _said(default)
         help_text = meta.get("help", "") + (f" (default: {said})" if said is not None else "")
-        kwargs: dict[str, Any] = {"help": help_text.replace("%", "%%"), "default": SUPPRESS if suppress else default}
+        kwargs: dict[str, Any] = {"help": argparse.SUPPRESS if meta.get("hidden") else help_text.replace("%", "%%")}
+        kwargs["default"] = SUPPRESS if suppress or meta.get("suppress") else default
         if kind is bool:
             kwargs["action"] = "store_true"
         else:
             kwargs["type"] = kind
             if meta.get("choices"):
                 kwargs["choices"] = meta["choices"]
-        parser.add_argument(flag(f.name), dest=f.name, **kwargs)
+            if meta.get("nargs"):
+                kwargs["nargs"] = meta["nargs"]
+        target = parser
+        if meta.get("exclusive"):
+            if meta["exclusive"] not in groups:
+                required = any(g.metadata.get("exclusive") == meta["exclusive"] and g.metadata.get("required")
+                               for g in fields(cls))  # fmt: skip
+                groups[meta["exclusive"]] = parser.add_mutually_exclusive_group(required=required)
+            target = groups[meta["exclusive"]]
+        elif meta.get("required"):
+            kwargs["required"] = True
+        if meta.get("positional"):
+            kwargs.setdefault("nargs", "?")
+            if kwargs["nargs"] == "+":
+                kwargs.pop("default")
+            target.add_argument(f.name, **kwargs)
+        else:
+            target.add_argument(flag(f.name), dest=f.name, **kwargs)
+
+
+def config_from(args: argparse.Namespace, cls: type) -> Any:
+    """The config ``cls`` of the parsed arguments (fields not given keep their defaults), validated."""
+    cfg = cls(**config_values(args, cls))
+    if hasattr(cfg, "validate"):
+        cfg.validate()
+    return cfg
 
 
 def config_values(args: argparse.Namespace, cls: type) -> dict[str, Any]:
@@ -111,3 +152,21 @@ def write_result(result: dict | list, path: Path | None) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
         print(f"wrote {path}")
+
+
+def add_command(
+    sub: argparse._SubParsersAction,
+    name: str,
+    handler: Any,
+    configs: tuple[type, ...],
+    exclude: tuple[str, ...] = (),
+) -> argparse.ArgumentParser:
+    """A subcommand whose arguments are the fields of ``configs``, run by ``handler``; the handler's
+    docstring is its help (the first line) and description (the rest)."""
+    doc = inspect.cleandoc(handler.__doc__ or "")
+    summary, _, details = doc.partition("\n\n")
+    parser = sub.add_parser(name, help=summary, description=" ".join(details.split()) or None)
+    for cls in configs:
+        add_config_flags(parser, cls, exclude)
+    parser.set_defaults(handler=handler)
+    return parser

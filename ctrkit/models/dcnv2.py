@@ -7,8 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ctrkit.models.embeddings import CategoricalEmbeddings
-from ctrkit.models.inputs import BottomTopConfig
+from ctrkit.models.inputs import BottomTopConfig, input_layers
 from ctrkit.models.interaction import CrossNetwork
 from ctrkit.models.mlp import MLP
 from ctrkit.models.registry import register_model
@@ -56,25 +55,18 @@ DCNV2_TRAIN_DEFAULTS = {
 
 @register_model("dcnv2", DCNv2Config, DCNV2_TRAIN_DEFAULTS)
 class DCNv2(nn.Module):
-    """Deep & Cross Network v2 (Wang et al., 2021).
+    """Deep & Cross Network v2 (Wang et al., 2021) from a DCNv2Config: the cross network over
+    x0 = [bottom MLP output, embeddings], of width d = D * (F + 1) (D * F without numerical features).
 
-    Shape letters: B batch, F categorical features, D embedding dim, N numerical features,
-    d = D * (F + 1) (or D * F without numerical features) the width of x0.
-
-    Args:
-        config: DCNv2Config.
-
-    Shapes: numerical (B, N) float, categorical (B, F) int64, multi_hot (Fm features) or None -> logits (B,).
+    Takes numerical (B, N) float, categorical (B, F) int64 and multi_hot (Fm features) or None, and
+    returns logits (B,); B is the batch, F the categorical features, D the embedding dim.
     """
 
     def __init__(self, config: DCNv2Config):
         super().__init__()
         self.config = config
-        d = config.embedding_dim
-        self.bottom_mlp = MLP(config.num_numerical, config.bottom_mlp) if config.num_numerical else None
-        self.embeddings = CategoricalEmbeddings.from_config(config, d)
-        num_features = self.embeddings.num_features
-        width = d * (num_features + (1 if self.bottom_mlp is not None else 0))
+        self.bottom_mlp, self.embeddings, num_vectors = input_layers(config)
+        width = config.embedding_dim * num_vectors
         self.cross = CrossNetwork(width, config.cross_layers, config.cross_projection_dim)
         if config.structure == "stacked":
             self.deep = None

@@ -7,8 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ctrkit.models.embeddings import CategoricalEmbeddings
-from ctrkit.models.inputs import BottomTopConfig
+from ctrkit.models.inputs import BottomTopConfig, input_layers
 from ctrkit.models.interaction import DotInteraction
 from ctrkit.models.mlp import MLP
 from ctrkit.models.registry import register_model
@@ -32,26 +31,18 @@ DLRM_TRAIN_DEFAULTS = {"optimizer": "sgd", "lr": 1.0, "embedding_optimizer": "sg
 
 @register_model("dlrm", DLRMConfig, DLRM_TRAIN_DEFAULTS)
 class DLRM(nn.Module):
-    """Deep Learning Recommendation Model (Naumov et al., 2019).
+    """Deep Learning Recommendation Model (Naumov et al., 2019), built from a DLRMConfig.
 
-    Shape letters: B batch, F categorical features, D embedding dim, N numerical features.
-
-    Args:
-        config: DLRMConfig.
-
-    Shapes: numerical (B, N) float, categorical (B, F) int64, multi_hot (Fm features) or None -> logits (B,).
+    Shapes (B batch, F categorical features, D embedding dim, N numerical features): numerical (B, N)
+    float, categorical (B, F) int64 and multi_hot (Fm features) or None in; logits (B,) out.
     """
 
     def __init__(self, config: DLRMConfig):
         super().__init__()
         self.config = config
-        d = config.embedding_dim
-        self.bottom_mlp = MLP(config.num_numerical, config.bottom_mlp) if config.num_numerical else None
-        self.embeddings = CategoricalEmbeddings.from_config(config, d)
-        num_features = self.embeddings.num_features
-        num_vectors = num_features + (1 if self.bottom_mlp is not None else 0)
+        self.bottom_mlp, self.embeddings, num_vectors = input_layers(config)
         self.interaction = DotInteraction(
-            num_vectors, d, config.self_interaction, with_dense=self.bottom_mlp is not None
+            num_vectors, config.embedding_dim, config.self_interaction, with_dense=self.bottom_mlp is not None
         )
         self.top_mlp = MLP(self.interaction.out_features, config.top_mlp, relu_last=False)
 

@@ -1,4 +1,4 @@
-"""The input fields every model config shares (the dataset's shape), and their checks.
+"""The input fields every model config shares (the dataset's shape), their checks, and the input layers.
 
 Each check raises a ValueError naming the field and what was expected.
 """
@@ -7,6 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from ctrkit.models.embeddings import CategoricalEmbeddings
+from ctrkit.models.mlp import MLP
 
 
 def check_inputs(num_numerical: int, cardinalities: Sequence[int], embedding_dim: int) -> None:
@@ -77,3 +80,11 @@ class BottomTopConfig(InputsConfig):
             )
         if not self.top_mlp or self.top_mlp[-1] != 1:
             raise ValueError(f"top_mlp must end in 1 (the logit), got {list(self.top_mlp)}")
+
+
+def input_layers(config: BottomTopConfig) -> tuple[MLP | None, CategoricalEmbeddings, int]:
+    """The bottom MLP (None without numerical features), the embeddings, and how many D-wide vectors
+    they give each sample (categorical features, plus one for the bottom MLP's output)."""
+    bottom = MLP(config.num_numerical, config.bottom_mlp) if config.num_numerical else None
+    embeddings = CategoricalEmbeddings.from_config(config, config.embedding_dim)
+    return bottom, embeddings, embeddings.num_features + (bottom is not None)

@@ -50,17 +50,13 @@ WIDE_DEEP_TRAIN_DEFAULTS = {
 
 @register_model("wide_deep", WideDeepConfig, WIDE_DEEP_TRAIN_DEFAULTS)
 class WideDeep(nn.Module):
-    """Wide & Deep (Cheng et al., 2016).
+    """Wide & Deep (Cheng et al., 2016) from a WideDeepConfig.
 
-    Shape letters: B batch, F categorical features, D embedding dim, N numerical features.
     Wide: one weight per id (dim-1 embeddings) summed over features, plus a linear map of the
     numerical features. Deep: [embeddings, numerical] through the MLP to one logit. The output is
-    their sum (the click probability is its sigmoid).
-
-    Args:
-        config: WideDeepConfig.
-
-    Shapes: numerical (B, N) float, categorical (B, F) int64, multi_hot (Fm features) or None -> logits (B,).
+    their sum (the click probability is its sigmoid). With B the batch, F the categorical features
+    and N the numerical ones: numerical (B, N) float, categorical (B, F) int64, multi_hot (Fm
+    features) or None -> logits (B,).
     """
 
     def __init__(self, config: WideDeepConfig):

@@ -1,0 +1,99 @@
+"""What each benchmark measures, as config dataclasses (the ``ctrkit bench`` flags are generated from them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ctrkit.config import DENSE_OPTIMIZERS, TABLE_OPTIMIZERS, option
+
+INFERENCE_RUNTIMES = ("torch", "torch-bf16", "torch-bf16-compiled", "onnx", "onnx-int8", "torchscript")
+
+
+@dataclass(frozen=True)
+class TrainBenchConfig:
+    """Benchmark shape; the defaults are the Criteo-Kaggle DLRM."""
+
+    model: str = option("dlrm", "registered model name")
+    batch_size: int = option(2048, "samples per step")
+    num_tables: int = option(26, "categorical features")
+    table_rows: int = option(100_000, "rows per table")
+    embedding_dim: int = option(16, "embedding width")
+    num_numerical: int = option(13, "numerical features")
+    bottom_mlp: tuple[int, ...] | None = option(None, "bottom MLP widths", unset="the model's", parse="int_list")
+    top_mlp: tuple[int, ...] | None = option(None, "top MLP widths", unset="the model's", parse="int_list")
+    warmup: int = option(10, "untimed steps first")
+    steps: int = option(50, "timed steps per repeat")
+    repeats: int = option(5, "timed repeats; the median is reported")
+    amp: bool = option(False, "bf16 autocast (CPU) / fp16 (CUDA)")
+    dense_gradients: bool = option(
+        False, "dense embedding gradients (the plain-PyTorch baseline) instead of sparse ones"
+    )
+    optimizer: str | None = option(None, "dense optimizer", DENSE_OPTIMIZERS, "the model's")
+    embedding_optimizer: str | None = option(None, "embedding optimizer", TABLE_OPTIMIZERS, "the model's")
+    compile: bool = option(False, "torch.compile the model (compile time is in the warm-up)")
+    seed: int = option(0, "seed")
+    distinct_batches: int = option(16, "distinct random batches cycled through")
+
+
+@dataclass(frozen=True)
+class BenchRunOptions:
+    """Where any benchmark runs and what it writes."""
+
+    threads: int | None = option(None, "torch intra-op threads", unset="torch's choice")
+    device: str = option("auto", "auto, cpu, cuda, cuda:N")
+    output: Path | None = option(None, "write the results as JSON here")
+
+
+@dataclass(frozen=True)
+class InferenceBenchConfig:
+    """``ctrkit bench inference``: in process per runtime, or through a running server."""
+
+    checkpoint: Path | None = option(None, "checkpoint to score in process", exclusive="source", required=True)
+    kaggle_shape: bool = option(
+        False,
+        "a randomly initialised DLRM of the Criteo-Kaggle shape (26 x 100,000 x 16) instead of a checkpoint",
+        exclusive="source",
+    )
+    server: str | None = option(None, "host:port of a running `ctrkit serve` to measure through", exclusive="source")
+    model: str = option("dlrm", "model name on the server")
+    batch_sizes: tuple[int, ...] = option((1, 64, 4096), "comma-separated batch sizes", parse="int_list")
+    runtimes: tuple[str, ...] = option(
+        INFERENCE_RUNTIMES,
+        "in-process runtimes: torch (fp32), torch-bf16 (bf16 weights), torch-bf16-compiled (torch.compile with "
+        "weight freezing), onnx (ONNX Runtime), onnx-int8 (ONNX Runtime, int8 linear layers), torchscript",
+        parse="name_list",
+        shown="all",
+    )
+    seconds: float = option(2.0, "in process: time per batch size")
+    repeats: int = option(1, "in process: rounds over all runtimes; the median is reported")
+    requests: int = option(2000, "server: requests per batch size")
+    concurrency: int = option(8, "server: concurrent clients")
+
+
+@dataclass(frozen=True)
+class ScaleBenchOptions:
+    """``ctrkit bench scale``: which synthetic models at which world sizes (one ScaleBenchConfig each)."""
+
+    models: tuple[str, ...] = option(("tiny", "small"), "comma-separated synthetic models", parse="name_list")
+    scale: float = option(1024.0, "divide every model's size by this")
+    world_sizes: tuple[int, ...] = option((1, 2), "comma-separated world sizes", parse="int_list")
+    embedding_dim: int = option(32, "embedding width")
+    batch_size: int = option(4096, "global samples per step")
+    warmup: int = option(3, "untimed steps")
+    steps: int = option(15, "timed steps; the median is reported")
+    sharding: str = option("auto", "table placement", ("auto", "table", "column", "row"))
+    seed: int = option(0, "seed of the synthetic batches")
+    worker_output: Path | None = option(None, "set for each job of the benchmark", hidden=True)
+
+
+@dataclass(frozen=True)
+class PreprocessBenchConfig:
+    """``ctrkit bench preprocess``: rows/s and peak RSS of one engine."""
+
+    rows: int = option(2_000_000, "raw rows to generate")
+    input: Path | None = option(None, "use this raw file instead of generating one")
+    engine: str = option("polars", "preprocessing engine", ("polars", "spark"))
+    spark_master: str = option("local[*]", "Spark master URL for --engine spark")
+    seed: int = option(0, "seed of the generated file")
+    repeats: int = option(1, "runs to take the median time of")
