@@ -47,7 +47,8 @@ class Checkpoint:
         model_name: the registered model name (``ctrkit models``).
         model_config: the model config's fields as plain values (see ``registry.config_to_dict``).
         spec: the dataset's spec summary the model was trained on (features, cardinalities).
-        model: the single-process model's state dict (whole tables, whatever the world size).
+        model: the single-process model's state dict (whole tables, whatever the world size): the
+            weights the run selected (its best validation evaluation), else its last ones.
         train_config: the resolved TrainConfig as a dict (None for a model saved without a run).
         optimizers: the optimizers' state dicts in TrainConfig's order (dense, embedding, wide).
         step: optimizer steps taken.
@@ -57,6 +58,8 @@ class Checkpoint:
         rank_optimizers: a hybrid-parallel run's optimizer states per rank.
         selection: model selection on validation data: the best step, its metrics, and the
             plateau/early-stopping counters (None: a run without validation).
+        resume_model: the weights at ``step`` when they differ from ``model`` (a run checkpointed past
+            its best evaluation), to resume from; None otherwise.
     """
 
     model_name: str
@@ -71,6 +74,12 @@ class Checkpoint:
     sharding: dict[str, list] | None = None
     rank_optimizers: list | None = None
     selection: dict[str, Any] | None = None
+    resume_model: dict[str, torch.Tensor] | None = None
+
+    @property
+    def resume_weights(self) -> dict[str, torch.Tensor]:
+        """The weights training continues from."""
+        return self.resume_model if self.resume_model is not None else self.model
 
     @property
     def epoch(self) -> int:

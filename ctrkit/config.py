@@ -42,7 +42,7 @@ class TrainConfig:
     chooses for itself (optimizers, rates, batch size) are None until ``resolve`` fills them in.
     """
 
-    epochs: int = option(1, "passes over the training data")
+    epochs: int = option(1, "the most passes over the training data (training stops earlier on a plateau)")
     max_steps: int | None = option(None, "stop after this many steps in total", unset="all epochs")
     batch_size: int | None = option(None, "samples per step", unset="the model's")
     eval_batch_size: int = option(16384, "samples per forward pass in evaluation")
@@ -64,7 +64,20 @@ class TrainConfig:
     decay_power: float = option(2.0, "power of the polynomial decay")
     end_lr: float = option(0.0, "learning rate after the decay")
     seed: int = option(0, "seed of weights, batch order and every torch random source")
-    evals_per_epoch: int = option(1, "evaluations per epoch, 0 for only at the end")
+    evals_per_epoch: int = option(4, "validation evaluations per epoch, 0 for only at the end")
+    validation_fraction: float = option(
+        0.1,
+        "when the dataset has no 'validation' mapping, hold out this last fraction of 'train' (the most recent "
+        "rows of a time-ordered log) for validation; 0 for none (no model selection)",
+    )
+    early_stopping_patience: int = option(
+        4, "stop after this many validation evaluations without improvement (0: never stop early)"
+    )
+    plateau_patience: int = option(
+        2, "multiply the learning rates by plateau_factor after this many evaluations without improvement (0: never)"
+    )
+    plateau_factor: float = option(0.5, "the learning-rate multiplier on a validation plateau")
+    min_delta: float = option(1e-4, "the validation AUC gain that counts as an improvement")
     print_freq: int = option(50, "steps between log records")
     amp: bool = option(False, "mixed precision: bf16 autocast on CPU, fp16 (with loss scaling) on CUDA")
     amp_dtype: str | None = option(None, "override the mixed-precision dtype", ("bf16", "fp16"), "bf16 on CPU")
@@ -106,6 +119,14 @@ class TrainConfig:
             value = getattr(self, name)
             if value is not None and value not in allowed:
                 raise ValueError(f"`{name}`: expected one of {', '.join(allowed)}, got {value!r}")
+        positive("early_stopping_patience", allow_zero=True)
+        positive("plateau_patience", allow_zero=True)
+        if not 0.0 <= self.validation_fraction < 1.0:
+            raise ValueError(f"`validation_fraction`: expected a fraction in [0, 1), got {self.validation_fraction}")
+        if not 0.0 < self.plateau_factor <= 1.0:
+            raise ValueError(f"`plateau_factor`: expected a multiplier in (0, 1], got {self.plateau_factor}")
+        if self.min_delta < 0:
+            raise ValueError(f"`min_delta`: expected a number >= 0, got {self.min_delta}")
         if self.decay_power <= 0:
             raise ValueError(f"`decay_power`: expected a positive power, got {self.decay_power}")
         if self.amp_dtype not in (None, "bf16", "fp16"):

@@ -30,10 +30,13 @@ def train(args: argparse.Namespace) -> int:
     """train a model on a dataset
 
     Trains a model on the 'train' mapping of a split-binary dataset with the model's optimizers (sparse
-    embedding updates), evaluating on 'test'. The LR schedule warms up linearly, holds, then decays
-    polynomially; unset schedule flags are derived from the run length (5% warmup, decay over the last
-    half). Settings resolve as: flags, then --config, then the model's defaults; the resolved run is
-    written beside the checkpoint as YAML, which --config accepts back.
+    embedding updates). Evaluations during training score the 'validation' mapping (or, without one, a
+    held-out tail of 'train'); the run keeps the weights of the best validation AUC, lowers the learning
+    rates on a plateau and stops early after a patience, then scores 'test' once with the kept weights.
+    The LR schedule warms up linearly, holds, then decays polynomially; unset schedule flags are derived
+    from the run length (5% warmup, decay over the last half). Settings resolve as: flags, then --config,
+    then the model's defaults; the resolved run is written beside the checkpoint as YAML, which --config
+    accepts back.
     """
     import torch
 
@@ -70,12 +73,15 @@ def train(args: argparse.Namespace) -> int:
               f"{run.num_parameters:,} parameters", file=sys.stderr)  # fmt: skip
     print(run.describe(), file=sys.stderr)
     result = run.fit()
-    saved = f"; checkpoint {spec.save_checkpoint}" if spec.save_checkpoint else ""
-    if "auc" not in result:
-        print(f"done: {run.trainer.step} steps{saved}")
-        return 0
-    print(f"done: {run.trainer.step} steps, test AUC {result['auc']:.4f}, logloss {result['logloss']:.4f} "
-          f"on {result['samples']:,} samples{saved}")  # fmt: skip
+    parts = [f"done: {result['step']} steps" + (" (stopped early)" if result["stopped_early"] else "")]
+    if "validation" in result:
+        v = result["validation"]
+        parts.append(f"kept step {result['best_step']} (validation AUC {v['auc']:.4f}, logloss {v['logloss']:.4f})")
+    if "auc" in result:
+        parts.append(f"test AUC {result['auc']:.4f}, logloss {result['logloss']:.4f} on {result['samples']:,} samples")
+    if spec.save_checkpoint:
+        parts.append(f"checkpoint {spec.save_checkpoint}")
+    print("; ".join(parts))
     return 0
 
 

@@ -72,3 +72,49 @@ class SplitBinaryDataset:
     def labels(self) -> np.ndarray:
         """All labels as a (N,) uint8 array."""
         return np.asarray(self._data.labels)
+
+
+class DatasetRange:
+    """Samples ``[start, stop)`` of a dataset, with the dataset's interface (a held-out tail, for example).
+
+    Args:
+        dataset: the whole mapping.
+        start, stop: the range; ``mapping`` names it, e.g. ``train[90000:100000]``.
+    """
+
+    def __init__(self, dataset: SplitBinaryDataset, start: int, stop: int):
+        if not 0 <= start <= stop <= len(dataset):
+            raise ValueError(
+                f"range [{start}, {stop}) does not lie within the {len(dataset)} samples of '{dataset.mapping}'"
+            )
+        self.base, self.start, self.stop = dataset, start, stop
+        self.spec = dataset.spec
+        self.mapping = f"{dataset.mapping}[{start}:{stop}]"
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def slice(self, start: int, stop: int) -> Batch:
+        return self.base.slice(self.start + start, self.start + stop)
+
+    def labels(self) -> np.ndarray:
+        return self.base.labels()[self.start : self.stop]
+
+    def groups(self) -> np.ndarray | None:
+        groups = self.base.groups()
+        return None if groups is None else groups[self.start : self.stop]
+
+
+def split_tail(dataset: SplitBinaryDataset, fraction: float) -> tuple[DatasetRange, DatasetRange]:
+    """(head, tail): the last ``fraction`` of the samples held out, at least one on each side.
+
+    Click logs are time-ordered, so the tail is the most recent data: the closest to what a model will
+    score once deployed. Deterministic: the same dataset and fraction give the same split.
+    """
+    n = len(dataset)
+    if not 0.0 < fraction < 1.0:
+        raise ValueError(f"`validation_fraction` must lie in (0, 1), got {fraction}")
+    if n < 2:
+        raise ValueError(f"'{dataset.mapping}' holds {n} samples: too few to hold some out for validation")
+    cut = min(max(n - int(round(n * fraction)), 1), n - 1)
+    return DatasetRange(dataset, 0, cut), DatasetRange(dataset, cut, n)

@@ -103,6 +103,18 @@ class HybridModel(nn.Module):
         """The placement of every shard (stored in checkpoints to recognise the same sharding)."""
         return {name: plan.key() for name, plan in self.plans.items()}
 
+    def load_full_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Loads a single-process state dict (whole tables): replicated weights as they are, and from each
+        table this rank's shards."""
+        dense = {k: v for k, v in state.items() if not k.startswith(self._sharded)}
+        missing, unexpected = self.model.load_state_dict(dense, strict=False)
+        if unexpected or any(not k.startswith(self._sharded) for k in missing):
+            raise ValueError(f"state dict does not fit the model: missing {missing}, unexpected {unexpected}")
+        for name, m in sharded_collections(self.model).items():
+            m.onehot.load_full_tables(state[f"{name}.onehot.weight"])
+            if m.bags is not None:
+                m.bags.load_full_tables(state[f"{name}.bags.weight"])
+
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The single-process model's state dict (whole tables), identical on every rank."""
         state = {k: v for k, v in self.model.state_dict().items() if not k.startswith(self._sharded)}

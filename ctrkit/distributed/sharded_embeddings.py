@@ -111,6 +111,14 @@ class ShardedEmbeddingCollection(nn.Module):
         """The shards: embedding tables to the optimizers (sparse row updates)."""
         return list(self.shards)
 
+    @torch.no_grad()
+    def load_full_tables(self, flat: torch.Tensor) -> None:
+        """Copies this rank's shards out of the flat (sum of cardinalities, D) weight of whole tables."""
+        offsets = [sum(self.cardinalities[:f]) for f in range(self.num_features)]
+        for s, w in zip(self.local, self.shards):
+            off = offsets[s.feature]
+            w.copy_(flat[off + s.row_lo : off + s.row_hi, s.col_lo : s.col_hi])
+
     def full_tables(self) -> torch.Tensor:
         """Every table, whole, on every rank: the flat (sum of cardinalities, D) weight of the source.
 

@@ -199,6 +199,8 @@ class Run:
         feature_spec = FeatureSpec.from_yaml(spec.dataset)
         self.train_set = SplitBinaryDataset(feature_spec, "train")
         test_set = SplitBinaryDataset(feature_spec, "test") if "test" in feature_spec.source_spec else None
+        mappings = feature_spec.source_spec
+        validation_set = SplitBinaryDataset(feature_spec, "validation") if "validation" in mappings else None
         ckpt = None
         if spec.load_checkpoint is not None:
             ckpt = load_checkpoint(spec.load_checkpoint)
@@ -208,7 +210,7 @@ class Run:
         model = create_model(spec.model, spec.model_config).to(self.device)
         if self.env is not None or par.print_sharding_plan:
             world, rank = (self.env.world_size, self.env.rank) if self.env is not None else (1, None)
-            state = ckpt.model if ckpt is not None else None
+            state = ckpt.resume_weights if ckpt is not None else None
             model, plans = shard_for_job(
                 model, world, rank, par.sharding, par.column_split_dim, par.row_budget_bytes, state
             )
@@ -233,6 +235,7 @@ class Run:
             spec.log_path,
             progress=spec.progress,
             env=self.env,
+            validation_set=validation_set,
         )
         if ckpt is not None:
             self.trainer.restore(ckpt)

@@ -20,12 +20,13 @@ from tqdm.auto import tqdm
 from ctrkit.checkpoint import Checkpoint, rng_state, save_checkpoint, set_rng_state
 from ctrkit.config import TrainConfig
 from ctrkit.data.batch import Batch
-from ctrkit.data.dataset import SplitBinaryDataset
+from ctrkit.data.dataset import SplitBinaryDataset, split_tail
 from ctrkit.data.loader import BatchLoader
 from ctrkit.distributed.env import DistEnv, all_reduce_sum
 from ctrkit.eval.evaluator import evaluate
 from ctrkit.models.registry import config_to_dict
 from ctrkit.train.optim import LRSchedule, build_optimizers
+from ctrkit.train.selection import Selection
 
 
 def resolve_schedule(cfg: TrainConfig, total_steps: int) -> LRSchedule:
@@ -126,7 +127,7 @@ class Trainer:
         model: the model (already on ``device``).
         info: model name/config and the dataset's spec summary, stored in checkpoints.
         train_set: the training mapping.
-        test_set: the evaluation mapping, or None to skip evaluation.
+        test_set: the test mapping, scored once at the end with the selected weights (None: not scored).
         cfg: TrainConfig.
         device: the device to train on.
         amp_dtype: autocast dtype or None.
@@ -137,6 +138,13 @@ class Trainer:
         env: this rank's place in a hybrid-parallel job (``model`` is then a HybridModel), or None.
             Every rank reads its share of each global batch; rank 0 logs, shows progress and writes
             checkpoints, which every rank helps assemble (whole tables).
+        validation_set: the validation mapping; None holds out the last ``cfg.validation_fraction`` of
+            ``train_set`` instead (none at 0: no model selection, the last weights are kept).
+
+    Evaluations during training score the validation data only. The run keeps the weights of the best
+    validation AUC, multiplies the learning rates by ``plateau_factor`` on a plateau and stops after
+    ``early_stopping_patience`` evaluations without improvement; checkpoints hold the best weights as
+    ``model`` (what evaluation, export and serving read) and the current ones for resuming.
     """
 
     def __init__(
@@ -152,10 +160,16 @@ class Trainer:
         log_path: str | os.PathLike | None = None,
         progress: bool = True,
         env: DistEnv | None = None,
+        validation_set: SplitBinaryDataset | None = None,
     ):
         cfg = cfg.resolve(info.model_name)
         if len(train_set) == 0:
             raise ValueError(f"the training mapping '{train_set.mapping}' holds no samples")
+        if validation_set is None and cfg.validation_fraction > 0:
+            train_set, validation_set = split_tail(train_set, cfg.validation_fraction)
+        self.validation_set = validation_set
+        self.selection = Selection(cfg.early_stopping_patience, cfg.plateau_patience, cfg.plateau_factor, cfg.min_delta)
+        self.best_state: dict[str, torch.Tensor] | None = None  # single-process state dict of the best weights
         self.model = model
         self.info = info
         self.train_set = train_set
@@ -188,16 +202,19 @@ class Trainer:
             from ctrkit.distributed.sharded_state import gather_rank_optimizers
 
             sharded = gather_rank_optimizers(self.model, self.optimizers)
+        current = self._full_state()
         return Checkpoint(
             model_name=self.info.model_name,
             model_config=config_to_dict(self.info.model_config),
             spec=self.info.spec_summary,
-            model=self.model.full_state_dict() if self.env is not None else self.model.state_dict(),
+            model=self.best_state if self.best_state is not None else current,
+            resume_model=current if self.best_state is not None and self.selection.best_step != self.step else None,
             train_config=self.cfg.to_dict(),
             optimizers=[opt.state_dict() for opt in self.optimizers],
             step=self.step,
             steps_per_epoch=self.steps_per_epoch,
             rng=rng_state(),
+            selection=self.selection.state(),
             **sharded,
         )
 
@@ -218,8 +235,12 @@ class Trainer:
                 "resume with the same optimizer, embedding_optimizer and wide_optimizer"
             )
         if self.env is None:
-            self.model.load_state_dict(ckpt.model)
+            self.model.load_state_dict(ckpt.resume_weights)
         # else: each rank took its shards of the weights when the model was sharded (see train/run.py)
+        if ckpt.selection is not None:
+            self.selection = Selection.from_state(ckpt.selection)
+            if self.selection.best_step is not None:
+                self.best_state = {k: v.to(self.device) for k, v in ckpt.model.items()}
         if ckpt.sharding is not None or self.env is not None:
             from ctrkit.distributed.sharded_state import optimizer_states_for_rank
 
@@ -261,19 +282,46 @@ class Trainer:
                     points.add(e * spe + math.ceil(k * spe / self.cfg.evals_per_epoch))
         return {p for p in points if p <= self.total_steps}
 
-    def run_eval(self) -> dict[str, Any] | None:
-        if self.test_set is None or len(self.test_set) == 0:
+    # ---------------------------------------------------------------------- model selection
+    def _full_state(self) -> dict[str, torch.Tensor]:
+        """The single-process model's state dict of the current weights (whole tables; collective in a job)."""
+        if self.env is not None:
+            return self.model.full_state_dict()
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def _score(self, dataset) -> dict[str, Any]:
+        return evaluate(self.model, dataset, self.device, self.cfg.eval_batch_size, self.amp_dtype, env=self.env)
+
+    def validate(self) -> dict[str, Any] | None:
+        """Scores the validation data, updates the selection (best weights, plateau, patience), logs it."""
+        if self.validation_set is None or len(self.validation_set) == 0:
             return None
-        metrics = evaluate(
-            self.model, self.test_set, self.device, self.cfg.eval_batch_size, self.amp_dtype, env=self.env
-        )
-        record = {"event": "eval", "step": self.step, **metrics}
+        metrics = self._score(self.validation_set)
+        if self.selection.update(self.step, metrics):
+            self.best_state = self._full_state()
+        record = {"event": "eval", "mapping": "validation", "step": self.step, **metrics,
+                  "best_step": self.selection.best_step, "lr_scale": self.selection.lr_scale}  # fmt: skip
         self._log(record)
         return record
 
+    def _keep_best(self) -> None:
+        """Puts the selected weights into the model (the last ones when nothing was selected)."""
+        if self.best_state is None or self.selection.best_step == self.step:
+            return
+        if self.env is not None:
+            self.model.load_full_state_dict(self.best_state)
+        else:
+            self.model.load_state_dict(self.best_state)
+
     # ----------------------------------------------------------------------------------- loop
     def fit(self) -> dict[str, Any]:
-        """Trains to ``total_steps``; returns the last evaluation (or the last training loss)."""
+        """Trains until ``total_steps`` or the early-stopping patience runs out, keeps the best validation
+        weights, and scores the test mapping once with them.
+
+        Returns:
+            The test metrics (``auc``, ``logloss``, ...) when there is a test mapping, with ``step`` (steps
+            trained), ``best_step`` (the selected weights' step) and ``validation`` (their validation metrics).
+        """
         cfg = self.cfg
         self._log(
             {
@@ -282,6 +330,7 @@ class Trainer:
                 "total_steps": self.total_steps,
                 "steps_per_epoch": self.steps_per_epoch,
                 "train_samples": len(self.train_set),
+                "validation_samples": len(self.validation_set) if self.validation_set is not None else 0,
                 "model": self.info.model_name,
                 "config": cfg.to_dict(),
                 "device": str(self.device),
@@ -289,7 +338,6 @@ class Trainer:
             }
         )
         eval_steps = self._eval_steps()
-        last_eval: dict[str, Any] | None = None
         loss_sum = torch.zeros((), device=self.device)
         window_steps = window_samples = 0
         window_start = time.perf_counter()
@@ -304,15 +352,15 @@ class Trainer:
         self.model.train()
         batches = None
         try:
-            while self.step < self.total_steps:
+            while self.step < self.total_steps and not self.selection.stopped:
                 epoch, start = divmod(self.step, self.steps_per_epoch)
                 batches = self.loader.epoch(epoch, start)
                 order = self.loader.batch_order(epoch)[start:]
                 for k, batch in enumerate(batches):
                     lo, hi = self.loader.global_bounds(int(order[k]))
                     global_size = hi - lo if self.env is not None else None
-                    loss = self.step_fn(batch, self.schedule(self.step) / cfg.lr, global_size)
-                    loss_sum += loss
+                    scale = self.schedule(self.step) / cfg.lr * self.selection.lr_scale
+                    loss_sum += self.step_fn(batch, scale, global_size)
                     self.step += 1
                     window_steps += 1
                     window_samples += hi - lo
@@ -331,7 +379,7 @@ class Trainer:
                             "step": self.step,
                             "epoch": epoch,
                             "loss": mean_loss,
-                            "lr": self.schedule(self.step - 1),
+                            "lr": self.schedule(self.step - 1) * self.selection.lr_scale,
                             "samples_per_s": window_samples / max(elapsed, 1e-9),
                         }
                         self._log(record)
@@ -341,20 +389,31 @@ class Trainer:
                         window_start = time.perf_counter()
                     if self.step in eval_steps:
                         t0 = time.perf_counter()
-                        last_eval = self.run_eval() or last_eval
-                        if last_eval is not None and self.main:
+                        record = self.validate()
+                        if record is not None and self.main:
                             bar.write(
-                                f"step {self.step}: test AUC {last_eval['auc']:.4f} logloss {last_eval['logloss']:.4f}"
+                                f"step {self.step}: validation AUC {record['auc']:.4f} logloss {record['logloss']:.4f}"
+                                f" (best: step {record['best_step']})"
                             )
                         self.save()
                         window_start += time.perf_counter() - t0  # keep samples/s about training
                     elif cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
                         self.save()
-                    if self.step >= self.total_steps:
+                    if self.step >= self.total_steps or self.selection.stopped:
                         break
         finally:
             if batches is not None:
                 batches.close()  # stops the prefetch thread however the loop ended
             bar.close()
-        self.save()
-        return last_eval or {"event": "done", "step": self.step}
+        self.save()  # the best weights as the model, the last ones to resume from
+        self._keep_best()
+        result: dict[str, Any] = {"step": self.step, "best_step": self.selection.best_step,
+                                  "stopped_early": self.selection.stopped}  # fmt: skip
+        if self.selection.best_metrics is not None:
+            result["validation"] = self.selection.best_metrics
+        if self.test_set is not None and len(self.test_set):
+            test = self._score(self.test_set)
+            self._log({"event": "test", "mapping": "test", "step": self.step, "best_step": result["best_step"],
+                       **test})  # fmt: skip
+            result.update(test)
+        return result
