@@ -1,0 +1,125 @@
+"""Validation split, model selection (best weights, plateau decay, early stopping) and exact resume."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from ctrkit.checkpoint import load_checkpoint
+from ctrkit.config import TrainConfig
+from ctrkit.data.dataset import SplitBinaryDataset, split_tail
+from ctrkit.train.selection import Selection
+from tests.train.test_trainer import build, params
+
+
+def test_validation_split_is_deterministic_disjoint_and_the_tail(tiny_dataset):
+    train = SplitBinaryDataset(tiny_dataset, "train")
+    head, tail = split_tail(train, 0.1)
+    again = split_tail(train, 0.1)
+    assert (len(head), len(tail)) == (19_440, 2_160) and (again[0].stop, again[1].start) == (head.stop, tail.start)
+    assert head.stop == tail.start and tail.stop == len(train)  # disjoint, together the whole mapping
+    np.testing.assert_array_equal(np.concatenate([head.labels(), tail.labels()]), train.labels())
+    whole = train.slice(len(train) - 100, len(train))
+    np.testing.assert_array_equal(tail.slice(len(tail) - 100, len(tail)).categorical, whole.categorical)
+    with pytest.raises(ValueError, match="`validation_fraction` must lie in"):
+        split_tail(train, 1.0)
+
+
+def test_selection_on_a_planted_curve():
+    sel = Selection(patience=3, plateau_patience=2, plateau_factor=0.5, min_delta=0.001)
+    curve = [0.60, 0.70, 0.7005, 0.69, 0.68, 0.75]  # best at step 2; 0.7005 is within min_delta
+    improved = []
+    for step, auc in enumerate(curve, 1):
+        improved.append(sel.update(step, {"auc": auc, "logloss": 0.5}))
+        if sel.stopped:
+            break
+    # stops after the third evaluation without improvement, before ever seeing 0.75
+    assert improved == [True, True, False, False, False] and sel.stopped
+    assert sel.best_step == 2 and sel.best_metrics["auc"] == 0.70
+    assert sel.lr_scale == 0.5  # halved once, after two evaluations without improvement
+    assert Selection.from_state(sel.state()) == sel
+
+
+def test_plateau_decay_compounds_and_restarts_after_an_improvement():
+    sel = Selection(plateau_patience=1, plateau_factor=0.1)
+    for step, auc in enumerate([0.7, 0.6, 0.6, 0.8, 0.6], 1):
+        sel.update(step, {"auc": auc})
+    assert sel.lr_scale == pytest.approx(0.001) and sel.best_step == 4 and not sel.stopped
+
+
+def test_one_class_validation_selects_by_log_loss():
+    sel = Selection()
+    sel.update(1, {"auc": float("nan"), "logloss": 0.4})
+    assert not sel.update(2, {"auc": float("nan"), "logloss": 0.5}) and sel.update(
+        3, {"auc": float("nan"), "logloss": 0.3}
+    )
+
+
+class PlantedValidation:
+    """Replaces the validation score with a planted curve (test scores stay real)."""
+
+    def __init__(self, trainer, curve):
+        self.trainer, self.curve, self.calls, self.states = trainer, list(curve), 0, {}
+        real = trainer._score
+
+        def score(dataset):
+            if dataset is trainer.validation_set:
+                self.states[trainer.step] = params(trainer.model)
+                self.calls += 1
+                return {"auc": self.curve[self.calls - 1], "logloss": 0.5, "samples": len(dataset), "ctr": 0.2}
+            return real(dataset)
+
+        trainer._score = score
+
+
+def test_trainer_keeps_the_best_weights_decays_the_lr_and_stops_early(tiny_dataset, tmp_path):
+    cfg = TrainConfig(batch_size=256, epochs=5, evals_per_epoch=4, early_stopping_patience=3, plateau_patience=2,
+                      plateau_factor=0.5, print_freq=1, seed=1)  # fmt: skip
+    trainer = build(tiny_dataset, cfg, save=tmp_path / "c.pt", log=tmp_path / "log.jsonl")
+    planted = PlantedValidation(trainer, [0.60, 0.70, 0.65, 0.66, 0.64] + [0.9] * 20)
+    result = trainer.fit()
+    spe = trainer.steps_per_epoch  # 76
+    eval_steps = sorted(trainer._eval_steps())
+    assert planted.calls == 5 and result["stopped_early"] and trainer.step == eval_steps[4] < 5 * spe
+    assert result["best_step"] == eval_steps[1] and result["validation"]["auc"] == 0.70
+    best = planted.states[eval_steps[1]]
+    for k, v in params(trainer.model).items():  # the model ends with the weights of the best evaluation
+        torch.testing.assert_close(v, best[k], rtol=0, atol=0)
+    ckpt = load_checkpoint(tmp_path / "c.pt")
+    for k, v in ckpt.model.items():
+        torch.testing.assert_close(v, best[k], rtol=0, atol=0)
+    assert ckpt.resume_model is not None and ckpt.selection["best_step"] == eval_steps[1]
+    records = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    lrs = {r["step"]: r["lr"] for r in records if r["event"] == "train"}
+    schedule = lambda step: trainer.schedule(step - 1)  # noqa: E731
+    # halved after the 2nd evaluation without improvement (the 4th evaluation)
+    assert lrs[eval_steps[3]] == pytest.approx(schedule(eval_steps[3]))
+    assert lrs[eval_steps[3] + 1] == pytest.approx(0.5 * schedule(eval_steps[3] + 1))
+    assert [r["event"] for r in records].count("test") == 1 and "auc" in result
+
+
+def test_resume_past_the_best_step_gives_the_uninterrupted_result(tiny_dataset, tmp_path):
+    cfg = TrainConfig(batch_size=512, epochs=3, evals_per_epoch=3, early_stopping_patience=0, plateau_patience=1,
+                      seed=4)  # fmt: skip
+    straight = build(tiny_dataset, cfg)
+    curve = [0.6, 0.7, 0.65, 0.66, 0.67, 0.64, 0.68, 0.69, 0.61]
+    PlantedValidation(straight, curve)
+    want = straight.fit()
+
+    first = build(tiny_dataset, TrainConfig(**{**cfg.to_dict(), "max_steps": 60}), save=tmp_path / "mid.pt")
+    PlantedValidation(first, curve)
+    first.fit()
+    ckpt = load_checkpoint(tmp_path / "mid.pt")
+    assert ckpt.step == 60 and ckpt.resume_model is not None and ckpt.selection["lr_scale"] < 1
+
+    resumed = build(tiny_dataset, cfg)
+    planted = PlantedValidation(resumed, curve)
+    planted.calls = sum(1 for s in resumed._eval_steps() if s <= 60)
+    resumed.restore(ckpt)
+    got = resumed.fit()
+    assert (got["step"], got["best_step"], got["auc"]) == (want["step"], want["best_step"], want["auc"])
+    for k, v in params(straight.model).items():
+        torch.testing.assert_close(params(resumed.model)[k], v, rtol=0, atol=0, msg=k)
