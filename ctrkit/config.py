@@ -58,6 +58,12 @@ class TrainConfig:
         None, "optimizer of a model's wide (linear) part, e.g. wide_deep's", TABLE_OPTIMIZERS, "the model's"
     )
     wide_lr: float | None = option(None, "peak learning rate of the wide part", unset="the model's")
+    embedding_l2: float = option(
+        0.0,
+        "L2 penalty on the embedding vectors each sample looks up (only those rows get its gradient, as sparse "
+        "updates), added to the mean loss",
+    )
+    weight_decay: float = option(0.0, "L2 penalty on the dense part's weights, added to the mean loss")
     warmup_steps: int | None = option(None, "linear warmup steps", unset="5% of the run")
     decay_start_step: int | None = option(None, "step where polynomial decay begins", unset="half-way")
     decay_steps: int | None = option(None, "length of the decay", unset="half the run")
@@ -125,6 +131,10 @@ class TrainConfig:
             raise ValueError(f"`validation_fraction`: expected a fraction in [0, 1), got {self.validation_fraction}")
         if not 0.0 < self.plateau_factor <= 1.0:
             raise ValueError(f"`plateau_factor`: expected a multiplier in (0, 1], got {self.plateau_factor}")
+        if self.embedding_l2 < 0 or self.weight_decay < 0:
+            raise ValueError(
+                f"`embedding_l2` and `weight_decay` must be >= 0, got {self.embedding_l2}, {self.weight_decay}"
+            )
         if self.min_delta < 0:
             raise ValueError(f"`min_delta`: expected a number >= 0, got {self.min_delta}")
         if self.decay_power <= 0:
@@ -304,8 +314,10 @@ class SynthConfig:
         "criteo-like",
         "criteo-like: a split-binary dataset of 13 numerical + 26 categorical features; outbrain: displays of "
         "2-12 ads with one click each, request- and item-level features, two multi-hot, display ids for MAP@12; "
-        "criteo: raw Criteo-format TSV (--out names a file; .gz to compress)",
-        ("criteo-like", "outbrain", "criteo"),
+        "criteo: raw Criteo-format TSV (--out names a file; .gz to compress); planted: first-order effects and "
+        "pairwise interactions of the frequent ids of long-tailed vocabularies, with the test rows' Bayes-optimal "
+        "AUC in the spec's metadata",
+        ("criteo-like", "outbrain", "criteo", "planted"),
         positional=True,
     )
     out: Path | None = option(None, "dataset directory to create (a file for criteo)", required=True)

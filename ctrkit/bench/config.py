@@ -97,3 +97,31 @@ class PreprocessBenchConfig:
     spark_master: str = option("local[*]", "Spark master URL for --engine spark")
     seed: int = option(0, "seed of the generated file")
     repeats: int = option(1, "runs to take the median time of")
+
+
+@dataclass(frozen=True)
+class AccuracyBenchConfig:
+    """``ctrkit bench accuracy``: the panel of data sets, the models and the baselines."""
+
+    panel: tuple[str, ...] = option(
+        ("criteo", "avazu", "movielens", "planted"),
+        "data sets: criteo, avazu, movielens (the real samples in --shared-data) and planted (synthetic, with "
+        "its Bayes-optimal AUC)",
+        parse="name_list",
+    )
+    shared_data: Path | None = option(
+        None, "directory holding the real samples, laid out as the project's shared/data", unset="../shared/data"
+    )
+    planted_rows: tuple[int, ...] = option(
+        (120_000, 360_000), "rows of each planted data set (a sixth of them test)", parse="int_list"
+    )
+    seeds: tuple[int, ...] = option((0, 1), "seeds of the planted data sets", parse="int_list")
+    datasets: tuple[Path, ...] | None = option(
+        None, "more dataset directories (train and test mappings) to add to the panel", nargs="+"
+    )
+    models: tuple[str, ...] = option(
+        ("dlrm", "dcnv2", "wide_deep"), "models, each with its defaults", parse="name_list"
+    )
+    baselines: tuple[str, ...] = option(("logistic", "lightgbm"), "baselines", parse="name_list")
+    work: Path = option(Path("build/accuracy"), "where the panel's datasets are built")
+    out: Path | None = option(None, "directory to write results.json and results.md to")

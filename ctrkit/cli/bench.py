@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 
 from ctrkit.bench.config import (
+    AccuracyBenchConfig,
     BenchRunOptions,
     InferenceBenchConfig,
     PreprocessBenchConfig,
@@ -20,12 +21,13 @@ from ctrkit.cli.options import add_command, config_from, write_result
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmarks (training, preprocessing, hybrid-parallel scaling)")
     bsub = p.add_subparsers(
-        dest="bench", required=True, metavar="{train,preprocess,scale,inference}", help="what to measure"
+        dest="bench", required=True, metavar="{train,preprocess,scale,inference,accuracy}", help="what to measure"
     )
     add_command(bsub, "inference", inference, (InferenceBenchConfig, BenchRunOptions), ("device",))
     add_command(bsub, "scale", scale, (ScaleBenchOptions, BenchRunOptions), ("threads", "device"))
     add_command(bsub, "preprocess", preprocess, (PreprocessBenchConfig, BenchRunOptions), ("threads", "device"))
     add_command(bsub, "train", train, (TrainBenchConfig, BenchRunOptions), ("distinct_batches",))
+    add_command(bsub, "accuracy", accuracy, (AccuracyBenchConfig, BenchRunOptions), ("device", "output"))
 
 
 def _threads(run: BenchRunOptions) -> None:
@@ -157,4 +159,40 @@ def train(args: argparse.Namespace) -> int:
         f"{result['ms_per_step']:.2f} ms/step"
     )
     write_result(result, run.output)
+    return 0
+
+
+def accuracy(args: argparse.Namespace) -> int:
+    """test AUC of every model with its defaults against logistic regression and LightGBM, on a panel
+
+    Builds each data set of the panel (the real samples, planted synthetic data with a known Bayes-optimal
+    AUC, and any --datasets), fits the baselines on exactly the split the trainer uses (the validation
+    mapping or the held-out tail of train) and trains each model with nothing but the dataset given, then
+    writes one table: test AUC (log loss) per data set and method, the best step of each model, wall time.
+    """
+    from ctrkit.bench.accuracy import LABELS, run_entry, targets, write_results
+    from ctrkit.bench.panel import REAL, PanelEntry, build_panel
+
+    cfg: AccuracyBenchConfig = config_from(args, AccuracyBenchConfig)
+    _threads(config_from(args, BenchRunOptions))
+    unknown = set(cfg.panel) - {*REAL, "planted"} | set(cfg.models) - set(LABELS) | set(cfg.baselines) - set(LABELS)
+    if unknown:
+        raise ValueError(f"unknown panel entries, models or baselines: {sorted(unknown)}")
+    shared = cfg.shared_data or Path("..") / "shared" / "data"
+    real = [n for n in REAL if n in cfg.panel]
+    planted = cfg.planted_rows if "planted" in cfg.panel else ()
+    entries = build_panel(cfg.work, shared if shared.exists() else None, real, planted, cfg.seeds)
+    entries += [PanelEntry(Path(d).name, Path(d), f"user dataset {d}") for d in cfg.datasets or ()]
+    if not entries:
+        raise ValueError(f"the panel is empty: no real samples under {shared} and no planted or user data sets")
+    rows = []
+    for entry in entries:
+        rows.append(run_entry(entry, cfg.models, cfg.baselines))
+        res = rows[-1]["results"]
+        print(f"{entry.name}: " + ", ".join(f"{LABELS[m]} {r['auc']:.4f}" for m, r in res.items()), flush=True)
+    methods = [*cfg.baselines, *cfg.models]
+    for line in targets(rows):
+        print(line)
+    if cfg.out is not None:
+        print(f"wrote {write_results(rows, methods, cfg.out, {'config': repr(cfg)})}")
     return 0

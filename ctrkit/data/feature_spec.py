@@ -427,7 +427,9 @@ def split_binary_spec(
         if numerical:
             chunks.append(Chunk("split_binary", tuple(numerical), (f"{m}/numerical.bin",)))
         chunks.append(Chunk("split_binary", (label,), (f"{m}/label.bin",)))
-        chunks += [Chunk("split_binary", (c,), (f"{m}/{file_of[c]}",)) for c in categorical]
+        for c, feature in categorical.items():  # a multi-hot feature's ids, then its offsets
+            offsets = (f"{m}/{c}.offsets.bin",) if feature.multi_hot else ()
+            chunks.append(Chunk("split_binary", (c,), (f"{m}/{file_of[c]}", *offsets)))
         sources[m] = tuple(chunks)
     channels = {CATEGORICAL_CHANNEL: tuple(categorical), NUMERICAL_CHANNEL: tuple(numerical), LABEL_CHANNEL: (label,)}
     spec = FeatureSpec(features, sources, channels, dict(metadata or {}))

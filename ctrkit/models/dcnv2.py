@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ctrkit.models.inputs import BottomTopConfig, input_layers
+from ctrkit.models.inputs import BottomTopConfig, LinearTerm, WideParameters, input_layers
 from ctrkit.models.interaction import CrossNetwork
 from ctrkit.models.mlp import MLP
 from ctrkit.models.registry import register_model
@@ -50,11 +50,13 @@ DCNV2_TRAIN_DEFAULTS = {
     "embedding_optimizer": "adam",
     "embedding_lr": 1e-2,
     "batch_size": 1024,
+    "wide_optimizer": "adagrad",
+    "wide_lr": 0.02,
 }
 
 
 @register_model("dcnv2", DCNv2Config, DCNV2_TRAIN_DEFAULTS)
-class DCNv2(nn.Module):
+class DCNv2(WideParameters, nn.Module):
     """Deep & Cross Network v2 (Wang et al., 2021) from a DCNv2Config: the cross network over
     x0 = [bottom MLP output, embeddings], of width d = D * (F + 1) (D * F without numerical features).
 
@@ -66,6 +68,7 @@ class DCNv2(nn.Module):
         super().__init__()
         self.config = config
         self.bottom_mlp, self.embeddings, num_vectors = input_layers(config)
+        self.wide_embeddings, self.wide_dense = LinearTerm.build(config) if config.linear else (None, None)
         width = config.embedding_dim * num_vectors
         self.cross = CrossNetwork(width, config.cross_layers, config.cross_projection_dim)
         if config.structure == "stacked":
@@ -86,4 +89,4 @@ class DCNv2(nn.Module):
         crossed = self.cross(x0)  # (B, d)
         if self.deep is not None:
             crossed = torch.cat([crossed, self.deep(x0)], 1)  # (B, d + deep)
-        return self.top_mlp(crossed).squeeze(1)  # (B,)
+        return self.plus_wide(self.top_mlp(crossed).squeeze(1), numerical, categorical, multi_hot)  # (B,)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ctrkit.models.inputs import BottomTopConfig, input_layers
+from ctrkit.models.inputs import BottomTopConfig, LinearTerm, WideParameters, input_layers
 from ctrkit.models.interaction import DotInteraction
 from ctrkit.models.mlp import MLP
 from ctrkit.models.registry import register_model
@@ -26,11 +26,12 @@ class DLRMConfig(BottomTopConfig):
 
 
 # Plain SGD on everything, as the reference DLRM; lr 1.0 at batch 128 trained best on 300k synthetic rows.
-DLRM_TRAIN_DEFAULTS = {"optimizer": "sgd", "lr": 1.0, "embedding_optimizer": "sgd", "batch_size": 128}
+DLRM_TRAIN_DEFAULTS = {"optimizer": "sgd", "lr": 1.0, "embedding_optimizer": "sgd", "batch_size": 128,
+                       "wide_optimizer": "adagrad", "wide_lr": 0.02}  # fmt: skip
 
 
 @register_model("dlrm", DLRMConfig, DLRM_TRAIN_DEFAULTS)
-class DLRM(nn.Module):
+class DLRM(WideParameters, nn.Module):
     """Deep Learning Recommendation Model (Naumov et al., 2019), built from a DLRMConfig.
 
     Shapes (B batch, F categorical features, D embedding dim, N numerical features): numerical (B, N)
@@ -41,6 +42,7 @@ class DLRM(nn.Module):
         super().__init__()
         self.config = config
         self.bottom_mlp, self.embeddings, num_vectors = input_layers(config)
+        self.wide_embeddings, self.wide_dense = LinearTerm.build(config) if config.linear else (None, None)
         self.interaction = DotInteraction(
             num_vectors, config.embedding_dim, config.self_interaction, with_dense=self.bottom_mlp is not None
         )
@@ -49,4 +51,5 @@ class DLRM(nn.Module):
     def forward(self, numerical: torch.Tensor | None, categorical: torch.Tensor, multi_hot=None) -> torch.Tensor:
         emb = self.embeddings(categorical, multi_hot)  # (B, F, D), F counting multi-hot features
         bottom = self.bottom_mlp(numerical) if self.bottom_mlp is not None else None  # (B, D)
-        return self.top_mlp(self.interaction(bottom, emb)).squeeze(1)  # (B,)
+        logits = self.top_mlp(self.interaction(bottom, emb)).squeeze(1)  # (B,)
+        return self.plus_wide(logits, numerical, categorical, multi_hot)

@@ -8,6 +8,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import torch
+from torch import nn
+
 from ctrkit.models.embeddings import CategoricalEmbeddings
 from ctrkit.models.mlp import MLP
 
@@ -66,10 +69,13 @@ class BottomTopConfig(InputsConfig):
         bottom_mlp: layer widths of the bottom MLP; the last must be ``embedding_dim`` when there are
             numerical features (its output sits beside the embeddings).
         top_mlp: layer widths of the top MLP; the last must be 1 (the logit).
+        linear: add a first-order (linear) term to the logit, as DeepFM does: one weight per id and a
+            linear map of the numerical features, trained as a model's wide part.
     """
 
     bottom_mlp: tuple[int, ...] = (512, 256, 64, 16)
     top_mlp: tuple[int, ...] = (512, 256, 1)
+    linear: bool = False
 
     def validate(self) -> None:
         super().validate()
@@ -88,3 +94,55 @@ def input_layers(config: BottomTopConfig) -> tuple[MLP | None, CategoricalEmbedd
     bottom = MLP(config.num_numerical, config.bottom_mlp) if config.num_numerical else None
     embeddings = CategoricalEmbeddings.from_config(config, config.embedding_dim)
     return bottom, embeddings, embeddings.num_features + (bottom is not None)
+
+
+class LinearTerm(nn.Module):
+    """The first-order part of a model: one weight per id of every categorical feature (1-wide tables)
+    summed over the features, plus a linear map of the numerical features; zero at the start.
+
+    Models keep its two parts as their own ``wide_embeddings`` and ``wide_dense`` attributes (the
+    names their checkpoints use); ``logit`` computes the term from them.
+    """
+
+    @staticmethod
+    def build(config: InputsConfig) -> tuple[CategoricalEmbeddings, nn.Linear | None]:
+        tables = CategoricalEmbeddings.from_config(config, 1)
+        dense = nn.Linear(config.num_numerical, 1) if config.num_numerical else None
+        with torch.no_grad():  # a linear model starts at zero
+            for p in [*tables.parameters(), *(dense.parameters() if dense is not None else ())]:
+                p.zero_()
+        return tables, dense
+
+    @staticmethod
+    def logit(
+        tables: CategoricalEmbeddings, dense: nn.Linear | None, numerical: torch.Tensor | None,
+        categorical: torch.Tensor, multi_hot=None,
+    ) -> torch.Tensor:  # fmt: skip
+        """(B,) the term for a batch."""
+        out = tables(categorical, multi_hot).sum((1, 2))  # (B,)
+        return out if dense is None else out + dense(numerical).squeeze(1).to(out.dtype)
+
+
+class WideParameters:
+    """Mixin of models with a first-order part in ``wide_embeddings``/``wide_dense`` (None: none):
+    ``wide_parameters`` hands them to their own optimizer (see ``train/optim.build_optimizers``)."""
+
+    wide_embeddings: CategoricalEmbeddings | None
+    wide_dense: nn.Linear | None
+
+    def wide_parameters(self) -> list[nn.Parameter]:
+        if self.wide_embeddings is None:
+            return []
+        dense = list(self.wide_dense.parameters()) if self.wide_dense is not None else []
+        return list(self.wide_embeddings.parameters()) + dense
+
+    def wide_logit(self, numerical, categorical, multi_hot=None) -> torch.Tensor | None:
+        """(B,) the first-order term, or None for a model without one."""
+        if self.wide_embeddings is None:
+            return None
+        return LinearTerm.logit(self.wide_embeddings, self.wide_dense, numerical, categorical, multi_hot)
+
+    def plus_wide(self, logits: torch.Tensor, numerical, categorical, multi_hot=None) -> torch.Tensor:
+        """``logits`` (B,) plus the first-order term where the model has one."""
+        wide = self.wide_logit(numerical, categorical, multi_hot)
+        return logits if wide is None else logits + wide.to(logits.dtype)

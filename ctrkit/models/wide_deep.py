@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from ctrkit.models.embeddings import CategoricalEmbeddings
-from ctrkit.models.inputs import InputsConfig
+from ctrkit.models.inputs import InputsConfig, LinearTerm, WideParameters
 from ctrkit.models.mlp import MLP
 from ctrkit.models.registry import register_model
 
@@ -49,7 +49,7 @@ WIDE_DEEP_TRAIN_DEFAULTS = {
 
 
 @register_model("wide_deep", WideDeepConfig, WIDE_DEEP_TRAIN_DEFAULTS)
-class WideDeep(nn.Module):
+class WideDeep(WideParameters, nn.Module):
     """Wide & Deep (Cheng et al., 2016) from a WideDeepConfig.
 
     Wide: one weight per id (dim-1 embeddings) summed over features, plus a linear map of the
@@ -62,29 +62,14 @@ class WideDeep(nn.Module):
     def __init__(self, config: WideDeepConfig):
         super().__init__()
         self.config = config
-        self.wide_embeddings = CategoricalEmbeddings.from_config(config, 1)
-        with torch.no_grad():  # a linear model starts at zero
-            for table in self.wide_embeddings.parameters():
-                table.zero_()
-        self.wide_dense = nn.Linear(config.num_numerical, 1) if config.num_numerical else None
-        if self.wide_dense is not None:
-            with torch.no_grad():
-                self.wide_dense.weight.zero_()
-                self.wide_dense.bias.zero_()
+        self.wide_embeddings, self.wide_dense = LinearTerm.build(config)
         self.embeddings = CategoricalEmbeddings.from_config(config, config.embedding_dim)
-        num_features = self.embeddings.num_features
-        width = config.embedding_dim * num_features + config.num_numerical
+        width = config.embedding_dim * self.embeddings.num_features + config.num_numerical
         self.deep = MLP(width, tuple(config.deep_mlp) + (1,), relu_last=False, dropout=config.dropout)
 
-    def wide_parameters(self) -> list[nn.Parameter]:
-        """The wide (linear) part's parameters, trained by their own optimizer."""
-        dense = list(self.wide_dense.parameters()) if self.wide_dense is not None else []
-        return list(self.wide_embeddings.parameters()) + dense
-
     def forward(self, numerical: torch.Tensor | None, categorical: torch.Tensor, multi_hot=None) -> torch.Tensor:
-        wide = self.wide_embeddings(categorical, multi_hot).sum((1, 2))  # (B,)
+        wide = self.wide_logit(numerical, categorical, multi_hot)  # (B,)
         emb = self.embeddings(categorical, multi_hot).flatten(1)  # (B, F*D)
-        if self.wide_dense is not None:
-            wide = wide + self.wide_dense(numerical).squeeze(1)  # (B,)
+        if numerical is not None and self.config.num_numerical:
             emb = torch.cat([emb.to(numerical.dtype), numerical], 1)  # (B, F*D + N)
         return wide + self.deep(emb).squeeze(1).to(wide.dtype)  # (B,)

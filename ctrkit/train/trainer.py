@@ -24,6 +24,7 @@ from ctrkit.data.dataset import SplitBinaryDataset, split_tail
 from ctrkit.data.loader import BatchLoader
 from ctrkit.distributed.env import DistEnv, all_reduce_sum
 from ctrkit.eval.evaluator import evaluate
+from ctrkit.models.embeddings import CategoricalEmbeddings
 from ctrkit.models.registry import config_to_dict
 from ctrkit.train.optim import LRSchedule, build_optimizers
 from ctrkit.train.selection import Selection
@@ -50,6 +51,10 @@ class TrainStep:
         amp_dtype: autocast dtype, or None for full precision. fp16 enables loss scaling.
         compile: run the forward (and its backward) through ``torch.compile``; if compiling fails
             (no C++ compiler or Triton, an unsupported op) the step says why once and runs eagerly.
+        embedding_l2: adds ``embedding_l2 * sum ||e||^2 / B`` over the embedding vectors ``e`` the
+            batch's samples looked up (every CategoricalEmbeddings' output), so only the looked-up rows
+            are penalised and the tables' gradients stay sparse.
+        weight_decay: adds ``weight_decay / 2 * sum ||W||^2`` over the weight matrices of the dense part.
     """
 
     def __init__(
@@ -59,13 +64,27 @@ class TrainStep:
         device: torch.device,
         amp_dtype: torch.dtype | None = None,
         compile: bool = False,
+        embedding_l2: float = 0.0,
+        weight_decay: float = 0.0,
     ):
         self.model = model
+        self.embedding_l2, self.weight_decay = embedding_l2, weight_decay
+        self._looked_up: list[torch.Tensor] = []
+        if embedding_l2 > 0:  # keep each lookup's output for the penalty (no second lookup)
+            for m in model.modules():
+                if isinstance(m, CategoricalEmbeddings):
+                    m.register_forward_hook(self._keep_lookup)
+        tables = {id(p) for m in model.modules() if hasattr(m, "table_parameters") for p in m.table_parameters()}
+        self._decayed = [p for p in model.parameters() if p.dim() >= 2 and id(p) not in tables] if weight_decay else []
         self.forward = torch.compile(model) if compile else model
         self.optimizers = optimizers
         self.device = device
         self.amp_dtype = amp_dtype
         self.scaler = torch.amp.GradScaler(device.type) if amp_dtype == torch.float16 else None
+
+    def _keep_lookup(self, module: nn.Module, inputs: tuple, out: torch.Tensor) -> None:
+        if module.training and torch.is_grad_enabled():  # training forwards only, not evaluations
+            self._looked_up.append(out)
 
     def __call__(self, batch: Batch, scale: float = 1.0, global_size: int | None = None) -> torch.Tensor:
         """One step; returns the loss. ``global_size``: the whole job's batch size when this rank holds
@@ -74,6 +93,7 @@ class TrainStep:
             for group in opt.param_groups:
                 group["lr"] = group["base_lr"] * scale
         batch = batch.to(self.device, non_blocking=True)
+        self._looked_up.clear()
         autocast = (
             torch.autocast(self.device.type, dtype=self.amp_dtype) if self.amp_dtype is not None else nullcontext()
         )
@@ -83,6 +103,12 @@ class TrainStep:
             loss = F.binary_cross_entropy_with_logits(logits.float(), batch.labels)
         else:
             loss = F.binary_cross_entropy_with_logits(logits.float(), batch.labels, reduction="sum") / global_size
+        if self._looked_up:
+            penalty = sum(e.float().pow(2).sum() for e in self._looked_up) / (global_size or len(batch))
+            self._looked_up.clear()
+            loss = loss + self.embedding_l2 * penalty
+        if self._decayed:
+            loss = loss + 0.5 * self.weight_decay * sum(p.float().pow(2).sum() for p in self._decayed)
         for opt in self.optimizers:
             opt.zero_grad(set_to_none=True)
         if self.scaler is not None:
@@ -190,7 +216,8 @@ class Trainer:
         self.optimizers = build_optimizers(
             model, cfg.optimizer, cfg.lr, cfg.embedding_optimizer, cfg.embedding_lr, cfg.wide_optimizer, cfg.wide_lr
         )
-        self.step_fn = TrainStep(model, self.optimizers, device, amp_dtype, compile=cfg.compile)
+        self.step_fn = TrainStep(model, self.optimizers, device, amp_dtype, cfg.compile, cfg.embedding_l2,
+                                 cfg.weight_decay)  # fmt: skip
         self.step = 0
         self._saved_step: int | None = None
 
@@ -390,7 +417,7 @@ class Trainer:
                     if self.step in eval_steps:
                         t0 = time.perf_counter()
                         record = self.validate()
-                        if record is not None and self.main:
+                        if record is not None and self.progress:
                             bar.write(
                                 f"step {self.step}: validation AUC {record['auc']:.4f} logloss {record['logloss']:.4f}"
                                 f" (best: step {record['best_step']})"

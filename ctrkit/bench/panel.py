@@ -1,0 +1,190 @@
+"""The accuracy benchmark's panel: real CTR samples and planted synthetic data turned into datasets.
+
+Real samples are read from a directory laid out as the project's ``shared/data`` (their terms forbid
+redistribution, so nothing here copies them anywhere but the benchmark's scratch directory):
+
+* ``criteo``: Criteo Kaggle ``train_head_10k.txt`` -> ``sample_late_va.rx.csv`` (a later day), through
+  ``ctrkit preprocess criteo`` with frequency threshold 2;
+* ``avazu``: the Avazu head, in file order (time order), the last 20% as test;
+* ``movielens``: MovieLens 100k, rating >= 4 as a click, user/item/gender/occupation/age features and
+  the item's genres as a multi-hot feature, each user's last 20% of ratings (by time) as test;
+* ``planted-<rows>-s<seed>``: ``synthetic_planted`` data with its Bayes-optimal test AUC.
+
+Categorical values get ids as the Criteo recipe gives them: 0 missing or unseen in train, 1 seen fewer
+than ``threshold`` times in train, 2.. by descending train frequency (ties by value).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from ctrkit.data.atomic import atomic_directory
+from ctrkit.data.feature_spec import Feature, FeatureSpec, smallest_int_dtype, split_binary_spec
+from ctrkit.data.split_binary import SplitBinaryWriter
+
+REAL = ("criteo", "avazu", "movielens")
+
+
+@dataclass(frozen=True)
+class PanelEntry:
+    """One data set of the panel: its name, dataset directory and what is known of it."""
+
+    name: str
+    path: Path
+    note: str
+    bayes_auc: float | None = None
+
+
+def _ids(train: pl.Series, other: pl.Series, threshold: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """Recipe ids of a categorical column in train and another split, and the cardinality."""
+    counts = train.drop_nulls().cast(pl.Utf8).value_counts(name="n").sort(["n", train.name], descending=[True, False])
+    kept = counts.filter(pl.col("n") >= threshold)[train.name].to_list()
+    index = {v: i + 2 for i, v in enumerate(kept)}
+    seen = set(counts[train.name].to_list())
+
+    def encode(col: pl.Series) -> np.ndarray:
+        values = col.cast(pl.Utf8).to_list()
+        return np.array([0 if v is None else index.get(v, 1 if v in seen else 0) for v in values], np.int64)
+
+    return encode(train), encode(other), len(kept) + 2
+
+
+def write_tabular(
+    out: str | os.PathLike,
+    train: pl.DataFrame,
+    test: pl.DataFrame,
+    label: str,
+    categorical: Sequence[str],
+    numerical: Sequence[str] = (),
+    multi_hot: dict[str, int] | None = None,
+    threshold: int = 2,
+    metadata: dict | None = None,
+    overwrite: bool = True,
+) -> FeatureSpec:
+    """A split-binary dataset (train, test) from two frames.
+
+    Args:
+        out: dataset directory to create.
+        train, test: the splits, train in time order.
+        label: 0/1 column.
+        categorical: columns of categorical values (any type; null is missing).
+        numerical: float columns, already transformed as the model should see them.
+        multi_hot: list-of-int columns of ids in [0, cardinality), with their cardinality.
+        threshold: values seen fewer times in train share the rare id.
+        metadata: the spec's metadata.
+        overwrite: replace an existing dataset.
+    """
+    multi_hot = multi_hot or {}
+    encoded = {c: _ids(train[c], test[c], threshold) for c in categorical}
+    features = {c: Feature(smallest_int_dtype(card), card) for c, (_, _, card) in encoded.items()}
+    for c, card in multi_hot.items():
+        features[c] = Feature(smallest_int_dtype(card), card, {"multi_hot": True, "combiner": "mean"})
+    with atomic_directory(out, overwrite) as tmp:
+        base = split_binary_spec(features, list(numerical), "label", ("train", "test"), metadata)
+        spec = FeatureSpec(base.feature_spec, base.source_spec, base.channel_spec, base.metadata, tmp)
+        for mapping, frame, side in (("train", train, 0), ("test", test, 1)):
+            nums = frame.select(numerical).to_numpy().astype(np.float32) if numerical else None
+            bags = []
+            for c in multi_hot:
+                lists = frame[c].to_list()
+                bags.append((np.array([i for ids in lists for i in ids], np.int64), np.array([len(x) for x in lists])))
+            with SplitBinaryWriter(spec, mapping) as writer:
+                cats = [encoded[c][side] for c in categorical]
+                writer.append(nums, cats, frame[label].to_numpy().astype(np.uint8), bags or None)
+        spec.to_yaml(tmp / "feature_spec.yaml")
+    return FeatureSpec.from_yaml(Path(out) / "feature_spec.yaml")
+
+
+def build_criteo(shared: Path, out: Path) -> PanelEntry:
+    from ctrkit.preprocess.criteo import CriteoRecipe
+    from ctrkit.preprocess.polars_engine import preprocess_criteo
+
+    src = shared / "criteo_kaggle"
+    late = pl.read_csv(src / "sample_late_va.rx.csv", infer_schema_length=0)  # every column as text
+    tsv = out.parent / f"{out.name}.late.tsv"
+    late.drop("Id").write_csv(tsv, separator="\t", include_header=False, null_value="")
+    preprocess_criteo([src / "train_head_10k.txt"], out, CriteoRecipe(frequency_threshold=2), test_files=[tsv],
+                      overwrite=True, progress=False)  # fmt: skip
+    tsv.unlink()
+    return PanelEntry("criteo", out, "Criteo Kaggle: first 10,000 rows -> 1,999 rows of a later day")
+
+
+def build_avazu(shared: Path, out: Path) -> PanelEntry:
+    frame = pl.read_csv(shared / "avazu" / "train_head_10k.csv", infer_schema_length=0)
+    cut = int(round(len(frame) * 0.8))
+    cats = [c for c in frame.columns if c not in ("id", "click", "hour")]
+    frame = frame.with_columns(pl.col("click").cast(pl.Int64))
+    write_tabular(out, frame[:cut], frame[cut:], "click", cats, metadata={"source": "avazu head 10k"})
+    return PanelEntry("avazu", out, "Avazu: first 9,999 rows in file order, the last 20% as test")
+
+
+def build_movielens(shared: Path, out: Path) -> PanelEntry:
+    src = shared / "movielens" / "ml-100k"
+    ratings = pl.read_csv(src / "u.data", separator="\t", has_header=False,
+                          new_columns=["user", "item", "rating", "time"])  # fmt: skip
+    users = pl.read_csv(src / "u.user", separator="|", has_header=False,
+                        new_columns=["user", "age", "gender", "occupation", "zip"], infer_schema_length=0)  # fmt: skip
+    users = users.with_columns(pl.col("user").cast(pl.Int64), pl.col("age").cast(pl.Int64))
+    items = pl.read_csv(src / "u.item", separator="|", has_header=False, encoding="utf8-lossy",
+                        infer_schema_length=0)  # fmt: skip
+    genre_cols = items.columns[5:24]
+    items = items.select(
+        pl.col(items.columns[0]).cast(pl.Int64).alias("item"),
+        pl.col(items.columns[2]).str.slice(-4).cast(pl.Float64, strict=False).alias("year"),
+        pl.concat_list([pl.when(pl.col(c) == "1").then(pl.lit(i)) for i, c in enumerate(genre_cols)])
+        .list.drop_nulls()
+        .alias("genres"),
+    )
+    data = (
+        ratings.join(users, on="user")
+        .join(items, on="item")
+        .with_columns(
+            (pl.col("rating") >= 4).cast(pl.Int64).alias("click"),
+            (pl.col("age") // 10).alias("age_band"),
+            pl.col("zip").str.slice(0, 1).alias("zip1"),
+            (pl.col("age").cast(pl.Float64).log1p()).alias("log_age"),
+            ((pl.col("year").fill_null(1990.0) - 1990.0) / 10.0).alias("year_z"),
+        )
+    )
+    data = data.sort(["user", "time", "item"]).with_columns(
+        pl.int_range(pl.len()).over("user").alias("k"), pl.len().over("user").alias("n_user")
+    )
+    is_test = pl.col("k") >= (pl.col("n_user") * 0.8).ceil().cast(pl.Int64)
+    train = data.filter(~is_test).sort(["time", "user", "item"])
+    test = data.filter(is_test).sort(["time", "user", "item"])
+    cats = ["user", "item", "gender", "occupation", "age_band", "zip1"]
+    write_tabular(out, train, test, "click", cats, ["log_age", "year_z"], {"genres": len(genre_cols)},
+                  metadata={"source": "movielens 100k"})  # fmt: skip
+    return PanelEntry("movielens", out, "MovieLens 100k: rating >= 4; each user's last 20% of ratings as test")
+
+
+def build_planted(out: Path, rows: int, seed: int) -> PanelEntry:
+    from ctrkit.data.synthetic_planted import generate_planted
+
+    spec = generate_planted(out, rows, seed=seed, overwrite=True, progress=False)
+    n_test = int(round(rows / 6))
+    return PanelEntry(out.name, out, f"planted interactions, {rows - n_test:,} train rows, seed {seed}",
+                      spec.metadata["bayes_test_auc"])  # fmt: skip
+
+
+def build_panel(
+    work: Path, shared: Path | None, real: Sequence[str] = REAL, planted_rows: Sequence[int] = (), seeds=(0,)
+) -> list[PanelEntry]:
+    """Builds the panel's datasets under ``work`` (real ones only where ``shared`` holds them)."""
+    work.mkdir(parents=True, exist_ok=True)
+    builders = {"criteo": build_criteo, "avazu": build_avazu, "movielens": build_movielens}
+    entries = []
+    for name in real:
+        if shared is None or not (shared / {"criteo": "criteo_kaggle"}.get(name, name)).exists():
+            continue
+        entries.append(builders[name](shared, work / name))
+    for rows in planted_rows:
+        for seed in seeds:
+            entries.append(build_planted(work / f"planted-{rows // 1000}k-s{seed}", rows, seed))
+    return entries

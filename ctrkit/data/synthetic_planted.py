@@ -1,0 +1,155 @@
+"""Synthetic click data with a known best achievable AUC, for measuring models against baselines.
+
+A click model unlike ``ctrkit synth``'s (whose planted odds the defaults were once tuned on):
+categorical ids follow long-tailed power laws over vocabularies of 5 to 200,000 ids, and only the
+frequent ids carry signal (the rare ones are noise a model can overfit to, as hashed ids in real logs
+are). The click log-odds are a sum of
+
+* first-order per-id effects of the frequent ids (what logistic regression can learn),
+* pairwise latent interactions between the frequent ids of a set of feature pairs (what it cannot),
+* a nonlinear function of a hidden state that a few numerical features observe with noise,
+
+shifted to a 20% click rate. Labels are Bernoulli draws, so the true log-odds rank the test rows at
+the Bayes-optimal AUC, which the dataset's metadata records (``bayes_test_auc``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from ctrkit.data.atomic import atomic_directory
+from ctrkit.data.feature_spec import FeatureSpec, criteo_like_spec
+from ctrkit.data.split_binary import SplitBinaryWriter
+from ctrkit.data.synthetic import Block, power_law_ids
+
+PLANTED_CARDINALITIES = (5, 12, 40, 100, 300, 800, 2_000, 5_000, 10_000, 20_000, 50_000, 100_000, 200_000, 30, 3_000,
+                         60_000, 7, 500, 15_000, 150_000)  # fmt: skip
+
+
+class PlantedCTR:
+    """A fixed random click model with signal on frequent ids only; ``sample`` draws i.i.d. rows.
+
+    Args:
+        cardinalities: vocabulary sizes of the categorical features.
+        num_numerical: numerical features.
+        seed: fixes the model.
+        head_share: the share of a vocabulary (at least 3 ids, at most 2,000) whose ids carry signal:
+            the most frequent ones.
+        num_pairs: interacting feature pairs.
+        latent_dim: width of the planted latent vectors.
+        interaction_scale: multiplier of the pairwise interactions.
+        ctr: target click rate.
+    """
+
+    def __init__(
+        self,
+        cardinalities: Sequence[int] = PLANTED_CARDINALITIES,
+        num_numerical: int = 6,
+        seed: int = 0,
+        head_share: float = 0.05,
+        num_pairs: int = 16,
+        latent_dim: int = 4,
+        interaction_scale: float = 1.0,
+        ctr: float = 0.2,
+    ):
+        rng = np.random.default_rng([seed, 101])
+        self.cardinalities = tuple(int(c) for c in cardinalities)
+        self.num_numerical = num_numerical
+        nf = len(self.cardinalities)
+        self.exponents = rng.uniform(1.05, 1.35, nf)
+        self.heads = [int(np.clip(round(c * head_share), min(3, c), 2_000)) for c in self.cardinalities]
+        spread = rng.uniform(0.1, 0.6, nf)
+        self.effects = [np.zeros(c, np.float32) for c in self.cardinalities]
+        self.latents = [np.zeros((c, latent_dim), np.float32) for c in self.cardinalities]
+        for f, head in enumerate(self.heads):
+            self.effects[f][:head] = rng.normal(0.0, spread[f], head)
+            self.latents[f][:head] = rng.normal(0.0, 1.0 / np.sqrt(latent_dim), (head, latent_dim))
+        pairs: set[tuple[int, int]] = set()
+        while nf > 1 and len(pairs) < min(num_pairs, nf * (nf - 1) // 2):
+            f, g = sorted(int(x) for x in rng.choice(nf, 2, replace=False))
+            pairs.add((f, g))
+        self.pairs = sorted(pairs)
+        self.pair_weight = 2.0 * interaction_scale / np.sqrt(max(len(self.pairs), 1))
+        self.num_weight = rng.normal(0.0, 0.4, num_numerical)
+        self.bias = 0.0
+        pilot = self.sample(np.random.default_rng([seed, 102]), 50_000, labels=False).logits
+        lo, hi = -20.0, 20.0
+        for _ in range(60):  # the bias that gives the target click rate
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if np.mean(1 / (1 + np.exp(-(pilot + mid)))) < ctr else (lo, mid)
+        self.bias = (lo + hi) / 2
+
+    def sample(self, rng: np.random.Generator, n: int, labels: bool = True) -> Block:
+        """Draws n rows (the true log-odds in ``logits``)."""
+        cats = np.empty((n, len(self.cardinalities)), dtype=np.int64)  # (n, F)
+        logits = np.full(n, self.bias, dtype=np.float64)
+        for f, card in enumerate(self.cardinalities):
+            cats[:, f] = power_law_ids(rng, card, n, self.exponents[f])
+            logits += self.effects[f][cats[:, f]]
+        for f, g in self.pairs:
+            logits += self.pair_weight * np.einsum("nk,nk->n", self.latents[f][cats[:, f]], self.latents[g][cats[:, g]])
+        hidden = rng.normal(0.0, 1.0, (n, self.num_numerical))  # (n, N)
+        if self.num_numerical:
+            logits += hidden @ self.num_weight + 0.5 * np.tanh(2.0 * hidden[:, 0]) * hidden[:, -1]
+        counts = np.floor(np.exp(1.5 + 0.8 * (hidden + rng.normal(0.0, 0.4, hidden.shape)))).astype(np.int64)
+        numerical = np.log(counts + 3.0).astype(np.float32)  # as the Criteo recipe transforms counts
+        y = (rng.random(n) < 1 / (1 + np.exp(-logits))).astype(np.uint8) if labels else np.zeros(n, np.uint8)
+        return Block(numerical, cats, logits, y, counts, np.zeros_like(counts, dtype=bool))
+
+
+def generate_planted(
+    out_dir: str | os.PathLike,
+    rows: int,
+    test_fraction: float = 1 / 6,
+    seed: int = 0,
+    overwrite: bool = False,
+    progress: bool = True,
+    chunk_rows: int = 1 << 18,
+    **model_options,
+) -> FeatureSpec:
+    """Writes ``rows`` samples of a PlantedCTR as a split-binary dataset (train, then test), with the
+    test rows' Bayes-optimal AUC in the spec's metadata.
+
+    Args:
+        out_dir: the dataset directory to create.
+        rows: train + test samples.
+        test_fraction: share of the rows in the test mapping.
+        seed: fixes the model and the samples.
+        overwrite: replace an existing dataset at ``out_dir``.
+        progress: show a progress bar.
+        chunk_rows: rows generated per block (bounds memory).
+        model_options: PlantedCTR's other arguments.
+    """
+    from ctrkit.eval.metrics import roc_auc
+
+    if rows < 2:
+        raise ValueError(f"`rows` must be at least 2, got {rows}")
+    if not 0.0 < test_fraction < 1.0:
+        raise ValueError(f"`test_fraction` must lie in (0, 1), got {test_fraction}")
+    model = PlantedCTR(seed=seed, **model_options)
+    n_test = max(1, int(round(rows * test_fraction)))
+    rng = np.random.default_rng([seed, 103])
+    with atomic_directory(out_dir, overwrite) as tmp:
+        base = criteo_like_spec(model.cardinalities, model.num_numerical)
+        spec = FeatureSpec(base.feature_spec, base.source_spec, base.channel_spec, {}, tmp)
+        test_labels, test_logits = [], []
+        with tqdm(total=rows, desc="synth planted", unit="row", unit_scale=True, disable=not progress) as bar:
+            for mapping, n in (("train", rows - n_test), ("test", n_test)):
+                with SplitBinaryWriter(spec, mapping) as writer:
+                    for lo in range(0, n, chunk_rows):
+                        block = model.sample(rng, min(chunk_rows, n - lo))
+                        writer.append(block.numerical, block.categorical, block.labels)
+                        if mapping == "test":
+                            test_labels.append(block.labels)
+                            test_logits.append(block.logits)
+                        bar.update(len(block.labels))
+        bayes = roc_auc(np.concatenate(test_labels), np.concatenate(test_logits))
+        meta = {"generator": "ctrkit synth planted", "seed": seed, "rows": rows, "bayes_test_auc": round(bayes, 6)}
+        spec = FeatureSpec(spec.feature_spec, spec.source_spec, spec.channel_spec, meta, tmp)
+        spec.to_yaml(tmp / "feature_spec.yaml")
+    return FeatureSpec.from_yaml(Path(out_dir) / "feature_spec.yaml")
