@@ -346,6 +346,12 @@ class CriteoPreprocessConfig:
     test_fraction: float | None = option(
         None, "last fraction of the rows as the test split", unset="0.1", exclusive="split"
     )
+    validation_fraction: float | None = option(
+        None,
+        "the last fraction of the train split becomes a 'validation' mapping (scored with the train vocabulary, "
+        "as test is), for model selection during training",
+        unset="none: training holds out the tail of train itself",
+    )
     frequency_threshold: int = option(3, "FL: rarer categories share one id")
     bad_rows: str = option(
         "error",

@@ -99,6 +99,7 @@ def preprocess(args: argparse.Namespace) -> int:
     kwargs = dict(
         test_files=cfg.test_files,
         test_fraction=None if cfg.test_files is not None else (0.1 if cfg.test_fraction is None else cfg.test_fraction),
+        validation_fraction=cfg.validation_fraction,
         bad_rows=cfg.bad_rows,
         overwrite=cfg.overwrite,
         progress=not cfg.no_progress,
@@ -113,8 +114,9 @@ def preprocess(args: argparse.Namespace) -> int:
 
         summary = preprocess_criteo(cfg.raw, cfg.out, recipe, **kwargs)
     cards = list(summary["cardinalities"].values())
+    validation = f" + {summary['validation_rows']:,} validation" if "validation_rows" in summary else ""
     print(
-        f"wrote {cfg.out}: {summary['train_rows']:,} train + {summary['test_rows']:,} test rows, "
+        f"wrote {cfg.out}: {summary['train_rows']:,} train{validation} + {summary['test_rows']:,} test rows, "
         f"{summary['bad_rows']:,} bad rows dropped, cardinalities {min(cards)}..{max(cards)}, "
         f"{summary['seconds']:.1f} s"
     )

@@ -68,6 +68,7 @@ def check_arguments(
     test_files: Sequence[object] | None,
     test_fraction: float | None,
     bad_rows: str,
+    validation_fraction: float | None = None,
 ) -> None:
     """The checks every engine makes before reading anything."""
     recipe.validate()
@@ -79,6 +80,8 @@ def check_arguments(
         raise ValueError("give exactly one of `test_files` and `test_fraction`")
     if test_fraction is not None and not 0.0 < test_fraction < 1.0:
         raise ValueError(f"`test_fraction` must lie in (0, 1), got {test_fraction}")
+    if validation_fraction is not None and not 0.0 < validation_fraction < 1.0:
+        raise ValueError(f"`validation_fraction` must lie in (0, 1), got {validation_fraction}")
 
 
 def _log_transform(ints: np.ndarray) -> np.ndarray:

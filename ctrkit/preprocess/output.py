@@ -48,8 +48,8 @@ class Rejects:
 class DatasetOutput:
     """The output directory of one preprocessing run; use as a context manager.
 
-    Order of calls: ``check_split`` → ``start(vocabularies)`` → ``append(...)`` per block, train rows
-    before test rows → ``finish(...)``.
+    Order of calls: ``split(...)`` → ``start(vocabularies)`` → ``append(...)`` per block, in row order
+    → ``finish(...)``.
     """
 
     def __init__(self, out_dir: str | os.PathLike, recipe: CriteoRecipe, overwrite: bool):
@@ -69,15 +69,32 @@ class DatasetOutput:
         shutil.rmtree(self.scratch, ignore_errors=True)
         return self._atomic.__exit__(*exc)
 
-    @staticmethod
-    def check_split(n_train: int, n_test: int) -> None:
-        if n_train == 0 or n_test == 0:
-            raise ValueError(f"the split left {n_train} train and {n_test} test rows; both need at least one")
+    def split(self, total: int, n_train: int, validation_fraction: float | None) -> list[tuple[str, int, int]]:
+        """The mappings as (name, first row, end row): train, then (with ``validation_fraction``) the last
+        fraction of the train rows as validation, then test; each must hold at least one row.
+
+        Vocabularies are counted over the train mapping only, so validation scores ids as test does.
+        """
+        n_fit = n_train - int(round(n_train * validation_fraction)) if validation_fraction else n_train
+        bounds = [("train", 0, n_fit)] + ([("validation", n_fit, n_train)] if validation_fraction else [])
+        bounds.append(("test", n_train, total))
+        if any(hi <= lo for _, lo, hi in bounds):
+            sizes = ", ".join(f"{hi - lo} {name}" for name, lo, hi in bounds)
+            raise ValueError(f"the split left {sizes} rows; each needs at least one")
+        self.bounds = bounds
+        return bounds
+
+    def append_rows(self, first: int, numerical, ids: Sequence[np.ndarray], labels: np.ndarray) -> None:
+        """Appends the block of rows ``first``.. to the mappings those rows belong to."""
+        for name, lo, hi in self.bounds:
+            a, b = max(lo - first, 0), min(hi - first, len(labels))
+            if a < b:
+                self.append(name, None if numerical is None else numerical[a:b], [i[a:b] for i in ids], labels[a:b])
 
     def start(self, vocabularies: Sequence[pl.DataFrame]) -> None:
         """Writes the spec and vocabularies and opens the split-binary writers."""
         self.cardinalities = [cardinality(v) for v in vocabularies]
-        base = criteo_like_spec(self.cardinalities, self.recipe.num_numerical)
+        base = criteo_like_spec(self.cardinalities, self.recipe.num_numerical, [m for m, _, _ in self.bounds])
         meta = {
             "preprocessed_by": "ctrkit preprocess criteo",
             "frequency_threshold": self.recipe.frequency_threshold,
@@ -92,13 +109,13 @@ class DatasetOutput:
                 pool.map(lambda c, v: save_vocabulary(v, self.dir / "vocab" / f"{c}.parquet"), self.cats, vocabularies)
             )
         self.cat_dtypes = [np.dtype(self.spec.feature_spec[c].dtype) for c in self.spec.onehot_features]
-        for mapping in ("train", "test"):
+        for mapping, _, _ in self.bounds:
             self._writers[mapping] = self._stack.enter_context(SplitBinaryWriter(self.spec, mapping))
 
     def append(self, mapping: str, numerical: np.ndarray, ids: Sequence[np.ndarray], labels: np.ndarray) -> None:
         self._writers[mapping].append(numerical if self.recipe.num_numerical else None, list(ids), labels)
 
-    def finish(self, engine: str, n_train: int, n_test: int, rejects: Rejects, seconds: float) -> dict:
+    def finish(self, engine: str, rejects: Rejects, seconds: float) -> dict:
         """Closes the writers, writes ``rejects.jsonl`` (when any) and ``summary.json``; returns the summary."""
         self._stack.close()
         if rejects.kept:
@@ -107,8 +124,7 @@ class DatasetOutput:
                     f.write(json.dumps(r) + "\n")
         summary = {
             "engine": engine,
-            "train_rows": n_train,
-            "test_rows": n_test,
+            **{f"{name}_rows": hi - lo for name, lo, hi in self.bounds},
             "bad_rows": rejects.count,
             "cardinalities": dict(zip(self.cats, self.cardinalities)),
             "frequency_threshold": self.recipe.frequency_threshold,

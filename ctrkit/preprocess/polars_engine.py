@@ -265,6 +265,7 @@ def preprocess_criteo(
     recipe: CriteoRecipe | None = None,
     test_files: Sequence[str | os.PathLike] | None = None,
     test_fraction: float | None = None,
+    validation_fraction: float | None = None,
     bad_rows: str = "error",
     overwrite: bool = False,
     progress: bool = False,
@@ -278,6 +279,8 @@ def preprocess_criteo(
         test_files: files of the test split; if None, the last ``test_fraction`` of the rows of
             ``raw_files`` (in order) is the test split.
         test_fraction: see ``test_files``.
+        validation_fraction: the last fraction of the train rows becomes a ``validation`` mapping (not
+            counted into the vocabularies), as NVIDIA holds out part of its last days; None: none.
         bad_rows: "error" (default: stop at the first bad row, naming file and line) or "skip"
             (drop, count, and keep the first 20 in ``rejects.jsonl``).
         overwrite: replace an existing dataset directory.
@@ -287,7 +290,7 @@ def preprocess_criteo(
         The summary also written to ``summary.json``: rows per split, bad rows, cardinalities, seconds.
     """
     recipe = recipe or CriteoRecipe()
-    check_arguments(recipe, raw_files, test_files, test_fraction, bad_rows)
+    check_arguments(recipe, raw_files, test_files, test_fraction, bad_rows, validation_fraction)
     start = time.perf_counter()
     train_paths = [Path(p) for p in raw_files]
     test_paths = [Path(p) for p in test_files] if test_files is not None else []
@@ -311,23 +314,23 @@ def preprocess_criteo(
             columns.close()
         if test_files is None:  # the test split is the tail of the rows
             n_train = columns.rows - int(round(columns.rows * test_fraction))
-        out.check_split(n_train, columns.rows - n_train)
+        bounds = out.split(columns.rows, n_train, validation_fraction)
         built = pool.map(
             lambda index, counts: _vocabulary(index, counts, recipe.frequency_threshold),
             columns.indexes,
-            columns.counts(0, n_train),
+            columns.counts(0, bounds[0][2]),  # the train mapping's rows
         )
         vocabularies, id_of_code = zip(*built)
         out.start(vocabularies)
         id_of_code = [ids.astype(dtype) for ids, dtype in zip(id_of_code, out.cat_dtypes)]  # as the files store them
-        for mapping, lo, hi in (("train", 0, n_train), ("test", n_train, columns.rows)):
+        for mapping, lo, hi in bounds:
             chunks = (columns.read(a, min(hi, a + PASS2_ROWS)) for a in range(lo, hi, PASS2_ROWS))
             steps = tqdm(total=hi - lo, unit="row", desc=f"preprocess write {mapping}", disable=not progress)
             with steps:
                 for labels, numerical, codes in prefetched(chunks, 1):
                     out.append(mapping, numerical, list(pool.map(np.take, id_of_code, codes)), labels)
                     steps.update(len(labels))
-        summary = out.finish("polars", n_train, columns.rows - n_train, rejects, time.perf_counter() - start)
+        summary = out.finish("polars", rejects, time.perf_counter() - start)
     return summary
 
 

@@ -171,6 +171,7 @@ def preprocess_criteo_spark(
     recipe: CriteoRecipe | None = None,
     test_files: Sequence[str | os.PathLike] | None = None,
     test_fraction: float | None = None,
+    validation_fraction: float | None = None,
     bad_rows: str = "error",
     overwrite: bool = False,
     progress: bool = False,
@@ -182,7 +183,7 @@ def preprocess_criteo_spark(
         master: Spark master URL (``local[*]``: every core of this machine; ``spark://host:7077``, ...).
     """
     recipe = recipe or CriteoRecipe()
-    check_arguments(recipe, raw_files, test_files, test_fraction, bad_rows)
+    check_arguments(recipe, raw_files, test_files, test_fraction, bad_rows, validation_fraction)
     _, _, F = _spark_modules()
     start = time.perf_counter()
     train_paths = [Path(p) for p in raw_files]
@@ -205,9 +206,9 @@ def preprocess_criteo_spark(
             n_train = total - int(round(total * test_fraction))
         else:
             n_train = good.filter(F.col("file") < len(train_paths)).count()
-        out.check_split(n_train, total - n_train)
+        bounds = out.split(total, n_train, validation_fraction)
         good = good.select("idx", "label", *nums, *cats).cache()
-        train = good.filter(F.col("idx") < n_train)
+        train = good.filter(F.col("idx") < bounds[0][2])  # the train mapping's rows make the vocabularies
         vocabularies = [vocab_mod.vocabulary(c, recipe.frequency_threshold) for c in _train_counts(train, cats)]
         encoded = good
         for c, v in zip(cats, vocabularies):
@@ -222,15 +223,15 @@ def preprocess_criteo_spark(
             str(parts_dir)
         )
         out.start(vocabularies)
-        _write_in_order(out, parts_dir, n_train, total, nums, cats)
+        _write_in_order(out, parts_dir, total, nums, cats)
         parsed.unpersist()
         good.unpersist()
-        summary = out.finish("spark", n_train, total - n_train, rejects, time.perf_counter() - start)
+        summary = out.finish("spark", rejects, time.perf_counter() - start)
     return summary
 
 
-def _write_in_order(out: DatasetOutput, parts_dir: Path, n_train: int, total: int, nums, cats) -> None:
-    """Streams Spark's Parquet parts, in ``idx`` order, into the train and test mappings."""
+def _write_in_order(out: DatasetOutput, parts_dir: Path, total: int, nums, cats) -> None:
+    """Streams Spark's Parquet parts, in ``idx`` order, into the mappings."""
     parts = []
     for p in sorted(parts_dir.glob("*.parquet")):
         first = pl.scan_parquet(p).select(pl.col("idx").min()).collect().item()
@@ -246,10 +247,6 @@ def _write_in_order(out: DatasetOutput, parts_dir: Path, n_train: int, total: in
             numerical = numerical_transform(batch.select(nums).to_numpy()) if nums else None
             ids = [batch[c].to_numpy() for c in cats]
             labels = batch["label"].cast(pl.UInt8).to_numpy()
-            cut = int(np.clip(n_train - (expected - len(idx)), 0, len(idx)))
-            if cut:
-                out.append("train", numerical[:cut] if nums else None, [i[:cut] for i in ids], labels[:cut])
-            if cut < len(idx):
-                out.append("test", numerical[cut:] if nums else None, [i[cut:] for i in ids], labels[cut:])
+            out.append_rows(expected - len(idx), numerical if nums else None, ids, labels)
     if expected != total:
         raise DataError(f"{parts_dir}: Spark returned {expected} rows, expected {total}")

@@ -67,3 +67,24 @@ def test_spark_known_ids_with_test_files_and_errors(tmp_path):
     with pytest.raises(DataError, match=r"bad.tsv:5: I2: 'x' is not an integer"):
         preprocess_criteo_spark([bad], tmp_path / "out", SMALL, test_fraction=0.3, master=MASTER)
     assert not (tmp_path / "out").exists()
+
+
+def test_validation_mapping_is_the_tail_of_train_on_both_engines(tmp_path):
+    from ctrkit.data.dataset import SplitBinaryDataset
+
+    raw = write_criteo_tsv(tmp_path / "day.tsv", 2000, cardinalities=[5, 40, 300] * 8 + [7, 11], seed=4, progress=False)
+    kw = dict(recipe=CriteoRecipe(frequency_threshold=2), test_fraction=0.1, progress=False)
+    plain = preprocess_criteo([raw], tmp_path / "plain", **kw)
+    polars = preprocess_criteo([raw], tmp_path / "polars", validation_fraction=0.25, **kw)
+    spark = preprocess_criteo_spark([raw], tmp_path / "spark", master=MASTER, validation_fraction=0.25, **kw)
+    assert_same_output(tmp_path / "polars", tmp_path / "spark")
+    assert (polars["train_rows"], polars["validation_rows"], polars["test_rows"]) == (1350, 450, 200)
+    assert spark["validation_rows"] == 450 and plain["train_rows"] == 1800
+    whole = SplitBinaryDataset(tmp_path / "plain", "train").labels()
+    validation = SplitBinaryDataset(tmp_path / "polars", "validation")
+    assert (validation.labels() == whole[1350:]).all()  # the most recent train rows, in order
+    # ids come from the vocabulary of the 1,350 train rows only: each is known there or 0/1
+    train_ids = SplitBinaryDataset(tmp_path / "polars", "train").slice(0, 1350).categorical
+    for f in range(train_ids.shape[1]):
+        seen = set(train_ids[:, f].tolist()) | {0, 1}
+        assert set(validation.slice(0, 450).categorical[:, f].tolist()) <= seen
