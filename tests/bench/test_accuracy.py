@@ -1,0 +1,63 @@
+"""The accuracy benchmark: baselines on small data, the table with every row, the panel builders."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from ctrkit.data.dataset import SplitBinaryDataset
+from ctrkit.data.synthetic_outbrain import generate_outbrain
+from ctrkit.eval.baselines import read_table
+from tests.conftest import SHARED_DATA, run_cli
+
+pytest.importorskip("lightgbm")
+
+
+def test_read_table_bags_match_the_dataset(tmp_path):
+    spec = generate_outbrain(tmp_path / "ob", 3000, 0.2, seed=1, progress=False)
+    test = SplitBinaryDataset(spec, "test")
+    table = read_table(test)
+    batch = test.slice(0, len(test))
+    mh = batch.multi_hot
+    n = len(test)
+    for f, bags in enumerate(table.multi_hot):
+        for i in range(0, n, 97):
+            lo, hi = int(mh.offsets[f * n + i]), int(mh.offsets[f * n + i + 1])
+            want = np.bincount(mh.ids[lo:hi].numpy(), minlength=bags.shape[1])
+            np.testing.assert_array_equal(bags[i].toarray()[0], want)
+    np.testing.assert_array_equal(table.categorical, batch.categorical.numpy())
+    assert table.labels.tolist() == test.labels().tolist()
+
+
+def test_bench_accuracy_writes_a_row_per_data_set(tiny_dataset, tmp_path, capsys):
+    code, out, err = run_cli(
+        "bench", "accuracy", "--panel", "planted", "--planted-rows", "6000", "--seeds", "0", "--models",
+        "dlrm,wide_deep", "--datasets", tiny_dataset, "--work", tmp_path / "work", "--out", tmp_path / "acc",
+        capsys=capsys,
+    )  # fmt: skip
+    assert code == 0, err
+    doc = json.loads((tmp_path / "acc" / "results.json").read_text())
+    assert [r["dataset"] for r in doc["rows"]] == ["planted-6k-s0", "tiny"]
+    assert doc["machine"]["capability"] and doc["machine"]["torch"]
+    planted = doc["rows"][0]
+    assert set(planted["results"]) == {"logistic", "lightgbm", "dlrm", "wide_deep"}
+    assert planted["rows"] == {"train": 4500, "validation": 500, "test": 1000}
+    for method, r in planted["results"].items():  # every method learns something and none beats Bayes
+        assert 0.55 < r["auc"] < planted["bayes_auc"], (method, r)
+    table = (tmp_path / "acc" / "results.md").read_text()
+    assert "| planted-6k-s0 | 4,500 / 500 / 1,000 |" in table and "| tiny |" in table
+    assert table.count("\n| ") == 3 and "gap to Bayes closed" in table and "LightGBM" in out
+
+
+@pytest.mark.skipif(not (SHARED_DATA / "movielens").exists(), reason="../shared/data is absent")
+def test_real_panel_builders(tmp_path):
+    from ctrkit.bench.panel import build_avazu, build_movielens
+
+    avazu = build_avazu(SHARED_DATA, tmp_path / "avazu")
+    assert [len(SplitBinaryDataset(avazu.path, m)) for m in ("train", "test")] == [7999, 2000]
+    ml = build_movielens(SHARED_DATA, tmp_path / "ml")
+    train, test = (SplitBinaryDataset(ml.path, m) for m in ("train", "test"))
+    assert len(train) + len(test) == 100_000 and train.spec.multi_hot_cardinalities == [19]
+    assert 0.5 < train.labels().mean() < 0.6  # ratings of 4 and 5 are 55% of ml-100k
