@@ -35,6 +35,11 @@ SPEC_KEYS = (
 )
 
 
+# model config fields added after checkpoints were written without them, with the value that reproduces
+# the models those checkpoints hold (their defaults may differ)
+LEGACY_FIELDS = {"dlrm": {"linear": False}, "dcnv2": {"linear": False}}
+
+
 class CheckpointError(ValueError):
     """A checkpoint that cannot be read or does not fit the data or model it is used with."""
 
@@ -143,6 +148,7 @@ class Checkpoint:
         missing = {"model_name", "model_config", "model"} - set(data)
         if missing:
             raise CheckpointError(f"{where}: checkpoint lacks {sorted(missing)}")
+        data = {**data, "model_config": {**LEGACY_FIELDS.get(data["model_name"], {}), **data["model_config"]}}
         known = {f.name for f in fields(cls)}
         return cls(**{"spec": {}, **{k: v for k, v in data.items() if k in known}})
 

@@ -42,7 +42,7 @@ class TrainConfig:
     chooses for itself (optimizers, rates, batch size) are None until ``resolve`` fills them in.
     """
 
-    epochs: int = option(1, "the most passes over the training data (training stops earlier on a plateau)")
+    epochs: int = option(10, "the most passes over the training data (training stops earlier on a plateau)")
     max_steps: int | None = option(None, "stop after this many steps in total", unset="all epochs")
     batch_size: int | None = option(None, "samples per step", unset="the model's")
     eval_batch_size: int = option(16384, "samples per forward pass in evaluation")

@@ -59,3 +59,13 @@ def test_other_versions_and_incomplete_files_are_refused(tmp_path):
     torch.save({"format": "something-else"}, tmp_path / "other.pt")
     with pytest.raises(CheckpointError, match="other.pt: not a ctrkit checkpoint"):
         load_checkpoint(tmp_path / "other.pt")
+
+
+def test_checkpoints_from_before_the_linear_term_load_without_one(tmp_path):
+    cfg = make_config("dlrm", dict(num_numerical=2, cardinalities=[5, 7], embedding_dim=4, bottom_mlp=[8, 4],
+                                   top_mlp=[8, 1], linear=False))  # fmt: skip
+    old = {k: v for k, v in config_to_dict(cfg).items() if k != "linear"}  # written before the field existed
+    model = create_model("dlrm", cfg)
+    save_checkpoint(tmp_path / "old.pt", Checkpoint("dlrm", old, {}, model.state_dict()))
+    rebuilt = load_checkpoint(tmp_path / "old.pt").build_model()
+    assert rebuilt.wide_embeddings is None and rebuilt.config.linear is False

@@ -75,7 +75,7 @@ class BottomTopConfig(InputsConfig):
 
     bottom_mlp: tuple[int, ...] = (512, 256, 64, 16)
     top_mlp: tuple[int, ...] = (512, 256, 1)
-    linear: bool = False
+    linear: bool = True
 
     def validate(self) -> None:
         super().validate()
