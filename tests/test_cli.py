@@ -26,6 +26,8 @@ def trained(tiny_dataset, tmp_path_factory):
         *small_model_flags(),
         "--batch-size",
         "256",
+        "--epochs",
+        "1",
         "--save-checkpoint",
         out / "m.pt",
         "--log-path",

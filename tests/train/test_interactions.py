@@ -61,7 +61,7 @@ def test_model_beats_logistic_regression_on_interactions(interaction_data, name)
         RunInfo(name, config, spec.summary()),
         train,
         test,
-        TrainConfig(epochs=5, batch_size=BATCH.get(name), evals_per_epoch=0),
+        TrainConfig(epochs=10, batch_size=BATCH.get(name), evals_per_epoch=2),  # best of up to 10 epochs
         torch.device("cpu"),
         progress=False,
     )
