@@ -92,6 +92,7 @@ def run_worker(cfg: ScaleBenchConfig, env=None) -> dict:
         embedding_dim=cfg.embedding_dim,
         bottom_mlp=(512, 256, cfg.embedding_dim),
         top_mlp=(512, 256, 1),
+        linear=False,  # the Merlin benchmark's DLRM
     )
     model = create_model("dlrm", make_config("dlrm", shape))
     world, rank = (env.world_size, env.rank) if env is not None else (1, 0)

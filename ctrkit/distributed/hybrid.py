@@ -99,6 +99,10 @@ class HybridModel(nn.Module):
     def forward(self, numerical: torch.Tensor | None, categorical: torch.Tensor, multi_hot=None) -> torch.Tensor:
         return self.ddp(numerical, categorical, multi_hot)  # (B_r,) logits of this rank's samples
 
+    def wide_parameters(self) -> list[nn.Parameter]:
+        """The model's first-order part (its own optimizer's), shards included, as the model names it."""
+        return self.model.wide_parameters() if hasattr(self.model, "wide_parameters") else []
+
     def sharding_key(self) -> dict[str, list[list[int]]]:
         """The placement of every shard (stored in checkpoints to recognise the same sharding)."""
         return {name: plan.key() for name, plan in self.plans.items()}
