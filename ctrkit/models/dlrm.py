@@ -25,9 +25,19 @@ class DLRMConfig(BottomTopConfig):
     self_interaction: bool = False
 
 
-# Plain SGD on everything, as the reference DLRM; lr 1.0 at batch 128 trained best on 300k synthetic rows.
-DLRM_TRAIN_DEFAULTS = {"optimizer": "sgd", "lr": 1.0, "embedding_optimizer": "sgd", "batch_size": 128,
-                       "wide_optimizer": "adagrad", "wide_lr": 0.02}  # fmt: skip
+# Adam on both parts at batch 1024 (the DCNv2 recipe): measured on the accuracy panel (README), it kept
+# DLRM within reach of logistic regression on every data set, where the reference's plain SGD at lr 1.0
+# and batch 128 (the default until the panel existed, chosen on `ctrkit synth` alone) fell to 0.672
+# against 0.783 on MovieLens.
+DLRM_TRAIN_DEFAULTS = {
+    "optimizer": "adam",
+    "lr": 1e-3,
+    "embedding_optimizer": "adam",
+    "embedding_lr": 1e-2,
+    "batch_size": 1024,
+    "wide_optimizer": "adagrad",
+    "wide_lr": 0.02,
+}
 
 
 @register_model("dlrm", DLRMConfig, DLRM_TRAIN_DEFAULTS)
