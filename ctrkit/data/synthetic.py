@@ -69,6 +69,18 @@ def power_law_ids(rng: np.random.Generator, cardinality: int, n: int, exponent: 
     return np.minimum(x.astype(np.int64) - 1, cardinality - 1)
 
 
+def bias_for_ctr(logits: np.ndarray, ctr: float) -> float:
+    """The shift of ``logits`` whose mean click probability is ``ctr`` (bisection)."""
+    lo, hi = -20.0, 20.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if np.mean(1.0 / (1.0 + np.exp(-(logits + mid)))) < ctr:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
 @dataclass
 class Block:
     numerical: np.ndarray  # (n, N) float32, log(count + 3), 0 where missing
@@ -132,18 +144,7 @@ class SyntheticCTR:
         self.hidden_scale = hidden_scale
         self.bias = 0.0
         pilot = self.sample(np.random.default_rng([seed, 2]), 50_000, labels=False).logits
-        self.bias = self._bias_for_ctr(pilot, ctr)
-
-    @staticmethod
-    def _bias_for_ctr(logits: np.ndarray, ctr: float) -> float:
-        lo, hi = -20.0, 20.0
-        for _ in range(60):
-            mid = (lo + hi) / 2
-            if np.mean(1.0 / (1.0 + np.exp(-(logits + mid)))) < ctr:
-                lo = mid
-            else:
-                hi = mid
-        return (lo + hi) / 2
+        self.bias = bias_for_ctr(pilot, ctr)
 
     def sample(self, rng: np.random.Generator, n: int, labels: bool = True) -> Block:
         """Draws n rows."""

@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from ctrkit.data.atomic import atomic_directory
 from ctrkit.data.feature_spec import FeatureSpec, criteo_like_spec
 from ctrkit.data.split_binary import SplitBinaryWriter
-from ctrkit.data.synthetic import Block, power_law_ids
+from ctrkit.data.synthetic import Block, bias_for_ctr, power_law_ids
 
 PLANTED_CARDINALITIES = (5, 12, 40, 100, 300, 800, 2_000, 5_000, 10_000, 20_000, 50_000, 100_000, 200_000, 30, 3_000,
                          60_000, 7, 500, 15_000, 150_000)  # fmt: skip
@@ -78,11 +78,7 @@ class PlantedCTR:
         self.num_weight = rng.normal(0.0, 0.4, num_numerical)
         self.bias = 0.0
         pilot = self.sample(np.random.default_rng([seed, 102]), 50_000, labels=False).logits
-        lo, hi = -20.0, 20.0
-        for _ in range(60):  # the bias that gives the target click rate
-            mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if np.mean(1 / (1 + np.exp(-(pilot + mid)))) < ctr else (lo, mid)
-        self.bias = (lo + hi) / 2
+        self.bias = bias_for_ctr(pilot, ctr)
 
     def sample(self, rng: np.random.Generator, n: int, labels: bool = True) -> Block:
         """Draws n rows (the true log-odds in ``logits``)."""

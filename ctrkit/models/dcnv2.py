@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ctrkit.models.inputs import BottomTopConfig, LinearTerm, WideParameters, input_layers
+from ctrkit.models.inputs import TRAIN_DEFAULTS, BottomTopConfig, LinearTerm, WideParameters, input_layers
 from ctrkit.models.interaction import CrossNetwork
 from ctrkit.models.mlp import MLP
 from ctrkit.models.registry import register_model
@@ -42,20 +42,7 @@ class DCNv2Config(BottomTopConfig):
             raise ValueError(f"structure must be one of {', '.join(STRUCTURES)}, got {self.structure!r}")
 
 
-# Adam on both parts, as the DCNv2 seed recipe uses Adam; the rates are the ones that trained best
-# in one epoch on 300k synthetic Criteo-like rows at batch 1024 (see README).
-DCNV2_TRAIN_DEFAULTS = {
-    "optimizer": "adam",
-    "lr": 1e-3,
-    "embedding_optimizer": "adam",
-    "embedding_lr": 1e-2,
-    "batch_size": 1024,
-    "wide_optimizer": "adagrad",
-    "wide_lr": 0.02,
-}
-
-
-@register_model("dcnv2", DCNv2Config, DCNV2_TRAIN_DEFAULTS)
+@register_model("dcnv2", DCNv2Config, TRAIN_DEFAULTS)
 class DCNv2(WideParameters, nn.Module):
     """Deep & Cross Network v2 (Wang et al., 2021) from a DCNv2Config: the cross network over
     x0 = [bottom MLP output, embeddings], of width d = D * (F + 1) (D * F without numerical features).

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ctrkit.models.inputs import BottomTopConfig, LinearTerm, WideParameters, input_layers
+from ctrkit.models.inputs import TRAIN_DEFAULTS, BottomTopConfig, LinearTerm, WideParameters, input_layers
 from ctrkit.models.interaction import DotInteraction
 from ctrkit.models.mlp import MLP
 from ctrkit.models.registry import register_model
@@ -25,22 +25,7 @@ class DLRMConfig(BottomTopConfig):
     self_interaction: bool = False
 
 
-# Adam on both parts at batch 1024 (the DCNv2 recipe): measured on the accuracy panel (README), it kept
-# DLRM within reach of logistic regression on every data set, where the reference's plain SGD at lr 1.0
-# and batch 128 (the default until the panel existed, chosen on `ctrkit synth` alone) fell to 0.672
-# against 0.783 on MovieLens.
-DLRM_TRAIN_DEFAULTS = {
-    "optimizer": "adam",
-    "lr": 1e-3,
-    "embedding_optimizer": "adam",
-    "embedding_lr": 1e-2,
-    "batch_size": 1024,
-    "wide_optimizer": "adagrad",
-    "wide_lr": 0.02,
-}
-
-
-@register_model("dlrm", DLRMConfig, DLRM_TRAIN_DEFAULTS)
+@register_model("dlrm", DLRMConfig, TRAIN_DEFAULTS)
 class DLRM(WideParameters, nn.Module):
     """Deep Learning Recommendation Model (Naumov et al., 2019), built from a DLRMConfig.
 

@@ -36,6 +36,20 @@ def check_multi_hot(cardinalities: Sequence[int], combiners: Sequence[str]) -> N
         )
 
 
+# The training defaults every model starts from, chosen on the accuracy panel (README, "Accuracy"): Adam
+# on the dense part and the embeddings at batch 1024, and Adagrad for the first-order (wide) part as the
+# Wide & Deep seed trains it. The seeds' rates (1e-4, 1.2e-4) are for Criteo 1TB's billions of steps.
+TRAIN_DEFAULTS = {
+    "optimizer": "adam",
+    "lr": 1e-3,
+    "embedding_optimizer": "adam",
+    "embedding_lr": 1e-2,
+    "batch_size": 1024,
+    "wide_optimizer": "adagrad",
+    "wide_lr": 0.02,
+}
+
+
 @dataclass(frozen=True)
 class InputsConfig:
     """What every model reads: the dataset's features and the embedding width.

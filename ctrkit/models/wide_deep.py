@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from ctrkit.models.embeddings import CategoricalEmbeddings
-from ctrkit.models.inputs import InputsConfig, LinearTerm, WideParameters
+from ctrkit.models.inputs import TRAIN_DEFAULTS, InputsConfig, LinearTerm, WideParameters
 from ctrkit.models.mlp import MLP
 from ctrkit.models.registry import register_model
 
@@ -34,21 +34,7 @@ class WideDeepConfig(InputsConfig):
             raise ValueError(f"dropout must lie in [0, 1), got {self.dropout}")
 
 
-# Two optimizers as the seed: Adagrad-style for the wide part (lr 0.02 as the seed) and Adam for the
-# deep part, at rates that trained well in one epoch on 300k synthetic rows (the seed's deep lr of
-# 1.2e-4 is for tens of millions of rows; see README).
-WIDE_DEEP_TRAIN_DEFAULTS = {
-    "wide_optimizer": "adagrad",
-    "wide_lr": 0.02,
-    "optimizer": "adam",
-    "lr": 1e-3,
-    "embedding_optimizer": "adam",
-    "embedding_lr": 1e-2,
-    "batch_size": 1024,
-}
-
-
-@register_model("wide_deep", WideDeepConfig, WIDE_DEEP_TRAIN_DEFAULTS)
+@register_model("wide_deep", WideDeepConfig, TRAIN_DEFAULTS)
 class WideDeep(WideParameters, nn.Module):
     """Wide & Deep (Cheng et al., 2016) from a WideDeepConfig.
 
