@@ -54,7 +54,7 @@ def test_a_model_ranks_displays_better_than_chance(outbrain):
         RunInfo("dlrm", config, spec.summary()),
         train,
         test,
-        TrainConfig(epochs=2, evals_per_epoch=0),
+        TrainConfig(epochs=10, evals_per_epoch=2),  # the defaults: the best of up to 10 epochs
         torch.device("cpu"),
         progress=False,
     ).fit()

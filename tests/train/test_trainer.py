@@ -50,7 +50,9 @@ def params(model) -> dict[str, torch.Tensor]:
 
 
 def test_short_run_learns_the_planted_signal(tiny_dataset, tmp_path):
-    cfg = TrainConfig(epochs=1, batch_size=128, lr=1.0, evals_per_epoch=2)
+    # plain SGD at DLRM's reference rate (the model's defaults are Adam's)
+    cfg = TrainConfig(epochs=1, batch_size=128, optimizer="sgd", lr=1.0, embedding_optimizer="sgd", embedding_lr=1.0,
+                      evals_per_epoch=2)  # fmt: skip
     trainer = build(tiny_dataset, cfg, log=tmp_path / "log.jsonl")
     test = SplitBinaryDataset(tiny_dataset, "test")
     before = evaluate(trainer.model, test, CPU)
@@ -134,7 +136,17 @@ def test_bf16_autocast_trains(tiny_dataset):
 def test_divergence_is_reported(tiny_dataset):
     t = build(
         tiny_dataset,
-        TrainConfig(batch_size=256, max_steps=40, lr=1e6, warmup_steps=0, print_freq=10, evals_per_epoch=0),
+        TrainConfig(
+            batch_size=256,
+            max_steps=40,
+            optimizer="sgd",
+            lr=1e6,
+            embedding_optimizer="sgd",
+            embedding_lr=1e6,
+            warmup_steps=0,
+            print_freq=10,
+            evals_per_epoch=0,
+        ),  # fmt: skip
     )
     with pytest.raises(FloatingPointError, match="lower the learning rate"):
         t.fit()
