@@ -247,9 +247,12 @@ class Run:
     def describe(self) -> str:
         """One line on what is about to be trained, how and where."""
         amp = f" with {str(self.amp_dtype).replace('torch.', '')} autocast" if self.amp_dtype else ""
+        validation = self.trainer.validation_set
+        held = f" (validation: {len(validation):,} samples of {validation.mapping})" if validation is not None else ""
         return (
-            f"training {self.spec.model} ({self.num_parameters:,} parameters) on {len(self.train_set):,} samples, "
-            f"{self.trainer.total_steps} steps of {self.trainer.cfg.batch_size} on {self.device}{amp}"
+            f"training {self.spec.model} ({self.num_parameters:,} parameters) on {len(self.trainer.train_set):,} "
+            f"samples{held}, at most {self.trainer.total_steps} steps of {self.trainer.cfg.batch_size} on "
+            f"{self.device}{amp}"
         )
 
     def fit(self) -> dict[str, Any]:
