@@ -64,7 +64,7 @@ class TrainConfig:
         "updates), added to the mean loss",
     )
     weight_decay: float = option(0.0, "L2 penalty on the dense part's weights, added to the mean loss")
-    warmup_steps: int | None = option(None, "linear warmup steps", unset="5% of the run")
+    warmup_steps: int | None = option(None, "linear warmup steps", unset="5% of the first epoch")
     decay_start_step: int | None = option(None, "step where polynomial decay begins", unset="half-way")
     decay_steps: int | None = option(None, "length of the decay", unset="half the run")
     decay_power: float = option(2.0, "power of the polynomial decay")

@@ -156,6 +156,9 @@ def test_default_schedule_is_derived_from_the_run_length():
     s = resolve_schedule(TrainConfig(lr=2.0), 1000)
     assert (s.warmup_steps, s.decay_start_step, s.decay_steps) == (50, 500, 500)
     assert s(999) < 0.01 and s(600) < 2.0 and s(300) == 2.0
+    # with epochs as a maximum (10 here), the warmup follows the first epoch, the decay the whole run
+    s = resolve_schedule(TrainConfig(lr=2.0), 1000, steps_per_epoch=100)
+    assert (s.warmup_steps, s.decay_start_step, s.decay_steps) == (5, 500, 500) and s(5) == 2.0
 
 
 def test_train_config_validation():
