@@ -34,9 +34,9 @@ def train(args: argparse.Namespace) -> int:
     held-out tail of 'train'); the run keeps the weights of the best validation AUC, lowers the learning
     rates on a plateau and stops early after a patience, then scores 'test' once with the kept weights.
     The LR schedule warms up linearly, holds, then decays polynomially; unset schedule flags are derived
-    from the run length (5% warmup, decay over the last half). Settings resolve as: flags, then --config,
-    then the model's defaults; the resolved run is written beside the checkpoint as YAML, which --config
-    accepts back.
+    from the run (warmup over 5% of the first epoch, decay over the last half of --epochs). Settings
+    resolve as: flags, then --config, then the model's defaults; the resolved run is written beside the
+    checkpoint as YAML, which --config accepts back.
     """
     import torch
 
