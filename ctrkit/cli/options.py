@@ -117,35 +117,6 @@ def config_values(args: argparse.Namespace, cls: type) -> dict[str, Any]:
     return {f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)}
 
 
-def add_device(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--device", default="auto", help="auto (CUDA if present, else CPU), cpu, cuda, cuda:N")
-
-
-def add_threads(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
-
-
-def add_seed(parser: argparse.ArgumentParser, what: str = "random seed") -> None:
-    parser.add_argument("--seed", type=int, default=0, help=f"{what} (default 0)")
-
-
-def add_overwrite(parser: argparse.ArgumentParser, what: str = "an existing output directory") -> None:
-    parser.add_argument("--overwrite", action="store_true", help=f"replace {what}")
-
-
-def add_output(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--output", type=Path, default=None, help="write the results as JSON here")
-
-
-def add_no_progress(parser: argparse.ArgumentParser, what: str = "no progress bar") -> None:
-    parser.add_argument("--no-progress", action="store_true", help=what)
-
-
-def add_checkpoint_dataset(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--checkpoint", required=True, type=Path, help="checkpoint written by `ctrkit train`")
-    parser.add_argument("--dataset", required=True, type=Path, help="dataset directory holding feature_spec.yaml")
-
-
 def write_result(result: dict | list, path: Path | None) -> None:
     """Writes a benchmark result as JSON when ``--output`` was given."""
     if path is not None:

@@ -12,11 +12,15 @@ included).
 
 from __future__ import annotations
 
+import sys
+
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from ctrkit.config import ParallelConfig
+from ctrkit.distributed.env import DistEnv
 from ctrkit.distributed.planner import ShardingPlan, plan_sharding
 from ctrkit.distributed.sharded_embeddings import ShardedEmbeddingBagCollection, ShardedEmbeddingCollection
 from ctrkit.models.embeddings import CategoricalEmbeddings
@@ -130,22 +134,21 @@ class HybridModel(nn.Module):
 
 
 def shard_for_job(
-    model: nn.Module,
-    world_size: int,
-    rank: int | None,
-    sharding: str = "auto",
-    column_split_dim: int | None = None,
-    row_budget_bytes: int | None = None,
-    state: dict[str, torch.Tensor] | None = None,
-) -> tuple[nn.Module, dict[str, ShardingPlan]]:
-    """``model`` with its tables sharded over a job's ranks, and the plans.
+    model: nn.Module, env: DistEnv | None, parallel: ParallelConfig, state: dict[str, torch.Tensor] | None = None
+) -> nn.Module:
+    """``model`` with its tables sharded over the job's ranks (``env``; None: one process, unchanged),
+    printing the plan on rank 0 when ``parallel.print_sharding_plan`` asks for it.
 
-    ``rank`` None plans only (the model comes back unchanged, e.g. to print the plan outside a job).
     ``state``: whole-table weights loaded before the tables are split (a checkpoint being resumed).
     """
-    plans = plan_model(model, world_size, sharding, column_split_dim, row_budget_bytes)
-    if rank is None:
-        return model, plans
+    if env is None and not parallel.print_sharding_plan:
+        return model
+    world = env.world_size if env is not None else 1
+    plans = plan_model(model, world, parallel.sharding, parallel.column_split_dim, parallel.row_budget_bytes)
+    if parallel.print_sharding_plan and (env is None or env.is_main):
+        print(describe_plans(plans), file=sys.stderr)
+    if env is None:
+        return model
     if state is not None:
         model.load_state_dict(state)
-    return HybridModel(model, plans, rank), plans
+    return HybridModel(model, plans, env.rank)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
@@ -113,7 +112,7 @@ class Scoring:
         """Reads the checkpoint, checks it fits the dataset's features, and builds its model on the device."""
         from ctrkit.device import resolve_device
         from ctrkit.distributed.env import init_distributed, launched_by_torchrun
-        from ctrkit.distributed.hybrid import describe_plans, shard_for_job
+        from ctrkit.distributed.hybrid import shard_for_job
 
         par = parallel or ParallelConfig()
         ckpt = load_checkpoint(checkpoint)
@@ -123,11 +122,7 @@ class Scoring:
         env = init_distributed(device, par.dist_timeout) if launched_by_torchrun() else None
         dev = env.device if env is not None else resolve_device(device)
         model = ckpt.build_model().to(dev)
-        if env is not None or par.print_sharding_plan:  # the checkpoint's whole tables are already in the model
-            world, rank = (env.world_size, env.rank) if env is not None else (1, None)
-            model, plans = shard_for_job(model, world, rank, par.sharding, par.column_split_dim, par.row_budget_bytes)
-            if par.print_sharding_plan and (env is None or env.is_main):
-                print(describe_plans(plans), file=sys.stderr)
+        model = shard_for_job(model, env, par)  # the checkpoint's whole tables are already in the model
         return cls(ckpt, data, model, dev, env)
 
     @property

@@ -12,7 +12,6 @@ Example:
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -185,7 +184,7 @@ class Run:
         from ctrkit.data.dataset import SplitBinaryDataset
         from ctrkit.device import amp_dtype_for, resolve_device
         from ctrkit.distributed.env import init_distributed, launched_by_torchrun
-        from ctrkit.distributed.hybrid import describe_plans, shard_for_job
+        from ctrkit.distributed.hybrid import shard_for_job
         from ctrkit.models.registry import create_model
         from ctrkit.train.trainer import RunInfo, Trainer
 
@@ -208,15 +207,8 @@ class Run:
         self.is_main = self.env is None or self.env.is_main
         torch.manual_seed(cfg.seed)
         model = create_model(spec.model, spec.model_config).to(self.device)
-        if self.env is not None or par.print_sharding_plan:
-            world, rank = (self.env.world_size, self.env.rank) if self.env is not None else (1, None)
-            state = ckpt.resume_weights if ckpt is not None else None
-            model, plans = shard_for_job(
-                model, world, rank, par.sharding, par.column_split_dim, par.row_budget_bytes, state
-            )
-            if par.print_sharding_plan and self.is_main:
-                print(describe_plans(plans), file=sys.stderr)
-        self.model = model
+        self.model = shard_for_job(model, self.env, par, ckpt.resume_weights if ckpt is not None else None)
+        model = self.model
         if spec.save_checkpoint is not None and self.is_main:
             # the resolved configuration, beside the run, so every result says how it was made
             run_yaml = spec.save_checkpoint.with_suffix(".yaml")
