@@ -40,13 +40,29 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         code = 130
-    except (ValueError, FloatingPointError, FileNotFoundError, NotADirectoryError, PermissionError) as e:
-        if args.traceback:
+    except Exception as e:
+        message = _user_error(e)
+        if message is None or args.traceback:
             raise
-        print(f"ctrkit {args.command}: error: {_flags_named(str(e), parser)}", file=sys.stderr)
+        print(f"ctrkit {args.command}: error: {_flags_named(message, parser)}", file=sys.stderr)
         code = EXIT_USER_ERROR
     _leave_process_group(code)
     return code
+
+
+def _user_error(e: Exception) -> str | None:
+    """The one line to print for an error the user can act on (bad input or settings, a file or disk
+    problem, a peer of a distributed job gone), or None for a bug (the traceback is shown)."""
+    if isinstance(e, OSError) and e.filename is not None and e.strerror:
+        return f"{e.filename}: {e.strerror}"
+    if isinstance(e, (ValueError, FloatingPointError, OSError, EOFError, MemoryError)):
+        text = str(e).strip().splitlines()
+        return text[0] if text else type(e).__name__
+    distributed = "torch.distributed" in sys.modules and isinstance(e, sys.modules["torch.distributed"].DistError)
+    if distributed:  # a timeout or a rank that went away: the first line says which
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return f"the distributed job failed ({type(e).__name__}): {first}"
+    return None
 
 
 def _flags_named(message: str, parser: argparse.ArgumentParser) -> str:

@@ -48,6 +48,7 @@ def serve(args: argparse.Namespace) -> int:
     import torch
 
     from ctrkit.serve.predictor import load_predictor
+    from ctrkit.serve.server import bind
     from ctrkit.serve.server import serve as run_server
 
     cfg: ServeConfig = config_from(args, ServeConfig)
@@ -56,8 +57,9 @@ def serve(args: argparse.Namespace) -> int:
     predictor = load_predictor(cfg.checkpoint, cfg.model_dir, cfg.embedding_store, cfg.cache_rows, cfg.dtype,
                                cfg.compile)  # fmt: skip
     name = cfg.name or predictor.meta["model_name"]
-    url = f"http://{cfg.host}:{cfg.port}/v2/models/{name}/infer"
+    sock = bind(cfg.host, cfg.port)  # a busy port fails here, before anything says it is serving
+    url = f"http://{cfg.host}:{sock.getsockname()[1]}/v2/models/{name}/infer"
     print(f"serving {name} ({predictor.backend}) on {url}", file=sys.stderr, flush=True)
     run_server(predictor, name, cfg.host, cfg.port, cfg.batch_window_ms, cfg.max_batch_size,
-               int(cfg.max_body_mb * 2**20))  # fmt: skip
+               int(cfg.max_body_mb * 2**20), sock=sock)  # fmt: skip
     return 0

@@ -404,10 +404,11 @@ def split_binary_spec(
     label: str = "label",
     mappings: Sequence[str] = ("train", "test"),
     metadata: Mapping[str, Any] | None = None,
+    numerical_dtype: str = "float16",
 ) -> FeatureSpec:
     """A spec in NVIDIA's split-binary layout: per mapping, ``numerical.bin`` (all numerical features,
-    float16), ``label.bin`` and one file per categorical feature named after it (``.bin`` appended
-    unless the name ends with it).
+    ``numerical_dtype``: float16 as NVIDIA's, or float32), ``label.bin`` and one file per categorical
+    feature named after it (``.bin`` appended unless the name ends with it).
 
     Args:
         categorical: categorical feature name -> Feature (dtype and cardinality), in channel order.
@@ -418,7 +419,7 @@ def split_binary_spec(
     """
     features: dict[str, Feature] = dict(categorical)
     for name in numerical:
-        features[name] = Feature("float16")
+        features[name] = Feature(numerical_dtype)
     features[label] = Feature("bool")
     file_of = {c: c if c.endswith(".bin") else f"{c}.bin" for c in categorical}
     sources = {}

@@ -72,7 +72,8 @@ def open_mapping(spec: FeatureSpec, mapping: str, check_ids: bool = True) -> Spl
     Args:
         spec: the dataset's FeatureSpec (file paths resolve against its directory).
         mapping: ``train`` or ``test`` (any mapping in ``source_spec``).
-        check_ids: scan every categorical file once for ids outside ``[0, cardinality)``.
+        check_ids: scan every categorical file once for ids outside ``[0, cardinality)``, and the
+            numerical file for NaN and infinite values.
 
     Raises:
         SpecError: the spec's layout is not a split-binary one this reader supports.
@@ -195,6 +196,8 @@ def open_mapping(spec: FeatureSpec, mapping: str, check_ids: bool = True) -> Spl
         if lmax > 1:
             pos = int(np.argmax(columns["label"] > 1))
             raise DataError(f"{files['label']}: sample {pos} has label {lmax}; labels must be 0 or 1")
+    if check_ids and n and numerical is not None:
+        check_finite(numerical, nums, files["numerical"])
     if check_ids and n:
         for name, arr in zip(cats, categorical):
             check_id_range(arr, spec.feature_spec[name].cardinality, name, files[name])
@@ -216,6 +219,19 @@ def _check_offsets(offsets: np.ndarray, num_values: int, name: str, where: Path)
     if len(offsets) > 1 and (np.diff(offsets) < 0).any():
         pos = int(np.argmax(np.diff(offsets) < 0))
         raise DataError(f"{where}: offsets of '{name}' decrease at sample {pos}; lengths cannot be negative")
+
+
+def check_finite(numerical: np.ndarray, names: Sequence[str], where: os.PathLike | str, rows: int = 1 << 20) -> None:
+    """Raises DataError at the first NaN or infinite value of the (N, n_numerical) ``numerical`` (read
+    ``rows`` samples at a time, so memory stays bounded)."""
+    for start in range(0, len(numerical), rows):
+        block = np.asarray(numerical[start : start + rows])
+        if not np.isfinite(block).all():
+            row, col = np.argwhere(~np.isfinite(block))[0]
+            raise DataError(
+                f"{where}: numerical feature '{names[col]}' is {block[row, col]} at sample {start + row}; "
+                "numerical values must be finite (NaN and infinity are refused)"
+            )
 
 
 def check_id_range(ids: np.ndarray, cardinality: int, name: str, where: os.PathLike | str) -> None:
@@ -311,7 +327,17 @@ class SplitBinaryWriter:
             numerical = np.asarray(numerical)
             if numerical.shape != (n, len(self._nums)):
                 raise DataError(f"numerical block has shape {numerical.shape}, expected ({n}, {len(self._nums)})")
-            self._num_f.write(np.ascontiguousarray(numerical, dtype=self._num_dtype))
+            stored = np.ascontiguousarray(numerical, dtype=self._num_dtype)
+            if not np.isfinite(stored).all():
+                row, col = np.argwhere(~np.isfinite(stored))[0]
+                value = np.asarray(numerical)[row, col]
+                why = f"beyond {self._num_dtype.name}'s range" if np.isfinite(value) else "not finite"
+                raise DataError(
+                    f"mapping '{self.mapping}': numerical feature '{self._nums[col]}' is {value} at sample "
+                    f"{self.num_samples + row}, {why}; numerical values must be finite"
+                    + (" (store numericals as float32)" if np.isfinite(value) else "")
+                )
+            self._num_f.write(stored)
         multi_hot = list(multi_hot or [])
         if len(multi_hot) != len(self._multi):
             raise DataError(f"expected {len(self._multi)} multi-hot features, got {len(multi_hot)}")

@@ -24,6 +24,7 @@ from ctrkit.data.split_binary import DataError, SplitBinaryWriter, check_id_rang
 
 READABLE_CHANNELS = (CATEGORICAL_CHANNEL, NUMERICAL_CHANNEL, LABEL_CHANNEL)
 DEFAULT_CHUNK_ROWS = 1 << 20
+FLOAT16_MAX = float(np.finfo(np.float16).max)  # 65504: larger numericals are stored as float32
 
 
 def _read_error(path: Path, features: tuple[str, ...], e: Exception) -> DataError:
@@ -85,11 +86,24 @@ def _mapping_batches(spec: FeatureSpec, mapping: str, rows: int):
 class _Stats:
     """What pass 1 learns of each categorical feature (id range, empties) and of the labels."""
 
-    def __init__(self, names: list[str]):
+    def __init__(self, names: list[str], numerical: list[str]):
         self.low = dict.fromkeys(names)
         self.high = dict.fromkeys(names)
+        self.numerical = numerical
+        self.largest = 0.0  # the largest |numerical value|
 
     def update(self, mapping: str, df: pl.DataFrame, label: str, offset: int) -> None:
+        for name in self.numerical:
+            values = df[name].to_numpy()
+            finite = np.isfinite(values) | np.isnan(values) & df[name].is_null().to_numpy()  # empty: missing, 0
+            if not finite.all():
+                row = int(np.argmin(finite))
+                raise DataError(
+                    f"numerical feature '{name}' is {values[row]} in mapping '{mapping}' row {offset + row}; "
+                    "numerical values must be finite (leave a value empty for missing)"
+                )
+            if len(values):
+                self.largest = max(self.largest, float(np.nanmax(np.abs(values), initial=0.0)))
         for name in self.low:
             if df[name].null_count():
                 row = offset + int(df[name].is_null().arg_max())
@@ -128,7 +142,7 @@ def transcode(
             f"channel(s) {sorted(extra)} are not ones ctrkit models read; expected {', '.join(READABLE_CHANNELS)}"
         )
     label = spec.label_feature
-    stats = _Stats(list(spec.categorical_features))
+    stats = _Stats(list(spec.categorical_features), list(spec.numerical_features))
     for m in spec.source_spec:
         offset = 0
         for df in _mapping_batches(spec, m, chunk_size):
@@ -147,7 +161,8 @@ def transcode(
     nums = list(spec.numerical_features)
     with atomic_directory(output_dir, overwrite) as tmp:
         meta = {**spec.metadata, "transcoded_from": str(Path(input_dir))}
-        base = split_binary_spec(categorical, nums, label, tuple(spec.source_spec), meta)
+        numerical_dtype = "float16" if stats.largest <= FLOAT16_MAX else "float32"
+        base = split_binary_spec(categorical, nums, label, tuple(spec.source_spec), meta, numerical_dtype)
         out = FeatureSpec(base.feature_spec, base.source_spec, base.channel_spec, base.metadata, tmp)
         for m in spec.source_spec:
             with SplitBinaryWriter(out, m) as writer:

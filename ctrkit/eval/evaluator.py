@@ -57,7 +57,14 @@ def predict_logits(
     finally:
         batches.close()  # stops the prefetch thread even when scoring fails
         model.train(was_training)
-    return out if env is None else gather_in_order(out, positions, len(dataset))
+    out = out if env is None else gather_in_order(out, positions, len(dataset))
+    bad = int(np.count_nonzero(~np.isfinite(out)))
+    if bad:
+        raise FloatingPointError(
+            f"the model's scores are NaN or infinite for {bad:,} of {len(out):,} samples of "
+            f"'{dataset.mapping}': its weights are not finite (a diverged run?); retrain it"
+        )
+    return out
 
 
 def evaluate(

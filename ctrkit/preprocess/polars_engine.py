@@ -14,6 +14,7 @@ import ctypes
 import gzip
 import os
 import time
+import zlib
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -38,6 +39,8 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
 def _open(path: Path):
     if not path.exists():
         raise ValueError(f"{path}: input file not found")
+    if path.is_dir():
+        raise ValueError(f"{path}: is a directory; expected a Criteo TSV file (plain or .gz)")
     with open(path, "rb") as f:
         gz = f.read(2) == b"\x1f\x8b"
     return gzip.open(path, "rb") if gz else open(path, "rb")
@@ -51,7 +54,7 @@ def read_blocks(path: Path, block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[by
     """
     line, rest, empty = 1, b"", True
     with _open(path) as f:
-        while data := f.read(block_bytes):
+        while data := _read(f, path, line, block_bytes):
             empty = False
             data = rest + data if rest else data
             cut = data.rfind(b"\n") + 1
@@ -66,6 +69,14 @@ def read_blocks(path: Path, block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[by
         raise ValueError(f"{path}: input file is empty")
     if rest:
         yield rest + b"\n", line, 1  # a last line without its newline
+
+
+def _read(f, path: Path, line: int, size: int) -> bytes:
+    """The next ``size`` bytes; a truncated or corrupt gzip stream is a one-line ValueError."""
+    try:
+        return f.read(size)
+    except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+        raise ValueError(f"{path}: the gzip stream is truncated or corrupt after line {line - 1}: {e}") from None
 
 
 def _count(data: bytes, byte: bytes) -> int:

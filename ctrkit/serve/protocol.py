@@ -48,6 +48,24 @@ def _shape_fits(shape, dims: tuple) -> bool:
     )
 
 
+def _json_values(name: str, data, dtype: np.dtype, count: int) -> np.ndarray:
+    """The JSON ``data`` of an input as ``dtype``, refusing what the protocol does not allow: strings,
+    booleans, nulls, ragged nesting, and non-integral numbers for an integer datatype."""
+    what = "integers" if dtype.kind == "i" else "numbers"
+    try:
+        raw = np.asarray(data)
+    except (TypeError, ValueError, RecursionError):
+        raw = None
+    kinds = {"U": "strings", "S": "strings", "b": "booleans", "f": "non-integral numbers", "O": "nulls or mixed values"}
+    if raw is None or raw.dtype.kind not in ("i", "u", "f") or (dtype.kind == "i" and raw.dtype.kind == "f"):
+        got = "ragged or non-numeric nesting" if raw is None else kinds.get(raw.dtype.kind, str(raw.dtype))
+        raise RequestError(f"input '{name}': 'data' must hold {count} {what}, got {got}")
+    try:
+        return raw.astype(dtype, casting="safe" if dtype.kind == "i" else "unsafe")
+    except TypeError:  # uint64 beyond int64
+        raise RequestError(f"input '{name}': 'data' holds integers beyond {dtype.name}") from None
+
+
 def parse_request(body: bytes, header_length: str | None, signature: Signature) -> InferRequest:
     """Parses a v2 infer request body (JSON, or JSON header + binary tensors) for a model's signature."""
     expect = {t.name: t for t in signature.inputs}
@@ -65,14 +83,20 @@ def parse_request(body: bytes, header_length: str | None, signature: Signature) 
         doc = json.loads(header)
     except (ValueError, UnicodeDecodeError) as e:
         raise RequestError(f"the request is not valid JSON: {e}") from None
+    except RecursionError:
+        raise RequestError("the request's JSON is nested too deeply") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), list):
         raise RequestError("the request must be a JSON object with an 'inputs' list")
     arrays: dict[str, np.ndarray] = {}
+    seen: set[str] = set()
     offset = 0
     for i, item in enumerate(doc["inputs"]):
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             raise RequestError(f"inputs[{i}] must be an object with a 'name'")
         name = item["name"]
+        if name in arrays or name in seen:
+            raise RequestError(f"input '{name}' is given more than once")
+        seen.add(name)
         if name not in expect:
             raise RequestError(f"unknown input '{name}'; this model takes {', '.join(expect)}")
         datatype, shape = item.get("datatype"), item.get("shape")
@@ -93,10 +117,7 @@ def parse_request(body: bytes, header_length: str | None, signature: Signature) 
             arrays[name] = np.frombuffer(binary[offset : offset + size], dtype=dtype).reshape(shape)
             offset += size
         else:
-            try:
-                values = np.asarray(item.get("data"), dtype=dtype)
-            except (TypeError, ValueError, OverflowError):
-                raise RequestError(f"input '{name}': 'data' must hold {count} numbers") from None
+            values = _json_values(name, item.get("data"), dtype, count)
             if values.size != count:
                 raise RequestError(f"input '{name}': 'data' holds {values.size} values, shape {shape} needs {count}")
             arrays[name] = values.reshape(shape)

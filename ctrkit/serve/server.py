@@ -7,6 +7,8 @@ Concurrent requests wait up to ``batch_window_ms`` in a queue and are scored tog
 from __future__ import annotations
 
 import asyncio
+import logging
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -20,6 +22,8 @@ from ctrkit.serve.predictor import Predictor
 from ctrkit.serve.protocol import HEADER_LENGTH, RequestError, encode_response, parse_request
 
 DEFAULT_MAX_BODY = 64 << 20
+PADDING_SLACK = 1 << 16  # padding elements always allowed in a batch
+log = logging.getLogger("ctrkit.serve")
 
 
 class Batcher:
@@ -37,6 +41,16 @@ class Batcher:
     def start(self) -> None:
         self.queue = asyncio.Queue()
         self._task = asyncio.get_running_loop().create_task(self._loop())
+        self._task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task) -> None:
+        """The loop ended (stopped, or died of a bug): log why and fail every queued request."""
+        if not task.cancelled() and task.exception() is not None:
+            log.error("the batching loop stopped: %r; the server now answers 503", task.exception())
+        while self.queue is not None and not self.queue.empty():
+            _, fut = self.queue.get_nowait()
+            if not fut.done():
+                fut.set_exception(RuntimeError("the batching loop has stopped"))
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -46,14 +60,23 @@ class Batcher:
     async def score(
         self, numerical: np.ndarray, categorical: np.ndarray, multi_hot: np.ndarray | None = None
     ) -> np.ndarray:
+        if not self.alive:
+            raise RuntimeError("the batching loop has stopped")
         future = asyncio.get_running_loop().create_future()
         await self.queue.put(((numerical, categorical) + (() if multi_hot is None else (multi_hot,)), future))
         return await future
 
+    @property
+    def alive(self) -> bool:
+        """The batching loop is running (readiness answers 503 once it is not)."""
+        return self._task is not None and not self._task.done()
+
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
+        held = None  # a request kept for the next batch because padding it into this one costs too much
         while True:
-            first = await self.queue.get()
+            first = held if held is not None else await self.queue.get()
+            held = None
             items, size = [first], len(first[0][0])
             deadline = time.monotonic() + self.window
             while size < self.max_batch_size:
@@ -64,13 +87,17 @@ class Batcher:
                     item = await asyncio.wait_for(self.queue.get(), left)
                 except asyncio.TimeoutError:
                     break
+                if not _fits(items, item):
+                    held = item
+                    break
                 items.append(item)
                 size += len(item[0][0])
-            inputs = first[0] if len(items) == 1 else _concatenate([arrays for arrays, _ in items])
-            try:
+            try:  # whatever fails (padding, the model) fails these requests, never the loop
+                inputs = first[0] if len(items) == 1 else _concatenate([arrays for arrays, _ in items])
                 probs = await loop.run_in_executor(self.pool, self.predictor, *inputs)
                 self.calls += 1
-            except Exception as e:  # the model failed: every waiting request gets the error
+            except Exception as e:
+                log.error("scoring a batch of %d request(s) failed: %s: %s", len(items), type(e).__name__, e)
                 for _, fut in items:
                     if not fut.done():
                         fut.set_exception(e)
@@ -92,6 +119,24 @@ def _concatenate(requests: list[tuple[np.ndarray, ...]]) -> tuple[np.ndarray, ..
     return tuple(out)
 
 
+def _padded_size(items: list) -> int:
+    """Elements of the multi-hot rectangle (B, Fm, L) the requests of ``items`` make together."""
+    rows = sum(len(arrays[0]) for arrays, _ in items)
+    width = max(arrays[2].shape[2] for arrays, _ in items)
+    return rows * items[0][0][2].shape[1] * width
+
+
+def _fits(items: list, item) -> bool:
+    """Whether ``item`` may join the batch ``items``: always for one-hot models; with multi-hot bags,
+    only while padding every bag to the longest one at most doubles the elements the requests carry
+    (one request with a very long bag beside many short ones is scored on its own)."""
+    if len(item[0]) <= 2:
+        return True
+    both = [*items, item]
+    carried = sum(arrays[2].size for arrays, _ in both)
+    return _padded_size(both) <= 2 * carried + PADDING_SLACK
+
+
 def create_app(
     predictor: Predictor,
     name: str,
@@ -101,12 +146,14 @@ def create_app(
 ) -> FastAPI:
     """The FastAPI application serving ``predictor`` as model ``name``."""
     batcher = Batcher(predictor, window_ms, max_batch_size)
+    parser = ThreadPoolExecutor(2, thread_name_prefix="ctrkit-parse")  # request bodies in, responses out
 
     @asynccontextmanager
     async def lifespan(app):
         batcher.start()
         yield
         await batcher.stop()
+        parser.shutdown(wait=False)
 
     app = FastAPI(title="ctrkit", lifespan=lifespan)
     app.state.batcher = batcher
@@ -129,12 +176,14 @@ def create_app(
 
     @app.get("/v2/health/ready")
     async def ready():
-        return Response(status_code=200)
+        return Response(status_code=200 if batcher.alive else 503)
 
     @app.get("/v2/models/{model}/ready")
     @app.get("/v2/models/{model}/versions/{version}/ready")
     async def model_ready(model: str, version: str = "1"):
-        return Response(status_code=200) if model == name else unknown(model)
+        if model != name:
+            return unknown(model)
+        return Response(status_code=200 if batcher.alive else 503)
 
     @app.get("/v2/models/{model}")
     @app.get("/v2/models/{model}/versions/{version}")
@@ -161,14 +210,25 @@ def create_app(
                 body += chunk
         if seen > max_body:
             return error(400, f"the request body of {seen} bytes exceeds the limit of {max_body} bytes")
-        try:
-            parsed = parse_request(bytes(body), request.headers.get(HEADER_LENGTH), signature)
+        if not batcher.alive:
+            return error(503, "the model's batching loop has stopped; restart the server")
+        try:  # parsing a large body takes a while: off the event loop, so other clients are answered
+            parsed = await asyncio.get_running_loop().run_in_executor(
+                parser, parse_request, bytes(body), request.headers.get(HEADER_LENGTH), signature
+            )
         except RequestError as e:
             return error(400, str(e))
         if len(parsed.numerical) > max_batch_size:
             return error(400, f"batch of {len(parsed.numerical)} samples exceeds the limit of {max_batch_size}")
-        probs = await batcher.score(parsed.numerical, parsed.categorical, parsed.multi_hot)
-        content, headers = encode_response(name, parsed, probs)
+        try:
+            probs = await batcher.score(parsed.numerical, parsed.categorical, parsed.multi_hot)
+        except MemoryError:
+            return error(503, "not enough memory to score this request; send fewer or shorter rows")
+        except Exception as e:
+            return error(500, f"the model failed on this request: {type(e).__name__}: {e}")
+        content, headers = await asyncio.get_running_loop().run_in_executor(
+            parser, encode_response, name, parsed, probs
+        )
         return Response(content=content, headers=headers, media_type=headers["content-type"])
 
     return app
@@ -182,9 +242,28 @@ def serve(
     window_ms: float = 1.0,
     max_batch_size: int = 8192,
     max_body: int = DEFAULT_MAX_BODY,
+    sock: socket.socket | None = None,
 ) -> None:
-    """Runs the server until interrupted (uvicorn with uvloop and httptools when installed)."""
+    """Runs the server until interrupted (uvicorn with uvloop and httptools when installed), on ``sock``
+    when given (see ``bind``), else on a socket bound to ``host``:``port`` now."""
     import uvicorn
 
     app = create_app(predictor, name, window_ms, max_batch_size, max_body)
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    sock = sock if sock is not None else bind(host, port)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+    server.run(sockets=[sock])
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host``:``port``; a port in use is a one-line ValueError."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as e:
+        sock.close()
+        raise ValueError(f"cannot listen on {host}:{port}: {e.strerror or e}; choose another --port") from None
+    sock.set_inheritable(True)
+    return sock

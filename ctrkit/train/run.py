@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from ctrkit.config import ParallelConfig, TrainConfig
+from ctrkit.data.atomic import PathLock
 from ctrkit.data.feature_spec import FeatureSpec
 from ctrkit.models.registry import config_class, config_to_dict, make_config
 
@@ -60,7 +61,7 @@ class RunSpec:
             "model": self.model,
             "model_config": config_to_dict(self.model_config),
             "train_config": self.train.to_dict(),
-            "dataset": str(self.dataset),
+            "dataset": str(self.dataset.resolve()),  # absolute: --config works from any directory
         }
 
 
@@ -71,8 +72,7 @@ def load_run_file(path: str | os.PathLike | None) -> dict[str, Any]:
     path = Path(path)
     if not path.exists():
         raise ValueError(f"{path}: run config file not found")
-    with open(path) as f:
-        run = yaml.safe_load(f) or {}
+    run = read_yaml(path, "run config") or {}
     if not isinstance(run, dict) or set(run) - set(RUN_KEYS):
         raise ValueError(f"{path}: expected a mapping with keys among {sorted(RUN_KEYS)}")
     for key in ("model_config", "train_config"):
@@ -81,9 +81,26 @@ def load_run_file(path: str | os.PathLike | None) -> dict[str, Any]:
     return run
 
 
+def read_yaml(path: str | os.PathLike, what: str) -> Any:
+    """``path``'s YAML (safe types only); a file that is missing, not a file or not YAML is a one-line
+    ValueError naming it and the line of the problem."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: {what} file {'is a directory' if path.is_dir() else 'not found'}")
+    try:
+        with open(path) as f:
+            return yaml.safe_load(f)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ValueError(f"{path}: not valid YAML{where}: {problem}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not a text (UTF-8) YAML file") from None
+
+
 def _yaml_mapping(path: str | os.PathLike) -> dict[str, Any]:
-    with open(path) as f:
-        loaded = yaml.safe_load(f) or {}
+    loaded = read_yaml(path, "model config") or {}
     if not isinstance(loaded, dict):
         raise ValueError(f"{path}: expected a mapping of model config fields")
     return loaded
@@ -178,19 +195,36 @@ class Run:
     """
 
     def __init__(self, spec: RunSpec):
+        from ctrkit.distributed.env import init_distributed, launched_by_torchrun
+
+        self.spec = spec
+        self.env = init_distributed(spec.device, spec.parallel.dist_timeout) if launched_by_torchrun() else None
+        self.lock = None
+        if spec.save_checkpoint is not None and (self.env is None or self.env.is_main):
+            # one live run per checkpoint path; released when fit ends, taken over from a dead holder
+            self.lock = PathLock(spec.save_checkpoint, "checkpoint").acquire()
+        try:
+            self._build(spec)
+        except BaseException:
+            self.release()
+            raise
+
+    def release(self) -> None:
+        """Lets another run write the checkpoint path."""
+        if self.lock is not None:
+            self.lock.release()
+
+    def _build(self, spec: RunSpec) -> None:
         import torch
 
         from ctrkit.checkpoint import load_checkpoint
         from ctrkit.data.dataset import SplitBinaryDataset
         from ctrkit.device import amp_dtype_for, resolve_device
-        from ctrkit.distributed.env import init_distributed, launched_by_torchrun
         from ctrkit.distributed.hybrid import shard_for_job
         from ctrkit.models.registry import create_model
         from ctrkit.train.trainer import RunInfo, Trainer
 
-        self.spec = spec
         cfg, par = spec.train, spec.parallel
-        self.env = init_distributed(spec.device, par.dist_timeout) if launched_by_torchrun() else None
         self.device = self.env.device if self.env is not None else resolve_device(spec.device)
         self.amp_dtype = amp_dtype_for(self.device, cfg.amp, cfg.amp_dtype)
         if self.env is not None and self.amp_dtype == torch.float16:
@@ -209,12 +243,6 @@ class Run:
         model = create_model(spec.model, spec.model_config).to(self.device)
         self.model = shard_for_job(model, self.env, par, ckpt.resume_weights if ckpt is not None else None)
         model = self.model
-        if spec.save_checkpoint is not None and self.is_main:
-            # the resolved configuration, beside the run, so every result says how it was made
-            run_yaml = spec.save_checkpoint.with_suffix(".yaml")
-            run_yaml.parent.mkdir(parents=True, exist_ok=True)
-            with open(run_yaml, "w") as f:
-                yaml.safe_dump(spec.run_yaml(), f, sort_keys=False)
         self.trainer = Trainer(
             model,
             RunInfo(spec.model, spec.model_config, feature_spec.summary()),
@@ -228,6 +256,7 @@ class Run:
             progress=spec.progress,
             env=self.env,
             validation_set=validation_set,
+            run_record=spec.run_yaml(),
         )
         if ckpt is not None:
             self.trainer.restore(ckpt)
@@ -249,7 +278,10 @@ class Run:
 
     def fit(self) -> dict[str, Any]:
         """Trains; returns the last evaluation (``auc``, ``logloss``, ...) or ``{"step": ...}`` without one."""
-        return self.trainer.fit()
+        try:
+            return self.trainer.fit()
+        finally:
+            self.release()
 
 
 def train(dataset: str | os.PathLike, model: str = DEFAULT_MODEL, **options: Any) -> dict[str, Any]:

@@ -14,11 +14,13 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+import yaml
 from torch import nn
 from tqdm.auto import tqdm
 
 from ctrkit.checkpoint import Checkpoint, rng_state, save_checkpoint, set_rng_state
 from ctrkit.config import TrainConfig
+from ctrkit.data.atomic import atomic_file
 from ctrkit.data.batch import Batch
 from ctrkit.data.dataset import SplitBinaryDataset, split_tail
 from ctrkit.data.loader import BatchLoader
@@ -171,6 +173,9 @@ class Trainer:
             checkpoints, which every rank helps assemble (whole tables).
         validation_set: the validation mapping; None holds out the last ``cfg.validation_fraction`` of
             ``train_set`` instead (none at 0: no model selection, the last weights are kept).
+        run_record: the resolved run, written as YAML beside the checkpoint (``save_path`` with suffix
+            ``.yaml``) when this run first saves, never before: a run that saves nothing leaves what is
+            there untouched.
 
     Evaluations during training score the validation data only. The run keeps the weights of the best
     validation AUC, multiplies the learning rates by ``plateau_factor`` on a plateau and stops after
@@ -192,8 +197,10 @@ class Trainer:
         progress: bool = True,
         env: DistEnv | None = None,
         validation_set: SplitBinaryDataset | None = None,
+        run_record: dict[str, Any] | None = None,
     ):
         cfg = cfg.resolve(info.model_name)
+        self.run_record = run_record
         if len(train_set) == 0:
             raise ValueError(f"the training mapping '{train_set.mapping}' holds no samples")
         if validation_set is None and cfg.validation_fraction > 0:
@@ -225,6 +232,9 @@ class Trainer:
                                  cfg.weight_decay)  # fmt: skip
         self.step = 0
         self._saved_step: int | None = None
+        self._unchecked = torch.zeros((), device=device)  # the losses since the last finiteness check
+        self._table_ids = {id(p) for m in model.modules() if hasattr(m, "table_parameters")
+                           for p in m.table_parameters()}  # fmt: skip
 
     # -------------------------------------------------------------------------- checkpointing
     def state(self) -> Checkpoint:
@@ -292,10 +302,31 @@ class Trainer:
         In a hybrid-parallel run every rank takes part and rank 0 writes.
         """
         if self.save_path is not None and self._saved_step != self.step:
+            self._check_finite()
             state = self.state()
             if self.main:
                 save_checkpoint(self.save_path, state)
+                if self.run_record is not None and self._saved_step is None:  # this run's first save
+                    with atomic_file(self.save_path.with_suffix(".yaml")) as tmp, open(tmp, "w") as f:
+                        yaml.safe_dump(self.run_record, f, sort_keys=False)
             self._saved_step = self.step
+
+    def _check_finite(self) -> None:
+        """Raises FloatingPointError when the losses since the last check or the dense weights are not
+        finite, so that a diverged run never replaces a good checkpoint (one sync, at saves only)."""
+        total = float(self._unchecked) if self.env is None else all_reduce_sum(float(self._unchecked))
+        bad = [n for n, p in self.model.named_parameters() if id(p) not in self._table_ids
+               and not bool(torch.isfinite(p).all())]  # fmt: skip
+        bad_count = len(bad) if self.env is None else all_reduce_sum(float(len(bad)))
+        if not math.isfinite(total) or bad_count:
+            what = (
+                f"the training loss became {total}" if not math.isfinite(total) else f"weights {bad[:3]} hold NaN/Inf"
+            )
+            raise FloatingPointError(
+                f"{what} by step {self.step}; training stopped and the last checkpoint was kept. The learning "
+                f"rate ({self.cfg.lr:g}) may be too high, or the warmup too short"
+            )
+        self._unchecked.zero_()
 
     # -------------------------------------------------------------------------------- logging
     def _log(self, record: dict[str, Any]) -> None:
@@ -392,7 +423,9 @@ class Trainer:
                     lo, hi = self.loader.global_bounds(int(order[k]))
                     global_size = hi - lo if self.env is not None else None
                     scale = self.schedule(self.step) / cfg.lr * self.selection.lr_scale
-                    loss_sum += self.step_fn(batch, scale, global_size)
+                    loss = self.step_fn(batch, scale, global_size)
+                    loss_sum += loss
+                    self._unchecked += loss
                     self.step += 1
                     window_steps += 1
                     window_samples += hi - lo
@@ -403,8 +436,9 @@ class Trainer:
                         mean_loss = total / window_steps
                         if not math.isfinite(mean_loss):
                             raise FloatingPointError(
-                                f"training loss became {mean_loss} by step {self.step} (lr "
-                                f"{self.schedule(self.step - 1):g}); lower the learning rate or lengthen the warmup"
+                                f"the training loss became {mean_loss} by step {self.step} (lr "
+                                f"{self.schedule(self.step - 1):g}); training stopped and the last checkpoint was "
+                                "kept: lower the learning rate or lengthen the warmup"
                             )
                         record = {
                             "event": "train",
