@@ -47,7 +47,7 @@ class SplitBinaryDataset:
             sparse[:, f] = col[start:stop]
         dense = None
         if d.numerical is not None:
-            dense = torch.from_numpy(np.asarray(d.numerical[start:stop], dtype=np.float32))  # (B, n_num)
+            dense = torch.from_numpy(np.array(d.numerical[start:stop], dtype=np.float32))  # (B, n_num)
         labels = torch.from_numpy(np.asarray(d.labels[start:stop], dtype=np.float32))  # (B,)
         return Batch(dense, torch.from_numpy(sparse), labels, self._multi_hot(start, stop))
 
