@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import multiprocessing
 import socket
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import asynccontextmanager
 
 import numpy as np
@@ -23,6 +25,7 @@ from ctrkit.serve.protocol import HEADER_LENGTH, RequestError, encode_response, 
 
 DEFAULT_MAX_BODY = 64 << 20
 PADDING_SLACK = 1 << 16  # padding elements always allowed in a batch
+LARGE_BODY = 1 << 20  # bodies from this size on are parsed in a worker process
 log = logging.getLogger("ctrkit.serve")
 
 
@@ -137,6 +140,46 @@ def _fits(items: list, item) -> bool:
     return _padded_size(both) <= 2 * carried + PADDING_SLACK
 
 
+_signature = None  # the served model's signature, in a LargeBodyParser's worker process
+
+
+def _init_worker(signature) -> None:
+    global _signature
+    _signature = signature
+
+
+def _parse_in_worker(body: bytes, header_length: str | None):
+    return parse_request(body, header_length, _signature)
+
+
+class LargeBodyParser:
+    """Parses request bodies of ``LARGE_BODY`` bytes or more in a worker process: ``json.loads`` of tens
+    of MB holds the GIL for seconds, which in a thread would stall every other client. A worker that dies
+    (out of memory) fails its request and is replaced."""
+
+    def __init__(self, signature):
+        self.signature = signature
+        self.pool: ProcessPoolExecutor | None = None
+
+    def start(self) -> None:
+        context = multiprocessing.get_context("spawn")  # never fork a process with threads
+        self.pool = ProcessPoolExecutor(1, mp_context=context, initializer=_init_worker, initargs=(self.signature,))
+        self.pool.submit(int)  # starts the worker now, not on the first large request
+
+    async def parse(self, body: bytes, header_length: str | None):
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.pool, _parse_in_worker, body, header_length)
+        except BrokenProcessPool:
+            self.shutdown()
+            self.start()
+            raise
+
+    def shutdown(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+            self.pool = None
+
+
 def create_app(
     predictor: Predictor,
     name: str,
@@ -146,14 +189,17 @@ def create_app(
 ) -> FastAPI:
     """The FastAPI application serving ``predictor`` as model ``name``."""
     batcher = Batcher(predictor, window_ms, max_batch_size)
-    parser = ThreadPoolExecutor(2, thread_name_prefix="ctrkit-parse")  # request bodies in, responses out
+    parser = ThreadPoolExecutor(2, thread_name_prefix="ctrkit-parse")  # responses out
+    large = LargeBodyParser(predictor.signature)
 
     @asynccontextmanager
     async def lifespan(app):
         batcher.start()
+        large.start()
         yield
         await batcher.stop()
         parser.shutdown(wait=False)
+        large.shutdown()
 
     app = FastAPI(title="ctrkit", lifespan=lifespan)
     app.state.batcher = batcher
@@ -212,12 +258,15 @@ def create_app(
             return error(400, f"the request body of {seen} bytes exceeds the limit of {max_body} bytes")
         if not batcher.alive:
             return error(503, "the model's batching loop has stopped; restart the server")
-        try:  # parsing a large body takes a while: off the event loop, so other clients are answered
-            parsed = await asyncio.get_running_loop().run_in_executor(
-                parser, parse_request, bytes(body), request.headers.get(HEADER_LENGTH), signature
-            )
+        try:
+            if len(body) < LARGE_BODY:
+                parsed = parse_request(bytes(body), request.headers.get(HEADER_LENGTH), signature)
+            else:  # parsing holds the GIL for seconds: in another process, so other clients are answered
+                parsed = await large.parse(bytes(body), request.headers.get(HEADER_LENGTH))
         except RequestError as e:
             return error(400, str(e))
+        except BrokenProcessPool:
+            return error(503, "the request parser ran out of memory on this request; send a smaller body")
         if len(parsed.numerical) > max_batch_size:
             return error(400, f"batch of {len(parsed.numerical)} samples exceeds the limit of {max_batch_size}")
         try:

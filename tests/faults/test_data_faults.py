@@ -204,3 +204,39 @@ def test_killed_synth_leaves_no_dataset_and_the_next_run_completes(tmp_path):
     proc = run_process("synth", "--out", out, "--rows", "2000", "--seed", "1")
     assert proc.returncode == 0, proc.stderr
     assert len(SplitBinaryDataset(out, "train")) > 0 and hidden_temporaries(tmp_path) == []
+
+
+def kill_when_writing(cmd: list[str], parent, timeout: float = 120) -> None:
+    """Starts ``ctrkit CMD``, kills it (-9) once it has a temporary beside its output, waits for it."""
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "ctrkit", *map(str, cmd)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        deadline = time.monotonic() + timeout
+        while not hidden_temporaries(parent) and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.02)
+        assert hidden_temporaries(parent), "it never started writing"
+        proc.kill()
+        proc.wait(10)
+    finally:
+        proc.kill()
+
+
+def test_killed_preprocess_and_export_leave_the_old_output_and_rerun_cleanly(tmp_path, tiny_checkpoint):
+    raw = tmp_path / "raw.tsv"
+    assert run_process("synth", "criteo", "--out", raw, "--rows", "400000").returncode == 0
+    out = tmp_path / "pre"
+    assert run_process("preprocess", "criteo", raw, "--out", out, "--no-progress").returncode == 0
+    before = digest(out)
+    kill_when_writing(["preprocess", "criteo", raw, "--out", out, "--overwrite", "--no-progress"], tmp_path)
+    assert digest(out) == before  # the killed overwrite changed nothing
+    assert run_process("preprocess", "criteo", raw, "--out", out, "--overwrite", "--no-progress").returncode == 0
+    data_files = lambda d: {k: v for k, v in d.items() if not k.endswith("summary.json")}  # noqa: E731 (timings)
+    assert data_files(digest(out)) == data_files(before)  # and the rerun writes the same dataset
+    exported = tmp_path / "onnx"
+    kill_when_writing(["export", "--checkpoint", tiny_checkpoint, "--format", "onnx", "--out", exported], tmp_path)
+    assert not exported.exists()
+    assert run_process("export", "--checkpoint", tiny_checkpoint, "--format", "onnx", "--out", exported).returncode == 0
+    assert (exported / "model.onnx").exists() or any(exported.rglob("*.onnx"))
+    assert hidden_temporaries(tmp_path) == []  # the rerun removed what the killed runs left
