@@ -159,3 +159,17 @@ def test_training_killed_mid_run_resumes_to_the_uninterrupted_result(data, tmp_p
     a, b = load_checkpoint(straight).model, load_checkpoint(ckpt).model
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert hidden_temporaries(tmp_path) == [] and not (tmp_path / "m.pt.lock").exists()
+
+
+def test_a_distributed_job_whose_peer_never_comes_is_one_line(data, tmp_path):
+    """Rank 0 of a 2-rank job whose other rank never starts: the timeout is one line and exit 2."""
+    from tests.conftest import free_port
+
+    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}  # fmt: skip
+    cmd = [sys.executable, "-m", "ctrkit", "train", "--dataset", str(data), "--max-steps", "2", "--no-progress",
+           "--dist-timeout", "3", "--save-checkpoint", str(tmp_path / "m.pt")]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    one_line_error(proc.stderr, "train", "distributed")
+    assert not (tmp_path / "m.pt").exists()
