@@ -4,6 +4,7 @@ nothing already written lost or changed."""
 from __future__ import annotations
 
 import gzip
+import os
 import subprocess
 import sys
 
@@ -240,3 +241,52 @@ def test_killed_preprocess_and_export_leave_the_old_output_and_rerun_cleanly(tmp
     assert run_process("export", "--checkpoint", tiny_checkpoint, "--format", "onnx", "--out", exported).returncode == 0
     assert (exported / "model.onnx").exists() or any(exported.rglob("*.onnx"))
     assert hidden_temporaries(tmp_path) == []  # the rerun removed what the killed runs left
+
+
+def test_hostile_inputs_already_refused_stay_refused(small, tmp_path, tiny_checkpoint):
+    """The faults handled before this suite, kept here as promises: a YAML tag, a pickled object in a
+    checkpoint, an id beyond its cardinality, a short file, a malformed TSV row."""
+    import pickle
+    import shutil
+
+    import torch
+
+    tagged = tmp_path / "tagged"
+    shutil.copytree(small, tagged)
+    spec = (tagged / "feature_spec.yaml").read_text()
+    (tagged / "feature_spec.yaml").write_text("evil: !!python/object/apply:os.system ['touch pwned']\n" + spec)
+    proc = run_process("evaluate", "--checkpoint", tiny_checkpoint, "--dataset", tagged)
+    assert proc.returncode == 2 and not (tmp_path / "pwned").exists()
+    one_line_error(proc.stderr, "evaluate", "feature_spec.yaml")
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("touch " + str(tmp_path / "pwned"),))
+
+    with open(tmp_path / "evil.pt", "wb") as f:
+        pickle.dump({"model": Evil()}, f)
+    torch.save({"x": 1}, tmp_path / "plain.pt")
+    proc = run_process("evaluate", "--checkpoint", tmp_path / "evil.pt", "--dataset", small)
+    assert proc.returncode == 2 and not (tmp_path / "pwned").exists()
+    one_line_error(proc.stderr, "evaluate", "evil.pt", "not a readable ctrkit checkpoint")
+
+    bad_ids = tmp_path / "ids"
+    shutil.copytree(small, bad_ids)
+    cat = next((bad_ids / "train").glob("cat_0*.bin"))
+    ids = np.fromfile(cat, dtype=np.int8)
+    ids[7] = 120
+    ids.tofile(cat)
+    proc = run_process("train", "--dataset", bad_ids, "--max-steps", "1", "--no-progress")
+    assert proc.returncode == 2
+    one_line_error(proc.stderr, "train", cat.name, "sample 7")
+    cat.write_bytes(ids[:-3].tobytes())
+    proc = run_process("train", "--dataset", bad_ids, "--max-steps", "1", "--no-progress")
+    assert proc.returncode == 2
+    one_line_error(proc.stderr, "train", "different numbers of samples")
+
+    raw = tmp_path / "day.tsv"
+    good_row = "1\t" + "\t".join(["2"] * 13) + "\t" + "\t".join(["a1b2c3d4"] * 26) + "\n"
+    raw.write_text(good_row * 5 + "1\tnot-a-number\n" + good_row)
+    proc = run_process("preprocess", "criteo", raw, "--out", tmp_path / "pre", "--no-progress")
+    assert proc.returncode == 2 and not (tmp_path / "pre").exists()
+    one_line_error(proc.stderr, "preprocess", "day.tsv:6", "40 tab-separated fields")
