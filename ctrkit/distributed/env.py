@@ -80,7 +80,14 @@ def gather_in_order(values: np.ndarray, positions: np.ndarray, total: int) -> np
     return out
 
 
+def collective_device() -> torch.device:
+    """Where tensors handed to collectives must live: the current CUDA device under NCCL, else the CPU."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def all_reduce_sum(value: float) -> float:
-    t = torch.tensor([value], dtype=torch.float64)
+    t = torch.tensor([value], dtype=torch.float64, device=collective_device())
     dist.all_reduce(t)
     return float(t)

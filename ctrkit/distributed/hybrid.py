@@ -79,7 +79,7 @@ class HybridModel(nn.Module):
         rank: this rank.
     """
 
-    def __init__(self, model: nn.Module, plans: dict[str, ShardingPlan], rank: int):
+    def __init__(self, model: nn.Module, plans: dict[str, ShardingPlan], rank: int, device=None):
         super().__init__()
         collections = sharded_collections(model)
         if set(plans) != set(_tables(model)):
@@ -88,6 +88,8 @@ class HybridModel(nn.Module):
             m.onehot = ShardedEmbeddingCollection(m.onehot, plans[name], rank)
             if m.bags is not None:
                 m.bags = ShardedEmbeddingBagCollection(m.bags, plans[f"{name}.bags"], rank)
+        if device is not None:  # the shards were made on the CPU (and a deferred model's tables are gone)
+            model.to(device)
         self.model = model
         self.plans = plans
         self.rank = rank
@@ -123,23 +125,39 @@ class HybridModel(nn.Module):
             if m.bags is not None:
                 m.bags.load_full_tables(state[f"{name}.bags.weight"])
 
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """The single-process model's state dict (whole tables), identical on every rank."""
-        state = {k: v for k, v in self.model.state_dict().items() if not k.startswith(self._sharded)}
+    def local_state_dict(self) -> dict[str, torch.Tensor]:
+        """A copy of this rank's weights: the replicated ones and its own shards (for model selection:
+        no rank ever holds whole tables for it)."""
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def load_local_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.model.load_state_dict(state)
+
+    def full_state_dict(self, local: dict[str, torch.Tensor] | None = None, dst: int = 0):
+        """The single-process model's state dict (whole tables) on rank ``dst``, None on the others (which
+        send their shards); of ``local`` (a ``local_state_dict``) instead of the current weights if given."""
+        local = local if local is not None else {k: v.detach() for k, v in self.model.state_dict().items()}
+        state = {k: v for k, v in local.items() if not k.startswith(self._sharded)}
         for name, m in sharded_collections(self.model).items():
-            state[f"{name}.onehot.weight"] = m.onehot.full_tables()
-            if m.bags is not None:
-                state[f"{name}.bags.weight"] = m.bags.full_tables()
-        return state
+            parts = [("onehot", m.onehot)] + ([("bags", m.bags)] if m.bags is not None else [])
+            for part, coll in parts:
+                shards = [local[f"{name}.{part}.shards.{i}"] for i in range(len(coll.local))]
+                state[f"{name}.{part}.weight"] = coll.full_tables(shards, dst)
+        return state if self.rank == dst else None
 
 
 def shard_for_job(
-    model: nn.Module, env: DistEnv | None, parallel: ParallelConfig, state: dict[str, torch.Tensor] | None = None
+    model: nn.Module,
+    env: DistEnv | None,
+    parallel: ParallelConfig,
+    state: dict[str, torch.Tensor] | None = None,
+    device: torch.device | None = None,
 ) -> nn.Module:
     """``model`` with its tables sharded over the job's ranks (``env``; None: one process, unchanged),
     printing the plan on rank 0 when ``parallel.print_sharding_plan`` asks for it.
 
-    ``state``: whole-table weights loaded before the tables are split (a checkpoint being resumed).
+    ``state``: whole-table weights each rank takes its shards of (a checkpoint being resumed).
+    ``device``: where the sharded model goes (its tables may have been deferred: see ``deferred_tables``).
     """
     if env is None and not parallel.print_sharding_plan:
         return model
@@ -149,6 +167,7 @@ def shard_for_job(
         print(describe_plans(plans), file=sys.stderr)
     if env is None:
         return model
+    hybrid = HybridModel(model, plans, env.rank, device)
     if state is not None:
-        model.load_state_dict(state)
-    return HybridModel(model, plans, env.rank)
+        hybrid.load_full_state_dict(state)
+    return hybrid

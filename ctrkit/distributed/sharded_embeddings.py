@@ -14,14 +14,16 @@ from torch import nn
 
 from ctrkit.data.batch import MultiHot
 from ctrkit.distributed.all_to_all import all_to_all
+from ctrkit.distributed.env import collective_device
 from ctrkit.distributed.planner import Shard, ShardingPlan
 from ctrkit.models.embeddings import EmbeddingBagCollection, EmbeddingCollection
 
 
 def gather_sizes(n: int) -> list[int]:
     """Every rank's ``n`` (its number of samples), in rank order."""
-    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size())]
-    dist.all_gather(sizes, torch.tensor([n], dtype=torch.int64))
+    device = collective_device()
+    sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(dist.get_world_size())]
+    dist.all_gather(sizes, torch.tensor([n], dtype=torch.int64, device=device))
     return [int(s) for s in sizes]
 
 
@@ -38,8 +40,9 @@ class ShardedEmbeddingCollection(nn.Module):
     """This rank's shards of ``source`` (an EmbeddingCollection with the full tables).
 
     Args:
-        source: the single-process module; its weights initialise the shards, so a sharded model
-            starts exactly where the single-process one does.
+        source: the single-process module; its weights (or, built under ``deferred_tables``, its
+            initialisation) give the shards their starting values, so a sharded model starts exactly
+            where the single-process one does.
         plan: where each shard lives.
         rank: this rank.
 
@@ -54,11 +57,17 @@ class ShardedEmbeddingCollection(nn.Module):
         self.cardinalities = source.cardinalities
         self.num_features = len(source.cardinalities)
         self.local = plan.on_rank(rank)
-        self.shards = nn.ParameterList(
-            nn.Parameter(source.table(s.feature)[s.row_lo : s.row_hi, s.col_lo : s.col_hi].detach().clone())
-            for s in self.local
-        )
+        self.shards = nn.ParameterList(nn.Parameter(self._initial(source, s)) for s in self.local)
         self._widths = [sum(s.width for s in plan.on_rank(r)) for r in range(plan.world_size)]
+
+    @staticmethod
+    def _initial(source: EmbeddingCollection, s: Shard) -> torch.Tensor:
+        """A shard's starting values: drawn alone when the source's tables were deferred (meta), else
+        copied out of them; the same values either way."""
+        if source.weight.is_meta:
+            out = torch.empty(s.row_hi - s.row_lo, s.col_hi - s.col_lo)
+            return source.fill_rows(out, s.feature, s.row_lo, s.row_hi, s.col_lo, s.col_hi)
+        return source.table(s.feature)[s.row_lo : s.row_hi, s.col_lo : s.col_hi].detach().clone()
 
     def _lookup(self, shard: Shard, weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """(B,) ids of the shard's feature -> (B, width); zeros for ids outside a row shard."""
@@ -80,7 +89,7 @@ class ShardedEmbeddingCollection(nn.Module):
     def _exchange(self, mine: list[torch.Tensor], sizes: list[int]) -> torch.Tensor:
         """This rank's (B, width) shard outputs for the global batch -> (B_r, F, D) for its own samples."""
         total = sum(sizes)
-        own = torch.cat(mine, 1) if mine else torch.zeros((total, 0))  # a rank may hold no shard
+        own = torch.cat(mine, 1) if mine else torch.zeros((total, 0), device=collective_device())  # no shard here
         pieces = own.split(sizes, 0)  # per destination: (B_dest, W_self)
         send = [p.numel() for p in pieces]
         recv = [sizes[self.rank] * w for w in self._widths]
@@ -119,19 +128,31 @@ class ShardedEmbeddingCollection(nn.Module):
             off = offsets[s.feature]
             w.copy_(flat[off + s.row_lo : off + s.row_hi, s.col_lo : s.col_hi])
 
-    def full_tables(self) -> torch.Tensor:
-        """Every table, whole, on every rank: the flat (sum of cardinalities, D) weight of the source.
-
-        Used to save checkpoints that load into any world size.
-        """
+    @torch.no_grad()
+    def full_tables(self, shards: list[torch.Tensor] | None = None, dst: int = 0) -> torch.Tensor | None:
+        """Every table, whole, on rank ``dst`` (the flat (sum of cardinalities, D) weight of the source,
+        on the CPU); None on the other ranks, which send ``dst`` their shards (default: the current ones)
+        and never hold more than those. Used to save checkpoints that load into any world size."""
+        shards = [w.detach() for w in self.shards] if shards is None else shards
         world = self.plan.world_size
-        flat = torch.zeros(sum(self.cardinalities), self.dim)
         offsets = [sum(self.cardinalities[:f]) for f in range(self.num_features)]
-        for s, w in zip(self.local, self.shards):
+        if world > 1 and self.rank != dst:
+            for w in shards:
+                dist.send(w.contiguous(), dst)
+            return None
+        flat = torch.zeros(sum(self.cardinalities), self.dim)
+        for s, w in zip(self.local, shards):
             off = offsets[s.feature]
-            flat[off + s.row_lo : off + s.row_hi, s.col_lo : s.col_hi] = w.detach()
-        if world > 1:
-            dist.all_reduce(flat)  # every value is owned by exactly one rank, the others hold zeros
+            flat[off + s.row_lo : off + s.row_hi, s.col_lo : s.col_hi] = w.cpu()
+        device = shards[0].device if shards else collective_device()
+        for r in range(world):
+            if r == self.rank:
+                continue
+            for s in self.plan.on_rank(r):
+                piece = torch.empty(s.row_hi - s.row_lo, s.width, device=device)
+                dist.recv(piece, r)
+                off = offsets[s.feature]
+                flat[off + s.row_lo : off + s.row_hi, s.col_lo : s.col_hi] = piece.cpu()
         return flat
 
 

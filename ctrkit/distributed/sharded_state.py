@@ -11,11 +11,13 @@ import torch.distributed as dist
 from ctrkit.distributed.hybrid import HybridModel
 
 
-def gather_rank_optimizers(model: HybridModel, optimizers: list[torch.optim.Optimizer]) -> dict[str, Any]:
-    """Every rank's optimizer states and the shard placement (every rank must call it)."""
-    every: list = [None] * dist.get_world_size()
-    dist.all_gather_object(every, [opt.state_dict() for opt in optimizers])
-    return {"rank_optimizers": every, "sharding": model.sharding_key()}
+def gather_rank_optimizers(model: HybridModel, optimizers: list[torch.optim.Optimizer], dst: int = 0) -> dict[str, Any]:
+    """Every rank's optimizer states and the shard placement, on rank ``dst`` (every rank must call it;
+    the others get empty values and hold only their own states)."""
+    rank = dist.get_rank()
+    every: list | None = [None] * dist.get_world_size() if rank == dst else None
+    dist.gather_object([opt.state_dict() for opt in optimizers], every, dst=dst)
+    return {"rank_optimizers": every, "sharding": model.sharding_key()} if rank == dst else {}
 
 
 def optimizer_states_for_rank(

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextvars
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -11,15 +13,80 @@ from torch import nn
 
 from ctrkit.data.batch import PaddedMultiHot
 
+INIT_BLOCK_ROWS = 1 << 16  # rows drawn from one generator when initialising a table
+_DEFERRED = contextvars.ContextVar("ctrkit_deferred_tables", default=False)
 
-class EmbeddingCollection(nn.Module):
+
+@contextmanager
+def deferred_tables() -> Iterator[None]:
+    """Within it, embedding tables are created on the meta device (no memory, no values): a
+    hybrid-parallel rank then draws only the rows and columns of its shards (``fill_rows``), equal to
+    the same rows of the whole table, so any world size starts from the same model."""
+    token = _DEFERRED.set(True)
+    try:
+        yield
+    finally:
+        _DEFERRED.reset(token)
+
+
+class _Tables(nn.Module):
+    """The flat (sum of cardinalities, D) weight and its initialisation, shared by both collections.
+
+    Each table is U(-1/sqrt(cardinality), 1/sqrt(cardinality)) (zeros with ``zero_init``), drawn in
+    blocks of ``INIT_BLOCK_ROWS`` rows, each block from its own generator seeded by (``init_seed``,
+    feature, block): any block of rows can be drawn alone, whatever else is drawn or where. The seed
+    itself comes from torch's global generator, so ``torch.manual_seed`` fixes the whole model.
+    """
+
+    cardinalities: tuple[int, ...]
+    dim: int
+
+    def _make_weight(self) -> None:
+        self.init_seed = int(torch.randint(0, 2**62, (1,), device="cpu").item())
+        self.zero_init = False
+        device = "meta" if _DEFERRED.get() else None
+        self.weight = nn.Parameter(torch.empty(sum(self.cardinalities), self.dim, device=device))
+        if self.weight.device.type != "meta":
+            self.reset_tables()
+
+    @torch.no_grad()
+    def reset_tables(self) -> None:
+        """Draws every table's initial values into the weight."""
+        for f, (off, card) in enumerate(zip(self.offsets.tolist(), self.cardinalities)):
+            self.fill_rows(self.weight[off : off + card], f, 0, card)
+
+    @torch.no_grad()
+    def fill_rows(
+        self, out: torch.Tensor, feature: int, row_lo: int, row_hi: int, col_lo: int = 0, col_hi: int | None = None
+    ) -> torch.Tensor:
+        """Writes rows [row_lo, row_hi) and columns [col_lo, col_hi) of ``feature``'s initial table into
+        ``out`` (row_hi - row_lo, col_hi - col_lo); returns it."""
+        col_hi = self.dim if col_hi is None else col_hi
+        if self.zero_init:
+            return out.zero_()
+        card = self.cardinalities[feature]
+        bound = 1.0 / math.sqrt(card)
+        generator = torch.Generator()
+        for block in range(row_lo // INIT_BLOCK_ROWS, -(-row_hi // INIT_BLOCK_ROWS)):
+            lo, hi = block * INIT_BLOCK_ROWS, min((block + 1) * INIT_BLOCK_ROWS, card)
+            generator.manual_seed(
+                hash((self.init_seed, feature, block)) & (2**63 - 1)
+            )  # ints hash the same in every process
+            values = torch.empty(hi - lo, self.dim).uniform_(-bound, bound, generator=generator)
+            a, b = max(lo, row_lo), min(hi, row_hi)
+            out[a - row_lo : b - row_lo] = values[a - lo : b - lo, col_lo:col_hi]
+        return out
+
+
+class EmbeddingCollection(_Tables):
     """Looks up one D-dimensional vector per categorical feature.
 
     The F tables are stacked into one (sum of cardinalities, D) parameter; feature f's id i is row
     ``offsets[f] + i``. One gather for all features beats F small lookups, and with
     ``sparse=True`` the gradient only touches the rows a batch used (measured 2-3x faster than dense
     gradients on the Criteo-Kaggle shape; see DESIGN.md). Each table is initialised
-    U(-1/sqrt(cardinality), 1/sqrt(cardinality)), as the reference DLRM does.
+    U(-1/sqrt(cardinality), 1/sqrt(cardinality)), as the reference DLRM does (drawn block by block, see
+    ``_Tables``).
 
     Args:
         cardinalities: rows of each feature's table (F entries).
@@ -38,11 +105,7 @@ class EmbeddingCollection(nn.Module):
         self.dim = dim
         self.sparse = sparse
         self.register_buffer("offsets", torch.cumsum(cards, 0) - cards, persistent=False)  # (F,)
-        self.weight = nn.Parameter(torch.empty(sum(self.cardinalities), dim))
-        with torch.no_grad():
-            for off, card in zip(self.offsets.tolist(), self.cardinalities):
-                bound = 1.0 / math.sqrt(card)
-                self.weight[off : off + card].uniform_(-bound, bound)
+        self._make_weight()
 
     @property
     def num_features(self) -> int:
@@ -61,7 +124,7 @@ class EmbeddingCollection(nn.Module):
         return self.weight[off : off + self.cardinalities[feature]]
 
 
-class EmbeddingBagCollection(nn.Module):
+class EmbeddingBagCollection(_Tables):
     """Pools a variable number of ids per sample for each multi-hot feature.
 
     Like EmbeddingCollection, one flat (sum of cardinalities, D) table with per-feature row
@@ -93,11 +156,7 @@ class EmbeddingBagCollection(nn.Module):
         self.register_buffer(
             "is_mean", torch.tensor([c == "mean" for c in combiners], dtype=torch.bool, device="cpu"), persistent=False
         )
-        self.weight = nn.Parameter(torch.empty(sum(self.cardinalities), dim))
-        with torch.no_grad():
-            for off, card in zip(self.offsets.tolist(), self.cardinalities):
-                bound = 1.0 / math.sqrt(card)
-                self.weight[off : off + card].uniform_(-bound, bound)
+        self._make_weight()
 
     def table_parameters(self) -> list[nn.Parameter]:
         """The embedding tables, for optimizers that update them by rows."""

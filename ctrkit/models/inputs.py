@@ -125,6 +125,9 @@ class LinearTerm(nn.Module):
         with torch.no_grad():  # a linear model starts at zero
             for p in [*tables.parameters(), *(dense.parameters() if dense is not None else ())]:
                 p.zero_()
+            for m in tables.modules():  # also when its tables are drawn later, shard by shard
+                if hasattr(m, "zero_init"):
+                    m.zero_init = True
         return tables, dense
 
     @staticmethod

@@ -221,6 +221,7 @@ class Run:
         from ctrkit.data.dataset import SplitBinaryDataset
         from ctrkit.device import amp_dtype_for, resolve_device
         from ctrkit.distributed.hybrid import shard_for_job
+        from ctrkit.models.embeddings import deferred_tables
         from ctrkit.models.registry import create_model
         from ctrkit.train.trainer import RunInfo, Trainer
 
@@ -240,8 +241,14 @@ class Run:
             ckpt.check_spec(feature_spec.summary(), str(feature_spec.base_dir))
         self.is_main = self.env is None or self.env.is_main
         torch.manual_seed(cfg.seed)
-        model = create_model(spec.model, spec.model_config).to(self.device)
-        self.model = shard_for_job(model, self.env, par, ckpt.resume_weights if ckpt is not None else None)
+        if self.env is None:
+            model = create_model(spec.model, spec.model_config).to(self.device)
+        else:  # each rank allocates and draws only its own shards of the tables
+            with deferred_tables():
+                model = create_model(spec.model, spec.model_config)
+        self.model = shard_for_job(
+            model, self.env, par, ckpt.resume_weights if ckpt is not None else None, device=self.device
+        )
         model = self.model
         self.trainer = Trainer(
             model,

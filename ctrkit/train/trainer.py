@@ -207,7 +207,7 @@ class Trainer:
             train_set, validation_set = split_tail(train_set, cfg.validation_fraction)
         self.validation_set = validation_set
         self.selection = Selection(cfg.early_stopping_patience, cfg.plateau_patience, cfg.plateau_factor, cfg.min_delta)
-        self.best_state: dict[str, torch.Tensor] | None = None  # single-process state dict of the best weights
+        self.best_state: dict[str, torch.Tensor] | None = None  # the best weights this process holds
         self.model = model
         self.info = info
         self.train_set = train_set
@@ -237,19 +237,23 @@ class Trainer:
                            for p in m.table_parameters()}  # fmt: skip
 
     # -------------------------------------------------------------------------- checkpointing
-    def state(self) -> Checkpoint:
-        """The checkpoint; in a hybrid-parallel run every rank must call it (tables are gathered)."""
+    def state(self) -> Checkpoint | None:
+        """The checkpoint; in a hybrid-parallel run every rank must call it (tables are gathered to
+        rank 0, the others get None)."""
         sharded: dict[str, Any] = {}
         if self.env is not None:
             from ctrkit.distributed.sharded_state import gather_rank_optimizers
 
             sharded = gather_rank_optimizers(self.model, self.optimizers)
         current = self._full_state()
+        best = self._full_state(self.best_state) if self.best_state is not None else None
+        if current is None:  # a hybrid-parallel rank other than 0: it sent its shards, rank 0 writes
+            return None
         return Checkpoint(
             model_name=self.info.model_name,
             model_config=config_to_dict(self.info.model_config),
             spec=self.info.spec_summary,
-            model=self.best_state if self.best_state is not None else current,
+            model=best if best is not None else current,
             resume_model=current if self.best_state is not None and self.selection.best_step != self.step else None,
             train_config=self.cfg.to_dict(),
             optimizers=[opt.state_dict() for opt in self.optimizers],
@@ -281,8 +285,13 @@ class Trainer:
         # else: each rank took its shards of the weights when the model was sharded (see train/run.py)
         if ckpt.selection is not None:
             self.selection = Selection.from_state(ckpt.selection)
-            if self.selection.best_step is not None:
+            if self.selection.best_step is not None and self.env is None:
                 self.best_state = {k: v.to(self.device) for k, v in ckpt.model.items()}
+            elif self.selection.best_step is not None:  # this rank's part of the best weights
+                current = self.model.local_state_dict()
+                self.model.load_full_state_dict(ckpt.model)
+                self.best_state = self.model.local_state_dict()
+                self.model.load_local_state_dict(current)
         if ckpt.sharding is not None or self.env is not None:
             from ctrkit.distributed.sharded_state import optimizer_states_for_rank
 
@@ -304,7 +313,7 @@ class Trainer:
         if self.save_path is not None and self._saved_step != self.step:
             self._check_finite()
             state = self.state()
-            if self.main:
+            if self.main and state is not None:
                 save_checkpoint(self.save_path, state)
                 if self.run_record is not None and self._saved_step is None:  # this run's first save
                     with atomic_file(self.save_path.with_suffix(".yaml")) as tmp, open(tmp, "w") as f:
@@ -346,10 +355,18 @@ class Trainer:
         return {p for p in points if p <= self.total_steps}
 
     # ---------------------------------------------------------------------- model selection
-    def _full_state(self) -> dict[str, torch.Tensor]:
-        """The single-process model's state dict of the current weights (whole tables; collective in a job)."""
+    def _full_state(self, local: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor] | None:
+        """The single-process model's state dict (whole tables) of the current weights, or of ``local``
+        (a state as ``_local_state`` keeps it). In a hybrid-parallel job it is a collective that
+        assembles the tables on rank 0 and returns None on the other ranks."""
         if self.env is not None:
-            return self.model.full_state_dict()
+            return self.model.full_state_dict(local)
+        return local if local is not None else {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def _local_state(self) -> dict[str, torch.Tensor]:
+        """A copy of the weights this process holds (a rank's shards only, in a hybrid-parallel job)."""
+        if self.env is not None:
+            return self.model.local_state_dict()
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
 
     def _score(self, dataset) -> dict[str, Any]:
@@ -361,7 +378,7 @@ class Trainer:
             return None
         metrics = self._score(self.validation_set)
         if self.selection.update(self.step, metrics):
-            self.best_state = self._full_state()
+            self.best_state = self._local_state()
         record = {"event": "eval", "mapping": "validation", "step": self.step, **metrics,
                   "best_step": self.selection.best_step, "lr_scale": self.selection.lr_scale}  # fmt: skip
         self._log(record)
@@ -372,7 +389,7 @@ class Trainer:
         if self.best_state is None or self.selection.best_step == self.step:
             return
         if self.env is not None:
-            self.model.load_full_state_dict(self.best_state)
+            self.model.load_local_state_dict(self.best_state)
         else:
             self.model.load_state_dict(self.best_state)
 

@@ -27,3 +27,28 @@ def test_bad_requests_are_refused():
         plan_sharding([10], 4, 2, "diagonal")
     with pytest.raises(ValueError, match="column-wise sharding needs dim >= world size"):
         plan_sharding([10], 2, 4, "column")
+
+
+def test_deferred_tables_draw_any_shard_as_the_whole_table_holds_it():
+    """A rank that builds only its shards (tables deferred on the meta device) starts from exactly the
+    rows and columns the single-process model's tables hold, for row and column splits alike."""
+    import torch
+
+    from ctrkit.distributed.planner import Shard
+    from ctrkit.distributed.sharded_embeddings import ShardedEmbeddingCollection
+    from ctrkit.models.embeddings import INIT_BLOCK_ROWS, EmbeddingCollection, deferred_tables
+
+    cards = (3, INIT_BLOCK_ROWS * 2 + 77, 1000)
+    torch.manual_seed(5)
+    whole = EmbeddingCollection(cards, 8)
+    after_whole = torch.rand(1)
+    torch.manual_seed(5)
+    with deferred_tables():
+        deferred = EmbeddingCollection(cards, 8)
+    assert deferred.weight.is_meta and torch.equal(torch.rand(1), after_whole)  # the same RNG use
+    for s in [Shard(1, 0, 0, 5, 0, 8), Shard(1, 1, INIT_BLOCK_ROWS - 3, INIT_BLOCK_ROWS * 2 + 77, 0, 8),
+              Shard(0, 0, 0, 3, 2, 6), Shard(2, 1, 10, 900, 4, 8)]:  # fmt: skip
+        got = ShardedEmbeddingCollection._initial(deferred, s)
+        assert torch.equal(got, whole.table(s.feature)[s.row_lo : s.row_hi, s.col_lo : s.col_hi]), s
+    bound = 1 / cards[1] ** 0.5
+    assert whole.table(1).abs().max() <= bound and whole.table(1).std() > bound / 3  # U(-b, b), not zeros
