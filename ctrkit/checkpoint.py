@@ -10,7 +10,7 @@ this dataclass's fields; version 1 files (written before the typed checkpoint) l
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +65,10 @@ class Checkpoint:
             plateau/early-stopping counters (None: a run without validation).
         resume_model: the weights at ``step`` when they differ from ``model`` (a run checkpointed past
             its best evaluation), to resume from; None otherwise.
+        shard_files: a hybrid-parallel run's checkpoint is this file (the manifest, written last) plus
+            one file per rank (these names, relative to the manifest's directory, in rank order) holding
+            that rank's weights (``model``, ``resume_model``: its shards and the replicated weights) and
+            its ``optimizers``; ``load_checkpoint`` assembles them (see ``assemble_shards``). None: one file.
     """
 
     model_name: str
@@ -80,6 +84,7 @@ class Checkpoint:
     rank_optimizers: list | None = None
     selection: dict[str, Any] | None = None
     resume_model: dict[str, torch.Tensor] | None = None
+    shard_files: list[str] | None = None
 
     @property
     def resume_weights(self) -> dict[str, torch.Tensor]:
@@ -171,21 +176,84 @@ def save_checkpoint(path: str | os.PathLike, ckpt: Checkpoint) -> None:
         torch.save(ckpt.to_dict(), tmp)
 
 
-def load_checkpoint(path: str | os.PathLike, mmap: bool = False) -> Checkpoint:
+def load_checkpoint(path: str | os.PathLike, mmap: bool = False, assemble: bool = True) -> Checkpoint:
     """Reads a checkpoint with ``weights_only=True`` (tensors and plain containers only).
 
-    With ``mmap``, tensors stay in the file (memory-mapped, read on use) instead of being loaded.
+    With ``mmap``, tensors stay in the file (memory-mapped, read on use) instead of being loaded. A
+    sharded checkpoint (a hybrid-parallel run's) is assembled into whole tables unless ``assemble`` is
+    False (then ``model`` is empty and each rank reads its own file: ``read_rank_file``).
     """
     path = Path(path)
+    ckpt = Checkpoint.from_dict(_load(path, mmap), str(path))
+    ckpt.source = path
+    if ckpt.shard_files and assemble:
+        ckpt = assemble_shards(ckpt, path)
+    return ckpt
+
+
+def _load(path: Path, mmap: bool = False) -> Any:
     if not path.exists():
         raise CheckpointError(f"{path}: checkpoint not found")
     try:
-        data = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as e:  # truncated file, not a torch file, forbidden pickled object
         raise CheckpointError(
             f"{path}: not a readable ctrkit checkpoint ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
         ) from None
-    return Checkpoint.from_dict(data, str(path))
+
+
+def rank_file_name(path: str | os.PathLike, step: int, rank: int, world_size: int) -> str:
+    """Where rank ``rank`` writes its part of the checkpoint ``path`` at ``step`` (relative to its directory)."""
+    return f"{Path(path).name}.shards/step{step}-rank{rank}-of-{world_size}.pt"
+
+
+def read_rank_file(path: str | os.PathLike, ckpt: Checkpoint, rank: int) -> dict[str, Any]:
+    """Rank ``rank``'s part of the sharded checkpoint whose manifest is ``path`` (memory-mapped)."""
+    part = _load(Path(path).parent / ckpt.shard_files[rank], mmap=True)
+    if not isinstance(part, dict) or "model" not in part:
+        raise CheckpointError(f"{Path(path).parent / ckpt.shard_files[rank]}: not a ctrkit checkpoint shard file")
+    return part
+
+
+def _table_prefix(plan_name: str) -> str:
+    """The module path of a plan's tables: "embeddings" -> "embeddings.onehot", "x.bags" stays."""
+    return plan_name if plan_name.endswith(".bags") else f"{plan_name}.onehot"
+
+
+def assemble_shards(ckpt: Checkpoint, path: str | os.PathLike) -> Checkpoint:
+    """The one-file form of a sharded checkpoint: whole tables assembled from every rank's file (each
+    memory-mapped, so only the assembled tables take memory), rank 0's optimizer states as
+    ``optimizers`` and every rank's as ``rank_optimizers``."""
+    parts = [read_rank_file(path, ckpt, r) for r in range(len(ckpt.shard_files))]
+    sharding = ckpt.sharding or {}
+    prefixes = tuple(f"{_table_prefix(n)}." for n in sharding)
+
+    def whole(which: str) -> dict[str, torch.Tensor]:
+        state = {k: v.clone() for k, v in parts[0][which].items() if not k.startswith(prefixes)}
+        for name, key in sharding.items():
+            shards = [tuple(int(v) for v in x) for x in key[1:]]  # (feature, rank, row_lo, row_hi, col_lo, col_hi)
+            cards: dict[int, int] = {}
+            for f, _, _, row_hi, _, _ in shards:
+                cards[f] = max(cards.get(f, 0), row_hi)
+            dim = max(s[5] for s in shards)
+            offsets = {f: sum(cards[g] for g in range(f)) for f in cards}
+            flat = torch.zeros(sum(cards.values()), dim)
+            seen = [0] * len(parts)
+            for f, r, row_lo, row_hi, col_lo, col_hi in shards:
+                piece = parts[r][which][f"{_table_prefix(name)}.shards.{seen[r]}"]
+                seen[r] += 1
+                flat[offsets[f] + row_lo : offsets[f] + row_hi, col_lo:col_hi] = piece
+            state[f"{_table_prefix(name)}.weight"] = flat
+        return state
+
+    return replace(
+        ckpt,
+        model=whole("model"),
+        resume_model=whole("resume_model") if parts[0].get("resume_model") is not None else None,
+        optimizers=parts[0]["optimizers"],
+        rank_optimizers=[p["optimizers"] for p in parts],
+        shard_files=None,
+    )
 
 
 def rng_state() -> dict[str, Any]:

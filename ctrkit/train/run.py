@@ -217,7 +217,7 @@ class Run:
     def _build(self, spec: RunSpec) -> None:
         import torch
 
-        from ctrkit.checkpoint import load_checkpoint
+        from ctrkit.checkpoint import assemble_shards, load_checkpoint
         from ctrkit.data.dataset import SplitBinaryDataset
         from ctrkit.device import amp_dtype_for, resolve_device
         from ctrkit.distributed.hybrid import shard_for_job
@@ -236,8 +236,8 @@ class Run:
         mappings = feature_spec.source_spec
         validation_set = SplitBinaryDataset(feature_spec, "validation") if "validation" in mappings else None
         ckpt = None
-        if spec.load_checkpoint is not None:
-            ckpt = load_checkpoint(spec.load_checkpoint)
+        if spec.load_checkpoint is not None:  # a rank reads only its own file of a sharded checkpoint
+            ckpt = load_checkpoint(spec.load_checkpoint, assemble=self.env is None)
             ckpt.check_spec(feature_spec.summary(), str(feature_spec.base_dir))
         self.is_main = self.env is None or self.env.is_main
         torch.manual_seed(cfg.seed)
@@ -246,9 +246,12 @@ class Run:
         else:  # each rank allocates and draws only its own shards of the tables
             with deferred_tables():
                 model = create_model(spec.model, spec.model_config)
-        self.model = shard_for_job(
-            model, self.env, par, ckpt.resume_weights if ckpt is not None else None, device=self.device
-        )
+        whole = ckpt.resume_weights if ckpt is not None and not ckpt.shard_files else None
+        self.model = shard_for_job(model, self.env, par, whole, device=self.device)
+        if ckpt is not None and ckpt.shard_files and ckpt.sharding != self.model.sharding_key():
+            # written with another layout: assembled into whole tables, each rank taking its shards
+            ckpt = assemble_shards(ckpt, spec.load_checkpoint)
+            self.model.load_full_state_dict(ckpt.resume_weights)
         model = self.model
         self.trainer = Trainer(
             model,

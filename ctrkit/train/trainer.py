@@ -18,7 +18,7 @@ import yaml
 from torch import nn
 from tqdm.auto import tqdm
 
-from ctrkit.checkpoint import Checkpoint, rng_state, save_checkpoint, set_rng_state
+from ctrkit.checkpoint import Checkpoint, rank_file_name, read_rank_file, rng_state, save_checkpoint, set_rng_state
 from ctrkit.config import TrainConfig
 from ctrkit.data.atomic import atomic_file
 from ctrkit.data.batch import Batch
@@ -142,6 +142,17 @@ class TrainStep:
             )
             self.forward = self.model
             return self.model(batch.numerical, batch.categorical, batch.multi_hot)
+
+
+def _remove_older_rank_files(path: Path, step: int) -> None:
+    """Deletes the rank files of ``path``'s earlier saves (the manifest now names this step's)."""
+    folder = path.parent / f"{path.name}.shards"
+    for f in folder.glob("step*-rank*-of-*.pt"):
+        try:
+            if int(f.name[4:].split("-", 1)[0]) < step:
+                f.unlink(missing_ok=True)
+        except ValueError:
+            continue
 
 
 @dataclass
@@ -275,11 +286,14 @@ class Trainer:
         kinds = ("optimizer", "embedding_optimizer", "wide_optimizer")
         theirs = [(ckpt.train_config or {}).get(k) for k in kinds]
         ours = [getattr(self.cfg, k) for k in kinds]
-        if len(states) != len(self.optimizers) or theirs != ours:
+        if (len(states) != len(self.optimizers) and not ckpt.shard_files) or theirs != ours:
             raise ValueError(
                 f"the checkpoint's optimizers (dense/embedding/wide: {theirs}) differ from this run's ({ours}); "
                 "resume with the same optimizer, embedding_optimizer and wide_optimizer"
             )
+        if ckpt.shard_files:  # a sharded checkpoint of this very sharding (else it was assembled): own file
+            self._restore_rank_file(ckpt)
+            return
         if self.env is None:
             self.model.load_state_dict(ckpt.resume_weights)
         # else: each rank took its shards of the weights when the model was sharded (see train/run.py)
@@ -305,6 +319,22 @@ class Trainer:
         self.step = int(ckpt.step)
         set_rng_state(ckpt.rng)
 
+    def _restore_rank_file(self, ckpt: Checkpoint) -> None:
+        """Resumes from this rank's file of a sharded checkpoint written with the same sharding."""
+        if self.env is None or ckpt.sharding != self.model.sharding_key():
+            raise ValueError("a sharded checkpoint resumes as it is only with the sharding it was written with")
+        part = read_rank_file(ckpt.source, ckpt, self.env.rank)
+        weights = part["resume_model"] if part["resume_model"] is not None else part["model"]
+        self.model.load_local_state_dict(weights)
+        if ckpt.selection is not None:
+            self.selection = Selection.from_state(ckpt.selection)
+            if self.selection.best_step is not None:
+                self.best_state = {k: v.to(self.device).clone() for k, v in part["model"].items()}
+        for opt, state in zip(self.optimizers, part["optimizers"]):
+            opt.load_state_dict(state)
+        self.step = int(ckpt.step)
+        set_rng_state(ckpt.rng)
+
     def save(self) -> None:
         """Checkpoints the current step (once: a step already saved is not written again).
 
@@ -312,13 +342,47 @@ class Trainer:
         """
         if self.save_path is not None and self._saved_step != self.step:
             self._check_finite()
-            state = self.state()
+            state = self._save_sharded() if self.env is not None else self.state()
             if self.main and state is not None:
                 save_checkpoint(self.save_path, state)
+                if self.env is not None:
+                    _remove_older_rank_files(self.save_path, self.step)
                 if self.run_record is not None and self._saved_step is None:  # this run's first save
                     with atomic_file(self.save_path.with_suffix(".yaml")) as tmp, open(tmp, "w") as f:
                         yaml.safe_dump(self.run_record, f, sort_keys=False)
             self._saved_step = self.step
+
+    def _save_sharded(self) -> Checkpoint | None:
+        """A hybrid-parallel save: every rank writes its own weights (its shards and the replicated ones)
+        and optimizer states to its own file, atomically; once all have, rank 0 gets the manifest to write
+        (last, so a checkpoint is complete or the previous one stands). No rank holds more than its own."""
+        env, model = self.env, self.model
+        current = {k: v.detach() for k, v in model.model.state_dict().items()}
+        past_best = self.best_state is not None and self.selection.best_step != self.step
+        part = {
+            "model": self.best_state if self.best_state is not None else current,
+            "resume_model": current if past_best else None,
+            "optimizers": [opt.state_dict() for opt in self.optimizers],
+        }
+        names = [rank_file_name(self.save_path, self.step, r, env.world_size) for r in range(env.world_size)]
+        with atomic_file(self.save_path.parent / names[env.rank]) as tmp:
+            torch.save(part, tmp)
+        torch.distributed.barrier()  # every rank's file is complete before the manifest names it
+        if not self.main:
+            return None
+        return Checkpoint(
+            model_name=self.info.model_name,
+            model_config=config_to_dict(self.info.model_config),
+            spec=self.info.spec_summary,
+            model={},
+            train_config=self.cfg.to_dict(),
+            step=self.step,
+            steps_per_epoch=self.steps_per_epoch,
+            rng=rng_state(),
+            selection=self.selection.state(),
+            sharding=model.sharding_key(),
+            shard_files=names,
+        )
 
     def _check_finite(self) -> None:
         """Raises FloatingPointError when the losses since the last check or the dense weights are not
