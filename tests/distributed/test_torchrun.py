@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from ctrkit.checkpoint import load_checkpoint
-from tests.conftest import free_port, small_model_flags
+from tests.conftest import TINY_TABLES, free_port, small_model_flags
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -160,3 +160,26 @@ def test_a_dead_rank_ends_the_job_instead_of_hanging(tiny_dataset, tmp_path):
     finally:
         if job.poll() is None:
             job.kill()
+
+
+def test_a_two_rank_checkpoint_is_sharded_and_resumes_in_one_process(tiny_dataset, tmp_path):
+    """Each rank writes its own file, the manifest names them (earlier saves' files removed); one
+    process reads the checkpoint as whole tables, resumes it (stateless tables: any world size) and
+    reaches the weights of a 2-rank run that never stopped (within float reordering)."""
+    sgd = ["--optimizer", "sgd", "--embedding-optimizer", "sgd", "--wide-optimizer", "sgd", "--lr", "0.1",
+           "--embedding-lr", "0.1", "--early-stopping-patience", "0", "--validation-fraction", "0"]  # fmt: skip
+    flags = ["--dataset", tiny_dataset, "--epochs", "1", "--batch-size", "333", "--no-progress",
+             *small_model_flags(), *sgd]  # fmt: skip
+    torchrun("train", *flags, "--max-steps", "6", "--checkpoint-every", "2", "--save-checkpoint", tmp_path / "a.pt")
+    raw = torch.load(tmp_path / "a.pt", weights_only=True)
+    assert raw["model"] == {} and raw["shard_files"] == [f"a.pt.shards/step6-rank{r}-of-2.pt" for r in range(2)]
+    assert sorted(p.name for p in (tmp_path / "a.pt.shards").iterdir()) == [
+        "step6-rank0-of-2.pt",
+        "step6-rank1-of-2.pt",
+    ]
+    ckpt = load_checkpoint(tmp_path / "a.pt")
+    assert ckpt.step == 6 and ckpt.model["embeddings.onehot.weight"].shape[0] == sum(TINY_TABLES)
+    single("train", *flags, "--max-steps", "12", "--load-checkpoint", tmp_path / "a.pt",
+           "--save-checkpoint", tmp_path / "resumed.pt")  # fmt: skip
+    torchrun("train", *flags, "--max-steps", "12", "--save-checkpoint", tmp_path / "straight.pt")
+    assert_same_weights(tmp_path / "resumed.pt", tmp_path / "straight.pt", atol=1e-4)
