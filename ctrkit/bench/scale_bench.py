@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -79,6 +80,7 @@ def _batches(cfg: ScaleBenchConfig, cards: list[int], n: int) -> list[Batch]:
 def run_worker(cfg: ScaleBenchConfig, env=None) -> dict:
     """Times training steps of the synthetic DLRM; in a torchrun job every rank calls this."""
     from ctrkit.distributed.hybrid import HybridModel, plan_model
+    from ctrkit.models.embeddings import deferred_tables
     from ctrkit.models.registry import create_model, make_config
     from ctrkit.train.optim import build_optimizers
     from ctrkit.train.trainer import TrainStep
@@ -94,10 +96,13 @@ def run_worker(cfg: ScaleBenchConfig, env=None) -> dict:
         top_mlp=(512, 256, 1),
         linear=False,  # the Merlin benchmark's DLRM
     )
-    model = create_model("dlrm", make_config("dlrm", shape))
     world, rank = (env.world_size, env.rank) if env is not None else (1, 0)
-    if env is not None:
-        model = HybridModel(model, plan_model(model, world, cfg.sharding), rank)
+    if env is None:
+        model = create_model("dlrm", make_config("dlrm", shape))
+    else:  # as `ctrkit train` does: each rank allocates only its shards
+        with deferred_tables():
+            model = create_model("dlrm", make_config("dlrm", shape))
+        model = HybridModel(model, plan_model(model, world, cfg.sharding), rank, torch.device("cpu"))
     optimizers = build_optimizers(model, "adagrad", 0.01, "adagrad", 0.01)
     step = TrainStep(model, optimizers, torch.device("cpu"))
     batches = _batches(cfg, cards, 4)
@@ -112,6 +117,11 @@ def run_worker(cfg: ScaleBenchConfig, env=None) -> dict:
         if i >= cfg.warmup:
             times.append(time.perf_counter() - start)
     ms = statistics.median(times) * 1e3
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # MiB (ru_maxrss is in KiB on Linux)
+    peaks = [peak]
+    if env is not None:
+        peaks = [None] * world
+        torch.distributed.all_gather_object(peaks, peak)
     return {
         "benchmark": "scale",
         **asdict(cfg),
@@ -122,6 +132,8 @@ def run_worker(cfg: ScaleBenchConfig, env=None) -> dict:
         "ms_per_step": ms,
         "samples_per_s": cfg.batch_size / ms * 1e3,
         "threads_per_rank": torch.get_num_threads(),
+        "peak_rss_mib_per_rank": peaks,
+        "largest_rank_peak_rss_mib": max(peaks),
     }
 
 
@@ -150,7 +162,9 @@ def run_scale_bench(cfg: ScaleBenchConfig, world_sizes: list[int]) -> list[dict]
             if done.returncode != 0:
                 raise RuntimeError(f"scale benchmark at world size {world} failed: {done.stderr.strip()[-800:]}")
             result = json.loads(out.read_text())
-        result.update(python=platform.python_version(), cpu_count=cores)
+        from ctrkit.bench.accuracy import machine
+
+        result.update(python=platform.python_version(), cpu_count=cores, machine=machine())
         results.append(result)
     return results
 

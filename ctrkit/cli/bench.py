@@ -113,7 +113,8 @@ def scale(args: argparse.Namespace) -> int:
             results.append(r)
             print(
                 f"{model} ({r['tables']} tables, {r['embedding_mib']:.1f} MiB at 1/{opts.scale:g}), world size "
-                f"{r['world_size']}: {r['ms_per_step']:.1f} ms/step, {r['samples_per_s']:,.0f} samples/s"
+                f"{r['world_size']}: {r['ms_per_step']:.1f} ms/step, {r['samples_per_s']:,.0f} samples/s, largest "
+                f"rank's peak resident memory {r['largest_rank_peak_rss_mib']:,.0f} MiB"
             )
     write_result(results, config_from(args, BenchRunOptions).output)
     return 0
