@@ -1,23 +1,11 @@
-"""Checkpoint state of a hybrid-parallel run: optimizer states gathered from every rank on save, and
-the right ones picked (or refused) on resume, whatever the world size the checkpoint was written at."""
+"""Resuming optimizer states when a hybrid-parallel run is involved: the right ones picked (or refused),
+whatever the world size the checkpoint was written at."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
-import torch.distributed as dist
 
 from ctrkit.distributed.hybrid import HybridModel
-
-
-def gather_rank_optimizers(model: HybridModel, optimizers: list[torch.optim.Optimizer], dst: int = 0) -> dict[str, Any]:
-    """Every rank's optimizer states and the shard placement, on rank ``dst`` (every rank must call it;
-    the others get empty values and hold only their own states)."""
-    rank = dist.get_rank()
-    every: list | None = [None] * dist.get_world_size() if rank == dst else None
-    dist.gather_object([opt.state_dict() for opt in optimizers], every, dst=dst)
-    return {"rank_optimizers": every, "sharding": model.sharding_key()} if rank == dst else {}
 
 
 def optimizer_states_for_rank(

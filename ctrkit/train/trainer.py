@@ -248,23 +248,14 @@ class Trainer:
                            for p in m.table_parameters()}  # fmt: skip
 
     # -------------------------------------------------------------------------- checkpointing
-    def state(self) -> Checkpoint | None:
-        """The checkpoint; in a hybrid-parallel run every rank must call it (tables are gathered to
-        rank 0, the others get None)."""
-        sharded: dict[str, Any] = {}
-        if self.env is not None:
-            from ctrkit.distributed.sharded_state import gather_rank_optimizers
-
-            sharded = gather_rank_optimizers(self.model, self.optimizers)
+    def state(self) -> Checkpoint:
+        """The checkpoint of a single-process run (a hybrid-parallel run saves with ``_save_sharded``)."""
         current = self._full_state()
-        best = self._full_state(self.best_state) if self.best_state is not None else None
-        if current is None:  # a hybrid-parallel rank other than 0: it sent its shards, rank 0 writes
-            return None
         return Checkpoint(
             model_name=self.info.model_name,
             model_config=config_to_dict(self.info.model_config),
             spec=self.info.spec_summary,
-            model=best if best is not None else current,
+            model=self.best_state if self.best_state is not None else current,
             resume_model=current if self.best_state is not None and self.selection.best_step != self.step else None,
             train_config=self.cfg.to_dict(),
             optimizers=[opt.state_dict() for opt in self.optimizers],
@@ -272,7 +263,6 @@ class Trainer:
             steps_per_epoch=self.steps_per_epoch,
             rng=rng_state(),
             selection=self.selection.state(),
-            **sharded,
         )
 
     def restore(self, ckpt: Checkpoint) -> None:
@@ -419,13 +409,9 @@ class Trainer:
         return {p for p in points if p <= self.total_steps}
 
     # ---------------------------------------------------------------------- model selection
-    def _full_state(self, local: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor] | None:
-        """The single-process model's state dict (whole tables) of the current weights, or of ``local``
-        (a state as ``_local_state`` keeps it). In a hybrid-parallel job it is a collective that
-        assembles the tables on rank 0 and returns None on the other ranks."""
-        if self.env is not None:
-            return self.model.full_state_dict(local)
-        return local if local is not None else {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+    def _full_state(self) -> dict[str, torch.Tensor]:
+        """A copy of the single-process model's state dict (current weights)."""
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
 
     def _local_state(self) -> dict[str, torch.Tensor]:
         """A copy of the weights this process holds (a rank's shards only, in a hybrid-parallel job)."""
