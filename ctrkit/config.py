@@ -189,7 +189,7 @@ class ParallelConfig:
         None,
         "under auto, split a table larger than this many MB (fp32) by rows over every rank, so a table larger than "
         "one worker's memory still trains",
-        unset="never",
+        unset="a quarter of the memory a rank has: host memory shared by the node's ranks on CPU, the GPU's on CUDA",
     )
     print_sharding_plan: bool = option(False, "print where every table lives (rank 0)")
     dist_timeout: float = option(
@@ -390,6 +390,15 @@ class GenCsvConfig:
     out: Path | None = option(None, "directory for the CSV files and the spec", required=True)
     rows: int = option(1000, "rows per mapping")
     seed: int = option(0, "random seed")
+
+
+@dataclass(frozen=True)
+class ConvertConfig:
+    """``ctrkit convert-checkpoint``: a hybrid-parallel (sharded) checkpoint to one file."""
+
+    checkpoint: Path | None = option(None, "checkpoint written by `ctrkit train` (sharded or not)", required=True)
+    out: Path | None = option(None, "the one-file checkpoint to write", required=True)
+    overwrite: bool = option(False, "replace an existing output file")
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from ctrkit import __version__
 from ctrkit.cli import bench, data, serve, train
 
 EXIT_USER_ERROR = 2
-COMMANDS = "{synth,preprocess,transcode,gen-csv,train,evaluate,predict,export,serve,bench,models}"
+COMMANDS = "{synth,preprocess,transcode,gen-csv,train,evaluate,predict,export,serve,bench,models,convert-checkpoint}"
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -7,7 +7,7 @@ import json
 import sys
 
 from ctrkit.cli.options import add_command, add_config_flags, config_from, config_values
-from ctrkit.config import EvalConfig, ParallelConfig, RunOptions, TrainConfig
+from ctrkit.config import ConvertConfig, EvalConfig, ParallelConfig, RunOptions, TrainConfig
 
 PARALLEL_TEXT = (
     "Launched by torchrun (torchrun --nproc-per-node N -m ctrkit train ...; --nnodes/--node-rank/--rdzv-endpoint "
@@ -24,6 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         p = add_command(sub, name, handler, (EvalConfig,), exclude)
         add_config_flags(p.add_argument_group("hybrid parallel", PARALLEL_TEXT), ParallelConfig)
     add_command(sub, "models", models, ())
+    add_command(sub, "convert-checkpoint", convert_checkpoint, (ConvertConfig,))
 
 
 def train(args: argparse.Namespace) -> int:
@@ -140,4 +141,24 @@ def models(args: argparse.Namespace) -> int:
         example = config_class(name)(num_numerical=13, cardinalities=(1,))
         shape = {k: v for k, v in config_to_dict(example).items() if k not in ("num_numerical", "cardinalities")}
         print(f"{name}: {shape}; training defaults {train_defaults(name)}")
+    return 0
+
+
+def convert_checkpoint(args: argparse.Namespace) -> int:
+    """write a sharded checkpoint as one file
+
+    A hybrid-parallel run writes its checkpoint sharded (a manifest and one file per rank); this writes
+    the same checkpoint as one file with whole tables (what a single-process run writes), atomically.
+    Every command reads both forms; the one-file form is for copying a model elsewhere.
+    """
+    from dataclasses import replace
+
+    from ctrkit.checkpoint import load_checkpoint, save_checkpoint
+
+    cfg: ConvertConfig = config_from(args, ConvertConfig)
+    if cfg.out.exists() and not cfg.overwrite:
+        raise ValueError(f"{cfg.out}: file exists; set `overwrite` to replace it")
+    ckpt = load_checkpoint(cfg.checkpoint)
+    save_checkpoint(cfg.out, replace(ckpt, shard_files=None))
+    print(f"wrote {cfg.out} (step {ckpt.step}, {len(ckpt.model)} tensors)")
     return 0

@@ -32,6 +32,11 @@ class DistEnv:
         return self.rank == 0
 
     @property
+    def local_world_size(self) -> int:
+        """Ranks on this node (torchrun's LOCAL_WORLD_SIZE; the whole job when it is not set)."""
+        return int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
+
+    @property
     def part(self) -> tuple[int, int]:
         """(rank, world size): which slice of every batch this rank reads."""
         return self.rank, self.world_size

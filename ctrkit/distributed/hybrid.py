@@ -12,6 +12,7 @@ included).
 
 from __future__ import annotations
 
+import os
 import sys
 
 import torch
@@ -146,6 +147,18 @@ class HybridModel(nn.Module):
         return state if self.rank == dst else None
 
 
+ROW_BUDGET_FRACTION = 0.25  # of a rank's memory: the rest is for optimizer state, activations, the runtime
+
+
+def default_row_budget(env: DistEnv, device: torch.device | None = None) -> int:
+    """The bytes of fp32 table one rank holds before a table is split by rows: a quarter of the memory
+    the rank has (the GPU's on CUDA; on CPU the host's, shared by the ranks of this node)."""
+    if device is not None and device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory * ROW_BUDGET_FRACTION)
+    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return int(host / max(env.local_world_size, 1) * ROW_BUDGET_FRACTION)
+
+
 def shard_for_job(
     model: nn.Module,
     env: DistEnv | None,
@@ -162,7 +175,10 @@ def shard_for_job(
     if env is None and not parallel.print_sharding_plan:
         return model
     world = env.world_size if env is not None else 1
-    plans = plan_model(model, world, parallel.sharding, parallel.column_split_dim, parallel.row_budget_bytes)
+    budget = parallel.row_budget_bytes
+    if budget is None and env is not None:
+        budget = default_row_budget(env, device)
+    plans = plan_model(model, world, parallel.sharding, parallel.column_split_dim, budget)
     if parallel.print_sharding_plan and (env is None or env.is_main):
         print(describe_plans(plans), file=sys.stderr)
     if env is None:

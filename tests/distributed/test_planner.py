@@ -52,3 +52,24 @@ def test_deferred_tables_draw_any_shard_as_the_whole_table_holds_it():
         assert torch.equal(got, whole.table(s.feature)[s.row_lo : s.row_hi, s.col_lo : s.col_hi]), s
     bound = 1 / cards[1] ** 0.5
     assert whole.table(1).abs().max() <= bound and whole.table(1).std() > bound / 3  # U(-b, b), not zeros
+
+
+def test_the_default_row_budget_is_a_share_of_the_ranks_memory(monkeypatch):
+    import os
+
+    import torch
+
+    from ctrkit.distributed.env import DistEnv
+    from ctrkit.distributed.hybrid import ROW_BUDGET_FRACTION, default_row_budget
+
+    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    env = DistEnv(0, 4, 0, "gloo", torch.device("cpu"))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert default_row_budget(env) == int(host / 2 * ROW_BUDGET_FRACTION)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    budget = default_row_budget(env)
+    assert budget == int(host / 4 * ROW_BUDGET_FRACTION)
+    # a table over the budget is split by rows, one under it stays whole
+    rows = budget // (16 * 4) + 1
+    plan = plan_sharding([rows, 1000], 16, 4, "auto", row_budget_bytes=budget)
+    assert plan.strategy == ("row", "table")

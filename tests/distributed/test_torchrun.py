@@ -179,6 +179,10 @@ def test_a_two_rank_checkpoint_is_sharded_and_resumes_in_one_process(tiny_datase
     ]
     ckpt = load_checkpoint(tmp_path / "a.pt")
     assert ckpt.step == 6 and ckpt.model["embeddings.onehot.weight"].shape[0] == sum(TINY_TABLES)
+    single("convert-checkpoint", "--checkpoint", tmp_path / "a.pt", "--out", tmp_path / "one.pt")
+    one = torch.load(tmp_path / "one.pt", weights_only=True)
+    assert one["shard_files"] is None and set(one["model"]) == set(ckpt.model)
+    assert all(torch.equal(one["model"][k], v) for k, v in ckpt.model.items())
     single("train", *flags, "--max-steps", "12", "--load-checkpoint", tmp_path / "a.pt",
            "--save-checkpoint", tmp_path / "resumed.pt")  # fmt: skip
     torchrun("train", *flags, "--max-steps", "12", "--save-checkpoint", tmp_path / "straight.pt")

@@ -1,0 +1,34 @@
+"""CUDA: a 1-GPU training run, and a 2-rank NCCL job where two GPUs exist. Skipped without a GPU (no
+GPU was lent to the sessions that wrote them; see the README's hybrid-parallel section)."""
+
+import pytest
+import torch
+
+from ctrkit.checkpoint import load_checkpoint
+from tests.conftest import run_process, small_model_flags
+from tests.distributed.test_torchrun import assert_same_weights, torchrun
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+TWO_GPUS = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+FLAGS = ["--max-steps", "12", "--batch-size", "333", "--no-progress", *small_model_flags()]
+
+
+@CUDA
+def test_one_gpu_trains_and_scores_like_the_cpu(tiny_dataset, tmp_path):
+    for device in ("cpu", "cuda"):
+        done = run_process("train", "--dataset", tiny_dataset, *FLAGS, "--device", device,
+                           "--save-checkpoint", tmp_path / f"{device}.pt")  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+    a, b = load_checkpoint(tmp_path / "cpu.pt").model, load_checkpoint(tmp_path / "cuda.pt").model
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-3, atol=1e-4, msg=k)
+
+
+@TWO_GPUS
+def test_two_gpus_on_nccl_train_like_one_process(tiny_dataset, tmp_path):
+    done = run_process("train", "--dataset", tiny_dataset, *FLAGS, "--device", "cuda",
+                       "--save-checkpoint", tmp_path / "one.pt")  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    done = torchrun("train", "--dataset", tiny_dataset, *FLAGS, "--save-checkpoint", tmp_path / "two.pt")
+    assert "nccl" in done.stderr
+    assert_same_weights(tmp_path / "one.pt", tmp_path / "two.pt", atol=1e-4)
