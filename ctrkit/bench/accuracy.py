@@ -10,6 +10,7 @@ once per method.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import time
 from collections.abc import Sequence
@@ -38,7 +39,10 @@ def machine() -> dict[str, Any]:
                 break
     except OSError:
         pass
-    return {"cpu": model, "capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__,
+    from ctrkit.device import cpu_native_bf16
+
+    return {"cpu": model, "capability": torch.backends.cpu.get_cpu_capability(), "native_bf16": cpu_native_bf16(),
+            "cores": os.cpu_count(), "torch": torch.__version__,
             "threads": torch.get_num_threads(), "python": platform.python_version(),
             "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None}  # fmt: skip
 

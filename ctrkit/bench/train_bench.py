@@ -11,7 +11,9 @@ from dataclasses import asdict
 import numpy as np
 import torch
 
+from ctrkit.bench.accuracy import machine
 from ctrkit.bench.config import TrainBenchConfig
+from ctrkit.bench.peak import matmul_peaks
 from ctrkit.data.batch import Batch
 from ctrkit.data.synthetic import power_law_ids
 from ctrkit.device import amp_dtype_for
@@ -79,4 +81,6 @@ def run_train_bench(cfg: TrainBenchConfig, device: torch.device) -> dict:
         "python": platform.python_version(),
         "cpu_count": os.cpu_count(),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "machine": machine(),
+        "matmul_peak_gflops": matmul_peaks(device),
     }

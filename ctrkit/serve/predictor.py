@@ -54,11 +54,12 @@ class Predictor:
     ) -> Predictor:
         """The checkpoint's PyTorch model; ``embedding_store="mmap"`` keeps its tables on disk (memory-mapped,
         ``cache_rows`` hot rows cached), so tables larger than RAM can be served. ``dtype="bf16"`` converts
-        the weights to bfloat16 (2-3x the throughput of fp32 at large batches on AVX-512 BF16 cores;
-        probabilities come back as float32). ``compile`` runs the model through ``torch.compile`` with Inductor's weight
-        freezing (constant-folded, prepacked weights; inference only), falling back to eager with a
-        warning when compiling fails."""
+        the weights to bfloat16 where the CPU computes bf16 natively, else keeps fp32 and says so (see
+        ``device.cpu_bf16_or_fp32``; probabilities come back as float32). ``compile`` runs the model
+        through ``torch.compile`` with Inductor's weight freezing (constant-folded, prepacked weights;
+        inference only), falling back to eager with a warning when compiling fails."""
         from ctrkit.checkpoint import load_checkpoint
+        from ctrkit.device import cpu_bf16_or_fp32
         from ctrkit.serve.embedding_store import use_mmap_store
 
         if embedding_store not in ("memory", "mmap"):
@@ -72,7 +73,7 @@ class Predictor:
         model = ckpt.build_model(assign=lazy).cpu()
         stores = use_mmap_store(model, cache_rows) if lazy else []
         model = InferenceModel(model, signature).eval()
-        half = dtype == "bf16"
+        half = dtype == "bf16" and cpu_bf16_or_fp32("--dtype bf16")
         if half:
             model = model.to(torch.bfloat16)
         if compile:

@@ -33,6 +33,9 @@ def test_bench_train_writes_its_result(tmp_path, capsys):
     assert result["config"]["batch_size"] == 64 and len(result["ms_per_step_all"]) == 3
     assert result["samples_per_s"] == 64 / (result["ms_per_step"] / 1000)
     assert {"torch", "threads", "samples_per_s", "ms_per_step"} <= set(result)
+    # where it ran, and what its cores do: the matmul peak measured in the same run
+    assert result["machine"]["capability"] == __import__("torch").backends.cpu.get_cpu_capability()
+    assert result["matmul_peak_gflops"]["fp32"] > 0.5
 
 
 def test_bench_preprocess_runs_the_real_command(tmp_path, capsys):

@@ -1,0 +1,42 @@
+"""The machine's measured matrix-multiply peak, taken in the same run as a benchmark so that achieved
+throughput can be read as a fraction of what these cores do (not of a datasheet figure)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from ctrkit.device import cpu_native_bf16
+
+
+def matmul_gflops(dtype: torch.dtype = torch.float32, n: int = 2048, seconds: float = 0.3, rounds: int = 3,
+                  device: torch.device | None = None) -> float:  # fmt: skip
+    """GFLOP/s of (n x n) @ (n x n) in ``dtype``: the median of ``rounds`` rounds of ``seconds`` each."""
+    device = device or torch.device("cpu")
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    for _ in range(2):
+        a @ b
+    sync()
+    rates = []
+    for _ in range(rounds):
+        count, start = 0, time.perf_counter()
+        while (elapsed := time.perf_counter() - start) < seconds:
+            a @ b
+            sync()
+            count += 1
+        rates.append(2 * n**3 * count / elapsed / 1e9)
+    return statistics.median(rates)
+
+
+def matmul_peaks(device: torch.device | None = None) -> dict[str, float | None]:
+    """fp32 and (where the hardware computes it natively) bf16 matmul GFLOP/s on ``device``."""
+    device = device or torch.device("cpu")
+    bf16 = device.type == "cuda" or cpu_native_bf16()
+    return {
+        "fp32": matmul_gflops(torch.float32, device=device),
+        "bf16": matmul_gflops(torch.bfloat16, device=device) if bf16 else None,
+    }
