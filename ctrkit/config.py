@@ -76,6 +76,13 @@ class TrainConfig:
         "when the dataset has no 'validation' mapping, hold out this last fraction of 'train' (the most recent "
         "rows of a time-ordered log) for validation; 0 for none (no model selection)",
     )
+    linear_warm_start: bool = option(
+        True,
+        "before training, fit the model's first-order term as an L2-regularised logistic regression (C chosen on "
+        "validation, at most the last million training rows) and zero the deep output, so training starts from "
+        "that regression and model selection keeps it unless validation improves; needs validation data and a "
+        "first-order term",
+    )
     early_stopping_patience: int = option(
         4, "stop after this many validation evaluations without improvement (0: never stop early)"
     )

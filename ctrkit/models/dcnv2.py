@@ -66,6 +66,11 @@ class DCNv2(WideParameters, nn.Module):
             deep_width = self.deep.out_features if self.deep is not None else 0
             self.top_mlp = MLP(width + deep_width, (1,), relu_last=False)
 
+    @property
+    def output_layer(self) -> nn.Linear:
+        """The last linear layer (to the logit) of the deep part."""
+        return self.top_mlp[-1]
+
     def forward(self, numerical: torch.Tensor | None, categorical: torch.Tensor, multi_hot=None) -> torch.Tensor:
         emb = self.embeddings(categorical, multi_hot).flatten(1)  # (B, F*D)
         if self.bottom_mlp is None:

@@ -43,6 +43,11 @@ class DLRM(WideParameters, nn.Module):
         )
         self.top_mlp = MLP(self.interaction.out_features, config.top_mlp, relu_last=False)
 
+    @property
+    def output_layer(self) -> nn.Linear:
+        """The last linear layer (to the logit) of the deep part."""
+        return self.top_mlp[-1]
+
     def forward(self, numerical: torch.Tensor | None, categorical: torch.Tensor, multi_hot=None) -> torch.Tensor:
         emb = self.embeddings(categorical, multi_hot)  # (B, F, D), F counting multi-hot features
         bottom = self.bottom_mlp(numerical) if self.bottom_mlp is not None else None  # (B, D)

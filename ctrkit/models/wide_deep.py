@@ -53,6 +53,11 @@ class WideDeep(WideParameters, nn.Module):
         width = config.embedding_dim * self.embeddings.num_features + config.num_numerical
         self.deep = MLP(width, tuple(config.deep_mlp) + (1,), relu_last=False, dropout=config.dropout)
 
+    @property
+    def output_layer(self) -> nn.Linear:
+        """The last linear layer (to the logit) of the deep part."""
+        return self.deep[-1]
+
     def forward(self, numerical: torch.Tensor | None, categorical: torch.Tensor, multi_hot=None) -> torch.Tensor:
         wide = self.wide_logit(numerical, categorical, multi_hot)  # (B,)
         emb = self.embeddings(categorical, multi_hot).flatten(1)  # (B, F*D)

@@ -443,6 +443,23 @@ class Trainer:
         else:
             self.model.load_state_dict(self.best_state)
 
+    def _warm_start(self) -> None:
+        """``linear_warm_start``: the first-order term fitted as a logistic regression, the deep output
+        zeroed, and the result evaluated on validation at step 0 (so selection can keep it)."""
+        inner = getattr(self.model, "model", self.model)
+        if not (self.cfg.linear_warm_start and getattr(inner, "wide_embeddings", None) is not None):
+            return
+        if self.validation_set is None or len(self.validation_set) == 0:
+            return
+        from ctrkit.train.linear_fit import fit_first_order
+
+        fit = fit_first_order(self.model, self.train_set, self.validation_set)
+        self._log({"event": "warm_start", "step": 0, **fit})
+        if self.progress:
+            tqdm.write(f"first-order term fitted as a logistic regression on {fit['rows']:,} rows (C {fit['C']:g}, "
+                       f"validation AUC {fit['validation_auc']:.4f}, {fit['seconds']:.1f} s)")  # fmt: skip
+        self.validate()
+
     # ----------------------------------------------------------------------------------- loop
     def fit(self) -> dict[str, Any]:
         """Trains until ``total_steps`` or the early-stopping patience runs out, keeps the best validation
@@ -467,6 +484,8 @@ class Trainer:
                 "threads": torch.get_num_threads(),
             }
         )
+        if self.step == 0 and self.selection.best_step is None:
+            self._warm_start()
         eval_steps = self._eval_steps()
         loss_sum = torch.zeros((), device=self.device)
         window_steps = window_samples = 0

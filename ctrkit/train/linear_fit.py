@@ -1,0 +1,138 @@
+"""The first-order term fitted as a logistic regression before training (a warm start).
+
+Measured on the accuracy panel, an SGD-trained first-order term stops far from a converged, L2-regularised
+logistic regression (Criteo sample 0.717 against 0.732 test AUC), and a model that leans on it loses to
+that baseline on small real data. So training can start from the converged fit: the model's first-order
+term (one weight per id, a linear map of the numerical features, a bias) is fitted by full-batch L-BFGS
+on (at most ``max_rows`` of the last) training rows, with the L2 strength C chosen on validation AUC as
+the scikit-learn baseline chooses it (numerical features standardised inside the fit, as there); the
+deep part's output layer is zeroed, so the model starts as exactly that regression, and model selection
+keeps it unless training improves validation AUC.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ctrkit.eval.metrics import roc_auc
+
+CS = (0.01, 0.03, 0.1, 0.3, 1.0)  # inverse L2 strengths tried, strongest first (each fit warm-starts the next)
+
+
+def _collections(model: nn.Module) -> list[nn.Module]:
+    """The first-order term's table collections (one-hot, then multi-hot), plain or sharded."""
+    wide = model.wide_embeddings
+    return [wide.onehot] + ([wide.bags] if wide.bags is not None else [])
+
+
+def _design(batch, cards: list[tuple[int, ...]], multi_hot_means: tuple[bool, ...]) -> torch.Tensor:
+    """The (N, total ids) sparse indicator matrix of a batch's ids over every first-order table (multi-hot
+    bags as indicator sums, or means for mean-pooled features), in float64."""
+    n = len(batch.labels)
+    onehot_cards = cards[0]
+    offsets = torch.tensor([0, *onehot_cards[:-1]], dtype=torch.int64).cumsum(0)
+    rows = [torch.arange(n).repeat_interleave(len(onehot_cards))]
+    cols = [(batch.categorical + offsets).reshape(-1)]
+    vals = [torch.ones(n * len(onehot_cards), dtype=torch.float64)]
+    total = sum(onehot_cards)
+    if len(cards) > 1 and batch.multi_hot is not None:
+        mh, bag_cards = batch.multi_hot, cards[1]
+        lengths = mh.offsets[1:] - mh.offsets[:-1]  # (Fm * N,)
+        bag = torch.repeat_interleave(torch.arange(len(lengths)), lengths)  # bag of each id
+        feature, sample = bag // n, bag % n
+        bag_offsets = torch.tensor([0, *bag_cards[:-1]], dtype=torch.int64).cumsum(0)
+        weight = torch.ones(len(bag), dtype=torch.float64)
+        means = torch.tensor(multi_hot_means, dtype=torch.bool)[feature]
+        weight = torch.where(means, 1.0 / lengths[bag].clamp_min(1).double(), weight)
+        rows.append(sample)
+        cols.append(total + bag_offsets[feature] + mh.ids)
+        vals.append(weight)
+        total += sum(bag_cards)
+    index = torch.stack([torch.cat(rows), torch.cat(cols)])
+    return torch.sparse_coo_tensor(index, torch.cat(vals), (n, total)).coalesce()
+
+
+@torch.no_grad()
+def _write_tables(model: nn.Module, weights: torch.Tensor) -> None:
+    """Copies the fitted per-id weights into the first-order tables (whole, or this rank's shards)."""
+    start = 0
+    for coll in _collections(model):
+        size = sum(coll.cardinalities)
+        flat = weights[start : start + size].to(torch.float32).unsqueeze(1)  # (ids, 1)
+        start += size
+        if hasattr(coll, "shards"):  # sharded: each local shard takes its rows
+            offsets = [sum(coll.cardinalities[:f]) for f in range(len(coll.cardinalities))]
+            for s, w in zip(coll.local, coll.shards):
+                w.copy_(flat[offsets[s.feature] + s.row_lo : offsets[s.feature] + s.row_hi, s.col_lo : s.col_hi])
+        else:
+            coll.weight.copy_(flat)
+
+
+def fit_first_order(
+    model: nn.Module, train, validation, max_rows: int = 1_000_000, cs: tuple[float, ...] = CS, max_iter: int = 100
+) -> dict[str, Any]:
+    """Fits ``model``'s first-order term as an L2-regularised logistic regression and zeroes its deep
+    output layer (see the module docstring). ``model`` is the single-process model or a rank's sharded
+    one (every rank fits the same regression and keeps its shards of it).
+
+    Returns:
+        ``{"validation_auc", "C", "rows", "seconds"}``.
+    """
+    start_time = time.perf_counter()
+    inner = getattr(model, "model", model)  # a HybridModel wraps the model
+    start = max(0, len(train) - max_rows)
+    tr, va = train.slice(start, len(train)), validation.slice(0, len(validation))
+    cards = [tuple(c.cardinalities) for c in _collections(inner)]
+    bags = inner.wide_embeddings.bags
+    means = tuple(bool(m) for m in bags.is_mean) if bags is not None and hasattr(bags, "is_mean") else ()
+    x_tr, x_va = _design(tr, cards, means), _design(va, cards, means)
+    y_tr, y_va = tr.labels.double(), va.labels.numpy()
+    dense = inner.wide_dense
+    if dense is not None:
+        num_tr = tr.numerical.double()
+        mu, sd = num_tr.mean(0), num_tr.std(0).clamp_min(1e-6)
+        z_tr, z_va = (num_tr - mu) / sd, (va.numerical.double() - mu) / sd
+    w = torch.zeros(x_tr.shape[1], dtype=torch.float64, requires_grad=True)
+    v = torch.zeros(z_tr.shape[1] if dense is not None else 0, dtype=torch.float64, requires_grad=True)
+    b = torch.zeros(1, dtype=torch.float64, requires_grad=True)
+
+    def logit(x, z):
+        out = torch.sparse.mm(x, w.unsqueeze(1)).squeeze(1) + b
+        return out + z @ v if dense is not None else out
+
+    best = None
+    n = len(y_tr)
+    for c in cs:
+        penalty = 1.0 / (2.0 * c * n)  # scikit-learn's C * sum(loss) + |w|^2 / 2, per sample
+        opt = torch.optim.LBFGS([w, v, b], lr=1.0, max_iter=max_iter, line_search_fn="strong_wolfe",
+                                tolerance_grad=1e-7, tolerance_change=1e-10)  # fmt: skip
+
+        def closure(opt=opt, penalty=penalty):
+            opt.zero_grad()
+            loss = F.binary_cross_entropy_with_logits(logit(x_tr, z_tr if dense is not None else None), y_tr)
+            loss = loss + penalty * (w.pow(2).sum() + v.pow(2).sum())
+            loss.backward()
+            return loss
+
+        opt.step(closure)
+        with torch.no_grad():
+            auc = roc_auc(y_va, logit(x_va, z_va if dense is not None else None).numpy())
+        if best is None or auc > best[0]:
+            best = (auc, c, w.detach().clone(), v.detach().clone(), float(b.detach()))
+    auc, c, w_best, v_best, bias = best
+    _write_tables(inner, w_best)
+    output = inner.output_layer
+    with torch.no_grad():
+        output.weight.zero_()
+        output.bias.zero_()
+        if dense is not None:
+            dense.weight.copy_((v_best / sd).to(dense.weight.dtype).unsqueeze(0))
+            dense.bias.fill_(bias - float((v_best * mu / sd).sum()))
+        else:
+            output.bias.fill_(bias)
+    return {"validation_auc": auc, "C": c, "rows": n, "seconds": time.perf_counter() - start_time}
