@@ -54,7 +54,7 @@ def _design(batch, cards: list[tuple[int, ...]], multi_hot_means: tuple[bool, ..
         vals.append(weight)
         total += sum(bag_cards)
     index = torch.stack([torch.cat(rows), torch.cat(cols)])
-    return torch.sparse_coo_tensor(index, torch.cat(vals), (n, total)).coalesce()
+    return torch.sparse_coo_tensor(index, torch.cat(vals), (n, total), check_invariants=True).coalesce()
 
 
 @torch.no_grad()
