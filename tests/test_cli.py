@@ -73,23 +73,11 @@ def test_evaluate_json_and_predict_agree_with_sklearn(trained, tiny_dataset, tmp
     assert metrics["auc"] > 0.6
 
 
-def test_resume_from_cli(trained, tiny_dataset, tmp_path, capsys):
-    shutil.copy(trained, tmp_path / "m.pt")
-    code, out, _ = run_cli(
-        "train",
-        "--dataset",
-        tiny_dataset,
-        "--batch-size",
-        "256",
-        "--epochs",
-        "2",
-        "--load-checkpoint",
-        tmp_path / "m.pt",
-        "--save-checkpoint",
-        tmp_path / "m.pt",
-        "--no-progress",
-        capsys=capsys,
-    )
+def test_resume_from_cli(tiny_dataset, tmp_path, capsys):
+    common = ["train", "--dataset", tiny_dataset, "--batch-size", "256", "--save-checkpoint", tmp_path / "m.pt",
+              "--no-progress", "--early-stopping-patience", "0"]  # fmt: skip  # runs to the end: this is about resuming
+    assert run_cli(*common, "--epochs", "1", capsys=capsys)[0] == 0
+    code, out, _ = run_cli(*common, "--epochs", "2", "--load-checkpoint", tmp_path / "m.pt", capsys=capsys)
     steps = 2 * -(-19_440 // 256)  # 2 epochs over 21,600 train rows less the 10% held out for validation
     assert code == 0 and f"done: {steps} steps" in out
 
@@ -329,7 +317,9 @@ def test_flags_come_from_the_config_dataclasses():
                     assert f.name not in actions
                     continue
                 action = actions[f.name]
-                assert action.option_strings == ["--" + f.name.replace("_", "-")]
+                flag = "--" + f.name.replace("_", "-")
+                on_by_default = f.default is True  # --name / --no-name
+                assert action.option_strings == ([flag, "--no-" + flag[2:]] if on_by_default else [flag])
                 if command != "train" or cls is ParallelConfig:  # train's TrainConfig flags defer to --config
                     assert action.default == f.default, (command, f.name)
                 if f.metadata.get("choices"):

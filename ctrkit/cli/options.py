@@ -78,8 +78,8 @@ def add_config_flags(
         help_text = meta.get("help", "") + (f" (default: {said})" if said is not None else "")
         kwargs: dict[str, Any] = {"help": argparse.SUPPRESS if meta.get("hidden") else help_text.replace("%", "%%")}
         kwargs["default"] = SUPPRESS if suppress or meta.get("suppress") else default
-        if kind is bool:
-            kwargs["action"] = "store_true"
+        if kind is bool:  # on by default: --name / --no-name
+            kwargs["action"] = argparse.BooleanOptionalAction if default is True else "store_true"
         else:
             kwargs["type"] = kind
             if meta.get("choices"):
