@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
+import os
 import socket
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -143,9 +145,17 @@ def _fits(items: list, item) -> bool:
 _signature = None  # the served model's signature, in a LargeBodyParser's worker process
 
 
-def _init_worker(signature) -> None:
+def _init_worker(signature, parent: int) -> None:
     global _signature
     _signature = signature
+    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
+
+
+def _exit_with_parent(parent: int) -> None:
+    """A parser worker ends when the server process does, however it ended (SIGKILL included)."""
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(0)
 
 
 def _parse_in_worker(body: bytes, header_length: str | None):
@@ -163,7 +173,9 @@ class LargeBodyParser:
 
     def start(self) -> None:
         context = multiprocessing.get_context("spawn")  # never fork a process with threads
-        self.pool = ProcessPoolExecutor(1, mp_context=context, initializer=_init_worker, initargs=(self.signature,))
+        self.pool = ProcessPoolExecutor(
+            1, mp_context=context, initializer=_init_worker, initargs=(self.signature, os.getpid())
+        )
         self.pool.submit(int)  # starts the worker now, not on the first large request
 
     async def parse(self, body: bytes, header_length: str | None):

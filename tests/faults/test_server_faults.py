@@ -230,3 +230,35 @@ def test_a_dead_batcher_is_not_ready_and_refuses_requests():
 
     alive, error = asyncio.run(asyncio.wait_for(run(), 30))
     assert not alive and "stopped" in error
+
+
+def _parser_workers() -> set[int]:
+    """Pids of live spawned multiprocessing workers (the servers' large-body parsers among them)."""
+    import os
+    from pathlib import Path
+
+    pids = set()
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if b"spawn_main" in (proc / "cmdline").read_bytes():
+                    pids.add(int(proc.name))
+            except OSError:
+                continue
+    return pids - {os.getpid()}
+
+
+@pytest.mark.parametrize("how", ["terminate", "kill"])
+def test_a_stopped_server_leaves_no_parser_process(tiny_checkpoint, how):
+    before = _parser_workers()
+    s = Server("--checkpoint", tiny_checkpoint)
+    deadline = time.monotonic() + 30
+    while not (_parser_workers() - before) and time.monotonic() < deadline:  # its worker starts with it
+        time.sleep(0.1)
+    assert _parser_workers() - before
+    getattr(s.proc, how)()
+    s.proc.wait(20)
+    deadline = time.monotonic() + 10
+    while (_parser_workers() - before) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not (_parser_workers() - before)
