@@ -185,9 +185,10 @@ def load_checkpoint(path: str | os.PathLike, mmap: bool = False, assemble: bool 
     """
     path = Path(path)
     ckpt = Checkpoint.from_dict(_load(path, mmap), str(path))
-    ckpt.source = path
-    if ckpt.shard_files and assemble:
-        ckpt = assemble_shards(ckpt, path)
+    if ckpt.shard_files:  # stored relative to the manifest; absolute from here on
+        ckpt.shard_files = [str(path.parent / f) for f in ckpt.shard_files]
+        if assemble:
+            ckpt = assemble_shards(ckpt)
     return ckpt
 
 
@@ -207,11 +208,11 @@ def rank_file_name(path: str | os.PathLike, step: int, rank: int, world_size: in
     return f"{Path(path).name}.shards/step{step}-rank{rank}-of-{world_size}.pt"
 
 
-def read_rank_file(path: str | os.PathLike, ckpt: Checkpoint, rank: int) -> dict[str, Any]:
-    """Rank ``rank``'s part of the sharded checkpoint whose manifest is ``path`` (memory-mapped)."""
-    part = _load(Path(path).parent / ckpt.shard_files[rank], mmap=True)
+def read_rank_file(ckpt: Checkpoint, rank: int) -> dict[str, Any]:
+    """Rank ``rank``'s part of a sharded checkpoint read by ``load_checkpoint`` (memory-mapped)."""
+    part = _load(Path(ckpt.shard_files[rank]), mmap=True)
     if not isinstance(part, dict) or "model" not in part:
-        raise CheckpointError(f"{Path(path).parent / ckpt.shard_files[rank]}: not a ctrkit checkpoint shard file")
+        raise CheckpointError(f"{ckpt.shard_files[rank]}: not a ctrkit checkpoint shard file")
     return part
 
 
@@ -220,11 +221,11 @@ def _table_prefix(plan_name: str) -> str:
     return plan_name if plan_name.endswith(".bags") else f"{plan_name}.onehot"
 
 
-def assemble_shards(ckpt: Checkpoint, path: str | os.PathLike) -> Checkpoint:
+def assemble_shards(ckpt: Checkpoint) -> Checkpoint:
     """The one-file form of a sharded checkpoint: whole tables assembled from every rank's file (each
     memory-mapped, so only the assembled tables take memory), rank 0's optimizer states as
     ``optimizers`` and every rank's as ``rank_optimizers``."""
-    parts = [read_rank_file(path, ckpt, r) for r in range(len(ckpt.shard_files))]
+    parts = [read_rank_file(ckpt, r) for r in range(len(ckpt.shard_files))]
     sharding = ckpt.sharding or {}
     prefixes = tuple(f"{_table_prefix(n)}." for n in sharding)
 

@@ -126,24 +126,14 @@ class HybridModel(nn.Module):
             if m.bags is not None:
                 m.bags.load_full_tables(state[f"{name}.bags.weight"])
 
-    def local_state_dict(self) -> dict[str, torch.Tensor]:
-        """A copy of this rank's weights: the replicated ones and its own shards (for model selection:
-        no rank ever holds whole tables for it)."""
-        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-
-    def load_local_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        self.model.load_state_dict(state)
-
-    def full_state_dict(self, local: dict[str, torch.Tensor] | None = None, dst: int = 0):
+    def full_state_dict(self, dst: int = 0) -> dict[str, torch.Tensor] | None:
         """The single-process model's state dict (whole tables) on rank ``dst``, None on the others (which
-        send their shards); of ``local`` (a ``local_state_dict``) instead of the current weights if given."""
-        local = local if local is not None else {k: v.detach() for k, v in self.model.state_dict().items()}
-        state = {k: v for k, v in local.items() if not k.startswith(self._sharded)}
+        send their shards). Checkpoints do not use it (they are sharded); tests compare with it."""
+        state = {k: v for k, v in self.model.state_dict().items() if not k.startswith(self._sharded)}
         for name, m in sharded_collections(self.model).items():
-            parts = [("onehot", m.onehot)] + ([("bags", m.bags)] if m.bags is not None else [])
-            for part, coll in parts:
-                shards = [local[f"{name}.{part}.shards.{i}"] for i in range(len(coll.local))]
-                state[f"{name}.{part}.weight"] = coll.full_tables(shards, dst)
+            state[f"{name}.onehot.weight"] = m.onehot.full_tables(dst)
+            if m.bags is not None:
+                state[f"{name}.bags.weight"] = m.bags.full_tables(dst)
         return state if self.rank == dst else None
 
 

@@ -129,11 +129,10 @@ class ShardedEmbeddingCollection(nn.Module):
             w.copy_(flat[off + s.row_lo : off + s.row_hi, s.col_lo : s.col_hi])
 
     @torch.no_grad()
-    def full_tables(self, shards: list[torch.Tensor] | None = None, dst: int = 0) -> torch.Tensor | None:
+    def full_tables(self, dst: int = 0) -> torch.Tensor | None:
         """Every table, whole, on rank ``dst`` (the flat (sum of cardinalities, D) weight of the source,
-        on the CPU); None on the other ranks, which send ``dst`` their shards (default: the current ones)
-        and never hold more than those. Used to save checkpoints that load into any world size."""
-        shards = [w.detach() for w in self.shards] if shards is None else shards
+        on the CPU); None on the other ranks, which send ``dst`` their shards and never hold more."""
+        shards = [w.detach() for w in self.shards]
         world = self.plan.world_size
         offsets = [sum(self.cardinalities[:f]) for f in range(self.num_features)]
         if world > 1 and self.rank != dst:

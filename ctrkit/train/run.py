@@ -250,7 +250,7 @@ class Run:
         self.model = shard_for_job(model, self.env, par, whole, device=self.device)
         if ckpt is not None and ckpt.shard_files and ckpt.sharding != self.model.sharding_key():
             # written with another layout: assembled into whole tables, each rank taking its shards
-            ckpt = assemble_shards(ckpt, spec.load_checkpoint)
+            ckpt = assemble_shards(ckpt)
             self.model.load_full_state_dict(ckpt.resume_weights)
         model = self.model
         self.trainer = Trainer(

@@ -243,14 +243,14 @@ class Trainer:
                                  cfg.weight_decay)  # fmt: skip
         self.step = 0
         self._saved_step: int | None = None
-        self._unchecked = torch.zeros((), device=device)  # the losses since the last finiteness check
+        self._loss_sum = torch.zeros((), device=device)  # losses since the last logged (and checked) window
         self._table_ids = {id(p) for m in model.modules() if hasattr(m, "table_parameters")
                            for p in m.table_parameters()}  # fmt: skip
 
     # -------------------------------------------------------------------------- checkpointing
     def state(self) -> Checkpoint:
         """The checkpoint of a single-process run (a hybrid-parallel run saves with ``_save_sharded``)."""
-        current = self._full_state()
+        current = self._local_state()
         return Checkpoint(
             model_name=self.info.model_name,
             model_config=config_to_dict(self.info.model_config),
@@ -292,10 +292,10 @@ class Trainer:
             if self.selection.best_step is not None and self.env is None:
                 self.best_state = {k: v.to(self.device) for k, v in ckpt.model.items()}
             elif self.selection.best_step is not None:  # this rank's part of the best weights
-                current = self.model.local_state_dict()
+                current = self._local_state()
                 self.model.load_full_state_dict(ckpt.model)
-                self.best_state = self.model.local_state_dict()
-                self.model.load_local_state_dict(current)
+                self.best_state = self._local_state()
+                self._inner.load_state_dict(current)
         if ckpt.sharding is not None or self.env is not None:
             from ctrkit.distributed.sharded_state import optimizer_states_for_rank
 
@@ -313,9 +313,9 @@ class Trainer:
         """Resumes from this rank's file of a sharded checkpoint written with the same sharding."""
         if self.env is None or ckpt.sharding != self.model.sharding_key():
             raise ValueError("a sharded checkpoint resumes as it is only with the sharding it was written with")
-        part = read_rank_file(ckpt.source, ckpt, self.env.rank)
+        part = read_rank_file(ckpt, self.env.rank)
         weights = part["resume_model"] if part["resume_model"] is not None else part["model"]
-        self.model.load_local_state_dict(weights)
+        self._inner.load_state_dict(weights)
         if ckpt.selection is not None:
             self.selection = Selection.from_state(ckpt.selection)
             if self.selection.best_step is not None:
@@ -347,7 +347,7 @@ class Trainer:
         and optimizer states to its own file, atomically; once all have, rank 0 gets the manifest to write
         (last, so a checkpoint is complete or the previous one stands). No rank holds more than its own."""
         env, model = self.env, self.model
-        current = {k: v.detach() for k, v in model.model.state_dict().items()}
+        current = {k: v.detach() for k, v in self._inner.state_dict().items()}
         past_best = self.best_state is not None and self.selection.best_step != self.step
         part = {
             "model": self.best_state if self.best_state is not None else current,
@@ -375,9 +375,10 @@ class Trainer:
         )
 
     def _check_finite(self) -> None:
-        """Raises FloatingPointError when the losses since the last check or the dense weights are not
-        finite, so that a diverged run never replaces a good checkpoint (one sync, at saves only)."""
-        total = float(self._unchecked) if self.env is None else all_reduce_sum(float(self._unchecked))
+        """Raises FloatingPointError when the losses of the current log window (earlier windows were
+        checked when logged) or the dense weights are not finite, so that a diverged run never replaces
+        a good checkpoint (one sync, at saves only)."""
+        total = float(self._loss_sum) if self.env is None else all_reduce_sum(float(self._loss_sum))
         bad = [n for n, p in self.model.named_parameters() if id(p) not in self._table_ids
                and not bool(torch.isfinite(p).all())]  # fmt: skip
         bad_count = len(bad) if self.env is None else all_reduce_sum(float(len(bad)))
@@ -389,7 +390,6 @@ class Trainer:
                 f"{what} by step {self.step}; training stopped and the last checkpoint was kept. The learning "
                 f"rate ({self.cfg.lr:g}) may be too high, or the warmup too short"
             )
-        self._unchecked.zero_()
 
     # -------------------------------------------------------------------------------- logging
     def _log(self, record: dict[str, Any]) -> None:
@@ -409,15 +409,14 @@ class Trainer:
         return {p for p in points if p <= self.total_steps}
 
     # ---------------------------------------------------------------------- model selection
-    def _full_state(self) -> dict[str, torch.Tensor]:
-        """A copy of the single-process model's state dict (current weights)."""
-        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+    @property
+    def _inner(self) -> nn.Module:
+        """The model whose state dict this process holds (a HybridModel's wrapped model: its shards)."""
+        return self.model.model if self.env is not None else self.model
 
     def _local_state(self) -> dict[str, torch.Tensor]:
-        """A copy of the weights this process holds (a rank's shards only, in a hybrid-parallel job)."""
-        if self.env is not None:
-            return self.model.local_state_dict()
-        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        """A copy of the weights this process holds (the whole model, or a rank's shards and replicas)."""
+        return {k: v.detach().clone() for k, v in self._inner.state_dict().items()}
 
     def _score(self, dataset) -> dict[str, Any]:
         return evaluate(self.model, dataset, self.device, self.cfg.eval_batch_size, self.amp_dtype, env=self.env)
@@ -438,10 +437,7 @@ class Trainer:
         """Puts the selected weights into the model (the last ones when nothing was selected)."""
         if self.best_state is None or self.selection.best_step == self.step:
             return
-        if self.env is not None:
-            self.model.load_local_state_dict(self.best_state)
-        else:
-            self.model.load_state_dict(self.best_state)
+        self._inner.load_state_dict(self.best_state)
 
     def _warm_start(self) -> None:
         """``linear_warm_start``: the first-order term fitted as a logistic regression, the deep output
@@ -487,7 +483,7 @@ class Trainer:
         if self.step == 0 and self.selection.best_step is None:
             self._warm_start()
         eval_steps = self._eval_steps()
-        loss_sum = torch.zeros((), device=self.device)
+        loss_sum = self._loss_sum
         window_steps = window_samples = 0
         window_start = time.perf_counter()
         bar = tqdm(
@@ -509,9 +505,7 @@ class Trainer:
                     lo, hi = self.loader.global_bounds(int(order[k]))
                     global_size = hi - lo if self.env is not None else None
                     scale = self.schedule(self.step) / cfg.lr * self.selection.lr_scale
-                    loss = self.step_fn(batch, scale, global_size)
-                    loss_sum += loss
-                    self._unchecked += loss
+                    loss_sum += self.step_fn(batch, scale, global_size)
                     self.step += 1
                     window_steps += 1
                     window_samples += hi - lo
