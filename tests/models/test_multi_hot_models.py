@@ -21,8 +21,11 @@ SHAPES = {
 
 @pytest.fixture(scope="module")
 def tag_data(tmp_path_factory):
+    return write_tag_data(tmp_path_factory.mktemp("multi_hot"))
+
+
+def write_tag_data(root):
     """Clicks decided by the tags alone: the mean of per-tag weights."""
-    root = tmp_path_factory.mktemp("multi_hot")
     spec = multi_hot_spec(root)
     rng = np.random.default_rng(5)
     weight = rng.normal(0, 2.0, 40)

@@ -74,3 +74,41 @@ def test_no_warm_start_without_validation_or_when_off(tiny_dataset, tmp_path):
         Trainer(model, RunInfo("dlrm", model.config, spec.summary()), SplitBinaryDataset(tiny_dataset), None, cfg,
                 torch.device("cpu"), log_path=log, progress=False).fit()  # fmt: skip
         assert "warm_start" not in [json.loads(line)["event"] for line in log.read_text().splitlines()]
+
+
+def test_multi_hot_fit_is_scikit_learns_within_the_default_iteration_budget(tmp_path):
+    """Tags mean-pooled, topics summed: the design the fit builds is the one scikit-learn is given here
+    (bag counts, divided by the bag's length for a mean), and the preconditioned L-BFGS reaches its optimum
+    within the default 50 iterations (the path of C values warm-starts each fit from the last)."""
+    from scipy import sparse
+
+    from tests.models.test_multi_hot_models import build, write_tag_data
+
+    root = write_tag_data(tmp_path)
+    train, validation = split_tail(SplitBinaryDataset(root, "train"), 0.1)
+    _, model = build("dlrm", SplitBinaryDataset(root, "train").spec)
+    fit = fit_first_order(model, train, validation, cs=(0.03, 0.3))
+    tr, va = train.slice(0, len(train)), validation.slice(0, len(validation))
+
+    def design(b, mu, sd):
+        n = len(b.labels)
+        blocks = [sparse.csr_matrix((np.ones(n), (np.arange(n), b.categorical[:, 0].numpy())), shape=(n, 300))]
+        mh = b.multi_hot
+        for f, (card, mean) in enumerate(((40, True), (1000, False))):
+            lo, hi = f * n, (f + 1) * n
+            offsets = mh.offsets[lo : hi + 1].numpy()
+            lengths = np.diff(offsets)
+            ids = mh.ids[offsets[0] : offsets[-1]].numpy()
+            rows = np.repeat(np.arange(n), lengths)
+            vals = 1.0 / np.repeat(np.maximum(lengths, 1), lengths) if mean else np.ones(len(ids))
+            blocks.append(sparse.csr_matrix((vals, (rows, ids)), shape=(n, card)))
+        blocks.append(sparse.csr_matrix((b.numerical.numpy().astype(np.float64) - mu) / sd))
+        return sparse.hstack(blocks).tocsr()
+
+    num = tr.numerical.numpy().astype(np.float64)
+    mu, sd = num.mean(0), num.std(0, ddof=1)
+    reference = LogisticRegression(C=fit["C"], max_iter=5000, tol=1e-10).fit(design(tr, mu, sd), tr.labels.numpy())
+    expected = reference.decision_function(design(va, mu, sd))
+    with torch.no_grad():
+        got = model(va.numerical, va.categorical, va.multi_hot).numpy()
+    np.testing.assert_allclose(got, expected, atol=2e-3)
