@@ -106,7 +106,7 @@ class AccuracyBenchConfig:
     panel: tuple[str, ...] = option(
         ("criteo", "avazu", "movielens", "planted"),
         "data sets: criteo, avazu, movielens (the real samples in --shared-data) and planted (synthetic, with "
-        "its Bayes-optimal AUC)",
+        "its Bayes-optimal AUC), or none (only --datasets)",
         parse="name_list",
     )
     shared_data: Path | None = option(
@@ -123,5 +123,13 @@ class AccuracyBenchConfig:
         ("dlrm", "dcnv2", "wide_deep"), "models, each with its defaults", parse="name_list"
     )
     baselines: tuple[str, ...] = option(("logistic", "lightgbm"), "baselines", parse="name_list")
+    epochs: tuple[int, ...] | None = option(
+        None,
+        "train each model once per maximum number of epochs given (e.g. 1,3) instead of once with its default; "
+        "the table gets a column per model and maximum, and checks that the most epochs never end with a worse "
+        "validation-selected test AUC than the fewest (within 0.002)",
+        parse="int_list",
+        unset="each model's default, once",
+    )
     work: Path = option(Path("build/accuracy"), "where the panel's datasets are built")
     out: Path | None = option(None, "directory to write results.json and results.md to")

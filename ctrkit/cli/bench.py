@@ -171,14 +171,18 @@ def accuracy(args: argparse.Namespace) -> int:
     mapping or the held-out tail of train) and trains each model with nothing but the dataset given, then
     writes one table: test AUC (log loss) per data set and method, the best step of each model, wall time.
     """
-    from ctrkit.bench.accuracy import LABELS, run_entry, targets, write_results
+    from ctrkit.bench.accuracy import LABELS, label, method, run_entry, targets, write_results
     from ctrkit.bench.panel import REAL, PanelEntry, build_panel
 
     cfg: AccuracyBenchConfig = config_from(args, AccuracyBenchConfig)
     _threads(config_from(args, BenchRunOptions))
-    unknown = set(cfg.panel) - {*REAL, "planted"} | set(cfg.models) - set(LABELS) | set(cfg.baselines) - set(LABELS)
+    unknown = (
+        set(cfg.panel) - {*REAL, "planted", "none"} | set(cfg.models) - set(LABELS) | set(cfg.baselines) - set(LABELS)
+    )
     if unknown:
         raise ValueError(f"unknown panel entries, models or baselines: {sorted(unknown)}")
+    if cfg.epochs is not None and min(cfg.epochs) < 1:
+        raise ValueError(f"--epochs: expected maxima >= 1, got {','.join(map(str, cfg.epochs))}")
     shared = cfg.shared_data or Path("..") / "shared" / "data"
     real = [n for n in REAL if n in cfg.panel]
     planted = cfg.planted_rows if "planted" in cfg.panel else ()
@@ -188,10 +192,10 @@ def accuracy(args: argparse.Namespace) -> int:
         raise ValueError(f"the panel is empty: no real samples under {shared} and no planted or user data sets")
     rows = []
     for entry in entries:
-        rows.append(run_entry(entry, cfg.models, cfg.baselines))
+        rows.append(run_entry(entry, cfg.models, cfg.baselines, cfg.epochs))
         res = rows[-1]["results"]
-        print(f"{entry.name}: " + ", ".join(f"{LABELS[m]} {r['auc']:.4f}" for m, r in res.items()), flush=True)
-    methods = [*cfg.baselines, *cfg.models]
+        print(f"{entry.name}: " + ", ".join(f"{label(m)} {r['auc']:.4f}" for m, r in res.items()), flush=True)
+    methods = [*cfg.baselines, *(method(m, e) for m in cfg.models for e in (cfg.epochs or (None,)))]
     for line in targets(rows):
         print(line)
     if cfg.out is not None:

@@ -61,3 +61,20 @@ def test_real_panel_builders(tmp_path):
     train, test = (SplitBinaryDataset(ml.path, m) for m in ("train", "test"))
     assert len(train) + len(test) == 100_000 and train.spec.multi_hot_cardinalities == [19]
     assert 0.5 < train.labels().mean() < 0.6  # ratings of 4 and 5 are 55% of ml-100k
+
+
+def test_bench_accuracy_epoch_maxima_columns_and_check(tiny_dataset, tmp_path, capsys):
+    code, out, err = run_cli(
+        "bench", "accuracy", "--panel", "none", "--datasets", tiny_dataset, "--models", "dlrm", "--baselines",
+        "logistic", "--epochs", "1,2", "--work", tmp_path / "work", "--out", tmp_path / "acc", capsys=capsys,
+    )  # fmt: skip
+    assert code == 0, err
+    res = json.loads((tmp_path / "acc" / "results.json").read_text())["rows"][0]["results"]
+    assert set(res) == {"logistic", "dlrm@1", "dlrm@2"}
+    assert res["dlrm@1"]["steps"] < res["dlrm@2"]["steps"]  # the second ran past one epoch's steps
+    table = (tmp_path / "acc" / "results.md").read_text()
+    assert "| DLRM (1 ep.) | DLRM (2 ep.) |" in table
+    assert "tiny: DLRM with 2 epochs >= with 1 - 0.002: " in table
+    code, _, err = run_cli("bench", "accuracy", "--panel", "none", "--datasets", tiny_dataset, "--epochs", "0",
+                           "--work", tmp_path / "work", capsys=capsys)  # fmt: skip
+    assert code == 2 and "--epochs: expected maxima >= 1" in err
