@@ -1,8 +1,11 @@
 """An EmbeddingCollection split over ranks by a ShardingPlan, with the interface of the original.
 
-Each rank looks up its shards for the global batch (ids are all-gathered first), and one
-all-to-all hands every rank the vectors of its own samples; row-wise shards contribute zeros for ids
-outside their rows, so their pieces are summed, column-wise pieces are placed side by side.
+Input distribution by all-to-all, as TorchRec and Merlin Distributed-Embeddings do it: each rank sends
+every other rank only the ids of the features that rank holds shards of (for a multi-hot feature, its
+bags' lengths, then their ids), so a rank receives the ids of its own tables for the global batch and no
+others. It looks up its shards, and a second all-to-all hands every rank the vectors of its own samples;
+row-wise shards contribute zeros for ids outside their rows, so their pieces are summed, column-wise
+pieces are placed side by side.
 """
 
 from __future__ import annotations
@@ -27,13 +30,12 @@ def gather_sizes(n: int) -> list[int]:
     return [int(s) for s in sizes]
 
 
-def gather_padded(t: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
-    """Every rank's ``t`` (``sizes[r]`` rows each): gloo gathers equal shapes only, so pad, then trim."""
-    padded = t.new_zeros((max(sizes), *t.shape[1:]))
-    padded[: t.shape[0]] = t
-    gathered = [torch.empty_like(padded) for _ in sizes]
-    dist.all_gather(gathered, padded)
-    return [g[:n] for g, n in zip(gathered, sizes)]
+def exchange(x: torch.Tensor, send: list[int], recv: list[int]) -> torch.Tensor:
+    """A non-differentiable all-to-all of a flat tensor (ids, lengths): ``send[r]`` values to rank r,
+    ``recv[r]`` from it, in rank order."""
+    out = x.new_empty(sum(recv))
+    dist.all_to_all_single(out, x.contiguous(), recv, send)
+    return out
 
 
 class ShardedEmbeddingCollection(nn.Module):
@@ -59,6 +61,9 @@ class ShardedEmbeddingCollection(nn.Module):
         self.local = plan.on_rank(rank)
         self.shards = nn.ParameterList(nn.Parameter(self._initial(source, s)) for s in self.local)
         self._widths = [sum(s.width for s in plan.on_rank(r)) for r in range(plan.world_size)]
+        # the features each rank holds a shard of: the only ids it is sent
+        self._features = [sorted({s.feature for s in plan.on_rank(r)}) for r in range(plan.world_size)]
+        self._column = {f: i for i, f in enumerate(self._features[rank])}
 
     @staticmethod
     def _initial(source: EmbeddingCollection, s: Shard) -> torch.Tensor:
@@ -81,9 +86,12 @@ class ShardedEmbeddingCollection(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         sizes = gather_sizes(ids.shape[0])  # samples per rank
-        every = torch.cat(gather_padded(ids, sizes))  # (B, F): the global batch, in rank order
+        mine_f = self._features[self.rank]
+        send = torch.cat([ids[:, fs].reshape(-1) for fs in self._features])  # per destination: (B_self, F_dest)
+        got = exchange(send, [ids.shape[0] * len(fs) for fs in self._features], [n * len(mine_f) for n in sizes])
+        every = got.view(sum(sizes), len(mine_f))  # (B, F_self): this rank's features of the global batch
         # (B, W_self): this rank's columns for every sample
-        mine = [self._lookup(s, w, every[:, s.feature]) for s, w in zip(self.local, self.shards)]
+        mine = [self._lookup(s, w, every[:, self._column[s.feature]]) for s, w in zip(self.local, self.shards)]
         return self._exchange(mine, sizes)  # (B_r, F, D)
 
     def _exchange(self, mine: list[torch.Tensor], sizes: list[int]) -> torch.Tensor:
@@ -158,9 +166,9 @@ class ShardedEmbeddingCollection(nn.Module):
 class ShardedEmbeddingBagCollection(ShardedEmbeddingCollection):
     """An EmbeddingBagCollection (multi-hot features, sum or mean pooling) split over ranks.
 
-    The bags of the global batch are gathered (lengths, then ids), each rank pools its shards over
-    them (a row shard sums the ids it holds; a mean divides by the whole bag's length), and the same
-    all-to-all as for one-hot features hands every rank its samples' pooled vectors.
+    Each rank is sent the bags of the features it holds shards of (their lengths, then their ids), pools
+    its shards over them (a row shard sums the ids it holds; a mean divides by the whole bag's length),
+    and the same all-to-all as for one-hot features hands every rank its samples' pooled vectors.
 
     Shapes: multi_hot (Fm features, B_r samples) -> (B_r, Fm, D).
     """
@@ -173,19 +181,30 @@ class ShardedEmbeddingBagCollection(ShardedEmbeddingCollection):
         fm = self.num_features
         n = (multi_hot.offsets.numel() - 1) // fm
         sizes = gather_sizes(n)
-        lengths = (multi_hot.offsets[1:] - multi_hot.offsets[:-1]).view(fm, n)  # (Fm, B_r)
-        all_lengths = gather_padded(lengths.t().contiguous(), sizes)  # per rank (B_r', Fm)
-        nnz = gather_sizes(multi_hot.ids.numel())
-        all_ids = gather_padded(multi_hot.ids, nnz)  # per rank (nnz_r,), feature-major
-        # per feature: the global batch's ids in rank order, and the bag (global sample) of each id
-        per_rank_feature = [ids.split(lens.sum(0).tolist()) for ids, lens in zip(all_ids, all_lengths)]
-        lengths_global = torch.cat(all_lengths)  # (B, Fm)
+        world = len(sizes)
+        offsets = multi_hot.offsets
+        lengths = (offsets[1:] - offsets[:-1]).view(fm, n)  # (Fm, B_self)
+        mine_f = self._features[self.rank]
+        # the lengths of every destination's features' bags, then their ids, feature-major per destination
+        send_lengths = torch.cat([lengths[fs].reshape(-1) for fs in self._features])
+        recv_lengths = [m * len(mine_f) for m in sizes]
+        got_lengths = exchange(send_lengths, [n * len(fs) for fs in self._features], recv_lengths)
+        per_source = [b.view(len(mine_f), m) for b, m in zip(got_lengths.split(recv_lengths), sizes)]  # (F_self, B_r)
+        bounds = offsets[::n][: fm + 1].tolist() if n else [0] * (fm + 1)  # feature f's ids: bounds[f]..bounds[f+1]
+        send_ids = torch.cat([multi_hot.ids[bounds[f] : bounds[f + 1]] for fs in self._features for f in fs]
+                             or [multi_hot.ids[:0]])  # fmt: skip
+        send_counts = [sum(bounds[f + 1] - bounds[f] for f in fs) for fs in self._features]
+        recv_counts = [int(b.sum()) for b in per_source]
+        got_ids = [
+            g.split(b.sum(1).tolist())
+            for g, b in zip(exchange(send_ids, send_counts, recv_counts).split(recv_counts), per_source)
+        ]
         mine = []
         for shard, weight in zip(self.local, self.shards):
-            f = shard.feature
-            ids = torch.cat([parts[f] for parts in per_rank_feature])  # (nnz_f,)
-            bag_len = lengths_global[:, f]  # (B,)
-            bag = torch.repeat_interleave(torch.arange(len(bag_len)), bag_len)  # (nnz_f,)
+            f, i = shard.feature, self._column[shard.feature]
+            ids = torch.cat([got_ids[r][i] for r in range(world)])  # (nnz_f,): the global batch's, in rank order
+            bag_len = torch.cat([per_source[r][i] for r in range(world)])  # (B,)
+            bag = torch.repeat_interleave(torch.arange(len(bag_len), device=bag_len.device), bag_len)  # (nnz_f,)
             inside = ((ids >= shard.row_lo) & (ids < shard.row_hi)).nonzero().squeeze(1)
             rows = F.embedding(ids[inside] - shard.row_lo, weight, sparse=self.sparse)  # (n_in, width)
             pooled = weight.new_zeros((len(bag_len), shard.width)).index_add(0, bag[inside], rows)  # (B, width)

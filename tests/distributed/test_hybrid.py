@@ -12,6 +12,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from ctrkit.data.batch import MultiHot
+from ctrkit.distributed import sharded_embeddings
 from ctrkit.distributed.hybrid import HybridModel, plan_model
 from ctrkit.models.registry import create_model, make_config, train_defaults
 from ctrkit.train.optim import build_optimizers
@@ -92,8 +93,27 @@ def _worker(rank, world, port, model_name, strategy, out):
     model = build(model_name)
     hybrid = HybridModel(model, plan_model(model, world, strategy), rank)
     opts = optimizers(hybrid.model, model_name)
+    received = [0]  # ids and bag lengths this rank was sent by the input all-to-alls
+    real_exchange = sharded_embeddings.exchange
+
+    def counting(x, send, recv):
+        received[0] += sum(recv)
+        return real_exchange(x, send, recv)
+
+    sharded_embeddings.exchange = counting
+    collections = [c for c in hybrid.model.modules() if isinstance(c, sharded_embeddings.ShardedEmbeddingCollection)]
+    expected = every = 0  # what this rank's features of the global batch hold; what every feature holds
     losses = []
     for d, s, y, m in batches():
+        for c in collections:
+            mine = {s.feature for s in c.plan.on_rank(rank)}  # the features it holds shards of
+            if isinstance(c, sharded_embeddings.ShardedEmbeddingBagCollection):
+                n_ids = [int(m.offsets[(f + 1) * len(y)] - m.offsets[f * len(y)]) for f in range(len(MULTI))]
+                expected += len(y) * len(mine) + sum(n_ids[f] for f in mine)
+                every += len(y) * len(MULTI) + sum(n_ids)
+            else:
+                expected += len(y) * len(mine)
+                every += len(y) * len(CARDS)
         lo, hi = len(y) * rank // world, len(y) * (rank + 1) // world  # this rank's slice
         mine = rows_of(m, len(y), lo, hi)
         local = step(hybrid, opts, d[lo:hi], s[lo:hi], y[lo:hi], mine, len(y))
@@ -101,8 +121,10 @@ def _worker(rank, world, port, model_name, strategy, out):
         dist.all_reduce(total)
         losses.append(float(total))
     state = hybrid.full_state_dict()
+    counts = [torch.zeros(3, dtype=torch.int64) for _ in range(world)]
+    dist.all_gather(counts, torch.tensor([received[0], expected, every]))
     if rank == 0:
-        torch.save({"losses": losses, "state": state}, out)
+        torch.save({"losses": losses, "state": state, "ids": [c.tolist() for c in counts]}, out)
     dist.barrier()  # nobody leaves while a peer still needs it
     # leave without tearing gloo down: that aborted a rank now and then ("terminate called without an
     # active exception"), as ctrkit's CLI also avoids (cli._leave_process_group)
@@ -116,6 +138,10 @@ def test_hybrid_matches_single_process(tmp_path, strategy, model_name):
     out = tmp_path / "rank0.pt"
     mp.start_processes(_worker, args=(2, free_port(), model_name, strategy, out), nprocs=2, start_method="spawn")
     got = torch.load(out)
+    for received, expected, every in got["ids"]:  # a rank is sent the ids of its own tables, no others
+        assert received == expected
+        if strategy == "table":
+            assert received < every
     assert got["losses"] == pytest.approx(losses, rel=1e-5, abs=1e-6)
     assert set(got["state"]) == set(state)
     for k, v in state.items():
