@@ -58,6 +58,15 @@ def _user_error(e: Exception) -> str | None:
     if isinstance(e, (ValueError, FloatingPointError, OSError, EOFError, MemoryError)):
         text = str(e).strip().splitlines()
         return text[0] if text else type(e).__name__
+    if "torch" in sys.modules and isinstance(e, RuntimeError):
+        torch = sys.modules["torch"]
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        allocation = re.search(r"tried to allocate (\d+) bytes", first)
+        if isinstance(e, torch.OutOfMemoryError) or (allocation and "can't allocate memory" in first):
+            # torch's allocators raise RuntimeError (CPU) or OutOfMemoryError (CUDA), not MemoryError
+            size = f" (an allocation of {int(allocation[1]) / 2**20:,.0f} MiB failed)" if allocation else ""
+            return (f"out of memory{size}: use a smaller --batch-size or model, or more ranks (torchrun) to "
+                    "split the embedding tables")  # fmt: skip
     distributed = "torch.distributed" in sys.modules and isinstance(e, sys.modules["torch.distributed"].DistError)
     if distributed:  # a timeout or a rank that went away: the first line says which
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

@@ -161,7 +161,7 @@ def resolve_run(
     if load_checkpoint is not None:  # the model is the checkpoint's, whatever else says
         from ctrkit.checkpoint import load_checkpoint as read
 
-        ckpt = read(load_checkpoint, mmap=True)
+        ckpt = read(load_checkpoint, mmap=True, assemble=False)  # the model's name and config only
         if ckpt.model_name != name:
             raise ValueError(f"{load_checkpoint}: checkpoint holds a '{ckpt.model_name}' model, not '{name}'")
         model_cfg = make_config(name, ckpt.model_config)

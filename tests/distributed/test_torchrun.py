@@ -1,6 +1,8 @@
 """`ctrkit train/evaluate/predict` under a real torchrun (2 processes, gloo, CPU, loopback only)."""
 
+import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -25,7 +27,7 @@ def single(*args) -> subprocess.CompletedProcess:
     return done
 
 
-def torchrun(*args, nproc: int = 2, timeout: float = 240) -> subprocess.CompletedProcess:
+def torchrun(*args, nproc: int = 2, timeout: float = 240, **popen) -> subprocess.CompletedProcess:
     launch = [
         *TORCHRUN,
         "--nproc-per-node",
@@ -36,7 +38,7 @@ def torchrun(*args, nproc: int = 2, timeout: float = 240) -> subprocess.Complete
         str(free_port()),
     ]
     done = subprocess.run(
-        [*launch, "-m", "ctrkit", *map(str, args)], capture_output=True, text=True, env=ENV, timeout=timeout
+        [*launch, "-m", "ctrkit", *map(str, args)], capture_output=True, text=True, env=ENV, timeout=timeout, **popen
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return done
@@ -187,3 +189,43 @@ def test_a_two_rank_checkpoint_is_sharded_and_resumes_in_one_process(tiny_datase
            "--save-checkpoint", tmp_path / "resumed.pt")  # fmt: skip
     torchrun("train", *flags, "--max-steps", "12", "--save-checkpoint", tmp_path / "straight.pt")
     assert_same_weights(tmp_path / "resumed.pt", tmp_path / "straight.pt", atol=1e-4)
+
+
+DATA_LIMIT = 880 * 2**20  # bytes of private writable memory (RLIMIT_DATA) each process may map
+
+
+def _limit_memory() -> None:
+    """In the child before exec: caps only that process (and its own children), never the machine."""
+    resource.setrlimit(resource.RLIMIT_DATA, (DATA_LIMIT, DATA_LIMIT))
+
+
+def test_tables_one_process_cannot_hold_train_save_resume_and_evaluate_on_two_ranks(tmp_path):
+    """384 MB of tables (two of 3M rows at dim 16): one process under the limit runs out of memory (a
+    one-line error; here it needed about 1.1 GB); two ranks under it (each needed about 0.75 GB) train 20
+    steps, save, resume to 40 and score the test mapping, equal to one unlimited process trained the same
+    40 steps."""
+    data = tmp_path / "big"
+    single("synth", "--out", data, "--rows", "4000", "--tables", "3000000,3000000,1000", "--num-numerical", "4")
+    flags = ["train", "--dataset", data, "--batch-size", "256", "--epochs", "4", "--optimizer", "sgd",
+             "--embedding-optimizer", "sgd", "--lr", "0.1", "--embedding-lr", "0.1", "--validation-fraction", "0",
+             "--no-progress"]  # fmt: skip
+    limited = [sys.executable, "-m", "ctrkit", *map(str, flags), "--max-steps", "40", "--save-checkpoint",
+               str(tmp_path / "one.pt")]  # fmt: skip
+    done = subprocess.run(limited, capture_output=True, text=True, env=ENV, preexec_fn=_limit_memory)
+    assert done.returncode == 2 and "out of memory" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "one.pt").exists()
+    single(*flags, "--max-steps", "40", "--log-path", tmp_path / "one.jsonl")
+    half = tmp_path / "half.pt"
+    torchrun(*flags, "--max-steps", "20", "--save-checkpoint", half, preexec_fn=_limit_memory)
+    torchrun(*flags, "--max-steps", "40", "--load-checkpoint", half, "--save-checkpoint", tmp_path / "two.pt",
+             "--log-path", tmp_path / "two.jsonl", preexec_fn=_limit_memory)  # fmt: skip
+
+    def test_metrics(log):
+        events = [json.loads(line) for line in log.read_text().splitlines()]
+        return next(e for e in events if e["event"] == "test")
+
+    one, two = test_metrics(tmp_path / "one.jsonl"), test_metrics(tmp_path / "two.jsonl")
+    assert one["step"] == two["step"] == 40
+    assert two["logloss"] == pytest.approx(one["logloss"], abs=1e-4) and two["auc"] == pytest.approx(
+        one["auc"], abs=1e-4
+    )
