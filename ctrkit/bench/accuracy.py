@@ -10,8 +10,6 @@ once per method.
 from __future__ import annotations
 
 import json
-import os
-import platform
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,6 +18,7 @@ from typing import Any
 import torch
 
 from ctrkit.bench.panel import PanelEntry
+from ctrkit.bench.peak import machine
 from ctrkit.config import TrainConfig
 from ctrkit.data.dataset import SplitBinaryDataset, split_tail
 
@@ -28,24 +27,6 @@ BASELINES = ("logistic", "lightgbm")
 EPOCHS_TOLERANCE = 0.002  # the issue's: more epochs may not end worse than this
 LABELS = {"logistic": "logistic regression", "lightgbm": "LightGBM", "dlrm": "DLRM", "dcnv2": "DCNv2",
           "wide_deep": "Wide & Deep"}  # fmt: skip
-
-
-def machine() -> dict[str, Any]:
-    """Where the benchmark ran: CPU model and capability, cores, torch build and threads."""
-    model = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    from ctrkit.device import cpu_native_bf16
-
-    return {"cpu": model, "capability": torch.backends.cpu.get_cpu_capability(), "native_bf16": cpu_native_bf16(),
-            "cores": os.cpu_count(), "torch": torch.__version__,
-            "threads": torch.get_num_threads(), "python": platform.python_version(),
-            "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None}  # fmt: skip
 
 
 def splits(path: Path, validation_fraction: float):

@@ -1,14 +1,35 @@
-"""The machine's measured matrix-multiply peak, taken in the same run as a benchmark so that achieved
+"""Where a benchmark ran (``machine``: CPU model and capability, cores, torch build, threads) and the
+machine's measured matrix-multiply peak, taken in the same run as a benchmark so that achieved
 throughput can be read as a fraction of what these cores do (not of a datasheet figure)."""
 
 from __future__ import annotations
 
+import os
+import platform
 import statistics
 import time
+from pathlib import Path
+from typing import Any
 
 import torch
 
 from ctrkit.device import cpu_native_bf16
+
+
+def machine() -> dict[str, Any]:
+    """Where the benchmark ran: CPU model and capability, cores, torch build and threads."""
+    model = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": model, "capability": torch.backends.cpu.get_cpu_capability(), "native_bf16": cpu_native_bf16(),
+            "cores": os.cpu_count(), "torch": torch.__version__,
+            "threads": torch.get_num_threads(), "python": platform.python_version(),
+            "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None}  # fmt: skip
 
 
 def matmul_gflops(dtype: torch.dtype = torch.float32, n: int = 2048, seconds: float = 0.3, rounds: int = 3,

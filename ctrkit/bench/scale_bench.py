@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -162,9 +161,9 @@ def run_scale_bench(cfg: ScaleBenchConfig, world_sizes: list[int]) -> list[dict]
             if done.returncode != 0:
                 raise RuntimeError(f"scale benchmark at world size {world} failed: {done.stderr.strip()[-800:]}")
             result = json.loads(out.read_text())
-        from ctrkit.bench.accuracy import machine
+        from ctrkit.bench.peak import machine
 
-        result.update(python=platform.python_version(), cpu_count=cores, machine=machine())
+        result.update(machine=machine())
         results.append(result)
     return results
 

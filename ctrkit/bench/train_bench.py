@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import platform
 import statistics
 import time
 from dataclasses import asdict
@@ -11,9 +10,8 @@ from dataclasses import asdict
 import numpy as np
 import torch
 
-from ctrkit.bench.accuracy import machine
 from ctrkit.bench.config import TrainBenchConfig
-from ctrkit.bench.peak import matmul_peaks
+from ctrkit.bench.peak import machine, matmul_peaks
 from ctrkit.data.batch import Batch
 from ctrkit.data.synthetic import power_law_ids
 from ctrkit.device import amp_dtype_for
@@ -76,10 +74,6 @@ def run_train_bench(cfg: TrainBenchConfig, device: torch.device) -> dict:
         "amp_dtype": str(amp_dtype).replace("torch.", "") if amp_dtype else None,
         "optimizers": {"dense": dense_opt, "embedding": emb_opt},
         "device": str(device),
-        "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "cpu_count": os.cpu_count(),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "machine": machine(),
         "matmul_peak_gflops": matmul_peaks(device),

@@ -156,7 +156,7 @@ def train(args: argparse.Namespace) -> int:
     print(
         f"{cfg.model} train, batch {cfg.batch_size}, {'amp ' + result['amp_dtype'] if cfg.amp else 'fp32'}, "
         f"optimizers {result['optimizers']['dense']}/{result['optimizers']['embedding']}, "
-        f"{result['threads']} threads: {result['samples_per_s']:,.0f} samples/s (median of {cfg.repeats}), "
+        f"{result['machine']['threads']} threads: {result['samples_per_s']:,.0f} samples/s (median of {cfg.repeats}), "
         f"{result['ms_per_step']:.2f} ms/step"
     )
     write_result(result, run.output)
