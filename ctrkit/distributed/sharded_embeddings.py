@@ -30,14 +30,6 @@ def gather_sizes(n: int) -> list[int]:
     return [int(s) for s in sizes]
 
 
-def exchange(x: torch.Tensor, send: list[int], recv: list[int]) -> torch.Tensor:
-    """A non-differentiable all-to-all of a flat tensor (ids, lengths): ``send[r]`` values to rank r,
-    ``recv[r]`` from it, in rank order."""
-    out = x.new_empty(sum(recv))
-    dist.all_to_all_single(out, x.contiguous(), recv, send)
-    return out
-
-
 class ShardedEmbeddingCollection(nn.Module):
     """This rank's shards of ``source`` (an EmbeddingCollection with the full tables).
 
@@ -88,7 +80,7 @@ class ShardedEmbeddingCollection(nn.Module):
         sizes = gather_sizes(ids.shape[0])  # samples per rank
         mine_f = self._features[self.rank]
         send = torch.cat([ids[:, fs].reshape(-1) for fs in self._features])  # per destination: (B_self, F_dest)
-        got = exchange(send, [ids.shape[0] * len(fs) for fs in self._features], [n * len(mine_f) for n in sizes])
+        got = all_to_all(send, [ids.shape[0] * len(fs) for fs in self._features], [n * len(mine_f) for n in sizes])
         every = got.view(sum(sizes), len(mine_f))  # (B, F_self): this rank's features of the global batch
         # (B, W_self): this rank's columns for every sample
         mine = [self._lookup(s, w, every[:, self._column[s.feature]]) for s, w in zip(self.local, self.shards)]
@@ -188,23 +180,27 @@ class ShardedEmbeddingBagCollection(ShardedEmbeddingCollection):
         # the lengths of every destination's features' bags, then their ids, feature-major per destination
         send_lengths = torch.cat([lengths[fs].reshape(-1) for fs in self._features])
         recv_lengths = [m * len(mine_f) for m in sizes]
-        got_lengths = exchange(send_lengths, [n * len(fs) for fs in self._features], recv_lengths)
+        got_lengths = all_to_all(send_lengths, [n * len(fs) for fs in self._features], recv_lengths)
         per_source = [b.view(len(mine_f), m) for b, m in zip(got_lengths.split(recv_lengths), sizes)]  # (F_self, B_r)
         bounds = offsets[::n][: fm + 1].tolist() if n else [0] * (fm + 1)  # feature f's ids: bounds[f]..bounds[f+1]
         send_ids = torch.cat([multi_hot.ids[bounds[f] : bounds[f + 1]] for fs in self._features for f in fs]
                              or [multi_hot.ids[:0]])  # fmt: skip
         send_counts = [sum(bounds[f + 1] - bounds[f] for f in fs) for fs in self._features]
-        recv_counts = [int(b.sum()) for b in per_source]
-        got_ids = [
-            g.split(b.sum(1).tolist())
-            for g, b in zip(exchange(send_ids, send_counts, recv_counts).split(recv_counts), per_source)
-        ]
-        mine = []
-        for shard, weight in zip(self.local, self.shards):
-            f, i = shard.feature, self._column[shard.feature]
-            ids = torch.cat([got_ids[r][i] for r in range(world)])  # (nnz_f,): the global batch's, in rank order
+        # ids per (source rank, feature of this rank), read to the host once
+        counts = torch.stack([b.sum(1) for b in per_source]).tolist() if mine_f else [[] for _ in sizes]
+        got_ids = all_to_all(send_ids, send_counts, [sum(c) for c in counts])
+        per_feature = got_ids.split([c for row in counts for c in row])  # (source, feature) order
+        # per feature of this rank: the global batch's ids in rank order, each id's bag and each bag's length
+        features = []
+        for i in range(len(mine_f)):
+            ids = torch.cat([per_feature[r * len(mine_f) + i] for r in range(world)])  # (nnz_f,)
             bag_len = torch.cat([per_source[r][i] for r in range(world)])  # (B,)
             bag = torch.repeat_interleave(torch.arange(len(bag_len), device=bag_len.device), bag_len)  # (nnz_f,)
+            features.append((ids, bag_len, bag))
+        mine = []
+        for shard, weight in zip(self.local, self.shards):
+            f = shard.feature
+            ids, bag_len, bag = features[self._column[f]]
             inside = ((ids >= shard.row_lo) & (ids < shard.row_hi)).nonzero().squeeze(1)
             rows = F.embedding(ids[inside] - shard.row_lo, weight, sparse=self.sparse)  # (n_in, width)
             pooled = weight.new_zeros((len(bag_len), shard.width)).index_add(0, bag[inside], rows)  # (B, width)

@@ -34,11 +34,12 @@ def _collections(model: nn.Module) -> list[nn.Module]:
 
 class _Design:
     """A batch's ids over every first-order table as a sparse indicator matrix (multi-hot bags as indicator
-    sums, or means for mean-pooled features), float64, held twice in CSR (rows and columns) so that both
-    products of a gradient evaluation, ``X @ w`` and ``X.T @ r``, are row-parallel sparse matrix-vector
-    products (autograd through a COO ``sparse.mm`` made the fit's cost)."""
+    sums, or means for mean-pooled features), float64, in CSR by rows and (for the data fitted on, with
+    ``transpose``) by columns too, so that both products of a gradient evaluation, ``X @ w`` and
+    ``X.T @ r``, are row-parallel sparse matrix-vector products (autograd through a COO ``sparse.mm`` made
+    the fit's cost)."""
 
-    def __init__(self, batch, cards: list[tuple[int, ...]], multi_hot_means: tuple[bool, ...]):
+    def __init__(self, batch, cards: list[tuple[int, ...]], multi_hot_means: tuple[bool, ...], transpose: bool):
         n = len(batch.labels)
         onehot_cards = cards[0]
         offsets = torch.tensor([0, *onehot_cards[:-1]], dtype=torch.int64).cumsum(0)
@@ -62,7 +63,7 @@ class _Design:
         row, col, val = torch.cat(rows), torch.cat(cols), torch.cat(vals)
         self.shape = (n, total)
         self.rows = self._csr(row, col, val, n, total)
-        self.cols = self._csr(col, row, val, total, n)
+        self.cols = self._csr(col, row, val, total, n) if transpose else None
 
     @staticmethod
     def _csr(major: torch.Tensor, minor: torch.Tensor, val: torch.Tensor, size: int, other: int) -> torch.Tensor:
@@ -113,7 +114,7 @@ def fit_first_order(
     cards = [tuple(c.cardinalities) for c in _collections(inner)]
     bags = inner.wide_embeddings.bags
     means = tuple(bool(m) for m in bags.is_mean) if bags is not None and hasattr(bags, "is_mean") else ()
-    x_tr, x_va = _Design(tr, cards, means), _Design(va, cards, means)
+    x_tr, x_va = _Design(tr, cards, means, transpose=True), _Design(va, cards, means, transpose=False)
     y_tr, y_va = tr.labels.double(), va.labels.numpy()
     n, ids = x_tr.shape
     dense = inner.wide_dense

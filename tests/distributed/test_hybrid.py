@@ -93,14 +93,15 @@ def _worker(rank, world, port, model_name, strategy, out):
     model = build(model_name)
     hybrid = HybridModel(model, plan_model(model, world, strategy), rank)
     opts = optimizers(hybrid.model, model_name)
-    received = [0]  # ids and bag lengths this rank was sent by the input all-to-alls
-    real_exchange = sharded_embeddings.exchange
+    received = [0]  # ids and bag lengths this rank was sent by the input all-to-alls (integer ones)
+    real_all_to_all = sharded_embeddings.all_to_all
 
     def counting(x, send, recv):
-        received[0] += sum(recv)
-        return real_exchange(x, send, recv)
+        if not x.is_floating_point():
+            received[0] += sum(recv)
+        return real_all_to_all(x, send, recv)
 
-    sharded_embeddings.exchange = counting
+    sharded_embeddings.all_to_all = counting
     collections = [c for c in hybrid.model.modules() if isinstance(c, sharded_embeddings.ShardedEmbeddingCollection)]
     expected = every = 0  # what this rank's features of the global batch hold; what every feature holds
     losses = []
