@@ -26,6 +26,7 @@ class TrainBenchConfig:
     steps: int = option(50, "timed steps per repeat")
     repeats: int = option(5, "timed repeats; the median is reported")
     amp: bool = option(False, "bf16 autocast (CPU) / fp16 (CUDA)")
+    amp_dtype: str | None = option(None, "the autocast dtype with --amp", ("bf16", "fp16"), "bf16 on CPU, fp16 on CUDA")
     dense_gradients: bool = option(
         False, "dense embedding gradients (the plain-PyTorch baseline) instead of sparse ones"
     )

@@ -70,7 +70,8 @@ def train(args: argparse.Namespace) -> int:
         run.fit()
         return 0
     if run.env is not None:
-        print(f"hybrid parallel: {run.env.world_size} ranks ({run.env.backend}); rank 0 holds "
+        ranks = f"{run.env.world_size} rank" + ("s" if run.env.world_size > 1 else "")
+        print(f"hybrid parallel: {ranks} ({run.env.backend}); rank 0 holds "
               f"{run.num_parameters:,} parameters", file=sys.stderr)  # fmt: skip
     print(run.describe(), file=sys.stderr)
     result = run.fit()

@@ -43,8 +43,9 @@ class DistEnv:
 
 
 def launched_by_torchrun() -> bool:
-    """True when torchrun (or SLURM via torchrun) started this process as one of several."""
-    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+    """True when torchrun (or SLURM via torchrun) started this process: one of several, or a job of one
+    rank that torchrun launched (it runs the hybrid-parallel path, collectives included, on one rank)."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1 or "TORCHELASTIC_RUN_ID" in os.environ
 
 
 def init_distributed(device: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> DistEnv:

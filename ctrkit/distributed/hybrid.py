@@ -12,6 +12,7 @@ included).
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 
@@ -71,6 +72,14 @@ def _sum_gradients(state, bucket):  # no annotations: DDP checks them, and these
     return work.get_future().then(lambda fut: fut.value()[0])
 
 
+# no buffer broadcast before every forward: `forward_sync_buffers` from torch 2.13 on, `broadcast_buffers`
+# (deprecated there) before it
+_NO_FORWARD_BUFFER_SYNC = {
+    ("forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters
+     else "broadcast_buffers"): False
+}  # fmt: skip
+
+
 class HybridModel(nn.Module):
     """``model`` with sharded embedding tables and its dense part in DistributedDataParallel.
 
@@ -100,7 +109,7 @@ class HybridModel(nn.Module):
         device = next(model.parameters()).device
         # DDP broadcasts rank 0's dense weights at construction and all-reduces dense gradients in buckets
         # during backward, summed (not averaged): each rank's loss is its sum over the global batch size
-        self.ddp = DDP(model, device_ids=[device] if device.type == "cuda" else None, forward_sync_buffers=False)
+        self.ddp = DDP(model, device_ids=[device] if device.type == "cuda" else None, **_NO_FORWARD_BUFFER_SYNC)
         self.ddp.register_comm_hook(None, _sum_gradients)
 
     def forward(self, numerical: torch.Tensor | None, categorical: torch.Tensor, multi_hot=None) -> torch.Tensor:

@@ -24,6 +24,21 @@ def test_one_gpu_trains_and_scores_like_the_cpu(tiny_dataset, tmp_path):
         torch.testing.assert_close(a[k], b[k], rtol=1e-3, atol=1e-4, msg=k)
 
 
+@CUDA
+def test_one_rank_job_on_nccl_trains_like_one_process(tiny_dataset, tmp_path):
+    """torchrun with one rank on one GPU: the hybrid-parallel path with every collective on NCCL, which
+    rejects tensors that are not on the process group's device."""
+    done = run_process("train", "--dataset", tiny_dataset, *FLAGS, "--device", "cuda",
+                       "--save-checkpoint", tmp_path / "one.pt")  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    done = torchrun("train", "--dataset", tiny_dataset, *FLAGS, "--save-checkpoint", tmp_path / "rank.pt",
+                    "--print-sharding-plan", nproc=1)  # fmt: skip
+    assert "hybrid parallel: 1 rank (nccl)" in done.stderr
+    assert_same_weights(tmp_path / "one.pt", tmp_path / "rank.pt", atol=1e-4)
+    for args in (["evaluate"], ["predict", "--out", tmp_path / "p.npy"]):
+        torchrun(*args, "--checkpoint", tmp_path / "rank.pt", "--dataset", tiny_dataset, nproc=1)
+
+
 @TWO_GPUS
 def test_two_gpus_on_nccl_train_like_one_process(tiny_dataset, tmp_path):
     done = run_process("train", "--dataset", tiny_dataset, *FLAGS, "--device", "cuda",

@@ -69,6 +69,15 @@ def test_two_ranks_train_like_one_process(tiny_dataset, tmp_path, sharding):
     np.testing.assert_allclose(np.load(tmp_path / "p1.npy"), np.load(tmp_path / "p2.npy"), atol=1e-5)
 
 
+def test_one_rank_job_takes_the_distributed_path(tiny_dataset, tmp_path):
+    """torchrun with one rank runs the hybrid-parallel path (its collectives on a group of one), and
+    trains the same weights as a plain process."""
+    single("train", "--dataset", tiny_dataset, *TRAIN, "--save-checkpoint", tmp_path / "one.pt")
+    done = torchrun("train", "--dataset", tiny_dataset, *TRAIN, "--save-checkpoint", tmp_path / "rank.pt", nproc=1)
+    assert "hybrid parallel: 1 rank (gloo)" in done.stderr
+    assert_same_weights(tmp_path / "one.pt", tmp_path / "rank.pt")
+
+
 def test_two_node_rendezvous_on_loopback(tiny_dataset, tmp_path):
     single("train", "--dataset", tiny_dataset, *TRAIN, "--save-checkpoint", tmp_path / "one.pt")
     port = free_port()
