@@ -92,8 +92,10 @@ class TrainConfig:
     plateau_factor: float = option(0.5, "the learning-rate multiplier on a validation plateau")
     min_delta: float = option(1e-4, "the validation AUC gain that counts as an improvement")
     print_freq: int = option(50, "steps between log records")
-    amp: bool = option(False, "mixed precision: bf16 autocast on CPU, fp16 (with loss scaling) on CUDA")
-    amp_dtype: str | None = option(None, "override the mixed-precision dtype", ("bf16", "fp16"), "bf16 on CPU")
+    amp: bool = option(
+        False, "mixed precision: bf16 autocast on CPU and on GPUs with bf16 tensor cores, else fp16 with loss scaling"
+    )
+    amp_dtype: str | None = option(None, "override the mixed-precision dtype", ("bf16", "fp16"), "the --amp rule")
     compile: bool = option(
         False, "torch.compile the model (the seeds' XLA flag); falls back to eager with a message if compiling fails"
     )
@@ -227,7 +229,7 @@ class EvalConfig:
     device: str = option("auto", "auto, cpu, cuda, cuda:N")
     mapping: str = option("test", "source_spec mapping to score")
     batch_size: int = option(16384, "samples per forward pass")
-    amp: bool = option(False, "score under bf16 (CPU) / fp16 (CUDA) autocast")
+    amp: bool = option(False, "score under autocast: bf16 (CPU; CUDA with bf16 tensor cores) or fp16 (older GPUs)")
 
     def validate(self) -> None:
         if self.batch_size < 1:

@@ -72,12 +72,18 @@ def resolve_device(name: str | None = None) -> torch.device:
     return device
 
 
+def cuda_native_bf16(device: torch.device) -> bool:
+    """Whether this GPU has bf16 tensor cores (compute capability 8.0 on: Ampere, Hopper and later)."""
+    return torch.cuda.get_device_capability(device)[0] >= 8
+
+
 def amp_dtype_for(device: torch.device, amp: bool, amp_dtype: str | None) -> torch.dtype | None:
-    """The autocast dtype for ``--amp``: bf16 on CPU, fp16 on CUDA unless ``amp_dtype`` says otherwise;
-    None (fp32) on a CPU without native bf16, said once on stderr."""
+    """The autocast dtype for ``--amp`` unless ``amp_dtype`` names one: bf16 on CPU; on CUDA bf16 where the
+    GPU has bf16 tensor cores (no loss scaling needed; measured faster than fp16 on an H100, see the README),
+    else fp16. None (fp32) on a CPU without native bf16, said once on stderr."""
     if not amp:
         return None
-    name = amp_dtype or ("fp16" if device.type == "cuda" else "bf16")
+    name = amp_dtype or ("fp16" if device.type == "cuda" and not cuda_native_bf16(device) else "bf16")
     if name == "fp16" and device.type == "cpu":
         raise ValueError("`amp_dtype` fp16 is not supported on CPU; use bf16")
     if device.type == "cpu" and not cpu_bf16_or_fp32("--amp"):

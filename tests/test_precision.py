@@ -36,7 +36,11 @@ def test_amp_dtype_rule(monkeypatch, capsys):
     assert dev.amp_dtype_for(cpu, True, None) is None and dev.amp_dtype_for(cpu, True, "bf16") is None
     assert capsys.readouterr().err.count("no native bf16") == 1  # said once
     assert dev.amp_dtype_for(cpu, False, None) is None
-    assert dev.amp_dtype_for(torch.device("cuda"), True, None) == torch.float16  # CUDA: not the CPU rule
+    cuda = torch.device("cuda")  # CUDA: bf16 with bf16 tensor cores, else fp16 (not the CPU rule)
+    for native, dtype in ((True, torch.bfloat16), (False, torch.float16)):
+        monkeypatch.setattr(dev, "cuda_native_bf16", lambda _device, native=native: native)
+        assert dev.amp_dtype_for(cuda, True, None) == dtype
+        assert dev.amp_dtype_for(cuda, True, "fp16") == torch.float16
 
 
 def test_cpu_flags_decide_native_bf16(monkeypatch):

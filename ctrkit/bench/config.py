@@ -25,8 +25,8 @@ class TrainBenchConfig:
     warmup: int = option(10, "untimed steps first")
     steps: int = option(50, "timed steps per repeat")
     repeats: int = option(5, "timed repeats; the median is reported")
-    amp: bool = option(False, "bf16 autocast (CPU) / fp16 (CUDA)")
-    amp_dtype: str | None = option(None, "the autocast dtype with --amp", ("bf16", "fp16"), "bf16 on CPU, fp16 on CUDA")
+    amp: bool = option(False, "autocast: bf16 (CPU; CUDA with bf16 tensor cores) or fp16 (older GPUs)")
+    amp_dtype: str | None = option(None, "the autocast dtype with --amp", ("bf16", "fp16"), "the --amp rule")
     dense_gradients: bool = option(
         False, "dense embedding gradients (the plain-PyTorch baseline) instead of sparse ones"
     )
