@@ -22,6 +22,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from ctrkit import __version__
+from ctrkit.serve.metrics import CONTENT_TYPE, ServerMetrics
 from ctrkit.serve.predictor import Predictor
 from ctrkit.serve.protocol import HEADER_LENGTH, RequestError, encode_response, parse_request
 
@@ -34,8 +35,16 @@ log = logging.getLogger("ctrkit.serve")
 class Batcher:
     """Collects requests for a short window and scores them in one model call."""
 
-    def __init__(self, predictor: Predictor, window_ms: float = 1.0, max_batch_size: int = 8192):
+    def __init__(
+        self,
+        predictor: Predictor,
+        window_ms: float = 1.0,
+        max_batch_size: int = 8192,
+        metrics: ServerMetrics | None = None,
+        key: tuple[str, str] = ("model", "1"),
+    ):
         self.predictor = predictor
+        self.metrics, self.key = metrics, key
         self.window = window_ms / 1e3
         self.max_batch_size = max_batch_size
         self.queue: asyncio.Queue | None = None
@@ -53,7 +62,7 @@ class Batcher:
         if not task.cancelled() and task.exception() is not None:
             log.error("the batching loop stopped: %r; the server now answers 503", task.exception())
         while self.queue is not None and not self.queue.empty():
-            _, fut = self.queue.get_nowait()
+            _, fut, _ = self.queue.get_nowait()
             if not fut.done():
                 fut.set_exception(RuntimeError("the batching loop has stopped"))
 
@@ -68,7 +77,8 @@ class Batcher:
         if not self.alive:
             raise RuntimeError("the batching loop has stopped")
         future = asyncio.get_running_loop().create_future()
-        await self.queue.put(((numerical, categorical) + (() if multi_hot is None else (multi_hot,)), future))
+        arrays = (numerical, categorical) + (() if multi_hot is None else (multi_hot,))
+        await self.queue.put((arrays, future, time.monotonic()))
         return await future
 
     @property
@@ -98,17 +108,21 @@ class Batcher:
                 items.append(item)
                 size += len(item[0][0])
             try:  # whatever fails (padding, the model) fails these requests, never the loop
-                inputs = first[0] if len(items) == 1 else _concatenate([arrays for arrays, _ in items])
+                inputs = first[0] if len(items) == 1 else _concatenate([arrays for arrays, _, _ in items])
+                began = time.monotonic()
                 probs = await loop.run_in_executor(self.pool, self.predictor, *inputs)
                 self.calls += 1
+                if self.metrics is not None:
+                    queued = [began - enqueued for _, _, enqueued in items]
+                    self.metrics.execution(self.key, size, queued, time.monotonic() - began)
             except Exception as e:
                 log.error("scoring a batch of %d request(s) failed: %s: %s", len(items), type(e).__name__, e)
-                for _, fut in items:
+                for _, fut, _ in items:
                     if not fut.done():
                         fut.set_exception(e)
                 continue
             start = 0
-            for arrays, fut in items:
+            for arrays, fut, _ in items:
                 if not fut.done():
                     fut.set_result(probs[start : start + len(arrays[0])])
                 start += len(arrays[0])
@@ -126,8 +140,8 @@ def _concatenate(requests: list[tuple[np.ndarray, ...]]) -> tuple[np.ndarray, ..
 
 def _padded_size(items: list) -> int:
     """Elements of the multi-hot rectangle (B, Fm, L) the requests of ``items`` make together."""
-    rows = sum(len(arrays[0]) for arrays, _ in items)
-    width = max(arrays[2].shape[2] for arrays, _ in items)
+    rows = sum(len(arrays[0]) for arrays, *_ in items)
+    width = max(arrays[2].shape[2] for arrays, *_ in items)
     return rows * items[0][0][2].shape[1] * width
 
 
@@ -138,7 +152,7 @@ def _fits(items: list, item) -> bool:
     if len(item[0]) <= 2:
         return True
     both = [*items, item]
-    carried = sum(arrays[2].size for arrays, _ in both)
+    carried = sum(arrays[2].size for arrays, *_ in both)
     return _padded_size(both) <= 2 * carried + PADDING_SLACK
 
 
@@ -200,7 +214,10 @@ def create_app(
     max_body: int = DEFAULT_MAX_BODY,
 ) -> FastAPI:
     """The FastAPI application serving ``predictor`` as model ``name``."""
-    batcher = Batcher(predictor, window_ms, max_batch_size)
+    metrics = ServerMetrics()
+    key = (name, "1")
+    metrics.ensure(key)
+    batcher = Batcher(predictor, window_ms, max_batch_size, metrics, key)
     parser = ThreadPoolExecutor(2, thread_name_prefix="ctrkit-parse")  # responses out
     large = LargeBodyParser(predictor.signature)
 
@@ -215,6 +232,7 @@ def create_app(
 
     app = FastAPI(title="ctrkit", lifespan=lifespan)
     app.state.batcher = batcher
+    app.state.metrics = metrics
     signature = predictor.signature
     tensors = lambda specs: [{"name": t.name, "datatype": t.datatype, "shape": t.shape()} for t in specs]
 
@@ -227,6 +245,10 @@ def create_app(
     @app.get("/v2")
     async def server_metadata():
         return {"name": "ctrkit", "version": __version__, "extensions": ["binary_tensor_data"]}
+
+    @app.get("/metrics")
+    async def prometheus_metrics():
+        return Response(content=metrics.render(), media_type=CONTENT_TYPE)
 
     @app.get("/v2/health/live")
     async def live():
@@ -261,6 +283,13 @@ def create_app(
     async def infer(model: str, request: Request, version: str = "1"):
         if model != name:
             return unknown(model)
+        arrived = time.monotonic()
+        response = await answer(request)
+        metrics.request(key, response.status_code == 200, time.monotonic() - arrived)
+        return response
+
+    async def answer(request: Request) -> Response:
+        """The inference response, or an error response, to one request for the served model."""
         body, seen = bytearray(), 0
         async for chunk in request.stream():  # an oversized body is read to its end (not kept), so the
             seen += len(chunk)  # client gets the 400 rather than a reset connection
