@@ -310,6 +310,11 @@ class RunOptions:
         None, "resume from this checkpoint (weights, optimizer, step, RNG; same data and batch size)"
     )
     log_path: Path | None = option(None, "append JSON-lines records (loss, lr, samples/s, eval)")
+    tensorboard: Path | None = option(
+        None,
+        "also write the log's scalars (training loss, lr, samples/s; validation and test AUC and log loss) as "
+        "TensorBoard event files in this directory (needs tensorboard: pip install 'ctrkit[tensorboard]')",
+    )
     device: str = option("auto", "auto (CUDA if present, else CPU), cpu, cuda, cuda:N")
     threads: int | None = option(None, "torch intra-op threads", unset="torch's choice")
     no_progress: bool = option(False, "no progress bar")

@@ -64,6 +64,7 @@ def train(args: argparse.Namespace) -> int:
         load_checkpoint=opts.load_checkpoint,
         log_path=opts.log_path,
         progress=not opts.no_progress,
+        tensorboard=opts.tensorboard,
     )
     run = Run(spec)
     if not run.is_main:

@@ -41,6 +41,7 @@ class RunSpec:
         save_checkpoint: checkpoint file to write (None: none).
         load_checkpoint: checkpoint to resume from (None: a new run).
         log_path: JSON-lines log (None: none).
+        tensorboard: directory for TensorBoard event files (None: none).
         progress: show a progress bar.
     """
 
@@ -54,6 +55,7 @@ class RunSpec:
     load_checkpoint: Path | None = None
     log_path: Path | None = None
     progress: bool = True
+    tensorboard: Path | None = None
 
     def run_yaml(self) -> dict[str, Any]:
         """The resolved run as written beside the checkpoint (and read back by ``config``)."""
@@ -139,6 +141,7 @@ def resolve_run(
     load_checkpoint: str | os.PathLike | None = None,
     log_path: str | os.PathLike | None = None,
     progress: bool = True,
+    tensorboard: str | os.PathLike | None = None,
 ) -> RunSpec:
     """Resolves a run once: explicit arguments, then the run YAML ``config``, then the model's defaults.
 
@@ -149,7 +152,7 @@ def resolve_run(
         model_config: model config fields (e.g. embedding_dim, bottom_mlp), over ``model_config_file``.
         model_config_file: a YAML file of model config fields, over the run YAML's.
         train: TrainConfig fields, over the run YAML's.
-        parallel, device, save_checkpoint, load_checkpoint, log_path, progress: as RunSpec's.
+        parallel, device, save_checkpoint, load_checkpoint, log_path, progress, tensorboard: as RunSpec's.
     """
     run = load_run_file(config)
     name = model or run.get("model") or DEFAULT_MODEL
@@ -179,6 +182,7 @@ def resolve_run(
         Path(load_checkpoint) if load_checkpoint is not None else None,
         Path(log_path) if log_path is not None else None,
         progress,
+        Path(tensorboard) if tensorboard is not None else None,
     )
 
 
@@ -267,6 +271,7 @@ class Run:
             env=self.env,
             validation_set=validation_set,
             run_record=spec.run_yaml(),
+            tensorboard_dir=spec.tensorboard,
         )
         if ckpt is not None:
             self.trainer.restore(ckpt)
@@ -303,7 +308,7 @@ def train(dataset: str | os.PathLike, model: str = DEFAULT_MODEL, **options: Any
     train_fields = {f.name for f in fields(TrainConfig)}
     model_fields = set(config_class(model).__dataclass_fields__)
     run_keys = {"config", "model_config_file", "parallel", "device", "save_checkpoint", "load_checkpoint",
-                "log_path", "progress"}  # fmt: skip
+                "log_path", "progress", "tensorboard"}  # fmt: skip
     unknown = set(options) - train_fields - model_fields - run_keys
     if unknown:
         raise ValueError(f"unknown option(s) {sorted(unknown)}: expected training, model or run settings")

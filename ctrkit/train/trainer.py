@@ -30,6 +30,7 @@ from ctrkit.models.embeddings import CategoricalEmbeddings
 from ctrkit.models.registry import config_to_dict
 from ctrkit.train.optim import LRSchedule, build_optimizers
 from ctrkit.train.selection import Selection
+from ctrkit.train.tensorboard import TensorBoardSink
 
 
 def resolve_schedule(cfg: TrainConfig, total_steps: int, steps_per_epoch: int | None = None) -> LRSchedule:
@@ -178,6 +179,7 @@ class Trainer:
         save_path: where to write checkpoints (at each evaluation, every ``checkpoint_every`` steps
             and at the end), or None.
         log_path: JSON-lines log file, or None.
+        tensorboard_dir: also write the log's scalars as TensorBoard event files here, or None.
         progress: show a progress bar.
         env: this rank's place in a hybrid-parallel job (``model`` is then a HybridModel), or None.
             Every rank reads its share of each global batch; rank 0 logs, shows progress and writes
@@ -209,6 +211,7 @@ class Trainer:
         env: DistEnv | None = None,
         validation_set: SplitBinaryDataset | None = None,
         run_record: dict[str, Any] | None = None,
+        tensorboard_dir: str | os.PathLike | None = None,
     ):
         cfg = cfg.resolve(info.model_name)
         self.run_record = run_record
@@ -230,6 +233,7 @@ class Trainer:
         self.log_path = Path(log_path) if log_path else None
         self.env = env
         self.main = env is None or env.is_main
+        self.tensorboard = TensorBoardSink(tensorboard_dir) if tensorboard_dir is not None and self.main else None
         self.progress = progress and self.main
         self.loader = BatchLoader(train_set, cfg.batch_size, shuffle=True, seed=cfg.seed, part=env and env.part)
         self.steps_per_epoch = len(self.loader)
@@ -397,6 +401,8 @@ class Trainer:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             with open(self.log_path, "a") as f:
                 f.write(json.dumps(record) + "\n")
+        if self.tensorboard is not None:
+            self.tensorboard.write(record)
 
     def _eval_steps(self) -> set[int]:
         """Global steps after which to evaluate: evenly spaced within each epoch, plus the last step."""
@@ -562,4 +568,6 @@ class Trainer:
             self._log({"event": "test", "mapping": "test", "step": self.step, "best_step": result["best_step"],
                        **test})  # fmt: skip
             result.update(test)
+        if self.tensorboard is not None:
+            self.tensorboard.close()
         return result
