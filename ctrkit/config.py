@@ -237,6 +237,17 @@ class EvalConfig:
 
 
 @dataclass(frozen=True)
+class ReportConfig:
+    """``ctrkit report``: what the page is about and where it goes (the checkpoint is positional)."""
+
+    out: Path = option(Path("report.html"), "the HTML file to write (self-contained: images embedded)")
+    dataset: Path | None = option(None, "dataset directory", unset="the run's, from the YAML beside the checkpoint")
+    mapping: str = option("test", "source_spec mapping to score for the final metrics and the calibration")
+    log_path: Path | None = option(None, "the run's JSON-lines log", unset="the run's --log-path, if it had one")
+    device: str = option("auto", "auto, cpu, cuda, cuda:N")
+
+
+@dataclass(frozen=True)
 class ServeConfig:
     """How ``ctrkit serve`` runs a model: a checkpoint's (PyTorch) or an export's."""
 

@@ -7,7 +7,7 @@ import json
 import sys
 
 from ctrkit.cli.options import add_command, add_config_flags, config_from, config_values
-from ctrkit.config import ConvertConfig, EvalConfig, ParallelConfig, RunOptions, TrainConfig
+from ctrkit.config import ConvertConfig, EvalConfig, ParallelConfig, ReportConfig, RunOptions, TrainConfig
 
 PARALLEL_TEXT = (
     "Launched by torchrun (torchrun --nproc-per-node N -m ctrkit train ...; --nnodes/--node-rank/--rdzv-endpoint "
@@ -23,6 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     for name, handler, exclude in (("evaluate", evaluate, ("out",)), ("predict", predict, ("json", "amp"))):
         p = add_command(sub, name, handler, (EvalConfig,), exclude)
         add_config_flags(p.add_argument_group("hybrid parallel", PARALLEL_TEXT), ParallelConfig)
+    p = add_command(sub, "report", report, (ReportConfig,))
+    p.add_argument("checkpoint", metavar="CHECKPOINT", help="checkpoint written by `ctrkit train`")
     add_command(sub, "models", models, ())
     add_command(sub, "convert-checkpoint", convert_checkpoint, (ConvertConfig,))
 
@@ -132,6 +134,28 @@ def predict(args: argparse.Namespace) -> int:
     cfg.out.parent.mkdir(parents=True, exist_ok=True)
     np.save(cfg.out, probs)
     print(f"wrote {cfg.out}: {len(probs):,} click probabilities (float32), mean {probs.mean():.4f}")
+    return 0
+
+
+def report(args: argparse.Namespace) -> int:
+    """write an HTML report of a trained model
+
+    One self-contained HTML page: the run's configuration, training loss and learning rate over steps,
+    every evaluation's AUC and log loss, the final metrics with the checkpoint's step, a calibration
+    diagram and the score histogram of each class on --mapping, and the dataset's summary.
+    """
+    from pathlib import Path
+
+    from ctrkit.report import build_report
+
+    cfg: ReportConfig = config_from(args, ReportConfig)
+    checkpoint = Path(args.checkpoint)
+    if not checkpoint.exists():
+        raise ValueError(f"{checkpoint}: checkpoint not found")
+    data = build_report(checkpoint, cfg.out, cfg.dataset, cfg.mapping, cfg.log_path, cfg.device)
+    final = data["final"]
+    print(f"wrote {cfg.out}: {data['model']} step {final['checkpoint_step']} on {final['mapping']}: AUC "
+          f"{final['auc']:.4f}  logloss {final['logloss']:.4f}  ({final['rows']:,} samples)")  # fmt: skip
     return 0
 
 

@@ -23,7 +23,7 @@ from ctrkit.data.atomic import PathLock
 from ctrkit.data.feature_spec import FeatureSpec
 from ctrkit.models.registry import config_class, config_to_dict, make_config
 
-RUN_KEYS = ("model", "model_config", "train_config", "dataset")
+RUN_KEYS = ("model", "model_config", "train_config", "dataset", "log_path")
 DEFAULT_MODEL = "dlrm"
 
 
@@ -64,6 +64,7 @@ class RunSpec:
             "model_config": config_to_dict(self.model_config),
             "train_config": self.train.to_dict(),
             "dataset": str(self.dataset.resolve()),  # absolute: --config works from any directory
+            **({"log_path": str(self.log_path.resolve())} if self.log_path is not None else {}),  # for `report`
         }
 
 
