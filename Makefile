@@ -17,14 +17,16 @@ install: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check "$(TORCH)"
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[test,spark,serve]"
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[test,spark,serve,report]"
 	touch $(STAMP)
 
 demo: install
 	$(BIN)/ctrkit synth --out $(DEMO)/data --rows 300000 --seed 0 --overwrite
+	rm -f $(DEMO)/train_log.jsonl  # the log appends: one run per demo
 	$(BIN)/ctrkit train --model dlrm --dataset $(DEMO)/data --epochs 1 \
 		--save-checkpoint $(DEMO)/dlrm.pt --log-path $(DEMO)/train_log.jsonl
 	$(BIN)/ctrkit evaluate --checkpoint $(DEMO)/dlrm.pt --dataset $(DEMO)/data --mapping test
+	$(BIN)/ctrkit report $(DEMO)/dlrm.pt --out $(DEMO)/report.html
 
 lint: install
 	$(BIN)/ruff check ctrkit tests

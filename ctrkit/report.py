@@ -119,7 +119,10 @@ def _png(fig) -> str:
 
 
 def _plots(series, calib, labels, probs, best_step: int | None) -> dict[str, str]:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise ValueError("ctrkit report draws its plots with matplotlib: pip install 'ctrkit[report]'") from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
