@@ -253,6 +253,13 @@ class ServeConfig:
 
     checkpoint: Path | None = option(None, "checkpoint written by `ctrkit train`", exclusive="source", required=True)
     model_dir: Path | None = option(None, "directory written by `ctrkit export`", exclusive="source")
+    model_repository: Path | None = option(
+        None,
+        "a Triton-layout model repository (NAME/config.pbtxt, NAME/1/, NAME/2/, ...: `ctrkit export --format "
+        "triton` directories put side by side): every model and version, the newest where a request names none, "
+        "with the repository extension's index, load and unload",
+        exclusive="source",
+    )
     host: str = option("127.0.0.1", "address to bind (127.0.0.1: this machine only)")
     port: int = option(8000, "port")
     name: str | None = option(None, "model name in the URLs", unset="the model type, e.g. dlrm")

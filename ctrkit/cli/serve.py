@@ -54,6 +54,20 @@ def serve(args: argparse.Namespace) -> int:
     cfg: ServeConfig = config_from(args, ServeConfig)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    if cfg.model_repository is not None:
+        from ctrkit.serve.server import ModelRepository
+
+        if cfg.embedding_store != "memory" or cfg.dtype != "fp32" or cfg.compile or cfg.name:
+            raise ValueError("`embedding_store` mmap, `dtype` bf16, `compile` and `name` apply to a `checkpoint`, "
+                             "not to a model repository")  # fmt: skip
+        repository = ModelRepository(cfg.model_repository)
+        sock = bind(cfg.host, cfg.port)
+        url = f"http://{cfg.host}:{sock.getsockname()[1]}/v2/repository/index"
+        print(f"serving the model repository {cfg.model_repository} ({', '.join(repository.names())}); index: {url}",
+              file=sys.stderr, flush=True)  # fmt: skip
+        run_server(None, "", cfg.host, cfg.port, cfg.batch_window_ms, cfg.max_batch_size,
+                   int(cfg.max_body_mb * 2**20), sock=sock, repository=repository)  # fmt: skip
+        return 0
     predictor = load_predictor(cfg.checkpoint, cfg.model_dir, cfg.embedding_store, cfg.cache_rows, cfg.dtype,
                                cfg.compile)  # fmt: skip
     name = cfg.name or predictor.meta["model_name"]

@@ -90,14 +90,23 @@ class Predictor:
         return predictor
 
     @classmethod
-    def from_export(cls, model_dir: str | os.PathLike) -> Predictor:
+    def from_export(cls, model_dir: str | os.PathLike, version: str | None = None) -> Predictor:
+        """An export's model; in a Triton repository's model directory, ``version``'s (its own
+        ``ctrkit_model.json`` when the version directory has one, else the model directory's)."""
         from ctrkit.export.exporter import find_model_dir
 
         root = find_model_dir(model_dir)
-        meta = json.loads((root / "ctrkit_model.json").read_text())
-        files = [p for p in (root / meta["file"], root / "1" / meta["file"]) if p.exists()]
+        where = root / version if version is not None else root
+        meta_file = (
+            where / "ctrkit_model.json" if (where / "ctrkit_model.json").exists() else root / "ctrkit_model.json"
+        )
+        meta = json.loads(meta_file.read_text())
+        candidates = (
+            (where / meta["file"],) if version is not None else (root / meta["file"], root / "1" / meta["file"])
+        )
+        files = [p for p in candidates if p.exists()]
         if not files:
-            raise ValueError(f"{root}: model file '{meta['file']}' named in ctrkit_model.json not found")
+            raise ValueError(f"{where}: model file '{meta['file']}' named in {meta_file.name} not found")
         path = files[0]
         if path.suffix == ".onnx":
             import onnxruntime as ort

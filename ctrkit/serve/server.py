@@ -7,6 +7,7 @@ Concurrent requests wait up to ``batch_window_ms`` in a queue and are scored tog
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import multiprocessing
 import os
@@ -16,6 +17,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from fastapi import FastAPI, Request
@@ -50,6 +53,7 @@ class Batcher:
         self.queue: asyncio.Queue | None = None
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="ctrkit-model")
         self.calls = 0
+        self._busy = False  # a batch taken off the queue and not yet answered
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
@@ -81,6 +85,12 @@ class Batcher:
         await self.queue.put((arrays, future, time.monotonic()))
         return await future
 
+    async def drain(self) -> None:
+        """Stops once every request already queued has been answered (a replaced or unloaded version)."""
+        while self.queue is not None and (not self.queue.empty() or self._busy) and self.alive:
+            await asyncio.sleep(0.005)
+        await self.stop()
+
     @property
     def alive(self) -> bool:
         """The batching loop is running (readiness answers 503 once it is not)."""
@@ -91,7 +101,7 @@ class Batcher:
         held = None  # a request kept for the next batch because padding it into this one costs too much
         while True:
             first = held if held is not None else await self.queue.get()
-            held = None
+            self._busy, held = True, None
             items, size = [first], len(first[0][0])
             deadline = time.monotonic() + self.window
             while size < self.max_batch_size:
@@ -120,12 +130,14 @@ class Batcher:
                 for _, fut, _ in items:
                     if not fut.done():
                         fut.set_exception(e)
+                self._busy = held is not None
                 continue
             start = 0
             for arrays, fut, _ in items:
                 if not fut.done():
                     fut.set_result(probs[start : start + len(arrays[0])])
                 start += len(arrays[0])
+            self._busy = held is not None
 
 
 def _concatenate(requests: list[tuple[np.ndarray, ...]]) -> tuple[np.ndarray, ...]:
@@ -206,45 +218,106 @@ class LargeBodyParser:
             self.pool = None
 
 
+@dataclass
+class Served:
+    """One model version being served: its predictor and its batching loop."""
+
+    predictor: Predictor
+    batcher: Batcher
+
+
+def newest(versions: dict[str, Served]) -> str:
+    """The newest of ``versions`` (numbered directories: the largest number), as Triton's ``latest`` policy."""
+    return max(versions, key=lambda v: (int(v) if v.isdigit() else -1, v))
+
+
 def create_app(
-    predictor: Predictor,
+    predictor: Predictor | None,
     name: str,
     window_ms: float = 1.0,
     max_batch_size: int = 8192,
     max_body: int = DEFAULT_MAX_BODY,
+    repository: ModelRepository | None = None,
 ) -> FastAPI:
-    """The FastAPI application serving ``predictor`` as model ``name``."""
+    """The FastAPI application serving ``predictor`` as model ``name`` (version 1), or, with ``repository``,
+    every model of a Triton-layout model repository (each version; the newest where a request names none),
+    with the repository extension's index, load and unload."""
     metrics = ServerMetrics()
-    key = (name, "1")
-    metrics.ensure(key)
-    batcher = Batcher(predictor, window_ms, max_batch_size, metrics, key)
+    models: dict[str, dict[str, Served]] = {}  # name -> version -> served; replaced whole, never edited
     parser = ThreadPoolExecutor(2, thread_name_prefix="ctrkit-parse")  # responses out
-    large = LargeBodyParser(predictor.signature)
+    large: dict[str, LargeBodyParser] = {}  # per signature's model name and version
+    retiring: set[asyncio.Task] = set()
+
+    def start(model: str, version: str, p: Predictor) -> Served:
+        key = (model, version)
+        metrics.ensure(key)
+        served = Served(p, Batcher(p, window_ms, max_batch_size, metrics, key))
+        served.batcher.start()
+        return served
+
+    async def retire(old: dict[str, Served]) -> None:
+        """Stops replaced or unloaded versions once the requests already queued on them are answered."""
+        for served in old.values():
+            await served.batcher.drain()
+
+    def swap(model: str, versions: dict[str, Served] | None) -> None:
+        old = models.pop(model, None)
+        if versions:
+            models[model] = versions
+        if old:
+            task = asyncio.get_running_loop().create_task(retire(old))
+            retiring.add(task)
+            task.add_done_callback(retiring.discard)
+
+    async def load(model: str) -> None:
+        """(Re)loads every version of ``model`` from the repository, off the event loop; the versions
+        it replaces keep answering until the new ones serve."""
+        loaded = await asyncio.get_running_loop().run_in_executor(None, repository.load, model)
+        swap(model, {v: start(model, v, p) for v, p in loaded.items()})
 
     @asynccontextmanager
     async def lifespan(app):
-        batcher.start()
-        large.start()
+        if repository is None:
+            swap(name, {"1": start(name, "1", predictor)})
+        else:
+            for model in repository.names():
+                try:
+                    await load(model)
+                except ValueError as e:  # a broken model does not stop the others from serving
+                    log.error("model '%s' not loaded: %s", model, e)
+                    repository.failed[model] = str(e)
         yield
-        await batcher.stop()
+        for versions in list(models.values()):
+            for served in versions.values():
+                await served.batcher.stop()
         parser.shutdown(wait=False)
-        large.shutdown()
+        for worker in large.values():
+            worker.shutdown()
 
     app = FastAPI(title="ctrkit", lifespan=lifespan)
-    app.state.batcher = batcher
+    app.state.models = models
     app.state.metrics = metrics
-    signature = predictor.signature
     tensors = lambda specs: [{"name": t.name, "datatype": t.datatype, "shape": t.shape()} for t in specs]
 
     def error(status: int, message: str) -> JSONResponse:
         return JSONResponse({"error": message}, status_code=status)
 
-    def unknown(model: str) -> JSONResponse:
-        return error(404, f"unknown model '{model}'; this server serves '{name}'")
+    def lookup(model: str, version: str | None) -> Served | JSONResponse:
+        versions = models.get(model)
+        if versions is None:
+            if repository is None:
+                return error(404, f"unknown model '{model}'; this server serves '{name}'")
+            known = model in repository.names()
+            return error(404, f"model '{model}' is not loaded" if known else f"unknown model '{model}'")
+        version = version or newest(versions)
+        if version not in versions:
+            return error(404, f"model '{model}' has no version '{version}' (versions: {', '.join(sorted(versions))})")
+        return versions[version]
 
     @app.get("/v2")
     async def server_metadata():
-        return {"name": "ctrkit", "version": __version__, "extensions": ["binary_tensor_data"]}
+        extensions = ["binary_tensor_data"] + (["model_repository"] if repository is not None else [])
+        return {"name": "ctrkit", "version": __version__, "extensions": extensions}
 
     @app.get("/metrics")
     async def prometheus_metrics():
@@ -256,40 +329,47 @@ def create_app(
 
     @app.get("/v2/health/ready")
     async def ready():
-        return Response(status_code=200 if batcher.alive else 503)
+        alive = all(s.batcher.alive for versions in models.values() for s in versions.values())
+        return Response(status_code=200 if alive else 503)
 
     @app.get("/v2/models/{model}/ready")
     @app.get("/v2/models/{model}/versions/{version}/ready")
-    async def model_ready(model: str, version: str = "1"):
-        if model != name:
-            return unknown(model)
-        return Response(status_code=200 if batcher.alive else 503)
+    async def model_ready(model: str, version: str | None = None):
+        served = lookup(model, version)
+        if isinstance(served, JSONResponse):
+            return served
+        return Response(status_code=200 if served.batcher.alive else 503)
 
     @app.get("/v2/models/{model}")
     @app.get("/v2/models/{model}/versions/{version}")
-    async def model_metadata(model: str, version: str = "1"):
-        if model != name:
-            return unknown(model)
+    async def model_metadata(model: str, version: str | None = None):
+        served = lookup(model, version)
+        if isinstance(served, JSONResponse):
+            return served
+        signature = served.predictor.signature
         return {
-            "name": name,
-            "versions": ["1"],
-            "platform": f"ctrkit_{predictor.backend}",
+            "name": model,
+            "versions": sorted(models[model], key=lambda v: (int(v) if v.isdigit() else -1, v)),
+            "platform": f"ctrkit_{served.predictor.backend}",
             "inputs": tensors(signature.inputs),
             "outputs": tensors([signature.output]),
         }
 
     @app.post("/v2/models/{model}/infer")
     @app.post("/v2/models/{model}/versions/{version}/infer")
-    async def infer(model: str, request: Request, version: str = "1"):
-        if model != name:
-            return unknown(model)
+    async def infer(model: str, request: Request, version: str | None = None):
+        served = lookup(model, version)
+        if isinstance(served, JSONResponse):
+            return served
+        key = (model, served.batcher.key[1])
         arrived = time.monotonic()
-        response = await answer(request)
+        response = await answer(model, version, served, request)
         metrics.request(key, response.status_code == 200, time.monotonic() - arrived)
         return response
 
-    async def answer(request: Request) -> Response:
-        """The inference response, or an error response, to one request for the served model."""
+    async def answer(model: str, version: str | None, served: Served, request: Request) -> Response:
+        """The inference response, or an error response, to one request for a served model version."""
+        signature = served.predictor.signature
         body, seen = bytearray(), 0
         async for chunk in request.stream():  # an oversized body is read to its end (not kept), so the
             seen += len(chunk)  # client gets the 400 rather than a reset connection
@@ -297,35 +377,104 @@ def create_app(
                 body += chunk
         if seen > max_body:
             return error(400, f"the request body of {seen} bytes exceeds the limit of {max_body} bytes")
-        if not batcher.alive:
-            return error(503, "the model's batching loop has stopped; restart the server")
         try:
             if len(body) < LARGE_BODY:
                 parsed = parse_request(bytes(body), request.headers.get(HEADER_LENGTH), signature)
             else:  # parsing holds the GIL for seconds: in another process, so other clients are answered
-                parsed = await large.parse(bytes(body), request.headers.get(HEADER_LENGTH))
+                worker_key = f"{model}/{served.batcher.key[1]}"
+                if worker_key not in large:
+                    large[worker_key] = LargeBodyParser(signature)
+                    large[worker_key].start()
+                parsed = await large[worker_key].parse(bytes(body), request.headers.get(HEADER_LENGTH))
         except RequestError as e:
             return error(400, str(e))
         except BrokenProcessPool:
             return error(503, "the request parser ran out of memory on this request; send a smaller body")
         if len(parsed.numerical) > max_batch_size:
             return error(400, f"batch of {len(parsed.numerical)} samples exceeds the limit of {max_batch_size}")
-        try:
-            probs = await batcher.score(parsed.numerical, parsed.categorical, parsed.multi_hot)
+        current = lookup(model, version)  # a version loaded while the body arrived serves it
+        served = current if isinstance(current, Served) and current.predictor.signature == signature else served
+        if not served.batcher.alive:
+            return error(503, "the model's batching loop has stopped; restart the server")
+        try:  # no await between the lookup above and the request joining that batcher's queue
+            probs = await served.batcher.score(parsed.numerical, parsed.categorical, parsed.multi_hot)
         except MemoryError:
             return error(503, "not enough memory to score this request; send fewer or shorter rows")
         except Exception as e:
             return error(500, f"the model failed on this request: {type(e).__name__}: {e}")
         content, headers = await asyncio.get_running_loop().run_in_executor(
-            parser, encode_response, name, parsed, probs
+            parser, encode_response, model, parsed, probs
         )
         return Response(content=content, headers=headers, media_type=headers["content-type"])
+
+    if repository is not None:
+
+        @app.post("/v2/repository/index")
+        async def repository_index(request: Request):
+            body = await request.body()
+            only_ready = bool(json.loads(body or b"{}").get("ready", False)) if body.strip() else False
+            out = []
+            for model in repository.names():
+                if model in models:
+                    out += [{"name": model, "version": v, "state": "READY"} for v in sorted(models[model])]
+                elif not only_ready:
+                    reason = repository.failed.get(model, "unloaded")
+                    out.append({"name": model, "state": "UNAVAILABLE", "reason": reason})
+            return out
+
+        @app.post("/v2/repository/models/{model}/load")
+        async def repository_load(model: str):
+            try:
+                await load(model)
+            except ValueError as e:
+                repository.failed[model] = str(e)
+                return error(400, f"failed to load '{model}': {e}")
+            repository.failed.pop(model, None)
+            return Response(status_code=200)
+
+        @app.post("/v2/repository/models/{model}/unload")
+        async def repository_unload(model: str):
+            if model not in repository.names() and model not in models:
+                return error(400, f"unknown model '{model}'")
+            swap(model, None)
+            return Response(status_code=200)
 
     return app
 
 
+class ModelRepository:
+    """A Triton-layout model repository as ``ctrkit export --format triton`` writes it: ``DIR/NAME/``
+    holding ``config.pbtxt`` and ``ctrkit_model.json``, and numbered version directories (``1/``,
+    ``2/``, ...) each holding the model file (and optionally its own ``ctrkit_model.json``)."""
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root)
+        if not self.root.is_dir():
+            raise ValueError(f"{self.root}: model repository not found")
+        self.failed: dict[str, str] = {}
+        if not self.names():
+            raise ValueError(f"{self.root}: no model directories (NAME/config.pbtxt) in this repository")
+
+    def names(self) -> list[str]:
+        return sorted(p.parent.name for p in self.root.glob("*/config.pbtxt"))
+
+    def versions(self, model: str) -> list[str]:
+        folder = self.root / model
+        return sorted((p.name for p in folder.iterdir() if p.is_dir() and p.name.isdigit()), key=int)
+
+    def load(self, model: str) -> dict[str, Predictor]:
+        """Every version of ``model``, loaded (a ValueError naming what is wrong otherwise)."""
+        folder = self.root / model
+        if not (folder / "config.pbtxt").is_file():
+            raise ValueError(f"{folder}: no such model in the repository (expected {folder / 'config.pbtxt'})")
+        versions = self.versions(model)
+        if not versions:
+            raise ValueError(f"{folder}: no numbered version directories")
+        return {v: Predictor.from_export(folder, v) for v in versions}
+
+
 def serve(
-    predictor: Predictor,
+    predictor: Predictor | None,
     name: str,
     host: str = "127.0.0.1",
     port: int = 8000,
@@ -333,12 +482,14 @@ def serve(
     max_batch_size: int = 8192,
     max_body: int = DEFAULT_MAX_BODY,
     sock: socket.socket | None = None,
+    repository: ModelRepository | None = None,
 ) -> None:
     """Runs the server until interrupted (uvicorn with uvloop and httptools when installed), on ``sock``
-    when given (see ``bind``), else on a socket bound to ``host``:``port`` now."""
+    when given (see ``bind``), else on a socket bound to ``host``:``port`` now; ``repository`` instead
+    of ``predictor`` serves a model repository."""
     import uvicorn
 
-    app = create_app(predictor, name, window_ms, max_batch_size, max_body)
+    app = create_app(predictor, name, window_ms, max_batch_size, max_body, repository)
     sock = sock if sock is not None else bind(host, port)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
     server.run(sockets=[sock])
