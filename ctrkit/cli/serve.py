@@ -39,11 +39,13 @@ def export(args: argparse.Namespace) -> int:
 def serve(args: argparse.Namespace) -> int:
     """a KServe v2 / Triton HTTP inference server
 
-    Serves a checkpoint (PyTorch) or an export (--model-dir: ONNX Runtime or TorchScript) over the KServe
-    v2 HTTP protocol as Triton does: /v2/health/live, /v2/health/ready, /v2/models/NAME,
-    /v2/models/NAME/ready, POST /v2/models/NAME/infer with JSON tensors or the binary-tensor extension
-    (the faster choice for clients), with the signature `ctrkit export` describes. Concurrent requests
-    are batched dynamically.
+    Serves a checkpoint (PyTorch), an export (--model-dir: ONNX Runtime or TorchScript) or a Triton-layout
+    model repository (--model-repository: several models and numbered versions, with the repository
+    extension's index, load and unload) over the KServe v2 HTTP protocol as Triton does: /v2/health/live,
+    /v2/health/ready, /v2/models/NAME[/versions/V], .../ready, POST .../infer with JSON tensors or the
+    binary-tensor extension (the faster choice for clients), with the signature `ctrkit export`
+    describes; GET /metrics in Prometheus format with Triton's metric names. Concurrent requests are
+    batched dynamically.
     """
     import torch
 
