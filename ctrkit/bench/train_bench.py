@@ -33,6 +33,22 @@ def make_batches(cfg: TrainBenchConfig, rng: np.random.Generator) -> list[Batch]
     return out
 
 
+def dense_flops_per_sample(model: torch.nn.Module, batch: Batch) -> dict[str, float]:
+    """The model's matrix-multiply FLOPs per sample (its dense layers, DLRM's interaction, DCNv2's cross
+    layers; embedding lookups are memory traffic, not FLOPs), counted from the operations' shapes by
+    torch's FlopCounterMode over one forward and one backward of ``batch``: ``forward`` and ``train_step``
+    (forward + backward)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    n = len(batch.labels)
+    with FlopCounterMode(display=False) as counter:
+        logits = model(batch.numerical, batch.categorical)
+        forward = counter.get_total_flops()
+        torch.nn.functional.binary_cross_entropy_with_logits(logits.float(), batch.labels).backward()
+    model.zero_grad(set_to_none=True)
+    return {"forward": forward / n, "train_step": counter.get_total_flops() / n}
+
+
 def run_train_bench(cfg: TrainBenchConfig, device: torch.device) -> dict:
     """Runs ``warmup`` untimed steps, then ``repeats`` x ``steps`` timed steps; reports the median."""
     torch.manual_seed(cfg.seed)
@@ -52,6 +68,7 @@ def run_train_bench(cfg: TrainBenchConfig, device: torch.device) -> dict:
     optimizers = build_optimizers(model, dense_opt, 1e-3, emb_opt, 1e-3, d.get("wide_optimizer", "sgd"), 1e-3)
     step = TrainStep(model, optimizers, device, amp_dtype, compile=cfg.compile)
     batches = [b.to(device) for b in make_batches(cfg, np.random.default_rng(cfg.seed))]
+    flops = dense_flops_per_sample(model, batches[0])
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     for i in range(cfg.warmup):
         step(batches[i % len(batches)])
@@ -64,11 +81,18 @@ def run_train_bench(cfg: TrainBenchConfig, device: torch.device) -> dict:
         sync()
         times.append((time.perf_counter() - t0) / cfg.steps)
     ms = statistics.median(times) * 1000
+    samples_per_s = cfg.batch_size / (ms / 1000)
+    peaks = matmul_peaks(device)
+    peak = peaks.get("bf16" if amp_dtype is not None else "fp32") or peaks["fp32"]
+    achieved = flops["train_step"] * samples_per_s / 1e9
     return {
         "benchmark": "train",
         "config": asdict(cfg),
         "model_config": {k: v for k, v in config_to_dict(model_cfg).items() if k != "cardinalities"},
-        "samples_per_s": cfg.batch_size / (ms / 1000),
+        "samples_per_s": samples_per_s,
+        "flops_per_sample": flops,
+        "achieved_gflops": achieved,
+        "fraction_of_peak": achieved / peak if peak else None,
         "ms_per_step": ms,
         "ms_per_step_all": [t * 1000 for t in times],
         "amp_dtype": str(amp_dtype).replace("torch.", "") if amp_dtype else None,
@@ -76,5 +100,5 @@ def run_train_bench(cfg: TrainBenchConfig, device: torch.device) -> dict:
         "device": str(device),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "machine": machine(),
-        "matmul_peak_gflops": matmul_peaks(device),
+        "matmul_peak_gflops": peaks,
     }

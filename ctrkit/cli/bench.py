@@ -159,6 +159,14 @@ def train(args: argparse.Namespace) -> int:
         f"{result['machine']['threads']} threads: {result['samples_per_s']:,.0f} samples/s (median of {cfg.repeats}), "
         f"{result['ms_per_step']:.2f} ms/step"
     )
+    peak_kind = "bf16" if result["amp_dtype"] else "fp32"
+    fraction = result["fraction_of_peak"]
+    print(
+        f"  matrix multiplies: {result['flops_per_sample']['train_step'] / 1e6:.2f} MFLOP per sample per step "
+        f"(forward {result['flops_per_sample']['forward'] / 1e6:.2f}), {result['achieved_gflops']:,.1f} GFLOP/s"
+        + (f" = {fraction:.0%} of the {peak_kind} matmul peak measured now "
+           f"({result['matmul_peak_gflops'][peak_kind]:,.0f} GFLOP/s)" if fraction is not None else "")
+    )  # fmt: skip
     write_result(result, run.output)
     return 0
 

@@ -63,3 +63,32 @@ def test_bench_scale_runs_one_job_per_world_size(tmp_path, capsys):
     assert sum(table_sizes("tiny", 65536, 32)) * 32 * 4 <= 4.2 * 2**30 / 65536  # the size the blog gives, scaled
     code, _, err = run_cli("bench", "scale", "--models", "huge", capsys=capsys)
     assert code == 2 and "unknown model 'huge'" in err
+
+
+def test_flops_per_sample_follow_the_layer_shapes():
+    """Counted over a real forward/backward; here against the shapes: each Linear is 2*in*out FLOPs per
+    sample forward and twice that backward (input and weight gradients), and DLRM's dot interaction of
+    F+1 vectors of width D is a (F+1) x D x (F+1) product per sample."""
+    import torch
+
+    from ctrkit.bench.config import TrainBenchConfig
+    from ctrkit.bench.train_bench import dense_flops_per_sample, make_batches
+    from ctrkit.models.registry import create_model, make_config
+
+    cfg = TrainBenchConfig(batch_size=32, num_tables=5, table_rows=100, embedding_dim=8, num_numerical=3,
+                           distinct_batches=1)  # fmt: skip
+    batch = make_batches(cfg, np.random.default_rng(0))[0]
+    shape = {"num_numerical": 3, "cardinalities": (100,) * 5, "embedding_dim": 8}
+    wd = create_model("wide_deep", make_config("wide_deep", {**shape, "deep_mlp": (64, 32)}))
+    linear = sum(2 * m.in_features * m.out_features for m in wd.modules() if isinstance(m, torch.nn.Linear))
+    assert linear == 2 * ((5 * 8 + 3) * 64 + 64 * 32 + 32 * 1 + 3 * 1)  # the deep tower, the wide numericals
+    flops = dense_flops_per_sample(wd, batch)
+    # backward: weight and input gradients, except the input gradient of the wide part's numerical layer
+    # (the numerical inputs need none)
+    assert flops == {"forward": linear, "train_step": 3 * linear - 2 * 3 * 1}
+    dlrm = create_model("dlrm", make_config("dlrm", {**shape, "bottom_mlp": (16, 8), "top_mlp": (16, 1)}))
+    linear = sum(2 * m.in_features * m.out_features for m in dlrm.modules() if isinstance(m, torch.nn.Linear))
+    interaction = 2 * 6 * 8 * 6
+    flops = dense_flops_per_sample(dlrm, batch)
+    assert flops["forward"] == linear + interaction
+    assert all(p.grad is None for p in dlrm.parameters())  # counting leaves no gradients behind
