@@ -10,8 +10,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam")
-TABLE_OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad", "adam")
+DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam", "rmsprop")
+TABLE_OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad", "adam", "ftrl")
 EXPORT_FORMATS = ("onnx", "torchscript", "triton")
 QUANTIZATIONS = ("none", "int8")
 

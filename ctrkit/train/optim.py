@@ -74,11 +74,12 @@ class LRSchedule:
         return self.end_lr + (self.base_lr - self.end_lr) * (1.0 - t / self.decay_steps) ** self.power
 
 
-OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad", "adam")
+OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad", "adam", "ftrl", "rmsprop")
+FTRL_INITIAL_ACCUMULATOR = 0.1  # as TensorFlow's Ftrl, which NVIDIA's Wide & Deep trains its wide part with
 
 
 class SparseRowOptimizer(torch.optim.Optimizer):
-    """Adagrad, row-wise Adagrad or (lazy) Adam for embedding tables with sparse gradients.
+    """Adagrad, row-wise Adagrad, (lazy) Adam or FTRL-Proximal for embedding tables with sparse gradients.
 
     Only the rows a batch looked up are read and written, so a step costs O(rows used x D), not
     O(table). The gradient is coalesced first (duplicate ids summed), so the update is exactly the
@@ -87,6 +88,11 @@ class SparseRowOptimizer(torch.optim.Optimizer):
 
     ``rowwise_adagrad`` keeps one accumulator per row (the mean of the squared gradient over the
     row), a D-fold saving of optimizer memory that FBGEMM and TorchRec use for large tables.
+
+    ``ftrl`` is FTRL-Proximal (McMahan et al., 2013) as TensorFlow's ``Ftrl`` computes it with its
+    defaults (learning-rate power -1/2, accumulators starting at 0.1, no L1/L2): per weight, with
+    ``n`` the accumulated squared gradient and ``z`` the linear term,
+    ``n' = n + g^2``, ``z += g - (sqrt(n') - sqrt(n)) / lr * w``, ``w = -z * lr / sqrt(n')``.
 
     Args:
         params: 2-D embedding parameters.
@@ -104,8 +110,8 @@ class SparseRowOptimizer(torch.optim.Optimizer):
         eps: float | None = None,
         betas: tuple[float, float] = (0.9, 0.999),
     ):
-        if kind not in ("adagrad", "rowwise_adagrad", "adam"):
-            raise ValueError(f"unknown sparse optimizer '{kind}'; expected adagrad, rowwise_adagrad or adam")
+        if kind not in ("adagrad", "rowwise_adagrad", "adam", "ftrl"):
+            raise ValueError(f"unknown sparse optimizer '{kind}'; expected adagrad, rowwise_adagrad, adam or ftrl")
         if lr < 0:
             raise ValueError(f"lr must be >= 0, got {lr}")
         default_eps = 1e-8 if kind == "adam" else 1e-10
@@ -121,6 +127,9 @@ class SparseRowOptimizer(torch.optim.Optimizer):
                 state["exp_avg_sq"] = torch.zeros_like(p)
             elif self.kind == "adagrad":
                 state["sum"] = torch.zeros_like(p)
+            elif self.kind == "ftrl":
+                state["accumulator"] = torch.full_like(p, FTRL_INITIAL_ACCUMULATOR)
+                state["linear"] = torch.zeros_like(p)
             else:
                 state["sum"] = torch.zeros(p.shape[0], dtype=p.dtype, device=p.device)
         return state
@@ -140,6 +149,15 @@ class SparseRowOptimizer(torch.optim.Optimizer):
                     rows, values = torch.arange(p.shape[0], device=p.device), g
                 state = self._state(p)
                 state["step"] += 1
+                if self.kind == "ftrl":  # sets the rows' weights rather than adding an update
+                    n = state["accumulator"].index_select(0, rows)  # (U, D)
+                    n_new = n + values * values
+                    w = p.index_select(0, rows)
+                    z = state["linear"].index_select(0, rows) + values - (n_new.sqrt() - n.sqrt()) / lr * w
+                    state["accumulator"].index_copy_(0, rows, n_new)
+                    state["linear"].index_copy_(0, rows, z)
+                    p.index_copy_(0, rows, (-z * lr / n_new.sqrt()).to(p.dtype))
+                    continue
                 if self.kind == "adagrad":
                     acc = state["sum"].index_select(0, rows).addcmul_(values, values)  # (U, D)
                     state["sum"].index_copy_(0, rows, acc)
@@ -173,7 +191,12 @@ def make_optimizer(kind: str, params: list[torch.nn.Parameter], lr: float, spars
         raise ValueError(f"unknown optimizer '{kind}'; expected one of {', '.join(OPTIMIZERS)}")
     if kind == "sgd":
         return SparseSGD(params, lr=lr)
-    if sparse:
+    if kind == "rmsprop":
+        if sparse:
+            raise ValueError("rmsprop applies to the dense part (as NVIDIA's Wide & Deep trains its deep MLP); "
+                             "use adam, adagrad, rowwise_adagrad, ftrl or sgd for embedding tables")  # fmt: skip
+        return torch.optim.RMSprop(params, lr=lr, foreach=True)
+    if sparse or kind == "ftrl":  # FTRL on dense parameters: every row, every step
         return SparseRowOptimizer(params, kind, lr)
     if kind == "adagrad":
         return torch.optim.Adagrad(params, lr=lr, foreach=True)

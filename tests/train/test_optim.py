@@ -123,3 +123,38 @@ def test_make_optimizer_choices_and_errors():
         make_optimizer("rowwise_adagrad", p, 0.1, sparse=False)
     with pytest.raises(ValueError, match="unknown optimizer 'lamb'"):
         make_optimizer("lamb", p, 0.1, sparse=False)
+
+
+def test_ftrl_against_a_loop_of_tensorflows_formula():
+    """FTRL-Proximal as TensorFlow's Ftrl computes it (lr power -1/2, accumulators from 0.1, no L1/L2),
+    written out per weight; rows not looked up keep their weights and state."""
+    from ctrkit.train.optim import SparseRowOptimizer
+
+    ours = _run(lambda p: SparseRowOptimizer(p, "ftrl", lr=0.05), SOME_ROWS, sparse=True)
+    torch.manual_seed(0)
+    weight = torch.nn.Parameter(torch.randn(12, 3))
+    head = torch.randn(3, 1)
+    n, z = torch.full((12, 3), 0.1), torch.zeros(12, 3)
+    for ids in SOME_ROWS[:4]:
+        weight.grad = None
+        out = F.embedding(ids, weight).sum(1) @ head
+        (out.pow(2).mean() + out.mean()).backward()
+        with torch.no_grad():
+            for r in ids.unique().tolist():
+                for c in range(3):
+                    g, w = weight.grad[r, c].item(), weight[r, c].item()
+                    n_new = n[r, c].item() + g * g
+                    z[r, c] += g - (n_new**0.5 - n[r, c].item() ** 0.5) / 0.05 * w
+                    n[r, c] = n_new
+                    weight[r, c] = -z[r, c] * 0.05 / n_new**0.5
+    torch.testing.assert_close(ours, weight.detach())
+    assert not torch.equal(ours, torch.zeros_like(ours))
+
+
+def test_rmsprop_is_for_the_dense_part():
+    from ctrkit.train.optim import make_optimizer
+
+    p = [torch.nn.Parameter(torch.zeros(4, 2))]
+    assert isinstance(make_optimizer("rmsprop", p, 0.1, sparse=False), torch.optim.RMSprop)
+    with pytest.raises(ValueError, match="rmsprop applies to the dense part"):
+        make_optimizer("rmsprop", p, 0.1, sparse=True)
