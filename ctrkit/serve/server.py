@@ -245,7 +245,7 @@ def create_app(
     metrics = ServerMetrics()
     models: dict[str, dict[str, Served]] = {}  # name -> version -> served; replaced whole, never edited
     parser = ThreadPoolExecutor(2, thread_name_prefix="ctrkit-parse")  # responses out
-    large: dict[str, LargeBodyParser] = {}  # per signature's model name and version
+    large: dict = {}  # signature -> its LargeBodyParser, started with the first version that has it
     retiring: set[asyncio.Task] = set()
 
     def start(model: str, version: str, p: Predictor) -> Served:
@@ -253,6 +253,9 @@ def create_app(
         metrics.ensure(key)
         served = Served(p, Batcher(p, window_ms, max_batch_size, metrics, key))
         served.batcher.start()
+        if p.signature not in large:  # the worker starts with the model, not on the first large request
+            large[p.signature] = LargeBodyParser(p.signature)
+            large[p.signature].start()
         return served
 
     async def retire(old: dict[str, Served]) -> None:
@@ -381,11 +384,7 @@ def create_app(
             if len(body) < LARGE_BODY:
                 parsed = parse_request(bytes(body), request.headers.get(HEADER_LENGTH), signature)
             else:  # parsing holds the GIL for seconds: in another process, so other clients are answered
-                worker_key = f"{model}/{served.batcher.key[1]}"
-                if worker_key not in large:
-                    large[worker_key] = LargeBodyParser(signature)
-                    large[worker_key].start()
-                parsed = await large[worker_key].parse(bytes(body), request.headers.get(HEADER_LENGTH))
+                parsed = await large[signature].parse(bytes(body), request.headers.get(HEADER_LENGTH))
         except RequestError as e:
             return error(400, str(e))
         except BrokenProcessPool:
