@@ -83,11 +83,15 @@ class TrainConfig:
         "that regression and model selection keeps it unless validation improves; needs validation data and a "
         "first-order term",
     )
-    early_stopping_patience: int = option(
-        4, "stop after this many validation evaluations without improvement (0: never stop early)"
+    early_stopping_patience: int | None = option(
+        None,
+        "stop after this many validation evaluations without improvement (0: never stop early)",
+        unset="the model's: 4, Wide & Deep 8",
     )
-    plateau_patience: int = option(
-        2, "multiply the learning rates by plateau_factor after this many evaluations without improvement (0: never)"
+    plateau_patience: int | None = option(
+        None,
+        "multiply the learning rates by plateau_factor after this many evaluations without improvement (0: never)",
+        unset="the model's: 2, Wide & Deep 4",
     )
     plateau_factor: float = option(0.5, "the learning-rate multiplier on a validation plateau")
     min_delta: float = option(1e-4, "the validation AUC gain that counts as an improvement")
@@ -134,8 +138,8 @@ class TrainConfig:
             value = getattr(self, name)
             if value is not None and value not in allowed:
                 raise ValueError(f"`{name}`: expected one of {', '.join(allowed)}, got {value!r}")
-        positive("early_stopping_patience", allow_zero=True)
-        positive("plateau_patience", allow_zero=True)
+        positive("early_stopping_patience", allow_none=True, allow_zero=True)
+        positive("plateau_patience", allow_none=True, allow_zero=True)
         if not 0.0 <= self.validation_fraction < 1.0:
             raise ValueError(f"`validation_fraction`: expected a fraction in [0, 1), got {self.validation_fraction}")
         if not 0.0 < self.plateau_factor <= 1.0:

@@ -47,6 +47,8 @@ TRAIN_DEFAULTS = {
     "batch_size": 1024,
     "wide_optimizer": "adagrad",
     "wide_lr": 0.02,
+    "early_stopping_patience": 4,
+    "plateau_patience": 2,
 }
 
 
