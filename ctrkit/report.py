@@ -89,7 +89,7 @@ def dataset_summary(dataset_dir: str | os.PathLike) -> dict[str, Any]:
     mappings = {}
     for mapping in spec.source_spec:
         data = SplitBinaryDataset(spec, mapping)
-        labels = data.slice(0, len(data)).labels.numpy() if len(data) else np.zeros(0)
+        labels = data.labels()  # the label column alone, not every feature of the mapping
         mappings[mapping] = {"rows": len(data), "ctr": float(labels.mean()) if len(labels) else None}
     features = []
     if "train" in spec.source_spec:
@@ -128,6 +128,8 @@ def _plots(series, calib, labels, probs, best_step: int | None) -> dict[str, str
     import matplotlib.pyplot as plt
 
     out = {}
+    if not series["train"]["step"]:  # no log: no curves to draw
+        return {"calibration": _calibration_plot(plt, calib, labels, probs)}
     fig, ax = plt.subplots(figsize=(7, 3.2))
     ax.plot(series["train"]["step"], series["train"]["loss"], color="tab:blue", label="training loss")
     ax.set_xlabel("step")
@@ -154,6 +156,11 @@ def _plots(series, calib, labels, probs, best_step: int | None) -> dict[str, str
         a.legend()
     out["evaluations"] = _png(fig)
 
+    out["calibration"] = _calibration_plot(plt, calib, labels, probs)
+    return out
+
+
+def _calibration_plot(plt, calib, labels, probs) -> str:
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.6))
     full = [i for i, n in enumerate(calib["rows"]) if n]
     a1.plot([0, 1], [0, 1], ":", color="grey", label="perfectly calibrated")
@@ -170,8 +177,7 @@ def _plots(series, calib, labels, probs, best_step: int | None) -> dict[str, str
     a2.set_ylabel("density")
     a2.set_title("Scores by class")
     a2.legend()
-    out["calibration"] = _png(fig)
-    return out
+    return _png(fig)
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
@@ -220,7 +226,7 @@ def build_report(
         raise ValueError(f"{dataset}: mapping '{mapping}' holds no samples to evaluate")
     logits = predict_logits(scoring.model, scoring.dataset, scoring.device, 16384).astype(np.float64)
     probs = sigmoid(logits)
-    labels = scoring.dataset.slice(0, len(scoring.dataset)).labels.numpy().astype(np.int64)
+    labels = scoring.dataset.labels().astype(np.int64)
     ckpt = scoring.checkpoint
     final = {"mapping": mapping, "rows": int(len(labels)), "auc": float(roc_auc(labels, probs)),
              "logloss": log_loss_from_logits(labels, logits), "ctr": float(labels.mean()),
@@ -239,8 +245,6 @@ def build_report(
         "config": {"model_config": ckpt.model_config, "train_config": ckpt.train_config},
     }
     plots = _plots(series, calib, labels, probs, final.get("best_step"))
-    if not series["train"]["step"]:  # no log: no curves to show
-        plots = {"calibration": plots["calibration"]}
     page = _page(data, plots, log_path)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -226,9 +226,14 @@ class Served:
     batcher: Batcher
 
 
+def version_order(version: str) -> tuple[int, str]:
+    """Sort key of version names: numbered versions by their number (so "10" comes after "2")."""
+    return (int(version) if version.isdigit() else -1, version)
+
+
 def newest(versions: dict[str, Served]) -> str:
     """The newest of ``versions`` (numbered directories: the largest number), as Triton's ``latest`` policy."""
-    return max(versions, key=lambda v: (int(v) if v.isdigit() else -1, v))
+    return max(versions, key=version_order)
 
 
 def create_app(
@@ -286,7 +291,7 @@ def create_app(
             for model in repository.names():
                 try:
                     await load(model)
-                except ValueError as e:  # a broken model does not stop the others from serving
+                except Exception as e:  # a broken model (a missing or corrupt file) does not stop the others
                     log.error("model '%s' not loaded: %s", model, e)
                     repository.failed[model] = str(e)
         yield
@@ -352,7 +357,7 @@ def create_app(
         signature = served.predictor.signature
         return {
             "name": model,
-            "versions": sorted(models[model], key=lambda v: (int(v) if v.isdigit() else -1, v)),
+            "versions": sorted(models[model], key=version_order),
             "platform": f"ctrkit_{served.predictor.backend}",
             "inputs": tensors(signature.inputs),
             "outputs": tensors([signature.output]),
@@ -364,14 +369,14 @@ def create_app(
         served = lookup(model, version)
         if isinstance(served, JSONResponse):
             return served
-        key = (model, served.batcher.key[1])
         arrived = time.monotonic()
-        response = await answer(model, version, served, request)
-        metrics.request(key, response.status_code == 200, time.monotonic() - arrived)
+        response, served = await answer(model, version, served, request)
+        metrics.request(served.batcher.key, response.status_code == 200, time.monotonic() - arrived)
         return response
 
-    async def answer(model: str, version: str | None, served: Served, request: Request) -> Response:
-        """The inference response, or an error response, to one request for a served model version."""
+    async def answer(model: str, version: str | None, served: Served, request: Request) -> tuple[Response, Served]:
+        """The response (or error response) to one request for a served model version, and the version
+        that answered it (a version loaded while the body arrived answers in place of the one looked up)."""
         signature = served.predictor.signature
         body, seen = bytearray(), 0
         async for chunk in request.stream():  # an oversized body is read to its end (not kept), so the
@@ -379,32 +384,32 @@ def create_app(
             if seen <= max_body:
                 body += chunk
         if seen > max_body:
-            return error(400, f"the request body of {seen} bytes exceeds the limit of {max_body} bytes")
+            return error(400, f"the request body of {seen} bytes exceeds the limit of {max_body} bytes"), served
         try:
             if len(body) < LARGE_BODY:
                 parsed = parse_request(bytes(body), request.headers.get(HEADER_LENGTH), signature)
             else:  # parsing holds the GIL for seconds: in another process, so other clients are answered
                 parsed = await large[signature].parse(bytes(body), request.headers.get(HEADER_LENGTH))
         except RequestError as e:
-            return error(400, str(e))
+            return error(400, str(e)), served
         except BrokenProcessPool:
-            return error(503, "the request parser ran out of memory on this request; send a smaller body")
+            return error(503, "the request parser ran out of memory on this request; send a smaller body"), served
         if len(parsed.numerical) > max_batch_size:
-            return error(400, f"batch of {len(parsed.numerical)} samples exceeds the limit of {max_batch_size}")
+            return error(400, f"batch of {len(parsed.numerical)} samples exceeds the limit of {max_batch_size}"), served
         current = lookup(model, version)  # a version loaded while the body arrived serves it
         served = current if isinstance(current, Served) and current.predictor.signature == signature else served
         if not served.batcher.alive:
-            return error(503, "the model's batching loop has stopped; restart the server")
+            return error(503, "the model's batching loop has stopped; restart the server"), served
         try:  # no await between the lookup above and the request joining that batcher's queue
             probs = await served.batcher.score(parsed.numerical, parsed.categorical, parsed.multi_hot)
         except MemoryError:
-            return error(503, "not enough memory to score this request; send fewer or shorter rows")
+            return error(503, "not enough memory to score this request; send fewer or shorter rows"), served
         except Exception as e:
-            return error(500, f"the model failed on this request: {type(e).__name__}: {e}")
+            return error(500, f"the model failed on this request: {type(e).__name__}: {e}"), served
         content, headers = await asyncio.get_running_loop().run_in_executor(
             parser, encode_response, model, parsed, probs
         )
-        return Response(content=content, headers=headers, media_type=headers["content-type"])
+        return Response(content=content, headers=headers, media_type=headers["content-type"]), served
 
     if repository is not None:
 
@@ -415,7 +420,8 @@ def create_app(
             out = []
             for model in repository.names():
                 if model in models:
-                    out += [{"name": model, "version": v, "state": "READY"} for v in sorted(models[model])]
+                    out += [{"name": model, "version": v, "state": "READY"}
+                            for v in sorted(models[model], key=version_order)]  # fmt: skip
                 elif not only_ready:
                     reason = repository.failed.get(model, "unloaded")
                     out.append({"name": model, "state": "UNAVAILABLE", "reason": reason})
@@ -425,7 +431,7 @@ def create_app(
         async def repository_load(model: str):
             try:
                 await load(model)
-            except ValueError as e:
+            except Exception as e:  # a missing or corrupt model file: the running versions stay
                 repository.failed[model] = str(e)
                 return error(400, f"failed to load '{model}': {e}")
             repository.failed.pop(model, None)
@@ -459,7 +465,7 @@ class ModelRepository:
 
     def versions(self, model: str) -> list[str]:
         folder = self.root / model
-        return sorted((p.name for p in folder.iterdir() if p.is_dir() and p.name.isdigit()), key=int)
+        return sorted((p.name for p in folder.iterdir() if p.is_dir() and p.name.isdigit()), key=version_order)
 
     def load(self, model: str) -> dict[str, Predictor]:
         """Every version of ``model``, loaded (a ValueError naming what is wrong otherwise)."""

@@ -59,15 +59,6 @@ def infer(url, model, rows, version=""):
     return client.infer(model, inputs, model_version=version).as_numpy("probability")[:, 0]
 
 
-def post(url, path, body=b""):
-    req = urllib.request.Request(f"http://{url}{path}", data=body, method="POST")
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
-
-
 def test_repository_serves_models_and_versions(models):
     work, ckpts, expected, rows = models
     repo = work / "repository"
@@ -92,13 +83,13 @@ def test_repository_serves_models_and_versions(models):
 
         client.unload_model("other")
         assert not client.is_model_ready("other")
-        status, body = post(url, "/v2/models/other/infer", b"{}")
+        status, body = server.post(b"{}", model="other")
         assert status == 404 and "not loaded" in json.loads(body)["error"]
         index = {m["name"]: m["state"] for m in client.get_model_repository_index()}
         assert index == {"ranker": "READY", "other": "UNAVAILABLE"}
         client.load_model("other")
         np.testing.assert_allclose(infer(url, "other", rows), expected["v1"], atol=1e-5)
-        status, body = post(url, "/v2/repository/models/nothing/load")
+        status, body = server.post(b"", path="/v2/repository/models/nothing/load")
         assert status == 400 and "no such model" in json.loads(body)["error"]
 
         # version 3 added and loaded while 4 clients send 240 requests: none fails, every answer is
@@ -110,7 +101,7 @@ def test_repository_serves_models_and_versions(models):
 
         with ThreadPoolExecutor(5) as pool:
             clients = [pool.submit(send) for _ in range(4)]
-            status, _ = post(url, "/v2/repository/models/ranker/load")
+            status, _ = server.post(b"", path="/v2/repository/models/ranker/load")
             answers = [a for c in clients for a in c.result()]
         assert status == 200 and len(answers) == 240
         for a in answers:

@@ -38,10 +38,10 @@ class Server:
         except OSError:
             return False
 
-    def post(self, body: bytes, headers=None, model="dlrm"):
-        req = urllib.request.Request(
-            f"http://{self.url}/v2/models/{model}/infer", data=body, method="POST", headers=headers or {}
-        )
+    def post(self, body: bytes, headers=None, model="dlrm", path=None):
+        """POSTs ``body`` to ``path`` (default: ``model``'s infer route); returns (status, body)."""
+        path = path or f"/v2/models/{model}/infer"
+        req = urllib.request.Request(f"http://{self.url}{path}", data=body, method="POST", headers=headers or {})
         try:
             with urllib.request.urlopen(req, timeout=10) as r:
                 return r.status, r.read()

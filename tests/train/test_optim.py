@@ -95,21 +95,29 @@ def test_rowwise_adagrad_against_a_loop():
     from ctrkit.train.optim import SparseRowOptimizer
 
     ours = _run(lambda p: SparseRowOptimizer(p, "rowwise_adagrad", lr=0.1), SOME_ROWS, sparse=True)
-    # reference: dense gradient, one accumulator per row holding the mean squared gradient
-    torch.manual_seed(0)
-    weight = torch.nn.Parameter(torch.randn(12, 3))
-    head = torch.randn(3, 1)
-    acc = torch.zeros(12)
-    for ids in SOME_ROWS[:4]:
+    acc = torch.zeros(12)  # reference: one accumulator per row holding the mean squared gradient
+
+    def update(weight, g, r):
+        acc[r] += g.pow(2).mean()
+        weight[r] -= 0.1 * g / (acc[r].sqrt() + 1e-10)
+
+    torch.testing.assert_close(ours, _loop_reference(update))
+
+
+def _loop_reference(update, ids_per_step=SOME_ROWS, steps=4, rows=12, dim=3, seed=0):
+    """``_run``'s training written as a loop: dense gradients, then ``update(weight, grad_of_row, row)``
+    for each row the step looked up (in place, under no_grad); returns the table."""
+    torch.manual_seed(seed)
+    weight = torch.nn.Parameter(torch.randn(rows, dim))
+    head = torch.randn(dim, 1)
+    for ids in ids_per_step[:steps]:
         weight.grad = None
         out = F.embedding(ids, weight).sum(1) @ head
         (out.pow(2).mean() + out.mean()).backward()
         with torch.no_grad():
             for r in ids.unique().tolist():
-                g = weight.grad[r]
-                acc[r] += g.pow(2).mean()
-                weight[r] -= 0.1 * g / (acc[r].sqrt() + 1e-10)
-    torch.testing.assert_close(ours, weight.detach())
+                update(weight, weight.grad[r], r)
+    return weight.detach()
 
 
 def test_make_optimizer_choices_and_errors():
@@ -131,23 +139,17 @@ def test_ftrl_against_a_loop_of_tensorflows_formula():
     from ctrkit.train.optim import SparseRowOptimizer
 
     ours = _run(lambda p: SparseRowOptimizer(p, "ftrl", lr=0.05), SOME_ROWS, sparse=True)
-    torch.manual_seed(0)
-    weight = torch.nn.Parameter(torch.randn(12, 3))
-    head = torch.randn(3, 1)
     n, z = torch.full((12, 3), 0.1), torch.zeros(12, 3)
-    for ids in SOME_ROWS[:4]:
-        weight.grad = None
-        out = F.embedding(ids, weight).sum(1) @ head
-        (out.pow(2).mean() + out.mean()).backward()
-        with torch.no_grad():
-            for r in ids.unique().tolist():
-                for c in range(3):
-                    g, w = weight.grad[r, c].item(), weight[r, c].item()
-                    n_new = n[r, c].item() + g * g
-                    z[r, c] += g - (n_new**0.5 - n[r, c].item() ** 0.5) / 0.05 * w
-                    n[r, c] = n_new
-                    weight[r, c] = -z[r, c] * 0.05 / n_new**0.5
-    torch.testing.assert_close(ours, weight.detach())
+
+    def update(weight, grad, r):
+        for c in range(3):
+            g, w = grad[c].item(), weight[r, c].item()
+            n_new = n[r, c].item() + g * g
+            z[r, c] += g - (n_new**0.5 - n[r, c].item() ** 0.5) / 0.05 * w
+            n[r, c] = n_new
+            weight[r, c] = -z[r, c] * 0.05 / n_new**0.5
+
+    torch.testing.assert_close(ours, _loop_reference(update))
     assert not torch.equal(ours, torch.zeros_like(ours))
 
 
