@@ -38,6 +38,19 @@ LABEL_CHANNEL = "label"
 # MAP@12; it may be stored in the test mapping only
 MAP_CHANNEL = "map"
 COMBINERS = ("sum", "mean")
+# channel names NVIDIA's recommenders write, read as ctrkit's: Wide & Deep's Outbrain spec
+# (onehot_categorical, multihot_categorical) and the FeatureSpec example of its README (numeric_inputs,
+# categorical_user_inputs, categorical_item_inputs, label_ch); features of a multi-hot channel are
+# multi-hot categorical features
+CHANNEL_ALIASES = {
+    "onehot_categorical": "categorical",
+    "multihot_categorical": "categorical",
+    "categorical_user_inputs": "categorical",
+    "categorical_item_inputs": "categorical",
+    "numeric_inputs": "numerical",
+    "label_ch": "label",
+}
+MULTI_HOT_CHANNELS = ("multihot_categorical",)
 
 CHUNK_TYPES = ("split_binary", "csv", "parquet")
 INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8")
@@ -177,6 +190,9 @@ class FeatureSpec:
             if not isinstance(raw.get(section), dict):
                 raise SpecError(f"section '{section}' is missing or not a mapping")
 
+        channels, multi_hot = _canonical_channels(raw["channel_spec"])
+        channel_of = {n: c for c, names in channels.items() for n in names}
+        implied: set[str] = set()  # features whose dtype the channel implied (no 'dtype' in the YAML)
         features = {}
         for name, meta in raw["feature_spec"].items():
             where = f"feature_spec.{name}"
@@ -184,10 +200,15 @@ class FeatureSpec:
                 meta = {}
             if not isinstance(meta, dict):
                 raise SpecError(f"{where}: expected a mapping of metadata (dtype, cardinality), got {meta!r}")
-            if "dtype" not in meta:
-                raise SpecError(f"{where}: missing 'dtype'")
             extra = {k: v for k, v in meta.items() if k not in ("dtype", "cardinality")}
-            features[str(name)] = Feature(normalize_dtype(meta["dtype"], where), meta.get("cardinality"), extra)
+            if name in multi_hot:
+                extra.setdefault("multi_hot", True)
+            dtype = meta.get("dtype") or _implied_dtype(channel_of.get(str(name)), meta.get("cardinality"))
+            if dtype is None:
+                raise SpecError(f"{where}: missing 'dtype' (only features of a model channel may leave it out)")
+            features[str(name)] = Feature(normalize_dtype(dtype, where), meta.get("cardinality"), extra)
+            if "dtype" not in meta:
+                implied.add(str(name))
 
         sources = {}
         for mapping, chunks in raw["source_spec"].items():
@@ -205,13 +226,14 @@ class FeatureSpec:
                 parsed.append(Chunk(str(chunk["type"]), tuple(chunk["features"]), tuple(chunk["files"])))
             sources[str(mapping)] = tuple(parsed)
 
-        channels = {}
-        for channel, names in raw["channel_spec"].items():
-            if names is None:
-                names = []
-            if not isinstance(names, list) or not all(isinstance(x, str) for x in names):
-                raise SpecError(f"channel_spec.{channel}: expected a list of feature names, got {names!r}")
-            channels[str(channel)] = tuple(names)
+        for mapping, chunks in sources.items():
+            for i, chunk in enumerate(chunks):
+                stored = [n for n in chunk.features if n in implied]
+                if chunk.type == "split_binary" and stored:
+                    raise SpecError(
+                        f"feature_spec.{stored[0]}: missing 'dtype'; source_spec.{mapping}[{i}] stores it in "
+                        "split_binary files, whose values are read as that dtype"
+                    )
 
         metadata = raw.get("metadata") or {}
         if not isinstance(metadata, dict):
@@ -405,6 +427,7 @@ def split_binary_spec(
     mappings: Sequence[str] = ("train", "test"),
     metadata: Mapping[str, Any] | None = None,
     numerical_dtype: str = "float16",
+    group: tuple[str, Feature, Sequence[str]] | None = None,
 ) -> FeatureSpec:
     """A spec in NVIDIA's split-binary layout: per mapping, ``numerical.bin`` (all numerical features,
     ``numerical_dtype``: float16 as NVIDIA's, or float32), ``label.bin`` and one file per categorical
@@ -416,6 +439,8 @@ def split_binary_spec(
         label: the label feature's name.
         mappings: the mappings to lay out.
         metadata: the spec's metadata section.
+        group: the map channel's feature (rows ranked together for MAP@12): its name, Feature and the
+            mappings that store it (``{name}.bin``).
     """
     features: dict[str, Feature] = dict(categorical)
     for name in numerical:
@@ -431,8 +456,13 @@ def split_binary_spec(
         for c, feature in categorical.items():  # a multi-hot feature's ids, then its offsets
             offsets = (f"{m}/{c}.offsets.bin",) if feature.multi_hot else ()
             chunks.append(Chunk("split_binary", (c,), (f"{m}/{file_of[c]}", *offsets)))
+        if group is not None and m in group[2]:
+            chunks.append(Chunk("split_binary", (group[0],), (f"{m}/{group[0]}.bin",)))
         sources[m] = tuple(chunks)
     channels = {CATEGORICAL_CHANNEL: tuple(categorical), NUMERICAL_CHANNEL: tuple(numerical), LABEL_CHANNEL: (label,)}
+    if group is not None:
+        features[group[0]] = group[1]
+        channels[MAP_CHANNEL] = (group[0],)
     spec = FeatureSpec(features, sources, channels, dict(metadata or {}))
     spec.validate()
     return spec
@@ -444,3 +474,36 @@ def criteo_like_spec(
     """A split-binary spec laid out as NVIDIA's Criteo datasets are (``cat_i.bin``, ``num_i``, ``label``)."""
     categorical = {f"cat_{i}.bin": Feature(smallest_int_dtype(c), int(c)) for i, c in enumerate(cardinalities)}
     return split_binary_spec(categorical, [f"num_{i}" for i in range(num_numerical)], "label", mappings)
+
+
+def _canonical_channels(raw: Mapping[str, Any]) -> tuple[dict[str, tuple[str, ...]], set[str]]:
+    """channel_spec with NVIDIA's channel names (CHANNEL_ALIASES) merged into ctrkit's, in the YAML's
+    order, and the features of multi-hot channels."""
+    channels: dict[str, list[str]] = {}
+    multi_hot: set[str] = set()
+    for channel, names in raw.items():
+        if names is None:
+            names = []
+        if not isinstance(names, list) or not all(isinstance(x, str) for x in names):
+            raise SpecError(f"channel_spec.{channel}: expected a list of feature names, got {names!r}")
+        target = CHANNEL_ALIASES.get(str(channel), str(channel))
+        merged = channels.setdefault(target, [])
+        for n in names:
+            if n in merged:
+                raise SpecError(f"channel_spec.{channel}: feature '{n}' is already in channel '{target}'")
+            merged.append(n)
+        if channel in MULTI_HOT_CHANNELS:
+            multi_hot.update(names)
+    return {c: tuple(n) for c, n in channels.items()}, multi_hot
+
+
+def _implied_dtype(channel: str | None, cardinality: Any) -> str | None:
+    """The dtype a feature without one is read as (NVIDIA's Wide & Deep spec gives parquet columns none):
+    ids as the smallest integer type of their cardinality, numericals and labels as float32."""
+    if channel == CATEGORICAL_CHANNEL:
+        return smallest_int_dtype(cardinality) if isinstance(cardinality, int) and cardinality > 0 else "int64"
+    if channel == MAP_CHANNEL:
+        return "int64"
+    if channel in (NUMERICAL_CHANNEL, LABEL_CHANNEL):
+        return "float32"
+    return None

@@ -13,6 +13,7 @@ from ctrkit.data.feature_spec import (
     AUTO,
     CATEGORICAL_CHANNEL,
     LABEL_CHANNEL,
+    MAP_CHANNEL,
     NUMERICAL_CHANNEL,
     Feature,
     FeatureSpec,
@@ -22,7 +23,7 @@ from ctrkit.data.feature_spec import (
 )
 from ctrkit.data.split_binary import DataError, SplitBinaryWriter, check_id_range
 
-READABLE_CHANNELS = (CATEGORICAL_CHANNEL, NUMERICAL_CHANNEL, LABEL_CHANNEL)
+READABLE_CHANNELS = (CATEGORICAL_CHANNEL, NUMERICAL_CHANNEL, LABEL_CHANNEL, MAP_CHANNEL)
 DEFAULT_CHUNK_ROWS = 1 << 20
 FLOAT16_MAX = float(np.finfo(np.float16).max)  # 65504: larger numericals are stored as float32
 
@@ -32,13 +33,22 @@ def _read_error(path: Path, features: tuple[str, ...], e: Exception) -> DataErro
     return DataError(f"{path}: cannot read the columns {list(features)} as the spec describes: {first}")
 
 
-def _file_batches(path: Path, kind: str, features: tuple[str, ...], floats: set[str], rows: int):
-    """Frames of at most ``rows`` rows of one CSV or Parquet file, streamed (never the whole file)."""
+def _file_batches(
+    path: Path, kind: str, features: tuple[str, ...], floats: set[str], lists: set[str], rows: int
+):
+    """Frames of at most ``rows`` rows of one CSV or Parquet file, streamed (never the whole file).
+    Features in ``lists`` (multi-hot) are parquet list columns of ids."""
     if not path.exists():
         raise DataError(f"{path}: file named in the feature spec's source_spec not found")
-    schema = {f: pl.Float64 if f in floats else pl.Int64 for f in features}
+    schema = {f: pl.Float64 if f in floats else pl.List(pl.Int64) if f in lists else pl.Int64 for f in features}
     try:
         if kind == "csv":
+            listed = [f for f in features if f in lists]
+            if listed:
+                raise DataError(
+                    f"{path}: multi-hot feature '{listed[0]}' cannot be read from CSV; store multi-hot features "
+                    "as parquet list columns"
+                )
             lazy = pl.scan_csv(path, has_header=False, schema=schema)
         else:
             lazy = pl.scan_parquet(path).select([pl.col(f).cast(t) for f, t in schema.items()])
@@ -47,7 +57,7 @@ def _file_batches(path: Path, kind: str, features: tuple[str, ...], floats: set[
         raise _read_error(path, features, e) from None
 
 
-def _chunk_batches(spec: FeatureSpec, mapping: str, i: int, floats: set[str], rows: int):
+def _chunk_batches(spec: FeatureSpec, mapping: str, i: int, floats: set[str], lists: set[str], rows: int):
     """Frames of exactly ``rows`` rows (the last may be shorter) over the files of one chunk, in order."""
     chunk = spec.mapping(mapping)[i]
     if chunk.type not in ("csv", "parquet"):
@@ -55,7 +65,7 @@ def _chunk_batches(spec: FeatureSpec, mapping: str, i: int, floats: set[str], ro
     pending: list[pl.DataFrame] = []
     held = 0
     for f in chunk.files:
-        for batch in _file_batches(spec.path_of(f), chunk.type, chunk.features, floats, rows):
+        for batch in _file_batches(spec.path_of(f), chunk.type, chunk.features, floats, lists, rows):
             pending.append(batch)
             held += len(batch)
             while held >= rows:
@@ -70,7 +80,8 @@ def _mapping_batches(spec: FeatureSpec, mapping: str, rows: int):
     """Every feature of ``mapping``, ``rows`` rows at a time: chunks side by side, each chunk's files in order."""
     floats = set(spec.numerical_features) | {spec.label_feature}  # labels may be written 0.0 / 1.0
     chunks = spec.mapping(mapping)
-    streams = [_chunk_batches(spec, mapping, i, floats, rows) for i in range(len(chunks))]
+    lists = set(spec.multi_hot_features)
+    streams = [_chunk_batches(spec, mapping, i, floats, lists, rows) for i in range(len(chunks))]
     done = 0
     while True:
         parts = [next(s, None) for s in streams]
@@ -86,7 +97,8 @@ def _mapping_batches(spec: FeatureSpec, mapping: str, rows: int):
 class _Stats:
     """What pass 1 learns of each categorical feature (id range, empties) and of the labels."""
 
-    def __init__(self, names: list[str], numerical: list[str]):
+    def __init__(self, names: list[str], numerical: list[str], lists: set[str], group: str | None):
+        self.lists, self.group = lists, group
         self.low = dict.fromkeys(names)
         self.high = dict.fromkeys(names)
         self.numerical = numerical
@@ -105,6 +117,13 @@ class _Stats:
             if len(values):
                 self.largest = max(self.largest, float(np.nanmax(np.abs(values), initial=0.0)))
         for name in self.low:
+            if name in self.lists:  # multi-hot: a missing list is an empty one
+                ids = df[name].explode().drop_nulls()
+                if len(ids):
+                    lo, hi = int(ids.min()), int(ids.max())
+                    self.low[name] = lo if self.low[name] is None else min(self.low[name], lo)
+                    self.high[name] = hi if self.high[name] is None else max(self.high[name], hi)
+                continue
             if df[name].null_count():
                 row = offset + int(df[name].is_null().arg_max())
                 raise DataError(
@@ -114,6 +133,9 @@ class _Stats:
             lo, hi = int(df[name].min()), int(df[name].max())
             self.low[name] = lo if self.low[name] is None else min(self.low[name], lo)
             self.high[name] = hi if self.high[name] is None else max(self.high[name], hi)
+        if self.group is not None and self.group in df.columns and df[self.group].null_count():
+            row = offset + int(df[self.group].is_null().arg_max())
+            raise DataError(f"map-channel feature '{self.group}': empty value in mapping '{mapping}' row {row}")
         bad = df.filter(~pl.col(label).is_in([0.0, 1.0]) | pl.col(label).is_null())
         if len(bad):
             raise DataError(f"mapping '{mapping}': label '{label}' must be 0 or 1, found {bad[label][0]}")
@@ -142,7 +164,8 @@ def transcode(
             f"channel(s) {sorted(extra)} are not ones ctrkit models read; expected {', '.join(READABLE_CHANNELS)}"
         )
     label = spec.label_feature
-    stats = _Stats(list(spec.categorical_features), list(spec.numerical_features))
+    lists, group = set(spec.multi_hot_features), spec.group_feature
+    stats = _Stats(list(spec.categorical_features), list(spec.numerical_features), lists, group)
     for m in spec.source_spec:
         offset = 0
         for df in _mapping_batches(spec, m, chunk_size):
@@ -162,18 +185,31 @@ def transcode(
     with atomic_directory(output_dir, overwrite) as tmp:
         meta = {**spec.metadata, "transcoded_from": str(Path(input_dir))}
         numerical_dtype = "float16" if stats.largest <= FLOAT16_MAX else "float32"
-        base = split_binary_spec(categorical, nums, label, tuple(spec.source_spec), meta, numerical_dtype)
+        stored_in = [m for m in spec.source_spec if any(group in c.features for c in spec.mapping(m))]
+        groups = (group, Feature("int64"), stored_in) if group is not None else None
+        base = split_binary_spec(categorical, nums, label, tuple(spec.source_spec), meta, numerical_dtype, groups)
         out = FeatureSpec(base.feature_spec, base.source_spec, base.channel_spec, base.metadata, tmp)
         for m in spec.source_spec:
             with SplitBinaryWriter(out, m) as writer:
                 for part in _mapping_batches(spec, m, chunk_size):
                     numerical = part.select(nums).fill_null(0.0).to_numpy() if nums else None
-                    cats = [part[c].to_numpy() for c in categorical]
-                    for c, col in zip(categorical, cats):
+                    onehot = [c for c in categorical if c not in lists]
+                    cats = [part[c].to_numpy() for c in onehot]
+                    for c, col in zip(onehot, cats):
                         check_id_range(col, categorical[c].cardinality, c, f"mapping '{m}'")
-                    writer.append(numerical, cats, part[label].to_numpy().astype(np.uint8))
+                    multi = [_flatten(part[c]) for c in categorical if c in lists]
+                    ids = part[group].to_numpy() if group is not None and m in stored_in else None
+                    writer.append(numerical, cats, part[label].to_numpy().astype(np.uint8), multi, ids)
         out.to_yaml(tmp / "feature_spec.yaml")
     return FeatureSpec.from_yaml(output_dir)
+
+
+def _flatten(column: pl.Series) -> tuple[np.ndarray, np.ndarray]:
+    """A list column's ids, concatenated, and each row's count (a missing list counts as empty)."""
+    column = column.list.drop_nulls()
+    lengths = column.list.len().fill_null(0).to_numpy().astype(np.int64)
+    values = column.explode().drop_nulls().to_numpy().astype(np.int64)
+    return values, lengths
 
 
 def generate_csv(spec_path: str | os.PathLike, out_dir: str | os.PathLike, rows: int = 1000, seed: int = 0) -> Path:

@@ -114,9 +114,9 @@ def test_bad_inputs(csv_dataset, tmp_path):
 
 def test_unknown_channels_are_refused(tmp_path):
     raw = yaml.safe_load(yaml.safe_dump(SEED_EXAMPLE))
-    raw["channel_spec"]["categorical_item_inputs"] = raw["channel_spec"].pop("categorical")
+    raw["channel_spec"]["sequence_inputs"] = raw["channel_spec"].pop("categorical")
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump(raw))
-    with pytest.raises(SpecError, match=r"channel\(s\) \['categorical_item_inputs'\] are not ones ctrkit"):
+    with pytest.raises(SpecError, match=r"channel\(s\) \['sequence_inputs'\] are not ones ctrkit"):
         transcode(generate_csv(tmp_path / "spec.yaml", tmp_path / "csv", rows=10), tmp_path / "out")
 
 
