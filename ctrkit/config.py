@@ -69,6 +69,17 @@ class TrainConfig:
     decay_steps: int | None = option(None, "length of the decay", unset="half the run")
     decay_power: float = option(2.0, "power of the polynomial decay")
     end_lr: float = option(0.0, "learning rate after the decay")
+    lr_schedule: str = option(
+        "poly",
+        "after the warmup: poly holds the peak lr, then decays it polynomially (the DLRM seed's); step runs at a "
+        "quarter of the peak for the first half of the remaining steps and an eighth after (the Wide & Deep seed's)",
+        ("poly", "step"),
+    )
+    schedule_wide: bool = option(
+        True,
+        "the warmup and decay also apply to a wide (first-order) part; off: it keeps its lr throughout, as the "
+        "Wide & Deep seed's linear model",
+    )
     seed: int = option(0, "seed of weights, batch order and every torch random source")
     evals_per_epoch: int = option(4, "validation evaluations per epoch, 0 for only at the end")
     validation_fraction: float = option(
@@ -327,6 +338,12 @@ class RunOptions:
         None, "bottom MLP widths, last = embedding dim", unset="512,256,64,16", parse="int_list"
     )
     top_mlp: tuple[int, ...] | None = option(None, "top MLP widths, last = 1", unset="512,256,1", parse="int_list")
+    combiner: str | None = option(
+        None,
+        "how every multi-hot feature's embeddings are pooled (the seed's Wide & Deep sums)",
+        ("sum", "mean"),
+        "each feature's 'combiner' in the feature spec, else mean",
+    )
     save_checkpoint: Path | None = option(None, "checkpoint file, written atomically at each evaluation and at the end")
     load_checkpoint: Path | None = option(
         None, "resume from this checkpoint (weights, optimizer, step, RNG; same data and batch size)"

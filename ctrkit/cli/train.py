@@ -52,7 +52,8 @@ def train(args: argparse.Namespace) -> int:
         raise ValueError("no dataset: pass --dataset DIR (or a --config file naming one)")
     if opts.threads:
         torch.set_num_threads(opts.threads)
-    shape = {"embedding_dim": opts.embedding_dim, "bottom_mlp": opts.bottom_mlp, "top_mlp": opts.top_mlp}
+    shape = {"embedding_dim": opts.embedding_dim, "bottom_mlp": opts.bottom_mlp, "top_mlp": opts.top_mlp,
+             "combiner": opts.combiner}  # fmt: skip
     spec = resolve_run(
         opts.dataset,
         opts.model,

@@ -33,9 +33,7 @@ def _read_error(path: Path, features: tuple[str, ...], e: Exception) -> DataErro
     return DataError(f"{path}: cannot read the columns {list(features)} as the spec describes: {first}")
 
 
-def _file_batches(
-    path: Path, kind: str, features: tuple[str, ...], floats: set[str], lists: set[str], rows: int
-):
+def _file_batches(path: Path, kind: str, features: tuple[str, ...], floats: set[str], lists: set[str], rows: int):
     """Frames of at most ``rows`` rows of one CSV or Parquet file, streamed (never the whole file).
     Features in ``lists`` (multi-hot) are parquet list columns of ids."""
     if not path.exists():

@@ -56,6 +56,9 @@ class LRSchedule:
     ``warmup_steps`` steps, stays at ``base_lr`` until ``decay_start_step``, then decays as
     ``end_lr + (base_lr - end_lr) * (1 - t / decay_steps) ** power`` for ``t`` steps into the decay,
     and stays at ``end_lr`` afterwards. A stateless function of the step, so resuming is exact.
+
+    ``kind="step"`` is the Wide & Deep seed's deep schedule instead: after the warmup, ``base_lr / 4``
+    for the first half of the steps left until ``total_steps``, then ``base_lr / 8``.
     """
 
     base_lr: float
@@ -64,10 +67,19 @@ class LRSchedule:
     decay_steps: int = 0
     power: float = 2.0
     end_lr: float = 0.0
+    kind: str = "poly"
+    total_steps: int = 0
+
+    def __post_init__(self):
+        if self.kind not in ("poly", "step"):
+            raise ValueError(f"LR schedule kind must be poly or step, got {self.kind!r}")
 
     def __call__(self, step: int) -> float:
         if self.warmup_steps and step < self.warmup_steps:
             return self.base_lr * (step + 1) / self.warmup_steps
+        if self.kind == "step":
+            boundary = self.warmup_steps + (self.total_steps - self.warmup_steps) / 2
+            return self.base_lr / (4.0 if step < boundary else 8.0)
         if self.decay_steps <= 0 or step < self.decay_start_step:
             return self.base_lr
         t = min(step - self.decay_start_step, self.decay_steps)
@@ -228,17 +240,17 @@ def build_optimizers(
     tables = {id(p): m for m in model.modules() if hasattr(m, "table_parameters") for p in m.table_parameters()}
     wide = model.wide_parameters() if hasattr(model, "wide_parameters") else []
     wide_ids = {id(p) for p in wide}
-    parts: list[tuple[str, list[torch.nn.Parameter], float, bool]] = []
+    parts: list[tuple[str, list[torch.nn.Parameter], float, bool, bool]] = []
     if wide:
         if wide_optimizer is None or wide_lr is None:
             raise ValueError("this model has a wide part: set wide_optimizer and wide_lr")
-        parts.append((wide_optimizer, [p for p in wide if id(p) in tables], wide_lr, True))
-        parts.append((wide_optimizer, [p for p in wide if id(p) not in tables], wide_lr, False))
+        parts.append((wide_optimizer, [p for p in wide if id(p) in tables], wide_lr, True, True))
+        parts.append((wide_optimizer, [p for p in wide if id(p) not in tables], wide_lr, False, True))
     rest = [p for p in model.parameters() if id(p) not in wide_ids]
-    parts.append((embedding_optimizer, [p for p in rest if id(p) in tables], embedding_lr, True))
-    parts.append((optimizer, [p for p in rest if id(p) not in tables], lr, False))
+    parts.append((embedding_optimizer, [p for p in rest if id(p) in tables], embedding_lr, True, False))
+    parts.append((optimizer, [p for p in rest if id(p) not in tables], lr, False, False))
     out = []
-    for kind, params, part_lr, is_table in parts:
+    for kind, params, part_lr, is_table, is_wide in parts:
         if not params:
             continue
         sparse = is_table and all(tables[id(p)].sparse for p in params)
@@ -246,5 +258,6 @@ def build_optimizers(
         for group in opt.param_groups:
             group["base_lr"] = group["lr"]
         opt.is_table_optimizer = is_table  # its state is per table row (sharded in hybrid-parallel runs)
+        opt.is_wide = is_wide  # the wide part's (TrainConfig.schedule_wide)
         out.append(opt)
     return out

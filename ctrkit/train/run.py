@@ -112,7 +112,9 @@ def _yaml_mapping(path: str | os.PathLike) -> dict[str, Any]:
 def resolve_model_config(model: str, spec: FeatureSpec, *layers: dict[str, Any]) -> Any:
     """Model ``model``'s config for ``spec``'s features: the model's defaults, then each of ``layers`` in
     turn (later ones win). When a layer sets ``embedding_dim`` but no ``bottom_mlp``, the bottom MLP keeps
-    its widths but ends in the new embedding width (its output sits beside the embeddings)."""
+    its widths but ends in the new embedding width (its output sits beside the embeddings). A layer's
+    ``combiner`` (sum or mean) pools every multi-hot feature so; without one, the layers' or else the
+    spec's ``multi_hot_combiners`` apply."""
     cfg_cls = config_class(model)
     has_bottom = "bottom_mlp" in cfg_cls.__dataclass_fields__
     values: dict[str, Any] = {}
@@ -121,10 +123,16 @@ def resolve_model_config(model: str, spec: FeatureSpec, *layers: dict[str, Any])
         if has_bottom and "embedding_dim" in layer and "bottom_mlp" not in layer:
             bottom = values.get("bottom_mlp", cfg_cls.__dataclass_fields__["bottom_mlp"].default)
             values["bottom_mlp"] = tuple(bottom[:-1]) + (layer["embedding_dim"],)
+    combiner = values.pop("combiner", None)
+    given = values.get("multi_hot_combiners")
     values.update(num_numerical=len(spec.numerical_features), cardinalities=spec.cardinalities)
-    if spec.multi_hot_features:
+    multi = spec.multi_hot_features
+    if multi:
+        combiners = tuple(given) if given and len(given) == len(multi) else tuple(spec.multi_hot_combiners)
         values.update(multi_hot_cardinalities=spec.multi_hot_cardinalities,
-                      multi_hot_combiners=spec.multi_hot_combiners)  # fmt: skip
+                      multi_hot_combiners=(combiner,) * len(multi) if combiner else combiners)  # fmt: skip
+    else:
+        values.pop("multi_hot_combiners", None)
     return make_config(model, values)
 
 

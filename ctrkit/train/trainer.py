@@ -43,7 +43,8 @@ def resolve_schedule(cfg: TrainConfig, total_steps: int, steps_per_epoch: int | 
     warmup = cfg.warmup_steps if cfg.warmup_steps is not None else max(1, round(0.05 * min(first, total_steps)))
     decay_steps = cfg.decay_steps if cfg.decay_steps is not None else total_steps // 2
     decay_start = cfg.decay_start_step if cfg.decay_start_step is not None else total_steps - decay_steps
-    return LRSchedule(cfg.lr, warmup, max(decay_start, 0), decay_steps, cfg.decay_power, cfg.end_lr)
+    return LRSchedule(cfg.lr, warmup, max(decay_start, 0), decay_steps, cfg.decay_power, cfg.end_lr,
+                      cfg.lr_schedule, total_steps)  # fmt: skip
 
 
 class TrainStep:
@@ -94,12 +95,16 @@ class TrainStep:
         if module.training and torch.is_grad_enabled():  # training forwards only, not evaluations
             self._looked_up.append(out)
 
-    def __call__(self, batch: Batch, scale: float = 1.0, global_size: int | None = None) -> torch.Tensor:
+    def __call__(
+        self, batch: Batch, scale: float = 1.0, global_size: int | None = None, wide_scale: float | None = None
+    ) -> torch.Tensor:
         """One step; returns the loss. ``global_size``: the whole job's batch size when this rank holds
-        only part of it (the loss is then this part's sum over ``global_size``)."""
+        only part of it (the loss is then this part's sum over ``global_size``). ``wide_scale``: the
+        factor of the wide part's optimizers when it differs from ``scale``."""
         for opt in self.optimizers:
+            factor = wide_scale if wide_scale is not None and getattr(opt, "is_wide", False) else scale
             for group in opt.param_groups:
-                group["lr"] = group["base_lr"] * scale
+                group["lr"] = group["base_lr"] * factor
         batch = batch.to(self.device, non_blocking=True)
         self._looked_up.clear()
         autocast = (
@@ -511,7 +516,8 @@ class Trainer:
                     lo, hi = self.loader.global_bounds(int(order[k]))
                     global_size = hi - lo if self.env is not None else None
                     scale = self.schedule(self.step) / cfg.lr * self.selection.lr_scale
-                    loss_sum += self.step_fn(batch, scale, global_size)
+                    wide_scale = None if cfg.schedule_wide else self.selection.lr_scale
+                    loss_sum += self.step_fn(batch, scale, global_size, wide_scale)
                     self.step += 1
                     window_steps += 1
                     window_samples += hi - lo

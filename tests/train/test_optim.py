@@ -160,3 +160,13 @@ def test_rmsprop_is_for_the_dense_part():
     assert isinstance(make_optimizer("rmsprop", p, 0.1, sparse=False), torch.optim.RMSprop)
     with pytest.raises(ValueError, match="rmsprop applies to the dense part"):
         make_optimizer("rmsprop", p, 0.1, sparse=True)
+
+
+def test_step_schedule_is_the_wide_deep_seeds():
+    # warmup over 4 steps, then base/4 for the first half of the 16 steps left, base/8 after
+    s = LRSchedule(base_lr=8.0, warmup_steps=4, kind="step", total_steps=20)
+    assert [s(i) for i in range(4)] == [2.0, 4.0, 6.0, 8.0]
+    assert [s(i) for i in (4, 11)] == [2.0, 2.0]
+    assert [s(i) for i in (12, 19, 500)] == [1.0, 1.0, 1.0]
+    with pytest.raises(ValueError, match="poly or step"):
+        LRSchedule(base_lr=1.0, kind="cosine")
