@@ -333,9 +333,12 @@ class RunOptions:
     )
     dataset: Path | None = option(None, "dataset directory holding feature_spec.yaml", suppress=True)
     model_config: Path | None = option(None, "YAML file of model config fields (e.g. embedding_dim, bottom_mlp)")
-    embedding_dim: int | None = option(None, "embedding width D", unset="16")
+    embedding_dim: int | None = option(None, "embedding width D", unset="the model's: DLRM 64, the others 16")
     bottom_mlp: tuple[int, ...] | None = option(
-        None, "bottom MLP widths, last = embedding dim", unset="512,256,64,16", parse="int_list"
+        None,
+        "bottom MLP widths, last = embedding dim",
+        unset="the model's: DLRM 512,256,64, the others 512,256,64,16",
+        parse="int_list",
     )
     top_mlp: tuple[int, ...] | None = option(None, "top MLP widths, last = 1", unset="512,256,1", parse="int_list")
     combiner: str | None = option(
