@@ -186,7 +186,7 @@ def test_model_config_flags_and_yaml(tiny_dataset, tmp_path, capsys):
     assert code == 0, out
     resolved = (tmp_path / "c.yaml").read_text()
     # --embedding-dim keeps the default bottom MLP but ends it in the requested width
-    assert "- 64\n  - 4\n" in resolved and "self_interaction: true" in resolved and "- 24\n" in resolved
+    assert "- 256\n  - 4\n" in resolved and "self_interaction: true" in resolved and "- 24\n" in resolved
 
 
 def test_synth_and_models_commands(tmp_path, capsys):
@@ -194,7 +194,7 @@ def test_synth_and_models_commands(tmp_path, capsys):
     assert code == 0 and "900 train + 100 test samples, 3 categorical" in out
     assert SplitBinaryDataset(tmp_path / "d", "train").spec.cardinalities == [5, 6, 7]
     code, out, _ = run_cli("models", capsys=capsys)
-    assert code == 0 and "\ndlrm: {'embedding_dim': 16" in out and out.startswith("dcnv2: ")
+    assert code == 0 and "\ndlrm: {'embedding_dim': 64" in out and out.startswith("dcnv2: ")
     err = bad(capsys, "synth", "--out", tmp_path / "d", "--rows", "1000")
     assert "not empty; set --overwrite" in err
 

@@ -15,7 +15,8 @@ from ctrkit.bench.peak import machine, matmul_peaks
 from ctrkit.data.batch import Batch
 from ctrkit.data.synthetic import power_law_ids
 from ctrkit.device import amp_dtype_for
-from ctrkit.models.registry import config_to_dict, create_model, make_config, train_defaults
+from ctrkit.models.inputs import BottomTopConfig
+from ctrkit.models.registry import config_class, config_to_dict, create_model, make_config, train_defaults
 from ctrkit.train.optim import build_optimizers
 from ctrkit.train.trainer import TrainStep
 
@@ -59,6 +60,9 @@ def run_train_bench(cfg: TrainBenchConfig, device: torch.device) -> dict:
         "sparse_gradients": not cfg.dense_gradients,
     }
     shape.update({k: v for k, v in (("bottom_mlp", cfg.bottom_mlp), ("top_mlp", cfg.top_mlp)) if v is not None})
+    if cfg.bottom_mlp is None and "bottom_mlp" in config_class(cfg.model).__dataclass_fields__:
+        # the Criteo-Kaggle bottom MLP ending in the benchmark's width, whatever the model's default width
+        shape["bottom_mlp"] = BottomTopConfig.bottom_mlp[:-1] + (cfg.embedding_dim,)
     model_cfg = make_config(cfg.model, shape)
     model = create_model(cfg.model, model_cfg).to(device)
     amp_dtype = amp_dtype_for(device, cfg.amp, cfg.amp_dtype)
