@@ -216,8 +216,8 @@ def test_tables_one_process_cannot_hold_train_save_resume_and_evaluate_on_two_ra
     data = tmp_path / "big"
     single("synth", "--out", data, "--rows", "4000", "--tables", "3000000,3000000,1000", "--num-numerical", "4")
     flags = ["train", "--dataset", data, "--batch-size", "256", "--epochs", "4", "--embedding-dim", "16",
-             "--optimizer", "sgd", "--embedding-optimizer", "sgd", "--lr", "0.1", "--embedding-lr", "0.1", "--validation-fraction", "0",
-             "--no-progress"]  # fmt: skip
+             "--optimizer", "sgd", "--embedding-optimizer", "sgd", "--lr", "0.1", "--embedding-lr", "0.1",
+             "--validation-fraction", "0", "--no-progress"]  # fmt: skip
     limited = [sys.executable, "-m", "ctrkit", *map(str, flags), "--max-steps", "40", "--save-checkpoint",
                str(tmp_path / "one.pt")]  # fmt: skip
     done = subprocess.run(limited, capture_output=True, text=True, env=ENV, preexec_fn=_limit_memory)
