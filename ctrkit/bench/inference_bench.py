@@ -20,15 +20,22 @@ import torch
 from ctrkit.bench.config import INFERENCE_RUNTIMES as RUNTIMES
 from ctrkit.models.signature import CATEGORICAL, MULTI_HOT, NUMERICAL, Signature
 
+# the Criteo-Kaggle benchmark shape the inference targets are stated for (spelled out: DLRM's own
+# defaults are wider)
+KAGGLE_SHAPE = dict(
+    num_numerical=13, cardinalities=(100_000,) * 26, embedding_dim=16, bottom_mlp=(512, 256, 64, 16),
+    top_mlp=(512, 256, 1),
+)  # fmt: skip
+
 
 def kaggle_checkpoint(path: Path, seed: int = 0) -> Path:
-    """A DLRM of the Criteo-Kaggle benchmark shape (26 x 100,000 rows, dim 16, bottom 512-256-64-16,
-    top 512-256-1), randomly initialised: the shape the issue's targets are stated for."""
+    """A DLRM of the Criteo-Kaggle benchmark shape (``KAGGLE_SHAPE``: 26 x 100,000 rows, dim 16, bottom
+    512-256-64-16, top 512-256-1), randomly initialised."""
     from ctrkit.checkpoint import Checkpoint, save_checkpoint
     from ctrkit.models.registry import config_to_dict, create_model, make_config
 
     torch.manual_seed(seed)
-    cfg = make_config("dlrm", dict(num_numerical=13, cardinalities=[100_000] * 26, embedding_dim=16))
+    cfg = make_config("dlrm", dict(KAGGLE_SHAPE))
     save_checkpoint(path, Checkpoint("dlrm", config_to_dict(cfg), {}, create_model("dlrm", cfg).state_dict()))
     return path
 
