@@ -21,7 +21,7 @@ from ctrkit.data.feature_spec import (
     smallest_int_dtype,
     split_binary_spec,
 )
-from ctrkit.data.split_binary import DataError, SplitBinaryWriter, check_id_range
+from ctrkit.data.split_binary import DataError, SplitBinaryWriter
 
 READABLE_CHANNELS = (CATEGORICAL_CHANNEL, NUMERICAL_CHANNEL, LABEL_CHANNEL, MAP_CHANNEL)
 DEFAULT_CHUNK_ROWS = 1 << 20
@@ -116,7 +116,7 @@ class _Stats:
                 self.largest = max(self.largest, float(np.nanmax(np.abs(values), initial=0.0)))
         for name in self.low:
             if name in self.lists:  # multi-hot: a missing list is an empty one
-                ids = df[name].explode().drop_nulls()
+                ids, _ = _flatten(df[name])
                 if len(ids):
                     lo, hi = int(ids.min()), int(ids.max())
                     self.low[name] = lo if self.low[name] is None else min(self.low[name], lo)
@@ -187,15 +187,13 @@ def transcode(
         groups = (group, Feature("int64"), stored_in) if group is not None else None
         base = split_binary_spec(categorical, nums, label, tuple(spec.source_spec), meta, numerical_dtype, groups)
         out = FeatureSpec(base.feature_spec, base.source_spec, base.channel_spec, base.metadata, tmp)
+        onehot, multi_hot = out.onehot_features, out.multi_hot_features
         for m in spec.source_spec:
-            with SplitBinaryWriter(out, m) as writer:
+            with SplitBinaryWriter(out, m) as writer:  # it range-checks every id it writes
                 for part in _mapping_batches(spec, m, chunk_size):
                     numerical = part.select(nums).fill_null(0.0).to_numpy() if nums else None
-                    onehot = [c for c in categorical if c not in lists]
                     cats = [part[c].to_numpy() for c in onehot]
-                    for c, col in zip(onehot, cats):
-                        check_id_range(col, categorical[c].cardinality, c, f"mapping '{m}'")
-                    multi = [_flatten(part[c]) for c in categorical if c in lists]
+                    multi = [_flatten(part[c]) for c in multi_hot]
                     ids = part[group].to_numpy() if group is not None and m in stored_in else None
                     writer.append(numerical, cats, part[label].to_numpy().astype(np.uint8), multi, ids)
         out.to_yaml(tmp / "feature_spec.yaml")

@@ -18,7 +18,7 @@ class DLRMConfig(BottomTopConfig):
     """DLRM hyper-parameters (the input and MLP fields are InputsConfig's and BottomTopConfig's): the
     Criteo-Kaggle shape, but 64-wide embeddings (the Kaggle recipe's are 16): on the accuracy panel's
     planted interaction data (300k rows, two seeds) 64 ranked best, 32 next, 16 last, and the real
-    samples scored the same at all three (README, "Accuracy"). DCNv2 and Wide & Deep keep 16, which
+    samples (measured at 16 and 64) scored the same (README, "Accuracy"). DCNv2 and Wide & Deep keep 16, which
     measured better for DCNv2.
 
     Attributes:

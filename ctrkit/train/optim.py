@@ -164,11 +164,12 @@ class SparseRowOptimizer(torch.optim.Optimizer):
                 if self.kind == "ftrl":  # sets the rows' weights rather than adding an update
                     n = state["accumulator"].index_select(0, rows)  # (U, D)
                     n_new = n + values * values
+                    root_new = n_new.sqrt()
                     w = p.index_select(0, rows)
-                    z = state["linear"].index_select(0, rows) + values - (n_new.sqrt() - n.sqrt()) / lr * w
+                    z = state["linear"].index_select(0, rows) + values - (root_new - n.sqrt()) / lr * w
                     state["accumulator"].index_copy_(0, rows, n_new)
                     state["linear"].index_copy_(0, rows, z)
-                    p.index_copy_(0, rows, (-z * lr / n_new.sqrt()).to(p.dtype))
+                    p.index_copy_(0, rows, (-z * lr / root_new).to(p.dtype))
                     continue
                 if self.kind == "adagrad":
                     acc = state["sum"].index_select(0, rows).addcmul_(values, values)  # (U, D)

@@ -128,9 +128,8 @@ def resolve_model_config(model: str, spec: FeatureSpec, *layers: dict[str, Any])
     values.update(num_numerical=len(spec.numerical_features), cardinalities=spec.cardinalities)
     multi = spec.multi_hot_features
     if multi:
-        combiners = tuple(given) if given and len(given) == len(multi) else tuple(spec.multi_hot_combiners)
-        values.update(multi_hot_cardinalities=spec.multi_hot_cardinalities,
-                      multi_hot_combiners=(combiner,) * len(multi) if combiner else combiners)  # fmt: skip
+        combiners = (combiner,) * len(multi) if combiner else tuple(given or spec.multi_hot_combiners)
+        values.update(multi_hot_cardinalities=spec.multi_hot_cardinalities, multi_hot_combiners=combiners)
     else:
         values.pop("multi_hot_combiners", None)
     return make_config(model, values)
