@@ -94,6 +94,13 @@ class TrainConfig:
         "that regression and model selection keeps it unless validation improves; needs validation data and a "
         "first-order term",
     )
+    reinit_embeddings: bool = option(
+        True,
+        "at the start of every epoch after the first, redraw the deep embedding tables (a new draw each epoch) and "
+        "clear their optimizer state, keeping every other weight: embedding models overfit from their second pass "
+        "over the same rows, and fresh tables let later epochs improve the model instead (MEDA, Fan et al. 2023); "
+        "a first-order (wide) part is kept",
+    )
     early_stopping_patience: int | None = option(
         None,
         "stop after this many validation evaluations without improvement (0: never stop early)",

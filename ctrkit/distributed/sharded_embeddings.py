@@ -19,7 +19,7 @@ from ctrkit.data.batch import MultiHot
 from ctrkit.distributed.all_to_all import all_to_all
 from ctrkit.distributed.env import collective_device
 from ctrkit.distributed.planner import Shard, ShardingPlan
-from ctrkit.models.embeddings import EmbeddingBagCollection, EmbeddingCollection
+from ctrkit.models.embeddings import EmbeddingBagCollection, EmbeddingCollection, TableInit
 
 
 def gather_sizes(n: int) -> list[int]:
@@ -51,11 +51,19 @@ class ShardedEmbeddingCollection(nn.Module):
         self.cardinalities = source.cardinalities
         self.num_features = len(source.cardinalities)
         self.local = plan.on_rank(rank)
+        self.init = TableInit(source.init_seed, source.zero_init, source.cardinalities, source.dim)
         self.shards = nn.ParameterList(nn.Parameter(self._initial(source, s)) for s in self.local)
         self._widths = [sum(s.width for s in plan.on_rank(r)) for r in range(plan.world_size)]
         # the features each rank holds a shard of: the only ids it is sent
         self._features = [sorted({s.feature for s in plan.on_rank(r)}) for r in range(plan.world_size)]
         self._column = {f: i for i, f in enumerate(self._features[rank])}
+
+    @torch.no_grad()
+    def reset_tables(self, draw: int = 0) -> None:
+        """Draws this rank's shards' initial values (``draw`` > 0: another set of them), equal to the same
+        rows and columns of the single-process tables' draw."""
+        for s, w in zip(self.local, self.shards):
+            self.init.fill(w, s.feature, s.row_lo, s.row_hi, s.col_lo, s.col_hi, draw)
 
     @staticmethod
     def _initial(source: EmbeddingCollection, s: Shard) -> torch.Tensor:

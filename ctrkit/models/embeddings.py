@@ -6,6 +6,7 @@ import contextvars
 import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -50,28 +51,61 @@ class _Tables(nn.Module):
             self.reset_tables()
 
     @torch.no_grad()
-    def reset_tables(self) -> None:
-        """Draws every table's initial values into the weight."""
+    def reset_tables(self, draw: int = 0) -> None:
+        """Draws every table's initial values into the weight (``draw`` > 0: another set of them)."""
         for f, (off, card) in enumerate(zip(self.offsets.tolist(), self.cardinalities)):
-            self.fill_rows(self.weight[off : off + card], f, 0, card)
+            self.fill_rows(self.weight[off : off + card], f, 0, card, draw=draw)
 
     @torch.no_grad()
     def fill_rows(
-        self, out: torch.Tensor, feature: int, row_lo: int, row_hi: int, col_lo: int = 0, col_hi: int | None = None
+        self,
+        out: torch.Tensor,
+        feature: int,
+        row_lo: int,
+        row_hi: int,
+        col_lo: int = 0,
+        col_hi: int | None = None,
+        draw: int = 0,
     ) -> torch.Tensor:
         """Writes rows [row_lo, row_hi) and columns [col_lo, col_hi) of ``feature``'s initial table into
-        ``out`` (row_hi - row_lo, col_hi - col_lo); returns it."""
+        ``out`` (row_hi - row_lo, col_hi - col_lo); returns it. ``draw`` 0 is the initial table, each
+        other value an independent redraw (``reinit_embeddings`` draws epoch e's tables with e)."""
+        return TableInit(self.init_seed, self.zero_init, self.cardinalities, self.dim).fill(
+            out, feature, row_lo, row_hi, col_lo, col_hi, draw
+        )
+
+
+@dataclass(frozen=True)
+class TableInit:
+    """How a collection's tables are drawn: enough to redraw any block of rows of any table anywhere
+    (a hybrid-parallel rank keeps this instead of the whole tables)."""
+
+    seed: int
+    zero: bool
+    cardinalities: tuple[int, ...]
+    dim: int
+
+    def fill(
+        self,
+        out: torch.Tensor,
+        feature: int,
+        row_lo: int,
+        row_hi: int,
+        col_lo: int = 0,
+        col_hi: int | None = None,
+        draw: int = 0,
+    ) -> torch.Tensor:
+        """``_Tables.fill_rows``."""
         col_hi = self.dim if col_hi is None else col_hi
-        if self.zero_init:
+        if self.zero:
             return out.zero_()
         card = self.cardinalities[feature]
         bound = 1.0 / math.sqrt(card)
         generator = torch.Generator()
         for block in range(row_lo // INIT_BLOCK_ROWS, -(-row_hi // INIT_BLOCK_ROWS)):
             lo, hi = block * INIT_BLOCK_ROWS, min((block + 1) * INIT_BLOCK_ROWS, card)
-            generator.manual_seed(
-                hash((self.init_seed, feature, block)) & (2**63 - 1)
-            )  # ints hash the same in every process
+            key = (self.seed, feature, block) if draw == 0 else (self.seed, feature, block, draw)
+            generator.manual_seed(hash(key) & (2**63 - 1))  # tuples of ints hash the same in every process
             values = torch.empty(hi - lo, self.dim).uniform_(-bound, bound, generator=generator)
             a, b = max(lo, row_lo), min(hi, row_hi)
             out[a - row_lo : b - row_lo] = values[a - lo : b - lo, col_lo:col_hi]

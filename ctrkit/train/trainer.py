@@ -450,6 +450,22 @@ class Trainer:
             return
         self._inner.load_state_dict(self.best_state)
 
+    def _reinit_embeddings(self, epoch: int) -> None:
+        """``reinit_embeddings``: the deep tables redrawn (draw ``epoch``: the same values at any world size
+        and on resuming) and their optimizer state cleared; the first-order tables and the rest kept."""
+        tables = getattr(self._inner, "embeddings", None)
+        if tables is None:
+            return
+        params = []
+        for collection in (getattr(tables, "onehot", None), getattr(tables, "bags", None)):
+            if collection is not None:
+                collection.reset_tables(draw=epoch)
+                params += collection.table_parameters()
+        for opt in self.optimizers:
+            for p in params:
+                opt.state.pop(p, None)
+        self._log({"event": "reinit_embeddings", "step": self.step, "epoch": epoch})
+
     def _warm_start(self) -> None:
         """``linear_warm_start``: the first-order term fitted as a logistic regression, the deep output
         zeroed, and the result evaluated on validation at step 0 (so selection can keep it)."""
@@ -510,6 +526,8 @@ class Trainer:
         try:
             while self.step < self.total_steps and not self.selection.stopped:
                 epoch, start = divmod(self.step, self.steps_per_epoch)
+                if cfg.reinit_embeddings and epoch > 0 and start == 0:
+                    self._reinit_embeddings(epoch)
                 batches = self.loader.epoch(epoch, start)
                 order = self.loader.batch_order(epoch)[start:]
                 for k, batch in enumerate(batches):

@@ -73,3 +73,32 @@ def test_the_default_row_budget_is_a_share_of_the_ranks_memory(monkeypatch):
     rows = budget // (16 * 4) + 1
     plan = plan_sharding([rows, 1000], 16, 4, "auto", row_budget_bytes=budget)
     assert plan.strategy == ("row", "table")
+
+
+def test_a_redraw_of_the_shards_is_the_same_redraw_of_the_whole_tables():
+    """reinit_embeddings redraws tables each epoch: every rank's shards after a redraw hold exactly the
+    rows and columns of the single-process tables' redraw, and each draw differs from the others."""
+    import torch
+
+    from ctrkit.distributed.sharded_embeddings import ShardedEmbeddingCollection
+    from ctrkit.models.embeddings import INIT_BLOCK_ROWS, EmbeddingCollection
+
+    cards = (3, INIT_BLOCK_ROWS + 77, 1000)
+    torch.manual_seed(5)
+    whole = EmbeddingCollection(cards, 8)
+    first = whole.weight.detach().clone()
+    plans = [plan_sharding(cards, 8, 3, strategy) for strategy in ("row", "column", "table")]
+    ranks = [ShardedEmbeddingCollection(whole, plan, r) for plan in plans for r in range(3)]
+    whole.reset_tables(draw=2)
+    second = whole.weight.detach().clone()
+    whole.reset_tables(draw=2)
+    assert torch.equal(whole.weight, second)  # a draw is a function of (seed, draw) alone
+    assert not torch.equal(first, second)
+    whole.reset_tables(draw=0)
+    assert torch.equal(whole.weight, first)  # draw 0 is the initial table
+    for rank in ranks:
+        rank.reset_tables(draw=2)
+        for s, w in zip(rank.local, rank.shards):
+            off = sum(cards[: s.feature])
+            want = second[off + s.row_lo : off + s.row_hi, s.col_lo : s.col_hi]
+            assert torch.equal(w.detach(), want), s

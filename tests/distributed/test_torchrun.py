@@ -69,6 +69,19 @@ def test_two_ranks_train_like_one_process(tiny_dataset, tmp_path, sharding):
     np.testing.assert_allclose(np.load(tmp_path / "p1.npy"), np.load(tmp_path / "p2.npy"), atol=1e-5)
 
 
+def test_two_ranks_redraw_their_shards_each_epoch_like_one_process(tiny_dataset, tmp_path):
+    """reinit_embeddings across epoch boundaries (3 epochs of 6 steps): each rank redraws only its row
+    shards, and the result is the single process's."""
+    run = ["--dataset", tiny_dataset, "--epochs", "3", "--batch-size", "4000", "--evals-per-epoch", "0",
+           "--validation-fraction", "0", "--no-progress", *small_model_flags()]  # fmt: skip
+    single("train", *run, "--save-checkpoint", tmp_path / "one.pt")
+    torchrun("train", *run, "--save-checkpoint", tmp_path / "two.pt", "--sharding", "row")
+    assert_same_weights(tmp_path / "one.pt", tmp_path / "two.pt")
+    single("train", *run, "--save-checkpoint", tmp_path / "kept.pt", "--no-reinit-embeddings")
+    kept, redrawn = load_checkpoint(tmp_path / "kept.pt").model, load_checkpoint(tmp_path / "one.pt").model
+    assert not torch.allclose(kept["embeddings.onehot.weight"], redrawn["embeddings.onehot.weight"], atol=1e-3)
+
+
 def test_one_rank_job_takes_the_distributed_path(tiny_dataset, tmp_path):
     """torchrun with one rank runs the hybrid-parallel path (its collectives on a group of one), and
     trains the same weights as a plain process."""

@@ -291,3 +291,48 @@ def test_every_model_round_trips_through_a_checkpoint(tiny_dataset, tmp_path, na
     assert type(loaded) is type(model) and loaded.config == model.config
     test = SplitBinaryDataset(spec, "test")
     assert evaluate(loaded, test, CPU) == evaluate(model, test, CPU)
+
+
+def _untouched_rows(dataset: Path, cardinalities) -> list[np.ndarray]:
+    """Per feature, the ids that no 'train' row holds: training never updates them."""
+    data = SplitBinaryDataset(dataset, "train")
+    cats = data.slice(0, len(data)).categorical.numpy()
+    return [np.setdiff1d(np.arange(c), cats[:, f]) for f, c in enumerate(cardinalities)]
+
+
+@pytest.mark.parametrize("reinit", [True, False])
+def test_reinit_embeddings_redraws_the_tables_at_each_epoch(tiny_dataset, reinit):
+    cfg = TrainConfig(batch_size=512, epochs=3, evals_per_epoch=0, seed=3, reinit_embeddings=reinit)
+    trainer = build(tiny_dataset, cfg)
+    tables = trainer.model.embeddings.onehot
+    trainer.fit()
+    assert trainer.step == 3 * trainer.steps_per_epoch
+    untouched = _untouched_rows(tiny_dataset, tables.cardinalities)
+    assert sum(len(u) for u in untouched) > 50  # the check below has rows to look at
+    for f, rows in enumerate(untouched):
+        card = tables.cardinalities[f]
+        drawn = {d: tables.fill_rows(torch.empty(card, tables.dim), f, 0, card, draw=d) for d in (0, 2)}
+        expected = drawn[2] if reinit else drawn[0]  # the third epoch's draw, or the initial table
+        torch.testing.assert_close(tables.table(f).detach()[rows], expected[rows], rtol=0, atol=0)
+        if len(rows):
+            assert not torch.equal(drawn[0][rows], drawn[2][rows])
+    # the tables' optimizer state restarted with the last epoch's draw (lazy Adam counts its own steps)
+    state = [opt.state[tables.weight] for opt in trainer.optimizers if tables.weight in opt.state]
+    assert len(state) == 1 and state[0]["step"] == (1 if reinit else 3) * trainer.steps_per_epoch
+
+
+def test_resuming_at_an_epoch_boundary_redraws_the_tables_as_the_uninterrupted_run(tiny_dataset, tmp_path):
+    # no validation: the last weights are kept, so they show whether the resumed run redrew its tables
+    cfg = TrainConfig(batch_size=512, epochs=2, evals_per_epoch=0, validation_fraction=0.0, seed=4)
+    assert cfg.reinit_embeddings  # the default
+    straight = build(tiny_dataset, cfg)
+    straight.fit()
+    spe = straight.steps_per_epoch
+    build(tiny_dataset, TrainConfig(**{**cfg.to_dict(), "max_steps": spe}), save=tmp_path / "epoch1.pt").fit()
+    ckpt = load_checkpoint(tmp_path / "epoch1.pt")
+    assert (ckpt.step, ckpt.epoch, ckpt.batch_in_epoch) == (spe, 1, 0)
+    resumed = build(tiny_dataset, cfg)
+    resumed.restore(ckpt)
+    resumed.fit()
+    for k, v in params(straight.model).items():
+        torch.testing.assert_close(params(resumed.model)[k], v, rtol=0, atol=0, msg=k)
