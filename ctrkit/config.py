@@ -209,8 +209,9 @@ class ParallelConfig:
 
     sharding: str = option(
         "auto",
-        "auto: whole tables balanced over ranks, split by columns above column_split_dim and by rows above "
-        "row_budget_mb; table, column or row force one strategy for every table",
+        "auto: small one-hot tables replicated (replicate_below_kb), the others whole and balanced over ranks, "
+        "split by columns above column_split_dim and by rows above row_budget_mb; table, column or row force one "
+        "strategy for every table",
         ("auto", "table", "column", "row"),
     )
     column_split_dim: int | None = option(
@@ -222,6 +223,12 @@ class ParallelConfig:
         "one worker's memory still trains",
         unset="a quarter of the memory a rank has: host memory shared by the node's ranks on CPU, the GPU's on CUDA",
     )
+    replicate_below_kb: float = option(
+        256.0,
+        "under auto, keep every one-hot table of at most this many KiB (fp32) whole on every rank and train it "
+        "data-parallel (its gradient summed over ranks each step) instead of sending its ids and vectors between "
+        "ranks; 0: never",
+    )
     print_sharding_plan: bool = option(False, "print where every table lives (rank 0)")
     dist_timeout: float = option(
         120.0, "seconds a rank waits in a collective before failing (a dead peer ends the job, not hangs it)"
@@ -232,12 +239,18 @@ class ParallelConfig:
             raise ValueError(f"`column_split_dim`: expected an integer >= 1, got {self.column_split_dim}")
         if self.row_budget_mb is not None and not self.row_budget_mb > 0:
             raise ValueError(f"`row_budget_mb`: expected a positive size, got {self.row_budget_mb}")
+        if not self.replicate_below_kb >= 0:
+            raise ValueError(f"`replicate_below_kb`: expected a size >= 0, got {self.replicate_below_kb}")
         if not self.dist_timeout > 0:
             raise ValueError(f"`dist_timeout`: expected a positive number of seconds, got {self.dist_timeout}")
 
     @property
     def row_budget_bytes(self) -> int | None:
         return None if self.row_budget_mb is None else int(self.row_budget_mb * 2**20)
+
+    @property
+    def replicate_below_bytes(self) -> int:
+        return int(self.replicate_below_kb * 2**10)
 
 
 @dataclass(frozen=True)

@@ -52,13 +52,19 @@ def plan_model(
     strategy: str = "auto",
     column_split_dim: int | None = None,
     row_budget_bytes: int | None = None,
+    replicate_below_bytes: int | None = None,
 ) -> dict[str, ShardingPlan]:
     """A sharding plan per embedding collection of ``model`` (collections too narrow to split by
-    columns over ``world_size`` ranks, such as Wide & Deep's width-1 wide tables, go table-wise)."""
+    columns over ``world_size`` ranks, such as Wide & Deep's width-1 wide tables, go table-wise; only
+    one-hot collections replicate small tables, multi-hot ones shard every table)."""
     plans = {}
     for name, tables in _tables(model).items():
         s = "table" if strategy == "column" and tables.dim < world_size else strategy
-        plans[name] = plan_sharding(tables.cardinalities, tables.dim, world_size, s, column_split_dim, row_budget_bytes)
+        replicate = None if name.endswith(".bags") else replicate_below_bytes
+        plans[name] = plan_sharding(
+            tables.cardinalities, tables.dim, world_size, s, column_split_dim, row_budget_bytes,
+            replicate_below_bytes=replicate,
+        )  # fmt: skip
     return plans
 
 
@@ -114,6 +120,12 @@ class HybridModel(nn.Module):
 
     def forward(self, numerical: torch.Tensor | None, categorical: torch.Tensor, multi_hot=None) -> torch.Tensor:
         return self.ddp(numerical, categorical, multi_hot)  # (B_r,) logits of this rank's samples
+
+    def sync_gradients(self) -> None:
+        """After backward: sums the replicated tables' gradients over ranks (the dense part's DDP has
+        summed during backward, the sharded tables need nothing)."""
+        for m in sharded_collections(self.model).values():
+            m.onehot.sync_gradients()
 
     def wide_parameters(self) -> list[nn.Parameter]:
         """The model's first-order part (its own optimizer's), shards included, as the model names it."""
@@ -177,7 +189,9 @@ def shard_for_job(
     budget = parallel.row_budget_bytes
     if budget is None and env is not None:
         budget = default_row_budget(env, device)
-    plans = plan_model(model, world, parallel.sharding, parallel.column_split_dim, budget)
+    plans = plan_model(
+        model, world, parallel.sharding, parallel.column_split_dim, budget, parallel.replicate_below_bytes
+    )
     if parallel.print_sharding_plan and (env is None or env.is_main):
         print(describe_plans(plans), file=sys.stderr)
     if env is None:

@@ -1,5 +1,8 @@
-"""Where each embedding table lives: whole on one rank, split by columns, or split by rows.
+"""Where each embedding table lives: whole on every rank, whole on one rank, split by columns, or split by rows.
 
+A table of at most ``replicate_below_bytes`` is replicated (as Merlin Distributed-Embeddings plans small
+tables): every rank holds it whole, looks up its own samples' ids in it and its gradient is summed over
+ranks each step, which for small tables costs less than sending their ids and vectors between ranks.
 Table-wise placement balances memory and lookups (each table goes to the rank with the least load,
 largest tables first); a table wider than ``column_split_dim`` is split by columns into blocks of that
 width; a table larger than ``row_budget_bytes`` (one rank's embedding memory) is split by rows over
@@ -36,7 +39,8 @@ class Shard:
 
 @dataclass(frozen=True)
 class ShardingPlan:
-    """Every shard of every table; ``strategy[f]`` says how table f was split."""
+    """Every shard of every table; ``strategy[f]`` says how table f was split ("replicated": one whole
+    copy per rank)."""
 
     world_size: int
     cardinalities: tuple[int, ...]
@@ -51,6 +55,10 @@ class ShardingPlan:
     def on_rank(self, rank: int) -> tuple[Shard, ...]:
         return tuple(s for s in self.shards if s.rank == rank)
 
+    def exchanged_on_rank(self, rank: int) -> tuple[Shard, ...]:
+        """The rank's shards that serve other ranks' samples (all but the replicated tables' copies)."""
+        return tuple(s for s in self.on_rank(rank) if self.strategy[s.feature] != "replicated")
+
     def memory_bytes(self, rank: int, bytes_per_value: int = 4) -> int:
         return sum(s.rows * s.width * bytes_per_value for s in self.on_rank(rank))
 
@@ -59,6 +67,9 @@ class ShardingPlan:
         lines = [f"sharding plan: {len(self.cardinalities)} tables, dim {self.dim}, {self.world_size} ranks"]
         for f, card in enumerate(self.cardinalities):
             parts = [s for s in self.shards if s.feature == f]
+            if self.strategy[f] == "replicated":
+                lines.append(f"  table {f:3d} ({card:,} x {self.dim}) replicated: every rank, data parallel")
+                continue
             where = ", ".join(
                 f"rank {s.rank}"
                 + (f" rows {s.row_lo}:{s.row_hi}" if self.strategy[f] == "row" else "")
@@ -79,6 +90,7 @@ def plan_sharding(
     column_split_dim: int | None = None,
     row_budget_bytes: int | None = None,
     bytes_per_value: int = 4,
+    replicate_below_bytes: int | None = None,
 ) -> ShardingPlan:
     """Places every table (see the module docstring).
 
@@ -91,6 +103,7 @@ def plan_sharding(
             by rows over every rank), for testing.
         column_split_dim: under "auto", split tables wider than this into blocks this wide.
         row_budget_bytes: under "auto", split tables larger than this by rows.
+        replicate_below_bytes: under "auto" with more than one rank, replicate tables of at most this size.
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"sharding strategy must be one of {', '.join(STRATEGIES)}, got '{strategy}'")
@@ -105,6 +118,11 @@ def plan_sharding(
     for f in order:
         card = int(cardinalities[f])
         size = card * dim * bytes_per_value
+        if strategy == "auto" and world_size > 1 and replicate_below_bytes and size <= replicate_below_bytes:
+            kinds[f] = "replicated"
+            for r in range(world_size):
+                shards.append(Shard(f, r, 0, card, 0, dim))
+            continue  # the same on every rank: no part of the balance
         if strategy == "row" or (strategy == "auto" and row_budget_bytes is not None and size > row_budget_bytes):
             kinds[f] = "row"
             bounds = [card * r // world_size for r in range(world_size + 1)]

@@ -53,10 +53,13 @@ class ShardedEmbeddingCollection(nn.Module):
         self.local = plan.on_rank(rank)
         self.init = TableInit(source.init_seed, source.zero_init, source.cardinalities, source.dim)
         self.shards = nn.ParameterList(nn.Parameter(self._initial(source, s)) for s in self.local)
-        self._widths = [sum(s.width for s in plan.on_rank(r)) for r in range(plan.world_size)]
-        # the features each rank holds a shard of: the only ids it is sent
-        self._features = [sorted({s.feature for s in plan.on_rank(r)}) for r in range(plan.world_size)]
+        self._widths = [sum(s.width for s in plan.exchanged_on_rank(r)) for r in range(plan.world_size)]
+        # the features each rank holds a (not replicated) shard of: the only ids it is sent
+        self._features = [sorted({s.feature for s in plan.exchanged_on_rank(r)}) for r in range(plan.world_size)]
         self._column = {f: i for i, f in enumerate(self._features[rank])}
+        # this rank's whole copies of the replicated tables (looked up locally), and the shards it serves
+        self._replica_index = [i for i, s in enumerate(self.local) if plan.strategy[s.feature] == "replicated"]
+        self._exchanged_index = [i for i, s in enumerate(self.local) if plan.strategy[s.feature] != "replicated"]
 
     @torch.no_grad()
     def reset_tables(self, draw: int = 0) -> None:
@@ -91,23 +94,37 @@ class ShardedEmbeddingCollection(nn.Module):
         got = all_to_all(send, [ids.shape[0] * len(fs) for fs in self._features], [n * len(mine_f) for n in sizes])
         every = got.view(sum(sizes), len(mine_f))  # (B, F_self): this rank's features of the global batch
         # (B, W_self): this rank's columns for every sample
-        mine = [self._lookup(s, w, every[:, self._column[s.feature]]) for s, w in zip(self.local, self.shards)]
-        return self._exchange(mine, sizes)  # (B_r, F, D)
+        mine = [
+            self._lookup(self.local[i], self.shards[i], every[:, self._column[self.local[i].feature]])
+            for i in self._exchanged_index
+        ]
+        # replicated tables: this rank's own samples, looked up in its copy
+        local = [
+            (self.local[i], F.embedding(ids[:, self.local[i].feature], self.shards[i], sparse=self.sparse))
+            for i in self._replica_index
+        ]
+        return self._exchange(mine, sizes, local)  # (B_r, F, D)
 
-    def _exchange(self, mine: list[torch.Tensor], sizes: list[int]) -> torch.Tensor:
-        """This rank's (B, width) shard outputs for the global batch -> (B_r, F, D) for its own samples."""
+    def _exchange(
+        self, mine: list[torch.Tensor], sizes: list[int], local: list[tuple[Shard, torch.Tensor]] = ()
+    ) -> torch.Tensor:
+        """This rank's (B, width) shard outputs for the global batch -> (B_r, F, D) for its own samples
+        (``local``: pieces already computed for them, the replicated tables')."""
         total = sum(sizes)
         own = torch.cat(mine, 1) if mine else torch.zeros((total, 0), device=collective_device())  # no shard here
+        if torch.is_grad_enabled() and not own.requires_grad:
+            # a rank serving no shard still takes part in the backward all-to-all its peers run
+            own.requires_grad_(True)
         pieces = own.split(sizes, 0)  # per destination: (B_dest, W_self)
         send = [p.numel() for p in pieces]
         recv = [sizes[self.rank] * w for w in self._widths]
         got = all_to_all(torch.cat([p.reshape(-1) for p in pieces]), send, recv)
         n = sizes[self.rank]
-        out = []
+        out = list(local)
         for r, block in enumerate(got.split(recv)):
             block = block.view(n, self._widths[r])
             col = 0
-            for s in self.plan.on_rank(r):
+            for s in self.plan.exchanged_on_rank(r):
                 out.append((s, block[:, col : col + s.width]))
                 col += s.width
         return self._assemble(out, n)  # (B_r, F, D)
@@ -123,6 +140,41 @@ class ShardedEmbeddingCollection(nn.Module):
             else:
                 columns.append(torch.cat([t for _, t in sorted(parts, key=lambda p: p[0].col_lo)], 1))
         return torch.stack(columns, 1)  # (B_r, F, D)
+
+    @torch.no_grad()
+    def sync_gradients(self) -> None:
+        """Sums the replicated tables' gradients over ranks (one all-reduce), after backward and before the
+        optimizers step: each copy then gets the gradient of the global batch, with the rows any rank looked
+        up (as the single-process sparse gradient has them, so row-lazy optimizers update the same rows)."""
+        if not self._replica_index:
+            return
+        weights = [self.shards[i] for i in self._replica_index]
+        parts = []
+        for w in weights:
+            dense = torch.zeros_like(w)  # (card, D)
+            touched = torch.zeros((w.shape[0], 1), dtype=w.dtype, device=w.device)
+            g = w.grad
+            if g is not None and g.is_sparse:
+                g = g.coalesce()
+                rows = g.indices()[0]
+                dense.index_add_(0, rows, g.values())
+                touched[rows] = 1.0
+            elif g is not None:
+                dense += g
+                touched += 1.0
+            parts.append(torch.cat([dense, touched], 1))
+        flat = torch.cat([p.reshape(-1) for p in parts]).to(collective_device())
+        dist.all_reduce(flat)
+        start = 0
+        for w, p in zip(weights, parts):
+            summed = flat[start : start + p.numel()].view(p.shape).to(w.device)
+            start += p.numel()
+            grad, touched = summed[:, :-1], summed[:, -1]
+            if self.sparse:
+                rows = (touched > 0).nonzero().squeeze(1)
+                w.grad = torch.sparse_coo_tensor(rows.unsqueeze(0), grad[rows], w.shape).coalesce()
+            else:
+                w.grad = grad.contiguous()
 
     def table_parameters(self) -> list[nn.Parameter]:
         """The shards: embedding tables to the optimizers (sparse row updates)."""

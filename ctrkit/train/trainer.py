@@ -124,13 +124,18 @@ class TrainStep:
             loss = loss + 0.5 * self.weight_decay * sum(p.float().pow(2).sum() for p in self._decayed)
         for opt in self.optimizers:
             opt.zero_grad(set_to_none=True)
+        sync = getattr(self.model, "sync_gradients", None)  # hybrid parallel: replicated tables' gradients
         if self.scaler is not None:
             self.scaler.scale(loss).backward()
+            if sync is not None:
+                sync()
             for opt in self.optimizers:
                 self.scaler.step(opt)
             self.scaler.update()
         else:
             loss.backward()  # hybrid parallel: DDP sums the dense gradients over ranks meanwhile
+            if sync is not None:
+                sync()
             for opt in self.optimizers:
                 opt.step()
         return loss.detach()

@@ -22,6 +22,7 @@ CARDS = (7, 50, 3, 120, 31)
 STEPS = 4
 BATCHES = (16, 16, 16, 11)  # the last global batch does not divide over 2 ranks
 MULTI = (40, 9)  # multi-hot tables (sum and mean pooling)
+REPLICATE_BELOW = 50 * 8 * 4  # bytes: the one-hot tables of 7, 50, 3 and 31 rows of width 8
 
 
 def build(model_name: str):
@@ -74,6 +75,8 @@ def step(model, optimizers, dense, sparse, labels, multi_hot, scale):
     for o in optimizers:
         o.zero_grad()
     loss.backward()  # hybrid: DDP sums the dense gradients over ranks here
+    if hasattr(model, "sync_gradients"):  # and the replicated tables' gradients are summed here
+        model.sync_gradients()
     for o in optimizers:
         o.step()
     return loss.detach()
@@ -91,7 +94,11 @@ def _worker(rank, world, port, model_name, strategy, out):
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=60)
     )
     model = build(model_name)
-    hybrid = HybridModel(model, plan_model(model, world, strategy), rank)
+    if strategy == "replicated":  # auto, with the tables of at most 50 rows (and the wide ones) replicated
+        plans = plan_model(model, world, "auto", replicate_below_bytes=REPLICATE_BELOW)
+    else:
+        plans = plan_model(model, world, strategy)
+    hybrid = HybridModel(model, plans, rank)
     opts = optimizers(hybrid.model, model_name)
     received = [0]  # ids and bag lengths this rank was sent by the input all-to-alls (integer ones)
     real_all_to_all = sharded_embeddings.all_to_all
@@ -107,7 +114,7 @@ def _worker(rank, world, port, model_name, strategy, out):
     losses = []
     for d, s, y, m in batches():
         for c in collections:
-            mine = {s.feature for s in c.plan.on_rank(rank)}  # the features it holds shards of
+            mine = {s.feature for s in c.plan.exchanged_on_rank(rank)}  # the features it serves shards of
             if isinstance(c, sharded_embeddings.ShardedEmbeddingBagCollection):
                 n_ids = [int(m.offsets[(f + 1) * len(y)] - m.offsets[f * len(y)]) for f in range(len(MULTI))]
                 expected += len(y) * len(mine) + sum(n_ids[f] for f in mine)
@@ -132,7 +139,7 @@ def _worker(rank, world, port, model_name, strategy, out):
     os._exit(0)
 
 
-@pytest.mark.parametrize("strategy", ["table", "column", "row"])
+@pytest.mark.parametrize("strategy", ["table", "column", "row", "replicated"])
 @pytest.mark.parametrize("model_name", ["dlrm", "dcnv2", "wide_deep"])
 def test_hybrid_matches_single_process(tmp_path, strategy, model_name):
     losses, state = single_process(model_name)
@@ -141,7 +148,7 @@ def test_hybrid_matches_single_process(tmp_path, strategy, model_name):
     got = torch.load(out)
     for received, expected, every in got["ids"]:  # a rank is sent the ids of its own tables, no others
         assert received == expected
-        if strategy == "table":
+        if strategy in ("table", "replicated"):
             assert received < every
     assert got["losses"] == pytest.approx(losses, rel=1e-5, abs=1e-6)
     assert set(got["state"]) == set(state)

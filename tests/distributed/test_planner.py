@@ -102,3 +102,19 @@ def test_a_redraw_of_the_shards_is_the_same_redraw_of_the_whole_tables():
             off = sum(cards[: s.feature])
             want = second[off + s.row_lo : off + s.row_hi, s.col_lo : s.col_hi]
             assert torch.equal(w.detach(), want), s
+
+
+def test_small_tables_are_replicated_on_every_rank_under_auto():
+    plan = plan_sharding([10, 5000, 40], dim=8, world_size=3, replicate_below_bytes=40 * 8 * 4)
+    assert plan.strategy == ("replicated", "table", "replicated")
+    for f, card in ((0, 10), (2, 40)):
+        assert sorted((s.rank, s.row_lo, s.row_hi, s.col_lo, s.col_hi) for s in plan.shards if s.feature == f) == [
+            (r, 0, card, 0, 8) for r in range(3)
+        ]
+    # every rank holds the copies; only the large table is served to other ranks
+    assert [plan.memory_bytes(r) for r in range(3)] == [(5000 + 50) * 32, 50 * 32, 50 * 32]
+    assert [len(plan.exchanged_on_rank(r)) for r in range(3)] == [1, 0, 0]
+    assert "table   0 (10 x 8) replicated: every rank" in plan.describe()
+    # forced strategies and one rank never replicate
+    assert "replicated" not in plan_sharding([10, 40], 8, 3, "table", replicate_below_bytes=10**6).strategy
+    assert plan_sharding([10, 40], 8, 1, replicate_below_bytes=10**6).strategy == ("table", "table")
