@@ -94,13 +94,17 @@ class TrainConfig:
         "that regression and model selection keeps it unless validation improves; needs validation data and a "
         "first-order term",
     )
-    reinit_embeddings: bool = option(
-        True,
-        "at the start of every epoch after the first, redraw the deep embedding tables (a new draw each epoch) and "
-        "clear their optimizer state, keeping every other weight: embedding models overfit from their second pass "
-        "over the same rows, and fresh tables let later epochs improve the model instead (MEDA, Fan et al. 2023); "
-        "a first-order (wide) part is kept",
+    reinit_embeddings: str = option(
+        "auto",
+        "redraw the deep embedding tables (a new draw each epoch, their optimizer state cleared; every other weight "
+        "kept) at the start of every epoch after the first (MEDA, Fan et al. 2023): embedding models can overfit "
+        "from their second pass over the same rows, and fresh tables let later epochs improve the model instead. "
+        "on: always; auto: once an evaluation after the first epoch falls more than reinit_drop below the best "
+        "validation AUC (that overfitting), the best weights are restored, the tables redrawn, and from then on "
+        "redrawn at each epoch; off: never",
+        ("auto", "on", "off"),
     )
+    reinit_drop: float = option(0.01, "the validation AUC fall below the best that turns auto reinit_embeddings on")
     early_stopping_patience: int | None = option(
         None,
         "stop after this many validation evaluations without improvement (0: never stop early)",
@@ -160,6 +164,8 @@ class TrainConfig:
         positive("plateau_patience", allow_none=True, allow_zero=True)
         if not 0.0 <= self.validation_fraction < 1.0:
             raise ValueError(f"`validation_fraction`: expected a fraction in [0, 1), got {self.validation_fraction}")
+        if not self.reinit_drop >= 0:
+            raise ValueError(f"`reinit_drop`: expected an AUC difference >= 0, got {self.reinit_drop}")
         if not 0.0 < self.plateau_factor <= 1.0:
             raise ValueError(f"`plateau_factor`: expected a multiplier in (0, 1], got {self.plateau_factor}")
         if self.embedding_l2 < 0 or self.weight_decay < 0:

@@ -35,6 +35,8 @@ class Selection:
         since_decay: evaluations without improvement since the last decay (or the best).
         lr_scale: the product of the decays so far, applied on top of the LR schedule.
         stopped: the patience ran out.
+        reinit: the run redraws its embedding tables at each epoch (``reinit_embeddings`` on, or auto after
+            the validation AUC fell).
     """
 
     patience: int = 0
@@ -48,6 +50,7 @@ class Selection:
     since_decay: int = 0
     lr_scale: float = 1.0
     stopped: bool = False
+    reinit: bool = False
 
     def update(self, step: int, metrics: dict[str, Any]) -> bool:
         """Takes the evaluation at ``step``; returns whether it is the new best."""

@@ -444,6 +444,10 @@ class Trainer:
         metrics = self._score(self.validation_set)
         if self.selection.update(self.step, metrics):
             self.best_state = self._local_state()
+        elif self._overfitting(metrics):  # auto reinit_embeddings: from the best weights, with fresh tables
+            self.selection.reinit = True
+            self._inner.load_state_dict(self.best_state)
+            self._reinit_embeddings(self.step // self.steps_per_epoch)
         record = {"event": "eval", "mapping": "validation", "step": self.step, **metrics,
                   "best_step": self.selection.best_step, "lr_scale": self.selection.lr_scale}  # fmt: skip
         self._log(record)
@@ -454,6 +458,16 @@ class Trainer:
         if self.best_state is None or self.selection.best_step == self.step:
             return
         self._inner.load_state_dict(self.best_state)
+
+    def _overfitting(self, metrics: dict[str, Any]) -> bool:
+        """Auto ``reinit_embeddings``: past the first epoch, the validation AUC fell more than
+        ``reinit_drop`` below the best (a second pass over the same rows made the model worse)."""
+        cfg = self.cfg
+        if cfg.reinit_embeddings != "auto" or self.selection.reinit or self.best_state is None:
+            return False
+        best = self.selection.best_metrics or {}
+        past_first = self.step > self.steps_per_epoch
+        return past_first and metrics.get("auc", math.inf) < best.get("auc", -math.inf) - cfg.reinit_drop
 
     def _reinit_embeddings(self, epoch: int) -> None:
         """``reinit_embeddings``: the deep tables redrawn (draw ``epoch``: the same values at any world size
@@ -531,7 +545,7 @@ class Trainer:
         try:
             while self.step < self.total_steps and not self.selection.stopped:
                 epoch, start = divmod(self.step, self.steps_per_epoch)
-                if cfg.reinit_embeddings and epoch > 0 and start == 0:
+                if epoch > 0 and start == 0 and (self.selection.reinit or cfg.reinit_embeddings == "on"):
                     self._reinit_embeddings(epoch)
                 batches = self.loader.epoch(epoch, start)
                 order = self.loader.batch_order(epoch)[start:]

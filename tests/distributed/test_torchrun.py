@@ -74,10 +74,11 @@ def test_two_ranks_redraw_their_shards_each_epoch_like_one_process(tiny_dataset,
     shards, and the result is the single process's."""
     run = ["--dataset", tiny_dataset, "--epochs", "3", "--batch-size", "4000", "--evals-per-epoch", "0",
            "--validation-fraction", "0", "--no-progress", *small_model_flags()]  # fmt: skip
-    single("train", *run, "--save-checkpoint", tmp_path / "one.pt")
-    torchrun("train", *run, "--save-checkpoint", tmp_path / "two.pt", "--sharding", "row")
+    redraw = [*run, "--reinit-embeddings", "on"]
+    single("train", *redraw, "--save-checkpoint", tmp_path / "one.pt")
+    torchrun("train", *redraw, "--save-checkpoint", tmp_path / "two.pt", "--sharding", "row")
     assert_same_weights(tmp_path / "one.pt", tmp_path / "two.pt")
-    single("train", *run, "--save-checkpoint", tmp_path / "kept.pt", "--no-reinit-embeddings")
+    single("train", *run, "--save-checkpoint", tmp_path / "kept.pt", "--reinit-embeddings", "off")
     kept, redrawn = load_checkpoint(tmp_path / "kept.pt").model, load_checkpoint(tmp_path / "one.pt").model
     assert not torch.allclose(kept["embeddings.onehot.weight"], redrawn["embeddings.onehot.weight"], atol=1e-3)
 

@@ -1,3 +1,4 @@
+import json
 from pathlib import Path
 
 import numpy as np
@@ -302,7 +303,7 @@ def _untouched_rows(dataset: Path, cardinalities) -> list[np.ndarray]:
 
 @pytest.mark.parametrize("reinit", [True, False])
 def test_reinit_embeddings_redraws_the_tables_at_each_epoch(tiny_dataset, reinit):
-    cfg = TrainConfig(batch_size=512, epochs=3, evals_per_epoch=0, seed=3, reinit_embeddings=reinit)
+    cfg = TrainConfig(batch_size=512, epochs=3, evals_per_epoch=0, seed=3, reinit_embeddings="on" if reinit else "off")
     trainer = build(tiny_dataset, cfg)
     tables = trainer.model.embeddings.onehot
     trainer.fit()
@@ -323,8 +324,8 @@ def test_reinit_embeddings_redraws_the_tables_at_each_epoch(tiny_dataset, reinit
 
 def test_resuming_at_an_epoch_boundary_redraws_the_tables_as_the_uninterrupted_run(tiny_dataset, tmp_path):
     # no validation: the last weights are kept, so they show whether the resumed run redrew its tables
-    cfg = TrainConfig(batch_size=512, epochs=2, evals_per_epoch=0, validation_fraction=0.0, seed=4)
-    assert cfg.reinit_embeddings  # the default
+    cfg = TrainConfig(batch_size=512, epochs=2, evals_per_epoch=0, validation_fraction=0.0, seed=4,
+                      reinit_embeddings="on")  # fmt: skip
     straight = build(tiny_dataset, cfg)
     straight.fit()
     spe = straight.steps_per_epoch
@@ -336,3 +337,41 @@ def test_resuming_at_an_epoch_boundary_redraws_the_tables_as_the_uninterrupted_r
     resumed.fit()
     for k, v in params(straight.model).items():
         torch.testing.assert_close(params(resumed.model)[k], v, rtol=0, atol=0, msg=k)
+
+
+@pytest.mark.parametrize("falls", [True, False])
+def test_auto_reinit_starts_when_validation_falls_after_the_first_epoch(tiny_dataset, tmp_path, falls):
+    from tests.train.test_selection import PlantedValidation
+
+    cfg = TrainConfig(batch_size=512, epochs=3, evals_per_epoch=2, early_stopping_patience=0, plateau_patience=0,
+                      seed=2)  # fmt: skip
+    assert cfg.reinit_embeddings == "auto" and cfg.reinit_drop == 0.01  # the defaults
+    trainer = build(tiny_dataset, cfg, log=tmp_path / "log.jsonl")
+    tables = trainer.model.embeddings.onehot
+    # the third evaluation (half-way through epoch 2) falls 0.05 below the best, or only 0.005
+    third = 0.70 if falls else 0.745
+    planted = PlantedValidation(trainer, [0.70, 0.75, third, 0.76, 0.77, 0.78, 0.79])
+    at_redraw = {}
+    real_reinit = trainer._reinit_embeddings
+
+    def reinit(epoch):
+        at_redraw[trainer.step] = params(trainer.model)
+        real_reinit(epoch)
+
+    trainer._reinit_embeddings = reinit
+    trainer.fit()
+    spe = trainer.steps_per_epoch
+    events = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    redraws = [r["step"] for r in events if r["event"] == "reinit_embeddings"]
+    steps = sorted(trainer._eval_steps())
+    assert redraws == ([steps[2], 2 * spe] if falls else [])
+    if falls:  # the run went on from the best weights (epoch 1's end) with fresh tables, not the fallen ones
+        restored, best, fallen = at_redraw[steps[2]], planted.states[spe], planted.states[steps[2]]
+        for k, v in best.items():
+            torch.testing.assert_close(restored[k], v, rtol=0, atol=0, msg=k)
+        assert any(not torch.equal(fallen[k], v) for k, v in best.items())
+    untouched = _untouched_rows(tiny_dataset, tables.cardinalities)
+    for f, rows in enumerate(untouched):  # the last epoch's draw (2), or the initial table
+        card = tables.cardinalities[f]
+        want = tables.fill_rows(torch.empty(card, tables.dim), f, 0, card, draw=2 if falls else 0)
+        torch.testing.assert_close(tables.table(f).detach()[rows], want[rows], rtol=0, atol=0)
