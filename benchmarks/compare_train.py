@@ -63,7 +63,8 @@ class PlainDLRM(nn.Module):
 
 def ctrkit_step(cfg: TrainBenchConfig, lr: float):
     shape = dict(num_numerical=cfg.num_numerical, cardinalities=(cfg.table_rows,) * cfg.num_tables,
-                 embedding_dim=cfg.embedding_dim, bottom_mlp=cfg.bottom_mlp, top_mlp=cfg.top_mlp, linear=False)  # fmt: skip
+                 embedding_dim=cfg.embedding_dim, bottom_mlp=cfg.bottom_mlp, top_mlp=cfg.top_mlp,
+                 linear=False)  # fmt: skip
     model = create_model("dlrm", make_config("dlrm", shape))
     step = TrainStep(model, build_optimizers(model, "sgd", lr, "sgd", lr), torch.device("cpu"))
     return lambda b: step(b)
