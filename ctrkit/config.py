@@ -156,6 +156,7 @@ class TrainConfig:
             ("optimizer", DENSE_OPTIMIZERS),
             ("embedding_optimizer", TABLE_OPTIMIZERS),
             ("wide_optimizer", TABLE_OPTIMIZERS),
+            ("reinit_embeddings", ("auto", "on", "off")),
         ):
             value = getattr(self, name)
             if value is not None and value not in allowed:

@@ -167,6 +167,10 @@ def test_train_config_validation():
         TrainConfig(batch_size=0).validate()
     with pytest.raises(ValueError, match="end_lr"):
         TrainConfig(lr=1.0, end_lr=2.0).validate()
+    with pytest.raises(ValueError, match="`reinit_embeddings`: expected one of auto, on, off, got True"):
+        TrainConfig(reinit_embeddings=True).validate()
+    with pytest.raises(ValueError, match="`reinit_drop`"):
+        TrainConfig(reinit_drop=-0.1).validate()
 
 
 def test_oracle_reference_for_the_tiny_data():
