@@ -19,7 +19,7 @@ from ctrkit.data.batch import MultiHot
 from ctrkit.distributed.all_to_all import all_to_all
 from ctrkit.distributed.env import collective_device
 from ctrkit.distributed.planner import Shard, ShardingPlan
-from ctrkit.models.embeddings import EmbeddingBagCollection, EmbeddingCollection, TableInit
+from ctrkit.models.embeddings import EmbeddingBagCollection, EmbeddingCollection
 
 
 def gather_sizes(n: int) -> list[int]:
@@ -51,7 +51,7 @@ class ShardedEmbeddingCollection(nn.Module):
         self.cardinalities = source.cardinalities
         self.num_features = len(source.cardinalities)
         self.local = plan.on_rank(rank)
-        self.init = TableInit(source.init_seed, source.zero_init, source.cardinalities, source.dim)
+        self.init = source.init  # how to redraw any shard, without the whole tables
         self.shards = nn.ParameterList(nn.Parameter(self._initial(source, s)) for s in self.local)
         self._widths = [sum(s.width for s in plan.exchanged_on_rank(r)) for r in range(plan.world_size)]
         # the features each rank holds a (not replicated) shard of: the only ids it is sent
@@ -74,7 +74,7 @@ class ShardedEmbeddingCollection(nn.Module):
         copied out of them; the same values either way."""
         if source.weight.is_meta:
             out = torch.empty(s.row_hi - s.row_lo, s.col_hi - s.col_lo)
-            return source.fill_rows(out, s.feature, s.row_lo, s.row_hi, s.col_lo, s.col_hi)
+            return source.init.fill(out, s.feature, s.row_lo, s.row_hi, s.col_lo, s.col_hi)
         return source.table(s.feature)[s.row_lo : s.row_hi, s.col_lo : s.col_hi].detach().clone()
 
     def _lookup(self, shard: Shard, weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:

@@ -21,7 +21,7 @@ _DEFERRED = contextvars.ContextVar("ctrkit_deferred_tables", default=False)
 @contextmanager
 def deferred_tables() -> Iterator[None]:
     """Within it, embedding tables are created on the meta device (no memory, no values): a
-    hybrid-parallel rank then draws only the rows and columns of its shards (``fill_rows``), equal to
+    hybrid-parallel rank then draws only the rows and columns of its shards (``init.fill``), equal to
     the same rows of the whole table, so any world size starts from the same model."""
     token = _DEFERRED.set(True)
     try:
@@ -50,29 +50,17 @@ class _Tables(nn.Module):
         if self.weight.device.type != "meta":
             self.reset_tables()
 
+    @property
+    def init(self) -> TableInit:
+        """How the tables are drawn (``TableInit.fill`` draws any block of rows and columns)."""
+        return TableInit(self.init_seed, self.zero_init, self.cardinalities, self.dim)
+
     @torch.no_grad()
     def reset_tables(self, draw: int = 0) -> None:
         """Draws every table's initial values into the weight (``draw`` > 0: another set of them)."""
+        init = self.init
         for f, (off, card) in enumerate(zip(self.offsets.tolist(), self.cardinalities)):
-            self.fill_rows(self.weight[off : off + card], f, 0, card, draw=draw)
-
-    @torch.no_grad()
-    def fill_rows(
-        self,
-        out: torch.Tensor,
-        feature: int,
-        row_lo: int,
-        row_hi: int,
-        col_lo: int = 0,
-        col_hi: int | None = None,
-        draw: int = 0,
-    ) -> torch.Tensor:
-        """Writes rows [row_lo, row_hi) and columns [col_lo, col_hi) of ``feature``'s initial table into
-        ``out`` (row_hi - row_lo, col_hi - col_lo); returns it. ``draw`` 0 is the initial table, each
-        other value an independent redraw (``reinit_embeddings`` draws epoch e's tables with e)."""
-        return TableInit(self.init_seed, self.zero_init, self.cardinalities, self.dim).fill(
-            out, feature, row_lo, row_hi, col_lo, col_hi, draw
-        )
+            init.fill(self.weight[off : off + card], f, 0, card, draw=draw)
 
 
 @dataclass(frozen=True)
@@ -95,7 +83,9 @@ class TableInit:
         col_hi: int | None = None,
         draw: int = 0,
     ) -> torch.Tensor:
-        """``_Tables.fill_rows``."""
+        """Writes rows [row_lo, row_hi) and columns [col_lo, col_hi) of ``feature``'s initial table into
+        ``out`` (row_hi - row_lo, col_hi - col_lo); returns it. ``draw`` 0 is the initial table, each
+        other value an independent redraw (``reinit_embeddings`` draws epoch e's tables with e)."""
         col_hi = self.dim if col_hi is None else col_hi
         if self.zero:
             return out.zero_()

@@ -447,7 +447,9 @@ class Trainer:
         elif self._overfitting(metrics):  # auto reinit_embeddings: from the best weights, with fresh tables
             self.selection.reinit = True
             self._inner.load_state_dict(self.best_state)
-            self._reinit_embeddings(self.step // self.steps_per_epoch)
+            epoch, into = divmod(self.step, self.steps_per_epoch)
+            if into:  # at an epoch's end the next epoch's start redraws them
+                self._reinit_embeddings(epoch)
         record = {"event": "eval", "mapping": "validation", "step": self.step, **metrics,
                   "best_step": self.selection.best_step, "lr_scale": self.selection.lr_scale}  # fmt: skip
         self._log(record)
@@ -462,12 +464,12 @@ class Trainer:
     def _overfitting(self, metrics: dict[str, Any]) -> bool:
         """Auto ``reinit_embeddings``: past the first epoch, the validation AUC fell more than
         ``reinit_drop`` below the best (a second pass over the same rows made the model worse)."""
-        cfg = self.cfg
-        if cfg.reinit_embeddings != "auto" or self.selection.reinit or self.best_state is None:
+        cfg, best = self.cfg, self.selection.best_metrics
+        if cfg.reinit_embeddings != "auto" or self.selection.reinit or best is None:
             return False
-        best = self.selection.best_metrics or {}
-        past_first = self.step > self.steps_per_epoch
-        return past_first and metrics.get("auc", math.inf) < best.get("auc", -math.inf) - cfg.reinit_drop
+        if self.step <= self.steps_per_epoch:  # the first pass: nothing seen twice yet
+            return False
+        return metrics.get("auc", math.inf) < best.get("auc", -math.inf) - cfg.reinit_drop
 
     def _reinit_embeddings(self, epoch: int) -> None:
         """``reinit_embeddings``: the deep tables redrawn (draw ``epoch``: the same values at any world size

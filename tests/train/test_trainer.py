@@ -316,7 +316,7 @@ def test_reinit_embeddings_redraws_the_tables_at_each_epoch(tiny_dataset, reinit
     assert sum(len(u) for u in untouched) > 50  # the check below has rows to look at
     for f, rows in enumerate(untouched):
         card = tables.cardinalities[f]
-        drawn = {d: tables.fill_rows(torch.empty(card, tables.dim), f, 0, card, draw=d) for d in (0, 2)}
+        drawn = {d: tables.init.fill(torch.empty(card, tables.dim), f, 0, card, draw=d) for d in (0, 2)}
         expected = drawn[2] if reinit else drawn[0]  # the third epoch's draw, or the initial table
         torch.testing.assert_close(tables.table(f).detach()[rows], expected[rows], rtol=0, atol=0)
         if len(rows):
@@ -343,8 +343,8 @@ def test_resuming_at_an_epoch_boundary_redraws_the_tables_as_the_uninterrupted_r
         torch.testing.assert_close(params(resumed.model)[k], v, rtol=0, atol=0, msg=k)
 
 
-@pytest.mark.parametrize("falls", [True, False])
-def test_auto_reinit_starts_when_validation_falls_after_the_first_epoch(tiny_dataset, tmp_path, falls):
+@pytest.mark.parametrize("fall_at", [2, 3, None])
+def test_auto_reinit_starts_when_validation_falls_after_the_first_epoch(tiny_dataset, tmp_path, fall_at):
     from tests.train.test_selection import PlantedValidation
 
     cfg = TrainConfig(batch_size=512, epochs=3, evals_per_epoch=2, early_stopping_patience=0, plateau_patience=0,
@@ -352,9 +352,12 @@ def test_auto_reinit_starts_when_validation_falls_after_the_first_epoch(tiny_dat
     assert cfg.reinit_embeddings == "auto" and cfg.reinit_drop == 0.01  # the defaults
     trainer = build(tiny_dataset, cfg, log=tmp_path / "log.jsonl")
     tables = trainer.model.embeddings.onehot
-    # the third evaluation (half-way through epoch 2) falls 0.05 below the best, or only 0.005
-    third = 0.70 if falls else 0.745
-    planted = PlantedValidation(trainer, [0.70, 0.75, third, 0.76, 0.77, 0.78, 0.79])
+    # evaluations at 0.5, 1, 1.5, 2, ... epochs; one of them (half-way through epoch 2, or at its end) falls
+    # 0.05 below the best, or none falls more than 0.005
+    curve = [0.70, 0.75, 0.755, 0.76, 0.77, 0.78, 0.79]
+    if fall_at is not None:
+        curve[fall_at] = 0.70
+    planted = PlantedValidation(trainer, curve)
     at_redraw = {}
     real_reinit = trainer._reinit_embeddings
 
@@ -368,14 +371,16 @@ def test_auto_reinit_starts_when_validation_falls_after_the_first_epoch(tiny_dat
     events = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
     redraws = [r["step"] for r in events if r["event"] == "reinit_embeddings"]
     steps = sorted(trainer._eval_steps())
-    assert redraws == ([steps[2], 2 * spe] if falls else [])
-    if falls:  # the run went on from the best weights (epoch 1's end) with fresh tables, not the fallen ones
-        restored, best, fallen = at_redraw[steps[2]], planted.states[spe], planted.states[steps[2]]
-        for k, v in best.items():
+    # at an epoch's end the redraw is the next epoch's, once
+    assert redraws == {2: [steps[2], 2 * spe], 3: [2 * spe], None: []}[fall_at]
+    if fall_at is not None:  # the run went on from the best weights with fresh tables, not the fallen ones
+        best_step = steps[fall_at - 1]
+        restored, best, fallen = at_redraw[steps[fall_at]], planted.states[best_step], planted.states[steps[fall_at]]
+        for k, v in best.items():  # taken just before the redraw: every weight, tables included, the best's
             torch.testing.assert_close(restored[k], v, rtol=0, atol=0, msg=k)
         assert any(not torch.equal(fallen[k], v) for k, v in best.items())
     untouched = _untouched_rows(tiny_dataset, tables.cardinalities)
     for f, rows in enumerate(untouched):  # the last epoch's draw (2), or the initial table
         card = tables.cardinalities[f]
-        want = tables.fill_rows(torch.empty(card, tables.dim), f, 0, card, draw=2 if falls else 0)
+        want = tables.init.fill(torch.empty(card, tables.dim), f, 0, card, draw=0 if fall_at is None else 2)
         torch.testing.assert_close(tables.table(f).detach()[rows], want[rows], rtol=0, atol=0)
