@@ -14,6 +14,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -104,7 +105,9 @@ class Checkpoint:
         """The model rebuilt from the stored config, with the stored weights.
 
         With ``assign``, the model is built without memory of its own (on the meta device) and takes the
-        checkpoint's tensors as its parameters: with a memory-mapped checkpoint, tables stay on disk.
+        checkpoint's tensors as its parameters: with a memory-mapped checkpoint, tables stay on disk. A
+        sharded checkpoint left unassembled gives a model whose tables stay on the meta device (read them
+        through ``sharded_table_views``).
         """
         config = make_config(self.model_name, self.model_config)
         if not assign:
@@ -113,7 +116,16 @@ class Checkpoint:
             return model
         with torch.device("meta"):
             model = create_model(self.model_name, config)
-        model.load_state_dict(self.model, assign=True)
+        if self.shard_files:  # the replicated weights from rank 0's file; the tables stay in the rank files
+            state = read_rank_file(self, 0)["model"]
+            prefixes = tuple(f"{_table_prefix(n)}." for n in self.sharding or {})
+            state = {k: v for k, v in state.items() if not k.startswith(prefixes)}
+            missing = model.load_state_dict(state, assign=True, strict=False).missing_keys
+            unexpected = [k for k in missing if not k.startswith(prefixes)]
+            if unexpected:
+                raise CheckpointError(f"{self.shard_files[0]}: lacks the weights {unexpected[:3]}")
+        else:
+            model.load_state_dict(self.model, assign=True)
         for name, buffer in model.named_buffers():  # non-persistent buffers (offsets, indices) are rebuilt
             if buffer.is_meta:
                 raise CheckpointError(f"buffer '{name}' is not stored in the checkpoint; cannot build the model lazily")
@@ -255,6 +267,62 @@ def assemble_shards(ckpt: Checkpoint) -> Checkpoint:
         rank_optimizers=[p["optimizers"] for p in parts],
         shard_files=None,
     )
+
+
+class ShardedTableView:
+    """One flat table of a sharded checkpoint, read by rows from the rank files (memory-mapped) without
+    ever being assembled: ``view[rows]`` gathers the given flat rows (N,) from the shards that hold
+    them into an (N, dim) array. Serving's memory-mapped store reads a sharded checkpoint through it."""
+
+    def __init__(self, pieces: list[tuple[int, int, int, int, Any]], rows: int, dim: int):
+        self.shape = (rows, dim)
+        self.dtype = pieces[0][4].dtype if pieces else np.dtype(np.float32)
+        groups: dict[tuple[int, int], list[tuple[int, int, Any]]] = {}
+        for lo, hi, col_lo, col_hi, array in pieces:  # flat rows [lo, hi), columns [col_lo, col_hi)
+            groups.setdefault((col_lo, col_hi), []).append((lo, hi, array))
+        self.groups = []
+        for cols, members in sorted(groups.items()):
+            members.sort(key=lambda m: m[0])
+            starts = np.array([m[0] for m in members], dtype=np.int64)
+            self.groups.append((cols, starts, members))
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, rows: np.ndarray) -> np.ndarray:
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        if rows.size and (rows.min() < 0 or rows.max() >= self.shape[0]):
+            raise IndexError(f"rows outside the table's {self.shape[0]} rows")
+        out = np.zeros((len(rows), self.shape[1]), dtype=self.dtype)
+        for (col_lo, col_hi), starts, members in self.groups:
+            which = np.searchsorted(starts, rows, side="right") - 1
+            for k in np.unique(which[which >= 0]):
+                lo, hi, array = members[k]
+                take = (which == k) & (rows < hi)
+                out[take, col_lo:col_hi] = array[rows[take] - lo]
+        return out
+
+
+def sharded_table_views(ckpt: Checkpoint, which: str = "model") -> dict[str, ShardedTableView]:
+    """The flat tables of a sharded checkpoint as views over its rank files, by their module path
+    (e.g. ``embeddings.onehot``); nothing is assembled."""
+    parts = [read_rank_file(ckpt, r) for r in range(len(ckpt.shard_files or []))]
+    views = {}
+    for name, key in (ckpt.sharding or {}).items():
+        shards = [tuple(int(v) for v in x) for x in key[1:]]  # (feature, rank, row_lo, row_hi, col_lo, col_hi)
+        cards: dict[int, int] = {}
+        for f, _, _, row_hi, _, _ in shards:
+            cards[f] = max(cards.get(f, 0), row_hi)
+        offsets = {f: sum(cards[g] for g in range(f)) for f in cards}
+        seen = [0] * len(parts)
+        pieces = []
+        for f, r, row_lo, row_hi, col_lo, col_hi in shards:
+            tensor = parts[r][which][f"{_table_prefix(name)}.shards.{seen[r]}"]
+            seen[r] += 1
+            if (row_hi - row_lo) * (col_hi - col_lo):  # stays in the file: a numpy view of the mapped tensor
+                pieces.append((offsets[f] + row_lo, offsets[f] + row_hi, col_lo, col_hi, tensor.detach().numpy()))
+        views[_table_prefix(name)] = ShardedTableView(pieces, sum(cards.values()), max(s[5] for s in shards))
+    return views
 
 
 def rng_state() -> dict[str, Any]:

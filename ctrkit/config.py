@@ -477,10 +477,16 @@ class GenCsvConfig:
 
 @dataclass(frozen=True)
 class ConvertConfig:
-    """``ctrkit convert-checkpoint``: a hybrid-parallel (sharded) checkpoint to one file."""
+    """``ctrkit convert-checkpoint``: a checkpoint between the one-file and the sharded forms."""
 
     checkpoint: Path | None = option(None, "checkpoint written by `ctrkit train` (sharded or not)", required=True)
-    out: Path | None = option(None, "the one-file checkpoint to write", required=True)
+    out: Path | None = option(None, "the checkpoint to write", required=True)
+    world_size: int | None = option(
+        None,
+        "write the sharded form a run of this many ranks writes (a manifest and a file per rank, tables placed by "
+        "--sharding and its size options), without optimizer state",
+        unset="one file with whole tables",
+    )
     overwrite: bool = option(False, "replace an existing output file")
 
 

@@ -69,3 +69,74 @@ def test_checkpoints_from_before_the_linear_term_load_without_one(tmp_path):
     save_checkpoint(tmp_path / "old.pt", Checkpoint("dlrm", old, {}, model.state_dict()))
     rebuilt = load_checkpoint(tmp_path / "old.pt").build_model()
     assert rebuilt.wide_embeddings is None and rebuilt.config.linear is False
+
+
+@pytest.mark.parametrize("sharding", ["row", "column", "auto"])
+def test_one_file_and_sharded_forms_convert_both_ways_and_serve_unassembled(tmp_path, capsys, sharding):
+    """convert-checkpoint --world-size writes the sharded form (per-rank files, manifest last); back to
+    one file it gives the same weights; the memory-mapped serving store reads the shards where they lie
+    (no whole table assembled) and predicts what the one-file checkpoint predicts; a resume from it is
+    refused with a one-line reason."""
+    import numpy as np
+
+    from ctrkit.checkpoint import ShardedTableView
+    from ctrkit.serve.predictor import Predictor
+    from tests.conftest import run_cli
+
+    cfg = make_config(
+        "dcnv2",
+        dict(num_numerical=2, cardinalities=[5, 7, 300], embedding_dim=6, bottom_mlp=[8, 6], top_mlp=[8, 1],
+             cross_layers=1, multi_hot_cardinalities=[40], multi_hot_combiners=["mean"]),
+    )  # fmt: skip
+    torch.manual_seed(3)
+    model = create_model("dcnv2", cfg)
+    spec = {"cardinalities": [5, 7, 300], "multi_hot_cardinalities": [40]}
+    save_checkpoint(tmp_path / "one.pt", Checkpoint("dcnv2", config_to_dict(cfg), spec, model.state_dict(), step=4))
+    flags = ["--sharding", sharding, "--replicate-below-kb", "0.03", "--column-split-dim", "4"]
+    code, out, _ = run_cli("convert-checkpoint", "--checkpoint", tmp_path / "one.pt", "--out", tmp_path / "s.pt",
+                           "--world-size", "3", *flags, capsys=capsys)  # fmt: skip
+    assert code == 0 and "3 rank files" in out
+    raw = torch.load(tmp_path / "s.pt", weights_only=True)
+    assert raw["model"] == {} and len(raw["shard_files"]) == 3 and raw["sharding"]
+    code, _, _ = run_cli("convert-checkpoint", "--checkpoint", tmp_path / "s.pt", "--out", tmp_path / "back.pt",
+                         capsys=capsys)  # fmt: skip
+    back = torch.load(tmp_path / "back.pt", weights_only=True)["model"]
+    assert set(back) == set(model.state_dict())
+    assert all(torch.equal(back[k], v) for k, v in model.state_dict().items())
+
+    served = Predictor.from_checkpoint(tmp_path / "s.pt", embedding_store="mmap", cache_rows=16)
+    assert served.stores and all(isinstance(s.table, ShardedTableView) for s in served.stores)
+    reference = Predictor.from_checkpoint(tmp_path / "one.pt")
+    gen = np.random.default_rng(0)
+    numerical = gen.normal(size=(64, 2)).astype(np.float32)
+    ids = np.stack([gen.integers(0, c, 64) for c in (5, 7, 300)], axis=1)
+    bags = np.where(gen.random((64, 1, 3)) < 0.7, gen.integers(0, 40, (64, 1, 3)), -1)
+    for _ in range(2):  # the second pass is served from the row cache
+        np.testing.assert_allclose(served(numerical, ids, bags), reference(numerical, ids, bags), atol=1e-6)
+
+
+def test_a_resume_from_a_converted_sharded_checkpoint_is_refused(tiny_dataset, tmp_path, capsys):
+    from tests.conftest import run_cli, small_model_flags
+
+    flags = ["--dataset", tiny_dataset, "--batch-size", "512", "--no-progress", *small_model_flags()]
+    assert run_cli("train", *flags, "--max-steps", "2", "--save-checkpoint", tmp_path / "a.pt")[0] == 0
+    assert run_cli("convert-checkpoint", "--checkpoint", tmp_path / "a.pt", "--out", tmp_path / "s.pt",
+                   "--world-size", "2")[0] == 0  # fmt: skip
+    capsys.readouterr()
+    code, _, err = run_cli("train", *flags, "--max-steps", "4", "--load-checkpoint", tmp_path / "s.pt",
+                           capsys=capsys)  # fmt: skip
+    assert code == 2 and "written by `ctrkit convert-checkpoint --world-size`" in err and "Traceback" not in err
+
+
+def test_sharded_table_view_gathers_rows_from_row_and_column_pieces():
+    from ctrkit.checkpoint import ShardedTableView
+
+    import numpy as np
+
+    table = np.arange(40, dtype=np.float32).reshape(10, 4)
+    pieces = [(0, 6, 0, 2, table[0:6, 0:2]), (6, 10, 0, 2, table[6:10, 0:2]), (0, 10, 2, 4, table[:, 2:4])]
+    view = ShardedTableView(pieces, 10, 4)
+    rows = np.array([9, 0, 5, 6, 6, 3])
+    np.testing.assert_array_equal(view[rows], table[rows])
+    with pytest.raises(IndexError):
+        view[np.array([10])]

@@ -26,7 +26,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = add_command(sub, "report", report, (ReportConfig,))
     p.add_argument("checkpoint", metavar="CHECKPOINT", help="checkpoint written by `ctrkit train`")
     add_command(sub, "models", models, ())
-    add_command(sub, "convert-checkpoint", convert_checkpoint, (ConvertConfig,))
+    add_command(
+        sub, "convert-checkpoint", convert_checkpoint, (ConvertConfig, ParallelConfig),
+        exclude=("print_sharding_plan", "dist_timeout"),
+    )  # fmt: skip
 
 
 def train(args: argparse.Namespace) -> int:
@@ -172,20 +175,31 @@ def models(args: argparse.Namespace) -> int:
 
 
 def convert_checkpoint(args: argparse.Namespace) -> int:
-    """write a sharded checkpoint as one file
+    """write a checkpoint as one file, or sharded for N ranks
 
-    A hybrid-parallel run writes its checkpoint sharded (a manifest and one file per rank); this writes
-    the same checkpoint as one file with whole tables (what a single-process run writes), atomically.
-    Every command reads both forms; the one-file form is for copying a model elsewhere.
+    A hybrid-parallel run writes its checkpoint sharded (a manifest and one file per rank); by default
+    this writes the same checkpoint as one file with whole tables (what a single-process run writes).
+    With --world-size N it writes the sharded form instead, tables placed as an N-rank run with the
+    given --sharding places them, one rank's part in memory at a time; such a checkpoint carries no
+    optimizer state, so it is for evaluating, predicting, exporting and serving (a resume from it is
+    refused). Writes are atomic, the manifest last. Every command reads both forms.
     """
     from dataclasses import replace
 
     from ctrkit.checkpoint import load_checkpoint, save_checkpoint
+    from ctrkit.distributed.sharded_state import write_sharded_checkpoint
 
     cfg: ConvertConfig = config_from(args, ConvertConfig)
+    par: ParallelConfig = config_from(args, ParallelConfig)
     if cfg.out.exists() and not cfg.overwrite:
         raise ValueError(f"{cfg.out}: file exists; set `overwrite` to replace it")
-    ckpt = load_checkpoint(cfg.checkpoint)
-    save_checkpoint(cfg.out, replace(ckpt, shard_files=None))
-    print(f"wrote {cfg.out} (step {ckpt.step}, {len(ckpt.model)} tensors)")
+    if cfg.world_size is None:
+        ckpt = load_checkpoint(cfg.checkpoint)
+        save_checkpoint(cfg.out, replace(ckpt, shard_files=None))
+        print(f"wrote {cfg.out} (step {ckpt.step}, {len(ckpt.model)} tensors)")
+        return 0
+    ckpt = load_checkpoint(cfg.checkpoint, mmap=True, assemble=False)
+    held = write_sharded_checkpoint(ckpt, cfg.out, cfg.world_size, par)
+    mb = ", ".join(f"{b / 2**20:.1f}" for b in held)
+    print(f"wrote {cfg.out} (step {ckpt.step}, {cfg.world_size} rank files; MB of table per rank: {mb})")
     return 0

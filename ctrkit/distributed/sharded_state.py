@@ -38,3 +38,76 @@ def optimizer_states_for_rank(
         else:
             out.append(None)
     return out
+
+
+def write_sharded_checkpoint(ckpt, path, world_size: int, parallel) -> list[int]:
+    """Writes ``ckpt`` (one file, or sharded at any layout) in the sharded form a ``world_size``-rank
+    run with ``parallel``'s sharding writes: a file per rank holding its shards and the replicated
+    weights, then the manifest (last). Returns the bytes of table each rank holds.
+
+    Only one rank's part is in memory at a time, the source's tables staying memory-mapped. Optimizer
+    states are not converted (their layout follows the optimizer); a resume from the result refuses
+    stateful optimizers with an explanation, and every other reader loads it.
+    """
+    from dataclasses import replace
+    from pathlib import Path
+
+    from ctrkit.checkpoint import Checkpoint, assemble_shards, rank_file_name, save_checkpoint
+    from ctrkit.data.atomic import atomic_file
+    from ctrkit.distributed.hybrid import plan_model, sharded_collections
+    from ctrkit.distributed.sharded_embeddings import ShardedEmbeddingBagCollection, ShardedEmbeddingCollection
+    from ctrkit.models.embeddings import deferred_tables
+    from ctrkit.models.registry import create_model, make_config
+
+    if world_size < 1:
+        raise ValueError(f"`world_size`: expected an integer >= 1, got {world_size}")
+    path = Path(path)
+    whole = assemble_shards(ckpt) if ckpt.shard_files else ckpt
+
+    def build() -> torch.nn.Module:
+        with deferred_tables():
+            return create_model(ckpt.model_name, make_config(ckpt.model_name, ckpt.model_config))
+
+    plans = plan_model(
+        build(), world_size, parallel.sharding, parallel.column_split_dim, parallel.row_budget_bytes,
+        parallel.replicate_below_bytes,
+    )  # fmt: skip
+    names = [rank_file_name(path, whole.step, r, world_size) for r in range(world_size)]
+    held = []
+    for rank in range(world_size):
+        model = build()
+        for name, m in sharded_collections(model).items():
+            m.onehot = ShardedEmbeddingCollection(m.onehot, plans[name], rank)
+            if m.bags is not None:
+                m.bags = ShardedEmbeddingBagCollection(m.bags, plans[f"{name}.bags"], rank)
+        part: dict = {"optimizers": None}  # see the docstring: a resume refuses stateful optimizers
+        for which, state in (("model", whole.model), ("resume_model", whole.resume_model)):
+            if state is None:
+                part[which] = None
+                continue
+            sharded = tuple(f"{name}.{kind}." for name in sharded_collections(model) for kind in ("onehot", "bags"))
+            model.load_state_dict({k: v for k, v in state.items() if not k.startswith(sharded)}, strict=False)
+            for name, m in sharded_collections(model).items():
+                m.onehot.load_full_tables(state[f"{name}.onehot.weight"])
+                if m.bags is not None:
+                    m.bags.load_full_tables(state[f"{name}.bags.weight"])
+            part[which] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        held.append(sum(
+            p.numel() * p.element_size() for n, p in model.named_parameters() if ".shards." in n
+        ))  # fmt: skip
+        (path.parent / names[rank]).parent.mkdir(parents=True, exist_ok=True)
+        with atomic_file(path.parent / names[rank]) as tmp:
+            torch.save(part, tmp)
+        del model, part
+    manifest = replace(
+        whole,
+        model={},
+        resume_model=None,
+        optimizers=[],
+        rank_optimizers=None,
+        sharding={name: plan.key() for name, plan in plans.items()},
+        shard_files=names,
+    )
+    assert isinstance(manifest, Checkpoint)
+    save_checkpoint(path, manifest)
+    return held

@@ -119,17 +119,31 @@ class Scoring:
         """Reads the checkpoint, checks it fits the dataset's features, and builds its model on the device."""
         from ctrkit.device import resolve_device
         from ctrkit.distributed.env import init_distributed, launched_by_torchrun
+        from ctrkit.checkpoint import assemble_shards, read_rank_file
         from ctrkit.distributed.hybrid import shard_for_job
+        from ctrkit.models.embeddings import deferred_tables
+        from ctrkit.models.registry import create_model, make_config
 
         par = parallel or ParallelConfig()
-        ckpt = load_checkpoint(checkpoint)
+        distributed = launched_by_torchrun()
+        ckpt = load_checkpoint(checkpoint, assemble=not distributed)
         spec = FeatureSpec.from_yaml(dataset)
         ckpt.check_spec(spec.summary(), str(spec.base_dir))
         data = SplitBinaryDataset(spec, mapping)
-        env = init_distributed(device, par.dist_timeout) if launched_by_torchrun() else None
+        env = init_distributed(device, par.dist_timeout) if distributed else None
         dev = env.device if env is not None else resolve_device(device)
-        model = ckpt.build_model().to(dev)
-        model = shard_for_job(model, env, par)  # the checkpoint's whole tables are already in the model
+        if env is None or not ckpt.shard_files:
+            model = ckpt.build_model().to(dev)
+            model = shard_for_job(model, env, par)  # the checkpoint's whole tables are already in the model
+            return cls(ckpt, data, model, dev, env)
+        with deferred_tables():  # each rank allocates only its shards
+            model = create_model(ckpt.model_name, make_config(ckpt.model_name, ckpt.model_config))
+        model = shard_for_job(model, env, par, device=dev)
+        if ckpt.sharding == model.sharding_key():  # the layout it was written with: this rank's file only
+            model.model.load_state_dict(read_rank_file(ckpt, env.rank)["model"])
+        else:  # another layout: whole tables assembled (memory-mapped rank files), each rank taking its shards
+            ckpt = assemble_shards(ckpt)
+            model.load_full_state_dict(ckpt.model)
         return cls(ckpt, data, model, dev, env)
 
     @property

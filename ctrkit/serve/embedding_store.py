@@ -8,6 +8,8 @@ vectorised numpy operations; the hot rows of power-law traffic stay in it.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 from torch import nn
@@ -22,15 +24,17 @@ class CachedMmapEmbeddings(nn.Module):
     Args:
         source: the collection (its ``weight`` memory-mapped, from ``load_checkpoint(..., mmap=True)``).
         cache_rows: rows the cache holds (0 disables it).
+        table: where the rows are read instead of ``source.weight`` (a sharded checkpoint's
+            ``ShardedTableView``: rows indexed by a 1-D array).
 
     Shapes: ids (B, F) int64 -> (B, F, D) float32.
     """
 
-    def __init__(self, source: EmbeddingCollection | EmbeddingBagCollection, cache_rows: int):
+    def __init__(self, source: EmbeddingCollection | EmbeddingBagCollection, cache_rows: int, table: Any = None):
         super().__init__()
         if cache_rows < 0:
             raise ValueError(f"`cache_rows` must be >= 0, got {cache_rows}")
-        self.table = source.weight.detach().numpy()  # (rows, D), file-backed
+        self.table = source.weight.detach().numpy() if table is None else table  # (rows, D), file-backed
         self.offsets = source.offsets.numpy()
         self.cardinalities = source.cardinalities
         self.dim = source.dim
@@ -75,8 +79,8 @@ class CachedMmapBags(CachedMmapEmbeddings):
     Shapes: PaddedMultiHot (B, Fm, L) -> (B, Fm, D) float32.
     """
 
-    def __init__(self, source: EmbeddingBagCollection, cache_rows: int):
-        super().__init__(source, cache_rows)
+    def __init__(self, source: EmbeddingBagCollection, cache_rows: int, table: Any = None):
+        super().__init__(source, cache_rows, table)
         self.is_mean = source.is_mean
 
     def forward(self, multi_hot: PaddedMultiHot) -> torch.Tensor:
@@ -86,14 +90,19 @@ class CachedMmapBags(CachedMmapEmbeddings):
         return pool_padded(multi_hot.ids, offsets, self.is_mean, self.vectors)
 
 
-def use_mmap_store(model: nn.Module, cache_rows: int) -> list[CachedMmapEmbeddings]:
-    """Swaps every embedding collection of ``model`` (one-hot and multi-hot) for a cached memory-mapped one."""
+def use_mmap_store(model: nn.Module, cache_rows: int, tables: dict[str, Any] | None = None) -> list[CachedMmapEmbeddings]:
+    """Swaps every embedding collection of ``model`` (one-hot and multi-hot) for a cached memory-mapped one.
+
+    ``tables``: flat tables to read instead of the collections' weights, by module path (a sharded
+    checkpoint's views, see ``checkpoint.sharded_table_views``)."""
+    tables = tables or {}
     stores = []
-    for m in model.modules():
+    for name, m in list(model.named_modules()):
         if isinstance(m, CategoricalEmbeddings):
-            m.onehot = CachedMmapEmbeddings(m.onehot, cache_rows)
+            where = f"{name}." if name else ""
+            m.onehot = CachedMmapEmbeddings(m.onehot, cache_rows, tables.get(f"{where}onehot"))
             stores.append(m.onehot)
             if m.bags is not None:
-                m.bags = CachedMmapBags(m.bags, cache_rows)
+                m.bags = CachedMmapBags(m.bags, cache_rows, tables.get(f"{where}bags"))
                 stores.append(m.bags)
     return stores

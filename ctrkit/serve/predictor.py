@@ -58,7 +58,7 @@ class Predictor:
         ``device.cpu_bf16_or_fp32``; probabilities come back as float32). ``compile`` runs the model
         through ``torch.compile`` with Inductor's weight freezing (constant-folded, prepacked weights;
         inference only), falling back to eager with a warning when compiling fails."""
-        from ctrkit.checkpoint import load_checkpoint
+        from ctrkit.checkpoint import load_checkpoint, sharded_table_views
         from ctrkit.device import cpu_bf16_or_fp32
         from ctrkit.serve.embedding_store import use_mmap_store
 
@@ -67,11 +67,13 @@ class Predictor:
         if dtype not in ("fp32", "bf16") or (dtype == "bf16" and embedding_store == "mmap"):
             raise ValueError(f"`dtype` must be fp32, or bf16 with the memory store; got '{dtype}' ({embedding_store})")
         lazy = embedding_store == "mmap"
-        ckpt = load_checkpoint(checkpoint, mmap=lazy)
+        ckpt = load_checkpoint(checkpoint, mmap=lazy, assemble=not lazy)  # mmap: shards read where they lie
         signature = Signature.from_config(ckpt.model_config)
         meta = signature.metadata(ckpt.model_name, ckpt.step)
-        model = ckpt.build_model(assign=lazy).cpu()
-        stores = use_mmap_store(model, cache_rows) if lazy else []
+        model = ckpt.build_model(assign=lazy)
+        views = sharded_table_views(ckpt) if lazy and ckpt.shard_files else None
+        stores = use_mmap_store(model, cache_rows, views) if lazy else []
+        model = model.cpu()
         model = InferenceModel(model, signature).eval()
         half = dtype == "bf16" and cpu_bf16_or_fp32("--dtype bf16")
         if half:

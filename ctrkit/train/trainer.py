@@ -47,6 +47,11 @@ def resolve_schedule(cfg: TrainConfig, total_steps: int, steps_per_epoch: int | 
                       cfg.lr_schedule, total_steps)  # fmt: skip
 
 
+NO_OPTIMIZER_STATE = (
+    "the checkpoint was written by `ctrkit convert-checkpoint --world-size`, which keeps no optimizer state; "
+    "resume from the checkpoint it was converted from (evaluate, predict, export and serve read it as it is)"
+)
+
 class TrainStep:
     """One optimizer step on one batch: forward (under autocast), BCE loss, backward, update.
 
@@ -286,6 +291,8 @@ class Trainer:
                 f"the checkpoint's run had {ckpt.steps_per_epoch} batches per epoch, this one "
                 f"has {self.steps_per_epoch}: resume with the same dataset and batch size"
             )
+        if ckpt.rank_optimizers is not None and any(s is None for s in ckpt.rank_optimizers):
+            raise ValueError(NO_OPTIMIZER_STATE)
         states = ckpt.optimizers or []
         kinds = ("optimizer", "embedding_optimizer", "wide_optimizer")
         theirs = [(ckpt.train_config or {}).get(k) for k in kinds]
@@ -328,6 +335,8 @@ class Trainer:
         if self.env is None or ckpt.sharding != self.model.sharding_key():
             raise ValueError("a sharded checkpoint resumes as it is only with the sharding it was written with")
         part = read_rank_file(ckpt, self.env.rank)
+        if part["optimizers"] is None:
+            raise ValueError(NO_OPTIMIZER_STATE)
         weights = part["resume_model"] if part["resume_model"] is not None else part["model"]
         self._inner.load_state_dict(weights)
         if ckpt.selection is not None:

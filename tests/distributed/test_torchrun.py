@@ -67,6 +67,12 @@ def test_two_ranks_train_like_one_process(tiny_dataset, tmp_path, sharding):
         "--sharding", sharding,
     )  # fmt: skip
     np.testing.assert_allclose(np.load(tmp_path / "p1.npy"), np.load(tmp_path / "p2.npy"), atol=1e-5)
+    if sharding == "row":  # read by 2 ranks of the layout it was written with: each reads its own file only
+        torchrun(
+            "predict", "--checkpoint", tmp_path / "two.pt", "--dataset", tiny_dataset, "--out", tmp_path / "p3.npy",
+            "--sharding", sharding,
+        )  # fmt: skip
+        np.testing.assert_allclose(np.load(tmp_path / "p1.npy"), np.load(tmp_path / "p3.npy"), atol=1e-5)
 
 
 def test_two_ranks_redraw_their_shards_each_epoch_like_one_process(tiny_dataset, tmp_path):
