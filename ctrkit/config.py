@@ -399,8 +399,10 @@ class SynthConfig:
         "2-12 ads with one click each, request- and item-level features, two multi-hot, display ids for MAP@12; "
         "criteo: raw Criteo-format TSV (--out names a file; .gz to compress); planted: first-order effects and "
         "pairwise interactions of the frequent ids of long-tailed vocabularies, with the test rows' Bayes-optimal "
-        "AUC in the spec's metadata",
-        ("criteo-like", "outbrain", "criteo", "planted"),
+        "AUC in the spec's metadata; outbrain-raw: the raw Kaggle Outbrain files (clicks_train.csv, events.csv, "
+        "promoted_content.csv, documents_*.csv, page_views.csv; --rows clicks rows) from a planted click model, "
+        "for `ctrkit preprocess outbrain` (truth.json: the MAP@12 of the true scores)",
+        ("criteo-like", "outbrain", "criteo", "planted", "outbrain-raw"),
         positional=True,
     )
     out: Path | None = option(None, "dataset directory to create (a file for criteo)", required=True)
@@ -415,6 +417,28 @@ class SynthConfig:
     test_fraction: float = option(0.1, "share of rows in test/")
     seed: int = option(0, "random seed of the click model and samples")
     overwrite: bool = option(False, "replace an existing dataset directory")
+
+
+@dataclass(frozen=True)
+class OutbrainPreprocessConfig:
+    """``ctrkit preprocess outbrain``: the raw Kaggle Outbrain directory, the recipe's threshold and seed."""
+
+    raw: Path | None = option(
+        None, "directory of the raw Kaggle Outbrain CSV files (plain or .gz)", positional=True
+    )
+    out: Path | None = option(None, "dataset directory to create", required=True)
+    frequency_threshold: int = option(
+        2, "one-hot ids seen fewer times than this in the training rows share id 0 with missing values"
+    )
+    seed: int = option(0, "seed of the per-display draw that puts 20% of days 0-10 in the evaluation set")
+    bad_rows: str = option(
+        "error",
+        "error: stop at the first malformed row, naming file and line; skip: drop and count them",
+        ("error", "skip"),
+    )
+    engine: str = option("polars", "polars: embedded (Spark is not available for this recipe yet)", ("polars",))
+    overwrite: bool = option(False, "replace an existing dataset directory")
+    no_progress: bool = option(False, "no progress bars")
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ctrkit.cli.options import add_command, config_from
-from ctrkit.config import CriteoPreprocessConfig, GenCsvConfig, SynthConfig, TranscodeConfig
+from ctrkit.config import CriteoPreprocessConfig, GenCsvConfig, OutbrainPreprocessConfig, SynthConfig, TranscodeConfig
 
 # heavy modules (torch above all, ~1.2 s) are imported by the handlers that use them, so that
 # `ctrkit preprocess` and `ctrkit --help` start quickly
@@ -19,8 +19,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Runs a preprocessing recipe on raw logs and writes a ctrkit dataset (split binary + "
         "feature_spec.yaml), the vocabularies (vocab/<column>.parquet: value, count, id) and summary.json.",
     )
-    recipes = p.add_subparsers(dest="recipe", required=True, metavar="{criteo}", help="the raw format and its recipe")
+    recipes = p.add_subparsers(
+        dest="recipe", required=True, metavar="{criteo,outbrain}", help="the raw format and its recipe"
+    )
     add_command(recipes, "criteo", preprocess, (CriteoPreprocessConfig,))
+    add_command(recipes, "outbrain", preprocess_outbrain, (OutbrainPreprocessConfig,))
     add_command(sub, "transcode", transcode, (TranscodeConfig,))
     add_command(sub, "gen-csv", gen_csv, (GenCsvConfig,))
 
@@ -56,6 +59,15 @@ def synth(args: argparse.Namespace) -> int:
         sizes = [len(SplitBinaryDataset(spec, m, check_ids=False)) for m in ("train", "test")]
         print(f"wrote {cfg.out}: {sizes[0]} train + {sizes[1]} test samples; the true click odds rank the test "
               f"rows at AUC {spec.metadata['bayes_test_auc']:.4f}")  # fmt: skip
+        return 0
+    if cfg.kind == "outbrain-raw":
+        from ctrkit.data.synthetic_outbrain_raw import generate_outbrain_raw
+
+        if cfg.tables is not None or cfg.num_numerical != 13:
+            raise ValueError("--tables and --num-numerical apply to the criteo-like dataset only")
+        truth = generate_outbrain_raw(cfg.out, cfg.rows, cfg.seed, overwrite=cfg.overwrite)
+        print(f"wrote {cfg.out}: {truth['clicks_rows']:,} clicks rows of {truth['displays']:,} displays and the other "
+              f"raw Outbrain files; ranking by the true scores gives MAP@12 {truth['true_score_map12']:.4f}")  # fmt: skip
         return 0
     if cfg.kind == "outbrain":
         from ctrkit.data.synthetic_outbrain import generate_outbrain
@@ -119,6 +131,34 @@ def preprocess(args: argparse.Namespace) -> int:
         f"wrote {cfg.out}: {summary['train_rows']:,} train{validation} + {summary['test_rows']:,} test rows, "
         f"{summary['bad_rows']:,} bad rows dropped, cardinalities {min(cards)}..{max(cards)}, "
         f"{summary['seconds']:.1f} s"
+    )
+    return 0
+
+
+def preprocess_outbrain(args: argparse.Namespace) -> int:
+    """the raw Kaggle Outbrain files -> a Wide & Deep dataset with MAP@12 groups
+
+    Joins clicks_train.csv with events, promoted_content and documents_meta; features as NVIDIA's Wide &
+    Deep workflow defines them: 13 one-hot (documents, sources, publishers, platform, geo location /
+    country / state, ad, advertiser, campaign), 6 multi-hot (the 3 most confident topics, entities and
+    categories of the page's and the ad's documents), 15 numerical (training CTRs of ad, advertiser,
+    campaign and the ad's document, source and publisher; training impressions; days since published;
+    tf-idf similarities of the two documents; page views, streamed from page_views.csv). Split per display:
+    a random 80% of days 0-10 train, the rest is the test mapping (by display, display id as the map
+    channel). Vocabularies and statistics come from the training rows only.
+    """
+    from ctrkit.preprocess.outbrain import OutbrainRecipe
+    from ctrkit.preprocess.outbrain import preprocess_outbrain as run
+
+    cfg: OutbrainPreprocessConfig = config_from(args, OutbrainPreprocessConfig)
+    if cfg.raw is None:
+        raise ValueError("`raw`: give the directory of the raw Outbrain files")
+    recipe = OutbrainRecipe(frequency_threshold=cfg.frequency_threshold, seed=cfg.seed, bad_rows=cfg.bad_rows)
+    summary = run(cfg.raw, cfg.out, recipe, overwrite=cfg.overwrite, progress=not cfg.no_progress)
+    print(
+        f"wrote {cfg.out}: {summary['rows']['train']:,} train + {summary['rows']['test']:,} test rows, "
+        f"{summary['bad_rows']:,} bad rows dropped, {summary['seconds']:.1f} s "
+        f"({summary['clicks_rows_per_second']:,} clicks rows/s)"
     )
     return 0
 

@@ -1,0 +1,400 @@
+"""``ctrkit preprocess outbrain``: the raw Kaggle Outbrain Click Prediction files -> a Wide & Deep dataset.
+
+The feature set follows NVIDIA's Wide & Deep workflow (read to learn its definitions; see the README
+for where this differs):
+
+- request level, one-hot: the display's document, its source and publisher, the platform, the geo
+  location and its country (first 2 characters) and state (first 5);
+- item level, one-hot: ad, advertiser, campaign, the ad's document and its source and publisher;
+- multi-hot: the topics, entities and categories of the display's document and of the ad's document,
+  each the 3 of highest confidence;
+- numerical: the CTR of ad, advertiser, campaign, ad document, ad source and ad publisher over the
+  training rows (0 below a minimum count: 5 for ad and ad document, 10 for the others; a training row's
+  own click left out, unlike NVIDIA's, whose training rows see their own label), the training
+  impressions of the ad and of the ad document (log, standardised), the days since each document was
+  published (log; missing: the training median), the tf-idf cosine similarity of the two documents'
+  categories, topics and entities, and the page views of each document in ``page_views.csv`` (log,
+  standardised; the file is streamed, never held).
+
+Split (as NVIDIA's): per display, a random 80% of the displays of days 0-10 train; the other 20% of
+those days and every display of later days form the evaluation set (``test``, ordered by display,
+with the display id as the ``map`` channel for MAP@12). Vocabularies and statistics come from the
+training rows only. Ids seen fewer than ``frequency_threshold`` times in training, and missing
+values, map to id 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from ctrkit.data.atomic import atomic_directory
+from ctrkit.data.feature_spec import Chunk, Feature, FeatureSpec, smallest_int_dtype
+from ctrkit.data.split_binary import DataError, SplitBinaryWriter
+from ctrkit.preprocess.output import Rejects
+
+TIMESTAMP_EPOCH_MS = 1465876799998
+TRAIN_LAST_DAY = 10
+EVAL_SHARE = 0.2
+ONEHOT = (
+    "document_id", "source_id", "publisher_id", "platform", "geo_location", "geo_location_country",
+    "geo_location_state", "ad_id", "advertiser_id", "campaign_id", "document_id_promo", "source_id_promo",
+    "publisher_id_promo",
+)  # fmt: skip
+KINDS = (("topic", "topics", "topic_id"), ("entity", "entities", "entity_id"), ("category", "categories", "category_id"))
+MULTI_HOT = tuple(f"{k}_id_list{s}" for s in ("", "_promo") for k, _, _ in KINDS)
+CTR_MIN_COUNT = {"ad_id": 5, "advertiser_id": 10, "campaign_id": 10, "document_id_promo": 5,
+                 "source_id_promo": 10, "publisher_id_promo": 10}  # fmt: skip
+NUMERICAL = (
+    *(f"{c}_ctr" for c in CTR_MIN_COUNT), "ad_id_count", "document_id_promo_count",
+    "publish_time_days_since_published", "publish_time_promo_days_since_published",
+    *(f"document_id_document_id_promo_sim_{k}" for _, k, _ in KINDS), "document_id_views", "document_id_promo_views",
+)  # fmt: skip
+BAG = 3  # ids per multi-hot feature (highest confidence first)
+
+# file -> (column, type, required); type: int, float, str
+SCHEMAS = {
+    "clicks_train": (("display_id", "int", True), ("ad_id", "int", True), ("clicked", "int", True)),
+    "events": (("display_id", "int", True), ("uuid", "str", False), ("document_id", "int", True),
+               ("timestamp", "int", True), ("platform", "int", False), ("geo_location", "str", False)),
+    "promoted_content": (("ad_id", "int", True), ("document_id", "int", True), ("campaign_id", "int", False),
+                         ("advertiser_id", "int", False)),
+    "documents_meta": (("document_id", "int", True), ("source_id", "int", False), ("publisher_id", "int", False),
+                       ("publish_time", "str", False)),
+    "documents_topics": (("document_id", "int", True), ("topic_id", "int", True), ("confidence_level", "float", True)),
+    "documents_entities": (("document_id", "int", True), ("entity_id", "str", True),
+                           ("confidence_level", "float", True)),
+    "documents_categories": (("document_id", "int", True), ("category_id", "int", True),
+                             ("confidence_level", "float", True)),
+}  # fmt: skip
+NULLS = ("", "\\N")
+
+
+@dataclass(frozen=True)
+class OutbrainRecipe:
+    frequency_threshold: int = 2
+    seed: int = 0
+    bad_rows: str = "error"
+
+
+def find_file(raw_dir: Path, name: str) -> Path:
+    """``name``.csv (or .csv.gz) in ``raw_dir``; the Kaggle names ``documents_*`` also as ``document_*``."""
+    names = [name, name.replace("documents_", "document_")] if name.startswith("documents_") else [name]
+    for n in names:
+        for ext in (".csv", ".csv.gz"):
+            if (raw_dir / f"{n}{ext}").exists():
+                return raw_dir / f"{n}{ext}"
+    raise DataError(f"{raw_dir}: {name}.csv not found (the raw Kaggle Outbrain files are expected there)")
+
+
+def read_checked(path: Path, schema: tuple, rejects: Rejects) -> pl.DataFrame:
+    """The file's columns cast to their types; rows with a value that does not parse, or a required value
+    missing, go to ``rejects`` (line numbers count the header as line 1)."""
+    try:
+        raw = pl.read_csv(path, infer_schema=False, null_values=list(NULLS))
+    except Exception as e:  # ragged rows, bad quoting, not a CSV
+        raise DataError(f"{path}: not a readable CSV ({str(e).splitlines()[0]})") from None
+    missing = [c for c, _, _ in schema if c not in raw.columns]
+    if missing:
+        raise DataError(f"{path}: lacks the columns {missing} (header: {raw.columns})")
+    casts = {"int": pl.Int64, "float": pl.Float64, "str": pl.Utf8}
+    typed = raw.select([pl.col(c).cast(casts[t], strict=False).alias(c) for c, t, _ in schema])
+    bad_any = np.zeros(len(raw), bool)
+    first_problem: dict[int, str] = {}
+    for c, t, required in schema:
+        value = raw[c]
+        bad = (value.is_not_null() & typed[c].is_null()).to_numpy() if t != "str" else np.zeros(len(raw), bool)
+        if required:
+            bad |= value.is_null().to_numpy()
+        for i in np.flatnonzero(bad & ~bad_any)[:50]:
+            shown = value[int(i)]
+            what = "an integer" if t == "int" else "a number" if t == "float" else "a value"
+            first_problem[int(i)] = f"{c}: expected {what}, got {'nothing' if shown is None else repr(shown)}"
+        bad_any |= bad
+    if bad_any.any():
+        rows = np.flatnonzero(bad_any)
+        kept = [(int(i) + 2, first_problem.get(int(i), "bad value"), ",".join(
+            "" if v is None else str(v) for v in raw.row(int(i)))) for i in rows[:50]]  # fmt: skip
+        rejects.add(str(path), kept)
+        rejects.count += len(rows) - len(kept)
+        typed = typed.filter(pl.Series(~bad_any))
+    return typed
+
+
+def page_view_counts(path: Path, rejects: Rejects) -> pl.DataFrame:
+    """Views per document of ``page_views.csv``, streamed (the real file has 2 billion rows)."""
+    scan = pl.scan_csv(path, infer_schema=False, null_values=list(NULLS)).select("document_id")
+    counts = (
+        scan.with_columns(pl.col("document_id").cast(pl.Int64, strict=False).alias("doc"))
+        .group_by("doc")
+        .agg(pl.len().alias("views"))
+        .collect(engine="streaming")
+    )
+    bad = counts.filter(pl.col("doc").is_null())
+    if len(bad):
+        if rejects.policy == "error":
+            first = (
+                pl.scan_csv(path, infer_schema=False, null_values=list(NULLS)).with_row_index("line", offset=2)
+                .filter(pl.col("document_id").cast(pl.Int64, strict=False).is_null())
+                .head(1).collect(engine="streaming")
+            )  # fmt: skip
+            value = first["document_id"][0]
+            raise DataError(
+                f"{path}:{first['line'][0]}: document_id: expected an integer, got "
+                f"{'nothing' if value is None else repr(value)} (set `bad_rows` to skip to drop bad rows)"
+            )
+        rejects.count += int(bad["views"][0])
+    return counts.filter(pl.col("doc").is_not_null()).rename({"doc": "document_id"})
+
+
+def _split_draw(display: np.ndarray, seed: int) -> np.ndarray:
+    """A uniform number in [0, 1) per display id, a fixed function of (id, seed) (splitmix64)."""
+    with np.errstate(over="ignore"):
+        z = display.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15) * np.uint64(seed + 1)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    return (z >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+
+
+def _doc_lists(docs: pl.DataFrame, id_col: str) -> pl.DataFrame:
+    """document_id -> the (vocabulary) ids of its ``BAG`` highest-confidence values, as a list."""
+    return (
+        docs.sort(["document_id", "confidence_level", "vid"], descending=[False, True, False])
+        .group_by("document_id", maintain_order=True)
+        .agg(pl.col("vid").head(BAG).alias("ids"))
+    )
+
+
+def _similarity(docs: pl.DataFrame, pairs: pl.DataFrame, n_docs: int) -> np.ndarray:
+    """tf-idf cosine similarity of (document_id, document_id_promo) ``pairs`` over one kind of term."""
+    df = docs.group_by("vid").agg(pl.len().alias("df"))
+    weighted = docs.join(df, on="vid").with_columns(
+        (pl.col("confidence_level") * (np.log(max(n_docs, 1)) - pl.col("df").log())).alias("w")
+    )
+    norms = weighted.group_by("document_id").agg((pl.col("w") ** 2).sum().sqrt().alias("norm"))
+    weighted = weighted.join(norms, on="document_id").with_columns((pl.col("w") / pl.col("norm")).alias("u"))
+    terms = weighted.select("document_id", "vid", "u")
+    unique = pairs.unique().filter(pl.col("a").is_not_null() & pl.col("b").is_not_null())
+    dots = (
+        unique.join(terms.rename({"document_id": "a", "u": "ua"}), on="a")
+        .join(terms.rename({"document_id": "b", "u": "ub"}), on=["b", "vid"])
+        .group_by(["a", "b"])
+        .agg((pl.col("ua") * pl.col("ub")).sum().alias("sim"))
+    )
+    out = pairs.join(dots, on=["a", "b"], how="left", maintain_order="left")["sim"].fill_null(0.0).fill_nan(0.0)
+    return out.to_numpy().astype(np.float32)
+
+
+def outbrain_spec(cardinalities: dict[str, int], base: Path | None = None, metadata: dict | None = None) -> FeatureSpec:
+    features: dict[str, Feature] = {}
+    for name in ONEHOT:
+        features[name] = Feature(smallest_int_dtype(cardinalities[name]), cardinalities[name])
+    for name in MULTI_HOT:
+        features[name] = Feature(smallest_int_dtype(cardinalities[name]), cardinalities[name],
+                                 {"multi_hot": True, "combiner": "sum"})  # fmt: skip
+    for name in NUMERICAL:
+        features[name] = Feature("float16")
+    features["clicked"] = Feature("bool")
+    features["display_id"] = Feature("int32")
+    sources = {}
+    for m in ("train", "test"):
+        chunks = [
+            Chunk("split_binary", NUMERICAL, (f"{m}/numerical.bin",)),
+            Chunk("split_binary", ("clicked",), (f"{m}/label.bin",)),
+        ]
+        chunks += [Chunk("split_binary", (n,), (f"{m}/{n}.bin",)) for n in ONEHOT]
+        chunks += [Chunk("split_binary", (n,), (f"{m}/{n}.bin", f"{m}/{n}.offsets.bin")) for n in MULTI_HOT]
+        if m == "test":
+            chunks.append(Chunk("split_binary", ("display_id",), (f"{m}/display_id.bin",)))
+        sources[m] = tuple(chunks)
+    channels = {"categorical": ONEHOT + MULTI_HOT, "numerical": NUMERICAL, "label": ("clicked",),
+                "map": ("display_id",)}  # fmt: skip
+    spec = FeatureSpec(features, sources, channels, metadata or {}, base)
+    spec.validate()
+    return spec
+
+
+def preprocess_outbrain(
+    raw_dir: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    recipe: OutbrainRecipe = OutbrainRecipe(),
+    overwrite: bool = False,
+    progress: bool = True,
+) -> dict:
+    """Runs the recipe; returns the summary also written to ``summary.json``."""
+    from tqdm.auto import tqdm
+
+    started = time.perf_counter()
+    raw_dir = Path(raw_dir)
+    if not raw_dir.is_dir():
+        raise DataError(f"{raw_dir}: not a directory of raw Outbrain files")
+    if recipe.frequency_threshold < 1:
+        raise ValueError(f"`frequency_threshold`: expected an integer >= 1, got {recipe.frequency_threshold}")
+    rejects = Rejects(recipe.bad_rows)
+    steps = tqdm(total=6, desc="preprocess outbrain", unit="step", disable=not progress)
+    t = {name: read_checked(find_file(raw_dir, name), schema, rejects) for name, schema in SCHEMAS.items()}
+    steps.update(1)
+    views = page_view_counts(find_file(raw_dir, "page_views"), rejects)
+    steps.update(1)
+
+    clicks = t["clicks_train"].with_row_index("row")
+    bad_label = clicks.filter(~pl.col("clicked").is_in([0, 1]))
+    if len(bad_label):
+        rejects.add(str(find_file(raw_dir, "clicks_train")),
+                    [(int(bad_label["row"][0]) + 2, f"clicked: expected 0 or 1, got {bad_label['clicked'][0]}", "")])
+        clicks = clicks.filter(pl.col("clicked").is_in([0, 1]))  # fmt: skip
+    events = t["events"].unique("display_id", keep="first", maintain_order=True)
+    promo = t["promoted_content"].unique("ad_id", keep="first", maintain_order=True).rename(
+        {"document_id": "document_id_promo"}
+    )
+    meta = t["documents_meta"].unique("document_id", keep="first", maintain_order=True).with_columns(
+        pl.col("publish_time").str.to_datetime("%Y-%m-%d %H:%M:%S", strict=False).alias("published")
+    )
+    rows = (
+        clicks.join(events, on="display_id", how="inner", maintain_order="left")
+        .join(promo, on="ad_id", how="left", maintain_order="left")
+        .join(meta.select("document_id", "source_id", "publisher_id", "published"), on="document_id", how="left",
+              maintain_order="left")
+        .join(meta.select(pl.col("document_id").alias("document_id_promo"), pl.col("source_id").alias("source_id_promo"),
+                          pl.col("publisher_id").alias("publisher_id_promo"), pl.col("published").alias("published_promo")),
+              on="document_id_promo", how="left", maintain_order="left")
+    )  # fmt: skip
+    orphans = len(clicks) - len(rows)
+    if orphans:  # clicks rows whose display is not in events.csv
+        if recipe.bad_rows == "error":
+            missing = clicks.join(events, on="display_id", how="anti", maintain_order="left")
+            raise DataError(
+                f"{find_file(raw_dir, 'clicks_train')}:{int(missing['row'][0]) + 2}: display_id {missing['display_id'][0]} "
+                "is not in events.csv (set `bad_rows` to skip to drop bad rows)"
+            )
+        rejects.count += orphans
+    geo = pl.col("geo_location")
+    rows = rows.with_columns(
+        geo.str.slice(0, 2).alias("geo_location_country"),
+        geo.str.slice(0, 5).alias("geo_location_state"),
+        (pl.col("timestamp") // 86_400_000).alias("day"),
+        (pl.col("timestamp") + TIMESTAMP_EPOCH_MS).cast(pl.Datetime("ms")).alias("when"),
+    )
+    draw = _split_draw(rows["display_id"].to_numpy(), recipe.seed)
+    is_train = (rows["day"].to_numpy() <= TRAIN_LAST_DAY) & (draw >= EVAL_SHARE)
+    rows = rows.with_columns(pl.Series("is_train", is_train))
+    steps.update(1)
+
+    # vocabularies of the one-hot features: training rows, ids seen at least `frequency_threshold` times
+    cards, columns = {}, {}
+    train_rows = rows.filter(pl.col("is_train"))
+    for name in ONEHOT:
+        vocab = (
+            train_rows.group_by(name).agg(pl.len().alias("n")).filter(pl.col(name).is_not_null()
+            & (pl.col("n") >= recipe.frequency_threshold)).sort(name)
+            .with_row_index("id", offset=1).select(name, pl.col("id").cast(pl.Int64))
+        )  # fmt: skip
+        columns[name] = rows.select(name).join(vocab, on=name, how="left", maintain_order="left")["id"].fill_null(0)
+        cards[name] = len(vocab) + 1
+    # multi-hot: each document's 3 most confident topics / entities / categories (vocabulary: all of them)
+    bags = {}
+    for kind, plural, id_col in KINDS:
+        docs = t[f"documents_{plural}"].unique(["document_id", id_col], keep="first", maintain_order=True)
+        vocab = docs.select(id_col).unique().sort(id_col).with_row_index("vid", offset=1)
+        docs = docs.join(vocab, on=id_col, maintain_order="left").select(
+            "document_id", pl.col("vid").cast(pl.Int64), "confidence_level"
+        )
+        lists = _doc_lists(docs, id_col)
+        for suffix, doc_col in (("", "document_id"), ("_promo", "document_id_promo")):
+            name = f"{kind}_id_list{suffix}"
+            joined = rows.select(pl.col(doc_col).alias("document_id")).join(
+                lists, on="document_id", how="left", maintain_order="left"
+            )["ids"]
+            lengths = joined.list.len().fill_null(0).to_numpy().astype(np.int64)
+            values = joined.explode().drop_nulls().to_numpy().astype(np.int64)
+            bags[name] = (values, lengths)
+            cards[name] = len(vocab) + 1
+        pairs = rows.select(pl.col("document_id").alias("a"), pl.col("document_id_promo").alias("b"))
+        n_docs = docs["document_id"].n_unique()
+        columns[f"document_id_document_id_promo_sim_{plural}"] = pl.Series(_similarity(docs, pairs, n_docs))
+    steps.update(1)
+
+    # numerical features from training rows only
+    for name, minimum in CTR_MIN_COUNT.items():
+        stats = train_rows.group_by(name).agg(pl.col("clicked").sum().alias("c"), pl.len().alias("n"))
+        joined = rows.select(name, "clicked", "is_train").join(stats, on=name, how="left", maintain_order="left")
+        # a training row's CTR leaves its own click out (else the feature leaks the label it is trained on)
+        own = pl.col("is_train").cast(pl.Int64)
+        clicks_seen, seen = pl.col("c") - own * pl.col("clicked"), pl.col("n") - own
+        ctr = joined.select(
+            pl.when(seen >= minimum).then(clicks_seen / seen).otherwise(0.0).fill_null(0.0).alias("ctr")
+        )["ctr"]
+        columns[f"{name}_ctr"] = ctr
+        if name in ("ad_id", "document_id_promo"):
+            columns[f"{name}_count"] = _standardised(np.log1p(joined["n"].fill_null(0).to_numpy()), is_train)
+    for col, when in (("publish_time_days_since_published", "published"),
+                      ("publish_time_promo_days_since_published", "published_promo")):  # fmt: skip
+        days = rows.select(((pl.col("when") - pl.col(when)).dt.total_days()).alias("d"))["d"]
+        days = days.to_numpy().astype(np.float64)  # NaN where the publish time is missing
+        days = np.where(np.isnan(days), np.nan, np.where((days >= 0) & (days <= 3650), days, 0.0))
+        median = float(np.nanmedian(days[is_train])) if np.isfinite(days[is_train]).any() else 0.0
+        columns[col] = pl.Series(np.log1p(np.where(np.isnan(days), median, days)))
+    for doc_col in ("document_id", "document_id_promo"):
+        n = rows.select(doc_col).join(views, left_on=doc_col, right_on="document_id", how="left",
+                                      maintain_order="left")["views"].fill_null(0)  # fmt: skip
+        columns[f"{doc_col}_views"] = _standardised(np.log1p(n.to_numpy()), is_train)
+    steps.update(1)
+
+    numerical = np.stack([np.asarray(columns[n], dtype=np.float32) for n in NUMERICAL], axis=1)
+    onehot = np.stack([columns[n].to_numpy().astype(np.int64) for n in ONEHOT], axis=1)
+    labels = rows["clicked"].to_numpy().astype(np.uint8)
+    display = rows["display_id"].to_numpy()
+    meta_info = {"generator": "ctrkit preprocess outbrain", "frequency_threshold": recipe.frequency_threshold,
+                 "seed": recipe.seed}  # fmt: skip
+    counts = {}
+    with atomic_directory(out_dir, overwrite) as tmp:
+        spec = outbrain_spec(cards, tmp, meta_info)
+        for mapping, mask in (("train", is_train), ("test", ~is_train)):
+            idx = np.flatnonzero(mask)
+            if mapping == "test":  # evaluation rows grouped by display (MAP@12)
+                idx = idx[np.argsort(display[idx], kind="stable")]
+            with SplitBinaryWriter(spec, mapping) as writer:
+                multi = []
+                for name in MULTI_HOT:
+                    values, lengths = bags[name]
+                    multi.append((values[_bag_positions(lengths, idx)], lengths[idx]))
+                writer.append(numerical[idx], onehot[idx], labels[idx], multi,
+                              display[idx] if mapping == "test" else None)  # fmt: skip
+            counts[mapping] = int(len(idx))
+        spec.to_yaml(tmp / "feature_spec.yaml")
+        seconds = time.perf_counter() - started
+        summary = {
+            "engine": "polars",
+            "recipe": "outbrain",
+            "rows": counts,
+            "clicks_rows_read": int(len(t["clicks_train"])),
+            "bad_rows": rejects.count,
+            "bad_row_examples": rejects.kept,
+            "cardinalities": cards,
+            "seconds": round(seconds, 3),
+            "clicks_rows_per_second": round(len(t["clicks_train"]) / max(seconds, 1e-9)),
+        }
+        (tmp / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    steps.update(1)
+    steps.close()
+    return summary
+
+
+def _standardised(x: np.ndarray, is_train: np.ndarray) -> pl.Series:
+    mean, std = float(x[is_train].mean()) if is_train.any() else 0.0, float(x[is_train].std()) if is_train.any() else 1.0
+    return pl.Series((x - mean) / (std if std > 0 else 1.0))
+
+
+def _bag_positions(lengths: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """Positions in the flat values of the bags of rows ``idx`` (bags stored back to back by ``lengths``)."""
+    starts = np.cumsum(lengths) - lengths
+    picked = lengths[idx]
+    out_starts = np.cumsum(picked) - picked
+    return np.arange(int(picked.sum())) - np.repeat(out_starts, picked) + np.repeat(starts[idx], picked)

@@ -1,0 +1,114 @@
+"""`ctrkit synth outbrain-raw` -> `ctrkit preprocess outbrain`: the Kaggle schema in, NVIDIA's feature set
+out, split per display, statistics from training rows only, bad rows named by file and line."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pytest
+
+from ctrkit.data.dataset import SplitBinaryDataset
+from ctrkit.data.feature_spec import FeatureSpec
+from ctrkit.preprocess.outbrain import EVAL_SHARE, MULTI_HOT, NUMERICAL, ONEHOT, TRAIN_LAST_DAY, _split_draw
+from tests.conftest import run_cli
+
+
+@pytest.fixture(scope="module")
+def raw(tmp_path_factory):
+    out = tmp_path_factory.mktemp("outbrain") / "raw"
+    assert run_cli("synth", "outbrain-raw", "--out", out, "--rows", "6000", "--seed", "2")[0] == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def dataset(raw):
+    out = raw.parent / "dataset"
+    assert run_cli("preprocess", "outbrain", raw, "--out", out, "--no-progress")[0] == 0
+    return out
+
+
+def test_raw_files_have_the_kaggle_schema(raw):
+    events = pl.read_csv(raw / "events.csv", infer_schema=False)
+    assert events.columns == ["display_id", "uuid", "document_id", "timestamp", "platform", "geo_location"]
+    assert events["geo_location"].str.contains(r"^[A-Z]{2}(>[0-9A-Z]+)*$").all()
+    assert pl.read_csv(raw / "clicks_train.csv").columns == ["display_id", "ad_id", "clicked"]
+    clicks = pl.read_csv(raw / "clicks_train.csv")
+    per_display = clicks.group_by("display_id").agg(pl.col("clicked").sum(), pl.len(), pl.col("ad_id").n_unique())
+    assert (per_display["clicked"] == 1).all() and per_display["len"].is_between(2, 12).all()
+    assert (per_display["ad_id"] == per_display["len"]).all()  # an ad at most once per display
+    entities = pl.read_csv(raw / "documents_entities.csv")
+    assert entities["entity_id"].str.contains(r"^[0-9a-f]{32}$").all()
+    assert entities["confidence_level"].is_between(0, 1).all()
+
+
+def test_features_split_and_training_statistics(raw, dataset):
+    spec = FeatureSpec.from_yaml(dataset)
+    assert spec.onehot_features == ONEHOT and spec.multi_hot_features == MULTI_HOT
+    assert spec.numerical_features == NUMERICAL and spec.group_feature == "display_id"
+    train, test = SplitBinaryDataset(spec, "train"), SplitBinaryDataset(spec, "test")
+    clicks = pl.read_csv(raw / "clicks_train.csv")
+    events = pl.read_csv(raw / "events.csv", infer_schema=False).with_columns(pl.col("display_id", "timestamp").cast(pl.Int64))
+    assert len(train) + len(test) == len(clicks)
+    # the split, recomputed independently: per display, day <= 10 and a draw of at least 0.2 trains
+    day = dict(zip(events["display_id"].to_list(), (events["timestamp"] // 86_400_000).to_list()))
+    displays = clicks["display_id"].to_numpy()
+    draws = _split_draw(displays, 0)
+    trains = np.array([day[d] <= TRAIN_LAST_DAY for d in displays]) & (draws >= EVAL_SHARE)
+    assert int(trains.sum()) == len(train)
+    groups = test.groups()
+    assert np.all(np.diff(groups) >= 0) and set(groups) == set(displays[~trains])  # whole displays, in order
+    np.testing.assert_array_equal(train.labels(), clicks["clicked"].to_numpy()[trains])
+    # the ad's CTR over training rows, leaving a training row's own click out (min. 5 impressions)
+    ads, labels = clicks["ad_id"].to_numpy(), clicks["clicked"].to_numpy()
+    shown, clicked = {}, {}
+    for a, y in zip(ads[trains], labels[trains]):
+        shown[a] = shown.get(a, 0) + 1
+        clicked[a] = clicked.get(a, 0) + int(y)
+
+    def ctr(a, own):
+        n, c = shown.get(a, 0) - (own is not None), clicked.get(a, 0) - (own or 0)
+        return c / n if n >= 5 else 0.0
+
+    expected_train = [ctr(a, int(y)) for a, y in zip(ads[trains], labels[trains])]
+    got_train = np.asarray(train.slice(0, len(train)).numerical, dtype=np.float32)[:, NUMERICAL.index("ad_id_ctr")]
+    np.testing.assert_allclose(got_train, expected_train, atol=1e-3)  # stored as float16
+    order = np.argsort(displays[~trains], kind="stable")
+    expected_test = np.array([ctr(a, None) for a in ads[~trains]])[order]
+    got_test = np.asarray(test.slice(0, len(test)).numerical, dtype=np.float32)[:, NUMERICAL.index("ad_id_ctr")]
+    np.testing.assert_allclose(got_test, expected_test, atol=1e-3)
+    assert 0 < (got_test > 0).mean() < 1
+    # each page's topics: the 3 most confident of its document, as ids of the sorted topic vocabulary
+    topics = pl.read_csv(raw / "documents_topics.csv")
+    vocab = {t: i + 1 for i, t in enumerate(sorted(topics["topic_id"].unique().to_list()))}
+    doc_of = dict(zip(events["display_id"].to_list(), events["document_id"].cast(pl.Int64).to_list()))
+    bags = train.slice(0, 40).multi_hot
+    f = MULTI_HOT.index("topic_id_list")
+    for b, display in enumerate(displays[trains][:40]):
+        mine = topics.filter(pl.col("document_id") == doc_of[display]).sort(["confidence_level", "topic_id"],
+                                                                              descending=[True, False])  # fmt: skip
+        lo, hi = int(bags.offsets[f * 40 + b]), int(bags.offsets[f * 40 + b + 1])
+        assert bags.ids[lo:hi].tolist() == [vocab[t] for t in mine["topic_id"].to_list()[:3]]
+
+
+def test_bad_rows_are_named_or_counted(raw, tmp_path, capsys):
+    import shutil
+
+    bad = tmp_path / "raw"
+    shutil.copytree(raw, bad)
+    lines = (bad / "events.csv").read_text().splitlines()
+    fields = lines[7].split(",")
+    fields[3] = "12x"
+    lines[7] = ",".join(fields)
+    (bad / "events.csv").write_text("\n".join(lines) + "\n")
+    code, _, err = run_cli("preprocess", "outbrain", bad, "--out", tmp_path / "d", "--no-progress", capsys=capsys)
+    assert code == 2 and "events.csv:8: timestamp: expected an integer, got '12x'" in err and "Traceback" not in err
+    assert not (tmp_path / "d").exists()
+    code, out, _ = run_cli("preprocess", "outbrain", bad, "--out", tmp_path / "d", "--no-progress", "--bad-rows",
+                           "skip", capsys=capsys)  # fmt: skip
+    shown = pl.read_csv(raw / "clicks_train.csv").filter(pl.col("display_id") == int(fields[0])).height
+    assert code == 0 and f" {1 + shown} bad rows dropped" in out  # the event, and its display's clicks rows
+    shutil.copy(raw / "events.csv", bad / "events.csv")
+    (bad / "page_views.csv").write_text((bad / "page_views.csv").read_text() + "u1,notanumber,1,1,US,1\n")
+    code, _, err = run_cli("preprocess", "outbrain", bad, "--out", tmp_path / "e", "--no-progress", capsys=capsys)
+    views = len((raw / "page_views.csv").read_text().splitlines()) + 1
+    assert code == 2 and f"page_views.csv:{views}: document_id: expected an integer, got 'notanumber'" in err
