@@ -61,7 +61,7 @@ BAG = 3  # ids per multi-hot feature (highest confidence first)
 # file -> (column, type, required); type: int, float, str
 SCHEMAS = {
     "clicks_train": (("display_id", "int", True), ("ad_id", "int", True), ("clicked", "int", True)),
-    "events": (("display_id", "int", True), ("uuid", "str", False), ("document_id", "int", True),
+    "events": (("display_id", "int", True), ("document_id", "int", True),
                ("timestamp", "int", True), ("platform", "int", False), ("geo_location", "str", False)),
     "promoted_content": (("ad_id", "int", True), ("document_id", "int", True), ("campaign_id", "int", False),
                          ("advertiser_id", "int", False)),
@@ -96,6 +96,18 @@ def find_file(raw_dir: Path, name: str) -> Path:
 def read_checked(path: Path, schema: tuple, rejects: Rejects) -> pl.DataFrame:
     """The file's columns cast to their types; rows with a value that does not parse, or a required value
     missing, go to ``rejects`` (line numbers count the header as line 1)."""
+    casts = {"int": pl.Int64, "float": pl.Float64, "str": pl.Utf8}
+    try:  # the fast path: every value parses (then only required columns need a look)
+        header = pl.read_csv(path, n_rows=0, infer_schema=False).columns
+        names = {c for c, _, _ in schema}
+        typed = pl.read_csv(
+            path, schema_overrides={c: casts[t] for c, t, _ in schema}, null_values=list(NULLS),
+            columns=[c for c in header if c in names],
+        ).select([c for c, _, _ in schema])  # fmt: skip
+        if not any(typed[c].null_count() for c, _, required in schema if required):
+            return typed
+    except Exception:  # a value that does not parse, a missing column, a ragged row: found below
+        pass
     try:
         raw = pl.read_csv(path, infer_schema=False, null_values=list(NULLS))
     except Exception as e:  # ragged rows, bad quoting, not a CSV
@@ -103,7 +115,6 @@ def read_checked(path: Path, schema: tuple, rejects: Rejects) -> pl.DataFrame:
     missing = [c for c, _, _ in schema if c not in raw.columns]
     if missing:
         raise DataError(f"{path}: lacks the columns {missing} (header: {raw.columns})")
-    casts = {"int": pl.Int64, "float": pl.Float64, "str": pl.Utf8}
     typed = raw.select([pl.col(c).cast(casts[t], strict=False).alias(c) for c, t, _ in schema])
     bad_any = np.zeros(len(raw), bool)
     first_problem: dict[int, str] = {}
@@ -151,6 +162,14 @@ def page_view_counts(path: Path, rejects: Rejects) -> pl.DataFrame:
             )
         rejects.count += int(bad["views"][0])
     return counts.filter(pl.col("doc").is_not_null()).rename({"doc": "document_id"})
+
+
+def _unique_rows(frame: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray]:
+    """The distinct rows of ``frame`` and, per row, the index of its distinct row."""
+    indexed = frame.with_row_index("row")
+    distinct = frame.unique(maintain_order=True).with_row_index("pair")
+    inverse = indexed.join(distinct, on=frame.columns, how="left").sort("row")["pair"].to_numpy()
+    return distinct.drop("pair"), inverse.astype(np.int64)
 
 
 def _split_draw(display: np.ndarray, seed: int) -> np.ndarray:
@@ -299,6 +318,10 @@ def preprocess_outbrain(
         columns[name] = rows.select(name).join(vocab, on=name, how="left", maintain_order="left")["id"].fill_null(0)
         cards[name] = len(vocab) + 1
     # multi-hot: each document's 3 most confident topics / entities / categories (vocabulary: all of them)
+    # document-level features are computed once per distinct (page document, ad document) pair, then
+    # gathered to the rows
+    pair_key = rows.select(pl.col("document_id").fill_null(-1).alias("a"), pl.col("document_id_promo").fill_null(-1).alias("b"))
+    pairs, pair_of_row = _unique_rows(pair_key)
     bags = {}
     for kind, plural, id_col in KINDS:
         docs = t[f"documents_{plural}"].unique(["document_id", id_col], keep="first", maintain_order=True)
@@ -307,18 +330,21 @@ def preprocess_outbrain(
             "document_id", pl.col("vid").cast(pl.Int64), "confidence_level"
         )
         lists = _doc_lists(docs, id_col)
-        for suffix, doc_col in (("", "document_id"), ("_promo", "document_id_promo")):
+        for suffix, doc_col in (("", "a"), ("_promo", "b")):
             name = f"{kind}_id_list{suffix}"
-            joined = rows.select(pl.col(doc_col).alias("document_id")).join(
+            joined = pairs.select(pl.col(doc_col).alias("document_id")).join(
                 lists, on="document_id", how="left", maintain_order="left"
             )["ids"]
+            padded = np.full((len(pairs), BAG), -1, np.int64)
             lengths = joined.list.len().fill_null(0).to_numpy().astype(np.int64)
-            values = joined.explode().drop_nulls().to_numpy().astype(np.int64)
-            bags[name] = (values, lengths)
+            flat = joined.explode().drop_nulls().to_numpy().astype(np.int64)
+            padded[np.repeat(np.arange(len(pairs)), lengths), np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)] = flat
+            mine = padded[pair_of_row]  # (N, BAG), -1 past each bag's end
+            bags[name] = (mine[mine >= 0], (mine >= 0).sum(axis=1))
             cards[name] = len(vocab) + 1
-        pairs = rows.select(pl.col("document_id").alias("a"), pl.col("document_id_promo").alias("b"))
         n_docs = docs["document_id"].n_unique()
-        columns[f"document_id_document_id_promo_sim_{plural}"] = pl.Series(_similarity(docs, pairs, n_docs))
+        sims = _similarity(docs, pairs, n_docs)
+        columns[f"document_id_document_id_promo_sim_{plural}"] = sims[pair_of_row]
     steps.update(1)
 
     # numerical features from training rows only
