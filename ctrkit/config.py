@@ -423,9 +423,7 @@ class SynthConfig:
 class OutbrainPreprocessConfig:
     """``ctrkit preprocess outbrain``: the raw Kaggle Outbrain directory, the recipe's threshold and seed."""
 
-    raw: Path | None = option(
-        None, "directory of the raw Kaggle Outbrain CSV files (plain or .gz)", positional=True
-    )
+    raw: Path | None = option(None, "directory of the raw Kaggle Outbrain CSV files (plain or .gz)", positional=True)
     out: Path | None = option(None, "dataset directory to create", required=True)
     frequency_threshold: int = option(
         2, "one-hot ids seen fewer times than this in the training rows share id 0 with missing values"

@@ -129,9 +129,9 @@ def test_a_resume_from_a_converted_sharded_checkpoint_is_refused(tiny_dataset, t
 
 
 def test_sharded_table_view_gathers_rows_from_row_and_column_pieces():
-    from ctrkit.checkpoint import ShardedTableView
-
     import numpy as np
+
+    from ctrkit.checkpoint import ShardedTableView
 
     table = np.arange(40, dtype=np.float32).reshape(10, 4)
     pieces = [(0, 6, 0, 2, table[0:6, 0:2]), (6, 10, 0, 2, table[6:10, 0:2]), (0, 10, 2, 4, table[:, 2:4])]

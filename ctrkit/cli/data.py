@@ -66,8 +66,9 @@ def synth(args: argparse.Namespace) -> int:
         if cfg.tables is not None or cfg.num_numerical != 13:
             raise ValueError("--tables and --num-numerical apply to the criteo-like dataset only")
         truth = generate_outbrain_raw(cfg.out, cfg.rows, cfg.seed, overwrite=cfg.overwrite)
-        print(f"wrote {cfg.out}: {truth['clicks_rows']:,} clicks rows of {truth['displays']:,} displays and the other "
-              f"raw Outbrain files; ranking by the true scores gives MAP@12 {truth['true_score_map12']:.4f}")  # fmt: skip
+        print(f"wrote {cfg.out}: {truth['clicks_rows']:,} clicks rows of {truth['displays']:,} displays and the "
+              f"other raw Outbrain files; ranking by the true scores gives MAP@12 "
+              f"{truth['true_score_map12']:.4f}")  # fmt: skip
         return 0
     if cfg.kind == "outbrain":
         from ctrkit.data.synthetic_outbrain import generate_outbrain

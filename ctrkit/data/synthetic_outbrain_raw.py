@@ -61,7 +61,7 @@ def generate_outbrain_raw(
     n_advertisers = max(10, n_campaigns // 4)
     n_sources = max(20, n_docs // 25)
     n_publishers = max(10, n_sources // 3)
-    n_topics, n_categories, n_entities = 300, 97, max(500, n_docs // 4)
+    n_topics, n_entities = 300, max(500, n_docs // 4)
     n_users = max(50, displays // 2)
 
     # documents: source, publisher, publish time, topics / entities / categories with confidences
@@ -168,9 +168,10 @@ def generate_outbrain_raw(
              "confidence_level": np.round(np.concatenate(topic_conf), 6)}
         ).write_csv(tmp / "documents_topics.csv")  # fmt: skip
         cat_lens = gen.integers(1, 3, n_docs)
+        n_cat = int(cat_lens.sum())
         pl.DataFrame(
             {"document_id": np.repeat(doc_ids, cat_lens),
-             "category_id": 1000 + 100 * gen.integers(1, 20, int(cat_lens.sum())) + gen.integers(0, 5, int(cat_lens.sum())),
+             "category_id": 1000 + 100 * gen.integers(1, 20, n_cat) + gen.integers(0, 5, n_cat),
              "confidence_level": np.round(gen.uniform(0.05, 0.95, int(cat_lens.sum())), 6)}
         ).unique(["document_id", "category_id"], keep="first", maintain_order=True).write_csv(
             tmp / "documents_categories.csv"

@@ -117,9 +117,9 @@ class Scoring:
         parallel: ParallelConfig | None = None,
     ) -> Scoring:
         """Reads the checkpoint, checks it fits the dataset's features, and builds its model on the device."""
+        from ctrkit.checkpoint import assemble_shards, read_rank_file
         from ctrkit.device import resolve_device
         from ctrkit.distributed.env import init_distributed, launched_by_torchrun
-        from ctrkit.checkpoint import assemble_shards, read_rank_file
         from ctrkit.distributed.hybrid import shard_for_job
         from ctrkit.models.embeddings import deferred_tables
         from ctrkit.models.registry import create_model, make_config

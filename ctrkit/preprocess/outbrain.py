@@ -47,7 +47,11 @@ ONEHOT = (
     "geo_location_state", "ad_id", "advertiser_id", "campaign_id", "document_id_promo", "source_id_promo",
     "publisher_id_promo",
 )  # fmt: skip
-KINDS = (("topic", "topics", "topic_id"), ("entity", "entities", "entity_id"), ("category", "categories", "category_id"))
+KINDS = (
+    ("topic", "topics", "topic_id"),
+    ("entity", "entities", "entity_id"),
+    ("category", "categories", "category_id"),
+)
 MULTI_HOT = tuple(f"{k}_id_list{s}" for s in ("", "_promo") for k, _, _ in KINDS)
 CTR_MIN_COUNT = {"ad_id": 5, "advertiser_id": 10, "campaign_id": 10, "document_id_promo": 5,
                  "source_id_promo": 10, "publisher_id_promo": 10}  # fmt: skip
@@ -266,23 +270,31 @@ def preprocess_outbrain(
     clicks = t["clicks_train"].with_row_index("row")
     bad_label = clicks.filter(~pl.col("clicked").is_in([0, 1]))
     if len(bad_label):
-        rejects.add(str(find_file(raw_dir, "clicks_train")),
-                    [(int(bad_label["row"][0]) + 2, f"clicked: expected 0 or 1, got {bad_label['clicked'][0]}", "")])
+        rejects.add(
+            str(find_file(raw_dir, "clicks_train")),
+            [(int(bad_label["row"][0]) + 2, f"clicked: expected 0 or 1, got {bad_label['clicked'][0]}", "")],
+        )
         clicks = clicks.filter(pl.col("clicked").is_in([0, 1]))  # fmt: skip
     events = t["events"].unique("display_id", keep="first", maintain_order=True)
-    promo = t["promoted_content"].unique("ad_id", keep="first", maintain_order=True).rename(
-        {"document_id": "document_id_promo"}
+    promo = (
+        t["promoted_content"]
+        .unique("ad_id", keep="first", maintain_order=True)
+        .rename({"document_id": "document_id_promo"})
     )
-    meta = t["documents_meta"].unique("document_id", keep="first", maintain_order=True).with_columns(
-        pl.col("publish_time").str.to_datetime("%Y-%m-%d %H:%M:%S", strict=False).alias("published")
+    meta = (
+        t["documents_meta"]
+        .unique("document_id", keep="first", maintain_order=True)
+        .with_columns(pl.col("publish_time").str.to_datetime("%Y-%m-%d %H:%M:%S", strict=False).alias("published"))
     )
     rows = (
         clicks.join(events, on="display_id", how="inner", maintain_order="left")
         .join(promo, on="ad_id", how="left", maintain_order="left")
         .join(meta.select("document_id", "source_id", "publisher_id", "published"), on="document_id", how="left",
               maintain_order="left")
-        .join(meta.select(pl.col("document_id").alias("document_id_promo"), pl.col("source_id").alias("source_id_promo"),
-                          pl.col("publisher_id").alias("publisher_id_promo"), pl.col("published").alias("published_promo")),
+        .join(meta.select(pl.col("document_id").alias("document_id_promo"),
+                          pl.col("source_id").alias("source_id_promo"),
+                          pl.col("publisher_id").alias("publisher_id_promo"),
+                          pl.col("published").alias("published_promo")),
               on="document_id_promo", how="left", maintain_order="left")
     )  # fmt: skip
     orphans = len(clicks) - len(rows)
@@ -290,8 +302,8 @@ def preprocess_outbrain(
         if recipe.bad_rows == "error":
             missing = clicks.join(events, on="display_id", how="anti", maintain_order="left")
             raise DataError(
-                f"{find_file(raw_dir, 'clicks_train')}:{int(missing['row'][0]) + 2}: display_id {missing['display_id'][0]} "
-                "is not in events.csv (set `bad_rows` to skip to drop bad rows)"
+                f"{find_file(raw_dir, 'clicks_train')}:{int(missing['row'][0]) + 2}: display_id "
+                f"{missing['display_id'][0]} is not in events.csv (set `bad_rows` to skip to drop bad rows)"
             )
         rejects.count += orphans
     geo = pl.col("geo_location")
@@ -320,7 +332,9 @@ def preprocess_outbrain(
     # multi-hot: each document's 3 most confident topics / entities / categories (vocabulary: all of them)
     # document-level features are computed once per distinct (page document, ad document) pair, then
     # gathered to the rows
-    pair_key = rows.select(pl.col("document_id").fill_null(-1).alias("a"), pl.col("document_id_promo").fill_null(-1).alias("b"))
+    pair_key = rows.select(
+        pl.col("document_id").fill_null(-1).alias("a"), pl.col("document_id_promo").fill_null(-1).alias("b")
+    )
     pairs, pair_of_row = _unique_rows(pair_key)
     bags = {}
     for kind, plural, id_col in KINDS:
@@ -338,7 +352,10 @@ def preprocess_outbrain(
             padded = np.full((len(pairs), BAG), -1, np.int64)
             lengths = joined.list.len().fill_null(0).to_numpy().astype(np.int64)
             flat = joined.explode().drop_nulls().to_numpy().astype(np.int64)
-            padded[np.repeat(np.arange(len(pairs)), lengths), np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)] = flat
+            padded[
+                np.repeat(np.arange(len(pairs)), lengths),
+                np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths),
+            ] = flat
             mine = padded[pair_of_row]  # (N, BAG), -1 past each bag's end
             bags[name] = (mine[mine >= 0], (mine >= 0).sum(axis=1))
             cards[name] = len(vocab) + 1
@@ -414,7 +431,10 @@ def preprocess_outbrain(
 
 
 def _standardised(x: np.ndarray, is_train: np.ndarray) -> pl.Series:
-    mean, std = float(x[is_train].mean()) if is_train.any() else 0.0, float(x[is_train].std()) if is_train.any() else 1.0
+    mean, std = (
+        float(x[is_train].mean()) if is_train.any() else 0.0,
+        float(x[is_train].std()) if is_train.any() else 1.0,
+    )
     return pl.Series((x - mean) / (std if std > 0 else 1.0))
 
 

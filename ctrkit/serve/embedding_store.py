@@ -90,7 +90,9 @@ class CachedMmapBags(CachedMmapEmbeddings):
         return pool_padded(multi_hot.ids, offsets, self.is_mean, self.vectors)
 
 
-def use_mmap_store(model: nn.Module, cache_rows: int, tables: dict[str, Any] | None = None) -> list[CachedMmapEmbeddings]:
+def use_mmap_store(
+    model: nn.Module, cache_rows: int, tables: dict[str, Any] | None = None
+) -> list[CachedMmapEmbeddings]:
     """Swaps every embedding collection of ``model`` (one-hot and multi-hot) for a cached memory-mapped one.
 
     ``tables``: flat tables to read instead of the collections' weights, by module path (a sharded

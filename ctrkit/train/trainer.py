@@ -52,6 +52,7 @@ NO_OPTIMIZER_STATE = (
     "resume from the checkpoint it was converted from (evaluate, predict, export and serve read it as it is)"
 )
 
+
 class TrainStep:
     """One optimizer step on one batch: forward (under autocast), BCE loss, backward, update.
 

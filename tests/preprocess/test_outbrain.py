@@ -47,7 +47,9 @@ def test_features_split_and_training_statistics(raw, dataset):
     assert spec.numerical_features == NUMERICAL and spec.group_feature == "display_id"
     train, test = SplitBinaryDataset(spec, "train"), SplitBinaryDataset(spec, "test")
     clicks = pl.read_csv(raw / "clicks_train.csv")
-    events = pl.read_csv(raw / "events.csv", infer_schema=False).with_columns(pl.col("display_id", "timestamp").cast(pl.Int64))
+    events = pl.read_csv(raw / "events.csv", infer_schema=False).with_columns(
+        pl.col("display_id", "timestamp").cast(pl.Int64)
+    )
     assert len(train) + len(test) == len(clicks)
     # the split, recomputed independently: per display, day <= 10 and a draw of at least 0.2 trains
     day = dict(zip(events["display_id"].to_list(), (events["timestamp"] // 86_400_000).to_list()))
