@@ -243,20 +243,11 @@ def assemble_shards(ckpt: Checkpoint) -> Checkpoint:
 
     def whole(which: str) -> dict[str, torch.Tensor]:
         state = {k: v.clone() for k, v in parts[0][which].items() if not k.startswith(prefixes)}
-        for name, key in sharding.items():
-            shards = [tuple(int(v) for v in x) for x in key[1:]]  # (feature, rank, row_lo, row_hi, col_lo, col_hi)
-            cards: dict[int, int] = {}
-            for f, _, _, row_hi, _, _ in shards:
-                cards[f] = max(cards.get(f, 0), row_hi)
-            dim = max(s[5] for s in shards)
-            offsets = {f: sum(cards[g] for g in range(f)) for f in cards}
-            flat = torch.zeros(sum(cards.values()), dim)
-            seen = [0] * len(parts)
-            for f, r, row_lo, row_hi, col_lo, col_hi in shards:
-                piece = parts[r][which][f"{_table_prefix(name)}.shards.{seen[r]}"]
-                seen[r] += 1
-                flat[offsets[f] + row_lo : offsets[f] + row_hi, col_lo:col_hi] = piece
-            state[f"{_table_prefix(name)}.weight"] = flat
+        for prefix, (rows, dim, pieces) in _table_pieces(sharding, parts, which).items():
+            flat = torch.zeros(rows, dim)
+            for lo, hi, col_lo, col_hi, piece in pieces:
+                flat[lo:hi, col_lo:col_hi] = piece
+            state[f"{prefix}.weight"] = flat
         return state
 
     return replace(
@@ -308,7 +299,21 @@ def sharded_table_views(ckpt: Checkpoint, which: str = "model") -> dict[str, Sha
     (e.g. ``embeddings.onehot``); nothing is assembled."""
     parts = [read_rank_file(ckpt, r) for r in range(len(ckpt.shard_files or []))]
     views = {}
-    for name, key in (ckpt.sharding or {}).items():
+    for prefix, (rows, dim, pieces) in _table_pieces(ckpt.sharding or {}, parts, which).items():
+        # each piece stays in its file: a numpy view of the memory-mapped tensor
+        kept = [(lo, hi, cl, ch, t.detach().numpy()) for lo, hi, cl, ch, t in pieces if (hi - lo) * (ch - cl)]
+        views[prefix] = ShardedTableView(kept, rows, dim)
+    return views
+
+
+def _table_pieces(
+    sharding: dict[str, list], parts: list[dict[str, Any]], which: str
+) -> dict[str, tuple[int, int, list[tuple[int, int, int, int, torch.Tensor]]]]:
+    """Per flat table (by module path): its rows, its width, and its shards as (flat row_lo, flat row_hi,
+    col_lo, col_hi, tensor) read from the rank files' ``which`` state (a rank's shards are numbered in
+    the order the sharding key lists them)."""
+    out = {}
+    for name, key in sharding.items():
         shards = [tuple(int(v) for v in x) for x in key[1:]]  # (feature, rank, row_lo, row_hi, col_lo, col_hi)
         cards: dict[int, int] = {}
         for f, _, _, row_hi, _, _ in shards:
@@ -319,10 +324,9 @@ def sharded_table_views(ckpt: Checkpoint, which: str = "model") -> dict[str, Sha
         for f, r, row_lo, row_hi, col_lo, col_hi in shards:
             tensor = parts[r][which][f"{_table_prefix(name)}.shards.{seen[r]}"]
             seen[r] += 1
-            if (row_hi - row_lo) * (col_hi - col_lo):  # stays in the file: a numpy view of the mapped tensor
-                pieces.append((offsets[f] + row_lo, offsets[f] + row_hi, col_lo, col_hi, tensor.detach().numpy()))
-        views[_table_prefix(name)] = ShardedTableView(pieces, sum(cards.values()), max(s[5] for s in shards))
-    return views
+            pieces.append((offsets[f] + row_lo, offsets[f] + row_hi, col_lo, col_hi, tensor))
+        out[_table_prefix(name)] = (sum(cards.values()), max(s[5] for s in shards), pieces)
+    return out
 
 
 def rng_state() -> dict[str, Any]:

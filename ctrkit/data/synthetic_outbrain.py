@@ -36,36 +36,50 @@ MULTI_HOT = {"document_topics": 300, "ad_topics": 300}
 NUMERICAL = ("ad_popularity", "document_age")
 
 
-def outbrain_spec() -> FeatureSpec:
-    """Feature spec of the synthetic Outbrain-like dataset (display id in the test mapping only)."""
+def display_spec(
+    onehot: dict[str, int],
+    multi_hot: dict[str, int],
+    numerical: tuple[str, ...],
+    combiner: str,
+    metadata: dict,
+    base: Path | None = None,
+) -> FeatureSpec:
+    """Feature spec of a dataset of displays for MAP@12: one-hot and multi-hot features (name ->
+    cardinality), float16 numerical features, a `clicked` label, and the display id (the `map`
+    channel) in the test mapping only."""
     features: dict[str, Feature] = {}
-    for name, card in {**ONEHOT, **MULTI_HOT}.items():
-        extra = {"multi_hot": True, "combiner": "mean"} if name in MULTI_HOT else {}
+    for name, card in {**onehot, **multi_hot}.items():
+        extra = {"multi_hot": True, "combiner": combiner} if name in multi_hot else {}
         features[name] = Feature(smallest_int_dtype(card), card, extra)
-    for name in NUMERICAL:
+    for name in numerical:
         features[name] = Feature("float16")
     features["clicked"] = Feature("bool")
     features["display_id"] = Feature("int32")
     sources = {}
     for m in ("train", "test"):
         chunks = [
-            Chunk("split_binary", NUMERICAL, (f"{m}/numerical.bin",)),
+            Chunk("split_binary", numerical, (f"{m}/numerical.bin",)),
             Chunk("split_binary", ("clicked",), (f"{m}/label.bin",)),
         ]
-        chunks += [Chunk("split_binary", (n,), (f"{m}/{n}.bin",)) for n in ONEHOT]
-        chunks += [Chunk("split_binary", (n,), (f"{m}/{n}.bin", f"{m}/{n}.offsets.bin")) for n in MULTI_HOT]
+        chunks += [Chunk("split_binary", (n,), (f"{m}/{n}.bin",)) for n in onehot]
+        chunks += [Chunk("split_binary", (n,), (f"{m}/{n}.bin", f"{m}/{n}.offsets.bin")) for n in multi_hot]
         if m == "test":
             chunks.append(Chunk("split_binary", ("display_id",), (f"{m}/display_id.bin",)))
         sources[m] = tuple(chunks)
     channels = {
-        "categorical": tuple(ONEHOT) + tuple(MULTI_HOT),
-        "numerical": NUMERICAL,
+        "categorical": tuple(onehot) + tuple(multi_hot),
+        "numerical": numerical,
         "label": ("clicked",),
         "map": ("display_id",),
     }
-    spec = FeatureSpec(features, sources, channels, {"generator": "ctrkit synth outbrain"})
+    spec = FeatureSpec(features, sources, channels, metadata, base)
     spec.validate()
     return spec
+
+
+def outbrain_spec() -> FeatureSpec:
+    """Feature spec of the synthetic Outbrain-like dataset (display id in the test mapping only)."""
+    return display_spec(ONEHOT, MULTI_HOT, NUMERICAL, "mean", {"generator": "ctrkit synth outbrain"})
 
 
 class SyntheticOutbrain:

@@ -86,6 +86,32 @@ _NO_FORWARD_BUFFER_SYNC = {
 }  # fmt: skip
 
 
+def take_shards(model: nn.Module, plans: dict[str, ShardingPlan], rank: int) -> tuple[str, ...]:
+    """Replaces ``model``'s embedding collections (in place) by rank ``rank``'s shards of them; returns
+    the state-dict prefixes of the sharded tables."""
+    collections = sharded_collections(model)
+    if set(plans) != set(_tables(model)):
+        raise ValueError(f"plans for {sorted(plans)} but the model's tables are {sorted(_tables(model))}")
+    for name, m in collections.items():
+        m.onehot = ShardedEmbeddingCollection(m.onehot, plans[name], rank)
+        if m.bags is not None:
+            m.bags = ShardedEmbeddingBagCollection(m.bags, plans[f"{name}.bags"], rank)
+    return tuple(f"{name}.{part}." for name in collections for part in ("onehot", "bags"))
+
+
+def load_whole_state(model: nn.Module, state: dict[str, torch.Tensor], sharded: tuple[str, ...]) -> None:
+    """Loads a single-process state dict (whole tables) into a model whose tables hold shards (see
+    ``take_shards``, which returns ``sharded``): other weights as they are, each table's own shards."""
+    dense = {k: v for k, v in state.items() if not k.startswith(sharded)}
+    missing, unexpected = model.load_state_dict(dense, strict=False)
+    if unexpected or any(not k.startswith(sharded) for k in missing):
+        raise ValueError(f"state dict does not fit the model: missing {missing}, unexpected {unexpected}")
+    for name, m in sharded_collections(model).items():
+        m.onehot.load_full_tables(state[f"{name}.onehot.weight"])
+        if m.bags is not None:
+            m.bags.load_full_tables(state[f"{name}.bags.weight"])
+
+
 class HybridModel(nn.Module):
     """``model`` with sharded embedding tables and its dense part in DistributedDataParallel.
 
@@ -97,19 +123,12 @@ class HybridModel(nn.Module):
 
     def __init__(self, model: nn.Module, plans: dict[str, ShardingPlan], rank: int, device=None):
         super().__init__()
-        collections = sharded_collections(model)
-        if set(plans) != set(_tables(model)):
-            raise ValueError(f"plans for {sorted(plans)} but the model's tables are {sorted(_tables(model))}")
-        for name, m in collections.items():
-            m.onehot = ShardedEmbeddingCollection(m.onehot, plans[name], rank)
-            if m.bags is not None:
-                m.bags = ShardedEmbeddingBagCollection(m.bags, plans[f"{name}.bags"], rank)
+        self._sharded = take_shards(model, plans, rank)
         if device is not None:  # the shards were made on the CPU (and a deferred model's tables are gone)
             model.to(device)
         self.model = model
         self.plans = plans
         self.rank = rank
-        self._sharded = tuple(f"{name}.{part}." for name in collections for part in ("onehot", "bags"))
         sharded = [n for n, _ in model.named_parameters() if n.startswith(self._sharded)]
         DDP._set_params_and_buffers_to_ignore_for_model(model, sharded)  # model parallel: not replicated
         device = next(model.parameters()).device
@@ -138,14 +157,7 @@ class HybridModel(nn.Module):
     def load_full_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Loads a single-process state dict (whole tables): replicated weights as they are, and from each
         table this rank's shards."""
-        dense = {k: v for k, v in state.items() if not k.startswith(self._sharded)}
-        missing, unexpected = self.model.load_state_dict(dense, strict=False)
-        if unexpected or any(not k.startswith(self._sharded) for k in missing):
-            raise ValueError(f"state dict does not fit the model: missing {missing}, unexpected {unexpected}")
-        for name, m in sharded_collections(self.model).items():
-            m.onehot.load_full_tables(state[f"{name}.onehot.weight"])
-            if m.bags is not None:
-                m.bags.load_full_tables(state[f"{name}.bags.weight"])
+        load_whole_state(self.model, state, self._sharded)
 
     def full_state_dict(self, dst: int = 0) -> dict[str, torch.Tensor] | None:
         """The single-process model's state dict (whole tables) on rank ``dst``, None on the others (which

@@ -52,10 +52,9 @@ def write_sharded_checkpoint(ckpt, path, world_size: int, parallel) -> list[int]
     from dataclasses import replace
     from pathlib import Path
 
-    from ctrkit.checkpoint import Checkpoint, assemble_shards, rank_file_name, save_checkpoint
+    from ctrkit.checkpoint import assemble_shards, rank_file_name, save_checkpoint
     from ctrkit.data.atomic import atomic_file
-    from ctrkit.distributed.hybrid import plan_model, sharded_collections
-    from ctrkit.distributed.sharded_embeddings import ShardedEmbeddingBagCollection, ShardedEmbeddingCollection
+    from ctrkit.distributed.hybrid import load_whole_state, plan_model, take_shards
     from ctrkit.models.embeddings import deferred_tables
     from ctrkit.models.registry import create_model, make_config
 
@@ -76,22 +75,12 @@ def write_sharded_checkpoint(ckpt, path, world_size: int, parallel) -> list[int]
     held = []
     for rank in range(world_size):
         model = build()
-        for name, m in sharded_collections(model).items():
-            m.onehot = ShardedEmbeddingCollection(m.onehot, plans[name], rank)
-            if m.bags is not None:
-                m.bags = ShardedEmbeddingBagCollection(m.bags, plans[f"{name}.bags"], rank)
+        sharded = take_shards(model, plans, rank)
         part: dict = {"optimizers": None}  # see the docstring: a resume refuses stateful optimizers
         for which, state in (("model", whole.model), ("resume_model", whole.resume_model)):
-            if state is None:
-                part[which] = None
-                continue
-            sharded = tuple(f"{name}.{kind}." for name in sharded_collections(model) for kind in ("onehot", "bags"))
-            model.load_state_dict({k: v for k, v in state.items() if not k.startswith(sharded)}, strict=False)
-            for name, m in sharded_collections(model).items():
-                m.onehot.load_full_tables(state[f"{name}.onehot.weight"])
-                if m.bags is not None:
-                    m.bags.load_full_tables(state[f"{name}.bags.weight"])
-            part[which] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            if state is not None:
+                load_whole_state(model, state, sharded)
+            part[which] = None if state is None else {k: v.detach().clone() for k, v in model.state_dict().items()}
         held.append(sum(
             p.numel() * p.element_size() for n, p in model.named_parameters() if ".shards." in n
         ))  # fmt: skip
@@ -108,6 +97,5 @@ def write_sharded_checkpoint(ckpt, path, world_size: int, parallel) -> list[int]
         sharding={name: plan.key() for name, plan in plans.items()},
         shard_files=names,
     )
-    assert isinstance(manifest, Checkpoint)
     save_checkpoint(path, manifest)
     return held

@@ -35,8 +35,9 @@ import numpy as np
 import polars as pl
 
 from ctrkit.data.atomic import atomic_directory
-from ctrkit.data.feature_spec import Chunk, Feature, FeatureSpec, smallest_int_dtype
+from ctrkit.data.feature_spec import FeatureSpec
 from ctrkit.data.split_binary import DataError, SplitBinaryWriter
+from ctrkit.data.synthetic_outbrain import display_spec
 from ctrkit.preprocess.output import Rejects
 
 TIMESTAMP_EPOCH_MS = 1465876799998
@@ -216,32 +217,10 @@ def _similarity(docs: pl.DataFrame, pairs: pl.DataFrame, n_docs: int) -> np.ndar
 
 
 def outbrain_spec(cardinalities: dict[str, int], base: Path | None = None, metadata: dict | None = None) -> FeatureSpec:
-    features: dict[str, Feature] = {}
-    for name in ONEHOT:
-        features[name] = Feature(smallest_int_dtype(cardinalities[name]), cardinalities[name])
-    for name in MULTI_HOT:
-        features[name] = Feature(smallest_int_dtype(cardinalities[name]), cardinalities[name],
-                                 {"multi_hot": True, "combiner": "sum"})  # fmt: skip
-    for name in NUMERICAL:
-        features[name] = Feature("float16")
-    features["clicked"] = Feature("bool")
-    features["display_id"] = Feature("int32")
-    sources = {}
-    for m in ("train", "test"):
-        chunks = [
-            Chunk("split_binary", NUMERICAL, (f"{m}/numerical.bin",)),
-            Chunk("split_binary", ("clicked",), (f"{m}/label.bin",)),
-        ]
-        chunks += [Chunk("split_binary", (n,), (f"{m}/{n}.bin",)) for n in ONEHOT]
-        chunks += [Chunk("split_binary", (n,), (f"{m}/{n}.bin", f"{m}/{n}.offsets.bin")) for n in MULTI_HOT]
-        if m == "test":
-            chunks.append(Chunk("split_binary", ("display_id",), (f"{m}/display_id.bin",)))
-        sources[m] = tuple(chunks)
-    channels = {"categorical": ONEHOT + MULTI_HOT, "numerical": NUMERICAL, "label": ("clicked",),
-                "map": ("display_id",)}  # fmt: skip
-    spec = FeatureSpec(features, sources, channels, metadata or {}, base)
-    spec.validate()
-    return spec
+    return display_spec(
+        {n: cardinalities[n] for n in ONEHOT}, {n: cardinalities[n] for n in MULTI_HOT}, NUMERICAL, "sum",
+        metadata or {}, base,
+    )  # fmt: skip
 
 
 def preprocess_outbrain(
