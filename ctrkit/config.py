@@ -94,6 +94,12 @@ class TrainConfig:
         "that regression and model selection keeps it unless validation improves; needs validation data and a "
         "first-order term",
     )
+    warm_start_z: float = option(
+        0.0,
+        "after the linear warm start, a trained model replaces the fitted regression as the selected model only "
+        "when its validation AUC is higher by at least this many standard errors of the paired difference "
+        "(DeLong); 0: any gain",
+    )
     reinit_embeddings: str = option(
         "auto",
         "redraw the deep embedding tables (a new draw each epoch, their optimizer state cleared; every other weight "
@@ -175,6 +181,8 @@ class TrainConfig:
             )
         if self.min_delta < 0:
             raise ValueError(f"`min_delta`: expected a number >= 0, got {self.min_delta}")
+        if not self.warm_start_z >= 0:
+            raise ValueError(f"`warm_start_z`: expected a number >= 0, got {self.warm_start_z}")
         if self.decay_power <= 0:
             raise ValueError(f"`decay_power`: expected a positive power, got {self.decay_power}")
         if self.amp_dtype not in (None, "bf16", "fp16"):

@@ -83,7 +83,11 @@ def evaluate(
         When the mapping stores the spec's map channel, also ``"map@12"`` and ``"map_groups"`` (the
         groups with a click, over which the mean is taken).
     """
-    logits = predict_logits(model, dataset, device, batch_size, amp_dtype, progress, env)
+    return metrics_of(dataset, predict_logits(model, dataset, device, batch_size, amp_dtype, progress, env))
+
+
+def metrics_of(dataset: SplitBinaryDataset, logits: np.ndarray) -> dict[str, float]:
+    """``evaluate``'s metrics of ``logits`` (in dataset order) against ``dataset``'s labels and groups."""
     labels = dataset.labels()
     metrics = {
         "auc": roc_auc(labels, logits),

@@ -23,15 +23,49 @@ def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:
     neg = y.size - pos
     if pos == 0 or neg == 0:
         return float("nan")
+    rank_sum_pos = _midranks(s)[y].sum()
+    return float((rank_sum_pos - pos * (pos + 1) / 2.0) / (pos * neg))
+
+
+def _midranks(s: np.ndarray) -> np.ndarray:
+    """1-based ranks of ``s``, each run of equal values given its average rank."""
     order = np.argsort(s, kind="mergesort")
     s_sorted = s[order]
-    # average 1-based rank of each run of equal scores
     starts = np.flatnonzero(np.r_[True, s_sorted[1:] != s_sorted[:-1]])
     ends = np.r_[starts[1:], s_sorted.size]
-    avg_rank = (starts + ends + 1) / 2.0
-    ranks = np.repeat(avg_rank, ends - starts)
-    rank_sum_pos = ranks[y[order]].sum()
-    return float((rank_sum_pos - pos * (pos + 1) / 2.0) / (pos * neg))
+    ranks = np.empty(s.size, dtype=np.float64)
+    ranks[order] = np.repeat((starts + ends + 1) / 2.0, ends - starts)
+    return ranks
+
+
+def auc_difference(labels: np.ndarray, scores_a: np.ndarray, scores_b: np.ndarray) -> tuple[float, float]:
+    """AUC(a) - AUC(b) of two scorings of the same rows, and the standard error of that difference
+    (DeLong, DeLong and Clarke-Pearson 1988, paired: it accounts for the two scorings' correlation), computed
+    from midranks in O(N log N) (Sun and Xu 2014).
+
+    Returns:
+        ``(difference, standard_error)``; NaN for both when only one class is present.
+    """
+    y = np.asarray(labels).astype(bool).ravel()
+    a = np.asarray(scores_a, dtype=np.float64).ravel()
+    b = np.asarray(scores_b, dtype=np.float64).ravel()
+    if not (y.shape == a.shape == b.shape):
+        raise ValueError(f"labels and scores differ in length: {y.shape[0]}, {a.shape[0]}, {b.shape[0]}")
+    m, n = int(y.sum()), int((~y).sum())
+    if m == 0 or n == 0:
+        return float("nan"), float("nan")
+    pos_parts, neg_parts = [], []
+    for s in (a, b):
+        overall, within_pos, within_neg = _midranks(s), _midranks(s[y]), _midranks(s[~y])
+        pos_parts.append((overall[y] - within_pos) / n)  # each positive: the share of negatives it outranks
+        neg_parts.append(1.0 - (overall[~y] - within_neg) / m)  # each negative: the share of positives above it
+    auc_a, auc_b = pos_parts[0].mean(), pos_parts[1].mean()
+    ddof = 1 if min(m, n) > 1 else 0
+    var = 0.0
+    for parts, count in ((pos_parts, m), (neg_parts, n)):
+        diff = parts[0] - parts[1]
+        var += float(np.var(diff, ddof=ddof)) / count if count > 1 else 0.0
+    return float(auc_a - auc_b), float(np.sqrt(max(var, 0.0)))
 
 
 def log_loss_from_logits(labels: np.ndarray, logits: np.ndarray) -> float:

@@ -3,6 +3,11 @@ stop early after a patience.
 
 Measured on independent data, embedding models lose AUC from their second epoch on (one-epoch
 overfitting), so the model a run keeps is the best one seen on validation, never simply the last.
+
+When training starts from a fitted baseline (the linear warm start), a trained model replaces it only when
+its validation AUC is higher by more than ``baseline_z`` standard errors of the paired difference (the
+one-standard-error rule of model selection): on small validation sets a gain of a few ten-thousandths is
+noise, and keeping a model for it was measured to lose to the baseline on the test set.
 """
 
 from __future__ import annotations
@@ -28,11 +33,17 @@ class Selection:
             by ``plateau_factor`` (0: never); the count restarts after each decay.
         plateau_factor: the multiplier, in (0, 1].
         min_delta: how much a score must beat the best to count as an improvement.
+        baseline_z: while the selected model is the baseline (the evaluation taken with ``baseline=True``),
+            a later one replaces it only when its ``baseline_z`` metric (AUC gain over the baseline in
+            standard errors) is at least this; 0 for any gain.
 
     Attributes:
-        best_step, best_metrics, best_score: the best evaluation so far (None/-inf before the first).
-        since_best: evaluations since the best one.
-        since_decay: evaluations without improvement since the last decay (or the best).
+        best_step, best_metrics, best_score: the selected evaluation so far (None/-inf before the first).
+        baseline_step: the baseline's step, when there is one.
+        peak_score: the best score seen, selected or not: improvements on it are what the patience and the
+            plateau count.
+        since_best: evaluations since the peak.
+        since_decay: evaluations without improvement since the last decay (or the peak).
         lr_scale: the product of the decays so far, applied on top of the LR schedule.
         stopped: the patience ran out.
         reinit: the run redraws its embedding tables at each epoch (``reinit_embeddings`` on, or auto after
@@ -43,34 +54,51 @@ class Selection:
     plateau_patience: int = 0
     plateau_factor: float = 0.5
     min_delta: float = 0.0
+    baseline_z: float = 0.0
     best_step: int | None = None
     best_metrics: dict[str, Any] | None = None
     best_score: float = -math.inf
+    baseline_step: int | None = None
+    peak_score: float = -math.inf
     since_best: int = 0
     since_decay: int = 0
     lr_scale: float = 1.0
     stopped: bool = False
     reinit: bool = False
 
-    def update(self, step: int, metrics: dict[str, Any]) -> bool:
-        """Takes the evaluation at ``step``; returns whether it is the new best."""
+    def update(self, step: int, metrics: dict[str, Any], baseline: bool = False) -> bool:
+        """Takes the evaluation at ``step`` (``baseline``: of the baseline); returns whether it is the new
+        selected one."""
         value = score(metrics)
-        if self.best_step is None or value > self.best_score + self.min_delta:
-            self.best_step, self.best_metrics, self.best_score = step, dict(metrics), value
+        if baseline:
+            self.baseline_step = step
+        if value > self.peak_score + self.min_delta:
+            self.peak_score = value
             self.since_best = self.since_decay = 0
+        else:
+            self.since_best += 1
+            self.since_decay += 1
+            if self.plateau_patience and self.since_decay >= self.plateau_patience:
+                self.lr_scale *= self.plateau_factor
+                self.since_decay = 0
+            if self.patience and self.since_best >= self.patience:
+                self.stopped = True
+        if self.best_step is None or (value > self.best_score + self.min_delta and self._beats_baseline(metrics)):
+            self.best_step, self.best_metrics, self.best_score = step, dict(metrics), value
             return True
-        self.since_best += 1
-        self.since_decay += 1
-        if self.plateau_patience and self.since_decay >= self.plateau_patience:
-            self.lr_scale *= self.plateau_factor
-            self.since_decay = 0
-        if self.patience and self.since_best >= self.patience:
-            self.stopped = True
         return False
+
+    def _beats_baseline(self, metrics: dict[str, Any]) -> bool:
+        if not self.baseline_z or self.baseline_step is None or self.best_step != self.baseline_step:
+            return True
+        z = metrics.get("baseline_z")
+        return z is None or math.isnan(z) or z >= self.baseline_z
 
     def state(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> Selection:
+        if "peak_score" not in state:  # written before the baseline rule: the peak was the selected score
+            state = {**state, "peak_score": state.get("best_score", -math.inf)}
         return cls(**state)

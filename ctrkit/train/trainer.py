@@ -25,7 +25,8 @@ from ctrkit.data.batch import Batch
 from ctrkit.data.dataset import SplitBinaryDataset, split_tail
 from ctrkit.data.loader import BatchLoader
 from ctrkit.distributed.env import DistEnv, all_reduce_sum
-from ctrkit.eval.evaluator import evaluate
+from ctrkit.eval.evaluator import evaluate, metrics_of, predict_logits
+from ctrkit.eval.metrics import auc_difference
 from ctrkit.models.embeddings import CategoricalEmbeddings
 from ctrkit.models.registry import config_to_dict
 from ctrkit.train.optim import LRSchedule, build_optimizers
@@ -236,8 +237,11 @@ class Trainer:
         if validation_set is None and cfg.validation_fraction > 0:
             train_set, validation_set = split_tail(train_set, cfg.validation_fraction)
         self.validation_set = validation_set
-        self.selection = Selection(cfg.early_stopping_patience, cfg.plateau_patience, cfg.plateau_factor, cfg.min_delta)
+        self.selection = Selection(
+            cfg.early_stopping_patience, cfg.plateau_patience, cfg.plateau_factor, cfg.min_delta, cfg.warm_start_z
+        )
         self.best_state: dict[str, torch.Tensor] | None = None  # the best weights this process holds
+        self._baseline_logits = None  # the warm start's validation logits while it is the selected model
         self.model = model
         self.info = info
         self.train_set = train_set
@@ -447,23 +451,52 @@ class Trainer:
     def _score(self, dataset) -> dict[str, Any]:
         return evaluate(self.model, dataset, self.device, self.cfg.eval_batch_size, self.amp_dtype, env=self.env)
 
-    def validate(self) -> dict[str, Any] | None:
-        """Scores the validation data, updates the selection (best weights, plateau, patience), logs it."""
+    def validate(self, baseline: bool = False) -> dict[str, Any] | None:
+        """Scores the validation data, updates the selection (best weights, plateau, patience), logs it.
+        ``baseline``: this evaluation is of the warm start, which a later model must beat by
+        ``warm_start_z`` standard errors to replace."""
         if self.validation_set is None or len(self.validation_set) == 0:
             return None
-        metrics = self._score(self.validation_set)
-        if self.selection.update(self.step, metrics):
+        sel = self.selection
+        metrics, logits = self._score_validation()
+        if (
+            sel.baseline_z
+            and sel.baseline_step is not None
+            and sel.best_step == sel.baseline_step
+            and logits is not None
+        ):
+            diff, se = auc_difference(self.validation_set.labels(), logits, self._baseline_validation_logits())
+            metrics["baseline_z"] = diff / se if se > 0 else math.copysign(math.inf, diff) if diff else 0.0
+        if sel.update(self.step, metrics, baseline=baseline):
             self.best_state = self._local_state()
+            self._baseline_logits = logits if baseline else None
         elif self._overfitting(metrics):  # auto reinit_embeddings: from the best weights, with fresh tables
-            self.selection.reinit = True
+            sel.reinit = True
             self._inner.load_state_dict(self.best_state)
             epoch, into = divmod(self.step, self.steps_per_epoch)
             if into:  # at an epoch's end the next epoch's start redraws them
                 self._reinit_embeddings(epoch)
         record = {"event": "eval", "mapping": "validation", "step": self.step, **metrics,
-                  "best_step": self.selection.best_step, "lr_scale": self.selection.lr_scale}  # fmt: skip
+                  "best_step": sel.best_step, "lr_scale": sel.lr_scale}  # fmt: skip
         self._log(record)
         return record
+
+    def _score_validation(self) -> tuple[dict[str, Any], Any]:
+        """The validation metrics and logits (tests replace this with a planted curve and no logits)."""
+        logits = self._logits(self.validation_set)
+        return metrics_of(self.validation_set, logits), logits
+
+    def _logits(self, dataset) -> Any:
+        return predict_logits(self.model, dataset, self.device, self.cfg.eval_batch_size, self.amp_dtype, env=self.env)
+
+    def _baseline_validation_logits(self) -> Any:
+        """The selected (baseline) weights' validation logits; after a resume, recomputed from them."""
+        if self._baseline_logits is None:
+            current = self._local_state()
+            self._inner.load_state_dict(self.best_state)
+            self._baseline_logits = self._logits(self.validation_set)
+            self._inner.load_state_dict(current)
+        return self._baseline_logits
 
     def _keep_best(self) -> None:
         """Puts the selected weights into the model (the last ones when nothing was selected)."""
@@ -479,7 +512,7 @@ class Trainer:
             return False
         if self.step <= self.steps_per_epoch:  # the first pass: nothing seen twice yet
             return False
-        return metrics.get("auc", math.inf) < best.get("auc", -math.inf) - cfg.reinit_drop
+        return metrics.get("auc", math.inf) < self.selection.peak_score - cfg.reinit_drop
 
     def _reinit_embeddings(self, epoch: int) -> None:
         """``reinit_embeddings``: the deep tables redrawn (draw ``epoch``: the same values at any world size
@@ -512,7 +545,7 @@ class Trainer:
         if self.progress:
             tqdm.write(f"first-order term fitted as a logistic regression on {fit['rows']:,} rows (C {fit['C']:g}, "
                        f"validation AUC {fit['validation_auc']:.4f}, {fit['seconds']:.1f} s)")  # fmt: skip
-        self.validate()
+        self.validate(baseline=True)
 
     # ----------------------------------------------------------------------------------- loop
     def fit(self) -> dict[str, Any]:

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import log_loss, roc_auc_score
 
-from ctrkit.eval.metrics import log_loss_from_logits, roc_auc, sigmoid
+from ctrkit.eval.metrics import auc_difference, log_loss_from_logits, roc_auc, sigmoid
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -18,6 +18,27 @@ def test_auc_hand_computed_with_ties():
     # (0.5>0.1)=1 -> 3.5 / 4
     assert roc_auc([1, 1, 0, 0], [0.8, 0.5, 0.5, 0.1]) == 0.875
     assert np.isnan(roc_auc([1, 1], [0.3, 0.4]))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_auc_difference_against_the_pairwise_definition(seed):
+    """DeLong's paired variance from its definition: every positive-negative pair compared, O(m n)."""
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, 2, 400)
+    a = np.round(rng.normal(labels * 0.6, 1.0), 1)  # ties within and across classes
+    b = np.round(a + rng.normal(0, 0.7, 400), 1)  # correlated with a, as two models of one run are
+    pos, neg = labels == 1, labels == 0
+    components = []
+    for s in (a, b):
+        psi = (s[pos][:, None] > s[neg][None, :]) + 0.5 * (s[pos][:, None] == s[neg][None, :])
+        components.append((psi.mean(1), psi.mean(0)))  # per positive, per negative
+    d10, d01 = components[0][0] - components[1][0], components[0][1] - components[1][1]
+    want_se = np.sqrt(d10.var(ddof=1) / pos.sum() + d01.var(ddof=1) / neg.sum())
+    diff, se = auc_difference(labels, a, b)
+    assert diff == pytest.approx(roc_auc_score(labels, a) - roc_auc_score(labels, b), abs=1e-12)
+    assert se == pytest.approx(want_se, rel=1e-9) and se > 0
+    assert auc_difference(labels, a, a) == (0.0, 0.0)
+    assert all(np.isnan(auc_difference([1, 1], [0.1, 0.2], [0.3, 0.4])))
 
 
 def test_log_loss_matches_sklearn():

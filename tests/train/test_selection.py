@@ -63,16 +63,14 @@ class PlantedValidation:
 
     def __init__(self, trainer, curve):
         self.trainer, self.curve, self.calls, self.states = trainer, list(curve), 0, {}
-        real = trainer._score
 
-        def score(dataset):
-            if dataset is trainer.validation_set:
-                self.states[trainer.step] = params(trainer.model)
-                self.calls += 1
-                return {"auc": self.curve[self.calls - 1], "logloss": 0.5, "samples": len(dataset), "ctr": 0.2}
-            return real(dataset)
+        def score():
+            self.states[trainer.step] = params(trainer.model)
+            self.calls += 1
+            metrics = {"auc": self.curve[self.calls - 1], "logloss": 0.5, "samples": len(trainer.validation_set)}
+            return metrics, None
 
-        trainer._score = score
+        trainer._score_validation = score
 
 
 def test_trainer_keeps_the_best_weights_decays_the_lr_and_stops_early(tiny_dataset, tmp_path):
@@ -123,3 +121,69 @@ def test_resume_past_the_best_step_gives_the_uninterrupted_result(tiny_dataset, 
     assert (got["step"], got["best_step"], got["auc"]) == (want["step"], want["best_step"], want["auc"])
     for k, v in params(straight.model).items():
         torch.testing.assert_close(params(resumed.model)[k], v, rtol=0, atol=0, msg=k)
+
+
+def test_a_gain_over_the_baseline_counts_for_patience_but_selects_only_when_significant():
+    sel = Selection(patience=2, baseline_z=1.0)
+    assert sel.update(0, {"auc": 0.70}, baseline=True) and sel.baseline_step == 0
+    assert not sel.update(5, {"auc": 0.705, "baseline_z": 0.8})  # higher, but within a standard error
+    assert (sel.best_step, sel.since_best, sel.peak_score) == (0, 0, 0.705)  # the peak moved: patience restarts
+    assert sel.update(10, {"auc": 0.704, "baseline_z": 1.5})  # significant: selected, though below the peak
+    assert (sel.best_step, sel.since_best, sel.stopped) == (10, 1, False)  # and not an improvement for patience
+    assert sel.update(15, {"auc": 0.71, "baseline_z": 1.2}) and sel.best_step == 15
+    assert sel.update(20, {"auc": 0.711})  # past the baseline, any gain over the selected model counts
+    assert Selection.from_state(sel.state()) == sel
+    old = {k: v for k, v in sel.state().items() if k not in ("peak_score", "baseline_step", "baseline_z")}
+    assert Selection.from_state(old).peak_score == sel.best_score  # a state written before the rule
+
+
+def build_with_linear_term(dataset, cfg, save=None, log=None):
+    from ctrkit.data.feature_spec import FeatureSpec
+    from ctrkit.models import DLRMConfig, create_model
+    from ctrkit.train.trainer import RunInfo, Trainer
+
+    spec = FeatureSpec.from_yaml(dataset)
+    model_cfg = DLRMConfig(len(spec.numerical_features), tuple(spec.cardinalities), embedding_dim=8,
+                           bottom_mlp=(32, 8), top_mlp=(32, 1))  # fmt: skip
+    torch.manual_seed(cfg.seed)
+    return Trainer(create_model("dlrm", model_cfg), RunInfo("dlrm", model_cfg, spec.summary()),
+                   SplitBinaryDataset(spec, "train"), SplitBinaryDataset(spec, "test"), cfg, torch.device("cpu"),
+                   None, save, log, progress=False)  # fmt: skip
+
+
+def eval_records(log):
+    return [r for r in map(json.loads, log.read_text().splitlines()) if r["event"] == "eval"]
+
+
+def test_warm_start_z_keeps_the_regression_unless_a_model_beats_it_significantly(tiny_dataset, tmp_path):
+    from ctrkit.eval.metrics import auc_difference
+
+    base = dict(batch_size=512, epochs=2, evals_per_epoch=3, early_stopping_patience=0, plateau_patience=0, seed=2)
+    any_gain = build_with_linear_term(tiny_dataset, TrainConfig(**base, warm_start_z=0.0), log=tmp_path / "a.jsonl")
+    seen = {}
+    real = any_gain._logits
+    any_gain._logits = lambda ds: seen.setdefault(any_gain.step, real(ds))
+    result = any_gain.fit()
+    records = eval_records(tmp_path / "a.jsonl")
+    assert records[0]["step"] == 0 and result["best_step"] > 0  # on this data training beats the regression
+    assert all("baseline_z" not in r for r in records)
+    labels = any_gain.validation_set.labels()
+    z = {s: np.divide(*auc_difference(labels, seen[s], seen[0])) for s in seen if s}
+
+    strict = build_with_linear_term(tiny_dataset, TrainConfig(**base, warm_start_z=1e6), log=tmp_path / "b.jsonl")
+    kept = strict.fit()
+    records = eval_records(tmp_path / "b.jsonl")
+    assert kept["best_step"] == 0 and kept["step"] == result["step"]  # the same training, another selection
+    for r in records[1:]:  # the same weights as the first run at each evaluation, and their z against step 0
+        assert r["baseline_z"] == pytest.approx(z[r["step"]], rel=1e-6) and r["best_step"] == 0
+
+    # a resume while the regression is still selected recomputes its logits from the kept weights
+    mid = build_with_linear_term(tiny_dataset, TrainConfig(**base, warm_start_z=1e6, max_steps=50),
+                                 save=tmp_path / "mid.pt")  # fmt: skip
+    mid.fit()
+    resumed = build_with_linear_term(tiny_dataset, TrainConfig(**base, warm_start_z=1e6), log=tmp_path / "c.jsonl")
+    resumed.restore(load_checkpoint(tmp_path / "mid.pt"))
+    again = resumed.fit()
+    assert (again["best_step"], again["auc"]) == (0, kept["auc"])
+    after = {r["step"]: r["baseline_z"] for r in eval_records(tmp_path / "c.jsonl")}
+    assert after and all(after[s] == pytest.approx(z[s], rel=1e-6) for s in after)
