@@ -169,12 +169,38 @@ def page_view_counts(path: Path, rejects: Rejects) -> pl.DataFrame:
     return counts.filter(pl.col("doc").is_not_null()).rename({"doc": "document_id"})
 
 
-def _unique_rows(frame: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray]:
-    """The distinct rows of ``frame`` and, per row, the index of its distinct row."""
-    indexed = frame.with_row_index("row")
-    distinct = frame.unique(maintain_order=True).with_row_index("pair")
-    inverse = indexed.join(distinct, on=frame.columns, how="left").sort("row")["pair"].to_numpy()
-    return distinct.drop("pair"), inverse.astype(np.int64)
+def _pairs(a: np.ndarray, b: np.ndarray) -> tuple[pl.DataFrame, np.ndarray]:
+    """The distinct (a, b) pairs of two int columns (ids >= -1) and, per row, the index of its pair."""
+    width = int(b.max()) + 2 if len(b) else 1
+    distinct, inverse = np.unique((a + 1) * width + (b + 1), return_inverse=True)
+    pairs = pl.DataFrame({"a": distinct // width - 1, "b": distinct % width - 1})
+    return pairs, inverse.astype(np.int64)
+
+
+def _vocabulary_ids(column: pl.Series, vocab: pl.Series) -> np.ndarray:
+    """1 + the position of each value of ``column`` in the sorted ``vocab``; 0 for null or absent values."""
+    if column.dtype == pl.Utf8:
+        index = pl.DataFrame({"v": vocab, "id": np.arange(1, len(vocab) + 1, dtype=np.int32)})
+        joined = pl.DataFrame({"v": column}).join(index, on="v", how="left", maintain_order="left")
+        return joined["id"].fill_null(0).to_numpy()
+    at, found = _positions(vocab.to_numpy().astype(np.int64), column.fill_null(-1).to_numpy().astype(np.int64))
+    return np.where(found & column.is_not_null().to_numpy(), at + 1, 0).astype(np.int32)
+
+
+def _positions(keys: np.ndarray, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The position of each query in the sorted, distinct ``keys``, and whether it is there. Ids of raw
+    Outbrain columns are small non-negative integers, so a table indexed by id answers directly; other keys
+    go through a binary search."""
+    top = int(keys[-1]) if len(keys) else -1
+    if len(keys) and keys[0] >= 0 and top < max(1 << 22, 2 * len(queries)):
+        table = np.full(top + 2, -1, np.int64)  # the last entry: every query out of range
+        table[keys] = np.arange(len(keys))
+        at = table[np.where((queries >= 0) & (queries <= top), queries, top + 1)]
+        return np.maximum(at, 0), at >= 0
+    at = np.searchsorted(keys, queries)
+    found = at < len(keys)
+    found[found] = keys[at[found]] == queries[found]
+    return at, found
 
 
 def _split_draw(display: np.ndarray, seed: int) -> np.ndarray:
@@ -294,27 +320,27 @@ def preprocess_outbrain(
     )
     draw = _split_draw(rows["display_id"].to_numpy(), recipe.seed)
     is_train = (rows["day"].to_numpy() <= TRAIN_LAST_DAY) & (draw >= EVAL_SHARE)
-    rows = rows.with_columns(pl.Series("is_train", is_train))
+    needed = {*ONEHOT, *CTR_MIN_COUNT, "clicked", "display_id", "when", "published", "published_promo"}
+    rows = rows.select([c for c in rows.columns if c in needed]).with_columns(pl.Series("is_train", is_train))
     steps.update(1)
 
     # vocabularies of the one-hot features: training rows, ids seen at least `frequency_threshold` times
     cards, columns = {}, {}
-    train_rows = rows.filter(pl.col("is_train"))
-    for name in ONEHOT:
+    train_rows = rows.filter(pl.col("is_train")).select(*ONEHOT, "clicked")
+    onehot = np.empty((len(rows), len(ONEHOT)), np.int32)
+    for f, name in enumerate(ONEHOT):
         vocab = (
             train_rows.group_by(name).agg(pl.len().alias("n")).filter(pl.col(name).is_not_null()
-            & (pl.col("n") >= recipe.frequency_threshold)).sort(name)
-            .with_row_index("id", offset=1).select(name, pl.col("id").cast(pl.Int64))
+            & (pl.col("n") >= recipe.frequency_threshold)).sort(name)[name]
         )  # fmt: skip
-        columns[name] = rows.select(name).join(vocab, on=name, how="left", maintain_order="left")["id"].fill_null(0)
+        onehot[:, f] = _vocabulary_ids(rows[name], vocab)
         cards[name] = len(vocab) + 1
-    # multi-hot: each document's 3 most confident topics / entities / categories (vocabulary: all of them)
-    # document-level features are computed once per distinct (page document, ad document) pair, then
-    # gathered to the rows
-    pair_key = rows.select(
-        pl.col("document_id").fill_null(-1).alias("a"), pl.col("document_id_promo").fill_null(-1).alias("b")
-    )
-    pairs, pair_of_row = _unique_rows(pair_key)
+    # multi-hot: each document's 3 most confident topics / entities / categories (vocabulary: all of them),
+    # gathered to the rows by document; the similarities are computed once per distinct (page document,
+    # ad document) pair
+    doc_ids = {side: rows[col].fill_null(-1).to_numpy().astype(np.int64)
+               for side, col in (("", "document_id"), ("_promo", "document_id_promo"))}  # fmt: skip
+    pairs, pair_of_row = _pairs(doc_ids[""], doc_ids["_promo"])
     bags = {}
     for kind, plural, id_col in KINDS:
         docs = t[f"documents_{plural}"].unique(["document_id", id_col], keep="first", maintain_order=True)
@@ -323,21 +349,18 @@ def preprocess_outbrain(
             "document_id", pl.col("vid").cast(pl.Int64), "confidence_level"
         )
         lists = _doc_lists(docs, id_col)
-        for suffix, doc_col in (("", "a"), ("_promo", "b")):
-            name = f"{kind}_id_list{suffix}"
-            joined = pairs.select(pl.col(doc_col).alias("document_id")).join(
-                lists, on="document_id", how="left", maintain_order="left"
-            )["ids"]
-            padded = np.full((len(pairs), BAG), -1, np.int64)
-            lengths = joined.list.len().fill_null(0).to_numpy().astype(np.int64)
-            flat = joined.explode().drop_nulls().to_numpy().astype(np.int64)
-            padded[
-                np.repeat(np.arange(len(pairs)), lengths),
-                np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths),
-            ] = flat
-            mine = padded[pair_of_row]  # (N, BAG), -1 past each bag's end
-            bags[name] = (mine[mine >= 0], (mine >= 0).sum(axis=1))
-            cards[name] = len(vocab) + 1
+        with_bag = lists["document_id"].to_numpy().astype(np.int64)  # sorted (group_by kept the sort order)
+        lengths = lists["ids"].list.len().to_numpy().astype(np.int64)
+        flat = lists["ids"].explode().to_numpy().astype(np.int32)
+        padded = np.full((len(lists) + 1, BAG), -1, np.int32)  # the last row: documents without any
+        within = np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        padded[np.repeat(np.arange(len(lists)), lengths), within] = flat
+        for suffix, docs_of_row in doc_ids.items():
+            at, found = _positions(with_bag, docs_of_row)
+            mine = padded[np.where(found, at, len(lists))]  # (N, BAG), -1 past each bag's end
+            keep = mine >= 0
+            bags[f"{kind}_id_list{suffix}"] = (mine[keep], keep.sum(axis=1))
+            cards[f"{kind}_id_list{suffix}"] = len(vocab) + 1
         n_docs = docs["document_id"].n_unique()
         sims = _similarity(docs, pairs, n_docs)
         columns[f"document_id_document_id_promo_sim_{plural}"] = sims[pair_of_row]
@@ -370,9 +393,10 @@ def preprocess_outbrain(
     steps.update(1)
 
     numerical = np.stack([np.asarray(columns[n], dtype=np.float32) for n in NUMERICAL], axis=1)
-    onehot = np.stack([columns[n].to_numpy().astype(np.int64) for n in ONEHOT], axis=1)
     labels = rows["clicked"].to_numpy().astype(np.uint8)
     display = rows["display_id"].to_numpy()
+    clicks_read = len(t["clicks_train"])
+    del columns, rows, train_rows, t, clicks, events, promo, meta  # the output arrays are all that is left
     meta_info = {"generator": "ctrkit preprocess outbrain", "frequency_threshold": recipe.frequency_threshold,
                  "seed": recipe.seed}  # fmt: skip
     counts = {}
@@ -396,12 +420,12 @@ def preprocess_outbrain(
             "engine": "polars",
             "recipe": "outbrain",
             "rows": counts,
-            "clicks_rows_read": int(len(t["clicks_train"])),
+            "clicks_rows_read": int(clicks_read),
             "bad_rows": rejects.count,
             "bad_row_examples": rejects.kept,
             "cardinalities": cards,
             "seconds": round(seconds, 3),
-            "clicks_rows_per_second": round(len(t["clicks_train"]) / max(seconds, 1e-9)),
+            "clicks_rows_per_second": round(clicks_read / max(seconds, 1e-9)),
         }
         (tmp / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     steps.update(1)
