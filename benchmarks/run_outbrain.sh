@@ -11,6 +11,7 @@ $BIN/ctrkit synth outbrain-raw --out "$WORK/raw" --rows "$ROWS" --overwrite
 /usr/bin/time -f "preprocess: %e s wall, peak RSS %M KB" \
     $BIN/ctrkit preprocess outbrain "$WORK/raw" --out "$WORK/data" --overwrite --no-progress
 $BIN/ctrkit train --model wide_deep --dataset "$WORK/data" --save-checkpoint "$WORK/wd.pt" --no-progress \
+    --log-path "$WORK/train.jsonl" \
     --threads "${THREADS:-2}"
 $BIN/ctrkit evaluate --checkpoint "$WORK/wd.pt" --dataset "$WORK/data"
 $BIN/python - "$WORK" <<'PY'
