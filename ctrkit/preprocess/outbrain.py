@@ -231,7 +231,7 @@ def _similarity(docs: pl.DataFrame, pairs: pl.DataFrame, n_docs: int) -> np.ndar
     norms = weighted.group_by("document_id").agg((pl.col("w") ** 2).sum().sqrt().alias("norm"))
     weighted = weighted.join(norms, on="document_id").with_columns((pl.col("w") / pl.col("norm")).alias("u"))
     terms = weighted.select("document_id", "vid", "u")
-    unique = pairs.unique().filter(pl.col("a").is_not_null() & pl.col("b").is_not_null())
+    unique = pairs.unique()  # missing documents are -1: no terms, similarity 0
     dots = (
         unique.join(terms.rename({"document_id": "a", "u": "ua"}), on="a")
         .join(terms.rename({"document_id": "b", "u": "ub"}), on=["b", "vid"])

@@ -25,7 +25,7 @@ from ctrkit.data.batch import Batch
 from ctrkit.data.dataset import SplitBinaryDataset, split_tail
 from ctrkit.data.loader import BatchLoader
 from ctrkit.distributed.env import DistEnv, all_reduce_sum
-from ctrkit.eval.evaluator import evaluate, metrics_of, predict_logits
+from ctrkit.eval.evaluator import metrics_of, predict_logits
 from ctrkit.eval.metrics import auc_difference
 from ctrkit.models.embeddings import CategoricalEmbeddings
 from ctrkit.models.registry import config_to_dict
@@ -449,7 +449,7 @@ class Trainer:
         return {k: v.detach().clone() for k, v in self._inner.state_dict().items()}
 
     def _score(self, dataset) -> dict[str, Any]:
-        return evaluate(self.model, dataset, self.device, self.cfg.eval_batch_size, self.amp_dtype, env=self.env)
+        return metrics_of(dataset, self._logits(dataset))
 
     def validate(self, baseline: bool = False) -> dict[str, Any] | None:
         """Scores the validation data, updates the selection (best weights, plateau, patience), logs it.
@@ -506,9 +506,9 @@ class Trainer:
 
     def _overfitting(self, metrics: dict[str, Any]) -> bool:
         """Auto ``reinit_embeddings``: past the first epoch, the validation AUC fell more than
-        ``reinit_drop`` below the best (a second pass over the same rows made the model worse)."""
-        cfg, best = self.cfg, self.selection.best_metrics
-        if cfg.reinit_embeddings != "auto" or self.selection.reinit or best is None:
+        ``reinit_drop`` below the best seen (a second pass over the same rows made the model worse)."""
+        cfg = self.cfg
+        if cfg.reinit_embeddings != "auto" or self.selection.reinit or self.selection.best_step is None:
             return False
         if self.step <= self.steps_per_epoch:  # the first pass: nothing seen twice yet
             return False

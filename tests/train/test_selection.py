@@ -162,7 +162,9 @@ def test_warm_start_z_keeps_the_regression_unless_a_model_beats_it_significantly
     any_gain = build_with_linear_term(tiny_dataset, TrainConfig(**base, warm_start_z=0.0), log=tmp_path / "a.jsonl")
     seen = {}
     real = any_gain._logits
-    any_gain._logits = lambda ds: seen.setdefault(any_gain.step, real(ds))
+    any_gain._logits = lambda ds: (  # noqa: E731
+        seen.setdefault(any_gain.step, real(ds)) if ds is any_gain.validation_set else real(ds)
+    )
     result = any_gain.fit()
     records = eval_records(tmp_path / "a.jsonl")
     assert records[0]["step"] == 0 and result["best_step"] > 0  # on this data training beats the regression
