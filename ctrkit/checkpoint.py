@@ -233,17 +233,24 @@ def _table_prefix(plan_name: str) -> str:
     return plan_name if plan_name.endswith(".bags") else f"{plan_name}.onehot"
 
 
-def assemble_shards(ckpt: Checkpoint) -> Checkpoint:
+def assemble_shards(ckpt: Checkpoint, lazy: bool = False) -> Checkpoint:
     """The one-file form of a sharded checkpoint: whole tables assembled from every rank's file (each
     memory-mapped, so only the assembled tables take memory), rank 0's optimizer states as
-    ``optimizers`` and every rank's as ``rank_optimizers``."""
+    ``optimizers`` and every rank's as ``rank_optimizers``.
+
+    With ``lazy`` each table is a ``ShardedTableView`` over the rank files instead, from which a reader
+    that holds only some shards (``load_full_tables``: ``table[rows, cols]``) reads just those rows and
+    columns: nothing is assembled."""
     parts = [read_rank_file(ckpt, r) for r in range(len(ckpt.shard_files))]
     sharding = ckpt.sharding or {}
     prefixes = tuple(f"{_table_prefix(n)}." for n in sharding)
 
-    def whole(which: str) -> dict[str, torch.Tensor]:
-        state = {k: v.clone() for k, v in parts[0][which].items() if not k.startswith(prefixes)}
+    def whole(which: str) -> dict[str, Any]:
+        state: dict[str, Any] = {k: v.clone() for k, v in parts[0][which].items() if not k.startswith(prefixes)}
         for prefix, (rows, dim, pieces) in _table_pieces(sharding, parts, which).items():
+            if lazy:
+                state[f"{prefix}.weight"] = _view(pieces, rows, dim)
+                continue
             flat = torch.zeros(rows, dim)
             for lo, hi, col_lo, col_hi, piece in pieces:
                 flat[lo:hi, col_lo:col_hi] = piece
@@ -280,7 +287,9 @@ class ShardedTableView:
     def __len__(self) -> int:
         return self.shape[0]
 
-    def __getitem__(self, rows: np.ndarray) -> np.ndarray:
+    def __getitem__(self, rows: np.ndarray | tuple[slice, slice]) -> np.ndarray | torch.Tensor:
+        if isinstance(rows, tuple):
+            return self._block(*rows)
         rows = np.asarray(rows, dtype=np.int64).reshape(-1)
         if rows.size and (rows.min() < 0 or rows.max() >= self.shape[0]):
             raise IndexError(f"rows outside the table's {self.shape[0]} rows")
@@ -293,17 +302,39 @@ class ShardedTableView:
                 out[take, col_lo:col_hi] = array[rows[take] - lo]
         return out
 
+    def _block(self, rows: slice, cols: slice) -> torch.Tensor:
+        """``view[lo:hi, col_lo:col_hi]``: a block (contiguous rows and columns) as a new tensor, read from
+        the pieces it overlaps only."""
+        lo, hi, step = rows.indices(self.shape[0])
+        col_lo, col_hi, col_step = cols.indices(self.shape[1])
+        if step != 1 or col_step != 1:
+            raise IndexError("a sharded table is read in blocks of contiguous rows and columns")
+        out = np.zeros((max(hi - lo, 0), max(col_hi - col_lo, 0)), dtype=self.dtype)
+        for (c_lo, c_hi), _, members in self.groups:
+            a, b = max(col_lo, c_lo), min(col_hi, c_hi)
+            if a >= b:
+                continue
+            for p_lo, p_hi, array in members:
+                r_lo, r_hi = max(lo, p_lo), min(hi, p_hi)
+                if r_lo < r_hi:
+                    out[r_lo - lo : r_hi - lo, a - col_lo : b - col_lo] = array[
+                        r_lo - p_lo : r_hi - p_lo, a - c_lo : b - c_lo
+                    ]
+        return torch.from_numpy(out)
+
+
+def _view(pieces: list[tuple[int, int, int, int, torch.Tensor]], rows: int, dim: int) -> ShardedTableView:
+    """A flat table's pieces (from ``_table_pieces``) as a view; each piece stays in its (memory-mapped) file."""
+    kept = [(lo, hi, cl, ch, t.detach().numpy()) for lo, hi, cl, ch, t in pieces if (hi - lo) * (ch - cl)]
+    return ShardedTableView(kept, rows, dim)
+
 
 def sharded_table_views(ckpt: Checkpoint, which: str = "model") -> dict[str, ShardedTableView]:
     """The flat tables of a sharded checkpoint as views over its rank files, by their module path
     (e.g. ``embeddings.onehot``); nothing is assembled."""
     parts = [read_rank_file(ckpt, r) for r in range(len(ckpt.shard_files or []))]
-    views = {}
-    for prefix, (rows, dim, pieces) in _table_pieces(ckpt.sharding or {}, parts, which).items():
-        # each piece stays in its file: a numpy view of the memory-mapped tensor
-        kept = [(lo, hi, cl, ch, t.detach().numpy()) for lo, hi, cl, ch, t in pieces if (hi - lo) * (ch - cl)]
-        views[prefix] = ShardedTableView(kept, rows, dim)
-    return views
+    pieces = _table_pieces(ckpt.sharding or {}, parts, which)
+    return {prefix: _view(found, rows, dim) for prefix, (rows, dim, found) in pieces.items()}
 
 
 def _table_pieces(

@@ -180,14 +180,17 @@ def convert_checkpoint(args: argparse.Namespace) -> int:
     A hybrid-parallel run writes its checkpoint sharded (a manifest and one file per rank); by default
     this writes the same checkpoint as one file with whole tables (what a single-process run writes).
     With --world-size N it writes the sharded form instead, tables placed as an N-rank run with the
-    given --sharding places them, one rank's part in memory at a time; such a checkpoint carries no
-    optimizer state, so it is for evaluating, predicting, exporting and serving (a resume from it is
-    refused). Writes are atomic, the manifest last. Every command reads both forms.
+    given --sharding places them, one rank's part in memory at a time. The optimizer states are
+    converted too (the tables' per-row states cut for the new placement), so a run resumes from either
+    form at the world size and sharding it was written for. Writes are atomic, the manifest last. Every
+    command reads both forms.
     """
     from dataclasses import replace
 
     from ctrkit.checkpoint import load_checkpoint, save_checkpoint
-    from ctrkit.distributed.sharded_state import write_sharded_checkpoint
+    from ctrkit.distributed.sharded_state import converted_optimizer_states, write_sharded_checkpoint
+    from ctrkit.models.embeddings import deferred_tables
+    from ctrkit.models.registry import create_model, make_config
 
     cfg: ConvertConfig = config_from(args, ConvertConfig)
     par: ParallelConfig = config_from(args, ParallelConfig)
@@ -195,6 +198,12 @@ def convert_checkpoint(args: argparse.Namespace) -> int:
         raise ValueError(f"{cfg.out}: file exists; set `overwrite` to replace it")
     if cfg.world_size is None:
         ckpt = load_checkpoint(cfg.checkpoint)
+        if ckpt.sharding is not None:  # the optimizer states as one process keeps them
+            with deferred_tables():
+                whole = create_model(ckpt.model_name, make_config(ckpt.model_name, ckpt.model_config))
+            states = converted_optimizer_states(ckpt, whole, None)
+            if states is not None:
+                ckpt = replace(ckpt, optimizers=states, rank_optimizers=None, sharding=None)
         save_checkpoint(cfg.out, replace(ckpt, shard_files=None))
         print(f"wrote {cfg.out} (step {ckpt.step}, {len(ckpt.model)} tensors)")
         return 0

@@ -145,8 +145,8 @@ class Scoring:
         model = shard_for_job(model, env, par, device=dev)
         if ckpt.sharding == model.sharding_key():  # the layout it was written with: this rank's file only
             model.model.load_state_dict(read_rank_file(ckpt, env.rank)["model"])
-        else:  # another layout: whole tables assembled (memory-mapped rank files), each rank taking its shards
-            ckpt = assemble_shards(ckpt)
+        else:  # another layout: each rank reads its shards' rows and columns from the (memory-mapped) rank files
+            ckpt = assemble_shards(ckpt, lazy=True)
             model.load_full_state_dict(ckpt.model)
         return cls(ckpt, data, model, dev, env)
 

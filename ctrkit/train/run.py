@@ -261,8 +261,8 @@ class Run:
         whole = ckpt.resume_weights if ckpt is not None and not ckpt.shard_files else None
         self.model = shard_for_job(model, self.env, par, whole, device=self.device)
         if ckpt is not None and ckpt.shard_files and ckpt.sharding != self.model.sharding_key():
-            # written with another layout: assembled into whole tables, each rank taking its shards
-            ckpt = assemble_shards(ckpt)
+            # written with another layout: each rank reads its shards' rows and columns from the rank files
+            ckpt = assemble_shards(ckpt, lazy=True)
             self.model.load_full_state_dict(ckpt.resume_weights)
         model = self.model
         self.trainer = Trainer(

@@ -49,7 +49,7 @@ def resolve_schedule(cfg: TrainConfig, total_steps: int, steps_per_epoch: int | 
 
 
 NO_OPTIMIZER_STATE = (
-    "the checkpoint was written by `ctrkit convert-checkpoint --world-size`, which keeps no optimizer state; "
+    "the checkpoint holds no optimizer state (an older `ctrkit convert-checkpoint --world-size` wrote it); "
     "resume from the checkpoint it was converted from (evaluate, predict, export and serve read it as it is)"
 )
 

@@ -118,3 +118,31 @@ def test_small_tables_are_replicated_on_every_rank_under_auto():
     # forced strategies and one rank never replicate
     assert "replicated" not in plan_sharding([10, 40], 8, 3, "table", replicate_below_bytes=10**6).strategy
     assert plan_sharding([10, 40], 8, 1, replicate_below_bytes=10**6).strategy == ("table", "table")
+
+
+def test_optimizer_states_are_cut_for_another_placement():
+    """Element states are copied where the regions overlap; a row-wise state (the mean of the squared
+    gradient over a row's columns) becomes the column-weighted average, exact when the saved pieces split
+    the target's columns; a replicated table saved by every rank counts once."""
+    import torch
+
+    from ctrkit.distributed.sharded_state import _cut
+
+    gen = torch.Generator().manual_seed(0)
+    whole_m, whole_v = torch.rand(6, 4, generator=gen), torch.rand(6, 4, generator=gen)
+    squares = torch.rand(6, 4, generator=gen)  # per element: what a row-wise state averages
+    # saved: rows 0-3 as two column blocks (1 and 3 wide), rows 3-6 whole, saved twice (a replica)
+    pieces = []
+    for lo, hi, c0, c1 in ((0, 3, 0, 1), (0, 3, 1, 4), (3, 6, 0, 4), (3, 6, 0, 4)):
+        state = {"step": 5, "exp_avg": whole_m[lo:hi, c0:c1], "exp_avg_sq": whole_v[lo:hi, c0:c1],
+                 "sum": squares[lo:hi, c0:c1].mean(1)}  # fmt: skip
+        pieces.append((("t", lo, hi, c0, c1), state))
+    pieces.append((("other", 0, 6, 0, 4), {"step": 9, "exp_avg": torch.zeros(6, 4)}))  # another table
+    whole = _cut(("t", 0, 6, 0, 4), pieces)
+    assert whole["step"] == 5
+    torch.testing.assert_close(whole["exp_avg"], whole_m)
+    torch.testing.assert_close(whole["exp_avg_sq"], whole_v)
+    torch.testing.assert_close(whole["sum"], squares.mean(1))
+    block = _cut(("t", 2, 5, 1, 3), pieces)  # rows 2-5, columns 1-3: from three saved pieces
+    torch.testing.assert_close(block["exp_avg"], whole_m[2:5, 1:3])
+    assert _cut(("t", 0, 6, 0, 4), [(("t", 0, 6, 0, 4), {})]) is None  # no state saved: none to resume
