@@ -303,13 +303,19 @@ class ShardedTableView:
         return out
 
     def _block(self, rows: slice, cols: slice) -> torch.Tensor:
-        """``view[lo:hi, col_lo:col_hi]``: a block (contiguous rows and columns) as a new tensor, read from
-        the pieces it overlaps only."""
+        """``view[lo:hi, col_lo:col_hi]``: a block (contiguous rows and columns) as a new tensor."""
         lo, hi, step = rows.indices(self.shape[0])
         col_lo, col_hi, col_step = cols.indices(self.shape[1])
         if step != 1 or col_step != 1:
             raise IndexError("a sharded table is read in blocks of contiguous rows and columns")
         out = np.zeros((max(hi - lo, 0), max(col_hi - col_lo, 0)), dtype=self.dtype)
+        self.read_block(out, lo, col_lo)
+        return torch.from_numpy(out)
+
+    def read_block(self, out: np.ndarray, lo: int, col_lo: int) -> None:
+        """Fills ``out`` (R, C) with rows [lo, lo + R) and columns [col_lo, col_lo + C), reading only the
+        pieces the block overlaps (rows no piece holds are left as they are)."""
+        hi, col_hi = lo + out.shape[0], col_lo + out.shape[1]
         for (c_lo, c_hi), _, members in self.groups:
             a, b = max(col_lo, c_lo), min(col_hi, c_hi)
             if a >= b:
@@ -320,7 +326,6 @@ class ShardedTableView:
                     out[r_lo - lo : r_hi - lo, a - col_lo : b - col_lo] = array[
                         r_lo - p_lo : r_hi - p_lo, a - c_lo : b - c_lo
                     ]
-        return torch.from_numpy(out)
 
 
 def _view(pieces: list[tuple[int, int, int, int, torch.Tensor]], rows: int, dim: int) -> ShardedTableView:

@@ -182,11 +182,17 @@ class ShardedEmbeddingCollection(nn.Module):
 
     @torch.no_grad()
     def load_full_tables(self, flat: torch.Tensor) -> None:
-        """Copies this rank's shards out of the flat (sum of cardinalities, D) weight of whole tables."""
+        """Copies this rank's shards out of the flat (sum of cardinalities, D) weight of whole tables (a
+        tensor, or a ``checkpoint.ShardedTableView`` over a sharded checkpoint's rank files, which a shard
+        on the CPU is read into directly, block by block)."""
         offsets = [sum(self.cardinalities[:f]) for f in range(self.num_features)]
         for s, w in zip(self.local, self.shards):
             off = offsets[s.feature]
-            w.copy_(flat[off + s.row_lo : off + s.row_hi, s.col_lo : s.col_hi])
+            if hasattr(flat, "read_block") and w.device.type == "cpu" and w.dtype == torch.float32:
+                w.zero_()
+                flat.read_block(w.detach().numpy(), off + s.row_lo, s.col_lo)
+            else:
+                w.copy_(flat[off + s.row_lo : off + s.row_hi, s.col_lo : s.col_hi])
 
     @torch.no_grad()
     def full_tables(self, dst: int = 0) -> torch.Tensor | None:
