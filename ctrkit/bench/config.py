@@ -33,6 +33,11 @@ class TrainBenchConfig:
     optimizer: str | None = option(None, "dense optimizer", DENSE_OPTIMIZERS, "the model's")
     embedding_optimizer: str | None = option(None, "embedding optimizer", TABLE_OPTIMIZERS, "the model's")
     compile: bool = option(False, "torch.compile the model (compile time is in the warm-up)")
+    breakdown: bool = option(
+        False,
+        "also split the step time by part (after the timed repeats): forward, backward and each optimizer's "
+        "step timed apart over --steps steps, and the matrix multiplies' share from the profiler",
+    )
     seed: int = option(0, "seed")
     distinct_batches: int = option(16, "distinct random batches cycled through")
 

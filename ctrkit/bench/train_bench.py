@@ -50,6 +50,63 @@ def dense_flops_per_sample(model: torch.nn.Module, batch: Batch) -> dict[str, fl
     return {"forward": forward / n, "train_step": counter.get_total_flops() / n}
 
 
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear")
+
+
+def _optimizer_label(opt: torch.optim.Optimizer) -> str:
+    kind = getattr(opt, "kind", None)
+    name = type(opt).__name__ + (f"({kind})" if kind else "")
+    part = "first-order " if getattr(opt, "is_wide", False) else ""
+    return f"{name} on {part}{'tables' if getattr(opt, 'is_table_optimizer', False) else 'dense weights'}"
+
+
+def step_breakdown(step: TrainStep, batches: list[Batch], steps: int, sync) -> dict:
+    """Where a training step's time goes: ``steps`` steps run as ``TrainStep`` runs them (autocast
+    forward, loss, backward, each optimizer's step), each part timed apart (ms per step, medians), and
+    the self time of the matrix multiplies (ms per step) from a profiled pass over the same steps."""
+    from contextlib import nullcontext
+
+    import torch.nn.functional as F
+    from torch.profiler import ProfilerActivity, profile
+
+    model, opts = step.model, step.optimizers
+    labels = [_optimizer_label(o) for o in opts]
+    parts: dict[str, list[float]] = {"forward": [], "backward": [], **{k: [] for k in labels}}
+
+    def run(i: int, times: dict[str, list[float]] | None) -> None:
+        batch = batches[i % len(batches)]
+        cast = torch.autocast(step.device.type, dtype=step.amp_dtype) if step.amp_dtype else nullcontext()
+        t0 = time.perf_counter()
+        with cast:
+            logits = model(batch.numerical, batch.categorical, batch.multi_hot)
+        loss = F.binary_cross_entropy_with_logits(logits.float(), batch.labels)
+        sync()
+        t1 = time.perf_counter()
+        for opt in opts:
+            opt.zero_grad(set_to_none=True)
+        loss.backward()
+        sync()
+        t2 = time.perf_counter()
+        if times is not None:
+            times["forward"].append(t1 - t0)
+            times["backward"].append(t2 - t1)
+        for opt, label in zip(opts, labels):
+            t3 = time.perf_counter()
+            opt.step()
+            sync()
+            if times is not None:
+                times[label].append(time.perf_counter() - t3)
+
+    for i in range(steps):
+        run(i, parts)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for i in range(steps):
+            run(i, None)
+    matmul_us = sum(e.self_cpu_time_total for e in prof.key_averages() if e.key in MATMUL_OPS)
+    out = {k: statistics.median(v) * 1000 for k, v in parts.items()}
+    return {"ms": out, "total_ms": sum(out.values()), "matmul_ms": matmul_us / 1000 / steps}
+
+
 def run_train_bench(cfg: TrainBenchConfig, device: torch.device) -> dict:
     """Runs ``warmup`` untimed steps, then ``repeats`` x ``steps`` timed steps; reports the median."""
     torch.manual_seed(cfg.seed)
@@ -89,8 +146,10 @@ def run_train_bench(cfg: TrainBenchConfig, device: torch.device) -> dict:
     peaks = matmul_peaks(device)
     peak = peaks.get("bf16" if amp_dtype is not None else "fp32") or peaks["fp32"]
     achieved = flops["train_step"] * samples_per_s / 1e9
+    breakdown = step_breakdown(step, batches, cfg.steps, sync) if cfg.breakdown else None
     return {
         "benchmark": "train",
+        "breakdown": breakdown,
         "config": asdict(cfg),
         "model_config": {k: v for k, v in config_to_dict(model_cfg).items() if k != "cardinalities"},
         "samples_per_s": samples_per_s,

@@ -167,6 +167,13 @@ def train(args: argparse.Namespace) -> int:
         + (f" = {fraction:.0%} of the {peak_kind} matmul peak measured now "
            f"({result['matmul_peak_gflops'][peak_kind]:,.0f} GFLOP/s)" if fraction is not None else "")
     )  # fmt: skip
+    if result["breakdown"] is not None:
+        b = result["breakdown"]
+        print(f"  step time by part (ms per step, medians of {cfg.steps} steps, total {b['total_ms']:.2f}):")
+        for part, ms in b["ms"].items():
+            print(f"    {part:<50} {ms:8.2f}  {ms / b['total_ms']:5.1%}")
+        print(f"    of which matrix multiplies (profiler self time)   {b['matmul_ms']:8.2f}  "
+              f"{b['matmul_ms'] / b['total_ms']:5.1%}")  # fmt: skip
     write_result(result, run.output)
     return 0
 

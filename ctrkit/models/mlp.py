@@ -6,7 +6,51 @@ import math
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+
+class _CpuDropout(torch.autograd.Function):
+    """Dropout's training forward and backward for CPU tensors. The mask is drawn as 15 random bits per
+    element (two elements per int32 from ``random_``, whose values lie in [0, 2^31)) against a threshold,
+    so each element is kept with probability 1 - p to within 2^-15, and applied with ``where``: on the
+    CPU this costs about half of ``F.dropout``'s per-element Bernoulli draws. The mask is kept as one byte
+    per element for the backward."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, p: float) -> torch.Tensor:
+        n = x.numel()
+        bits = torch.empty((n + 1) // 2, dtype=torch.int32).random_().view(torch.int16)[:n]
+        keep = (bits.bitwise_and_(0x7FFF) >= round(p * 2**15)).view(x.shape)
+        ctx.save_for_backward(keep)
+        ctx.scale = 1.0 / (1.0 - p)
+        return torch.where(keep, x, 0).mul_(ctx.scale)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (keep,) = ctx.saved_tensors
+        return torch.where(keep, grad, 0).mul_(ctx.scale), None
+
+
+class Dropout(nn.Module):
+    """``nn.Dropout`` (inverted dropout: kept values scaled by 1 / (1 - p), identity in evaluation) with
+    a faster training path on the CPU (``_CpuDropout``); other devices use ``F.dropout``."""
+
+    def __init__(self, p: float):
+        super().__init__()
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"dropout must lie in [0, 1), got {p}")
+        self.p = p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        if x.device.type != "cpu":
+            return F.dropout(x, self.p, training=True)
+        return _CpuDropout.apply(x, self.p)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
 
 
 class MLP(nn.Sequential):
@@ -36,7 +80,7 @@ class MLP(nn.Sequential):
             if relu_last or i < len(sizes) - 1:
                 layers.append(nn.ReLU(inplace=True))
                 if dropout > 0:
-                    layers.append(nn.Dropout(dropout))
+                    layers.append(Dropout(dropout))
             width = out
         super().__init__(*layers)
         self.out_features = width
