@@ -224,7 +224,7 @@ def make_optimizer(kind: str, params: list[torch.nn.Parameter], lr: float, spars
     if kind == "adagrad":
         return torch.optim.Adagrad(params, lr=lr, foreach=True)
     if kind == "adam":
-        return torch.optim.Adam(params, lr=lr, foreach=True)
+        return torch.optim.Adam(params, lr=lr, fused=True)  # one kernel over all parameters (CPU and CUDA)
     raise ValueError(
         "rowwise_adagrad keeps one accumulator per embedding row and applies to embedding tables "
         "only; use adagrad or adam for the dense part"
