@@ -37,6 +37,29 @@ def test_bench_train_writes_its_result(tmp_path, capsys):
     # where it ran, and what its cores do: the matmul peak measured in the same run
     assert result["machine"]["capability"] == __import__("torch").backends.cpu.get_cpu_capability()
     assert result["matmul_peak_gflops"]["fp32"] > 0.5
+    assert result["breakdown"] is None  # only with --breakdown
+
+
+def test_bench_train_breakdown_names_each_part(tmp_path, capsys):
+    """--breakdown: forward, backward and one entry per optimizer (DLRM's four: the first-order term's
+    tables and numerical weights, the embedding tables, the dense layers), and the matrix multiplies'
+    time from the profiler, which is part of the forward and backward."""
+    out = tmp_path / "r.json"
+    flags = ["--batch-size", "256", "--table-rows", "1000", "--num-tables", "4", "--warmup", "1", "--steps", "3",
+             "--repeats", "1", "--breakdown", "--output", out]  # fmt: skip
+    code, stdout, _ = run_cli("bench", "train", *flags, capsys=capsys)
+    assert code == 0 and "step time by part" in stdout
+    b = json.loads(out.read_text())["breakdown"]
+    assert set(b["ms"]) == {
+        "forward",
+        "backward",
+        "SparseRowOptimizer(adagrad) on first-order tables",
+        "Adagrad on first-order dense weights",
+        "SparseRowOptimizer(adam) on tables",
+        "Adam on dense weights",
+    }
+    assert all(ms > 0 for ms in b["ms"].values()) and b["total_ms"] == pytest.approx(sum(b["ms"].values()))
+    assert 0 < b["matmul_ms"] < 3 * (b["ms"]["forward"] + b["ms"]["backward"])
 
 
 def test_bench_preprocess_runs_the_real_command(tmp_path, capsys):
