@@ -215,6 +215,101 @@ def _load(path: Path, mmap: bool = False) -> Any:
         ) from None
 
 
+MADV_DONTNEED = 4  # Linux
+RELEASE_CHUNK_BYTES = 32 * 2**20  # a memory-mapped source is copied and released this many bytes at a time
+
+
+def _mapped_file_range(address: int, path: str | os.PathLike) -> tuple[int, int] | None:
+    """The (start, end) addresses of this process's mapping of file ``path`` that holds ``address``, from
+    /proc/self/maps; None if there is none (not Linux, or the memory is not that file's)."""
+    try:
+        target = os.path.realpath(path)
+        with open("/proc/self/maps") as f:
+            for line in f:
+                fields_ = line.split(maxsplit=5)
+                lo, hi = (int(x, 16) for x in fields_[0].split("-"))
+                if lo <= address < hi and len(fields_) == 6 and os.path.realpath(fields_[5].strip()) == target:
+                    return lo, hi
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+class MappedSource:
+    """The rank files of a checkpoint, memory-mapped: ``copy(dst, src)`` copies a tensor read from one of
+    them and then drops the pages it read from this process's resident memory (``madvise(MADV_DONTNEED)``
+    on the file's private, never-written mapping: the next read faults them in from the file again), a
+    chunk of rows at a time. Without this, every page a load touches stays resident until the whole file
+    is unmapped, and loading a checkpoint costs its size on top of the model. Memory that is not a mapping
+    of one of ``paths`` (checked in /proc/self/maps) is only copied, never released."""
+
+    def __init__(self, paths: list[str | os.PathLike]):
+        self.paths = [str(p) for p in paths]
+        self._libc = None
+        try:
+            import ctypes
+
+            self._libc = ctypes.CDLL(None, use_errno=True)
+            self._page = os.sysconf("SC_PAGE_SIZE")
+        except (OSError, AttributeError, ValueError):
+            self._libc = None
+
+    def mapped(self, ptr: int, nbytes: int) -> bool:
+        """Whether [ptr, ptr + nbytes) lies in this process's mapping of one of the files."""
+        if self._libc is None or nbytes <= 0:
+            return False
+        for path in self.paths:
+            found = _mapped_file_range(ptr, path)
+            if found is not None:
+                return ptr + nbytes <= found[1]
+        return False
+
+    def _mapped(self, t: torch.Tensor) -> bool:
+        if t.device.type != "cpu" or not t.is_contiguous():
+            return False
+        return self.mapped(t.data_ptr(), t.numel() * t.element_size())
+
+    def clone(self, t: torch.Tensor) -> torch.Tensor:
+        """A copy of ``t`` in ordinary memory (``copy``)."""
+        out = torch.empty(t.shape, dtype=t.dtype)
+        self.copy(out, t)
+        return out
+
+    def release(self, start: int, length: int) -> None:
+        """Drops the whole pages inside [start, start + length) (caller: a mapping of one of the files)."""
+        import ctypes
+
+        lo = -(-start // self._page) * self._page
+        hi = (start + length) // self._page * self._page
+        if hi > lo:
+            self._libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), ctypes.c_int(MADV_DONTNEED))
+
+    @torch.no_grad()
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """``dst.copy_(src)``, releasing ``src``'s pages as it goes when ``src`` lies in one of the files."""
+        if src.dim() == 0 or not self._mapped(src):
+            dst.copy_(src)
+            return
+        row_bytes = src[0].numel() * src.element_size()
+        rows = max(1, RELEASE_CHUNK_BYTES // max(row_bytes, 1))
+        for lo in range(0, src.shape[0], rows):
+            piece = src[lo : lo + rows]
+            dst[lo : lo + rows].copy_(piece)
+            self.release(piece.data_ptr(), piece.numel() * piece.element_size())
+
+    def load_state(self, module: nn.Module, state: dict[str, torch.Tensor]) -> None:
+        """``module.load_state_dict(state)`` (strict) through ``copy``."""
+        own = module.state_dict()
+        missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+        if missing or unexpected:
+            raise ValueError(f"state dict does not fit the model: missing {missing}, unexpected {unexpected}")
+        for name, target in own.items():
+            if target.shape != state[name].shape:
+                raise ValueError(f"{name}: the checkpoint's shape {tuple(state[name].shape)} is not the "
+                                 f"model's {tuple(target.shape)}")  # fmt: skip
+            self.copy(target, state[name])
+
+
 def rank_file_name(path: str | os.PathLike, step: int, rank: int, world_size: int) -> str:
     """Where rank ``rank`` writes its part of the checkpoint ``path`` at ``step`` (relative to its directory)."""
     return f"{Path(path).name}.shards/step{step}-rank{rank}-of-{world_size}.pt"
@@ -244,12 +339,13 @@ def assemble_shards(ckpt: Checkpoint, lazy: bool = False) -> Checkpoint:
     parts = [read_rank_file(ckpt, r) for r in range(len(ckpt.shard_files))]
     sharding = ckpt.sharding or {}
     prefixes = tuple(f"{_table_prefix(n)}." for n in sharding)
+    source = MappedSource(ckpt.shard_files) if lazy else None
 
     def whole(which: str) -> dict[str, Any]:
         state: dict[str, Any] = {k: v.clone() for k, v in parts[0][which].items() if not k.startswith(prefixes)}
         for prefix, (rows, dim, pieces) in _table_pieces(sharding, parts, which).items():
             if lazy:
-                state[f"{prefix}.weight"] = _view(pieces, rows, dim)
+                state[f"{prefix}.weight"] = _view(pieces, rows, dim, source)
                 continue
             flat = torch.zeros(rows, dim)
             for lo, hi, col_lo, col_hi, piece in pieces:
@@ -272,12 +368,18 @@ class ShardedTableView:
     ever being assembled: ``view[rows]`` gathers the given flat rows (N,) from the shards that hold
     them into an (N, dim) array. Serving's memory-mapped store reads a sharded checkpoint through it."""
 
-    def __init__(self, pieces: list[tuple[int, int, int, int, Any]], rows: int, dim: int):
+    def __init__(
+        self, pieces: list[tuple[int, int, int, int, Any]], rows: int, dim: int, source: MappedSource | None = None
+    ):
         self.shape = (rows, dim)
         self.dtype = pieces[0][4].dtype if pieces else np.dtype(np.float32)
+        self.source = source  # block reads release the rank files' pages they read (``MappedSource``)
+        self._releasable: set[int] = set()
         groups: dict[tuple[int, int], list[tuple[int, int, Any]]] = {}
         for lo, hi, col_lo, col_hi, array in pieces:  # flat rows [lo, hi), columns [col_lo, col_hi)
             groups.setdefault((col_lo, col_hi), []).append((lo, hi, array))
+            if source is not None and array.flags.c_contiguous and source.mapped(array.ctypes.data, array.nbytes):
+                self._releasable.add(id(array))
         self.groups = []
         for cols, members in sorted(groups.items()):
             members.sort(key=lambda m: m[0])
@@ -322,16 +424,24 @@ class ShardedTableView:
                 continue
             for p_lo, p_hi, array in members:
                 r_lo, r_hi = max(lo, p_lo), min(hi, p_hi)
-                if r_lo < r_hi:
-                    out[r_lo - lo : r_hi - lo, a - col_lo : b - col_lo] = array[
-                        r_lo - p_lo : r_hi - p_lo, a - c_lo : b - c_lo
+                releasable = id(array) in self._releasable
+                row_bytes = array.strides[0]
+                step = max(1, RELEASE_CHUNK_BYTES // max(row_bytes, 1)) if releasable else max(r_hi - r_lo, 1)
+                for start in range(r_lo, r_hi, step):  # in chunks, each chunk's pages dropped once copied
+                    end = min(start + step, r_hi)
+                    out[start - lo : end - lo, a - col_lo : b - col_lo] = array[
+                        start - p_lo : end - p_lo, a - c_lo : b - c_lo
                     ]
+                    if releasable:
+                        self.source.release(array.ctypes.data + (start - p_lo) * row_bytes, (end - start) * row_bytes)
 
 
-def _view(pieces: list[tuple[int, int, int, int, torch.Tensor]], rows: int, dim: int) -> ShardedTableView:
+def _view(
+    pieces: list[tuple[int, int, int, int, torch.Tensor]], rows: int, dim: int, source: MappedSource | None = None
+) -> ShardedTableView:
     """A flat table's pieces (from ``_table_pieces``) as a view; each piece stays in its (memory-mapped) file."""
     kept = [(lo, hi, cl, ch, t.detach().numpy()) for lo, hi, cl, ch, t in pieces if (hi - lo) * (ch - cl)]
-    return ShardedTableView(kept, rows, dim)
+    return ShardedTableView(kept, rows, dim, source)
 
 
 def sharded_table_views(ckpt: Checkpoint, which: str = "model") -> dict[str, ShardedTableView]:

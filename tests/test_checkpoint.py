@@ -139,3 +139,41 @@ def test_sharded_table_view_gathers_rows_from_row_and_column_pieces():
         block = view[r0:r1, c0:c1]
         assert isinstance(block, torch.Tensor)
         np.testing.assert_array_equal(block.numpy(), table[r0:r1, c0:c1])
+
+
+def _mapping_rss_kb(path) -> int:
+    """Resident KB of this process's mappings of ``path`` (from /proc/self/smaps)."""
+    import os
+
+    total, inside = 0, False
+    target = os.path.realpath(path)
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if head and "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
+                inside = len(head) == 6 and os.path.realpath(head[5]) == target
+            elif inside and line.startswith("Rss:"):
+                total += int(head[1])
+    return total
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/smaps"), reason="needs Linux's /proc")
+def test_mapped_source_copies_and_drops_the_pages_it_read(tmp_path):
+    """Loading from a memory-mapped checkpoint file through MappedSource leaves its pages out of the
+    resident memory (a plain copy keeps all of them); memory that is not the file's is never released."""
+    from ctrkit.checkpoint import MappedSource
+
+    torch.save({"w": torch.arange(8 * 2**20, dtype=torch.float32).reshape(-1, 64)}, tmp_path / "f.pt")  # 32 MiB
+    src = torch.load(tmp_path / "f.pt", mmap=True, weights_only=True)["w"]
+    plain = torch.empty_like(src)
+    plain.copy_(src)
+    assert _mapping_rss_kb(tmp_path / "f.pt") > 30_000  # every page read stays resident
+    src = torch.load(tmp_path / "f.pt", mmap=True, weights_only=True)["w"]  # a fresh mapping
+    dst = torch.empty_like(src)
+    MappedSource([tmp_path / "f.pt"]).copy(dst, src)
+    assert torch.equal(dst, plain) and _mapping_rss_kb(tmp_path / "f.pt") < 4_000
+    assert torch.equal(src, plain)  # the mapping reads the file again
+    anonymous = plain.clone()
+    out = torch.empty_like(anonymous)
+    MappedSource([tmp_path / "f.pt"]).copy(out, anonymous)  # not the file's memory: copied only
+    assert torch.equal(anonymous, plain) and torch.equal(out, plain)

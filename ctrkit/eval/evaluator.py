@@ -121,7 +121,7 @@ class Scoring:
         parallel: ParallelConfig | None = None,
     ) -> Scoring:
         """Reads the checkpoint, checks it fits the dataset's features, and builds its model on the device."""
-        from ctrkit.checkpoint import assemble_shards, read_rank_file
+        from ctrkit.checkpoint import MappedSource, assemble_shards, read_rank_file
         from ctrkit.device import resolve_device
         from ctrkit.distributed.env import init_distributed, launched_by_torchrun
         from ctrkit.distributed.hybrid import shard_for_job
@@ -144,7 +144,8 @@ class Scoring:
             model = create_model(ckpt.model_name, make_config(ckpt.model_name, ckpt.model_config))
         model = shard_for_job(model, env, par, device=dev)
         if ckpt.sharding == model.sharding_key():  # the layout it was written with: this rank's file only
-            model.model.load_state_dict(read_rank_file(ckpt, env.rank)["model"])
+            source = MappedSource([ckpt.shard_files[env.rank]])  # its pages dropped as they are copied
+            source.load_state(model.model, read_rank_file(ckpt, env.rank)["model"])
         else:  # another layout: each rank reads its shards' rows and columns from the (memory-mapped) rank files
             ckpt = assemble_shards(ckpt, lazy=True)
             model.load_full_state_dict(ckpt.model)

@@ -18,7 +18,15 @@ import yaml
 from torch import nn
 from tqdm.auto import tqdm
 
-from ctrkit.checkpoint import Checkpoint, rank_file_name, read_rank_file, rng_state, save_checkpoint, set_rng_state
+from ctrkit.checkpoint import (
+    Checkpoint,
+    MappedSource,
+    rank_file_name,
+    read_rank_file,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
 from ctrkit.config import TrainConfig
 from ctrkit.data.atomic import atomic_file
 from ctrkit.data.batch import Batch
@@ -342,12 +350,13 @@ class Trainer:
         part = read_rank_file(ckpt, self.env.rank)
         if part["optimizers"] is None:
             raise ValueError(NO_OPTIMIZER_STATE)
+        source = MappedSource([ckpt.shard_files[self.env.rank]])  # pages dropped as they are copied
         weights = part["resume_model"] if part["resume_model"] is not None else part["model"]
-        self._inner.load_state_dict(weights)
+        source.load_state(self._inner, weights)
         if ckpt.selection is not None:
             self.selection = Selection.from_state(ckpt.selection)
             if self.selection.best_step is not None:
-                self.best_state = {k: v.to(self.device).clone() for k, v in part["model"].items()}
+                self.best_state = {k: source.clone(v).to(self.device) for k, v in part["model"].items()}
         for opt, state in zip(self.optimizers, part["optimizers"]):
             opt.load_state_dict(state)
         self.step = int(ckpt.step)
