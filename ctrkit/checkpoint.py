@@ -118,7 +118,7 @@ class Checkpoint:
             model = create_model(self.model_name, config)
         if self.shard_files:  # the replicated weights from rank 0's file; the tables stay in the rank files
             state = read_rank_file(self, 0)["model"]
-            prefixes = tuple(f"{_table_prefix(n)}." for n in self.sharding or {})
+            prefixes = tuple(f"{table_prefix(n)}." for n in self.sharding or {})
             state = {k: v for k, v in state.items() if not k.startswith(prefixes)}
             missing = model.load_state_dict(state, assign=True, strict=False).missing_keys
             unexpected = [k for k in missing if not k.startswith(prefixes)]
@@ -323,7 +323,7 @@ def read_rank_file(ckpt: Checkpoint, rank: int) -> dict[str, Any]:
     return part
 
 
-def _table_prefix(plan_name: str) -> str:
+def table_prefix(plan_name: str) -> str:
     """The module path of a plan's tables: "embeddings" -> "embeddings.onehot", "x.bags" stays."""
     return plan_name if plan_name.endswith(".bags") else f"{plan_name}.onehot"
 
@@ -338,7 +338,7 @@ def assemble_shards(ckpt: Checkpoint, lazy: bool = False) -> Checkpoint:
     columns: nothing is assembled."""
     parts = [read_rank_file(ckpt, r) for r in range(len(ckpt.shard_files))]
     sharding = ckpt.sharding or {}
-    prefixes = tuple(f"{_table_prefix(n)}." for n in sharding)
+    prefixes = tuple(f"{table_prefix(n)}." for n in sharding)
     source = MappedSource(ckpt.shard_files) if lazy else None
 
     def whole(which: str) -> dict[str, Any]:
@@ -452,26 +452,33 @@ def sharded_table_views(ckpt: Checkpoint, which: str = "model") -> dict[str, Sha
     return {prefix: _view(found, rows, dim) for prefix, (rows, dim, found) in pieces.items()}
 
 
+def key_regions(key: list[list[int]]) -> tuple[int, int, list[tuple[int, int, int, int, int]]]:
+    """A table collection's sharding key (``ShardingPlan.key``) read back: its flat rows, its width, and
+    each shard in key order as (rank, flat row_lo, flat row_hi, col_lo, col_hi), rows counted in the flat
+    (sum of cardinalities, dim) table. A rank's shards, in this order, are its ``shards.0``, ``shards.1``..."""
+    shards = [tuple(int(v) for v in x) for x in key[1:]]  # (feature, rank, row_lo, row_hi, col_lo, col_hi)
+    cards: dict[int, int] = {}
+    for f, _, _, row_hi, _, _ in shards:
+        cards[f] = max(cards.get(f, 0), row_hi)
+    offsets = {f: sum(cards[g] for g in range(f)) for f in cards}
+    regions = [(r, offsets[f] + lo, offsets[f] + hi, col_lo, col_hi) for f, r, lo, hi, col_lo, col_hi in shards]
+    return sum(cards.values()), max(s[5] for s in shards), regions
+
+
 def _table_pieces(
     sharding: dict[str, list], parts: list[dict[str, Any]], which: str
 ) -> dict[str, tuple[int, int, list[tuple[int, int, int, int, torch.Tensor]]]]:
     """Per flat table (by module path): its rows, its width, and its shards as (flat row_lo, flat row_hi,
-    col_lo, col_hi, tensor) read from the rank files' ``which`` state (a rank's shards are numbered in
-    the order the sharding key lists them)."""
+    col_lo, col_hi, tensor) read from the rank files' ``which`` state."""
     out = {}
     for name, key in sharding.items():
-        shards = [tuple(int(v) for v in x) for x in key[1:]]  # (feature, rank, row_lo, row_hi, col_lo, col_hi)
-        cards: dict[int, int] = {}
-        for f, _, _, row_hi, _, _ in shards:
-            cards[f] = max(cards.get(f, 0), row_hi)
-        offsets = {f: sum(cards[g] for g in range(f)) for f in cards}
+        rows, dim, regions = key_regions(key)
         seen = [0] * len(parts)
         pieces = []
-        for f, r, row_lo, row_hi, col_lo, col_hi in shards:
-            tensor = parts[r][which][f"{_table_prefix(name)}.shards.{seen[r]}"]
+        for r, lo, hi, col_lo, col_hi in regions:
+            pieces.append((lo, hi, col_lo, col_hi, parts[r][which][f"{table_prefix(name)}.shards.{seen[r]}"]))
             seen[r] += 1
-            pieces.append((offsets[f] + row_lo, offsets[f] + row_hi, col_lo, col_hi, tensor))
-        out[_table_prefix(name)] = (sum(cards.values()), max(s[5] for s in shards), pieces)
+        out[table_prefix(name)] = (rows, dim, pieces)
     return out
 
 

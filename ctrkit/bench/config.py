@@ -35,8 +35,9 @@ class TrainBenchConfig:
     compile: bool = option(False, "torch.compile the model (compile time is in the warm-up)")
     breakdown: bool = option(
         False,
-        "also split the step time by part (after the timed repeats): forward, backward and each optimizer's "
-        "step timed apart over --steps steps, and the matrix multiplies' share from the profiler",
+        "also split the step time by part (after the timed repeats, over --steps more steps): the forward pass, "
+        "each optimizer's step, and the rest of the step (the loss and the backward pass), and the matrix "
+        "multiplies' time from the profiler",
     )
     seed: int = option(0, "seed")
     distinct_batches: int = option(16, "distinct random batches cycled through")

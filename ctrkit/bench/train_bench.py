@@ -61,49 +61,55 @@ def _optimizer_label(opt: torch.optim.Optimizer) -> str:
 
 
 def step_breakdown(step: TrainStep, batches: list[Batch], steps: int, sync) -> dict:
-    """Where a training step's time goes: ``steps`` steps run as ``TrainStep`` runs them (autocast
-    forward, loss, backward, each optimizer's step), each part timed apart (ms per step, medians), and
-    the self time of the matrix multiplies (ms per step) from a profiled pass over the same steps."""
-    from contextlib import nullcontext
-
-    import torch.nn.functional as F
+    """Where a training step's time goes: ``steps`` calls of ``step`` itself, with the model's forward and
+    each optimizer's ``step`` timed (a forward hook and a wrapper on the optimizer's instance, removed
+    afterwards); ``backward`` is the rest of the call (the loss, zeroing gradients, backward). ms per step,
+    medians; then the matrix multiplies' self time (ms per step) from a profiled pass over the same steps."""
     from torch.profiler import ProfilerActivity, profile
 
-    model, opts = step.model, step.optimizers
-    labels = [_optimizer_label(o) for o in opts]
-    parts: dict[str, list[float]] = {"forward": [], "backward": [], **{k: [] for k in labels}}
+    labels = [_optimizer_label(o) for o in step.optimizers]
+    times: dict[str, list[float]] = {"forward": [], "backward": [], **{k: [] for k in labels}}
+    started: list[float] = []
 
-    def run(i: int, times: dict[str, list[float]] | None) -> None:
-        batch = batches[i % len(batches)]
-        cast = torch.autocast(step.device.type, dtype=step.amp_dtype) if step.amp_dtype else nullcontext()
-        t0 = time.perf_counter()
-        with cast:
-            logits = model(batch.numerical, batch.categorical, batch.multi_hot)
-        loss = F.binary_cross_entropy_with_logits(logits.float(), batch.labels)
+    def forward_started(*_):
+        started.append(time.perf_counter())
+
+    def forward_done(*_):
         sync()
-        t1 = time.perf_counter()
-        for opt in opts:
-            opt.zero_grad(set_to_none=True)
-        loss.backward()
-        sync()
-        t2 = time.perf_counter()
-        if times is not None:
-            times["forward"].append(t1 - t0)
-            times["backward"].append(t2 - t1)
-        for opt, label in zip(opts, labels):
-            t3 = time.perf_counter()
-            opt.step()
+        times["forward"].append(time.perf_counter() - started.pop())
+
+    def timed(opt: torch.optim.Optimizer, label: str):
+        original = opt.step
+
+        def run(*args, **kwargs):
+            t0 = time.perf_counter()
+            out = original(*args, **kwargs)
             sync()
-            if times is not None:
-                times[label].append(time.perf_counter() - t3)
+            times[label].append(time.perf_counter() - t0)
+            return out
 
-    for i in range(steps):
-        run(i, parts)
+        return run
+
+    hooks = [step.model.register_forward_pre_hook(forward_started), step.model.register_forward_hook(forward_done)]
+    for opt, label in zip(step.optimizers, labels):
+        opt.step = timed(opt, label)
+    try:
+        for i in range(steps):
+            t0 = time.perf_counter()
+            step(batches[i % len(batches)])
+            sync()
+            parts = [times[k][-1] for k in ("forward", *labels)]
+            times["backward"].append(time.perf_counter() - t0 - sum(parts))
+    finally:
+        for h in hooks:
+            h.remove()
+        for opt in step.optimizers:
+            del opt.step  # the class's step again
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for i in range(steps):
-            run(i, None)
+            step(batches[i % len(batches)])
     matmul_us = sum(e.self_cpu_time_total for e in prof.key_averages() if e.key in MATMUL_OPS)
-    out = {k: statistics.median(v) * 1000 for k, v in parts.items()}
+    out = {k: statistics.median(v) * 1000 for k, v in times.items()}
     return {"ms": out, "total_ms": sum(out.values()), "matmul_ms": matmul_us / 1000 / steps}
 
 

@@ -36,7 +36,7 @@ def sharded_collections(model: nn.Module) -> dict[str, CategoricalEmbeddings]:
     return found
 
 
-def _tables(model: nn.Module) -> dict[str, nn.Module]:
+def table_collections(model: nn.Module) -> dict[str, nn.Module]:
     """Every table collection to shard, by plan key: "<part>" for one-hot, "<part>.bags" for multi-hot."""
     out: dict[str, nn.Module] = {}
     for name, m in sharded_collections(model).items():
@@ -58,7 +58,7 @@ def plan_model(
     columns over ``world_size`` ranks, such as Wide & Deep's width-1 wide tables, go table-wise; only
     one-hot collections replicate small tables, multi-hot ones shard every table)."""
     plans = {}
-    for name, tables in _tables(model).items():
+    for name, tables in table_collections(model).items():
         s = "table" if strategy == "column" and tables.dim < world_size else strategy
         replicate = None if name.endswith(".bags") else replicate_below_bytes
         plans[name] = plan_sharding(
@@ -90,8 +90,8 @@ def take_shards(model: nn.Module, plans: dict[str, ShardingPlan], rank: int) -> 
     """Replaces ``model``'s embedding collections (in place) by rank ``rank``'s shards of them; returns
     the state-dict prefixes of the sharded tables."""
     collections = sharded_collections(model)
-    if set(plans) != set(_tables(model)):
-        raise ValueError(f"plans for {sorted(plans)} but the model's tables are {sorted(_tables(model))}")
+    if set(plans) != set(table_collections(model)):
+        raise ValueError(f"plans for {sorted(plans)} but the model's tables are {sorted(table_collections(model))}")
     for name, m in collections.items():
         m.onehot = ShardedEmbeddingCollection(m.onehot, plans[name], rank)
         if m.bags is not None:

@@ -9,34 +9,27 @@ from typing import Any
 
 import torch
 
-from ctrkit.distributed.hybrid import HybridModel, sharded_collections
+from ctrkit.checkpoint import key_regions, table_prefix
+from ctrkit.distributed.hybrid import HybridModel, table_collections
 
 # (table prefix, flat row_lo, flat row_hi, col_lo, col_hi): where a table parameter (a whole flat table of a
 # collection, or one shard of it) lies in the collection's flat (sum of cardinalities, dim) table
 Region = tuple[str, int, int, int, int]
 
 
-def _collections(model: torch.nn.Module) -> Iterator[tuple[str, bool, torch.nn.Module]]:
-    """Each table collection of ``model`` (whole or sharded) in parameter order: (state-dict prefix,
-    whether it is the first-order part's, the module)."""
-    inner = getattr(model, "model", model)
-    for name, m in sharded_collections(inner).items():
-        wide = name.split(".")[-1] == "wide_embeddings"
-        yield f"{name}.onehot", wide, m.onehot
-        if m.bags is not None:
-            yield f"{name}.bags", wide, m.bags
-
-
-def _offsets(cardinalities) -> list[int]:
-    return [sum(cardinalities[:f]) for f in range(len(cardinalities))]
+def _collections(model: torch.nn.Module) -> Iterator[tuple[str, str, bool, torch.nn.Module]]:
+    """Each table collection of ``model`` (whole or sharded) in parameter order: (plan name, state-dict
+    prefix, whether it is the first-order part's, the module)."""
+    for name, coll in table_collections(getattr(model, "model", model)).items():
+        yield name, table_prefix(name), name.split(".")[0] == "wide_embeddings", coll
 
 
 def _target_regions(model: torch.nn.Module) -> dict[int, Region]:
     """id(parameter) -> its region, for every table parameter of ``model``."""
     out: dict[int, Region] = {}
-    for prefix, _, coll in _collections(model):
-        offsets = _offsets(coll.cardinalities)
+    for _, prefix, _, coll in _collections(model):
         if hasattr(coll, "shards"):
+            offsets = [sum(coll.cardinalities[:f]) for f in range(len(coll.cardinalities))]
             for s, w in zip(coll.local, coll.shards):
                 out[id(w)] = (prefix, offsets[s.feature] + s.row_lo, offsets[s.feature] + s.row_hi, s.col_lo, s.col_hi)
         else:
@@ -47,19 +40,15 @@ def _target_regions(model: torch.nn.Module) -> dict[int, Region]:
 def _source_regions(model: torch.nn.Module, wide: bool, sharding: dict | None, rank: int | None) -> list[Region]:
     """The regions of a saved table optimizer's parameters, in its order: the tables of the collections
     of its part (first-order or not), whole (``sharding`` None: a single-process run) or as rank ``rank``
-    of the run that wrote ``sharding`` held them (its shards in the order the sharding key lists them)."""
-    keys = {(n if n.endswith(".bags") else f"{n}.onehot"): key for n, key in (sharding or {}).items()}
+    of the run that wrote ``sharding`` held them."""
     out: list[Region] = []
-    for prefix, is_wide, coll in _collections(model):
+    for name, prefix, is_wide, coll in _collections(model):
         if is_wide != wide:
             continue
-        offsets = _offsets(coll.cardinalities)
         if sharding is None:
             out.append((prefix, 0, sum(coll.cardinalities), 0, coll.dim))
             continue
-        for f, r, lo, hi, col_lo, col_hi in (tuple(int(v) for v in s) for s in keys[prefix][1:]):
-            if r == rank:
-                out.append((prefix, offsets[f] + lo, offsets[f] + hi, col_lo, col_hi))
+        out += [(prefix, *region) for r, *region in key_regions(sharding[name])[2] if r == rank]
     return out
 
 

@@ -88,8 +88,14 @@ class Selection:
             return True
         return False
 
+    @property
+    def guarding_baseline(self) -> bool:
+        """Whether the selected model is the baseline and ``baseline_z`` guards it (a later evaluation then
+        needs its ``baseline_z`` metric)."""
+        return bool(self.baseline_z) and self.baseline_step is not None and self.best_step == self.baseline_step
+
     def _beats_baseline(self, metrics: dict[str, Any]) -> bool:
-        if not self.baseline_z or self.baseline_step is None or self.best_step != self.baseline_step:
+        if not self.guarding_baseline:
             return True
         z = metrics.get("baseline_z")
         return z is None or math.isnan(z) or z >= self.baseline_z

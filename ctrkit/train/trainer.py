@@ -468,12 +468,7 @@ class Trainer:
             return None
         sel = self.selection
         metrics, logits = self._score_validation()
-        if (
-            sel.baseline_z
-            and sel.baseline_step is not None
-            and sel.best_step == sel.baseline_step
-            and logits is not None
-        ):
+        if sel.guarding_baseline and logits is not None:
             diff, se = auc_difference(self.validation_set.labels(), logits, self._baseline_validation_logits())
             metrics["baseline_z"] = diff / se if se > 0 else math.copysign(math.inf, diff) if diff else 0.0
         if sel.update(self.step, metrics, baseline=baseline):
