@@ -100,6 +100,11 @@ class TrainConfig:
         "when its validation AUC is higher by at least this many standard errors of the paired difference "
         "(DeLong); 0: any gain",
     )
+    warm_start_logloss: bool = option(
+        True,
+        "after the linear warm start, a trained model replaces the fitted regression as the selected model only "
+        "when its validation log loss is also lower than the regression's (its AUC higher by min_delta)",
+    )
     reinit_embeddings: str = option(
         "auto",
         "redraw the deep embedding tables (a new draw each epoch, their optimizer state cleared; every other weight "

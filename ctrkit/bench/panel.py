@@ -41,8 +41,8 @@ class PanelEntry:
     bayes_auc: float | None = None
 
 
-def _ids(train: pl.Series, other: pl.Series, threshold: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """Recipe ids of a categorical column in train and another split, and the cardinality."""
+def _ids(train: pl.Series, others: Sequence[pl.Series], threshold: int) -> tuple[list[np.ndarray], int]:
+    """Recipe ids of a categorical column in train and each other split (train's first), and the cardinality."""
     counts = train.drop_nulls().cast(pl.Utf8).value_counts(name="n").sort(["n", train.name], descending=[True, False])
     kept = counts.filter(pl.col("n") >= threshold)[train.name].to_list()
     index = {v: i + 2 for i, v in enumerate(kept)}
@@ -52,7 +52,7 @@ def _ids(train: pl.Series, other: pl.Series, threshold: int) -> tuple[np.ndarray
         values = col.cast(pl.Utf8).to_list()
         return np.array([0 if v is None else index.get(v, 1 if v in seen else 0) for v in values], np.int64)
 
-    return encode(train), encode(other), len(kept) + 2
+    return [encode(train), *(encode(o) for o in others)], len(kept) + 2
 
 
 def write_tabular(
@@ -66,8 +66,9 @@ def write_tabular(
     threshold: int = 2,
     metadata: dict | None = None,
     overwrite: bool = True,
+    validation: pl.DataFrame | None = None,
 ) -> FeatureSpec:
-    """A split-binary dataset (train, test) from two frames.
+    """A split-binary dataset (train, test and, when given, validation) from frames.
 
     Args:
         out: dataset directory to create.
@@ -79,23 +80,26 @@ def write_tabular(
         threshold: values seen fewer times in train share the rare id.
         metadata: the spec's metadata.
         overwrite: replace an existing dataset.
+        validation: the validation split (its ids encoded as test's), for a split the trainer's held-out
+            tail of train would not mirror.
     """
     multi_hot = multi_hot or {}
-    encoded = {c: _ids(train[c], test[c], threshold) for c in categorical}
-    features = {c: Feature(smallest_int_dtype(card), card) for c, (_, _, card) in encoded.items()}
+    frames = {"train": train, "test": test, **({"validation": validation} if validation is not None else {})}
+    encoded = {c: _ids(train[c], [f[c] for f in list(frames.values())[1:]], threshold) for c in categorical}
+    features = {c: Feature(smallest_int_dtype(card), card) for c, (_, card) in encoded.items()}
     for c, card in multi_hot.items():
         features[c] = Feature(smallest_int_dtype(card), card, {"multi_hot": True, "combiner": "mean"})
     with atomic_directory(out, overwrite) as tmp:
-        base = split_binary_spec(features, list(numerical), "label", ("train", "test"), metadata)
+        base = split_binary_spec(features, list(numerical), "label", tuple(frames), metadata)
         spec = FeatureSpec(base.feature_spec, base.source_spec, base.channel_spec, base.metadata, tmp)
-        for mapping, frame, side in (("train", train, 0), ("test", test, 1)):
+        for side, (mapping, frame) in enumerate(frames.items()):
             nums = frame.select(numerical).to_numpy().astype(np.float32) if numerical else None
             bags = []
             for c in multi_hot:
                 lists = frame[c].to_list()
                 bags.append((np.array([i for ids in lists for i in ids], np.int64), np.array([len(x) for x in lists])))
             with SplitBinaryWriter(spec, mapping) as writer:
-                cats = [encoded[c][side] for c in categorical]
+                cats = [encoded[c][0][side] for c in categorical]
                 writer.append(nums, cats, frame[label].to_numpy().astype(np.uint8), bags or None)
         spec.to_yaml(tmp / "feature_spec.yaml")
     return FeatureSpec.from_yaml(Path(out) / "feature_spec.yaml")
@@ -155,13 +159,18 @@ def build_movielens(shared: Path, out: Path) -> PanelEntry:
     data = data.sort(["user", "time", "item"]).with_columns(
         pl.int_range(pl.len()).over("user").alias("k"), pl.len().over("user").alias("n_user")
     )
+    # the same per-user time split for validation as for test: the trainer's default (the last rows of
+    # train in time) would hold out mostly the users who joined last, whose ids train has barely seen
     is_test = pl.col("k") >= (pl.col("n_user") * 0.8).ceil().cast(pl.Int64)
-    train = data.filter(~is_test).sort(["time", "user", "item"])
-    test = data.filter(is_test).sort(["time", "user", "item"])
+    is_validation = ~is_test & (pl.col("k") >= (pl.col("n_user") * 0.7).ceil().cast(pl.Int64))
+    order = ["time", "user", "item"]
+    train = data.filter(~is_test & ~is_validation).sort(order)
+    validation, test = data.filter(is_validation).sort(order), data.filter(is_test).sort(order)
     cats = ["user", "item", "gender", "occupation", "age_band", "zip1"]
     write_tabular(out, train, test, "click", cats, ["log_age", "year_z"], {"genres": len(genre_cols)},
-                  metadata={"source": "movielens 100k"})  # fmt: skip
-    return PanelEntry("movielens", out, "MovieLens 100k: rating >= 4; each user's last 20% of ratings as test")
+                  metadata={"source": "movielens 100k"}, validation=validation)  # fmt: skip
+    return PanelEntry("movielens", out, "MovieLens 100k: rating >= 4; each user's last 20% of ratings as test, "
+                      "the 10% before as validation")  # fmt: skip
 
 
 def build_planted(out: Path, rows: int, seed: int) -> PanelEntry:

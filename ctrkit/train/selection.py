@@ -7,7 +7,11 @@ overfitting), so the model a run keeps is the best one seen on validation, never
 When training starts from a fitted baseline (the linear warm start), a trained model replaces it only when
 its validation AUC is higher by more than ``baseline_z`` standard errors of the paired difference (the
 one-standard-error rule of model selection): on small validation sets a gain of a few ten-thousandths is
-noise, and keeping a model for it was measured to lose to the baseline on the test set.
+noise, and keeping a model for it was measured to lose to the baseline on the test set. With
+``baseline_logloss`` (the default) it must also have a lower validation log loss than the baseline: a
+model that ranks a little better but predicts worse probabilities than the calibrated regression it
+started from has not shown that it learned something the regression lacks (measured on the accuracy
+panel: README, "Accuracy").
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ class Selection:
         baseline_z: while the selected model is the baseline (the evaluation taken with ``baseline=True``),
             a later one replaces it only when its ``baseline_z`` metric (AUC gain over the baseline in
             standard errors) is at least this; 0 for any gain.
+        baseline_logloss: while the selected model is the baseline, a later one replaces it only when its
+            validation log loss is also lower than the baseline's.
 
     Attributes:
         best_step, best_metrics, best_score: the selected evaluation so far (None/-inf before the first).
@@ -55,6 +61,7 @@ class Selection:
     plateau_factor: float = 0.5
     min_delta: float = 0.0
     baseline_z: float = 0.0
+    baseline_logloss: bool = False
     best_step: int | None = None
     best_metrics: dict[str, Any] | None = None
     best_score: float = -math.inf
@@ -92,9 +99,17 @@ class Selection:
     def guarding_baseline(self) -> bool:
         """Whether the selected model is the baseline and ``baseline_z`` guards it (a later evaluation then
         needs its ``baseline_z`` metric)."""
-        return bool(self.baseline_z) and self.baseline_step is not None and self.best_step == self.baseline_step
+        return bool(self.baseline_z) and self._selected_baseline
+
+    @property
+    def _selected_baseline(self) -> bool:
+        return self.baseline_step is not None and self.best_step == self.baseline_step
 
     def _beats_baseline(self, metrics: dict[str, Any]) -> bool:
+        if not self._selected_baseline:
+            return True
+        if self.baseline_logloss and not metrics.get("logloss", -math.inf) < self.best_metrics.get("logloss", math.inf):
+            return False
         if not self.guarding_baseline:
             return True
         z = metrics.get("baseline_z")

@@ -246,7 +246,12 @@ class Trainer:
             train_set, validation_set = split_tail(train_set, cfg.validation_fraction)
         self.validation_set = validation_set
         self.selection = Selection(
-            cfg.early_stopping_patience, cfg.plateau_patience, cfg.plateau_factor, cfg.min_delta, cfg.warm_start_z
+            cfg.early_stopping_patience,
+            cfg.plateau_patience,
+            cfg.plateau_factor,
+            cfg.min_delta,
+            cfg.warm_start_z,
+            cfg.warm_start_logloss,
         )
         self.best_state: dict[str, torch.Tensor] | None = None  # the best weights this process holds
         self._baseline_logits = None  # the warm start's validation logits while it is the selected model

@@ -58,9 +58,13 @@ def test_real_panel_builders(tmp_path):
     avazu = build_avazu(SHARED_DATA, tmp_path / "avazu")
     assert [len(SplitBinaryDataset(avazu.path, m)) for m in ("train", "test")] == [7999, 2000]
     ml = build_movielens(SHARED_DATA, tmp_path / "ml")
-    train, test = (SplitBinaryDataset(ml.path, m) for m in ("train", "test"))
-    assert len(train) + len(test) == 100_000 and train.spec.multi_hot_cardinalities == [19]
+    train, validation, test = (SplitBinaryDataset(ml.path, m) for m in ("train", "validation", "test"))
+    assert len(train) + len(validation) + len(test) == 100_000 and train.spec.multi_hot_cardinalities == [19]
+    assert 0.09 < len(validation) / 100_000 < 0.11 and 0.19 < len(test) / 100_000 < 0.21
     assert 0.5 < train.labels().mean() < 0.6  # ratings of 4 and 5 are 55% of ml-100k
+    # the per-user split: validation's users are (nearly all) train's users, unlike the tail of train in time
+    users = [set(d.slice(0, len(d)).categorical[:, 0].tolist()) for d in (train, validation)]
+    assert len(users[1] - users[0]) / len(users[1]) < 0.05
 
 
 def test_bench_accuracy_epoch_maxima_columns_and_check(tiny_dataset, tmp_path, capsys):

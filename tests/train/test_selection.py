@@ -137,6 +137,38 @@ def test_a_gain_over_the_baseline_counts_for_patience_but_selects_only_when_sign
     assert Selection.from_state(old).peak_score == sel.best_score  # a state written before the rule
 
 
+def test_a_model_replaces_the_baseline_only_with_a_lower_log_loss_too():
+    sel = Selection(patience=3, baseline_logloss=True)
+    assert sel.update(0, {"auc": 0.70, "logloss": 0.50}, baseline=True)
+    assert not sel.update(5, {"auc": 0.71, "logloss": 0.51})  # ranks better, predicts worse: not selected
+    assert (sel.best_step, sel.peak_score, sel.since_best) == (0, 0.71, 0)  # but the gain counts for patience
+    assert not sel.update(10, {"auc": 0.70, "logloss": 0.49})  # better probabilities, no AUC gain
+    assert sel.best_step == 0
+    assert sel.update(15, {"auc": 0.702, "logloss": 0.499}) and sel.best_step == 15  # better on both (below the peak)
+    assert sel.update(20, {"auc": 0.703, "logloss": 0.6})  # past the baseline, AUC alone decides
+    assert Selection.from_state(sel.state()) == sel
+    assert not Selection.from_state({k: v for k, v in sel.state().items() if k != "baseline_logloss"}).baseline_logloss
+    plain = Selection()
+    plain.update(0, {"auc": 0.70, "logloss": 0.50}, baseline=True)
+    assert plain.update(5, {"auc": 0.71, "logloss": 0.51})  # without the rule, AUC alone
+
+
+def test_trainer_keeps_the_regression_when_a_gain_comes_with_a_worse_log_loss(tiny_dataset, tmp_path):
+    base = dict(batch_size=512, epochs=2, evals_per_epoch=3, early_stopping_patience=0, plateau_patience=0, seed=2)
+    runs = {}
+    for rule in (False, True):
+        trainer = build_with_linear_term(tiny_dataset, TrainConfig(**base, warm_start_logloss=rule),
+                                         log=tmp_path / f"{rule}.jsonl")  # fmt: skip
+        trainer._score_validation = lambda real=trainer._score_validation, t=trainer: (  # noqa: E731
+            lambda m, lg: ({**m, "logloss": 0.9 if t.step else m["logloss"]}, lg)  # every trained model: worse
+        )(*real())
+        runs[rule] = (trainer.fit(), eval_records(tmp_path / f"{rule}.jsonl"))
+    assert runs[False][0]["best_step"] > 0  # on this data training beats the regression by AUC
+    result, records = runs[True]
+    assert result["best_step"] == 0 and all(r["best_step"] == 0 for r in records)
+    assert result["step"] == runs[False][0]["step"]  # the same training, another selection
+
+
 def build_with_linear_term(dataset, cfg, save=None, log=None):
     from ctrkit.data.feature_spec import FeatureSpec
     from ctrkit.models import DLRMConfig, create_model
