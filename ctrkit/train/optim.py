@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -155,11 +154,11 @@ class SparseRowOptimizer(torch.optim.Optimizer):
                 g = p.grad
                 if g is None:
                     continue
-                if g.is_sparse:  # the gradient is consumed: its values may be overwritten below
+                if g.is_sparse:
                     rows, values = _summed_rows(g)  # (U,), (U, D)
                     values = values.to(p.dtype)
                 else:
-                    rows, values = torch.arange(p.shape[0], device=p.device), g.clone()
+                    rows, values = torch.arange(p.shape[0], device=p.device), g
                 state = self._state(p)
                 state["step"] += 1
                 if self.kind == "ftrl":  # sets the rows' weights rather than adding an update
@@ -172,26 +171,23 @@ class SparseRowOptimizer(torch.optim.Optimizer):
                     state["linear"].index_copy_(0, rows, z)
                     p.index_copy_(0, rows, (-z * lr / root_new).to(p.dtype))
                     continue
-                # each update works in place on the rows it gathered, with the scalar factors folded into
-                # one multiplier: fewer passes over the (U, D) rows, which bound a table step's time
                 if self.kind == "adagrad":
                     acc = state["sum"].index_select(0, rows).addcmul_(values, values)  # (U, D)
                     state["sum"].index_copy_(0, rows, acc)
-                    update, scale = values.div_(acc.sqrt_().add_(eps)), -lr
+                    update = values / acc.sqrt_().add_(eps)
                 elif self.kind == "rowwise_adagrad":
                     acc = state["sum"].index_select(0, rows) + values.pow(2).mean(1)  # (U,)
                     state["sum"].index_copy_(0, rows, acc)
-                    update, scale = values.div_(acc.sqrt_().add_(eps).unsqueeze(1)), -lr
-                else:  # m / (1 - b1^t) / (sqrt(v / (1 - b2^t)) + eps) = m / (sqrt(v) + eps c2) * c2 / c1
+                    update = values / acc.sqrt_().add_(eps).unsqueeze(1)
+                else:
                     beta1, beta2 = group["betas"]
-                    m = state["exp_avg"].index_select(0, rows).lerp_(values, 1 - beta1)
+                    m = state["exp_avg"].index_select(0, rows).mul_(beta1).add_(values, alpha=1 - beta1)
                     v = state["exp_avg_sq"].index_select(0, rows).mul_(beta2).addcmul_(values, values, value=1 - beta2)
                     state["exp_avg"].index_copy_(0, rows, m)
                     state["exp_avg_sq"].index_copy_(0, rows, v)
                     t = state["step"]
-                    root_c2 = math.sqrt(1 - beta2**t)
-                    update, scale = m.div_(v.sqrt_().add_(eps * root_c2)), -lr * root_c2 / (1 - beta1**t)
-                p.index_add_(0, rows, update, alpha=scale)
+                    update = (m / (1 - beta1**t)) / (v / (1 - beta2**t)).sqrt_().add_(eps)
+                p.index_add_(0, rows, update, alpha=-lr)
         return None
 
 
