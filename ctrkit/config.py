@@ -374,6 +374,13 @@ class RunOptions:
     dataset: Path | None = option(None, "dataset directory holding feature_spec.yaml", suppress=True)
     model_config: Path | None = option(None, "YAML file of model config fields (e.g. embedding_dim, bottom_mlp)")
     embedding_dim: int | None = option(None, "embedding width D", unset="the model's: DLRM 64, the others 16")
+    embedding_sizes: str | None = option(
+        None,
+        "a width per categorical feature, for dcnv2 and wide_deep (DLRM's dot needs one width): a JSON file "
+        "mapping feature names to widths (the Wide & Deep seed's embedding_sizes.json; features it leaves out "
+        "keep --embedding-dim), or 'auto': round(6 x cardinality^0.25), between 4 and 64",
+        unset="--embedding-dim for every feature",
+    )
     bottom_mlp: tuple[int, ...] | None = option(
         None,
         "bottom MLP widths, last = embedding dim",

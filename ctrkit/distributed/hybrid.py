@@ -30,6 +30,13 @@ from ctrkit.models.embeddings import CategoricalEmbeddings
 
 def sharded_collections(model: nn.Module) -> dict[str, CategoricalEmbeddings]:
     """The model's CategoricalEmbeddings by attribute path ("embeddings", "wide_embeddings", ...)."""
+    from ctrkit.models.inputs import MixedWidthEmbeddings
+
+    if any(isinstance(m, MixedWidthEmbeddings) for m in model.modules()):
+        raise ValueError(
+            "per-feature embedding widths (embedding_dims, --embedding-sizes) train in one process: hybrid-parallel "
+            "sharding plans tables of one width per collection; drop them or train without torchrun"
+        )
     found = {name: m for name, m in model.named_modules() if isinstance(m, CategoricalEmbeddings)}
     if not found:
         raise ValueError(f"{type(model).__name__} has no categorical embeddings to shard")

@@ -7,7 +7,14 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ctrkit.models.inputs import TRAIN_DEFAULTS, BottomTopConfig, LinearTerm, WideParameters, input_layers
+from ctrkit.models.inputs import (
+    TRAIN_DEFAULTS,
+    BottomTopConfig,
+    LinearTerm,
+    WideParameters,
+    embedding_width,
+    input_layers,
+)
 from ctrkit.models.interaction import CrossNetwork
 from ctrkit.models.mlp import MLP
 from ctrkit.models.registry import register_model
@@ -54,9 +61,10 @@ class DCNv2(WideParameters, nn.Module):
     def __init__(self, config: DCNv2Config):
         super().__init__()
         self.config = config
-        self.bottom_mlp, self.embeddings, num_vectors = input_layers(config)
+        self.bottom_mlp, self.embeddings, _ = input_layers(config)
         self.wide_embeddings, self.wide_dense = LinearTerm.build(config) if config.linear else (None, None)
-        width = config.embedding_dim * num_vectors
+        bottom_width = config.embedding_dim if self.bottom_mlp is not None else 0
+        width = bottom_width + embedding_width(self.embeddings, config.embedding_dim)  # D * num_vectors at one width
         self.cross = CrossNetwork(width, config.cross_layers, config.cross_projection_dim)
         if config.structure == "stacked":
             self.deep = None
@@ -72,7 +80,7 @@ class DCNv2(WideParameters, nn.Module):
         return self.top_mlp[-1]
 
     def forward(self, numerical: torch.Tensor | None, categorical: torch.Tensor, multi_hot=None) -> torch.Tensor:
-        emb = self.embeddings(categorical, multi_hot).flatten(1)  # (B, F*D)
+        emb = self.embeddings(categorical, multi_hot).flatten(1)  # (B, F*D; the sum of the widths)
         if self.bottom_mlp is None:
             x0 = emb  # (B, d)
         else:

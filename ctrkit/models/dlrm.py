@@ -29,6 +29,15 @@ class DLRMConfig(BottomTopConfig):
     bottom_mlp: tuple[int, ...] = (512, 256, 64)
     self_interaction: bool = False
 
+    def validate(self) -> None:
+        if self.embedding_dims and self.mixed_widths:
+            raise ValueError(
+                f"DLRM's dot interaction needs one embedding width for every feature (embedding_dim "
+                f"{self.embedding_dim}), got per-feature widths {sorted(set(self.feature_dims))}: give one width, "
+                "or train dcnv2 or wide_deep, which concatenate the embeddings"
+            )
+        super().validate()
+
 
 @register_model("dlrm", DLRMConfig, TRAIN_DEFAULTS)
 class DLRM(WideParameters, nn.Module):

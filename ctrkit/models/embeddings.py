@@ -256,7 +256,8 @@ class CategoricalEmbeddings(nn.Module):
         multi_hot_combiners: Sequence[str] = (),
     ):
         super().__init__()
-        self.onehot = EmbeddingCollection(cardinalities, dim, sparse)
+        # no one-hot features: only in MixedWidthEmbeddings's groups (a model has at least one)
+        self.onehot = EmbeddingCollection(cardinalities, dim, sparse) if len(cardinalities) else None
         self.bags = (
             EmbeddingBagCollection(multi_hot_cardinalities, dim, multi_hot_combiners, sparse)
             if (multi_hot_cardinalities)
@@ -276,9 +277,10 @@ class CategoricalEmbeddings(nn.Module):
         )
 
     def forward(self, categorical: torch.Tensor, multi_hot=None) -> torch.Tensor:
-        emb = self.onehot(categorical)  # (B, F1, D)
+        emb = self.onehot(categorical) if self.onehot is not None else None  # (B, F1, D)
         if self.bags is None:
             return emb
         if multi_hot is None:
             raise ValueError(f"the model has {len(self.bags.cardinalities)} multi-hot features but the batch has none")
-        return torch.cat([emb, self.bags(multi_hot)], dim=1)  # (B, F1 + Fm, D)
+        pooled = self.bags(multi_hot)  # (B, Fm, D)
+        return pooled if emb is None else torch.cat([emb, pooled], dim=1)  # (B, F1 + Fm, D)

@@ -63,6 +63,9 @@ class InputsConfig:
         sparse_gradients: embeddings produce sparse gradients (keep True for speed).
         multi_hot_cardinalities: rows of each multi-hot feature's table (several ids per sample).
         multi_hot_combiners: "sum" or "mean" pooling per multi-hot feature.
+        embedding_dims: a width per categorical feature (the one-hot features, then the multi-hot ones),
+            for models that concatenate the embeddings (Wide & Deep, DCNv2); empty: ``embedding_dim``
+            for every feature.
     """
 
     num_numerical: int
@@ -71,10 +74,28 @@ class InputsConfig:
     sparse_gradients: bool = True
     multi_hot_cardinalities: tuple[int, ...] = ()
     multi_hot_combiners: tuple[str, ...] = ()
+    embedding_dims: tuple[int, ...] = ()
 
     def validate(self) -> None:
         check_inputs(self.num_numerical, self.cardinalities, self.embedding_dim)
         check_multi_hot(self.multi_hot_cardinalities, self.multi_hot_combiners)
+        features = len(self.cardinalities) + len(self.multi_hot_cardinalities)
+        if self.embedding_dims and (len(self.embedding_dims) != features or min(self.embedding_dims) < 1):
+            raise ValueError(
+                f"embedding_dims needs one positive width per categorical feature ({features}), "
+                f"got {list(self.embedding_dims)}"
+            )
+
+    @property
+    def feature_dims(self) -> tuple[int, ...]:
+        """The embedding width of each categorical feature (one-hot, then multi-hot)."""
+        features = len(self.cardinalities) + len(self.multi_hot_cardinalities)
+        return tuple(self.embedding_dims) or (self.embedding_dim,) * features
+
+    @property
+    def mixed_widths(self) -> bool:
+        """Whether the features' embedding widths differ from ``embedding_dim`` (per-feature tables)."""
+        return any(d != self.embedding_dim for d in self.feature_dims)
 
 
 @dataclass(frozen=True)
@@ -104,12 +125,92 @@ class BottomTopConfig(InputsConfig):
             raise ValueError(f"top_mlp must end in 1 (the logit), got {list(self.top_mlp)}")
 
 
-def input_layers(config: BottomTopConfig) -> tuple[MLP | None, CategoricalEmbeddings, int]:
+def input_layers(config: BottomTopConfig) -> tuple[MLP | None, nn.Module, int]:
     """The bottom MLP (None without numerical features), the embeddings, and how many D-wide vectors
-    they give each sample (categorical features, plus one for the bottom MLP's output)."""
+    they give each sample (categorical features, plus one for the bottom MLP's output; with per-feature
+    widths, ``embedding_dims``, the embeddings are ``MixedWidthEmbeddings`` and the count is of
+    features)."""
     bottom = MLP(config.num_numerical, config.bottom_mlp) if config.num_numerical else None
-    embeddings = CategoricalEmbeddings.from_config(config, config.embedding_dim)
+    embeddings = deep_embeddings(config)
     return bottom, embeddings, embeddings.num_features + (bottom is not None)
+
+
+def deep_embeddings(config: InputsConfig) -> nn.Module:
+    """The model's embeddings: one width for all features (``CategoricalEmbeddings``) or, when
+    ``embedding_dims`` gives features other widths, ``MixedWidthEmbeddings``."""
+    if config.mixed_widths:
+        return MixedWidthEmbeddings(config)
+    return CategoricalEmbeddings.from_config(config, config.embedding_dim)
+
+
+def embedding_width(embeddings: nn.Module, dim: int) -> int:
+    """The width of the embeddings' flattened output: the sum of the features' widths."""
+    return getattr(embeddings, "output_width", dim * embeddings.num_features)
+
+
+class MixedWidthEmbeddings(nn.Module):
+    """Embeddings whose widths differ by feature (the Wide & Deep seed's ``--embedding_sizes_file``),
+    for models that concatenate them.
+
+    Features of one width share a ``CategoricalEmbeddings`` (flat tables, sparse gradients, the same
+    initialisation), one per distinct width in ``groups``; the output puts every feature's vector back in
+    feature order. Shapes: categorical (B, F1) int64, multi_hot (Fm features) or None -> (B, sum of the
+    widths).
+    """
+
+    def __init__(self, config: InputsConfig):
+        super().__init__()
+        dims = config.feature_dims
+        n1 = len(config.cardinalities)
+        self.num_features = len(dims)
+        self.output_width = sum(dims)
+        self.widths = tuple(sorted(set(dims)))
+        self.groups = nn.ModuleDict()
+        self._members: list[tuple[list[int], list[int]]] = []  # per group: its one-hot and multi-hot features
+        for width in self.widths:
+            onehot = [f for f in range(n1) if dims[f] == width]
+            multi = [f for f in range(len(config.multi_hot_cardinalities)) if dims[n1 + f] == width]
+            self._members.append((onehot, multi))
+            self.groups[f"d{width}"] = CategoricalEmbeddings(
+                [config.cardinalities[f] for f in onehot], width, config.sparse_gradients,
+                [config.multi_hot_cardinalities[f] for f in multi], [config.multi_hot_combiners[f] for f in multi],
+            )  # fmt: skip
+        order = [f for onehot, multi in self._members for f in (*onehot, *(n1 + m for m in multi))]
+        # the output's columns: group outputs concatenated, then each feature's columns put back in order
+        starts, at = {}, 0
+        for f in order:
+            starts[f] = at
+            at += dims[f]
+        columns = [c for f in range(len(dims)) for c in range(starts[f], starts[f] + dims[f])]
+        self.register_buffer(
+            "columns", torch.tensor(columns, dtype=torch.int64, device="cpu"), persistent=False
+        )  # index data, even when built on meta
+
+    def forward(self, categorical: torch.Tensor, multi_hot=None) -> torch.Tensor:
+        parts = []
+        for (onehot, multi), group in zip(self._members, self.groups.values()):
+            ids = categorical[:, onehot] if onehot else categorical[:, :0]
+            parts.append(group(ids, select_multi_hot(multi_hot, multi) if multi else None).flatten(1))
+        return torch.cat(parts, 1).index_select(1, self.columns)  # (B, sum of widths)
+
+
+def select_multi_hot(multi_hot, features: list[int]):
+    """The bags of ``features`` only, as the same kind of batch (MultiHot or PaddedMultiHot)."""
+    from ctrkit.data.batch import MultiHot, PaddedMultiHot
+
+    if multi_hot is None:
+        raise ValueError("the model has multi-hot features but the batch has none")
+    if isinstance(multi_hot, PaddedMultiHot):
+        return PaddedMultiHot(multi_hot.ids[:, features])
+    fm = multi_hot.num_features
+    b = (multi_hot.offsets.numel() - 1) // fm
+    ids, offsets, start = [], [multi_hot.offsets.new_zeros(1)], 0
+    for f in features:
+        lo, hi = multi_hot.offsets[f * b], multi_hot.offsets[(f + 1) * b]
+        ids.append(multi_hot.ids[lo:hi])
+        offsets.append(multi_hot.offsets[f * b + 1 : (f + 1) * b + 1] - lo + start)
+        start = start + (hi - lo)
+    return MultiHot(torch.cat(ids), torch.cat(offsets), len(features))
 
 
 class LinearTerm(nn.Module):

@@ -7,8 +7,14 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ctrkit.models.embeddings import CategoricalEmbeddings
-from ctrkit.models.inputs import TRAIN_DEFAULTS, InputsConfig, LinearTerm, WideParameters
+from ctrkit.models.inputs import (
+    TRAIN_DEFAULTS,
+    InputsConfig,
+    LinearTerm,
+    WideParameters,
+    deep_embeddings,
+    embedding_width,
+)
 from ctrkit.models.mlp import MLP
 from ctrkit.models.registry import register_model
 
@@ -56,8 +62,8 @@ class WideDeep(WideParameters, nn.Module):
         super().__init__()
         self.config = config
         self.wide_embeddings, self.wide_dense = LinearTerm.build(config)
-        self.embeddings = CategoricalEmbeddings.from_config(config, config.embedding_dim)
-        width = config.embedding_dim * self.embeddings.num_features + config.num_numerical
+        self.embeddings = deep_embeddings(config)
+        width = embedding_width(self.embeddings, config.embedding_dim) + config.num_numerical
         self.deep = MLP(width, tuple(config.deep_mlp) + (1,), relu_last=False, dropout=config.dropout)
 
     @property
@@ -67,7 +73,7 @@ class WideDeep(WideParameters, nn.Module):
 
     def forward(self, numerical: torch.Tensor | None, categorical: torch.Tensor, multi_hot=None) -> torch.Tensor:
         wide = self.wide_logit(numerical, categorical, multi_hot)  # (B,)
-        emb = self.embeddings(categorical, multi_hot).flatten(1)  # (B, F*D)
+        emb = self.embeddings(categorical, multi_hot).flatten(1)  # (B, F*D; the sum of the widths)
         if numerical is not None and self.config.num_numerical:
             emb = torch.cat([emb.to(numerical.dtype), numerical], 1)  # (B, F*D + N)
         return wide + self.deep(emb).squeeze(1).to(wide.dtype)  # (B,)

@@ -102,8 +102,9 @@ def use_mmap_store(
     for name, m in list(model.named_modules()):
         if isinstance(m, CategoricalEmbeddings):
             where = f"{name}." if name else ""
-            m.onehot = CachedMmapEmbeddings(m.onehot, cache_rows, tables.get(f"{where}onehot"))
-            stores.append(m.onehot)
+            if m.onehot is not None:  # None: a per-width group of multi-hot features only
+                m.onehot = CachedMmapEmbeddings(m.onehot, cache_rows, tables.get(f"{where}onehot"))
+                stores.append(m.onehot)
             if m.bags is not None:
                 m.bags = CachedMmapBags(m.bags, cache_rows, tables.get(f"{where}bags"))
                 stores.append(m.bags)

@@ -11,6 +11,7 @@ Example:
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -124,6 +125,10 @@ def resolve_model_config(model: str, spec: FeatureSpec, *layers: dict[str, Any])
             bottom = values.get("bottom_mlp", cfg_cls.__dataclass_fields__["bottom_mlp"].default)
             values["bottom_mlp"] = tuple(bottom[:-1]) + (layer["embedding_dim"],)
     combiner = values.pop("combiner", None)
+    sizes = values.pop("embedding_sizes", None)
+    if sizes is not None:
+        dim = values.get("embedding_dim", cfg_cls.__dataclass_fields__["embedding_dim"].default)
+        values["embedding_dims"] = embedding_dims_for(sizes, spec, dim)
     given = values.get("multi_hot_combiners")
     values.update(num_numerical=len(spec.numerical_features), cardinalities=spec.cardinalities)
     multi = spec.multi_hot_features
@@ -133,6 +138,43 @@ def resolve_model_config(model: str, spec: FeatureSpec, *layers: dict[str, Any])
     else:
         values.pop("multi_hot_combiners", None)
     return make_config(model, values)
+
+
+AUTO_WIDTH = (4, 64)  # the bounds of --embedding-sizes auto
+
+
+def auto_embedding_width(cardinality: int) -> int:
+    """``--embedding-sizes auto``'s width for a table of ``cardinality`` rows: 6 x its fourth root
+    (the rule of thumb Google's feature-column guide gives), rounded and kept within ``AUTO_WIDTH``."""
+    return int(min(AUTO_WIDTH[1], max(AUTO_WIDTH[0], round(6 * cardinality**0.25))))
+
+
+def embedding_dims_for(sizes: Any, spec: FeatureSpec, default: int) -> tuple[int, ...]:
+    """A width per categorical feature of ``spec`` (one-hot, then multi-hot) from ``sizes``: "auto", a
+    JSON file mapping feature names to widths, or such a mapping; features a mapping leaves out get
+    ``default``."""
+    names = [*spec.onehot_features, *spec.multi_hot_features]
+    cards = [*spec.cardinalities, *spec.multi_hot_cardinalities]
+    if sizes == "auto":
+        return tuple(auto_embedding_width(c) for c in cards)
+    where = "embedding_sizes"
+    if isinstance(sizes, (str, os.PathLike)):
+        where = str(sizes)
+        try:
+            sizes = json.loads(Path(sizes).read_text())
+        except FileNotFoundError:
+            raise ValueError(f"{where}: embedding sizes file not found (expected a JSON file or 'auto')") from None
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{where}: not JSON ({e.msg} at line {e.lineno}); expected {{feature: width}}") from None
+    if not isinstance(sizes, dict):
+        raise ValueError(f"{where}: expected a mapping of feature names to widths, got {type(sizes).__name__}")
+    unknown = sorted(set(sizes) - set(names))
+    if unknown:
+        raise ValueError(f"{where}: no categorical feature(s) {unknown} in the dataset; its features: {names}")
+    for name, width in sizes.items():
+        if not isinstance(width, int) or isinstance(width, bool) or width < 1:
+            raise ValueError(f"{where}: feature '{name}': expected a positive integer width, got {width!r}")
+    return tuple(int(sizes.get(n, default)) for n in names)
 
 
 def resolve_run(
@@ -311,10 +353,11 @@ def train(dataset: str | os.PathLike, model: str = DEFAULT_MODEL, **options: Any
     """Trains ``model`` on ``dataset`` in a few lines from Python; returns the final metrics.
 
     ``options`` are TrainConfig fields (``epochs``, ``lr``, ...), model config fields (``embedding_dim``,
-    ``bottom_mlp``, ...) and ``resolve_run``'s keywords (``save_checkpoint``, ``device``, ``progress``, ...).
+    ``bottom_mlp``, ...; also ``embedding_sizes`` and ``combiner`` as ``ctrkit train`` takes them) and
+    ``resolve_run``'s keywords (``save_checkpoint``, ``device``, ``progress``, ...).
     """
     train_fields = {f.name for f in fields(TrainConfig)}
-    model_fields = set(config_class(model).__dataclass_fields__)
+    model_fields = set(config_class(model).__dataclass_fields__) | {"embedding_sizes", "combiner"}
     run_keys = {"config", "model_config_file", "parallel", "device", "save_checkpoint", "load_checkpoint",
                 "log_path", "progress", "tensorboard"}  # fmt: skip
     unknown = set(options) - train_fields - model_fields - run_keys

@@ -530,8 +530,8 @@ class Trainer:
         if tables is None:
             return
         params = []
-        for collection in (getattr(tables, "onehot", None), getattr(tables, "bags", None)):
-            if collection is not None:
+        for collection in tables.modules():  # one-hot and multi-hot collections (of each width), plain or sharded
+            if hasattr(collection, "reset_tables") and hasattr(collection, "table_parameters"):
                 collection.reset_tables(draw=epoch)
                 params += collection.table_parameters()
         for opt in self.optimizers:
