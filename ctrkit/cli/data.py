@@ -155,7 +155,8 @@ def preprocess_outbrain(args: argparse.Namespace) -> int:
     if cfg.raw is None:
         raise ValueError("`raw`: give the directory of the raw Outbrain files")
     recipe = OutbrainRecipe(frequency_threshold=cfg.frequency_threshold, seed=cfg.seed, bad_rows=cfg.bad_rows)
-    summary = run(cfg.raw, cfg.out, recipe, overwrite=cfg.overwrite, progress=not cfg.no_progress)
+    summary = run(cfg.raw, cfg.out, recipe, overwrite=cfg.overwrite, progress=not cfg.no_progress,
+                  engine=cfg.engine, master=cfg.spark_master)  # fmt: skip
     print(
         f"wrote {cfg.out}: {summary['rows']['train']:,} train + {summary['rows']['test']:,} test rows, "
         f"{summary['bad_rows']:,} bad rows dropped, {summary['seconds']:.1f} s "

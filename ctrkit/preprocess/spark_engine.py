@@ -250,3 +250,43 @@ def _write_in_order(out: DatasetOutput, parts_dir: Path, total: int, nums, cats)
             out.append_rows(expected - len(idx), numerical if nums else None, ids, labels)
     if expected != total:
         raise DataError(f"{parts_dir}: Spark returned {expected} rows, expected {total}")
+
+
+INTEGER = r"^[+-]?[0-9]+$"  # what Polars's non-strict Int64 cast accepts (no spaces, no decimals)
+
+
+def page_view_counts_spark(path: Path, rejects: Rejects, spark) -> pl.DataFrame:
+    """Views per document of Outbrain's ``page_views.csv`` counted on Spark (the real file: 2 billion rows,
+    ~100 GB), as ``preprocess.outbrain.page_view_counts`` counts them: a ``document_id`` that is missing or
+    not an integer makes the row bad (the error names the file and line; with ``skip`` it is counted)."""
+    from ctrkit.preprocess.outbrain import NULLS
+
+    _, _, F = _spark_modules()
+    import gzip
+
+    with gzip.open(path, "rt") if path.suffix == ".gz" else path.open() as f:
+        header = f.readline().rstrip("\r\n").split(",")
+    if "document_id" not in header:
+        raise DataError(f"{path}: lacks the column document_id (header: {header})")
+    raw = F.element_at(F.split(F.col("line"), ","), header.index("document_id") + 1)
+    lines = _lines(spark, [path], 0).filter(F.col("line_no") > 1)  # the header is line 1
+    value = F.when(raw.isin(*NULLS), F.lit(None)).otherwise(raw)
+    parsed = lines.select("line_no", value.alias("value")).select(
+        "line_no", "value", F.when(F.col("value").rlike(INTEGER), F.col("value").cast("long")).alias("doc")
+    )
+    bad = parsed.filter(F.col("doc").isNull())
+    if rejects.policy == "error":
+        first = bad.orderBy("line_no").limit(1).collect()
+        if first:
+            shown = first[0]["value"]
+            raise DataError(
+                f"{path}:{first[0]['line_no']}: document_id: expected an integer, got "
+                f"{'nothing' if shown is None else repr(shown)} (set `bad_rows` to skip to drop bad rows)"
+            )
+    else:
+        rejects.count += bad.count()
+    counts = parsed.filter(F.col("doc").isNotNull()).groupBy("doc").agg(F.count("*").alias("views")).collect()
+    return pl.DataFrame(
+        {"document_id": [r["doc"] for r in counts], "views": [r["views"] for r in counts]},
+        schema={"document_id": pl.Int64, "views": pl.UInt32},
+    )
