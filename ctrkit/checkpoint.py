@@ -219,6 +219,11 @@ MADV_DONTNEED = 4  # Linux
 RELEASE_CHUNK_BYTES = 32 * 2**20  # a memory-mapped source is copied and released this many bytes at a time
 
 
+def chunk_rows(row_bytes: int) -> int:
+    """Rows per chunk when copying from a memory-mapped source and releasing what was copied."""
+    return max(1, RELEASE_CHUNK_BYTES // max(row_bytes, 1))
+
+
 def _mapped_file_range(address: int, path: str | os.PathLike) -> tuple[int, int] | None:
     """The (start, end) addresses of this process's mapping of file ``path`` that holds ``address``, from
     /proc/self/maps; None if there is none (not Linux, or the memory is not that file's)."""
@@ -255,8 +260,9 @@ class MappedSource:
             self._libc = None
 
     def mapped(self, ptr: int, nbytes: int) -> bool:
-        """Whether [ptr, ptr + nbytes) lies in this process's mapping of one of the files."""
-        if self._libc is None or nbytes <= 0:
+        """Whether [ptr, ptr + nbytes) lies in this process's mapping of one of the files (never for less than
+        a page, which holds no whole page to release: no need to read /proc/self/maps for it)."""
+        if self._libc is None or nbytes < self._page:
             return False
         for path in self.paths:
             found = _mapped_file_range(ptr, path)
@@ -290,8 +296,7 @@ class MappedSource:
         if src.dim() == 0 or not self._mapped(src):
             dst.copy_(src)
             return
-        row_bytes = src[0].numel() * src.element_size()
-        rows = max(1, RELEASE_CHUNK_BYTES // max(row_bytes, 1))
+        rows = chunk_rows(src[0].numel() * src.element_size())
         for lo in range(0, src.shape[0], rows):
             piece = src[lo : lo + rows]
             dst[lo : lo + rows].copy_(piece)
@@ -426,7 +431,7 @@ class ShardedTableView:
                 r_lo, r_hi = max(lo, p_lo), min(hi, p_hi)
                 releasable = id(array) in self._releasable
                 row_bytes = array.strides[0]
-                step = max(1, RELEASE_CHUNK_BYTES // max(row_bytes, 1)) if releasable else max(r_hi - r_lo, 1)
+                step = chunk_rows(row_bytes) if releasable else max(r_hi - r_lo, 1)
                 for start in range(r_lo, r_hi, step):  # in chunks, each chunk's pages dropped once copied
                     end = min(start + step, r_hi)
                     out[start - lo : end - lo, a - col_lo : b - col_lo] = array[

@@ -439,6 +439,11 @@ class SynthConfig:
     overwrite: bool = option(False, "replace an existing dataset directory")
 
 
+def spark_master_option() -> Any:
+    """The ``--spark-master`` option of the preprocessing commands (a new field for each config)."""
+    return option("local[*]", "Spark master URL for --engine spark", shown="local[*]: all cores of this machine")
+
+
 @dataclass(frozen=True)
 class OutbrainPreprocessConfig:
     """``ctrkit preprocess outbrain``: the raw Kaggle Outbrain directory, the recipe's threshold and seed."""
@@ -460,9 +465,7 @@ class OutbrainPreprocessConfig:
         "Apache Spark (pip install 'ctrkit[spark]'), the other files read here. Both write byte-identical datasets",
         ("polars", "spark"),
     )
-    spark_master: str = option(
-        "local[*]", "Spark master URL for --engine spark", shown="local[*]: all cores of this machine"
-    )
+    spark_master: str = spark_master_option()
     overwrite: bool = option(False, "replace an existing dataset directory")
     no_progress: bool = option(False, "no progress bars")
 
@@ -498,9 +501,7 @@ class CriteoPreprocessConfig:
         "data that outgrows one machine. Both write byte-identical datasets",
         ("polars", "spark"),
     )
-    spark_master: str = option(
-        "local[*]", "Spark master URL for --engine spark", shown="local[*]: all cores of this machine"
-    )
+    spark_master: str = spark_master_option()
     overwrite: bool = option(False, "replace an existing dataset directory")
     no_progress: bool = option(False, "no progress bars")
 

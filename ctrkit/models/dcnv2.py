@@ -12,7 +12,6 @@ from ctrkit.models.inputs import (
     BottomTopConfig,
     LinearTerm,
     WideParameters,
-    embedding_width,
     input_layers,
 )
 from ctrkit.models.interaction import CrossNetwork
@@ -64,7 +63,7 @@ class DCNv2(WideParameters, nn.Module):
         self.bottom_mlp, self.embeddings, _ = input_layers(config)
         self.wide_embeddings, self.wide_dense = LinearTerm.build(config) if config.linear else (None, None)
         bottom_width = config.embedding_dim if self.bottom_mlp is not None else 0
-        width = bottom_width + embedding_width(self.embeddings, config.embedding_dim)  # D * num_vectors at one width
+        width = bottom_width + self.embeddings.output_width  # D * num_vectors at one width
         self.cross = CrossNetwork(width, config.cross_layers, config.cross_projection_dim)
         if config.structure == "stacked":
             self.deep = None

@@ -30,7 +30,7 @@ class DLRMConfig(BottomTopConfig):
     self_interaction: bool = False
 
     def validate(self) -> None:
-        if self.embedding_dims and self.mixed_widths:
+        if self.mixed_widths:
             raise ValueError(
                 f"DLRM's dot interaction needs one embedding width for every feature (embedding_dim "
                 f"{self.embedding_dim}), got per-feature widths {sorted(set(self.feature_dims))}: give one width, "

@@ -245,6 +245,11 @@ class CategoricalEmbeddings(nn.Module):
         multi_hot_combiners: "sum" or "mean" per multi-hot feature.
 
     Shapes: categorical (B, F1) int64, multi_hot (Fm features) or None -> (B, F1 + Fm, D).
+
+    Attributes:
+        num_features: F1 + Fm.
+        output_width: (F1 + Fm) * D, the width of the output flattened per sample (``MixedWidthEmbeddings``
+            has the same two attributes, so models that concatenate take either).
     """
 
     def __init__(
@@ -264,6 +269,7 @@ class CategoricalEmbeddings(nn.Module):
             else None
         )
         self.num_features = len(cardinalities) + len(multi_hot_cardinalities)
+        self.output_width = dim * self.num_features  # of the output flattened to (B, F * D)
 
     @classmethod
     def from_config(cls, config, dim: int) -> CategoricalEmbeddings:

@@ -143,11 +143,6 @@ def deep_embeddings(config: InputsConfig) -> nn.Module:
     return CategoricalEmbeddings.from_config(config, config.embedding_dim)
 
 
-def embedding_width(embeddings: nn.Module, dim: int) -> int:
-    """The width of the embeddings' flattened output: the sum of the features' widths."""
-    return getattr(embeddings, "output_width", dim * embeddings.num_features)
-
-
 class MixedWidthEmbeddings(nn.Module):
     """Embeddings whose widths differ by feature (the Wide & Deep seed's ``--embedding_sizes_file``),
     for models that concatenate them.
@@ -167,10 +162,13 @@ class MixedWidthEmbeddings(nn.Module):
         self.widths = tuple(sorted(set(dims)))
         self.groups = nn.ModuleDict()
         self._members: list[tuple[list[int], list[int]]] = []  # per group: its one-hot and multi-hot features
-        for width in self.widths:
+        for g, width in enumerate(self.widths):
             onehot = [f for f in range(n1) if dims[f] == width]
             multi = [f for f in range(len(config.multi_hot_cardinalities)) if dims[n1 + f] == width]
             self._members.append((onehot, multi))
+            self.register_buffer(  # the group's columns of the categorical input, gathered once per batch
+                f"_onehot{g}", torch.tensor(onehot, dtype=torch.int64, device="cpu"), persistent=False
+            )
             self.groups[f"d{width}"] = CategoricalEmbeddings(
                 [config.cardinalities[f] for f in onehot], width, config.sparse_gradients,
                 [config.multi_hot_cardinalities[f] for f in multi], [config.multi_hot_combiners[f] for f in multi],
@@ -188,8 +186,8 @@ class MixedWidthEmbeddings(nn.Module):
 
     def forward(self, categorical: torch.Tensor, multi_hot=None) -> torch.Tensor:
         parts = []
-        for (onehot, multi), group in zip(self._members, self.groups.values()):
-            ids = categorical[:, onehot] if onehot else categorical[:, :0]
+        for g, ((_, multi), group) in enumerate(zip(self._members, self.groups.values())):
+            ids = categorical.index_select(1, getattr(self, f"_onehot{g}"))  # (B, F1 of this width)
             parts.append(group(ids, select_multi_hot(multi_hot, multi) if multi else None).flatten(1))
         return torch.cat(parts, 1).index_select(1, self.columns)  # (B, sum of widths)
 

@@ -13,7 +13,6 @@ from ctrkit.models.inputs import (
     LinearTerm,
     WideParameters,
     deep_embeddings,
-    embedding_width,
 )
 from ctrkit.models.mlp import MLP
 from ctrkit.models.registry import register_model
@@ -63,7 +62,7 @@ class WideDeep(WideParameters, nn.Module):
         self.config = config
         self.wide_embeddings, self.wide_dense = LinearTerm.build(config)
         self.embeddings = deep_embeddings(config)
-        width = embedding_width(self.embeddings, config.embedding_dim) + config.num_numerical
+        width = self.embeddings.output_width + config.num_numerical
         self.deep = MLP(width, tuple(config.deep_mlp) + (1,), relu_last=False, dropout=config.dropout)
 
     @property

@@ -10,6 +10,7 @@ sort of the raw data.
 
 from __future__ import annotations
 
+import gzip
 import os
 import time
 from collections.abc import Sequence
@@ -21,6 +22,7 @@ import polars as pl
 from ctrkit.data.split_binary import DataError
 from ctrkit.preprocess import vocabulary as vocab_mod
 from ctrkit.preprocess.criteo import CriteoRecipe, check_arguments, numerical_transform
+from ctrkit.preprocess.outbrain import NULLS
 from ctrkit.preprocess.output import REJECTS_KEPT, DatasetOutput, Rejects
 
 WRITE_ROWS = 1 << 18
@@ -258,35 +260,35 @@ INTEGER = r"^[+-]?[0-9]+$"  # what Polars's non-strict Int64 cast accepts (no sp
 def page_view_counts_spark(path: Path, rejects: Rejects, spark) -> pl.DataFrame:
     """Views per document of Outbrain's ``page_views.csv`` counted on Spark (the real file: 2 billion rows,
     ~100 GB), as ``preprocess.outbrain.page_view_counts`` counts them: a ``document_id`` that is missing or
-    not an integer makes the row bad (the error names the file and line; with ``skip`` it is counted)."""
-    from ctrkit.preprocess.outbrain import NULLS
-
+    not an integer makes the row bad (the error names the file and line; with ``skip`` it is counted).
+    One pass over the file counts the good and the bad rows alike; only an error reads it again, numbering
+    its lines to name the first bad one."""
     _, _, F = _spark_modules()
-    import gzip
-
     with gzip.open(path, "rt") if path.suffix == ".gz" else path.open() as f:
         header = f.readline().rstrip("\r\n").split(",")
     if "document_id" not in header:
         raise DataError(f"{path}: lacks the column document_id (header: {header})")
-    raw = F.element_at(F.split(F.col("line"), ","), header.index("document_id") + 1)
-    lines = _lines(spark, [path], 0).filter(F.col("line_no") > 1)  # the header is line 1
-    value = F.when(raw.isin(*NULLS), F.lit(None)).otherwise(raw)
-    parsed = lines.select("line_no", value.alias("value")).select(
-        "line_no", "value", F.when(F.col("value").rlike(INTEGER), F.col("value").cast("long")).alias("doc")
-    )
-    bad = parsed.filter(F.col("doc").isNull())
-    if rejects.policy == "error":
-        first = bad.orderBy("line_no").limit(1).collect()
-        if first:
-            shown = first[0]["value"]
-            raise DataError(
-                f"{path}:{first[0]['line_no']}: document_id: expected an integer, got "
-                f"{'nothing' if shown is None else repr(shown)} (set `bad_rows` to skip to drop bad rows)"
-            )
-    else:
-        rejects.count += bad.count()
-    counts = parsed.filter(F.col("doc").isNotNull()).groupBy("doc").agg(F.count("*").alias("views")).collect()
+
+    def document(raw):  # (value as read, with the null spellings as null; the id, null when bad)
+        value = F.when(raw.isin(*NULLS), F.lit(None)).otherwise(raw)
+        return value, F.when(value.rlike(INTEGER), value.cast("long"))
+
+    _, doc = document(F.col("document_id"))
+    counts = spark.read.option("header", True).csv(str(path)).groupBy(doc.alias("doc")).count().collect()
+    bad = sum(r["count"] for r in counts if r["doc"] is None)
+    if bad and rejects.policy == "error":
+        lines = _lines(spark, [path], 0).filter(F.col("line_no") > 1)  # the header is line 1
+        value, doc = document(F.element_at(F.split(F.col("line"), ","), header.index("document_id") + 1))
+        first = lines.select("line_no", value.alias("value"), doc.alias("doc")).filter(F.col("doc").isNull())
+        row = first.orderBy("line_no").limit(1).collect()[0]
+        shown = row["value"]
+        raise DataError(
+            f"{path}:{row['line_no']}: document_id: expected an integer, got "
+            f"{'nothing' if shown is None else repr(shown)} (set `bad_rows` to skip to drop bad rows)"
+        )
+    rejects.count += bad
+    good = [r for r in counts if r["doc"] is not None]
     return pl.DataFrame(
-        {"document_id": [r["doc"] for r in counts], "views": [r["views"] for r in counts]},
+        {"document_id": [r["doc"] for r in good], "views": [r["count"] for r in good]},
         schema={"document_id": pl.Int64, "views": pl.UInt32},
     )

@@ -170,3 +170,24 @@ def test_train_with_a_sizes_file_evaluate_export_and_reinit(tmp_path, capsys):
                       cache_rows=25), Predictor.from_export(tmp_path / "onnx")):  # fmt: skip
         scores = predictor(feeds["numerical"], feeds["categorical"], feeds["multi_hot"]).reshape(-1)
         np.testing.assert_allclose(scores, want, atol=1e-5)
+
+
+def test_a_resumed_mixed_width_run_equals_the_uninterrupted_one(tmp_path, capsys):
+    from ctrkit.checkpoint import load_checkpoint
+
+    data = tmp_path / "ob"
+    generate_outbrain(data, 3_000, test_fraction=0.2, seed=4, progress=False)
+    (tmp_path / "model.yaml").write_text("deep_mlp: [32]\nembedding_dim: 8\n")
+    common = ("train", "--model", "wide_deep", "--dataset", data, "--embedding-sizes", "auto", "--model-config",
+              tmp_path / "model.yaml", "--batch-size", "256", "--epochs", "2", "--no-progress")  # fmt: skip
+    assert run_cli(*common, "--save-checkpoint", tmp_path / "straight.pt", capsys=capsys)[0] == 0
+    assert run_cli(*common, "--max-steps", "5", "--save-checkpoint", tmp_path / "part.pt", capsys=capsys)[0] == 0
+    code, _, err = run_cli(*common, "--load-checkpoint", tmp_path / "part.pt", "--save-checkpoint",
+                           tmp_path / "resumed.pt", capsys=capsys)  # fmt: skip
+    assert code == 0, err
+    straight, resumed = load_checkpoint(tmp_path / "straight.pt"), load_checkpoint(tmp_path / "resumed.pt")
+    assert straight.step == resumed.step > 5 and "embedding_dims" in straight.model_config
+    assert straight.model.keys() == resumed.model.keys()
+    assert any(".groups.d" in k for k in straight.model)  # the per-width tables
+    for k, v in straight.model.items():
+        torch.testing.assert_close(resumed.model[k], v, rtol=0, atol=0, msg=k)
