@@ -419,10 +419,12 @@ class SynthConfig:
         "2-12 ads with one click each, request- and item-level features, two multi-hot, display ids for MAP@12; "
         "criteo: raw Criteo-format TSV (--out names a file; .gz to compress); planted: first-order effects and "
         "pairwise interactions of the frequent ids of long-tailed vocabularies, with the test rows' Bayes-optimal "
-        "AUC in the spec's metadata; outbrain-raw: the raw Kaggle Outbrain files (clicks_train.csv, events.csv, "
+        "AUC in the spec's metadata; planted-tabular: the same with the signal mostly in nonlinear functions of 6 "
+        "numerical features (a step, a sine, a product, a hinge) beside per-id effects of 4 categorical ones; "
+        "outbrain-raw: the raw Kaggle Outbrain files (clicks_train.csv, events.csv, "
         "promoted_content.csv, documents_*.csv, page_views.csv; --rows clicks rows) from a planted click model, "
         "for `ctrkit preprocess outbrain` (truth.json: the MAP@12 of the true scores)",
-        ("criteo-like", "outbrain", "criteo", "planted", "outbrain-raw"),
+        ("criteo-like", "outbrain", "criteo", "planted", "planted-tabular", "outbrain-raw"),
         positional=True,
     )
     out: Path | None = option(None, "dataset directory to create (a file for criteo)", required=True)

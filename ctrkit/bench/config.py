@@ -111,9 +111,10 @@ class AccuracyBenchConfig:
     """``ctrkit bench accuracy``: the panel of data sets, the models and the baselines."""
 
     panel: tuple[str, ...] = option(
-        ("criteo", "avazu", "movielens", "planted"),
-        "data sets: criteo, avazu, movielens (the real samples in --shared-data) and planted (synthetic, with "
-        "its Bayes-optimal AUC), or none (only --datasets)",
+        ("criteo", "avazu", "movielens", "planted", "tabular"),
+        "data sets: criteo, avazu, movielens (the real samples in --shared-data), planted (synthetic: pairwise "
+        "interactions of ids) and tabular (synthetic: nonlinear numerical effects), each synthetic one with its "
+        "Bayes-optimal AUC, or none (only --datasets)",
         parse="name_list",
     )
     shared_data: Path | None = option(
@@ -122,7 +123,10 @@ class AccuracyBenchConfig:
     planted_rows: tuple[int, ...] = option(
         (120_000, 360_000), "rows of each planted data set (a sixth of them test)", parse="int_list"
     )
-    seeds: tuple[int, ...] = option((0, 1), "seeds of the planted data sets", parse="int_list")
+    tabular_rows: tuple[int, ...] = option(
+        (120_000, 360_000), "rows of each tabular data set (a sixth of them test)", parse="int_list"
+    )
+    seeds: tuple[int, ...] = option((0, 1), "seeds of the planted and tabular data sets", parse="int_list")
     datasets: tuple[Path, ...] | None = option(
         None, "more dataset directories (train and test mappings) to add to the panel", nargs="+"
     )

@@ -8,7 +8,8 @@ redistribution, so nothing here copies them anywhere but the benchmark's scratch
 * ``avazu``: the Avazu head, in file order (time order), the last 20% as test;
 * ``movielens``: MovieLens 100k, rating >= 4 as a click, user/item/gender/occupation/age features and
   the item's genres as a multi-hot feature, each user's last 20% of ratings (by time) as test;
-* ``planted-<rows>-s<seed>``: ``synthetic_planted`` data with its Bayes-optimal test AUC.
+* ``planted-<rows>-s<seed>``: ``synthetic_planted`` data with its Bayes-optimal test AUC;
+* ``tabular-<rows>-s<seed>``: the same module's tabular family (nonlinear numerical effects).
 
 Categorical values get ids as the Criteo recipe gives them: 0 missing or unseen in train, 1 seen fewer
 than ``threshold`` times in train, 2.. by descending train frequency (ties by value).
@@ -173,17 +174,23 @@ def build_movielens(shared: Path, out: Path) -> PanelEntry:
                       "the 10% before as validation")  # fmt: skip
 
 
-def build_planted(out: Path, rows: int, seed: int) -> PanelEntry:
+def build_planted(out: Path, rows: int, seed: int, family: str = "interactions") -> PanelEntry:
     from ctrkit.data.synthetic_planted import generate_planted
 
-    spec = generate_planted(out, rows, seed=seed, overwrite=True, progress=False)
+    spec = generate_planted(out, rows, seed=seed, overwrite=True, progress=False, family=family)
     n_test = int(round(rows / 6))
-    return PanelEntry(out.name, out, f"planted interactions, {rows - n_test:,} train rows, seed {seed}",
+    what = "planted interactions" if family == "interactions" else "planted nonlinear numerical effects"
+    return PanelEntry(out.name, out, f"{what}, {rows - n_test:,} train rows, seed {seed}",
                       spec.metadata["bayes_test_auc"])  # fmt: skip
 
 
 def build_panel(
-    work: Path, shared: Path | None, real: Sequence[str] = REAL, planted_rows: Sequence[int] = (), seeds=(0,)
+    work: Path,
+    shared: Path | None,
+    real: Sequence[str] = REAL,
+    planted_rows: Sequence[int] = (),
+    seeds=(0,),
+    tabular_rows: Sequence[int] = (),
 ) -> list[PanelEntry]:
     """Builds the panel's datasets under ``work`` (real ones only where ``shared`` holds them)."""
     work.mkdir(parents=True, exist_ok=True)
@@ -196,4 +203,7 @@ def build_panel(
     for rows in planted_rows:
         for seed in seeds:
             entries.append(build_planted(work / f"planted-{rows // 1000}k-s{seed}", rows, seed))
+    for rows in tabular_rows:
+        for seed in seeds:
+            entries.append(build_planted(work / f"tabular-{rows // 1000}k-s{seed}", rows, seed, "tabular"))
     return entries

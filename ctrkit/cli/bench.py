@@ -181,10 +181,11 @@ def train(args: argparse.Namespace) -> int:
 def accuracy(args: argparse.Namespace) -> int:
     """test AUC of every model with its defaults against logistic regression and LightGBM, on a panel
 
-    Builds each data set of the panel (the real samples, planted synthetic data with a known Bayes-optimal
-    AUC, and any --datasets), fits the baselines on exactly the split the trainer uses (the validation
-    mapping or the held-out tail of train) and trains each model with nothing but the dataset given, then
-    writes one table: test AUC (log loss) per data set and method, the best step of each model, wall time.
+    Builds each data set of the panel (the real samples, two families of planted synthetic data with a
+    known Bayes-optimal AUC, and any --datasets), fits the baselines on exactly the split the trainer uses
+    (the validation mapping or the held-out tail of train) and trains each model with nothing but the
+    dataset given, then writes one table: test AUC (log loss) per data set and method, the best step of
+    each model, wall time.
     """
     from ctrkit.bench.accuracy import LABELS, label, method, run_entry, targets, write_results
     from ctrkit.bench.panel import REAL, PanelEntry, build_panel
@@ -192,7 +193,9 @@ def accuracy(args: argparse.Namespace) -> int:
     cfg: AccuracyBenchConfig = config_from(args, AccuracyBenchConfig)
     _threads(config_from(args, BenchRunOptions))
     unknown = (
-        set(cfg.panel) - {*REAL, "planted", "none"} | set(cfg.models) - set(LABELS) | set(cfg.baselines) - set(LABELS)
+        set(cfg.panel) - {*REAL, "planted", "tabular", "none"}
+        | set(cfg.models) - set(LABELS)
+        | set(cfg.baselines) - set(LABELS)
     )
     if unknown:
         raise ValueError(f"unknown panel entries, models or baselines: {sorted(unknown)}")
@@ -201,7 +204,8 @@ def accuracy(args: argparse.Namespace) -> int:
     shared = cfg.shared_data or Path("..") / "shared" / "data"
     real = [n for n in REAL if n in cfg.panel]
     planted = cfg.planted_rows if "planted" in cfg.panel else ()
-    entries = build_panel(cfg.work, shared if shared.exists() else None, real, planted, cfg.seeds)
+    tabular = cfg.tabular_rows if "tabular" in cfg.panel else ()
+    entries = build_panel(cfg.work, shared if shared.exists() else None, real, planted, cfg.seeds, tabular)
     entries += [PanelEntry(Path(d).name, Path(d), f"user dataset {d}") for d in cfg.datasets or ()]
     if not entries:
         raise ValueError(f"the panel is empty: no real samples under {shared} and no planted or user data sets")

@@ -36,7 +36,8 @@ def synth(args: argparse.Namespace) -> int:
     of 2-12 ads with one click each, multi-hot topics and display ids for MAP@12. criteo: the same click
     model as raw Criteo-format TSV, for `ctrkit preprocess criteo`. planted: a click model unlike
     criteo-like's (signal on the frequent ids of long-tailed vocabularies only), for measuring models
-    against baselines; the spec records the best achievable test AUC.
+    against baselines; the spec records the best achievable test AUC. planted-tabular: the same for a
+    click model whose signal is mostly nonlinear in 6 numerical features.
     """
     import numpy as np
 
@@ -50,12 +51,13 @@ def synth(args: argparse.Namespace) -> int:
         out = write_criteo_tsv(cfg.out, cfg.rows, tables, cfg.num_numerical, cfg.seed, overwrite=cfg.overwrite)
         print(f"wrote {out}: {cfg.rows} raw rows (label, {cfg.num_numerical} integer, {len(tables)} hashed columns)")
         return 0
-    if cfg.kind == "planted":
+    if cfg.kind in ("planted", "planted-tabular"):
         from ctrkit.data.synthetic_planted import generate_planted
 
         if cfg.tables is not None or cfg.num_numerical != 13:
             raise ValueError("--tables and --num-numerical apply to the criteo-like dataset only")
-        spec = generate_planted(cfg.out, cfg.rows, cfg.test_fraction, cfg.seed, cfg.overwrite)
+        family = "interactions" if cfg.kind == "planted" else "tabular"
+        spec = generate_planted(cfg.out, cfg.rows, cfg.test_fraction, cfg.seed, cfg.overwrite, family=family)
         sizes = [len(SplitBinaryDataset(spec, m, check_ids=False)) for m in ("train", "test")]
         print(f"wrote {cfg.out}: {sizes[0]} train + {sizes[1]} test samples; the true click odds rank the test "
               f"rows at AUC {spec.metadata['bayes_test_auc']:.4f}")  # fmt: skip

@@ -11,6 +11,12 @@ are). The click log-odds are a sum of
 
 shifted to a 20% click rate. Labels are Bernoulli draws, so the true log-odds rank the test rows at
 the Bayes-optimal AUC, which the dataset's metadata records (``bayes_test_auc``).
+
+``PlantedTabular`` is a second family, where the signal is mostly in the numerical features, as in
+tabular logs with prices, positions or times: standard-normal features whose log-odds terms are a
+step, a periodic function, a product of two features and a hinge, plus per-id effects of a few
+long-tailed categorical features and one numerical x categorical interaction (what gradient-boosted
+trees find easily and logistic regression cannot).
 """
 
 from __future__ import annotations
@@ -98,6 +104,50 @@ class PlantedCTR:
         return Block(numerical, cats, logits, y, counts, np.zeros_like(counts, dtype=bool))
 
 
+TABULAR_CARDINALITIES = (1_000, 200, 50, 10)
+
+
+class PlantedTabular:
+    """A fixed random click model whose signal is mostly nonlinear in the numerical features.
+
+    Log-odds: ``a0 * (|x0| > 1) + a1 * sin(2 x1) + a2 * x2 * x3 + a4 * max(x4, 0) + a5 * (x5 > 0.5) *
+    [the last categorical id is even]`` plus a N(0, 0.5) effect per id of every categorical feature
+    (ids drawn from power laws), shifted to a 25% click rate; each ``a`` is drawn from the seed.
+
+    Args:
+        cardinalities: vocabulary sizes of the categorical features (at least one).
+        seed: fixes the model.
+        ctr: target click rate.
+    """
+
+    num_numerical = 6
+
+    def __init__(self, cardinalities: Sequence[int] = TABULAR_CARDINALITIES, seed: int = 0, ctr: float = 0.25):
+        if not cardinalities:
+            raise ValueError("`cardinalities`: expected at least one categorical feature")
+        rng = np.random.default_rng([seed, 201])
+        self.cardinalities = tuple(int(c) for c in cardinalities)
+        self.exponents = rng.uniform(1.1, 1.4, len(self.cardinalities))
+        self.effects = [rng.normal(0.0, 0.5, c).astype(np.float32) for c in self.cardinalities]
+        self.weights = rng.uniform(0.6, 1.4, 6) * np.array([1.2, 1.0, 0.6, 0.4, 1.0, 0.8])
+        self.bias = 0.0
+        pilot = self.sample(np.random.default_rng([seed, 202]), 50_000, labels=False).logits
+        self.bias = bias_for_ctr(pilot, ctr)
+
+    def sample(self, rng: np.random.Generator, n: int, labels: bool = True) -> Block:
+        """Draws n rows (the true log-odds in ``logits``)."""
+        x = rng.normal(0.0, 1.0, (n, self.num_numerical))  # (n, 6)
+        cats = np.stack([power_law_ids(rng, c, n, e) for c, e in zip(self.cardinalities, self.exponents)], 1)
+        a = self.weights
+        logits = self.bias + a[0] * (np.abs(x[:, 0]) > 1) + a[1] * np.sin(2 * x[:, 1]) + a[2] * x[:, 2] * x[:, 3]
+        logits = logits + a[4] * np.maximum(x[:, 4], 0.0) + a[5] * (x[:, 5] > 0.5) * (cats[:, -1] % 2 == 0)
+        for f in range(len(self.cardinalities)):
+            logits = logits + self.effects[f][cats[:, f]]
+        y = (rng.random(n) < 1 / (1 + np.exp(-logits))).astype(np.uint8) if labels else np.zeros(n, np.uint8)
+        zeros = np.zeros((n, self.num_numerical), np.int64)
+        return Block(x.astype(np.float32), cats.astype(np.int64), logits, y, zeros, zeros.astype(bool))
+
+
 def generate_planted(
     out_dir: str | os.PathLike,
     rows: int,
@@ -106,6 +156,7 @@ def generate_planted(
     overwrite: bool = False,
     progress: bool = True,
     chunk_rows: int = 1 << 18,
+    family: str = "interactions",
     **model_options,
 ) -> FeatureSpec:
     """Writes ``rows`` samples of a PlantedCTR as a split-binary dataset (train, then test), with the
@@ -119,7 +170,8 @@ def generate_planted(
         overwrite: replace an existing dataset at ``out_dir``.
         progress: show a progress bar.
         chunk_rows: rows generated per block (bounds memory).
-        model_options: PlantedCTR's other arguments.
+        family: "interactions" (``PlantedCTR``) or "tabular" (``PlantedTabular``).
+        model_options: the model's other arguments.
     """
     from ctrkit.eval.metrics import roc_auc
 
@@ -127,14 +179,18 @@ def generate_planted(
         raise ValueError(f"`rows` must be at least 2, got {rows}")
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"`test_fraction` must lie in (0, 1), got {test_fraction}")
-    model = PlantedCTR(seed=seed, **model_options)
+    if family not in FAMILIES:
+        raise ValueError(f"`family`: expected {' or '.join(FAMILIES)}, got {family!r}")
+    model = FAMILIES[family](seed=seed, **model_options)
     n_test = max(1, int(round(rows * test_fraction)))
-    rng = np.random.default_rng([seed, 103])
+    rng = np.random.default_rng([seed, 103 if family == "interactions" else 203])
     with atomic_directory(out_dir, overwrite) as tmp:
         base = criteo_like_spec(model.cardinalities, model.num_numerical)
         spec = FeatureSpec(base.feature_spec, base.source_spec, base.channel_spec, {}, tmp)
         test_labels, test_logits = [], []
-        with tqdm(total=rows, desc="synth planted", unit="row", unit_scale=True, disable=not progress) as bar:
+        with tqdm(
+            total=rows, desc=f"synth {GENERATORS[family]}", unit="row", unit_scale=True, disable=not progress
+        ) as bar:
             for mapping, n in (("train", rows - n_test), ("test", n_test)):
                 with SplitBinaryWriter(spec, mapping) as writer:
                     for lo in range(0, n, chunk_rows):
@@ -145,7 +201,16 @@ def generate_planted(
                             test_logits.append(block.logits)
                         bar.update(len(block.labels))
         bayes = roc_auc(np.concatenate(test_labels), np.concatenate(test_logits))
-        meta = {"generator": "ctrkit synth planted", "seed": seed, "rows": rows, "bayes_test_auc": round(bayes, 6)}
+        meta = {
+            "generator": f"ctrkit synth {GENERATORS[family]}",
+            "seed": seed,
+            "rows": rows,
+            "bayes_test_auc": round(bayes, 6),
+        }
         spec = FeatureSpec(spec.feature_spec, spec.source_spec, spec.channel_spec, meta, tmp)
         spec.to_yaml(tmp / "feature_spec.yaml")
     return FeatureSpec.from_yaml(Path(out_dir) / "feature_spec.yaml")
+
+
+FAMILIES = {"interactions": PlantedCTR, "tabular": PlantedTabular}
+GENERATORS = {"interactions": "planted", "tabular": "planted-tabular"}  # the `ctrkit synth` kind of each

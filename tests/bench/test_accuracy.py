@@ -33,22 +33,23 @@ def test_read_table_bags_match_the_dataset(tmp_path):
 
 def test_bench_accuracy_writes_a_row_per_data_set(tiny_dataset, tmp_path, capsys):
     code, out, err = run_cli(
-        "bench", "accuracy", "--panel", "planted", "--planted-rows", "6000", "--seeds", "0", "--models",
-        "dlrm,wide_deep", "--datasets", tiny_dataset, "--work", tmp_path / "work", "--out", tmp_path / "acc",
-        capsys=capsys,
+        "bench", "accuracy", "--panel", "planted,tabular", "--planted-rows", "6000", "--tabular-rows", "6000",
+        "--seeds", "0", "--models", "dlrm,wide_deep", "--datasets", tiny_dataset, "--work", tmp_path / "work",
+        "--out", tmp_path / "acc", capsys=capsys,
     )  # fmt: skip
     assert code == 0, err
     doc = json.loads((tmp_path / "acc" / "results.json").read_text())
-    assert [r["dataset"] for r in doc["rows"]] == ["planted-6k-s0", "tiny"]
+    assert [r["dataset"] for r in doc["rows"]] == ["planted-6k-s0", "tabular-6k-s0", "tiny"]
     assert doc["machine"]["capability"] and doc["machine"]["torch"]
-    planted = doc["rows"][0]
-    assert set(planted["results"]) == {"logistic", "lightgbm", "dlrm", "wide_deep"}
-    assert planted["rows"] == {"train": 4500, "validation": 500, "test": 1000}
-    for method, r in planted["results"].items():  # every method learns something and none beats Bayes
-        assert 0.55 < r["auc"] < planted["bayes_auc"], (method, r)
+    for planted in doc["rows"][:2]:
+        assert set(planted["results"]) == {"logistic", "lightgbm", "dlrm", "wide_deep"}
+        assert planted["rows"] == {"train": 4500, "validation": 500, "test": 1000}
+        for method, r in planted["results"].items():  # every method learns something and none beats Bayes
+            assert 0.55 < r["auc"] < planted["bayes_auc"], (planted["dataset"], method, r)
     table = (tmp_path / "acc" / "results.md").read_text()
     assert "| planted-6k-s0 | 4,500 / 500 / 1,000 |" in table and "| tiny |" in table
-    assert table.count("\n| ") == 3 and "gap to Bayes closed" in table and "LightGBM" in out
+    assert "| tabular-6k-s0 | 4,500 / 500 / 1,000 |" in table
+    assert table.count("\n| ") == 4 and "gap to Bayes closed" in table and "LightGBM" in out
 
 
 @pytest.mark.skipif(not (SHARED_DATA / "movielens").exists(), reason="../shared/data is absent")

@@ -77,3 +77,40 @@ def test_synth_criteo_command(tmp_path, capsys):
     code, out, _ = run_cli("synth", "criteo", "--out", tmp_path / "raw.tsv", "--rows", "500", capsys=capsys)
     assert code == 0 and "500 raw rows (label, 13 integer, 26 hashed columns)" in out
     assert len((tmp_path / "raw.tsv").read_text().splitlines()[0].split("\t")) == 40
+
+
+def test_planted_tabular_signal_is_nonlinear_in_the_numericals(tmp_path, capsys):
+    """The tabular family: `ctrkit synth planted-tabular` writes the rows the model draws, records their
+    Bayes AUC, and its signal is one that trees learn and a logistic regression mostly cannot."""
+    from sklearn.ensemble import HistGradientBoostingClassifier
+    from sklearn.linear_model import LogisticRegression
+
+    from ctrkit.data.synthetic_planted import PlantedTabular
+    from tests.conftest import run_cli
+
+    out = tmp_path / "tab"
+    code, stdout, err = run_cli("synth", "planted-tabular", "--out", out, "--rows", 36_000, "--test-fraction", 0.25,
+                                "--seed", 3, capsys=capsys)  # fmt: skip
+    assert code == 0, err
+    train, test = SplitBinaryDataset(out, "train"), SplitBinaryDataset(out, "test")
+    assert (len(train), len(test)) == (27_000, 9_000)
+    assert train.spec.cardinalities == [1_000, 200, 50, 10] and train.spec.metadata["generator"].endswith("tabular")
+    tr, te = train.slice(0, len(train)), test.slice(0, len(test))
+    # the same draws again from the model: the files hold them, and the recorded Bayes AUC is theirs
+    rng = np.random.default_rng([3, 203])
+    model = PlantedTabular(seed=3)
+    drawn_train, drawn_test = model.sample(rng, 27_000), model.sample(rng, 9_000)
+    np.testing.assert_array_equal(te.categorical.numpy(), drawn_test.categorical)
+    np.testing.assert_allclose(te.numerical.numpy(), drawn_test.numerical, atol=2e-3)  # stored as float16
+    np.testing.assert_array_equal(tr.labels.numpy(), drawn_train.labels)
+    bayes = roc_auc(drawn_test.labels, drawn_test.logits)
+    assert test.spec.metadata["bayes_test_auc"] == pytest.approx(bayes, abs=1e-6)
+    assert f"{bayes:.4f}" in stdout
+    x_tr, x_te = tr.numerical.numpy(), te.numerical.numpy()
+    y_tr, y_te = tr.labels.numpy(), te.labels.numpy()
+    linear = roc_auc(y_te, LogisticRegression(max_iter=500).fit(x_tr, y_tr).decision_function(x_te))
+    trees = HistGradientBoostingClassifier(random_state=0).fit(x_tr, y_tr).predict_proba(x_te)[:, 1]
+    assert roc_auc(y_te, trees) > linear + 0.05  # the numericals' effects are mostly nonlinear
+    assert roc_auc(y_te, trees) < bayes
+    other = PlantedTabular(seed=4)
+    assert not np.allclose(other.weights, model.weights)  # the seed draws the model
