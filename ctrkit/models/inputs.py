@@ -39,6 +39,8 @@ def check_multi_hot(cardinalities: Sequence[int], combiners: Sequence[str]) -> N
 # The training defaults every model starts from, chosen on the accuracy panel (README, "Accuracy"): Adam
 # on the dense part and the embeddings at batch 1024, and Adagrad for the first-order (wide) part as the
 # Wide & Deep seed trains it. The seeds' rates (1e-4, 1.2e-4) are for Criteo 1TB's billions of steps.
+# Early stopping after 8 evaluations (two epochs) without a gain, the rates halved after 4: against 4 / 2,
+# DLRM and DCNv2 gained on planted, Avazu, MovieLens and nonlinear-numerical data and lost nowhere.
 TRAIN_DEFAULTS = {
     "optimizer": "adam",
     "lr": 1e-3,
@@ -47,8 +49,8 @@ TRAIN_DEFAULTS = {
     "batch_size": 1024,
     "wide_optimizer": "adagrad",
     "wide_lr": 0.02,
-    "early_stopping_patience": 4,
-    "plateau_patience": 2,
+    "early_stopping_patience": 8,
+    "plateau_patience": 4,
 }
 
 
