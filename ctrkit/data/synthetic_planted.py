@@ -138,7 +138,7 @@ class PlantedTabular:
         """Draws n rows (the true log-odds in ``logits``)."""
         x = rng.normal(0.0, 1.0, (n, self.num_numerical))  # (n, 6)
         cats = np.stack([power_law_ids(rng, c, n, e) for c, e in zip(self.cardinalities, self.exponents)], 1)
-        a = self.weights
+        a = self.weights  # a[3] is drawn and unused: kept so that each seed's data stay as benchmarked
         logits = self.bias + a[0] * (np.abs(x[:, 0]) > 1) + a[1] * np.sin(2 * x[:, 1]) + a[2] * x[:, 2] * x[:, 3]
         logits = logits + a[4] * np.maximum(x[:, 4], 0.0) + a[5] * (x[:, 5] > 0.5) * (cats[:, -1] % 2 == 0)
         for f in range(len(self.cardinalities)):
