@@ -119,12 +119,12 @@ class TrainConfig:
     early_stopping_patience: int | None = option(
         None,
         "stop after this many validation evaluations without improvement (0: never stop early)",
-        unset="the model's: 8 for each",
+        unset="8, every model's default",
     )
     plateau_patience: int | None = option(
         None,
         "multiply the learning rates by plateau_factor after this many evaluations without improvement (0: never)",
-        unset="the model's: 4 for each",
+        unset="4, every model's default",
     )
     plateau_factor: float = option(0.5, "the learning-rate multiplier on a validation plateau")
     min_delta: float = option(1e-4, "the validation AUC gain that counts as an improvement")

@@ -40,7 +40,8 @@ def check_multi_hot(cardinalities: Sequence[int], combiners: Sequence[str]) -> N
 # on the dense part and the embeddings at batch 1024, and Adagrad for the first-order (wide) part as the
 # Wide & Deep seed trains it. The seeds' rates (1e-4, 1.2e-4) are for Criteo 1TB's billions of steps.
 # Early stopping after 8 evaluations (two epochs) without a gain, the rates halved after 4: against 4 / 2,
-# DLRM and DCNv2 gained on planted, Avazu, MovieLens and nonlinear-numerical data and lost nowhere.
+# DLRM and DCNv2 gained up to 0.006 AUC on planted, Avazu, MovieLens and nonlinear-numerical data, and the
+# one loss was 0.0007 (DCNv2 on a nonlinear-numerical probe; README, "Training defaults").
 TRAIN_DEFAULTS = {
     "optimizer": "adam",
     "lr": 1e-3,
