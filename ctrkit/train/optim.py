@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 
 class SparseSGD(torch.optim.Optimizer):
@@ -187,18 +188,49 @@ class SparseRowOptimizer(torch.optim.Optimizer):
                     state["exp_avg_sq"].index_copy_(0, rows, v)
                     t = state["step"]
                     update = (m / (1 - beta1**t)) / (v / (1 - beta2**t)).sqrt_().add_(eps)
-                p.index_add_(0, rows, update, alpha=-lr)
+                _add_to_rows(p, rows, update, -lr)
         return None
+
+
+def _add_to_rows(p: torch.Tensor, rows: torch.Tensor, update: torch.Tensor, alpha: float) -> None:
+    """``p[rows] += alpha * update`` for distinct ``rows`` (U,): gathered, added and written back, 3-13x
+    faster on the CPU than ``index_add_`` (README, Benchmarks), with the same sums."""
+    if len(rows) == p.shape[0]:  # a dense gradient: every row, in order
+        p.add_(update.to(p.dtype), alpha=alpha)
+    else:
+        p.index_copy_(0, rows, p.index_select(0, rows).add_(update.to(p.dtype), alpha=alpha))
 
 
 def _summed_rows(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """A sparse row gradient's distinct rows (ascending) and each one's summed gradient, as ``coalesce``
-    gives them, through ``unique`` + ``index_add_``, which is faster on the CPU than ``coalesce``."""
+    gives them. The ids are sorted (stably, so each row's gradients are summed in the batch's order) and
+    each distinct id's gradients summed as one bag of ``embedding_bag``: faster on the CPU than ``unique`` +
+    ``index_add_``, itself faster than ``coalesce`` (README, Benchmarks)."""
     if g.is_coalesced():
         return g.indices()[0], g.values()
     ids, values = g._indices()[0], g._values()
-    rows, inverse = torch.unique(ids, return_inverse=True)
-    return rows, values.new_zeros((len(rows), *values.shape[1:])).index_add_(0, inverse, values)
+    if values.dim() != 2 or len(ids) == 0:
+        rows, inverse = torch.unique(ids, return_inverse=True)
+        return rows, values.new_zeros((len(rows), *values.shape[1:])).index_add_(0, inverse, values)
+    order, rows, starts = _sorted_ids(ids)
+    return rows, F.embedding_bag(order, values.contiguous(), starts, mode="sum")  # (U, D)
+
+
+_LAST_SORT: list[torch.Tensor] = []  # the last ids sorted and their sort: [ids, order, rows, starts]
+
+
+def _sorted_ids(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(nnz,) ids -> the stable sort's permutation (nnz,), the distinct ids (U,) and where each one's run
+    starts in the permutation (U,). The last result is kept and reused for equal ids: a model's first-order
+    tables look up the same rows as its embeddings, so their gradients share one sort per step."""
+    last = _LAST_SORT
+    if last and last[0].shape == ids.shape and last[0].device == ids.device and torch.equal(last[0], ids):
+        return last[1], last[2], last[3]
+    ordered, order = torch.sort(ids, stable=True)
+    rows, counts = torch.unique_consecutive(ordered, return_counts=True)
+    starts = torch.cumsum(counts, 0) - counts
+    last[:] = [ids, order, rows, starts]
+    return order, rows, starts
 
 
 def make_optimizer(kind: str, params: list[torch.nn.Parameter], lr: float, sparse: bool) -> torch.optim.Optimizer:

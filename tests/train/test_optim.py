@@ -170,3 +170,44 @@ def test_step_schedule_is_the_wide_deep_seeds():
     assert [s(i) for i in (12, 19, 500)] == [1.0, 1.0, 1.0]
     with pytest.raises(ValueError, match="poly or step"):
         LRSchedule(base_lr=1.0, kind="cosine")
+
+
+@pytest.mark.parametrize("dim,dtype", [(16, torch.float32), (1, torch.float32), (8, torch.bfloat16)])
+def test_summed_rows_equal_coalesce(dim, dtype):
+    """The sparse optimizers' duplicate-id sum (a sort, then one embedding_bag sum per distinct id) gives
+    coalesce's rows and the exact sums, on long-tailed ids with many repeats, one-wide tables included; in
+    bf16 it is within one bf16 rounding of the exact sum (it accumulates in fp32; coalesce in bf16 is not)."""
+    from ctrkit.train.optim import _summed_rows
+
+    gen = torch.Generator().manual_seed(0)
+    ids = (torch.rand(5000, generator=gen) ** 4 * 3000).long()  # (nnz,) skewed: most ids repeat
+    values = torch.randn(5000, dim, generator=gen).to(dtype)
+    g = torch.sparse_coo_tensor(ids.unsqueeze(0), values, (3000, dim))
+    rows, sums = _summed_rows(g)
+    exact = torch.sparse_coo_tensor(ids.unsqueeze(0), values.double(), (3000, dim)).coalesce()
+    assert len(rows) < 2500  # repeats were summed
+    torch.testing.assert_close(rows, exact.indices()[0], rtol=0, atol=0)
+    assert sums.dtype == dtype
+    if dtype == torch.float32:
+        torch.testing.assert_close(sums.double(), exact.values(), rtol=1e-5, atol=1e-5)
+    else:
+        torch.testing.assert_close(sums.double(), exact.values(), rtol=2**-8, atol=1e-2)
+    empty = torch.sparse_coo_tensor(torch.zeros((1, 0), dtype=torch.long), torch.zeros(0, dim), (3000, dim))
+    rows, sums = _summed_rows(empty)
+    assert rows.shape == (0,) and sums.shape == (0, dim)
+
+
+def test_summed_rows_reuse_a_sort_only_for_equal_ids():
+    """The sort is shared by gradients with equal ids (embeddings and first-order tables), and redone for
+    other ids of the same length."""
+    from ctrkit.train.optim import _summed_rows
+
+    gen = torch.Generator().manual_seed(1)
+    a = torch.randint(0, 50, (400,), generator=gen)
+    b = a.flip(0) + 1  # same length, other ids
+    for ids, dim in ((a, 4), (a.clone(), 1), (b, 4), (a, 4)):
+        g = torch.sparse_coo_tensor(ids.unsqueeze(0), torch.randn(400, dim, generator=gen), (60, dim))
+        rows, sums = _summed_rows(g)
+        ref = g.coalesce()
+        torch.testing.assert_close(rows, ref.indices()[0], rtol=0, atol=0)
+        torch.testing.assert_close(sums, ref.values())
