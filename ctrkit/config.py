@@ -421,10 +421,12 @@ class SynthConfig:
         "pairwise interactions of the frequent ids of long-tailed vocabularies, with the test rows' Bayes-optimal "
         "AUC in the spec's metadata; planted-tabular: the same with the signal mostly in nonlinear functions of 6 "
         "numerical features (a step, a sine, a product, a hinge) beside per-id effects of 4 categorical ones; "
+        "planted-amounts: planted-tabular's data with the numerical features written as raw amounts "
+        "(exp(1.5 x) * 10^j: heavy-tailed, 1 to 1e5 and beyond, float32), as prices or counts come; "
         "outbrain-raw: the raw Kaggle Outbrain files (clicks_train.csv, events.csv, "
         "promoted_content.csv, documents_*.csv, page_views.csv; --rows clicks rows) from a planted click model, "
         "for `ctrkit preprocess outbrain` (truth.json: the MAP@12 of the true scores)",
-        ("criteo-like", "outbrain", "criteo", "planted", "planted-tabular", "outbrain-raw"),
+        ("criteo-like", "outbrain", "criteo", "planted", "planted-tabular", "planted-amounts", "outbrain-raw"),
         positional=True,
     )
     out: Path | None = option(None, "dataset directory to create (a file for criteo)", required=True)

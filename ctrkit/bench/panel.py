@@ -9,7 +9,8 @@ redistribution, so nothing here copies them anywhere but the benchmark's scratch
 * ``movielens``: MovieLens 100k, rating >= 4 as a click, user/item/gender/occupation/age features and
   the item's genres as a multi-hot feature, each user's last 20% of ratings (by time) as test;
 * ``planted-<rows>-s<seed>``: ``synthetic_planted`` data with its Bayes-optimal test AUC;
-* ``tabular-<rows>-s<seed>``: the same module's tabular family (nonlinear numerical effects).
+* ``tabular-<rows>-s<seed>``: the same module's tabular family (nonlinear numerical effects);
+* ``amounts-<rows>-s<seed>``: the tabular family's data with its numerical features as raw amounts.
 
 Categorical values get ids as the Criteo recipe gives them: 0 missing or unseen in train, 1 seen fewer
 than ``threshold`` times in train, 2.. by descending train frequency (ties by value).
@@ -179,7 +180,8 @@ def build_planted(out: Path, rows: int, seed: int, family: str = "interactions")
 
     spec = generate_planted(out, rows, seed=seed, overwrite=True, progress=False, family=family)
     n_test = int(round(rows / 6))
-    what = "planted interactions" if family == "interactions" else "planted nonlinear numerical effects"
+    what = {"interactions": "planted interactions", "tabular": "planted nonlinear numerical effects",
+            "amounts": "planted nonlinear effects of raw amounts"}[family]  # fmt: skip
     return PanelEntry(out.name, out, f"{what}, {rows - n_test:,} train rows, seed {seed}",
                       spec.metadata["bayes_test_auc"])  # fmt: skip
 
@@ -191,6 +193,7 @@ def build_panel(
     planted_rows: Sequence[int] = (),
     seeds=(0,),
     tabular_rows: Sequence[int] = (),
+    amounts_rows: Sequence[int] = (),
 ) -> list[PanelEntry]:
     """Builds the panel's datasets under ``work`` (real ones only where ``shared`` holds them)."""
     work.mkdir(parents=True, exist_ok=True)
@@ -206,4 +209,7 @@ def build_panel(
     for rows in tabular_rows:
         for seed in seeds:
             entries.append(build_planted(work / f"tabular-{rows // 1000}k-s{seed}", rows, seed, "tabular"))
+    for rows in amounts_rows:
+        for seed in seeds:
+            entries.append(build_planted(work / f"amounts-{rows // 1000}k-s{seed}", rows, seed, "amounts"))
     return entries

@@ -193,7 +193,7 @@ def accuracy(args: argparse.Namespace) -> int:
     cfg: AccuracyBenchConfig = config_from(args, AccuracyBenchConfig)
     _threads(config_from(args, BenchRunOptions))
     unknown = (
-        set(cfg.panel) - {*REAL, "planted", "tabular", "none"}
+        set(cfg.panel) - {*REAL, "planted", "tabular", "amounts", "none"}
         | set(cfg.models) - set(LABELS)
         | set(cfg.baselines) - set(LABELS)
     )
@@ -205,7 +205,8 @@ def accuracy(args: argparse.Namespace) -> int:
     real = [n for n in REAL if n in cfg.panel]
     planted = cfg.planted_rows if "planted" in cfg.panel else ()
     tabular = cfg.tabular_rows if "tabular" in cfg.panel else ()
-    entries = build_panel(cfg.work, shared if shared.exists() else None, real, planted, cfg.seeds, tabular)
+    amounts = cfg.amounts_rows if "amounts" in cfg.panel else ()
+    entries = build_panel(cfg.work, shared if shared.exists() else None, real, planted, cfg.seeds, tabular, amounts)
     entries += [PanelEntry(Path(d).name, Path(d), f"user dataset {d}") for d in cfg.datasets or ()]
     if not entries:
         raise ValueError(f"the panel is empty: no real samples under {shared} and no planted or user data sets")

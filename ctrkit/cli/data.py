@@ -37,7 +37,8 @@ def synth(args: argparse.Namespace) -> int:
     model as raw Criteo-format TSV, for `ctrkit preprocess criteo`. planted: a click model unlike
     criteo-like's (signal on the frequent ids of long-tailed vocabularies only), for measuring models
     against baselines; the spec records the best achievable test AUC. planted-tabular: the same for a
-    click model whose signal is mostly nonlinear in 6 numerical features.
+    click model whose signal is mostly nonlinear in 6 numerical features; planted-amounts: that data with
+    its numerical features as raw, heavy-tailed amounts.
     """
     import numpy as np
 
@@ -51,12 +52,12 @@ def synth(args: argparse.Namespace) -> int:
         out = write_criteo_tsv(cfg.out, cfg.rows, tables, cfg.num_numerical, cfg.seed, overwrite=cfg.overwrite)
         print(f"wrote {out}: {cfg.rows} raw rows (label, {cfg.num_numerical} integer, {len(tables)} hashed columns)")
         return 0
-    if cfg.kind in ("planted", "planted-tabular"):
+    if cfg.kind in ("planted", "planted-tabular", "planted-amounts"):
         from ctrkit.data.synthetic_planted import generate_planted
 
         if cfg.tables is not None or cfg.num_numerical != 13:
             raise ValueError("--tables and --num-numerical apply to the criteo-like dataset only")
-        family = "interactions" if cfg.kind == "planted" else "tabular"
+        family = {"planted": "interactions", "planted-tabular": "tabular", "planted-amounts": "amounts"}[cfg.kind]
         spec = generate_planted(cfg.out, cfg.rows, cfg.test_fraction, cfg.seed, cfg.overwrite, family=family)
         sizes = [len(SplitBinaryDataset(spec, m, check_ids=False)) for m in ("train", "test")]
         print(f"wrote {cfg.out}: {sizes[0]} train + {sizes[1]} test samples; the true click odds rank the test "

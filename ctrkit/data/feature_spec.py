@@ -469,11 +469,15 @@ def split_binary_spec(
 
 
 def criteo_like_spec(
-    cardinalities: Sequence[int], num_numerical: int, mappings: Sequence[str] = ("train", "test")
+    cardinalities: Sequence[int],
+    num_numerical: int,
+    mappings: Sequence[str] = ("train", "test"),
+    numerical_dtype: str = "float16",
 ) -> FeatureSpec:
     """A split-binary spec laid out as NVIDIA's Criteo datasets are (``cat_i.bin``, ``num_i``, ``label``)."""
     categorical = {f"cat_{i}.bin": Feature(smallest_int_dtype(c), int(c)) for i, c in enumerate(cardinalities)}
-    return split_binary_spec(categorical, [f"num_{i}" for i in range(num_numerical)], "label", mappings)
+    names = [f"num_{i}" for i in range(num_numerical)]
+    return split_binary_spec(categorical, names, "label", mappings, numerical_dtype=numerical_dtype)
 
 
 def _canonical_channels(raw: Mapping[str, Any]) -> tuple[dict[str, tuple[str, ...]], set[str]]:

@@ -21,6 +21,7 @@ trees find easily and logistic regression cannot).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -170,7 +171,8 @@ def generate_planted(
         overwrite: replace an existing dataset at ``out_dir``.
         progress: show a progress bar.
         chunk_rows: rows generated per block (bounds memory).
-        family: "interactions" (``PlantedCTR``) or "tabular" (``PlantedTabular``).
+        family: "interactions" (``PlantedCTR``), "tabular" (``PlantedTabular``) or "amounts"
+            (``PlantedAmounts``).
         model_options: the model's other arguments.
     """
     from ctrkit.eval.metrics import roc_auc
@@ -185,7 +187,9 @@ def generate_planted(
     n_test = max(1, int(round(rows * test_fraction)))
     rng = np.random.default_rng([seed, 103 if family == "interactions" else 203])
     with atomic_directory(out_dir, overwrite) as tmp:
-        base = criteo_like_spec(model.cardinalities, model.num_numerical)
+        base = criteo_like_spec(
+            model.cardinalities, model.num_numerical, numerical_dtype=getattr(model, "numerical_dtype", "float16")
+        )
         spec = FeatureSpec(base.feature_spec, base.source_spec, base.channel_spec, {}, tmp)
         test_labels, test_logits = [], []
         with tqdm(
@@ -212,5 +216,21 @@ def generate_planted(
     return FeatureSpec.from_yaml(Path(out_dir) / "feature_spec.yaml")
 
 
-FAMILIES = {"interactions": PlantedCTR, "tabular": PlantedTabular}
-GENERATORS = {"interactions": "planted", "tabular": "planted-tabular"}  # the `ctrkit synth` kind of each
+class PlantedAmounts(PlantedTabular):
+    """``PlantedTabular``'s click model with its numerical features written as raw amounts, as prices,
+    counts or durations come: feature j is ``exp(1.5 x_j) * 10**j`` (heavy-tailed, from about 1 to 1e5
+    and beyond), float32. Every transform is monotone, so trees and the Bayes AUC are unchanged; a model
+    that feeds the values straight into an MLP is not."""
+
+    numerical_dtype = "float32"
+
+    def sample(self, rng: np.random.Generator, n: int, labels: bool = True) -> Block:
+        block = super().sample(rng, n, labels)
+        scale = 10.0 ** np.arange(self.num_numerical)
+        amounts = (np.exp(1.5 * block.numerical.astype(np.float64)) * scale).astype(np.float32)
+        return dataclasses.replace(block, numerical=amounts)
+
+
+FAMILIES = {"interactions": PlantedCTR, "tabular": PlantedTabular, "amounts": PlantedAmounts}
+# the `ctrkit synth` kind of each
+GENERATORS = {"interactions": "planted", "tabular": "planted-tabular", "amounts": "planted-amounts"}

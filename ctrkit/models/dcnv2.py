@@ -11,6 +11,7 @@ from ctrkit.models.inputs import (
     TRAIN_DEFAULTS,
     BottomTopConfig,
     LinearTerm,
+    NumericalNormalizer,
     WideParameters,
     input_layers,
 )
@@ -60,6 +61,7 @@ class DCNv2(WideParameters, nn.Module):
     def __init__(self, config: DCNv2Config):
         super().__init__()
         self.config = config
+        self.numerical_norm = NumericalNormalizer(config.num_numerical)
         self.bottom_mlp, self.embeddings, _ = input_layers(config)
         self.wide_embeddings, self.wide_dense = LinearTerm.build(config) if config.linear else (None, None)
         bottom_width = config.embedding_dim if self.bottom_mlp is not None else 0
@@ -79,6 +81,7 @@ class DCNv2(WideParameters, nn.Module):
         return self.top_mlp[-1]
 
     def forward(self, numerical: torch.Tensor | None, categorical: torch.Tensor, multi_hot=None) -> torch.Tensor:
+        numerical = self.numerical_norm(numerical)  # (B, N) standardised (see NumericalNormalizer)
         emb = self.embeddings(categorical, multi_hot).flatten(1)  # (B, F*D; the sum of the widths)
         if self.bottom_mlp is None:
             x0 = emb  # (B, d)

@@ -7,7 +7,14 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ctrkit.models.inputs import TRAIN_DEFAULTS, BottomTopConfig, LinearTerm, WideParameters, input_layers
+from ctrkit.models.inputs import (
+    TRAIN_DEFAULTS,
+    BottomTopConfig,
+    LinearTerm,
+    NumericalNormalizer,
+    WideParameters,
+    input_layers,
+)
 from ctrkit.models.interaction import DotInteraction
 from ctrkit.models.mlp import MLP
 from ctrkit.models.registry import register_model
@@ -50,6 +57,7 @@ class DLRM(WideParameters, nn.Module):
     def __init__(self, config: DLRMConfig):
         super().__init__()
         self.config = config
+        self.numerical_norm = NumericalNormalizer(config.num_numerical)
         self.bottom_mlp, self.embeddings, num_vectors = input_layers(config)
         self.wide_embeddings, self.wide_dense = LinearTerm.build(config) if config.linear else (None, None)
         self.interaction = DotInteraction(
@@ -63,6 +71,7 @@ class DLRM(WideParameters, nn.Module):
         return self.top_mlp[-1]
 
     def forward(self, numerical: torch.Tensor | None, categorical: torch.Tensor, multi_hot=None) -> torch.Tensor:
+        numerical = self.numerical_norm(numerical)  # (B, N) standardised (see NumericalNormalizer)
         emb = self.embeddings(categorical, multi_hot)  # (B, F, D), F counting multi-hot features
         bottom = self.bottom_mlp(numerical) if self.bottom_mlp is not None else None  # (B, D)
         logits = self.top_mlp(self.interaction(bottom, emb)).squeeze(1)  # (B,)

@@ -214,6 +214,86 @@ def select_multi_hot(multi_hot, features: list[int]):
     return MultiHot(torch.cat(ids), torch.cat(offsets), len(features))
 
 
+LOG_ABOVE = 50.0  # a numerical feature whose 99.9th percentile magnitude exceeds this is logged
+NORMALIZER_ROWS = 262_144  # training rows the normalizer's statistics are taken from (at most)
+
+
+class NumericalNormalizer(nn.Module):
+    """The numerical features as the model sees them: each one standardised with statistics of the
+    training data, after a signed log (``sign(x) * log(1 + |x|)``) where its values are raw amounts or
+    counts (99.9th percentile of ``|x|`` above ``LOG_ABOVE``).
+
+    A model is fitted (``fit``) before training starts, and its statistics are buffers saved with it, so
+    evaluation, export and serving see the same inputs. Until then, and in checkpoints from before it
+    existed, it is the identity. Why: raw prices or counts (values up to 1e5 and more, heavy tails) fed
+    straight into the MLPs left every model at its logistic-regression warm start (README, Accuracy).
+
+    Shapes: numerical (B, N) -> (B, N) float32.
+    """
+
+    def __init__(self, num_numerical: int):
+        super().__init__()
+        self.register_buffer("log_mask", torch.zeros(num_numerical))  # (N,) 1.0 where the signed log applies
+        self.register_buffer("shift", torch.zeros(num_numerical))  # (N,) subtracted after the log
+        self.register_buffer("scale", torch.ones(num_numerical))  # (N,) then divided by
+
+    def forward(self, numerical: torch.Tensor | None) -> torch.Tensor | None:
+        if numerical is None or self.log_mask.numel() == 0:
+            return numerical
+        x = numerical.float()
+        logged = torch.sign(x) * torch.log(1.0 + x.abs())  # log(1 + |x|): log1p is not in every exporter
+        x = torch.where(self.log_mask > 0, logged, x)
+        return (x - self.shift) / self.scale
+
+    @torch.no_grad()
+    def fit(self, numerical: torch.Tensor) -> dict[str, list]:
+        """Sets the statistics from (n, N) training values; returns them (which features are logged)."""
+        x = numerical.double()
+        if x.shape[0] == 0 or x.shape[1] != self.log_mask.numel():
+            return {"logged": []}
+        high = torch.quantile(x.abs()[: 1 << 24], 0.999, dim=0)  # (N,)
+        mask = high > LOG_ABOVE
+        x = torch.where(mask, torch.sign(x) * torch.log1p(x.abs()), x)
+        mean, std = x.mean(0), x.std(0) if x.shape[0] > 1 else torch.ones_like(x[0])
+        std = torch.where(std > 1e-6, std, torch.ones_like(std))
+        device = self.log_mask.device
+        self.log_mask.copy_(mask.to(self.log_mask.dtype).to(device))
+        self.shift.copy_(mean.to(self.shift.dtype).to(device))
+        self.scale.copy_(std.to(self.scale.dtype).to(device))
+        return {"logged": [int(i) for i in mask.nonzero().flatten()]}
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, *args):
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, *args)
+        names = [prefix + n for n in ("log_mask", "shift", "scale")]
+        if not any(n in state_dict for n in names):  # a checkpoint from before the normalizer: the identity
+            for n in names:
+                if n in missing_keys:
+                    missing_keys.remove(n)
+            with torch.no_grad():
+                self.log_mask.zero_()
+                self.shift.zero_()
+                self.scale.fill_(1.0)
+
+
+def normalizer_sample(dataset) -> torch.Tensor | None:
+    """Up to ``NORMALIZER_ROWS`` rows of a dataset's numerical features, (n, N): 16 evenly spaced blocks."""
+    n = len(dataset)
+    if n == 0:
+        return None
+    take = min(n, NORMALIZER_ROWS)
+    block = -(-take // 16)
+    parts = []
+    for k in range(16):
+        start = min(n - 1, (n * k) // 16)
+        stop = min(n, start + block)
+        if stop > start:
+            batch = dataset.slice(start, stop)
+            if batch.numerical is None:
+                return None
+            parts.append(batch.numerical)
+    return torch.cat(parts)
+
+
 class LinearTerm(nn.Module):
     """The first-order part of a model: one weight per id of every categorical feature (1-wide tables)
     summed over the features, plus a linear map of the numerical features; zero at the start.

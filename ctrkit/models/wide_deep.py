@@ -11,6 +11,7 @@ from ctrkit.models.inputs import (
     TRAIN_DEFAULTS,
     InputsConfig,
     LinearTerm,
+    NumericalNormalizer,
     WideParameters,
     deep_embeddings,
 )
@@ -57,6 +58,7 @@ class WideDeep(WideParameters, nn.Module):
     def __init__(self, config: WideDeepConfig):
         super().__init__()
         self.config = config
+        self.numerical_norm = NumericalNormalizer(config.num_numerical)
         self.wide_embeddings, self.wide_dense = LinearTerm.build(config)
         self.embeddings = deep_embeddings(config)
         width = self.embeddings.output_width + config.num_numerical
@@ -68,6 +70,7 @@ class WideDeep(WideParameters, nn.Module):
         return self.deep[-1]
 
     def forward(self, numerical: torch.Tensor | None, categorical: torch.Tensor, multi_hot=None) -> torch.Tensor:
+        numerical = self.numerical_norm(numerical)  # (B, N) standardised (see NumericalNormalizer)
         wide = self.wide_logit(numerical, categorical, multi_hot)  # (B,)
         emb = self.embeddings(categorical, multi_hot).flatten(1)  # (B, F*D; the sum of the widths)
         if numerical is not None and self.config.num_numerical:

@@ -120,9 +120,10 @@ def fit_first_order(
     dense = inner.wide_dense
     k = 0
     if dense is not None:
-        num_tr = tr.numerical.double()
+        norm = getattr(inner, "numerical_norm", None) or (lambda x: x)  # the inputs as the model sees them
+        num_tr = norm(tr.numerical).double()
         mu, sd = num_tr.mean(0), num_tr.std(0).clamp_min(1e-6)
-        z_tr, z_va = (num_tr - mu) / sd, (va.numerical.double() - mu) / sd
+        z_tr, z_va = (num_tr - mu) / sd, (norm(va.numerical).double() - mu) / sd
         k = z_tr.shape[1]
     # one flat parameter vector: per-id weights, numerical weights, bias; gradients computed in closed form.
     # L-BFGS runs on u = theta / scale, scale = the inverse square root of the Hessian's diagonal at p = 1/2

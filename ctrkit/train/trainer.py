@@ -539,6 +539,20 @@ class Trainer:
                 opt.state.pop(p, None)
         self._log({"event": "reinit_embeddings", "step": self.step, "epoch": epoch})
 
+    def _fit_normalizer(self) -> None:
+        """Before the first step: the model's numerical inputs standardised (and raw amounts logged) with
+        statistics of the training data (``models.inputs.NumericalNormalizer``)."""
+        from ctrkit.models.inputs import normalizer_sample
+
+        norm = getattr(getattr(self.model, "model", self.model), "numerical_norm", None)
+        if norm is None or norm.log_mask.numel() == 0:
+            return
+        sample = normalizer_sample(self.train_set)
+        if sample is None:
+            return
+        fitted = norm.fit(sample)
+        self._log({"event": "numerical_normalizer", "step": 0, "rows": int(sample.shape[0]), **fitted})
+
     def _warm_start(self) -> None:
         """``linear_warm_start``: the first-order term fitted as a logistic regression, the deep output
         zeroed, and the result evaluated on validation at step 0 (so selection can keep it)."""
@@ -581,6 +595,7 @@ class Trainer:
             }
         )
         if self.step == 0 and self.selection.best_step is None:
+            self._fit_normalizer()
             self._warm_start()
         eval_steps = self._eval_steps()
         loss_sum = self._loss_sum

@@ -114,3 +114,23 @@ def test_planted_tabular_signal_is_nonlinear_in_the_numericals(tmp_path, capsys)
     assert roc_auc(y_te, trees) < bayes
     other = PlantedTabular(seed=4)
     assert not np.allclose(other.weights, model.weights)  # the seed draws the model
+
+
+def test_planted_amounts_are_the_tabular_rows_as_raw_amounts(tmp_path, capsys):
+    """`synth planted-amounts` writes planted-tabular's rows (same seed) with each numerical feature j as
+    exp(1.5 x) * 10^j in float32, so labels, ids and the Bayes AUC are the tabular data's."""
+    from ctrkit.cli import main
+
+    for kind in ("planted-tabular", "planted-amounts"):
+        assert main(["synth", kind, "--out", str(tmp_path / kind), "--rows", "3000", "--seed", "2"]) == 0
+    tab, amo = (SplitBinaryDataset(tmp_path / k, "train") for k in ("planted-tabular", "planted-amounts"))
+    assert (
+        amo.spec.metadata["bayes_test_auc"]
+        == SplitBinaryDataset(tmp_path / "planted-tabular", "test").spec.metadata["bayes_test_auc"]
+    )
+    a, b = tab.slice(0, len(tab)), amo.slice(0, len(amo))
+    assert np.array_equal(a.labels.numpy(), b.labels.numpy()) and np.array_equal(a.categorical, b.categorical)
+    x = b.numerical.numpy().astype(np.float64)
+    assert x.min() > 0 and np.quantile(x[:, 5], 0.999) > 1e6  # heavy-tailed amounts
+    back = np.log(x / 10.0 ** np.arange(x.shape[1])) / 1.5  # the standard-normal values again
+    np.testing.assert_allclose(back, a.numerical.numpy(), atol=2e-3)  # tabular stores them as float16
