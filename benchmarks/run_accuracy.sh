@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The accuracy panel: every model with its defaults against logistic regression and LightGBM.
 # Real samples come from ../shared/data (never copied into the repository); the planted (id interactions)
-# and tabular (nonlinear numerical effects) data sets are generated, each with its Bayes-optimal AUC.
+# tabular (nonlinear numerical effects) and amounts (tabular data as raw amounts) data sets are generated,
+# each with its Bayes-optimal AUC.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_WAIT_POLICY=PASSIVE
 .venv/bin/ctrkit bench accuracy --planted-rows "${PLANTED_ROWS:-120000,360000}" \
-    --tabular-rows "${TABULAR_ROWS:-120000,360000}" --seeds "${SEEDS:-0}" \
+    --tabular-rows "${TABULAR_ROWS:-120000,360000}" --amounts-rows "${AMOUNTS_ROWS:-120000}" --seeds "${SEEDS:-0}" \
     --work build/accuracy --out "${OUT:-benchmarks/accuracy}"

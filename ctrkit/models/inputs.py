@@ -228,7 +228,7 @@ class NumericalNormalizer(nn.Module):
     existed, it is the identity. Why: raw prices or counts (values up to 1e5 and more, heavy tails) fed
     straight into the MLPs left every model at its logistic-regression warm start (README, Accuracy).
 
-    Shapes: numerical (B, N) -> (B, N) float32.
+    Shapes: numerical (B, N) -> (B, N), computed in float32, returned in the input's dtype.
     """
 
     def __init__(self, num_numerical: int):
@@ -243,7 +243,7 @@ class NumericalNormalizer(nn.Module):
         x = numerical.float()
         logged = torch.sign(x) * torch.log(1.0 + x.abs())  # log(1 + |x|): log1p is not in every exporter
         x = torch.where(self.log_mask > 0, logged, x)
-        return (x - self.shift) / self.scale
+        return ((x - self.shift.float()) / self.scale.float()).to(numerical.dtype)  # bf16 weights: bf16 in
 
     @torch.no_grad()
     def fit(self, numerical: torch.Tensor) -> dict[str, list]:

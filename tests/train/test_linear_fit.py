@@ -59,8 +59,9 @@ def test_training_starts_from_the_fit_and_selection_may_keep_it(tiny_dataset, tm
     result = trainer.fit()
     events = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
     kinds = [e["event"] for e in events]
-    assert kinds[1:3] == ["warm_start", "eval"] and events[2]["step"] == 0  # the fit, scored at step 0
-    assert events[1]["validation_auc"] == events[2]["auc"]  # the model at step 0 is exactly the regression
+    # the numerical inputs' statistics, then the fit, scored at step 0
+    assert kinds[1:4] == ["numerical_normalizer", "warm_start", "eval"] and events[3]["step"] == 0
+    assert events[2]["validation_auc"] == events[3]["auc"]  # the model at step 0 is exactly the regression
     assert result["best_step"] is not None
 
 
