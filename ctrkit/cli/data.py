@@ -52,12 +52,12 @@ def synth(args: argparse.Namespace) -> int:
         out = write_criteo_tsv(cfg.out, cfg.rows, tables, cfg.num_numerical, cfg.seed, overwrite=cfg.overwrite)
         print(f"wrote {out}: {cfg.rows} raw rows (label, {cfg.num_numerical} integer, {len(tables)} hashed columns)")
         return 0
-    if cfg.kind in ("planted", "planted-tabular", "planted-amounts"):
-        from ctrkit.data.synthetic_planted import generate_planted
+    if cfg.kind.startswith("planted"):
+        from ctrkit.data.synthetic_planted import GENERATORS, generate_planted
 
         if cfg.tables is not None or cfg.num_numerical != 13:
             raise ValueError("--tables and --num-numerical apply to the criteo-like dataset only")
-        family = {"planted": "interactions", "planted-tabular": "tabular", "planted-amounts": "amounts"}[cfg.kind]
+        family = {kind: family for family, kind in GENERATORS.items()}[cfg.kind]
         spec = generate_planted(cfg.out, cfg.rows, cfg.test_fraction, cfg.seed, cfg.overwrite, family=family)
         sizes = [len(SplitBinaryDataset(spec, m, check_ids=False)) for m in ("train", "test")]
         print(f"wrote {cfg.out}: {sizes[0]} train + {sizes[1]} test samples; the true click odds rank the test "

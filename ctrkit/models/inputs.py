@@ -249,7 +249,9 @@ class NumericalNormalizer(nn.Module):
     def fit(self, numerical: torch.Tensor) -> dict[str, list]:
         """Sets the statistics from (n, N) training values; returns them (which features are logged)."""
         x = numerical.double()
-        if x.shape[0] == 0 or x.shape[1] != self.log_mask.numel():
+        if x.dim() != 2 or x.shape[1] != self.log_mask.numel():
+            raise ValueError(f"expected (n, {self.log_mask.numel()}) numerical values, got {tuple(x.shape)}")
+        if x.shape[0] == 0:
             return {"logged": []}
         high = torch.quantile(x.abs()[: 1 << 24], 0.999, dim=0)  # (N,)
         mask = high > LOG_ABOVE
@@ -283,9 +285,9 @@ def normalizer_sample(dataset) -> torch.Tensor | None:
     take = min(n, NORMALIZER_ROWS)
     block = -(-take // 16)
     parts = []
-    for k in range(16):
-        start = min(n - 1, (n * k) // 16)
-        stop = min(n, start + block)
+    for k in range(16):  # block k starts at the k-th sixteenth and never runs into block k + 1
+        start = (n * k) // 16
+        stop = min(start + block, (n * (k + 1)) // 16)
         if stop > start:
             batch = dataset.slice(start, stop)
             if batch.numerical is None:

@@ -5,7 +5,6 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
-import yaml
 
 from ctrkit.checkpoint import load_checkpoint
 from ctrkit.models.inputs import LOG_ABOVE, NumericalNormalizer
@@ -52,20 +51,34 @@ def test_checkpoints_from_before_the_normaliser_load_as_identity():
 @pytest.fixture(scope="module")
 def raw_dataset(tmp_path_factory):
     """planted-tabular data whose numericals are raw amounts: exp(1.5 x) * 10^j (float32)."""
-    root = tmp_path_factory.mktemp("raw")
-    code, _, _ = run_cli("synth", "planted-tabular", "--out", root / "data", "--rows", "6000", "--seed", "3")
+    out = tmp_path_factory.mktemp("raw") / "data"
+    code, _, _ = run_cli("synth", "planted-amounts", "--out", out, "--rows", "6000", "--seed", "3")
     assert code == 0
-    spec_path = root / "data" / "feature_spec.yaml"
-    spec = yaml.safe_load(spec_path.read_text())
-    nums = spec["channel_spec"]["numerical"]
-    for mapping in ("train", "test"):
-        path = root / "data" / mapping / "numerical.bin"
-        x = np.fromfile(path, dtype=np.float16).astype(np.float64).reshape(-1, len(nums))
-        (np.exp(1.5 * x) * 10.0 ** np.arange(len(nums))).astype(np.float32).tofile(path)
-    for n in nums:
-        spec["feature_spec"][n]["dtype"] = "float32"
-    spec_path.write_text(yaml.safe_dump(spec, sort_keys=False))
-    return root / "data"
+    return out
+
+
+def test_normalizer_sample_takes_each_row_once():
+    from ctrkit.data.batch import Batch
+    from ctrkit.models.inputs import NORMALIZER_ROWS, normalizer_sample
+
+    class Rows:  # row i's numerical value is i
+        def __init__(self, n):
+            self.n = n
+
+        def __len__(self):
+            return self.n
+
+        def slice(self, start, stop):
+            ids = torch.arange(start, stop)
+            return Batch(ids.float().unsqueeze(1), ids.unsqueeze(1), torch.zeros(stop - start))
+
+    for n in (5, 9000, 9001):  # fewer rows than the cap: all of them, none twice
+        assert normalizer_sample(Rows(n)).flatten().tolist() == list(range(n))
+    many = normalizer_sample(Rows(10 * NORMALIZER_ROWS)).flatten()
+    assert len(many) == NORMALIZER_ROWS and len(many.unique()) == NORMALIZER_ROWS
+    assert many.max() > 9 * NORMALIZER_ROWS  # spread over the whole mapping, not its head
+    with pytest.raises(ValueError, match=r"expected \(n, 2\)"):
+        NumericalNormalizer(2).fit(torch.zeros(4, 3))
 
 
 def test_training_fits_it_and_the_onnx_export_scores_the_same(raw_dataset, tmp_path, capsys):
