@@ -60,6 +60,7 @@ class DLRM(WideParameters, nn.Module):
         self.numerical_norm = NumericalNormalizer(config.num_numerical)
         self.bottom_mlp, self.embeddings, num_vectors = input_layers(config)
         self.wide_embeddings, self.wide_dense = LinearTerm.build(config) if config.linear else (None, None)
+        self.wide_buckets = LinearTerm.buckets(config) if config.linear else None
         self.interaction = DotInteraction(
             num_vectors, config.embedding_dim, config.self_interaction, with_dense=self.bottom_mlp is not None
         )

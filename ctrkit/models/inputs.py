@@ -55,6 +55,14 @@ TRAIN_DEFAULTS = {
 }
 
 
+# Quantile buckets per numerical feature in the first-order term. Measured with scikit-learn's logistic
+# regression on the accuracy panel's splits (test AUC, none / 8 / 16 / 32 buckets beside the standardised
+# values): Criteo sample 0.7292 / 0.7356 / 0.7359 / 0.7329, nonlinear-numerical tabular rows 0.7755 /
+# 0.8126 / 0.8186 / 0.8194, MovieLens, planted and Avazu (no numericals) within 0.0004 (README, "Accuracy").
+NUMERICAL_BUCKETS = 16
+MAX_BUCKETS = 1024
+
+
 @dataclass(frozen=True)
 class InputsConfig:
     """What every model reads: the dataset's features and the embedding width.
@@ -69,6 +77,8 @@ class InputsConfig:
         embedding_dims: a width per categorical feature (the one-hot features, then the multi-hot ones),
             for models that concatenate the embeddings (Wide & Deep, DCNv2); empty: ``embedding_dim``
             for every feature.
+        numerical_buckets: quantile buckets per numerical feature whose weights the first-order term adds
+            (``NumericalBuckets``); 0 for none.
     """
 
     num_numerical: int
@@ -78,9 +88,12 @@ class InputsConfig:
     multi_hot_cardinalities: tuple[int, ...] = ()
     multi_hot_combiners: tuple[str, ...] = ()
     embedding_dims: tuple[int, ...] = ()
+    numerical_buckets: int = NUMERICAL_BUCKETS
 
     def validate(self) -> None:
         check_inputs(self.num_numerical, self.cardinalities, self.embedding_dim)
+        if not 0 <= self.numerical_buckets <= MAX_BUCKETS or self.numerical_buckets == 1:
+            raise ValueError(f"numerical_buckets must be 0 (none) or 2 to {MAX_BUCKETS}, got {self.numerical_buckets}")
         check_multi_hot(self.multi_hot_cardinalities, self.multi_hot_combiners)
         features = len(self.cardinalities) + len(self.multi_hot_cardinalities)
         if self.embedding_dims and (len(self.embedding_dims) != features or min(self.embedding_dims) < 1):
@@ -271,6 +284,10 @@ class NumericalNormalizer(nn.Module):
             for n in names:
                 if n in missing_keys:
                     missing_keys.remove(n)
+            if self.log_mask.is_meta:  # built without memory to take a checkpoint's tensors: make them here
+                self.log_mask, self.shift, self.scale = (
+                    torch.empty(t.shape) for t in (self.log_mask, self.shift, self.scale)
+                )
             with torch.no_grad():
                 self.log_mask.zero_()
                 self.shift.zero_()
@@ -296,12 +313,81 @@ def normalizer_sample(dataset) -> torch.Tensor | None:
     return torch.cat(parts)
 
 
+class NumericalBuckets(nn.Module):
+    """Per-bucket weights of the numerical features for the first-order term: each feature's values cut
+    at quantiles of the training data into at most ``buckets`` intervals, one weight per interval, the
+    weights of a sample's intervals summed. A first-order term linear in the values misses effects that
+    are not monotone or not linear (a count's first few values, a price band); per-interval weights, as
+    the Criteo competition's winners and Wide & Deep's bucketised columns use, fit them.
+
+    The cut points are buffers set by ``fit`` before training, from the values the model sees (after
+    ``NumericalNormalizer``); until then, and in checkpoints from before buckets existed, every cut is
+    +inf and every weight 0 (the term adds nothing). A bucket is the number of cut points at or below
+    the value (a comparison and a sum, which every exporter has).
+
+    Shapes: numerical (B, N) -> (B,) in float32.
+    """
+
+    def __init__(self, num_numerical: int, buckets: int):
+        super().__init__()
+        self.buckets = buckets
+        self.register_buffer("cuts", torch.full((num_numerical, buckets - 1), float("inf")))  # (N, buckets - 1)
+        self.register_buffer(  # (N,) each feature's first weight; index data, even when built on meta
+            "offsets", torch.arange(num_numerical, dtype=torch.int64, device="cpu") * buckets, persistent=False
+        )
+        self.weight = nn.Parameter(torch.zeros(num_numerical * buckets))  # (N * buckets,)
+
+    def bucket_ids(self, numerical: torch.Tensor) -> torch.Tensor:
+        """(B, N) int64: each value's weight index in ``weight``."""
+        x = numerical.float().unsqueeze(2)  # (B, N, 1)
+        return (x >= self.cuts.float()).long().sum(2) + self.offsets  # (B, N)
+
+    def forward(self, numerical: torch.Tensor) -> torch.Tensor:
+        return self.weight[self.bucket_ids(numerical)].sum(1)  # (B,)
+
+    @torch.no_grad()
+    def fit(self, numerical: torch.Tensor) -> dict[str, list]:
+        """Sets the cut points from (n, N) training values (as the model sees them); returns each feature's
+        bucket count."""
+        x = numerical.double()
+        if x.dim() != 2 or x.shape[1] != self.cuts.shape[0]:
+            raise ValueError(f"expected (n, {self.cuts.shape[0]}) numerical values, got {tuple(x.shape)}")
+        cuts = torch.full(self.cuts.shape, float("inf"), dtype=torch.float64)
+        counts = []
+        if x.shape[0]:
+            levels = torch.arange(1, self.buckets, dtype=torch.float64) / self.buckets
+            q = torch.quantile(x[: 1 << 24], levels, dim=0).T  # (N, buckets - 1)
+            lowest = x.min(0).values
+            for f in range(x.shape[1]):
+                unique = torch.unique(q[f])
+                unique = unique[unique > lowest[f]]  # a cut at the minimum leaves bucket 0 empty
+                cuts[f, : len(unique)] = unique
+                counts.append(len(unique) + 1)
+        self.cuts.copy_(cuts.to(self.cuts.dtype).to(self.cuts.device))
+        return {"buckets": counts}
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, *args):
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, *args)
+        names = [prefix + n for n in ("cuts", "weight")]
+        if not any(n in state_dict for n in names):  # a checkpoint from before the buckets: they add nothing
+            for n in names:
+                if n in missing_keys:
+                    missing_keys.remove(n)
+            if self.cuts.is_meta:  # built without memory to take a checkpoint's tensors: make them here
+                self.cuts = torch.empty(self.cuts.shape)
+                self.weight = nn.Parameter(torch.empty(self.weight.shape))
+            with torch.no_grad():
+                self.cuts.fill_(float("inf"))
+                self.weight.zero_()
+
+
 class LinearTerm(nn.Module):
     """The first-order part of a model: one weight per id of every categorical feature (1-wide tables)
-    summed over the features, plus a linear map of the numerical features; zero at the start.
+    summed over the features, plus a linear map of the numerical features and their bucket weights
+    (``NumericalBuckets``); zero at the start.
 
-    Models keep its two parts as their own ``wide_embeddings`` and ``wide_dense`` attributes (the
-    names their checkpoints use); ``logit`` computes the term from them.
+    Models keep its parts as their own ``wide_embeddings``, ``wide_dense`` and ``wide_buckets``
+    attributes (the names their checkpoints use); ``logit`` computes the term from them.
     """
 
     @staticmethod
@@ -317,33 +403,49 @@ class LinearTerm(nn.Module):
         return tables, dense
 
     @staticmethod
+    def buckets(config: InputsConfig) -> NumericalBuckets | None:
+        """The bucket weights, or None without numerical features or with ``numerical_buckets`` 0."""
+        if not (config.num_numerical and config.numerical_buckets):
+            return None
+        return NumericalBuckets(config.num_numerical, config.numerical_buckets)
+
+    @staticmethod
     def logit(
         tables: CategoricalEmbeddings, dense: nn.Linear | None, numerical: torch.Tensor | None,
-        categorical: torch.Tensor, multi_hot=None,
+        categorical: torch.Tensor, multi_hot=None, buckets: NumericalBuckets | None = None,
     ) -> torch.Tensor:  # fmt: skip
         """(B,) the term for a batch."""
         out = tables(categorical, multi_hot).sum((1, 2))  # (B,)
-        return out if dense is None else out + dense(numerical).squeeze(1).to(out.dtype)
+        if dense is not None:
+            out = out + dense(numerical).squeeze(1).to(out.dtype)
+        if buckets is not None:
+            out = out + buckets(numerical).to(out.dtype)
+        return out
 
 
 class WideParameters:
-    """Mixin of models with a first-order part in ``wide_embeddings``/``wide_dense`` (None: none):
-    ``wide_parameters`` hands them to their own optimizer (see ``train/optim.build_optimizers``)."""
+    """Mixin of models with a first-order part in ``wide_embeddings``/``wide_dense``/``wide_buckets``
+    (None: none): ``wide_parameters`` hands them to their own optimizer (see
+    ``train/optim.build_optimizers``)."""
 
     wide_embeddings: CategoricalEmbeddings | None
     wide_dense: nn.Linear | None
+    wide_buckets: NumericalBuckets | None  # set by each model (a class default would hide the module)
 
     def wide_parameters(self) -> list[nn.Parameter]:
         if self.wide_embeddings is None:
             return []
         dense = list(self.wide_dense.parameters()) if self.wide_dense is not None else []
-        return list(self.wide_embeddings.parameters()) + dense
+        buckets = list(self.wide_buckets.parameters()) if self.wide_buckets is not None else []
+        return list(self.wide_embeddings.parameters()) + dense + buckets
 
     def wide_logit(self, numerical, categorical, multi_hot=None) -> torch.Tensor | None:
         """(B,) the first-order term, or None for a model without one."""
         if self.wide_embeddings is None:
             return None
-        return LinearTerm.logit(self.wide_embeddings, self.wide_dense, numerical, categorical, multi_hot)
+        return LinearTerm.logit(
+            self.wide_embeddings, self.wide_dense, numerical, categorical, multi_hot, self.wide_buckets
+        )
 
     def plus_wide(self, logits: torch.Tensor, numerical, categorical, multi_hot=None) -> torch.Tensor:
         """``logits`` (B,) plus the first-order term where the model has one."""

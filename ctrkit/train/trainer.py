@@ -541,16 +541,21 @@ class Trainer:
 
     def _fit_normalizer(self) -> None:
         """Before the first step: the model's numerical inputs standardised (and raw amounts logged) with
-        statistics of the training data (``models.inputs.NumericalNormalizer``)."""
+        statistics of the training data (``models.inputs.NumericalNormalizer``), and the first-order term's
+        bucket cut points set at their quantiles (``models.inputs.NumericalBuckets``)."""
         from ctrkit.models.inputs import normalizer_sample
 
-        norm = getattr(getattr(self.model, "model", self.model), "numerical_norm", None)
+        inner = getattr(self.model, "model", self.model)
+        norm = getattr(inner, "numerical_norm", None)
         if norm is None or norm.log_mask.numel() == 0:
             return
         sample = normalizer_sample(self.train_set)
         if sample is None:
             return
         fitted = norm.fit(sample)
+        buckets = getattr(inner, "wide_buckets", None)
+        if buckets is not None:  # the first-order term's cut points, on the values as the model sees them
+            fitted.update(buckets.fit(norm(sample.to(norm.shift.device)).cpu()))
         self._log({"event": "numerical_normalizer", "step": 0, "rows": int(sample.shape[0]), **fitted})
 
     def _warm_start(self) -> None:

@@ -52,19 +52,34 @@ def test_penalties_update_like_autograd_of_the_penalised_loss():
     torch.testing.assert_close(model.embeddings.onehot.weight[untouched], table[untouched].detach())
 
 
-def test_linear_term_adds_one_weight_per_id_and_a_linear_map_of_the_numericals():
+def test_linear_term_adds_one_weight_per_id_a_linear_map_and_bucket_weights_of_the_numericals():
     model, b = tiny(linear=True).eval(), batch()
+    buckets = model.wide_buckets
     with torch.no_grad():
         base = model(b.numerical, b.categorical)  # the linear term starts at zero
         model.wide_embeddings.onehot.weight.normal_()
         model.wide_dense.weight.normal_()
         model.wide_dense.bias.fill_(0.25)
+        fitted = buckets.fit(b.numerical)
+        buckets.weight.normal_()
         got = model(b.numerical, b.categorical)
         rows = b.categorical + model.wide_embeddings.onehot.offsets
+        # each value's bucket: how many cut points lie at or below it (searchsorted, right side)
+        per_feature = [
+            buckets.weight[
+                f * buckets.buckets + torch.searchsorted(buckets.cuts[f], b.numerical[:, f].contiguous(), right=True)
+            ]
+            for f in range(b.numerical.shape[1])
+        ]
         by_hand = (
-            model.wide_embeddings.onehot.weight[rows].sum((1, 2)) + b.numerical @ model.wide_dense.weight[0] + 0.25
+            model.wide_embeddings.onehot.weight[rows].sum((1, 2))
+            + b.numerical @ model.wide_dense.weight[0]
+            + 0.25
+            + torch.stack(per_feature, 1).sum(1)
         )
+    assert min(fitted["buckets"]) > 1  # the batch's values were cut into several buckets
     torch.testing.assert_close(got - base, by_hand, rtol=1e-5, atol=1e-5)
     wide = {id(p) for p in model.wide_parameters()}
     optimizers = build_optimizers(model, "adam", 1e-3, "adam", 1e-2, "adagrad", 0.02)
-    assert [sum(id(p) in wide for g in o.param_groups for p in g["params"]) for o in optimizers][:2] == [1, 2]
+    # the tables in the sparse optimizer; the linear map's weight and bias and the bucket weights in the dense one
+    assert [sum(id(p) in wide for g in o.param_groups for p in g["params"]) for o in optimizers][:2] == [1, 3]
