@@ -356,7 +356,9 @@ class NumericalBuckets(nn.Module):
         counts = []
         if x.shape[0]:
             levels = torch.arange(1, self.buckets, dtype=torch.float64) / self.buckets
-            q = torch.quantile(x[: 1 << 24], levels, dim=0).T  # (N, buckets - 1)
+            q = torch.quantile(
+                x[: 1 << 24], levels, dim=0, interpolation="lower"
+            ).T  # (N, buckets - 1): observed values
             lowest = x.min(0).values
             for f in range(x.shape[1]):
                 unique = torch.unique(q[f])

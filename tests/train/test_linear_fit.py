@@ -47,6 +47,37 @@ def test_the_fit_is_scikit_learns_logistic_regression(tiny_dataset):
     assert fit["C"] == 0.1 and fit["rows"] == len(train)
 
 
+def test_the_fit_with_numerical_buckets_is_scikit_learns_on_bucket_indicators(tiny_dataset):
+    train, validation = split_tail(SplitBinaryDataset(tiny_dataset, "train"), 0.1)
+    torch.manual_seed(0)
+    model = tiny_model(tiny_dataset, "wide_deep").eval()
+    tr, va = train.slice(0, len(train)), validation.slice(0, len(validation))
+    buckets = model.wide_buckets
+    counts = buckets.fit(tr.numerical)["buckets"]  # the normaliser is still the identity here
+    assert max(counts) > 2
+    fit_first_order(model, train, validation, cs=(0.1,), max_iter=500)
+    cards = SplitBinaryDataset(tiny_dataset, "train").spec.cardinalities
+    encoder = OneHotEncoder(categories=[np.arange(c) for c in cards]).fit(tr.categorical.numpy())
+    scaler = StandardScaler().fit(tr.numerical.numpy().astype(np.float64))
+    cuts = buckets.cuts.numpy()
+    width = buckets.buckets
+
+    def design(b):
+        from scipy import sparse
+
+        x = b.numerical.numpy()
+        ids = np.stack([np.searchsorted(cuts[f], x[:, f], side="right") for f in range(x.shape[1])], 1)
+        onehot = OneHotEncoder(categories=[np.arange(width)] * x.shape[1]).fit_transform(ids)
+        return sparse.hstack([encoder.transform(b.categorical.numpy()), onehot,
+                              sparse.csr_matrix(scaler.transform(x))]).tocsr()  # fmt: skip
+
+    reference = LogisticRegression(C=0.1, max_iter=5000, tol=1e-10).fit(design(tr), tr.labels.numpy())
+    with torch.no_grad():
+        got = model(va.numerical, va.categorical).numpy()
+    np.testing.assert_allclose(got, reference.decision_function(design(va)), atol=2e-3)
+    assert buckets.weight.abs().max() > 1e-3  # the buckets carry weight in that regression
+
+
 def test_training_starts_from_the_fit_and_selection_may_keep_it(tiny_dataset, tmp_path):
     from ctrkit.train.trainer import RunInfo, Trainer
 

@@ -1,0 +1,80 @@
+"""The first-order term's numerical buckets: cut points at training quantiles, one weight per bucket, nothing
+added before fitting or for checkpoints from before them."""
+
+import numpy as np
+import pytest
+import torch
+
+from ctrkit.models.inputs import NumericalBuckets
+from ctrkit.models.registry import create_model, make_config
+
+
+def test_fit_cuts_continuous_values_into_equal_shares():
+    x = torch.randn(16000, 2, generator=torch.Generator().manual_seed(0))
+    buckets = NumericalBuckets(2, 8)
+    assert (buckets.bucket_ids(x)[:, 0] == 0).all()  # unfitted: every value in bucket 0
+    assert buckets.fit(x)["buckets"] == [8, 8]
+    ids = buckets.bucket_ids(x)
+    for f in range(2):
+        shares = torch.bincount(ids[:, f] - f * 8, minlength=8).double() / len(x)
+        torch.testing.assert_close(shares, torch.full((8,), 1 / 8, dtype=torch.float64), atol=2e-3, rtol=0)
+        expect = np.searchsorted(
+            np.quantile(x[:, f].numpy(), np.arange(1, 8) / 8, method="lower"), x[:, f].numpy(), side="right"
+        )
+        assert (ids[:, f] - f * 8).numpy().tolist() == expect.tolist()
+
+
+def test_counts_with_ties_get_one_bucket_per_distinct_cut_and_none_empty():
+    # a count feature: half zeros, then ones, twos and a tail; quantile levels fall on repeated values
+    values = torch.tensor([0.0] * 500 + [1.0] * 200 + [2.0] * 100 + list(range(3, 203)), dtype=torch.float32)
+    buckets = NumericalBuckets(1, 16)
+    (count,) = buckets.fit(values.unsqueeze(1))["buckets"]
+    finite = buckets.cuts[0][torch.isfinite(buckets.cuts[0])]
+    assert count == len(finite) + 1 < 16 and (finite[1:] > finite[:-1]).all()  # distinct cuts only
+    ids = buckets.bucket_ids(values.unsqueeze(1))[:, 0]
+    assert torch.bincount(ids, minlength=count).min() > 0  # no empty bucket (zero is not a cut: it is the minimum)
+    assert ids[values == 0].unique().tolist() == [0] and ids[values == 1].unique().tolist() == [1]
+
+
+def test_weights_are_summed_over_features_and_start_at_zero():
+    buckets = NumericalBuckets(3, 4)
+    x = torch.randn(200, 3)
+    buckets.fit(x)
+    assert (buckets(x) == 0).all()
+    with torch.no_grad():
+        buckets.weight.copy_(torch.arange(12.0))
+    ids = buckets.bucket_ids(x)
+    torch.testing.assert_close(buckets(x), ids.float().sum(1))  # weight i is i here
+    with pytest.raises(ValueError, match=r"expected \(n, 3\)"):
+        buckets.fit(torch.zeros(4, 2))
+
+
+def config(**extra):
+    return make_config("dlrm", dict(num_numerical=2, cardinalities=[5, 7], embedding_dim=4, bottom_mlp=(8, 4), **extra))
+
+
+def test_checkpoints_from_before_the_buckets_load_with_the_buckets_adding_nothing():
+    model = create_model("dlrm", config())
+    old = {k: v for k, v in model.state_dict().items() if not k.startswith("wide_buckets.")}
+    fresh = create_model("dlrm", config())
+    fresh.wide_buckets.fit(torch.randn(100, 2))
+    with torch.no_grad():
+        fresh.wide_buckets.weight.fill_(1.0)
+    fresh.load_state_dict(old)  # strict: no missing-key error
+    x = torch.randn(6, 2)
+    assert (fresh.wide_buckets(x) == 0).all()
+    with torch.device("meta"):  # built without memory, as a memory-mapped checkpoint is loaded
+        lazy = create_model("dlrm", config())
+    lazy.load_state_dict(old, assign=True)
+    assert not lazy.wide_buckets.cuts.is_meta and not lazy.wide_buckets.weight.is_meta
+    assert not lazy.numerical_norm.shift.is_meta
+    assert (lazy.wide_buckets(x) == 0).all()
+    with pytest.raises(RuntimeError, match="wide_buckets"):  # a partial bucket state is still an error
+        create_model("dlrm", config()).load_state_dict({**old, "wide_buckets.weight": torch.zeros(2 * 16)})
+
+
+def test_numerical_buckets_zero_builds_no_buckets_and_bad_counts_are_refused():
+    assert create_model("dlrm", config(numerical_buckets=0)).wide_buckets is None
+    assert create_model("dlrm", config(linear=False)).wide_buckets is None
+    with pytest.raises(ValueError, match="numerical_buckets"):
+        create_model("dlrm", config(numerical_buckets=1))
