@@ -56,9 +56,9 @@ TRAIN_DEFAULTS = {
 
 
 # Quantile buckets per numerical feature in the first-order term. Measured with scikit-learn's logistic
-# regression on the accuracy panel's splits (test AUC, none / 8 / 16 / 32 buckets beside the standardised
-# values): Criteo sample 0.7292 / 0.7356 / 0.7359 / 0.7329, nonlinear-numerical tabular rows 0.7755 /
-# 0.8126 / 0.8186 / 0.8194, MovieLens, planted and Avazu (no numericals) within 0.0004 (README, "Accuracy").
+# regression on the accuracy panel's splits (test AUC, none / 8 / 16 / 32 buckets beside the values):
+# Criteo sample 0.7324 / 0.7356 / 0.7365 / 0.7336, nonlinear-numerical tabular rows 0.7701 / 0.8138 / 0.8187
+# / 0.8195, MovieLens and planted within 0.0008 (benchmarks/results/numerical_buckets).
 NUMERICAL_BUCKETS = 16
 MAX_BUCKETS = 1024
 
