@@ -61,6 +61,7 @@ TRAIN_DEFAULTS = {
 # / 0.8195, MovieLens and planted within 0.0008 (benchmarks/results/numerical_buckets).
 NUMERICAL_BUCKETS = 16
 MAX_BUCKETS = 1024
+UNUSED_CUT = float(torch.finfo(torch.float32).max)  # a cut no finite float32 input lies beyond
 
 
 @dataclass(frozen=True)
@@ -321,9 +322,12 @@ class NumericalBuckets(nn.Module):
     the Criteo competition's winners and Wide & Deep's bucketised columns use, fit them.
 
     The cut points are buffers set by ``fit`` before training, from the values the model sees (after
-    ``NumericalNormalizer``); until then, and in checkpoints from before buckets existed, every cut is
-    +inf and every weight 0 (the term adds nothing). A bucket is the number of cut points at or below
-    the value (a comparison and a sum, which every exporter has).
+    ``NumericalNormalizer``): at the quantiles, each placed halfway between two neighbouring distinct
+    training values (so a value the training data holds, such as a count, never sits on a cut, where a
+    last-bit difference of another machine's log could move it). Unused cuts, and every cut until ``fit``
+    and in checkpoints from before buckets existed, are the largest float32 (finite, like every stored
+    number; inputs are finite), and every weight starts at 0 (the term adds nothing). A bucket is the
+    number of cut points at or below the value: a comparison and a sum, which every exporter has.
 
     Shapes: numerical (B, N) -> (B,) in float32.
     """
@@ -331,7 +335,7 @@ class NumericalBuckets(nn.Module):
     def __init__(self, num_numerical: int, buckets: int):
         super().__init__()
         self.buckets = buckets
-        self.register_buffer("cuts", torch.full((num_numerical, buckets - 1), float("inf")))  # (N, buckets - 1)
+        self.register_buffer("cuts", torch.full((num_numerical, buckets - 1), UNUSED_CUT))  # (N, buckets - 1)
         self.register_buffer(  # (N,) each feature's first weight; index data, even when built on meta
             "offsets", torch.arange(num_numerical, dtype=torch.int64, device="cpu") * buckets, persistent=False
         )
@@ -352,19 +356,20 @@ class NumericalBuckets(nn.Module):
         x = numerical.double()
         if x.dim() != 2 or x.shape[1] != self.cuts.shape[0]:
             raise ValueError(f"expected (n, {self.cuts.shape[0]}) numerical values, got {tuple(x.shape)}")
-        cuts = torch.full(self.cuts.shape, float("inf"), dtype=torch.float64)
+        cuts = torch.full(self.cuts.shape, UNUSED_CUT, dtype=torch.float64)
         counts = []
         if x.shape[0]:
             levels = torch.arange(1, self.buckets, dtype=torch.float64) / self.buckets
-            q = torch.quantile(
-                x[: 1 << 24], levels, dim=0, interpolation="lower"
-            ).T  # (N, buckets - 1): observed values
-            lowest = x.min(0).values
-            for f in range(x.shape[1]):
-                unique = torch.unique(q[f])
-                unique = unique[unique > lowest[f]]  # a cut at the minimum leaves bucket 0 empty
-                cuts[f, : len(unique)] = unique
-                counts.append(len(unique) + 1)
+            quantiles = torch.quantile(x[: 1 << 24], levels, dim=0, interpolation="lower").T  # (N, buckets - 1)
+        for f in range(x.shape[1] if x.shape[0] else 0):
+            values = torch.unique(x[:, f])  # sorted, distinct
+            upper = torch.unique(torch.searchsorted(values, quantiles[f]))  # each quantile's place among them
+            upper = upper[upper > 0]  # a cut below the minimum would leave bucket 0 empty
+            below, above = values[upper - 1], values[upper]
+            cut = ((below + above) / 2).float().double()  # halfway to the distinct value below, as stored
+            cut = torch.where(cut > below, cut, above)  # neighbouring float32 values: the upper one
+            cuts[f, : len(cut)] = cut
+            counts.append(len(cut) + 1)
         self.cuts.copy_(cuts.to(self.cuts.dtype).to(self.cuts.device))
         return {"buckets": counts}
 
@@ -379,7 +384,7 @@ class NumericalBuckets(nn.Module):
                 self.cuts = torch.empty(self.cuts.shape)
                 self.weight = nn.Parameter(torch.empty(self.weight.shape))
             with torch.no_grad():
-                self.cuts.fill_(float("inf"))
+                self.cuts.fill_(UNUSED_CUT)
                 self.weight.zero_()
 
 

@@ -12,7 +12,7 @@ from ctrkit.models.registry import create_model, make_config
 def test_fit_cuts_continuous_values_into_equal_shares():
     x = torch.randn(16000, 2, generator=torch.Generator().manual_seed(0))
     buckets = NumericalBuckets(2, 8)
-    assert (buckets.bucket_ids(x)[:, 0] == 0).all()  # unfitted: every value in bucket 0
+    assert (buckets.bucket_ids(x * 1e30)[:, 0] == 0).all()  # unfitted: every value in bucket 0
     assert buckets.fit(x)["buckets"] == [8, 8]
     ids = buckets.bucket_ids(x)
     for f in range(2):
@@ -29,11 +29,22 @@ def test_counts_with_ties_get_one_bucket_per_distinct_cut_and_none_empty():
     values = torch.tensor([0.0] * 500 + [1.0] * 200 + [2.0] * 100 + list(range(3, 203)), dtype=torch.float32)
     buckets = NumericalBuckets(1, 16)
     (count,) = buckets.fit(values.unsqueeze(1))["buckets"]
-    finite = buckets.cuts[0][torch.isfinite(buckets.cuts[0])]
+    finite = buckets.cuts[0][buckets.cuts[0] < torch.finfo(torch.float32).max]
     assert count == len(finite) + 1 < 16 and (finite[1:] > finite[:-1]).all()  # distinct cuts only
     ids = buckets.bucket_ids(values.unsqueeze(1))[:, 0]
     assert torch.bincount(ids, minlength=count).min() > 0  # no empty bucket (zero is not a cut: it is the minimum)
     assert ids[values == 0].unique().tolist() == [0] and ids[values == 1].unique().tolist() == [1]
+    assert not torch.isin(finite, values).any()  # every cut lies between two observed values, never on one
+    assert (buckets.cuts[0][count - 1 :] == torch.finfo(torch.float32).max).all()  # unused cuts: finite
+
+
+def test_a_last_bit_change_of_an_observed_value_keeps_its_bucket():
+    values = torch.tensor([0.0] * 50 + [0.6931472] * 30 + [1.0986123] * 20).unsqueeze(1)  # log(1 + count)
+    buckets = NumericalBuckets(1, 4)
+    buckets.fit(values)
+    for v in values.unique():
+        nudged = torch.stack([torch.nextafter(v, v - 1), v, torch.nextafter(v, v + 1)]).unsqueeze(1)
+        assert buckets.bucket_ids(nudged)[:, 0].unique().numel() == 1
 
 
 def test_weights_are_summed_over_features_and_start_at_zero():

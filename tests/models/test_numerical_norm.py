@@ -88,7 +88,7 @@ def test_training_fits_it_and_the_onnx_export_scores_the_same(raw_dataset, tmp_p
     assert code == 0
     model = load_checkpoint(ckpt).build_model().eval()
     assert model.numerical_norm.log_mask.sum() >= 4  # the large-scale amounts were logged
-    assert torch.isfinite(model.wide_buckets.cuts).all(1).any()  # and the first-order term's buckets cut
+    assert (model.wide_buckets.cuts < torch.finfo(torch.float32).max).any()  # and the first-order term's buckets cut
     assert model.wide_buckets.weight.abs().max() > 0  # and weighted (the warm start), so the export must add them
     code, _, _ = run_cli("export", "--checkpoint", ckpt, "--format", "onnx", "--out", tmp_path / "onnx", capsys=capsys)
     assert code == 0
