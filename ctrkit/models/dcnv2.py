@@ -82,7 +82,7 @@ class DCNv2(WideParameters, nn.Module):
         return self.top_mlp[-1]
 
     def forward(self, numerical: torch.Tensor | None, categorical: torch.Tensor, multi_hot=None) -> torch.Tensor:
-        numerical = self.numerical_norm(numerical)  # (B, N) standardised (see NumericalNormalizer)
+        raw, numerical = numerical, self.numerical_norm(numerical)  # (B, N) standardised (NumericalNormalizer)
         emb = self.embeddings(categorical, multi_hot).flatten(1)  # (B, F*D; the sum of the widths)
         if self.bottom_mlp is None:
             x0 = emb  # (B, d)
@@ -92,4 +92,4 @@ class DCNv2(WideParameters, nn.Module):
         crossed = self.cross(x0)  # (B, d)
         if self.deep is not None:
             crossed = torch.cat([crossed, self.deep(x0)], 1)  # (B, d + deep)
-        return self.plus_wide(self.top_mlp(crossed).squeeze(1), numerical, categorical, multi_hot)  # (B,)
+        return self.plus_wide(self.top_mlp(crossed).squeeze(1), numerical, categorical, multi_hot, raw)  # (B,)

@@ -72,8 +72,8 @@ class DLRM(WideParameters, nn.Module):
         return self.top_mlp[-1]
 
     def forward(self, numerical: torch.Tensor | None, categorical: torch.Tensor, multi_hot=None) -> torch.Tensor:
-        numerical = self.numerical_norm(numerical)  # (B, N) standardised (see NumericalNormalizer)
+        raw, numerical = numerical, self.numerical_norm(numerical)  # (B, N) standardised (NumericalNormalizer)
         emb = self.embeddings(categorical, multi_hot)  # (B, F, D), F counting multi-hot features
         bottom = self.bottom_mlp(numerical) if self.bottom_mlp is not None else None  # (B, D)
         logits = self.top_mlp(self.interaction(bottom, emb)).squeeze(1)  # (B,)
-        return self.plus_wide(logits, numerical, categorical, multi_hot)
+        return self.plus_wide(logits, numerical, categorical, multi_hot, raw)

@@ -242,7 +242,8 @@ class NumericalNormalizer(nn.Module):
     existed, it is the identity. Why: raw prices or counts (values up to 1e5 and more, heavy tails) fed
     straight into the MLPs left every model at its logistic-regression warm start (README, Accuracy).
 
-    Shapes: numerical (B, N) -> (B, N), computed in float32, returned in the input's dtype.
+    Shapes: numerical (B, N) -> (B, N), computed in float32, returned in the dtype of the module's buffers
+    (float32, or bfloat16 in a model converted to it).
     """
 
     def __init__(self, num_numerical: int):
@@ -257,7 +258,7 @@ class NumericalNormalizer(nn.Module):
         x = numerical.float()
         logged = torch.sign(x) * torch.log(1.0 + x.abs())  # log(1 + |x|): log1p is not in every exporter
         x = torch.where(self.log_mask > 0, logged, x)
-        return ((x - self.shift.float()) / self.scale.float()).to(numerical.dtype)  # bf16 weights: bf16 in
+        return ((x - self.shift.float()) / self.scale.float()).to(self.scale.dtype)  # a bf16 model: bf16 out
 
     @torch.no_grad()
     def fit(self, numerical: torch.Tensor) -> dict[str, list]:
@@ -321,15 +322,16 @@ class NumericalBuckets(nn.Module):
     are not monotone or not linear (a count's first few values, a price band); per-interval weights, as
     the Criteo competition's winners and Wide & Deep's bucketised columns use, fit them.
 
-    The cut points are buffers set by ``fit`` before training, from the values the model sees (after
-    ``NumericalNormalizer``): at the quantiles, each placed halfway between two neighbouring distinct
-    training values (so a value the training data holds, such as a count, never sits on a cut, where a
-    last-bit difference of another machine's log could move it). Unused cuts, and every cut until ``fit``
-    and in checkpoints from before buckets existed, are the largest float32 (finite, like every stored
-    number; inputs are finite), and every weight starts at 0 (the term adds nothing). A bucket is the
-    number of cut points at or below the value: a comparison and a sum, which every exporter has.
+    The cut points are a buffer set by ``fit`` before training from the model's raw float32 inputs (the
+    normaliser is monotone, so the buckets are the same as of its output, without a log whose last bit
+    differs between machines, or a bf16 rounding, in the way): at the quantiles, each placed halfway between
+    two neighbouring distinct training values, so a value the training data holds (a count) never sits on
+    a cut. They stay float32 when the model is converted to another dtype. Unused cuts, and every cut until
+    ``fit`` and in checkpoints from before buckets existed, are the largest float32 (finite, like every
+    stored number; inputs are finite), and every weight starts at 0 (the term adds nothing). A bucket is
+    the number of cut points at or below the value: a comparison and a sum, which every exporter has.
 
-    Shapes: numerical (B, N) -> (B,) in float32.
+    Shapes: raw numerical (B, N) -> (B,) in the weights' dtype.
     """
 
     def __init__(self, num_numerical: int, buckets: int):
@@ -349,9 +351,16 @@ class NumericalBuckets(nn.Module):
     def forward(self, numerical: torch.Tensor) -> torch.Tensor:
         return self.weight[self.bucket_ids(numerical)].sum(1)  # (B,)
 
+    def _apply(self, fn, recurse=True):
+        cuts = self.cuts
+        out = super()._apply(fn, recurse)
+        if self.cuts.dtype != torch.float32 and cuts.is_floating_point():  # .to(bf16): cuts keep float32
+            self.cuts = cuts.to(device=self.cuts.device, dtype=torch.float32)
+        return out
+
     @torch.no_grad()
     def fit(self, numerical: torch.Tensor) -> dict[str, list]:
-        """Sets the cut points from (n, N) training values (as the model sees them); returns each feature's
+        """Sets the cut points from (n, N) raw training values (the model's inputs); returns each feature's
         bucket count."""
         x = numerical.double()
         if x.dim() != 2 or x.shape[1] != self.cuts.shape[0]:
@@ -420,13 +429,14 @@ class LinearTerm(nn.Module):
     def logit(
         tables: CategoricalEmbeddings, dense: nn.Linear | None, numerical: torch.Tensor | None,
         categorical: torch.Tensor, multi_hot=None, buckets: NumericalBuckets | None = None,
+        raw: torch.Tensor | None = None,
     ) -> torch.Tensor:  # fmt: skip
-        """(B,) the term for a batch."""
+        """(B,) the term for a batch: ``numerical`` normalised, ``raw`` the inputs as given (the buckets')."""
         out = tables(categorical, multi_hot).sum((1, 2))  # (B,)
         if dense is not None:
             out = out + dense(numerical).squeeze(1).to(out.dtype)
         if buckets is not None:
-            out = out + buckets(numerical).to(out.dtype)
+            out = out + buckets(raw).to(out.dtype)
         return out
 
 
@@ -446,15 +456,16 @@ class WideParameters:
         buckets = list(self.wide_buckets.parameters()) if self.wide_buckets is not None else []
         return list(self.wide_embeddings.parameters()) + dense + buckets
 
-    def wide_logit(self, numerical, categorical, multi_hot=None) -> torch.Tensor | None:
-        """(B,) the first-order term, or None for a model without one."""
+    def wide_logit(self, numerical, categorical, multi_hot=None, raw=None) -> torch.Tensor | None:
+        """(B,) the first-order term, or None for a model without one (``numerical`` normalised, ``raw`` as
+        given)."""
         if self.wide_embeddings is None:
             return None
         return LinearTerm.logit(
-            self.wide_embeddings, self.wide_dense, numerical, categorical, multi_hot, self.wide_buckets
+            self.wide_embeddings, self.wide_dense, numerical, categorical, multi_hot, self.wide_buckets, raw
         )
 
-    def plus_wide(self, logits: torch.Tensor, numerical, categorical, multi_hot=None) -> torch.Tensor:
+    def plus_wide(self, logits: torch.Tensor, numerical, categorical, multi_hot=None, raw=None) -> torch.Tensor:
         """``logits`` (B,) plus the first-order term where the model has one."""
-        wide = self.wide_logit(numerical, categorical, multi_hot)
+        wide = self.wide_logit(numerical, categorical, multi_hot, raw)
         return logits if wide is None else logits + wide.to(logits.dtype)

@@ -71,8 +71,8 @@ class WideDeep(WideParameters, nn.Module):
         return self.deep[-1]
 
     def forward(self, numerical: torch.Tensor | None, categorical: torch.Tensor, multi_hot=None) -> torch.Tensor:
-        numerical = self.numerical_norm(numerical)  # (B, N) standardised (see NumericalNormalizer)
-        wide = self.wide_logit(numerical, categorical, multi_hot)  # (B,)
+        raw, numerical = numerical, self.numerical_norm(numerical)  # (B, N) standardised (NumericalNormalizer)
+        wide = self.wide_logit(numerical, categorical, multi_hot, raw)  # (B,)
         emb = self.embeddings(categorical, multi_hot).flatten(1)  # (B, F*D; the sum of the widths)
         if numerical is not None and self.config.num_numerical:
             emb = torch.cat([emb.to(numerical.dtype), numerical], 1)  # (B, F*D + N)

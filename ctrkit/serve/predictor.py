@@ -83,8 +83,7 @@ class Predictor:
 
         @torch.inference_mode()
         def run(numerical: np.ndarray, *ids: np.ndarray) -> np.ndarray:
-            dense = torch.from_numpy(numerical)
-            dense = dense.to(torch.bfloat16) if half else dense
+            dense = torch.from_numpy(numerical)  # float32 in: the model's normaliser hands its MLPs bf16
             return model(dense, *map(torch.from_numpy, ids)).float().numpy()
 
         predictor = cls(meta, "torch" + ("+mmap" if lazy else "") + ("-bf16" if half else ""), run)

@@ -135,8 +135,8 @@ def fit_first_order(
     if buckets is not None:  # each numerical value's bucket: one more indicator column per feature
         size = buckets.weight.numel()
         extra = {
-            "tr": {"extra": buckets.bucket_ids(num_tr.to(buckets.cuts.device)).cpu(), "extra_size": size},
-            "va": {"extra": buckets.bucket_ids(num_va.to(buckets.cuts.device)).cpu(), "extra_size": size},
+            "tr": {"extra": buckets.bucket_ids(tr.numerical.to(buckets.cuts.device)).cpu(), "extra_size": size},
+            "va": {"extra": buckets.bucket_ids(va.numerical.to(buckets.cuts.device)).cpu(), "extra_size": size},
         }
     x_tr = _Design(tr, cards, means, transpose=True, **extra.get("tr", {}))
     x_va = _Design(va, cards, means, transpose=False, **extra.get("va", {}))

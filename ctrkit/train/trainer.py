@@ -554,8 +554,8 @@ class Trainer:
             return
         fitted = norm.fit(sample)
         buckets = getattr(inner, "wide_buckets", None)
-        if buckets is not None:  # the first-order term's cut points, on the values as the model sees them
-            fitted.update(buckets.fit(norm(sample.to(norm.shift.device)).cpu()))
+        if buckets is not None:  # the first-order term's cut points
+            fitted.update(buckets.fit(sample))
         self._log({"event": "numerical_normalizer", "step": 0, "rows": int(sample.shape[0]), **fitted})
 
     def _warm_start(self) -> None:
