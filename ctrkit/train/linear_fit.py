@@ -4,10 +4,9 @@ Measured on the accuracy panel, an SGD-trained first-order term stops far from a
 logistic regression (Criteo sample 0.717 against 0.732 test AUC), and a model that leans on it loses to
 that baseline on small real data. So training can start from the converged fit: the model's first-order
 term (one weight per id, a linear map of the numerical features, a weight per numerical bucket, a bias) is
-fitted by full-batch L-BFGS
-(diagonally preconditioned, closed-form gradients over CSR matrices) on (at most ``max_rows`` of the last)
-training rows, with the L2 strength C chosen on validation AUC as
-the scikit-learn baseline chooses it (numerical features standardised inside the fit, as there); the
+fitted by full-batch L-BFGS (diagonally preconditioned, closed-form gradients over CSR matrices) on (at
+most ``max_rows`` of the last) training rows, with the L2 strength C chosen on validation AUC as the
+scikit-learn baseline chooses it (numerical features standardised inside the fit, as there); the
 deep part's output layer is zeroed, so the model starts as exactly that regression, and model selection
 keeps it unless training improves validation AUC.
 """
