@@ -63,8 +63,8 @@ class DCNv2(WideParameters, nn.Module):
         self.config = config
         self.numerical_norm = NumericalNormalizer(config.num_numerical)
         self.bottom_mlp, self.embeddings, _ = input_layers(config)
-        self.wide_embeddings, self.wide_dense = LinearTerm.build(config) if config.linear else (None, None)
-        self.wide_buckets = LinearTerm.buckets(config) if config.linear else None
+        linear = LinearTerm.build(config) if config.linear else (None, None, None)
+        self.wide_embeddings, self.wide_dense, self.wide_buckets = linear
         bottom_width = config.embedding_dim if self.bottom_mlp is not None else 0
         width = bottom_width + self.embeddings.output_width  # D * num_vectors at one width
         self.cross = CrossNetwork(width, config.cross_layers, config.cross_projection_dim)

@@ -59,8 +59,8 @@ class DLRM(WideParameters, nn.Module):
         self.config = config
         self.numerical_norm = NumericalNormalizer(config.num_numerical)
         self.bottom_mlp, self.embeddings, num_vectors = input_layers(config)
-        self.wide_embeddings, self.wide_dense = LinearTerm.build(config) if config.linear else (None, None)
-        self.wide_buckets = LinearTerm.buckets(config) if config.linear else None
+        linear = LinearTerm.build(config) if config.linear else (None, None, None)
+        self.wide_embeddings, self.wide_dense, self.wide_buckets = linear
         self.interaction = DotInteraction(
             num_vectors, config.embedding_dim, config.self_interaction, with_dense=self.bottom_mlp is not None
         )

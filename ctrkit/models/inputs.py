@@ -407,7 +407,9 @@ class LinearTerm(nn.Module):
     """
 
     @staticmethod
-    def build(config: InputsConfig) -> tuple[CategoricalEmbeddings, nn.Linear | None]:
+    def build(config: InputsConfig) -> tuple[CategoricalEmbeddings, nn.Linear | None, NumericalBuckets | None]:
+        """The term's parts: the 1-wide tables, the linear map (None without numerical features) and the
+        bucket weights (None without numerical features or with ``numerical_buckets`` 0)."""
         tables = CategoricalEmbeddings.from_config(config, 1)
         dense = nn.Linear(config.num_numerical, 1) if config.num_numerical else None
         with torch.no_grad():  # a linear model starts at zero
@@ -416,14 +418,10 @@ class LinearTerm(nn.Module):
             for m in tables.modules():  # also when its tables are drawn later, shard by shard
                 if hasattr(m, "zero_init"):
                     m.zero_init = True
-        return tables, dense
-
-    @staticmethod
-    def buckets(config: InputsConfig) -> NumericalBuckets | None:
-        """The bucket weights, or None without numerical features or with ``numerical_buckets`` 0."""
-        if not (config.num_numerical and config.numerical_buckets):
-            return None
-        return NumericalBuckets(config.num_numerical, config.numerical_buckets)
+        buckets = None
+        if config.num_numerical and config.numerical_buckets:
+            buckets = NumericalBuckets(config.num_numerical, config.numerical_buckets)
+        return tables, dense, buckets
 
     @staticmethod
     def logit(

@@ -59,8 +59,7 @@ class WideDeep(WideParameters, nn.Module):
         super().__init__()
         self.config = config
         self.numerical_norm = NumericalNormalizer(config.num_numerical)
-        self.wide_embeddings, self.wide_dense = LinearTerm.build(config)
-        self.wide_buckets = LinearTerm.buckets(config)
+        self.wide_embeddings, self.wide_dense, self.wide_buckets = LinearTerm.build(config)
         self.embeddings = deep_embeddings(config)
         width = self.embeddings.output_width + config.num_numerical
         self.deep = MLP(width, tuple(config.deep_mlp) + (1,), relu_last=False, dropout=config.dropout)

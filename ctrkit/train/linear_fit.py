@@ -37,7 +37,8 @@ class _Design:
     sums, or means for mean-pooled features), float64, in CSR by rows and (for the data fitted on, with
     ``transpose``) by columns too, so that both products of a gradient evaluation, ``X @ w`` and
     ``X.T @ r``, are row-parallel sparse matrix-vector products (autograd through a COO ``sparse.mm`` made
-    the fit's cost)."""
+    the fit's cost). ``extra`` (n, m) adds m more indicators per row, ids into ``extra_size`` further
+    columns (the numerical buckets)."""
 
     def __init__(
         self, batch, cards: list[tuple[int, ...]], multi_hot_means: tuple[bool, ...], transpose: bool,
@@ -123,29 +124,26 @@ def fit_first_order(
     bags = inner.wide_embeddings.bags
     means = tuple(bool(m) for m in bags.is_mean) if bags is not None and hasattr(bags, "is_mean") else ()
     dense, buckets = inner.wide_dense, getattr(inner, "wide_buckets", None)
-    if dense is not None:
-        norm = getattr(inner, "numerical_norm", None)
 
-        def seen(x: torch.Tensor) -> torch.Tensor:  # the numerical inputs as the model sees them, on the CPU
-            return x if norm is None else norm(x.to(norm.shift.device)).cpu()
+    def design(batch, transpose: bool) -> _Design:  # with each numerical value's bucket as one more column
+        if buckets is None:
+            return _Design(batch, cards, means, transpose)
+        ids = buckets.bucket_ids(batch.numerical.to(buckets.cuts.device)).cpu()
+        return _Design(batch, cards, means, transpose, ids, buckets.weight.numel())
 
-        num_tr, num_va = seen(tr.numerical), seen(va.numerical)
-    extra = {}
-    if buckets is not None:  # each numerical value's bucket: one more indicator column per feature
-        size = buckets.weight.numel()
-        extra = {
-            "tr": {"extra": buckets.bucket_ids(tr.numerical.to(buckets.cuts.device)).cpu(), "extra_size": size},
-            "va": {"extra": buckets.bucket_ids(va.numerical.to(buckets.cuts.device)).cpu(), "extra_size": size},
-        }
-    x_tr = _Design(tr, cards, means, transpose=True, **extra.get("tr", {}))
-    x_va = _Design(va, cards, means, transpose=False, **extra.get("va", {}))
+    x_tr, x_va = design(tr, transpose=True), design(va, transpose=False)
     y_tr, y_va = tr.labels.double(), va.labels.numpy()
     n, ids = x_tr.shape
     k = 0
     if dense is not None:
-        num_tr = num_tr.double()
+        norm = getattr(inner, "numerical_norm", None)
+
+        def seen(x: torch.Tensor) -> torch.Tensor:  # the numerical inputs as the model sees them, on the CPU
+            return (x if norm is None else norm(x.to(norm.shift.device)).cpu()).double()
+
+        num_tr = seen(tr.numerical)
         mu, sd = num_tr.mean(0), num_tr.std(0).clamp_min(1e-6)
-        z_tr, z_va = (num_tr - mu) / sd, (num_va.double() - mu) / sd
+        z_tr, z_va = (num_tr - mu) / sd, (seen(va.numerical) - mu) / sd
         k = z_tr.shape[1]
     # one flat parameter vector: per-id weights, numerical weights, bias; gradients computed in closed form.
     # L-BFGS runs on u = theta / scale, scale = the inverse square root of the Hessian's diagonal at p = 1/2
