@@ -122,11 +122,9 @@ class ShardedEmbeddingCollection(nn.Module):
         n = sizes[self.rank]
         out = list(local)
         for r, block in enumerate(got.split(recv)):
-            block = block.view(n, self._widths[r])
-            col = 0
-            for s in self.plan.exchanged_on_rank(r):
-                out.append((s, block[:, col : col + s.width]))
-                col += s.width
+            shards = list(self.plan.exchanged_on_rank(r))
+            if shards:  # one split, whose backward is one cat (a slice per shard would each allocate the block)
+                out.extend(zip(shards, block.view(n, self._widths[r]).split([s.width for s in shards], 1)))
         return self._assemble(out, n)  # (B_r, F, D)
 
     def _assemble(self, pieces: list[tuple[Shard, torch.Tensor]], n: int) -> torch.Tensor:
