@@ -102,8 +102,9 @@ class TrainConfig:
     )
     warm_start_logloss: bool = option(
         True,
-        "after the linear warm start, a trained model replaces the fitted regression as the selected model only "
-        "when its validation log loss is also lower than the regression's (its AUC higher by min_delta)",
+        "after the linear warm start, a trained model is selected (in the fitted regression's place or a trained "
+        "model's) only when its validation log loss is lower than the regression's, besides its AUC being higher "
+        "than the selected model's by min_delta",
     )
     reinit_embeddings: str = option(
         "auto",

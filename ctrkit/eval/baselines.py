@@ -62,11 +62,15 @@ def logistic_regression(train, validation, test, cs: tuple[float, ...] = LOGISTI
 
     start = time.perf_counter()
     tr, va, te = read_table(train), read_table(validation), read_table(test)
-    encoder = OneHotEncoder(handle_unknown="ignore", min_frequency=None).fit(tr.categorical)
+    encoder = (
+        OneHotEncoder(handle_unknown="ignore", min_frequency=None).fit(tr.categorical)
+        if tr.categorical.shape[1]
+        else None
+    )
     scaler = StandardScaler().fit(tr.numerical) if tr.numerical.shape[1] else None
 
-    def design(t: Table) -> sparse.csr_matrix:
-        parts = [encoder.transform(t.categorical), *t.multi_hot]
+    def design(t: Table) -> sparse.csr_matrix:  # a data set may lack either kind of feature
+        parts = [*([encoder.transform(t.categorical)] if encoder is not None else []), *t.multi_hot]
         if scaler is not None:
             parts.append(sparse.csr_matrix(scaler.transform(t.numerical)))
         return sparse.hstack(parts, format="csr")

@@ -79,7 +79,7 @@ class InputsConfig:
             for models that concatenate the embeddings (Wide & Deep, DCNv2); empty: ``embedding_dim``
             for every feature.
         numerical_buckets: quantile buckets per numerical feature whose weights the first-order term adds
-            (``NumericalBuckets``); 0 for none.
+            (``NumericalBuckets``; at most this many, fewer where training holds few clicks); 0 for none.
     """
 
     num_numerical: int
@@ -315,6 +315,9 @@ def normalizer_sample(dataset) -> torch.Tensor | None:
     return torch.cat(parts)
 
 
+MIN_RARER_PER_BUCKET = 100  # rows of the rarer label per bucket, on average (README, "Models")
+
+
 class NumericalBuckets(nn.Module):
     """Per-bucket weights of the numerical features for the first-order term: each feature's values cut
     at quantiles of the training data into at most ``buckets`` intervals, one weight per interval, the
@@ -359,16 +362,23 @@ class NumericalBuckets(nn.Module):
         return out
 
     @torch.no_grad()
-    def fit(self, numerical: torch.Tensor) -> dict[str, list]:
+    def fit(self, numerical: torch.Tensor, rarer_label_rows: int | None = None) -> dict[str, list]:
         """Sets the cut points from (n, N) raw training values (the model's inputs); returns each feature's
-        bucket count."""
+        bucket count. ``rarer_label_rows``: the training rows of the rarer label (clicks, mostly); each
+        bucket is then given at least ``MIN_RARER_PER_BUCKET`` of them on average, so fewer buckets are cut
+        (none below two) when the data holds few clicks."""
         x = numerical.double()
         if x.dim() != 2 or x.shape[1] != self.cuts.shape[0]:
             raise ValueError(f"expected (n, {self.cuts.shape[0]}) numerical values, got {tuple(x.shape)}")
         cuts = torch.full(self.cuts.shape, UNUSED_CUT, dtype=torch.float64)
         counts = []
+        buckets = self.buckets
+        if rarer_label_rows is not None:
+            buckets = min(buckets, rarer_label_rows // MIN_RARER_PER_BUCKET)
+        if buckets < 2:  # one bucket: a constant, which the bias already is
+            x = x[:0]
         if x.shape[0]:
-            levels = torch.arange(1, self.buckets, dtype=torch.float64) / self.buckets
+            levels = torch.arange(1, buckets, dtype=torch.float64) / buckets
             quantiles = torch.quantile(x[: 1 << 24], levels, dim=0, interpolation="lower").T  # (N, buckets - 1)
         for f in range(x.shape[1] if x.shape[0] else 0):
             values = torch.unique(x[:, f])  # sorted, distinct
@@ -380,7 +390,7 @@ class NumericalBuckets(nn.Module):
             cuts[f, : len(cut)] = cut
             counts.append(len(cut) + 1)
         self.cuts.copy_(cuts.to(self.cuts.dtype).to(self.cuts.device))
-        return {"buckets": counts}
+        return {"buckets": counts or [1] * self.cuts.shape[0]}
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, *args):
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, *args)

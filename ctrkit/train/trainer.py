@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 import yaml
@@ -554,8 +555,9 @@ class Trainer:
             return
         fitted = norm.fit(sample)
         buckets = getattr(inner, "wide_buckets", None)
-        if buckets is not None:  # the first-order term's cut points
-            fitted.update(buckets.fit(sample))
+        if buckets is not None:  # the first-order term's cut points, fewer where clicks (or non-clicks) are few
+            clicks = int(np.count_nonzero(self.train_set.labels()))  # reads the memory-mapped labels through
+            fitted.update(buckets.fit(sample, rarer_label_rows=min(clicks, len(self.train_set) - clicks)))
         self._log({"event": "numerical_normalizer", "step": 0, "rows": int(sample.shape[0]), **fitted})
 
     def _warm_start(self) -> None:

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from ctrkit.models.inputs import NumericalBuckets
+from ctrkit.models.inputs import MIN_RARER_PER_BUCKET, UNUSED_CUT, NumericalBuckets
 from ctrkit.models.registry import create_model, make_config
 
 
@@ -22,6 +22,19 @@ def test_fit_cuts_continuous_values_into_equal_shares():
             np.quantile(x[:, f].numpy(), np.arange(1, 8) / 8, method="lower"), x[:, f].numpy(), side="right"
         )
         assert (ids[:, f] - f * 8).numpy().tolist() == expect.tolist()
+
+
+def test_few_clicks_cut_fewer_buckets_at_the_coarser_quantiles():
+    x = torch.randn(16000, 2, generator=torch.Generator().manual_seed(1))
+    coarse = NumericalBuckets(2, 4)
+    assert coarse.fit(x)["buckets"] == [4, 4]
+    buckets = NumericalBuckets(2, 16)
+    assert buckets.fit(x, rarer_label_rows=4 * MIN_RARER_PER_BUCKET + 99)["buckets"] == [4, 4]
+    assert torch.equal(buckets.cuts[:, :3], coarse.cuts)  # the 4-bucket cuts, the other slots unused
+    assert (buckets.cuts[:, 3:] == UNUSED_CUT).all()
+    assert buckets.fit(x, rarer_label_rows=2 * MIN_RARER_PER_BUCKET - 1)["buckets"] == [1, 1]  # one: no cut
+    assert (buckets.cuts == UNUSED_CUT).all() and (buckets.bucket_ids(x)[:, 1] == 16).all()
+    assert buckets.fit(x, rarer_label_rows=10**6)["buckets"] == [16, 16]  # many: the configured count
 
 
 def test_counts_with_ties_get_one_bucket_per_distinct_cut_and_none_empty():
@@ -89,3 +102,26 @@ def test_numerical_buckets_zero_builds_no_buckets_and_bad_counts_are_refused():
     assert create_model("dlrm", config(linear=False)).wide_buckets is None
     with pytest.raises(ValueError, match="numerical_buckets"):
         create_model("dlrm", config(numerical_buckets=1))
+
+
+def test_training_on_few_clicks_cuts_fewer_buckets(tmp_path):
+    import json
+
+    import polars as pl
+
+    from ctrkit.bench.panel import write_tabular
+    from ctrkit.train.run import train
+
+    rng = np.random.default_rng(0)
+    n = 6000
+    x = rng.normal(size=n)
+    frame = pl.DataFrame({"c": rng.integers(0, 20, n), "x": x, "label": (rng.random(n) < 0.05).astype(np.uint8)})
+    write_tabular(tmp_path / "d", frame[:5000], frame[5000:], "label", ["c"], ["x"])
+    train_rows = frame[:4500]  # the trainer holds out the last 10% of train
+    clicks = int(train_rows["label"].sum())
+    want = min(16, min(clicks, len(train_rows) - clicks) // MIN_RARER_PER_BUCKET)
+    assert 2 <= want < 16
+    log = tmp_path / "log.jsonl"
+    train(tmp_path / "d", model="wide_deep", max_steps=1, progress=False, log_path=log)
+    fitted = [e for e in map(json.loads, log.read_text().splitlines()) if e["event"] == "numerical_normalizer"]
+    assert fitted[0]["buckets"] == [want]

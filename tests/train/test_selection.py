@@ -145,9 +145,14 @@ def test_a_model_replaces_the_baseline_only_with_a_lower_log_loss_too():
     assert not sel.update(10, {"auc": 0.70, "logloss": 0.49})  # better probabilities, no AUC gain
     assert sel.best_step == 0
     assert sel.update(15, {"auc": 0.702, "logloss": 0.499}) and sel.best_step == 15  # better on both (below the peak)
-    assert sel.update(20, {"auc": 0.703, "logloss": 0.6})  # past the baseline, AUC alone decides
+    # past the baseline, a model must still predict better than the baseline did, not than the selected one
+    assert not sel.update(20, {"auc": 0.703, "logloss": 0.6}) and sel.best_step == 15
+    assert sel.update(25, {"auc": 0.704, "logloss": 0.4995}) and sel.best_step == 25  # worse than step 15's loss
     assert Selection.from_state(sel.state()) == sel
     assert not Selection.from_state({k: v for k, v in sel.state().items() if k != "baseline_logloss"}).baseline_logloss
+    # a state written before the baseline's loss was kept: the rule guards the baseline only while it is selected
+    old = Selection.from_state({k: v for k, v in sel.state().items() if k != "baseline_loss"})
+    assert old.baseline_loss is None and old.update(30, {"auc": 0.705, "logloss": 0.6})
     plain = Selection()
     plain.update(0, {"auc": 0.70, "logloss": 0.50}, baseline=True)
     assert plain.update(5, {"auc": 0.71, "logloss": 0.51})  # without the rule, AUC alone
