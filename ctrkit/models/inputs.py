@@ -19,7 +19,12 @@ def check_inputs(num_numerical: int, cardinalities: Sequence[int], embedding_dim
     """The dataset-derived fields every model config has."""
     if num_numerical < 0:
         raise ValueError(f"num_numerical must be >= 0, got {num_numerical}")
-    if not cardinalities or any(int(c) < 1 for c in cardinalities):
+    if not cardinalities:
+        raise ValueError(
+            "the data has no categorical features (cardinalities is empty): every model embeds at least one; "
+            "add an id column, or a numerical one bucketed into ids"
+        )
+    if any(int(c) < 1 for c in cardinalities):
         raise ValueError(f"cardinalities must be a non-empty list of positive integers, got {list(cardinalities)}")
     if embedding_dim < 1:
         raise ValueError(f"embedding_dim must be positive, got {embedding_dim}")

@@ -125,3 +125,8 @@ def test_training_on_few_clicks_cuts_fewer_buckets(tmp_path):
     train(tmp_path / "d", model="wide_deep", max_steps=1, progress=False, log_path=log)
     fitted = [e for e in map(json.loads, log.read_text().splitlines()) if e["event"] == "numerical_normalizer"]
     assert fitted[0]["buckets"] == [want]
+
+
+def test_data_without_categorical_features_is_refused_with_a_reason():
+    with pytest.raises(ValueError, match="no categorical features"):
+        make_config("dcnv2", dict(num_numerical=3, cardinalities=[]))
