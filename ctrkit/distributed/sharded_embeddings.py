@@ -53,9 +53,11 @@ class ShardedEmbeddingCollection(nn.Module):
         self.local = plan.on_rank(rank)
         self.init = source.init  # how to redraw any shard, without the whole tables
         self.shards = nn.ParameterList(nn.Parameter(self._initial(source, s)) for s in self.local)
-        self._widths = [sum(s.width for s in plan.exchanged_on_rank(r)) for r in range(plan.world_size)]
+        # per rank, the shards that serve other ranks' samples (the plan is fixed: computed once, not per batch)
+        self._exchanged = [plan.exchanged_on_rank(r) for r in range(plan.world_size)]
+        self._widths = [sum(s.width for s in shards) for shards in self._exchanged]
         # the features each rank holds a (not replicated) shard of: the only ids it is sent
-        self._features = [sorted({s.feature for s in plan.exchanged_on_rank(r)}) for r in range(plan.world_size)]
+        self._features = [sorted({s.feature for s in shards}) for shards in self._exchanged]
         self._column = {f: i for i, f in enumerate(self._features[rank])}
         # this rank's whole copies of the replicated tables (looked up locally), and the shards it serves
         self._replica_index = [i for i, s in enumerate(self.local) if plan.strategy[s.feature] == "replicated"]
@@ -121,10 +123,9 @@ class ShardedEmbeddingCollection(nn.Module):
         got = all_to_all(torch.cat([p.reshape(-1) for p in pieces]), send, recv)
         n = sizes[self.rank]
         out = list(local)
-        for r, block in enumerate(got.split(recv)):
-            shards = list(self.plan.exchanged_on_rank(r))
+        for shards, width, block in zip(self._exchanged, self._widths, got.split(recv)):
             if shards:  # one split, whose backward is one cat (a slice per shard would each allocate the block)
-                out.extend(zip(shards, block.view(n, self._widths[r]).split([s.width for s in shards], 1)))
+                out.extend(zip(shards, block.view(n, width).split([s.width for s in shards], 1)))
         return self._assemble(out, n)  # (B_r, F, D)
 
     def _assemble(self, pieces: list[tuple[Shard, torch.Tensor]], n: int) -> torch.Tensor:

@@ -371,7 +371,8 @@ class NumericalBuckets(nn.Module):
         """Sets the cut points from (n, N) raw training values (the model's inputs); returns each feature's
         bucket count. ``rarer_label_rows``: the training rows of the rarer label (clicks, mostly); each
         bucket is then given at least ``MIN_RARER_PER_BUCKET`` of them on average, so fewer buckets are cut
-        (none below two) when the data holds few clicks."""
+        when the data holds few clicks (no cut at all where that leaves one bucket: a constant, which the
+        bias already is)."""
         x = numerical.double()
         if x.dim() != 2 or x.shape[1] != self.cuts.shape[0]:
             raise ValueError(f"expected (n, {self.cuts.shape[0]}) numerical values, got {tuple(x.shape)}")
@@ -380,12 +381,11 @@ class NumericalBuckets(nn.Module):
         buckets = self.buckets
         if rarer_label_rows is not None:
             buckets = min(buckets, rarer_label_rows // MIN_RARER_PER_BUCKET)
-        if buckets < 2:  # one bucket: a constant, which the bias already is
-            x = x[:0]
-        if x.shape[0]:
+        cut = x.shape[0] > 0 and buckets >= 2
+        if cut:
             levels = torch.arange(1, buckets, dtype=torch.float64) / buckets
             quantiles = torch.quantile(x[: 1 << 24], levels, dim=0, interpolation="lower").T  # (N, buckets - 1)
-        for f in range(x.shape[1] if x.shape[0] else 0):
+        for f in range(x.shape[1] if cut else 0):
             values = torch.unique(x[:, f])  # sorted, distinct
             upper = torch.unique(torch.searchsorted(values, quantiles[f]))  # each quantile's place among them
             upper = upper[upper > 0]  # a cut below the minimum would leave bucket 0 empty

@@ -111,14 +111,10 @@ class Selection:
         return self.baseline_step is not None and self.best_step == self.baseline_step
 
     def _beats_baseline(self, metrics: dict[str, Any]) -> bool:
-        loss = metrics.get("logloss", -math.inf)
-        if self.baseline_logloss and self.baseline_loss is not None and not loss < self.baseline_loss:
-            return False
-        if not self._selected_baseline:
-            return True
-        if self.baseline_logloss and not loss < self.best_metrics.get(
-            "logloss", math.inf
-        ):  # a state without baseline_loss
+        reference = self.baseline_loss
+        if reference is None and self._selected_baseline:  # a state written before baseline_loss was kept
+            reference = self.best_metrics.get("logloss", math.inf)
+        if self.baseline_logloss and reference is not None and not metrics.get("logloss", -math.inf) < reference:
             return False
         if not self.guarding_baseline:
             return True
