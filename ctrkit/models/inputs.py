@@ -301,14 +301,15 @@ class NumericalNormalizer(nn.Module):
                 self.scale.fill_(1.0)
 
 
-def normalizer_sample(dataset) -> torch.Tensor | None:
-    """Up to ``NORMALIZER_ROWS`` rows of a dataset's numerical features, (n, N): 16 evenly spaced blocks."""
+def normalizer_sample(dataset, labels: bool = False):
+    """Up to ``NORMALIZER_ROWS`` rows of a dataset's numerical features, (n, N): 16 evenly spaced blocks
+    (None without rows or numerical features); with ``labels``, ``(numerical, labels)`` of those rows."""
     n = len(dataset)
     if n == 0:
         return None
     take = min(n, NORMALIZER_ROWS)
     block = -(-take // 16)
-    parts = []
+    parts, label_parts = [], []
     for k in range(16):  # block k starts at the k-th sixteenth and never runs into block k + 1
         start = (n * k) // 16
         stop = min(start + block, (n * (k + 1)) // 16)
@@ -317,7 +318,8 @@ def normalizer_sample(dataset) -> torch.Tensor | None:
             if batch.numerical is None:
                 return None
             parts.append(batch.numerical)
-    return torch.cat(parts)
+            label_parts.append(batch.labels)
+    return (torch.cat(parts), torch.cat(label_parts)) if labels else torch.cat(parts)
 
 
 MIN_RARER_PER_BUCKET = 100  # rows of the rarer label per bucket, on average (README, "Models")
@@ -367,12 +369,20 @@ class NumericalBuckets(nn.Module):
         return out
 
     @torch.no_grad()
-    def fit(self, numerical: torch.Tensor, rarer_label_rows: int | None = None) -> dict[str, list]:
+    def fit(
+        self, numerical: torch.Tensor, rarer_label_rows: int | None = None, labels: torch.Tensor | None = None,
+        seen: torch.Tensor | None = None,
+    ) -> dict[str, list]:  # fmt: skip
         """Sets the cut points from (n, N) raw training values (the model's inputs); returns each feature's
         bucket count. ``rarer_label_rows``: the training rows of the rarer label (clicks, mostly); each
         bucket is then given at least ``MIN_RARER_PER_BUCKET`` of them on average, so fewer buckets are cut
         when the data holds few clicks (no cut at all where that leaves one bucket: a constant, which the
-        bias already is)."""
+        bias already is). ``labels`` (n,) of the same rows, with ``seen`` (n, N), the values as the linear
+        term sees them (normalised): each feature then keeps the bucket count, of the configured one and
+        its halvings, or none, whose one-feature logistic regression (a bias, the linear term, the bucket
+        weights) has the lowest Akaike criterion on these rows (``_akaike_choice``), so a feature whose
+        effect the linear term already fits, or which has none, adds no bucket weights to be fitted to
+        noise."""
         x = numerical.double()
         if x.dim() != 2 or x.shape[1] != self.cuts.shape[0]:
             raise ValueError(f"expected (n, {self.cuts.shape[0]}) numerical values, got {tuple(x.shape)}")
@@ -381,21 +391,38 @@ class NumericalBuckets(nn.Module):
         buckets = self.buckets
         if rarer_label_rows is not None:
             buckets = min(buckets, rarer_label_rows // MIN_RARER_PER_BUCKET)
-        cut = x.shape[0] > 0 and buckets >= 2
-        if cut:
-            levels = torch.arange(1, buckets, dtype=torch.float64) / buckets
-            quantiles = torch.quantile(x[: 1 << 24], levels, dim=0, interpolation="lower").T  # (N, buckets - 1)
-        for f in range(x.shape[1] if cut else 0):
+        tried = []  # the bucket counts tried: the configured (or reduced) one and its halvings down to 2
+        while x.shape[0] > 0 and buckets >= 2 and (not tried or labels is not None):
+            tried.append(buckets)
+            buckets //= 2
+        quantiles = {  # bucket count -> (N, count - 1) quantiles
+            b: torch.quantile(x[: 1 << 24], torch.arange(1, b, dtype=torch.float64) / b, dim=0, interpolation="lower").T
+            for b in tried
+        }
+        y = labels.double() if labels is not None else None
+        for f in range(x.shape[1] if tried else 0):
             values = torch.unique(x[:, f])  # sorted, distinct
-            upper = torch.unique(torch.searchsorted(values, quantiles[f]))  # each quantile's place among them
-            upper = upper[upper > 0]  # a cut below the minimum would leave bucket 0 empty
-            below, above = values[upper - 1], values[upper]
-            cut = ((below + above) / 2).float().double()  # halfway to the distinct value below, as stored
-            cut = torch.where(cut > below, cut, above)  # neighbouring float32 values: the upper one
-            cuts[f, : len(cut)] = cut
-            counts.append(len(cut) + 1)
+            options = [self._place(values, quantiles[b][f]) for b in tried]
+            if y is not None:
+                s = seen[:, f].double()
+                s = (s - s.mean()) / s.std().clamp_min(1e-12) if len(s) > 1 else s
+                choice = _akaike_choice(x[:, f], s, y, options)
+                options = [options[choice]] if choice is not None else []
+            if options:
+                cuts[f, : len(options[0])] = options[0]
+            counts.append(len(options[0]) + 1 if options else 1)
         self.cuts.copy_(cuts.to(self.cuts.dtype).to(self.cuts.device))
         return {"buckets": counts or [1] * self.cuts.shape[0]}
+
+    @staticmethod
+    def _place(values: torch.Tensor, quantiles: torch.Tensor) -> torch.Tensor:
+        """Cut points for sorted distinct ``values`` at ``quantiles``: each halfway between two neighbouring
+        values (so a value the training data holds, a count, never sits on a cut), duplicates merged."""
+        upper = torch.unique(torch.searchsorted(values, quantiles))  # each quantile's place among them
+        upper = upper[upper > 0]  # a cut below the minimum would leave bucket 0 empty
+        below, above = values[upper - 1], values[upper]
+        cut = ((below + above) / 2).float().double()  # halfway to the distinct value below, as stored
+        return torch.where(cut > below, cut, above)  # neighbouring float32 values: the upper one
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, *args):
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, *args)
@@ -410,6 +437,57 @@ class NumericalBuckets(nn.Module):
             with torch.no_grad():
                 self.cuts.fill_(UNUSED_CUT)
                 self.weight.zero_()
+
+
+AKAIKE_PENALTY = 2.0  # criterion per weight in ``_akaike_choice`` (2: Akaike's)
+BUCKET_RIDGE = 0.1  # L2 on the bucket weights in ``_akaike_choice``'s fits (keeps a bucket without clicks finite)
+
+
+def _akaike_choice(x: torch.Tensor, s: torch.Tensor, y: torch.Tensor, options: list[torch.Tensor]) -> int | None:
+    """Which of ``options`` (cut points of one feature's raw values ``x``) to keep, or None for no buckets:
+    the one whose logistic regression of labels ``y`` on a bias, the standardised linear input ``s`` and
+    one weight per bucket has the lowest Akaike criterion (deviance + 2 x weights), against the bias and
+    ``s`` alone. Fitted by Newton's method on sums per bucket (O(rows) per step)."""
+    best, best_aic = None, _deviance(s, y, None, 0) + AKAIKE_PENALTY * 2
+    for i, cut in enumerate(options):
+        if len(cut) == 0:
+            continue
+        ids = (x.unsqueeze(1) >= cut).sum(1)
+        k = len(cut) + 1
+        aic = _deviance(s, y, ids, k) + AKAIKE_PENALTY * (2 + k - 1)
+        if aic < best_aic:
+            best, best_aic = i, aic
+    return best
+
+
+def _deviance(s: torch.Tensor, y: torch.Tensor, ids: torch.Tensor | None, k: int, steps: int = 30) -> float:
+    """-2 x the log-likelihood of logistic regression of ``y`` on [1, s, one-hot(ids) over k buckets] at its
+    optimum (bucket weights under ``BUCKET_RIDGE``); ``ids`` None: [1, s] only."""
+    m = 2 + k
+    theta = torch.zeros(m, dtype=torch.float64)
+    ridge = torch.zeros(m, dtype=torch.float64)
+    ridge[2:] = BUCKET_RIDGE
+    ridge[:2] = 1e-9
+    for _ in range(steps):
+        z = theta[0] + theta[1] * s + (theta[2:][ids] if ids is not None else 0.0)
+        p = torch.sigmoid(z)
+        w, r = p * (1 - p), y - p
+        h = torch.zeros(m, m, dtype=torch.float64)
+        g = torch.zeros(m, dtype=torch.float64)
+        h[0, 0], h[0, 1], h[1, 1] = w.sum(), (w * s).sum(), (w * s * s).sum()
+        g[0], g[1] = r.sum(), (r * s).sum()
+        if ids is not None:
+            h[0, 2:] = torch.bincount(ids, w, minlength=k)
+            h[1, 2:] = torch.bincount(ids, w * s, minlength=k)
+            h[2:, 2:] = torch.diag(h[0, 2:])
+            g[2:] = torch.bincount(ids, r, minlength=k)
+        h = torch.triu(h) + torch.triu(h, 1).T + torch.diag(ridge)
+        step = torch.linalg.solve(h, g - ridge * theta)
+        theta += step
+        if float(step.abs().max()) < 1e-8:
+            break
+    z = theta[0] + theta[1] * s + (theta[2:][ids] if ids is not None else 0.0)
+    return float(2 * torch.nn.functional.binary_cross_entropy_with_logits(z, y, reduction="sum"))
 
 
 class LinearTerm(nn.Module):

@@ -550,14 +550,17 @@ class Trainer:
         norm = getattr(inner, "numerical_norm", None)
         if norm is None or norm.log_mask.numel() == 0:
             return
-        sample = normalizer_sample(self.train_set)
-        if sample is None:
+        drawn = normalizer_sample(self.train_set, labels=True)
+        if drawn is None:
             return
+        sample, labels = drawn
         fitted = norm.fit(sample)
         buckets = getattr(inner, "wide_buckets", None)
         if buckets is not None:  # the first-order term's cut points, fewer where clicks (or non-clicks) are few
             clicks = int(np.count_nonzero(self.train_set.labels()))  # reads the memory-mapped labels through
-            fitted.update(buckets.fit(sample, rarer_label_rows=min(clicks, len(self.train_set) - clicks)))
+            seen = norm(sample.to(norm.shift.device)).cpu()
+            rarer = min(clicks, len(self.train_set) - clicks)
+            fitted.update(buckets.fit(sample, rarer_label_rows=rarer, labels=labels, seen=seen))
         self._log({"event": "numerical_normalizer", "step": 0, "rows": int(sample.shape[0]), **fitted})
 
     def _warm_start(self) -> None:

@@ -104,7 +104,7 @@ def test_numerical_buckets_zero_builds_no_buckets_and_bad_counts_are_refused():
         create_model("dlrm", config(numerical_buckets=1))
 
 
-def test_training_on_few_clicks_cuts_fewer_buckets(tmp_path):
+def test_training_on_few_clicks_cuts_fewer_buckets_and_none_where_they_fit_nothing(tmp_path):
     import json
 
     import polars as pl
@@ -114,17 +114,45 @@ def test_training_on_few_clicks_cuts_fewer_buckets(tmp_path):
 
     rng = np.random.default_rng(0)
     n = 6000
-    x = rng.normal(size=n)
-    frame = pl.DataFrame({"c": rng.integers(0, 20, n), "x": x, "label": (rng.random(n) < 0.05).astype(np.uint8)})
-    write_tabular(tmp_path / "d", frame[:5000], frame[5000:], "label", ["c"], ["x"])
+    x = rng.normal(size=(n, 2))
+    middle = np.abs(x[:, 0]) < 0.674  # the middle two quartiles of x0 click more: no line fits that
+    labels = (rng.random(n) < np.where(middle, 0.16, 0.05)).astype(np.uint8)  # x1 has no effect at all
+    frame = pl.DataFrame({"c": rng.integers(0, 20, n), "x0": x[:, 0], "x1": x[:, 1], "label": labels})
+    write_tabular(tmp_path / "d", frame[:5000], frame[5000:], "label", ["c"], ["x0", "x1"])
     train_rows = frame[:4500]  # the trainer holds out the last 10% of train
     clicks = int(train_rows["label"].sum())
     want = min(16, min(clicks, len(train_rows) - clicks) // MIN_RARER_PER_BUCKET)
-    assert 2 <= want < 16
+    assert 4 <= want < 8
     log = tmp_path / "log.jsonl"
     train(tmp_path / "d", model="wide_deep", max_steps=1, progress=False, log_path=log)
     fitted = [e for e in map(json.loads, log.read_text().splitlines()) if e["event"] == "numerical_normalizer"]
-    assert fitted[0]["buckets"] == [want]
+    assert fitted[0]["buckets"] == [want, 1]
+
+
+def test_buckets_are_kept_only_where_the_one_feature_regression_earns_them():
+    g = torch.Generator().manual_seed(3)
+    n = 40000
+    x = torch.randn(n, 3, generator=g)
+    logit = -1.0 + 1.5 * (x[:, 0].abs() > 1) + 0.8 * x[:, 1]  # x0: a U shape; x1: linear; x2: nothing
+    y = (torch.rand(n, generator=g) < torch.sigmoid(logit)).double()
+    buckets = NumericalBuckets(3, 16)
+    counts = buckets.fit(x, labels=y, seen=x)["buckets"]
+    assert counts[0] >= 4 and counts[1] <= 2 and counts[2] <= 2  # x1's line is the linear term's
+    assert (buckets.cuts[0, : counts[0] - 1] < UNUSED_CUT).all() and (
+        buckets.cuts[0, counts[0] - 1 :] == UNUSED_CUT
+    ).all()
+    assert buckets.fit(x)["buckets"] == [16, 16, 16]  # without labels: the configured count
+    # the Newton fit against scikit-learn's (almost unpenalised) logistic regression on the same design
+    from sklearn.linear_model import LogisticRegression
+
+    from ctrkit.models.inputs import _deviance
+
+    s = x[:, 1].double()
+    ours = _deviance(s, y, None, 0)
+    ref = LogisticRegression(C=1e6, max_iter=1000).fit(s.numpy()[:, None], y.numpy())
+    p = ref.predict_proba(s.numpy()[:, None])[:, 1]
+    theirs = float(-2 * (y.numpy() * np.log(p) + (1 - y.numpy()) * np.log(1 - p)).sum())
+    assert abs(ours - theirs) < 1e-6 * abs(theirs)
 
 
 def test_data_without_categorical_features_is_refused_with_a_reason():
