@@ -47,6 +47,68 @@ def test_the_fit_is_scikit_learns_logistic_regression(tiny_dataset):
     assert fit["C"] == 0.1 and fit["rows"] == len(train)
 
 
+def test_small_data_chooses_c_on_validation_and_training_blocks_as_scikit_learn_would(tmp_path, monkeypatch):
+    """Below CV_MAX_ROWS training rows, each C is scored by the mean AUC over the validation data and
+    CV_FOLDS contiguous training blocks, each block by a fit without it; the C chosen is the one scikit-learn's
+    regressions, fitted and scored the same way, choose (the path stopping at the first C that scores lower).
+    Here the validation rows' labels carry nothing, so validation alone chooses another C."""
+    import polars as pl
+    from scipy import sparse
+
+    import ctrkit.train.linear_fit as linear_fit
+    from ctrkit.bench.panel import write_tabular
+    from ctrkit.eval.metrics import roc_auc
+
+    rng = np.random.default_rng(1)
+    n = 8000
+    ids, x = rng.integers(0, 400, n), rng.normal(size=n)
+    effect = rng.normal(size=400) * 0.8
+    labels = (rng.random(n) < 1 / (1 + np.exp(1 - effect[ids] - 0.5 * x))).astype(np.uint8)
+    labels[-800:] = rng.random(800) < 0.3  # the held-out tail (validation): noise
+    frame = pl.DataFrame({"c": ids, "x": x, "label": labels})
+    write_tabular(tmp_path / "d", frame, frame[:100], "label", ["c"], ["x"])
+    train, validation = split_tail(SplitBinaryDataset(tmp_path / "d", "train"), 0.1)
+    cards = SplitBinaryDataset(tmp_path / "d", "train").spec.cardinalities
+    cs = (0.003, 0.03, 0.3, 3.0)
+
+    def ours() -> dict:
+        shape = {"num_numerical": 1, "cardinalities": cards, "embedding_dim": 4, "numerical_buckets": 0}
+        model = create_model("wide_deep", make_config("wide_deep", shape))
+        return fit_first_order(model, train, validation, cs=cs)
+
+    tr, va = train.slice(0, len(train)), validation.slice(0, len(validation))
+    encoder = OneHotEncoder(categories=[np.arange(c) for c in cards]).fit(tr.categorical.numpy())
+    scaler = StandardScaler().fit(tr.numerical.numpy().astype(np.float64))
+
+    def design(b):
+        return sparse.hstack([encoder.transform(b.categorical.numpy()),
+                              sparse.csr_matrix(scaler.transform(b.numerical.numpy()))]).tocsr()  # fmt: skip
+
+    x_tr, y_tr, x_va, y_va = design(tr), tr.labels.numpy(), design(va), va.labels.numpy()
+    m = len(y_tr)
+    with_blocks, validation_only = [], []
+    for c in cs:
+        model = LogisticRegression(C=c, max_iter=5000)
+        aucs = [roc_auc(y_va, model.fit(x_tr, y_tr).decision_function(x_va))]
+        validation_only.append(aucs[0])
+        for f in range(linear_fit.CV_FOLDS):
+            held = np.zeros(m, bool)
+            held[f * m // linear_fit.CV_FOLDS : (f + 1) * m // linear_fit.CV_FOLDS] = True
+            model.fit(x_tr[~held], y_tr[~held])
+            aucs.append(roc_auc(y_tr[held], model.decision_function(x_tr[held])))
+        with_blocks.append(np.mean(aucs))
+
+    def choice(scores):  # the first peak along the path
+        stop = next((i for i in range(1, len(cs)) if scores[i] <= scores[i - 1]), len(cs))
+        return cs[int(np.argmax(scores[:stop]))]
+
+    fit = ours()
+    assert fit["folds"] == linear_fit.CV_FOLDS and fit["C"] == choice(with_blocks)
+    monkeypatch.setattr(linear_fit, "CV_MAX_ROWS", 0)  # validation alone
+    alone = ours()
+    assert alone["folds"] == 0 and alone["C"] == choice(validation_only) != fit["C"]
+
+
 def test_the_fit_with_numerical_buckets_is_scikit_learns_on_bucket_indicators(tiny_dataset):
     train, validation = split_tail(SplitBinaryDataset(tiny_dataset, "train"), 0.1)
     torch.manual_seed(0)
