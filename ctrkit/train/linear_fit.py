@@ -6,7 +6,8 @@ that baseline on small real data. So training can start from the converged fit: 
 term (one weight per id, a linear map of the numerical features, a weight per numerical bucket, a bias) is
 fitted by full-batch L-BFGS (diagonally preconditioned, closed-form gradients over CSR matrices) on (at
 most ``max_rows`` of the last) training rows, with the L2 strength C chosen on validation AUC as the
-scikit-learn baseline chooses it (numerical features standardised inside the fit, as there); the
+scikit-learn baseline chooses it (numerical features standardised inside the fit, as there), or, where
+validation holds few clicks, on the mean AUC over validation and four blocks of the training rows; the
 deep part's output layer is zeroed, so the model starts as exactly that regression, and model selection
 keeps it unless training improves validation AUC.
 """
@@ -24,8 +25,9 @@ from torch import nn
 from ctrkit.eval.metrics import roc_auc
 
 CS = (0.01, 0.03, 0.1, 0.3, 1.0)  # inverse L2 strengths tried, strongest first (each fit warm-starts the next)
-CV_FOLDS = 4  # training blocks that also score each C, where the training rows are at most CV_MAX_ROWS
-CV_MAX_ROWS = 250_000
+CV_FOLDS = 4  # training blocks that also score each C where validation holds few rows of the rarer label
+CV_BELOW_RARER = 1000  # "few": AUC's standard error is then about 0.01 or more, the size of C's effect
+CV_MAX_ROWS = 250_000  # and the training rows at most this many
 
 
 def _collections(model: nn.Module) -> list[nn.Module]:
@@ -117,7 +119,7 @@ def fit_first_order(
 
     Returns:
         ``{"validation_auc", "C", "rows", "folds", "seconds"}`` (``folds``: the training blocks that scored
-        each C besides the validation data, 0 above ``CV_MAX_ROWS`` training rows).
+        each C besides the validation data; 0 where validation alone did).
     """
     start_time = time.perf_counter()
     inner = getattr(model, "model", model)  # a HybridModel wraps the model
@@ -192,9 +194,12 @@ def fit_first_order(
         opt.step(closure)
         return u.detach() * scale
 
-    # small data: C is chosen on the mean AUC over the validation data and ``CV_FOLDS`` contiguous blocks of
-    # the training rows, each scored by a fit without it (a few hundred validation clicks rank C values by noise)
-    folds = CV_FOLDS if n <= CV_MAX_ROWS and n >= 2 * CV_FOLDS else 0
+    # few validation clicks (or non-clicks) rank C values by noise: then, on at most CV_MAX_ROWS training rows
+    # (the fits cost CV_FOLDS + 1 times one), C is chosen on the mean AUC over the validation data and
+    # CV_FOLDS contiguous blocks of the training rows, each block scored by a fit without it
+    clicks = int(y_va.sum())
+    rarer = min(clicks, len(y_va) - clicks)
+    folds = CV_FOLDS if rarer < CV_BELOW_RARER and 2 * CV_FOLDS <= n <= CV_MAX_ROWS else 0
     bounds = [(f * n // folds, (f + 1) * n // folds) for f in range(folds)]
     fold_thetas = [theta.clone() for _ in bounds]
     best = None
