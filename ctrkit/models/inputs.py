@@ -378,11 +378,11 @@ class NumericalBuckets(nn.Module):
         bucket is then given at least ``MIN_RARER_PER_BUCKET`` of them on average, so fewer buckets are cut
         when the data holds few clicks (no cut at all where that leaves one bucket: a constant, which the
         bias already is). ``labels`` (n,) of the same rows, with ``seen`` (n, N), the values as the linear
-        term sees them (normalised): each feature then keeps the bucket count, of the configured one and
-        its halvings, or none, whose one-feature logistic regression (a bias, the linear term, the bucket
-        weights) has the lowest Akaike criterion on these rows (``_akaike_choice``), so a feature whose
-        effect the linear term already fits, or which has none, adds no bucket weights to be fitted to
-        noise."""
+        term sees them (normalised; the raw values if not given): each feature then keeps the bucket
+        count, of the configured one and its halvings, or none, whose one-feature logistic regression (a
+        bias, the linear term, the bucket weights) has the lowest Akaike criterion on these rows
+        (``_akaike_choice``), so a feature whose effect the linear term already fits, or which has none,
+        adds no bucket weights to be fitted to noise."""
         x = numerical.double()
         if x.dim() != 2 or x.shape[1] != self.cuts.shape[0]:
             raise ValueError(f"expected (n, {self.cuts.shape[0]}) numerical values, got {tuple(x.shape)}")
@@ -400,6 +400,7 @@ class NumericalBuckets(nn.Module):
             for b in tried
         }
         y = labels.double() if labels is not None else None
+        seen = numerical if seen is None else seen  # without a normaliser the linear term sees the raw values
         for f in range(x.shape[1] if tried else 0):
             values = torch.unique(x[:, f])  # sorted, distinct
             options = [self._place(values, quantiles[b][f]) for b in tried]

@@ -141,6 +141,7 @@ def test_buckets_are_kept_only_where_the_one_feature_regression_earns_them():
     assert (buckets.cuts[0, : counts[0] - 1] < UNUSED_CUT).all() and (
         buckets.cuts[0, counts[0] - 1 :] == UNUSED_CUT
     ).all()
+    assert buckets.fit(x, labels=y)["buckets"] == counts  # no normaliser: the linear term sees the raw values
     assert buckets.fit(x)["buckets"] == [16, 16, 16]  # without labels: the configured count
     # the Newton fit against scikit-learn's (almost unpenalised) logistic regression on the same design
     from sklearn.linear_model import LogisticRegression
