@@ -200,25 +200,27 @@ def fit_first_order(
     clicks = int(y_va.sum())
     rarer = min(clicks, len(y_va) - clicks)
     folds = CV_FOLDS if rarer < CV_BELOW_RARER and 2 * CV_FOLDS <= n <= CV_MAX_ROWS else 0
-    bounds = [(f * n // folds, (f + 1) * n // folds) for f in range(folds)]
-    fold_thetas = [theta.clone() for _ in bounds]
+    blocks = []  # (first row, end, row weights without the block) of the blocks holding both labels
+    for f in range(folds):
+        lo, hi = f * n // folds, (f + 1) * n // folds
+        if y_tr[lo:hi].min() < y_tr[lo:hi].max():
+            weight = torch.ones(n, dtype=torch.float64)
+            weight[lo:hi] = 0.0
+            blocks.append((lo, hi, weight))
+    block_thetas = [theta.clone() for _ in blocks]
     best = None
     for c in cs:
         theta = solve(c, theta, None)
         auc = roc_auc(y_va, logit(x_va, z_va if k else None, theta).numpy())
         scores = [auc]
-        for f, (lo, hi) in enumerate(bounds):
-            held = y_tr[lo:hi]
-            if held.min() == held.max():  # one label only: no AUC
-                continue
-            weight = torch.ones(n, dtype=torch.float64)
-            weight[lo:hi] = 0.0
-            fold_thetas[f] = solve(c, fold_thetas[f], weight)
-            scores.append(roc_auc(held.numpy(), logit(x_tr, z_tr if k else None, fold_thetas[f])[lo:hi].numpy()))
+        for b, (lo, hi, weight) in enumerate(blocks):
+            block_thetas[b] = solve(c, block_thetas[b], weight)
+            held = logit(x_tr, z_tr if k else None, block_thetas[b])[lo:hi]
+            scores.append(roc_auc(y_tr[lo:hi].numpy(), held.numpy()))
         score = sum(scores) / len(scores)
         if best is None or score > best[0]:
             best = (score, c, theta.clone(), auc)
-        else:  # validation AUC over C rises to one peak: past it, weaker L2 only overfits more
+        else:  # the score over C rises to one peak: past it, weaker L2 only overfits more
             break
     _, c, t_best, auc = best
     w_best, v_best, bias = t_best[:ids], t_best[ids : ids + k], float(t_best[-1])
