@@ -4,12 +4,14 @@
         [--embedding-lr 3e-3 ...]
 
 Builds build/accuracy/planted-360k-sN (the accuracy panel's 360,000-row planted data: 270,000 train, 30,000
-validation, 60,000 test) where missing, fits the panel's logistic regression once per seed (cached in
-build/accuracy/planted-360k-sN.logistic.json) and trains MODEL with its defaults and the options given
-(TrainConfig or model config fields as `--name value`; comma lists become tuples).
+validation, 60,000 test; `ROWS=N` in the environment for another size, a sixth of it test) where missing, fits
+the panel's logistic regression once per seed (cached in build/accuracy/planted-360k-sN.logistic.json) and
+trains MODEL with its defaults and the options given (TrainConfig or model config fields as `--name value`;
+comma lists become tuples).
 """
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -37,11 +39,12 @@ def value(text: str):
 def main() -> None:
     seeds = [int(s) for s in sys.argv[1].split(",")]
     model, args = sys.argv[2], sys.argv[3:]
+    rows = int(os.environ.get("ROWS", "360000"))
     options = {args[i].lstrip("-").replace("-", "_"): value(args[i + 1]) for i in range(0, len(args), 2)}
     for seed in seeds:
-        data = Path(f"build/accuracy/planted-360k-s{seed}")
+        data = Path(f"build/accuracy/planted-{rows // 1000}k-s{seed}")
         if not (data / "feature_spec.yaml").exists():
-            build_planted(data, 360_000, seed)
+            build_planted(data, rows, seed)
         bayes = yaml.safe_load((data / "feature_spec.yaml").read_text())["metadata"]["bayes_test_auc"]
         cache = data.with_name(data.name + ".logistic.json")
         if not cache.exists():
