@@ -322,6 +322,12 @@ def normalizer_sample(dataset, labels: bool = False):
     return (torch.cat(parts), torch.cat(label_parts)) if labels else torch.cat(parts)
 
 
+def bucket_of(values: torch.Tensor, cuts: torch.Tensor) -> torch.Tensor:
+    """Each value's bucket: the number of cut points at or below it. ``values`` (..., N) against ``cuts``
+    (N, C), or (n,) against (C,); int64."""
+    return (values.unsqueeze(-1) >= cuts).sum(-1)
+
+
 MIN_RARER_PER_BUCKET = 100  # rows of the rarer label per bucket, on average (README, "Models")
 
 
@@ -355,8 +361,7 @@ class NumericalBuckets(nn.Module):
 
     def bucket_ids(self, numerical: torch.Tensor) -> torch.Tensor:
         """(B, N) int64: each value's weight index in ``weight``."""
-        x = numerical.float().unsqueeze(2)  # (B, N, 1)
-        return (x >= self.cuts.float()).long().sum(2) + self.offsets  # (B, N)
+        return bucket_of(numerical.float(), self.cuts.float()) + self.offsets  # (B, N)
 
     def forward(self, numerical: torch.Tensor) -> torch.Tensor:
         return self.weight[self.bucket_ids(numerical)].sum(1)  # (B,)
@@ -453,7 +458,7 @@ def _akaike_choice(x: torch.Tensor, s: torch.Tensor, y: torch.Tensor, options: l
     for i, cut in enumerate(options):
         if len(cut) == 0:
             continue
-        ids = (x.unsqueeze(1) >= cut).sum(1)
+        ids = bucket_of(x, cut)  # the model's rule (float64 here: the cuts are float32 values, so the same)
         k = len(cut) + 1
         aic = _deviance(s, y, ids, k) + AKAIKE_PENALTY * (2 + k - 1)
         if aic < best_aic:

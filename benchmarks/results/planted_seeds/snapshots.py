@@ -15,7 +15,6 @@ import numpy as np
 import torch
 
 from ctrkit.bench.accuracy import splits
-from ctrkit.eval.baselines import read_table
 from ctrkit.eval.metrics import roc_auc
 from ctrkit.train import trainer
 from ctrkit.train.run import train
@@ -39,7 +38,7 @@ def main() -> None:
     torch.manual_seed(0)
     result = train(data, model=model, progress=False)
     _, validation, test = splits(data, 0.1)
-    yv, yt = read_table(validation).labels, read_table(test).labels
+    yv, yt = validation.labels(), test.labels()
     print(f"seed {seed} {model}: the selected model's test AUC {result['auc']:.4f} (step {result['best_step']})")
     best = {}
     for step, per_epoch, auc, lv, lt in records:
