@@ -70,6 +70,11 @@ class Checkpoint:
             one file per rank (these names, relative to the manifest's directory, in rank order) holding
             that rank's weights (``model``, ``resume_model``: its shards and the replicated weights) and
             its ``optimizers``; ``load_checkpoint`` assembles them (see ``assemble_shards``). None: one file.
+        snapshots: a single-process run's snapshot pool (``TrainConfig.snapshot_ensemble``): the best
+            evaluations of its best epochs, each ``{"epoch", "step", "score", "model"}`` (``model``: a state
+            dict); None: no pool.
+        ensemble: the steps of the snapshots whose logits, averaged, are the model the run selected (what
+            ``build_model`` builds, an ``Ensemble``); None: ``model`` alone.
     """
 
     model_name: str
@@ -86,6 +91,8 @@ class Checkpoint:
     selection: dict[str, Any] | None = None
     resume_model: dict[str, torch.Tensor] | None = None
     shard_files: list[str] | None = None
+    snapshots: list[dict[str, Any]] | None = None
+    ensemble: list[int] | None = None
 
     @property
     def resume_weights(self) -> dict[str, torch.Tensor]:
@@ -107,29 +114,46 @@ class Checkpoint:
         With ``assign``, the model is built without memory of its own (on the meta device) and takes the
         checkpoint's tensors as its parameters: with a memory-mapped checkpoint, tables stay on disk. A
         sharded checkpoint left unassembled gives a model whose tables stay on the meta device (read them
-        through ``sharded_table_views``).
+        through ``sharded_table_views``). A checkpoint whose run selected a snapshot ensemble gives that
+        ``Ensemble``.
         """
         config = make_config(self.model_name, self.model_config)
+        if self.ensemble:
+            from ctrkit.models.ensemble import Ensemble
+
+            return Ensemble([self._build_one(config, state, assign) for state in self.ensemble_states()])
+        if not (assign and self.shard_files):
+            return self._build_one(config, self.model, assign)
+        with torch.device("meta"):
+            model = create_model(self.model_name, config)
+        # the replicated weights from rank 0's file; the tables stay in the rank files
+        state = read_rank_file(self, 0)["model"]
+        prefixes = tuple(f"{table_prefix(n)}." for n in self.sharding or {})
+        state = {k: v for k, v in state.items() if not k.startswith(prefixes)}
+        missing = model.load_state_dict(state, assign=True, strict=False).missing_keys
+        unexpected = [k for k in missing if not k.startswith(prefixes)]
+        if unexpected:
+            raise CheckpointError(f"{self.shard_files[0]}: lacks the weights {unexpected[:3]}")
+        return _checked_buffers(model)
+
+    def ensemble_states(self) -> list[dict[str, torch.Tensor]]:
+        """The state dicts of the ensemble's members, in ``ensemble``'s order."""
+        by_step = {int(s["step"]): s["model"] for s in self.snapshots or []}
+        missing = [step for step in self.ensemble or [] if step not in by_step]
+        if missing:
+            raise CheckpointError(f"the checkpoint's ensemble names steps {missing} that its snapshots lack")
+        return [by_step[step] for step in self.ensemble or []]
+
+    def _build_one(self, config: Any, state: dict[str, torch.Tensor], assign: bool) -> nn.Module:
+        """One model from a whole state dict (``assign``: built on the meta device, taking its tensors)."""
         if not assign:
             model = create_model(self.model_name, config)
-            model.load_state_dict(self.model)
+            model.load_state_dict(state)
             return model
         with torch.device("meta"):
             model = create_model(self.model_name, config)
-        if self.shard_files:  # the replicated weights from rank 0's file; the tables stay in the rank files
-            state = read_rank_file(self, 0)["model"]
-            prefixes = tuple(f"{table_prefix(n)}." for n in self.sharding or {})
-            state = {k: v for k, v in state.items() if not k.startswith(prefixes)}
-            missing = model.load_state_dict(state, assign=True, strict=False).missing_keys
-            unexpected = [k for k in missing if not k.startswith(prefixes)]
-            if unexpected:
-                raise CheckpointError(f"{self.shard_files[0]}: lacks the weights {unexpected[:3]}")
-        else:
-            model.load_state_dict(self.model, assign=True)
-        for name, buffer in model.named_buffers():  # non-persistent buffers (offsets, indices) are rebuilt
-            if buffer.is_meta:
-                raise CheckpointError(f"buffer '{name}' is not stored in the checkpoint; cannot build the model lazily")
-        return model
+        model.load_state_dict(state, assign=True)
+        return _checked_buffers(model)
 
     def check_spec(self, spec_summary: dict[str, Any], where: str) -> None:
         """Raises CheckpointError when a dataset's features differ from those the model was trained on."""
@@ -168,6 +192,14 @@ class Checkpoint:
         data = {**data, "model_config": {**LEGACY_FIELDS.get(data["model_name"], {}), **data["model_config"]}}
         known = {f.name for f in fields(cls)}
         return cls(**{"spec": {}, **{k: v for k, v in data.items() if k in known}})
+
+
+def _checked_buffers(model: nn.Module) -> nn.Module:
+    """``model``, unless a buffer was left on the meta device (not stored, so not rebuilt lazily)."""
+    for name, buffer in model.named_buffers():  # non-persistent buffers (offsets, indices) are rebuilt
+        if buffer.is_meta:
+            raise CheckpointError(f"buffer '{name}' is not stored in the checkpoint; cannot build the model lazily")
+    return model
 
 
 def _renamed(d: dict[str, Any]) -> dict[str, Any]:

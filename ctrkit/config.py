@@ -14,6 +14,8 @@ DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam", "rmsprop")
 TABLE_OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad", "adam", "ftrl")
 EXPORT_FORMATS = ("onnx", "torchscript", "triton")
 QUANTIZATIONS = ("none", "int8")
+SNAPSHOT_ENSEMBLE = 3  # the default snapshot_ensemble (README, "Accuracy": snapshot ensembles)
+SNAPSHOT_MAX_BYTES = 1 << 30  # larger models keep one (the pool holds SNAPSHOT_ENSEMBLE copies of the weights)
 
 
 def option(default: Any, help: str, choices: tuple | None = None, unset: str | None = None, **command_line: Any) -> Any:
@@ -117,6 +119,14 @@ class TrainConfig:
         ("auto", "on", "off"),
     )
     reinit_drop: float = option(0.01, "the validation AUC fall below the best that turns auto reinit_embeddings on")
+    snapshot_ensemble: int | None = option(
+        None,
+        "keep the best evaluation of each of the N epochs with the best validation AUC (N copies of the weights, "
+        "in memory and in checkpoints); at the end, the mean of the logits of the best 2..N of them replaces the "
+        "selected model when its validation AUC is higher by min_delta and it passes the warm-start rules: the "
+        "kept model is then that ensemble (N times the scoring cost). 1: one model. Single-process runs only",
+        unset=f"{SNAPSHOT_ENSEMBLE} where the model's weights take at most {SNAPSHOT_MAX_BYTES >> 30} GiB, else 1",
+    )
     early_stopping_patience: int | None = option(
         None,
         "stop after this many validation evaluations without improvement (0: never stop early)",
@@ -158,6 +168,7 @@ class TrainConfig:
         positive("evals_per_epoch", allow_zero=True)
         positive("print_freq")
         positive("checkpoint_every", allow_none=True)
+        positive("snapshot_ensemble", allow_none=True)
         for name in ("lr", "embedding_lr", "wide_lr"):
             value = getattr(self, name)
             if value is not None and not value > 0:

@@ -84,6 +84,7 @@ def run_entry(
             "logloss": result["logloss"],
             "validation_auc": result.get("validation", {}).get("auc"),
             "best_step": result["best_step"],
+            "ensemble": result.get("ensemble"),
             "steps": result["step"],
             "seconds": time.perf_counter() - start,
         }

@@ -85,7 +85,9 @@ def train(args: argparse.Namespace) -> int:
     parts = [f"done: {result['step']} steps" + (" (stopped early)" if result["stopped_early"] else "")]
     if "validation" in result:
         v = result["validation"]
-        parts.append(f"kept step {result['best_step']} (validation AUC {v['auc']:.4f}, logloss {v['logloss']:.4f})")
+        kept = (f"kept the ensemble of steps {', '.join(map(str, result['ensemble']))}" if result.get("ensemble")
+                else f"kept step {result['best_step']}")  # fmt: skip
+        parts.append(f"{kept} (validation AUC {v['auc']:.4f}, logloss {v['logloss']:.4f})")
     if "auc" in result:
         parts.append(f"test AUC {result['auc']:.4f}, logloss {result['logloss']:.4f} on {result['samples']:,} samples")
     if spec.save_checkpoint:
@@ -208,6 +210,11 @@ def convert_checkpoint(args: argparse.Namespace) -> int:
         print(f"wrote {cfg.out} (step {ckpt.step}, {len(ckpt.model)} tensors)")
         return 0
     ckpt = load_checkpoint(cfg.checkpoint, mmap=True, assemble=False)
+    if ckpt.ensemble:
+        raise ValueError(
+            f"{cfg.checkpoint}: holds a snapshot ensemble of {len(ckpt.ensemble)} models; the sharded form holds one "
+            "model: retrain with --snapshot-ensemble 1 to shard it"
+        )
     held = write_sharded_checkpoint(ckpt, cfg.out, cfg.world_size, par)
     mb = ", ".join(f"{b / 2**20:.1f}" for b in held)
     print(f"wrote {cfg.out} (step {ckpt.step}, {cfg.world_size} rank files; MB of table per rank: {mb})")

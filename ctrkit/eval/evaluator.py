@@ -133,6 +133,11 @@ class Scoring:
         ckpt = load_checkpoint(checkpoint, assemble=not distributed)
         spec = FeatureSpec.from_yaml(dataset)
         ckpt.check_spec(spec.summary(), str(spec.base_dir))
+        if distributed and ckpt.ensemble:
+            raise ValueError(
+                f"{checkpoint}: holds a snapshot ensemble of {len(ckpt.ensemble)} models, which scores in one process; "
+                "run this command without torchrun"
+            )
         data = SplitBinaryDataset(spec, mapping)
         env = init_distributed(device, par.dist_timeout) if distributed else None
         dev = env.device if env is not None else resolve_device(device)

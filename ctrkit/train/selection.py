@@ -95,10 +95,15 @@ class Selection:
                 self.since_decay = 0
             if self.patience and self.since_best >= self.patience:
                 self.stopped = True
-        if self.best_step is None or (value > self.best_score + self.min_delta and self._beats_baseline(metrics)):
+        if self.best_step is None or self.accepts(metrics):
             self.best_step, self.best_metrics, self.best_score = step, dict(metrics), value
             return True
         return False
+
+    def accepts(self, metrics: dict[str, Any]) -> bool:
+        """Whether an evaluation with ``metrics`` would replace the selected one (``update``'s rule, without
+        changing the state)."""
+        return score(metrics) > self.best_score + self.min_delta and self._beats_baseline(metrics)
 
     @property
     def guarding_baseline(self) -> bool:

@@ -39,7 +39,7 @@ from ctrkit.eval.metrics import auc_difference
 from ctrkit.models.embeddings import CategoricalEmbeddings
 from ctrkit.models.registry import config_to_dict
 from ctrkit.train.optim import LRSchedule, build_optimizers
-from ctrkit.train.selection import Selection
+from ctrkit.train.selection import Selection, score
 from ctrkit.train.tensorboard import TensorBoardSink
 
 
@@ -255,6 +255,9 @@ class Trainer:
             cfg.warm_start_logloss,
         )
         self.best_state: dict[str, torch.Tensor] | None = None  # the best weights this process holds
+        self.snapshots: list[dict[str, Any]] = []  # the snapshot pool, best score first (snapshot_ensemble)
+        self.ensemble: list[int] | None = None  # the steps of the snapshots forming the selected ensemble
+        self.ensemble_metrics: dict[str, Any] | None = None
         self._baseline_logits = None  # the warm start's validation logits while it is the selected model
         self.model = model
         self.info = info
@@ -284,6 +287,7 @@ class Trainer:
         self._loss_sum = torch.zeros((), device=device)  # losses since the last logged (and checked) window
         self._table_ids = {id(p) for m in model.modules() if hasattr(m, "table_parameters")
                            for p in m.table_parameters()}  # fmt: skip
+        self.pool_size = self._pool_size()
 
     # -------------------------------------------------------------------------- checkpointing
     def state(self) -> Checkpoint:
@@ -301,6 +305,8 @@ class Trainer:
             steps_per_epoch=self.steps_per_epoch,
             rng=rng_state(),
             selection=self.selection.state(),
+            snapshots=list(self.snapshots) if self.pool_size > 1 else None,
+            ensemble=self.ensemble,
         )
 
     def restore(self, ckpt: Checkpoint) -> None:
@@ -336,6 +342,9 @@ class Trainer:
                 self.model.load_full_state_dict(ckpt.model)
                 self.best_state = self._local_state()
                 self._inner.load_state_dict(current)
+        if self.env is None and self.pool_size > 1:
+            self.snapshots = [{**snap, "model": {k: v.to(self.device) for k, v in snap["model"].items()}}
+                              for snap in ckpt.snapshots or []]  # fmt: skip
         if ckpt.sharding is not None or self.env is not None:
             from ctrkit.distributed.sharded_state import optimizer_states_for_rank
 
@@ -466,6 +475,18 @@ class Trainer:
     def _score(self, dataset) -> dict[str, Any]:
         return metrics_of(dataset, self._logits(dataset))
 
+    def _score_ensemble(self, dataset) -> dict[str, Any]:
+        """The selected ensemble's metrics on ``dataset`` (its members' logits averaged); the model's weights
+        are as before afterwards."""
+        by_step = {s["step"]: s["model"] for s in self.snapshots}
+        kept, total = self._local_state(), None
+        for step in self.ensemble:
+            self._inner.load_state_dict(by_step[step])
+            logits = np.asarray(self._logits(dataset), np.float64)
+            total = logits if total is None else total + logits
+        self._inner.load_state_dict(kept)
+        return metrics_of(dataset, (total / len(self.ensemble)).astype(np.float32))
+
     def validate(self, baseline: bool = False) -> dict[str, Any] | None:
         """Scores the validation data, updates the selection (best weights, plateau, patience), logs it.
         ``baseline``: this evaluation is of the warm start, which a later model must beat by
@@ -477,10 +498,15 @@ class Trainer:
         if sel.guarding_baseline and logits is not None:
             diff, se = auc_difference(self.validation_set.labels(), logits, self._baseline_validation_logits())
             metrics["baseline_z"] = diff / se if se > 0 else math.copysign(math.inf, diff) if diff else 0.0
-        if sel.update(self.step, metrics, baseline=baseline):
+        selected = sel.update(self.step, metrics, baseline=baseline)
+        if selected:
             self.best_state = self._local_state()
             self._baseline_logits = logits if baseline else None
-        elif self._overfitting(metrics):  # auto reinit_embeddings: from the best weights, with fresh tables
+        if not baseline:
+            self._keep_snapshot(metrics, self.best_state if selected else None)
+        if not selected and self._overfitting(
+            metrics
+        ):  # auto reinit_embeddings: from the best weights, with fresh tables
             sel.reinit = True
             self._inner.load_state_dict(self.best_state)
             epoch, into = divmod(self.step, self.steps_per_epoch)
@@ -513,6 +539,67 @@ class Trainer:
         if self.best_state is None or self.selection.best_step == self.step:
             return
         self._inner.load_state_dict(self.best_state)
+
+    def _pool_size(self) -> int:
+        """``snapshot_ensemble`` resolved: 1 (no pool) in a hybrid-parallel run or without validation data."""
+        from ctrkit.config import SNAPSHOT_ENSEMBLE, SNAPSHOT_MAX_BYTES
+
+        if self.env is not None or self.validation_set is None or len(self.validation_set) == 0:
+            return 1
+        if self.cfg.snapshot_ensemble is not None:
+            return self.cfg.snapshot_ensemble
+        size = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        return SNAPSHOT_ENSEMBLE if size <= SNAPSHOT_MAX_BYTES else 1
+
+    def _keep_snapshot(self, metrics: dict[str, Any], state: dict[str, torch.Tensor] | None) -> None:
+        """Puts this evaluation into the snapshot pool when it is its epoch's best so far and among the
+        ``pool_size`` best epochs (the pool: the best evaluation of each of the best epochs, best first).
+        ``state``: these weights when already copied (the selected ones)."""
+        if self.pool_size < 2 or self.step == 0:
+            return
+        value = score(metrics)
+        epoch = (self.step - 1) // self.steps_per_epoch
+        same = [s for s in self.snapshots if s["epoch"] == epoch]
+        if same and not value > same[0]["score"]:
+            return
+        pool = [s for s in self.snapshots if s["epoch"] != epoch]
+        pool.append({"epoch": epoch, "step": self.step, "score": value, "model": None})
+        pool.sort(key=lambda s: (-s["score"], s["step"]))
+        pool = pool[: self.pool_size]
+        for snap in pool:
+            if snap["model"] is None:
+                snap["model"] = state if state is not None else self._local_state()
+        self.snapshots = pool
+
+    def _form_ensemble(self) -> None:
+        """At the end of training: the mean of the logits of the pool's best 2..N snapshots, the one with the
+        best validation score, becomes the kept model when selection would take it over the selected model
+        (higher by ``min_delta``; the warm start's log-loss and z rules)."""
+        self.ensemble = self.ensemble_metrics = None
+        if len(self.snapshots) < 2:
+            return
+        current = self._local_state()
+        logits = []
+        for snap in self.snapshots:
+            self._inner.load_state_dict(snap["model"])
+            logits.append(np.asarray(self._logits(self.validation_set), np.float64))
+        self._inner.load_state_dict(current)
+        best = None
+        for k in range(2, len(self.snapshots) + 1):
+            metrics = metrics_of(self.validation_set, np.mean(logits[:k], axis=0).astype(np.float32))
+            if best is None or score(metrics) > score(best[1]):
+                best = (k, metrics, np.mean(logits[:k], axis=0))
+        k, metrics, mean = best
+        sel = self.selection
+        if sel.guarding_baseline:
+            diff, se = auc_difference(self.validation_set.labels(), mean, self._baseline_validation_logits())
+            metrics["baseline_z"] = diff / se if se > 0 else math.copysign(math.inf, diff) if diff else 0.0
+        steps = [int(s["step"]) for s in self.snapshots[:k]]
+        taken = sel.accepts(metrics)
+        self._log({"event": "ensemble", "step": self.step, "members": steps, "selected": taken, **metrics})
+        if taken:
+            self.ensemble, self.ensemble_metrics = steps, metrics
+            self._saved_step = None  # the final checkpoint records it
 
     def _overfitting(self, metrics: dict[str, Any]) -> bool:
         """Auto ``reinit_embeddings``: past the first epoch, the validation AUC fell more than
@@ -679,16 +766,19 @@ class Trainer:
             if batches is not None:
                 batches.close()  # stops the prefetch thread however the loop ended
             bar.close()
-        self.save()  # the best weights as the model, the last ones to resume from
+        self._form_ensemble()
+        self.save()  # the best weights (or ensemble) as the model, the last ones to resume from
         self._keep_best()
         result: dict[str, Any] = {"step": self.step, "best_step": self.selection.best_step,
                                   "stopped_early": self.selection.stopped}  # fmt: skip
         if self.selection.best_metrics is not None:
             result["validation"] = self.selection.best_metrics
+        if self.ensemble is not None:
+            result["ensemble"], result["validation"] = self.ensemble, self.ensemble_metrics
         if self.test_set is not None and len(self.test_set):
-            test = self._score(self.test_set)
+            test = self._score(self.test_set) if self.ensemble is None else self._score_ensemble(self.test_set)
             self._log({"event": "test", "mapping": "test", "step": self.step, "best_step": result["best_step"],
-                       **test})  # fmt: skip
+                       **({"ensemble": self.ensemble} if self.ensemble else {}), **test})  # fmt: skip
             result.update(test)
         if self.tensorboard is not None:
             self.tensorboard.close()

@@ -58,7 +58,7 @@ def main() -> None:
         closed = (result["auc"] - lr) / (bayes - lr)
         print(
             f"seed {seed} {model} {' '.join(args) or 'defaults'}: test AUC {result['auc']:.4f}, kept step "
-            f"{result['best_step']} of {result['step']}, gap closed {closed:.3f} (logistic regression {lr:.4f}, "
+            f"{result.get('ensemble') or result['best_step']} of {result['step']}, gap closed {closed:.3f} (logistic regression {lr:.4f}, "
             f"Bayes {bayes:.4f}), {time.perf_counter() - start:.0f} s",
             flush=True,
         )

@@ -1,10 +1,10 @@
 """Snapshot ensembles from one training run: each epoch's best model (by validation AUC), averaged in logits.
 
-    OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/results/planted_seeds/snapshots.py SEED [MODEL]
+    OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/results/planted_seeds/snapshots.py SEED|DATASET [MODEL]
 
 A probe, not a feature: it wraps the trainer's validation scoring so that every evaluation also scores the
 test mapping, trains MODEL (default dlrm) with its defaults on build/accuracy/planted-360k-sSEED (made by
-planted_seeds.py), and prints each epoch's best evaluation and the ensembles of the k epochs with the best
+planted_seeds.py) or the dataset directory given, and prints each epoch's best evaluation and the ensembles of the k epochs with the best
 validation AUC. With the table redraws (`--reinit-embeddings auto`) the epochs' models have different tables.
 """
 
@@ -32,9 +32,9 @@ def scored(self):
 
 
 def main() -> None:
-    seed, model = int(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "dlrm"
+    seed, model = sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "dlrm"
     trainer.Trainer._score_validation = scored
-    data = Path(f"build/accuracy/planted-360k-s{seed}")
+    data = Path(f"build/accuracy/planted-360k-s{seed}") if seed.isdigit() else Path(seed)
     torch.manual_seed(0)
     result = train(data, model=model, progress=False)
     _, validation, test = splits(data, 0.1)
