@@ -233,6 +233,8 @@ def build_report(
              "mean_prediction": float(probs.mean()), "checkpoint_step": int(ckpt.step)}  # fmt: skip
     if ckpt.selection is not None and ckpt.selection.get("best_step") is not None:
         final["best_step"] = int(ckpt.selection["best_step"])
+    if ckpt.ensemble:
+        final["ensemble"] = list(ckpt.ensemble)  # the steps whose models' logits are averaged
     calib = calibration(labels, probs)
     data = {
         "model": ckpt.model_name,

@@ -90,6 +90,8 @@ def train(args: argparse.Namespace) -> int:
         parts.append(f"{kept} (validation AUC {v['auc']:.4f}, logloss {v['logloss']:.4f})")
     if "auc" in result:
         parts.append(f"test AUC {result['auc']:.4f}, logloss {result['logloss']:.4f} on {result['samples']:,} samples")
+        if "single" in result:
+            parts[-1] += f" (the best single model: AUC {result['single']['auc']:.4f})"
     if spec.save_checkpoint:
         parts.append(f"checkpoint {spec.save_checkpoint}")
     print("; ".join(parts))

@@ -343,8 +343,7 @@ class Trainer:
                 self.best_state = self._local_state()
                 self._inner.load_state_dict(current)
         if self.env is None and self.pool_size > 1:
-            self.snapshots = [{**snap, "model": {k: v.to(self.device) for k, v in snap["model"].items()}}
-                              for snap in ckpt.snapshots or []]  # fmt: skip
+            self.snapshots = list(ckpt.snapshots or [])
         if ckpt.sharding is not None or self.env is not None:
             from ctrkit.distributed.sharded_state import optimizer_states_for_rank
 
@@ -567,8 +566,8 @@ class Trainer:
         pool.sort(key=lambda s: (-s["score"], s["step"]))
         pool = pool[: self.pool_size]
         for snap in pool:
-            if snap["model"] is None:
-                snap["model"] = state if state is not None else self._local_state()
+            if snap["model"] is None:  # held in host memory, not an accelerator's
+                snap["model"] = {k: v.cpu() for k, v in (state if state is not None else self._local_state()).items()}
         self.snapshots = pool
 
     def _form_ensemble(self) -> None:
@@ -776,9 +775,12 @@ class Trainer:
         if self.ensemble is not None:
             result["ensemble"], result["validation"] = self.ensemble, self.ensemble_metrics
         if self.test_set is not None and len(self.test_set):
-            test = self._score(self.test_set) if self.ensemble is None else self._score_ensemble(self.test_set)
+            test = self._score(self.test_set)
+            if self.ensemble is not None:  # the selected single model's scores beside the ensemble's
+                single = {k: test[k] for k in ("auc", "logloss")}
+                test = {**self._score_ensemble(self.test_set), "ensemble": self.ensemble, "single": single}
             self._log({"event": "test", "mapping": "test", "step": self.step, "best_step": result["best_step"],
-                       **({"ensemble": self.ensemble} if self.ensemble else {}), **test})  # fmt: skip
+                       **test})  # fmt: skip
             result.update(test)
         if self.tensorboard is not None:
             self.tensorboard.close()
