@@ -7,5 +7,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_WAIT_POLICY=PASSIVE
 .venv/bin/ctrkit bench accuracy --planted-rows "${PLANTED_ROWS:-120000,360000}" \
-    --tabular-rows "${TABULAR_ROWS:-120000,360000}" --amounts-rows "${AMOUNTS_ROWS:-120000}" --seeds "${SEEDS:-0}" \
+    --tabular-rows "${TABULAR_ROWS:-120000,360000}" --amounts-rows "${AMOUNTS_ROWS:-120000}" --seeds "${SEEDS:-0,1}" \
     --work build/accuracy --out "${OUT:-benchmarks/accuracy}"
