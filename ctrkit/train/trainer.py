@@ -495,17 +495,15 @@ class Trainer:
         sel = self.selection
         metrics, logits = self._score_validation()
         if sel.guarding_baseline and logits is not None:
-            diff, se = auc_difference(self.validation_set.labels(), logits, self._baseline_validation_logits())
-            metrics["baseline_z"] = diff / se if se > 0 else math.copysign(math.inf, diff) if diff else 0.0
+            metrics["baseline_z"] = self._baseline_z(logits)
         selected = sel.update(self.step, metrics, baseline=baseline)
         if selected:
             self.best_state = self._local_state()
             self._baseline_logits = logits if baseline else None
         if not baseline:
             self._keep_snapshot(metrics, self.best_state if selected else None)
-        if not selected and self._overfitting(
-            metrics
-        ):  # auto reinit_embeddings: from the best weights, with fresh tables
+        # auto reinit_embeddings: from the best weights, with fresh tables
+        if not selected and self._overfitting(metrics):
             sel.reinit = True
             self._inner.load_state_dict(self.best_state)
             epoch, into = divmod(self.step, self.steps_per_epoch)
@@ -515,6 +513,12 @@ class Trainer:
                   "best_step": sel.best_step, "lr_scale": sel.lr_scale}  # fmt: skip
         self._log(record)
         return record
+
+    def _baseline_z(self, logits) -> float:
+        """The validation AUC gain of ``logits`` over the (selected) baseline's, in standard errors of the paired
+        difference (DeLong)."""
+        diff, se = auc_difference(self.validation_set.labels(), logits, self._baseline_validation_logits())
+        return diff / se if se > 0 else math.copysign(math.inf, diff) if diff else 0.0
 
     def _score_validation(self) -> tuple[dict[str, Any], Any]:
         """The validation metrics and logits (tests replace this with a planted curve and no logits)."""
@@ -585,14 +589,14 @@ class Trainer:
         self._inner.load_state_dict(current)
         best = None
         for k in range(2, len(self.snapshots) + 1):
-            metrics = metrics_of(self.validation_set, np.mean(logits[:k], axis=0).astype(np.float32))
+            mean = np.mean(logits[:k], axis=0).astype(np.float32)
+            metrics = metrics_of(self.validation_set, mean)
             if best is None or score(metrics) > score(best[1]):
-                best = (k, metrics, np.mean(logits[:k], axis=0))
+                best = (k, metrics, mean)
         k, metrics, mean = best
         sel = self.selection
         if sel.guarding_baseline:
-            diff, se = auc_difference(self.validation_set.labels(), mean, self._baseline_validation_logits())
-            metrics["baseline_z"] = diff / se if se > 0 else math.copysign(math.inf, diff) if diff else 0.0
+            metrics["baseline_z"] = self._baseline_z(mean)
         steps = [int(s["step"]) for s in self.snapshots[:k]]
         taken = sel.accepts(metrics)
         self._log({"event": "ensemble", "step": self.step, "members": steps, "selected": taken, **metrics})
