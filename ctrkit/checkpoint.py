@@ -138,11 +138,7 @@ class Checkpoint:
 
     def ensemble_states(self) -> list[dict[str, torch.Tensor]]:
         """The state dicts of the ensemble's members, in ``ensemble``'s order."""
-        by_step = {int(s["step"]): s["model"] for s in self.snapshots or []}
-        missing = [step for step in self.ensemble or [] if step not in by_step]
-        if missing:
-            raise CheckpointError(f"the checkpoint's ensemble names steps {missing} that its snapshots lack")
-        return [by_step[step] for step in self.ensemble or []]
+        return snapshot_states(self.snapshots or [], self.ensemble or [])
 
     def _build_one(self, config: Any, state: dict[str, torch.Tensor], assign: bool) -> nn.Module:
         """One model from a whole state dict (``assign``: built on the meta device, taking its tensors)."""
@@ -192,6 +188,16 @@ class Checkpoint:
         data = {**data, "model_config": {**LEGACY_FIELDS.get(data["model_name"], {}), **data["model_config"]}}
         known = {f.name for f in fields(cls)}
         return cls(**{"spec": {}, **{k: v for k, v in data.items() if k in known}})
+
+
+def snapshot_states(snapshots: list[dict[str, Any]], steps: list[int]) -> list[dict[str, torch.Tensor]]:
+    """The weights of the snapshots taken at ``steps``, in that order (a snapshot pool's entries, see
+    ``Checkpoint.snapshots``)."""
+    by_step = {int(s["step"]): s["model"] for s in snapshots}
+    missing = [step for step in steps if step not in by_step]
+    if missing:
+        raise CheckpointError(f"the ensemble names steps {missing} that the snapshots lack")
+    return [by_step[step] for step in steps]
 
 
 def _checked_buffers(model: nn.Module) -> nn.Module:

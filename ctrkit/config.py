@@ -124,7 +124,8 @@ class TrainConfig:
         "keep the best evaluation of each of the N epochs with the best validation AUC (N copies of the weights, "
         "in memory and in checkpoints); at the end, the mean of the logits of the best 2..N of them replaces the "
         "selected model when its validation AUC is higher by min_delta and it passes the warm-start rules: the "
-        "kept model is then that ensemble (N times the scoring cost). 1: one model. Single-process runs only",
+        "kept model is then that ensemble, whose every member is run on each request. 1: one model. "
+        "Single-process runs only",
         unset=f"{SNAPSHOT_ENSEMBLE} where the model's weights take at most {SNAPSHOT_MAX_BYTES >> 30} GiB, else 1",
     )
     early_stopping_patience: int | None = option(

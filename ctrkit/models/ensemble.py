@@ -29,7 +29,6 @@ class Ensemble(nn.Module):
         if not members:
             raise ValueError("an ensemble needs at least one member")
         self.members = nn.ModuleList(members)
-        self.config = getattr(members[0], "config", None)
 
     def forward(self, numerical: torch.Tensor | None, categorical: torch.Tensor, multi_hot=None) -> torch.Tensor:
         total = self.members[0](numerical, categorical, multi_hot)

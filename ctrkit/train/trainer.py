@@ -27,8 +27,9 @@ from ctrkit.checkpoint import (
     rng_state,
     save_checkpoint,
     set_rng_state,
+    snapshot_states,
 )
-from ctrkit.config import TrainConfig
+from ctrkit.config import SNAPSHOT_ENSEMBLE, SNAPSHOT_MAX_BYTES, TrainConfig
 from ctrkit.data.atomic import atomic_file
 from ctrkit.data.batch import Batch
 from ctrkit.data.dataset import SplitBinaryDataset, split_tail
@@ -474,17 +475,20 @@ class Trainer:
     def _score(self, dataset) -> dict[str, Any]:
         return metrics_of(dataset, self._logits(dataset))
 
-    def _score_ensemble(self, dataset) -> dict[str, Any]:
-        """The selected ensemble's metrics on ``dataset`` (its members' logits averaged); the model's weights
-        are as before afterwards."""
-        by_step = {s["step"]: s["model"] for s in self.snapshots}
-        kept, total = self._local_state(), None
-        for step in self.ensemble:
-            self._inner.load_state_dict(by_step[step])
-            logits = np.asarray(self._logits(dataset), np.float64)
-            total = logits if total is None else total + logits
+    def _logits_of(self, states: list[dict[str, torch.Tensor]], dataset) -> list[np.ndarray]:
+        """``dataset``'s logits (float64) under each of ``states`` in turn; the model's weights are as before
+        afterwards."""
+        kept, out = self._local_state(), []
+        for state in states:
+            self._inner.load_state_dict(state)
+            out.append(np.asarray(self._logits(dataset), np.float64))
         self._inner.load_state_dict(kept)
-        return metrics_of(dataset, (total / len(self.ensemble)).astype(np.float32))
+        return out
+
+    def _score_ensemble(self, dataset) -> dict[str, Any]:
+        """The selected ensemble's metrics on ``dataset``: its members' logits averaged."""
+        logits = self._logits_of(snapshot_states(self.snapshots, self.ensemble), dataset)
+        return metrics_of(dataset, np.mean(logits, axis=0).astype(np.float32))
 
     def validate(self, baseline: bool = False) -> dict[str, Any] | None:
         """Scores the validation data, updates the selection (best weights, plateau, patience), logs it.
@@ -545,8 +549,6 @@ class Trainer:
 
     def _pool_size(self) -> int:
         """``snapshot_ensemble`` resolved: 1 (no pool) in a hybrid-parallel run or without validation data."""
-        from ctrkit.config import SNAPSHOT_ENSEMBLE, SNAPSHOT_MAX_BYTES
-
         if self.env is not None or self.validation_set is None or len(self.validation_set) == 0:
             return 1
         if self.cfg.snapshot_ensemble is not None:
@@ -581,12 +583,7 @@ class Trainer:
         self.ensemble = self.ensemble_metrics = None
         if len(self.snapshots) < 2:
             return
-        current = self._local_state()
-        logits = []
-        for snap in self.snapshots:
-            self._inner.load_state_dict(snap["model"])
-            logits.append(np.asarray(self._logits(self.validation_set), np.float64))
-        self._inner.load_state_dict(current)
+        logits = self._logits_of([snap["model"] for snap in self.snapshots], self.validation_set)
         best = None
         for k in range(2, len(self.snapshots) + 1):
             mean = np.mean(logits[:k], axis=0).astype(np.float32)

@@ -167,6 +167,11 @@ def test_evaluate_and_report_score_the_ensemble(run, tiny_dataset, tmp_path, cap
     result, path, _ = run
     code, out, _ = run_cli("evaluate", "--checkpoint", path, "--dataset", tiny_dataset, capsys=capsys)
     assert code == 0 and f"{result['auc']:.4f}" in out  # the ensemble's test AUC, as training reported it
+    from ctrkit.report import build_report
+
+    data = build_report(path, tmp_path / "report.html", dataset=tiny_dataset)
+    assert data["final"]["ensemble"] == result["ensemble"]
+    assert data["final"]["auc"] == pytest.approx(result["auc"], abs=1e-6)  # scored by the ensemble
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")  # as under torchrun: refused before any process group
     with pytest.raises(
         ValueError, match=f"snapshot ensemble of {len(result['ensemble'])} models, which scores in one process"
