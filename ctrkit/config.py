@@ -471,6 +471,12 @@ class OutbrainPreprocessConfig:
         2, "one-hot ids seen fewer times than this in the training rows share id 0 with missing values"
     )
     seed: int = option(0, "seed of the per-display draw that puts 20% of days 0-10 in the evaluation set")
+    ctr_folds: int = option(
+        10,
+        "the training displays are split into this many folds, and a training row's CTR features are computed "
+        "over the other folds' rows, so that no training row's feature counts its own click (evaluation rows: "
+        "over all training rows)",
+    )
     bad_rows: str = option(
         "error",
         "error: stop at the first malformed row, naming file and line; skip: drop and count them",

@@ -111,11 +111,12 @@ class AccuracyBenchConfig:
     """``ctrkit bench accuracy``: the panel of data sets, the models and the baselines."""
 
     panel: tuple[str, ...] = option(
-        ("criteo", "avazu", "movielens", "planted", "tabular", "amounts"),
+        ("criteo", "avazu", "movielens", "planted", "tabular", "amounts", "outbrain"),
         "data sets: criteo, avazu, movielens (the real samples in --shared-data), planted (synthetic: pairwise "
         "interactions of ids), tabular (synthetic: nonlinear numerical effects) and amounts (tabular's data with "
-        "its numerical features as raw heavy-tailed amounts), each synthetic one with its Bayes-optimal AUC, or "
-        "none (only --datasets)",
+        "its numerical features as raw heavy-tailed amounts), each with its Bayes-optimal AUC, outbrain "
+        "(`synth outbrain-raw` files through `preprocess outbrain`: multi-hot and CTR features), or none (only "
+        "--datasets)",
         parse="name_list",
     )
     shared_data: Path | None = option(
@@ -128,6 +129,7 @@ class AccuracyBenchConfig:
         (120_000, 360_000), "rows of each tabular data set (a sixth of them test)", parse="int_list"
     )
     amounts_rows: tuple[int, ...] = option((120_000,), "rows of each amounts data set", parse="int_list")
+    outbrain_rows: tuple[int, ...] = option((200_000,), "clicks rows of each outbrain data set", parse="int_list")
     seeds: tuple[int, ...] = option((0, 1), "seeds of the synthetic data sets", parse="int_list")
     datasets: tuple[Path, ...] | None = option(
         None, "more dataset directories (train and test mappings) to add to the panel", nargs="+"

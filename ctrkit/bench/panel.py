@@ -10,7 +10,9 @@ redistribution, so nothing here copies them anywhere but the benchmark's scratch
   the item's genres as a multi-hot feature, each user's last 20% of ratings (by time) as test;
 * ``planted-<rows>-s<seed>``: ``synthetic_planted`` data with its Bayes-optimal test AUC;
 * ``tabular-<rows>-s<seed>``: the same module's tabular family (nonlinear numerical effects);
-* ``amounts-<rows>-s<seed>``: the tabular family's data with its numerical features as raw amounts.
+* ``amounts-<rows>-s<seed>``: the tabular family's data with its numerical features as raw amounts;
+* ``outbrain-<rows>-s<seed>``: ``ctrkit synth outbrain-raw`` files (``<rows>`` clicks rows) through
+  ``ctrkit preprocess outbrain``: one-hot, multi-hot and CTR features, the evaluation days as test.
 
 Categorical values get ids as the Criteo recipe gives them: 0 missing or unseen in train, 1 seen fewer
 than ``threshold`` times in train, 2.. by descending train frequency (ties by value).
@@ -186,6 +188,19 @@ def build_planted(out: Path, rows: int, seed: int, family: str = "interactions")
                       spec.metadata["bayes_test_auc"])  # fmt: skip
 
 
+def build_outbrain(out: Path, rows: int, seed: int) -> PanelEntry:
+    """The raw files are drawn beside the dataset (``<out>.raw``) and kept: the dataset is rebuilt from them."""
+    from ctrkit.data.synthetic_outbrain_raw import generate_outbrain_raw
+    from ctrkit.preprocess.outbrain import preprocess_outbrain
+
+    raw = out.with_name(out.name + ".raw")
+    truth = generate_outbrain_raw(raw, rows, seed=seed, overwrite=True)
+    summary = preprocess_outbrain(raw, out, overwrite=True, progress=False)
+    note = (f"synth outbrain-raw -> preprocess outbrain, {summary['rows']['train']:,} train rows, seed {seed}; "
+            f"MAP@12 of the true scores {truth['true_score_map12']:.4f}")  # fmt: skip
+    return PanelEntry(out.name, out, note)
+
+
 def build_panel(
     work: Path,
     shared: Path | None,
@@ -194,6 +209,7 @@ def build_panel(
     seeds=(0,),
     tabular_rows: Sequence[int] = (),
     amounts_rows: Sequence[int] = (),
+    outbrain_rows: Sequence[int] = (),
 ) -> list[PanelEntry]:
     """Builds the panel's datasets under ``work`` (real ones only where ``shared`` holds them)."""
     work.mkdir(parents=True, exist_ok=True)
@@ -212,4 +228,7 @@ def build_panel(
     for rows in amounts_rows:
         for seed in seeds:
             entries.append(build_planted(work / f"amounts-{rows // 1000}k-s{seed}", rows, seed, "amounts"))
+    for rows in outbrain_rows:
+        for seed in seeds:
+            entries.append(build_outbrain(work / f"outbrain-{rows // 1000}k-s{seed}", rows, seed))
     return entries

@@ -181,8 +181,9 @@ def train(args: argparse.Namespace) -> int:
 def accuracy(args: argparse.Namespace) -> int:
     """test AUC of every model with its defaults against logistic regression and LightGBM, on a panel
 
-    Builds each data set of the panel (the real samples, two families of planted synthetic data with a
-    known Bayes-optimal AUC, and any --datasets), fits the baselines on exactly the split the trainer uses
+    Builds each data set of the panel (the real samples, three families of planted synthetic data with a
+    known Bayes-optimal AUC, synthetic raw Outbrain files through `preprocess outbrain`, and any
+    --datasets), fits the baselines on exactly the split the trainer uses
     (the validation mapping or the held-out tail of train) and trains each model with nothing but the
     dataset given, then writes one table: test AUC (log loss) per data set and method, the best step of
     each model, wall time.
@@ -193,7 +194,7 @@ def accuracy(args: argparse.Namespace) -> int:
     cfg: AccuracyBenchConfig = config_from(args, AccuracyBenchConfig)
     _threads(config_from(args, BenchRunOptions))
     unknown = (
-        set(cfg.panel) - {*REAL, "planted", "tabular", "amounts", "none"}
+        set(cfg.panel) - {*REAL, "planted", "tabular", "amounts", "outbrain", "none"}
         | set(cfg.models) - set(LABELS)
         | set(cfg.baselines) - set(LABELS)
     )
@@ -206,7 +207,9 @@ def accuracy(args: argparse.Namespace) -> int:
     planted = cfg.planted_rows if "planted" in cfg.panel else ()
     tabular = cfg.tabular_rows if "tabular" in cfg.panel else ()
     amounts = cfg.amounts_rows if "amounts" in cfg.panel else ()
-    entries = build_panel(cfg.work, shared if shared.exists() else None, real, planted, cfg.seeds, tabular, amounts)
+    outbrain = cfg.outbrain_rows if "outbrain" in cfg.panel else ()
+    entries = build_panel(cfg.work, shared if shared.exists() else None, real, planted, cfg.seeds, tabular, amounts,
+                          outbrain)  # fmt: skip
     entries += [PanelEntry(Path(d).name, Path(d), f"user dataset {d}") for d in cfg.datasets or ()]
     if not entries:
         raise ValueError(f"the panel is empty: no real samples under {shared} and no planted or user data sets")

@@ -146,7 +146,8 @@ def preprocess_outbrain(args: argparse.Namespace) -> int:
     Deep workflow defines them: 13 one-hot (documents, sources, publishers, platform, geo location /
     country / state, ad, advertiser, campaign), 6 multi-hot (the 3 most confident topics, entities and
     categories of the page's and the ad's documents), 15 numerical (training CTRs of ad, advertiser,
-    campaign and the ad's document, source and publisher; training impressions; days since published;
+    campaign and the ad's document, source and publisher, a training row's over the other --ctr-folds
+    folds of training displays; training impressions; days since published;
     tf-idf similarities of the two documents; page views, streamed from page_views.csv). Split per display:
     a random 80% of days 0-10 train, the rest is the test mapping (by display, display id as the map
     channel). Vocabularies and statistics come from the training rows only.
@@ -157,7 +158,8 @@ def preprocess_outbrain(args: argparse.Namespace) -> int:
     cfg: OutbrainPreprocessConfig = config_from(args, OutbrainPreprocessConfig)
     if cfg.raw is None:
         raise ValueError("`raw`: give the directory of the raw Outbrain files")
-    recipe = OutbrainRecipe(frequency_threshold=cfg.frequency_threshold, seed=cfg.seed, bad_rows=cfg.bad_rows)
+    recipe = OutbrainRecipe(frequency_threshold=cfg.frequency_threshold, seed=cfg.seed, bad_rows=cfg.bad_rows,
+                            ctr_folds=cfg.ctr_folds)  # fmt: skip
     summary = run(cfg.raw, cfg.out, recipe, overwrite=cfg.overwrite, progress=not cfg.no_progress,
                   engine=cfg.engine, master=cfg.spark_master)  # fmt: skip
     print(

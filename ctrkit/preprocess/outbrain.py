@@ -9,8 +9,9 @@ for where this differs):
 - multi-hot: the topics, entities and categories of the display's document and of the ad's document,
   each the 3 of highest confidence;
 - numerical: the CTR of ad, advertiser, campaign, ad document, ad source and ad publisher over the
-  training rows (0 below a minimum count: 5 for ad and ad document, 10 for the others; a training row's
-  own click left out, unlike NVIDIA's, whose training rows see their own label), the training
+  training rows (0 below a minimum count: 5 for ad and ad document, 10 for the others); a training row's
+  over the training rows of the other ``ctr_folds`` folds (whole displays; NVIDIA's count the row's own
+  label, and leaving only the row out gives it away: see the README), the training
   impressions of the ad and of the ad document (log, standardised), the days since each document was
   published (log; missing: the training median), the tf-idf cosine similarity of the two documents'
   categories, topics and entities, and the page views of each document in ``page_views.csv`` (log,
@@ -86,6 +87,11 @@ class OutbrainRecipe:
     frequency_threshold: int = 2
     seed: int = 0
     bad_rows: str = "error"
+    ctr_folds: int = 10
+
+    def __post_init__(self):
+        if self.ctr_folds < 2:
+            raise ValueError(f"`ctr_folds`: expected at least 2 folds, got {self.ctr_folds}")
 
 
 def find_file(raw_dir: Path, name: str) -> Path:
@@ -380,12 +386,23 @@ def preprocess_outbrain(
     steps.update(1)
 
     # numerical features from training rows only
+    # a training row's CTR comes from the training rows of the other folds (folds: whole displays, a fixed
+    # function of the split draw), so no training row's feature counts its own label or its display's
+    folds = recipe.ctr_folds
+    fold = np.where(is_train, np.minimum(((draw - EVAL_SHARE) / (1 - EVAL_SHARE) * folds).astype(np.int64),
+                                         folds - 1), -1)  # fmt: skip
+    rows = rows.with_columns(pl.Series("fold", fold))
+    train_rows = train_rows.with_columns(pl.Series("fold", fold[is_train]))
     for name, minimum in CTR_MIN_COUNT.items():
         stats = train_rows.group_by(name).agg(pl.col("clicked").sum().alias("c"), pl.len().alias("n"))
-        joined = rows.select(name, "clicked", "is_train").join(stats, on=name, how="left", maintain_order="left")
-        # a training row's CTR leaves its own click out (else the feature leaks the label it is trained on)
-        own = pl.col("is_train").cast(pl.Int64)
-        clicks_seen, seen = pl.col("c") - own * pl.col("clicked"), pl.col("n") - own
+        per_fold = train_rows.group_by(name, "fold").agg(pl.col("clicked").sum().alias("cf"), pl.len().alias("nf"))
+        joined = (
+            rows.select(name, "fold")
+            .join(stats, on=name, how="left", maintain_order="left")
+            .join(per_fold, on=[name, "fold"], how="left", maintain_order="left")
+        )  # evaluation rows (fold -1) match no fold: they see every training row
+        clicks_seen = pl.col("c") - pl.col("cf").fill_null(0)
+        seen = pl.col("n") - pl.col("nf").fill_null(0)
         ctr = joined.select(
             pl.when(seen >= minimum).then(clicks_seen / seen).otherwise(0.0).fill_null(0.0).alias("ctr")
         )["ctr"]
@@ -411,7 +428,7 @@ def preprocess_outbrain(
     clicks_read = len(t["clicks_train"])
     del columns, rows, train_rows, t, clicks, events, promo, meta  # the output arrays are all that is left
     meta_info = {"generator": "ctrkit preprocess outbrain", "frequency_threshold": recipe.frequency_threshold,
-                 "seed": recipe.seed}  # fmt: skip
+                 "seed": recipe.seed, "ctr_folds": recipe.ctr_folds}  # fmt: skip
     counts = {}
     with atomic_directory(out_dir, overwrite) as tmp:
         spec = outbrain_spec(cards, tmp, meta_info)

@@ -33,13 +33,21 @@ def test_read_table_bags_match_the_dataset(tmp_path):
 
 def test_bench_accuracy_writes_a_row_per_data_set(tiny_dataset, tmp_path, capsys):
     code, out, err = run_cli(
-        "bench", "accuracy", "--panel", "planted,tabular", "--planted-rows", "6000", "--tabular-rows", "6000",
-        "--seeds", "0", "--models", "dlrm,wide_deep", "--datasets", tiny_dataset, "--work", tmp_path / "work",
-        "--out", tmp_path / "acc", capsys=capsys,
+        "bench", "accuracy", "--panel", "planted,tabular,outbrain", "--planted-rows", "6000", "--tabular-rows",
+        "6000", "--outbrain-rows", "4000", "--seeds", "0", "--models", "dlrm,wide_deep", "--datasets", tiny_dataset,
+        "--work", tmp_path / "work", "--out", tmp_path / "acc", capsys=capsys,
     )  # fmt: skip
     assert code == 0, err
     doc = json.loads((tmp_path / "acc" / "results.json").read_text())
-    assert [r["dataset"] for r in doc["rows"]] == ["planted-6k-s0", "tabular-6k-s0", "tiny"]
+    assert [r["dataset"] for r in doc["rows"]] == ["planted-6k-s0", "tabular-6k-s0", "outbrain-4k-s0", "tiny"]
+    # the outbrain row: raw files through `preprocess outbrain` (multi-hot bags, CTR features), the evaluation
+    # displays as test
+    outbrain = doc["rows"][2]
+    summary = json.loads((tmp_path / "work" / "outbrain-4k-s0" / "summary.json").read_text())
+    assert outbrain["rows"]["test"] == summary["rows"]["test"]
+    assert outbrain["rows"]["train"] + outbrain["rows"]["validation"] == summary["rows"]["train"]
+    assert set(outbrain["results"]) == {"logistic", "lightgbm", "dlrm", "wide_deep"}
+    assert all(0.6 < r["auc"] < 0.95 for r in outbrain["results"].values()), outbrain["results"]
     assert doc["machine"]["capability"] and doc["machine"]["torch"]
     for planted in doc["rows"][:2]:
         assert set(planted["results"]) == {"logistic", "lightgbm", "dlrm", "wide_deep"}
@@ -49,7 +57,7 @@ def test_bench_accuracy_writes_a_row_per_data_set(tiny_dataset, tmp_path, capsys
     table = (tmp_path / "acc" / "results.md").read_text()
     assert "| planted-6k-s0 | 4,500 / 500 / 1,000 |" in table and "| tiny |" in table
     assert "| tabular-6k-s0 | 4,500 / 500 / 1,000 |" in table
-    assert table.count("\n| ") == 4 and "gap to Bayes closed" in table and "LightGBM" in out
+    assert table.count("\n| ") == 5 and "gap to Bayes closed" in table and "LightGBM" in out
 
 
 @pytest.mark.skipif(not (SHARED_DATA / "movielens").exists(), reason="../shared/data is absent")

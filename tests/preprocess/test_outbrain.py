@@ -12,6 +12,8 @@ from ctrkit.data.feature_spec import FeatureSpec
 from ctrkit.preprocess.outbrain import EVAL_SHARE, MULTI_HOT, NUMERICAL, ONEHOT, TRAIN_LAST_DAY, _split_draw
 from tests.conftest import run_cli
 
+CTR_FOLDS = 10  # the default of --ctr-folds
+
 
 @pytest.fixture(scope="module")
 def raw(tmp_path_factory):
@@ -25,6 +27,16 @@ def dataset(raw):
     out = raw.parent / "dataset"
     assert run_cli("preprocess", "outbrain", raw, "--out", out, "--no-progress")[0] == 0
     return out
+
+
+def train_mask(raw, clicks: pl.DataFrame) -> np.ndarray:
+    """The split, recomputed independently: per display, day <= 10 and a draw of at least 0.2 trains."""
+    events = pl.read_csv(raw / "events.csv", infer_schema=False).with_columns(
+        pl.col("display_id", "timestamp").cast(pl.Int64)
+    )
+    day = dict(zip(events["display_id"].to_list(), (events["timestamp"] // 86_400_000).to_list()))
+    displays = clicks["display_id"].to_numpy()
+    return np.array([day[d] <= TRAIN_LAST_DAY for d in displays]) & (_split_draw(displays, 0) >= EVAL_SHARE)
 
 
 def test_raw_files_have_the_kaggle_schema(raw):
@@ -51,27 +63,30 @@ def test_features_split_and_training_statistics(raw, dataset):
         pl.col("display_id", "timestamp").cast(pl.Int64)
     )
     assert len(train) + len(test) == len(clicks)
-    # the split, recomputed independently: per display, day <= 10 and a draw of at least 0.2 trains
-    day = dict(zip(events["display_id"].to_list(), (events["timestamp"] // 86_400_000).to_list()))
     displays = clicks["display_id"].to_numpy()
     draws = _split_draw(displays, 0)
-    trains = np.array([day[d] <= TRAIN_LAST_DAY for d in displays]) & (draws >= EVAL_SHARE)
+    trains = train_mask(raw, clicks)
     assert int(trains.sum()) == len(train)
     groups = test.groups()
     assert np.all(np.diff(groups) >= 0) and set(groups) == set(displays[~trains])  # whole displays, in order
     np.testing.assert_array_equal(train.labels(), clicks["clicked"].to_numpy()[trains])
-    # the ad's CTR over training rows, leaving a training row's own click out (min. 5 impressions)
+    # the ad's CTR over training rows (min. 5 impressions); a training row's over the other folds' rows only,
+    # its display's fold a fixed function of the display's draw
     ads, labels = clicks["ad_id"].to_numpy(), clicks["clicked"].to_numpy()
+    folds = np.where(trains, np.minimum(((draws - EVAL_SHARE) / (1 - EVAL_SHARE) * CTR_FOLDS).astype(int),
+                                        CTR_FOLDS - 1), -1)  # fmt: skip
     shown, clicked = {}, {}
-    for a, y in zip(ads[trains], labels[trains]):
-        shown[a] = shown.get(a, 0) + 1
-        clicked[a] = clicked.get(a, 0) + int(y)
+    for a, y, f in zip(ads[trains], labels[trains], folds[trains]):
+        for key in ((a, None), (a, f)):
+            shown[key] = shown.get(key, 0) + 1
+            clicked[key] = clicked.get(key, 0) + int(y)
 
-    def ctr(a, own):
-        n, c = shown.get(a, 0) - (own is not None), clicked.get(a, 0) - (own or 0)
+    def ctr(a, fold):
+        n = shown.get((a, None), 0) - (shown.get((a, fold), 0) if fold is not None else 0)
+        c = clicked.get((a, None), 0) - (clicked.get((a, fold), 0) if fold is not None else 0)
         return c / n if n >= 5 else 0.0
 
-    expected_train = [ctr(a, int(y)) for a, y in zip(ads[trains], labels[trains])]
+    expected_train = [ctr(a, f) for a, f in zip(ads[trains], folds[trains])]
     got_train = np.asarray(train.slice(0, len(train)).numerical, dtype=np.float32)[:, NUMERICAL.index("ad_id_ctr")]
     np.testing.assert_allclose(got_train, expected_train, atol=1e-3)  # stored as float16
     order = np.argsort(displays[~trains], kind="stable")
@@ -114,3 +129,41 @@ def test_bad_rows_are_named_or_counted(raw, tmp_path, capsys):
     code, _, err = run_cli("preprocess", "outbrain", bad, "--out", tmp_path / "e", "--no-progress", capsys=capsys)
     views = len((raw / "page_views.csv").read_text().splitlines()) + 1
     assert code == 2 and f"page_views.csv:{views}: document_id: expected an integer, got 'notanumber'" in err
+
+
+def test_a_training_rows_ctr_features_do_not_see_its_displays_labels(raw, dataset, tmp_path):
+    """Moving the click of one training display to another of its ads changes no CTR feature of that display's
+    rows (each training row's statistics come from the other folds, and a display lies in one fold); with
+    the row's own click left out instead, the clicked row's CTR would sit below its siblings' and give the
+    label away."""
+    import shutil
+
+    spec = FeatureSpec.from_yaml(dataset)
+    train = SplitBinaryDataset(spec, "train")
+    clicks = pl.read_csv(raw / "clicks_train.csv")
+    displays = clicks["display_id"].to_numpy()
+    trains = train_mask(raw, clicks)
+    display = int(displays[trains][0])
+    ctr_columns = [NUMERICAL.index(n) for n in NUMERICAL if n.endswith("_ctr")]
+    moved = tmp_path / "raw"
+    shutil.copytree(raw, moved)
+    mine = clicks["display_id"] == display
+    clicked = clicks["clicked"].to_numpy().copy()
+    rows = np.flatnonzero(mine.to_numpy())
+    clicked[rows] = np.roll(clicked[rows], 1)
+    assert not np.array_equal(clicked, clicks["clicked"].to_numpy())
+    clicks.with_columns(pl.Series("clicked", clicked)).write_csv(moved / "clicks_train.csv")
+    assert run_cli("preprocess", "outbrain", moved, "--out", tmp_path / "d", "--no-progress")[0] == 0
+    after = SplitBinaryDataset(FeatureSpec.from_yaml(tmp_path / "d"), "train")
+    at = np.flatnonzero(displays[trains] == display)
+    before_ctr = np.asarray(train.slice(0, len(train)).numerical, dtype=np.float32)[at][:, ctr_columns]
+    after_ctr = np.asarray(after.slice(0, len(after)).numerical, dtype=np.float32)[at][:, ctr_columns]
+    np.testing.assert_array_equal(after_ctr, before_ctr)
+    assert not np.array_equal(after.labels()[at], train.labels()[at])
+
+
+def test_ctr_folds_below_two_is_refused(raw, tmp_path, capsys):
+    code, _, err = run_cli("preprocess", "outbrain", raw, "--out", tmp_path / "d", "--ctr-folds", "1",
+                           "--no-progress", capsys=capsys)  # fmt: skip
+    assert code == 2 and "--ctr-folds: expected at least 2 folds, got 1" in err and "Traceback" not in err
+    assert not (tmp_path / "d").exists()
