@@ -189,7 +189,7 @@ def build_planted(out: Path, rows: int, seed: int, family: str = "interactions")
 
 
 def build_outbrain(out: Path, rows: int, seed: int) -> PanelEntry:
-    """The raw files are drawn beside the dataset (``<out>.raw``) and kept: the dataset is rebuilt from them."""
+    """Draws the raw files into ``<out>.raw`` (left there to look at) and preprocesses them into ``out``."""
     from ctrkit.data.synthetic_outbrain_raw import generate_outbrain_raw
     from ctrkit.preprocess.outbrain import preprocess_outbrain
 

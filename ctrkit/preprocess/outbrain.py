@@ -394,8 +394,8 @@ def preprocess_outbrain(
     rows = rows.with_columns(pl.Series("fold", fold))
     train_rows = train_rows.with_columns(pl.Series("fold", fold[is_train]))
     for name, minimum in CTR_MIN_COUNT.items():
-        stats = train_rows.group_by(name).agg(pl.col("clicked").sum().alias("c"), pl.len().alias("n"))
         per_fold = train_rows.group_by(name, "fold").agg(pl.col("clicked").sum().alias("cf"), pl.len().alias("nf"))
+        stats = per_fold.group_by(name).agg(pl.col("cf").sum().alias("c"), pl.col("nf").sum().alias("n"))
         joined = (
             rows.select(name, "fold")
             .join(stats, on=name, how="left", maintain_order="left")

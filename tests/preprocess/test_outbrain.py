@@ -9,10 +9,18 @@ import pytest
 
 from ctrkit.data.dataset import SplitBinaryDataset
 from ctrkit.data.feature_spec import FeatureSpec
-from ctrkit.preprocess.outbrain import EVAL_SHARE, MULTI_HOT, NUMERICAL, ONEHOT, TRAIN_LAST_DAY, _split_draw
+from ctrkit.preprocess.outbrain import (
+    EVAL_SHARE,
+    MULTI_HOT,
+    NUMERICAL,
+    ONEHOT,
+    TRAIN_LAST_DAY,
+    OutbrainRecipe,
+    _split_draw,
+)
 from tests.conftest import run_cli
 
-CTR_FOLDS = 10  # the default of --ctr-folds
+CTR_FOLDS = OutbrainRecipe().ctr_folds  # the default of --ctr-folds
 
 
 @pytest.fixture(scope="module")
