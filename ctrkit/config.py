@@ -530,6 +530,68 @@ class CriteoPreprocessConfig:
 
 
 @dataclass(frozen=True)
+class TablePreprocessConfig:
+    """``ctrkit preprocess table``: CSV or Parquet tables with a header, the column roles and the split."""
+
+    raw: tuple[Path, ...] = option(
+        (), "CSV or Parquet files (.parquet/.pq) of the train split, with a header, in order", positional=True,
+        nargs="+",
+    )  # fmt: skip
+    out: Path | None = option(None, "dataset directory to create", required=True)
+    label: str | None = option(None, "the label column (0/1 or true/false unless --positive or --label-threshold)",
+                               required=True)  # fmt: skip
+    positive: str | None = option(None, "the label is 1 where the label column equals this value (as text), else 0")
+    label_threshold: float | None = option(
+        None, "the label is 1 where the label column is at least this number, else 0 (e.g. 4 for ratings 1-5)"
+    )
+    categorical: tuple[str, ...] = option(
+        (), "comma-separated categorical columns (ids, codes); text and boolean columns are categorical unless named "
+        "elsewhere", parse="name_list", shown="text and boolean columns",
+    )  # fmt: skip
+    numerical: tuple[str, ...] = option(
+        (), "comma-separated numerical columns (amounts, counts); float columns are numerical unless named elsewhere",
+        parse="name_list", shown="float columns",
+    )  # fmt: skip
+    multi_hot: tuple[str, ...] = option(
+        (), "comma-separated multi-hot columns: text of values separated by --separator (Parquet list columns are "
+        "multi-hot unless named elsewhere)", parse="name_list", shown="Parquet list columns",
+    )  # fmt: skip
+    drop: tuple[str, ...] = option((), "comma-separated columns to leave out", parse="name_list", shown="none")
+    separator: str = option("|", "what separates the values of a multi-hot text column")
+    order_by: str | None = option(
+        None, "sort the rows by this column (e.g. a timestamp; stable) before splitting; not a feature unless named",
+        unset="the files' order", exclusive="order",
+    )  # fmt: skip
+    shuffle_seed: int | None = option(
+        None, "shuffle the rows with this seed before splitting, for data whose order means nothing",
+        exclusive="order",
+    )  # fmt: skip
+    test_files: tuple[Path, ...] | None = option(None, "files of the test split", nargs="+", exclusive="split")
+    test_fraction: float | None = option(
+        None, "last fraction of the rows as the test split", unset="0.1", exclusive="split"
+    )
+    validation_fraction: float | None = option(
+        None,
+        "the last fraction of the train split becomes a 'validation' mapping (scored with the train vocabulary, "
+        "as test is), for model selection during training",
+        unset="none: training holds out the tail of train itself",
+    )
+    frequency_threshold: int = option(3, "categorical values seen fewer times in the train split share one id")
+    null_values: tuple[str, ...] = option(
+        ("NA", "NaN", "nan", "null", "NULL"), "comma-separated texts a CSV field reads as missing, besides the empty "
+        "field", parse="name_list",
+    )  # fmt: skip
+    csv_separator: str = option(",", "the CSV field separator")
+    bad_rows: str = option(
+        "error",
+        "error: stop at the first row with a bad label or number, naming file and line; skip: drop and count them",
+        ("error", "skip"),
+    )
+    overwrite: bool = option(False, "replace an existing dataset directory")
+    no_progress: bool = option(False, "no progress bars")
+
+
+@dataclass(frozen=True)
 class TranscodeConfig:
     """``ctrkit transcode``: CSV/Parquet chunks in, split binary out."""
 

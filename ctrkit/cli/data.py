@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 
 from ctrkit.cli.options import add_command, config_from
-from ctrkit.config import CriteoPreprocessConfig, GenCsvConfig, OutbrainPreprocessConfig, SynthConfig, TranscodeConfig
+from ctrkit.config import (
+    CriteoPreprocessConfig,
+    GenCsvConfig,
+    OutbrainPreprocessConfig,
+    SynthConfig,
+    TablePreprocessConfig,
+    TranscodeConfig,
+)
 
 # heavy modules (torch above all, ~1.2 s) are imported by the handlers that use them, so that
 # `ctrkit preprocess` and `ctrkit --help` start quickly
@@ -20,10 +27,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "feature_spec.yaml), the vocabularies (vocab/<column>.parquet: value, count, id) and summary.json.",
     )
     recipes = p.add_subparsers(
-        dest="recipe", required=True, metavar="{criteo,outbrain}", help="the raw format and its recipe"
+        dest="recipe", required=True, metavar="{criteo,outbrain,table}", help="the raw format and its recipe"
     )
     add_command(recipes, "criteo", preprocess, (CriteoPreprocessConfig,))
     add_command(recipes, "outbrain", preprocess_outbrain, (OutbrainPreprocessConfig,))
+    add_command(recipes, "table", preprocess_table, (TablePreprocessConfig,))
     add_command(sub, "transcode", transcode, (TranscodeConfig,))
     add_command(sub, "gen-csv", gen_csv, (GenCsvConfig,))
 
@@ -166,6 +174,41 @@ def preprocess_outbrain(args: argparse.Namespace) -> int:
         f"wrote {cfg.out}: {summary['rows']['train']:,} train + {summary['rows']['test']:,} test rows, "
         f"{summary['bad_rows']:,} bad rows dropped, {summary['seconds']:.1f} s "
         f"({summary['clicks_rows_per_second']:,} clicks rows/s)"
+    )
+    return 0
+
+
+def preprocess_table(args: argparse.Namespace) -> int:
+    """a CSV or Parquet table with a header, one row per impression -> a dataset
+
+    Columns named by a flag get that role; the others by type: text and booleans categorical, floats
+    numerical, Parquet lists multi-hot; integer columns must be named (ids or amounts?), and an unnamed
+    first column (a row index) is dropped. Categorical values get ids as the Criteo recipe gives them (0
+    missing or unseen in train, 1 rarer than --frequency-threshold in train, 2.. by descending train count);
+    numerical values are kept as float32 (missing -> 0; the models standardise them). The rows keep the
+    files' order (taken as time order) unless --order-by or --shuffle-seed; the test split is the last
+    --test-fraction of them or --test-files. The table is held in memory.
+    """
+    from ctrkit.preprocess.table import TableRecipe
+    from ctrkit.preprocess.table import preprocess_table as run
+
+    cfg: TablePreprocessConfig = config_from(args, TablePreprocessConfig)
+    recipe = TableRecipe(
+        label=cfg.label, categorical=cfg.categorical, numerical=cfg.numerical, multi_hot=cfg.multi_hot,
+        drop=cfg.drop, positive=cfg.positive, label_threshold=cfg.label_threshold, separator=cfg.separator,
+        frequency_threshold=cfg.frequency_threshold, order_by=cfg.order_by, shuffle_seed=cfg.shuffle_seed,
+        null_values=cfg.null_values, csv_separator=cfg.csv_separator, bad_rows=cfg.bad_rows,
+    )  # fmt: skip
+    test_fraction = None if cfg.test_files is not None else (0.1 if cfg.test_fraction is None else cfg.test_fraction)
+    summary = run(cfg.raw, cfg.out, recipe, test_files=cfg.test_files, test_fraction=test_fraction,
+                  validation_fraction=cfg.validation_fraction, overwrite=cfg.overwrite,
+                  progress=not cfg.no_progress)  # fmt: skip
+    validation = f" + {summary['validation_rows']:,} validation" if "validation_rows" in summary else ""
+    print(
+        f"wrote {cfg.out}: {summary['train_rows']:,} train{validation} + {summary['test_rows']:,} test rows, "
+        f"{summary['bad_rows']:,} bad rows dropped; {len(summary['categorical'])} categorical, "
+        f"{len(summary['multi_hot'])} multi-hot, {len(summary['numerical'])} numerical features, "
+        f"{summary['seconds']:.1f} s"
     )
     return 0
 

@@ -1,0 +1,187 @@
+"""`ctrkit preprocess table`: a CSV or Parquet table with a header -> a dataset, checked against ids and
+values computed here from the same rows, and a model trained on the result."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import numpy as np
+import polars as pl
+import pytest
+
+from ctrkit.data.dataset import SplitBinaryDataset
+from ctrkit.data.feature_spec import FeatureSpec
+from ctrkit.data.split_binary import open_mapping
+from tests.conftest import run_cli
+
+ROWS = 600
+
+
+def _table(seed: int = 0) -> pl.DataFrame:
+    """A click table as a user would have it: text ids, an integer id, a float amount, genres, a time."""
+    rng = np.random.default_rng(seed)
+    users = np.array([f"u{i}" for i in range(40)])
+    user = users[np.minimum(rng.geometric(0.08, ROWS) - 1, 39)]
+    item = rng.integers(0, 25, ROWS)
+    price = np.round(rng.lognormal(2.0, 1.0, ROWS), 3)
+    genres = ["|".join(sorted(set(rng.choice(["a", "b", "c", "d"], rng.integers(0, 3))))) for _ in range(ROWS)]
+    logit = (item % 3 == 0) * 1.2 - 0.3 * np.log(price) + np.array([g.count("a") for g in genres])
+    click = (rng.random(ROWS) < 1 / (1 + np.exp(-logit))).astype(int)
+    return pl.DataFrame(
+        {
+            "ts": rng.permutation(ROWS),
+            "user": user,
+            "item": item,
+            "price": price,
+            "genres": genres,
+            "device": rng.choice(["ios", "android", None], ROWS),
+            "click": click,
+        }
+    )
+
+
+def _expected_ids(train: list, values: list, threshold: int) -> np.ndarray:
+    """The recipe's ids, computed independently: 2.. by descending train count (ties by text), 1 rare, 0 else."""
+    counts = Counter(v for v in train if v is not None)
+    kept = sorted((v for v in counts if counts[v] >= threshold), key=lambda v: (-counts[v], v))
+    index = {v: i + 2 for i, v in enumerate(kept)}
+    return np.array([0 if v is None else index.get(v, 1 if v in counts else 0) for v in values])
+
+
+@pytest.fixture
+def csv_file(tmp_path):
+    path = tmp_path / "clicks.csv"
+    _table().write_csv(path)
+    return path
+
+
+def test_ids_numbers_labels_and_split_match_an_independent_encoding(csv_file, tmp_path, capsys):
+    out = tmp_path / "ds"
+    code, stdout, _ = run_cli("preprocess", "table", csv_file, "--out", out, "--label", "click", "--categorical",
+                              "item", "--multi-hot", "genres", "--drop", "ts", "--validation-fraction", "0.2",
+                              "--frequency-threshold", "2", "--no-progress", capsys=capsys)  # fmt: skip
+    assert code == 0, stdout
+    assert "432 train + 108 validation + 60 test rows" in stdout
+    df = pl.read_csv(csv_file)
+    spec = FeatureSpec.from_yaml(out)
+    assert spec.onehot_features == ("item", "user", "device")  # named first, then text columns in table order
+    assert spec.multi_hot_features == ("genres",) and spec.numerical_features == ("price",)
+    bounds = {"train": (0, 432), "validation": (432, 540), "test": (540, 600)}
+    for name in ("user", "item", "device"):
+        values = [None if v is None else str(v) for v in df[name].to_list()]
+        ids = _expected_ids(values[:432], values, 2)
+        for mapping, (lo, hi) in bounds.items():
+            got = open_mapping(spec, mapping).categorical[spec.onehot_features.index(name)]
+            np.testing.assert_array_equal(np.asarray(got), ids[lo:hi], err_msg=f"{name} in {mapping}")
+        vocab = pl.read_parquet(out / "vocab" / f"{name}.parquet")
+        assert int(vocab["count"].sum()) == sum(v is not None for v in values[:432])
+    bags = [[g for g in s.split("|") if g] for s in df["genres"].fill_null("").to_list()]
+    flat_train = [g for b in bags[:432] for g in b]
+    genre_ids = {g: int(_expected_ids(flat_train, [g], 2)[0]) for g in "abcd"}
+    test = open_mapping(spec, "test")
+    ids, offsets = test.multi_hot[0]
+    for r in range(0, 60, 7):
+        assert list(ids[offsets[r] : offsets[r + 1]]) == [genre_ids[g] for g in bags[540 + r]]
+    np.testing.assert_array_equal(np.asarray(test.numerical)[:, 0], df["price"].to_numpy()[540:].astype("f4"))
+    np.testing.assert_array_equal(np.asarray(test.labels), df["click"].to_numpy()[540:])
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["clicks"]["test"] == int(df["click"][540:].sum())
+
+
+def test_parquet_with_a_list_column_gives_the_csv_dataset(csv_file, tmp_path):
+    df = pl.read_csv(csv_file)
+    parquet = tmp_path / "clicks.parquet"
+    df.with_columns(
+        pl.col("genres").fill_null("").str.split("|").list.eval(pl.element().filter(pl.element() != ""))
+    ).write_parquet(parquet)
+    flags = ["--label", "click", "--categorical", "item", "--drop", "ts", "--no-progress"]
+    assert run_cli("preprocess", "table", csv_file, "--out", tmp_path / "a", "--multi-hot", "genres", *flags)[0] == 0
+    assert run_cli("preprocess", "table", parquet, "--out", tmp_path / "b", *flags)[0] == 0  # the list: multi-hot
+    for f in sorted((tmp_path / "a" / "test").iterdir()):
+        assert f.read_bytes() == (tmp_path / "b" / "test" / f.name).read_bytes(), f.name
+
+
+def test_order_shuffle_thresholds_and_test_files(csv_file, tmp_path):
+    df = pl.read_csv(csv_file)
+    base = ["--categorical", "item", "--multi-hot", "genres", "--no-progress"]
+    # a rating turned into a click, rows in time order: the test split is the latest 10%
+    assert run_cli("preprocess", "table", csv_file, "--out", tmp_path / "t", "--label", "price", "--label-threshold",
+                   "8", "--order-by", "ts", "--drop", "click", *base)[0] == 0  # fmt: skip
+    test = open_mapping(FeatureSpec.from_yaml(tmp_path / "t"), "test")
+    latest = df.sort("ts")[540:]
+    np.testing.assert_array_equal(np.asarray(test.labels), (latest["price"] >= 8).cast(pl.UInt8).to_numpy())
+    # the label as "equals this value"
+    assert run_cli("preprocess", "table", csv_file, "--out", tmp_path / "p", "--label", "user", "--positive", "u0",
+                   "--drop", "click,ts", *base)[0] == 0  # fmt: skip
+    labels = np.asarray(open_mapping(FeatureSpec.from_yaml(tmp_path / "p"), "train").labels)
+    np.testing.assert_array_equal(labels, (df["user"][:540] == "u0").cast(pl.UInt8).to_numpy())
+    # shuffling is a fixed function of the seed
+    for name in ("s1", "s2"):
+        assert run_cli("preprocess", "table", csv_file, "--out", tmp_path / name, "--label", "click", "--shuffle-seed",
+                       "3", "--drop", "ts", *base)[0] == 0  # fmt: skip
+    assert (tmp_path / "s1/test/label.bin").read_bytes() == (tmp_path / "s2/test/label.bin").read_bytes()
+    assert (tmp_path / "s1/test/label.bin").read_bytes() != df["click"][540:].cast(pl.UInt8).to_numpy().tobytes()
+    # test files: every row of the training file is train
+    later = tmp_path / "later.csv"
+    df[:50].write_csv(later)
+    assert run_cli("preprocess", "table", csv_file, "--test-files", later, "--out", tmp_path / "f", "--label", "click",
+                   "--drop", "ts", *base)[0] == 0  # fmt: skip
+    spec = FeatureSpec.from_yaml(tmp_path / "f")
+    assert len(SplitBinaryDataset(spec, "train")) == ROWS and len(SplitBinaryDataset(spec, "test")) == 50
+
+
+@pytest.mark.parametrize(
+    "edit, flags, expected",
+    [
+        (None, ["--categorical", "nope"], "--categorical: {csv} has no column 'nope' (columns: ts, user"),
+        (None, [], "{csv}: columns 'ts', 'item' hold integers; name each in --categorical"),
+        (("click", 5, "2"), ["--categorical", "item", "--drop", "ts"], "{csv}:7: click: expected a label of 0 or 1, "
+         "got '2'"),
+        (("price", 9, "cheap"), ["--categorical", "item", "--drop", "ts", "--numerical", "price"],
+         "{csv}:11: price: 'cheap' is not a number"),
+        (("price", 9, "cheap"), ["--categorical", "item", "--drop", "ts"], "{csv}:11: column 'price' holds text, but "
+         "599 of its 600 values are numbers (here 'cheap'): name it in --numerical"),
+        (None, ["--categorical", "item", "--numerical", "item"], "column 'item' is given two roles"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_one_line_naming_file_line_and_field(csv_file, tmp_path, capsys, edit, flags, expected):
+    if edit is not None:
+        column, row, value = edit
+        df = pl.read_csv(csv_file, infer_schema_length=0)
+        df = df.with_columns(pl.when(pl.int_range(pl.len()) == row).then(pl.lit(value)).otherwise(pl.col(column))
+                             .alias(column))  # fmt: skip
+        df.write_csv(csv_file)
+    code, _, err = run_cli("preprocess", "table", csv_file, "--out", tmp_path / "d", "--label", "click",
+                           "--multi-hot", "genres", "--no-progress", *flags, capsys=capsys)  # fmt: skip
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1
+    assert expected.format(csv=csv_file) in err
+    assert not (tmp_path / "d").exists()
+
+
+def test_bad_rows_can_be_skipped_and_counted(csv_file, tmp_path, capsys):
+    df = pl.read_csv(csv_file, infer_schema_length=0)
+    df = df.with_columns(pl.when(pl.int_range(pl.len()).is_in([3, 4])).then(pl.lit("x")).otherwise(pl.col("click"))
+                         .alias("click"))  # fmt: skip
+    df.write_csv(csv_file)
+    code, stdout, _ = run_cli("preprocess", "table", csv_file, "--out", tmp_path / "d", "--label", "click",
+                              "--categorical", "item", "--multi-hot", "genres", "--drop", "ts", "--bad-rows", "skip",
+                              "--no-progress", capsys=capsys)  # fmt: skip
+    assert code == 0 and "2 bad rows dropped" in stdout
+    rejects = [json.loads(line) for line in (tmp_path / "d" / "rejects.jsonl").read_text().splitlines()]
+    assert [r["line_no"] for r in rejects] == [5, 6]
+
+
+def test_a_model_trains_and_evaluates_on_the_result(csv_file, tmp_path, capsys):
+    out = tmp_path / "ds"
+    assert run_cli("preprocess", "table", csv_file, "--out", out, "--label", "click", "--categorical", "item",
+                   "--multi-hot", "genres", "--drop", "ts", "--no-progress")[0] == 0  # fmt: skip
+    ckpt = tmp_path / "m.pt"
+    code, stdout, _ = run_cli("train", "--dataset", out, "--model", "dcnv2", "--epochs", "2", "--batch-size", "64",
+                              "--no-progress", "--save-checkpoint", ckpt, capsys=capsys)  # fmt: skip
+    assert code == 0, stdout
+    code, stdout, _ = run_cli("evaluate", "--checkpoint", ckpt, "--dataset", out, "--json", capsys=capsys)
+    assert code == 0
+    result = json.loads(stdout.strip().splitlines()[-1])
+    assert result["samples"] == 60 and 0.0 <= result["auc"] <= 1.0
