@@ -557,6 +557,11 @@ class TablePreprocessConfig:
         "multi-hot unless named elsewhere)", parse="name_list", shown="Parquet list columns",
     )  # fmt: skip
     drop: tuple[str, ...] = option((), "comma-separated columns to leave out", parse="name_list", shown="none")
+    also_categorical: tuple[str, ...] = option(
+        (), "comma-separated numerical columns that are also categorical features, <column>_id: each exact value an "
+        "id, for numbers that identify something (a household's repeated amounts, codes)", parse="name_list",
+        shown="none",
+    )  # fmt: skip
     separator: str = option("|", "what separates the values of a multi-hot text column")
     order_by: str | None = option(
         None, "sort the rows by this column (e.g. a timestamp; stable) before splitting; not a feature unless named",

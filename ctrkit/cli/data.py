@@ -195,7 +195,8 @@ def preprocess_table(args: argparse.Namespace) -> int:
     cfg: TablePreprocessConfig = config_from(args, TablePreprocessConfig)
     recipe = TableRecipe(
         label=cfg.label, categorical=cfg.categorical, numerical=cfg.numerical, multi_hot=cfg.multi_hot,
-        drop=cfg.drop, positive=cfg.positive, label_threshold=cfg.label_threshold, separator=cfg.separator,
+        drop=cfg.drop, also_categorical=cfg.also_categorical, positive=cfg.positive,
+        label_threshold=cfg.label_threshold, separator=cfg.separator,
         frequency_threshold=cfg.frequency_threshold, order_by=cfg.order_by, shuffle_seed=cfg.shuffle_seed,
         null_values=cfg.null_values, csv_separator=cfg.csv_separator, bad_rows=cfg.bad_rows,
     )  # fmt: skip

@@ -59,6 +59,8 @@ class TableRecipe:
         label: the label column.
         categorical, numerical, multi_hot: columns of each role; columns named nowhere get a role by type.
         drop: columns to leave out.
+        also_categorical: numerical columns that are also categorical features, ``<column>_id``: each exact
+            value an id (for numbers that identify something: repeated amounts of one household, codes).
         positive: the label is 1 where the label column equals this value (as text), else 0.
         label_threshold: the label is 1 where the label column is at least this number, else 0.
         separator: what separates the values of a multi-hot text column.
@@ -75,6 +77,7 @@ class TableRecipe:
     numerical: tuple[str, ...] = ()
     multi_hot: tuple[str, ...] = ()
     drop: tuple[str, ...] = ()
+    also_categorical: tuple[str, ...] = ()
     positive: str | None = None
     label_threshold: float | None = None
     separator: str = "|"
@@ -204,6 +207,12 @@ def assign_roles(df: pl.DataFrame, recipe: TableRecipe, where: Path) -> Roles:
                 f"column '{c}': a feature name must be letters, digits, '_', '.' or '-', and not "
                 f"{' or '.join(RESERVED)} or end with '.offsets' (it names a file); rename the column"
             )
+    for c in recipe.also_categorical:
+        if c not in nums:
+            raise ValueError(f"`also_categorical`: '{c}' is not a numerical column (numerical: {', '.join(nums)})")
+        if f"{c}_id" in columns:
+            raise ValueError(f"`also_categorical`: '{c}_id' is a column already; rename it")
+        cats.append(f"{c}_id")
     if not cats and not multi:
         raise ValueError(f"{where}: no categorical column; the models need at least one")
     return Roles(tuple(cats), tuple(nums), tuple(multi))
@@ -361,7 +370,13 @@ def preprocess_table(
 
     def clean(df: pl.DataFrame) -> pl.DataFrame:
         """The good rows, ordered as the recipe says, with the label as 0/1 and numbers as Float64."""
-        df = df.with_columns(pl.coalesce([label_problem, *num_problems]).alias("__problem"))
+        df = df.with_columns(
+            pl.coalesce([label_problem, *num_problems]).alias("__problem"),
+            *[
+                pl.col(c).cast(pl.Float64, strict=False).cast(pl.String).alias(f"{c}_id")
+                for c in recipe.also_categorical
+            ],
+        )  # the ids of a number: its text as a float, so that 2 and 2.0 are one value
         bad = df.filter(pl.col("__problem").is_not_null())
         if len(bad):
             for f, part in bad.group_by(FILE_COL, maintain_order=True):

@@ -185,3 +185,27 @@ def test_a_model_trains_and_evaluates_on_the_result(csv_file, tmp_path, capsys):
     assert code == 0
     result = json.loads(stdout.strip().splitlines()[-1])
     assert result["samples"] == 60 and 0.0 <= result["auc"] <= 1.0
+
+
+def test_also_categorical_gives_each_repeated_number_its_own_id(tmp_path):
+    amounts = [5.0, 2.5, 5.0, 7.0, 2.5, 5.0, 9.25, 2.5, 5.0, 7.0, 1.0, 5.0]  # train (9 rows): 5 x4, 2.5 x3, 7, 9.25
+    path = tmp_path / "t.csv"
+    pl.DataFrame({"shop": ["a", "b"] * 6, "amount": amounts, "click": [0, 1] * 6}).write_csv(path)
+    out = tmp_path / "d"
+    assert run_cli("preprocess", "table", path, "--out", out, "--label", "click", "--numerical", "amount",
+                   "--also-categorical", "amount", "--frequency-threshold", "2", "--test-fraction", "0.25",
+                   "--no-progress")[0] == 0  # fmt: skip
+    spec = FeatureSpec.from_yaml(out)
+    assert spec.onehot_features == ("shop", "amount_id") and spec.numerical_features == ("amount",)
+    train = open_mapping(spec, "train")
+    ids = np.asarray(train.categorical[1])
+    by_value = {}
+    for value, i in zip(amounts[:9], ids):
+        by_value.setdefault(value, set()).add(int(i))
+    assert by_value == {5.0: {2}, 2.5: {3}, 7.0: {1}, 9.25: {1}}  # by count; seen once: the rare id
+    np.testing.assert_array_equal(np.asarray(train.numerical)[:, 0], np.array(amounts[:9], dtype="f4"))
+    test_ids = np.asarray(open_mapping(spec, "test").categorical[1])  # 7, 1, 5: rare, unseen, frequent
+    np.testing.assert_array_equal(test_ids, [1, 0, 2])
+    code = run_cli("preprocess", "table", path, "--out", tmp_path / "e", "--label", "click", "--also-categorical",
+                   "shop", "--no-progress")[0]  # fmt: skip
+    assert code == 2
