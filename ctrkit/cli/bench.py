@@ -182,9 +182,9 @@ def accuracy(args: argparse.Namespace) -> int:
     """test AUC of every model with its defaults against logistic regression and LightGBM, on a panel
 
     Builds each data set of the panel (the real samples, three families of planted synthetic data with a
-    known Bayes-optimal AUC, synthetic raw Outbrain files through `preprocess outbrain`, and any
-    --datasets), fits the baselines on exactly the split the trainer uses
-    (the validation mapping or the held-out tail of train) and trains each model with nothing but the
+    known Bayes-optimal AUC, synthetic raw Outbrain files through `preprocess outbrain`, twelve independent
+    real tables through `preprocess table`, and any --datasets), fits the baselines on exactly the split the
+    trainer uses (the validation mapping or the held-out tail of train) and trains each model with nothing but the
     dataset given, then writes one table: test AUC (log loss) per data set and method, the best step of
     each model, wall time.
     """
@@ -194,7 +194,7 @@ def accuracy(args: argparse.Namespace) -> int:
     cfg: AccuracyBenchConfig = config_from(args, AccuracyBenchConfig)
     _threads(config_from(args, BenchRunOptions))
     unknown = (
-        set(cfg.panel) - {*REAL, "planted", "tabular", "amounts", "outbrain", "none"}
+        set(cfg.panel) - {*REAL, "planted", "tabular", "amounts", "outbrain", "independent", "none"}
         | set(cfg.models) - set(LABELS)
         | set(cfg.baselines) - set(LABELS)
     )
@@ -210,6 +210,15 @@ def accuracy(args: argparse.Namespace) -> int:
     outbrain = cfg.outbrain_rows if "outbrain" in cfg.panel else ()
     entries = build_panel(cfg.work, shared if shared.exists() else None, real, planted, cfg.seeds, tabular, amounts,
                           outbrain)  # fmt: skip
+    if "independent" in cfg.panel:
+        from ctrkit.bench.independent import build_independent, fetch_tables
+
+        try:
+            source = cfg.independent_data or fetch_tables(cfg.work / ".independent")
+        except OSError as e:
+            print(f"independent: skipped ({e}); --independent-data names a local copy", flush=True)
+        else:
+            entries += build_independent(cfg.work, source)
     entries += [PanelEntry(Path(d).name, Path(d), f"user dataset {d}") for d in cfg.datasets or ()]
     if not entries:
         raise ValueError(f"the panel is empty: no real samples under {shared} and no planted or user data sets")
