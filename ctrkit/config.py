@@ -571,6 +571,10 @@ class TablePreprocessConfig:
         None, "shuffle the rows with this seed before splitting, for data whose order means nothing",
         exclusive="order",
     )  # fmt: skip
+    group: str | None = option(
+        None, "the column whose equal values are ranked together (a display or session id): the map channel of the "
+        "validation and test mappings, so that evaluation reports MAP@12; not a feature", unset="none",
+    )  # fmt: skip
     test_files: tuple[Path, ...] | None = option(None, "files of the test split", nargs="+", exclusive="split")
     test_fraction: float | None = option(
         None, "last fraction of the rows as the test split", unset="0.1", exclusive="split"

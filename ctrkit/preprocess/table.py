@@ -66,6 +66,8 @@ class TableRecipe:
         separator: what separates the values of a multi-hot text column.
         frequency_threshold: values seen fewer times in the train rows share the rare id 1.
         order_by: sort the rows by this column (stable) before splitting; it is not a feature unless named.
+        group: the column whose equal values are ranked together (a display or session id): stored as the
+            ``map`` channel of the validation and test mappings, for MAP@12; not a feature.
         shuffle_seed: shuffle the rows with this seed before splitting (data without a time order).
         null_values: texts read as missing (besides the empty field), CSV only.
         csv_separator: the CSV field separator.
@@ -83,6 +85,7 @@ class TableRecipe:
     separator: str = "|"
     frequency_threshold: int = 3
     order_by: str | None = None
+    group: str | None = None
     shuffle_seed: int | None = None
     null_values: tuple[str, ...] = DEFAULT_NULL_VALUES
     csv_separator: str = ","
@@ -102,7 +105,8 @@ class TableRecipe:
         if self.bad_rows not in BAD_ROW_POLICIES:
             raise ValueError(f"`bad_rows` must be one of {', '.join(BAD_ROW_POLICIES)}, got {self.bad_rows!r}")
         roles = [("label", (self.label,)), ("categorical", self.categorical), ("numerical", self.numerical),
-                 ("multi_hot", self.multi_hot), ("drop", self.drop)]  # fmt: skip
+                 ("multi_hot", self.multi_hot), ("drop", self.drop),
+                 ("group", (self.group,) if self.group else ())]  # fmt: skip
         seen: dict[str, str] = {}
         for role, names in roles:
             for name in names:
@@ -169,7 +173,8 @@ def assign_roles(df: pl.DataFrame, recipe: TableRecipe, where: Path) -> Roles:
     columns = [c for c in df.columns if c not in (FILE_COL, LINE_COL)]
     named = {"label": (recipe.label,), "categorical": recipe.categorical, "numerical": recipe.numerical,
              "multi_hot": recipe.multi_hot, "drop": recipe.drop,
-             "order_by": (recipe.order_by,) if recipe.order_by else ()}  # fmt: skip
+             "order_by": (recipe.order_by,) if recipe.order_by else (),
+             "group": (recipe.group,) if recipe.group else ()}  # fmt: skip
     for role, names in named.items():
         for name in names:
             if name not in columns:
@@ -201,7 +206,7 @@ def assign_roles(df: pl.DataFrame, recipe: TableRecipe, where: Path) -> Roles:
             f"{where}: columns {', '.join(repr(c) for c in integers)} hold integers; name each in `categorical` "
             "(ids, codes) or `numerical` (amounts, counts), or `drop` it"
         )
-    for c in cats + nums + multi:
+    for c in cats + nums + multi + ([recipe.group] if recipe.group else []):
         if not _NAME.match(c) or c in RESERVED or c.endswith(".offsets"):
             raise ValueError(
                 f"column '{c}': a feature name must be letters, digits, '_', '.' or '-', and not "
@@ -437,10 +442,16 @@ def preprocess_table(
     }
     numerical = table.select(roles.numerical).to_numpy().astype(np.float32) if roles.numerical else None
     labels = table["__label"].to_numpy()
+    groups = None
+    if recipe.group is not None:  # one id per distinct value: its rank among the values as text
+        groups = table[recipe.group].cast(pl.String).fill_null("").rank("dense").to_numpy().astype(np.int64)
     offsets = {c: np.concatenate([[0], np.cumsum(lengths)]) for c, (_, lengths) in bags.items()}
     with atomic_directory(out_dir, overwrite) as tmp:
+        group_spec = None
+        if groups is not None:
+            group_spec = (recipe.group, Feature("int64"), [m for m, _, _ in bounds if m != "train"])
         base = split_binary_spec(features, roles.numerical, recipe.label, [m for m, _, _ in bounds], metadata,
-                                 numerical_dtype="float32")  # fmt: skip
+                                 numerical_dtype="float32", group=group_spec)  # fmt: skip
         spec = FeatureSpec(base.feature_spec, base.source_spec, base.channel_spec, base.metadata, tmp)
         for mapping, lo, hi in bounds:
             steps = tqdm(total=hi - lo, unit="row", desc=f"preprocess write {mapping}", disable=not progress)
@@ -448,8 +459,10 @@ def preprocess_table(
                 for a in range(lo, hi, WRITE_ROWS):
                     b = min(hi, a + WRITE_ROWS)
                     multi = [(bags[c][0][offsets[c][a] : offsets[c][b]], bags[c][1][a:b]) for c in roles.multi_hot]
+                    stored = groups[a:b] if groups is not None and mapping != "train" else None
                     writer.append(None if numerical is None else numerical[a:b],
-                                  [ids[c][a:b] for c in roles.categorical], labels[a:b], multi or None)  # fmt: skip
+                                  [ids[c][a:b] for c in roles.categorical], labels[a:b], multi or None,
+                                  stored)  # fmt: skip
                     steps.update(b - a)
         spec.to_yaml(tmp / "feature_spec.yaml")
         (tmp / "vocab").mkdir()

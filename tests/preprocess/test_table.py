@@ -209,3 +209,32 @@ def test_also_categorical_gives_each_repeated_number_its_own_id(tmp_path):
     code = run_cli("preprocess", "table", path, "--out", tmp_path / "e", "--label", "click", "--also-categorical",
                    "shop", "--no-progress")[0]  # fmt: skip
     assert code == 2
+
+
+def test_group_column_is_the_map_channel_of_evaluation_mappings(tmp_path, capsys):
+    rng = np.random.default_rng(4)
+    n = 900
+    display = np.repeat([f"d{i}" for i in range(150)], 6)  # 150 displays of 6 ads, one click each
+    ad = rng.integers(0, 30, n)
+    click = np.zeros(n, dtype=int)
+    click[np.arange(150) * 6 + rng.integers(0, 6, 150)] = 1
+    path = tmp_path / "displays.csv"
+    pl.DataFrame({"display": display, "ad": ad, "click": click}).write_csv(path)
+    out = tmp_path / "ds"
+    assert run_cli("preprocess", "table", path, "--out", out, "--label", "click", "--categorical", "ad", "--group",
+                   "display", "--validation-fraction", "0.1", "--test-fraction", "0.2",
+                   "--no-progress")[0] == 0  # fmt: skip
+    spec = FeatureSpec.from_yaml(out)
+    assert spec.group_feature == "display" and "display" not in spec.categorical_features
+    assert open_mapping(spec, "train").groups is None
+    groups = np.asarray(open_mapping(spec, "test").groups)
+    names = display[720:]
+    same = names[:, None] == names[None, :]  # rows share a group exactly when they share a display
+    np.testing.assert_array_equal(groups[:, None] == groups[None, :], same)
+    ckpt = tmp_path / "m.pt"
+    assert run_cli("train", "--dataset", out, "--model", "wide_deep", "--max-steps", "5", "--batch-size", "64",
+                   "--no-progress", "--save-checkpoint", ckpt)[0] == 0  # fmt: skip
+    capsys.readouterr()
+    code, stdout, _ = run_cli("evaluate", "--checkpoint", ckpt, "--dataset", out, "--json", capsys=capsys)
+    result = json.loads(stdout.strip().splitlines()[-1])
+    assert code == 0 and result["map_groups"] == 30 and 1 / 6 <= result["map@12"] <= 1.0
