@@ -73,7 +73,7 @@ def add_config_flags(
         default = None if f.default is MISSING else f.default
         kind = PARSERS[meta["parse"]] if "parse" in meta else _scalar_type(hints[f.name])
         said = meta.get("shown") or (meta.get("unset") if default is None else None)
-        if said is None and default is not None and kind is not bool and not meta.get("required"):
+        if said is None and default not in (None, ()) and kind is not bool and not meta.get("required"):
             said = _said(default)
         help_text = meta.get("help", "") + (f" (default: {said})" if said is not None else "")
         kwargs: dict[str, Any] = {"help": argparse.SUPPRESS if meta.get("hidden") else help_text.replace("%", "%%")}
