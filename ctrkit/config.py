@@ -557,6 +557,10 @@ class TablePreprocessConfig:
         "multi-hot unless named elsewhere)", parse="name_list", shown="Parquet list columns",
     )  # fmt: skip
     drop: tuple[str, ...] = option((), "comma-separated columns to leave out", parse="name_list", shown="none")
+    integers: str = option(
+        "error", "the role of integer columns no flag names: error (refused, naming them: an integer may be an id or "
+        "an amount), categorical or numerical", ("error", "categorical", "numerical"),
+    )  # fmt: skip
     also_categorical: tuple[str, ...] = option(
         (), "comma-separated numerical columns that are also categorical features, <column>_id: each exact value an "
         "id, for numbers that identify something (a household's repeated amounts, codes)", parse="name_list",

@@ -198,7 +198,7 @@ def preprocess_table(args: argparse.Namespace) -> int:
         drop=cfg.drop, also_categorical=cfg.also_categorical, positive=cfg.positive,
         label_threshold=cfg.label_threshold, separator=cfg.separator,
         frequency_threshold=cfg.frequency_threshold, order_by=cfg.order_by, shuffle_seed=cfg.shuffle_seed,
-        group=cfg.group,
+        group=cfg.group, integers=cfg.integers,
         null_values=cfg.null_values, csv_separator=cfg.csv_separator, bad_rows=cfg.bad_rows,
     )  # fmt: skip
     test_fraction = None if cfg.test_files is not None else (0.1 if cfg.test_fraction is None else cfg.test_fraction)

@@ -47,6 +47,7 @@ FILE_COL, LINE_COL = "__ctrkit_file", "__ctrkit_line"  # where each row came fro
 NUMERIC_TEXT_FRACTION = 0.9  # a text column this often numeric is refused unless named
 WRITE_ROWS = 1 << 18  # rows per block written
 DEFAULT_NULL_VALUES = ("NA", "NaN", "nan", "null", "NULL")
+INTEGER_ROLES = ("error", "categorical", "numerical")
 RESERVED = ("label", "numerical")  # the dataset's own file names
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")  # a feature name is also a file name
 
@@ -66,6 +67,8 @@ class TableRecipe:
         separator: what separates the values of a multi-hot text column.
         frequency_threshold: values seen fewer times in the train rows share the rare id 1.
         order_by: sort the rows by this column (stable) before splitting; it is not a feature unless named.
+        integers: the role of integer columns named nowhere: "error" (refused: an integer may be an id
+            or an amount), "categorical" or "numerical".
         group: the column whose equal values are ranked together (a display or session id): stored as the
             ``map`` channel of the validation and test mappings, for MAP@12; not a feature.
         shuffle_seed: shuffle the rows with this seed before splitting (data without a time order).
@@ -86,6 +89,7 @@ class TableRecipe:
     frequency_threshold: int = 3
     order_by: str | None = None
     group: str | None = None
+    integers: str = "error"
     shuffle_seed: int | None = None
     null_values: tuple[str, ...] = DEFAULT_NULL_VALUES
     csv_separator: str = ","
@@ -102,6 +106,8 @@ class TableRecipe:
             raise ValueError(f"`frequency_threshold` must be >= 1, got {self.frequency_threshold}")
         if not self.separator:
             raise ValueError("`separator` must not be empty")
+        if self.integers not in INTEGER_ROLES:
+            raise ValueError(f"`integers` must be one of {', '.join(INTEGER_ROLES)}, got {self.integers!r}")
         if self.bad_rows not in BAD_ROW_POLICIES:
             raise ValueError(f"`bad_rows` must be one of {', '.join(BAD_ROW_POLICIES)}, got {self.bad_rows!r}")
         roles = [("label", (self.label,)), ("categorical", self.categorical), ("numerical", self.numerical),
@@ -161,7 +167,8 @@ def _read_all(paths: Sequence[Path], recipe: TableRecipe, offset: int) -> pl.Dat
 
 @dataclass(frozen=True)
 class Roles:
-    """The columns of each role, in table order (named ones in the order given)."""
+    """The columns of each role: the named ones in the order given, then the others in table order (integer
+    columns, under `integers`, last)."""
 
     categorical: tuple[str, ...]
     numerical: tuple[str, ...]
@@ -201,10 +208,14 @@ def assign_roles(df: pl.DataFrame, recipe: TableRecipe, where: Path) -> Roles:
             continue  # an empty column carries nothing
         else:
             raise ValueError(f"{where}: column '{c}' holds {dtype}: give it a role (`drop` it, or `order_by` it)")
-    if integers:
+    if recipe.integers == "categorical":
+        cats += integers
+    elif recipe.integers == "numerical":
+        nums += integers
+    elif integers:
         raise ValueError(
             f"{where}: columns {', '.join(repr(c) for c in integers)} hold integers; name each in `categorical` "
-            "(ids, codes) or `numerical` (amounts, counts), or `drop` it"
+            "(ids, codes) or `numerical` (amounts, counts), or `drop` it (`integers` gives all of them one role)"
         )
     for c in cats + nums + multi + ([recipe.group] if recipe.group else []):
         if not _NAME.match(c) or c in RESERVED or c.endswith(".offsets"):

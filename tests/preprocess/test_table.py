@@ -238,3 +238,15 @@ def test_group_column_is_the_map_channel_of_evaluation_mappings(tmp_path, capsys
     code, stdout, _ = run_cli("evaluate", "--checkpoint", ckpt, "--dataset", out, "--json", capsys=capsys)
     result = json.loads(stdout.strip().splitlines()[-1])
     assert code == 0 and result["map_groups"] == 30 and 1 / 6 <= result["map@12"] <= 1.0
+
+
+@pytest.mark.parametrize("role", ["categorical", "numerical"])
+def test_integers_flag_gives_every_unnamed_integer_column_one_role(csv_file, tmp_path, role):
+    out = tmp_path / role
+    assert run_cli("preprocess", "table", csv_file, "--out", out, "--label", "click", "--multi-hot", "genres",
+                   "--integers", role, "--no-progress")[0] == 0  # fmt: skip
+    spec = FeatureSpec.from_yaml(out)
+    if role == "categorical":
+        assert spec.onehot_features == ("user", "device", "ts", "item") and spec.numerical_features == ("price",)
+    else:
+        assert spec.onehot_features == ("user", "device") and spec.numerical_features == ("price", "ts", "item")
