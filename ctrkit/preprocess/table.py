@@ -106,6 +106,8 @@ class TableRecipe:
             raise ValueError(f"`frequency_threshold` must be >= 1, got {self.frequency_threshold}")
         if not self.separator:
             raise ValueError("`separator` must not be empty")
+        if len(field_separator(self.csv_separator).encode()) != 1:
+            raise ValueError(f"`csv_separator` must be one byte (or '\\t' or 'tab'), got {self.csv_separator!r}")
         if self.integers not in INTEGER_ROLES:
             raise ValueError(f"`integers` must be one of {', '.join(INTEGER_ROLES)}, got {self.integers!r}")
         if self.bad_rows not in BAD_ROW_POLICIES:
@@ -121,6 +123,11 @@ class TableRecipe:
                 seen[name] = role
 
 
+def field_separator(text: str) -> str:
+    """The CSV field separator ``text`` names: one character, or ``\\t`` / ``tab`` for a tab (as a shell passes it)."""
+    return {"\\t": "\t", "tab": "\t"}.get(text, text)
+
+
 def _read(path: Path, recipe: TableRecipe, file_index: int) -> pl.DataFrame:
     """One input file, with the file index and the line (CSV, header = line 1) or row (Parquet) of each row."""
     if not path.exists():
@@ -134,7 +141,7 @@ def _read(path: Path, recipe: TableRecipe, file_index: int) -> pl.DataFrame:
         else:
             df = pl.read_csv(
                 path,
-                separator=recipe.csv_separator,
+                separator=field_separator(recipe.csv_separator),
                 null_values=list(recipe.null_values),
                 infer_schema_length=None,  # the whole file: a text value late in a column makes it text
             )

@@ -250,3 +250,16 @@ def test_integers_flag_gives_every_unnamed_integer_column_one_role(csv_file, tmp
         assert spec.onehot_features == ("user", "device", "ts", "item") and spec.numerical_features == ("price",)
     else:
         assert spec.onehot_features == ("user", "device") and spec.numerical_features == ("price", "ts", "item")
+
+
+def test_tab_separated_input_as_a_shell_spells_the_tab(csv_file, tmp_path, capsys):
+    tsv = tmp_path / "clicks.tsv"
+    pl.read_csv(csv_file).write_csv(tsv, separator="\t")
+    flags = ["--label", "click", "--categorical", "item", "--multi-hot", "genres", "--drop", "ts", "--no-progress"]
+    assert run_cli("preprocess", "table", csv_file, "--out", tmp_path / "c", *flags)[0] == 0
+    assert run_cli("preprocess", "table", tsv, "--out", tmp_path / "t", "--csv-separator", "\\t", *flags)[0] == 0
+    for f in sorted((tmp_path / "c" / "train").iterdir()):
+        assert f.read_bytes() == (tmp_path / "t" / "train" / f.name).read_bytes(), f.name
+    code, _, err = run_cli("preprocess", "table", tsv, "--out", tmp_path / "x", "--csv-separator", "::", *flags,
+                           capsys=capsys)  # fmt: skip
+    assert code == 2 and "--csv-separator must be one byte" in err
