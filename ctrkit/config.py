@@ -456,6 +456,21 @@ class SynthConfig:
     overwrite: bool = option(False, "replace an existing dataset directory")
 
 
+def test_fraction_option() -> Any:
+    """The ``--test-fraction`` option of the preprocessing recipes (exclusive with their ``--test-files``)."""
+    return option(None, "last fraction of the rows as the test split", unset="0.1", exclusive="split")
+
+
+def validation_fraction_option() -> Any:
+    """The ``--validation-fraction`` option of the preprocessing recipes."""
+    return option(
+        None,
+        "the last fraction of the train split becomes a 'validation' mapping (scored with the train vocabulary, "
+        "as test is), for model selection during training",
+        unset="none: training holds out the tail of train itself",
+    )
+
+
 def spark_master_option() -> Any:
     """The ``--spark-master`` option of the preprocessing commands (a new field for each config)."""
     return option("local[*]", "Spark master URL for --engine spark", shown="local[*]: all cores of this machine")
@@ -502,15 +517,8 @@ class CriteoPreprocessConfig:
     )
     out: Path | None = option(None, "dataset directory to create", required=True)
     test_files: tuple[Path, ...] | None = option(None, "raw files of the test split", nargs="+", exclusive="split")
-    test_fraction: float | None = option(
-        None, "last fraction of the rows as the test split", unset="0.1", exclusive="split"
-    )
-    validation_fraction: float | None = option(
-        None,
-        "the last fraction of the train split becomes a 'validation' mapping (scored with the train vocabulary, "
-        "as test is), for model selection during training",
-        unset="none: training holds out the tail of train itself",
-    )
+    test_fraction: float | None = test_fraction_option()
+    validation_fraction: float | None = validation_fraction_option()
     frequency_threshold: int = option(3, "FL: rarer categories share one id")
     bad_rows: str = option(
         "error",
@@ -580,15 +588,8 @@ class TablePreprocessConfig:
         "validation and test mappings, so that evaluation reports MAP@12; not a feature", unset="none",
     )  # fmt: skip
     test_files: tuple[Path, ...] | None = option(None, "files of the test split", nargs="+", exclusive="split")
-    test_fraction: float | None = option(
-        None, "last fraction of the rows as the test split", unset="0.1", exclusive="split"
-    )
-    validation_fraction: float | None = option(
-        None,
-        "the last fraction of the train split becomes a 'validation' mapping (scored with the train vocabulary, "
-        "as test is), for model selection during training",
-        unset="none: training holds out the tail of train itself",
-    )
+    test_fraction: float | None = test_fraction_option()
+    validation_fraction: float | None = validation_fraction_option()
     frequency_threshold: int = option(3, "categorical values seen fewer times in the train split share one id")
     null_values: tuple[str, ...] = option(
         ("NA", "NaN", "nan", "null", "NULL"), "comma-separated texts a CSV field reads as missing, besides the empty "

@@ -45,6 +45,19 @@ class Rejects:
             self.kept.append({"file": file, "line_no": line_no, "problem": problem, "line": line})
 
 
+def split_bounds(total: int, n_train: int, validation_fraction: float | None) -> list[tuple[str, int, int]]:
+    """The mappings of ``total`` rows, the first ``n_train`` of them training, as (name, first row, end row):
+    train, then (with ``validation_fraction``) the last fraction of the training rows as validation, then
+    test; each must hold at least one row."""
+    n_fit = n_train - int(round(n_train * validation_fraction)) if validation_fraction else n_train
+    bounds = [("train", 0, n_fit)] + ([("validation", n_fit, n_train)] if validation_fraction else [])
+    bounds.append(("test", n_train, total))
+    if any(hi <= lo for _, lo, hi in bounds):
+        sizes = ", ".join(f"{hi - lo} {name}" for name, lo, hi in bounds)
+        raise ValueError(f"the split left {sizes} rows; each needs at least one")
+    return bounds
+
+
 class DatasetOutput:
     """The output directory of one preprocessing run; use as a context manager.
 
@@ -75,14 +88,8 @@ class DatasetOutput:
 
         Vocabularies are counted over the train mapping only, so validation scores ids as test does.
         """
-        n_fit = n_train - int(round(n_train * validation_fraction)) if validation_fraction else n_train
-        bounds = [("train", 0, n_fit)] + ([("validation", n_fit, n_train)] if validation_fraction else [])
-        bounds.append(("test", n_train, total))
-        if any(hi <= lo for _, lo, hi in bounds):
-            sizes = ", ".join(f"{hi - lo} {name}" for name, lo, hi in bounds)
-            raise ValueError(f"the split left {sizes} rows; each needs at least one")
-        self.bounds = bounds
-        return bounds
+        self.bounds = split_bounds(total, n_train, validation_fraction)
+        return self.bounds
 
     def append_rows(self, first: int, numerical, ids: Sequence[np.ndarray], labels: np.ndarray) -> None:
         """Appends the block of rows ``first``.. to the mappings those rows belong to."""

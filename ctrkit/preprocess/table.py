@@ -40,8 +40,9 @@ from tqdm import tqdm
 from ctrkit.data.atomic import atomic_directory
 from ctrkit.data.feature_spec import Feature, FeatureSpec, smallest_int_dtype, split_binary_spec
 from ctrkit.data.split_binary import SplitBinaryWriter
-from ctrkit.preprocess.criteo import BAD_ROW_POLICIES, FIRST_ID, MISSING_ID, RARE_ID
-from ctrkit.preprocess.output import Rejects
+from ctrkit.preprocess import vocabulary as vocab_mod
+from ctrkit.preprocess.criteo import BAD_ROW_POLICIES, MISSING_ID, RARE_ID
+from ctrkit.preprocess.output import Rejects, split_bounds
 
 FILE_COL, LINE_COL = "__ctrkit_file", "__ctrkit_line"  # where each row came from, for error messages
 NUMERIC_TEXT_FRACTION = 0.9  # a text column this often numeric is refused unless named
@@ -306,28 +307,17 @@ def _numbers(names: Sequence[str]) -> tuple[list[pl.Expr], list[pl.Expr]]:
 
 
 def _vocabulary(train_values: pl.Series, threshold: int) -> pl.DataFrame:
-    """(value, count, id): ids from FIRST_ID by descending train count (ties by value), rarer values RARE_ID."""
+    """(value, count, id) of the train split's text values, ids as ``vocabulary.assign_ids`` gives them."""
     counts = (
         train_values.drop_nulls().alias("value").value_counts(name="count").with_columns(pl.col("count").cast(pl.Int64))
     )
-    frequent = (
-        counts.filter(pl.col("count") >= threshold)
-        .sort(["count", "value"], descending=[True, False])
-        .with_row_index("id", offset=FIRST_ID)
-        .with_columns(pl.col("id").cast(pl.Int64))
-    )
-    rare = counts.filter(pl.col("count") < threshold).sort("value").with_columns(pl.lit(RARE_ID, pl.Int64).alias("id"))
-    return pl.concat([frequent.select("value", "count", "id"), rare.select("value", "count", "id")])
+    return vocab_mod.assign_ids(counts, threshold, "value").select("value", "count", "id")
 
 
 def _ids(values: pl.Series, vocab: pl.DataFrame) -> np.ndarray:
     """Ids of text ``values`` under ``vocab``; missing and unseen values get MISSING_ID."""
     joined = values.alias("value").to_frame().join(vocab, on="value", how="left", maintain_order="left")
     return joined["id"].fill_null(MISSING_ID).to_numpy().astype(np.int64)
-
-
-def _as_text(df: pl.DataFrame, name: str) -> pl.Series:
-    return df[name].cast(pl.String)
 
 
 def _as_lists(df: pl.DataFrame, name: str, separator: str) -> pl.Series:
@@ -422,12 +412,8 @@ def preprocess_table(
         table = train_df
         n_train = len(table) - int(round(len(table) * test_fraction))
     del train_df, test_df
-    n_fit = n_train - int(round(n_train * validation_fraction)) if validation_fraction else n_train
-    bounds = [("train", 0, n_fit)] + ([("validation", n_fit, n_train)] if validation_fraction else [])
-    bounds.append(("test", n_train, len(table)))
-    if any(hi <= lo for _, lo, hi in bounds):
-        sizes = ", ".join(f"{hi - lo} {name}" for name, lo, hi in bounds)
-        raise ValueError(f"the split left {sizes} rows; each needs at least one")
+    bounds = split_bounds(len(table), n_train, validation_fraction)
+    n_fit = bounds[0][2]
 
     vocabularies: dict[str, pl.DataFrame] = {}
     ids: dict[str, np.ndarray] = {}
@@ -435,7 +421,7 @@ def preprocess_table(
     columns = tqdm(roles.categorical + roles.multi_hot, desc="preprocess vocabularies", disable=not progress)
     for c in columns:
         if c in roles.categorical:
-            text = _as_text(table, c)
+            text = table[c].cast(pl.String)
             vocabularies[c] = _vocabulary(text[:n_fit], recipe.frequency_threshold)
             ids[c] = _ids(text, vocabularies[c])
         else:
@@ -445,7 +431,7 @@ def preprocess_table(
             n_fit_values = int(lengths[:n_fit].sum())
             vocabularies[c] = _vocabulary(flat[:n_fit_values], recipe.frequency_threshold)
             bags[c] = (_ids(flat, vocabularies[c]), lengths)
-    cards = {c: FIRST_ID + int((v["id"] >= FIRST_ID).sum()) for c, v in vocabularies.items()}
+    cards = {c: vocab_mod.cardinality(v) for c, v in vocabularies.items()}
     features = {c: Feature(smallest_int_dtype(cards[c]), cards[c]) for c in roles.categorical}
     for c in roles.multi_hot:
         features[c] = Feature(smallest_int_dtype(cards[c]), cards[c], {"multi_hot": True, "combiner": "mean"})

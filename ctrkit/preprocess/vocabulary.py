@@ -59,15 +59,26 @@ def vocabulary(counts: pl.DataFrame, frequency_threshold: int) -> pl.DataFrame:
     counts = counts.filter(pl.col("key") != MISSING_KEY).with_columns(
         pl.col("key").reinterpret(signed=False).alias("_order")
     )
+    vocab = assign_ids(counts, frequency_threshold, "_order").select("key", "count", "id")
+    return vocab.with_columns(key_strings(vocab["key"].to_numpy()), pl.col("count").cast(pl.Int64))
+
+
+def assign_ids(counts: pl.DataFrame, frequency_threshold: int, order: str) -> pl.DataFrame:
+    """``counts`` (a ``count`` column and an ``order`` column) with an int64 ``id``: rows counted at least
+    ``frequency_threshold`` times get FIRST_ID.. by descending count, ties by ``order``; the others, listed
+    after them by ``order``, share RARE_ID. The recipes' one id rule (Criteo's keys, a table's text values)."""
     frequent = (
         counts.filter(pl.col("count") >= frequency_threshold)
-        .sort(["count", "_order"], descending=[True, False])
+        .sort(["count", order], descending=[True, False])
         .with_row_index("id", offset=FIRST_ID)
         .with_columns(pl.col("id").cast(pl.Int64))
     )
-    rare = counts.filter(pl.col("count") < frequency_threshold).sort("_order").with_columns(pl.lit(RARE_ID).alias("id"))
-    vocab = pl.concat([frequent.select("key", "count", "id"), rare.select("key", "count", pl.col("id").cast(pl.Int64))])
-    return vocab.with_columns(key_strings(vocab["key"].to_numpy()), pl.col("count").cast(pl.Int64))
+    rare = (
+        counts.filter(pl.col("count") < frequency_threshold)
+        .sort(order)
+        .with_columns(pl.lit(RARE_ID, pl.Int64).alias("id"))
+    )
+    return pl.concat([frequent, rare.select(frequent.columns)])
 
 
 def cardinality(vocab: pl.DataFrame) -> int:
