@@ -138,6 +138,11 @@ def preprocess(args: argparse.Namespace) -> int:
 
         summary = preprocess_criteo(cfg.raw, cfg.out, recipe, **kwargs)
     cards = list(summary["cardinalities"].values())
+    tests = summary.get("value_id_tests", {})
+    if tests:
+        chosen = [f"{c} (-{t['gain']:.4f} log loss)" for c, t in tests.items() if t["chosen"]]
+        print(f"also as ids (--also-categorical auto): {', '.join(chosen) if chosen else 'no column'} "
+              f"of {len(tests)} numerical tested")  # fmt: skip
     validation = f" + {summary['validation_rows']:,} validation" if "validation_rows" in summary else ""
     print(
         f"wrote {cfg.out}: {summary['train_rows']:,} train{validation} + {summary['test_rows']:,} test rows, "
@@ -195,7 +200,7 @@ def preprocess_table(args: argparse.Namespace) -> int:
     cfg: TablePreprocessConfig = config_from(args, TablePreprocessConfig)
     recipe = TableRecipe(
         label=cfg.label, categorical=cfg.categorical, numerical=cfg.numerical, multi_hot=cfg.multi_hot,
-        drop=cfg.drop, also_categorical=cfg.also_categorical, positive=cfg.positive,
+        drop=cfg.drop, also_categorical=_also_categorical(cfg.also_categorical), positive=cfg.positive,
         label_threshold=cfg.label_threshold, separator=cfg.separator,
         frequency_threshold=cfg.frequency_threshold, order_by=cfg.order_by, shuffle_seed=cfg.shuffle_seed,
         group=cfg.group, integers=cfg.integers,
@@ -205,6 +210,11 @@ def preprocess_table(args: argparse.Namespace) -> int:
     summary = run(cfg.raw, cfg.out, recipe, test_files=cfg.test_files, test_fraction=test_fraction,
                   validation_fraction=cfg.validation_fraction, overwrite=cfg.overwrite,
                   progress=not cfg.no_progress)  # fmt: skip
+    tests = summary.get("value_id_tests", {})
+    if tests:
+        chosen = [f"{c} (-{t['gain']:.4f} log loss)" for c, t in tests.items() if t["chosen"]]
+        print(f"also as ids (--also-categorical auto): {', '.join(chosen) if chosen else 'no column'} "
+              f"of {len(tests)} numerical tested")  # fmt: skip
     validation = f" + {summary['validation_rows']:,} validation" if "validation_rows" in summary else ""
     print(
         f"wrote {cfg.out}: {summary['train_rows']:,} train{validation} + {summary['test_rows']:,} test rows, "
@@ -213,6 +223,14 @@ def preprocess_table(args: argparse.Namespace) -> int:
         f"{summary['seconds']:.1f} s"
     )
     return 0
+
+
+def _also_categorical(names: tuple[str, ...]) -> tuple[str, ...] | str:
+    """--also-categorical as the recipe takes it: 'auto' alone, 'none' alone (no column), or column names."""
+    words = {"auto", "none"} & set(names)
+    if words and len(names) > 1:
+        raise ValueError(f"--also-categorical: '{sorted(words)[0]}' stands alone, not beside column names")
+    return "auto" if names == ("auto",) else () if names == ("none",) else names
 
 
 def transcode(args: argparse.Namespace) -> int:

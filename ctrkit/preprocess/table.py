@@ -30,26 +30,31 @@ import os
 import re
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 from tqdm import tqdm
 
+from ctrkit.config import TrainConfig
 from ctrkit.data.atomic import atomic_directory
 from ctrkit.data.feature_spec import Feature, FeatureSpec, smallest_int_dtype, split_binary_spec
 from ctrkit.data.split_binary import SplitBinaryWriter
 from ctrkit.preprocess import vocabulary as vocab_mod
 from ctrkit.preprocess.criteo import BAD_ROW_POLICIES, MISSING_ID, RARE_ID
 from ctrkit.preprocess.output import Rejects, split_bounds
+from ctrkit.preprocess.value_ids import value_id_tests
 
+_TRAIN_VALIDATION_FRACTION = next(f.default for f in fields(TrainConfig) if f.name == "validation_fraction")
 FILE_COL, LINE_COL = "__ctrkit_file", "__ctrkit_line"  # where each row came from, for error messages
 NUMERIC_TEXT_FRACTION = 0.9  # a text column this often numeric is refused unless named
 WRITE_ROWS = 1 << 18  # rows per block written
 DEFAULT_NULL_VALUES = ("NA", "NaN", "nan", "null", "NULL")
 INTEGER_ROLES = ("error", "categorical", "numerical")
 RESERVED = ("label", "numerical")  # the dataset's own file names
+AUTO = "auto"  # TableRecipe.also_categorical: chosen by the held-out test of ``value_ids``
+RAW_PREFIX = "__ctrkit_raw_"  # a numerical column as Float64 with its nulls, for the ids ``auto`` adds
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")  # a feature name is also a file name
 
 
@@ -62,7 +67,9 @@ class TableRecipe:
         categorical, numerical, multi_hot: columns of each role; columns named nowhere get a role by type.
         drop: columns to leave out.
         also_categorical: numerical columns that are also categorical features, ``<column>_id``: each exact
-            value an id (for numbers that identify something: repeated amounts of one household, codes).
+            value an id (for numbers that identify something: repeated amounts of one household, codes);
+            "auto" (the default): the numerical columns whose exact values predict the label in held-out
+            training rows beyond 16 quantile buckets (``value_ids``); () for none.
         positive: the label is 1 where the label column equals this value (as text), else 0.
         label_threshold: the label is 1 where the label column is at least this number, else 0.
         separator: what separates the values of a multi-hot text column.
@@ -83,7 +90,7 @@ class TableRecipe:
     numerical: tuple[str, ...] = ()
     multi_hot: tuple[str, ...] = ()
     drop: tuple[str, ...] = ()
-    also_categorical: tuple[str, ...] = ()
+    also_categorical: tuple[str, ...] | str = AUTO
     positive: str | None = None
     label_threshold: float | None = None
     separator: str = "|"
@@ -103,6 +110,8 @@ class TableRecipe:
             raise ValueError("give at most one of `positive` and `label_threshold`")
         if self.order_by is not None and self.shuffle_seed is not None:
             raise ValueError("give at most one of `order_by` and `shuffle_seed`")
+        if isinstance(self.also_categorical, str) and self.also_categorical != AUTO:
+            raise ValueError(f"`also_categorical`: expected columns or '{AUTO}', got {self.also_categorical!r}")
         if self.frequency_threshold < 1:
             raise ValueError(f"`frequency_threshold` must be >= 1, got {self.frequency_threshold}")
         if not self.separator:
@@ -231,7 +240,7 @@ def assign_roles(df: pl.DataFrame, recipe: TableRecipe, where: Path) -> Roles:
                 f"column '{c}': a feature name must be letters, digits, '_', '.' or '-', and not "
                 f"{' or '.join(RESERVED)} or end with '.offsets' (it names a file); rename the column"
             )
-    for c in recipe.also_categorical:
+    for c in () if recipe.also_categorical == AUTO else recipe.also_categorical:
         if c not in nums:
             raise ValueError(f"`also_categorical`: '{c}' is not a numerical column (numerical: {', '.join(nums)})")
         if f"{c}_id" in columns:
@@ -304,6 +313,25 @@ def _numbers(names: Sequence[str]) -> tuple[list[pl.Expr], list[pl.Expr]]:
         )
         values.append(number.fill_nan(None).fill_null(0.0).alias(n))
     return values, problems
+
+
+def _test_value_ids(
+    table: pl.DataFrame, columns: Sequence[str], ids: dict[str, np.ndarray], vocabularies: dict[str, pl.DataFrame],
+    n_fit: int, n_train: int | None, frequency_threshold: int,
+) -> dict:  # fmt: skip
+    """``value_id_tests`` of ``columns`` beside the categorical features ``ids``: fitted on rows [0, n_fit)
+    and held out on the validation rows [n_fit, n_train), or, without a validation mapping, on the tail of
+    the training rows that ``train`` holds out by default (its ``validation_fraction``)."""
+    if n_train is None:
+        n_train = n_fit
+        n_fit = n_train - int(round(n_train * _TRAIN_VALIDATION_FRACTION))
+    labels = table["__label"].to_numpy().astype(np.float64)
+    numerical = {}
+    for c in columns:
+        x = table[RAW_PREFIX + c].to_numpy().astype(np.float64)  # nulls: NaN
+        numerical[c] = (x[:n_fit], x[n_fit:n_train])
+    categorical = [(i[:n_fit], i[n_fit:n_train], vocab_mod.cardinality(vocabularies[c])) for c, i in ids.items()]
+    return value_id_tests(numerical, categorical, labels[:n_fit], labels[n_fit:n_train], frequency_threshold)
 
 
 def _vocabulary(train_values: pl.Series, threshold: int) -> pl.DataFrame:
@@ -380,15 +408,16 @@ def preprocess_table(
     rejects = Rejects(recipe.bad_rows)
     label_expr, label_problem = _labels(recipe)
     num_values, num_problems = _numbers(roles.numerical)
+    auto = recipe.also_categorical == AUTO
+    explicit_ids = () if auto else recipe.also_categorical
+    candidates = [c for c in roles.numerical if f"{c}_id" not in train_df.columns] if auto else []
 
     def clean(df: pl.DataFrame) -> pl.DataFrame:
         """The good rows, ordered as the recipe says, with the label as 0/1 and numbers as Float64."""
         df = df.with_columns(
             pl.coalesce([label_problem, *num_problems]).alias("__problem"),
-            *[
-                pl.col(c).cast(pl.Float64, strict=False).cast(pl.String).alias(f"{c}_id")
-                for c in recipe.also_categorical
-            ],
+            *[pl.col(c).cast(pl.Float64, strict=False).cast(pl.String).alias(f"{c}_id") for c in explicit_ids],
+            *[pl.col(c).cast(pl.Float64, strict=False).alias(RAW_PREFIX + c) for c in candidates],
         )  # the ids of a number: its text as a float, so that 2 and 2.0 are one value
         bad = df.filter(pl.col("__problem").is_not_null())
         if len(bad):
@@ -431,6 +460,16 @@ def preprocess_table(
             n_fit_values = int(lengths[:n_fit].sum())
             vocabularies[c] = _vocabulary(flat[:n_fit_values], recipe.frequency_threshold)
             bags[c] = (_ids(flat, vocabularies[c]), lengths)
+    id_tests = {}
+    if candidates:
+        id_tests = _test_value_ids(table, candidates, ids, vocabularies, n_fit,
+                                   n_train if validation_fraction else None, recipe.frequency_threshold)  # fmt: skip
+        chosen = [f"{c}_id" for c in candidates if id_tests[c].chosen]
+        for c in chosen:
+            text = table[RAW_PREFIX + c.removesuffix("_id")].cast(pl.String)
+            vocabularies[c] = _vocabulary(text[:n_fit], recipe.frequency_threshold)
+            ids[c] = _ids(text, vocabularies[c])
+        roles = replace(roles, categorical=roles.categorical + tuple(chosen))
     cards = {c: vocab_mod.cardinality(v) for c, v in vocabularies.items()}
     features = {c: Feature(smallest_int_dtype(cards[c]), cards[c]) for c in roles.categorical}
     for c in roles.multi_hot:
@@ -483,6 +522,7 @@ def preprocess_table(
             "categorical": list(roles.categorical),
             "multi_hot": list(roles.multi_hot),
             "numerical": list(roles.numerical),
+            **({"value_id_tests": {c: t.as_dict() for c, t in id_tests.items()}} if id_tests else {}),
             "cardinalities": cards,
             "clicks": {name: int(labels[lo:hi].sum()) for name, lo, hi in bounds},
             "seconds": round(time.perf_counter() - start, 3),
