@@ -55,6 +55,23 @@ TABLES: dict[str, tuple[str, str, dict]] = {
     "benefits": ("Ecdat/Benefits.csv", "unemployment benefits taken up",
                  dict(label="ui", positive="yes", categorical=("state",),
                       numerical=("statemb", "age", "tenure", "yrdispl"), **_SHUFFLED)),
+    # six more, added after `--also-categorical auto` was designed on the ten above (a check of it on
+    # tables it was not made on)
+    "diamonds": ("ggplot2/diamonds.csv", "a diamond priced 5,000 or more (cut, colour, clarity and its measures)",
+                 dict(label="price", label_threshold=5000, **_SHUFFLED)),
+    "ofp": ("Ecdat/OFP.csv", "5 or more physician office visits in the year (the other visit counts left out)",
+            dict(label="ofp", label_threshold=5, drop=("ofnp", "opp", "opnp", "emr"), integers="numerical",
+                 **_SHUFFLED)),
+    "budgetfood": ("Ecdat/BudgetFood.csv", "a household spending 40% or more of its budget on food",
+                   dict(label="wfood", label_threshold=0.4, categorical=("town",), integers="numerical",
+                        **_SHUFFLED)),
+    "star": ("Ecdat/Star.csv", "a kindergarten maths score of 500 or more, school as an id (the reading score left out)",
+             dict(label="tmathssk", label_threshold=500, drop=("treadssk",), categorical=("schidkn",),
+                  integers="numerical", **_SHUFFLED)),
+    "wages": ("plm/Wages.csv", "union membership, 595 persons over 7 years (no person id)",
+              dict(label="union", positive="yes", integers="numerical", **_SHUFFLED)),
+    "workinghours": ("Ecdat/Workinghours.csv", "a wife working any hours in the year",
+                     dict(label="hours", label_threshold=1, integers="numerical", **_SHUFFLED)),
     # the two household tables with their amounts also as ids (`--also-categorical`): a household's
     # repeated amounts identify it, which trees split on and an embedding can memorise
     "doctorcontacts-ids": ("Ecdat/DoctorContacts.csv", "doctorcontacts, every amount also as ids",
