@@ -34,6 +34,17 @@ def option(default: Any, help: str, choices: tuple | None = None, unset: str | N
     return field(default=default, metadata={"help": help, "choices": choices, "unset": unset, **command_line})
 
 
+DEFAULT_EPOCHS = 10  # TrainConfig.epochs when unset: the most passes over the data (early stopping ends most runs)
+MIN_STEPS = 100  # ... raised on small data until the run may take this many steps (README, "Accuracy")
+
+
+def default_epochs(steps_per_epoch: int) -> int:
+    """The most epochs of a run that leaves ``epochs`` unset: ``DEFAULT_EPOCHS``, or as many as make
+    ``MIN_STEPS`` steps where an epoch has fewer than ``MIN_STEPS / DEFAULT_EPOCHS`` batches (a table of a
+    few thousand rows is 3 steps an epoch at batch 1,024, and its runs were still improving at the tenth)."""
+    return max(DEFAULT_EPOCHS, -(-MIN_STEPS // max(steps_per_epoch, 1)))
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """How to train (each field's metadata holds its description).
@@ -44,7 +55,11 @@ class TrainConfig:
     chooses for itself (optimizers, rates, batch size) are None until ``resolve`` fills them in.
     """
 
-    epochs: int = option(10, "the most passes over the training data (training stops earlier on a plateau)")
+    epochs: int | None = option(
+        None, "the most passes over the training data (training stops earlier on a plateau)",
+        unset=f"{DEFAULT_EPOCHS}, or on data of fewer than {MIN_STEPS // DEFAULT_EPOCHS} batches as many as make "
+        f"{MIN_STEPS} steps",
+    )  # fmt: skip
     max_steps: int | None = option(None, "stop after this many steps in total", unset="all epochs")
     batch_size: int | None = option(None, "samples per step", unset="the model's")
     eval_batch_size: int = option(16384, "samples per forward pass in evaluation")
@@ -159,7 +174,7 @@ class TrainConfig:
                 bound = ">= 0" if allow_zero else ">= 1"
                 raise ValueError(f"`{name}`: expected an integer {bound}, got {v!r}")
 
-        positive("epochs")
+        positive("epochs", allow_none=True)
         positive("max_steps", allow_none=True)
         positive("batch_size", allow_none=True)
         positive("eval_batch_size")

@@ -115,7 +115,7 @@ class AccuracyBenchConfig:
         "data sets: criteo, avazu, movielens (the real samples in --shared-data), planted (synthetic: pairwise "
         "interactions of ids), tabular (synthetic: nonlinear numerical effects) and amounts (tabular's data with "
         "its numerical features as raw heavy-tailed amounts), each with its Bayes-optimal AUC, outbrain "
-        "(`synth outbrain-raw` files through `preprocess outbrain`: multi-hot and CTR features), independent (12 "
+        "(`synth outbrain-raw` files through `preprocess outbrain`: multi-hot and CTR features), independent (18 "
         "real tables no default was tuned on, R data sets from the pydataset package, through `preprocess "
         "table`), or none (only --datasets)",
         parse="name_list",

@@ -65,7 +65,7 @@ TABLES: dict[str, tuple[str, str, dict]] = {
     "budgetfood": ("Ecdat/BudgetFood.csv", "a household spending 40% or more of its budget on food",
                    dict(label="wfood", label_threshold=0.4, categorical=("town",), integers="numerical",
                         **_SHUFFLED)),
-    "star": ("Ecdat/Star.csv", "a kindergarten maths score of 500 or more, school as an id (the reading score left out)",
+    "star": ("Ecdat/Star.csv", "a kindergarten maths score of 500 or more, school as an id (reading left out)",
              dict(label="tmathssk", label_threshold=500, drop=("treadssk",), categorical=("schidkn",),
                   integers="numerical", **_SHUFFLED)),
     "wages": ("plm/Wages.csv", "union membership, 595 persons over 7 years (no person id)",

@@ -182,7 +182,7 @@ def accuracy(args: argparse.Namespace) -> int:
     """test AUC of every model with its defaults against logistic regression and LightGBM, on a panel
 
     Builds each data set of the panel (the real samples, three families of planted synthetic data with a
-    known Bayes-optimal AUC, synthetic raw Outbrain files through `preprocess outbrain`, twelve independent
+    known Bayes-optimal AUC, synthetic raw Outbrain files through `preprocess outbrain`, eighteen independent
     real tables through `preprocess table`, and any --datasets), fits the baselines on exactly the split the
     trainer uses (the validation mapping or the held-out tail of train) and trains each model with nothing but the
     dataset given, then writes one table: test AUC (log loss) per data set and method, the best step of

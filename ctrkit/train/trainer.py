@@ -29,7 +29,7 @@ from ctrkit.checkpoint import (
     set_rng_state,
     snapshot_states,
 )
-from ctrkit.config import SNAPSHOT_ENSEMBLE, SNAPSHOT_MAX_BYTES, TrainConfig
+from ctrkit.config import SNAPSHOT_ENSEMBLE, SNAPSHOT_MAX_BYTES, TrainConfig, default_epochs
 from ctrkit.data.atomic import atomic_file
 from ctrkit.data.batch import Batch
 from ctrkit.data.dataset import SplitBinaryDataset, split_tail
@@ -275,7 +275,8 @@ class Trainer:
         self.progress = progress and self.main
         self.loader = BatchLoader(train_set, cfg.batch_size, shuffle=True, seed=cfg.seed, part=env and env.part)
         self.steps_per_epoch = len(self.loader)
-        planned = cfg.epochs * self.steps_per_epoch
+        self.epochs = cfg.epochs if cfg.epochs is not None else default_epochs(self.steps_per_epoch)
+        planned = self.epochs * self.steps_per_epoch
         self.total_steps = min(planned, cfg.max_steps) if cfg.max_steps else planned
         self.schedule = resolve_schedule(cfg, planned, self.steps_per_epoch)
         self.optimizers = build_optimizers(
@@ -457,7 +458,7 @@ class Trainer:
         spe = self.steps_per_epoch
         points = {self.total_steps}
         if self.cfg.evals_per_epoch:
-            for e in range(self.cfg.epochs):
+            for e in range(self.epochs):
                 for k in range(1, self.cfg.evals_per_epoch + 1):
                     points.add(e * spe + math.ceil(k * spe / self.cfg.evals_per_epoch))
         return {p for p in points if p <= self.total_steps}

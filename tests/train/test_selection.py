@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ctrkit.checkpoint import load_checkpoint
-from ctrkit.config import TrainConfig
+from ctrkit.config import DEFAULT_EPOCHS, TrainConfig, default_epochs
 from ctrkit.data.dataset import SplitBinaryDataset, split_tail
 from ctrkit.train.selection import Selection
 from tests.train.test_trainer import build, params
@@ -226,3 +226,14 @@ def test_warm_start_z_keeps_the_regression_unless_a_model_beats_it_significantly
     assert (again["best_step"], again["auc"]) == (0, kept["auc"])
     after = {r["step"]: r["baseline_z"] for r in eval_records(tmp_path / "c.jsonl")}
     assert after and all(after[s] == pytest.approx(z[s], rel=1e-6) for s in after)
+
+
+def test_unset_epochs_give_small_data_at_least_min_steps(tiny_dataset):
+    assert [default_epochs(s) for s in (1, 3, 9, 10, 11, 500)] == [100, 34, 12, 10, 10, 10]
+    small = build(tiny_dataset, TrainConfig(batch_size=8192))  # 19,440 rows after the held-out tail: 3 batches
+    assert (small.steps_per_epoch, small.epochs, small.total_steps) == (3, 34, 102)
+    assert max(small._eval_steps()) == 102 and small.schedule(101) == pytest.approx(0.0, abs=1e-6)
+    named = build(tiny_dataset, TrainConfig(batch_size=8192, epochs=DEFAULT_EPOCHS))  # a given maximum is kept
+    assert (named.epochs, named.total_steps) == (DEFAULT_EPOCHS, 30)
+    large = build(tiny_dataset, TrainConfig(batch_size=512))  # 38 batches an epoch: the plain default
+    assert (large.epochs, large.total_steps) == (DEFAULT_EPOCHS, DEFAULT_EPOCHS * large.steps_per_epoch)
