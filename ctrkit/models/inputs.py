@@ -44,9 +44,8 @@ def check_multi_hot(cardinalities: Sequence[int], combiners: Sequence[str]) -> N
 # The training defaults every model starts from, chosen on the accuracy panel (README, "Accuracy"): Adam
 # on the dense part and the embeddings at batch 1024, and Adagrad for the first-order (wide) part as the
 # Wide & Deep seed trains it. The seeds' rates (1e-4, 1.2e-4) are for Criteo 1TB's billions of steps.
-# Early stopping after 8 evaluations (two epochs) without a gain, the rates halved after 4: against 4 / 2,
-# DLRM and DCNv2 gained up to 0.006 AUC on planted, Avazu, MovieLens and nonlinear-numerical data, and the
-# one loss was 0.0007 (DCNv2 on a nonlinear-numerical probe; README, "Training defaults").
+# Early stopping and plateau patience are not per model: ``config.default_patience`` (the trainer's,
+# 8 / 4 evaluations, or 20 / 10 on small data).
 TRAIN_DEFAULTS = {
     "optimizer": "adam",
     "lr": 1e-3,
@@ -55,8 +54,6 @@ TRAIN_DEFAULTS = {
     "batch_size": 1024,
     "wide_optimizer": "adagrad",
     "wide_lr": 0.02,
-    "early_stopping_patience": 8,
-    "plateau_patience": 4,
 }
 
 

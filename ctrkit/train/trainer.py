@@ -29,7 +29,7 @@ from ctrkit.checkpoint import (
     set_rng_state,
     snapshot_states,
 )
-from ctrkit.config import SNAPSHOT_ENSEMBLE, SNAPSHOT_MAX_BYTES, TrainConfig, default_epochs
+from ctrkit.config import SNAPSHOT_ENSEMBLE, SNAPSHOT_MAX_BYTES, TrainConfig, default_epochs, default_patience
 from ctrkit.data.atomic import atomic_file
 from ctrkit.data.batch import Batch
 from ctrkit.data.dataset import SplitBinaryDataset, split_tail
@@ -247,9 +247,10 @@ class Trainer:
         if validation_set is None and cfg.validation_fraction > 0:
             train_set, validation_set = split_tail(train_set, cfg.validation_fraction)
         self.validation_set = validation_set
+        patience = default_patience(-(-len(train_set) // cfg.batch_size))  # steps an epoch, as the loader's
         self.selection = Selection(
-            cfg.early_stopping_patience,
-            cfg.plateau_patience,
+            patience[0] if cfg.early_stopping_patience is None else cfg.early_stopping_patience,
+            patience[1] if cfg.plateau_patience is None else cfg.plateau_patience,
             cfg.plateau_factor,
             cfg.min_delta,
             cfg.warm_start_z,

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ctrkit.checkpoint import load_checkpoint
-from ctrkit.config import DEFAULT_EPOCHS, TrainConfig, default_epochs
+from ctrkit.config import DEFAULT_EPOCHS, PATIENCE, SMALL_DATA_PATIENCE, TrainConfig, default_epochs, default_patience
 from ctrkit.data.dataset import SplitBinaryDataset, split_tail
 from ctrkit.train.selection import Selection
 from tests.train.test_trainer import build, params
@@ -237,3 +237,13 @@ def test_unset_epochs_give_small_data_at_least_min_steps(tiny_dataset):
     assert (named.epochs, named.total_steps) == (DEFAULT_EPOCHS, 30)
     large = build(tiny_dataset, TrainConfig(batch_size=512))  # 38 batches an epoch: the plain default
     assert (large.epochs, large.total_steps) == (DEFAULT_EPOCHS, DEFAULT_EPOCHS * large.steps_per_epoch)
+
+
+def test_unset_patience_is_longer_on_small_data(tiny_dataset):
+    assert default_patience(3) == SMALL_DATA_PATIENCE and default_patience(38) == PATIENCE
+    small = build(tiny_dataset, TrainConfig(batch_size=8192))  # 3 batches an epoch
+    assert (small.selection.patience, small.selection.plateau_patience) == SMALL_DATA_PATIENCE
+    large = build(tiny_dataset, TrainConfig(batch_size=512))
+    assert (large.selection.patience, large.selection.plateau_patience) == PATIENCE
+    named = build(tiny_dataset, TrainConfig(batch_size=8192, early_stopping_patience=3, plateau_patience=0))
+    assert (named.selection.patience, named.selection.plateau_patience) == (3, 0)
