@@ -190,7 +190,9 @@ def preprocess_table(args: argparse.Namespace) -> int:
     numerical, Parquet lists multi-hot; integer columns must be named (ids or amounts?), and an unnamed
     first column (a row index) is dropped. Categorical values get ids as the Criteo recipe gives them (0
     missing or unseen in train, 1 rarer than --frequency-threshold in train, 2.. by descending train count);
-    numerical values are kept as float32 (missing -> 0; the models standardise them). The rows keep the
+    numerical values are kept as float32 (missing -> 0; the models standardise them), and those whose exact
+    values predict the label on held-out training rows beyond what the table's other columns say (a
+    household's repeated amounts) are also given as ids, <column>_id (--also-categorical). The rows keep the
     files' order (taken as time order) unless --order-by or --shuffle-seed; the test split is the last
     --test-fraction of them or --test-files. The table is held in memory.
     """
