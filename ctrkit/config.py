@@ -601,8 +601,9 @@ class TablePreprocessConfig:
         ("auto",), "comma-separated numerical columns that are also categorical features, <column>_id: each exact "
         "value an id, for numbers that identify something (a household's repeated amounts, codes); 'auto': those "
         "whose exact values predict the label on held-out training rows (the tail train holds out, or the "
-        "validation rows) clearly better than 16 quantile buckets do, one column at a time (summary.json keeps "
-        "each column's test); 'none': no column", parse="name_list", shown="auto",
+        "validation rows) clearly better than a logistic regression of the other columns and 16 quantile buckets "
+        "of each number does (summary.json keeps each column's test); 'none': no column", parse="name_list",
+        shown="auto",
     )  # fmt: skip
     separator: str = option("|", "what separates the values of a multi-hot text column")
     order_by: str | None = option(

@@ -138,11 +138,6 @@ def preprocess(args: argparse.Namespace) -> int:
 
         summary = preprocess_criteo(cfg.raw, cfg.out, recipe, **kwargs)
     cards = list(summary["cardinalities"].values())
-    tests = summary.get("value_id_tests", {})
-    if tests:
-        chosen = [f"{c} (-{t['gain']:.4f} log loss)" for c, t in tests.items() if t["chosen"]]
-        print(f"also as ids (--also-categorical auto): {', '.join(chosen) if chosen else 'no column'} "
-              f"of {len(tests)} numerical tested")  # fmt: skip
     validation = f" + {summary['validation_rows']:,} validation" if "validation_rows" in summary else ""
     print(
         f"wrote {cfg.out}: {summary['train_rows']:,} train{validation} + {summary['test_rows']:,} test rows, "

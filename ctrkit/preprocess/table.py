@@ -30,7 +30,7 @@ import os
 import re
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -46,7 +46,7 @@ from ctrkit.preprocess.criteo import BAD_ROW_POLICIES, MISSING_ID, RARE_ID
 from ctrkit.preprocess.output import Rejects, split_bounds
 from ctrkit.preprocess.value_ids import value_id_tests
 
-_TRAIN_VALIDATION_FRACTION = next(f.default for f in fields(TrainConfig) if f.name == "validation_fraction")
+_TRAIN_VALIDATION_FRACTION = TrainConfig().validation_fraction  # the tail `train` holds out by default
 FILE_COL, LINE_COL = "__ctrkit_file", "__ctrkit_line"  # where each row came from, for error messages
 NUMERIC_TEXT_FRACTION = 0.9  # a text column this often numeric is refused unless named
 WRITE_ROWS = 1 << 18  # rows per block written
@@ -69,7 +69,8 @@ class TableRecipe:
         also_categorical: numerical columns that are also categorical features, ``<column>_id``: each exact
             value an id (for numbers that identify something: repeated amounts of one household, codes);
             "auto" (the default): the numerical columns whose exact values predict the label in held-out
-            training rows beyond 16 quantile buckets (``value_ids``); () for none.
+            training rows beyond the table's other columns and 16 quantile buckets (``value_ids``); () for
+            none.
         positive: the label is 1 where the label column equals this value (as text), else 0.
         label_threshold: the label is 1 where the label column is at least this number, else 0.
         separator: what separates the values of a multi-hot text column.

@@ -34,7 +34,7 @@ MIN_Z = 3.0  # standard errors of the per-row log-loss differences
 MIN_HELD_OUT = 200  # fewer held-out rows: no column is chosen (the test has no power)
 MAX_FIT_ROWS = 1 << 19  # model A and B are fitted on at most the last this many fit rows
 SWEEPS = 6  # block coordinate descent sweeps over model A's features
-NEWTON_STEPS = 60  # per block in model B (and the bound in A, where each sweep starts from the last)
+NEWTON_STEPS = 60  # at most, per offset fit of model B (model A takes 3 per block and sweep, each from the last)
 MAX_STEP = 2.0  # largest change of one weight per Newton step (a value whose rows all click starts far off)
 
 
@@ -93,7 +93,7 @@ def bucket_index(x_fit: np.ndarray, x_held: np.ndarray) -> tuple[np.ndarray, np.
 
 def additive_logits(
     blocks: Sequence[tuple[np.ndarray, np.ndarray, int]], y_fit: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, int]:
+) -> tuple[np.ndarray, np.ndarray]:
     """Model A: additive logistic regression with one weight per index of each block (fit index, held-out
     index, count), a bias, and ``RIDGE`` on the block weights; its logits on the fit and held-out rows."""
     mean = float(np.clip(y_fit.mean(), 1e-6, 1 - 1e-6))
@@ -111,8 +111,8 @@ def additive_logits(
     n_held = len(blocks[0][1]) if blocks else 0
     z_held = np.full(n_held, bias)
     for (_, held, _), w in zip(blocks, weights):
-        z_held = z_held + w[np.minimum(held, len(w) - 1)]
-    return z, z_held, len(blocks)
+        z_held = z_held + w[held]
+    return z, z_held
 
 
 def value_id_tests(
@@ -130,7 +130,7 @@ def value_id_tests(
     numerical = {c: (x[start:], h) for c, (x, h) in numerical.items()}
     blocks = [(np.asarray(f[start:], np.int64), np.asarray(h, np.int64), k) for f, h, k in categorical]
     blocks += [bucket_index(x, h) for x, h in numerical.values()]
-    z_fit, z_held, _ = additive_logits(blocks, y_fit)
+    z_fit, z_held = additive_logits(blocks, y_fit)
     base = _log_loss(z_held, y_held)
     out = {}
     for c, (x_fit, x_held) in numerical.items():

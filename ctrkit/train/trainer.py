@@ -247,7 +247,9 @@ class Trainer:
         if validation_set is None and cfg.validation_fraction > 0:
             train_set, validation_set = split_tail(train_set, cfg.validation_fraction)
         self.validation_set = validation_set
-        patience = default_patience(-(-len(train_set) // cfg.batch_size))  # steps an epoch, as the loader's
+        self.loader = BatchLoader(train_set, cfg.batch_size, shuffle=True, seed=cfg.seed, part=env and env.part)
+        self.steps_per_epoch = len(self.loader)
+        patience = default_patience(self.steps_per_epoch)
         self.selection = Selection(
             patience[0] if cfg.early_stopping_patience is None else cfg.early_stopping_patience,
             patience[1] if cfg.plateau_patience is None else cfg.plateau_patience,
@@ -274,8 +276,6 @@ class Trainer:
         self.main = env is None or env.is_main
         self.tensorboard = TensorBoardSink(tensorboard_dir) if tensorboard_dir is not None and self.main else None
         self.progress = progress and self.main
-        self.loader = BatchLoader(train_set, cfg.batch_size, shuffle=True, seed=cfg.seed, part=env and env.part)
-        self.steps_per_epoch = len(self.loader)
         self.epochs = cfg.epochs if cfg.epochs is not None else default_epochs(self.steps_per_epoch)
         planned = self.epochs * self.steps_per_epoch
         self.total_steps = min(planned, cfg.max_steps) if cfg.max_steps else planned

@@ -39,7 +39,7 @@ def test_additive_model_agrees_with_scikit_learn():
     held = [rng.integers(0, k, 400) for k in sizes]
     effects = [rng.normal(0, 1, k) for k in sizes]
     y = (rng.random(n) < 1 / (1 + np.exp(-sum(e[i] for e, i in zip(effects, fit))))).astype(float)
-    _, z_held, _ = value_ids.additive_logits([(f, h, k) for f, h, k in zip(fit, held, sizes)], y)
+    _, z_held = value_ids.additive_logits([(f, h, k) for f, h, k in zip(fit, held, sizes)], y)
 
     def onehot(ids):
         return np.hstack([np.eye(k)[i] for i, k in zip(ids, sizes)])
