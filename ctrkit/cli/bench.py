@@ -182,7 +182,7 @@ def accuracy(args: argparse.Namespace) -> int:
     """test AUC of every model with its defaults against logistic regression and LightGBM, on a panel
 
     Builds each data set of the panel (the real samples, three families of planted synthetic data with a
-    known Bayes-optimal AUC, synthetic raw Outbrain files through `preprocess outbrain`, eighteen independent
+    known Bayes-optimal AUC, synthetic raw Outbrain files through `preprocess outbrain`, twenty-eight independent
     real tables through `preprocess table`, and any --datasets), fits the baselines on exactly the split the
     trainer uses (the validation mapping or the held-out tail of train) and trains each model with nothing but the
     dataset given, then writes one table: test AUC (log loss) per data set and method, the best step of
@@ -211,14 +211,17 @@ def accuracy(args: argparse.Namespace) -> int:
     entries = build_panel(cfg.work, shared if shared.exists() else None, real, planted, cfg.seeds, tabular, amounts,
                           outbrain)  # fmt: skip
     if "independent" in cfg.panel:
-        from ctrkit.bench.independent import build_independent, fetch_tables
+        from ctrkit.bench.independent import TABLES, build_independent, fetch_tables, missing_tables
 
         try:
             source = cfg.independent_data or fetch_tables(cfg.work / ".independent")
         except OSError as e:
             print(f"independent: skipped ({e}); --independent-data names a local copy", flush=True)
         else:
-            entries += build_independent(cfg.work, source)
+            missing = missing_tables(source)
+            if missing:
+                print(f"independent: {', '.join(missing)} skipped (their files are not under {source})", flush=True)
+            entries += build_independent(cfg.work, source, tuple(n for n in TABLES if n not in missing))
     entries += [PanelEntry(Path(d).name, Path(d), f"user dataset {d}") for d in cfg.datasets or ()]
     if not entries:
         raise ValueError(f"the panel is empty: no real samples under {shared} and no planted or user data sets")

