@@ -82,20 +82,31 @@ def train(args: argparse.Namespace) -> int:
               f"{run.num_parameters:,} parameters", file=sys.stderr)  # fmt: skip
     print(run.describe(), file=sys.stderr)
     result = run.fit()
+    print(summary_line(result, spec.save_checkpoint))
+    return 0
+
+
+def summary_line(result: dict, checkpoint=None) -> str:
+    """``train``'s last line: the steps, the kept model and its validation scores beside the first-order
+    regression it started from, the test scores, the checkpoint."""
     parts = [f"done: {result['step']} steps" + (" (stopped early)" if result["stopped_early"] else "")]
     if "validation" in result:
         v = result["validation"]
         kept = (f"kept the ensemble of steps {', '.join(map(str, result['ensemble']))}" if result.get("ensemble")
                 else f"kept step {result['best_step']}")  # fmt: skip
         parts.append(f"{kept} (validation AUC {v['auc']:.4f}, logloss {v['logloss']:.4f})")
+        base = result.get("baseline")
+        if base is not None and not result.get("ensemble") and result["best_step"] == base["step"]:
+            parts[-1] += ": the first-order regression it started from; no trained step beat it on validation"
+        elif base is not None:
+            parts[-1] += f" against the first-order regression it started from: AUC {base['auc']:.4f}"
     if "auc" in result:
         parts.append(f"test AUC {result['auc']:.4f}, logloss {result['logloss']:.4f} on {result['samples']:,} samples")
         if "single" in result:
             parts[-1] += f" (the best single model: AUC {result['single']['auc']:.4f})"
-    if spec.save_checkpoint:
-        parts.append(f"checkpoint {spec.save_checkpoint}")
-    print("; ".join(parts))
-    return 0
+    if checkpoint:
+        parts.append(f"checkpoint {checkpoint}")
+    return "; ".join(parts)
 
 
 def _scoring(args: argparse.Namespace):

@@ -49,6 +49,7 @@ class Selection:
         best_step, best_metrics, best_score: the selected evaluation so far (None/-inf before the first).
         baseline_step: the baseline's step, when there is one.
         baseline_loss: the baseline's validation log loss, when there is one.
+        baseline_auc: the baseline's validation AUC, when there is one (reported beside the selected model's).
         peak_score: the best score seen, selected or not: improvements on it are what the patience and the
             plateau count.
         since_best: evaluations since the peak.
@@ -70,6 +71,7 @@ class Selection:
     best_score: float = -math.inf
     baseline_step: int | None = None
     baseline_loss: float | None = None
+    baseline_auc: float | None = None
     peak_score: float = -math.inf
     since_best: int = 0
     since_decay: int = 0
@@ -84,6 +86,7 @@ class Selection:
         if baseline:
             self.baseline_step = step
             self.baseline_loss = metrics.get("logloss")
+            self.baseline_auc = metrics.get("auc")
         if value > self.peak_score + self.min_delta:
             self.peak_score = value
             self.since_best = self.since_decay = 0
@@ -104,6 +107,13 @@ class Selection:
         """Whether an evaluation with ``metrics`` would replace the selected one (``update``'s rule, without
         changing the state)."""
         return score(metrics) > self.best_score + self.min_delta and self._beats_baseline(metrics)
+
+    def baseline_metrics(self) -> dict[str, Any] | None:
+        """The baseline's step and validation AUC and log loss (None: no baseline, or a state from before
+        its AUC was kept)."""
+        if self.baseline_step is None or self.baseline_auc is None:
+            return None
+        return {"step": self.baseline_step, "auc": self.baseline_auc, "logloss": self.baseline_loss}
 
     @property
     def guarding_baseline(self) -> bool:

@@ -775,6 +775,8 @@ class Trainer:
                                   "stopped_early": self.selection.stopped}  # fmt: skip
         if self.selection.best_metrics is not None:
             result["validation"] = self.selection.best_metrics
+        if self.selection.baseline_metrics() is not None:  # the warm start's regression, for comparison
+            result["baseline"] = self.selection.baseline_metrics()
         if self.ensemble is not None:
             result["ensemble"], result["validation"] = self.ensemble, self.ensemble_metrics
         if self.test_set is not None and len(self.test_set):

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from ctrkit.checkpoint import load_checkpoint
+from ctrkit.cli.train import summary_line
 from ctrkit.config import DEFAULT_EPOCHS, PATIENCE, SMALL_DATA_PATIENCE, TrainConfig, default_epochs, default_patience
 from ctrkit.data.dataset import SplitBinaryDataset, split_tail
 from ctrkit.train.selection import Selection
@@ -139,7 +140,9 @@ def test_a_gain_over_the_baseline_counts_for_patience_but_selects_only_when_sign
 
 def test_a_model_replaces_the_baseline_only_with_a_lower_log_loss_too():
     sel = Selection(patience=3, baseline_logloss=True)
+    assert sel.baseline_metrics() is None
     assert sel.update(0, {"auc": 0.70, "logloss": 0.50}, baseline=True)
+    assert sel.baseline_metrics() == {"step": 0, "auc": 0.70, "logloss": 0.50}
     assert not sel.update(5, {"auc": 0.71, "logloss": 0.51})  # ranks better, predicts worse: not selected
     assert (sel.best_step, sel.peak_score, sel.since_best) == (0, 0.71, 0)  # but the gain counts for patience
     assert not sel.update(10, {"auc": 0.70, "logloss": 0.49})  # better probabilities, no AUC gain
@@ -153,6 +156,11 @@ def test_a_model_replaces_the_baseline_only_with_a_lower_log_loss_too():
     # a state written before the baseline's loss was kept: the rule guards the baseline only while it is selected
     old = Selection.from_state({k: v for k, v in sel.state().items() if k != "baseline_loss"})
     assert old.baseline_loss is None and old.update(30, {"auc": 0.705, "logloss": 0.6})
+    # a state written before the baseline's AUC was kept reports no baseline
+    assert (
+        Selection.from_state({k: v for k, v in sel.state().items() if k != "baseline_auc"}).baseline_metrics() is None
+    )
+    assert sel.baseline_metrics() == {"step": 0, "auc": 0.70, "logloss": 0.50}  # later models do not move it
     plain = Selection()
     plain.update(0, {"auc": 0.70, "logloss": 0.50}, baseline=True)
     assert plain.update(5, {"auc": 0.71, "logloss": 0.51})  # without the rule, AUC alone
@@ -171,6 +179,17 @@ def test_trainer_keeps_the_regression_when_a_gain_comes_with_a_worse_log_loss(ti
     assert runs[False][0]["best_step"] > 0  # on this data training beats the regression by AUC
     result, records = runs[True]
     assert result["best_step"] == 0 and all(r["best_step"] == 0 for r in records)
+    # the regression's own validation scores come back beside the kept model's (the same model here)
+    first = records[0]
+    assert first["step"] == 0 and result["baseline"] == {"step": 0, "auc": first["auc"], "logloss": first["logloss"]}
+    assert result["validation"]["auc"] == first["auc"]
+    line = summary_line(result)
+    assert "kept step 0" in line and "the first-order regression it started from; no trained step beat it" in line
+    trained, _ = runs[False]
+    assert trained["baseline"]["auc"] == first["auc"] and trained["validation"]["auc"] > first["auc"]
+    line = summary_line(trained)
+    assert f"kept step {trained['best_step']}" in line
+    assert f"against the first-order regression it started from: AUC {first['auc']:.4f}" in line
     assert result["step"] == runs[False][0]["step"]  # the same training, another selection
 
 
