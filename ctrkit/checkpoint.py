@@ -75,6 +75,13 @@ class Checkpoint:
             dict); None: no pool.
         ensemble: the steps of the snapshots whose logits, averaged, are the model the run selected (what
             ``build_model`` builds, an ``Ensemble``); None: ``model`` alone.
+        members: a seed ensemble's trained members (``TrainConfig.seed_ensemble``), in seed order, each
+            ``{"seed", "best_step", "steps", "validation", "models"}`` (``models``: the state dicts of the model
+            that member kept, several for a snapshot ensemble); None: a run of one model.
+        member: the index of the member whose training this checkpoint's weights, optimizers and selection
+            belong to (the earlier ones are in ``members``); None: a run of one model.
+        member_ensemble: in a finished seed ensemble, the members whose models' logits, averaged, are the
+            kept model (all of them, or the best one alone): what ``build_model`` builds; None otherwise.
     """
 
     model_name: str
@@ -93,6 +100,16 @@ class Checkpoint:
     shard_files: list[str] | None = None
     snapshots: list[dict[str, Any]] | None = None
     ensemble: list[int] | None = None
+    members: list[dict[str, Any]] | None = None
+    member: int | None = None
+    member_ensemble: list[int] | None = None
+
+    @property
+    def models_averaged(self) -> int:
+        """How many models' logits the kept model averages (1: a single model)."""
+        if self.member_ensemble is not None:
+            return sum(len(self.members[i]["models"]) for i in self.member_ensemble)
+        return len(self.ensemble) if self.ensemble else 1
 
     @property
     def resume_weights(self) -> dict[str, torch.Tensor]:
@@ -118,6 +135,9 @@ class Checkpoint:
         ``Ensemble``.
         """
         config = make_config(self.model_name, self.model_config)
+        if self.member_ensemble is not None:  # a seed ensemble: each member's kept model, one or a snapshot mean
+            return member_model([self.members[i] for i in self.member_ensemble],
+                                lambda state: self._build_one(config, state, assign))  # fmt: skip
         if self.ensemble:
             from ctrkit.models.ensemble import Ensemble
 
@@ -188,6 +208,19 @@ class Checkpoint:
         data = {**data, "model_config": {**LEGACY_FIELDS.get(data["model_name"], {}), **data["model_config"]}}
         known = {f.name for f in fields(cls)}
         return cls(**{"spec": {}, **{k: v for k, v in data.items() if k in known}})
+
+
+def member_model(members: list[dict[str, Any]], build) -> nn.Module:
+    """The model of seed-ensemble ``members`` (``Checkpoint.members`` entries): each member's kept model (its
+    state built with ``build``, or the ``Ensemble`` of its snapshot states), and several members as the
+    ``Ensemble`` of those (each member weighs the same)."""
+    from ctrkit.models.ensemble import Ensemble
+
+    def one(member):
+        states = member["models"]
+        return build(states[0]) if len(states) == 1 else Ensemble([build(s) for s in states])
+
+    return one(members[0]) if len(members) == 1 else Ensemble([one(m) for m in members])
 
 
 def snapshot_states(snapshots: list[dict[str, Any]], steps: list[int]) -> list[dict[str, torch.Tensor]]:

@@ -16,6 +16,7 @@ EXPORT_FORMATS = ("onnx", "torchscript", "triton")
 QUANTIZATIONS = ("none", "int8")
 SNAPSHOT_ENSEMBLE = 3  # the default snapshot_ensemble (README, "Accuracy": snapshot ensembles)
 SNAPSHOT_MAX_BYTES = 1 << 30  # larger models keep one (the pool holds SNAPSHOT_ENSEMBLE copies of the weights)
+SEED_ENSEMBLE = 3  # the unset seed_ensemble on small data (README, "`ctrkit train`": seed ensembles)
 
 
 def option(default: Any, help: str, choices: tuple | None = None, unset: str | None = None, **command_line: Any) -> Any:
@@ -50,6 +51,12 @@ def default_epochs(steps_per_epoch: int) -> int:
     if steps_per_epoch >= SMALL_EPOCH:
         return DEFAULT_EPOCHS
     return max(DEFAULT_EPOCHS, -(-MIN_STEPS // max(steps_per_epoch, 1)))
+
+
+def default_seed_ensemble(steps_per_epoch: int, model_bytes: int) -> int:
+    """How many models a single-process run that leaves ``seed_ensemble`` unset trains: ``SEED_ENSEMBLE`` on
+    small data (where each takes seconds) for a model of at most ``SNAPSHOT_MAX_BYTES``, else 1."""
+    return SEED_ENSEMBLE if steps_per_epoch < SMALL_EPOCH and model_bytes <= SNAPSHOT_MAX_BYTES else 1
 
 
 def default_patience(steps_per_epoch: int) -> tuple[int, int]:
@@ -156,6 +163,15 @@ class TrainConfig:
         "Single-process runs only",
         unset=f"{SNAPSHOT_ENSEMBLE} where the model's weights take at most {SNAPSHOT_MAX_BYTES >> 30} GiB, else 1",
     )
+    seed_ensemble: int | None = option(
+        None,
+        "train N models one after another, with seeds seed, seed+1, ..., each selected on validation as a run of "
+        "its own (test scored once, at the end); the mean of their logits replaces the best of them when its "
+        "validation AUC is higher by min_delta and its log loss lower than the warm start's: the kept model is "
+        "then that ensemble. 1: one model. Single-process runs with validation data only",
+        unset=f"{SEED_ENSEMBLE} on data of fewer than {SMALL_EPOCH} batches an epoch where the model's weights take "
+        f"at most {SNAPSHOT_MAX_BYTES >> 30} GiB, else 1",
+    )
     early_stopping_patience: int | None = option(
         None,
         "stop after this many validation evaluations without improvement (0: never stop early)",
@@ -198,6 +214,7 @@ class TrainConfig:
         positive("print_freq")
         positive("checkpoint_every", allow_none=True)
         positive("snapshot_ensemble", allow_none=True)
+        positive("seed_ensemble", allow_none=True)
         for name in ("lr", "embedding_lr", "wide_lr"):
             value = getattr(self, name)
             if value is not None and not value > 0:

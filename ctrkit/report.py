@@ -233,7 +233,10 @@ def build_report(
              "mean_prediction": float(probs.mean()), "checkpoint_step": int(ckpt.step)}  # fmt: skip
     if ckpt.selection is not None and ckpt.selection.get("best_step") is not None:
         final["best_step"] = int(ckpt.selection["best_step"])
-    if ckpt.ensemble:
+    if ckpt.member_ensemble is not None:  # a seed ensemble: the members' seeds and models averaged
+        final["seed_ensemble"] = [int(ckpt.members[i]["seed"]) for i in ckpt.member_ensemble]
+        final["models_averaged"] = ckpt.models_averaged
+    elif ckpt.ensemble:
         final["ensemble"] = list(ckpt.ensemble)  # the steps whose models' logits are averaged
     calib = calibration(labels, probs)
     data = {

@@ -85,6 +85,7 @@ def run_entry(
             "validation_auc": result.get("validation", {}).get("auc"),
             "best_step": result["best_step"],
             "ensemble": result.get("ensemble"),
+            "seed_ensemble": result.get("member_ensemble"),  # the seeds whose models' mean was kept
             "single_auc": result.get("single", {}).get("auc"),  # the best single model's, beside an ensemble's
             "steps": result["step"],
             "seconds": time.perf_counter() - start,

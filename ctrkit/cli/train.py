@@ -92,17 +92,25 @@ def summary_line(result: dict, checkpoint=None) -> str:
     parts = [f"done: {result['step']} steps" + (" (stopped early)" if result["stopped_early"] else "")]
     if "validation" in result:
         v = result["validation"]
-        kept = (f"kept the ensemble of steps {', '.join(map(str, result['ensemble']))}" if result.get("ensemble")
-                else f"kept step {result['best_step']}")  # fmt: skip
+        seeds = result.get("member_ensemble") or []
+        if len(seeds) > 1:
+            steps = ", ".join(str(m["best_step"]) for m in result["members"])
+            kept = f"kept the mean of the models of seeds {', '.join(map(str, seeds))} (their best steps {steps})"
+        elif result.get("ensemble"):
+            kept = f"kept the ensemble of steps {', '.join(map(str, result['ensemble']))}"
+        else:
+            kept = f"kept step {result['best_step']}" + (f" of seed {seeds[0]}" if result.get("members") else "")
         parts.append(f"{kept} (validation AUC {v['auc']:.4f}, logloss {v['logloss']:.4f})")
         base = result.get("baseline")
-        if base is not None and not result.get("ensemble") and result["best_step"] == base["step"]:
+        if base is not None and not result.get("ensemble") and len(seeds) < 2 and result["best_step"] == base["step"]:
             parts[-1] += ": the first-order regression it started from; no trained step beat it on validation"
         elif base is not None:
             parts[-1] += f" against the first-order regression it started from: AUC {base['auc']:.4f}"
     if "auc" in result:
         parts.append(f"test AUC {result['auc']:.4f}, logloss {result['logloss']:.4f} on {result['samples']:,} samples")
-        if "single" in result:
+        if "single" in result and result.get("members"):
+            parts[-1] += f" (seed {result['members'][0]['seed']}'s model alone: AUC {result['single']['auc']:.4f})"
+        elif "single" in result:
             parts[-1] += f" (the best single model: AUC {result['single']['auc']:.4f})"
     if checkpoint:
         parts.append(f"checkpoint {checkpoint}")
@@ -223,10 +231,10 @@ def convert_checkpoint(args: argparse.Namespace) -> int:
         print(f"wrote {cfg.out} (step {ckpt.step}, {len(ckpt.model)} tensors)")
         return 0
     ckpt = load_checkpoint(cfg.checkpoint, mmap=True, assemble=False)
-    if ckpt.ensemble:
+    if ckpt.models_averaged > 1:
         raise ValueError(
-            f"{cfg.checkpoint}: holds a snapshot ensemble of {len(ckpt.ensemble)} models; the sharded form holds one "
-            "model: retrain with --snapshot-ensemble 1 to shard it"
+            f"{cfg.checkpoint}: holds an ensemble of {ckpt.models_averaged} models; the sharded form holds one "
+            "model: retrain with --snapshot-ensemble 1 --seed-ensemble 1 to shard it"
         )
     held = write_sharded_checkpoint(ckpt, cfg.out, cfg.world_size, par)
     mb = ", ".join(f"{b / 2**20:.1f}" for b in held)

@@ -133,9 +133,9 @@ class Scoring:
         ckpt = load_checkpoint(checkpoint, assemble=not distributed)
         spec = FeatureSpec.from_yaml(dataset)
         ckpt.check_spec(spec.summary(), str(spec.base_dir))
-        if distributed and ckpt.ensemble:
+        if distributed and ckpt.models_averaged > 1:
             raise ValueError(
-                f"{checkpoint}: holds a snapshot ensemble of {len(ckpt.ensemble)} models, which scores in one process; "
+                f"{checkpoint}: holds an ensemble of {ckpt.models_averaged} models, which scores in one process; "
                 "run this command without torchrun"
             )
         data = SplitBinaryDataset(spec, mapping)

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
 from ctrkit.config import ParallelConfig, TrainConfig
@@ -271,15 +272,11 @@ class Run:
     def _build(self, spec: RunSpec) -> None:
         import torch
 
-        from ctrkit.checkpoint import assemble_shards, load_checkpoint
+        from ctrkit.checkpoint import load_checkpoint
         from ctrkit.data.dataset import SplitBinaryDataset
         from ctrkit.device import amp_dtype_for, resolve_device
-        from ctrkit.distributed.hybrid import shard_for_job
-        from ctrkit.models.embeddings import deferred_tables
-        from ctrkit.models.registry import create_model
-        from ctrkit.train.trainer import RunInfo, Trainer
 
-        cfg, par = spec.train, spec.parallel
+        cfg = spec.train
         self.device = self.env.device if self.env is not None else resolve_device(spec.device)
         self.amp_dtype = amp_dtype_for(self.device, cfg.amp, cfg.amp_dtype)
         if self.env is not None and self.amp_dtype == torch.float16:
@@ -294,6 +291,26 @@ class Run:
             ckpt = load_checkpoint(spec.load_checkpoint, assemble=self.env is None)
             ckpt.check_spec(feature_spec.summary(), str(feature_spec.base_dir))
         self.is_main = self.env is None or self.env.is_main
+        self.feature_spec, self.test_set, self.validation_set = feature_spec, test_set, validation_set
+        # a seed ensemble (``fit``) resumes with the member its checkpoint was taken in, after those done
+        self.member = ckpt.member if ckpt is not None and ckpt.member is not None else 0
+        self.members_done = list(ckpt.members or []) if ckpt is not None and ckpt.member is not None else []
+        self.member_ensemble = ckpt.member_ensemble if ckpt is not None else None
+        self._build_trainer(spec, ckpt)
+
+    def _build_trainer(self, spec: RunSpec, ckpt) -> None:
+        """The model and Trainer of member ``self.member`` (seed ``seed + member``), resumed from ``ckpt``."""
+        import torch
+
+        from ctrkit.checkpoint import assemble_shards
+        from ctrkit.distributed.hybrid import shard_for_job
+        from ctrkit.models.embeddings import deferred_tables
+        from ctrkit.models.registry import create_model
+        from ctrkit.train.trainer import RunInfo, Trainer
+
+        cfg, par, feature_spec = spec.train, spec.parallel, self.feature_spec
+        if self.member:
+            cfg = replace(cfg, seed=cfg.seed + self.member)
         torch.manual_seed(cfg.seed)
         if self.env is None:
             model = create_model(spec.model, spec.model_config).to(self.device)
@@ -311,7 +328,7 @@ class Run:
             model,
             RunInfo(spec.model, spec.model_config, feature_spec.summary()),
             self.train_set,
-            test_set,
+            self.test_set,
             cfg,
             self.device,
             self.amp_dtype,
@@ -319,7 +336,7 @@ class Run:
             spec.log_path,
             progress=spec.progress,
             env=self.env,
-            validation_set=validation_set,
+            validation_set=self.validation_set,
             run_record=spec.run_yaml(),
             tensorboard_dir=spec.tensorboard,
         )
@@ -335,18 +352,130 @@ class Run:
         amp = f" with {str(self.amp_dtype).replace('torch.', '')} autocast" if self.amp_dtype else ""
         validation = self.trainer.validation_set
         held = f" (validation: {len(validation):,} samples of {validation.mapping})" if validation is not None else ""
+        members, seed = self.members_planned, self.spec.train.seed
+        seeds = f", {members} models with seeds {seed} to {seed + members - 1} (--seed-ensemble)" if members > 1 else ""
         return (
             f"training {self.spec.model} ({self.num_parameters:,} parameters) on {len(self.trainer.train_set):,} "
             f"samples{held}, at most {self.trainer.total_steps} steps of {self.trainer.cfg.batch_size} on "
-            f"{self.device}{amp}"
+            f"{self.device}{amp}{seeds}"
         )
+
+    @property
+    def members_planned(self) -> int:
+        """``seed_ensemble`` resolved: how many models this run trains (1 in a hybrid-parallel run, or without
+        validation data)."""
+        from ctrkit.config import default_seed_ensemble
+
+        trainer, wanted = self.trainer, self.spec.train.seed_ensemble
+        if self.env is not None or trainer.validation_set is None or len(trainer.validation_set) == 0:
+            if wanted is not None and wanted > 1:
+                raise ValueError("--seed-ensemble needs validation data and a single process (not torchrun)")
+            return 1
+        if wanted is not None:
+            return wanted
+        size = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        return default_seed_ensemble(trainer.steps_per_epoch, size)
 
     def fit(self) -> dict[str, Any]:
         """Trains; returns the last evaluation (``auc``, ``logloss``, ...) or ``{"step": ...}`` without one."""
         try:
-            return self.trainer.fit()
+            members = self.members_planned
+            if members == 1 and not self.members_done:
+                return self.trainer.fit()
+            return self._fit_members(members)
         finally:
             self.release()
+
+    def _fit_members(self, count: int) -> dict[str, Any]:
+        """A seed ensemble: members ``self.member``.. trained one after another, each as its own run (its
+        selection, snapshot ensemble and checkpoints; the checkpoint also holds the members done), then the
+        mean of their logits kept where validation prefers it over the best member, and the test scored once.
+        """
+        if len(self.members_done) > count:
+            raise ValueError(
+                f"the checkpoint holds {len(self.members_done)} trained members; this run asks for {count} "
+                "(--seed-ensemble): resume with the same setting"
+            )
+        test_set = self.test_set
+        while len(self.members_done) < count:
+            if self.member != len(self.members_done):  # the next member: a fresh model and run
+                self.member = len(self.members_done)
+                self._build_trainer(self.spec, None)
+            trainer = self.trainer
+            trainer.member, trainer.members_done, trainer.test_set = self.member, self.members_done, None
+            result = trainer.fit()
+            self.members_done = [*self.members_done, {
+                "seed": trainer.cfg.seed, "best_step": result["best_step"], "steps": trainer.step,
+                "stopped_early": result["stopped_early"], "validation": result.get("validation"),
+                "models": trainer.kept_states(),
+            }]  # fmt: skip
+        return self._form_members(test_set)
+
+    def _member_logits(self, members: list[dict[str, Any]], dataset) -> np.ndarray:
+        """``dataset``'s logits under the model of ``members`` (``checkpoint.member_model``)."""
+        from ctrkit.checkpoint import member_model
+        from ctrkit.eval.evaluator import predict_logits
+        from ctrkit.models.registry import create_model
+
+        def build(state):
+            model = create_model(self.spec.model, self.spec.model_config)
+            model.load_state_dict(state)
+            return model.to(self.device)
+
+        model = member_model(members, build)
+        return predict_logits(model, dataset, self.device, self.spec.train.eval_batch_size, self.amp_dtype)
+
+    def _form_members(self, test_set) -> dict[str, Any]:
+        """The kept model of a seed ensemble: the mean of the logits of its distinct members (those whose
+        validation logits differ: members that all kept the warm-start regression are one model) when that
+        scores higher on validation than the first member, the model a run of one would keep, by
+        ``min_delta`` and its log loss is below the warm start's (under ``warm_start_logloss``); else the
+        first member. Saved (``member_ensemble``), then the test scored once."""
+        from ctrkit.checkpoint import save_checkpoint
+        from ctrkit.eval.evaluator import metrics_of
+        from ctrkit.train.selection import score
+
+        trainer, members, cfg = self.trainer, self.members_done, self.spec.train
+        validation = trainer.validation_set
+        distinct, seen = [], []
+        for i, member in enumerate(members):
+            logits = self._member_logits([member], validation)
+            if not any(np.array_equal(logits, other) for other in seen):
+                distinct.append(i)
+                seen.append(logits)
+        metrics = metrics_of(validation, np.mean(np.asarray(seen, np.float64), axis=0).astype(np.float32))
+        baseline = trainer.selection.baseline_loss if cfg.warm_start_logloss else None
+        taken = len(distinct) > 1 and score(metrics) > score(members[0]["validation"]) + cfg.min_delta and (
+            baseline is None or metrics["logloss"] < baseline
+        )  # fmt: skip
+        best = 0
+        kept = distinct if taken else [best]
+        seeds = [m["seed"] for m in members]
+        trainer.member = None  # the run's own records from here on
+        trainer._log({"event": "seed_ensemble", "step": trainer.step, "seeds": seeds, "selected": taken, **metrics})
+        self.member_ensemble = kept
+        if trainer.save_path is not None and trainer.main:
+            final = replace(trainer.state(), members=members, member=len(members) - 1, member_ensemble=kept)
+            save_checkpoint(trainer.save_path, final)
+        chosen = members[best]
+        result: dict[str, Any] = {
+            "step": trainer.step, "best_step": chosen["best_step"], "stopped_early": chosen["stopped_early"],
+            "validation": metrics if taken else chosen["validation"],
+            "members": [{"seed": m["seed"], "best_step": m["best_step"], "steps": m["steps"],
+                         "validation_auc": (m["validation"] or {}).get("auc")} for m in members],
+            "member_ensemble": [seeds[i] for i in kept],
+        }  # fmt: skip
+        if trainer.selection.baseline_metrics() is not None:
+            result["baseline"] = trainer.selection.baseline_metrics()
+        if test_set is not None and len(test_set):
+            test = metrics_of(test_set, self._member_logits([members[i] for i in kept], test_set))
+            if taken:
+                single = metrics_of(test_set, self._member_logits([chosen], test_set))
+                test["single"] = {k: single[k] for k in ("auc", "logloss")}
+            trainer._log({"event": "test", "mapping": "test", "step": trainer.step, "best_step": result["best_step"],
+                          "seed_ensemble": result["member_ensemble"], **test})  # fmt: skip
+            result.update(test)
+        return result
 
 
 def train(dataset: str | os.PathLike, model: str = DEFAULT_MODEL, **options: Any) -> dict[str, Any]:

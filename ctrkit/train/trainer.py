@@ -260,6 +260,8 @@ class Trainer:
         )
         self.best_state: dict[str, torch.Tensor] | None = None  # the best weights this process holds
         self.snapshots: list[dict[str, Any]] = []  # the snapshot pool, best score first (snapshot_ensemble)
+        self.member: int | None = None  # in a seed ensemble (train/run.py): this member's index
+        self.members_done: list[dict[str, Any]] = []  # ... and the members trained before it (saved with it)
         self.ensemble: list[int] | None = None  # the steps of the snapshots forming the selected ensemble
         self.ensemble_metrics: dict[str, Any] | None = None
         self._baseline_logits = None  # the warm start's validation logits while it is the selected model
@@ -310,6 +312,8 @@ class Trainer:
             selection=self.selection.state(),
             snapshots=list(self.snapshots) if self.pool_size > 1 else None,
             ensemble=self.ensemble,
+            members=list(self.members_done) if self.member is not None else None,
+            member=self.member,
         )
 
     def restore(self, ckpt: Checkpoint) -> None:
@@ -447,6 +451,8 @@ class Trainer:
 
     # -------------------------------------------------------------------------------- logging
     def _log(self, record: dict[str, Any]) -> None:
+        if self.member is not None:  # a seed ensemble's member: its records say which
+            record = {**record, "member": self.member}
         if self.log_path is not None and self.main:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             with open(self.log_path, "a") as f:
@@ -542,6 +548,12 @@ class Trainer:
             self._baseline_logits = self._logits(self.validation_set)
             self._inner.load_state_dict(current)
         return self._baseline_logits
+
+    def kept_states(self) -> list[dict[str, torch.Tensor]]:
+        """After ``fit``: the state dicts of the kept model, in host memory (several for an ensemble)."""
+        if self.ensemble is not None:
+            return [{k: v.cpu() for k, v in state.items()} for state in snapshot_states(self.snapshots, self.ensemble)]
+        return [{k: v.detach().cpu().clone() for k, v in self._inner.state_dict().items()}]
 
     def _keep_best(self) -> None:
         """Puts the selected weights into the model (the last ones when nothing was selected)."""

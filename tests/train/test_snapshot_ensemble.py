@@ -158,7 +158,7 @@ def test_a_sharded_form_of_an_ensemble_is_refused(run, tmp_path, capsys):
     _, path, _ = run
     code, _, err = run_cli("convert-checkpoint", "--checkpoint", path, "--out", tmp_path / "s.pt", "--world-size", "2",
                            capsys=capsys)  # fmt: skip
-    assert code == 2 and "snapshot ensemble of" in err and not (tmp_path / "s.pt").exists()
+    assert code == 2 and "an ensemble of" in err and not (tmp_path / "s.pt").exists()
 
 
 def test_evaluate_and_report_score_the_ensemble(run, tiny_dataset, tmp_path, capsys, monkeypatch):
@@ -174,6 +174,6 @@ def test_evaluate_and_report_score_the_ensemble(run, tiny_dataset, tmp_path, cap
     assert data["final"]["auc"] == pytest.approx(result["auc"], abs=1e-6)  # scored by the ensemble
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")  # as under torchrun: refused before any process group
     with pytest.raises(
-        ValueError, match=f"snapshot ensemble of {len(result['ensemble'])} models, which scores in one process"
+        ValueError, match=f"an ensemble of {len(result['ensemble'])} models, which scores in one process"
     ):
         Scoring.load(path, tiny_dataset)
