@@ -95,6 +95,13 @@ def test_evaluate_report_and_export_take_the_ensemble(runs, tiny_dataset, tmp_pa
     got = session.run(None, feeds)[0].reshape(-1)
     logits = load_checkpoint(where / "e.pt").build_model()(batch.numerical, batch.categorical)
     np.testing.assert_allclose(got, torch.sigmoid(logits).detach().numpy(), rtol=1e-5, atol=1e-6)  # probabilities
+    from ctrkit.serve.predictor import Predictor
+
+    for store in ("memory", "mmap"):  # what `serve` answers with, either embedding store
+        predictor = Predictor.from_checkpoint(where / "e.pt", embedding_store=store)
+        served = predictor(batch.numerical.numpy(), batch.categorical.numpy())
+        np.testing.assert_allclose(np.asarray(served).reshape(-1), torch.sigmoid(logits).detach().numpy(),
+                                   rtol=1e-5, atol=1e-6, err_msg=store)  # fmt: skip
     code, _, err = run_cli("convert-checkpoint", "--checkpoint", where / "e.pt", "--out", tmp_path / "s.pt",
                            "--world-size", "2", capsys=capsys)  # fmt: skip
     if together["member_ensemble"] == [3, 4]:
