@@ -33,13 +33,13 @@ def test_read_table_bags_match_the_dataset(tmp_path):
 
 def test_bench_accuracy_writes_a_row_per_data_set(tiny_dataset, tmp_path, capsys):
     code, out, err = run_cli(
-        "bench", "accuracy", "--panel", "planted,tabular,outbrain", "--planted-rows", "6000", "--tabular-rows",
-        "6000", "--outbrain-rows", "4000", "--seeds", "0", "--models", "dlrm,wide_deep", "--datasets", tiny_dataset,
+        "bench", "accuracy", "--panel", "planted,tabular,outbrain", "--planted-rows", "14400", "--tabular-rows",
+        "14400", "--outbrain-rows", "4000", "--seeds", "0", "--models", "dlrm,wide_deep", "--datasets", tiny_dataset,
         "--work", tmp_path / "work", "--out", tmp_path / "acc", capsys=capsys,
     )  # fmt: skip
     assert code == 0, err
     doc = json.loads((tmp_path / "acc" / "results.json").read_text())
-    assert [r["dataset"] for r in doc["rows"]] == ["planted-6k-s0", "tabular-6k-s0", "outbrain-4k-s0", "tiny"]
+    assert [r["dataset"] for r in doc["rows"]] == ["planted-14k-s0", "tabular-14k-s0", "outbrain-4k-s0", "tiny"]
     # the outbrain row: raw files through `preprocess outbrain` (multi-hot bags, CTR features), the evaluation
     # displays as test
     outbrain = doc["rows"][2]
@@ -48,15 +48,18 @@ def test_bench_accuracy_writes_a_row_per_data_set(tiny_dataset, tmp_path, capsys
     assert outbrain["rows"]["train"] + outbrain["rows"]["validation"] == summary["rows"]["train"]
     assert set(outbrain["results"]) == {"logistic", "lightgbm", "dlrm", "wide_deep"}
     assert all(0.6 < r["auc"] < 0.95 for r in outbrain["results"].values()), outbrain["results"]
+    # its few thousand rows are small data: each model trained as a seed ensemble of three (whatever it kept)
+    assert all(outbrain["results"][m]["seed_ensemble"] is not None for m in ("dlrm", "wide_deep"))
     assert doc["machine"]["capability"] and doc["machine"]["torch"]
     for planted in doc["rows"][:2]:
         assert set(planted["results"]) == {"logistic", "lightgbm", "dlrm", "wide_deep"}
-        assert planted["rows"] == {"train": 4500, "validation": 500, "test": 1000}
+        assert planted["rows"] == {"train": 10800, "validation": 1200, "test": 2400}  # 11 batches an epoch: one model
+        assert planted["results"]["dlrm"]["seed_ensemble"] is None
         for method, r in planted["results"].items():  # every method learns something and none beats Bayes
             assert 0.55 < r["auc"] < planted["bayes_auc"], (planted["dataset"], method, r)
     table = (tmp_path / "acc" / "results.md").read_text()
-    assert "| planted-6k-s0 | 4,500 / 500 / 1,000 |" in table and "| tiny |" in table
-    assert "| tabular-6k-s0 | 4,500 / 500 / 1,000 |" in table
+    assert "| planted-14k-s0 | 10,800 / 1,200 / 2,400 |" in table and "| tiny |" in table
+    assert "| tabular-14k-s0 | 10,800 / 1,200 / 2,400 |" in table
     assert table.count("\n| ") == 5 and "gap to Bayes closed" in table and "LightGBM" in out
 
 
