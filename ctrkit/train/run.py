@@ -397,6 +397,13 @@ class Run:
                 "(--seed-ensemble): resume with the same setting"
             )
         test_set = self.test_set
+        trainer = self.trainer
+        if self.member_ensemble is not None and not trainer.selection.stopped and trainer.step < trainer.total_steps:
+            raise ValueError(
+                f"the checkpoint holds a finished seed ensemble whose members trained {trainer.step} steps, and this "
+                f"run would train up to {trainer.total_steps}: a seed ensemble is not trained further; retrain it, or "
+                "resume with the settings it was trained with"
+            )
         while len(self.members_done) < count:
             if self.member != len(self.members_done):  # the next member: a fresh model and run
                 self.member = len(self.members_done)
@@ -454,8 +461,9 @@ class Run:
         trainer.member = None  # the run's own records from here on
         trainer._log({"event": "seed_ensemble", "step": trainer.step, "seeds": seeds, "selected": taken, **metrics})
         self.member_ensemble = kept
-        if trainer.save_path is not None and trainer.main:
-            final = replace(trainer.state(), members=members, member=len(members) - 1, member_ensemble=kept)
+        if trainer.save_path is not None and trainer.main:  # ``model``: the first kept member's (first) weights
+            final = replace(trainer.state(), model=members[kept[0]]["models"][0], members=members,
+                            member=len(members) - 1, member_ensemble=kept)  # fmt: skip
             save_checkpoint(trainer.save_path, final)
         chosen = members[best]
         result: dict[str, Any] = {

@@ -137,6 +137,10 @@ def test_resume_inside_the_second_member_gives_the_uninterrupted_result(runs, ti
     assert again["auc"] == together["auc"] and again["member_ensemble"] == together["member_ensemble"]
     with pytest.raises(ValueError, match="holds 2 trained members; this run asks for 1"):
         train(tiny_dataset, "dlrm", seed=3, seed_ensemble=1, load_checkpoint=path, **SMALL)
+    ckpt = load_checkpoint(path)  # finished: its model is the first kept member's, its members every seed's
+    states_equal(ckpt.model, ckpt.members[ckpt.member_ensemble[0]]["models"][0])
+    with pytest.raises(ValueError, match="finished seed ensemble whose members trained 20 steps.* up to 40"):
+        train(tiny_dataset, "dlrm", seed=3, seed_ensemble=2, load_checkpoint=path, **{**SMALL, "epochs": 4})
 
 
 def test_unset_trains_several_only_on_small_data():
