@@ -89,7 +89,11 @@ def train(args: argparse.Namespace) -> int:
 def summary_line(result: dict, checkpoint=None) -> str:
     """``train``'s last line: the steps, the kept model and its validation scores beside the first-order
     regression it started from, the test scores, the checkpoint."""
-    parts = [f"done: {result['step']} steps" + (" (stopped early)" if result["stopped_early"] else "")]
+    if result.get("members"):  # a seed ensemble: each member's steps
+        steps = " / ".join(str(m["steps"]) for m in result["members"])
+        parts = [f"done: {len(result['members'])} models (--seed-ensemble) of {steps} steps"]
+    else:
+        parts = [f"done: {result['step']} steps" + (" (stopped early)" if result["stopped_early"] else "")]
     if "validation" in result:
         v = result["validation"]
         seeds = result.get("member_ensemble") or []

@@ -69,6 +69,12 @@ def test_members_are_their_seeds_runs_and_the_kept_model_is_their_mean(runs, tin
     got = predict_logits(model, test, CPU).astype(np.float64)
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
     assert together["auc"] == pytest.approx(roc_auc(labels, want), abs=1e-6)
+    from ctrkit.cli.train import summary_line
+
+    line = summary_line(together)
+    assert line.startswith("done: 2 models (--seed-ensemble) of 20 / 20 steps; ")
+    if together["member_ensemble"] == [3, 4]:
+        assert "kept the mean of the models of seeds 3, 4 (their best steps" in line and "seed 3's model alone" in line
     records = [json.loads(line) for line in (where / "log.jsonl").read_text().splitlines()]
     assert {r.get("member") for r in records if r["event"] == "eval"} == {0, 1}  # each member's own records
     assert [r["event"] for r in records if r.get("member") is None] == ["seed_ensemble", "test"]  # one test score
