@@ -389,7 +389,8 @@ class Run:
     def _fit_members(self, count: int) -> dict[str, Any]:
         """A seed ensemble: members ``self.member``.. trained one after another, each as its own run (its
         selection, snapshot ensemble and checkpoints; the checkpoint also holds the members done), then the
-        mean of their logits kept where validation prefers it over the best member, and the test scored once.
+        mean of their logits kept where validation prefers it to the first member (``_form_members``), and the
+        test scored once.
         """
         if len(self.members_done) > count:
             raise ValueError(
