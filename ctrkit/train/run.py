@@ -411,6 +411,7 @@ class Run:
                 self._build_trainer(self.spec, None)
             trainer = self.trainer
             trainer.member, trainer.members_done, trainer.test_set = self.member, self.members_done, None
+            self._member_board(trainer, f"seed{trainer.cfg.seed}")
             result = trainer.fit()
             self.members_done = [*self.members_done, {
                 "seed": trainer.cfg.seed, "best_step": result["best_step"], "steps": trainer.step,
@@ -460,6 +461,7 @@ class Run:
         kept = distinct if taken else [best]
         seeds = [m["seed"] for m in members]
         trainer.member = None  # the run's own records from here on
+        self._member_board(trainer, None)
         trainer._log({"event": "seed_ensemble", "step": trainer.step, "seeds": seeds, "selected": taken, **metrics})
         self.member_ensemble = kept
         if trainer.save_path is not None and trainer.main:  # ``model``: the first kept member's (first) weights
@@ -484,7 +486,21 @@ class Run:
             trainer._log({"event": "test", "mapping": "test", "step": trainer.step, "best_step": result["best_step"],
                           "seed_ensemble": result["member_ensemble"], **test})  # fmt: skip
             result.update(test)
+        if trainer.tensorboard is not None:
+            trainer.tensorboard.close()
         return result
+
+    def _member_board(self, trainer, name: str | None) -> None:
+        """``--tensorboard DIR`` in a seed ensemble: each member's scalars in ``DIR/<name>`` (``seed<N>``, a run
+        of its own in TensorBoard, its steps its own), the run's final ones (None) in ``DIR``."""
+        from ctrkit.train.tensorboard import TensorBoardSink
+
+        if self.spec.tensorboard is None or not trainer.main:
+            return
+        if trainer.tensorboard is not None:
+            trainer.tensorboard.close()
+        directory = Path(self.spec.tensorboard)
+        trainer.tensorboard = TensorBoardSink(directory / name if name is not None else directory)
 
 
 def train(dataset: str | os.PathLike, model: str = DEFAULT_MODEL, **options: Any) -> dict[str, Any]:

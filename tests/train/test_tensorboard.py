@@ -36,3 +36,24 @@ def test_tensorboard_scalars_equal_the_json_log(tiny_dataset, tmp_path, capsys):
         got = [(e.step, e.value) for e in events.Scalars(tag)]
         assert [s for s, _ in got] == [s for s, _ in points], tag
         assert [v for _, v in got] == pytest.approx([v for _, v in points], rel=1e-6), tag  # stored as float32
+
+
+def test_a_seed_ensemble_writes_each_member_as_a_run_of_its_own(tiny_dataset, tmp_path, capsys):
+    log, board = tmp_path / "log.jsonl", tmp_path / "tb"
+    code, _, err = run_cli("train", "--dataset", tiny_dataset, "--epochs", "1", "--batch-size", "4096",
+                           "--seed-ensemble", "2", "--seed", "5", "--no-progress", "--log-path", log, "--tensorboard",
+                           board, *small_model_flags(), capsys=capsys)  # fmt: skip
+    assert code == 0, err
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    for member, seed in ((0, 5), (1, 6)):  # each member's validation curve in DIR/seed<N>, as the log has it
+        want = [(r["step"], r["auc"]) for r in records if r["event"] == "eval" and r.get("member") == member]
+        events = EventAccumulator(str(board / f"seed{seed}"), size_guidance={"scalars": 0})
+        events.Reload()
+        got = [(e.step, e.value) for e in events.Scalars("validation/auc")]
+        assert [s for s, _ in got] == [s for s, _ in want] and len(want) >= 2
+        assert [v for _, v in got] == pytest.approx([v for _, v in want], rel=1e-6)
+        assert "test/auc" not in events.Tags()["scalars"]
+    test = next(r for r in records if r["event"] == "test")
+    events = EventAccumulator(str(board), size_guidance={"scalars": 0})  # the run's own: the test, once
+    events.Reload()
+    assert [e.value for e in events.Scalars("test/auc")] == pytest.approx([test["auc"]], rel=1e-6)
