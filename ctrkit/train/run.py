@@ -237,6 +237,11 @@ def resolve_run(
     )
 
 
+def _mean(logits: list[np.ndarray]) -> np.ndarray:
+    """The mean of several models' logits (float64 sum, float32 out), as ``Ensemble`` averages them."""
+    return np.mean(np.asarray(logits, np.float64), axis=0).astype(np.float32)
+
+
 class Run:
     """A training run built from a RunSpec: device, distributed environment, datasets, model,
     sharding and resume, ready to ``fit``.
@@ -439,39 +444,38 @@ class Run:
         validation logits differ: members that all kept the warm-start regression are one model) when that
         scores higher on validation than the first member, the model a run of one would keep, by
         ``min_delta`` and its log loss is below the warm start's (under ``warm_start_logloss``); else the
-        first member. Saved (``member_ensemble``), then the test scored once."""
+        first member. Saved (``member_ensemble``), then the test scored once: each member's logits, averaged
+        over the kept ones as on validation."""
         from ctrkit.checkpoint import save_checkpoint
         from ctrkit.eval.evaluator import metrics_of
         from ctrkit.train.selection import score
 
         trainer, members, cfg = self.trainer, self.members_done, self.spec.train
-        validation = trainer.validation_set
-        distinct, seen = [], []
+        validation, first = trainer.validation_set, members[0]
+        distinct, seen = [], []  # the first member is always distinct, so always kept
         for i, member in enumerate(members):
             logits = self._member_logits([member], validation)
             if not any(np.array_equal(logits, other) for other in seen):
                 distinct.append(i)
                 seen.append(logits)
-        metrics = metrics_of(validation, np.mean(np.asarray(seen, np.float64), axis=0).astype(np.float32))
+        metrics = metrics_of(validation, _mean(seen))
         baseline = trainer.selection.baseline_loss if cfg.warm_start_logloss else None
-        taken = len(distinct) > 1 and score(metrics) > score(members[0]["validation"]) + cfg.min_delta and (
+        taken = len(distinct) > 1 and score(metrics) > score(first["validation"]) + cfg.min_delta and (
             baseline is None or metrics["logloss"] < baseline
         )  # fmt: skip
-        best = 0
-        kept = distinct if taken else [best]
+        kept = distinct if taken else [0]
         seeds = [m["seed"] for m in members]
         trainer.member = None  # the run's own records from here on
         self._member_board(trainer, None)
         trainer._log({"event": "seed_ensemble", "step": trainer.step, "seeds": seeds, "selected": taken, **metrics})
         self.member_ensemble = kept
-        if trainer.save_path is not None and trainer.main:  # ``model``: the first kept member's (first) weights
-            final = replace(trainer.state(), model=members[kept[0]]["models"][0], members=members,
-                            member=len(members) - 1, member_ensemble=kept)  # fmt: skip
+        if trainer.save_path is not None and trainer.main:  # ``model``: the first member's (first) weights
+            final = replace(trainer.state(), model=first["models"][0], members=members, member=len(members) - 1,
+                            member_ensemble=kept)  # fmt: skip
             save_checkpoint(trainer.save_path, final)
-        chosen = members[best]
         result: dict[str, Any] = {
-            "step": trainer.step, "best_step": chosen["best_step"], "stopped_early": chosen["stopped_early"],
-            "validation": metrics if taken else chosen["validation"],
+            "step": trainer.step, "best_step": first["best_step"], "stopped_early": first["stopped_early"],
+            "validation": metrics if taken else first["validation"],
             "members": [{"seed": m["seed"], "best_step": m["best_step"], "steps": m["steps"],
                          "validation_auc": (m["validation"] or {}).get("auc")} for m in members],
             "member_ensemble": [seeds[i] for i in kept],
@@ -479,9 +483,10 @@ class Run:
         if trainer.selection.baseline_metrics() is not None:
             result["baseline"] = trainer.selection.baseline_metrics()
         if test_set is not None and len(test_set):
-            test = metrics_of(test_set, self._member_logits([members[i] for i in kept], test_set))
+            logits = [self._member_logits([members[i]], test_set) for i in kept]
+            test = metrics_of(test_set, _mean(logits))
             if taken:
-                single = metrics_of(test_set, self._member_logits([chosen], test_set))
+                single = metrics_of(test_set, logits[0])
                 test["single"] = {k: single[k] for k in ("auc", "logloss")}
             trainer._log({"event": "test", "mapping": "test", "step": trainer.step, "best_step": result["best_step"],
                           "seed_ensemble": result["member_ensemble"], **test})  # fmt: skip

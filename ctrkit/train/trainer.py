@@ -553,7 +553,7 @@ class Trainer:
         """After ``fit``: the state dicts of the kept model, in host memory (several for an ensemble)."""
         if self.ensemble is not None:
             return [{k: v.cpu() for k, v in state.items()} for state in snapshot_states(self.snapshots, self.ensemble)]
-        return [{k: v.detach().cpu().clone() for k, v in self._inner.state_dict().items()}]
+        return [{k: v.cpu() for k, v in self._local_state().items()}]
 
     def _keep_best(self) -> None:
         """Puts the selected weights into the model (the last ones when nothing was selected)."""

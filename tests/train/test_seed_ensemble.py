@@ -60,12 +60,10 @@ def test_members_are_their_seeds_runs_and_the_kept_model_is_their_mean(runs, tin
         member_logits.append(predict_logits(kept, test, CPU).astype(np.float64))
         assert result["auc"] == pytest.approx(roc_auc(labels, member_logits[-1]), abs=1e-7)
     model = ckpt.build_model()
-    if together["member_ensemble"] == [3, 4]:  # the mean of the two members' logits
-        want = np.mean(member_logits, axis=0)
-        assert isinstance(model, Ensemble) and together["single"]["auc"] == pytest.approx(alone[0]["auc"], abs=1e-7)
-    else:  # validation preferred the first member: the run of seed 3 alone
-        assert together["member_ensemble"] == [3]
-        want = member_logits[0]
+    # on this data validation prefers the mean of the two members' logits (the first member alone: below)
+    assert together["member_ensemble"] == [3, 4] and ckpt.member_ensemble == [0, 1]
+    want = np.mean(member_logits, axis=0)
+    assert isinstance(model, Ensemble) and together["single"]["auc"] == pytest.approx(alone[0]["auc"], abs=1e-7)
     got = predict_logits(model, test, CPU).astype(np.float64)
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
     assert together["auc"] == pytest.approx(roc_auc(labels, want), abs=1e-6)
@@ -73,8 +71,7 @@ def test_members_are_their_seeds_runs_and_the_kept_model_is_their_mean(runs, tin
 
     line = summary_line(together)
     assert line.startswith("done: 2 models (--seed-ensemble) of 20 / 20 steps; ")
-    if together["member_ensemble"] == [3, 4]:
-        assert "kept the mean of the models of seeds 3, 4 (their best steps" in line and "seed 3's model alone" in line
+    assert "kept the mean of the models of seeds 3, 4 (their best steps" in line and "seed 3's model alone" in line
     records = [json.loads(line) for line in (where / "log.jsonl").read_text().splitlines()]
     assert {r.get("member") for r in records if r["event"] == "eval"} == {0, 1}  # each member's own records
     assert [r["event"] for r in records if r.get("member") is None] == ["seed_ensemble", "test"]  # one test score
@@ -110,8 +107,22 @@ def test_evaluate_report_and_export_take_the_ensemble(runs, tiny_dataset, tmp_pa
                                    rtol=1e-5, atol=1e-6, err_msg=store)  # fmt: skip
     code, _, err = run_cli("convert-checkpoint", "--checkpoint", where / "e.pt", "--out", tmp_path / "s.pt",
                            "--world-size", "2", capsys=capsys)  # fmt: skip
-    if together["member_ensemble"] == [3, 4]:
-        assert code == 2 and "an ensemble of" in err
+    assert code == 2 and "an ensemble of 2 models" in err
+
+
+def test_the_first_member_is_kept_unless_validation_prefers_the_mean(tiny_dataset, tmp_path):
+    # min_delta 1: no AUC gain counts, so each member keeps its warm start and the mean is never taken
+    got = train(tiny_dataset, "dlrm", seed=3, seed_ensemble=2, save_checkpoint=tmp_path / "f.pt",
+                **{**SMALL, "min_delta": 1.0})  # fmt: skip
+    assert got["member_ensemble"] == [3] and "single" not in got
+    ckpt = load_checkpoint(tmp_path / "f.pt")
+    assert ckpt.member_ensemble == [0] and len(ckpt.members) == 2
+    test = SplitBinaryDataset(tiny_dataset, "test")
+    model = ckpt.build_model()  # the first member's model alone, not an ensemble
+    states_equal(model.state_dict(), ckpt.members[0]["models"][0])
+    states_equal(ckpt.model, ckpt.members[0]["models"][0])
+    logits = predict_logits(model, test, CPU)
+    assert got["auc"] == pytest.approx(roc_auc(test.labels(), logits), abs=1e-7)
 
 
 class Interrupted(Exception):
