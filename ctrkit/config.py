@@ -59,6 +59,17 @@ def default_seed_ensemble(steps_per_epoch: int, model_bytes: int) -> int:
     return SEED_ENSEMBLE if steps_per_epoch < SMALL_EPOCH and model_bytes <= SNAPSHOT_MAX_BYTES else 1
 
 
+SMALL_BATCH_STEPS = 32  # the unset small_batch: an epoch of at least this many steps ...
+MIN_SMALL_BATCH = 32  # ... at a batch of at least this many rows (README, "`ctrkit train`": the small batch)
+
+
+def default_small_batch(train_rows: int) -> int:
+    """The batch a run that leaves ``small_batch`` unset also tries on small data: the largest power of two
+    at most ``train_rows / SMALL_BATCH_STEPS``, at least ``MIN_SMALL_BATCH``."""
+    target = max(train_rows // SMALL_BATCH_STEPS, 1)
+    return max(MIN_SMALL_BATCH, 1 << (target.bit_length() - 1))
+
+
 def default_patience(steps_per_epoch: int) -> tuple[int, int]:
     """The early-stopping and plateau patience of a run that leaves them unset: ``PATIENCE``, or
     ``SMALL_DATA_PATIENCE`` on small data."""
@@ -172,6 +183,14 @@ class TrainConfig:
         unset=f"{SEED_ENSEMBLE} on data of fewer than {SMALL_EPOCH} batches an epoch where the model's weights take "
         f"at most {SNAPSHOT_MAX_BYTES >> 30} GiB, else 1",
     )
+    small_batch: int | None = option(
+        None,
+        "also train the run (each member of its seed ensemble) at this smaller batch size, with the patience of "
+        "the run's batch, and keep the batch whose kept model has the higher validation AUC (the run's on a tie). "
+        "0: only the run's batch. Single-process runs with validation data only",
+        unset=f"on data of fewer than {SMALL_EPOCH} batches an epoch, the largest power of two at most the "
+        f"training rows / {SMALL_BATCH_STEPS}, at least {MIN_SMALL_BATCH}; else 0",
+    )
     early_stopping_patience: int | None = option(
         None,
         "stop after this many validation evaluations without improvement (0: never stop early)",
@@ -215,6 +234,7 @@ class TrainConfig:
         positive("checkpoint_every", allow_none=True)
         positive("snapshot_ensemble", allow_none=True)
         positive("seed_ensemble", allow_none=True)
+        positive("small_batch", allow_none=True, allow_zero=True)
         for name in ("lr", "embedding_lr", "wide_lr"):
             value = getattr(self, name)
             if value is not None and not value > 0:

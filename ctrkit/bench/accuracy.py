@@ -86,6 +86,7 @@ def run_entry(
             "best_step": result["best_step"],
             "ensemble": result.get("ensemble"),
             "seed_ensemble": result.get("member_ensemble"),  # the seeds whose models' mean was kept
+            "batch_size": result.get("batch_size"),  # ... and their batch (--small-batch: the one kept)
             "single_auc": result.get("single", {}).get("auc"),  # the best single model's, beside an ensemble's
             "steps": result["step"],
             "seconds": time.perf_counter() - start,

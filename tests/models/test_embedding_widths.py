@@ -134,7 +134,8 @@ def test_train_with_a_sizes_file_evaluate_export_and_reinit(tmp_path, capsys):
     code, out, err = run_cli(
         "train", "--model", "wide_deep", "--dataset", data, "--embedding-sizes", sizes, "--model-config",
         tmp_path / "model.yaml", "--epochs", "2", "--batch-size", "256", "--reinit-embeddings", "on",
-        "--seed-ensemble", "1", "--no-progress", "--save-checkpoint", ckpt, "--log-path", tmp_path / "log.jsonl",
+        "--seed-ensemble", "1", "--small-batch", "0", "--no-progress", "--save-checkpoint", ckpt, "--log-path",
+        tmp_path / "log.jsonl",
         capsys=capsys,
     )  # fmt: skip
     assert code == 0, err
@@ -181,7 +182,7 @@ def test_a_resumed_mixed_width_run_equals_the_uninterrupted_one(tmp_path, capsys
     (tmp_path / "model.yaml").write_text("deep_mlp: [32]\nembedding_dim: 8\n")
     common = ("train", "--model", "wide_deep", "--dataset", data, "--embedding-sizes", "auto", "--model-config",
               tmp_path / "model.yaml", "--batch-size", "256", "--epochs", "2", "--seed-ensemble", "1",
-              "--no-progress")  # fmt: skip  # one model, stopped by --max-steps and resumed
+              "--small-batch", "0", "--no-progress")  # fmt: skip  # one model, stopped by --max-steps and resumed
     assert run_cli(*common, "--save-checkpoint", tmp_path / "straight.pt", capsys=capsys)[0] == 0
     assert run_cli(*common, "--max-steps", "5", "--save-checkpoint", tmp_path / "part.pt", capsys=capsys)[0] == 0
     code, _, err = run_cli(*common, "--load-checkpoint", tmp_path / "part.pt", "--save-checkpoint",

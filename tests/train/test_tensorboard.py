@@ -45,9 +45,12 @@ def test_a_seed_ensemble_writes_each_member_as_a_run_of_its_own(tiny_dataset, tm
                            board, *small_model_flags(), capsys=capsys)  # fmt: skip
     assert code == 0, err
     records = [json.loads(line) for line in log.read_text().splitlines()]
-    for member, seed in ((0, 5), (1, 6)):  # each member's validation curve in DIR/seed<N>, as the log has it
+    # 5 batches of 4,096 an epoch: small data, so each seed also trains at the unset --small-batch, 512
+    runs = ((0, "seed5"), (1, "seed5-batch512"), (2, "seed6"), (3, "seed6-batch512"))
+    assert sorted(p.name for p in board.iterdir() if p.is_dir()) == sorted(name for _, name in runs)
+    for member, name in runs:  # each member's validation curve in DIR/seed<N>[-batch<B>], as the log has it
         want = [(r["step"], r["auc"]) for r in records if r["event"] == "eval" and r.get("member") == member]
-        events = EventAccumulator(str(board / f"seed{seed}"), size_guidance={"scalars": 0})
+        events = EventAccumulator(str(board / name), size_guidance={"scalars": 0})
         events.Reload()
         got = [(e.step, e.value) for e in events.Scalars("validation/auc")]
         assert [s for s, _ in got] == [s for s, _ in want] and len(want) >= 2
