@@ -303,6 +303,8 @@ class Run:
         self.member_ensemble = ckpt.member_ensemble if ckpt is not None else None
         self.batches = self._batches(spec.train)
         done = [m.get("batch_size") for m in self.members_done]
+        if done and all(b is None for b in done) and spec.train.small_batch is None:
+            self.batches = self.batches[:1]  # a seed ensemble saved before --small-batch existed: one batch
         if any(b is not None and b != self.batches[i % len(self.batches)] for i, b in enumerate(done)):
             raise ValueError(
                 f"the checkpoint's members were trained at batch sizes {done}, this run takes turns over "

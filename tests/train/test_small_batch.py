@@ -129,3 +129,19 @@ def test_resume_inside_the_small_batch_member_gives_the_uninterrupted_result(run
         assert resumed[key] == both[key], key
     with pytest.raises(ValueError, match=r"trained at batch sizes \[2048, 1024\], this run takes turns over \[2048\]"):
         train(tiny_dataset, "dlrm", seed=3, small_batch=0, load_checkpoint=path, **SMALL)
+
+
+def test_a_seed_ensemble_saved_before_small_batch_resumes_at_its_one_batch(tiny_dataset, tmp_path):
+    from dataclasses import replace
+
+    from ctrkit.checkpoint import save_checkpoint
+
+    options = {**SMALL, "batch_size": 4096, "epochs": 1, "seed_ensemble": 2}  # 5 batches an epoch: small data
+    path = tmp_path / "old.pt"
+    before = train(tiny_dataset, "dlrm", seed=3, small_batch=0, save_checkpoint=path, **options)
+    ckpt = load_checkpoint(path)  # as a checkpoint written before members recorded their batch
+    old = [{k: v for k, v in m.items() if k != "batch_size"} for m in ckpt.members]
+    save_checkpoint(path, replace(ckpt, members=old))
+    again = train(tiny_dataset, "dlrm", seed=3, load_checkpoint=path, **options)  # small_batch unset: 512 here
+    assert again["auc"] == before["auc"] and again["member_ensemble"] == before["member_ensemble"]
+    assert [m["steps"] for m in again["members"]] == [5, 5]
