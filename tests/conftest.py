@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -65,3 +66,25 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+class Interrupted(Exception):
+    """What ``stop_after_save`` raises: a run ended as a kill would end it, just after a checkpoint."""
+
+
+@contextmanager
+def stop_after_save(member: int, step: int):
+    """Within: ``Trainer.save`` raises ``Interrupted`` once it has written the checkpoint of seed-ensemble member
+    ``member`` at step ``step`` or later."""
+    from ctrkit.train import trainer as trainer_module
+
+    real_save = trainer_module.Trainer.save
+
+    def save_then_stop(self):
+        real_save(self)
+        if self.member == member and self.step >= step:
+            raise Interrupted
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(trainer_module.Trainer, "save", save_then_stop)
+        yield

@@ -278,7 +278,7 @@ class Run:
         import torch
 
         from ctrkit.checkpoint import load_checkpoint
-        from ctrkit.data.dataset import SplitBinaryDataset
+        from ctrkit.data.dataset import SplitBinaryDataset, split_tail
         from ctrkit.device import amp_dtype_for, resolve_device
 
         cfg = spec.train
@@ -291,6 +291,9 @@ class Run:
         test_set = SplitBinaryDataset(feature_spec, "test") if "test" in feature_spec.source_spec else None
         mappings = feature_spec.source_spec
         validation_set = SplitBinaryDataset(feature_spec, "validation") if "validation" in mappings else None
+        if validation_set is None and cfg.validation_fraction > 0 and len(self.train_set) >= 2:
+            # the held-out tail, once for every member (the Trainer splits only what it is given unsplit)
+            self.train_set, validation_set = split_tail(self.train_set, cfg.validation_fraction)
         ckpt = None
         if spec.load_checkpoint is not None:  # a rank reads only its own file of a sharded checkpoint
             ckpt = load_checkpoint(spec.load_checkpoint, assemble=self.env is None)
@@ -316,20 +319,16 @@ class Run:
         """The batch sizes each member trains at: the run's, then ``small_batch`` resolved where it applies
         (single process, validation data, below the run's batch)."""
         from ctrkit.config import SMALL_EPOCH, default_small_batch
-        from ctrkit.data.dataset import split_tail
 
         rows, validation = len(self.train_set), self.validation_set
-        if validation is None and cfg.validation_fraction > 0 and rows >= 2:
-            head, validation = split_tail(self.train_set, cfg.validation_fraction)
-            rows = len(head)
-        self.train_rows = rows  # the rows the trainer trains on
+        self.run_steps = -(-rows // cfg.batch_size)  # batches an epoch at the run's batch (the small-data rules')
         small = cfg.small_batch
         if self.env is not None or validation is None or len(validation) == 0:
             if small:
                 raise ValueError("--small-batch needs validation data and a single process (not torchrun)")
             return [cfg.batch_size]
         if small is None:
-            small = default_small_batch(rows) if -(-rows // cfg.batch_size) < SMALL_EPOCH else 0
+            small = default_small_batch(rows) if self.run_steps < SMALL_EPOCH else 0
         elif small >= cfg.batch_size:
             raise ValueError(f"--small-batch {small}: expected a batch size below the run's, {cfg.batch_size}")
         return [cfg.batch_size, small] if 0 < small < cfg.batch_size else [cfg.batch_size]
@@ -353,7 +352,7 @@ class Run:
         if group:
             from ctrkit.config import default_patience
 
-            patience = default_patience(-(-self.train_rows // cfg.batch_size))  # as at the run's batch
+            patience = default_patience(self.run_steps)  # as at the run's batch
             stop, plateau = cfg.early_stopping_patience, cfg.plateau_patience
             cfg = replace(cfg, batch_size=self.batches[group],
                           early_stopping_patience=patience[0] if stop is None else stop,
@@ -425,7 +424,7 @@ class Run:
         if wanted is not None:
             return wanted
         size = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        return default_seed_ensemble(-(-self.train_rows // self.spec.train.batch_size), size)  # at the run's batch
+        return default_seed_ensemble(self.run_steps, size)  # at the run's batch
 
     def fit(self) -> dict[str, Any]:
         """Trains; returns the last evaluation (``auc``, ``logloss``, ...) or ``{"step": ...}`` without one."""

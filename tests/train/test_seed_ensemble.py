@@ -16,9 +16,8 @@ from ctrkit.data.dataset import SplitBinaryDataset
 from ctrkit.eval.evaluator import predict_logits
 from ctrkit.eval.metrics import roc_auc
 from ctrkit.models.ensemble import Ensemble
-from ctrkit.train import trainer as trainer_module
 from ctrkit.train.run import train
-from tests.conftest import run_cli
+from tests.conftest import Interrupted, run_cli, stop_after_save
 
 # small enough to train three times in seconds; snapshot pools of 2 so members may be ensembles themselves
 SMALL = dict(embedding_dim=8, bottom_mlp=(32, 8), top_mlp=(32, 1), batch_size=2048, epochs=2, evals_per_epoch=2,
@@ -125,24 +124,11 @@ def test_the_first_member_is_kept_unless_validation_prefers_the_mean(tiny_datase
     assert got["auc"] == pytest.approx(roc_auc(test.labels(), logits), abs=1e-7)
 
 
-class Interrupted(Exception):
-    pass
-
-
-def test_resume_inside_the_second_member_gives_the_uninterrupted_result(runs, tiny_dataset, tmp_path, monkeypatch):
+def test_resume_inside_the_second_member_gives_the_uninterrupted_result(runs, tiny_dataset, tmp_path):
     together, _, _ = runs
-    real_save = trainer_module.Trainer.save
-
-    def save_then_stop(self):
-        real_save(self)
-        if self.member == 1 and self.step >= 5:  # the second member's checkpoint at step 5 or later
-            raise Interrupted
-
     path = tmp_path / "r.pt"
-    with monkeypatch.context() as m:
-        m.setattr(trainer_module.Trainer, "save", save_then_stop)
-        with pytest.raises(Interrupted):
-            train(tiny_dataset, "dlrm", seed=3, seed_ensemble=2, save_checkpoint=path, checkpoint_every=5, **SMALL)
+    with stop_after_save(member=1, step=5), pytest.raises(Interrupted):  # the second member's, at step 5 or later
+        train(tiny_dataset, "dlrm", seed=3, seed_ensemble=2, save_checkpoint=path, checkpoint_every=5, **SMALL)
     mid = load_checkpoint(path)
     assert mid.member == 1 and [m["seed"] for m in mid.members] == [3] and mid.member_ensemble is None
     assert 5 <= mid.step < together["members"][1]["steps"]

@@ -14,9 +14,8 @@ from ctrkit.checkpoint import load_checkpoint
 from ctrkit.config import MIN_SMALL_BATCH, SMALL_BATCH_STEPS, SMALL_EPOCH, default_small_batch
 from ctrkit.data.dataset import SplitBinaryDataset
 from ctrkit.eval.evaluator import predict_logits
-from ctrkit.train import trainer as trainer_module
 from ctrkit.train.run import Run, resolve_run, train
-from tests.conftest import run_cli, small_model_flags
+from tests.conftest import Interrupted, run_cli, small_model_flags, stop_after_save
 
 MODEL = dict(embedding_dim=8, bottom_mlp=(32, 8), top_mlp=(32, 1))
 # 19,440 training rows: 10 batches of 2,048 an epoch, 19 of 1,024
@@ -102,25 +101,11 @@ def test_bad_small_batch_is_one_line_and_exit_2(tiny_dataset, capsys):
     assert code == 2 and "--small-batch needs validation data and a single process" in err
 
 
-class Interrupted(Exception):
-    pass
-
-
-def test_resume_inside_the_small_batch_member_gives_the_uninterrupted_result(runs, tiny_dataset, tmp_path,
-                                                                            monkeypatch):  # fmt: skip
+def test_resume_inside_the_small_batch_member_gives_the_uninterrupted_result(runs, tiny_dataset, tmp_path):
     both, _, _ = runs
-    real_save = trainer_module.Trainer.save
-
-    def save_then_stop(self):
-        real_save(self)
-        if self.member == 1 and self.step >= 10:  # the batch-1024 member's checkpoint at step 10 or later
-            raise Interrupted
-
     path = tmp_path / "r.pt"
-    with monkeypatch.context() as m:
-        m.setattr(trainer_module.Trainer, "save", save_then_stop)
-        with pytest.raises(Interrupted):
-            train(tiny_dataset, "dlrm", seed=3, small_batch=1024, save_checkpoint=path, checkpoint_every=10, **SMALL)
+    with stop_after_save(member=1, step=10), pytest.raises(Interrupted):  # the batch-1024 member's, step 10 or later
+        train(tiny_dataset, "dlrm", seed=3, small_batch=1024, save_checkpoint=path, checkpoint_every=10, **SMALL)
     mid = load_checkpoint(path)
     assert mid.member == 1 and [m["batch_size"] for m in mid.members] == [2048] and 10 <= mid.step < 38
     resumed = train(tiny_dataset, "dlrm", seed=3, small_batch=1024, load_checkpoint=path, save_checkpoint=path,

@@ -1,11 +1,14 @@
 """Small data: the model's batch (1,024) against a batch that gives an epoch at least N steps, with the
-small-data rules of the default batch kept (patience 20 / 10 evaluations, seed ensemble of 3). One JSON
-line per (dataset, model, config): test and validation AUC and log loss, steps, seconds.
+small-data rules of the default batch kept (patience 20 / 10 evaluations, seed ensemble of 3); and, on
+mid-size data, every small-data rule against the defaults. One JSON line per (dataset, model, config): test
+and validation AUC and log loss, the kept batch, steps, seconds.
 
     OMP_WAIT_POLICY=PASSIVE python benchmarks/results/small_batch/run.py OUT.jsonl CONFIG DATASET...
 
-CONFIG: "default" (the model's batch), "steps<N>" (the largest power of two <= train rows / N, at least 32),
-or "batch<B>".
+CONFIG: "default" (the model's batch only: every default but --small-batch, which it measures), "steps<N>"
+(the largest power of two <= train rows / N, at least 32), "batch<B>", or "small" (every small-data rule:
+the seed ensemble of 3, patience 20 / 10 and --small-batch's unset batch chosen on validation; the cells of
+mid-small.jsonl, compared by midcmp.py with the one-thread rows of benchmarks/accuracy-small-batch).
 """
 
 import json
@@ -16,28 +19,30 @@ from pathlib import Path
 import torch
 
 from ctrkit.bench.accuracy import splits
+from ctrkit.config import default_small_batch
 from ctrkit.train.run import train
 
 out, config, *datasets = sys.argv[1:]
 torch.set_num_threads(1)
+rules = dict(early_stopping_patience=20, plateau_patience=10, seed_ensemble=3)  # small data's, at batch 1,024
 for path in datasets:
     tr, va, te = splits(path, 0.1)
-    options = {}
+    options = {"small_batch": 0}
     if config.startswith("steps"):
         target = len(tr) // int(config[5:])
-        options["batch_size"] = max(32, 1 << (max(target, 1).bit_length() - 1))
+        options.update(rules, batch_size=max(32, 1 << (max(target, 1).bit_length() - 1)))
     elif config.startswith("batch"):
-        options["batch_size"] = int(config[5:])
-    if options:
-        options.update(early_stopping_patience=20, plateau_patience=10, seed_ensemble=3)
+        options.update(rules, batch_size=int(config[5:]))
+    elif config == "small":
+        options.update(rules, small_batch=default_small_batch(len(tr)))
     for model in ("dlrm", "dcnv2", "wide_deep"):
         t = time.perf_counter()
         torch.manual_seed(0)
         r = train(path, model=model, progress=False, **options)
-        row = {"dataset": Path(path).name, "model": model, "config": config, "batch": options.get("batch_size"),
+        batch = r.get("batch_size") if config == "small" else options.get("batch_size")  # the kept one; the given
+        row = {"dataset": Path(path).name, "model": model, "config": config, "batch": batch,
                "auc": r["auc"], "logloss": r["logloss"], "validation": r.get("validation"),
                "best_step": r["best_step"], "steps": r["step"], "seconds": round(time.perf_counter() - t, 1)}
         with open(out, "a") as f:
             f.write(json.dumps(row) + "\n")
-        print(row["dataset"], model, config, options.get("batch_size"), round(r["auc"], 4), round(r["logloss"], 4),
-              flush=True)
+        print(row["dataset"], model, config, batch, round(r["auc"], 4), round(r["logloss"], 4), flush=True)
