@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from ctrkit.data.atomic import atomic_file
+from ctrkit.eval.calibration import check_scale
 from ctrkit.models.registry import create_model, make_config
 
 FORMAT = "ctrkit-checkpoint"
@@ -82,6 +83,9 @@ class Checkpoint:
             belong to (the earlier ones are in ``members``); None: a run of one model.
         member_ensemble: in a finished seed ensemble, the members whose models' logits, averaged, are the
             kept model (all of them, or the best one alone): what ``build_model`` builds; None otherwise.
+        calibration: the positive scale the kept model's logit is multiplied by before the sigmoid
+            (``TrainConfig.calibrate``; fitted on validation at the end of training): ``Scoring``, ``Predictor``
+            and exports apply it, ``build_model`` does not (the model's own logits); None: no scale.
     """
 
     model_name: str
@@ -103,6 +107,7 @@ class Checkpoint:
     members: list[dict[str, Any]] | None = None
     member: int | None = None
     member_ensemble: list[int] | None = None
+    calibration: float | None = None
 
     @property
     def models_averaged(self) -> int:
@@ -207,6 +212,10 @@ class Checkpoint:
             raise CheckpointError(f"{where}: checkpoint lacks {sorted(missing)}")
         data = {**data, "model_config": {**LEGACY_FIELDS.get(data["model_name"], {}), **data["model_config"]}}
         known = {f.name for f in fields(cls)}
+        try:
+            data["calibration"] = check_scale(data.get("calibration"), where)
+        except ValueError as e:
+            raise CheckpointError(str(e)) from None
         return cls(**{"spec": {}, **{k: v for k, v in data.items() if k in known}})
 
 

@@ -191,6 +191,14 @@ class TrainConfig:
         unset=f"on data of fewer than {SMALL_EPOCH} batches an epoch, the largest power of two at most the "
         f"training rows / {SMALL_BATCH_STEPS}, at least {MIN_SMALL_BATCH}; else 0",
     )
+    calibrate: str = option(
+        "auto",
+        "at the end of training, fit one scale of the kept model's logit (temperature scaling: rankings, so AUC, "
+        "unchanged) to the validation data's log loss; auto: keep it where a likelihood-ratio test against no "
+        "scale passes at 99% (the kept model was over- or underconfident on validation), on: always, off: never. "
+        "Checkpoints store it; evaluate, predict, export and serve apply it",
+        ("auto", "on", "off"),
+    )
     early_stopping_patience: int | None = option(
         None,
         "stop after this many validation evaluations without improvement (0: never stop early)",
@@ -246,6 +254,7 @@ class TrainConfig:
             ("embedding_optimizer", TABLE_OPTIMIZERS),
             ("wide_optimizer", TABLE_OPTIMIZERS),
             ("reinit_embeddings", ("auto", "on", "off")),
+            ("calibrate", ("auto", "on", "off")),
         ):
             value = getattr(self, name)
             if value is not None and value not in allowed:

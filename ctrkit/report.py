@@ -208,7 +208,7 @@ def build_report(
 
     The dataset defaults to the run's (the YAML written beside the checkpoint), the log to the run's
     ``log_path`` when the run recorded one."""
-    from ctrkit.eval.evaluator import Scoring, predict_logits
+    from ctrkit.eval.evaluator import Scoring
     from ctrkit.eval.metrics import log_loss_from_logits, roc_auc, sigmoid
     from ctrkit.train.run import load_run_file
 
@@ -224,7 +224,7 @@ def build_report(
     scoring = Scoring.load(checkpoint, dataset, mapping, device)
     if len(scoring.dataset) == 0:
         raise ValueError(f"{dataset}: mapping '{mapping}' holds no samples to evaluate")
-    logits = predict_logits(scoring.model, scoring.dataset, scoring.device, 16384).astype(np.float64)
+    logits = scoring.logits().astype(np.float64)  # the kept model's, calibrated as it is served
     probs = sigmoid(logits)
     labels = scoring.dataset.labels().astype(np.int64)
     ckpt = scoring.checkpoint
@@ -238,6 +238,8 @@ def build_report(
         final["models_averaged"] = ckpt.models_averaged
     elif ckpt.ensemble:
         final["ensemble"] = list(ckpt.ensemble)  # the steps whose models' logits are averaged
+    if ckpt.calibration is not None:
+        final["calibration_scale"] = ckpt.calibration  # the logit's multiplier (TrainConfig.calibrate)
     calib = calibration(labels, probs)
     data = {
         "model": ckpt.model_name,

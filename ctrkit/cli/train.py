@@ -38,7 +38,8 @@ def train(args: argparse.Namespace) -> int:
     Trains a model on the 'train' mapping of a split-binary dataset with the model's optimizers (sparse
     embedding updates). Evaluations during training score the 'validation' mapping (or, without one, a
     held-out tail of 'train'); the run keeps the weights of the best validation AUC, lowers the learning
-    rates on a plateau and stops early after a patience, then scores 'test' once with the kept weights.
+    rates on a plateau and stops early after a patience, fits a scale of the kept model's logit to the
+    validation log loss where that helps (--calibrate), then scores 'test' once with the kept model.
     The LR schedule warms up linearly, holds, then decays polynomially; unset schedule flags are derived
     from the run (warmup over 5% of the first epoch, decay over the last half of --epochs). Settings
     resolve as: flags, then --config, then the model's defaults; the resolved run is written beside the
@@ -88,7 +89,7 @@ def train(args: argparse.Namespace) -> int:
 
 def summary_line(result: dict, checkpoint=None) -> str:
     """``train``'s last line: the steps, the kept model and its validation scores beside the first-order
-    regression it started from, the test scores, the checkpoint."""
+    regression it started from, its calibration where one was kept, the test scores, the checkpoint."""
     members = result.get("members") or []
     several = len({m.get("batch_size") for m in members}) > 1  # --small-batch: members at two batch sizes
     at = f"batch-{result['batch_size']} " if several else ""  # ... and the kept ones are at this one
@@ -115,6 +116,12 @@ def summary_line(result: dict, checkpoint=None) -> str:
             parts[-1] += ": the first-order regression it started from; no trained step beat it on validation"
         elif base is not None:
             parts[-1] += f" against the first-order regression it started from: AUC {base['auc']:.4f}"
+    fit = result.get("calibration") or {}
+    if fit.get("applied"):
+        parts.append(
+            f"its logit scaled by {fit['scale']:.3f} (--calibrate: validation logloss {fit['logloss_before']:.4f} -> "
+            f"{fit['logloss_after']:.4f})"
+        )
     if "auc" in result:
         parts.append(f"test AUC {result['auc']:.4f}, logloss {result['logloss']:.4f} on {result['samples']:,} samples")
         if "single" in result and result.get("members"):

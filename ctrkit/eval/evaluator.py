@@ -18,6 +18,7 @@ from ctrkit.data.dataset import SplitBinaryDataset
 from ctrkit.data.feature_spec import FeatureSpec
 from ctrkit.data.loader import BatchLoader, part_bounds
 from ctrkit.distributed.env import DistEnv, gather_in_order
+from ctrkit.eval.calibration import calibrated
 from ctrkit.eval.metrics import log_loss_from_logits, mean_average_precision, roc_auc, sigmoid
 
 
@@ -160,16 +161,21 @@ class Scoring:
     def is_main(self) -> bool:
         return self.env is None or self.env.is_main
 
-    def evaluate(self, batch_size: int = 16384, amp: bool = False, progress: bool = False) -> dict[str, Any]:
-        """``evaluate``'s metrics, plus the mapping, the model name and the checkpoint's step."""
+    def logits(self, batch_size: int = 16384, amp: bool = False, progress: bool = False) -> np.ndarray:
+        """(N,) float32 logits of the checkpoint's kept model in dataset order, its calibration applied (what
+        ``predict``, exports and the server turn into probabilities)."""
         from ctrkit.device import amp_dtype_for
 
         amp_dtype = amp_dtype_for(self.device, amp, None)
-        metrics = evaluate(self.model, self.dataset, self.device, batch_size, amp_dtype, progress, self.env)
+        logits = predict_logits(self.model, self.dataset, self.device, batch_size, amp_dtype, progress, self.env)
+        return calibrated(logits, self.checkpoint.calibration)
+
+    def evaluate(self, batch_size: int = 16384, amp: bool = False, progress: bool = False) -> dict[str, Any]:
+        """``evaluate``'s metrics, plus the mapping, the model name and the checkpoint's step."""
+        metrics = metrics_of(self.dataset, self.logits(batch_size, amp, progress))
         return {**metrics, "mapping": self.dataset.mapping, "model": self.checkpoint.model_name,
                 "step": int(self.checkpoint.step)}  # fmt: skip
 
     def predict(self, batch_size: int = 16384, progress: bool = False) -> np.ndarray:
         """(N,) float32 click probabilities in dataset order."""
-        logits = predict_logits(self.model, self.dataset, self.device, batch_size, progress=progress, env=self.env)
-        return sigmoid(logits).astype(np.float32)
+        return sigmoid(self.logits(batch_size, progress=progress)).astype(np.float32)

@@ -130,7 +130,7 @@ def export_checkpoint(
             "Triton export: this model has no numerical features, and Triton refuses a zero-width input "
             "(config dims must be >= 1); export it as onnx or torchscript and serve it with `ctrkit serve`"
         )
-    wrapper = InferenceModel(ckpt.build_model().cpu(), signature).eval()
+    wrapper = InferenceModel(ckpt.build_model().cpu(), signature, ckpt.calibration).eval()
     name = name or ckpt.model_name
     summary: dict = {"format": fmt, "name": name, "quantize": quantize}
     with atomic_directory(out_dir, overwrite) as tmp:

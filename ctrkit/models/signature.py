@@ -110,14 +110,17 @@ class InferenceModel(nn.Module):
     Args:
         model: a single-process ctrkit model.
         signature: its serving signature.
+        scale: the checkpoint's calibration (``Checkpoint.calibration``): the logit is multiplied by it, in
+            float32, before the sigmoid; None: no scale.
 
     Shapes: numerical (B, N) float32, categorical (B, F) int64, multi_hot (B, Fm, L) int64 (-1 padding;
     only with multi-hot features) -> probability (B, 1) float32.
     """
 
-    def __init__(self, model: nn.Module, signature: Signature):
+    def __init__(self, model: nn.Module, signature: Signature, scale: float | None = None):
         super().__init__()
         self.model = model.eval()
+        self.scale = None if scale is None else float(scale)
         self.has_numerical = signature.num_numerical > 0
         self.register_buffer("cardinalities", torch.tensor(signature.cardinalities, dtype=torch.int64))
         multi = torch.tensor(signature.multi_hot_cardinalities, dtype=torch.int64)
@@ -135,4 +138,7 @@ class InferenceModel(nn.Module):
         if multi_hot is not None:  # ids beyond a table -> 0 (unseen); negative ones stay padding
             unseen = multi_hot >= self.multi_hot_cardinalities.view(1, -1, 1)  # (B, Fm, L)
             bags = PaddedMultiHot(torch.where(unseen, torch.zeros_like(multi_hot), multi_hot))
-        return torch.sigmoid(self.model(numerical_in, ids, bags).float()).unsqueeze(1)  # (B, 1), fp32 under autocast
+        logits = self.model(numerical_in, ids, bags).float()  # (B,), fp32 under autocast
+        if self.scale is not None:
+            logits = logits * self.scale
+        return torch.sigmoid(logits).unsqueeze(1)  # (B, 1)

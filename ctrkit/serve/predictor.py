@@ -74,7 +74,7 @@ class Predictor:
         views = sharded_table_views(ckpt) if lazy and ckpt.shard_files else None
         stores = use_mmap_store(model, cache_rows, views) if lazy else []
         model = model.cpu()
-        model = InferenceModel(model, signature).eval()
+        model = InferenceModel(model, signature, ckpt.calibration).eval()
         half = dtype == "bf16" and cpu_bf16_or_fp32("--dtype bf16")
         if half:
             model = model.to(torch.bfloat16)

@@ -515,9 +515,11 @@ class Run:
 
     def _form_members(self, test_set) -> dict[str, Any]:
         """The kept model of a seed ensemble: each batch size's kept model (``_group_model``), and of those the
-        one with the higher validation AUC (the run's batch's on a tie). Saved (``member_ensemble``), then the
-        test scored once: each kept member's logits, averaged as on validation."""
+        one with the higher validation AUC (the run's batch's on a tie), and its logit scale (``calibrate``).
+        Saved (``member_ensemble``, ``calibration``), then the test scored once: each kept member's logits,
+        averaged and scaled as on validation."""
         from ctrkit.checkpoint import save_checkpoint
+        from ctrkit.eval.calibration import calibrated, choose_calibration
         from ctrkit.eval.evaluator import metrics_of
         from ctrkit.train.selection import score
 
@@ -539,9 +541,14 @@ class Run:
                                  for b, f in zip(batches, formed)]  # fmt: skip
         trainer._log(record)
         self.member_ensemble = kept
+        scale, fit = None, {}
+        if self.spec.train.calibrate != "off":  # the kept model's logit scale, fitted on its validation logits
+            logits = _mean([self._member_logits([members[i]], validation) for i in kept])
+            scale, fit = choose_calibration(logits, validation.labels(), self.spec.train.calibrate)
+            trainer._log({"event": "calibration", "step": trainer.step, **fit})
         if trainer.save_path is not None and trainer.main:  # ``model``: the kept batch's first member's weights
             final = replace(trainer.state(), model=first["models"][0], members=members, member=len(members) - 1,
-                            member_ensemble=kept)  # fmt: skip
+                            member_ensemble=kept, calibration=scale)  # fmt: skip
             save_checkpoint(trainer.save_path, final)
         result: dict[str, Any] = {
             "step": trainer.step, "best_step": first["best_step"], "stopped_early": first["stopped_early"],
@@ -552,9 +559,11 @@ class Run:
         }  # fmt: skip
         if trainer.selection.baseline_metrics() is not None:
             result["baseline"] = trainer.selection.baseline_metrics()
+        if fit:
+            result["calibration"] = fit
         if test_set is not None and len(test_set):
             logits = [self._member_logits([members[i]], test_set) for i in kept]
-            test = metrics_of(test_set, _mean(logits))
+            test = metrics_of(test_set, calibrated(_mean(logits), scale))
             if taken:
                 single = metrics_of(test_set, logits[0])
                 test["single"] = {k: single[k] for k in ("auc", "logloss")}

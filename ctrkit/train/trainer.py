@@ -35,6 +35,7 @@ from ctrkit.data.batch import Batch
 from ctrkit.data.dataset import SplitBinaryDataset, split_tail
 from ctrkit.data.loader import BatchLoader
 from ctrkit.distributed.env import DistEnv, all_reduce_sum
+from ctrkit.eval.calibration import calibrated, choose_calibration
 from ctrkit.eval.evaluator import metrics_of, predict_logits
 from ctrkit.eval.metrics import auc_difference
 from ctrkit.models.embeddings import CategoricalEmbeddings
@@ -264,6 +265,8 @@ class Trainer:
         self.members_done: list[dict[str, Any]] = []  # ... and the members trained before it (saved with it)
         self.ensemble: list[int] | None = None  # the steps of the snapshots forming the selected ensemble
         self.ensemble_metrics: dict[str, Any] | None = None
+        self.calibration: float | None = None  # the kept model's logit scale (``calibrate``), set at the end
+        self.calibration_record: dict[str, Any] = {}  # ... and its fit, as logged
         self._baseline_logits = None  # the warm start's validation logits while it is the selected model
         self.model = model
         self.info = info
@@ -314,6 +317,7 @@ class Trainer:
             ensemble=self.ensemble,
             members=list(self.members_done) if self.member is not None else None,
             member=self.member,
+            calibration=self.calibration,
         )
 
     def restore(self, ckpt: Checkpoint) -> None:
@@ -430,6 +434,7 @@ class Trainer:
             selection=self.selection.state(),
             sharding=model.sharding_key(),
             shard_files=names,
+            calibration=self.calibration,
         )
 
     def _check_finite(self) -> None:
@@ -494,9 +499,31 @@ class Trainer:
         return out
 
     def _score_ensemble(self, dataset) -> dict[str, Any]:
-        """The selected ensemble's metrics on ``dataset``: its members' logits averaged."""
+        """The selected ensemble's metrics on ``dataset``: its members' logits averaged (and calibrated)."""
+        return metrics_of(dataset, calibrated(self._ensemble_logits(dataset), self.calibration))
+
+    def _ensemble_logits(self, dataset) -> np.ndarray:
         logits = self._logits_of(snapshot_states(self.snapshots, self.ensemble), dataset)
-        return metrics_of(dataset, np.mean(logits, axis=0).astype(np.float32))
+        return np.mean(logits, axis=0).astype(np.float32)
+
+    def _calibrate(self) -> None:
+        """Fits the kept model's logit scale on validation (``calibrate``; ``eval/calibration.py``) and logs
+        the fit; the checkpoint saved next stores it."""
+        self.calibration, self.calibration_record = None, {}
+        if self.validation_set is None or len(self.validation_set) == 0 or self.cfg.calibrate == "off":
+            return
+        if self.ensemble is not None:
+            logits = self._ensemble_logits(self.validation_set)
+        elif self.best_state is not None:
+            logits = self._logits_of([self.best_state], self.validation_set)[0].astype(np.float32)
+        else:
+            logits = self._logits(self.validation_set)
+        self.calibration, self.calibration_record = choose_calibration(
+            logits, self.validation_set.labels(), self.cfg.calibrate
+        )
+        self._log({"event": "calibration", "step": self.step, **self.calibration_record})
+        if self.calibration is not None:
+            self._saved_step = None  # the final checkpoint records it
 
     def validate(self, baseline: bool = False) -> dict[str, Any] | None:
         """Scores the validation data, updates the selection (best weights, plateau, patience), logs it.
@@ -781,6 +808,8 @@ class Trainer:
                 batches.close()  # stops the prefetch thread however the loop ended
             bar.close()
         self._form_ensemble()
+        if self.member is None:  # a seed ensemble's members are calibrated together (train/run.py)
+            self._calibrate()
         self.save()  # the best weights (or ensemble) as the model, the last ones to resume from
         self._keep_best()
         result: dict[str, Any] = {"step": self.step, "best_step": self.selection.best_step,
@@ -791,8 +820,10 @@ class Trainer:
             result["baseline"] = self.selection.baseline_metrics()
         if self.ensemble is not None:
             result["ensemble"], result["validation"] = self.ensemble, self.ensemble_metrics
+        if self.calibration_record:
+            result["calibration"] = self.calibration_record
         if self.test_set is not None and len(self.test_set):
-            test = self._score(self.test_set)
+            test = metrics_of(self.test_set, calibrated(self._logits(self.test_set), self.calibration))
             if self.ensemble is not None:  # the selected single model's scores beside the ensemble's
                 single = {k: test[k] for k in ("auc", "logloss")}
                 test = {**self._score_ensemble(self.test_set), "ensemble": self.ensemble, "single": single}
