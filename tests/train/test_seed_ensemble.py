@@ -73,8 +73,9 @@ def test_members_are_their_seeds_runs_and_the_kept_model_is_their_mean(runs, tin
     assert "kept the mean of the models of seeds 3, 4 (their best steps" in line and "seed 3's model alone" in line
     records = [json.loads(line) for line in (where / "log.jsonl").read_text().splitlines()]
     assert {r.get("member") for r in records if r["event"] == "eval"} == {0, 1}  # each member's own records
-    assert [r["event"] for r in records if r.get("member") is None] == ["seed_ensemble", "test"]  # one test score
-    assert records[-2]["selected"] == (together["member_ensemble"] == [3, 4])
+    run_records = [r for r in records if r.get("member") is None]  # one test score, after the mean's calibration
+    assert [r["event"] for r in run_records] == ["seed_ensemble", "calibration", "test"]
+    assert run_records[0]["selected"] == (together["member_ensemble"] == [3, 4])
 
 
 def test_evaluate_report_and_export_take_the_ensemble(runs, tiny_dataset, tmp_path, capsys):

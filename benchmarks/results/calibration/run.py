@@ -1,6 +1,7 @@
-"""Post-hoc calibration of the kept model measured: each model trained with its defaults, its validation
-and test logits, and the test log loss after a scale (and a shift) of the logit fitted on validation.
-One JSON line per (dataset, model).
+"""Post-hoc calibration of the kept model measured: each model trained with its defaults but --calibrate off
+(the cells of this directory's jsonl files were run before --calibrate existed), its validation and test
+logits, and the test log loss after a scale ("scale") or a scale and a shift ("platt") of the logit fitted on
+validation (scipy's L-BFGS, no prior). One JSON line per (dataset, model); summarize.py applies the rules.
 
     OMP_WAIT_POLICY=PASSIVE python benchmarks/results/calibration/run.py OUT.jsonl MODELS DATASET...
 """
@@ -49,11 +50,12 @@ for path in datasets:
         torch.manual_seed(0)
         with tempfile.TemporaryDirectory() as tmp:
             ck = Path(tmp) / "m.pt"
-            r = train(path, model=model, progress=False, save_checkpoint=str(ck))
+            r = train(path, model=model, progress=False, save_checkpoint=str(ck), calibrate="off")
             net = load_checkpoint(ck).build_model()
         dev = torch.device("cpu")
         zv, zt = predict_logits(net, va, dev), predict_logits(net, te, dev)
-        row = {"dataset": Path(path).name, "model": model, "auc": r["auc"], "logloss": r["logloss"],
+        row = {"dataset": Path(path).name, "model": model, "validation_rows": len(va), "auc": r["auc"],
+               "logloss": r["logloss"],
                "check_auc": roc_auc(yt, zt), "val_logloss": log_loss_from_logits(yv, zv)}
         for name, shift in (("scale", False), ("platt", True)):
             a, b = fit(zv, yv, shift)
