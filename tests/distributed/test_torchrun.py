@@ -18,7 +18,9 @@ from tests.conftest import TINY_TABLES, free_port, small_model_flags
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
-TRAIN = ["--epochs", "1", "--max-steps", "12", "--batch-size", "333", "--no-progress", *small_model_flags()]
+# --calibrate on: the kept model's logit scale is fitted on every rank and stored, so the runs compare it too
+TRAIN = ["--epochs", "1", "--max-steps", "12", "--batch-size", "333", "--calibrate", "on", "--no-progress",
+         *small_model_flags()]  # fmt: skip
 
 
 def single(*args) -> subprocess.CompletedProcess:
@@ -60,6 +62,8 @@ def test_two_ranks_train_like_one_process(tiny_dataset, tmp_path, sharding):
     )  # fmt: skip
     assert f"{sharding}-wise" in done.stderr and "hybrid parallel: 2 ranks (gloo)" in done.stderr
     assert_same_weights(tmp_path / "one.pt", tmp_path / "two.pt")
+    scales = [load_checkpoint(tmp_path / f"{n}.pt").calibration for n in ("one", "two")]
+    assert scales[0] is not None and scales[1] == pytest.approx(scales[0], rel=1e-4)
     # saved by 2 ranks, read by 1 (and the reverse): the same predictions
     single("predict", "--checkpoint", tmp_path / "two.pt", "--dataset", tiny_dataset, "--out", tmp_path / "p1.npy")
     torchrun(
