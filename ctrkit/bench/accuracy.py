@@ -79,6 +79,7 @@ def run_entry(
         torch.manual_seed(0)
         options = dict(train_options, **({"epochs": max_epochs} if max_epochs is not None else {}))
         result = train(entry.path, model=name, progress=False, **options)
+        fit = result.get("calibration") or {}
         row["results"][method(name, max_epochs)] = {
             "auc": result["auc"],
             "logloss": result["logloss"],
@@ -88,6 +89,7 @@ def run_entry(
             "seed_ensemble": result.get("member_ensemble"),  # the seeds whose models' mean was kept
             "batch_size": result.get("batch_size"),  # ... and their batch (--small-batch: the one kept)
             "single_auc": result.get("single", {}).get("auc"),  # the best single model's, beside an ensemble's
+            "calibration": fit["scale"] if fit.get("applied") else None,  # the logit scale kept (--calibrate)
             "steps": result["step"],
             "seconds": time.perf_counter() - start,
         }

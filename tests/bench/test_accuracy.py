@@ -50,6 +50,8 @@ def test_bench_accuracy_writes_a_row_per_data_set(tiny_dataset, tmp_path, capsys
     assert all(0.6 < r["auc"] < 0.95 for r in outbrain["results"].values()), outbrain["results"]
     # its few thousand rows are small data: each model trained as a seed ensemble of three (whatever it kept)
     assert all(outbrain["results"][m]["seed_ensemble"] is not None for m in ("dlrm", "wide_deep"))
+    kept_scales = [r["results"][m]["calibration"] for r in doc["rows"] for m in ("dlrm", "wide_deep")]
+    assert all(s is None or s > 0 for s in kept_scales)  # each model's kept logit scale (--calibrate), or none
     assert doc["machine"]["capability"] and doc["machine"]["torch"]
     for planted in doc["rows"][:2]:
         assert set(planted["results"]) == {"logistic", "lightgbm", "dlrm", "wide_deep"}
