@@ -823,9 +823,10 @@ class Trainer:
         if self.calibration_record:
             result["calibration"] = self.calibration_record
         if self.test_set is not None and len(self.test_set):
-            test = metrics_of(self.test_set, calibrated(self._logits(self.test_set), self.calibration))
-            if self.ensemble is not None:  # the selected single model's scores beside the ensemble's
-                single = {k: test[k] for k in ("auc", "logloss")}
+            logits = self._logits(self.test_set)
+            test = metrics_of(self.test_set, calibrated(logits, self.calibration))
+            if self.ensemble is not None:  # the selected single model's scores (its own logits) beside the ensemble's
+                single = {k: v for k, v in metrics_of(self.test_set, logits).items() if k in ("auc", "logloss")}
                 test = {**self._score_ensemble(self.test_set), "ensemble": self.ensemble, "single": single}
             self._log({"event": "test", "mapping": "test", "step": self.step, "best_step": result["best_step"],
                        **test})  # fmt: skip
