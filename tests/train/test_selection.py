@@ -102,7 +102,7 @@ def test_trainer_keeps_the_best_weights_decays_the_lr_and_stops_early(tiny_datas
 
 def test_resume_past_the_best_step_gives_the_uninterrupted_result(tiny_dataset, tmp_path):
     cfg = TrainConfig(batch_size=512, epochs=3, evals_per_epoch=3, early_stopping_patience=0, plateau_patience=1,
-                      seed=4)  # fmt: skip
+                      seed=4, calibrate="on")  # fmt: skip
     straight = build(tiny_dataset, cfg)
     curve = [0.6, 0.7, 0.65, 0.66, 0.67, 0.64, 0.68, 0.69, 0.61]
     PlantedValidation(straight, curve)
@@ -120,6 +120,9 @@ def test_resume_past_the_best_step_gives_the_uninterrupted_result(tiny_dataset, 
     resumed.restore(ckpt)
     got = resumed.fit()
     assert (got["step"], got["best_step"], got["auc"]) == (want["step"], want["best_step"], want["auc"])
+    assert got["calibration"] == want["calibration"] and got["logloss"] == want["logloss"]  # the same scale, refitted
+    # the 60-step run ended there with a scale of its own; training on from it refits the scale at the new end
+    assert want["calibration"]["applied"] and ckpt.calibration is not None
     for k, v in params(straight.model).items():
         torch.testing.assert_close(params(resumed.model)[k], v, rtol=0, atol=0, msg=k)
 
