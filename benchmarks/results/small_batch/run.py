@@ -8,7 +8,9 @@ and validation AUC and log loss, the kept batch, steps, seconds.
 CONFIG: "default" (the model's batch only: every default but --small-batch, which it measures), "steps<N>"
 (the largest power of two <= train rows / N, at least 32), "batch<B>", or "small" (every small-data rule:
 the seed ensemble of 3, patience 20 / 10 and --small-batch's unset batch chosen on validation; the cells of
-mid-small.jsonl, compared by midcmp.py with the one-thread rows of benchmarks/accuracy-small-batch).
+mid-small.jsonl, compared by midcmp.py with the one-thread rows of benchmarks/accuracy-small-batch), or
+"midbatch" (only --small-batch's unset batch chosen on validation, the other settings the defaults': the
+cells of mid-batch.jsonl, compared by midcmp.py with the rows of benchmarks/accuracy-calibrate).
 """
 
 import json
@@ -35,11 +37,13 @@ for path in datasets:
         options.update(rules, batch_size=int(config[5:]))
     elif config == "small":
         options.update(rules, small_batch=default_small_batch(len(tr)))
+    elif config == "midbatch":  # --small-batch's batch alone, at the model's patience and one seed
+        options.update(small_batch=default_small_batch(len(tr)))
     for model in ("dlrm", "dcnv2", "wide_deep"):
         t = time.perf_counter()
         torch.manual_seed(0)
         r = train(path, model=model, progress=False, **options)
-        batch = r.get("batch_size") if config == "small" else options.get("batch_size")  # the kept one; the given
+        batch = r.get("batch_size") if config in ("small", "midbatch") else options.get("batch_size")  # kept; given
         row = {"dataset": Path(path).name, "model": model, "config": config, "batch": batch,
                "auc": r["auc"], "logloss": r["logloss"], "validation": r.get("validation"),
                "best_step": r["best_step"], "steps": r["step"], "seconds": round(time.perf_counter() - t, 1)}
