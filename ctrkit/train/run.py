@@ -493,7 +493,8 @@ class Run:
         regression are one model) when that scores higher on validation than the first member, the model a
         run of one would keep, by ``min_delta`` and its log loss is below the warm start's (under
         ``warm_start_logloss``); else the first member. Returns ``kept`` (member indices), ``mean`` (the
-        mean's validation metrics), ``taken`` (the mean kept) and ``validation`` (the kept model's)."""
+        mean's validation metrics), ``taken`` (the mean kept), ``validation`` (the kept model's metrics) and
+        ``logits`` (its validation logits)."""
         from ctrkit.eval.evaluator import metrics_of
         from ctrkit.train.selection import score
 
@@ -505,13 +506,15 @@ class Run:
             if not any(np.array_equal(logits, other) for other in seen):
                 distinct.append(i)
                 seen.append(logits)
-        metrics = metrics_of(validation, _mean(seen))
+        mean = _mean(seen)
+        metrics = metrics_of(validation, mean)
         baseline = trainer.selection.baseline_loss if cfg.warm_start_logloss else None
         taken = len(distinct) > 1 and score(metrics) > score(first["validation"]) + cfg.min_delta and (
             baseline is None or metrics["logloss"] < baseline
         )  # fmt: skip
         return {"kept": distinct if taken else [indices[0]], "mean": metrics, "taken": taken,
-                "validation": metrics if taken else first["validation"]}  # fmt: skip
+                "validation": metrics if taken else first["validation"],
+                "logits": mean if taken else seen[0]}  # fmt: skip
 
     def _form_members(self, test_set) -> dict[str, Any]:
         """The kept model of a seed ensemble: each batch size's kept model (``_group_model``), and of those the
@@ -543,7 +546,7 @@ class Run:
         self.member_ensemble = kept
         scale, fit = None, {}
         if self.spec.train.calibrate != "off":  # the kept model's logit scale, fitted on its validation logits
-            logits = _mean([self._member_logits([members[i]], validation) for i in kept])
+            logits = formed[chosen]["logits"]
             scale, fit = choose_calibration(logits, validation.labels(), self.spec.train.calibrate)
             trainer._log({"event": "calibration", "step": trainer.step, **fit})
         if trainer.save_path is not None and trainer.main:  # ``model``: the kept batch's first member's weights

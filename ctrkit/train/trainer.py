@@ -485,9 +485,6 @@ class Trainer:
         """A copy of the weights this process holds (the whole model, or a rank's shards and replicas)."""
         return {k: v.detach().clone() for k, v in self._inner.state_dict().items()}
 
-    def _score(self, dataset) -> dict[str, Any]:
-        return metrics_of(dataset, self._logits(dataset))
-
     def _logits_of(self, states: list[dict[str, torch.Tensor]], dataset) -> list[np.ndarray]:
         """``dataset``'s logits (float64) under each of ``states`` in turn; the model's weights are as before
         afterwards."""
@@ -500,23 +497,21 @@ class Trainer:
 
     def _score_ensemble(self, dataset) -> dict[str, Any]:
         """The selected ensemble's metrics on ``dataset``: its members' logits averaged (and calibrated)."""
-        return metrics_of(dataset, calibrated(self._ensemble_logits(dataset), self.calibration))
-
-    def _ensemble_logits(self, dataset) -> np.ndarray:
         logits = self._logits_of(snapshot_states(self.snapshots, self.ensemble), dataset)
-        return np.mean(logits, axis=0).astype(np.float32)
+        return metrics_of(dataset, calibrated(np.mean(logits, axis=0).astype(np.float32), self.calibration))
 
-    def _calibrate(self) -> None:
+    def _calibrate(self, ensemble_logits: np.ndarray | None) -> None:
         """Fits the kept model's logit scale on validation (``calibrate``; ``eval/calibration.py``) and logs
-        the fit; the checkpoint saved next stores it."""
+        the fit; the checkpoint saved next stores it. ``ensemble_logits``: a kept snapshot ensemble's
+        validation logits (``_form_ensemble``'s); None: the selected weights are scored here."""
         self.calibration, self.calibration_record = None, {}
         if self.validation_set is None or len(self.validation_set) == 0 or self.cfg.calibrate == "off":
             return
-        if self.ensemble is not None:
-            logits = self._ensemble_logits(self.validation_set)
+        if ensemble_logits is not None:
+            logits = ensemble_logits
         elif self.best_state is not None:
             logits = self._logits_of([self.best_state], self.validation_set)[0].astype(np.float32)
-        else:
+        else:  # nothing was selected: a checkpoint without selection state, resumed at its end
             logits = self._logits(self.validation_set)
         self.calibration, self.calibration_record = choose_calibration(
             logits, self.validation_set.labels(), self.cfg.calibrate
@@ -617,13 +612,14 @@ class Trainer:
                 snap["model"] = {k: v.cpu() for k, v in (state if state is not None else self._local_state()).items()}
         self.snapshots = pool
 
-    def _form_ensemble(self) -> None:
+    def _form_ensemble(self) -> np.ndarray | None:
         """At the end of training: the mean of the logits of the pool's best 2..N snapshots, the one with the
         best validation score, becomes the kept model when selection would take it over the selected model
-        (higher by ``min_delta``; the warm start's log-loss and z rules)."""
+        (higher by ``min_delta``; the warm start's log-loss and z rules). Returns its validation logits when
+        it is kept, else None."""
         self.ensemble = self.ensemble_metrics = None
         if len(self.snapshots) < 2:
-            return
+            return None
         logits = self._logits_of([snap["model"] for snap in self.snapshots], self.validation_set)
         best = None
         for k in range(2, len(self.snapshots) + 1):
@@ -638,9 +634,11 @@ class Trainer:
         steps = [int(s["step"]) for s in self.snapshots[:k]]
         taken = sel.accepts(metrics)
         self._log({"event": "ensemble", "step": self.step, "members": steps, "selected": taken, **metrics})
-        if taken:
-            self.ensemble, self.ensemble_metrics = steps, metrics
-            self._saved_step = None  # the final checkpoint records it
+        if not taken:
+            return None
+        self.ensemble, self.ensemble_metrics = steps, metrics
+        self._saved_step = None  # the final checkpoint records it
+        return mean
 
     def _overfitting(self, metrics: dict[str, Any]) -> bool:
         """Auto ``reinit_embeddings``: past the first epoch, the validation AUC fell more than
@@ -807,9 +805,9 @@ class Trainer:
             if batches is not None:
                 batches.close()  # stops the prefetch thread however the loop ended
             bar.close()
-        self._form_ensemble()
+        ensemble_logits = self._form_ensemble()
         if self.member is None:  # a seed ensemble's members are calibrated together (train/run.py)
-            self._calibrate()
+            self._calibrate(ensemble_logits)
         self.save()  # the best weights (or ensemble) as the model, the last ones to resume from
         self._keep_best()
         result: dict[str, Any] = {"step": self.step, "best_step": self.selection.best_step,
@@ -824,8 +822,9 @@ class Trainer:
             result["calibration"] = self.calibration_record
         if self.test_set is not None and len(self.test_set):
             logits = self._logits(self.test_set)
-            test = metrics_of(self.test_set, calibrated(logits, self.calibration))
-            if self.ensemble is not None:  # the selected single model's scores (its own logits) beside the ensemble's
+            if self.ensemble is None:
+                test = metrics_of(self.test_set, calibrated(logits, self.calibration))
+            else:  # the selected single model's scores (its own logits) beside the ensemble's
                 single = {k: v for k, v in metrics_of(self.test_set, logits).items() if k in ("auc", "logloss")}
                 test = {**self._score_ensemble(self.test_set), "ensemble": self.ensemble, "single": single}
             self._log({"event": "test", "mapping": "test", "step": self.step, "best_step": result["best_step"],
