@@ -313,6 +313,8 @@ class Run:
                 f"the checkpoint's members were trained at batch sizes {done}, this run takes turns over "
                 f"{self.batches} (--batch-size, --small-batch): resume with the same settings"
             )
+        # the first-order regression and the normaliser its fit saw, fitted once for every member (``Trainer``)
+        self.warm_start_cache: dict[str, Any] = {}
         self._build_trainer(spec, ckpt)
 
     def _batches(self, cfg) -> list[int]:
@@ -386,6 +388,8 @@ class Run:
             run_record=spec.run_yaml(),
             tensorboard_dir=spec.tensorboard,
         )
+        if self.env is None:  # a seed ensemble's members share the data, so their first-order fits are one
+            self.trainer.warm_start_cache = self.warm_start_cache
         if ckpt is not None:
             self.trainer.restore(ckpt)
 

@@ -268,6 +268,9 @@ class Trainer:
         self.calibration: float | None = None  # the kept model's logit scale (``calibrate``), set at the end
         self.calibration_record: dict[str, Any] = {}  # ... and its fit, as logged
         self._baseline_logits = None  # the warm start's validation logits while it is the selected model
+        # set by a seed ensemble's Run: the first member's normaliser and first-order fit, which later members
+        # (the same data, so the same fit) take instead of fitting again (``_warm_start``)
+        self.warm_start_cache: dict[str, Any] | None = None
         self.model = model
         self.info = info
         self.train_set = train_set
@@ -697,13 +700,25 @@ class Trainer:
             return
         if self.validation_set is None or len(self.validation_set) == 0:
             return
-        from ctrkit.train.linear_fit import fit_first_order
+        from ctrkit.train.linear_fit import FIRST_ORDER_MODULES, fit_first_order
 
-        fit = fit_first_order(self.model, self.train_set, self.validation_set)
+        cache = self.warm_start_cache
+        modules = {name: getattr(inner, name) for name in FIRST_ORDER_MODULES if getattr(inner, name, None) is not None}
+        if cache:  # a later member of a seed ensemble: the first member's fit, which is deterministic in the data
+            for name, module in modules.items():
+                module.load_state_dict(cache["states"][name])
+            fit = {**cache["fit"], "reused": True}
+        else:
+            fit = fit_first_order(self.model, self.train_set, self.validation_set)
+            if cache is not None:
+                cache["fit"] = fit
+                cache["states"] = {name: {k: v.detach().clone() for k, v in module.state_dict().items()}
+                                   for name, module in modules.items()}  # fmt: skip
         self._log({"event": "warm_start", "step": 0, **fit})
         if self.progress:
+            how = "reused from the seed ensemble's first member" if fit.get("reused") else f"{fit['seconds']:.1f} s"
             tqdm.write(f"first-order term fitted as a logistic regression on {fit['rows']:,} rows (C {fit['C']:g}, "
-                       f"validation AUC {fit['validation_auc']:.4f}, {fit['seconds']:.1f} s)")  # fmt: skip
+                       f"validation AUC {fit['validation_auc']:.4f}, {how})")  # fmt: skip
         self.validate(baseline=True)
 
     # ----------------------------------------------------------------------------------- loop

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from ctrkit.checkpoint import load_checkpoint
-from ctrkit.config import SEED_ENSEMBLE, SMALL_EPOCH, SNAPSHOT_MAX_BYTES, default_seed_ensemble
+from ctrkit.config import SEED_ENSEMBLE, SEED_ENSEMBLE_EPOCH, SMALL_EPOCH, SNAPSHOT_MAX_BYTES, default_seed_ensemble
 from ctrkit.data.dataset import SplitBinaryDataset
 from ctrkit.eval.evaluator import predict_logits
 from ctrkit.eval.metrics import roc_auc
@@ -73,6 +73,11 @@ def test_members_are_their_seeds_runs_and_the_kept_model_is_their_mean(runs, tin
     assert "kept the mean of the models of seeds 3, 4 (their best steps" in line and "seed 3's model alone" in line
     records = [json.loads(line) for line in (where / "log.jsonl").read_text().splitlines()]
     assert {r.get("member") for r in records if r["event"] == "eval"} == {0, 1}  # each member's own records
+    # the first-order regression is fitted once: the second member takes the first's (and ends with the same
+    # weights as seed 4 alone, which fitted its own: above)
+    fits = [r for r in records if r["event"] == "warm_start"]
+    assert [(r["member"], r.get("reused", False)) for r in fits] == [(0, False), (1, True)]
+    assert fits[1]["C"] == fits[0]["C"] and fits[1]["validation_auc"] == fits[0]["validation_auc"]
     run_records = [r for r in records if r.get("member") is None]  # one test score, after the mean's calibration
     assert [r["event"] for r in run_records] == ["seed_ensemble", "calibration", "test"]
     assert run_records[0]["selected"] == (together["member_ensemble"] == [3, 4])
@@ -147,7 +152,8 @@ def test_resume_inside_the_second_member_gives_the_uninterrupted_result(runs, ti
         train(tiny_dataset, "dlrm", seed=3, seed_ensemble=2, load_checkpoint=path, **{**SMALL, "epochs": 4})
 
 
-def test_unset_trains_several_only_on_small_data():
+def test_unset_trains_several_only_below_the_seed_ensemble_bound():
     assert default_seed_ensemble(SMALL_EPOCH - 1, 1 << 20) == SEED_ENSEMBLE > 1
-    assert default_seed_ensemble(SMALL_EPOCH, 1 << 20) == 1
+    assert default_seed_ensemble(SEED_ENSEMBLE_EPOCH - 1, 1 << 20) == SEED_ENSEMBLE  # reaches past small data
+    assert SEED_ENSEMBLE_EPOCH > SMALL_EPOCH and default_seed_ensemble(SEED_ENSEMBLE_EPOCH, 1 << 20) == 1
     assert default_seed_ensemble(3, SNAPSHOT_MAX_BYTES + 1) == 1
