@@ -86,7 +86,9 @@ def test_unset_tries_a_small_batch_only_on_small_data(tiny_dataset):
     small = run(batch_size=4096)  # 5 batches an epoch
     assert -(-rows // 4096) < SMALL_EPOCH and small.batches == [4096, default_small_batch(rows)] == [4096, 512]
     assert small.members_planned == 3 and "each at batch 4096 and at 512 (--small-batch)" in small.describe()
-    assert run(batch_size=2048).batches == [2048]  # 10 batches an epoch: not small
+    mid = run(batch_size=2048)  # 10 batches an epoch: not small, but below the seed ensemble's bound
+    assert mid.batches == [2048] and mid.members_planned == 3 and "(--small-batch)" not in mid.describe()
+    assert run(batch_size=512).members_planned == 1  # 38 batches an epoch: one model
     assert run(batch_size=4096, small_batch=0).batches == [4096]
     assert run(batch_size=2048, small_batch=256).batches == [2048, 256]  # given: whatever the data's size
     assert run(batch_size=4096, validation_fraction=0).batches == [4096]  # no validation: nothing to choose by
