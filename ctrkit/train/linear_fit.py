@@ -30,9 +30,9 @@ CV_BELOW_RARER = 1000  # "few": AUC's standard error is then about 0.01 or more,
 CV_MAX_ROWS = 250_000  # and the training rows at most this many
 
 
-# the modules whose weights (and buffers) the fit sets: first-order tables, bucket weights (their cut points
-# set before it, from the data), the deep output layer (zeroed) and the numerical first-order term
-FIRST_ORDER_MODULES = ("numerical_norm", "wide_embeddings", "wide_buckets", "output_layer", "wide_dense")
+# the modules whose weights the fit sets: first-order tables, bucket weights, the deep output layer (zeroed)
+# and the numerical first-order term
+FIRST_ORDER_MODULES = ("wide_embeddings", "wide_buckets", "output_layer", "wide_dense")
 
 
 def _collections(model: nn.Module) -> list[nn.Module]:

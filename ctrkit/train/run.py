@@ -313,7 +313,7 @@ class Run:
                 f"the checkpoint's members were trained at batch sizes {done}, this run takes turns over "
                 f"{self.batches} (--batch-size, --small-batch): resume with the same settings"
             )
-        # the first-order regression and the normaliser its fit saw, fitted once for every member (``Trainer``)
+        # the warm start's first-order regression, fitted once for every member (``Trainer._warm_start``)
         self.warm_start_cache: dict[str, Any] = {}
         self._build_trainer(spec, ckpt)
 

@@ -268,8 +268,8 @@ class Trainer:
         self.calibration: float | None = None  # the kept model's logit scale (``calibrate``), set at the end
         self.calibration_record: dict[str, Any] = {}  # ... and its fit, as logged
         self._baseline_logits = None  # the warm start's validation logits while it is the selected model
-        # set by a seed ensemble's Run: the first member's normaliser and first-order fit, which later members
-        # (the same data, so the same fit) take instead of fitting again (``_warm_start``)
+        # set by a seed ensemble's Run: the first member's first-order fit, which later members (the same data
+        # and the same normaliser, so the same fit) take instead of fitting again (``_warm_start``)
         self.warm_start_cache: dict[str, Any] | None = None
         self.model = model
         self.info = info

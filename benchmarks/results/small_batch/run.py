@@ -10,9 +10,9 @@ CONFIG: "default" (the model's batch only: every default but --small-batch, whic
 the seed ensemble of 3, patience 20 / 10 and --small-batch's unset batch chosen on validation; the cells of
 mid-small.jsonl, compared by midcmp.py with the one-thread rows of benchmarks/accuracy-small-batch), or
 "midbatch" (only --small-batch's unset batch chosen on validation, the other settings the defaults': the
-cells of mid-batch.jsonl, compared by midcmp.py with the rows of benchmarks/accuracy-calibrate), "midseed"
-(only the seed ensemble of 3: mid-seed.jsonl) "midpat" (only patience 20 / 10: mid-pat.jsonl) or
-"midseedpat" (the seed ensemble and patience 20 / 10: mid-seedpat.jsonl), both compared by midcmp.py with mid-default.jsonl, the "default" cells of the same run.
+cells of mid-batch.jsonl, compared by midbatch_cmp.py with the cells of benchmarks/results/calibration),
+"midseed" (only the seed ensemble of 3: mid-seed.jsonl) or "midpat" (only patience 20 / 10: mid-pat.jsonl),
+each compared by cmp.py with mid-default.jsonl, the "default" cells of the same run.
 """
 
 import json
@@ -45,8 +45,6 @@ for path in datasets:
         options.update(seed_ensemble=3)
     elif config == "midpat":  # the small-data patience alone, at the model's batch and one seed
         options.update(early_stopping_patience=20, plateau_patience=10)
-    elif config == "midseedpat":  # the seed ensemble and the small-data patience, at the model's batch
-        options.update(rules)
     for model in ("dlrm", "dcnv2", "wide_deep"):
         t = time.perf_counter()
         torch.manual_seed(0)
