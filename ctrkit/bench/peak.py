@@ -1,4 +1,4 @@
-"""Where a benchmark ran (``machine``: CPU model and capability, cores, torch build, threads) and the
+"""Where a benchmark ran (``machine``: CPU model, capability and matrix features, cores, torch build, threads) and the
 machine's measured matrix-multiply peak, taken in the same run as a benchmark so that achieved
 throughput can be read as a fraction of what these cores do (not of a datasheet figure)."""
 
@@ -13,11 +13,12 @@ from typing import Any
 
 import torch
 
-from ctrkit.device import cpu_native_bf16
+from ctrkit.device import cpu_matrix_features, cpu_native_bf16
 
 
 def machine() -> dict[str, Any]:
-    """Where the benchmark ran: CPU model and capability, cores, torch build and threads."""
+    """Where the benchmark ran: CPU model, capability and matrix features (AMX among them), cores, torch
+    build and threads."""
     model = "unknown"
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -27,6 +28,7 @@ def machine() -> dict[str, Any]:
     except OSError:
         pass
     return {"cpu": model, "capability": torch.backends.cpu.get_cpu_capability(), "native_bf16": cpu_native_bf16(),
+            "cpu_features": cpu_matrix_features(),
             "cores": os.cpu_count(), "torch": torch.__version__,
             "threads": torch.get_num_threads(), "python": platform.python_version(),
             "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None}  # fmt: skip

@@ -4,7 +4,20 @@ import numpy as np
 import pytest
 
 from ctrkit.bench.scale_bench import table_sizes
+from ctrkit.device import MATRIX_FLAGS
 from tests.conftest import run_cli
+
+
+def cpuinfo_flags() -> set[str]:
+    """The first processor's flags in /proc/cpuinfo (x86 "flags", Arm "Features"), read here on their own."""
+    try:
+        text = open("/proc/cpuinfo").read()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.split(":")[0].strip() in ("flags", "Features"):
+            return set(line.split(":", 1)[1].split())
+    return set()
 
 
 def test_bench_train_writes_its_result(tmp_path, capsys):
@@ -36,6 +49,9 @@ def test_bench_train_writes_its_result(tmp_path, capsys):
     assert {"torch", "threads", "cores", "cpu"} <= set(result["machine"])
     # where it ran, and what its cores do: the matmul peak measured in the same run
     assert result["machine"]["capability"] == __import__("torch").backends.cpu.get_cpu_capability()
+    # the CPU's matrix features as /proc/cpuinfo lists them: AMX, AVX512-BF16 and AVX2 machines told apart
+    flags = cpuinfo_flags()
+    assert result["machine"]["cpu_features"] == [f for f in MATRIX_FLAGS if f in flags]
     assert result["matmul_peak_gflops"]["fp32"] > 0.5
     assert result["breakdown"] is None  # only with --breakdown
 
