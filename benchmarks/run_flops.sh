@@ -2,12 +2,13 @@
 # Each model's matrix-multiply FLOPs per sample and the fraction of the machine's matmul peak its
 # training reaches (peak measured in the same run), fp32 and bf16 autocast (fp32 on a CPU without
 # native bf16), default optimizers, Criteo-Kaggle shape, interleaved over ROUNDS rounds (medians).
-# Usage: bash benchmarks/run_flops.sh   (after `make install`)
+# Usage: bash benchmarks/run_flops.sh   (after `make install`; RAW=DIR writes the JSON there instead of
+# benchmarks/results/raw_flops, which is replaced)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_WAIT_POLICY=PASSIVE
 ROUNDS=${ROUNDS:-3}
-raw=benchmarks/results/raw_flops
+raw=${RAW:-benchmarks/results/raw_flops}
 rm -rf "$raw"
 mkdir -p "$raw"
 for round in $(seq "$ROUNDS"); do
@@ -19,9 +20,9 @@ for round in $(seq "$ROUNDS"); do
     done
   done
 done
-.venv/bin/python - <<'PY'
-import json, pathlib, statistics
-raw = pathlib.Path("benchmarks/results/raw_flops")
+RAW="$raw" .venv/bin/python - <<'PY'
+import json, os, pathlib, statistics
+raw = pathlib.Path(os.environ["RAW"])
 groups = {}
 for p in sorted(raw.glob("*.json")):
     groups.setdefault(p.stem.rsplit("_", 1)[0], []).append(json.loads(p.read_text()))
