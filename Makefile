@@ -33,7 +33,7 @@ lint: install
 	$(BIN)/ruff format --check ctrkit tests
 
 test: install lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=20
 
 bench: install
 	bash benchmarks/run_train.sh
