@@ -291,7 +291,8 @@ def preprocess_outbrain(
         views = page_view_counts(find_file(raw_dir, "page_views"), rejects)
     steps.update(1)
 
-    clicks = t["clicks_train"].with_row_index("row")
+    clicks = t.pop("clicks_train").with_row_index("row")  # the raw frames are freed as soon as they are used
+    clicks_read = len(clicks)
     bad_label = clicks.filter(~pl.col("clicked").is_in([0, 1]))
     if len(bad_label):
         rejects.add(
@@ -299,14 +300,14 @@ def preprocess_outbrain(
             [(int(bad_label["row"][0]) + 2, f"clicked: expected 0 or 1, got {bad_label['clicked'][0]}", "")],
         )
         clicks = clicks.filter(pl.col("clicked").is_in([0, 1]))  # fmt: skip
-    events = t["events"].unique("display_id", keep="first", maintain_order=True)
+    events = t.pop("events").unique("display_id", keep="first", maintain_order=True)
     promo = (
-        t["promoted_content"]
+        t.pop("promoted_content")
         .unique("ad_id", keep="first", maintain_order=True)
         .rename({"document_id": "document_id_promo"})
     )
     meta = (
-        t["documents_meta"]
+        t.pop("documents_meta")
         .unique("document_id", keep="first", maintain_order=True)
         .with_columns(pl.col("publish_time").str.to_datetime("%Y-%m-%d %H:%M:%S", strict=False).alias("published"))
     )
@@ -330,6 +331,7 @@ def preprocess_outbrain(
                 f"{missing['display_id'][0]} is not in events.csv (set `bad_rows` to skip to drop bad rows)"
             )
         rejects.count += orphans
+    del clicks, events, promo, meta
     geo = pl.col("geo_location")
     rows = rows.with_columns(
         geo.str.slice(0, 2).alias("geo_location_country"),
@@ -344,7 +346,14 @@ def preprocess_outbrain(
     steps.update(1)
 
     # vocabularies of the one-hot features: training rows, ids seen at least `frequency_threshold` times
-    cards, columns = {}, {}
+    cards = {}
+    # the numerical features, each converted to float32 as it is computed (as they are stored, then as
+    # float16): no column is held in float64 beside the others (NaN until put: the writer refuses those)
+    numerical = np.full((len(rows), len(NUMERICAL)), np.nan, np.float32)
+
+    def put(name: str, values) -> None:
+        numerical[:, NUMERICAL.index(name)] = np.asarray(values, dtype=np.float32)
+
     train_rows = rows.filter(pl.col("is_train")).select(*ONEHOT, "clicked")
     onehot = np.empty((len(rows), len(ONEHOT)), np.int32)
     for f, name in enumerate(ONEHOT):
@@ -354,6 +363,10 @@ def preprocess_outbrain(
         )  # fmt: skip
         onehot[:, f] = _vocabulary_ids(rows[name], vocab)
         cards[name] = len(vocab) + 1
+    # the one-hot ids are in `onehot` now: only the columns the later steps read are kept (the request's
+    # strings and ids, and the training rows' copy of them, are freed)
+    rows = rows.select(*CTR_MIN_COUNT, "document_id", "clicked", "display_id", "when", "published", "published_promo")
+    train_rows = train_rows.select(*CTR_MIN_COUNT, "clicked")
     # multi-hot: each document's 3 most confident topics / entities / categories (vocabulary: all of them),
     # gathered to the rows by document; the similarities are computed once per distinct (page document,
     # ad document) pair
@@ -378,11 +391,11 @@ def preprocess_outbrain(
             at, found = _positions(with_bag, docs_of_row)
             mine = padded[np.where(found, at, len(lists))]  # (N, BAG), -1 past each bag's end
             keep = mine >= 0
-            bags[f"{kind}_id_list{suffix}"] = (mine[keep], keep.sum(axis=1))
+            bags[f"{kind}_id_list{suffix}"] = (mine[keep], keep.sum(axis=1, dtype=np.int32))
             cards[f"{kind}_id_list{suffix}"] = len(vocab) + 1
         n_docs = docs["document_id"].n_unique()
         sims = _similarity(docs, pairs, n_docs)
-        columns[f"document_id_document_id_promo_sim_{plural}"] = sims[pair_of_row]
+        put(f"document_id_document_id_promo_sim_{plural}", sims[pair_of_row])
     steps.update(1)
 
     # numerical features from training rows only
@@ -406,27 +419,25 @@ def preprocess_outbrain(
         ctr = joined.select(
             pl.when(seen >= minimum).then(clicks_seen / seen).otherwise(0.0).fill_null(0.0).alias("ctr")
         )["ctr"]
-        columns[f"{name}_ctr"] = ctr
+        put(f"{name}_ctr", ctr)
         if name in ("ad_id", "document_id_promo"):
-            columns[f"{name}_count"] = _standardised(np.log1p(joined["n"].fill_null(0).to_numpy()), is_train)
+            put(f"{name}_count", _standardised(np.log1p(joined["n"].fill_null(0).to_numpy()), is_train))
     for col, when in (("publish_time_days_since_published", "published"),
                       ("publish_time_promo_days_since_published", "published_promo")):  # fmt: skip
         days = rows.select(((pl.col("when") - pl.col(when)).dt.total_days()).alias("d"))["d"]
         days = days.to_numpy().astype(np.float64)  # NaN where the publish time is missing
         days = np.where(np.isnan(days), np.nan, np.where((days >= 0) & (days <= 3650), days, 0.0))
         median = float(np.nanmedian(days[is_train])) if np.isfinite(days[is_train]).any() else 0.0
-        columns[col] = pl.Series(np.log1p(np.where(np.isnan(days), median, days)))
+        put(col, np.log1p(np.where(np.isnan(days), median, days)))
     for doc_col in ("document_id", "document_id_promo"):
         n = rows.select(doc_col).join(views, left_on=doc_col, right_on="document_id", how="left",
                                       maintain_order="left")["views"].fill_null(0)  # fmt: skip
-        columns[f"{doc_col}_views"] = _standardised(np.log1p(n.to_numpy()), is_train)
+        put(f"{doc_col}_views", _standardised(np.log1p(n.to_numpy()), is_train))
     steps.update(1)
 
-    numerical = np.stack([np.asarray(columns[n], dtype=np.float32) for n in NUMERICAL], axis=1)
     labels = rows["clicked"].to_numpy().astype(np.uint8)
     display = rows["display_id"].to_numpy()
-    clicks_read = len(t["clicks_train"])
-    del columns, rows, train_rows, t, clicks, events, promo, meta  # the output arrays are all that is left
+    del rows, train_rows, t  # the output arrays are all that is left
     meta_info = {"generator": "ctrkit preprocess outbrain", "frequency_threshold": recipe.frequency_threshold,
                  "seed": recipe.seed, "ctr_folds": recipe.ctr_folds}  # fmt: skip
     counts = {}
@@ -463,12 +474,12 @@ def preprocess_outbrain(
     return summary
 
 
-def _standardised(x: np.ndarray, is_train: np.ndarray) -> pl.Series:
+def _standardised(x: np.ndarray, is_train: np.ndarray) -> np.ndarray:
     mean, std = (
         float(x[is_train].mean()) if is_train.any() else 0.0,
         float(x[is_train].std()) if is_train.any() else 1.0,
     )
-    return pl.Series((x - mean) / (std if std > 0 else 1.0))
+    return (x - mean) / (std if std > 0 else 1.0)
 
 
 def _bag_positions(lengths: np.ndarray, idx: np.ndarray) -> np.ndarray:
