@@ -17,7 +17,7 @@ import torch
 
 NATIVE_BF16_FLAGS = {"avx512_bf16", "amx_bf16", "bf16"}  # x86 AVX512-BF16 / AMX, Arm FEAT_BF16
 # the flags that decide how fast matrix arithmetic runs: vector width, fused multiply-add, native bf16 and
-# AMX's tile units (whose bf16 matrix multiplies ran 6-7x fp32's on the project's Intel machines)
+# AMX's tile units (the README's benchmarks compare the machine kinds they tell apart)
 MATRIX_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8",
                 "asimd", "bf16", "sve")  # fmt: skip
 _said: set[str] = set()
