@@ -18,7 +18,7 @@ from ctrkit.device import cpu_matrix_features, cpu_native_bf16
 
 def machine() -> dict[str, Any]:
     """Where the benchmark ran: CPU model, capability and matrix features (AMX among them), cores, torch
-    build and threads."""
+    build, threads and how idle OpenMP threads wait (the environment's OMP_WAIT_POLICY and GOMP_SPINCOUNT)."""
     model = "unknown"
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -31,6 +31,8 @@ def machine() -> dict[str, Any]:
             "cpu_features": cpu_matrix_features(),
             "cores": os.cpu_count(), "torch": torch.__version__,
             "threads": torch.get_num_threads(), "python": platform.python_version(),
+            # how idle OpenMP threads wait moves CPU throughput (README: "Threads and OpenMP's wait policy")
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"),
             "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None}  # fmt: skip
 
 

@@ -1,4 +1,5 @@
 import json
+import os
 
 import numpy as np
 import pytest
@@ -52,6 +53,9 @@ def test_bench_train_writes_its_result(tmp_path, capsys):
     # the CPU's matrix features as /proc/cpuinfo lists them: AMX, AVX512-BF16 and AVX2 machines told apart
     flags = cpuinfo_flags()
     assert result["machine"]["cpu_features"] == [f for f in MATRIX_FLAGS if f in flags]
+    # and how idle OpenMP threads waited, which moves throughput as much as a faster CPU
+    assert result["machine"]["omp_wait_policy"] == os.environ.get("OMP_WAIT_POLICY")
+    assert result["machine"]["gomp_spincount"] == os.environ.get("GOMP_SPINCOUNT")
     assert result["matmul_peak_gflops"]["fp32"] > 0.5
     assert result["breakdown"] is None  # only with --breakdown
 
