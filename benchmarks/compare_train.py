@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -162,7 +161,6 @@ def main() -> int:
         "samples_per_s": {n: cfg.batch_size / statistics.median(t) for n, t in times.items()},
         "ms_per_step_rounds": {n: [x * 1000 for x in t] for n, t in times.items()},
         "threads": torch.get_num_threads(),
-        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "machine": machine(),
         "notes": notes,
     }  # fmt: skip

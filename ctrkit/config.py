@@ -501,9 +501,9 @@ class RunOptions:
     device: str = option("auto", "auto (CUDA if present, else CPU), cpu, cuda, cuda:N")
     threads: int | None = option(
         None,
-        "torch intra-op threads; idle ones wait as OMP_WAIT_POLICY says, which ctrkit leaves to you (unset: "
-        "they spin a few ms, fastest on a machine of your own; PASSIVE: they sleep, safer where other work "
-        "shares the cores)",
+        "torch intra-op threads; idle ones wait as OMP_WAIT_POLICY says, which ctrkit leaves to you (unset: they "
+        "spin a while before sleeping, fastest on a machine of your own; PASSIVE: they sleep, safer where other "
+        "work shares the cores)",
         unset="torch's choice",
     )
     no_progress: bool = option(False, "no progress bar")

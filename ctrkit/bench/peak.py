@@ -1,6 +1,7 @@
-"""Where a benchmark ran (``machine``: CPU model, capability and matrix features, cores, torch build, threads) and the
-machine's measured matrix-multiply peak, taken in the same run as a benchmark so that achieved
-throughput can be read as a fraction of what these cores do (not of a datasheet figure)."""
+"""Where a benchmark ran (``machine``: CPU model, capability and matrix features, cores, torch build, threads
+and how idle OpenMP threads wait) and the machine's measured matrix-multiply peak, taken in the same run as a
+benchmark so that achieved throughput can be read as a fraction of what these cores do (not of a datasheet
+figure)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from dataclasses import asdict
@@ -167,7 +166,6 @@ def run_train_bench(cfg: TrainBenchConfig, device: torch.device) -> dict:
         "amp_dtype": str(amp_dtype).replace("torch.", "") if amp_dtype else None,
         "optimizers": {"dense": dense_opt, "embedding": emb_opt},
         "device": str(device),
-        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "machine": machine(),
         "matmul_peak_gflops": peaks,
     }
