@@ -584,6 +584,11 @@ class OutbrainPreprocessConfig:
         "error: stop at the first malformed row, naming file and line; skip: drop and count them",
         ("error", "skip"),
     )
+    block_rows: int = option(
+        1 << 17,
+        "clicks_train.csv's rows are worked on this many at a time (twice: tallies, then features); a block takes "
+        "about 1 KB a row while it is worked on, and the dataset does not depend on the block size",
+    )
     engine: str = option(
         "polars",
         "polars: embedded, page views streamed; spark: page_views.csv (the real data's 2 billion rows) counted on "

@@ -169,7 +169,7 @@ def preprocess_outbrain(args: argparse.Namespace) -> int:
     recipe = OutbrainRecipe(frequency_threshold=cfg.frequency_threshold, seed=cfg.seed, bad_rows=cfg.bad_rows,
                             ctr_folds=cfg.ctr_folds)  # fmt: skip
     summary = run(cfg.raw, cfg.out, recipe, overwrite=cfg.overwrite, progress=not cfg.no_progress,
-                  engine=cfg.engine, master=cfg.spark_master)  # fmt: skip
+                  engine=cfg.engine, master=cfg.spark_master, block_rows=cfg.block_rows)  # fmt: skip
     print(
         f"wrote {cfg.out}: {summary['rows']['train']:,} train + {summary['rows']['test']:,} test rows, "
         f"{summary['bad_rows']:,} bad rows dropped, {summary['seconds']:.1f} s "

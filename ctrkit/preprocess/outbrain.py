@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from ctrkit.config import OutbrainPreprocessConfig
 from ctrkit.data.atomic import atomic_directory
 from ctrkit.data.feature_spec import FeatureSpec
 from ctrkit.data.split_binary import DataError, SplitBinaryWriter
@@ -123,9 +124,21 @@ def read_checked(path: Path, schema: tuple, rejects: Rejects) -> pl.DataFrame:
         raw = pl.read_csv(path, infer_schema=False, null_values=list(NULLS))
     except Exception as e:  # ragged rows, bad quoting, not a CSV
         raise DataError(f"{path}: not a readable CSV ({str(e).splitlines()[0]})") from None
-    missing = [c for c, _, _ in schema if c not in raw.columns]
+    _require_columns(path, raw.columns, schema)
+    return _checked(path, raw, schema, rejects, first_line=2)[0]
+
+
+def _require_columns(path: Path, columns: list[str], schema: tuple) -> None:
+    missing = [c for c, _, _ in schema if c not in columns]
     if missing:
-        raise DataError(f"{path}: lacks the columns {missing} (header: {raw.columns})")
+        raise DataError(f"{path}: lacks the columns {missing} (header: {columns})")
+
+
+def _checked(path: Path, raw: pl.DataFrame, schema: tuple, rejects: Rejects, first_line: int) -> tuple:
+    """``raw``'s (text) columns of ``schema`` cast to their types, without the rows where a value does not parse
+    or a required one is missing; those go to ``rejects`` (``raw``'s first row is line ``first_line``).
+    Returns the typed frame and which rows of ``raw`` it kept (None: all)."""
+    casts = {"int": pl.Int64, "float": pl.Float64, "str": pl.Utf8}
     typed = raw.select([pl.col(c).cast(casts[t], strict=False).alias(c) for c, t, _ in schema])
     bad_any = np.zeros(len(raw), bool)
     first_problem: dict[int, str] = {}
@@ -141,12 +154,12 @@ def read_checked(path: Path, schema: tuple, rejects: Rejects) -> pl.DataFrame:
         bad_any |= bad
     if bad_any.any():
         rows = np.flatnonzero(bad_any)
-        kept = [(int(i) + 2, first_problem.get(int(i), "bad value"), ",".join(
+        kept = [(int(i) + first_line, first_problem.get(int(i), "bad value"), ",".join(
             "" if v is None else str(v) for v in raw.row(int(i)))) for i in rows[:50]]  # fmt: skip
         rejects.add(str(path), kept)
         rejects.count += len(rows) - len(kept)
-        typed = typed.filter(pl.Series(~bad_any))
-    return typed
+        return typed.filter(pl.Series(~bad_any)), ~bad_any
+    return typed, None
 
 
 def page_view_counts(path: Path, rejects: Rejects) -> pl.DataFrame:
@@ -228,20 +241,28 @@ def _doc_lists(docs: pl.DataFrame, id_col: str) -> pl.DataFrame:
     )
 
 
-def _similarity(docs: pl.DataFrame, pairs: pl.DataFrame, n_docs: int) -> np.ndarray:
-    """tf-idf cosine similarity of (document_id, document_id_promo) ``pairs`` over one kind of term."""
+def _term_weights(docs: pl.DataFrame) -> pl.DataFrame:
+    """Each document's unit-length tf-idf vector over one kind of term: (document_id, vid, u), sorted."""
+    n_docs = max(docs["document_id"].n_unique(), 1)
     df = docs.group_by("vid").agg(pl.len().alias("df"))
     weighted = docs.join(df, on="vid").with_columns(
-        (pl.col("confidence_level") * (np.log(max(n_docs, 1)) - pl.col("df").log())).alias("w")
+        (pl.col("confidence_level") * (np.log(n_docs) - pl.col("df").log())).alias("w")
     )
     norms = weighted.group_by("document_id").agg((pl.col("w") ** 2).sum().sqrt().alias("norm"))
     weighted = weighted.join(norms, on="document_id").with_columns((pl.col("w") / pl.col("norm")).alias("u"))
-    terms = weighted.select("document_id", "vid", "u")
+    return weighted.select("document_id", "vid", "u").sort("document_id", "vid")
+
+
+def _similarity(terms: pl.DataFrame, pairs: pl.DataFrame) -> np.ndarray:
+    """tf-idf cosine similarity of (document_id, document_id_promo) ``pairs`` (columns a, b) over one kind of
+    term (``_term_weights``). Each pair's products are summed in term order, so a pair's value does not depend
+    on which other pairs are asked for with it."""
     unique = pairs.unique()  # missing documents are -1: no terms, similarity 0
     dots = (
         unique.join(terms.rename({"document_id": "a", "u": "ua"}), on="a")
         .join(terms.rename({"document_id": "b", "u": "ub"}), on=["b", "vid"])
-        .group_by(["a", "b"])
+        .sort("a", "b", "vid")
+        .group_by(["a", "b"], maintain_order=True)
         .agg((pl.col("ua") * pl.col("ub")).sum().alias("sim"))
     )
     out = pairs.join(dots, on=["a", "b"], how="left", maintain_order="left")["sim"].fill_null(0.0).fill_nan(0.0)
@@ -255,6 +276,270 @@ def outbrain_spec(cardinalities: dict[str, int], base: Path | None = None, metad
     )  # fmt: skip
 
 
+
+NULL = np.iinfo(np.int64).min  # a missing value in the int64 id columns below (raw ids are not this)
+BLOCK_ROWS = OutbrainPreprocessConfig.block_rows  # clicks rows per block of the two passes
+DAY_MS = 86_400_000
+MAX_DAYS = 3650  # days since published: 0 outside 0..MAX_DAYS
+REQUEST = ONEHOT[:7]  # from the display's event and its document
+ITEM = ("advertiser_id", "campaign_id", "document_id_promo", "source_id_promo", "publisher_id_promo")
+PROMO_COLUMN = {"advertiser_id": "advertiser_id", "campaign_id": "campaign_id", "document_id_promo": "document_id"}
+assert ONEHOT == (*REQUEST, "ad_id", *ITEM)
+
+
+def _ints(series: pl.Series) -> np.ndarray:
+    """An integer column as int64, ``NULL`` where missing."""
+    return series.cast(pl.Int64).fill_null(NULL).to_numpy().astype(np.int64, copy=False)
+
+
+def _lookup(keys: np.ndarray, values: np.ndarray, queries: np.ndarray) -> np.ndarray:
+    """``values`` at each query's position in the sorted, distinct ``keys``; ``NULL`` where it is not there."""
+    if not len(keys):
+        return np.full(len(queries), NULL, np.int64)
+    at, found = _positions(keys, queries)
+    return np.where(found, values[np.minimum(at, len(keys) - 1)], NULL)
+
+
+def _codes(column: pl.Series) -> tuple[np.ndarray, pl.Series]:
+    """A text column as int64 codes in the order of its sorted distinct values (``NULL`` where missing), and
+    those values."""
+    names = column.drop_nulls().unique().sort()
+    return np.where(column.is_null().to_numpy(), NULL, _vocabulary_ids(column, names).astype(np.int64) - 1), names
+
+
+class _Tally:
+    """Sums per int64 key over blocks of rows: a count and ``weights`` more sums (``NULL`` keys skipped).
+    Keys in [0, 2^25) are summed in dense arrays, others (rare in raw Outbrain ids) sorted and merged."""
+
+    DENSE = 1 << 25
+
+    def __init__(self, weights: int = 0):
+        self.dense = np.zeros((1 + weights, 0), np.int64)
+        self.sparse: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def add(self, keys: np.ndarray, *weights: np.ndarray) -> None:
+        dense = (keys >= 0) & (keys < self.DENSE)
+        if not dense.all():
+            other = (keys != NULL) & ~dense
+            if other.any():
+                distinct, inverse = np.unique(keys[other], return_inverse=True)
+                sums = [np.bincount(inverse, minlength=len(distinct))]
+                sums += [np.bincount(inverse, w[other], len(distinct)).astype(np.int64) for w in weights]
+                self.sparse.append((distinct, np.stack(sums)))
+            keys, weights = keys[dense], [w[dense] for w in weights]
+        if not len(keys):
+            return
+        top = int(keys.max()) + 1
+        if top > self.dense.shape[1]:
+            grown = np.zeros((self.dense.shape[0], max(top, 2 * self.dense.shape[1])), np.int64)
+            grown[:, : self.dense.shape[1]] = self.dense
+            self.dense = grown
+        self.dense[0] += np.bincount(keys, minlength=self.dense.shape[1])
+        for i, w in enumerate(weights, 1):
+            self.dense[i] += np.bincount(keys, w, self.dense.shape[1]).astype(np.int64)
+
+    def result(self) -> tuple[np.ndarray, np.ndarray]:
+        """The keys seen (sorted) and their sums, (1 + weights, keys): the count first."""
+        seen = np.flatnonzero(self.dense[0])
+        keys, sums = [seen.astype(np.int64)], [self.dense[:, seen]]
+        if self.sparse:
+            all_keys = np.concatenate([k for k, _ in self.sparse])
+            distinct, inverse = np.unique(all_keys, return_inverse=True)
+            stacked = np.concatenate([v for _, v in self.sparse], axis=1)
+            keys.append(distinct)
+            sums.append(np.stack([np.bincount(inverse, row, len(distinct)).astype(np.int64) for row in stacked]))
+        keys, sums = np.concatenate(keys), np.concatenate(sums, axis=1)
+        order = np.argsort(keys, kind="stable")
+        return keys[order], sums[:, order]
+
+
+def _standardisation(values: np.ndarray, counts: np.ndarray, total: int) -> tuple[float, float]:
+    """Mean and standard deviation over ``total`` training rows of which ``counts`` hold each of ``values``
+    and the rest 0."""
+    if total <= 0:
+        return 0.0, 1.0
+    mean = float(np.dot(counts, values)) / total
+    spread = float(np.dot(counts, (values - mean) ** 2)) + (total - int(counts.sum())) * mean**2
+    std = (spread / total) ** 0.5
+    return mean, std if std > 0 else 1.0
+
+
+def _median_of_counts(counts: np.ndarray) -> float:
+    """The median of the integers 0..len-1 seen ``counts`` times (0 when none)."""
+    n = int(counts.sum())
+    if not n:
+        return 0.0
+    ends = np.cumsum(counts)
+    lo, hi = np.searchsorted(ends, (n - 1) // 2, side="right"), np.searchsorted(ends, n // 2, side="right")
+    return (float(lo) + float(hi)) / 2
+
+
+@dataclass
+class _Tables:
+    """The files other than clicks and page views, as sorted keys and columns for lookups: events by
+    display, promoted content by ad, documents by id, and per kind of document term the bags and tf-idf
+    vectors. Their size follows the events and documents, not the clicks rows."""
+
+    display: np.ndarray  # events, sorted by display_id
+    ev_doc: np.ndarray
+    ev_when: np.ndarray  # ms since 1970
+    ev_platform: np.ndarray
+    ev_geo: np.ndarray  # codes of geo_location
+    ev_fold: np.ndarray  # int8: the CTR fold of a training display, -1 for an evaluation one
+    geo_parts: np.ndarray  # per geo code: its code, its country's and its state's (3, codes)
+    promo_ad: np.ndarray  # promoted content, sorted by ad_id
+    promo: dict[str, np.ndarray]
+    meta_doc: np.ndarray  # documents, sorted by document_id
+    meta: dict[str, np.ndarray]  # source_id, publisher_id, published (ms since 1970)
+    bags: dict[str, tuple[np.ndarray, np.ndarray, int]]  # kind -> documents with terms, padded bags, vocabulary
+    terms: dict[str, pl.DataFrame]  # plural -> _term_weights
+    views_doc: np.ndarray
+    views: np.ndarray
+
+    @classmethod
+    def load(cls, raw_dir: Path, recipe: OutbrainRecipe, rejects: Rejects) -> _Tables:
+        """The tables, without the page views (``with_views``)."""
+        t = {name: read_checked(find_file(raw_dir, name), SCHEMAS[name], rejects)
+             for name in SCHEMAS if name != "clicks_train"}  # fmt: skip
+        events = t.pop("events").unique("display_id", keep="first", maintain_order=True).sort("display_id")
+        display = events["display_id"].to_numpy().astype(np.int64)
+        stamp = events["timestamp"].to_numpy().astype(np.int64)
+        draw = _split_draw(display, recipe.seed)
+        train = (stamp // DAY_MS <= TRAIN_LAST_DAY) & (draw >= EVAL_SHARE)
+        # a training display's fold: a fixed function of its draw (whole displays per fold)
+        folds = recipe.ctr_folds
+        fold = np.minimum(((draw - EVAL_SHARE) / (1 - EVAL_SHARE) * folds).astype(np.int64), folds - 1)
+        geo, geo_names = _codes(events["geo_location"])
+        parts = [np.arange(len(geo_names), dtype=np.int64)]
+        for width in (2, 5):  # country, state: the first characters, coded in their own sorted order
+            parts.append(_codes(geo_names.str.slice(0, width))[0])
+        tables = dict(
+            display=display, ev_doc=_ints(events["document_id"]), ev_when=stamp + TIMESTAMP_EPOCH_MS,
+            ev_platform=_ints(events["platform"]), ev_geo=geo,
+            ev_fold=np.where(train, fold, -1).astype(np.int8), geo_parts=np.stack(parts),
+        )  # fmt: skip
+        del events, stamp, draw, train, fold
+        meta = t.pop("documents_meta").unique("document_id", keep="first", maintain_order=True).sort("document_id")
+        published = meta["publish_time"].str.to_datetime("%Y-%m-%d %H:%M:%S", strict=False).dt.epoch("ms")
+        tables["meta_doc"] = meta["document_id"].to_numpy().astype(np.int64)
+        tables["meta"] = {"source_id": _ints(meta["source_id"]), "publisher_id": _ints(meta["publisher_id"]),
+                          "published": _ints(published)}  # fmt: skip
+        del meta, published
+        promo = t.pop("promoted_content").unique("ad_id", keep="first", maintain_order=True).sort("ad_id")
+        tables["promo_ad"] = promo["ad_id"].to_numpy().astype(np.int64)
+        columns = {name: _ints(promo[col]) for name, col in PROMO_COLUMN.items()}
+        for name in ("source_id", "publisher_id", "published"):  # the ad's document's, looked up once per ad
+            columns[f"{name}_promo"] = _lookup(tables["meta_doc"], tables["meta"][name], columns["document_id_promo"])
+        tables["promo"] = columns
+        del promo
+        tables["bags"], tables["terms"] = {}, {}
+        for kind, plural, id_col in KINDS:
+            docs = t.pop(f"documents_{plural}").unique(["document_id", id_col], keep="first", maintain_order=True)
+            vocab = docs.select(id_col).unique().sort(id_col).with_row_index("vid", offset=1)
+            docs = docs.join(vocab, on=id_col, maintain_order="left").select(
+                "document_id", pl.col("vid").cast(pl.Int64), "confidence_level"
+            )
+            lists = _doc_lists(docs, id_col)
+            with_bag = lists["document_id"].to_numpy().astype(np.int64)  # sorted (group_by kept the sort order)
+            lengths = lists["ids"].list.len().to_numpy().astype(np.int64)
+            flat = lists["ids"].explode().to_numpy().astype(np.int32)
+            padded = np.full((len(lists) + 1, BAG), -1, np.int32)  # the last row: documents without any
+            within = np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+            padded[np.repeat(np.arange(len(lists)), lengths), within] = flat
+            tables["bags"][kind] = (with_bag, padded, len(vocab) + 1)
+            tables["terms"][plural] = _term_weights(docs)
+        return cls(**tables, views_doc=np.zeros(0, np.int64), views=np.zeros(0, np.int64))
+
+    def with_views(self, views: pl.DataFrame) -> None:
+        """Page views per document (``page_view_counts``)."""
+        views = views.sort("document_id")
+        self.views_doc = views["document_id"].to_numpy().astype(np.int64)
+        self.views = views["views"].to_numpy().astype(np.int64)
+
+    def block(self, event: np.ndarray, ad: np.ndarray) -> dict[str, np.ndarray]:
+        """The columns of a block of clicks rows (their events' positions, their ads): the 13 one-hot features'
+        raw values (n, 13) int64 (``NULL`` for missing), and the rows' fold, display, event time and the
+        two documents' publish times."""
+        doc = self.ev_doc[event]
+        meta_at, meta_found = (_positions(self.meta_doc, doc) if len(self.meta_doc)
+                               else (np.zeros(len(doc), np.int64), np.zeros(len(doc), bool)))  # fmt: skip
+        meta_at = np.minimum(meta_at, max(len(self.meta_doc) - 1, 0))
+
+        def of_page(name):
+            return np.where(meta_found, self.meta[name][meta_at], NULL) if len(self.meta_doc) else np.full(len(doc), NULL)
+
+        geo = self.ev_geo[event]
+        known = geo != NULL
+        geo_part = [np.where(known, part[np.where(known, geo, 0)], NULL) if len(part) else geo for part in self.geo_parts]
+        promo_at, promo_found = (_positions(self.promo_ad, ad) if len(self.promo_ad)
+                                 else (np.zeros(len(ad), np.int64), np.zeros(len(ad), bool)))  # fmt: skip
+        promo_at = np.minimum(promo_at, max(len(self.promo_ad) - 1, 0))
+
+        def of_ad(name):
+            return np.where(promo_found, self.promo[name][promo_at], NULL) if len(self.promo_ad) else np.full(len(ad), NULL)
+
+        values = np.stack([doc, of_page("source_id"), of_page("publisher_id"), self.ev_platform[event], *geo_part,
+                           ad, *(of_ad(name) for name in ITEM)], axis=1)  # fmt: skip
+        return {"onehot": values, "fold": self.ev_fold[event].astype(np.int64), "display": self.display[event],
+                "when": self.ev_when[event], "published": of_page("published"),
+                "published_promo": of_ad("published_promo")}  # fmt: skip
+
+
+def _days_since(when: np.ndarray, published: np.ndarray) -> np.ndarray:
+    """Whole days from publication to the event, 0 outside 0..MAX_DAYS, -1 where the publish time is missing."""
+    known = published != NULL
+    delta = when - np.where(known, published, 0)
+    days = np.where(delta >= 0, delta // DAY_MS, 0)
+    return np.where(known, np.where(days <= MAX_DAYS, days, 0), -1)
+
+
+def _read_clicks(path: Path, display: np.ndarray, rejects: Rejects, block_rows: int, bar) -> tuple:
+    """``clicks_train.csv`` streamed: per good row the position of its display among the sorted event
+    displays (int32), its ad id (int32 where it fits) and its label; what is held is those 9 bytes a row.
+    Bad rows (a value that does not parse or is missing, a label other than 0 and 1, a display not in
+    events.csv) go to ``rejects``. Returns (events, ads, labels, rows read)."""
+    schema = SCHEMAS["clicks_train"]
+    header = pl.read_csv(path, n_rows=0, infer_schema=False).columns
+    _require_columns(path, header, schema)
+    scan = pl.scan_csv(path, infer_schema=False, null_values=list(NULLS)).select([c for c, _, _ in schema])
+    events, ads, labels, read = [], [], [], 0
+    try:
+        batches = scan.with_row_index("line", offset=2).collect_batches(chunk_size=block_rows)
+        for batch in batches:
+            first_line = int(batch["line"][0])
+            read += len(batch)
+            typed, kept = _checked(path, batch.drop("line"), schema, rejects, first_line)
+            lines = batch["line"] if kept is None else batch["line"].filter(pl.Series(kept))
+            label = typed["clicked"].to_numpy()
+            bad = (label != 0) & (label != 1)
+            if bad.any():
+                at = np.flatnonzero(bad)
+                rejects.add(str(path), [(int(lines[int(i)]), f"clicked: expected 0 or 1, got {label[i]}",
+                                         ",".join(str(v) for v in typed.row(int(i)))) for i in at[:50]])  # fmt: skip
+                rejects.count += max(len(at) - 50, 0)
+            ids = typed["display_id"].to_numpy()
+            at, found = _positions(display, ids)
+            orphan = ~found & ~bad
+            if orphan.any():  # clicks rows whose display is not in events.csv
+                i = int(np.flatnonzero(orphan)[0])
+                if rejects.policy == "error":
+                    raise DataError(f"{path}:{int(lines[i])}: display_id {ids[i]} is not in events.csv "
+                                    "(set `bad_rows` to skip to drop bad rows)")  # fmt: skip
+                rejects.count += int(orphan.sum())
+            keep = found & ~bad
+            events.append(at[keep].astype(np.int32))
+            ad = typed["ad_id"].to_numpy()[keep]
+            narrow = not len(ad) or (ad.min() > np.iinfo(np.int32).min and ad.max() <= np.iinfo(np.int32).max)
+            ads.append(ad.astype(np.int32) if narrow else ad)  # int64 only where an id needs it
+            labels.append(label[keep].astype(np.uint8))
+            bar.update(len(batch))
+    except pl.exceptions.PolarsError as e:  # ragged rows, bad quoting, not a CSV
+        raise DataError(f"{path}: not a readable CSV ({str(e).splitlines()[0]})") from None
+    if not events:
+        return np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, np.uint8), read
+    return np.concatenate(events), np.concatenate(ads), np.concatenate(labels), read
+
+
 def preprocess_outbrain(
     raw_dir: str | os.PathLike,
     out_dir: str | os.PathLike,
@@ -263,12 +548,17 @@ def preprocess_outbrain(
     progress: bool = True,
     engine: str = "polars",
     master: str = "local[*]",
+    block_rows: int = BLOCK_ROWS,
 ) -> dict:
     """Runs the recipe; returns the summary also written to ``summary.json``.
 
+    The clicks rows go through in blocks of ``block_rows``, twice: a first pass tallies the training rows'
+    vocabularies and statistics, a second computes each block's features and writes them. Besides the other
+    files' tables, 9 bytes a clicks row are held (the output does not depend on ``block_rows``). Rows are
+    written in display order (the order of the Kaggle file); evaluation rows grouped by display.
+
     ``engine`` "spark" counts ``page_views.csv`` (the real data's 2 billion rows) on Spark (``master``);
-    the other files, at most the clicks' rows, are read and joined here with the same code, so both
-    engines write byte-identical datasets."""
+    the other files are read here with the same code, so both engines write byte-identical datasets."""
     from tqdm.auto import tqdm
 
     started = time.perf_counter()
@@ -279,188 +569,106 @@ def preprocess_outbrain(
         raise ValueError(f"`engine`: expected polars or spark, got {engine!r}")
     if recipe.frequency_threshold < 1:
         raise ValueError(f"`frequency_threshold`: expected an integer >= 1, got {recipe.frequency_threshold}")
+    if block_rows < 1:
+        raise ValueError(f"`block_rows`: expected an integer >= 1, got {block_rows}")
     rejects = Rejects(recipe.bad_rows)
-    steps = tqdm(total=6, desc="preprocess outbrain", unit="step", disable=not progress)
-    t = {name: read_checked(find_file(raw_dir, name), schema, rejects) for name, schema in SCHEMAS.items()}
-    steps.update(1)
+    for name in (*SCHEMAS, "page_views"):  # every file is there before any is read
+        find_file(raw_dir, name)
+    tables = _Tables.load(raw_dir, recipe, rejects)
     if engine == "spark":
         from ctrkit.preprocess.spark_engine import page_view_counts_spark, start_session
 
-        views = page_view_counts_spark(find_file(raw_dir, "page_views"), rejects, start_session(master))
+        tables.with_views(page_view_counts_spark(find_file(raw_dir, "page_views"), rejects, start_session(master)))
     else:
-        views = page_view_counts(find_file(raw_dir, "page_views"), rejects)
-    steps.update(1)
+        tables.with_views(page_view_counts(find_file(raw_dir, "page_views"), rejects))
+    bar = tqdm(desc="read clicks", unit=" rows", unit_scale=True, disable=not progress)
+    event, ad, label, clicks_read = _read_clicks(find_file(raw_dir, "clicks_train"), tables.display, rejects,
+                                                 block_rows, bar)  # fmt: skip
+    bar.close()
+    # rows in display order (events are sorted by display), so that evaluation rows come out grouped by display
+    order = None if np.all(event[1:] >= event[:-1]) else np.argsort(event, kind="stable")
 
-    clicks = t.pop("clicks_train").with_row_index("row")  # the raw frames are freed as soon as they are used
-    clicks_read = len(clicks)
-    bad_label = clicks.filter(~pl.col("clicked").is_in([0, 1]))
-    if len(bad_label):
-        rejects.add(
-            str(find_file(raw_dir, "clicks_train")),
-            [(int(bad_label["row"][0]) + 2, f"clicked: expected 0 or 1, got {bad_label['clicked'][0]}", "")],
-        )
-        clicks = clicks.filter(pl.col("clicked").is_in([0, 1]))  # fmt: skip
-    events = t.pop("events").unique("display_id", keep="first", maintain_order=True)
-    promo = (
-        t.pop("promoted_content")
-        .unique("ad_id", keep="first", maintain_order=True)
-        .rename({"document_id": "document_id_promo"})
-    )
-    meta = (
-        t.pop("documents_meta")
-        .unique("document_id", keep="first", maintain_order=True)
-        .with_columns(pl.col("publish_time").str.to_datetime("%Y-%m-%d %H:%M:%S", strict=False).alias("published"))
-    )
-    rows = (
-        clicks.join(events, on="display_id", how="inner", maintain_order="left")
-        .join(promo, on="ad_id", how="left", maintain_order="left")
-        .join(meta.select("document_id", "source_id", "publisher_id", "published"), on="document_id", how="left",
-              maintain_order="left")
-        .join(meta.select(pl.col("document_id").alias("document_id_promo"),
-                          pl.col("source_id").alias("source_id_promo"),
-                          pl.col("publisher_id").alias("publisher_id_promo"),
-                          pl.col("published").alias("published_promo")),
-              on="document_id_promo", how="left", maintain_order="left")
-    )  # fmt: skip
-    orphans = len(clicks) - len(rows)
-    if orphans:  # clicks rows whose display is not in events.csv
-        if recipe.bad_rows == "error":
-            missing = clicks.join(events, on="display_id", how="anti", maintain_order="left")
-            raise DataError(
-                f"{find_file(raw_dir, 'clicks_train')}:{int(missing['row'][0]) + 2}: display_id "
-                f"{missing['display_id'][0]} is not in events.csv (set `bad_rows` to skip to drop bad rows)"
-            )
-        rejects.count += orphans
-    del clicks, events, promo, meta
-    geo = pl.col("geo_location")
-    rows = rows.with_columns(
-        geo.str.slice(0, 2).alias("geo_location_country"),
-        geo.str.slice(0, 5).alias("geo_location_state"),
-        (pl.col("timestamp") // 86_400_000).alias("day"),
-        (pl.col("timestamp") + TIMESTAMP_EPOCH_MS).cast(pl.Datetime("ms")).alias("when"),
-    )
-    draw = _split_draw(rows["display_id"].to_numpy(), recipe.seed)
-    is_train = (rows["day"].to_numpy() <= TRAIN_LAST_DAY) & (draw >= EVAL_SHARE)
-    needed = {*ONEHOT, *CTR_MIN_COUNT, "clicked", "display_id", "when", "published", "published_promo"}
-    rows = rows.select([c for c in rows.columns if c in needed]).with_columns(pl.Series("is_train", is_train))
-    steps.update(1)
+    def blocks(desc: str):
+        with tqdm(total=len(event), desc=desc, unit=" rows", unit_scale=True, disable=not progress) as b:
+            for lo in range(0, len(event), block_rows):
+                rows = slice(lo, lo + block_rows) if order is None else order[lo : lo + block_rows]
+                yield event[rows], ad[rows], label[rows]
+                b.update(min(block_rows, len(event) - lo))
 
-    # vocabularies of the one-hot features: training rows, ids seen at least `frequency_threshold` times
-    cards = {}
-    # the numerical features, each converted to float32 as it is computed (as they are stored, then as
-    # float16): no column is held in float64 beside the others (NaN until put: the writer refuses those)
-    numerical = np.full((len(rows), len(NUMERICAL)), np.nan, np.float32)
-
-    def put(name: str, values) -> None:
-        numerical[:, NUMERICAL.index(name)] = np.asarray(values, dtype=np.float32)
-
-    train_rows = rows.filter(pl.col("is_train")).select(*ONEHOT, "clicked")
-    onehot = np.empty((len(rows), len(ONEHOT)), np.int32)
-    for f, name in enumerate(ONEHOT):
-        vocab = (
-            train_rows.group_by(name).agg(pl.len().alias("n")).filter(pl.col(name).is_not_null()
-            & (pl.col("n") >= recipe.frequency_threshold)).sort(name)[name]
-        )  # fmt: skip
-        onehot[:, f] = _vocabulary_ids(rows[name], vocab)
-        cards[name] = len(vocab) + 1
-    # the one-hot ids are in `onehot` now: only the columns the later steps read are kept (the request's
-    # strings and ids, and the training rows' copy of them, are freed)
-    rows = rows.select(*CTR_MIN_COUNT, "document_id", "clicked", "display_id", "when", "published", "published_promo")
-    train_rows = train_rows.select(*CTR_MIN_COUNT, "clicked")
-    # multi-hot: each document's 3 most confident topics / entities / categories (vocabulary: all of them),
-    # gathered to the rows by document; the similarities are computed once per distinct (page document,
-    # ad document) pair
-    doc_ids = {side: rows[col].fill_null(-1).to_numpy().astype(np.int64)
-               for side, col in (("", "document_id"), ("_promo", "document_id_promo"))}  # fmt: skip
-    pairs, pair_of_row = _pairs(doc_ids[""], doc_ids["_promo"])
-    bags = {}
-    for kind, plural, id_col in KINDS:
-        docs = t[f"documents_{plural}"].unique(["document_id", id_col], keep="first", maintain_order=True)
-        vocab = docs.select(id_col).unique().sort(id_col).with_row_index("vid", offset=1)
-        docs = docs.join(vocab, on=id_col, maintain_order="left").select(
-            "document_id", pl.col("vid").cast(pl.Int64), "confidence_level"
-        )
-        lists = _doc_lists(docs, id_col)
-        with_bag = lists["document_id"].to_numpy().astype(np.int64)  # sorted (group_by kept the sort order)
-        lengths = lists["ids"].list.len().to_numpy().astype(np.int64)
-        flat = lists["ids"].explode().to_numpy().astype(np.int32)
-        padded = np.full((len(lists) + 1, BAG), -1, np.int32)  # the last row: documents without any
-        within = np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-        padded[np.repeat(np.arange(len(lists)), lengths), within] = flat
-        for suffix, docs_of_row in doc_ids.items():
-            at, found = _positions(with_bag, docs_of_row)
-            mine = padded[np.where(found, at, len(lists))]  # (N, BAG), -1 past each bag's end
-            keep = mine >= 0
-            bags[f"{kind}_id_list{suffix}"] = (mine[keep], keep.sum(axis=1, dtype=np.int32))
-            cards[f"{kind}_id_list{suffix}"] = len(vocab) + 1
-        n_docs = docs["document_id"].n_unique()
-        sims = _similarity(docs, pairs, n_docs)
-        put(f"document_id_document_id_promo_sim_{plural}", sims[pair_of_row])
-    steps.update(1)
-
-    # numerical features from training rows only
-    # a training row's CTR comes from the training rows of the other folds (folds: whole displays, a fixed
-    # function of the split draw), so no training row's feature counts its own label or its display's
+    # pass 1: the training rows' vocabularies and statistics
     folds = recipe.ctr_folds
-    fold = np.where(is_train, np.minimum(((draw - EVAL_SHARE) / (1 - EVAL_SHARE) * folds).astype(np.int64),
-                                         folds - 1), -1)  # fmt: skip
-    rows = rows.with_columns(pl.Series("fold", fold))
-    train_rows = train_rows.with_columns(pl.Series("fold", fold[is_train]))
-    for name, minimum in CTR_MIN_COUNT.items():
-        per_fold = train_rows.group_by(name, "fold").agg(pl.col("clicked").sum().alias("cf"), pl.len().alias("nf"))
-        stats = per_fold.group_by(name).agg(pl.col("cf").sum().alias("c"), pl.col("nf").sum().alias("n"))
-        joined = (
-            rows.select(name, "fold")
-            .join(stats, on=name, how="left", maintain_order="left")
-            .join(per_fold, on=[name, "fold"], how="left", maintain_order="left")
-        )  # evaluation rows (fold -1) match no fold: they see every training row
-        clicks_seen = pl.col("c") - pl.col("cf").fill_null(0)
-        seen = pl.col("n") - pl.col("nf").fill_null(0)
-        ctr = joined.select(
-            pl.when(seen >= minimum).then(clicks_seen / seen).otherwise(0.0).fill_null(0.0).alias("ctr")
-        )["ctr"]
-        put(f"{name}_ctr", ctr)
-        if name in ("ad_id", "document_id_promo"):
-            put(f"{name}_count", _standardised(np.log1p(joined["n"].fill_null(0).to_numpy()), is_train))
-    for col, when in (("publish_time_days_since_published", "published"),
-                      ("publish_time_promo_days_since_published", "published_promo")):  # fmt: skip
-        days = rows.select(((pl.col("when") - pl.col(when)).dt.total_days()).alias("d"))["d"]
-        days = days.to_numpy().astype(np.float64)  # NaN where the publish time is missing
-        days = np.where(np.isnan(days), np.nan, np.where((days >= 0) & (days <= 3650), days, 0.0))
-        median = float(np.nanmedian(days[is_train])) if np.isfinite(days[is_train]).any() else 0.0
-        put(col, np.log1p(np.where(np.isnan(days), median, days)))
-    for doc_col in ("document_id", "document_id_promo"):
-        n = rows.select(doc_col).join(views, left_on=doc_col, right_on="document_id", how="left",
-                                      maintain_order="left")["views"].fill_null(0)  # fmt: skip
-        put(f"{doc_col}_views", _standardised(np.log1p(n.to_numpy()), is_train))
-    steps.update(1)
+    counts = [_Tally() for _ in ONEHOT]
+    ctr_tallies = {name: _Tally(weights=1) for name in CTR_MIN_COUNT}
+    day_counts = {side: np.zeros(MAX_DAYS + 1, np.int64) for side in ("published", "published_promo")}
+    n_train = 0
+    for ev, ads, y in blocks("tally"):
+        cols = tables.block(ev, ads)
+        train = cols["fold"] >= 0
+        n_train += int(train.sum())
+        values = cols["onehot"][train]
+        for f, tally in enumerate(counts):
+            tally.add(values[:, f])
+        fold, clicked = cols["fold"][train], y[train].astype(np.int64)
+        for name, tally in ctr_tallies.items():
+            v = values[:, ONEHOT.index(name)]
+            tally.add(np.where(v != NULL, v * folds + fold, NULL), clicked)
+        for side, hist in day_counts.items():
+            days = _days_since(cols["when"][train], cols[side][train])
+            hist += np.bincount(days[days >= 0], minlength=MAX_DAYS + 1)
+    onehot_counts = [tally.result() for tally in counts]
+    vocabs = [keys[sums[0] >= recipe.frequency_threshold] for keys, sums in onehot_counts]
+    cards = {name: len(vocab) + 1 for name, vocab in zip(ONEHOT, vocabs)}
+    for kind, _, _ in KINDS:
+        for suffix in ("", "_promo"):
+            cards[f"{kind}_id_list{suffix}"] = tables.bags[kind][2]
+    ctr_stats = {}
+    for name, tally in ctr_tallies.items():
+        keys, sums = tally.result()
+        value, fold = keys // folds, keys % folds
+        distinct, inverse = np.unique(value, return_inverse=True)
+        per_fold = np.zeros((2, len(distinct), folds), np.int64)
+        per_fold[:, inverse, fold] = sums
+        total = per_fold.sum(axis=2)
+        ctr_stats[name] = (distinct, total, per_fold)
+    standard = {}
+    for name in ("ad_id", "document_id_promo"):  # log training impressions, standardised over the training rows
+        distinct, total, _ = ctr_stats[name]
+        standard[f"{name}_count"] = _standardisation(np.log1p(total[0].astype(np.float64)), total[0], n_train)
+    for name in ("document_id", "document_id_promo"):  # log page views of the document, standardised likewise
+        keys, sums = onehot_counts[ONEHOT.index(name)]
+        seen = np.log1p(np.maximum(_lookup(tables.views_doc, tables.views, keys), 0).astype(np.float64))
+        standard[f"{name}_views"] = _standardisation(seen, sums[0], n_train)
+    medians = {side: _median_of_counts(hist) for side, hist in day_counts.items()}
 
-    labels = rows["clicked"].to_numpy().astype(np.uint8)
-    display = rows["display_id"].to_numpy()
-    del rows, train_rows, t  # the output arrays are all that is left
+    # pass 2: each block's features, written as they are computed
     meta_info = {"generator": "ctrkit preprocess outbrain", "frequency_threshold": recipe.frequency_threshold,
                  "seed": recipe.seed, "ctr_folds": recipe.ctr_folds}  # fmt: skip
-    counts = {}
+    written = {"train": 0, "test": 0}
     with atomic_directory(out_dir, overwrite) as tmp:
         spec = outbrain_spec(cards, tmp, meta_info)
-        for mapping, mask in (("train", is_train), ("test", ~is_train)):
-            idx = np.flatnonzero(mask)
-            if mapping == "test":  # evaluation rows grouped by display (MAP@12)
-                idx = idx[np.argsort(display[idx], kind="stable")]
-            with SplitBinaryWriter(spec, mapping) as writer:
-                multi = []
-                for name in MULTI_HOT:
-                    values, lengths = bags[name]
-                    multi.append((values[_bag_positions(lengths, idx)], lengths[idx]))
-                writer.append(numerical[idx], onehot[idx], labels[idx], multi,
-                              display[idx] if mapping == "test" else None)  # fmt: skip
-            counts[mapping] = int(len(idx))
+        with SplitBinaryWriter(spec, "train") as train_out, SplitBinaryWriter(spec, "test") as test_out:
+            for ev, ads, y in blocks("features"):
+                cols = tables.block(ev, ads)
+                onehot, numerical, bags = _features(cols, tables, vocabs, ctr_stats, standard, medians)
+                train = cols["fold"] >= 0
+                for mapping, writer, idx in (("train", train_out, np.flatnonzero(train)),
+                                             ("test", test_out, np.flatnonzero(~train))):  # fmt: skip
+                    if mapping == "test":  # grouped by display (MAP@12)
+                        idx = idx[np.argsort(cols["display"][idx], kind="stable")]
+                    multi = []
+                    for name in MULTI_HOT:
+                        mine = bags[name][idx]
+                        keep = mine >= 0
+                        multi.append((mine[keep], keep.sum(axis=1, dtype=np.int32)))
+                    writer.append(numerical[idx], onehot[idx], y[idx], multi,
+                                  cols["display"][idx] if mapping == "test" else None)  # fmt: skip
+                    written[mapping] += len(idx)
         spec.to_yaml(tmp / "feature_spec.yaml")
         seconds = time.perf_counter() - started
         summary = {
             "engine": engine,
             "recipe": "outbrain",
-            "rows": counts,
+            "rows": written,
             "clicks_rows_read": int(clicks_read),
             "bad_rows": rejects.count,
             "bad_row_examples": rejects.kept,
@@ -469,22 +677,72 @@ def preprocess_outbrain(
             "clicks_rows_per_second": round(clicks_read / max(seconds, 1e-9)),
         }
         (tmp / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    steps.update(1)
-    steps.close()
     return summary
 
 
-def _standardised(x: np.ndarray, is_train: np.ndarray) -> np.ndarray:
-    mean, std = (
-        float(x[is_train].mean()) if is_train.any() else 0.0,
-        float(x[is_train].std()) if is_train.any() else 1.0,
-    )
-    return (x - mean) / (std if std > 0 else 1.0)
+def _features(cols: dict, tables: _Tables, vocabs: list, ctr_stats: dict, standard: dict, medians: dict) -> tuple:
+    """A block's one-hot ids (n, 13) int32, numerical features (n, 15) float32 and padded multi-hot bags
+    (name -> (n, BAG) int32, -1 past a bag's end), from the first pass's vocabularies and statistics."""
+    raw = cols["onehot"]
+    n = len(raw)
+    onehot = np.empty((n, len(ONEHOT)), np.int32)
+    for f, vocab in enumerate(vocabs):
+        if len(vocab):
+            at, found = _positions(vocab, raw[:, f])
+            onehot[:, f] = np.where(found, at + 1, 0)
+        else:
+            onehot[:, f] = 0
+    # NaN until put: the writer refuses those, so a feature left unset cannot pass silently
+    numerical = np.full((n, len(NUMERICAL)), np.nan, np.float32)
 
+    def put(name: str, values) -> None:
+        numerical[:, NUMERICAL.index(name)] = np.asarray(values, dtype=np.float32)
 
-def _bag_positions(lengths: np.ndarray, idx: np.ndarray) -> np.ndarray:
-    """Positions in the flat values of the bags of rows ``idx`` (bags stored back to back by ``lengths``)."""
-    starts = np.cumsum(lengths) - lengths
-    picked = lengths[idx]
-    out_starts = np.cumsum(picked) - picked
-    return np.arange(int(picked.sum())) - np.repeat(out_starts, picked) + np.repeat(starts[idx], picked)
+    fold = cols["fold"]
+    train = fold >= 0
+    for name, minimum in CTR_MIN_COUNT.items():
+        distinct, total, per_fold = ctr_stats[name]
+        value = raw[:, ONEHOT.index(name)]
+        if len(distinct):
+            at, found = _positions(distinct, value)
+            at = np.minimum(at, len(distinct) - 1)
+        else:
+            at, found = np.zeros(n, np.int64), np.zeros(n, bool)
+        shown = np.where(found, total[0, at] if len(distinct) else 0, 0)
+        clicks = np.where(found, total[1, at] if len(distinct) else 0, 0)
+        # a training row's CTR leaves out its own fold's rows (its display's, its own click included)
+        mine = found & train
+        own = np.where(mine, fold, 0)
+        shown_seen = shown - (np.where(mine, per_fold[0, at, own], 0) if len(distinct) else 0)
+        clicks_seen = clicks - (np.where(mine, per_fold[1, at, own], 0) if len(distinct) else 0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            put(f"{name}_ctr", np.where(shown_seen >= minimum, clicks_seen / np.maximum(shown_seen, 1), 0.0))
+        if name in ("ad_id", "document_id_promo"):
+            mean, std = standard[f"{name}_count"]
+            put(f"{name}_count", (np.log1p(shown.astype(np.float64)) - mean) / std)
+    for col, side in (("publish_time_days_since_published", "published"),
+                      ("publish_time_promo_days_since_published", "published_promo")):  # fmt: skip
+        days = _days_since(cols["when"], cols[side]).astype(np.float64)
+        put(col, np.log1p(np.where(days < 0, medians[side], days)))
+    for name in ("document_id", "document_id_promo"):
+        seen = np.maximum(_lookup(tables.views_doc, tables.views, raw[:, ONEHOT.index(name)]), 0)
+        mean, std = standard[f"{name}_views"]
+        put(f"{name}_views", (np.log1p(seen.astype(np.float64)) - mean) / std)
+    # multi-hot: each document's 3 most confident terms, gathered by document; the similarities are computed
+    # once per distinct (page document, ad document) pair
+    doc_ids = {"": raw[:, ONEHOT.index("document_id")],
+               "_promo": raw[:, ONEHOT.index("document_id_promo")]}  # fmt: skip
+    doc_ids = {side: np.where(d == NULL, -1, d) for side, d in doc_ids.items()}
+    pairs, pair_of_row = _pairs(doc_ids[""], doc_ids["_promo"])
+    bags = {}
+    for kind, plural, _ in KINDS:
+        with_bag, padded, _ = tables.bags[kind]
+        for suffix, docs_of_row in doc_ids.items():
+            if len(with_bag):
+                at, found = _positions(with_bag, docs_of_row)
+                bags[f"{kind}_id_list{suffix}"] = padded[np.where(found, np.minimum(at, len(with_bag) - 1),
+                                                                  len(with_bag))]  # fmt: skip
+            else:
+                bags[f"{kind}_id_list{suffix}"] = np.full((n, BAG), -1, np.int32)
+        put(f"document_id_document_id_promo_sim_{plural}", _similarity(tables.terms[plural], pairs)[pair_of_row])
+    return onehot, numerical, bags

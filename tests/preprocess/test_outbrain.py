@@ -175,3 +175,65 @@ def test_ctr_folds_below_two_is_refused(raw, tmp_path, capsys):
                            "--no-progress", capsys=capsys)  # fmt: skip
     assert code == 2 and "--ctr-folds: expected at least 2 folds, got 1" in err and "Traceback" not in err
     assert not (tmp_path / "d").exists()
+
+
+def _files(directory):
+    """Every file of a dataset but summary.json (its timings differ), as bytes by relative path."""
+    return {p.relative_to(directory): p.read_bytes() for p in sorted(directory.rglob("*"))
+            if p.is_file() and p.name != "summary.json"}  # fmt: skip
+
+
+def test_the_blocks_the_clicks_go_through_in_do_not_change_the_dataset(raw, dataset, tmp_path):
+    """The clicks rows go through in blocks: blocks of 700 rows, and a file whose displays come in another
+    order, write the same bytes as one block of the file in display order."""
+    import shutil
+
+    from ctrkit.preprocess.outbrain import preprocess_outbrain
+
+    whole = _files(dataset)
+    assert len(pl.read_csv(raw / "clicks_train.csv")) > 5 * 700
+    preprocess_outbrain(raw, tmp_path / "blocks", progress=False, block_rows=700)
+    assert _files(tmp_path / "blocks") == whole
+    shuffled = tmp_path / "raw"
+    shutil.copytree(raw, shuffled)
+    clicks = pl.read_csv(raw / "clicks_train.csv")
+    displays = clicks["display_id"].unique().to_numpy()
+    rank = dict(zip(displays.tolist(), np.random.default_rng(0).permutation(len(displays)).tolist()))
+    moved = clicks.with_columns(pl.col("display_id").replace_strict(rank).alias("r")).sort("r", maintain_order=True)
+    assert not moved["display_id"].equals(clicks["display_id"])
+    moved.drop("r").write_csv(shuffled / "clicks_train.csv")
+    preprocess_outbrain(shuffled, tmp_path / "moved", progress=False, block_rows=700)
+    assert _files(tmp_path / "moved") == whole
+
+
+def test_bad_clicks_rows_are_named_by_line_in_any_block(raw, tmp_path, capsys):
+    import shutil
+
+    bad = tmp_path / "raw"
+    shutil.copytree(raw, bad)
+    lines = (bad / "clicks_train.csv").read_text().splitlines()
+    fields = lines[2500].split(",")  # line 2501, in the fourth block of 700 rows
+    lines[2500] = ",".join([fields[0], "7y", fields[2]])
+    lines[3000] = ",".join(lines[3000].split(",")[:2] + ["2"])  # line 3001: a label other than 0 and 1
+    lines[4000] = ",".join(["99999999"] + lines[4000].split(",")[1:])  # line 4001: a display not in events.csv
+    (bad / "clicks_train.csv").write_text("\n".join(lines) + "\n")
+    from ctrkit.preprocess.outbrain import OutbrainRecipe, preprocess_outbrain
+
+    with pytest.raises(Exception, match=r"clicks_train.csv:2501: ad_id: expected an integer, got '7y'"):
+        preprocess_outbrain(bad, tmp_path / "d", progress=False, block_rows=700)
+    assert not (tmp_path / "d").exists()
+    lines[2500] = ",".join(fields)
+    (bad / "clicks_train.csv").write_text("\n".join(lines) + "\n")
+    code, _, err = run_cli("preprocess", "outbrain", bad, "--out", tmp_path / "d", "--no-progress", capsys=capsys)
+    assert code == 2 and "clicks_train.csv:3001: clicked: expected 0 or 1, got 2" in err and "Traceback" not in err
+    lines[3000] = ",".join(lines[3000].split(",")[:2] + ["0"])
+    (bad / "clicks_train.csv").write_text("\n".join(lines) + "\n")
+    with pytest.raises(Exception, match=r"clicks_train.csv:4001: display_id 99999999 is not in events.csv"):
+        preprocess_outbrain(bad, tmp_path / "d", progress=False, block_rows=700)
+    lines[2500] = ",".join([fields[0], "7y", fields[2]])
+    lines[3000] = ",".join(lines[3000].split(",")[:2] + ["2"])
+    (bad / "clicks_train.csv").write_text("\n".join(lines) + "\n")
+    summary = preprocess_outbrain(bad, tmp_path / "d", OutbrainRecipe(bad_rows="skip"), progress=False, block_rows=700)
+    assert summary["bad_rows"] == 3 and summary["clicks_rows_read"] == len(lines) - 1
+    assert sum(summary["rows"].values()) == len(lines) - 1 - 3
+    assert [r["line_no"] for r in summary["bad_row_examples"]] == [2501, 3001]
