@@ -158,7 +158,8 @@ def preprocess_outbrain(args: argparse.Namespace) -> int:
     folds of training displays; training impressions; days since published;
     tf-idf similarities of the two documents; page views, streamed from page_views.csv). Split per display:
     a random 80% of days 0-10 train, the rest is the test mapping (by display, display id as the map
-    channel). Vocabularies and statistics come from the training rows only.
+    channel). Vocabularies and statistics come from the training rows only. clicks_train.csv is read and
+    worked on in blocks (--block-rows): memory follows the other files, plus 9 bytes a clicks row.
     """
     from ctrkit.preprocess.outbrain import OutbrainRecipe
     from ctrkit.preprocess.outbrain import preprocess_outbrain as run

@@ -22,6 +22,9 @@ those days and every display of later days form the evaluation set (``test``, or
 with the display id as the ``map`` channel for MAP@12). Vocabularies and statistics come from the
 training rows only. Ids seen fewer than ``frequency_threshold`` times in training, and missing
 values, map to id 0.
+
+The clicks rows are read in blocks and kept as 9 bytes a row; two passes over blocks (tallies, then
+features written as they are computed) make the dataset, so memory follows the other files' tables.
 """
 
 from __future__ import annotations
