@@ -116,6 +116,60 @@ class DotInteraction(nn.Module):
         return torch.cat(out, 1)  # (B, W)
 
 
+class _CrossNetworkFn(torch.autograd.Function):
+    """A stack of cross layers, x_{l+1} = x0 * (V(U x_l) + b) + x_l (or W x_l + b at full rank), forward and
+    backward in one function, with fewer passes over (B, d) than autograd makes of the same ops.
+
+    Forward adds and multiplies in one ``addcmul``. Backward accumulates the gradient of x0 over the
+    layers with ``addcmul_`` instead of a product and a sum, and adds the matrix path's gradient of x_l to
+    the skip path's inside the GEMM (``addmm``) instead of in a separate pass.
+
+    ``weights`` holds per layer (U, V, b), U None at full rank (then V is W).
+    """
+
+    @staticmethod
+    def forward(ctx, x0, low_rank, *weights):
+        layers = [weights[i : i + 3] for i in range(0, len(weights), 3)]
+        x, saved = x0, []
+        for u, v, b in layers:
+            p = x.mm(u.t()) if low_rank else x  # (B, r), or x itself at full rank
+            h = torch.addmm(b, p, v.t())  # (B, d)
+            saved += [x, p, h] if low_rank else [x, h]
+            x = torch.addcmul(x, x0, h)
+        ctx.low_rank = low_rank
+        ctx.save_for_backward(x0, *weights, *saved)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        low_rank = ctx.low_rank
+        x0, *rest = ctx.saved_tensors
+        n = len(rest) // (6 if low_rank else 5)
+        weights, saved = rest[: 3 * n], rest[3 * n :]
+        per = 3 if low_rank else 2
+        grads: list[torch.Tensor | None] = [None] * (3 * n)
+        grad_x0 = None
+        owned = False  # grad is a buffer of this function's (not autograd's): it may be updated in place
+        for i in reversed(range(n)):
+            u, v, _ = weights[3 * i : 3 * i + 3]
+            x, p, h = saved[per * i : per * i + 3] if low_rank else (saved[2 * i], saved[2 * i], saved[2 * i + 1])
+            grad_h = grad * x0  # (B, d)
+            grads[3 * i + 1] = grad_h.t().mm(p)  # dV (or dW)
+            grads[3 * i + 2] = grad_h.sum(0)  # db
+            if grad_x0 is None:
+                grad_x0 = grad * h
+            else:
+                grad_x0.addcmul_(grad, h)
+            if low_rank:
+                grad_p = grad_h.mm(v)  # (B, r)
+                grads[3 * i] = grad_p.t().mm(x)  # dU
+                grad_h, v = grad_p, u  # the matrix path's gradient of x_l: grad_p U
+            # skip path + matrix path, in place once grad is ours (addmm's out= form: FLOP counters know addmm)
+            grad = torch.addmm(grad, grad_h, v, out=grad) if owned else torch.addmm(grad, grad_h, v)
+            owned = True
+        return (grad_x0.add_(grad), None, *grads)
+
+
 class CrossLayer(nn.Module):
     """One DCNv2 cross layer: x_{l+1} = x0 * (V(U x_l) + b) + x_l.
 
@@ -162,7 +216,14 @@ class CrossNetwork(nn.Module):
         self.out_features = dim
 
     def forward(self, x0: torch.Tensor) -> torch.Tensor:
-        x = x0
+        if torch.is_grad_enabled() and not torch.is_autocast_enabled(x0.device.type):
+            # training without autocast: the fused forward and backward (same values as the layers')
+            low_rank = self.layers[0].low_rank
+            weights = []
+            for layer in self.layers:
+                weights += [layer.down.weight if low_rank else None, layer.up.weight, layer.up.bias]
+            return _CrossNetworkFn.apply(x0, low_rank, *weights)
+        x = x0  # inference, export and autocast: the layers' own ops
         for layer in self.layers:
             x = layer(x0, x)
         return x
