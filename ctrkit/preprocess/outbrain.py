@@ -279,7 +279,6 @@ def outbrain_spec(cardinalities: dict[str, int], base: Path | None = None, metad
     )  # fmt: skip
 
 
-
 NULL = np.iinfo(np.int64).min  # a missing value in the int64 id columns below (raw ids are not this)
 BLOCK_ROWS = OutbrainPreprocessConfig.block_rows  # clicks rows per block of the two passes
 DAY_MS = 86_400_000
@@ -295,12 +294,19 @@ def _ints(series: pl.Series) -> np.ndarray:
     return series.cast(pl.Int64).fill_null(NULL).to_numpy().astype(np.int64, copy=False)
 
 
+def _locate(keys: np.ndarray, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``_positions``, with every position a valid index of ``keys`` (0 where not found) and none found when
+    ``keys`` is empty, so ``table[at]`` never fails and ``found`` says which entries mean something."""
+    if not len(keys):
+        return np.zeros(len(queries), np.int64), np.zeros(len(queries), bool)
+    at, found = _positions(keys, queries)
+    return np.where(found, at, 0), found
+
+
 def _lookup(keys: np.ndarray, values: np.ndarray, queries: np.ndarray) -> np.ndarray:
     """``values`` at each query's position in the sorted, distinct ``keys``; ``NULL`` where it is not there."""
-    if not len(keys):
-        return np.full(len(queries), NULL, np.int64)
-    at, found = _positions(keys, queries)
-    return np.where(found, values[np.minimum(at, len(keys) - 1)], NULL)
+    at, found = _locate(keys, queries)
+    return np.where(found, values[at], NULL) if len(keys) else np.full(len(queries), NULL, np.int64)
 
 
 def _codes(column: pl.Series) -> tuple[np.ndarray, pl.Series]:
@@ -464,22 +470,23 @@ class _Tables:
         raw values (n, 13) int64 (``NULL`` for missing), and the rows' fold, display, event time and the
         two documents' publish times."""
         doc = self.ev_doc[event]
-        meta_at, meta_found = (_positions(self.meta_doc, doc) if len(self.meta_doc)
-                               else (np.zeros(len(doc), np.int64), np.zeros(len(doc), bool)))  # fmt: skip
-        meta_at = np.minimum(meta_at, max(len(self.meta_doc) - 1, 0))
+        page = _locate(self.meta_doc, doc)  # the page's document's row of documents_meta (looked up once)
+        item = _locate(self.promo_ad, ad)  # the ad's row of promoted_content
+
+        def of(columns: dict, name: str, where: tuple) -> np.ndarray:
+            at, found = where
+            return np.where(found, columns[name][at], NULL) if found.any() else np.full(len(at), NULL, np.int64)
 
         def of_page(name):
-            return np.where(meta_found, self.meta[name][meta_at], NULL) if len(self.meta_doc) else np.full(len(doc), NULL)
+            return of(self.meta, name, page)
+
+        def of_ad(name):
+            return of(self.promo, name, item)
 
         geo = self.ev_geo[event]
         known = geo != NULL
-        geo_part = [np.where(known, part[np.where(known, geo, 0)], NULL) if len(part) else geo for part in self.geo_parts]
-        promo_at, promo_found = (_positions(self.promo_ad, ad) if len(self.promo_ad)
-                                 else (np.zeros(len(ad), np.int64), np.zeros(len(ad), bool)))  # fmt: skip
-        promo_at = np.minimum(promo_at, max(len(self.promo_ad) - 1, 0))
-
-        def of_ad(name):
-            return np.where(promo_found, self.promo[name][promo_at], NULL) if len(self.promo_ad) else np.full(len(ad), NULL)
+        geo_part = [np.where(known, part[np.where(known, geo, 0)], NULL) if len(part) else geo
+                    for part in self.geo_parts]  # fmt: skip
 
         values = np.stack([doc, of_page("source_id"), of_page("publisher_id"), self.ev_platform[event], *geo_part,
                            ad, *(of_ad(name) for name in ITEM)], axis=1)  # fmt: skip
@@ -690,11 +697,8 @@ def _features(cols: dict, tables: _Tables, vocabs: list, ctr_stats: dict, standa
     n = len(raw)
     onehot = np.empty((n, len(ONEHOT)), np.int32)
     for f, vocab in enumerate(vocabs):
-        if len(vocab):
-            at, found = _positions(vocab, raw[:, f])
-            onehot[:, f] = np.where(found, at + 1, 0)
-        else:
-            onehot[:, f] = 0
+        at, found = _locate(vocab, raw[:, f])
+        onehot[:, f] = np.where(found, at + 1, 0)
     # NaN until put: the writer refuses those, so a feature left unset cannot pass silently
     numerical = np.full((n, len(NUMERICAL)), np.nan, np.float32)
 
@@ -705,19 +709,17 @@ def _features(cols: dict, tables: _Tables, vocabs: list, ctr_stats: dict, standa
     train = fold >= 0
     for name, minimum in CTR_MIN_COUNT.items():
         distinct, total, per_fold = ctr_stats[name]
-        value = raw[:, ONEHOT.index(name)]
+        at, found = _locate(distinct, raw[:, ONEHOT.index(name)])
         if len(distinct):
-            at, found = _positions(distinct, value)
-            at = np.minimum(at, len(distinct) - 1)
-        else:
-            at, found = np.zeros(n, np.int64), np.zeros(n, bool)
-        shown = np.where(found, total[0, at] if len(distinct) else 0, 0)
-        clicks = np.where(found, total[1, at] if len(distinct) else 0, 0)
-        # a training row's CTR leaves out its own fold's rows (its display's, its own click included)
-        mine = found & train
-        own = np.where(mine, fold, 0)
-        shown_seen = shown - (np.where(mine, per_fold[0, at, own], 0) if len(distinct) else 0)
-        clicks_seen = clicks - (np.where(mine, per_fold[1, at, own], 0) if len(distinct) else 0)
+            shown = np.where(found, total[0, at], 0)
+            clicks = np.where(found, total[1, at], 0)
+            # a training row's CTR leaves out its own fold's rows (its display's, its own click included)
+            mine = found & train
+            own = np.where(mine, fold, 0)
+            shown_seen = shown - np.where(mine, per_fold[0, at, own], 0)
+            clicks_seen = clicks - np.where(mine, per_fold[1, at, own], 0)
+        else:  # no training row has a value
+            shown = clicks = shown_seen = clicks_seen = np.zeros(n, np.int64)
         with np.errstate(divide="ignore", invalid="ignore"):
             put(f"{name}_ctr", np.where(shown_seen >= minimum, clicks_seen / np.maximum(shown_seen, 1), 0.0))
         if name in ("ad_id", "document_id_promo"):
@@ -741,11 +743,7 @@ def _features(cols: dict, tables: _Tables, vocabs: list, ctr_stats: dict, standa
     for kind, plural, _ in KINDS:
         with_bag, padded, _ = tables.bags[kind]
         for suffix, docs_of_row in doc_ids.items():
-            if len(with_bag):
-                at, found = _positions(with_bag, docs_of_row)
-                bags[f"{kind}_id_list{suffix}"] = padded[np.where(found, np.minimum(at, len(with_bag) - 1),
-                                                                  len(with_bag))]  # fmt: skip
-            else:
-                bags[f"{kind}_id_list{suffix}"] = np.full((n, BAG), -1, np.int32)
+            at, found = _locate(with_bag, docs_of_row)
+            bags[f"{kind}_id_list{suffix}"] = padded[np.where(found, at, len(with_bag))]  # the last row: no terms
         put(f"document_id_document_id_promo_sim_{plural}", _similarity(tables.terms[plural], pairs)[pair_of_row])
     return onehot, numerical, bags

@@ -237,3 +237,27 @@ def test_bad_clicks_rows_are_named_by_line_in_any_block(raw, tmp_path, capsys):
     assert summary["bad_rows"] == 3 and summary["clicks_rows_read"] == len(lines) - 1
     assert sum(summary["rows"].values()) == len(lines) - 1 - 3
     assert [r["line_no"] for r in summary["bad_row_examples"]] == [2501, 3001]
+
+
+def test_files_with_only_a_header_leave_their_features_missing(raw, tmp_path):
+    """No promoted content, documents or topics: the ads' advertisers, campaigns and documents, the pages'
+    sources and the topics are all missing (id 0, cardinality 1), the CTRs of those keys 0; the ad's own
+    CTR is still there."""
+    import shutil
+
+    from ctrkit.preprocess.outbrain import preprocess_outbrain
+
+    bare = tmp_path / "raw"
+    shutil.copytree(raw, bare)
+    for name in ("promoted_content", "documents_meta", "documents_topics"):
+        header = (bare / f"{name}.csv").read_text().splitlines()[0]
+        (bare / f"{name}.csv").write_text(header + "\n")
+    summary = preprocess_outbrain(bare, tmp_path / "d", progress=False, block_rows=1000)
+    cards = summary["cardinalities"]
+    for name in ("advertiser_id", "campaign_id", "document_id_promo", "source_id", "topic_id_list"):
+        assert cards[name] == 1, name
+    assert cards["ad_id"] > 1 and cards["entity_id_list"] > 1
+    train = SplitBinaryDataset(FeatureSpec.from_yaml(tmp_path / "d"), "train")
+    numerical = np.asarray(train.slice(0, len(train)).numerical, dtype=np.float32)
+    assert (numerical[:, NUMERICAL.index("campaign_id_ctr")] == 0).all()
+    assert (numerical[:, NUMERICAL.index("ad_id_ctr")] > 0).any()
