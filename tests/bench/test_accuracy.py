@@ -34,7 +34,7 @@ def test_read_table_bags_match_the_dataset(tmp_path):
 def test_bench_accuracy_writes_a_row_per_data_set(tiny_dataset, tmp_path, capsys):
     code, out, err = run_cli(
         "bench", "accuracy", "--panel", "planted,tabular,outbrain", "--planted-rows", "14400", "--tabular-rows",
-        "14400", "--outbrain-rows", "4000", "--seeds", "0", "--models", "dlrm,dcnv2", "--datasets", tiny_dataset,
+        "14400", "--outbrain-rows", "4000", "--seeds", "0", "--models", "dlrm", "--datasets", tiny_dataset,
         "--work", tmp_path / "work", "--out", tmp_path / "acc", capsys=capsys,
     )  # fmt: skip
     assert code == 0, err
@@ -46,15 +46,15 @@ def test_bench_accuracy_writes_a_row_per_data_set(tiny_dataset, tmp_path, capsys
     summary = json.loads((tmp_path / "work" / "outbrain-4k-s0" / "summary.json").read_text())
     assert outbrain["rows"]["test"] == summary["rows"]["test"]
     assert outbrain["rows"]["train"] + outbrain["rows"]["validation"] == summary["rows"]["train"]
-    assert set(outbrain["results"]) == {"logistic", "lightgbm", "dlrm", "dcnv2"}
+    assert set(outbrain["results"]) == {"logistic", "lightgbm", "dlrm"}
     assert all(0.6 < r["auc"] < 0.95 for r in outbrain["results"].values()), outbrain["results"]
     # its few thousand rows are small data: each model trained as a seed ensemble of three (whatever it kept)
-    assert all(outbrain["results"][m]["seed_ensemble"] is not None for m in ("dlrm", "dcnv2"))
-    kept_scales = [r["results"][m]["calibration"] for r in doc["rows"] for m in ("dlrm", "dcnv2")]
+    assert outbrain["results"]["dlrm"]["seed_ensemble"] is not None
+    kept_scales = [r["results"]["dlrm"]["calibration"] for r in doc["rows"]]
     assert all(s is None or s > 0 for s in kept_scales)  # each model's kept logit scale (--calibrate), or none
     assert doc["machine"]["capability"] and doc["machine"]["torch"]
     for planted in doc["rows"][:2]:
-        assert set(planted["results"]) == {"logistic", "lightgbm", "dlrm", "dcnv2"}
+        assert set(planted["results"]) == {"logistic", "lightgbm", "dlrm"}
         # 11 batches an epoch: not small data (one batch), but below the seed ensemble's bound (three seeds)
         assert planted["rows"] == {"train": 10800, "validation": 1200, "test": 2400}
         dlrm = planted["results"]["dlrm"]
