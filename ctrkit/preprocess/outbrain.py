@@ -523,10 +523,11 @@ def _read_clicks(path: Path, display: np.ndarray, rejects: Rejects, block_rows: 
             label = typed["clicked"].to_numpy()
             bad = (label != 0) & (label != 1)
             if bad.any():
-                at = np.flatnonzero(bad)
-                rejects.add(str(path), [(int(lines[int(i)]), f"clicked: expected 0 or 1, got {label[i]}",
-                                         ",".join(str(v) for v in typed.row(int(i)))) for i in at[:50]])  # fmt: skip
-                rejects.count += max(len(at) - 50, 0)
+                bad_rows = np.flatnonzero(bad)
+                shown = [(int(lines[int(i)]), f"clicked: expected 0 or 1, got {label[i]}",
+                          ",".join(str(v) for v in typed.row(int(i)))) for i in bad_rows[:50]]  # fmt: skip
+                rejects.add(str(path), shown)
+                rejects.count += max(len(bad_rows) - 50, 0)
             ids = typed["display_id"].to_numpy()
             at, found = _positions(display, ids)
             orphan = ~found & ~bad
