@@ -109,26 +109,34 @@ def find_file(raw_dir: Path, name: str) -> Path:
 
 
 def read_checked(path: Path, schema: tuple, rejects: Rejects) -> pl.DataFrame:
-    """The file's columns cast to their types; rows with a value that does not parse, or a required value
-    missing, go to ``rejects`` (line numbers count the header as line 1)."""
+    """The file's columns cast to their types; rows with a value that does not parse, a required value missing,
+    or another number of fields than the header's go to ``rejects`` (line numbers count the header as line 1)."""
     casts = {"int": pl.Int64, "float": pl.Float64, "str": pl.Utf8}
+    header = _header(path)
+    _require_columns(path, header, schema)
+    wrong = _wrong_field_counts(path, header, rejects)
+    names = {c for c, _, _ in schema}
+    read = dict(columns=[c for c in header if c in names], null_values=list(NULLS), row_index_name="line",
+                row_index_offset=2, truncate_ragged_lines=True)  # fmt: skip
     try:  # the fast path: every value parses (then only required columns need a look)
-        header = pl.read_csv(path, n_rows=0, infer_schema=False).columns
-        names = {c for c, _, _ in schema}
-        typed = pl.read_csv(
-            path, schema_overrides={c: casts[t] for c, t, _ in schema}, null_values=list(NULLS),
-            columns=[c for c in header if c in names],
-        ).select([c for c, _, _ in schema])  # fmt: skip
+        typed = pl.read_csv(path, schema_overrides={c: casts[t] for c, t, _ in schema}, **read)
+        typed = _without_lines(typed, wrong).select([c for c, _, _ in schema])
         if not any(typed[c].null_count() for c, _, required in schema if required):
             return typed
-    except Exception:  # a value that does not parse, a missing column, a ragged row: found below
+    except Exception:  # a value that does not parse: found below
         pass
     try:
-        raw = pl.read_csv(path, infer_schema=False, null_values=list(NULLS))
-    except Exception as e:  # ragged rows, bad quoting, not a CSV
+        raw = _without_lines(pl.read_csv(path, infer_schema=False, **read), wrong)
+    except Exception as e:  # bad quoting, not a CSV
         raise DataError(f"{path}: not a readable CSV ({str(e).splitlines()[0]})") from None
-    _require_columns(path, raw.columns, schema)
-    return _checked(path, raw, schema, rejects, first_line=2)[0]
+    return _checked(path, raw.drop("line"), schema, rejects, raw["line"])[0]
+
+
+def _header(path: Path) -> list[str]:
+    try:
+        return pl.read_csv(path, n_rows=0, infer_schema=False).columns
+    except Exception as e:  # empty, not a CSV
+        raise DataError(f"{path}: not a readable CSV ({str(e).splitlines()[0]})") from None
 
 
 def _require_columns(path: Path, columns: list[str], schema: tuple) -> None:
@@ -137,9 +145,36 @@ def _require_columns(path: Path, columns: list[str], schema: tuple) -> None:
         raise DataError(f"{path}: lacks the columns {missing} (header: {columns})")
 
 
-def _checked(path: Path, raw: pl.DataFrame, schema: tuple, rejects: Rejects, first_line: int) -> tuple:
+def _wrong_field_counts(path: Path, header: list[str], rejects: Rejects) -> np.ndarray:
+    """The lines of ``path`` whose number of comma-separated fields is not the header's (the raw Outbrain files
+    quote nothing, so every comma separates fields), sorted; they go to ``rejects``. Another count means a value
+    that holds a comma or a field missing, and the values after it would land in the wrong columns."""
+    fields = len(header)
+    lines = (
+        pl.scan_csv(path, has_header=False, separator="\x1f", quote_char=None, schema={"text": pl.Utf8})
+        .with_row_index("line", offset=1)
+        .with_columns((pl.col("text").str.count_matches(",", literal=True) + 1).alias("found"))
+        .filter(pl.col("found") != fields)
+    )
+    try:
+        wrong = lines.collect(engine="streaming")
+    except pl.exceptions.PolarsError as e:
+        raise DataError(f"{path}: not a readable CSV ({str(e).splitlines()[0]})") from None
+    shown = [(int(r["line"]), f"expected {fields} comma-separated fields, found {r['found']}", r["text"])
+             for r in wrong.head(50).iter_rows(named=True)]  # fmt: skip
+    rejects.add(str(path), shown)
+    rejects.count += len(wrong) - len(shown)
+    return wrong["line"].to_numpy()
+
+
+def _without_lines(frame: pl.DataFrame, lines: np.ndarray) -> pl.DataFrame:
+    """``frame`` without the rows whose ``line`` is one of ``lines``."""
+    return frame.filter(~pl.col("line").is_in(pl.Series(lines, dtype=pl.UInt32).implode())) if len(lines) else frame
+
+
+def _checked(path: Path, raw: pl.DataFrame, schema: tuple, rejects: Rejects, lines: pl.Series) -> tuple:
     """``raw``'s (text) columns of ``schema`` cast to their types, without the rows where a value does not parse
-    or a required one is missing; those go to ``rejects`` (``raw``'s first row is line ``first_line``).
+    or a required one is missing; those go to ``rejects`` (``lines``: each row's line number).
     Returns the typed frame and which rows of ``raw`` it kept (None: all)."""
     casts = {"int": pl.Int64, "float": pl.Float64, "str": pl.Utf8}
     typed = raw.select([pl.col(c).cast(casts[t], strict=False).alias(c) for c, t, _ in schema])
@@ -157,7 +192,7 @@ def _checked(path: Path, raw: pl.DataFrame, schema: tuple, rejects: Rejects, fir
         bad_any |= bad
     if bad_any.any():
         rows = np.flatnonzero(bad_any)
-        kept = [(int(i) + first_line, first_problem.get(int(i), "bad value"), ",".join(
+        kept = [(int(lines[int(i)]), first_problem.get(int(i), "bad value"), ",".join(
             "" if v is None else str(v) for v in raw.row(int(i)))) for i in rows[:50]]  # fmt: skip
         rejects.add(str(path), kept)
         rejects.count += len(rows) - len(kept)
@@ -509,16 +544,18 @@ def _read_clicks(path: Path, display: np.ndarray, rejects: Rejects, block_rows: 
     Bad rows (a value that does not parse or is missing, a label other than 0 and 1, a display not in
     events.csv) go to ``rejects``. Returns (events, ads, labels, rows read)."""
     schema = SCHEMAS["clicks_train"]
-    header = pl.read_csv(path, n_rows=0, infer_schema=False).columns
+    header = _header(path)
     _require_columns(path, header, schema)
-    scan = pl.scan_csv(path, infer_schema=False, null_values=list(NULLS)).select([c for c, _, _ in schema])
-    events, ads, labels, read = [], [], [], 0
+    wrong = _wrong_field_counts(path, header, rejects)
+    scan = pl.scan_csv(path, infer_schema=False, null_values=list(NULLS), truncate_ragged_lines=True)
+    scan = scan.select([c for c, _, _ in schema]).with_row_index("line", offset=2)
+    if len(wrong):
+        scan = scan.filter(~pl.col("line").is_in(pl.Series(wrong, dtype=pl.UInt32).implode()))
+    events, ads, labels, read = [], [], [], len(wrong)
     try:
-        batches = scan.with_row_index("line", offset=2).collect_batches(chunk_size=block_rows)
-        for batch in batches:
-            first_line = int(batch["line"][0])
+        for batch in scan.collect_batches(chunk_size=block_rows):
             read += len(batch)
-            typed, kept = _checked(path, batch.drop("line"), schema, rejects, first_line)
+            typed, kept = _checked(path, batch.drop("line"), schema, rejects, batch["line"])
             lines = batch["line"] if kept is None else batch["line"].filter(pl.Series(kept))
             label = typed["clicked"].to_numpy()
             bad = (label != 0) & (label != 1)
@@ -544,7 +581,7 @@ def _read_clicks(path: Path, display: np.ndarray, rejects: Rejects, block_rows: 
             ads.append(ad.astype(np.int32) if narrow else ad)  # int64 only where an id needs it
             labels.append(label[keep].astype(np.uint8))
             bar.update(len(batch))
-    except pl.exceptions.PolarsError as e:  # ragged rows, bad quoting, not a CSV
+    except pl.exceptions.PolarsError as e:  # bad quoting, not a CSV
         raise DataError(f"{path}: not a readable CSV ({str(e).splitlines()[0]})") from None
     if not events:
         return np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, np.uint8), read

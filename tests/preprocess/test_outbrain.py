@@ -261,3 +261,32 @@ def test_files_with_only_a_header_leave_their_features_missing(raw, tmp_path):
     numerical = np.asarray(train.slice(0, len(train)).numerical, dtype=np.float32)
     assert (numerical[:, NUMERICAL.index("campaign_id_ctr")] == 0).all()
     assert (numerical[:, NUMERICAL.index("ad_id_ctr")] > 0).any()
+
+
+def test_rows_with_another_number_of_fields_are_named_or_dropped(raw, tmp_path, capsys):
+    """A row with more or fewer comma-separated fields than the header (a value holding a comma, a field left
+    out) would put values in the wrong columns: it is named by file and line, or dropped and counted."""
+    import shutil
+
+    from ctrkit.preprocess.outbrain import OutbrainRecipe, preprocess_outbrain
+
+    bad = tmp_path / "raw"
+    shutil.copytree(raw, bad)
+    events = (bad / "events.csv").read_text().splitlines()
+    events[11] += ",US"  # line 12: a seventh field
+    (bad / "events.csv").write_text("\n".join(events) + "\n")
+    code, _, err = run_cli("preprocess", "outbrain", bad, "--out", tmp_path / "d", "--no-progress", capsys=capsys)
+    assert code == 2 and "events.csv:12: expected 6 comma-separated fields, found 7" in err and "Traceback" not in err
+    shutil.copy(raw / "events.csv", bad / "events.csv")
+    clicks = (bad / "clicks_train.csv").read_text().splitlines()
+    clicks[2999] += ",1"  # line 3000, in the fifth block of 700 rows: a fourth field
+    clicks[3999] = clicks[3999].rsplit(",", 1)[0]  # line 4000: the label left out
+    (bad / "clicks_train.csv").write_text("\n".join(clicks) + "\n")
+    with pytest.raises(Exception, match=r"clicks_train.csv:3000: expected 3 comma-separated fields, found 4"):
+        preprocess_outbrain(bad, tmp_path / "d", progress=False, block_rows=700)
+    summary = preprocess_outbrain(bad, tmp_path / "d", OutbrainRecipe(bad_rows="skip"), progress=False, block_rows=700)
+    assert summary["bad_rows"] == 2 and sum(summary["rows"].values()) == len(clicks) - 1 - 2
+    assert [(r["line_no"], r["problem"]) for r in summary["bad_row_examples"]] == [
+        (3000, "expected 3 comma-separated fields, found 4"),
+        (4000, "expected 3 comma-separated fields, found 2"),
+    ]
