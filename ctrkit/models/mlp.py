@@ -13,23 +13,24 @@ from torch import nn
 class _CpuDropout(torch.autograd.Function):
     """Dropout's training forward and backward for CPU tensors. The mask is drawn as 15 random bits per
     element (two elements per int32 from ``random_``, whose values lie in [0, 2^31)) against a threshold,
-    so each element is kept with probability 1 - p to within 2^-15, and applied with ``where``: on the
-    CPU this costs about half of ``F.dropout``'s per-element Bernoulli draws. The mask is kept as one byte
-    per element for the backward."""
+    so each element is kept with probability 1 - p to within 2^-15: on the CPU this costs about half of
+    ``F.dropout``'s per-element Bernoulli draws. The mask is kept as ones and zeros in the input's dtype and
+    applied by a product, then the scale: ``where`` with a scalar took about 2.5x as long as the product on
+    the CPU. Kept values come out as ``where``'s did (x * 1, then the scale); dropped ones are zeros."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, p: float) -> torch.Tensor:
         n = x.numel()
         bits = torch.empty((n + 1) // 2, dtype=torch.int32).random_().view(torch.int16)[:n]
-        keep = (bits.bitwise_and_(0x7FFF) >= round(p * 2**15)).view(x.shape)
+        keep = (bits.bitwise_and_(0x7FFF) >= round(p * 2**15)).view(x.shape).to(x.dtype)
         ctx.save_for_backward(keep)
         ctx.scale = 1.0 / (1.0 - p)
-        return torch.where(keep, x, 0).mul_(ctx.scale)
+        return (x * keep).mul_(ctx.scale)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         (keep,) = ctx.saved_tensors
-        return torch.where(keep, grad, 0).mul_(ctx.scale), None
+        return (grad * keep).mul_(ctx.scale), None
 
 
 class Dropout(nn.Module):
