@@ -16,7 +16,8 @@ class _CpuDropout(torch.autograd.Function):
     so each element is kept with probability 1 - p to within 2^-15: on the CPU this costs about half of
     ``F.dropout``'s per-element Bernoulli draws. The mask is kept as ones and zeros in the input's dtype and
     applied by a product, then the scale: ``where`` with a scalar took about 2.5x as long as the product on
-    the CPU. Kept values come out as ``where``'s did (x * 1, then the scale); dropped ones are zeros."""
+    the CPU. Kept values come out as ``where``'s did (x * 1, then the scale); dropped ones are zeros (-0.0
+    for a negative value)."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, p: float) -> torch.Tensor:
