@@ -77,7 +77,8 @@ class TrainStep:
         device: where batches are moved before the forward pass.
         amp_dtype: autocast dtype, or None for full precision. fp16 enables loss scaling.
         compile: run the forward (and its backward) through ``torch.compile``; if compiling fails
-            (no C++ compiler or Triton, an unsupported op) the step says why once and runs eagerly.
+            (no C++ compiler or Triton, an unsupported op), in the forward or in the first backward, the
+            step says why once and runs eagerly (a step whose backward failed is taken again).
         embedding_l2: adds ``embedding_l2 * sum ||e||^2 / B`` over the embedding vectors ``e`` the
             batch's samples looked up (every CategoricalEmbeddings' output), so only the looked-up rows
             are penalised and the tables' gradients stay sparse.
@@ -151,12 +152,28 @@ class TrainStep:
                 self.scaler.step(opt)
             self.scaler.update()
         else:
-            loss.backward()  # hybrid parallel: DDP sums the dense gradients over ranks meanwhile
+            try:
+                loss.backward()  # hybrid parallel: DDP sums the dense gradients over ranks meanwhile
+            except Exception as e:
+                if self.forward is self.model:
+                    raise
+                # the compiled backward is built at the first backward, after the forward ran: a backend
+                # that cannot handle it fails here; the step is taken again eagerly (no optimizer stepped yet)
+                self._fall_back(e)
+                return self(batch, scale, global_size, wide_scale)
             if sync is not None:
                 sync()
             for opt in self.optimizers:
                 opt.step()
         return loss.detach()
+
+    def _fall_back(self, e: Exception) -> None:
+        """Says once why ``torch.compile`` failed, and runs the model eagerly from now on."""
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        warnings.warn(
+            f"torch.compile failed ({type(e).__name__}: {first}); training continues in eager mode", stacklevel=3
+        )
+        self.forward = self.model
 
     def _forward(self, batch: Batch) -> torch.Tensor:
         if self.forward is self.model:
@@ -164,12 +181,7 @@ class TrainStep:
         try:
             return self.forward(batch.numerical, batch.categorical, batch.multi_hot)
         except Exception as e:  # the backend is missing or cannot handle the model: run eagerly
-            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-            warnings.warn(
-                f"torch.compile failed ({type(e).__name__}: {first}); training continues in eager mode",
-                stacklevel=2,
-            )
-            self.forward = self.model
+            self._fall_back(e)
             return self.model(batch.numerical, batch.categorical, batch.multi_hot)
 
 

@@ -270,6 +270,35 @@ def test_compile_failure_falls_back_to_eager(monkeypatch):
     assert torch.isfinite(loss) and step.forward is model
 
 
+def test_a_compiled_backward_that_fails_falls_back_and_retakes_the_step(monkeypatch):
+    """A backend that compiles the forward but fails on the backward (built at the first backward: inductor
+    refused the sparse gradients of DCNv2's tables there once) makes the step fall back to eager and take the
+    step again: the weights after it equal an eager step's."""
+
+    class _FailingBackward(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            raise NotImplementedError("Cannot access storage of SparseTensorImpl\nmore detail")
+
+    def compile_forward_only(model):
+        return lambda *args: _FailingBackward.apply(model(*args))
+
+    eager_model, eager = _tiny_step(False)
+    monkeypatch.setattr(torch, "compile", compile_forward_only)
+    model, step = _tiny_step(True)
+    batch = _tiny_batches()[0]
+    with pytest.warns(UserWarning, match=r"torch.compile failed \(NotImplementedError: Cannot access storage"):
+        loss = step(batch)
+    assert step.forward is model
+    torch.testing.assert_close(loss, eager(batch), rtol=0, atol=0)
+    for (name, p), q in zip(model.named_parameters(), eager_model.parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=0, msg=name)
+
+
 @pytest.mark.parametrize(
     "name, shape",
     [
