@@ -586,8 +586,8 @@ class OutbrainPreprocessConfig:
     )
     block_rows: int = option(
         1 << 17,
-        "clicks_train.csv's rows are worked on this many at a time (twice: tallies, then features); a block takes "
-        "about 1 KB a row while it is worked on, and the dataset does not depend on the block size",
+        "clicks_train.csv's rows are worked on this many at a time (twice: tallies, then features); memory grows "
+        "with the block while it is worked on (README), and the dataset does not depend on the block size",
     )
     engine: str = option(
         "polars",

@@ -378,9 +378,9 @@ class _Tally:
             grown = np.zeros((self.dense.shape[0], max(top, 2 * self.dense.shape[1])), np.int64)
             grown[:, : self.dense.shape[1]] = self.dense
             self.dense = grown
-        self.dense[0] += np.bincount(keys, minlength=self.dense.shape[1])
+        self.dense[0, :top] += np.bincount(keys, minlength=top)  # up to the block's largest key only
         for i, w in enumerate(weights, 1):
-            self.dense[i] += np.bincount(keys, w, self.dense.shape[1]).astype(np.int64)
+            self.dense[i, :top] += np.bincount(keys, w, top).astype(np.int64)
 
     def result(self) -> tuple[np.ndarray, np.ndarray]:
         """The keys seen (sorted) and their sums, (1 + weights, keys): the count first."""
