@@ -291,14 +291,48 @@ def _term_weights(docs: pl.DataFrame) -> pl.DataFrame:
     return weighted.select("document_id", "vid", "u").sort("document_id", "vid")
 
 
-def _similarity(terms: pl.DataFrame, pairs: pl.DataFrame) -> np.ndarray:
+class _TermRows:
+    """A term table sorted by document_id (``_term_weights``) and, for each of its documents, where its rows
+    start and end: any set of documents' rows are then taken without searching the whole table."""
+
+    def __init__(self, frame: pl.DataFrame):
+        self.frame = frame
+        column = frame["document_id"].to_numpy()
+        starts = np.flatnonzero(np.r_[True, column[1:] != column[:-1]]) if len(column) else np.zeros(0, np.int64)
+        self.docs = column[starts].astype(np.int64)  # distinct, ascending
+        self.bounds = np.append(starts, len(column))  # document k's rows: bounds[k] .. bounds[k + 1] - 1
+        # raw Outbrain document ids are small non-negative integers: a position per id, built once
+        top = int(self.docs[-1]) if len(self.docs) else -1
+        self.dense = None
+        if len(self.docs) and self.docs[0] >= 0 and top < max(1 << 22, 4 * len(self.docs)):
+            self.dense = np.full(top + 2, -1, np.int64)  # the last entry: every id out of range
+            self.dense[self.docs] = np.arange(len(self.docs))
+
+    def of(self, docs: np.ndarray) -> pl.DataFrame:
+        """The rows of ``docs`` (distinct ids, -1 or absent ones have none), in table order."""
+        if self.dense is not None:
+            top = len(self.dense) - 2
+            at = self.dense[np.where((docs >= 0) & (docs <= top), docs, top + 1)]
+            at, found = np.maximum(at, 0), at >= 0
+        else:
+            at, found = _positions(self.docs, docs)
+        lo = np.where(found, self.bounds[at], 0)
+        lengths = np.where(found, self.bounds[np.minimum(at + 1, len(self.docs))] - lo, 0)
+        # the row numbers lo[i] .. lo[i] + lengths[i] - 1 of every document, concatenated
+        starts = np.repeat(lo - np.cumsum(lengths) + lengths, lengths)
+        return self.frame[starts + np.arange(int(lengths.sum()))]
+
+
+def _similarity(terms: _TermRows, pairs: pl.DataFrame) -> np.ndarray:
     """tf-idf cosine similarity of (document_id, document_id_promo) ``pairs`` (columns a, b) over one kind of
     term (``_term_weights``). Each pair's products are summed in term order, so a pair's value does not depend
-    on which other pairs are asked for with it."""
+    on which other pairs are asked for with it. Only the terms of the pairs' documents are joined (found by
+    their row ranges), so a block's cost follows its own documents, not the whole table's."""
     unique = pairs.unique()  # missing documents are -1: no terms, similarity 0
+    side = {c: terms.of(np.unique(unique[c].to_numpy())) for c in ("a", "b")}
     dots = (
-        unique.join(terms.rename({"document_id": "a", "u": "ua"}), on="a")
-        .join(terms.rename({"document_id": "b", "u": "ub"}), on=["b", "vid"])
+        unique.join(side["a"].rename({"document_id": "a", "u": "ua"}), on="a")
+        .join(side["b"].rename({"document_id": "b", "u": "ub"}), on=["b", "vid"])
         .sort("a", "b", "vid")
         .group_by(["a", "b"], maintain_order=True)
         .agg((pl.col("ua") * pl.col("ub")).sum().alias("sim"))
@@ -436,7 +470,7 @@ class _Tables:
     meta_doc: np.ndarray  # documents, sorted by document_id
     meta: dict[str, np.ndarray]  # source_id, publisher_id, published (ms since 1970)
     bags: dict[str, tuple[np.ndarray, np.ndarray, int]]  # kind -> documents with terms, padded bags, vocabulary
-    terms: dict[str, pl.DataFrame]  # plural -> _term_weights
+    terms: dict[str, _TermRows]  # plural -> _term_weights' table
     views_doc: np.ndarray
     views: np.ndarray
 
@@ -491,7 +525,7 @@ class _Tables:
             within = np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
             padded[np.repeat(np.arange(len(lists)), lengths), within] = flat
             tables["bags"][kind] = (with_bag, padded, len(vocab) + 1)
-            tables["terms"][plural] = _term_weights(docs)
+            tables["terms"][plural] = _TermRows(_term_weights(docs))
         return cls(**tables, views_doc=np.zeros(0, np.int64), views=np.zeros(0, np.int64))
 
     def with_views(self, views: pl.DataFrame) -> None:

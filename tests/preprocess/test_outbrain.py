@@ -115,6 +115,39 @@ def test_features_split_and_training_statistics(raw, dataset):
         assert bags.ids[lo:hi].tolist() == [vocab[t] for t in mine["topic_id"].to_list()[:3]]
 
 
+def test_topic_similarity_is_the_tfidf_cosine_of_page_and_ad_documents(raw, dataset):
+    """Recomputed by hand from the raw files: each document's topics weighted by confidence x log(documents /
+    documents with the topic), scaled to unit length; the similarity of a row is the dot product of its
+    page's and its ad's document vectors (0 where either has no topics)."""
+    topics = pl.read_csv(raw / "documents_topics.csv")
+    n_docs = topics["document_id"].n_unique()
+    df = dict(topics.group_by("topic_id").len().iter_rows())
+    vectors: dict[int, dict[int, float]] = {}
+    for doc, topic, confidence in topics.select("document_id", "topic_id", "confidence_level").iter_rows():
+        vectors.setdefault(doc, {})[topic] = confidence * (np.log(n_docs) - np.log(df[topic]))
+    for v in vectors.values():
+        norm = np.sqrt(sum(w * w for w in v.values()))
+        v.update({t: w / norm for t, w in v.items()})
+    events = pl.read_csv(raw / "events.csv", infer_schema=False).with_columns(
+        pl.col("display_id", "document_id").cast(pl.Int64)
+    )
+    page_doc = dict(events.select("display_id", "document_id").iter_rows())
+    promo = pl.read_csv(raw / "promoted_content.csv")
+    ad_doc = dict(promo.select("ad_id", "document_id").iter_rows())
+    clicks = pl.read_csv(raw / "clicks_train.csv")
+    trains = train_mask(raw, clicks)
+    rows = clicks.filter(pl.Series(trains)).head(300)
+    expected = []
+    for display, ad in rows.select("display_id", "ad_id").iter_rows():
+        a, b = vectors.get(page_doc[display], {}), vectors.get(ad_doc.get(ad), {})
+        expected.append(sum(w * b[t] for t, w in a.items() if t in b))
+    spec = FeatureSpec.from_yaml(dataset)
+    got = np.asarray(SplitBinaryDataset(spec, "train").slice(0, 300).numerical, dtype=np.float32)
+    got = got[:, NUMERICAL.index("document_id_document_id_promo_sim_topics")]
+    np.testing.assert_allclose(got, expected, atol=2e-3)  # stored as float16
+    assert 0.05 < (np.asarray(expected) > 0).mean() < 0.95  # the data has both kinds of row
+
+
 def test_bad_rows_are_named_or_counted(raw, tmp_path, capsys):
     import shutil
 
