@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ctrkit import hugepages
 from ctrkit.data.batch import PaddedMultiHot
 
 INIT_BLOCK_ROWS = 1 << 16  # rows drawn from one generator when initialising a table
@@ -46,7 +47,8 @@ class _Tables(nn.Module):
         self.init_seed = int(torch.randint(0, 2**62, (1,), device="cpu").item())
         self.zero_init = False
         device = "meta" if _DEFERRED.get() else None
-        self.weight = nn.Parameter(torch.empty(sum(self.cardinalities), self.dim, device=device))
+        # huge pages before the first write: the optimizers gather and scatter rows at random
+        self.weight = nn.Parameter(hugepages.empty(sum(self.cardinalities), self.dim, device=device))
         if self.weight.device.type != "meta":
             self.reset_tables()
 

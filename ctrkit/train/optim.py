@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ctrkit import hugepages
+
 
 class SparseSGD(torch.optim.Optimizer):
     """Plain SGD for a mix of dense and sparse gradients.
@@ -136,16 +138,24 @@ class SparseRowOptimizer(torch.optim.Optimizer):
         if not state:
             state["step"] = 0
             if self.kind == "adam":
-                state["exp_avg"] = torch.zeros_like(p)
-                state["exp_avg_sq"] = torch.zeros_like(p)
+                state["exp_avg"] = hugepages.zeros_like(p)  # table-sized, read and written at random rows
+                state["exp_avg_sq"] = hugepages.zeros_like(p)
             elif self.kind == "adagrad":
-                state["sum"] = torch.zeros_like(p)
+                state["sum"] = hugepages.zeros_like(p)
             elif self.kind == "ftrl":
-                state["accumulator"] = torch.full_like(p, FTRL_INITIAL_ACCUMULATOR)
-                state["linear"] = torch.zeros_like(p)
+                state["accumulator"] = hugepages.full_like(p, FTRL_INITIAL_ACCUMULATOR)
+                state["linear"] = hugepages.zeros_like(p)
             else:
                 state["sum"] = torch.zeros(p.shape[0], dtype=p.dtype, device=p.device)
         return state
+
+    def load_state_dict(self, state_dict: dict) -> None:  # noqa: D102 - torch.optim API
+        super().load_state_dict(state_dict)
+        # states read from a checkpoint were written on load: copied into huge-page tables like new ones
+        for state in self.state.values():
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor) and value.nbytes >= hugepages.MIN_BYTES:
+                    state[key] = hugepages.empty_like(value).copy_(value)
 
     @torch.no_grad()
     def step(self, closure=None):  # noqa: D102 - torch.optim API
