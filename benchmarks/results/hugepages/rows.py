@@ -2,7 +2,9 @@
 Criteo-Kaggle shape), 50 times, median of 5; run with THP_MEM_ALLOC_ENABLE=0 and =1 (torch's switch: 2 MiB pages for
 every large allocation). Prints ms per gather + write and the process's AnonHugePages."""
 
-import torch, time
+import time
+
+import torch
 
 torch.set_num_threads(2)
 w = torch.randn(2_600_000, 16)
@@ -19,4 +21,4 @@ for _ in range(5):
         r = w.index_select(0, idx)
         w.index_copy_(0, idx, r)
     ts.append((time.perf_counter() - s) / 50 * 1e3)
-print(sorted(ts)[2], "ms", [l for l in open("/proc/self/smaps_rollup") if "AnonHuge" in l])
+print(sorted(ts)[2], "ms", [line for line in open("/proc/self/smaps_rollup") if "AnonHuge" in line])
