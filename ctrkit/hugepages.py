@@ -6,11 +6,15 @@ such row costs a TLB miss and a page walk. Linux backs a region with 2 MiB pages
 (``madvise(MADV_HUGEPAGE)``), which many kernels require ("madvise" in
 /sys/kernel/mm/transparent_hugepage/enabled). Only these tables are advised: torch's own switch for every
 large allocation (``THP_MEM_ALLOC_ENABLE=1``) also covers each step's short-lived activations, whose
-fresh huge pages made DLRM's training step slower, not faster (README, "Huge pages").
+fresh huge pages made DLRM's training step slower, not faster (README, Benchmarks, "Huge pages").
 
 The advice must come before the memory is first written, so the helpers here allocate, advise, then
-fill. Elsewhere (not Linux, not a CPU tensor, a kernel without transparent huge pages, a small tensor) they
-are plain ``torch.empty`` / ``zeros`` / ``full``. ``CTRKIT_HUGE_PAGES=0`` turns the advice off.
+fill. It takes for memory the allocator maps fresh: glibc maps every allocation above its mmap threshold
+(at most 32 MiB), so any table of that size. A smaller one may reuse heap pages already written, which stay
+small until the kernel's background collapsing reaches them.
+
+Elsewhere (not Linux, not a CPU tensor, a kernel without transparent huge pages, a small tensor) they are
+plain ``torch.empty`` / ``zeros`` / ``full``. ``CTRKIT_HUGE_PAGES=0`` turns the advice off.
 """
 
 from __future__ import annotations
