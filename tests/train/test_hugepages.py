@@ -17,37 +17,39 @@ needs_thp = pytest.mark.skipif(
 )
 
 
-def huge_kib(t: torch.Tensor) -> int:
-    """AnonHugePages (KiB) of the mapping in /proc/self/smaps that holds the middle of ``t``'s memory."""
+def vm_flags(t: torch.Tensor) -> set[str]:
+    """The VmFlags in /proc/self/smaps of the mapping that holds the middle of ``t``'s memory ("hg": advised to
+    huge pages). Whether the kernel then finds free 2 MiB pages depends on the machine's memory at the time,
+    so the tests check the advice, which is ctrkit's part (the speed is measured in benchmarks/)."""
     address = t.data_ptr() + t.nbytes // 2
     inside = False
     for line in pathlib.Path("/proc/self/smaps").read_text().splitlines():
         span = re.match(r"^([0-9a-f]+)-([0-9a-f]+) ", line)
         if span:
             inside = int(span[1], 16) <= address < int(span[2], 16)
-        elif inside and line.startswith("AnonHugePages:"):
-            return int(line.split()[1])
+        elif inside and line.startswith("VmFlags:"):
+            return set(line.split()[1:])
     raise AssertionError("no mapping holds the tensor")
 
 
 @needs_thp
 def test_tables_and_adam_states_live_in_huge_pages():
     torch.manual_seed(0)
-    # 51 MB: above glibc's largest mmap threshold (32 MiB), so fresh pages even in a long-lived process
+    # 51 MB: above glibc's largest mmap threshold (32 MiB), so a mapping of its own
     tables = EmbeddingCollection([300_000, 100_000], 32)
-    assert huge_kib(tables.weight) >= 32 * 1024  # at least 16 of its 2 MiB pages
+    assert "hg" in vm_flags(tables.weight)
     opt = SparseRowOptimizer(tables.table_parameters(), "adam", lr=0.01)
     F.embedding(torch.tensor([[3, 370_000]]), tables.weight, sparse=True).sum().backward()
     opt.step()
     state = opt.state[tables.weight]
-    assert huge_kib(state["exp_avg"]) >= 32 * 1024 and huge_kib(state["exp_avg_sq"]) >= 32 * 1024
+    assert "hg" in vm_flags(state["exp_avg"]) and "hg" in vm_flags(state["exp_avg_sq"])
 
     # a state loaded from a checkpoint is copied into huge pages too, with its values
     saved = {k: v.clone() for k, v in state.items() if isinstance(v, torch.Tensor)}
     loaded = SparseRowOptimizer(tables.table_parameters(), "adam", lr=0.01)
     loaded.load_state_dict(opt.state_dict())
     again = loaded.state[tables.weight]
-    assert huge_kib(again["exp_avg_sq"]) >= 32 * 1024
+    assert "hg" in vm_flags(again["exp_avg_sq"])
     assert all(torch.equal(again[k], v) for k, v in saved.items())
     assert again["exp_avg_sq"].abs().sum() > 0
 
@@ -61,6 +63,7 @@ def test_small_meta_and_switched_off_tensors_are_left_alone(monkeypatch):
     hugepages._madvise.cache_clear()
     try:
         assert not hugepages.advise_huge_pages(torch.empty(4_000_000))
+        assert "hg" not in vm_flags(EmbeddingCollection([400_000], 32).weight)
     finally:
         monkeypatch.delenv("CTRKIT_HUGE_PAGES")
         hugepages._madvise.cache_clear()
