@@ -63,7 +63,6 @@ def test_small_meta_and_switched_off_tensors_are_left_alone(monkeypatch):
     hugepages._madvise.cache_clear()
     try:
         assert not hugepages.advise_huge_pages(torch.empty(4_000_000))
-        assert "hg" not in vm_flags(EmbeddingCollection([400_000], 32).weight)
     finally:
         monkeypatch.delenv("CTRKIT_HUGE_PAGES")
         hugepages._madvise.cache_clear()
