@@ -244,14 +244,25 @@ def _vocabulary_ids(column: pl.Series, vocab: pl.Series) -> np.ndarray:
     return np.where(found & column.is_not_null().to_numpy(), at + 1, 0).astype(np.int32)
 
 
-def _positions(keys: np.ndarray, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The position of each query in the sorted, distinct ``keys``, and whether it is there. Ids of raw
-    Outbrain columns are small non-negative integers, so a table indexed by id answers directly; other keys
-    go through a binary search."""
+def _dense_table(keys: np.ndarray, limit: int) -> np.ndarray | None:
+    """For sorted, distinct, non-negative ``keys`` below ``limit``: each id's position in ``keys`` (-1 where
+    absent), one entry past the largest key standing for every id out of range; None for other keys."""
     top = int(keys[-1]) if len(keys) else -1
-    if len(keys) and keys[0] >= 0 and top < max(1 << 22, 2 * len(queries)):
-        table = np.full(top + 2, -1, np.int64)  # the last entry: every query out of range
-        table[keys] = np.arange(len(keys))
+    if not len(keys) or keys[0] < 0 or top >= limit:
+        return None
+    table = np.full(top + 2, -1, np.int64)
+    table[keys] = np.arange(len(keys))
+    return table
+
+
+def _positions(keys: np.ndarray, queries: np.ndarray, table: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The position of each query in the sorted, distinct ``keys``, and whether it is there. Ids of raw
+    Outbrain columns are small non-negative integers, so a table indexed by id (``_dense_table``; pass one
+    built once to reuse it) answers directly; other keys go through a binary search."""
+    if table is None:
+        table = _dense_table(keys, max(1 << 22, 2 * len(queries)))
+    if table is not None:
+        top = len(table) - 2
         at = table[np.where((queries >= 0) & (queries <= top), queries, top + 1)]
         return np.maximum(at, 0), at >= 0
     at = np.searchsorted(keys, queries)
@@ -302,20 +313,11 @@ class _TermRows:
         self.docs = column[starts].astype(np.int64)  # distinct, ascending
         self.bounds = np.append(starts, len(column))  # document k's rows: bounds[k] .. bounds[k + 1] - 1
         # raw Outbrain document ids are small non-negative integers: a position per id, built once
-        top = int(self.docs[-1]) if len(self.docs) else -1
-        self.dense = None
-        if len(self.docs) and self.docs[0] >= 0 and top < max(1 << 22, 4 * len(self.docs)):
-            self.dense = np.full(top + 2, -1, np.int64)  # the last entry: every id out of range
-            self.dense[self.docs] = np.arange(len(self.docs))
+        self.dense = _dense_table(self.docs, max(1 << 22, 4 * len(self.docs)))
 
     def of(self, docs: np.ndarray) -> pl.DataFrame:
         """The rows of ``docs`` (distinct ids, -1 or absent ones have none), in table order."""
-        if self.dense is not None:
-            top = len(self.dense) - 2
-            at = self.dense[np.where((docs >= 0) & (docs <= top), docs, top + 1)]
-            at, found = np.maximum(at, 0), at >= 0
-        else:
-            at, found = _positions(self.docs, docs)
+        at, found = _positions(self.docs, docs, self.dense)
         lo = np.where(found, self.bounds[at], 0)
         lengths = np.where(found, self.bounds[np.minimum(at + 1, len(self.docs))] - lo, 0)
         # the row numbers lo[i] .. lo[i] + lengths[i] - 1 of every document, concatenated

@@ -146,7 +146,7 @@ class SparseRowOptimizer(torch.optim.Optimizer):
                 state["accumulator"] = hugepages.full_like(p, FTRL_INITIAL_ACCUMULATOR)
                 state["linear"] = hugepages.zeros_like(p)
             else:
-                state["sum"] = torch.zeros(p.shape[0], dtype=p.dtype, device=p.device)
+                state["sum"] = hugepages.empty(p.shape[0], dtype=p.dtype, device=p.device).zero_()
         return state
 
     def load_state_dict(self, state_dict: dict) -> None:  # noqa: D102 - torch.optim API
