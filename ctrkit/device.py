@@ -20,7 +20,7 @@ NATIVE_BF16_FLAGS = {"avx512_bf16", "amx_bf16", "bf16"}  # x86 AVX512-BF16 / AMX
 # AMX's tile units (the README's benchmarks compare the machine kinds they tell apart)
 MATRIX_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8",
                 "asimd", "bf16", "sve")  # fmt: skip
-_said: set[str] = set()
+_said: set = set()  # what has been said once
 
 
 @functools.cache
@@ -88,15 +88,41 @@ def cuda_native_bf16(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device)[0] >= 8
 
 
-def amp_dtype_for(device: torch.device, amp: bool, amp_dtype: str | None) -> torch.dtype | None:
+# On CUDA, autocast pays only with large batches: below these, a step is bound by launching kernels, not by
+# arithmetic, and autocast's casts add kernels (measured on an H100, README "On a GPU": bf16 autocast 0.67-1.03x
+# fp32 at 512-2,048 samples a training step, 1.00-1.25x or more from 16,384; scoring alone 0.71-0.94x at 2,048-8,192,
+# 1.45x or more from 32,768).
+CUDA_AMP_MIN_TRAIN_BATCH = 16_384
+CUDA_AMP_MIN_SCORE_BATCH = 32_768
+
+
+def amp_dtype_for(
+    device: torch.device, amp: bool, amp_dtype: str | None, batch: int | None = None, training: bool = True
+) -> torch.dtype | None:
     """The autocast dtype for ``--amp`` unless ``amp_dtype`` names one: bf16 on CPU; on CUDA bf16 where the
     GPU has bf16 tensor cores (no loss scaling needed; measured faster than fp16 on an H100, see the README),
-    else fp16. None (fp32) on a CPU without native bf16, said once on stderr."""
+    else fp16. None (fp32) on a CPU without native bf16, and, when ``amp_dtype`` is not named, on CUDA when
+    ``batch`` (the samples one process's step or forward pass takes) is below ``CUDA_AMP_MIN_TRAIN_BATCH``
+    (``training``) or ``CUDA_AMP_MIN_SCORE_BATCH``; each said once on stderr."""
     if not amp:
         return None
     name = amp_dtype or ("fp16" if device.type == "cuda" and not cuda_native_bf16(device) else "bf16")
     if name == "fp16" and device.type == "cpu":
         raise ValueError("`amp_dtype` fp16 is not supported on CPU; use bf16")
     if device.type == "cpu" and not cpu_bf16_or_fp32("--amp"):
+        return None
+    least = CUDA_AMP_MIN_TRAIN_BATCH if training else CUDA_AMP_MIN_SCORE_BATCH
+    if device.type == "cuda" and amp_dtype is None and batch is not None and batch < least:
+        what = "a training step" if training else "a forward pass"
+        if ("cuda", training) not in _said:
+            _said.add(("cuda", training))
+            forced = "--amp-dtype bf16 or fp16 forces it" if training else f"--batch-size {least} or more takes it"
+            print(
+                f"ctrkit: --amp: {batch:,} samples {what} on CUDA is below {least:,}, where {name} autocast runs "
+                f"slower than fp32 (the step is bound by launching kernels, not by arithmetic); running in fp32 "
+                f"({forced})",
+                file=sys.stderr,
+                flush=True,
+            )
         return None
     return torch.float16 if name == "fp16" else torch.bfloat16

@@ -43,6 +43,42 @@ def test_amp_dtype_rule(monkeypatch, capsys):
         assert dev.amp_dtype_for(cuda, True, "fp16") == torch.float16
 
 
+def test_amp_on_cuda_takes_autocast_only_at_batches_where_it_pays(monkeypatch, capsys):
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(dev, "cuda_native_bf16", lambda _device: True)
+    monkeypatch.setattr(dev, "_said", set())
+    train, score = dev.CUDA_AMP_MIN_TRAIN_BATCH, dev.CUDA_AMP_MIN_SCORE_BATCH
+    assert dev.amp_dtype_for(cuda, True, None, train - 1) is None
+    assert dev.amp_dtype_for(cuda, True, None, 512) is None
+    assert dev.amp_dtype_for(cuda, True, None, train) == torch.bfloat16
+    assert dev.amp_dtype_for(cuda, True, None, train, training=False) is None  # scoring needs larger batches
+    assert dev.amp_dtype_for(cuda, True, None, score, training=False) == torch.bfloat16
+    assert dev.amp_dtype_for(cuda, True, "bf16", 512) == torch.bfloat16  # a named dtype is taken as asked
+    assert dev.amp_dtype_for(cuda, True, "fp16", 512) == torch.float16
+    assert dev.amp_dtype_for(cuda, True, None) == torch.bfloat16  # no batch given: the dtype rule alone
+    said = capsys.readouterr().err.splitlines()
+    assert len(said) == 2, said  # once for training, once for scoring
+    assert "16,384" in said[0] and "running in fp32" in said[0] and "--amp-dtype" in said[0]
+    assert "32,768" in said[1] and "--batch-size 32768" in said[1]
+    cpu = torch.device("cpu")  # the batch rule is CUDA's: a CPU with native bf16 takes bf16 at any batch
+    monkeypatch.setenv("CTRKIT_CPU_BF16", "1")
+    assert dev.amp_dtype_for(cpu, True, None, 64) == torch.bfloat16
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_amp_on_a_gpu_follows_the_batch(tiny_dataset):
+    dtype = "bfloat16" if dev.cuda_native_bf16(torch.device("cuda")) else "float16"
+    for batch in (2048, dev.CUDA_AMP_MIN_TRAIN_BATCH):
+        cmd = [sys.executable, "-m", "ctrkit", "train", "--dataset", str(tiny_dataset), "--amp", "--max-steps", "2",
+               "--batch-size", str(batch), "--no-progress", "--device", "cuda", *small_model_flags()]  # fmt: skip
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        if batch < dev.CUDA_AMP_MIN_TRAIN_BATCH:
+            assert "running in fp32" in done.stderr and f"with {dtype} autocast" not in done.stderr, done.stderr[-2000:]
+        else:
+            assert f"with {dtype} autocast" in done.stderr and "running in fp32" not in done.stderr
+
+
 def test_cpu_flags_decide_native_bf16(monkeypatch):
     monkeypatch.delenv("CTRKIT_CPU_BF16", raising=False)
     monkeypatch.setattr(dev, "cpu_flags", lambda: frozenset({"avx2", "fma"}))

@@ -127,7 +127,7 @@ def run_train_bench(cfg: TrainBenchConfig, device: torch.device) -> dict:
         shape["bottom_mlp"] = BottomTopConfig.bottom_mlp[:-1] + (cfg.embedding_dim,)
     model_cfg = make_config(cfg.model, shape)
     model = create_model(cfg.model, model_cfg).to(device)
-    amp_dtype = amp_dtype_for(device, cfg.amp, cfg.amp_dtype)
+    amp_dtype = amp_dtype_for(device, cfg.amp, cfg.amp_dtype, cfg.batch_size)  # what `train --amp` would run
     d = train_defaults(cfg.model)  # the model's own optimizers unless given, at a small lr so weights stay sane
     dense_opt = cfg.optimizer or d.get("optimizer", "sgd")
     emb_opt = cfg.embedding_optimizer or d.get("embedding_optimizer", "sgd")

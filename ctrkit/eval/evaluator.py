@@ -166,7 +166,8 @@ class Scoring:
         ``predict``, exports and the server turn into probabilities)."""
         from ctrkit.device import amp_dtype_for
 
-        amp_dtype = amp_dtype_for(self.device, amp, None)
+        local = batch_size // (self.env.world_size if self.env is not None else 1)  # one process's share
+        amp_dtype = amp_dtype_for(self.device, amp, None, local, training=False)
         logits = predict_logits(self.model, self.dataset, self.device, batch_size, amp_dtype, progress, self.env)
         return calibrated(logits, self.checkpoint.calibration)
 

@@ -283,7 +283,9 @@ class Run:
 
         cfg = spec.train
         self.device = self.env.device if self.env is not None else resolve_device(spec.device)
-        self.amp_dtype = amp_dtype_for(self.device, cfg.amp, cfg.amp_dtype)
+        # one process's share of a step decides whether autocast pays on CUDA (``amp_dtype_for``)
+        local = cfg.batch_size // (self.env.world_size if self.env is not None else 1) if cfg.batch_size else None
+        self.amp_dtype = amp_dtype_for(self.device, cfg.amp, cfg.amp_dtype, local)
         if self.env is not None and self.amp_dtype == torch.float16:
             raise ValueError("hybrid-parallel training supports mixed precision with bf16 only")
         feature_spec = FeatureSpec.from_yaml(spec.dataset)
