@@ -220,9 +220,14 @@ class TrainConfig:
     min_delta: float = option(1e-4, "the validation AUC gain that counts as an improvement")
     print_freq: int = option(50, "steps between log records")
     amp: bool = option(
-        False, "mixed precision: bf16 autocast on CPU and on GPUs with bf16 tensor cores, else fp16 with loss scaling"
+        False,
+        "mixed precision: bf16 autocast on a CPU with native bf16 (fp32 elsewhere) and on GPUs with bf16 tensor cores, "
+        "else fp16 with loss scaling; on CUDA only from 16,384 samples a step per process (fp32 below, where autocast "
+        "runs slower; --amp-dtype takes it at any batch)",
     )
-    amp_dtype: str | None = option(None, "override the mixed-precision dtype", ("bf16", "fp16"), "the --amp rule")
+    amp_dtype: str | None = option(
+        None, "the mixed-precision dtype, taken at any batch (with --amp)", ("bf16", "fp16"), "the --amp rule"
+    )
     compile: bool = option(
         False, "torch.compile the model (the seeds' XLA flag); falls back to eager with a message if compiling fails"
     )
@@ -378,7 +383,11 @@ class EvalConfig:
     device: str = option("auto", "auto, cpu, cuda, cuda:N")
     mapping: str = option("test", "source_spec mapping to score")
     batch_size: int = option(16384, "samples per forward pass")
-    amp: bool = option(False, "score under autocast: bf16 (CPU; CUDA with bf16 tensor cores) or fp16 (older GPUs)")
+    amp: bool = option(
+        False,
+        "score under autocast: bf16 (CPU with native bf16; CUDA with bf16 tensor cores) or fp16 (older GPUs); on CUDA "
+        "only from 32,768 samples per process a batch (fp32 below, where autocast runs slower)",
+    )
 
     def validate(self) -> None:
         if self.batch_size < 1:

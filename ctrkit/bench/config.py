@@ -25,7 +25,11 @@ class TrainBenchConfig:
     warmup: int = option(10, "untimed steps first")
     steps: int = option(50, "timed steps per repeat")
     repeats: int = option(5, "timed repeats; the median is reported")
-    amp: bool = option(False, "autocast: bf16 (CPU; CUDA with bf16 tensor cores) or fp16 (older GPUs)")
+    amp: bool = option(
+        False,
+        "autocast as `train --amp` takes it: bf16 (CPU with native bf16; CUDA with bf16 tensor cores) or fp16 (older "
+        "GPUs); on CUDA only from 16,384 samples a step",
+    )
     amp_dtype: str | None = option(None, "the autocast dtype with --amp", ("bf16", "fp16"), "the --amp rule")
     dense_gradients: bool = option(
         False, "dense embedding gradients (the plain-PyTorch baseline) instead of sparse ones"
