@@ -16,16 +16,4 @@ for r in $(seq 1 "${1:-2}"); do
     done
   done
 done
-.venv/bin/python - "$OUT" <<'PY'
-import collections, glob, json, statistics, sys
-rows = collections.defaultdict(list)
-for f in sorted(glob.glob(f"{sys.argv[1]}/*_r*.json")):
-    model, kind, _ = f.rsplit("/", 1)[1].rsplit("_", 2)
-    j = json.load(open(f))
-    rows[(model, kind)].append((j["samples_per_s"], j["fraction_of_peak"], j["matmul_peak_gflops"]["fp32"],
-                                j["machine"]["capability"]))
-print(f"{'model':10s} {'kind':7s} capability  samples/s (rounds)     fp32 peak GFLOP/s (rounds)   fraction of peak")
-for (model, kind), v in sorted(rows.items()):
-    print(f"{model:10s} {kind:7s} {v[0][3]:10s} {statistics.median(x[0] for x in v):9,.0f} {[round(x[0]) for x in v]}  "
-          f"{[round(x[2]) for x in v]}  {statistics.median(x[1] for x in v):.0%} {[f'{x[1]:.0%}' for x in v]}")
-PY
+.venv/bin/python benchmarks/summarize_runs.py "$OUT" model kind

@@ -16,15 +16,4 @@ for r in $(seq 1 "${1:-2}"); do
     done
   done
 done
-.venv/bin/python - "$OUT" <<'PY'
-import glob, json, statistics, sys, collections
-rows = collections.defaultdict(list)
-for f in sorted(glob.glob(f"{sys.argv[1]}/*_r*.json")):
-    model, prec, policy, _ = f.rsplit("/", 1)[1].rsplit("_", 3)
-    j = json.load(open(f))
-    rows[(model, prec, policy)].append((j["samples_per_s"], j["fraction_of_peak"], j["matmul_peak_gflops"]))
-print(f"{'model':10s} {'prec':5s} {'policy':8s} samples/s (rounds)            fraction of peak (rounds)")
-for k, v in sorted(rows.items()):
-    print(f"{k[0]:10s} {k[1]:5s} {k[2]:8s} {statistics.median(x[0] for x in v):9,.0f} {[round(x[0]) for x in v]}  "
-          f"{statistics.median(x[1] for x in v):.0%} {[f'{x[1]:.0%}' for x in v]}")
-PY
+.venv/bin/python benchmarks/summarize_runs.py "$OUT" model precision policy
