@@ -90,8 +90,8 @@ def cuda_native_bf16(device: torch.device) -> bool:
 
 # On CUDA, autocast pays only with large batches: below these, a step is bound by launching kernels, not by
 # arithmetic, and autocast's casts add kernels (measured on an H100, README "On a GPU": bf16 autocast 0.67-1.03x
-# fp32 at 512-2,048 samples a training step, 1.00-1.25x or more from 16,384; scoring alone 0.71-0.94x at 2,048-8,192,
-# 1.45x or more from 32,768).
+# fp32 at 512-2,048 samples a training step, 1.00-1.25x or more from 16,384; scoring alone 0.71-0.94x at 2,048, a
+# DLRM round still 0.74x at 16,384, 1.45x or more from 32,768; between, it depends on the model).
 CUDA_AMP_MIN_TRAIN_BATCH = 16_384
 CUDA_AMP_MIN_SCORE_BATCH = 32_768
 
