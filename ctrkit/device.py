@@ -12,6 +12,8 @@ from __future__ import annotations
 import functools
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -71,6 +73,31 @@ def cpu_bf16_or_fp32(what: str) -> bool:
             flush=True,
         )
     return False
+
+
+def openmp_threads_sleep() -> bool:
+    """Whether OpenMP's idle threads sleep between parallel regions: ``OMP_WAIT_POLICY=passive`` without a
+    ``GOMP_SPINCOUNT`` (libgomp then spins 0 times; `make` and the benchmarks run so). Each parallel region then
+    pays for waking them (65-100 us a region measured on the benchmark machines, README "Threads and OpenMP's
+    wait policy"); by default libgomp spins a while first and the next region finds them awake."""
+    spin = os.environ.get("GOMP_SPINCOUNT", "").strip()
+    return os.environ.get("OMP_WAIT_POLICY", "").strip().lower() == "passive" and spin in ("", "0")
+
+
+@contextmanager
+def one_thread_where_threads_sleep(device: torch.device) -> Iterator[None]:
+    """Runs the block on one thread when ``device`` is the CPU and idle threads sleep (``openmp_threads_sleep``):
+    for short work made of parallel regions that each wake the other threads, such as the sort of a batch's
+    ids (a radix sort of several passes). Elsewhere it changes nothing."""
+    threads = torch.get_num_threads()
+    if device.type != "cpu" or threads == 1 or not openmp_threads_sleep():
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def resolve_device(name: str | None = None) -> torch.device:

@@ -91,6 +91,39 @@ def test_sparse_adam_matches_adam_when_rows_are_all_touched_and_sparse_adam_othe
     torch.testing.assert_close(ours[untouched], start[untouched])  # lazy: rows not looked up never move
 
 
+@pytest.mark.parametrize("kind", ["adam", "adagrad"])
+@pytest.mark.parametrize("sparse", [True, False])
+def test_fused_cpu_update_equals_the_elementwise_one_and_torchs(kind, sparse):
+    """On the CPU, Adam and Adagrad run as torch's fused kernels over the gathered rows (or the whole table
+    for a dense gradient); other devices run the elementwise operations. Both give torch's optimizer's
+    values, and rows a sparse step did not look up stay where they were."""
+    from ctrkit.train.optim import SparseRowOptimizer
+
+    def ours(fused):
+        def make(p):
+            opt = SparseRowOptimizer(p, kind, lr=0.05)
+            opt.fused_on_cpu = fused
+            return opt
+
+        return _run(make, SOME_ROWS, sparse=sparse, steps=6)
+
+    fused, elementwise = ours(True), ours(False)
+    torch.testing.assert_close(fused, elementwise, rtol=1e-6, atol=1e-7)
+    torch.manual_seed(0)
+    start = torch.randn(12, 3)
+    assert not torch.equal(fused[[1, 5, 7]], start[[1, 5, 7]])
+    if sparse:
+        untouched = [r for r in range(12) if r not in {0, 1, 2, 5, 7, 9}]
+        assert torch.equal(fused[untouched], start[untouched])
+        if kind == "adagrad":  # lazy Adam has no dense equivalent on rows that miss steps
+            ref = _run(lambda p: torch.optim.Adagrad(p, lr=0.05), SOME_ROWS, sparse=False, steps=6)
+            torch.testing.assert_close(fused, ref)
+    else:
+        make_ref = torch.optim.Adam if kind == "adam" else torch.optim.Adagrad
+        ref = _run(lambda p: make_ref(p, lr=0.05), SOME_ROWS, sparse=False, steps=6)
+        torch.testing.assert_close(fused, ref)
+
+
 def test_rowwise_adagrad_against_a_loop():
     from ctrkit.train.optim import SparseRowOptimizer
 
@@ -211,3 +244,48 @@ def test_summed_rows_reuse_a_sort_only_for_equal_ids():
         ref = g.coalesce()
         torch.testing.assert_close(rows, ref.indices()[0], rtol=0, atol=0)
         torch.testing.assert_close(sums, ref.values())
+
+
+def test_sums_on_one_thread_where_idle_threads_sleep(monkeypatch):
+    """Where OpenMP's idle threads sleep (OMP_WAIT_POLICY=passive, no GOMP_SPINCOUNT), the duplicate-id sum
+    runs on one thread, and gives the same rows and sums, bit for bit, as on every thread; the thread count
+    is back afterwards, also after an error. With spinning threads or off the CPU nothing changes."""
+    from ctrkit import device
+    from ctrkit.train import optim
+
+    if torch.get_num_threads() < 2:
+        pytest.skip("needs at least 2 torch threads")
+    threads = torch.get_num_threads()
+    gen = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, 40_000, (60_000,), generator=gen)  # above ATen's grain: parallel on every thread
+    g = torch.sparse_coo_tensor(ids.unsqueeze(0), torch.randn(60_000, 4, generator=gen), (40_000, 4))
+    seen = []
+    sort = optim._sorted_ids
+
+    def spy(*args):
+        seen.append(torch.get_num_threads())
+        return sort(*args)
+
+    monkeypatch.setattr(optim, "_sorted_ids", spy)
+    results = {}
+    for policy, spin in (("PASSIVE", None), ("PASSIVE", "3000"), ("ACTIVE", None), (None, None)):
+        for name, value in (("OMP_WAIT_POLICY", policy), ("GOMP_SPINCOUNT", spin)):
+            if value is None:
+                monkeypatch.delenv(name, raising=False)
+            else:
+                monkeypatch.setenv(name, value)
+        optim._LAST_SORT.clear()
+        results[(policy, spin)] = optim._summed_rows(g)
+        assert torch.get_num_threads() == threads
+    assert seen == [1, threads, threads, threads]
+    for rows, sums in list(results.values())[1:]:
+        assert torch.equal(rows, results[("PASSIVE", None)][0]) and torch.equal(sums, results[("PASSIVE", None)][1])
+    monkeypatch.setenv("OMP_WAIT_POLICY", "passive")
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    with device.one_thread_where_threads_sleep(torch.device("meta")):
+        assert torch.get_num_threads() == threads
+    with pytest.raises(RuntimeError, match="inside"):
+        with device.one_thread_where_threads_sleep(torch.device("cpu")):
+            assert torch.get_num_threads() == 1
+            raise RuntimeError("inside")
+    assert torch.get_num_threads() == threads
