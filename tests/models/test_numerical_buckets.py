@@ -159,3 +159,25 @@ def test_buckets_are_kept_only_where_the_one_feature_regression_earns_them():
 def test_data_without_categorical_features_is_refused_with_a_reason():
     with pytest.raises(ValueError, match="no categorical features"):
         make_config("dcnv2", dict(num_numerical=3, cardinalities=[]))
+
+
+def test_training_binary_search_gives_the_comparisons_buckets():
+    """In training the buckets come from a binary search of the cuts; evaluation and export count the cuts at
+    or below each value. Both give the same ids, for values on a cut, beside it, far beyond every cut, and
+    for features with unused cuts."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(4000, 3, generator=gen) * torch.tensor([1.0, 100.0, 1.0])
+    x[:, 2] = torch.randint(0, 3, (4000,), generator=gen).float()  # a count of 3 values: 2 cuts, 5 unused
+    buckets = NumericalBuckets(3, 8)
+    buckets.fit(x)
+    cuts = buckets.cuts
+    on_cuts = cuts[:, :7].t().clone()  # (7, 3): every used cut
+    on_cuts[2:, 2] = cuts[2, 0]  # not the last feature's unused ones (the largest float32)
+    nudged = torch.cat([torch.nextafter(on_cuts, on_cuts - 1), torch.nextafter(on_cuts, on_cuts + 1)])
+    values = torch.cat([x, on_cuts, nudged, torch.full((2, 3), 3e38), torch.full((2, 3), -3e38)])
+    with torch.no_grad():
+        counted = buckets.bucket_ids(values)
+    searched = buckets.bucket_ids(values)  # grad enabled: the training path
+    assert torch.equal(searched, counted)
+    assert (cuts[2, 2:] == UNUSED_CUT).all() and counted[:, 2].unique().numel() == 3
+    assert counted[:, 1].unique().numel() == 8
