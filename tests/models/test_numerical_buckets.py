@@ -164,20 +164,56 @@ def test_data_without_categorical_features_is_refused_with_a_reason():
 def test_training_binary_search_gives_the_comparisons_buckets():
     """In training the buckets come from a binary search of the cuts; evaluation and export count the cuts at
     or below each value. Both give the same ids, for values on a cut, beside it, far beyond every cut, and
-    for features with unused cuts."""
+    for a feature with unused cuts; and the same term and gradient, bit for bit (13 features, as Criteo's:
+    from about that many, a sum over features rounds differently if the ids are laid out column-major)."""
     gen = torch.Generator().manual_seed(3)
-    x = torch.randn(4000, 3, generator=gen) * torch.tensor([1.0, 100.0, 1.0])
-    x[:, 2] = torch.randint(0, 3, (4000,), generator=gen).float()  # a count of 3 values: 2 cuts, 5 unused
-    buckets = NumericalBuckets(3, 8)
+    x = torch.randn(4000, 13, generator=gen) * torch.logspace(-3, 3, 13)
+    x[:, 12] = torch.randint(0, 3, (4000,), generator=gen).float()  # a count of 3 values: 2 cuts, 5 unused
+    buckets = NumericalBuckets(13, 8)
     buckets.fit(x)
     cuts = buckets.cuts
-    on_cuts = cuts[:, :7].t().clone()  # (7, 3): every used cut
-    on_cuts[2:, 2] = cuts[2, 0]  # not the last feature's unused ones (the largest float32)
+    on_cuts = cuts.t().clone()  # (7, 13): every cut
+    on_cuts[2:, 12] = cuts[12, 0]  # not the last feature's unused ones (the largest float32)
     nudged = torch.cat([torch.nextafter(on_cuts, on_cuts - 1), torch.nextafter(on_cuts, on_cuts + 1)])
-    values = torch.cat([x, on_cuts, nudged, torch.full((2, 3), 3e38), torch.full((2, 3), -3e38)])
+    values = torch.cat([x, on_cuts, nudged, torch.full((2, 13), 3e38), torch.full((2, 13), -3e38)])
     with torch.no_grad():
         counted = buckets.bucket_ids(values)
     searched = buckets.bucket_ids(values)  # grad enabled: the training path
     assert torch.equal(searched, counted)
-    assert (cuts[2, 2:] == UNUSED_CUT).all() and counted[:, 2].unique().numel() == 3
-    assert counted[:, 1].unique().numel() == 8
+    assert (cuts[12, 2:] == UNUSED_CUT).all() and counted[:, 12].unique().numel() == 3
+    assert counted[:, 0].unique().numel() == 8
+    with torch.no_grad():
+        buckets.weight.normal_(generator=gen)
+    # 2,000 rows: 26,000 ids, under ATen's grain size, where the reference (torch's backward of indexing) adds
+    # in one order too (above it, from several threads: see the next test)
+    values, counted = values[-2000:], counted[-2000:]
+    upstream = torch.randn(len(values), generator=gen)
+    out = buckets(values)
+    (out * upstream).sum().backward()
+    grad, buckets.weight.grad = buckets.weight.grad, None
+    ref = buckets.weight[counted].sum(1)  # indexed with the comparison's ids
+    (ref * upstream).sum().backward()
+    assert torch.equal(out, ref) and torch.equal(grad, buckets.weight.grad)
+
+
+def test_training_gradient_is_the_same_every_run_at_large_batches():
+    """Above ATen's grain (32,768 ids: a batch of 2,521 rows of 13 features) torch's backward of indexing adds
+    with atomic operations from several threads, in a varying order; the training path's gradient is the same
+    bits every time, and the sum per weight."""
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(8192, 13, generator=gen)
+    buckets = NumericalBuckets(13, 16)
+    buckets.fit(x)
+    with torch.no_grad():
+        buckets.weight.normal_(generator=gen)
+    upstream = torch.randn(len(x), generator=gen)
+    grads = []
+    for _ in range(6):
+        (buckets(x) * upstream).sum().backward()
+        grads.append(buckets.weight.grad)
+        buckets.weight.grad = None
+    assert all(torch.equal(grads[0], g) for g in grads[1:])
+    reference = torch.zeros(13 * 16, dtype=torch.float64).index_add_(
+        0, buckets.bucket_ids(x).flatten(), upstream.double().repeat_interleave(13)
+    )
+    torch.testing.assert_close(grads[0].double(), reference, rtol=1e-5, atol=1e-4)
