@@ -32,17 +32,18 @@ def test_read_table_bags_match_the_dataset(tmp_path):
 
 
 def test_bench_accuracy_writes_a_row_per_data_set(tiny_dataset, tmp_path, capsys):
+    # the planted families share one builder: the tabular one trains here, all three are built in the next test
     code, out, err = run_cli(
-        "bench", "accuracy", "--panel", "planted,tabular,outbrain", "--planted-rows", "14400", "--tabular-rows",
-        "14400", "--outbrain-rows", "4000", "--seeds", "0", "--models", "dlrm", "--datasets", tiny_dataset,
-        "--work", tmp_path / "work", "--out", tmp_path / "acc", capsys=capsys,
+        "bench", "accuracy", "--panel", "tabular,outbrain", "--tabular-rows", "14400", "--outbrain-rows", "4000",
+        "--seeds", "0", "--models", "dlrm", "--datasets", tiny_dataset, "--work", tmp_path / "work",
+        "--out", tmp_path / "acc", capsys=capsys,
     )  # fmt: skip
     assert code == 0, err
     doc = json.loads((tmp_path / "acc" / "results.json").read_text())
-    assert [r["dataset"] for r in doc["rows"]] == ["planted-14k-s0", "tabular-14k-s0", "outbrain-4k-s0", "tiny"]
+    assert [r["dataset"] for r in doc["rows"]] == ["tabular-14k-s0", "outbrain-4k-s0", "tiny"]
     # the outbrain row: raw files through `preprocess outbrain` (multi-hot bags, CTR features), the evaluation
     # displays as test
-    outbrain = doc["rows"][2]
+    outbrain = doc["rows"][1]
     summary = json.loads((tmp_path / "work" / "outbrain-4k-s0" / "summary.json").read_text())
     assert outbrain["rows"]["test"] == summary["rows"]["test"]
     assert outbrain["rows"]["train"] + outbrain["rows"]["validation"] == summary["rows"]["train"]
@@ -53,18 +54,32 @@ def test_bench_accuracy_writes_a_row_per_data_set(tiny_dataset, tmp_path, capsys
     kept_scales = [r["results"]["dlrm"]["calibration"] for r in doc["rows"]]
     assert all(s is None or s > 0 for s in kept_scales)  # each model's kept logit scale (--calibrate), or none
     assert doc["machine"]["capability"] and doc["machine"]["torch"]
-    for planted in doc["rows"][:2]:
-        assert set(planted["results"]) == {"logistic", "lightgbm", "dlrm"}
-        # 11 batches an epoch: not small data (one batch), but below the seed ensemble's bound (three seeds)
-        assert planted["rows"] == {"train": 10800, "validation": 1200, "test": 2400}
-        dlrm = planted["results"]["dlrm"]
-        assert dlrm["seed_ensemble"] is not None and dlrm["batch_size"] == 1024
-        for method, r in planted["results"].items():  # every method learns something and none beats Bayes
-            assert 0.55 < r["auc"] < planted["bayes_auc"], (planted["dataset"], method, r)
+    planted = doc["rows"][0]
+    assert set(planted["results"]) == {"logistic", "lightgbm", "dlrm"}
+    # 11 batches an epoch: not small data (one batch), but below the seed ensemble's bound (three seeds)
+    assert planted["rows"] == {"train": 10800, "validation": 1200, "test": 2400}
+    dlrm = planted["results"]["dlrm"]
+    assert dlrm["seed_ensemble"] is not None and dlrm["batch_size"] == 1024
+    for method, r in planted["results"].items():  # every method learns something and none beats Bayes
+        assert 0.55 < r["auc"] < planted["bayes_auc"], (planted["dataset"], method, r)
     table = (tmp_path / "acc" / "results.md").read_text()
-    assert "| planted-14k-s0 | 10,800 / 1,200 / 2,400 |" in table and "| tiny |" in table
-    assert "| tabular-14k-s0 | 10,800 / 1,200 / 2,400 |" in table
-    assert table.count("\n| ") == 5 and "gap to Bayes closed" in table and "LightGBM" in out
+    assert "| tabular-14k-s0 | 10,800 / 1,200 / 2,400 |" in table and "| tiny |" in table
+    assert table.count("\n| ") == 4 and "gap to Bayes closed" in table and "LightGBM" in out
+
+
+def test_panel_builds_each_planted_family(tmp_path):
+    """Each planted family of the panel (interactions, tabular, raw amounts) is built under its name with its
+    Bayes AUC; training on them is the previous test's (the tabular family) and the accuracy benchmark's."""
+    from ctrkit.bench.panel import build_panel
+
+    entries = build_panel(tmp_path, None, real=(), planted_rows=[2400], tabular_rows=[2400], amounts_rows=[2400])
+    assert [e.name for e in entries] == ["planted-2k-s0", "tabular-2k-s0", "amounts-2k-s0"]
+    for entry in entries:
+        train, test = (SplitBinaryDataset(entry.path, m) for m in ("train", "test"))
+        assert (len(train), len(test)) == (2000, 400)
+        assert 0.5 < entry.bayes_auc < 1.0 and "2,000 train rows" in entry.note
+    generators = {SplitBinaryDataset(e.path, "train").spec.metadata["generator"] for e in entries}
+    assert len(generators) == 3, generators
 
 
 @pytest.mark.skipif(not (SHARED_DATA / "movielens").exists(), reason="../shared/data is absent")

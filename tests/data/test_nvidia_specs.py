@@ -128,9 +128,10 @@ def test_nvidia_outbrain_dataset_trains_and_reports_map12(outbrain_pair, tmp_pat
     _, parquet = outbrain_pair
     code, out, err = run_cli("transcode", "--input", parquet, "--output", tmp_path / "bin", capsys=capsys)
     assert code == 0, err
+    # one model (no seed ensemble or small-batch try): the dataset's format is what is checked here
     code, out, err = run_cli(
         "train", "--model", "wide_deep", "--dataset", tmp_path / "bin", "--epochs", "1", "--no-progress",
-        "--save-checkpoint", tmp_path / "wd.pt", capsys=capsys,
+        "--save-checkpoint", tmp_path / "wd.pt", "--seed-ensemble", "1", "--small-batch", "0", capsys=capsys,
     )  # fmt: skip
     assert code == 0, err
     code, out, err = run_cli("evaluate", "--checkpoint", tmp_path / "wd.pt", "--dataset", tmp_path / "bin",

@@ -35,7 +35,9 @@ def test_recipe_flags_train_and_are_recorded(tmp_path, capsys):
     code, out, err = run_cli(
         "train", "--model", "wide_deep", "--dataset", tmp_path / "ob", "--epochs", "2", "--no-progress",
         "--lr-schedule", "step", "--no-schedule-wide", "--combiner", "sum", "--wide-optimizer", "ftrl",
-        "--optimizer", "rmsprop", "--save-checkpoint", ckpt, "--log-path", tmp_path / "log.jsonl", capsys=capsys,
+        "--optimizer", "rmsprop", "--save-checkpoint", ckpt, "--log-path", tmp_path / "log.jsonl",
+        "--seed-ensemble", "1", "--small-batch", "0",  # one model: the recipe's flags are what is checked here
+        capsys=capsys,
     )  # fmt: skip
     assert code == 0, err
     saved = load_checkpoint(ckpt)
