@@ -167,15 +167,18 @@ class SparseRowOptimizer(torch.optim.Optimizer):
                 g = p.grad
                 if g is None:
                     continue
+                state = self._state(p)
+                state["step"] += 1
+                fused = self.fused_on_cpu and p.device.type == "cpu" and self.kind in ("adam", "adagrad")
                 if g.is_sparse:
                     rows, values = _summed_rows(g)  # (U,), (U, D)
                     values = values.to(p.dtype)
+                elif fused:
+                    rows, values = None, g  # every row, in place: no index of the whole table
                 else:
                     rows, values = torch.arange(p.shape[0], device=p.device), g
-                state = self._state(p)
-                state["step"] += 1
-                if self.fused_on_cpu and p.device.type == "cpu" and self.kind in ("adam", "adagrad"):
-                    self._fused_cpu_step(group, p, state, rows, values, every_row=not g.is_sparse)
+                if fused:
+                    self._fused_cpu_step(group, p, state, rows, values)
                     continue
                 if self.kind == "ftrl":  # sets the rows' weights rather than adding an update
                     n = state["accumulator"].index_select(0, rows)  # (U, D)
@@ -206,15 +209,15 @@ class SparseRowOptimizer(torch.optim.Optimizer):
                 _add_to_rows(p, rows, update, -lr)
         return None
 
-    def _fused_cpu_step(self, group: dict, p: torch.Tensor, state: dict, rows, values, every_row: bool) -> None:
+    def _fused_cpu_step(self, group: dict, p: torch.Tensor, state: dict, rows, values) -> None:
         """Adam or Adagrad on the CPU: the batch's rows of the table and of its states gathered, updated by
         torch's fused kernel (the formulas of ``torch.optim.Adam`` / ``Adagrad``; one pass over the rows
         instead of about ten elementwise operations, each a parallel region that wakes the other threads),
         and written back. Same values as the operations below to float rounding (tests). A dense gradient
-        (``every_row``) updates the table in place. (torch's fused Adagrad is CPU-only; CUDA keeps the
+        (``rows`` None) updates the table in place. (torch's fused Adagrad is CPU-only; CUDA keeps the
         elementwise operations.)"""
         names = ("exp_avg", "exp_avg_sq") if self.kind == "adam" else ("sum",)
-        if every_row:
+        if rows is None:
             weight, states = p, [state[n] for n in names]
         else:
             weight, states = p.index_select(0, rows), [state[n].index_select(0, rows) for n in names]
@@ -230,7 +233,7 @@ class SparseRowOptimizer(torch.optim.Optimizer):
                 [weight], [values], states, steps, lr=group["lr"], lr_decay=0.0, weight_decay=0.0, eps=group["eps"],
                 maximize=False,
             )  # fmt: skip
-        if not every_row:
+        if rows is not None:
             for name, rows_state in zip(names, states):
                 state[name].index_copy_(0, rows, rows_state)
             p.index_copy_(0, rows, weight)
