@@ -1,0 +1,111 @@
+"""CPU kernels in C for the training steps ATen has no fused kernel for, built on first use with the machine's C
+compiler and loaded with ctypes.
+
+The source lies beside this file. It is compiled once per source, compiler and CPU with ``-O3 -march=native
+-fopenmp`` into ``$XDG_CACHE_HOME/ctrkit/native`` (``~/.cache/ctrkit/native``), written under a temporary name
+and renamed, so concurrent processes (a torchrun job's ranks) never load a half-written library. The library
+links the OpenMP runtime torch has already loaded (``libgomp.so.1``), so its parallel loops share torch's
+threads and follow ``torch.set_num_threads``.
+
+Where no compiler works (or ``CTRKIT_NATIVE=0``), ``library()`` returns None and callers keep their ATen
+operations; the reason is said once on stderr.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch  # noqa: F401 - loads torch's OpenMP runtime (libgomp.so.1) before the library that links it
+
+SOURCES = ("interaction.c",)
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
+_P, _I, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+SIGNATURES = {
+    **{f"ctrkit_dot_forward_{k}": [_P, _P, _P, _I, _I, _I, _I, _C] for k in ("f32", "bf16_f32", "bf16")},
+    **{f"ctrkit_dot_backward_{k}": [_P, _P, _P, _P, _P, _I, _I, _I, _I, _C] for k in ("f32", "bf16_f32", "bf16")},
+}
+
+_loaded: list = []  # [library or None], once per process
+
+
+def _cpu_identity() -> str:
+    """What -march=native compiles for: the CPU's model and feature flags."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor() or platform.machine()
+    keep = [ln for ln in lines if ln.startswith(("model name", "flags", "Features", "CPU part"))]
+    return "\n".join(dict.fromkeys(keep))  # the first core's lines (every core repeats them)
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(root) / "ctrkit" / "native"
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if name and shutil.which(name):
+            return name
+    return None
+
+
+def _build(compiler: str) -> Path:
+    """Compiles the sources (if this source/compiler/CPU has not been built before) and returns the library."""
+    here = Path(__file__).parent
+    source = "".join((here / s).read_text() for s in SOURCES)
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
+    key = hashlib.sha256("\0".join([source, version, " ".join(FLAGS), _cpu_identity()]).encode()).hexdigest()[:16]
+    out = _cache_dir() / f"libctrkit_native_{key}.so"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent)
+    os.close(fd)
+    try:
+        done = subprocess.run(
+            [compiler, *FLAGS, "-o", tmp, *(str(here / s) for s in SOURCES), "-lm"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"{compiler} failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return out
+
+
+def _load() -> ctypes.CDLL | None:
+    if os.environ.get("CTRKIT_NATIVE", "1") == "0":
+        return None
+    compiler = _compiler()
+    if compiler is None:
+        raise RuntimeError("no C compiler found (cc, gcc or clang; or set CC)")
+    lib = ctypes.CDLL(str(_build(compiler)))
+    for name, args in SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, None
+    return lib
+
+
+def library() -> ctypes.CDLL | None:
+    """The compiled kernels, or None where they cannot be built (said once on stderr) or ``CTRKIT_NATIVE=0``."""
+    if not _loaded:
+        try:
+            lib = _load()
+        except (OSError, RuntimeError, subprocess.SubprocessError) as err:
+            print(f"ctrkit: native CPU kernels unavailable ({err}); using ATen operations", file=sys.stderr)
+            lib = None
+        _loaded.append(lib)
+    return _loaded[0]

@@ -1,0 +1,182 @@
+/* DLRM's dot interaction on the CPU, forward and backward, one pass over each sample's vectors.
+ *
+ * ATen's version is a cat of the vectors, a batched GEMM of (V x D) by (D x V) per sample, a gather of the
+ * V(V-1)/2 pairs out of the V x V Gram matrix, and in backward a gather of the pairs' gradient back into a
+ * V x V matrix and a second batched GEMM. Each step writes and rereads a (B, V*V) buffer, and batched GEMMs
+ * of 27 x 16 matrices run far from the machine's peak. Here each sample's V vectors are read once, the
+ * pairs' dots written straight into the output row, and the gradient of each vector accumulated in
+ * registers from the output gradient's row.
+ *
+ * Layouts (all contiguous): dense (B, D) of T or none, emb (B, F, D) of E, out (B, W) of T with
+ * W = D [dense copy, if any] + P [pairs] + padding [zeros]. Vector 0 is the dense vector where there is one,
+ * then the F embeddings. Pairs run over i = 0..V-1, j = 0..i-1 (j = 0..i with self-interaction), the order
+ * of torch.tril_indices. T is float32 or bfloat16; E is float32 or T. A float32 E under a bfloat16 T is rounded
+ * to bfloat16 on load, as `embeddings.to(dense.dtype)` rounds it. Sums are in float32 in a fixed order per
+ * sample, so the result does not depend on the thread count.
+ *
+ * Backward: grad (B, W) of T -> grad_dense (B, D) of T, grad_emb (B, F, D) float32 (the sums' dtype).
+ *
+ * Built by ctrkit.native with -O3 -march=native -fopenmp; where D is a multiple of 16 the vectors are held as
+ * 16-float vectors (GCC vector extensions: one AVX-512 register, or two AVX2 ones); other widths take the
+ * scalar loops.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef float v16 __attribute__((vector_size(64)));
+
+static inline float bf16_to_float(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+/* round to nearest even, as c10::BFloat16 does */
+static inline uint16_t float_to_bf16(float f) {
+  uint32_t u;
+  if (isnan(f)) return 0x7FC0;
+  memcpy(&u, &f, 4);
+  u += 0x7FFF + ((u >> 16) & 1);
+  return (uint16_t)(u >> 16);
+}
+
+static inline float f32_id(float x) { return x; }
+static inline float bf16_round(float x) { return bf16_to_float(float_to_bf16(x)); }
+
+/* Loads the V vectors of sample b into float rows of `stride` floats (zero beyond D):
+   vec(i) = row i. LOAD_T / LOAD_E convert one element of dense / emb to float. */
+#define LOAD_VECTORS(rows, stride, LOAD_T, LOAD_E)                                \
+  do {                                                                            \
+    for (int64_t i_ = 0; i_ < V; i_++) {                                          \
+      float *r_ = (rows) + i_ * (stride);                                         \
+      if (i_ < lead)                                                              \
+        for (int64_t d_ = 0; d_ < D; d_++) r_[d_] = LOAD_T(dense[b * D + d_]);    \
+      else                                                                        \
+        for (int64_t d_ = 0; d_ < D; d_++) r_[d_] = LOAD_E(emb[(b * F + i_ - lead) * D + d_]); \
+    }                                                                             \
+  } while (0)
+
+/* Forward. Vector path (D % 16 == 0): the vectors transposed into vt[k][c] (component k of vectors 16c..16c+15),
+   so the dots of vector i with all j are a sum over k of vt[k][i] * vt[k][:]: D multiply-adds of 16 lanes per
+   block of 16 j. */
+#define FORWARD(T, E, LOAD_T, LOAD_E, STORE_T)                                                    \
+  const int64_t lead = dense ? 1 : 0, V = F + lead, NC = (V + 15) / 16;                           \
+  const int vec = D % 16 == 0;                                                                    \
+  _Pragma("omp parallel")                                                                         \
+  {                                                                                               \
+    float *rows = malloc(sizeof(float) * V * D);                                                  \
+    v16 *vt = vec ? aligned_alloc(64, sizeof(v16) * D * NC) : NULL;                               \
+    v16 *acc = vec ? aligned_alloc(64, sizeof(v16) * NC) : NULL;                                  \
+    _Pragma("omp for schedule(static)")                                                           \
+    for (int64_t b = 0; b < B; b++) {                                                             \
+      LOAD_VECTORS(rows, D, LOAD_T, LOAD_E);                                                      \
+      T *o = out + b * W;                                                                         \
+      int64_t p = 0;                                                                              \
+      if (dense) for (; p < D; p++) o[p] = dense[b * D + p];                                      \
+      if (vec) {                                                                                  \
+        memset(vt, 0, sizeof(v16) * D * NC);                                                      \
+        for (int64_t i = 0; i < V; i++)                                                           \
+          for (int64_t k = 0; k < D; k++) vt[k * NC + i / 16][i % 16] = rows[i * D + k];         \
+        for (int64_t i = 0; i < V; i++) {                                                         \
+          const int64_t n = i + self, nc = (n + 15) / 16;                                         \
+          for (int64_t c = 0; c < nc; c++) acc[c] = (v16){0};                                     \
+          for (int64_t k = 0; k < D; k++) {                                                       \
+            const float s = rows[i * D + k];                                                      \
+            for (int64_t c = 0; c < nc; c++) acc[c] += s * vt[k * NC + c];                        \
+          }                                                                                       \
+          for (int64_t j = 0; j < n; j++) o[p++] = STORE_T(acc[j / 16][j % 16]);                  \
+        }                                                                                         \
+      } else {                                                                                    \
+        for (int64_t i = 0; i < V; i++)                                                           \
+          for (int64_t j = 0; j < i + self; j++) {                                                \
+            float s = 0.f;                                                                        \
+            for (int64_t k = 0; k < D; k++) s += rows[i * D + k] * rows[j * D + k];              \
+            o[p++] = STORE_T(s);                                                                  \
+          }                                                                                       \
+      }                                                                                           \
+      for (; p < W; p++) o[p] = STORE_T(0.f);                                                     \
+    }                                                                                             \
+    free(rows);                                                                                   \
+    free(vt);                                                                                     \
+    free(acc);                                                                                    \
+  }
+
+/* Backward: d<v_i, v_j> = g dv_i . v_j + v_i . g dv_j, so each pair adds g v_j to vector i's gradient and
+   g v_i to vector j's (2 g v_i for a self pair). */
+#define BACKWARD(T, E, LOAD_T, LOAD_E, STORE_T)                                                   \
+  const int64_t lead = dense ? 1 : 0, V = F + lead;                                               \
+  const int vec = D % 16 == 0;                                                                    \
+  _Pragma("omp parallel")                                                                         \
+  {                                                                                               \
+    float *rows = malloc(sizeof(float) * V * D);                                \
+    float *gv = malloc(sizeof(float) * V * D);                                  \
+    _Pragma("omp for schedule(static)")                                                           \
+    for (int64_t b = 0; b < B; b++) {                                                             \
+      LOAD_VECTORS(rows, D, LOAD_T, LOAD_E);                                                      \
+      memset(gv, 0, sizeof(float) * V * D);                                                       \
+      const T *g = grad + b * W;                                                                  \
+      int64_t p = lead * D;                                                                       \
+      for (int64_t i = 0; i < V; p += i + self, i++) { /* row i: i + self pairs from p */         \
+        float *gi = gv + i * D;                                                                   \
+        const float *vi = rows + i * D;                                                           \
+        if (vec) {                                                                                \
+          for (int64_t k = 0; k < D; k += 16) {                                                   \
+            v16 a, z;                                                                             \
+            memcpy(&a, gi + k, 64);                                                               \
+            memcpy(&z, vi + k, 64);                                                               \
+            for (int64_t j = 0; j < i; j++) {                                                     \
+              const float gp = LOAD_T(g[p + j]);                                                  \
+              v16 x, y;                                                                           \
+              memcpy(&x, rows + j * D + k, 64);                                                   \
+              memcpy(&y, gv + j * D + k, 64);                                                     \
+              a += gp * x;                                                                        \
+              y += gp * z;                                                                        \
+              memcpy(gv + j * D + k, &y, 64);                                                     \
+            }                                                                                     \
+            memcpy(gi + k, &a, 64);                                                               \
+          }                                                                                       \
+        } else {                                                                                  \
+          for (int64_t j = 0; j < i; j++) {                                                       \
+            const float gp = LOAD_T(g[p + j]);                                                    \
+            for (int64_t k = 0; k < D; k++) {                                                     \
+              gi[k] += gp * rows[j * D + k];                                                      \
+              gv[j * D + k] += gp * vi[k];                                                        \
+            }                                                                                     \
+          }                                                                                       \
+        }                                                                                         \
+        if (self) {                                                                               \
+          const float gp2 = 2.f * LOAD_T(g[p + i]);                                               \
+          for (int64_t k = 0; k < D; k++) gi[k] += gp2 * vi[k];                                   \
+        }                                                                                         \
+      }                                                                                           \
+      if (dense)                                                                                  \
+        for (int64_t k = 0; k < D; k++) grad_dense[b * D + k] = STORE_T(gv[k] + LOAD_T(g[k]));    \
+      memcpy(grad_emb + b * F * D, gv + lead * D, sizeof(float) * F * D);                        \
+    }                                                                                             \
+    free(rows);                                                                                   \
+    free(gv);                                                                                     \
+  }
+
+#define SIGNATURE_FWD(name, T, E) \
+  void name(const T *dense, const E *emb, T *out, int64_t B, int64_t F, int64_t D, int64_t W, int self)
+#define SIGNATURE_BWD(name, T, E)                                                                 \
+  void name(const T *grad, const T *dense, const E *emb, T *grad_dense, float *grad_emb, int64_t B, \
+            int64_t F, int64_t D, int64_t W, int self)
+
+SIGNATURE_FWD(ctrkit_dot_forward_f32, float, float) { FORWARD(float, float, f32_id, f32_id, f32_id) }
+SIGNATURE_FWD(ctrkit_dot_forward_bf16_f32, uint16_t, float) {
+  FORWARD(uint16_t, float, bf16_to_float, bf16_round, float_to_bf16)
+}
+SIGNATURE_FWD(ctrkit_dot_forward_bf16, uint16_t, uint16_t) {
+  FORWARD(uint16_t, uint16_t, bf16_to_float, bf16_to_float, float_to_bf16)
+}
+SIGNATURE_BWD(ctrkit_dot_backward_f32, float, float) { BACKWARD(float, float, f32_id, f32_id, f32_id) }
+SIGNATURE_BWD(ctrkit_dot_backward_bf16_f32, uint16_t, float) {
+  BACKWARD(uint16_t, float, bf16_to_float, bf16_round, float_to_bf16)
+}
+SIGNATURE_BWD(ctrkit_dot_backward_bf16, uint16_t, uint16_t) {
+  BACKWARD(uint16_t, uint16_t, bf16_to_float, bf16_to_float, float_to_bf16)
+}
