@@ -25,10 +25,12 @@ from pathlib import Path
 
 import torch  # noqa: F401 - loads torch's OpenMP runtime (libgomp.so.1) before the library that links it
 
-SOURCES = ("interaction.c",)
+SOURCES = ("interaction.c", "rows.c")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
-_P, _I, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+_P, _I, _C, _D = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_double
 SIGNATURES = {
+    "ctrkit_rows_adam_f32": [*[_P] * 7, _I, _I, _I, _D, _D, _D, _D, _D],
+    "ctrkit_rows_adagrad_f32": [*[_P] * 6, _I, _I, _I, _D, _D],
     **{f"ctrkit_dot_forward_{k}": [_P, _P, _P, _I, _I, _I, _I, _C] for k in ("f32", "bf16_f32", "bf16")},
     **{f"ctrkit_dot_backward_{k}": [_P, _P, _P, _P, _P, _I, _I, _I, _I, _C] for k in ("f32", "bf16_f32", "bf16")},
 }

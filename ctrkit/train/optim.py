@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ctrkit import hugepages
+from ctrkit import hugepages, native
 from ctrkit.device import one_thread_where_threads_sleep
 
 
@@ -134,6 +134,7 @@ class SparseRowOptimizer(torch.optim.Optimizer):
         super().__init__(params, {"lr": lr, "eps": default_eps if eps is None else eps, "betas": betas})
         self.kind = kind
         self.fused_on_cpu = True  # Adam and Adagrad by torch's fused kernels on the CPU (_fused_cpu_step)
+        self.native_on_cpu = True  # ... and on sparse gradients by ctrkit/native's kernels where built (_native_step)
 
     def _state(self, p: torch.Tensor) -> dict:
         state = self.state[p]
@@ -170,6 +171,8 @@ class SparseRowOptimizer(torch.optim.Optimizer):
                 state = self._state(p)
                 state["step"] += 1
                 fused = self.fused_on_cpu and p.device.type == "cpu" and self.kind in ("adam", "adagrad")
+                if fused and g.is_sparse and self._native_step(group, p, state, g):
+                    continue
                 if g.is_sparse:
                     rows, values = _summed_rows(g)  # (U,), (U, D)
                     values = values.to(p.dtype)
@@ -208,6 +211,37 @@ class SparseRowOptimizer(torch.optim.Optimizer):
                     update = (m / (1 - beta1**t)) / (v / (1 - beta2**t)).sqrt_().add_(eps)
                 _add_to_rows(p, rows, update, -lr)
         return None
+
+    def _native_step(self, group: dict, p: torch.Tensor, state: dict, g: torch.Tensor) -> bool:
+        """Adam or Adagrad on a float32 table's looked-up rows by ctrkit/native/rows.c: each distinct row's
+        gradients summed (in the batch's order, as ``_summed_rows`` sums them), the row and its states updated in
+        place, one pass, instead of ``_summed_rows`` and ``_fused_cpu_step``'s seven passes over the rows. False
+        (nothing done) where it does not apply: ``native_on_cpu`` off, no kernels built, other dtypes or shapes."""
+        lib = native.library() if self.native_on_cpu else None
+        names = ("exp_avg", "exp_avg_sq") if self.kind == "adam" else ("sum",)
+        tensors = [p, *(state[n] for n in names)]
+        ids, values = g._indices()[0], g._values()
+        if lib is None or values.dim() != 2 or len(ids) == 0 or p.dim() != 2:
+            return False
+        if any(t.dtype != torch.float32 or not t.is_contiguous() for t in tensors):
+            return False
+        values = values.to(torch.float32).contiguous()  # (nnz, D)
+        if g.is_coalesced():  # distinct ids already: each row its own run
+            order = starts = torch.arange(len(ids))
+            rows = ids.contiguous()
+        else:
+            with one_thread_where_threads_sleep(ids.device):
+                order, rows, starts = _sorted_ids(ids, p.shape[0])  # (nnz,), (U,), (U,) int64
+        pointers = [t.data_ptr() for t in (*tensors, values, order, rows, starts)]
+        shape = (len(rows), len(ids), p.shape[1])
+        if self.kind == "adam":
+            beta1, beta2 = group["betas"]
+            lib.ctrkit_rows_adam_f32(*pointers, *shape, group["lr"], beta1, beta2, group["eps"], float(state["step"]))
+        else:
+            lib.ctrkit_rows_adagrad_f32(*pointers, *shape, group["lr"], group["eps"])
+        for t in tensors:  # written through pointers: autograd's version counter learns of it as of an in-place op
+            torch.autograd.graph.increment_version(t)
+        return True
 
     def _fused_cpu_step(self, group: dict, p: torch.Tensor, state: dict, rows, values) -> None:
         """Adam or Adagrad on the CPU: the batch's rows of the table and of its states gathered, updated by

@@ -2,6 +2,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from ctrkit import native
 from ctrkit.train.optim import LRSchedule, SparseSGD
 
 
@@ -99,16 +100,18 @@ def test_fused_cpu_update_equals_the_elementwise_one_and_torchs(kind, sparse):
     values, and rows a sparse step did not look up stay where they were."""
     from ctrkit.train.optim import SparseRowOptimizer
 
-    def ours(fused):
+    def ours(fused, native_kernels=False):
         def make(p):
             opt = SparseRowOptimizer(p, kind, lr=0.05)
-            opt.fused_on_cpu = fused
+            opt.fused_on_cpu, opt.native_on_cpu = fused, native_kernels
             return opt
 
         return _run(make, SOME_ROWS, sparse=sparse, steps=6)
 
     fused, elementwise = ours(True), ours(False)
     torch.testing.assert_close(fused, elementwise, rtol=1e-6, atol=1e-7)
+    if native.library() is not None:  # ctrkit/native/rows.c: the same update in one pass
+        torch.testing.assert_close(ours(True, True), fused, rtol=1e-6, atol=1e-7)
     torch.manual_seed(0)
     start = torch.randn(12, 3)
     assert not torch.equal(fused[[1, 5, 7]], start[[1, 5, 7]])
@@ -289,3 +292,47 @@ def test_sums_on_one_thread_where_idle_threads_sleep(monkeypatch):
             assert torch.get_num_threads() == 1
             raise RuntimeError("inside")
     assert torch.get_num_threads() == threads
+
+
+@pytest.mark.skipif(native.library() is None, reason="no C compiler: the native kernels are not built")
+@pytest.mark.parametrize("kind", ["adam", "adagrad"])
+@pytest.mark.parametrize("dim", [16, 1, 5])
+def test_native_row_update_equals_the_fused_one_at_any_thread_count(kind, dim):
+    """ctrkit/native/rows.c against _summed_rows + torch's fused kernel over the gathered rows: 3,000 power-law ids
+    of a 5,000-row table (many repeats), 3 steps, uncoalesced and coalesced gradients; the same bits at 1 and 3
+    threads; rows not looked up untouched; the table's version counter moves as for an in-place update."""
+    from ctrkit.train.optim import SparseRowOptimizer
+
+    g = torch.Generator().manual_seed(dim)
+    steps = [(torch.rand(3000, generator=g) ** 3 * 5000).long() for _ in range(3)]
+    grads = [torch.randn(3000, dim, generator=g) for _ in range(3)]
+
+    def run(native_kernels, coalesce=False, threads=2):
+        table = torch.nn.Parameter(torch.randn(5000, dim, generator=torch.Generator().manual_seed(0)))
+        opt = SparseRowOptimizer([table], kind, lr=0.01)
+        opt.native_on_cpu = native_kernels
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            for ids, values in zip(steps, grads):
+                grad = torch.sparse_coo_tensor(ids.unsqueeze(0), values, table.shape)
+                table.grad = grad.coalesce() if coalesce else grad
+                version = table._version
+                opt.step()
+                assert table._version > version
+        finally:
+            torch.set_num_threads(before)
+        return table.detach(), opt.state[table]
+
+    (ref, ref_state), (got, got_state) = run(False), run(True)
+    torch.testing.assert_close(got, ref, rtol=1e-6, atol=1e-6)
+    for key in ref_state:
+        if isinstance(ref_state[key], torch.Tensor):
+            torch.testing.assert_close(got_state[key], ref_state[key], rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(run(True, coalesce=True)[0], got, rtol=1e-6, atol=1e-6)
+    assert torch.equal(run(True, threads=1)[0], got) and torch.equal(run(True, threads=3)[0], got)
+    untouched = torch.ones(5000, dtype=torch.bool)
+    untouched[torch.cat(steps)] = False
+    start = torch.randn(5000, dim, generator=torch.Generator().manual_seed(0))
+    assert untouched.any() and torch.equal(got[untouched], start[untouched])
+    assert not torch.equal(got[~untouched], start[~untouched])

@@ -1,0 +1,99 @@
+/* Lazy Adam and Adagrad on the rows of an embedding table that a batch looked up, on the CPU, one pass per row.
+ *
+ * The ATen version (ctrkit/train/optim.py) sums each row's gradients (embedding_bag over the sorted ids),
+ * gathers the rows of the table and of its states (index_select), updates them with torch's fused kernel and
+ * writes them back (index_copy_): seven passes over (U, D) blocks, each a parallel region. Here each distinct row
+ * is summed, updated and written in place in one pass.
+ *
+ * Inputs: the batch's gradient rows `values` (nnz, D); `order` (nnz), the stable sort of the batch's ids, so that
+ * rows[u]'s gradients are values[order[starts[u]]], ..., values[order[ends[u] - 1]] (ends[u] = starts[u + 1], or
+ * nnz for the last); `rows` (U) the distinct ids, ascending. All float32 and int64, contiguous. Rows are distinct,
+ * so threads never write the same row; each row's gradients are summed in the batch's order, whatever the
+ * thread count.
+ *
+ * The formulas are torch.optim.Adam's and Adagrad's (no weight decay, Adagrad without lr decay):
+ *   Adam:    m = m + (1 - beta1) (g - m); v = beta2 v + (1 - beta2) g^2;
+ *            w -= lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+ *   Adagrad: s += g^2; w -= lr * g / (sqrt(s) + eps)
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define AHEAD 8 /* rows prefetched ahead: 1.4 against 2.3 ms for lazy Adam on 17.8k rows of 16 (README) */
+
+/* prefetches the cache lines of a row of D floats (for writing, or reading: rw 1 or 0) */
+#define fetch(row, D, rw)                                                   \
+  do {                                                                      \
+    for (int64_t l_ = 0; l_ < (D); l_ += 16) __builtin_prefetch((row) + l_, rw); \
+  } while (0)
+
+/* g = the sum of row u's gradients, in the batch's order */
+static inline void summed(float *g, const float *values, const int64_t *order, int64_t begin, int64_t end,
+                          int64_t D) {
+  memcpy(g, values + order[begin] * D, sizeof(float) * D);
+  for (int64_t k = begin + 1; k < end; k++) {
+    const float *x = values + order[k] * D;
+    for (int64_t d = 0; d < D; d++) g[d] += x[d];
+  }
+}
+
+void ctrkit_rows_adam_f32(float *weight, float *exp_avg, float *exp_avg_sq, const float *values,
+                          const int64_t *order, const int64_t *rows, const int64_t *starts, int64_t U, int64_t nnz,
+                          int64_t D, double lr, double beta1, double beta2, double eps, double step) {
+  const float step_size = (float)(lr / (1.0 - pow(beta1, step)));
+  const float bc2_sqrt = (float)sqrt(1.0 - pow(beta2, step));
+  const float c1 = (float)(1.0 - beta1), b2 = (float)beta2, c2 = (float)(1.0 - beta2), e = (float)eps;
+#pragma omp parallel
+  {
+    float *g = malloc(sizeof(float) * D);
+#pragma omp for schedule(static)
+    for (int64_t u = 0; u < U; u++) {
+      if (u + AHEAD < U) { /* the rows are scattered over the table: fetch later ones while this one computes */
+        const int64_t r = rows[u + AHEAD] * D;
+        fetch(weight + r, D, 1);
+        fetch(exp_avg + r, D, 1);
+        fetch(exp_avg_sq + r, D, 1);
+        fetch(values + order[starts[u + AHEAD]] * D, D, 0);
+      }
+      summed(g, values, order, starts[u], u + 1 < U ? starts[u + 1] : nnz, D);
+      float *w = weight + rows[u] * D, *m = exp_avg + rows[u] * D, *v = exp_avg_sq + rows[u] * D;
+      for (int64_t d = 0; d < D; d++) {
+        const float md = m[d] + c1 * (g[d] - m[d]);
+        const float vd = b2 * v[d] + c2 * g[d] * g[d];
+        m[d] = md;
+        v[d] = vd;
+        w[d] -= step_size * md / (sqrtf(vd) / bc2_sqrt + e);
+      }
+    }
+    free(g);
+  }
+}
+
+void ctrkit_rows_adagrad_f32(float *weight, float *sum, const float *values, const int64_t *order,
+                             const int64_t *rows, const int64_t *starts, int64_t U, int64_t nnz, int64_t D, double lr,
+                             double eps) {
+  const float l = (float)lr, e = (float)eps;
+#pragma omp parallel
+  {
+    float *g = malloc(sizeof(float) * D);
+#pragma omp for schedule(static)
+    for (int64_t u = 0; u < U; u++) {
+      if (u + AHEAD < U) {
+        const int64_t r = rows[u + AHEAD] * D;
+        fetch(weight + r, D, 1);
+        fetch(sum + r, D, 1);
+        fetch(values + order[starts[u + AHEAD]] * D, D, 0);
+      }
+      summed(g, values, order, starts[u], u + 1 < U ? starts[u + 1] : nnz, D);
+      float *w = weight + rows[u] * D, *s = sum + rows[u] * D;
+      for (int64_t d = 0; d < D; d++) {
+        const float sd = s[d] + g[d] * g[d];
+        s[d] = sd;
+        w[d] -= l * g[d] / (sqrtf(sd) + e);
+      }
+    }
+    free(g);
+  }
+}
