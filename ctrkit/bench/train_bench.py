@@ -9,6 +9,7 @@ from dataclasses import asdict
 import numpy as np
 import torch
 
+from ctrkit import native
 from ctrkit.bench.config import TrainBenchConfig
 from ctrkit.bench.peak import machine, matmul_peaks
 from ctrkit.data.batch import Batch
@@ -41,7 +42,8 @@ def dense_flops_per_sample(model: torch.nn.Module, batch: Batch) -> dict[str, fl
     from torch.utils.flop_counter import FlopCounterMode
 
     n = len(batch.labels)
-    with FlopCounterMode(display=False) as counter:
+    # ATen's operations (not ctrkit/native's kernels, which the counter cannot see): the same model's FLOPs
+    with native.suspended(), FlopCounterMode(display=False) as counter:
         logits = model(batch.numerical, batch.categorical)
         forward = counter.get_total_flops()
         torch.nn.functional.binary_cross_entropy_with_logits(logits.float(), batch.labels).backward()

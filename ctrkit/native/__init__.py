@@ -13,6 +13,7 @@ operations; the reason is said once on stderr.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -21,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch  # noqa: F401 - loads torch's OpenMP runtime (libgomp.so.1) before the library that links it
@@ -36,6 +38,7 @@ SIGNATURES = {
 }
 
 _loaded: list = []  # [library or None], once per process
+_suspended: list = []  # non-empty inside suspended()
 
 
 def _cpu_identity() -> str:
@@ -101,8 +104,22 @@ def _load() -> ctypes.CDLL | None:
     return lib
 
 
+@contextlib.contextmanager
+def suspended() -> Iterator[None]:
+    """Inside, ``library()`` is None: the ATen operations run (for torch's FLOP counter, which counts only ATen's
+    matrix multiplies)."""
+    _suspended.append(True)
+    try:
+        yield
+    finally:
+        _suspended.pop()
+
+
 def library() -> ctypes.CDLL | None:
-    """The compiled kernels, or None where they cannot be built (said once on stderr) or ``CTRKIT_NATIVE=0``."""
+    """The compiled kernels, or None where they cannot be built (said once on stderr), with ``CTRKIT_NATIVE=0`` or
+    inside ``suspended()``."""
+    if _suspended:
+        return None
     if not _loaded:
         try:
             lib = _load()
