@@ -24,8 +24,16 @@ for model in ("dlrm", "dcnv2", "wide_deep"):
         first = first or runs["native"][0]
         a = [r["samples_per_s"] for r in runs["aten"][:n]]
         b = [r["samples_per_s"] for r in runs["native"][:n]]
-        fa = [r["fraction_of_peak"] for r in runs["aten"][:n]]
-        fb = [r["fraction_of_peak"] for r in runs["native"][:n]]
+        # the fraction with ATen's FLOP count for both: the JSON of runs before native.suspended() counted the
+        # native runs' FLOPs without the C interaction (torch's counter cannot see it)
+        flops = runs["aten"][0]["flops_per_sample"]["train_step"]
+
+        def fraction(r):
+            peaks = r["matmul_peak_gflops"]
+            return flops * r["samples_per_s"] / 1e9 / (peaks.get("bf16" if r["amp_dtype"] else "fp32") or peaks["fp32"])
+
+        fa = [fraction(r) for r in runs["aten"][:n]]
+        fb = [fraction(r) for r in runs["native"][:n]]
         print(
             f"{model:9s} {tag}: ATen {statistics.median(a):8,.0f}  native {statistics.median(b):8,.0f} samples/s "
             f"(medians of {n} rounds); native / ATen per round {[round(y / x, 3) for x, y in zip(a, b)]}; "
