@@ -34,13 +34,13 @@ static inline float bf16_to_float(uint16_t h) {
   return f;
 }
 
-/* round to nearest even, as c10::BFloat16 does */
+/* round to nearest even, as c10::BFloat16 does (NaN to the quiet NaN 0x7FC0); without a branch, so that loops
+   over it vectorize */
 static inline uint16_t float_to_bf16(float f) {
   uint32_t u;
-  if (isnan(f)) return 0x7FC0;
   memcpy(&u, &f, 4);
-  u += 0x7FFF + ((u >> 16) & 1);
-  return (uint16_t)(u >> 16);
+  const uint16_t rounded = (uint16_t)((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+  return f != f ? (uint16_t)0x7FC0 : rounded;
 }
 
 static inline float f32_id(float x) { return x; }
@@ -59,37 +59,49 @@ static inline float bf16_round(float x) { return bf16_to_float(float_to_bf16(x))
     }                                                                             \
   } while (0)
 
-/* Forward. Vector path (D % 16 == 0): the vectors transposed into vt[k][c] (component k of vectors 16c..16c+15),
-   so the dots of vector i with all j are a sum over k of vt[k][i] * vt[k][:]: D multiply-adds of 16 lanes per
-   block of 16 j. */
+/* Forward. Vector path (D % 16 == 0, V <= 64): the vectors transposed into vt[k][c] (component k of vectors
+   16c..16c+15), so the dots of vector i with all j are a sum over k of vt[k][i] * vt[k][:]: D multiply-adds of 16
+   lanes per block of 16 j, the NCC blocks' sums held in registers (NCC a constant in each expansion). */
+#define ROWS_OF_DOTS(NCC, STORE_T)                                                                \
+  for (int64_t i = 0; i < V; i++) {                                                               \
+    v16 a[NCC];                                                                                   \
+    for (int c = 0; c < NCC; c++) a[c] = (v16){0};                                                \
+    for (int64_t k = 0; k < D; k++) {                                                             \
+      const float s = vt[k * NCC + i / 16][i % 16];                                               \
+      for (int c = 0; c < NCC; c++) a[c] += s * vt[k * NCC + c];                                  \
+    }                                                                                             \
+    for (int64_t j = 0; j < i + self; j++) o[p++] = STORE_T(a[j / 16][j % 16]);                   \
+  }
+
 #define FORWARD(T, E, LOAD_T, LOAD_E, STORE_T)                                                    \
   const int64_t lead = dense ? 1 : 0, V = F + lead, NC = (V + 15) / 16;                           \
-  const int vec = D % 16 == 0;                                                                    \
+  const int vec = D % 16 == 0 && NC <= 4;                                                         \
   _Pragma("omp parallel")                                                                         \
   {                                                                                               \
-    float *rows = malloc(sizeof(float) * V * D);                                                  \
+    float *rows = vec ? NULL : malloc(sizeof(float) * V * D);                                     \
     v16 *vt = vec ? aligned_alloc(64, sizeof(v16) * D * NC) : NULL;                               \
-    v16 *acc = vec ? aligned_alloc(64, sizeof(v16) * NC) : NULL;                                  \
+    if (vec) memset(vt, 0, sizeof(v16) * D * NC); /* lanes past V stay zero */                    \
     _Pragma("omp for schedule(static)")                                                           \
     for (int64_t b = 0; b < B; b++) {                                                             \
-      LOAD_VECTORS(rows, D, LOAD_T, LOAD_E);                                                      \
       T *o = out + b * W;                                                                         \
       int64_t p = 0;                                                                              \
       if (dense) for (; p < D; p++) o[p] = dense[b * D + p];                                      \
       if (vec) {                                                                                  \
-        memset(vt, 0, sizeof(v16) * D * NC);                                                      \
-        for (int64_t i = 0; i < V; i++)                                                           \
-          for (int64_t k = 0; k < D; k++) vt[k * NC + i / 16][i % 16] = rows[i * D + k];         \
         for (int64_t i = 0; i < V; i++) {                                                         \
-          const int64_t n = i + self, nc = (n + 15) / 16;                                         \
-          for (int64_t c = 0; c < nc; c++) acc[c] = (v16){0};                                     \
-          for (int64_t k = 0; k < D; k++) {                                                       \
-            const float s = rows[i * D + k];                                                      \
-            for (int64_t c = 0; c < nc; c++) acc[c] += s * vt[k * NC + c];                        \
-          }                                                                                       \
-          for (int64_t j = 0; j < n; j++) o[p++] = STORE_T(acc[j / 16][j % 16]);                  \
+          if (i < lead)                                                                           \
+            for (int64_t k = 0; k < D; k++) vt[k * NC + i / 16][i % 16] = LOAD_T(dense[b * D + k]); \
+          else                                                                                    \
+            for (int64_t k = 0; k < D; k++)                                                       \
+              vt[k * NC + i / 16][i % 16] = LOAD_E(emb[(b * F + i - lead) * D + k]);              \
+        }                                                                                         \
+        switch (NC) {                                                                             \
+          case 1: ROWS_OF_DOTS(1, STORE_T) break;                                                 \
+          case 2: ROWS_OF_DOTS(2, STORE_T) break;                                                 \
+          case 3: ROWS_OF_DOTS(3, STORE_T) break;                                                 \
+          default: ROWS_OF_DOTS(4, STORE_T) break;                                                \
         }                                                                                         \
       } else {                                                                                    \
+        LOAD_VECTORS(rows, D, LOAD_T, LOAD_E);                                                    \
         for (int64_t i = 0; i < V; i++)                                                           \
           for (int64_t j = 0; j < i + self; j++) {                                                \
             float s = 0.f;                                                                        \
@@ -101,7 +113,6 @@ static inline float bf16_round(float x) { return bf16_to_float(float_to_bf16(x))
     }                                                                                             \
     free(rows);                                                                                   \
     free(vt);                                                                                     \
-    free(acc);                                                                                    \
   }
 
 /* Backward: d<v_i, v_j> = g dv_i . v_j + v_i . g dv_j, so each pair adds g v_j to vector i's gradient and

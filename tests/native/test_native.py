@@ -58,24 +58,25 @@ def test_ctrkit_native_0_keeps_aten():
 
 
 CASES = [
-    # (with_dense, self_interaction, width D, dense dtype, embeddings dtype)
-    *[(True, s, d, torch.float32, torch.float32) for s in (False, True) for d in (16, 64, 12)],
-    (False, False, 16, torch.float32, torch.float32),
-    (False, True, 12, torch.float32, torch.float32),
-    (True, False, 16, torch.bfloat16, torch.float32),  # bf16 autocast: fp32 tables, bf16 bottom MLP
-    (True, True, 32, torch.bfloat16, torch.float32),
-    (True, False, 16, torch.bfloat16, torch.bfloat16),
-    (False, False, 16, torch.bfloat16, torch.bfloat16),
+    # (with_dense, self_interaction, width D, dense dtype, embeddings dtype, features F): F + 1 vectors take one to
+    # four blocks of 16 in the kernel's vector path (D a multiple of 16), more than 64 and D = 12 the scalar loops
+    *[(True, s, d, torch.float32, torch.float32, 9) for s in (False, True) for d in (16, 64, 12)],
+    *[(True, s, 16, torch.float32, torch.float32, f) for s in (False, True) for f in (26, 40, 70)],
+    (False, False, 16, torch.float32, torch.float32, 9),
+    (False, True, 12, torch.float32, torch.float32, 9),
+    (True, False, 16, torch.bfloat16, torch.float32, 26),  # bf16 autocast: fp32 tables, bf16 bottom MLP
+    (True, True, 32, torch.bfloat16, torch.float32, 9),
+    (True, False, 16, torch.bfloat16, torch.bfloat16, 9),
+    (False, False, 16, torch.bfloat16, torch.bfloat16, 50),
 ]
 
 
 @needs_cc
-@pytest.mark.parametrize("with_dense,self_interaction,dim,dense_dtype,emb_dtype", CASES)
-def test_native_interaction_equals_the_reference(with_dense, self_interaction, dim, dense_dtype, emb_dtype):
+@pytest.mark.parametrize("with_dense,self_interaction,dim,dense_dtype,emb_dtype,f", CASES)
+def test_native_interaction_equals_the_reference(with_dense, self_interaction, dim, dense_dtype, emb_dtype, f):
     """Output and both gradients against DotInteraction's plain ops in float64 (fp32: to float rounding; bf16:
     the same bf16 rounding of the inputs, then within the output's rounding), and against the ATen function."""
     torch.manual_seed(0)
-    f = 9
     m = DotInteraction(f + with_dense, dim, self_interaction=self_interaction, with_dense=with_dense)
     dense = torch.randn(33, dim).to(dense_dtype).requires_grad_() if with_dense else None
     emb = torch.randn(33, f, dim).to(emb_dtype).requires_grad_()
