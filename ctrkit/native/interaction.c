@@ -16,8 +16,9 @@
  *
  * Backward: grad (B, W) of T -> grad_dense (B, D) of T, grad_emb (B, F, D) float32 (the sums' dtype).
  *
- * Built by ctrkit.native with -O3 -march=native -fopenmp; where D is a multiple of 16 the vectors are held as
- * 16-float vectors (GCC vector extensions: one AVX-512 register, or two AVX2 ones); other widths take the
+ * Built by ctrkit.native with -O3 -march=native -fopenmp; where D is a multiple of VL the vectors are held as
+ * VL-float vectors (GCC vector extensions, VL the width of the CPU's registers: 16 with AVX-512, 8 with AVX2, 4
+ * otherwise; a vector wider than the registers compiled 16x slower for AVX2); other widths take the
  * scalar loops.
  */
 #include <math.h>
@@ -25,7 +26,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef float v16 __attribute__((vector_size(64)));
+#if defined(__AVX512F__)
+#define VL 16
+#elif defined(__AVX__)
+#define VL 8
+#else
+#define VL 4
+#endif
+typedef float vf __attribute__((vector_size(VL * 4)));
 
 static inline float bf16_to_float(uint16_t h) {
   uint32_t u = (uint32_t)h << 16;
@@ -59,28 +67,29 @@ static inline float bf16_round(float x) { return bf16_to_float(float_to_bf16(x))
     }                                                                             \
   } while (0)
 
-/* Forward. Vector path (D % 16 == 0, V <= 64): the vectors transposed into vt[k][c] (component k of vectors
-   16c..16c+15), so the dots of vector i with all j are a sum over k of vt[k][i] * vt[k][:]: D multiply-adds of 16
-   lanes per block of 16 j, the NCC blocks' sums held in registers (NCC a constant in each expansion). */
+/* Forward. Vector path (D % VL == 0, V <= 8 VL): the vectors transposed into vt[k][c] (component k of vectors
+   VL c .. VL c + VL - 1), so the dots of vector i with all j are a sum over k of vt[k][i] * vt[k][:]: D
+   multiply-adds of VL lanes per block of VL j, the NCC blocks' sums held in registers (NCC a constant in each
+   expansion). */
 #define ROWS_OF_DOTS(NCC, STORE_T)                                                                \
   for (int64_t i = 0; i < V; i++) {                                                               \
-    v16 a[NCC];                                                                                   \
-    for (int c = 0; c < NCC; c++) a[c] = (v16){0};                                                \
+    vf a[NCC];                                                                                   \
+    for (int c = 0; c < NCC; c++) a[c] = (vf){0};                                                \
     for (int64_t k = 0; k < D; k++) {                                                             \
-      const float s = vt[k * NCC + i / 16][i % 16];                                               \
+      const float s = vt[k * NCC + i / VL][i % VL];                                               \
       for (int c = 0; c < NCC; c++) a[c] += s * vt[k * NCC + c];                                  \
     }                                                                                             \
-    for (int64_t j = 0; j < i + self; j++) o[p++] = STORE_T(a[j / 16][j % 16]);                   \
+    for (int64_t j = 0; j < i + self; j++) o[p++] = STORE_T(a[j / VL][j % VL]);                   \
   }
 
 #define FORWARD(T, E, LOAD_T, LOAD_E, STORE_T)                                                    \
-  const int64_t lead = dense ? 1 : 0, V = F + lead, NC = (V + 15) / 16;                           \
-  const int vec = D % 16 == 0 && NC <= 4;                                                         \
+  const int64_t lead = dense ? 1 : 0, V = F + lead, NC = (V + VL - 1) / VL;                        \
+  const int vec = D % VL == 0 && NC <= 8;                                                         \
   _Pragma("omp parallel")                                                                         \
   {                                                                                               \
     float *rows = vec ? NULL : malloc(sizeof(float) * V * D);                                     \
-    v16 *vt = vec ? aligned_alloc(64, sizeof(v16) * D * NC) : NULL;                               \
-    if (vec) memset(vt, 0, sizeof(v16) * D * NC); /* lanes past V stay zero */                    \
+    vf *vt = vec ? aligned_alloc(64, sizeof(vf) * D * NC + 64) : NULL;                               \
+    if (vec) memset(vt, 0, sizeof(vf) * D * NC); /* lanes past V stay zero */                    \
     _Pragma("omp for schedule(static)")                                                           \
     for (int64_t b = 0; b < B; b++) {                                                             \
       T *o = out + b * W;                                                                         \
@@ -89,16 +98,20 @@ static inline float bf16_round(float x) { return bf16_to_float(float_to_bf16(x))
       if (vec) {                                                                                  \
         for (int64_t i = 0; i < V; i++) {                                                         \
           if (i < lead)                                                                           \
-            for (int64_t k = 0; k < D; k++) vt[k * NC + i / 16][i % 16] = LOAD_T(dense[b * D + k]); \
+            for (int64_t k = 0; k < D; k++) vt[k * NC + i / VL][i % VL] = LOAD_T(dense[b * D + k]); \
           else                                                                                    \
             for (int64_t k = 0; k < D; k++)                                                       \
-              vt[k * NC + i / 16][i % 16] = LOAD_E(emb[(b * F + i - lead) * D + k]);              \
+              vt[k * NC + i / VL][i % VL] = LOAD_E(emb[(b * F + i - lead) * D + k]);              \
         }                                                                                         \
-        switch (NC) {                                                                             \
-          case 1: ROWS_OF_DOTS(1, STORE_T) break;                                                 \
-          case 2: ROWS_OF_DOTS(2, STORE_T) break;                                                 \
-          case 3: ROWS_OF_DOTS(3, STORE_T) break;                                                 \
-          default: ROWS_OF_DOTS(4, STORE_T) break;                                                \
+        switch (NC) {                                                                          \
+          case 1: ROWS_OF_DOTS(1, STORE_T) break;                   \
+          case 2: ROWS_OF_DOTS(2, STORE_T) break;                   \
+          case 3: ROWS_OF_DOTS(3, STORE_T) break;                   \
+          case 4: ROWS_OF_DOTS(4, STORE_T) break;                   \
+          case 5: ROWS_OF_DOTS(5, STORE_T) break;                   \
+          case 6: ROWS_OF_DOTS(6, STORE_T) break;                   \
+          case 7: ROWS_OF_DOTS(7, STORE_T) break;                   \
+          default: ROWS_OF_DOTS(8, STORE_T) break;                \
         }                                                                                         \
       } else {                                                                                    \
         LOAD_VECTORS(rows, D, LOAD_T, LOAD_E);                                                    \
@@ -119,7 +132,7 @@ static inline float bf16_round(float x) { return bf16_to_float(float_to_bf16(x))
    g v_i to vector j's (2 g v_i for a self pair). */
 #define BACKWARD(T, E, LOAD_T, LOAD_E, STORE_T)                                                   \
   const int64_t lead = dense ? 1 : 0, V = F + lead;                                               \
-  const int vec = D % 16 == 0;                                                                    \
+  const int vec = D % VL == 0;                                                                    \
   _Pragma("omp parallel")                                                                         \
   {                                                                                               \
     float *rows = malloc(sizeof(float) * V * D);                                \
@@ -134,20 +147,20 @@ static inline float bf16_round(float x) { return bf16_to_float(float_to_bf16(x))
         float *gi = gv + i * D;                                                                   \
         const float *vi = rows + i * D;                                                           \
         if (vec) {                                                                                \
-          for (int64_t k = 0; k < D; k += 16) {                                                   \
-            v16 a, z;                                                                             \
-            memcpy(&a, gi + k, 64);                                                               \
-            memcpy(&z, vi + k, 64);                                                               \
+          for (int64_t k = 0; k < D; k += VL) {                                                   \
+            vf a, z;                                                                              \
+            memcpy(&a, gi + k, sizeof a);                                                               \
+            memcpy(&z, vi + k, sizeof z);                                                               \
             for (int64_t j = 0; j < i; j++) {                                                     \
               const float gp = LOAD_T(g[p + j]);                                                  \
-              v16 x, y;                                                                           \
-              memcpy(&x, rows + j * D + k, 64);                                                   \
-              memcpy(&y, gv + j * D + k, 64);                                                     \
+              vf x, y;                                                                            \
+              memcpy(&x, rows + j * D + k, sizeof x);                                                   \
+              memcpy(&y, gv + j * D + k, sizeof y);                                                     \
               a += gp * x;                                                                        \
               y += gp * z;                                                                        \
-              memcpy(gv + j * D + k, &y, 64);                                                     \
+              memcpy(gv + j * D + k, &y, sizeof y);                                                     \
             }                                                                                     \
-            memcpy(gi + k, &a, 64);                                                               \
+            memcpy(gi + k, &a, sizeof a);                                                               \
           }                                                                                       \
         } else {                                                                                  \
           for (int64_t j = 0; j < i; j++) {                                                       \

@@ -1,6 +1,7 @@
 """ctrkit.native: the C kernels build with the machine's compiler, agree with a float64 reference and with the
 ATen path, do not depend on the thread count, and where they cannot be built training says so and keeps ATen."""
 
+import platform
 import shutil
 import subprocess
 import sys
@@ -58,8 +59,9 @@ def test_ctrkit_native_0_keeps_aten():
 
 
 CASES = [
-    # (with_dense, self_interaction, width D, dense dtype, embeddings dtype, features F): F + 1 vectors take one to
-    # four blocks of 16 in the kernel's vector path (D a multiple of 16), more than 64 and D = 12 the scalar loops
+    # (with_dense, self_interaction, width D, dense dtype, embeddings dtype, features F): F + 1 vectors take one
+    # to five blocks of 16 in the vector path of an AVX-512 build (blocks of 8 with AVX2, where past 64 vectors
+    # the scalar loops run, as at D = 12)
     *[(True, s, d, torch.float32, torch.float32, 9) for s in (False, True) for d in (16, 64, 12)],
     *[(True, s, 16, torch.float32, torch.float32, f) for s in (False, True) for f in (26, 40, 70)],
     (False, False, 16, torch.float32, torch.float32, 9),
@@ -119,3 +121,40 @@ def test_native_interaction_is_the_same_at_any_thread_count():
         torch.set_num_threads(threads)
     for other in results[1:]:
         assert all(torch.equal(a, b) for a, b in zip(results[0], other))
+
+
+def _kernel_results() -> list[torch.Tensor]:
+    """The interaction's output and gradients (bf16 under fp32 tables, and fp32) and a lazy-Adam table after 2
+    steps, from whichever library native.library() returns."""
+    from ctrkit.train.optim import SparseRowOptimizer
+
+    torch.manual_seed(3)
+    m = DotInteraction(27, 16)
+    results = []
+    for dtype in (torch.float32, torch.bfloat16):
+        dense, emb = torch.randn(64, 16).to(dtype).requires_grad_(), torch.randn(64, 26, 16, requires_grad=True)
+        out = m(dense, emb)
+        assert type(out.grad_fn).__name__ == "_NativeDotInteractionFnBackward"
+        results += [out, *torch.autograd.grad(out, (dense, emb), torch.randn_like(out))]
+    table = torch.nn.Parameter(torch.randn(500, 16))
+    opt = SparseRowOptimizer([table], "adam", lr=0.01)
+    for _ in range(2):
+        ids = (torch.rand(300) ** 2 * 500).long()
+        table.grad = torch.sparse_coo_tensor(ids.unsqueeze(0), torch.randn(300, 16), table.shape)
+        opt.step()
+    return [*results, table.detach()]
+
+
+@needs_cc
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86-64 instruction sets")
+def test_a_build_for_avx2_cpus_gives_the_same_results(fresh, monkeypatch):
+    """The kernels compiled for an AVX2-only CPU (-march=x86-64-v3 in place of -march=native: each 16-float vector
+    becomes two AVX2 registers) give this machine's build's results, bit for bit."""
+    here = _kernel_results()  # this machine's build, into the fresh cache
+    monkeypatch.setattr(native, "FLAGS", tuple("-march=x86-64-v3" if f == "-march=native" else f for f in native.FLAGS))
+    monkeypatch.setattr(native, "_loaded", [])
+    assert native.library() is not None
+    built = list((fresh / "ctrkit" / "native").glob("libctrkit_native_*.so"))
+    assert len(built) == 2  # a library of its own (the flags are part of the cache key)
+    for a, b in zip(_kernel_results(), here):
+        assert torch.equal(a, b)
