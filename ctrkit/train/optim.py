@@ -232,6 +232,8 @@ class SparseRowOptimizer(torch.optim.Optimizer):
         else:
             with one_thread_where_threads_sleep(ids.device):
                 order, rows, starts = _sorted_ids(ids, p.shape[0])  # (nnz,), (U,), (U,) int64
+        if rows[0] < 0 or rows[-1] >= p.shape[0]:  # ascending: the ends bound them (C would write past the table)
+            raise IndexError(f"row ids {int(rows[0])}..{int(rows[-1])} outside a table of {p.shape[0]} rows")
         pointers = [t.data_ptr() for t in (*tensors, values, order, rows, starts)]
         shape = (len(rows), len(ids), p.shape[1])
         if self.kind == "adam":

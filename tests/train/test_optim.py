@@ -336,3 +336,16 @@ def test_native_row_update_equals_the_fused_one_at_any_thread_count(kind, dim):
     start = torch.randn(5000, dim, generator=torch.Generator().manual_seed(0))
     assert untouched.any() and torch.equal(got[untouched], start[untouched])
     assert not torch.equal(got[~untouched], start[~untouched])
+
+
+@pytest.mark.skipif(native.library() is None, reason="no C compiler: the native kernels are not built")
+def test_native_row_update_refuses_ids_outside_the_table():
+    """The C kernel writes rows through pointers: ids past the table are refused before it runs, the table intact."""
+    from ctrkit.train.optim import SparseRowOptimizer
+
+    table = torch.nn.Parameter(torch.zeros(10, 4))
+    opt = SparseRowOptimizer([table], "adam", lr=0.1)
+    table.grad = torch.sparse_coo_tensor(torch.tensor([[3, 12]]), torch.ones(2, 4), (10, 4), check_invariants=False)
+    with pytest.raises(IndexError, match="outside a table of 10 rows"):
+        opt.step()
+    assert torch.equal(table.detach(), torch.zeros(10, 4))
