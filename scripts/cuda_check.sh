@@ -5,6 +5,9 @@
 #                                 polars, lightgbm, tritonclient, pyspark - are left out)
 #   scripts/cuda_check.sh demo    `make demo`'s run on one GPU
 #   scripts/cuda_check.sh bench [BATCH...]   `ctrkit bench train` per model, fp32 / fp16 / bf16 autocast
+#   scripts/cuda_check.sh native  the C kernels (ctrkit/native) on that machine: their tests and the CUDA tests
+#                                 (CUDA training must keep ATen's operations), DLRM's CUDA bench at 65,536, and
+#                                 the host CPU's DLRM bench with the kernels against CTRKIT_NATIVE=0, 2 rounds
 # Logs and benchmark JSONs go to ${OUT:-/tmp/cuda} (the JSONs packed in one bench_json.tar).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -33,5 +36,21 @@ case $what in
           --output "/tmp/bench_json/${m}_${b}_$p.json" 2>&1 | tail -1
       done
     done; done | grep -v '^wrote' | tee "$OUT/bench.txt"
+    tar -C /tmp -cf "$OUT/bench_json.tar" bench_json ;;
+  native)
+    { lscpu | grep -E 'Model name|^CPU\(s\)|Thread|Flags' | cut -c1-400; cc --version | head -1; } 2>&1 | tee -a "$OUT/machine.txt"
+    python3 -m pytest -q -p no:cacheprovider tests/native tests/train/test_optim.py tests/distributed/test_cuda.py \
+      tests/test_precision.py 2>&1 | tail -30 | tee "$OUT/native_tests.txt"
+    mkdir -p /tmp/bench_json
+    for p in fp32 bf16; do
+      python3 -m ctrkit bench train --model dlrm --batch-size 65536 $([ $p = bf16 ] && echo --amp --amp-dtype bf16) \
+        --output "/tmp/bench_json/cuda_dlrm_65536_$p.json" 2>&1 | grep -v '^wrote' | tail -2
+    done | tee "$OUT/bench_cuda.txt"
+    for r in 1 2; do for p in fp32 bf16; do for n in 1 0; do
+      echo -n "round $r $p CTRKIT_NATIVE=$n: "
+      CTRKIT_NATIVE=$n python3 -m ctrkit bench train --device cpu --model dlrm --batch-size 2048 \
+        $([ $p = bf16 ] && echo --amp) --output "/tmp/bench_json/cpu_dlrm_${p}_native${n}_r$r.json" 2>&1 \
+        | grep -v '^wrote' | tail -2
+    done; done; done | tee "$OUT/bench_cpu.txt"
     tar -C /tmp -cf "$OUT/bench_json.tar" bench_json ;;
 esac
