@@ -82,3 +82,32 @@ def full_like(like: torch.Tensor, value: float) -> torch.Tensor:
 def zeros_like(like: torch.Tensor) -> torch.Tensor:
     """``torch.zeros_like`` advised to huge pages before it is filled."""
     return full_like(like, 0.0)
+
+
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's <malloc.h>
+MMAP_THRESHOLD = 32 << 20  # glibc's largest: allocations above it are still mapped fresh (the tables)
+TRIM_THRESHOLD = 1 << 30  # free memory at the heap's top kept up to this much
+
+
+@functools.cache
+def retain_freed_memory() -> bool:
+    """Makes glibc's malloc keep freed memory for the next allocation rather than return it to the kernel, so a
+    training step's activations reuse pages already mapped instead of faulting in fresh ones. Once per process;
+    True where it took effect (glibc on Linux).
+
+    By default glibc raises its mmap threshold to the size of each mapped block freed (so a step's 4 MiB
+    activations come from the heap after a while) but trims the heap's top beyond twice that, and the next step
+    faults those pages in again: 600-1,200 minor faults a DLRM step, each about a microsecond (README,
+    Benchmarks). Fixing both thresholds keeps them: the heap grows to the step's peak and stays there, and
+    blocks above 32 MiB (the tables) are still mapped fresh, so ``advise_huge_pages`` keeps working."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    # musl and others accept mallopt and change nothing; glibc answers 1 to each
+    return mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
+

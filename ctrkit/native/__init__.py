@@ -27,16 +27,20 @@ from pathlib import Path
 
 import torch  # noqa: F401 - loads torch's OpenMP runtime (libgomp.so.1) before the library that links it
 
-SOURCES = ("interaction.c", "rows.c")
+SOURCES = ("interaction.c", "rows.c", "mlp.c")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
 _P, _I, _C, _D = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_double
 SIGNATURES = {
     "ctrkit_rows_adam_f32": [*[_P] * 7, _I, _I, _I, _D, _D, _D, _D, _D],
     "ctrkit_rows_adagrad_f32": [*[_P] * 6, _I, _I, _I, _D, _D],
+    "ctrkit_rows_sgd_f32": [_P, _P, _P, _I, _I, _I, _D],
+    "ctrkit_bias_relu_f32": [_P, _P, _I, _I],
+    "ctrkit_relu_backward_bias_f32": [_P, _P, _P, _P, _I, _I],
     **{f"ctrkit_dot_forward_{k}": [_P, _P, _P, _I, _I, _I, _I, _C] for k in ("f32", "bf16_f32", "bf16")},
     **{f"ctrkit_dot_backward_{k}": [_P, _P, _P, _P, _P, _I, _I, _I, _I, _C] for k in ("f32", "bf16_f32", "bf16")},
 }
 
+RETURNS = {"ctrkit_rows_sgd_f32": _I}  # the others return nothing
 _loaded: list = []  # [library or None], once per process
 _suspended: list = []  # non-empty inside suspended()
 
@@ -100,7 +104,7 @@ def _load() -> ctypes.CDLL | None:
     lib = ctypes.CDLL(str(_build(compiler)))
     for name, args in SIGNATURES.items():
         fn = getattr(lib, name)
-        fn.argtypes, fn.restype = args, None
+        fn.argtypes, fn.restype = args, RETURNS.get(name)
     return lib
 
 

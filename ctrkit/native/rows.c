@@ -17,6 +17,7 @@
  *   Adagrad: s += g^2; w -= lr * g / (sqrt(s) + eps)
  */
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -96,4 +97,40 @@ void ctrkit_rows_adagrad_f32(float *weight, float *sum, const float *values, con
     }
     free(g);
   }
+}
+
+/* SGD on the rows a batch looked up, straight from the uncoalesced gradient: weight[ids[i]] += -lr * values[i] for
+ * i = 0 .. nnz - 1, duplicates included (their sum is the row's gradient). No sort is needed: each thread scans all
+ * ids and updates only the rows it owns (a multiplicative hash of the row id), so no two threads write one row and
+ * each row takes its gradients in the batch's order, whatever the thread count (the ATen path's `scatter_add_`
+ * adds them in the same order). The product is rounded to float before the add, as the ATen path's `mul_(-lr)`
+ * then `scatter_add_` round it (no fused multiply-add). */
+static inline int64_t owner(int64_t row, int64_t threads) {
+  return (int64_t)(((uint64_t)(uint32_t)((uint64_t)row * 2654435761u) * (uint64_t)threads) >> 32);
+}
+
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((optimize("fp-contract=off"))) /* gcc contracts across statements by default; clang does not */
+#endif
+int64_t ctrkit_rows_sgd_f32(float *weight, const float *values, const int64_t *ids, int64_t nnz, int64_t D,
+                            int64_t num_rows, double lr) {
+  int64_t outside = 0; /* ids outside the table: counted first, and then nothing is written */
+  for (int64_t i = 0; i < nnz; i++) outside += (uint64_t)ids[i] >= (uint64_t)num_rows;
+  if (outside) return outside;
+  const float step = (float)(-lr);
+#pragma omp parallel
+  {
+    const int64_t threads = omp_get_num_threads(), me = omp_get_thread_num();
+    for (int64_t i = 0; i < nnz; i++) {
+      if (i + AHEAD < nnz && owner(ids[i + AHEAD], threads) == me) fetch(weight + ids[i + AHEAD] * D, D, 1);
+      if (owner(ids[i], threads) != me) continue;
+      float *w = weight + ids[i] * D;
+      const float *x = values + i * D;
+      for (int64_t d = 0; d < D; d++) {
+        const float u = step * x[d]; /* rounded to float: not contracted into a fused multiply-add */
+        w[d] += u;
+      }
+    }
+  }
+  return 0;
 }

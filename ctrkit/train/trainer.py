@@ -19,6 +19,7 @@ import yaml
 from torch import nn
 from tqdm.auto import tqdm
 
+from ctrkit import hugepages
 from ctrkit.checkpoint import (
     Checkpoint,
     MappedSource,
@@ -96,6 +97,8 @@ class TrainStep:
         weight_decay: float = 0.0,
     ):
         self.model = model
+        if device.type == "cpu":  # a step's activations reuse freed pages rather than fault in fresh ones
+            hugepages.retain_freed_memory()
         self.embedding_l2, self.weight_decay = embedding_l2, weight_decay
         self._looked_up: list[torch.Tensor] = []
         if embedding_l2 > 0:  # keep each lookup's output for the penalty (no second lookup)
