@@ -145,7 +145,7 @@ class MLP(nn.Sequential):
             return False
         if x.dtype != torch.float32 or torch.is_autocast_enabled("cpu") or torch.compiler.is_compiling():
             return False
-        weights = [m.weight for m in self if isinstance(m, nn.Linear)] + [m.bias for m in self if isinstance(m, nn.Linear)]
+        weights = [t for m in self if isinstance(m, nn.Linear) for t in (m.weight, m.bias)]
         if any(w is None or w.dtype != torch.float32 or w.device.type != "cpu" for w in weights):
             return False
         return native.library() is not None
