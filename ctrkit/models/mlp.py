@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 from ctrkit import native
 
@@ -77,6 +78,7 @@ class _LinearReLUFn(torch.autograd.Function):
         return y
 
     @staticmethod
+    @once_differentiable  # the C pass is not differentiable again
     def backward(ctx, grad: torch.Tensor):
         x, weight, y = ctx.saved_tensors
         grad = grad.contiguous()

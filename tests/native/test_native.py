@@ -1,6 +1,7 @@
 """ctrkit.native: the C kernels build with the machine's compiler, agree with a float64 reference and with the
 ATen path, do not depend on the thread count, and where they cannot be built training says so and keeps ATen."""
 
+import copy
 import platform
 import shutil
 import subprocess
@@ -11,6 +12,7 @@ import torch
 
 from ctrkit import native
 from ctrkit.models.interaction import DotInteraction, _DotInteractionFn, _NativeDotInteractionFn
+from ctrkit.models.mlp import MLP
 
 HAS_CC = native._compiler() is not None
 needs_cc = pytest.mark.skipif(not HAS_CC, reason="no C compiler on this machine")
@@ -126,7 +128,7 @@ def test_native_interaction_is_the_same_at_any_thread_count():
 def _kernel_results() -> list[torch.Tensor]:
     """The interaction's output and gradients (bf16 under fp32 tables, and fp32) and a lazy-Adam table after 2
     steps, from whichever library native.library() returns."""
-    from ctrkit.train.optim import SparseRowOptimizer
+    from ctrkit.train.optim import SparseRowOptimizer, SparseSGD
 
     torch.manual_seed(3)
     m = DotInteraction(27, 16)
@@ -136,13 +138,19 @@ def _kernel_results() -> list[torch.Tensor]:
         out = m(dense, emb)
         assert type(out.grad_fn).__name__ == "_NativeDotInteractionFnBackward"
         results += [out, *torch.autograd.grad(out, (dense, emb), torch.randn_like(out))]
-    table = torch.nn.Parameter(torch.randn(500, 16))
-    opt = SparseRowOptimizer([table], "adam", lr=0.01)
-    for _ in range(2):
-        ids = (torch.rand(300) ** 2 * 500).long()
-        table.grad = torch.sparse_coo_tensor(ids.unsqueeze(0), torch.randn(300, 16), table.shape)
-        opt.step()
-    return [*results, table.detach()]
+    tables = []
+    for make in (lambda p: SparseRowOptimizer(p, "adam", lr=0.01), lambda p: SparseSGD(p, lr=0.01)):
+        table = torch.nn.Parameter(torch.randn(500, 16))
+        opt = make([table])
+        for _ in range(2):
+            ids = (torch.rand(300) ** 2 * 500).long()
+            table.grad = torch.sparse_coo_tensor(ids.unsqueeze(0), torch.randn(300, 16), table.shape)
+            opt.step()
+        tables.append(table.detach())
+    mlp = MLP(13, (64, 16))
+    x = torch.randn(100, 13)
+    out = mlp(x)
+    return [*results, *tables, out, *torch.autograd.grad(out, list(mlp.parameters()), torch.randn_like(out))]
 
 
 @needs_cc
@@ -158,3 +166,81 @@ def test_a_build_for_avx2_cpus_gives_the_same_results(fresh, monkeypatch):
     assert len(built) == 2  # a library of its own (the flags are part of the cache key)
     for a, b in zip(_kernel_results(), here):
         assert torch.equal(a, b)
+
+
+MLP_CASES = [  # in_features, sizes, relu_last, dropout: narrow and wide inputs, widths off the vector length
+    (13, (512, 64, 16), True, 0.0),
+    (40, (70, 33, 1), False, 0.0),
+    (100, (256, 256, 1), False, 0.5),
+]
+
+
+@needs_cc
+@pytest.mark.parametrize("in_features,sizes,relu_last,dropout", MLP_CASES)
+def test_native_mlp_equals_float64_and_aten(in_features, sizes, relu_last, dropout):
+    """MLP's training forward through ctrkit/native/mlp.c (bias and ReLU after an unbiased product; the masked
+    gradient and the bias's sum in one pass) against the same MLP in float64 and ATen's layers in float32: output,
+    input gradient and every parameter's gradient, relative to the reference's norm."""
+    torch.manual_seed(len(sizes) + in_features)
+    m = MLP(in_features, sizes, relu_last=relu_last, dropout=dropout)
+    x, grad = torch.randn(300, in_features), torch.randn(300, sizes[-1])
+
+    def run(model, dtype, use_native):
+        model.use_native = use_native
+        xx = x.to(dtype).requires_grad_()
+        torch.manual_seed(7)  # the same dropout masks
+        out = model(xx)
+        nodes = {type(n).__name__ for n in _graph_nodes(out.grad_fn)}
+        return [out, *torch.autograd.grad(out, (xx, *model.parameters()), grad.to(dtype))], nodes
+
+    got, nodes = run(m, torch.float32, True)
+    assert "_LinearReLUFnBackward" in nodes
+    aten, nodes = run(m, torch.float32, False)
+    assert "_LinearReLUFnBackward" not in nodes
+    ref, _ = run(copy.deepcopy(m).double(), torch.float64, False)
+    for a, b, r in zip(got, aten, ref):  # (absolute 1e-5: a bias's gradient can be a sum that cancels)
+        assert (a.double() - r).norm() <= 1e-5 * r.norm() + 1e-5
+        assert (b.double() - r).norm() <= 1e-5 * r.norm() + 1e-5
+    m.eval()  # scoring and export: the layers' own operations
+    with torch.no_grad():
+        assert m(x).grad_fn is None
+
+
+def _graph_nodes(node):
+    seen, todo = [], [node]
+    while todo:
+        n = todo.pop()
+        if n is not None and n not in seen:
+            seen.append(n)
+            todo += [f for f, _ in n.next_functions]
+    return seen
+
+
+@needs_cc
+def test_native_bias_relu_keeps_atens_nan_and_sign_rules_at_any_thread_count():
+    """The C passes against torch.relu and threshold_backward on values with NaN, -0.0, zeros and both signs; the
+    masked gradient and the bias's gradient are the same bits at 1, 2 and 3 threads."""
+    lib = native.library()
+    torch.manual_seed(5)
+    pre = torch.randn(257, 37)
+    pre[0, :6] = torch.tensor([float("nan"), -0.0, 0.0, -1.0, 2.0, float("-inf")])
+    bias = torch.randn(37)
+    bias[:6] = 0.0
+    y = pre.clone()
+    lib.ctrkit_bias_relu_f32(y.data_ptr(), bias.data_ptr(), *y.shape)
+    torch.testing.assert_close(y, torch.relu(pre + bias), equal_nan=True, rtol=0, atol=0)
+    g = torch.randn(257, 37)
+    results, threads = [], torch.get_num_threads()
+    try:
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            masked, grad_bias = torch.empty_like(g), torch.empty(37)
+            lib.ctrkit_relu_backward_bias_f32(
+                g.data_ptr(), y.data_ptr(), masked.data_ptr(), grad_bias.data_ptr(), 257, 37
+            )
+            results.append((masked, grad_bias))
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(results[0][0], torch.ops.aten.threshold_backward(g, y, 0.0))
+    torch.testing.assert_close(results[0][1], results[0][0].double().sum(0).float(), rtol=1e-6, atol=1e-6)
+    assert all(torch.equal(a, b) for other in results[1:] for a, b in zip(results[0], other))

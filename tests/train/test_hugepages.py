@@ -1,7 +1,10 @@
 """Embedding tables and their row optimizers' states are backed by transparent huge pages (Linux)."""
 
 import pathlib
+import platform
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -71,3 +74,41 @@ def test_small_meta_and_switched_off_tensors_are_left_alone(monkeypatch):
 @needs_thp
 def test_the_advice_is_taken_on_this_kernel():
     assert hugepages.advise_huge_pages(torch.empty(4_000_000))  # 16 MB
+
+
+RETAIN_PROBE = """
+import resource, sys, torch, numpy as np
+from ctrkit import hugepages
+if sys.argv[1] == "default":
+    hugepages.retain_freed_memory = lambda: False  # TrainStep calls it on the CPU
+from ctrkit.bench.config import TrainBenchConfig
+from ctrkit.bench.train_bench import make_batches
+from ctrkit.models.registry import create_model, make_config
+from ctrkit.train.optim import build_optimizers
+from ctrkit.train.trainer import TrainStep
+torch.set_num_threads(2)
+shape = dict(num_numerical=13, cardinalities=(1000,) * 8, embedding_dim=16, bottom_mlp=(512, 256, 16))
+model = create_model("dlrm", make_config("dlrm", shape))
+step = TrainStep(model, build_optimizers(model, "sgd", 0.01, "sgd", 0.01, "sgd", 0.01), torch.device("cpu"))
+batches = make_batches(TrainBenchConfig(batch_size=2048, table_rows=1000, num_tables=8, distinct_batches=2),
+                       np.random.default_rng(0))
+for i in range(5):
+    step(batches[i % 2])
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for i in range(20):
+    step(batches[i % 2])
+print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 20)
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc")
+def test_training_steps_reuse_freed_memory_under_glibc():
+    """TrainStep on the CPU calls retain_freed_memory: each step's activations reuse the pages the last one freed
+    instead of faulting in fresh ones. Minor page faults a DLRM step at batch 2,048, in child processes, with and
+    without it (here: 945-2,014 a step without, 0.7-129 with, over four runs of each)."""
+    counts = {}
+    for mode in ("default", "retain"):
+        done = subprocess.run([sys.executable, "-c", RETAIN_PROBE, mode], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        counts[mode] = float(done.stdout.split()[-1])
+    assert counts["retain"] * 4 < counts["default"], counts
