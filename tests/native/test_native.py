@@ -219,24 +219,25 @@ def _graph_nodes(node):
 @needs_cc
 def test_native_bias_relu_keeps_atens_nan_and_sign_rules_at_any_thread_count():
     """The C passes against torch.relu and threshold_backward on values with NaN, -0.0, zeros and both signs; the
-    masked gradient and the bias's gradient are the same bits at 1, 2 and 3 threads."""
+    masked gradient and the bias's gradient are the same bits at 1, 2 and 3 threads (1,025 x 37 values: above the
+    32,768 below which the kernels take one thread)."""
     lib = native.library()
     torch.manual_seed(5)
-    pre = torch.randn(257, 37)
+    pre = torch.randn(1025, 37)
     pre[0, :6] = torch.tensor([float("nan"), -0.0, 0.0, -1.0, 2.0, float("-inf")])
     bias = torch.randn(37)
     bias[:6] = 0.0
     y = pre.clone()
     lib.ctrkit_bias_relu_f32(y.data_ptr(), bias.data_ptr(), *y.shape)
     torch.testing.assert_close(y, torch.relu(pre + bias), equal_nan=True, rtol=0, atol=0)
-    g = torch.randn(257, 37)
+    g = torch.randn(1025, 37)
     results, threads = [], torch.get_num_threads()
     try:
         for n in (1, 2, 3):
             torch.set_num_threads(n)
             masked, grad_bias = torch.empty_like(g), torch.empty(37)
             lib.ctrkit_relu_backward_bias_f32(
-                g.data_ptr(), y.data_ptr(), masked.data_ptr(), grad_bias.data_ptr(), 257, 37
+                g.data_ptr(), y.data_ptr(), masked.data_ptr(), grad_bias.data_ptr(), 1025, 37
             )
             results.append((masked, grad_bias))
     finally:

@@ -298,17 +298,18 @@ def test_sums_on_one_thread_where_idle_threads_sleep(monkeypatch):
 @pytest.mark.parametrize("kind", ["adam", "adagrad"])
 @pytest.mark.parametrize("dim", [16, 1, 5])
 def test_native_row_update_equals_the_fused_one_at_any_thread_count(kind, dim):
-    """ctrkit/native/rows.c against _summed_rows + torch's fused kernel over the gathered rows: 3,000 power-law ids
-    of a 5,000-row table (many repeats), 3 steps, uncoalesced and coalesced gradients; the same bits at 1 and 3
-    threads; rows not looked up untouched; the table's version counter moves as for an in-place update."""
+    """ctrkit/native/rows.c against _summed_rows + torch's fused kernel over the gathered rows: 60,000 power-law
+    ids of a 100,000-row table (many repeats; about 40,000 distinct, so the kernel runs on several threads: below
+    32,768 values it takes one), 3 steps, uncoalesced and coalesced gradients; the same bits at 1 and 3 threads;
+    rows not looked up untouched; the table's version counter moves as for an in-place update."""
     from ctrkit.train.optim import SparseRowOptimizer
 
     g = torch.Generator().manual_seed(dim)
-    steps = [(torch.rand(3000, generator=g) ** 3 * 5000).long() for _ in range(3)]
-    grads = [torch.randn(3000, dim, generator=g) for _ in range(3)]
+    steps = [(torch.rand(60_000, generator=g) ** 2 * 100_000).long() for _ in range(3)]
+    grads = [torch.randn(60_000, dim, generator=g) for _ in range(3)]
 
     def run(native_kernels, coalesce=False, threads=2):
-        table = torch.nn.Parameter(torch.randn(5000, dim, generator=torch.Generator().manual_seed(0)))
+        table = torch.nn.Parameter(torch.randn(100_000, dim, generator=torch.Generator().manual_seed(0)))
         opt = SparseRowOptimizer([table], kind, lr=0.01)
         opt.native_on_cpu = native_kernels
         before = torch.get_num_threads()
@@ -331,9 +332,9 @@ def test_native_row_update_equals_the_fused_one_at_any_thread_count(kind, dim):
             torch.testing.assert_close(got_state[key], ref_state[key], rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(run(True, coalesce=True)[0], got, rtol=1e-6, atol=1e-6)
     assert torch.equal(run(True, threads=1)[0], got) and torch.equal(run(True, threads=3)[0], got)
-    untouched = torch.ones(5000, dtype=torch.bool)
+    untouched = torch.ones(100_000, dtype=torch.bool)
     untouched[torch.cat(steps)] = False
-    start = torch.randn(5000, dim, generator=torch.Generator().manual_seed(0))
+    start = torch.randn(100_000, dim, generator=torch.Generator().manual_seed(0))
     assert untouched.any() and torch.equal(got[untouched], start[untouched])
     assert not torch.equal(got[~untouched], start[~untouched])
 
