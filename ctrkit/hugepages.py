@@ -1,4 +1,5 @@
-"""Transparent huge pages for the large tables a step reads and writes at random rows.
+"""How a CPU training process's memory is mapped: transparent huge pages for the large tables a step reads and
+writes at random rows, and freed memory kept for the next step (``retain_freed_memory``).
 
 An optimizer step on the embeddings gathers and scatters a batch's distinct rows (about 18,000 of 2.6M
 on the Criteo-Kaggle shape) in the tables and in their optimizer states. With 4 KiB pages nearly every
@@ -33,13 +34,21 @@ MIN_BYTES = 2 * HUGE_PAGE  # smaller tensors hold at most one aligned huge page:
 
 
 @functools.cache
-def _madvise():
-    """libc's madvise, or None where there is none to call (not Linux, switched off)."""
-    if not sys.platform.startswith("linux") or os.environ.get("CTRKIT_HUGE_PAGES", "1") == "0":
+def _libc() -> ctypes.CDLL | None:
+    """The C library, or None where it is not Linux's or cannot be loaded."""
+    if not sys.platform.startswith("linux"):
         return None
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
     except OSError:
+        return None
+
+
+@functools.cache
+def _madvise():
+    """libc's madvise, or None where there is none to call (not Linux, switched off)."""
+    libc = _libc()
+    if libc is None or os.environ.get("CTRKIT_HUGE_PAGES", "1") == "0":
         return None
     fn = libc.madvise
     fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
@@ -97,15 +106,11 @@ def retain_freed_memory() -> bool:
 
     By default glibc raises its mmap threshold to the size of each mapped block freed (so a step's 4 MiB
     activations come from the heap after a while) but trims the heap's top beyond twice that, and the next step
-    faults those pages in again: 600-1,200 minor faults a DLRM step, each about a microsecond (README,
+    faults those pages in again: 600-2,000 minor faults a DLRM step, each about a microsecond (README,
     Benchmarks). Fixing both thresholds keeps them: the heap grows to the step's peak and stays there, and
-    blocks above 32 MiB (the tables) are still mapped fresh, so ``advise_huge_pages`` keeps working."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
+    blocks above 32 MiB (the tables) are still mapped fresh, so ``advise_huge_pages`` keeps working (test)."""
+    mallopt = getattr(_libc(), "mallopt", None)
+    if mallopt is None:
         return False
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
     # musl and others accept mallopt and change nothing; glibc answers 1 to each

@@ -5,7 +5,8 @@ The source lies beside this file. It is compiled once per source, compiler and C
 -fopenmp`` into ``$XDG_CACHE_HOME/ctrkit/native`` (``~/.cache/ctrkit/native``), written under a temporary name
 and renamed, so concurrent processes (a torchrun job's ranks) never load a half-written library. The library
 links the OpenMP runtime torch has already loaded (``libgomp.so.1``), so its parallel loops share torch's
-threads and follow ``torch.set_num_threads``.
+threads and follow ``torch.set_num_threads``. Below ``GRAIN`` values a kernel runs on one thread (the build
+defines it as ``CTRKIT_GRAIN``).
 
 Where no compiler works (or ``CTRKIT_NATIVE=0``), ``library()`` returns None and callers keep their ATen
 operations; the reason is said once on stderr.
@@ -28,7 +29,10 @@ from pathlib import Path
 import torch  # noqa: F401 - loads torch's OpenMP runtime (libgomp.so.1) before the library that links it
 
 SOURCES = ("interaction.c", "rows.c", "mlp.c")
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
+# values below which a kernel runs on one thread, as ATen's grain: waking sleeping OpenMP threads costs more (~100
+# us a call where OMP_WAIT_POLICY=passive, README)
+GRAIN = 32768
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11", f"-DCTRKIT_GRAIN={GRAIN}")
 _P, _I, _C, _D = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_double
 SIGNATURES = {
     "ctrkit_rows_adam_f32": [*[_P] * 7, _I, _I, _I, _D, _D, _D, _D, _D],

@@ -26,8 +26,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define GRAIN 32768 /* elements below which one thread does it (as ATen's grain): waking the others costs more */
-
 #if defined(__AVX512F__)
 #define VL 16
 #elif defined(__AVX__)
@@ -87,7 +85,7 @@ static inline float bf16_round(float x) { return bf16_to_float(float_to_bf16(x))
 #define FORWARD(T, E, LOAD_T, LOAD_E, STORE_T)                                                    \
   const int64_t lead = dense ? 1 : 0, V = F + lead, NC = (V + VL - 1) / VL;                        \
   const int vec = D % VL == 0 && NC <= 8;                                                         \
-  _Pragma("omp parallel if (B * V * D >= GRAIN)")                                                 \
+  _Pragma("omp parallel if (B * V * D >= CTRKIT_GRAIN)")                                          \
   {                                                                                               \
     float *rows = vec ? NULL : malloc(sizeof(float) * V * D);                                     \
     vf *vt = vec ? aligned_alloc(64, sizeof(vf) * D * NC + 64) : NULL;                               \
@@ -135,7 +133,7 @@ static inline float bf16_round(float x) { return bf16_to_float(float_to_bf16(x))
 #define BACKWARD(T, E, LOAD_T, LOAD_E, STORE_T)                                                   \
   const int64_t lead = dense ? 1 : 0, V = F + lead;                                               \
   const int vec = D % VL == 0;                                                                    \
-  _Pragma("omp parallel if (B * V * D >= GRAIN)")                                                 \
+  _Pragma("omp parallel if (B * V * D >= CTRKIT_GRAIN)")                                          \
   {                                                                                               \
     float *rows = malloc(sizeof(float) * V * D);                                \
     float *gv = malloc(sizeof(float) * V * D);                                  \

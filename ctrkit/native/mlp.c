@@ -12,10 +12,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#define GRAIN 32768 /* elements below which one thread does it (as ATen's grain): waking the others costs more */
-
 void ctrkit_bias_relu_f32(float *y, const float *bias, int64_t B, int64_t N) {
-#pragma omp parallel for schedule(static) if (B * N >= GRAIN)
+#pragma omp parallel for schedule(static) if (B * N >= CTRKIT_GRAIN)
   for (int64_t i = 0; i < B; i++) {
     float *row = y + i * N;
     for (int64_t j = 0; j < N; j++) {
@@ -46,7 +44,7 @@ void ctrkit_relu_backward_bias_f32(const float *g, const float *y, float *grad_i
                                    int64_t N) {
   const int64_t chunks = (B + ROWS - 1) / ROWS;
   double *partial = calloc((size_t)(chunks * N), sizeof(double));
-#pragma omp parallel for schedule(static) if (B * N >= GRAIN)
+#pragma omp parallel for schedule(static) if (B * N >= CTRKIT_GRAIN)
   for (int64_t c = 0; c < chunks; c++) { /* each thread writes whole rows (its own pages) */
     const int64_t first = c * ROWS, end = first + ROWS < B ? first + ROWS : B;
     masked_rows(g + first * N, y + first * N, grad_in + first * N, partial + c * N, end - first, N);

@@ -12,7 +12,7 @@ import torch
 
 from ctrkit import native
 from ctrkit.models.interaction import DotInteraction, _DotInteractionFn, _NativeDotInteractionFn
-from ctrkit.models.mlp import MLP
+from ctrkit.models.mlp import MLP, _LinearReLUFn
 
 HAS_CC = native._compiler() is not None
 needs_cc = pytest.mark.skipif(not HAS_CC, reason="no C compiler on this machine")
@@ -201,9 +201,20 @@ def test_native_mlp_equals_float64_and_aten(in_features, sizes, relu_last, dropo
     for a, b, r in zip(got, aten, ref):  # (absolute 1e-5: a bias's gradient can be a sum that cancels)
         assert (a.double() - r).norm() <= 1e-5 * r.norm() + 1e-5
         assert (b.double() - r).norm() <= 1e-5 * r.norm() + 1e-5
-    m.eval()  # scoring and export: the layers' own operations
+
+
+@needs_cc
+def test_native_mlp_leaves_scoring_to_the_layers(monkeypatch):
+    """Without autograd (scoring, export) MLP runs its layers' own operations, not the C kernels; with it, on the
+    CPU in float32, it runs them."""
+    m = MLP(13, (64, 16)).eval()
+    calls = []
+    monkeypatch.setattr(_LinearReLUFn, "apply", lambda *a: calls.append(a) or torch.zeros(4, 64))
     with torch.no_grad():
-        assert m(x).grad_fn is None
+        m(torch.randn(4, 13))
+    assert calls == []
+    m(torch.randn(4, 13))
+    assert len(calls) == 2
 
 
 def _graph_nodes(node):
