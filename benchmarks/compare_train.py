@@ -47,11 +47,13 @@ class PlainDLRM(nn.Module):
         super().__init__()
         self.register_buffer("offsets", torch.arange(tables) * rows)
         self.embedding = nn.Embedding(rows * tables, dim, sparse=True)
-        self.bottom = MLP(num_numerical, bottom)
+        self.bottom = MLP(num_numerical, bottom)  # ctrkit's MLP for the same initial weights, run as nn.Sequential:
+        self.bottom.use_native = False  # ATen's Linear and ReLU only, none of ctrkit's C kernels
         pairs = torch.tril_indices(tables + 1, tables + 1, offset=-1)
         self.register_buffer("rows_i", pairs[0])
         self.register_buffer("cols_i", pairs[1])
         self.top = MLP(dim + pairs.shape[1], top, relu_last=False)
+        self.top.use_native = False
 
     def forward(self, numerical, categorical):
         x = self.bottom(numerical)  # (B, D)
