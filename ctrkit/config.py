@@ -231,6 +231,14 @@ class TrainConfig:
     compile: bool = option(
         False, "torch.compile the model (the seeds' XLA flag); falls back to eager with a message if compiling fails"
     )
+    split_batch: str = option(
+        "auto",
+        "split each step's batch over the CPU's threads: a worker thread per intra-op thread runs its slice's "
+        "forward and backward on one thread, then the workers step the optimizers (the same step to float "
+        "rounding). auto: on the CPU with 2 or more threads and at least 256 samples a thread, without --compile, "
+        "fp16 or torchrun; on: any batch there; off: every operation spread over the threads",
+        ("auto", "on", "off"),
+    )
     checkpoint_every: int | None = option(None, "also checkpoint every N steps", unset="at evaluations and the end")
 
     def validate(self) -> None:

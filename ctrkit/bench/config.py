@@ -37,6 +37,9 @@ class TrainBenchConfig:
     optimizer: str | None = option(None, "dense optimizer", DENSE_OPTIMIZERS, "the model's")
     embedding_optimizer: str | None = option(None, "embedding optimizer", TABLE_OPTIMIZERS, "the model's")
     compile: bool = option(False, "torch.compile the model (compile time is in the warm-up)")
+    split_batch: str = option(
+        "auto", "split each step's batch over the CPU's threads, as `ctrkit train --split-batch`", ("auto", "on", "off")
+    )
     breakdown: bool = option(
         False,
         "also split the step time by part (after the timed repeats, over --steps more steps): the forward pass, "

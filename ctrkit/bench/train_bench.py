@@ -17,6 +17,7 @@ from ctrkit.data.synthetic import power_law_ids
 from ctrkit.device import amp_dtype_for
 from ctrkit.models.inputs import BottomTopConfig
 from ctrkit.models.registry import config_class, config_to_dict, create_model, make_config, train_defaults
+from ctrkit.train import split as split_threads
 from ctrkit.train.optim import build_optimizers
 from ctrkit.train.trainer import TrainStep
 
@@ -66,8 +67,8 @@ def step_breakdown(step: TrainStep, batches: list[Batch], steps: int, sync) -> d
     each optimizer's ``step`` timed (a forward hook and a wrapper on the optimizer's instance, removed
     afterwards); ``backward`` is the rest of the call (the loss, zeroing gradients, backward). ms per step,
     medians; then the matrix multiplies' self time (ms per step) from a profiled pass over the same steps."""
-    from torch.profiler import ProfilerActivity, profile
-
+    if step._slice_count(batches[0]) > 1:
+        return _split_breakdown(step, batches, steps)
     labels = [_optimizer_label(o) for o in step.optimizers]
     times: dict[str, list[float]] = {"forward": [], "backward": [], **{k: [] for k in labels}}
     started: list[float] = []
@@ -106,12 +107,71 @@ def step_breakdown(step: TrainStep, batches: list[Batch], steps: int, sync) -> d
             h.remove()
         for opt in step.optimizers:
             del opt.step  # the class's step again
+    out = {k: statistics.median(v) * 1000 for k, v in times.items()}
+    return {"ms": out, "total_ms": sum(out.values()), "matmul_ms": _matmul_ms(step, batches, steps)}
+
+
+def _matmul_ms(step: TrainStep, batches: list[Batch], steps: int) -> float:
+    """The matrix multiplies' self time per step, summed over threads, from a profiled pass of ``steps`` steps."""
+    from torch.profiler import ProfilerActivity, profile
+
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for i in range(steps):
             step(batches[i % len(batches)])
-    matmul_us = sum(e.self_cpu_time_total for e in prof.key_averages() if e.key in MATMUL_OPS)
-    out = {k: statistics.median(v) * 1000 for k, v in times.items()}
-    return {"ms": out, "total_ms": sum(out.values()), "matmul_ms": matmul_us / 1000 / steps}
+    return sum(e.self_cpu_time_total for e in prof.key_averages() if e.key in MATMUL_OPS) / 1000 / steps
+
+
+def _split_breakdown(step: TrainStep, batches: list[Batch], steps: int) -> dict:
+    """``step_breakdown`` of a step split over threads: the slices' forward and backward (the workers' first
+    meeting), the optimizers (the second, each optimizer on one worker, several at once) and the rest of the call;
+    each optimizer's own time is listed beside (``optimizer_ms``: they overlap, so they do not add up)."""
+    n = step._slice_count(batches[0])
+    team = split_threads.team(n)
+    phases: list[float] = []
+    labels = [_optimizer_label(o) for o in step.optimizers]
+    own: dict[str, list[float]] = {k: [] for k in labels}
+
+    def timed_run(jobs):
+        t0 = time.perf_counter()
+        out = split_threads.ThreadTeam.run(team, jobs)
+        phases.append(time.perf_counter() - t0)
+        return out
+
+    def timed(opt: torch.optim.Optimizer, label: str):
+        original = opt.step
+
+        def run(*args, **kwargs):
+            t0 = time.perf_counter()
+            out = original(*args, **kwargs)
+            own[label].append(time.perf_counter() - t0)
+            return out
+
+        return run
+
+    team.run = timed_run
+    for opt, label in zip(step.optimizers, labels):
+        opt.step = timed(opt, label)
+    totals = []
+    try:
+        for i in range(steps):
+            t0 = time.perf_counter()
+            step(batches[i % len(batches)])
+            totals.append(time.perf_counter() - t0)
+    finally:
+        del team.run
+        for opt in step.optimizers:
+            del opt.step
+    slices_s, optimizers_s = phases[0::2], phases[1::2]
+    ms = lambda v: statistics.median(v) * 1000
+    out = {
+        f"forward and backward, {n} slices on {n} threads": ms(slices_s),
+        f"optimizers, spread over {n} threads": ms(optimizers_s),
+        "the rest (slicing, gradients' bookkeeping)": ms(
+            [t - a - b for t, a, b in zip(totals, slices_s, optimizers_s)]
+        ),
+    }
+    return {"ms": out, "total_ms": sum(out.values()), "matmul_ms": _matmul_ms(step, batches, steps),
+            "optimizer_ms": {k: ms(v) for k, v in own.items() if v}}  # fmt: skip
 
 
 def run_train_bench(cfg: TrainBenchConfig, device: torch.device) -> dict:
@@ -134,7 +194,7 @@ def run_train_bench(cfg: TrainBenchConfig, device: torch.device) -> dict:
     dense_opt = cfg.optimizer or d.get("optimizer", "sgd")
     emb_opt = cfg.embedding_optimizer or d.get("embedding_optimizer", "sgd")
     optimizers = build_optimizers(model, dense_opt, 1e-3, emb_opt, 1e-3, d.get("wide_optimizer", "sgd"), 1e-3)
-    step = TrainStep(model, optimizers, device, amp_dtype, compile=cfg.compile)
+    step = TrainStep(model, optimizers, device, amp_dtype, compile=cfg.compile, split=cfg.split_batch)
     batches = [b.to(device) for b in make_batches(cfg, np.random.default_rng(cfg.seed))]
     flops = dense_flops_per_sample(model, batches[0])
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -157,6 +217,7 @@ def run_train_bench(cfg: TrainBenchConfig, device: torch.device) -> dict:
     return {
         "benchmark": "train",
         "breakdown": breakdown,
+        "split_threads": step._slice_count(batches[0]),
         "config": asdict(cfg),
         "model_config": {k: v for k, v in config_to_dict(model_cfg).items() if k != "cardinalities"},
         "samples_per_s": samples_per_s,

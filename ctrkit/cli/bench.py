@@ -156,7 +156,9 @@ def train(args: argparse.Namespace) -> int:
     print(
         f"{cfg.model} train, batch {cfg.batch_size}, {'amp ' + result['amp_dtype'] if cfg.amp else 'fp32'}, "
         f"optimizers {result['optimizers']['dense']}/{result['optimizers']['embedding']}, "
-        f"{result['machine']['threads']} threads: {result['samples_per_s']:,.0f} samples/s (median of {cfg.repeats}), "
+        f"{result['machine']['threads']} threads"
+        + (f" (the batch split over {result['split_threads']})" if result["split_threads"] > 1 else "")
+        + f": {result['samples_per_s']:,.0f} samples/s (median of {cfg.repeats}), "
         f"{result['ms_per_step']:.2f} ms/step"
     )
     peak_kind = "bf16" if result["amp_dtype"] else "fp32"
@@ -173,7 +175,10 @@ def train(args: argparse.Namespace) -> int:
         for part, ms in b["ms"].items():
             print(f"    {part:<50} {ms:8.2f}  {ms / b['total_ms']:5.1%}")
         print(f"    of which matrix multiplies (profiler self time)   {b['matmul_ms']:8.2f}  "
-              f"{b['matmul_ms'] / b['total_ms']:5.1%}")  # fmt: skip
+              f"{b['matmul_ms'] / b['total_ms']:5.1%}"
+              + (" (summed over the threads)" if result["split_threads"] > 1 else ""))  # fmt: skip
+        for label, ms in b.get("optimizer_ms", {}).items():
+            print(f"    {label + ', on one thread':<50} {ms:8.2f}")
     write_result(result, run.output)
     return 0
 

@@ -25,6 +25,18 @@ class MultiHot:
     offsets: torch.Tensor
     num_features: int
 
+    def rows(self, start: int, stop: int, size: int) -> MultiHot:
+        """Samples ``start:stop`` of the ``size`` these bags hold: each feature's bags of those samples."""
+        ids, bounds, base = [], [], 0
+        for f in range(self.num_features):
+            offsets = self.offsets[f * size + start : f * size + stop + 1]
+            first, last = int(offsets[0]), int(offsets[-1])
+            ids.append(self.ids[first:last])
+            bounds.append(offsets[:-1] - (first - base))
+            base += last - first
+        bounds.append(torch.tensor([base], dtype=self.offsets.dtype, device=self.offsets.device))
+        return MultiHot(torch.cat(ids), torch.cat(bounds), self.num_features)
+
     def to(self, device: torch.device | str, non_blocking: bool = False) -> MultiHot:
         return MultiHot(
             self.ids.to(device, non_blocking=non_blocking),
@@ -66,6 +78,17 @@ class Batch:
 
     def __len__(self) -> int:
         return self.categorical.shape[0]
+
+    def rows(self, s: slice) -> Batch:
+        """Samples ``s`` (a slice of consecutive samples) as a batch of their own."""
+        start, stop, _ = s.indices(len(self))
+        pick = lambda t: None if t is None else t[start:stop]
+        multi_hot = self.multi_hot
+        if isinstance(multi_hot, PaddedMultiHot):
+            multi_hot = PaddedMultiHot(multi_hot.ids[start:stop])
+        elif multi_hot is not None:
+            multi_hot = multi_hot.rows(start, stop, len(self))
+        return Batch(pick(self.numerical), self.categorical[start:stop], pick(self.labels), multi_hot)
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
         """The same batch on ``device`` (a no-op for tensors already there)."""

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -11,6 +13,21 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from ctrkit import native
+
+_local = threading.local()  # the calling thread's dropout generator (dropout_generator)
+
+
+@contextmanager
+def dropout_generator(generator: torch.Generator) -> Iterator[None]:
+    """CPU dropout masks drawn in this thread from ``generator`` instead of torch's global one (a step split over
+    threads gives each slice its own, so the masks do not depend on which thread draws first)."""
+    previous = getattr(_local, "generator", None)
+    _local.generator = generator
+    try:
+        yield
+    finally:
+        _local.generator = previous
+
 
 NARROW_INPUT = 64  # inputs at most this wide take the weight's gradient as (x^T g)^T (see _LinearReLUFn)
 
@@ -27,7 +44,8 @@ class _CpuDropout(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, p: float) -> torch.Tensor:
         n = x.numel()
-        bits = torch.empty((n + 1) // 2, dtype=torch.int32).random_().view(torch.int16)[:n]
+        generator = getattr(_local, "generator", None)
+        bits = torch.empty((n + 1) // 2, dtype=torch.int32).random_(generator=generator).view(torch.int16)[:n]
         keep = (bits.bitwise_and_(0x7FFF) >= round(p * 2**15)).view(x.shape).to(x.dtype)
         ctx.save_for_backward(keep)
         ctx.scale = 1.0 / (1.0 - p)

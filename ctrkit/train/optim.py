@@ -325,7 +325,8 @@ def _summed_rows(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return rows, F.embedding_bag(order, values.contiguous(), starts, mode="sum")  # (U, D)
 
 
-_LAST_SORT: list[torch.Tensor] = []  # the last ids sorted and their sort: [ids, order, rows, starts]
+_LAST_SORT: list[tuple] = []  # [(ids, order, rows, starts)]: the last ids sorted and their sort, one tuple so
+# that a thread reads one consistent entry while another replaces it (a split step's optimizers run on two threads)
 
 
 def _sorted_ids(ids: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -333,15 +334,15 @@ def _sorted_ids(ids: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, torch.T
     (U,) and where each one's run starts in the permutation (U,). Ids are sorted as int32 where they fit
     (1.6x faster than int64 on the CPU). The last result is kept and reused for equal ids: a model's
     first-order tables look up the same rows as its embeddings, so their gradients share one sort."""
-    last = _LAST_SORT
-    if last and last[0].shape == ids.shape and last[0].device == ids.device and torch.equal(last[0], ids):
+    last = _LAST_SORT[0] if _LAST_SORT else None
+    if last is not None and last[0].shape == ids.shape and last[0].device == ids.device and torch.equal(last[0], ids):
         return last[1], last[2], last[3]
     keys = ids.to(torch.int32) if num_rows <= 2**31 - 1 else ids
     ordered, order = torch.sort(keys, stable=True)
     rows, counts = torch.unique_consecutive(ordered, return_counts=True)
     rows = rows.to(torch.int64)
     starts = torch.cumsum(counts, 0) - counts
-    last[:] = [ids, order, rows, starts]
+    _LAST_SORT[:] = [(ids, order, rows, starts)]
     return order, rows, starts
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 import time
 import warnings
 from contextlib import nullcontext
@@ -40,7 +41,9 @@ from ctrkit.eval.calibration import calibrated, choose_calibration
 from ctrkit.eval.evaluator import metrics_of, predict_logits
 from ctrkit.eval.metrics import auc_difference
 from ctrkit.models.embeddings import CategoricalEmbeddings
+from ctrkit.models.mlp import Dropout, dropout_generator
 from ctrkit.models.registry import config_to_dict
+from ctrkit.train import split as split_threads
 from ctrkit.train.optim import LRSchedule, build_optimizers
 from ctrkit.train.selection import Selection, score
 from ctrkit.train.tensorboard import TensorBoardSink
@@ -84,6 +87,11 @@ class TrainStep:
             batch's samples looked up (every CategoricalEmbeddings' output), so only the looked-up rows
             are penalised and the tables' gradients stay sparse.
         weight_decay: adds ``weight_decay / 2 * sum ||W||^2`` over the weight matrices of the dense part.
+        split: ``auto`` / ``on`` split each step's batch over the CPU's threads (ctrkit/train/split.py: one
+            worker thread per intra-op thread, each running its slice's forward and backward on one thread; the
+            same step to float rounding). ``auto`` splits on the CPU with two or more threads, without
+            ``compile`` or fp16 and outside a hybrid-parallel job, and only batches of at least
+            ``split.MIN_ROWS`` samples a thread; ``on`` splits any batch there; ``off`` never.
     """
 
     def __init__(
@@ -95,12 +103,13 @@ class TrainStep:
         compile: bool = False,
         embedding_l2: float = 0.0,
         weight_decay: float = 0.0,
+        split: str = "auto",
     ):
         self.model = model
         if device.type == "cpu":  # a step's activations reuse freed pages rather than fault in fresh ones
             hugepages.retain_freed_memory()
         self.embedding_l2, self.weight_decay = embedding_l2, weight_decay
-        self._looked_up: list[torch.Tensor] = []
+        self._local = threading.local()  # each thread's embedding lookups (a split step runs several)
         if embedding_l2 > 0:  # keep each lookup's output for the penalty (no second lookup)
             for m in model.modules():
                 if isinstance(m, CategoricalEmbeddings):
@@ -112,10 +121,41 @@ class TrainStep:
         self.device = device
         self.amp_dtype = amp_dtype
         self.scaler = torch.amp.GradScaler(device.type) if amp_dtype == torch.float16 else None
+        self.split = split
+        self.split_threads = self._split_threads(split, compile)
+        self._params = [p for p in model.parameters() if p.requires_grad]
+        self._has_dropout = any(isinstance(m, Dropout) and m.p > 0 for m in model.modules())
+
+    def _split_threads(self, split: str, compile: bool) -> int:
+        """How many slices a step's batch may be split into (1: none); refuses ``on`` where it cannot split."""
+        if split not in ("auto", "on", "off"):
+            raise ValueError(f"`split`: expected auto, on or off, got {split!r}")
+        why = None
+        if self.device.type != "cpu":
+            why = f"the device is {self.device.type}, not the CPU"
+        elif compile:
+            why = "the model is compiled"
+        elif self.scaler is not None:
+            why = "fp16 loss scaling steps the optimizers itself"
+        elif getattr(self.model, "sync_gradients", None) is not None:
+            why = "a hybrid-parallel job splits the batch over processes"
+        elif torch.get_num_threads() < 2:
+            why = "torch runs one thread"
+        if why is not None:
+            if split == "on":
+                raise ValueError(f"`split` on: cannot split the batch over threads: {why}")
+            return 1
+        return torch.get_num_threads() if split != "off" else 1
+
+    def _lookups(self) -> list[torch.Tensor]:
+        items = getattr(self._local, "items", None)
+        if items is None:
+            items = self._local.items = []
+        return items
 
     def _keep_lookup(self, module: nn.Module, inputs: tuple, out: torch.Tensor) -> None:
         if module.training and torch.is_grad_enabled():  # training forwards only, not evaluations
-            self._looked_up.append(out)
+            self._lookups().append(out)
 
     def __call__(
         self, batch: Batch, scale: float = 1.0, global_size: int | None = None, wide_scale: float | None = None
@@ -128,7 +168,11 @@ class TrainStep:
             for group in opt.param_groups:
                 group["lr"] = group["base_lr"] * factor
         batch = batch.to(self.device, non_blocking=True)
-        self._looked_up.clear()
+        slices = self._slice_count(batch)
+        if slices > 1:
+            return self._split_step(batch, slices, global_size)
+        looked_up = self._lookups()
+        looked_up.clear()
         autocast = (
             torch.autocast(self.device.type, dtype=self.amp_dtype) if self.amp_dtype is not None else nullcontext()
         )
@@ -138,12 +182,7 @@ class TrainStep:
             loss = F.binary_cross_entropy_with_logits(logits.float(), batch.labels)
         else:
             loss = F.binary_cross_entropy_with_logits(logits.float(), batch.labels, reduction="sum") / global_size
-        if self._looked_up:
-            penalty = sum(e.float().pow(2).sum() for e in self._looked_up) / (global_size or len(batch))
-            self._looked_up.clear()
-            loss = loss + self.embedding_l2 * penalty
-        if self._decayed:
-            loss = loss + 0.5 * self.weight_decay * sum(p.float().pow(2).sum() for p in self._decayed)
+        loss = self._penalties(loss, looked_up, global_size or len(batch), True)
         for opt in self.optimizers:
             opt.zero_grad(set_to_none=True)
         sync = getattr(self.model, "sync_gradients", None)  # hybrid parallel: replicated tables' gradients
@@ -169,6 +208,68 @@ class TrainStep:
             for opt in self.optimizers:
                 opt.step()
         return loss.detach()
+
+    def _penalties(self, loss: torch.Tensor, looked_up: list, size: int, decay: bool) -> torch.Tensor:
+        """``loss`` plus the embedding L2 over ``looked_up`` (then cleared) and, where ``decay``, the weight decay."""
+        if looked_up:
+            penalty = sum(e.float().pow(2).sum() for e in looked_up) / size
+            looked_up.clear()
+            loss = loss + self.embedding_l2 * penalty
+        if decay and self._decayed:
+            loss = loss + 0.5 * self.weight_decay * sum(p.float().pow(2).sum() for p in self._decayed)
+        return loss
+
+    def _slice_count(self, batch: Batch) -> int:
+        n = self.split_threads
+        if n < 2 or batch.labels is None or not torch.is_grad_enabled():
+            return 1
+        return min(n, len(batch) // split_threads.MIN_ROWS if self.split == "auto" else len(batch))
+
+    def _split_step(self, batch: Batch, n: int, global_size: int | None) -> torch.Tensor:
+        """The step with the batch split into ``n`` slices over ``n`` worker threads (ctrkit/train/split.py)."""
+        size = global_size or len(batch)
+        parts = [batch.rows(s) for s in split_threads.slices(len(batch), n)]
+        seeds = torch.randint(0, 2**62, (n,)).tolist() if self._has_dropout else None  # from the global generator
+        params = self._params
+
+        def slice_job(i: int):
+            def run():
+                part = parts[i]
+                masks = dropout_generator(torch.Generator().manual_seed(seeds[i])) if seeds else nullcontext()
+                autocast = torch.autocast("cpu", dtype=self.amp_dtype) if self.amp_dtype is not None else nullcontext()
+                looked_up = self._lookups()
+                looked_up.clear()
+                with masks, autocast:
+                    logits = self.model(part.numerical, part.categorical, part.multi_hot)
+                loss = F.binary_cross_entropy_with_logits(logits.float(), part.labels, reduction="sum") / size
+                loss = self._penalties(loss, looked_up, size, i == 0)
+                return loss.detach(), torch.autograd.grad(loss, params, allow_unused=True)
+
+            return run
+
+        team = split_threads.team(n)
+        results = team.run([slice_job(i) for i in range(n)])
+        grads = {id(p): [r[1][k] for r in results] for k, p in enumerate(params)}
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=True)
+        costs = [split_threads.optimizer_cost(opt, grads) for opt in self.optimizers]
+
+        def optimizer_job(indices: list[int]):
+            def run():
+                for i in indices:
+                    opt = self.optimizers[i]
+                    for group in opt.param_groups:
+                        for p in group["params"]:
+                            p.grad = split_threads.sum_gradients(grads.get(id(p), ()))
+                    opt.step()
+
+            return run
+
+        team.run([optimizer_job(idx) for idx in split_threads.assign(costs, n) if idx])
+        loss = results[0][0]
+        for r in results[1:]:
+            loss = loss + r[0]
+        return loss
 
     def _fall_back(self, e: Exception) -> None:
         """Says once why ``torch.compile`` failed, and runs the model eagerly from now on."""
@@ -307,7 +408,7 @@ class Trainer:
             model, cfg.optimizer, cfg.lr, cfg.embedding_optimizer, cfg.embedding_lr, cfg.wide_optimizer, cfg.wide_lr
         )
         self.step_fn = TrainStep(model, self.optimizers, device, amp_dtype, cfg.compile, cfg.embedding_l2,
-                                 cfg.weight_decay)  # fmt: skip
+                                 cfg.weight_decay, cfg.split_batch)  # fmt: skip
         self.step = 0
         self._saved_step: int | None = None
         self._loss_sum = torch.zeros((), device=device)  # losses since the last logged (and checked) window

@@ -1,0 +1,134 @@
+"""A CPU training step split over threads: each of N worker threads runs the forward and backward pass of its
+slice of the batch with one intra-op thread, then the workers sum the slices' gradients and step the optimizers
+between them.
+
+Why: with one process on a few cores, ATen spreads every operation over all threads, and each parallel region
+wakes the threads that slept since the last one (65-100 us a region where idle threads sleep, README "Threads and
+OpenMP's wait policy"); a step has hundreds of them. Here each worker runs one thread's work from start to end and
+the threads meet three times a step. The step is the same step: the loss is the sum of each slice's summed loss
+over the whole batch's size, each parameter's gradient is the slices' gradients summed in slice order (sparse ones
+concatenated in slice order, which is the whole batch's own order of ids), and the optimizers see those. Float
+rounding differs from the unsplit step (products over fewer rows), and a model with dropout draws each slice's
+masks from its own generator, seeded each step from torch's global one, so a run is still reproducible.
+
+The worker threads take one intra-op thread each: ``torch.set_num_threads(1)`` in a thread sets that thread's
+OpenMP and MKL thread counts, after the thread's first ATen call (which would otherwise take the process's
+count again); the calling thread's count is restored after.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+MIN_ROWS = 256  # the fewest samples a slice may hold for ``auto`` to split (README: narrower products lose)
+_SPARSE_ROW_COST, _ELEMENT_COST = 40.0, 3.0  # an optimizer's work: ns per sparse gradient row and per element
+
+
+class _Worker:
+    def __init__(self, name: str):
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.results: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        torch.get_num_threads()  # the thread's first ATen call: it takes the process's count here, not later
+        torch.set_num_threads(1)
+        self.results.put(None)  # ready
+        while True:
+            job = self.jobs.get()
+            try:
+                self.results.put((True, job()))
+            except BaseException as e:  # raised again in the calling thread
+                self.results.put((False, e))
+
+
+class ThreadTeam:
+    """N daemon threads, each with one intra-op thread, that run one job each per ``run`` call."""
+
+    def __init__(self, n: int):
+        threads = torch.get_num_threads()
+        self.workers = [_Worker(f"ctrkit-step-{i}") for i in range(n)]
+        for w in self.workers:
+            w.results.get()  # each has set its own count
+        torch.set_num_threads(threads)  # the process's count again (the workers' calls changed its default)
+        self.lock = threading.Lock()
+
+    def run(self, jobs: Sequence[Callable[[], Any]]) -> list:
+        """Runs ``jobs[i]`` on worker i (fewer jobs than workers leave the rest idle); returns their results in
+        order, or raises the first job's exception in job order once all have finished."""
+        with self.lock:
+            for w, job in zip(self.workers, jobs):
+                w.jobs.put(job)
+            outcomes = [w.results.get() for w, _ in zip(self.workers, jobs)]
+        for ok, value in outcomes:
+            if not ok:
+                raise value
+        return [value for _, value in outcomes]
+
+
+_teams: dict[int, ThreadTeam] = {}
+_teams_lock = threading.Lock()
+
+
+def team(n: int) -> ThreadTeam:
+    """The process's team of ``n`` workers, started on first use and kept (idle threads wait on a queue)."""
+    with _teams_lock:
+        if n not in _teams:
+            _teams[n] = ThreadTeam(n)
+        return _teams[n]
+
+
+def slices(size: int, n: int) -> list[slice]:
+    """``n`` contiguous slices of ``range(size)``, their sizes differing by at most one."""
+    bounds = [size * i // n for i in range(n + 1)]
+    return [slice(a, b) for a, b in zip(bounds, bounds[1:])]
+
+
+def sum_gradients(parts: Sequence[torch.Tensor | None]) -> torch.Tensor | None:
+    """One parameter's gradient from its slices' gradients: dense ones summed in slice order, sparse ones
+    concatenated in slice order (uncoalesced, as the embedding's own backward gives them)."""
+    present = [g for g in parts if g is not None]
+    if len(present) <= 1:
+        return present[0] if present else None
+    first = present[0]
+    if first.is_sparse:
+        indices = torch.cat([g._indices() for g in present], 1)
+        values = torch.cat([g._values() for g in present], 0)
+        return torch.sparse_coo_tensor(indices, values, first.shape, check_invariants=False)
+    total = present[0] + present[1]
+    for g in present[2:]:
+        total.add_(g)
+    return total
+
+
+def optimizer_cost(opt: torch.optim.Optimizer, grads: dict[int, list[torch.Tensor | None]]) -> float:
+    """A rough time of ``opt.step()`` from its parameters' gradients (ns): sparse rows cost more than elements
+    (sorting and summing a batch's ids; measured DLRM step parts, README)."""
+    cost = 0.0
+    for group in opt.param_groups:
+        for p in group["params"]:
+            for g in grads.get(id(p), ()):
+                if g is None:
+                    continue
+                if g.is_sparse:
+                    cost += _SPARSE_ROW_COST * g._nnz() + _ELEMENT_COST * g._values().numel()
+                else:
+                    cost += _ELEMENT_COST * g.numel()
+    return cost
+
+
+def assign(costs: Sequence[float], n: int) -> list[list[int]]:
+    """Indices of ``costs`` dealt to ``n`` workers, largest first to the least loaded (ties: the lowest worker)."""
+    loads = [0.0] * n
+    out: list[list[int]] = [[] for _ in range(n)]
+    for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
+        w = min(range(n), key=lambda w: (loads[w], w))
+        loads[w] += costs[i]
+        out[w].append(i)
+    return [sorted(x) for x in out]

@@ -1,0 +1,188 @@
+"""The training step split over threads (ctrkit/train/split.py) against the unsplit step."""
+
+import threading
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ctrkit.data.batch import Batch, MultiHot, PaddedMultiHot
+from ctrkit.models.registry import create_model, make_config
+from ctrkit.train import split
+from ctrkit.train.optim import build_optimizers
+from ctrkit.train.trainer import TrainStep
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture
+def two_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_slices_cover_the_batch_in_order():
+    assert split.slices(10, 3) == [slice(0, 3), slice(3, 6), slice(6, 10)]
+    assert split.slices(2, 2) == [slice(0, 1), slice(1, 2)]
+
+
+def test_assign_deals_the_largest_first_to_the_least_loaded():
+    assert split.assign([1.0, 5.0, 3.0, 3.0], 2) == [[0, 1], [2, 3]]  # 5 | 3, 3 | 5 + 1
+    assert split.assign([2.0, 2.0], 3) == [[0], [1], []]
+
+
+def test_sparse_gradients_concatenate_in_slice_order_as_the_whole_batch_gives_them():
+    torch.manual_seed(0)
+    table = torch.nn.Parameter(torch.randn(9, 3))
+    ids = torch.tensor([4, 1, 4, 8, 0, 1])
+    head = torch.randn(3)
+
+    def grad(part):
+        return torch.autograd.grad((F.embedding(part, table, sparse=True) @ head).pow(2).sum(), table)[0]
+
+    whole = grad(ids)
+    joined = split.sum_gradients([grad(ids[:2]), None, grad(ids[2:])])
+    assert torch.equal(joined._indices(), whole._indices())
+    torch.testing.assert_close(joined._values(), whole._values())  # products over fewer rows: rounding only
+    dense = [torch.full((2,), 1.0), torch.full((2,), 2.0), torch.full((2,), 4.0)]
+    assert torch.equal(split.sum_gradients(dense), torch.full((2,), 7.0))
+    assert split.sum_gradients([None, None]) is None
+
+
+def test_multi_hot_rows_hold_each_sample_s_bags():
+    # 2 features x 4 samples, feature-major bags; bag f * 4 + b
+    bags = [[1], [], [2, 3], [4], [5, 6, 7], [8], [], [9]]
+    offsets = torch.tensor([0] + [sum(len(b) for b in bags[: i + 1]) for i in range(len(bags))])
+    mh = MultiHot(torch.tensor([i for b in bags for i in b]), offsets, 2)
+    part = mh.rows(1, 3, 4)  # samples 1 and 2
+    got = [part.ids[part.offsets[i] : part.offsets[i + 1]].tolist() for i in range(4)]
+    assert got == [bags[1], bags[2], bags[5], bags[6]]
+    padded = PaddedMultiHot(torch.arange(8).view(4, 2, 1))
+    batch = Batch(torch.zeros(4, 1), torch.arange(8).view(4, 2), torch.ones(4), padded)
+    assert batch.rows(slice(2, 4)).multi_hot.ids.flatten().tolist() == [4, 5, 6, 7]
+    assert batch.rows(slice(2, 4)).categorical.tolist() == [[4, 5], [6, 7]]
+
+
+def test_workers_run_one_intra_op_thread_and_the_caller_keeps_its_count(two_threads):
+    team = split.ThreadTeam(2)
+    counts = team.run([torch.get_num_threads, torch.get_num_threads])
+    assert counts == [1, 1]
+    assert torch.get_num_threads() == 2
+    names = team.run([lambda: threading.current_thread().name] * 2)
+    assert names == ["ctrkit-step-0", "ctrkit-step-1"]
+
+
+def test_a_worker_s_exception_is_raised_in_the_caller(two_threads):
+    team = split.ThreadTeam(2)
+
+    def fail():
+        raise IndexError("row 99 outside the table")
+
+    with pytest.raises(IndexError, match="row 99"):
+        team.run([lambda: 1, fail])
+    assert team.run([lambda: 2, lambda: 3]) == [2, 3]  # the team still works
+
+
+def _model(name: str, dropout: float = 0.0, multi_hot: bool = False):
+    shape = {"num_numerical": 4, "cardinalities": (50, 30, 20), "embedding_dim": 8}
+    if name == "dlrm":
+        shape.update(bottom_mlp=(16, 8), top_mlp=(16, 1))
+    elif name == "dcnv2":
+        shape.update(bottom_mlp=(16, 8), top_mlp=(16, 1), cross_layers=2, cross_projection_dim=8)
+    else:
+        shape.update(deep_mlp=(16, 16), dropout=dropout)
+    if multi_hot:
+        shape.update(multi_hot_cardinalities=(40,), multi_hot_combiners=("sum",))
+    return create_model(name, make_config(name, shape))
+
+
+def _batches(n: int, size: int, multi_hot: bool = False, seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        cat = torch.stack([torch.randint(0, c, (size,), generator=g) for c in (50, 30, 20)], 1)
+        mh = None
+        if multi_hot:
+            lengths = torch.randint(0, 4, (size,), generator=g)
+            offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+            mh = MultiHot(torch.randint(0, 40, (int(lengths.sum()),), generator=g), offsets, 1)
+        out.append(Batch(torch.randn(size, 4, generator=g), cat, torch.randint(0, 2, (size,), generator=g).float(), mh))
+    return out
+
+
+def _train(name, mode, opt="sgd", steps=4, size=64, amp=None, dropout=0.0, multi_hot=False, **penalties):
+    torch.manual_seed(0)
+    model = _model(name, dropout, multi_hot)
+    step = TrainStep(model, build_optimizers(model, opt, 0.05, opt, 0.05, "sgd", 0.05), CPU, amp, split=mode,
+                     **penalties)  # fmt: skip
+    calls = []
+    original = split.ThreadTeam.run
+
+    def counted(team, jobs):
+        calls.append(len(jobs))
+        return original(team, jobs)
+
+    split.ThreadTeam.run = counted
+    try:
+        losses = [step(b).item() for b in _batches(steps, size, multi_hot)]
+    finally:
+        split.ThreadTeam.run = original
+    return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}, calls
+
+
+@pytest.mark.parametrize("name, opt", [("dlrm", "sgd"), ("dcnv2", "sgd"), ("wide_deep", "sgd"), ("dlrm", "adagrad")])
+def test_the_split_step_is_the_unsplit_step(two_threads, name, opt):
+    whole, w, calls = _train(name, "off", opt)
+    assert calls == []
+    parts, p, calls = _train(name, "on", opt)
+    assert calls and calls[0] == 2  # the batch ran as two slices
+    torch.testing.assert_close(parts, whole, rtol=1e-5, atol=1e-6)
+    for k in w:
+        torch.testing.assert_close(p[k], w[k], rtol=1e-4, atol=1e-5, msg=k)
+    assert any(not torch.equal(p[k], _train(name, "off", opt, steps=0)[1][k]) for k in p)  # it trained
+
+
+def test_the_split_step_with_multi_hot_features_and_penalties(two_threads):
+    kw = dict(multi_hot=True, embedding_l2=1e-2, weight_decay=1e-2)
+    whole, w, _ = _train("dlrm", "off", **kw)
+    parts, p, calls = _train("dlrm", "on", **kw)
+    assert calls
+    torch.testing.assert_close(parts, whole, rtol=1e-5, atol=1e-6)
+    for k in w:
+        torch.testing.assert_close(p[k], w[k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+def test_split_steps_with_dropout_are_reproducible(two_threads):
+    a = _train("wide_deep", "on", dropout=0.3)
+    b = _train("wide_deep", "on", dropout=0.3)
+    assert a[0] == b[0]
+    assert all(torch.equal(a[1][k], b[1][k]) for k in a[1])
+    unsplit = _train("wide_deep", "off", dropout=0.3)
+    assert unsplit[0] != a[0]  # other masks: each slice draws its own
+
+
+def test_the_split_step_under_bf16_autocast(two_threads):
+    whole, _, _ = _train("dlrm", "off", amp=torch.bfloat16)
+    parts, _, calls = _train("dlrm", "on", amp=torch.bfloat16)
+    assert calls
+    torch.testing.assert_close(parts, whole, rtol=2e-2, atol=2e-2)
+
+
+def test_auto_splits_only_batches_of_enough_samples_a_thread(two_threads):
+    assert _train("dlrm", "auto", size=2 * split.MIN_ROWS - 2, steps=1)[2] == []
+    assert _train("dlrm", "auto", size=2 * split.MIN_ROWS, steps=1)[2] == [2, 2]
+
+
+def test_on_is_refused_where_the_step_cannot_split(two_threads):
+    model = _model("dlrm")
+    opts = build_optimizers(model, "sgd", 0.1, "sgd", 0.1, "sgd", 0.1)
+    with pytest.raises(ValueError, match="cannot split the batch over threads: the model is compiled"):
+        TrainStep(model, opts, CPU, compile=True, split="on")
+    with pytest.raises(ValueError, match="expected auto, on or off"):
+        TrainStep(model, opts, CPU, split="yes")
+    torch.set_num_threads(1)
+    with pytest.raises(ValueError, match="torch runs one thread"):
+        TrainStep(model, opts, CPU, split="on")
+    assert TrainStep(model, opts, CPU, split="auto").split_threads == 1
