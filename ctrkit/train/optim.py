@@ -158,6 +158,19 @@ class SparseRowOptimizer(torch.optim.Optimizer):
         self.kind = kind
         self.fused_on_cpu = True  # Adam and Adagrad by torch's fused kernels on the CPU (_fused_cpu_step)
         self.native_on_cpu = True  # ... and on sparse gradients by ctrkit/native's kernels where built (_native_step)
+        self._deferred: list | None = None  # the C kernels' row updates, collected by step_deferring_rows
+
+    def step_deferring_rows(self) -> list:
+        """``step()``, except that the C kernels' row updates are returned instead of run: functions of (part,
+        parts) that each update the part-th slice of a table's distinct rows, sorted, so that a split step runs the
+        parts on its threads at once. A row's update is the same whichever part takes it. Everything else (the ids'
+        sort, the other paths) runs now."""
+        self._deferred = []
+        try:
+            self.step()
+            return self._deferred
+        finally:
+            self._deferred = None
 
     def _state(self, p: torch.Tensor) -> dict:
         state = self.state[p]
@@ -257,15 +270,29 @@ class SparseRowOptimizer(torch.optim.Optimizer):
                 order, rows, starts = _sorted_ids(ids, p.shape[0])  # (nnz,), (U,), (U,) int64
         if rows[0] < 0 or rows[-1] >= p.shape[0]:  # ascending: the ends bound them (C would write past the table)
             raise IndexError(f"row ids {int(rows[0])}..{int(rows[-1])} outside a table of {p.shape[0]} rows")
-        pointers = [t.data_ptr() for t in (*tensors, values, order, rows, starts)]
-        shape = (len(rows), len(ids), p.shape[1])
         if self.kind == "adam":
             beta1, beta2 = group["betas"]
-            lib.ctrkit_rows_adam_f32(*pointers, *shape, group["lr"], beta1, beta2, group["eps"], float(state["step"]))
+            kernel = lib.ctrkit_rows_adam_f32
+            args = (group["lr"], beta1, beta2, group["eps"], float(state["step"]))
         else:
-            lib.ctrkit_rows_adagrad_f32(*pointers, *shape, group["lr"], group["eps"])
+            kernel, args = lib.ctrkit_rows_adagrad_f32, (group["lr"], group["eps"])
+        count, nnz, width = len(rows), len(ids), p.shape[1]
+        operands = (*tensors, values, order)  # the closure keeps them (and rows, starts) alive until it runs
+
+        def update(part: int = 0, parts: int = 1) -> None:  # distinct rows first..last - 1 of the sorted ones
+            first, last = count * part // parts, count * (part + 1) // parts
+            if first < last:  # the last row's gradients end where the next row's start (or at nnz)
+                end = int(starts[last]) if last < count else nnz
+                step = rows.element_size()
+                kernel(*(t.data_ptr() for t in operands), rows.data_ptr() + step * first,
+                       starts.data_ptr() + step * first, last - first, end, width, *args)  # fmt: skip
+
         for t in tensors:  # written through pointers: autograd's version counter learns of it as of an in-place op
             torch.autograd.graph.increment_version(t)
+        if self._deferred is not None:
+            self._deferred.append(update)  # holds rows, starts, order and values until it runs
+        else:
+            update()
         return True
 
     def _fused_cpu_step(self, group: dict, p: torch.Tensor, state: dict, rows, values) -> None:

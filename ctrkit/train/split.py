@@ -26,7 +26,9 @@ from typing import Any
 import torch
 
 MIN_ROWS = 256  # the fewest samples a slice may hold for ``auto`` to split (README: narrower products lose)
-_SPARSE_ROW_COST, _ELEMENT_COST = 40.0, 3.0  # an optimizer's work: ns per sparse gradient row and per element
+# an optimizer's work in ns: per sparse gradient row (the ids' sort and the rows' update) and per element; with the
+# rows' update deferred, per row (the sort) and per element (the gradients' concatenation)
+_SPARSE_ROW_COST, _ELEMENT_COST, _SORT_COST, _COPY_COST = 40.0, 3.0, 15.0, 0.3
 
 
 class _Worker:
@@ -107,9 +109,11 @@ def sum_gradients(parts: Sequence[torch.Tensor | None]) -> torch.Tensor | None:
     return total
 
 
-def optimizer_cost(opt: torch.optim.Optimizer, grads: dict[int, list[torch.Tensor | None]]) -> float:
+def optimizer_cost(opt: torch.optim.Optimizer, grads: dict[int, list[torch.Tensor | None]], deferred: bool) -> float:
     """A rough time of ``opt.step()`` from its parameters' gradients (ns): sparse rows cost more than elements
-    (sorting and summing a batch's ids; measured DLRM step parts, README)."""
+    (sorting and summing a batch's ids; measured DLRM step parts, README). ``deferred``: the step without its
+    rows' update (``step_deferring_rows``)."""
+    row, element = (_SORT_COST, _COPY_COST) if deferred else (_SPARSE_ROW_COST, _ELEMENT_COST)
     cost = 0.0
     for group in opt.param_groups:
         for p in group["params"]:
@@ -117,7 +121,7 @@ def optimizer_cost(opt: torch.optim.Optimizer, grads: dict[int, list[torch.Tenso
                 if g is None:
                     continue
                 if g.is_sparse:
-                    cost += _SPARSE_ROW_COST * g._nnz() + _ELEMENT_COST * g._values().numel()
+                    cost += row * g._nnz() + element * g._values().numel()
                 else:
                     cost += _ELEMENT_COST * g.numel()
     return cost

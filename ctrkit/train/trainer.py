@@ -252,20 +252,34 @@ class TrainStep:
         grads = {id(p): [r[1][k] for r in results] for k, p in enumerate(params)}
         for opt in self.optimizers:
             opt.zero_grad(set_to_none=True)
-        costs = [split_threads.optimizer_cost(opt, grads) for opt in self.optimizers]
+        # the optimizers dealt to the workers; the tables' row updates come back unrun and are then parted over all
+        deferring = [hasattr(opt, "step_deferring_rows") for opt in self.optimizers]
+        costs = [split_threads.optimizer_cost(opt, grads, d) for opt, d in zip(self.optimizers, deferring)]
 
         def optimizer_job(indices: list[int]):
-            def run():
+            def run() -> list:
+                updates = []
                 for i in indices:
                     opt = self.optimizers[i]
                     for group in opt.param_groups:
                         for p in group["params"]:
                             p.grad = split_threads.sum_gradients(grads.get(id(p), ()))
-                    opt.step()
+                    if deferring[i]:
+                        updates.extend(opt.step_deferring_rows())
+                    else:
+                        opt.step()
+                return updates
 
             return run
 
-        team.run([optimizer_job(idx) for idx in split_threads.assign(costs, n) if idx])
+        dealt = [idx for idx in split_threads.assign(costs, n) if idx]
+        updates = [u for done in team.run([optimizer_job(idx) for idx in dealt]) for u in done]
+        if updates:
+
+            def rows_job(part: int):
+                return lambda: [update(part, n) for update in updates]
+
+            team.run([rows_job(part) for part in range(n)])
         loss = results[0][0]
         for r in results[1:]:
             loss = loss + r[0]

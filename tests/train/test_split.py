@@ -186,3 +186,66 @@ def test_on_is_refused_where_the_step_cannot_split(two_threads):
     with pytest.raises(ValueError, match="torch runs one thread"):
         TrainStep(model, opts, CPU, split="on")
     assert TrainStep(model, opts, CPU, split="auto").split_threads == 1
+
+
+@pytest.mark.parametrize("kind", ["adam", "adagrad"])
+def test_deferred_row_updates_run_in_any_parts_equal_the_step(kind):
+    from ctrkit import native
+    from ctrkit.train.optim import SparseRowOptimizer
+
+    if native.library() is None:
+        pytest.skip("no C compiler: the tables' steps have no row updates to defer")
+    g = torch.Generator().manual_seed(0)
+    ids, values = torch.randint(0, 500, (3000,), generator=g), torch.randn(3000, 8, generator=g)
+    start = torch.randn(500, 8, generator=g)
+
+    def run(parts: int | None) -> torch.Tensor:
+        table = torch.nn.Parameter(start.clone())
+        opt = SparseRowOptimizer([table], kind, 0.1)
+        for _ in range(2):
+            table.grad = torch.sparse_coo_tensor(ids.view(1, -1), values, table.shape, check_invariants=False)
+            if parts is None:
+                opt.step()
+                continue
+            before = table.detach().clone()
+            updates = opt.step_deferring_rows()
+            assert len(updates) == 1 and torch.equal(table.detach(), before)  # returned, not run
+            for part in reversed(range(parts)):
+                updates[0](part, parts)
+        return table.detach()
+
+    whole = run(None)
+    assert not torch.equal(whole, start)
+    for parts in (2, 3, 7):
+        assert torch.equal(run(parts), whole)
+
+
+def test_a_resumed_split_run_with_dropout_equals_the_uninterrupted_one(tiny_dataset, tmp_path, two_threads):
+    from ctrkit.checkpoint import load_checkpoint
+    from ctrkit.config import TrainConfig
+    from ctrkit.data.dataset import SplitBinaryDataset
+    from ctrkit.data.feature_spec import FeatureSpec
+    from ctrkit.train.trainer import RunInfo, Trainer
+
+    spec = FeatureSpec.from_yaml(tiny_dataset)
+    shape = dict(num_numerical=len(spec.numerical_features), cardinalities=tuple(spec.cardinalities),
+                 embedding_dim=8, deep_mlp=(32, 32), dropout=0.3)  # fmt: skip
+    cfg = TrainConfig(batch_size=512, max_steps=12, evals_per_epoch=0, seed=3, split_batch="on")
+
+    def build(run: TrainConfig, save=None) -> Trainer:
+        torch.manual_seed(run.seed)
+        model_cfg = make_config("wide_deep", shape)
+        model = create_model("wide_deep", model_cfg)
+        train, test = SplitBinaryDataset(spec, "train"), SplitBinaryDataset(spec, "test")
+        info = RunInfo("wide_deep", model_cfg, spec.summary())
+        return Trainer(model, info, train, test, run, CPU, None, save, None, progress=False)
+
+    straight = build(cfg)
+    straight.fit()
+    assert straight.step_fn.split_threads == 2
+    build(TrainConfig(**{**cfg.to_dict(), "max_steps": 5}), save=tmp_path / "mid.pt").fit()
+    resumed = build(cfg)
+    resumed.restore(load_checkpoint(tmp_path / "mid.pt"))
+    resumed.fit()
+    for k, v in straight.model.state_dict().items():
+        torch.testing.assert_close(resumed.model.state_dict()[k], v, rtol=0, atol=0, msg=k)
