@@ -235,7 +235,7 @@ class TrainConfig:
         "auto",
         "split each step's batch over the CPU's threads: a worker thread per intra-op thread runs its slice's "
         "forward and backward on one thread, then the workers step the optimizers (the same step to float "
-        "rounding). auto: on the CPU with 2 or more threads and at least 256 samples a thread, without --compile, "
+        "rounding). auto: on the CPU with 2 or more threads and at least 64 samples a thread, without --compile, "
         "fp16 or torchrun; on: any batch there; off: every operation spread over the threads",
         ("auto", "on", "off"),
     )

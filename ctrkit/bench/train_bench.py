@@ -123,8 +123,9 @@ def _matmul_ms(step: TrainStep, batches: list[Batch], steps: int) -> float:
 
 def _split_breakdown(step: TrainStep, batches: list[Batch], steps: int) -> dict:
     """``step_breakdown`` of a step split over threads: the slices' forward and backward (the workers' first
-    meeting), the optimizers (the second, each optimizer on one worker, several at once) and the rest of the call;
-    each optimizer's own time is listed beside (``optimizer_ms``: they overlap, so they do not add up)."""
+    meeting), the optimizers (the next: each optimizer on one worker, several at once, then the tables' row updates
+    parted over all) and the rest of the call; each optimizer's own time is listed beside (``optimizer_ms``: they
+    overlap, so they do not add up). No matrix multiplies' time: torch's profiler does not see the workers."""
     n = step._slice_count(batches[0])
     team = split_threads.team(n)
     phases: list[float] = []
@@ -161,7 +162,9 @@ def _split_breakdown(step: TrainStep, batches: list[Batch], steps: int) -> dict:
         del team.run
         for opt in step.optimizers:
             del opt.step
-    slices_s, optimizers_s = phases[0::2], phases[1::2]
+    meetings = len(phases) // steps  # 2, or 3 with the tables' row updates parted
+    slices_s = phases[0::meetings]
+    optimizers_s = [sum(phases[i + 1 : i + meetings]) for i in range(0, len(phases), meetings)]
     ms = lambda v: statistics.median(v) * 1000
     out = {
         f"forward and backward, {n} slices on {n} threads": ms(slices_s),
@@ -170,7 +173,8 @@ def _split_breakdown(step: TrainStep, batches: list[Batch], steps: int) -> dict:
             [t - a - b for t, a, b in zip(totals, slices_s, optimizers_s)]
         ),
     }
-    return {"ms": out, "total_ms": sum(out.values()), "matmul_ms": _matmul_ms(step, batches, steps),
+    # torch's profiler records the thread that starts it (and autograd's), not these workers: no matmul time
+    return {"ms": out, "total_ms": sum(out.values()), "matmul_ms": None,
             "optimizer_ms": {k: ms(v) for k, v in own.items() if v}}  # fmt: skip
 
 

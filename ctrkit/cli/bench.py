@@ -174,11 +174,13 @@ def train(args: argparse.Namespace) -> int:
         print(f"  step time by part (ms per step, medians of {cfg.steps} steps, total {b['total_ms']:.2f}):")
         for part, ms in b["ms"].items():
             print(f"    {part:<50} {ms:8.2f}  {ms / b['total_ms']:5.1%}")
-        print(f"    of which matrix multiplies (profiler self time)   {b['matmul_ms']:8.2f}  "
-              f"{b['matmul_ms'] / b['total_ms']:5.1%}"
-              + (" (summed over the threads)" if result["split_threads"] > 1 else ""))  # fmt: skip
+        if b["matmul_ms"] is not None:
+            print(f"    of which matrix multiplies (profiler self time)   {b['matmul_ms']:8.2f}  "
+                  f"{b['matmul_ms'] / b['total_ms']:5.1%}")  # fmt: skip
+        else:
+            print("    (no matrix multiplies' time: torch's profiler does not record the worker threads)")
         for label, ms in b.get("optimizer_ms", {}).items():
-            print(f"    {label + ', on one thread':<50} {ms:8.2f}")
+            print(f"    {label + ' (one thread)':<50} {ms:8.2f}")
     write_result(result, run.output)
     return 0
 

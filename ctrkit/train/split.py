@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-MIN_ROWS = 256  # the fewest samples a slice may hold for ``auto`` to split (README: narrower products lose)
+MIN_ROWS = 64  # the fewest samples a slice may hold for ``auto`` to split (README: DLRM at 32 a slice lost 1-5%)
 # an optimizer's work in ns: per sparse gradient row (the ids' sort and the rows' update) and per element; with the
 # rows' update deferred, per row (the sort) and per element (the gradients' concatenation)
 _SPARSE_ROW_COST, _ELEMENT_COST, _SORT_COST, _COPY_COST = 40.0, 3.0, 15.0, 0.3

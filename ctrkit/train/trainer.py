@@ -91,7 +91,7 @@ class TrainStep:
             worker thread per intra-op thread, each running its slice's forward and backward on one thread; the
             same step to float rounding). ``auto`` splits on the CPU with two or more threads, without
             ``compile`` or fp16 and outside a hybrid-parallel job, and only batches of at least
-            ``split.MIN_ROWS`` samples a thread; ``on`` splits any batch there; ``off`` never.
+            ``split.MIN_ROWS`` samples a thread (one slice a thread); ``on`` splits any batch there; ``off`` never.
     """
 
     def __init__(
@@ -223,7 +223,9 @@ class TrainStep:
         n = self.split_threads
         if n < 2 or batch.labels is None or not torch.is_grad_enabled():
             return 1
-        return min(n, len(batch) // split_threads.MIN_ROWS if self.split == "auto" else len(batch))
+        if self.split == "auto":  # every thread its own slice of enough samples, or no split (fewer would idle cores)
+            return n if len(batch) >= n * split_threads.MIN_ROWS else 1
+        return min(n, len(batch))
 
     def _split_step(self, batch: Batch, n: int, global_size: int | None) -> torch.Tensor:
         """The step with the batch split into ``n`` slices over ``n`` worker threads (ctrkit/train/split.py)."""
