@@ -180,6 +180,9 @@ def test_on_is_refused_where_the_step_cannot_split(two_threads):
     opts = build_optimizers(model, "sgd", 0.1, "sgd", 0.1, "sgd", 0.1)
     with pytest.raises(ValueError, match="cannot split the batch over threads: the model is compiled"):
         TrainStep(model, opts, CPU, compile=True, split="on")
+    with pytest.raises(ValueError, match="cannot split the batch over threads: the device is meta, not the CPU"):
+        TrainStep(model, opts, torch.device("meta"), split="on")
+    assert TrainStep(model, opts, torch.device("meta")).split_threads == 1  # auto: GPUs take the unsplit step
     with pytest.raises(ValueError, match="expected auto, on or off"):
         TrainStep(model, opts, CPU, split="yes")
     torch.set_num_threads(1)
