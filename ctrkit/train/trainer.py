@@ -123,7 +123,6 @@ class TrainStep:
         self.scaler = torch.amp.GradScaler(device.type) if amp_dtype == torch.float16 else None
         self.split = split
         self.split_threads = self._split_threads(split, compile)
-        self._params = [p for p in model.parameters() if p.requires_grad]
         self._has_dropout = any(isinstance(m, Dropout) and m.p > 0 for m in model.modules())
 
     def _split_threads(self, split: str, compile: bool) -> int:
@@ -232,7 +231,7 @@ class TrainStep:
         size = global_size or len(batch)
         parts = [batch.rows(s) for s in split_threads.slices(len(batch), n)]
         seeds = torch.randint(0, 2**62, (n,)).tolist() if self._has_dropout else None  # from the global generator
-        params = self._params
+        params = [p for p in self.model.parameters() if p.requires_grad]  # each step: a run may replace tables
 
         def slice_job(i: int):
             def run():

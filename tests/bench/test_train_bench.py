@@ -4,6 +4,7 @@ import subprocess
 
 import numpy as np
 import pytest
+import torch
 
 from ctrkit.bench.scale_bench import table_sizes
 from ctrkit.device import MATRIX_FLAGS
@@ -68,9 +69,10 @@ def test_bench_train_breakdown_names_each_part(tmp_path, capsys):
     time from the profiler, which is part of the forward and backward."""
     out = tmp_path / "r.json"
     flags = ["--batch-size", "256", "--table-rows", "1000", "--num-tables", "4", "--warmup", "1", "--steps", "3",
-             "--repeats", "1", "--breakdown", "--output", out]  # fmt: skip
+             "--repeats", "1", "--breakdown", "--split-batch", "off", "--output", out]  # fmt: skip
     code, stdout, _ = run_cli("bench", "train", *flags, capsys=capsys)
     assert code == 0 and "step time by part" in stdout
+    assert json.loads(out.read_text())["split_threads"] == 1
     b = json.loads(out.read_text())["breakdown"]
     assert set(b["ms"]) == {
         "forward",
@@ -82,6 +84,38 @@ def test_bench_train_breakdown_names_each_part(tmp_path, capsys):
     }
     assert all(ms > 0 for ms in b["ms"].values()) and b["total_ms"] == pytest.approx(sum(b["ms"].values()))
     assert 0 < b["matmul_ms"] < 3 * (b["ms"]["forward"] + b["ms"]["backward"])
+
+
+def test_bench_train_breakdown_of_a_split_step(tmp_path, capsys):
+    """A step split over two threads: its meetings (the slices' forward and backward, the optimizers) and the rest,
+    which add up to the step, and each optimizer's own time beside; no profiler time (it cannot see the workers)."""
+    before = torch.get_num_threads()
+    out = tmp_path / "r.json"
+    flags = ["--batch-size", "256", "--table-rows", "1000", "--num-tables", "4", "--warmup", "1", "--steps", "3",
+             "--repeats", "1", "--breakdown", "--split-batch", "on", "--threads", "2", "--output", out]  # fmt: skip
+    try:
+        code, stdout, _ = run_cli("bench", "train", *flags, capsys=capsys)
+    finally:
+        torch.set_num_threads(before)
+    assert code == 0 and "(the batch split over 2)" in stdout
+    result = json.loads(out.read_text())
+    b = result["breakdown"]
+    assert result["split_threads"] == 2 and b["matmul_ms"] is None
+    assert set(b["ms"]) == {
+        "forward and backward, 2 slices on 2 threads",
+        "optimizers, spread over 2 threads",
+        "the rest (slicing, gradients' bookkeeping)",
+    }
+    assert (
+        b["ms"]["forward and backward, 2 slices on 2 threads"] > 0 and b["ms"]["optimizers, spread over 2 threads"] > 0
+    )
+    assert b["total_ms"] == pytest.approx(sum(b["ms"].values()))
+    assert set(b["optimizer_ms"]) == {
+        "SparseRowOptimizer(adagrad) on first-order tables",
+        "Adagrad on first-order dense weights",
+        "SparseRowOptimizer(adam) on tables",
+        "Adam on dense weights",
+    }
 
 
 def test_bench_preprocess_runs_the_real_command(tmp_path, capsys):
