@@ -8,6 +8,9 @@
 #   scripts/cuda_check.sh native  the C kernels (ctrkit/native) on that machine: their tests and the CUDA tests
 #                                 (CUDA training must keep ATen's operations), DLRM's CUDA bench at 65,536, and
 #                                 the host CPU's DLRM bench with the kernels against CTRKIT_NATIVE=0, 2 rounds
+#   scripts/cuda_check.sh split   the step split over threads on the host CPU (all its cores): the split tests,
+#                                 then DLRM and DCNv2 fp32 at batch 2,048 and 16,384 with --split-batch off
+#                                 and auto, 2 interleaved rounds (measured so far on 2 cores only)
 # Logs and benchmark JSONs go to ${OUT:-/tmp/cuda} (the JSONs packed in one bench_json.tar).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -52,5 +55,15 @@ case $what in
         $([ $p = bf16 ] && echo --amp) --output "/tmp/bench_json/cpu_dlrm_${p}_native${n}_r$r.json" 2>&1 \
         | grep -v '^wrote' | tail -2
     done; done; done | tee "$OUT/bench_cpu.txt"
+    tar -C /tmp -cf "$OUT/bench_json.tar" bench_json ;;
+  split)
+    { lscpu | grep -E 'Model name|^CPU\(s\)|Thread' | cut -c1-200; } 2>&1 | tee -a "$OUT/machine.txt"
+    python3 -m pytest -q -p no:cacheprovider tests/train/test_split.py 2>&1 | tail -5 | tee "$OUT/split_tests.txt"
+    mkdir -p /tmp/bench_json
+    for r in 1 2; do for m in dlrm dcnv2; do for b in 2048 16384; do for s in off auto; do
+      echo -n "round $r $m batch $b split $s: "
+      python3 -m ctrkit bench train --device cpu --model "$m" --batch-size "$b" --repeats 3 --steps 10 \
+        --split-batch $s --output "/tmp/bench_json/cpu_${m}_${b}_split_${s}_r$r.json" 2>&1 | grep -v '^wrote' | head -2
+    done; done; done; done | tee "$OUT/bench_split.txt"
     tar -C /tmp -cf "$OUT/bench_json.tar" bench_json ;;
 esac
