@@ -1,11 +1,11 @@
 """A CPU training step split over threads: each of N worker threads runs the forward and backward pass of its
 slice of the batch with one intra-op thread, then the workers sum the slices' gradients and step the optimizers
-between them.
+between them, and last update the tables' rows that the optimizers' C kernels left to them, each worker its part.
 
 Why: with one process on a few cores, ATen spreads every operation over all threads, and each parallel region
 wakes the threads that slept since the last one (65-100 us a region where idle threads sleep, README "Threads and
 OpenMP's wait policy"); a step has hundreds of them. Here each worker runs one thread's work from start to end and
-the threads meet three times a step. The step is the same step: the loss is the sum of each slice's summed loss
+the threads meet two or three times a step (the slices, the optimizers, the tables' rows). The step is the same step: the loss is the sum of each slice's summed loss
 over the whole batch's size, each parameter's gradient is the slices' gradients summed in slice order (sparse ones
 concatenated in slice order, which is the whole batch's own order of ids), and the optimizers see those. Float
 rounding differs from the unsplit step (products over fewer rows), and a model with dropout draws each slice's
