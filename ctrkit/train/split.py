@@ -5,11 +5,12 @@ between them, and last update the tables' rows that the optimizers' C kernels le
 Why: with one process on a few cores, ATen spreads every operation over all threads, and each parallel region
 wakes the threads that slept since the last one (65-100 us a region where idle threads sleep, README "Threads and
 OpenMP's wait policy"); a step has hundreds of them. Here each worker runs one thread's work from start to end and
-the threads meet two or three times a step (the slices, the optimizers, the tables' rows). The step is the same step: the loss is the sum of each slice's summed loss
-over the whole batch's size, each parameter's gradient is the slices' gradients summed in slice order (sparse ones
-concatenated in slice order, which is the whole batch's own order of ids), and the optimizers see those. Float
-rounding differs from the unsplit step (products over fewer rows), and a model with dropout draws each slice's
-masks from its own generator, seeded each step from torch's global one, so a run is still reproducible.
+the threads meet two or three times a step (the slices, the optimizers, the tables' rows). The step is the same
+step: the loss is the sum of each slice's summed loss over the whole batch's size, each parameter's gradient is the
+slices' gradients summed in slice order (sparse ones concatenated in slice order, which is the whole batch's own
+order of ids), and the optimizers see those. Float rounding differs from the unsplit step (products over fewer
+rows), and a model with dropout draws each slice's masks from its own generator, seeded each step from torch's
+global one, so a run is still reproducible.
 
 The worker threads take one intra-op thread each: ``torch.set_num_threads(1)`` in a thread sets that thread's
 OpenMP and MKL thread counts, after the thread's first ATen call (which would otherwise take the process's
