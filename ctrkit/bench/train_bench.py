@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from contextlib import contextmanager
 from dataclasses import asdict
 
 import numpy as np
@@ -17,7 +18,7 @@ from ctrkit.data.synthetic import power_law_ids
 from ctrkit.device import amp_dtype_for
 from ctrkit.models.inputs import BottomTopConfig
 from ctrkit.models.registry import config_class, config_to_dict, create_model, make_config, train_defaults
-from ctrkit.train import split as split_threads
+from ctrkit.train import split as thread_split
 from ctrkit.train.optim import build_optimizers
 from ctrkit.train.trainer import TrainStep
 
@@ -80,6 +81,27 @@ def step_breakdown(step: TrainStep, batches: list[Batch], steps: int, sync) -> d
         sync()
         times["forward"].append(time.perf_counter() - started.pop())
 
+    hooks = [step.model.register_forward_pre_hook(forward_started), step.model.register_forward_hook(forward_done)]
+    try:
+        with _timed_optimizers(step.optimizers, labels, times, sync):
+            for i in range(steps):
+                t0 = time.perf_counter()
+                step(batches[i % len(batches)])
+                sync()
+                parts = [times[k][-1] for k in ("forward", *labels)]
+                times["backward"].append(time.perf_counter() - t0 - sum(parts))
+    finally:
+        for h in hooks:
+            h.remove()
+    out = {k: statistics.median(v) * 1000 for k, v in times.items()}
+    return {"ms": out, "total_ms": sum(out.values()), "matmul_ms": _matmul_ms(step, batches, steps)}
+
+
+@contextmanager
+def _timed_optimizers(optimizers: list, labels: list[str], times: dict[str, list[float]], sync=lambda: None):
+    """Inside the block, each optimizer's ``step`` appends its seconds to ``times[label]`` (a wrapper on the
+    optimizer's instance, removed after)."""
+
     def timed(opt: torch.optim.Optimizer, label: str):
         original = opt.step
 
@@ -92,23 +114,13 @@ def step_breakdown(step: TrainStep, batches: list[Batch], steps: int, sync) -> d
 
         return run
 
-    hooks = [step.model.register_forward_pre_hook(forward_started), step.model.register_forward_hook(forward_done)]
-    for opt, label in zip(step.optimizers, labels):
+    for opt, label in zip(optimizers, labels):
         opt.step = timed(opt, label)
     try:
-        for i in range(steps):
-            t0 = time.perf_counter()
-            step(batches[i % len(batches)])
-            sync()
-            parts = [times[k][-1] for k in ("forward", *labels)]
-            times["backward"].append(time.perf_counter() - t0 - sum(parts))
+        yield
     finally:
-        for h in hooks:
-            h.remove()
-        for opt in step.optimizers:
+        for opt in optimizers:
             del opt.step  # the class's step again
-    out = {k: statistics.median(v) * 1000 for k, v in times.items()}
-    return {"ms": out, "total_ms": sum(out.values()), "matmul_ms": _matmul_ms(step, batches, steps)}
 
 
 def _matmul_ms(step: TrainStep, batches: list[Batch], steps: int) -> float:
@@ -127,41 +139,27 @@ def _split_breakdown(step: TrainStep, batches: list[Batch], steps: int) -> dict:
     parted over all) and the rest of the call; each optimizer's own time is listed beside (``optimizer_ms``: they
     overlap, so they do not add up). No matrix multiplies' time: torch's profiler does not see the workers."""
     n = step._slice_count(batches[0])
-    team = split_threads.team(n)
+    team = thread_split.team(n)
     phases: list[float] = []
     labels = [_optimizer_label(o) for o in step.optimizers]
     own: dict[str, list[float]] = {k: [] for k in labels}
 
     def timed_run(jobs):
         t0 = time.perf_counter()
-        out = split_threads.ThreadTeam.run(team, jobs)
+        out = thread_split.ThreadTeam.run(team, jobs)
         phases.append(time.perf_counter() - t0)
         return out
 
-    def timed(opt: torch.optim.Optimizer, label: str):
-        original = opt.step
-
-        def run(*args, **kwargs):
-            t0 = time.perf_counter()
-            out = original(*args, **kwargs)
-            own[label].append(time.perf_counter() - t0)
-            return out
-
-        return run
-
     team.run = timed_run
-    for opt, label in zip(step.optimizers, labels):
-        opt.step = timed(opt, label)
     totals = []
     try:
-        for i in range(steps):
-            t0 = time.perf_counter()
-            step(batches[i % len(batches)])
-            totals.append(time.perf_counter() - t0)
+        with _timed_optimizers(step.optimizers, labels, own):
+            for i in range(steps):
+                t0 = time.perf_counter()
+                step(batches[i % len(batches)])
+                totals.append(time.perf_counter() - t0)
     finally:
         del team.run
-        for opt in step.optimizers:
-            del opt.step
     meetings = len(phases) // steps  # 2, or 3 with the tables' row updates parted
     slices_s = phases[0::meetings]
     optimizers_s = [sum(phases[i + 1 : i + meetings]) for i in range(0, len(phases), meetings)]

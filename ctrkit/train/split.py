@@ -49,6 +49,7 @@ class _Worker:
                 self.results.put((True, job()))
             except BaseException as e:  # raised again in the calling thread
                 self.results.put((False, e))
+            job = None  # not holding the step's slices and gradients until the next step
 
 
 class ThreadTeam:
@@ -65,6 +66,8 @@ class ThreadTeam:
     def run(self, jobs: Sequence[Callable[[], Any]]) -> list:
         """Runs ``jobs[i]`` on worker i (fewer jobs than workers leave the rest idle); returns their results in
         order, or raises the first job's exception in job order once all have finished."""
+        if len(jobs) > len(self.workers):
+            raise ValueError(f"{len(jobs)} jobs for a team of {len(self.workers)} threads")
         with self.lock:
             for w, job in zip(self.workers, jobs):
                 w.jobs.put(job)

@@ -43,7 +43,7 @@ from ctrkit.eval.metrics import auc_difference
 from ctrkit.models.embeddings import CategoricalEmbeddings
 from ctrkit.models.mlp import Dropout, dropout_generator
 from ctrkit.models.registry import config_to_dict
-from ctrkit.train import split as split_threads
+from ctrkit.train import split as thread_split
 from ctrkit.train.optim import LRSchedule, build_optimizers
 from ctrkit.train.selection import Selection, score
 from ctrkit.train.tensorboard import TensorBoardSink
@@ -223,13 +223,13 @@ class TrainStep:
         if n < 2 or batch.labels is None or not torch.is_grad_enabled():
             return 1
         if self.split == "auto":  # every thread its own slice of enough samples, or no split (fewer would idle cores)
-            return n if len(batch) >= n * split_threads.MIN_ROWS else 1
+            return n if len(batch) >= n * thread_split.MIN_ROWS else 1
         return min(n, len(batch))
 
     def _split_step(self, batch: Batch, n: int, global_size: int | None) -> torch.Tensor:
         """The step with the batch split into ``n`` slices over ``n`` worker threads (ctrkit/train/split.py)."""
         size = global_size or len(batch)
-        parts = [batch.rows(s) for s in split_threads.slices(len(batch), n)]
+        parts = [batch.rows(s) for s in thread_split.slices(len(batch), n)]
         seeds = torch.randint(0, 2**62, (n,)).tolist() if self._has_dropout else None  # from the global generator
         params = [p for p in self.model.parameters() if p.requires_grad]  # each step: a run may replace tables
 
@@ -248,14 +248,14 @@ class TrainStep:
 
             return run
 
-        team = split_threads.team(n)
+        team = thread_split.team(n)
         results = team.run([slice_job(i) for i in range(n)])
         grads = {id(p): [r[1][k] for r in results] for k, p in enumerate(params)}
         for opt in self.optimizers:
             opt.zero_grad(set_to_none=True)
         # the optimizers dealt to the workers; the tables' row updates come back unrun and are then parted over all
         deferring = [hasattr(opt, "step_deferring_rows") for opt in self.optimizers]
-        costs = [split_threads.optimizer_cost(opt, grads, d) for opt, d in zip(self.optimizers, deferring)]
+        costs = [thread_split.optimizer_cost(opt, grads, d) for opt, d in zip(self.optimizers, deferring)]
 
         def optimizer_job(indices: list[int]):
             def run() -> list:
@@ -264,7 +264,7 @@ class TrainStep:
                     opt = self.optimizers[i]
                     for group in opt.param_groups:
                         for p in group["params"]:
-                            p.grad = split_threads.sum_gradients(grads.get(id(p), ()))
+                            p.grad = thread_split.sum_gradients(grads.get(id(p), ()))
                     if deferring[i]:
                         updates.extend(opt.step_deferring_rows())
                     else:
@@ -273,7 +273,7 @@ class TrainStep:
 
             return run
 
-        dealt = [idx for idx in split_threads.assign(costs, n) if idx]
+        dealt = [idx for idx in thread_split.assign(costs, n) if idx]
         updates = [u for done in team.run([optimizer_job(idx) for idx in dealt]) for u in done]
         if updates:
 
