@@ -11,8 +11,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd.function import once_differentiable
 
-from ctrkit import hugepages
+from ctrkit import hugepages, native
 from ctrkit.data.batch import PaddedMultiHot
 
 INIT_BLOCK_ROWS = 1 << 16  # rows drawn from one generator when initialising a table
@@ -132,13 +133,28 @@ class EmbeddingCollection(_Tables):
         self.sparse = sparse
         self.register_buffer("offsets", torch.cumsum(cards, 0) - cards, persistent=False)  # (F,)
         self._make_weight()
+        self.use_native = True  # CPU training's lookups by ctrkit/native's gather (_GatherRowsFn; False: ATen's)
 
     @property
     def num_features(self) -> int:
         return len(self.cardinalities)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self._native_applies(ids):
+            return _GatherRowsFn.apply(self.weight, ids, self.offsets)  # (B, F, D)
         return F.embedding(ids + self.offsets, self.weight, sparse=self.sparse)  # (B, F, D)
+
+    def _native_applies(self, ids: torch.Tensor) -> bool:
+        """The lookup by ctrkit/native's gather (``_GatherRowsFn``): CPU training of a float32 table with sparse
+        gradients, where the kernels are built; elsewhere (scoring, export, compile, dense gradients) ATen's."""
+        w = self.weight
+        if not (self.use_native and self.sparse and torch.is_grad_enabled() and w.requires_grad):
+            return False
+        if w.device.type != "cpu" or w.dtype != torch.float32 or not w.is_contiguous() or w.dim() != 2:
+            return False
+        if ids.dtype != torch.int64 or ids.dim() != 2 or ids.device.type != "cpu" or torch.compiler.is_compiling():
+            return False
+        return native.library() is not None
 
     def table_parameters(self) -> list[nn.Parameter]:
         """The embedding tables, for optimizers that update them by rows."""
@@ -148,6 +164,35 @@ class EmbeddingCollection(_Tables):
         """The rows of one feature's table: (cardinality, D), a view of the flat weight."""
         off = int(self.offsets[feature])
         return self.weight[off : off + self.cardinalities[feature]]
+
+
+class _GatherRowsFn(torch.autograd.Function):
+    """``F.embedding(ids + offsets, weight, sparse=True)`` on the CPU by ctrkit/native/rows.c's gather, which
+    prefetches the scattered rows; the same output, and the same sparse gradient as ATen's embedding backward
+    (indices the flat ids, values the output's gradient as (B x F, D) rows, uncoalesced)."""
+
+    @staticmethod
+    def forward(ctx, weight: torch.Tensor, ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        ids = ids.contiguous()
+        (b, f), (rows, d) = ids.shape, weight.shape
+        out = torch.empty(b, f, d, dtype=weight.dtype)
+        flat = torch.empty(b * f, dtype=torch.int64)
+        outside = native.library().ctrkit_gather_rows_f32(
+            weight.data_ptr(), rows, ids.data_ptr(), offsets.contiguous().data_ptr(), b * f, f, d, out.data_ptr(),
+            flat.data_ptr(),
+        )  # fmt: skip
+        if outside:
+            raise IndexError(f"{outside} ids outside their tables (an embedding of {rows} rows)")
+        ctx.save_for_backward(flat)
+        ctx.weight_shape = weight.shape
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        (flat,) = ctx.saved_tensors
+        values = grad.reshape(-1, ctx.weight_shape[1])
+        return torch.sparse_coo_tensor(flat.view(1, -1), values, ctx.weight_shape, check_invariants=False), None, None
 
 
 class EmbeddingBagCollection(_Tables):

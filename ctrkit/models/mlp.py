@@ -112,6 +112,63 @@ class _LinearReLUFn(torch.autograd.Function):
         return grad_x, grad_w, grad_bias if ctx.needs_input_grad[2] else None
 
 
+class _LinearChainFn(torch.autograd.Function):
+    """A whole MLP without dropout for float32 CPU training: ``_LinearReLUFn``'s layers one after another (the last
+    one without ReLU where ``relu_last`` is False: ``addmm``), in one autograd node. Backward owns the gradients it
+    computes between layers, so each masked gradient is written over the gradient it masks (no buffer of its own,
+    which the write would first read), and the autograd engine visits one node, not one per layer. The same
+    operations in the same order as the per-layer functions, so the same values (tests)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, relu_last: bool, *params: torch.Tensor) -> torch.Tensor:
+        lib = native.library()
+        acts = [x.contiguous()]
+        layers = len(params) // 2
+        for i in range(layers):
+            weight, bias = params[2 * i], params[2 * i + 1]
+            if i < layers - 1 or relu_last:
+                y = torch.mm(acts[-1], weight.t())
+                lib.ctrkit_bias_relu_f32(y.data_ptr(), bias.contiguous().data_ptr(), *y.shape)
+            else:
+                y = torch.addmm(bias, acts[-1], weight.t())
+            acts.append(y)
+        ctx.relu_last = relu_last
+        ctx.save_for_backward(*acts, *params[0::2])
+        return acts[-1]
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        lib = native.library()
+        saved = ctx.saved_tensors
+        layers = (len(saved) - 1) // 2
+        acts, weights = saved[: layers + 1], saved[layers + 1 :]
+        needs = ctx.needs_input_grad
+        grads: list[torch.Tensor | None] = [None] * (2 * layers)
+        g, owned = grad.contiguous(), False  # owned: computed here, so it may be overwritten
+        for i in reversed(range(layers)):
+            x, y, weight = acts[i], acts[i + 1], weights[i]
+            if i < layers - 1 or ctx.relu_last:
+                grad_bias = torch.empty(y.shape[1], dtype=y.dtype)
+                if owned:
+                    lib.ctrkit_relu_backward_bias_in_place_f32(g.data_ptr(), y.data_ptr(), grad_bias.data_ptr(), *y.shape)
+                else:
+                    masked = torch.empty_like(y)
+                    lib.ctrkit_relu_backward_bias_f32(
+                        g.data_ptr(), y.data_ptr(), masked.data_ptr(), grad_bias.data_ptr(), *y.shape
+                    )
+                    g = masked
+            else:
+                grad_bias = g.sum(0)
+            if needs[2 + 2 * i]:
+                grads[2 * i] = (x.t() @ g).t().contiguous() if x.shape[1] <= NARROW_INPUT else g.t() @ x
+            if needs[3 + 2 * i]:
+                grads[2 * i + 1] = grad_bias
+            if i > 0 or needs[0]:
+                g, owned = g @ weight, True
+        return (g if needs[0] else None), None, *grads
+
+
 class MLP(nn.Sequential):
     """Linear layers with ReLU between them.
 
@@ -144,11 +201,17 @@ class MLP(nn.Sequential):
         super().__init__(*layers)
         self.out_features = width
         self.use_native = True  # float32 CPU training by ctrkit/native's kernels where built (False: ATen's ops)
+        self.use_chain = True  # ... without dropout, as one autograd node (_LinearChainFn; False: one per layer)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self._native_applies(x):  # inference, export, autocast, compile, other devices: the layers' ops
             return super().forward(x)
         layers = list(self)
+        if self.use_chain and not any(isinstance(m, Dropout) for m in layers):
+            linears = [m for m in layers if isinstance(m, nn.Linear)]
+            relu_last = isinstance(layers[-1], nn.ReLU)
+            params = [t for m in linears for t in (m.weight, m.bias)]
+            return _LinearChainFn.apply(x, relu_last, *params)
         i = 0
         while i < len(layers):
             layer = layers[i]

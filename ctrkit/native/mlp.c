@@ -56,3 +56,34 @@ void ctrkit_relu_backward_bias_f32(const float *g, const float *y, float *grad_i
   }
   free(partial);
 }
+
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((optimize("no-trapping-math")))
+#endif
+static void masked_rows_in_place(float *restrict g, const float *restrict y, double *restrict sums, int64_t rows,
+                                 int64_t N) {
+  for (int64_t i = 0; i < rows; i++, g += N, y += N)
+    for (int64_t j = 0; j < N; j++) {
+      const float v = !(y[j] <= 0.0f) ? g[j] : 0.0f;
+      g[j] = v;
+      sums[j] += (double)v;
+    }
+}
+
+/* ctrkit_relu_backward_bias_f32 writing the masked gradient over g (a gradient the caller owns): no output buffer
+ * to allocate and to read for ownership before writing it. The same values and sums. */
+void ctrkit_relu_backward_bias_in_place_f32(float *g, const float *y, float *grad_bias, int64_t B, int64_t N) {
+  const int64_t chunks = (B + ROWS - 1) / ROWS;
+  double *partial = calloc((size_t)(chunks * N), sizeof(double));
+#pragma omp parallel for schedule(static) if (B * N >= CTRKIT_GRAIN)
+  for (int64_t c = 0; c < chunks; c++) {
+    const int64_t first = c * ROWS, end = first + ROWS < B ? first + ROWS : B;
+    masked_rows_in_place(g + first * N, y + first * N, partial + c * N, end - first, N);
+  }
+  for (int64_t j = 0; j < N; j++) {
+    double total = 0.0;
+    for (int64_t c = 0; c < chunks; c++) total += partial[c * N + j];
+    grad_bias[j] = (float)total;
+  }
+  free(partial);
+}

@@ -99,6 +99,31 @@ void ctrkit_rows_adagrad_f32(float *weight, float *sum, const float *values, con
   }
 }
 
+/* The embedding lookup of a batch's (n = B x F) ids, feature f's id i being row ids + offsets[f] of the flat
+ * table: out[i] = weight[flat[i]] (D floats each), flat[i] written too (the sparse gradient's indices). ATen's
+ * embedding reads the rows in order without prefetching; the rows lie scattered over the table, so nearly each
+ * one is a cache miss. Here the row GATHER_AHEAD lookups later is prefetched while this one is copied (README:
+ * DLRM's lookups at batch 1024, D 16 and D 1, in about half the time). Returns the count of ids outside the table,
+ * counted before anything is gathered (then nothing is). */
+#define GATHER_AHEAD 64
+int64_t ctrkit_gather_rows_f32(const float *weight, int64_t num_rows, const int64_t *ids, const int64_t *offsets,
+                               int64_t n, int64_t F, int64_t D, float *out, int64_t *flat) {
+  int64_t outside = 0;
+  for (int64_t i = 0, f = 0; i < n; i++) {
+    const int64_t r = ids[i] + offsets[f];
+    flat[i] = r;
+    outside += (uint64_t)r >= (uint64_t)num_rows;
+    if (++f == F) f = 0;
+  }
+  if (outside) return outside;
+#pragma omp parallel for schedule(static) if (n * D >= CTRKIT_GRAIN)
+  for (int64_t i = 0; i < n; i++) {
+    if (i + GATHER_AHEAD < n) fetch(weight + flat[i + GATHER_AHEAD] * D, D, 0);
+    memcpy(out + i * D, weight + flat[i] * D, sizeof(float) * D);
+  }
+  return 0;
+}
+
 /* SGD on the rows a batch looked up, straight from the uncoalesced gradient: weight[ids[i]] += -lr * values[i] for
  * i = 0 .. nnz - 1, duplicates included (their sum is the row's gradient). No sort is needed: each thread scans all
  * ids and updates only the rows it owns (a multiplicative hash of the row id), so no two threads write one row and

@@ -12,7 +12,8 @@ import torch
 
 from ctrkit import native
 from ctrkit.models.interaction import DotInteraction, _DotInteractionFn, _NativeDotInteractionFn
-from ctrkit.models.mlp import MLP, _LinearReLUFn
+from ctrkit.models.embeddings import EmbeddingCollection
+from ctrkit.models.mlp import MLP, _LinearChainFn, _LinearReLUFn
 
 HAS_CC = native._compiler() is not None
 needs_cc = pytest.mark.skipif(not HAS_CC, reason="no C compiler on this machine")
@@ -194,7 +195,7 @@ def test_native_mlp_equals_float64_and_aten(in_features, sizes, relu_last, dropo
         return [out, *torch.autograd.grad(out, (xx, *model.parameters()), grad.to(dtype))], nodes
 
     got, nodes = run(m, torch.float32, True)
-    assert "_LinearReLUFnBackward" in nodes
+    assert ("_LinearReLUFnBackward" if dropout else "_LinearChainFnBackward") in nodes
     aten, nodes = run(m, torch.float32, False)
     assert "_LinearReLUFnBackward" not in nodes
     ref, _ = run(copy.deepcopy(m).double(), torch.float64, False)
@@ -204,17 +205,73 @@ def test_native_mlp_equals_float64_and_aten(in_features, sizes, relu_last, dropo
 
 
 @needs_cc
+@pytest.mark.parametrize("in_features,sizes,relu_last", [(13, (512, 64, 16), True), (70, (33, 17, 1), False)])
+@pytest.mark.parametrize("input_grad", [False, True])
+def test_the_chained_mlp_equals_its_layers_one_by_one(in_features, sizes, relu_last, input_grad):
+    """An MLP without dropout runs as one autograd node (_LinearChainFn, masked gradients written in place) and
+    gives the per-layer functions' output and gradients bit for bit, with or without the input's gradient; the
+    gradient handed to it is left as it was."""
+    torch.manual_seed(11)
+    m = MLP(in_features, sizes, relu_last=relu_last)
+    x, grad = torch.randn(257, in_features), torch.randn(257, sizes[-1])
+    if relu_last:
+        grad[grad.abs() < 0.3] = 0.0
+    results = []
+    for chain in (True, False):
+        m.use_chain = chain
+        xx = x.clone().requires_grad_(input_grad)
+        out = m(xx)
+        nodes = [type(n).__name__ for n in _graph_nodes(out.grad_fn)]
+        assert nodes.count("_LinearChainFnBackward") == chain and ("_LinearReLUFnBackward" in nodes) != chain
+        given = grad.clone()
+        results.append([out, *torch.autograd.grad(out, [*([xx] if input_grad else []), *m.parameters()], given)])
+        assert torch.equal(given, grad)
+    assert len(results[0]) == len(results[1]) == 1 + input_grad + 2 * len(sizes)
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
+@needs_cc
+def test_native_lookups_equal_atens_embedding_and_its_sparse_gradient():
+    """Training lookups by the prefetching C gather: ATen's output and the same uncoalesced sparse gradient (the
+    flat ids, the output's gradient as rows), which the row optimizers then take; ids outside the tables raise as
+    ATen's do; without autograd (scoring) ATen's embedding runs."""
+    torch.manual_seed(2)
+    e = EmbeddingCollection([100, 50, 7], 16)
+    ids = torch.stack([torch.randint(0, c, (300,)) for c in (100, 50, 7)], 1)
+    grad = torch.randn(300, 3, 16)
+    results = []
+    for use_native in (True, False):
+        e.use_native = use_native
+        out = e(ids)
+        assert (type(out.grad_fn).__name__ == "_GatherRowsFnBackward") == use_native
+        (g,) = torch.autograd.grad(out, [e.weight], grad)
+        assert g.is_sparse and not g.is_coalesced()
+        results.append((out, g._indices(), g._values()))
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+    e.use_native = True
+    with pytest.raises(IndexError, match="ids outside their tables"):
+        e(ids + torch.tensor([0, 0, 100]))
+    with torch.no_grad():
+        assert torch.equal(e(ids), results[1][0])
+
+
+@needs_cc
 def test_native_mlp_leaves_scoring_to_the_layers(monkeypatch):
     """Without autograd (scoring, export) MLP runs its layers' own operations, not the C kernels; with it, on the
-    CPU in float32, it runs them."""
+    CPU in float32, it runs them (the whole MLP as one chain; with dropout, layer by layer)."""
     m = MLP(13, (64, 16)).eval()
     calls = []
+    monkeypatch.setattr(_LinearChainFn, "apply", lambda *a: calls.append(a) or torch.zeros(4, 16))
     monkeypatch.setattr(_LinearReLUFn, "apply", lambda *a: calls.append(a) or torch.zeros(4, 64))
     with torch.no_grad():
         m(torch.randn(4, 13))
     assert calls == []
     m(torch.randn(4, 13))
-    assert len(calls) == 2
+    assert len(calls) == 1 and len(calls[0]) == 2 + 4  # input, relu_last, two weights and two biases
+    MLP(13, (64, 16), dropout=0.1)(torch.randn(4, 13))
+    assert len(calls) == 3
 
 
 def _graph_nodes(node):
@@ -230,8 +287,8 @@ def _graph_nodes(node):
 @needs_cc
 def test_native_bias_relu_keeps_atens_nan_and_sign_rules_at_any_thread_count():
     """The C passes against torch.relu and threshold_backward on values with NaN, -0.0, zeros and both signs; the
-    masked gradient and the bias's gradient are the same bits at 1, 2 and 3 threads (1,025 x 37 values: above the
-    32,768 below which the kernels take one thread)."""
+    masked gradient and the bias's gradient are the same bits at 1, 2 and 3 threads, written to a buffer of their
+    own or over the gradient (1,025 x 37 values: above the 32,768 below which the kernels take one thread)."""
     lib = native.library()
     torch.manual_seed(5)
     pre = torch.randn(1025, 37)
@@ -251,6 +308,9 @@ def test_native_bias_relu_keeps_atens_nan_and_sign_rules_at_any_thread_count():
                 g.data_ptr(), y.data_ptr(), masked.data_ptr(), grad_bias.data_ptr(), 1025, 37
             )
             results.append((masked, grad_bias))
+            in_place, grad_bias = g.clone(), torch.empty(37)  # the chained MLP's pass, over its own gradient
+            lib.ctrkit_relu_backward_bias_in_place_f32(in_place.data_ptr(), y.data_ptr(), grad_bias.data_ptr(), 1025, 37)
+            results.append((in_place, grad_bias))
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(results[0][0], torch.ops.aten.threshold_backward(g, y, 0.0))
