@@ -151,7 +151,8 @@ class _LinearChainFn(torch.autograd.Function):
             if i < layers - 1 or ctx.relu_last:
                 grad_bias = torch.empty(y.shape[1], dtype=y.dtype)
                 if owned:
-                    lib.ctrkit_relu_backward_bias_in_place_f32(g.data_ptr(), y.data_ptr(), grad_bias.data_ptr(), *y.shape)
+                    pointers = (g.data_ptr(), y.data_ptr(), grad_bias.data_ptr())
+                    lib.ctrkit_relu_backward_bias_in_place_f32(*pointers, *y.shape)
                 else:
                     masked = torch.empty_like(y)
                     lib.ctrkit_relu_backward_bias_f32(

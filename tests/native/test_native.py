@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from ctrkit import native
-from ctrkit.models.interaction import DotInteraction, _DotInteractionFn, _NativeDotInteractionFn
 from ctrkit.models.embeddings import EmbeddingCollection
+from ctrkit.models.interaction import DotInteraction, _DotInteractionFn, _NativeDotInteractionFn
 from ctrkit.models.mlp import MLP, _LinearChainFn, _LinearReLUFn
 
 HAS_CC = native._compiler() is not None
@@ -309,7 +309,8 @@ def test_native_bias_relu_keeps_atens_nan_and_sign_rules_at_any_thread_count():
             )
             results.append((masked, grad_bias))
             in_place, grad_bias = g.clone(), torch.empty(37)  # the chained MLP's pass, over its own gradient
-            lib.ctrkit_relu_backward_bias_in_place_f32(in_place.data_ptr(), y.data_ptr(), grad_bias.data_ptr(), 1025, 37)
+            pointers = (in_place.data_ptr(), y.data_ptr(), grad_bias.data_ptr())
+            lib.ctrkit_relu_backward_bias_in_place_f32(*pointers, 1025, 37)
             results.append((in_place, grad_bias))
     finally:
         torch.set_num_threads(threads)
