@@ -39,6 +39,7 @@ SIGNATURES = {
     "ctrkit_rows_adagrad_f32": [*[_P] * 6, _I, _I, _I, _D, _D],
     "ctrkit_rows_sgd_f32": [_P, _P, _P, _I, _I, _I, _D],
     "ctrkit_gather_rows_f32": [_P, _I, _P, _P, _I, _I, _I, _P, _P],
+    "ctrkit_sort_ids": [_P, _I, _I, _P, _P, _P, _P],
     "ctrkit_bias_relu_f32": [_P, _P, _I, _I],
     "ctrkit_relu_backward_bias_f32": [_P, _P, _P, _P, _I, _I],
     "ctrkit_relu_backward_bias_in_place_f32": [_P, _P, _P, _I, _I],
@@ -46,7 +47,7 @@ SIGNATURES = {
     **{f"ctrkit_dot_backward_{k}": [_P, _P, _P, _P, _P, _I, _I, _I, _I, _C] for k in ("f32", "bf16_f32", "bf16")},
 }
 
-RETURNS = {"ctrkit_rows_sgd_f32": _I, "ctrkit_gather_rows_f32": _I}  # the others return nothing
+RETURNS = {"ctrkit_rows_sgd_f32": _I, "ctrkit_gather_rows_f32": _I, "ctrkit_sort_ids": _I}  # the others return nothing
 _loaded: list = []  # [library or None], once per process
 _suspended: list = []  # non-empty inside suspended()
 

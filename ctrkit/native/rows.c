@@ -99,6 +99,50 @@ void ctrkit_rows_adagrad_f32(float *weight, float *sum, const float *values, con
   }
 }
 
+/* The stable sort of a table's ids that the row optimizers group gradients by: order (n), the permutation that
+ * sorts ids, stably; rows (U), the distinct ids ascending; starts (U), where each one's run begins in order. Returns
+ * U, or -1 where an id lies outside [0, num_rows) (nothing sorted; the caller's own sort then says which). A least
+ * significant digit radix sort of (id << 32 | position) pairs, 11 bits a pass, as many passes as num_rows needs (2
+ * for 4M rows): a few linear passes against torch.sort's comparison sort (README). Needs num_rows and n below 2^32;
+ * `scratch` holds 2n uint64. */
+#define RADIX_BITS 11
+int64_t ctrkit_sort_ids(const int64_t *ids, int64_t n, int64_t num_rows, int64_t *order, int64_t *rows,
+                        int64_t *starts, uint64_t *scratch) {
+  uint64_t *a = scratch, *b = scratch + n;
+  for (int64_t i = 0; i < n; i++) {
+    if ((uint64_t)ids[i] >= (uint64_t)num_rows) return -1;
+    a[i] = (uint64_t)ids[i] << 32 | (uint64_t)i;
+  }
+  int bits = 0;
+  while (bits < 32 && ((uint64_t)1 << bits) < (uint64_t)num_rows) bits++;
+  int64_t counts[1 << RADIX_BITS];
+  for (int shift = 32; shift < 32 + bits; shift += RADIX_BITS) {
+    memset(counts, 0, sizeof(counts));
+    const uint64_t mask = (1u << RADIX_BITS) - 1;
+    for (int64_t i = 0; i < n; i++) counts[(a[i] >> shift) & mask]++;
+    int64_t at = 0;
+    for (int64_t d = 0; d <= (int64_t)mask; d++) {
+      const int64_t c = counts[d];
+      counts[d] = at;
+      at += c;
+    }
+    for (int64_t i = 0; i < n; i++) b[counts[(a[i] >> shift) & mask]++] = a[i];
+    uint64_t *t = a;
+    a = b;
+    b = t;
+  }
+  int64_t U = 0;
+  for (int64_t i = 0; i < n; i++) {
+    const int64_t id = (int64_t)(a[i] >> 32);
+    order[i] = (int64_t)(a[i] & 0xffffffffu);
+    if (U == 0 || rows[U - 1] != id) {
+      rows[U] = id;
+      starts[U++] = i;
+    }
+  }
+  return U;
+}
+
 /* The embedding lookup of a batch's (n = B x F) ids, feature f's id i being row ids + offsets[f] of the flat
  * table: out[i] = weight[flat[i]] (D floats each), flat[i] written too (the sparse gradient's indices). ATen's
  * embedding reads the rows in order without prefetching; the rows lie scattered over the table, so nearly each

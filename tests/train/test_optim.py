@@ -295,6 +295,26 @@ def test_sums_on_one_thread_where_idle_threads_sleep(monkeypatch):
 
 
 @pytest.mark.skipif(native.library() is None, reason="no C compiler: the native kernels are not built")
+@pytest.mark.parametrize("num_rows", [1, 5, 2048, 2049, 2_600_000, 2**31 + 7])
+def test_native_id_sort_equals_torchs_stable_sort(num_rows):
+    """The radix sort of a table's ids (digits of 11 bits: tables of one digit, just over one, several) gives
+    torch.sort's stable permutation, the distinct ids and where each one's run starts; ids outside the table
+    leave it to torch's sort (None)."""
+    from ctrkit.train import optim
+
+    gen = torch.Generator().manual_seed(num_rows % 1000)
+    ids = (torch.rand(20_000, generator=gen) ** 3 * num_rows).long()  # skewed: long runs of hot ids
+    ids[:3] = torch.tensor([0, num_rows - 1, num_rows - 1])
+    got = optim._native_sort(ids, num_rows)
+    ordered, order = torch.sort(ids, stable=True)
+    rows, counts = torch.unique_consecutive(ordered, return_counts=True)
+    for a, b in zip(got, (order, rows, torch.cumsum(counts, 0) - counts)):
+        assert a.dtype == torch.int64 and torch.equal(a, b)
+    assert optim._native_sort(torch.tensor([0, num_rows]), num_rows) is None
+    assert optim._native_sort(torch.tensor([-1, 0]), num_rows) is None
+
+
+@pytest.mark.skipif(native.library() is None, reason="no C compiler: the native kernels are not built")
 @pytest.mark.parametrize("kind", ["adam", "adagrad"])
 @pytest.mark.parametrize("dim", [16, 1, 5])
 def test_native_row_update_equals_the_fused_one_at_any_thread_count(kind, dim):
