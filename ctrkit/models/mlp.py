@@ -113,17 +113,35 @@ class _LinearReLUFn(torch.autograd.Function):
 
 
 class _LinearChainFn(torch.autograd.Function):
-    """A whole MLP without dropout for float32 CPU training: ``_LinearReLUFn``'s layers one after another (the last
-    one without ReLU where ``relu_last`` is False: ``addmm``), in one autograd node. Backward owns the gradients it
-    computes between layers, so each masked gradient is written over the gradient it masks (no buffer of its own,
-    which the write would first read), and the autograd engine visits one node, not one per layer. The same
-    operations in the same order as the per-layer functions, so the same values (tests)."""
+    """A whole MLP without dropout for CPU training, in one autograd node: each layer's product, bias and ReLU (the
+    last layer without ReLU where ``relu_last`` is False), and in backward each layer's masked gradient and bias
+    gradient in one C pass. Backward owns the gradients it computes between layers, so each masked gradient is
+    written over the gradient it masks (no buffer of its own, which the write would first read), and the autograd
+    engine visits one node, not three or four per layer.
+
+    float32 (``bf16`` False): ``_LinearReLUFn``'s operations in the same order, so the same values (tests).
+    ``bf16`` (training under bfloat16 autocast): what autocast runs for the layers (weights, biases and input cast to
+    bfloat16, ``addmm``, ``relu_``), ATen's values; backward's products in bfloat16 as autocast's, the masked
+    gradient in one pass (``threshold_backward``'s values) and the bias's gradient summed in double and rounded to
+    bfloat16 (ATen sums in float: the last bit may differ); the weights' gradients come back in float32, as
+    autocast's casts give them."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, relu_last: bool, *params: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, relu_last: bool, bf16: bool, *params: torch.Tensor) -> torch.Tensor:
         lib = native.library()
-        acts = [x.contiguous()]
         layers = len(params) // 2
+        ctx.relu_last, ctx.bf16, ctx.input_dtype = relu_last, bf16, x.dtype
+        if bf16:
+            with torch.autocast("cpu", enabled=False):
+                acts = [x.to(torch.bfloat16).contiguous()]
+                weights = [w.to(torch.bfloat16) for w in params[0::2]]
+                for i in range(layers):
+                    acts.append(torch.addmm(params[2 * i + 1].to(torch.bfloat16), acts[-1], weights[i].t()))
+                    if i < layers - 1 or relu_last:
+                        acts[-1].relu_()
+            ctx.save_for_backward(*acts, *weights)
+            return acts[-1]
+        acts = [x.contiguous()]
         for i in range(layers):
             weight, bias = params[2 * i], params[2 * i + 1]
             if i < layers - 1 or relu_last:
@@ -132,7 +150,6 @@ class _LinearChainFn(torch.autograd.Function):
             else:
                 y = torch.addmm(bias, acts[-1], weight.t())
             acts.append(y)
-        ctx.relu_last = relu_last
         ctx.save_for_backward(*acts, *params[0::2])
         return acts[-1]
 
@@ -145,29 +162,37 @@ class _LinearChainFn(torch.autograd.Function):
         acts, weights = saved[: layers + 1], saved[layers + 1 :]
         needs = ctx.needs_input_grad
         grads: list[torch.Tensor | None] = [None] * (2 * layers)
-        g, owned = grad.contiguous(), False  # owned: computed here, so it may be overwritten
-        for i in reversed(range(layers)):
-            x, y, weight = acts[i], acts[i + 1], weights[i]
-            if i < layers - 1 or ctx.relu_last:
-                grad_bias = torch.empty(y.shape[1], dtype=y.dtype)
-                if owned:
-                    pointers = (g.data_ptr(), y.data_ptr(), grad_bias.data_ptr())
-                    lib.ctrkit_relu_backward_bias_in_place_f32(*pointers, *y.shape)
+        dtype = torch.bfloat16 if ctx.bf16 else torch.float32
+        g = grad.to(dtype).contiguous()
+        owned = g.data_ptr() != grad.data_ptr()  # a copy made here may be overwritten; the caller's gradient not
+        with torch.autocast("cpu", enabled=False):
+            for i in reversed(range(layers)):
+                x, y, weight = acts[i], acts[i + 1], weights[i]
+                if i < layers - 1 or ctx.relu_last:
+                    grad_bias = torch.empty(y.shape[1], dtype=torch.float32)
+                    out = None if owned else torch.empty_like(y)
+                    pointers = (g.data_ptr(), y.data_ptr())
+                    if ctx.bf16:
+                        out_pointer = None if out is None else out.data_ptr()  # None: over g
+                        lib.ctrkit_relu_backward_bias_bf16(*pointers, out_pointer, grad_bias.data_ptr(), *y.shape)
+                    elif out is None:
+                        lib.ctrkit_relu_backward_bias_in_place_f32(*pointers, grad_bias.data_ptr(), *y.shape)
+                    else:
+                        lib.ctrkit_relu_backward_bias_f32(*pointers, out.data_ptr(), grad_bias.data_ptr(), *y.shape)
+                    g = g if out is None else out
                 else:
-                    masked = torch.empty_like(y)
-                    lib.ctrkit_relu_backward_bias_f32(
-                        g.data_ptr(), y.data_ptr(), masked.data_ptr(), grad_bias.data_ptr(), *y.shape
-                    )
-                    g = masked
-            else:
-                grad_bias = g.sum(0)
-            if needs[2 + 2 * i]:
-                grads[2 * i] = (x.t() @ g).t().contiguous() if x.shape[1] <= NARROW_INPUT else g.t() @ x
-            if needs[3 + 2 * i]:
-                grads[2 * i + 1] = grad_bias
-            if i > 0 or needs[0]:
-                g, owned = g @ weight, True
-        return (g if needs[0] else None), None, *grads
+                    grad_bias = g.sum(0).float()
+                if needs[3 + 2 * i]:
+                    if ctx.bf16:  # as autocast's addmm backward: mat2's gradient x^T g, transposed, then float32
+                        grads[2 * i] = (x.t() @ g).t().to(torch.float32, memory_format=torch.contiguous_format)
+                    else:
+                        wide = x.shape[1] > NARROW_INPUT
+                        grads[2 * i] = g.t() @ x if wide else (x.t() @ g).t().contiguous()
+                if needs[4 + 2 * i]:
+                    grads[2 * i + 1] = grad_bias
+                if i > 0 or needs[0]:
+                    g, owned = g @ weight, True
+        return (g.to(ctx.input_dtype) if needs[0] else None), None, None, *grads
 
 
 class MLP(nn.Sequential):
@@ -205,14 +230,17 @@ class MLP(nn.Sequential):
         self.use_chain = True  # ... without dropout, as one autograd node (_LinearChainFn; False: one per layer)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self._native_applies(x):  # inference, export, autocast, compile, other devices: the layers' ops
+        kind = self._native_kind(x)
+        if kind is None:  # inference, export, compile, other devices or dtypes: the layers' ops
             return super().forward(x)
         layers = list(self)
         if self.use_chain and not any(isinstance(m, Dropout) for m in layers):
             linears = [m for m in layers if isinstance(m, nn.Linear)]
             relu_last = isinstance(layers[-1], nn.ReLU)
             params = [t for m in linears for t in (m.weight, m.bias)]
-            return _LinearChainFn.apply(x, relu_last, *params)
+            return _LinearChainFn.apply(x, relu_last, kind == "bf16", *params)
+        if kind == "bf16":  # with dropout under autocast: the layers' ops
+            return super().forward(x)
         i = 0
         while i < len(layers):
             layer = layers[i]
@@ -224,12 +252,19 @@ class MLP(nn.Sequential):
                 i += 1
         return x
 
-    def _native_applies(self, x: torch.Tensor) -> bool:
+    def _native_kind(self, x: torch.Tensor) -> str | None:
+        """ "f32" (float32 training), "bf16" (training under the CPU's bfloat16 autocast) where ctrkit/native's
+        kernels take this MLP's training forward, else None."""
         if not (self.use_native and torch.is_grad_enabled() and x.device.type == "cpu" and x.dim() == 2):
-            return False
-        if x.dtype != torch.float32 or torch.is_autocast_enabled("cpu") or torch.compiler.is_compiling():
-            return False
+            return None
+        if torch.compiler.is_compiling():
+            return None
         weights = [t for m in self if isinstance(m, nn.Linear) for t in (m.weight, m.bias)]
         if any(w is None or w.dtype != torch.float32 or w.device.type != "cpu" for w in weights):
-            return False
-        return native.library() is not None
+            return None
+        if native.library() is None:
+            return None
+        if torch.is_autocast_enabled("cpu"):
+            bf16 = torch.get_autocast_dtype("cpu") == torch.bfloat16
+            return "bf16" if bf16 and x.dtype in (torch.float32, torch.bfloat16) else None
+        return "f32" if x.dtype == torch.float32 else None

@@ -43,6 +43,7 @@ SIGNATURES = {
     "ctrkit_bias_relu_f32": [_P, _P, _I, _I],
     "ctrkit_relu_backward_bias_f32": [_P, _P, _P, _P, _I, _I],
     "ctrkit_relu_backward_bias_in_place_f32": [_P, _P, _P, _I, _I],
+    "ctrkit_relu_backward_bias_bf16": [_P, _P, _P, _P, _I, _I],
     **{f"ctrkit_dot_forward_{k}": [_P, _P, _P, _I, _I, _I, _I, _C] for k in ("f32", "bf16_f32", "bf16")},
     **{f"ctrkit_dot_backward_{k}": [_P, _P, _P, _P, _P, _I, _I, _I, _I, _C] for k in ("f32", "bf16_f32", "bf16")},
 }

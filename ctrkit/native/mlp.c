@@ -11,6 +11,7 @@
  */
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 void ctrkit_bias_relu_f32(float *y, const float *bias, int64_t B, int64_t N) {
 #pragma omp parallel for schedule(static) if (B * N >= CTRKIT_GRAIN)
@@ -84,6 +85,71 @@ void ctrkit_relu_backward_bias_in_place_f32(float *g, const float *y, float *gra
     double total = 0.0;
     for (int64_t c = 0; c < chunks; c++) total += partial[c * N + j];
     grad_bias[j] = (float)total;
+  }
+  free(partial);
+}
+
+/* bfloat16 (autocast) versions of the backward pass, for the chained MLP's layers whose products ran in bfloat16:
+ * the masked gradient in bfloat16 (the same values as threshold_backward: g where y > 0 or y is NaN, else 0), the
+ * bias's gradient summed in float over each chunk of rows, the chunks in double, rounded to bfloat16 (as ATen's
+ * bfloat16 sum), returned as float. */
+static inline float bf16_value(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+static inline float bf16_rounded(float f) { /* round to nearest even, as c10::BFloat16 (NaN to the quiet NaN) */
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if (f != f) return bf16_value(0x7FC0);
+  return bf16_value((uint16_t)((u + 0x7FFF + ((u >> 16) & 1)) >> 16));
+}
+
+/* y > 0 or NaN, from the bits: not -0.0 or +0.0, and positive or NaN (integer operations, so the loops vectorize) */
+static inline uint16_t passes(uint16_t h) {
+  return (uint16_t)(((h & 0x7FFF) > 0x7F80) | (((h & 0x8000) == 0) & (h != 0)));
+}
+
+/* the chunk's sums in float (128 rows), the chunks' in double */
+static void masked_rows_bf16(const uint16_t *restrict g, const uint16_t *restrict y, uint16_t *restrict out,
+                             float *restrict sums, int64_t rows, int64_t N) {
+  for (int64_t i = 0; i < rows; i++, g += N, y += N, out += N)
+    for (int64_t j = 0; j < N; j++) {
+      const uint16_t v = passes(y[j]) ? g[j] : (uint16_t)0;
+      out[j] = v;
+      sums[j] += bf16_value(v);
+    }
+}
+
+static void masked_rows_bf16_in_place(uint16_t *restrict g, const uint16_t *restrict y, float *restrict sums,
+                                      int64_t rows, int64_t N) {
+  for (int64_t i = 0; i < rows; i++, g += N, y += N)
+    for (int64_t j = 0; j < N; j++) {
+      const uint16_t v = passes(y[j]) ? g[j] : (uint16_t)0;
+      g[j] = v;
+      sums[j] += bf16_value(v);
+    }
+}
+
+/* out == NULL: the masked gradient is written over g (a gradient the caller owns) */
+void ctrkit_relu_backward_bias_bf16(uint16_t *g, const uint16_t *y, uint16_t *out, float *grad_bias, int64_t B,
+                                    int64_t N) {
+  const int64_t chunks = (B + ROWS - 1) / ROWS;
+  float *partial = calloc((size_t)(chunks * N), sizeof(float));
+#pragma omp parallel for schedule(static) if (B * N >= CTRKIT_GRAIN)
+  for (int64_t c = 0; c < chunks; c++) {
+    const int64_t first = c * ROWS, end = first + ROWS < B ? first + ROWS : B;
+    if (out)
+      masked_rows_bf16(g + first * N, y + first * N, out + first * N, partial + c * N, end - first, N);
+    else
+      masked_rows_bf16_in_place(g + first * N, y + first * N, partial + c * N, end - first, N);
+  }
+  for (int64_t j = 0; j < N; j++) {
+    double total = 0.0;
+    for (int64_t c = 0; c < chunks; c++) total += partial[c * N + j];
+    grad_bias[j] = bf16_rounded((float)total);
   }
   free(partial);
 }

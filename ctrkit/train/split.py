@@ -96,20 +96,26 @@ def slices(size: int, n: int) -> list[slice]:
     return [slice(a, b) for a, b in zip(bounds, bounds[1:])]
 
 
-def sum_gradients(parts: Sequence[torch.Tensor | None]) -> torch.Tensor | None:
+def sum_gradients(parts: Sequence[torch.Tensor | None], param: torch.Tensor | None = None) -> torch.Tensor | None:
     """One parameter's gradient from its slices' gradients: dense ones summed in slice order, sparse ones
-    concatenated in slice order (uncoalesced, as the embedding's own backward gives them)."""
+    concatenated in slice order (uncoalesced, as the embedding's own backward gives them). A dense gradient comes
+    back in ``param``'s layout, as ``backward()`` stores it: torch's fused Adam misreads a gradient whose strides
+    differ from its parameter's (a transposed one updated the wrong elements, test)."""
     present = [g for g in parts if g is not None]
-    if len(present) <= 1:
-        return present[0] if present else None
+    if not present:
+        return None
     first = present[0]
     if first.is_sparse:
+        if len(present) == 1:
+            return first
         indices = torch.cat([g._indices() for g in present], 1)
         values = torch.cat([g._values() for g in present], 0)
         return torch.sparse_coo_tensor(indices, values, first.shape, check_invariants=False)
-    total = present[0] + present[1]
+    total = first if len(present) == 1 else present[0] + present[1]
     for g in present[2:]:
         total.add_(g)
+    if param is not None and total.stride() != param.stride():
+        total = torch.empty_like(param, dtype=total.dtype).copy_(total)
     return total
 
 

@@ -264,7 +264,7 @@ class TrainStep:
                     opt = self.optimizers[i]
                     for group in opt.param_groups:
                         for p in group["params"]:
-                            p.grad = thread_split.sum_gradients(grads.get(id(p), ()))
+                            p.grad = thread_split.sum_gradients(grads.get(id(p), ()), p)
                     if deferring[i]:
                         updates.extend(opt.step_deferring_rows())
                     else:

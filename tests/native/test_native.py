@@ -232,6 +232,30 @@ def test_the_chained_mlp_equals_its_layers_one_by_one(in_features, sizes, relu_l
 
 
 @needs_cc
+@pytest.mark.parametrize("in_features,sizes,relu_last", [(13, (512, 64, 16), True), (70, (33, 17, 1), False)])
+def test_the_chained_mlp_under_bf16_autocast_equals_autocasts_layers(in_features, sizes, relu_last):
+    """Under the CPU's bfloat16 autocast the chained MLP runs autocast's products and gives the layers' output and
+    gradients (bfloat16 output, float32 parameter and input gradients) bit for bit at these shapes (the bias's sum
+    may differ in its last bit elsewhere); NaN and zero pre-activations keep threshold_backward's rule."""
+    torch.manual_seed(12)
+    m = MLP(in_features, sizes, relu_last=relu_last)
+    x, grad = torch.randn(300, in_features), torch.randn(300, sizes[-1]).bfloat16()
+    x[0, 0] = float("nan")
+    results = []
+    for chain in (True, False):
+        m.use_chain = chain
+        xx = x.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = m(xx)
+        assert out.dtype == torch.bfloat16
+        assert (type(out.grad_fn).__name__ == "_LinearChainFnBackward") == chain
+        results.append([out, *torch.autograd.grad(out, [xx, *m.parameters()], grad)])
+    for a, b in zip(*results):
+        assert a.dtype == b.dtype and torch.equal(a.nan_to_num(), b.nan_to_num())
+    assert all(g.is_contiguous() for g in results[0][2:])  # the parameters' layout (torch's fused Adam needs it)
+
+
+@needs_cc
 def test_native_lookups_equal_atens_embedding_and_its_sparse_gradient():
     """Training lookups by the prefetching C gather: ATen's output and the same uncoalesced sparse gradient (the
     flat ids, the output's gradient as rows), which the row optimizers then take; ids outside the tables raise as
@@ -269,7 +293,7 @@ def test_native_mlp_leaves_scoring_to_the_layers(monkeypatch):
         m(torch.randn(4, 13))
     assert calls == []
     m(torch.randn(4, 13))
-    assert len(calls) == 1 and len(calls[0]) == 2 + 4  # input, relu_last, two weights and two biases
+    assert len(calls) == 1 and len(calls[0]) == 3 + 4  # input, relu_last, bf16, two weights and two biases
     MLP(13, (64, 16), dropout=0.1)(torch.randn(4, 13))
     assert len(calls) == 3
 

@@ -255,3 +255,22 @@ def test_a_resumed_split_run_with_dropout_equals_the_uninterrupted_one(tiny_data
     resumed.fit()
     for k, v in straight.model.state_dict().items():
         torch.testing.assert_close(resumed.model.state_dict()[k], v, rtol=0, atol=0, msg=k)
+
+
+def test_summed_dense_gradients_take_their_parameters_layout():
+    """A slice's dense gradient in another layout (a transposed product) comes back in the parameter's, as
+    backward() stores it: torch's fused Adam steps a transposed gradient wrongly, and the split step's sums go to
+    it straight."""
+    param = torch.nn.Parameter(torch.randn(4, 3))
+    parts = [torch.randn(3, 4).t(), None, torch.randn(3, 4).t()]
+    total = split.sum_gradients(parts, param)
+    assert total.stride() == param.stride() and torch.equal(total, parts[0] + parts[2])
+    one = split.sum_gradients([parts[0]], param)
+    assert one.stride() == param.stride() and torch.equal(one, parts[0])
+    stepped = []
+    for grad in (one, parts[0].contiguous()):
+        p = torch.nn.Parameter(param.detach().clone())
+        p.grad = grad
+        torch.optim.Adam([p], lr=0.1, fused=True).step()
+        stepped.append(p.detach())
+    assert torch.equal(*stepped)
