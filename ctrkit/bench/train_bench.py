@@ -135,9 +135,10 @@ def _matmul_ms(step: TrainStep, batches: list[Batch], steps: int) -> float:
 
 def _split_breakdown(step: TrainStep, batches: list[Batch], steps: int) -> dict:
     """``step_breakdown`` of a step split over threads: the slices' forward and backward (the workers' first
-    meeting), the optimizers (the next: each optimizer on one worker, several at once, then the tables' row updates
-    parted over all) and the rest of the call; each optimizer's own time is listed beside (``optimizer_ms``: they
-    overlap, so they do not add up). No matrix multiplies' time: torch's profiler does not see the workers."""
+    meeting), the optimizers (the next: each optimizer on one worker, several at once, and the tables' row updates in
+    pieces taken by whichever worker is free) and the rest of the call; each optimizer's own time is listed beside
+    (``optimizer_ms``: they overlap, so they do not add up). No matrix multiplies' time: torch's profiler does not see
+    the workers."""
     n = step._slice_count(batches[0])
     team = thread_split.team(n)
     phases: list[float] = []
@@ -160,13 +161,13 @@ def _split_breakdown(step: TrainStep, batches: list[Batch], steps: int) -> dict:
                 totals.append(time.perf_counter() - t0)
     finally:
         del team.run
-    meetings = len(phases) // steps  # 2, or 3 with the tables' row updates parted
+    meetings = len(phases) // steps  # 2: the slices, then the optimizers with the tables' rows
     slices_s = phases[0::meetings]
     optimizers_s = [sum(phases[i + 1 : i + meetings]) for i in range(0, len(phases), meetings)]
     ms = lambda v: statistics.median(v) * 1000
     out = {
         f"forward and backward, {n} slices on {n} threads": ms(slices_s),
-        f"optimizers, spread over {n} threads": ms(optimizers_s),
+        f"optimizers and the tables' rows, spread over {n} threads": ms(optimizers_s),
         "the rest (slicing, gradients' bookkeeping)": ms(
             [t - a - b for t, a, b in zip(totals, slices_s, optimizers_s)]
         ),

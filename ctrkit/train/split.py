@@ -1,6 +1,7 @@
 """A CPU training step split over threads: each of N worker threads runs the forward and backward pass of its
 slice of the batch with one intra-op thread, then the workers sum the slices' gradients and step the optimizers
-between them, and last update the tables' rows that the optimizers' C kernels left to them, each worker its part.
+between them; the tables' rows that the optimizers' C kernels leave to them are updated in pieces by whichever worker
+is free (``RowWork``), in the same meeting.
 
 Why: with one process on a few cores, ATen spreads every operation over all threads, and each parallel region
 wakes the threads that slept since the last one (65-100 us a region where idle threads sleep, README "Threads and
@@ -19,6 +20,7 @@ count again); the calling thread's count is restored after.
 
 from __future__ import annotations
 
+import collections
 import queue
 import threading
 from collections.abc import Callable, Sequence
@@ -76,6 +78,47 @@ class ThreadTeam:
             if not ok:
                 raise value
         return [value for _, value in outcomes]
+
+
+class RowWork:
+    """A step's deferred row updates (``SparseRowOptimizer.step_deferring_rows``), shared by the workers as they come.
+    Each update is cut into ``parts`` pieces (a row's update does not depend on the parting). A worker that has
+    stepped its own optimizers takes pieces (``work``) until every optimizer that defers rows has handed its updates
+    over (``add``, then ``done``) and none is left; so a worker whose optimizers finished first updates rows
+    meanwhile, and the optimizers and the rows take one meeting. After ``fail`` no further piece starts."""
+
+    def __init__(self, producers: int, parts: int):
+        self.parts = parts
+        self.pending = producers  # optimizers yet to hand over their updates
+        self.tasks: collections.deque = collections.deque()
+        self.failed = False
+        self.cond = threading.Condition()
+
+    def add(self, updates: Sequence[Callable[[int, int], None]]) -> None:
+        with self.cond:
+            self.tasks.extend((u, k) for u in updates for k in range(self.parts))
+            self.cond.notify_all()
+
+    def done(self, count: int = 1) -> None:
+        """``count`` optimizers have handed over their updates (or will not)."""
+        with self.cond:
+            self.pending -= count
+            self.cond.notify_all()
+
+    def fail(self) -> None:
+        with self.cond:
+            self.failed = True
+            self.cond.notify_all()
+
+    def work(self) -> None:
+        while True:
+            with self.cond:
+                while not self.tasks and self.pending > 0 and not self.failed:
+                    self.cond.wait()
+                if self.failed or not self.tasks:
+                    return
+                update, part = self.tasks.popleft()
+            update(part, self.parts)
 
 
 _teams: dict[int, ThreadTeam] = {}

@@ -253,34 +253,38 @@ class TrainStep:
         grads = {id(p): [r[1][k] for r in results] for k, p in enumerate(params)}
         for opt in self.optimizers:
             opt.zero_grad(set_to_none=True)
-        # the optimizers dealt to the workers; the tables' row updates come back unrun and are then parted over all
+        # the optimizers dealt to the workers; the tables' row updates come back unrun, in pieces that every worker
+        # takes once its own optimizers are done (one meeting: a worker does not wait for the others to start on rows)
         deferring = [hasattr(opt, "step_deferring_rows") for opt in self.optimizers]
         costs = [thread_split.optimizer_cost(opt, grads, d) for opt, d in zip(self.optimizers, deferring)]
+        rows = thread_split.RowWork(sum(deferring), parts=2 * n)
 
         def optimizer_job(indices: list[int]):
-            def run() -> list:
-                updates = []
-                for i in indices:
-                    opt = self.optimizers[i]
-                    for group in opt.param_groups:
-                        for p in group["params"]:
-                            p.grad = thread_split.sum_gradients(grads.get(id(p), ()), p)
-                    if deferring[i]:
-                        updates.extend(opt.step_deferring_rows())
-                    else:
-                        opt.step()
-                return updates
+            def run() -> None:
+                left = sum(deferring[i] for i in indices)  # this job's optimizers yet to hand over row updates
+                try:
+                    for i in indices:
+                        opt = self.optimizers[i]
+                        for group in opt.param_groups:
+                            for p in group["params"]:
+                                p.grad = thread_split.sum_gradients(grads.get(id(p), ()), p)
+                        if deferring[i]:
+                            rows.add(opt.step_deferring_rows())
+                            left -= 1
+                            rows.done()
+                        else:
+                            opt.step()
+                except BaseException:
+                    rows.fail()  # no further row piece starts anywhere; the caller raises this
+                    raise
+                finally:
+                    if left:
+                        rows.done(left)
+                rows.work()
 
             return run
 
-        dealt = [idx for idx in thread_split.assign(costs, n) if idx]
-        updates = [u for done in team.run([optimizer_job(idx) for idx in dealt]) for u in done]
-        if updates:
-
-            def rows_job(part: int):
-                return lambda: [update(part, n) for update in updates]
-
-            team.run([rows_job(part) for part in range(n)])
+        team.run([optimizer_job(idx) for idx in thread_split.assign(costs, n)])
         loss = results[0][0]
         for r in results[1:]:
             loss = loss + r[0]

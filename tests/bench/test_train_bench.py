@@ -103,11 +103,12 @@ def test_bench_train_breakdown_of_a_split_step(tmp_path, capsys):
     assert result["split_threads"] == 2 and b["matmul_ms"] is None
     assert set(b["ms"]) == {
         "forward and backward, 2 slices on 2 threads",
-        "optimizers, spread over 2 threads",
+        "optimizers and the tables' rows, spread over 2 threads",
         "the rest (slicing, gradients' bookkeeping)",
     }
     assert (
-        b["ms"]["forward and backward, 2 slices on 2 threads"] > 0 and b["ms"]["optimizers, spread over 2 threads"] > 0
+        b["ms"]["forward and backward, 2 slices on 2 threads"] > 0
+        and b["ms"]["optimizers and the tables' rows, spread over 2 threads"] > 0
     )
     assert b["total_ms"] == pytest.approx(sum(b["ms"].values()))
     assert set(b["optimizer_ms"]) == {

@@ -274,3 +274,59 @@ def test_summed_dense_gradients_take_their_parameters_layout():
         torch.optim.Adam([p], lr=0.1, fused=True).step()
         stepped.append(p.detach())
     assert torch.equal(*stepped)
+
+
+def test_row_pieces_are_taken_by_whichever_worker_is_free(two_threads):
+    """The tables' row updates go to the workers in pieces as the optimizers hand them over: a worker whose own
+    optimizers are done waits for the others' updates and takes their pieces; every piece runs once; after a failure
+    no further piece starts."""
+    team = split.ThreadTeam(2)
+    rows = split.RowWork(producers=2, parts=4)
+    ran, lock = [], threading.Lock()
+
+    def update(name):
+        def run(part, parts):
+            with lock:
+                ran.append((name, part, parts, threading.current_thread().name))
+
+        return run
+
+    slow_done = threading.Event()
+
+    def fast_worker():  # no optimizer of its own that defers rows: straight to the pieces
+        rows.work()
+
+    def slow_worker():
+        rows.add([update("first-order")])
+        rows.done()
+        slow_done.wait(5)  # the other worker takes pieces meanwhile
+        rows.add([update("tables")])
+        rows.done()
+        rows.work()
+
+    threading.Timer(0.2, slow_done.set).start()
+    team.run([fast_worker, slow_worker])
+    assert sorted(r[:3] for r in ran) == [(n, k, 4) for n in ("first-order", "tables") for k in range(4)]
+    assert {r[3] for r in ran if r[0] == "first-order"} == {"ctrkit-step-0"}  # taken while the other one waited
+    failed = split.RowWork(producers=1, parts=2)
+    failed.add([update("never")])
+    failed.fail()
+    failed.work()
+    assert not [r for r in ran if r[0] == "never"]
+
+
+def test_a_failing_optimizer_in_the_split_step_is_raised_and_nothing_hangs(two_threads):
+    model = _model("dlrm")
+    opts = build_optimizers(model, "adagrad", 0.05, "adagrad", 0.05, "sgd", 0.05)
+    step = TrainStep(model, opts, CPU, split="on")
+    table_opt = next(o for o in opts if getattr(o, "is_table_optimizer", False) and not o.is_wide)
+
+    def broken():
+        raise IndexError("row 99 outside the table")
+
+    table_opt.step_deferring_rows = broken
+    batch = _batches(1, 64)[0]
+    with pytest.raises(IndexError, match="row 99"):
+        step(batch)
+    del table_opt.step_deferring_rows
+    assert torch.isfinite(step(batch))  # the team and the step still work
