@@ -183,8 +183,8 @@ class _LinearChainFn(torch.autograd.Function):
                 else:
                     grad_bias = g.sum(0).float()
                 if needs[3 + 2 * i]:
-                    if ctx.bf16:  # as autocast's addmm backward: mat2's gradient x^T g, transposed, then float32
-                        grads[2 * i] = (x.t() @ g).t().to(torch.float32, memory_format=torch.contiguous_format)
+                    if ctx.bf16:  # as autocast's addmm backward gives a column-major mat2's gradient, then float32
+                        grads[2 * i] = (g.t() @ x).float()
                     else:
                         wide = x.shape[1] > NARROW_INPUT
                         grads[2 * i] = g.t() @ x if wide else (x.t() @ g).t().contiguous()
