@@ -5,7 +5,8 @@ from __future__ import annotations
 import statistics
 import time
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -177,8 +178,21 @@ def _split_breakdown(step: TrainStep, batches: list[Batch], steps: int) -> dict:
             "optimizer_ms": {k: ms(v) for k, v in own.items() if v}}  # fmt: skip
 
 
-def run_train_bench(cfg: TrainBenchConfig, device: torch.device) -> dict:
-    """Runs ``warmup`` untimed steps, then ``repeats`` x ``steps`` timed steps; reports the median."""
+@dataclass
+class BenchSetup:
+    """What ``run_train_bench`` times: the model, its config, the training step and the batches (in-process A/B
+    scripts in benchmarks/results/ take the same from ``bench_setup``)."""
+
+    model: torch.nn.Module
+    model_cfg: Any
+    step: TrainStep
+    batches: list[Batch]
+    amp_dtype: torch.dtype | None
+    optimizers: dict[str, str]
+
+
+def bench_setup(cfg: TrainBenchConfig, device: torch.device) -> BenchSetup:
+    """The benchmark's model (seeded), its default optimizers at a small lr, its TrainStep and its batches."""
     torch.manual_seed(cfg.seed)
     shape = {
         "num_numerical": cfg.num_numerical,
@@ -199,6 +213,19 @@ def run_train_bench(cfg: TrainBenchConfig, device: torch.device) -> dict:
     optimizers = build_optimizers(model, dense_opt, 1e-3, emb_opt, 1e-3, d.get("wide_optimizer", "sgd"), 1e-3)
     step = TrainStep(model, optimizers, device, amp_dtype, compile=cfg.compile, split=cfg.split_batch)
     batches = [b.to(device) for b in make_batches(cfg, np.random.default_rng(cfg.seed))]
+    return BenchSetup(model, model_cfg, step, batches, amp_dtype, {"dense": dense_opt, "embedding": emb_opt})
+
+
+def run_train_bench(cfg: TrainBenchConfig, device: torch.device) -> dict:
+    """Runs ``warmup`` untimed steps, then ``repeats`` x ``steps`` timed steps; reports the median."""
+    setup = bench_setup(cfg, device)
+    model, model_cfg, step, batches, amp_dtype = (
+        setup.model,
+        setup.model_cfg,
+        setup.step,
+        setup.batches,
+        setup.amp_dtype,
+    )
     flops = dense_flops_per_sample(model, batches[0])
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     for i in range(cfg.warmup):
@@ -230,7 +257,7 @@ def run_train_bench(cfg: TrainBenchConfig, device: torch.device) -> dict:
         "ms_per_step": ms,
         "ms_per_step_all": [t * 1000 for t in times],
         "amp_dtype": str(amp_dtype).replace("torch.", "") if amp_dtype else None,
-        "optimizers": {"dense": dense_opt, "embedding": emb_opt},
+        "optimizers": setup.optimizers,
         "device": str(device),
         "machine": machine(),
         "matmul_peak_gflops": peaks,

@@ -122,9 +122,9 @@ class _LinearChainFn(torch.autograd.Function):
     float32 (``bf16`` False): ``_LinearReLUFn``'s operations in the same order, so the same values (tests).
     ``bf16`` (training under bfloat16 autocast): what autocast runs for the layers (weights, biases and input cast to
     bfloat16, ``addmm``, ``relu_``), ATen's values; backward's products in bfloat16 as autocast's, the masked
-    gradient in one pass (``threshold_backward``'s values) and the bias's gradient summed in double and rounded to
-    bfloat16 (ATen sums in float: the last bit may differ); the weights' gradients come back in float32, as
-    autocast's casts give them."""
+    gradient in one pass (``threshold_backward``'s values) and the bias's gradient summed in float by chunks of rows,
+    the chunks in double, and rounded to bfloat16 (ATen sums in float in its own order: the last bit may differ);
+    the weights' gradients come back in float32, as autocast's casts give them."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, relu_last: bool, bf16: bool, *params: torch.Tensor) -> torch.Tensor:
@@ -171,14 +171,9 @@ class _LinearChainFn(torch.autograd.Function):
                 if i < layers - 1 or ctx.relu_last:
                     grad_bias = torch.empty(y.shape[1], dtype=torch.float32)
                     out = None if owned else torch.empty_like(y)
-                    pointers = (g.data_ptr(), y.data_ptr())
-                    if ctx.bf16:
-                        out_pointer = None if out is None else out.data_ptr()  # None: over g
-                        lib.ctrkit_relu_backward_bias_bf16(*pointers, out_pointer, grad_bias.data_ptr(), *y.shape)
-                    elif out is None:
-                        lib.ctrkit_relu_backward_bias_in_place_f32(*pointers, grad_bias.data_ptr(), *y.shape)
-                    else:
-                        lib.ctrkit_relu_backward_bias_f32(*pointers, out.data_ptr(), grad_bias.data_ptr(), *y.shape)
+                    kernel = lib.ctrkit_relu_backward_bias_bf16 if ctx.bf16 else lib.ctrkit_relu_backward_bias_f32
+                    out_pointer = None if out is None else out.data_ptr()  # None: over g
+                    kernel(g.data_ptr(), y.data_ptr(), out_pointer, grad_bias.data_ptr(), *y.shape)
                     g = g if out is None else out
                 else:
                     grad_bias = g.sum(0).float()

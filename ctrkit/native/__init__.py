@@ -29,6 +29,7 @@ from pathlib import Path
 import torch  # noqa: F401 - loads torch's OpenMP runtime (libgomp.so.1) before the library that links it
 
 SOURCES = ("interaction.c", "rows.c", "mlp.c")
+HEADERS = ("bf16.h",)  # included by the sources: part of the build's cache key
 # values below which a kernel runs on one thread, as ATen's grain: waking sleeping OpenMP threads costs more (~100
 # us a call where OMP_WAIT_POLICY=passive, README)
 GRAIN = 32768
@@ -42,7 +43,6 @@ SIGNATURES = {
     "ctrkit_sort_ids": [_P, _I, _I, _P, _P, _P, _P],
     "ctrkit_bias_relu_f32": [_P, _P, _I, _I],
     "ctrkit_relu_backward_bias_f32": [_P, _P, _P, _P, _I, _I],
-    "ctrkit_relu_backward_bias_in_place_f32": [_P, _P, _P, _I, _I],
     "ctrkit_relu_backward_bias_bf16": [_P, _P, _P, _P, _I, _I],
     **{f"ctrkit_dot_forward_{k}": [_P, _P, _P, _I, _I, _I, _I, _C] for k in ("f32", "bf16_f32", "bf16")},
     **{f"ctrkit_dot_backward_{k}": [_P, _P, _P, _P, _P, _I, _I, _I, _I, _C] for k in ("f32", "bf16_f32", "bf16")},
@@ -78,7 +78,7 @@ def _compiler() -> str | None:
 def _build(compiler: str) -> Path:
     """Compiles the sources (if this source/compiler/CPU has not been built before) and returns the library."""
     here = Path(__file__).parent
-    source = "".join((here / s).read_text() for s in SOURCES)
+    source = "".join((here / s).read_text() for s in (*SOURCES, *HEADERS))
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
     key = hashlib.sha256("\0".join([source, version, " ".join(FLAGS), _cpu_identity()]).encode()).hexdigest()[:16]
     out = _cache_dir() / f"libctrkit_native_{key}.so"

@@ -26,6 +26,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bf16.h"
+
 #if defined(__AVX512F__)
 #define VL 16
 #elif defined(__AVX__)
@@ -35,24 +37,7 @@
 #endif
 typedef float vf __attribute__((vector_size(VL * 4)));
 
-static inline float bf16_to_float(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-
-/* round to nearest even, as c10::BFloat16 does (NaN to the quiet NaN 0x7FC0); without a branch, so that loops
-   over it vectorize */
-static inline uint16_t float_to_bf16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  const uint16_t rounded = (uint16_t)((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
-  return f != f ? (uint16_t)0x7FC0 : rounded;
-}
-
 static inline float f32_id(float x) { return x; }
-static inline float bf16_round(float x) { return bf16_to_float(float_to_bf16(x)); }
 
 /* Loads the V vectors of sample b into float rows of `stride` floats (zero beyond D):
    vec(i) = row i. LOAD_T / LOAD_E convert one element of dense / emb to float. */

@@ -13,6 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bf16.h"
+
 void ctrkit_bias_relu_f32(float *y, const float *bias, int64_t B, int64_t N) {
 #pragma omp parallel for schedule(static) if (B * N >= CTRKIT_GRAIN)
   for (int64_t i = 0; i < B; i++) {
@@ -41,23 +43,6 @@ static void masked_rows(const float *restrict g, const float *restrict y, float 
     }
 }
 
-void ctrkit_relu_backward_bias_f32(const float *g, const float *y, float *grad_in, float *grad_bias, int64_t B,
-                                   int64_t N) {
-  const int64_t chunks = (B + ROWS - 1) / ROWS;
-  double *partial = calloc((size_t)(chunks * N), sizeof(double));
-#pragma omp parallel for schedule(static) if (B * N >= CTRKIT_GRAIN)
-  for (int64_t c = 0; c < chunks; c++) { /* each thread writes whole rows (its own pages) */
-    const int64_t first = c * ROWS, end = first + ROWS < B ? first + ROWS : B;
-    masked_rows(g + first * N, y + first * N, grad_in + first * N, partial + c * N, end - first, N);
-  }
-  for (int64_t j = 0; j < N; j++) { /* the chunks in order: the same sums whatever the thread count */
-    double total = 0.0;
-    for (int64_t c = 0; c < chunks; c++) total += partial[c * N + j];
-    grad_bias[j] = (float)total;
-  }
-  free(partial);
-}
-
 #if defined(__GNUC__) && !defined(__clang__)
 __attribute__((optimize("no-trapping-math")))
 #endif
@@ -71,17 +56,20 @@ static void masked_rows_in_place(float *restrict g, const float *restrict y, dou
     }
 }
 
-/* ctrkit_relu_backward_bias_f32 writing the masked gradient over g (a gradient the caller owns): no output buffer
- * to allocate and to read for ownership before writing it. The same values and sums. */
-void ctrkit_relu_backward_bias_in_place_f32(float *g, const float *y, float *grad_bias, int64_t B, int64_t N) {
+/* out == NULL: the masked gradient is written over g (a gradient the caller owns: the chained MLP's), with no buffer
+ * of its own to allocate and to read for ownership before writing it; the same values and sums. */
+void ctrkit_relu_backward_bias_f32(float *g, const float *y, float *out, float *grad_bias, int64_t B, int64_t N) {
   const int64_t chunks = (B + ROWS - 1) / ROWS;
   double *partial = calloc((size_t)(chunks * N), sizeof(double));
 #pragma omp parallel for schedule(static) if (B * N >= CTRKIT_GRAIN)
-  for (int64_t c = 0; c < chunks; c++) {
+  for (int64_t c = 0; c < chunks; c++) { /* each thread writes whole rows (its own pages) */
     const int64_t first = c * ROWS, end = first + ROWS < B ? first + ROWS : B;
-    masked_rows_in_place(g + first * N, y + first * N, partial + c * N, end - first, N);
+    if (out)
+      masked_rows(g + first * N, y + first * N, out + first * N, partial + c * N, end - first, N);
+    else
+      masked_rows_in_place(g + first * N, y + first * N, partial + c * N, end - first, N);
   }
-  for (int64_t j = 0; j < N; j++) {
+  for (int64_t j = 0; j < N; j++) { /* the chunks in order: the same sums whatever the thread count */
     double total = 0.0;
     for (int64_t c = 0; c < chunks; c++) total += partial[c * N + j];
     grad_bias[j] = (float)total;
@@ -93,20 +81,6 @@ void ctrkit_relu_backward_bias_in_place_f32(float *g, const float *y, float *gra
  * the masked gradient in bfloat16 (the same values as threshold_backward: g where y > 0 or y is NaN, else 0), the
  * bias's gradient summed in float over each chunk of rows, the chunks in double, rounded to bfloat16 (as ATen's
  * bfloat16 sum), returned as float. */
-static inline float bf16_value(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-
-static inline float bf16_rounded(float f) { /* round to nearest even, as c10::BFloat16 (NaN to the quiet NaN) */
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  if (f != f) return bf16_value(0x7FC0);
-  return bf16_value((uint16_t)((u + 0x7FFF + ((u >> 16) & 1)) >> 16));
-}
-
 /* y > 0 or NaN, from the bits: not -0.0 or +0.0, and positive or NaN (integer operations, so the loops vectorize) */
 static inline uint16_t passes(uint16_t h) {
   return (uint16_t)(((h & 0x7FFF) > 0x7F80) | (((h & 0x8000) == 0) & (h != 0)));
@@ -119,7 +93,7 @@ static void masked_rows_bf16(const uint16_t *restrict g, const uint16_t *restric
     for (int64_t j = 0; j < N; j++) {
       const uint16_t v = passes(y[j]) ? g[j] : (uint16_t)0;
       out[j] = v;
-      sums[j] += bf16_value(v);
+      sums[j] += bf16_to_float(v);
     }
 }
 
@@ -129,7 +103,7 @@ static void masked_rows_bf16_in_place(uint16_t *restrict g, const uint16_t *rest
     for (int64_t j = 0; j < N; j++) {
       const uint16_t v = passes(y[j]) ? g[j] : (uint16_t)0;
       g[j] = v;
-      sums[j] += bf16_value(v);
+      sums[j] += bf16_to_float(v);
     }
 }
 
@@ -149,7 +123,7 @@ void ctrkit_relu_backward_bias_bf16(uint16_t *g, const uint16_t *y, uint16_t *ou
   for (int64_t j = 0; j < N; j++) {
     double total = 0.0;
     for (int64_t c = 0; c < chunks; c++) total += partial[c * N + j];
-    grad_bias[j] = bf16_rounded((float)total);
+    grad_bias[j] = bf16_round((float)total);
   }
   free(partial);
 }

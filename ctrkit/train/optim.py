@@ -412,7 +412,7 @@ def make_optimizer(kind: str, params: list[torch.nn.Parameter], lr: float, spars
         return torch.optim.RMSprop(params, lr=lr, foreach=True)
     if sparse or kind == "ftrl":  # FTRL on dense parameters: every row, every step
         return SparseRowOptimizer(params, kind, lr)
-    if kind == "adagrad":  # torch's fused Adagrad (one kernel; CPU only): a few dozen us a step against ~300 cold
+    if kind == "adagrad":  # torch's fused Adagrad (one kernel; CPU only): 0.24 against 0.40 ms a DLRM step (README)
         fused = all(p.device.type == "cpu" for p in params)
         return (
             torch.optim.Adagrad(params, lr=lr, fused=True)

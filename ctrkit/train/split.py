@@ -6,7 +6,7 @@ is free (``RowWork``), in the same meeting.
 Why: with one process on a few cores, ATen spreads every operation over all threads, and each parallel region
 wakes the threads that slept since the last one (65-100 us a region where idle threads sleep, README "Threads and
 OpenMP's wait policy"); a step has hundreds of them. Here each worker runs one thread's work from start to end and
-the threads meet two or three times a step (the slices, the optimizers, the tables' rows). The step is the same
+the threads meet twice a step (the slices; the optimizers with the tables' rows). The step is the same
 step: the loss is the sum of each slice's summed loss over the whole batch's size, each parameter's gradient is the
 slices' gradients summed in slice order (sparse ones concatenated in slice order, which is the whole batch's own
 order of ids), and the optimizers see those. Float rounding differs from the unsplit step (products over fewer
@@ -83,9 +83,10 @@ class ThreadTeam:
 class RowWork:
     """A step's deferred row updates (``SparseRowOptimizer.step_deferring_rows``), shared by the workers as they come.
     Each update is cut into ``parts`` pieces (a row's update does not depend on the parting). A worker that has
-    stepped its own optimizers takes pieces (``work``) until every optimizer that defers rows has handed its updates
-    over (``add``, then ``done``) and none is left; so a worker whose optimizers finished first updates rows
-    meanwhile, and the optimizers and the rows take one meeting. After ``fail`` no further piece starts."""
+    stepped its own optimizers takes pieces (``work``) until each of the ``producers`` optimizers that defer rows has
+    handed its updates over (``add``) and none is left; so a worker whose optimizers finished first updates rows
+    meanwhile, and the optimizers and the rows take one meeting. After ``fail`` no further piece starts (and nobody
+    waits for the producers that will not hand over)."""
 
     def __init__(self, producers: int, parts: int):
         self.parts = parts
@@ -95,14 +96,10 @@ class RowWork:
         self.cond = threading.Condition()
 
     def add(self, updates: Sequence[Callable[[int, int], None]]) -> None:
+        """One producer's updates (possibly none)."""
         with self.cond:
             self.tasks.extend((u, k) for u in updates for k in range(self.parts))
-            self.cond.notify_all()
-
-    def done(self, count: int = 1) -> None:
-        """``count`` optimizers have handed over their updates (or will not)."""
-        with self.cond:
-            self.pending -= count
+            self.pending -= 1
             self.cond.notify_all()
 
     def fail(self) -> None:

@@ -261,7 +261,6 @@ class TrainStep:
 
         def optimizer_job(indices: list[int]):
             def run() -> None:
-                left = sum(deferring[i] for i in indices)  # this job's optimizers yet to hand over row updates
                 try:
                     for i in indices:
                         opt = self.optimizers[i]
@@ -270,16 +269,11 @@ class TrainStep:
                                 p.grad = thread_split.sum_gradients(grads.get(id(p), ()), p)
                         if deferring[i]:
                             rows.add(opt.step_deferring_rows())
-                            left -= 1
-                            rows.done()
                         else:
                             opt.step()
                 except BaseException:
                     rows.fail()  # no further row piece starts anywhere; the caller raises this
                     raise
-                finally:
-                    if left:
-                        rows.done(left)
                 rows.work()
 
             return run

@@ -333,8 +333,7 @@ def test_native_bias_relu_keeps_atens_nan_and_sign_rules_at_any_thread_count():
             )
             results.append((masked, grad_bias))
             in_place, grad_bias = g.clone(), torch.empty(37)  # the chained MLP's pass, over its own gradient
-            pointers = (in_place.data_ptr(), y.data_ptr(), grad_bias.data_ptr())
-            lib.ctrkit_relu_backward_bias_in_place_f32(*pointers, 1025, 37)
+            lib.ctrkit_relu_backward_bias_f32(in_place.data_ptr(), y.data_ptr(), None, grad_bias.data_ptr(), 1025, 37)
             results.append((in_place, grad_bias))
     finally:
         torch.set_num_threads(threads)

@@ -13,18 +13,8 @@ threads = int(next((a.split("=")[1] for a in sys.argv if a.startswith("threads="
 split = next((a.split("=")[1] for a in sys.argv if a.startswith("split=")), "auto")
 bs = int(next((a.split("=")[1] for a in sys.argv if a.startswith("batch=")), 2048))
 torch.set_num_threads(threads)
-cap = {}
-Orig = T.TrainStep
-class Cap(Orig):
-    def __init__(s, *a, **k):
-        k["split"] = split; super().__init__(*a, **k); cap["step"] = s
-T.TrainStep = Cap
-origmb = T.make_batches
-def mb(*a, **k):
-    r = origmb(*a, **k); cap["b"] = r; return r
-T.make_batches = mb
-T.run_train_bench(TrainBenchConfig(model=name, repeats=1, steps=3, amp=amp, batch_size=bs), torch.device("cpu"))
-step, batches = cap["step"], cap["b"]
+setup = T.bench_setup(TrainBenchConfig(model=name, amp=amp, batch_size=bs, split_batch=split), torch.device("cpu"))
+step, batches = setup.step, setup.batches
 mods = list(step.model.modules())
 import ctrkit.train.optim as O
 real_sort = O._native_sort

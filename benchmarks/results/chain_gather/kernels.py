@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from ctrkit import hugepages, native
 from ctrkit.bench.config import TrainBenchConfig
@@ -35,8 +36,8 @@ out = {"machine": machine(), "us": {}}
 for dim in (16, 1):
     table = hugepages.empty(2_600_000, dim).uniform_().requires_grad_()
     cases = {
-        f"lookup D={dim} ATen": lambda b: torch.nn.functional.embedding(b.categorical + offsets, table, sparse=True),
-        f"lookup D={dim} C gather": lambda b: _GatherRowsFn.apply(table, b.categorical, offsets),
+        f"lookup D={dim} ATen": lambda b, t=table: F.embedding(b.categorical + offsets, t, sparse=True),
+        f"lookup D={dim} C gather": lambda b, t=table: _GatherRowsFn.apply(t, b.categorical, offsets),
     }
     times = {k: [] for k in cases}
     for r in range(60):

@@ -21,20 +21,8 @@ old_module = importlib.util.module_from_spec(spec)
 sys.modules["trainer_old"] = old_module  # dataclasses look their module up
 spec.loader.exec_module(old_module)
 torch.set_num_threads(2)
-cap = {}
-
-
-class Cap(T.TrainStep):
-    def __init__(self, *a, **k):
-        super().__init__(*a, **k)
-        cap["step"] = self
-
-
-T.TrainStep = Cap
-make = T.make_batches
-T.make_batches = lambda *a, **k: cap.setdefault("b", make(*a, **k))
-T.run_train_bench(TrainBenchConfig(model=name, repeats=1, steps=3, amp=amp), torch.device("cpu"))
-step, batches = cap["step"], cap["b"]
+setup = T.bench_setup(TrainBenchConfig(model=name, amp=amp), torch.device("cpu"))
+step, batches = setup.step, setup.batches
 new_split = type(step)._split_step
 variants = {"meetings": old_module.TrainStep._split_step, "pieces": new_split}
 times = {k: [] for k in variants}

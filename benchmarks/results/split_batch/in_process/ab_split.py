@@ -1,24 +1,13 @@
 """In-process A/B: split off / split without parted rows / split with parted rows. argv: model rounds steps [amp]"""
 import sys, time, statistics, torch
-sys.path.insert(0, "/work/main")
 from ctrkit.bench.config import TrainBenchConfig
 import ctrkit.bench.train_bench as T
 from ctrkit.train.optim import SparseRowOptimizer
 name, rounds, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 amp = "amp" in sys.argv
 torch.set_num_threads(2)
-cap = {}
-Orig = T.TrainStep
-class Cap(Orig):
-    def __init__(s, *a, **k):
-        super().__init__(*a, **k); cap["step"] = s
-T.TrainStep = Cap
-origmb = T.make_batches
-def mb(*a, **k):
-    r = origmb(*a, **k); cap["b"] = r; return r
-T.make_batches = mb
-T.run_train_bench(TrainBenchConfig(model=name, repeats=1, steps=3, amp=amp), torch.device("cpu"))
-step, batches = cap["step"], cap["b"]
+setup = T.bench_setup(TrainBenchConfig(model=name, amp=amp), torch.device("cpu"))
+step, batches = setup.step, setup.batches
 real = SparseRowOptimizer.step_deferring_rows
 def whole(self):
     self.step(); return []
