@@ -33,7 +33,13 @@ HEADERS = ("bf16.h",)  # included by the sources: part of the build's cache key
 # values below which a kernel runs on one thread, as ATen's grain: waking sleeping OpenMP threads costs more (~100
 # us a call where OMP_WAIT_POLICY=passive, README)
 GRAIN = 32768
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11", f"-DCTRKIT_GRAIN={GRAIN}")
+# -fno-math-errno: sqrtf need not set errno (nothing reads it), so the row optimizers' square roots and divisions are
+# vector instructions, not one scalar sqrtss and two divss an element behind an errno branch (lazy Adam on 26.6k rows
+# of 16: 1.30 against 2.06 ms, the same bits; README)
+FLAGS = (
+    "-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-shared", "-fPIC", "-std=gnu11",
+    f"-DCTRKIT_GRAIN={GRAIN}",
+)  # fmt: skip
 _P, _I, _C, _D = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_double
 SIGNATURES = {
     "ctrkit_rows_adam_f32": [*[_P] * 7, _I, _I, _I, _D, _D, _D, _D, _D],
