@@ -127,8 +127,8 @@ def test_native_interaction_is_the_same_at_any_thread_count():
 
 
 def _kernel_results() -> list[torch.Tensor]:
-    """The interaction's output and gradients (bf16 under fp32 tables, and fp32) and a lazy-Adam table after 2
-    steps, from whichever library native.library() returns."""
+    """The interaction's output and gradients (bf16 under fp32 tables, and fp32) and lazy-Adam, Adagrad and SGD
+    tables after 2 steps, from whichever library native.library() returns."""
     from ctrkit.train.optim import SparseRowOptimizer, SparseSGD
 
     torch.manual_seed(3)
@@ -140,7 +140,11 @@ def _kernel_results() -> list[torch.Tensor]:
         assert type(out.grad_fn).__name__ == "_NativeDotInteractionFnBackward"
         results += [out, *torch.autograd.grad(out, (dense, emb), torch.randn_like(out))]
     tables = []
-    for make in (lambda p: SparseRowOptimizer(p, "adam", lr=0.01), lambda p: SparseSGD(p, lr=0.01)):
+    for make in (
+        lambda p: SparseRowOptimizer(p, "adam", lr=0.01),
+        lambda p: SparseRowOptimizer(p, "adagrad", lr=0.01),
+        lambda p: SparseSGD(p, lr=0.01),
+    ):
         table = torch.nn.Parameter(torch.randn(500, 16))
         opt = make([table])
         for _ in range(2):
@@ -165,6 +169,20 @@ def test_a_build_for_avx2_cpus_gives_the_same_results(fresh, monkeypatch):
     assert native.library() is not None
     built = list((fresh / "ctrkit" / "native").glob("libctrkit_native_*.so"))
     assert len(built) == 2  # a library of its own (the flags are part of the cache key)
+    for a, b in zip(_kernel_results(), here):
+        assert torch.equal(a, b)
+
+
+@needs_cc
+def test_vector_square_roots_give_the_scalar_build_s_bits(fresh, monkeypatch):
+    """-fno-math-errno lets GCC vectorize the row optimizers' square roots and divisions (README); the kernels built
+    without it (scalar sqrtss and divss behind an errno branch) give the same results, bit for bit."""
+    assert "-fno-math-errno" in native.FLAGS
+    here = _kernel_results()
+    monkeypatch.setattr(native, "FLAGS", tuple(f for f in native.FLAGS if f != "-fno-math-errno"))
+    monkeypatch.setattr(native, "_loaded", [])
+    assert native.library() is not None
+    assert len(list((fresh / "ctrkit" / "native").glob("libctrkit_native_*.so"))) == 2
     for a, b in zip(_kernel_results(), here):
         assert torch.equal(a, b)
 
