@@ -177,12 +177,17 @@ def optimizer_cost(opt: torch.optim.Optimizer, grads: dict[int, list[torch.Tenso
     return cost
 
 
-def assign(costs: Sequence[float], n: int) -> list[list[int]]:
-    """Indices of ``costs`` dealt to ``n`` workers, largest first to the least loaded (ties: the lowest worker)."""
+def assign(costs: Sequence[float], n: int, first: Sequence[bool] | None = None) -> list[list[int]]:
+    """Indices of ``costs`` dealt to ``n`` workers, largest first to the least loaded (ties: the lowest worker). Each
+    worker's list is in index order, except that the indices marked in ``first`` come before the others, largest
+    first: the split step marks the optimizers that hand rows over, so that the rows (which every worker takes) are
+    ready as early as they can be rather than after a dense optimizer that happened to come first."""
     loads = [0.0] * n
     out: list[list[int]] = [[] for _ in range(n)]
     for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
         w = min(range(n), key=lambda w: (loads[w], w))
         loads[w] += costs[i]
         out[w].append(i)
-    return [sorted(x) for x in out]
+    if first is None:
+        return [sorted(x) for x in out]
+    return [sorted(x, key=lambda i: (not first[i], -costs[i] if first[i] else 0.0, i)) for x in out]

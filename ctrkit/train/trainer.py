@@ -278,7 +278,7 @@ class TrainStep:
 
             return run
 
-        team.run([optimizer_job(idx) for idx in thread_split.assign(costs, n)])
+        team.run([optimizer_job(idx) for idx in thread_split.assign(costs, n, first=deferring)])
         loss = results[0][0]
         for r in results[1:]:
             loss = loss + r[0]

@@ -33,6 +33,14 @@ def test_assign_deals_the_largest_first_to_the_least_loaded():
     assert split.assign([2.0, 2.0], 3) == [[0], [1], []]
 
 
+def test_assign_puts_the_row_producers_first_largest_first():
+    """The optimizers that hand rows over run before the others on their worker, the costliest first, so the rows
+    are ready early; the dealing itself is unchanged."""
+    costs, producers = [1.0, 0.5, 3.0, 2.0, 4.0], [False, True, False, True, True]
+    assert split.assign(costs, 2) == [[0, 1, 4], [2, 3]]  # 4 + 1 + 0.5 | 3 + 2
+    assert split.assign(costs, 2, first=producers) == [[4, 1, 0], [3, 2]]
+
+
 def test_sparse_gradients_concatenate_in_slice_order_as_the_whole_batch_gives_them():
     torch.manual_seed(0)
     table = torch.nn.Parameter(torch.randn(9, 3))
