@@ -34,7 +34,7 @@ HEADERS = ("bf16.h",)  # included by the sources: part of the build's cache key
 # us a call where OMP_WAIT_POLICY=passive, README)
 GRAIN = 32768
 # -fno-math-errno: sqrtf need not set errno (nothing reads it), so the row optimizers' square roots and divisions are
-# vector instructions, not one scalar sqrtss and two divss an element behind an errno branch (lazy Adam on 26.6k rows
+# vector instructions, not one scalar sqrtss and two divss an element behind an errno branch (lazy Adam on 26.5k rows
 # of 16: 1.30 against 2.06 ms, the same bits; README)
 FLAGS = (
     "-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-shared", "-fPIC", "-std=gnu11",
