@@ -23,7 +23,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch  # noqa: F401 - loads torch's OpenMP runtime (libgomp.so.1) before the library that links it
@@ -81,12 +81,13 @@ def _compiler() -> str | None:
     return None
 
 
-def _build(compiler: str) -> Path:
-    """Compiles the sources (if this source/compiler/CPU has not been built before) and returns the library."""
+def _build(compiler: str, flags: Sequence[str]) -> Path:
+    """Compiles the sources with ``flags`` (if this source/compiler/flags/CPU has not been built before) and returns
+    the library."""
     here = Path(__file__).parent
     source = "".join((here / s).read_text() for s in (*SOURCES, *HEADERS))
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = hashlib.sha256("\0".join([source, version, " ".join(FLAGS), _cpu_identity()]).encode()).hexdigest()[:16]
+    key = hashlib.sha256("\0".join([source, version, " ".join(flags), _cpu_identity()]).encode()).hexdigest()[:16]
     out = _cache_dir() / f"libctrkit_native_{key}.so"
     if out.exists():
         return out
@@ -95,7 +96,7 @@ def _build(compiler: str) -> Path:
     os.close(fd)
     try:
         done = subprocess.run(
-            [compiler, *FLAGS, "-o", tmp, *(str(here / s) for s in SOURCES), "-lm"],
+            [compiler, *flags, "-o", tmp, *(str(here / s) for s in SOURCES), "-lm"],
             capture_output=True,
             text=True,
             timeout=300,
@@ -109,17 +110,22 @@ def _build(compiler: str) -> Path:
     return out
 
 
-def _load() -> ctypes.CDLL | None:
-    if os.environ.get("CTRKIT_NATIVE", "1") == "0":
-        return None
+def build(flags: Sequence[str] | None = None) -> ctypes.CDLL:
+    """The kernels compiled with ``flags`` (default ``FLAGS``; cached per flags) and loaded, their signatures set.
+    ``library()`` is the process's own build; this one serves benchmarks that compare builds. Raises RuntimeError
+    where no compiler is found or the build fails."""
     compiler = _compiler()
     if compiler is None:
         raise RuntimeError("no C compiler found (cc, gcc or clang; or set CC)")
-    lib = ctypes.CDLL(str(_build(compiler)))
+    lib = ctypes.CDLL(str(_build(compiler, FLAGS if flags is None else flags)))
     for name, args in SIGNATURES.items():
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = args, RETURNS.get(name)
     return lib
+
+
+def _load() -> ctypes.CDLL | None:
+    return None if os.environ.get("CTRKIT_NATIVE", "1") == "0" else build()
 
 
 @contextlib.contextmanager

@@ -34,7 +34,8 @@ def test_the_library_builds_once_per_source_and_cpu(fresh):
     built = list((fresh / "ctrkit" / "native").glob("libctrkit_native_*.so"))
     assert len(built) == 1 and not list(built[0].parent.glob("*.tmp"))
     stamp = built[0].stat().st_mtime_ns
-    assert native._build(native._compiler()) == built[0] and built[0].stat().st_mtime_ns == stamp  # reused
+    again = native._build(native._compiler(), native.FLAGS)
+    assert again == built[0] and built[0].stat().st_mtime_ns == stamp  # reused
 
 
 def test_a_failing_compiler_leaves_aten_and_says_why_once(fresh, monkeypatch, capsys):

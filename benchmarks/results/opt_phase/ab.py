@@ -8,13 +8,12 @@ the per-round ratios against "before".
 "merged" was measured and not kept (dlrm*.txt): its code is merged_sorts.patch here (`git apply` it onto d28ab08 or
 later to run it again); without it the script runs "before" and "first"."""
 
-import statistics
 import sys
-import time
 
 import torch
 
 import ctrkit.bench.train_bench as T
+from ctrkit.bench.ab import interleaved_rounds, summary
 from ctrkit.bench.config import TrainBenchConfig
 from ctrkit.bench.peak import machine
 from ctrkit.train import split
@@ -23,28 +22,18 @@ name, rounds, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 amp = "amp" in sys.argv[4:]
 torch.set_num_threads(2)
 setup = T.bench_setup(TrainBenchConfig(model=name, amp=amp), torch.device("cpu"))
-step, batches = setup.step, setup.batches
 assign = split.assign
 no_sorts = lambda grads: [None] * len(grads)  # noqa: E731
-variants = {
+choices = {
     "before": (lambda costs, n, first=None: assign(costs, n), no_sorts),
     "first": (assign, no_sorts),
 }
 if hasattr(split, "sort_slice_ids"):
-    variants["merged"] = (assign, split.sort_slice_ids)
-times = {k: [] for k in variants}
-names = list(variants)
-for r in range(rounds):
-    for k in names[r % len(names):] + names[: r % len(names)]:
-        split.assign, split.sort_slice_ids = variants[k]
-        for i in range(2):
-            step(batches[i % len(batches)])
-        t0 = time.perf_counter()
-        for i in range(steps):
-            step(batches[i % len(batches)])
-        times[k].append((time.perf_counter() - t0) / steps * 1e3)
-for k, v in times.items():
-    ratios = [a / b for a, b in zip(times["before"], v)]
-    print(f"{name} {'bf16' if amp else 'fp32'} {k:7} median {statistics.median(v):.2f} ms a step; before / this per",
-          f"round median {statistics.median(ratios):.3f}", [round(x, 2) for x in v])  # fmt: skip
+    choices["merged"] = (assign, split.sort_slice_ids)
+variants = {
+    k: (lambda c=c: (setattr(split, "assign", c[0]), setattr(split, "sort_slice_ids", c[1])))
+    for k, c in choices.items()
+}
+times = interleaved_rounds(setup.step, setup.batches, variants, rounds, steps)
+print("\n".join(summary(times, "before", f"{name} {'bf16' if amp else 'fp32'} ")))
 print("machine", machine())

@@ -4,13 +4,12 @@ rows parted over all in a meeting of their own: TrainStep._split_step of commit 
 take as the optimizers hand them over). argv: OLD model rounds steps [amp]. Interleaved rounds, medians."""
 
 import importlib.util
-import statistics
 import sys
-import time
 
 import torch
 
 import ctrkit.bench.train_bench as T
+from ctrkit.bench.ab import interleaved_rounds, summary
 from ctrkit.bench.config import TrainBenchConfig
 from ctrkit.bench.peak import machine
 
@@ -22,21 +21,9 @@ sys.modules["trainer_old"] = old_module  # dataclasses look their module up
 spec.loader.exec_module(old_module)
 torch.set_num_threads(2)
 setup = T.bench_setup(TrainBenchConfig(model=name, amp=amp), torch.device("cpu"))
-step, batches = setup.step, setup.batches
-new_split = type(step)._split_step
-variants = {"meetings": old_module.TrainStep._split_step, "pieces": new_split}
-times = {k: [] for k in variants}
-for r in range(rounds):
-    items = list(variants.items())
-    for k, fn in items if r % 2 == 0 else items[::-1]:
-        step._split_step = fn.__get__(step)
-        for i in range(3):
-            step(batches[i % len(batches)])
-        t0 = time.perf_counter()
-        for i in range(steps):
-            step(batches[i % len(batches)])
-        times[k].append((time.perf_counter() - t0) / steps * 1e3)
-for k, v in times.items():
-    print(f"{name} {'bf16' if amp else 'fp32'} {k:8} median ms {statistics.median(v):.2f}", [round(x, 2) for x in v])
-print("meetings / pieces per round", [round(a / b, 3) for a, b in zip(times["meetings"], times["pieces"])])
+step = setup.step
+split_steps = {"meetings": old_module.TrainStep._split_step, "pieces": type(step)._split_step}
+variants = {k: (lambda fn=fn: setattr(step, "_split_step", fn.__get__(step))) for k, fn in split_steps.items()}
+times = interleaved_rounds(step, setup.batches, variants, rounds, steps, warmup=3)
+print("\n".join(summary(times, "meetings", f"{name} {'bf16' if amp else 'fp32'} ")))
 print("machine", machine())

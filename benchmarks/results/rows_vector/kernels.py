@@ -3,7 +3,6 @@ on the rows of a 2.6M x 16 table and Adagrad on a 2.6M x 1 table (huge pages, as
 batch of 1,024 x 26 random ids looks up (26 tables of 100k rows, flat), 8 distinct batches a round, interleaved
 rounds, medians; and whether the two builds give the same bits (1,000-row table, 3,000 ids, repeats)."""
 
-import ctypes
 import json
 import statistics
 import sys
@@ -16,15 +15,7 @@ from ctrkit.bench.peak import machine
 from ctrkit.train import optim
 
 torch.set_num_threads(1)
-libs, flags = {}, native.FLAGS
-for k, drop in (("errno", "-fno-math-errno"), ("vector", None)):
-    native.FLAGS = tuple(f for f in flags if f != drop)
-    lib = ctypes.CDLL(str(native._build(native._compiler())))
-    for fn_name, args in native.SIGNATURES.items():
-        fn = getattr(lib, fn_name)
-        fn.argtypes, fn.restype = args, native.RETURNS.get(fn_name)
-    libs[k] = lib
-native.FLAGS = flags
+libs = {"errno": native.build(tuple(f for f in native.FLAGS if f != "-fno-math-errno")), "vector": native.build()}
 
 
 def adam(lib, w, m, v, b, t):
@@ -70,7 +61,11 @@ for rep in range(5):
     out = {}
     for k, lib in libs.items():
         g = torch.Generator().manual_seed(rep)
-        w, m, v = torch.randn(1000, 16, generator=g), torch.rand(1000, 16, generator=g), torch.rand(1000, 16, generator=g)
+        w, m, v = (
+            torch.randn(1000, 16, generator=g),
+            torch.rand(1000, 16, generator=g),
+            torch.rand(1000, 16, generator=g),
+        )
         w1, s1 = w[:, :1].clone(), m[:, :1].clone()
         b, b1 = batch(1000, 3000, 16, g), batch(1000, 3000, 1, g)
         adam(lib, w, m, v, b, rep + 1)
@@ -78,7 +73,9 @@ for rep in range(5):
         out[k] = (w, m, v, w1, s1)
     same &= all(torch.equal(x, y) for x, y in zip(out["errno"], out["vector"]))
 result = {
-    "us_per_batch": {f"{k} {'adam D16' if d == 16 else 'adagrad D1'}": statistics.median(v) for (k, d), v in times.items()},
+    "us_per_batch": {
+        f"{k} {'adam D16' if d == 16 else 'adagrad D1'}": statistics.median(v) for (k, d), v in times.items()
+    },
     "rounds": {f"{k} {d}": v for (k, d), v in times.items()},
     "distinct_rows_per_batch": statistics.mean(len(b[2]) for b in batches[16]),
     "bit_equal": same,
