@@ -1,0 +1,73 @@
+"""The dot interaction's forward kernel, old against new, one thread: the library built from the sources of a given
+commit (argv[1], e.g. 6fe4a0c: the pairs copied out one by one) against this tree's (whole-register stores), both
+with this tree's flags. First every output of both, bit for bit, over shapes (1 to 100 features, widths 8 to 32,
+with and without a dense vector and self-interaction, padded or not, a NaN among the inputs; float32, bfloat16 under
+float32 tables, bfloat16); then the Criteo-Kaggle shape (batch 1,024, 26 tables, width 16, output 368), 60
+interleaved calls each, medians in us. argv: COMMIT"""
+
+import ctypes
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from ctrkit import native
+from ctrkit.bench.peak import machine
+
+torch.set_num_threads(1)
+here = Path(native.__file__).parent
+with tempfile.TemporaryDirectory() as tmp:
+    for name in (*native.SOURCES, *native.HEADERS):
+        text = subprocess.run(["git", "show", f"{sys.argv[1]}:ctrkit/native/{name}"], capture_output=True, text=True,
+                              check=True, cwd=here).stdout  # fmt: skip
+        (Path(tmp) / name).write_text(text)
+    subprocess.run(["cc", *native.FLAGS, "-o", f"{tmp}/old.so", *(f"{tmp}/{s}" for s in native.SOURCES), "-lm"],
+                   check=True)  # fmt: skip
+    old = ctypes.CDLL(f"{tmp}/old.so")
+    for fn_name, args in native.SIGNATURES.items():
+        getattr(old, fn_name).argtypes, getattr(old, fn_name).restype = args, native.RETURNS.get(fn_name)
+libs = {"old": old, "new": native.build()}
+
+
+def forward(lib, kind, dense, emb, W, self_):
+    out = torch.full((emb.shape[0], W), 7.0, dtype=torch.float32 if kind == "f32" else torch.bfloat16)
+    getattr(lib, f"ctrkit_dot_forward_{kind}")(None if dense is None else dense.data_ptr(), emb.data_ptr(),
+                                               out.data_ptr(), *emb.shape, W, self_)  # fmt: skip
+    return out.view(torch.int32 if kind == "f32" else torch.int16)
+
+
+g = torch.Generator().manual_seed(0)
+cases = same = 0
+for F in (1, 3, 15, 26, 40, 100):
+    for D in (8, 12, 16, 32):
+        for self_ in (0, 1):
+            for has_dense in (True, False):
+                for kind in ("f32", "bf16_f32", "bf16"):
+                    t = torch.float32 if kind == "f32" else torch.bfloat16
+                    V = F + has_dense
+                    width = (D if has_dense else 0) + V * (V - 1) // 2 + self_ * V
+                    for W in (width, width + (-width) % 8, width + 3):
+                        dense = torch.randn(37, D, generator=g).to(t) if has_dense else None
+                        emb = torch.randn(37, F, D, generator=g).to(torch.bfloat16 if kind == "bf16" else torch.float32)
+                        emb[3, 0, 1] = float("nan")
+                        cases += 1
+                        same += torch.equal(*(forward(lib, kind, dense, emb, W, self_) for lib in libs.values()))
+B, F, D, W = 1024, 26, 16, 368
+times = {}
+for kind in ("f32", "bf16_f32"):
+    t = torch.float32 if kind == "f32" else torch.bfloat16
+    dense, emb = torch.randn(B, D).to(t), torch.randn(B, F, D)
+    runs = {k: [] for k in libs}
+    for r in range(60):
+        for k, lib in libs.items() if r % 2 == 0 else list(libs.items())[::-1]:
+            t0 = time.perf_counter()
+            forward(lib, kind, dense, emb, W, 0)
+            runs[k].append((time.perf_counter() - t0) * 1e6)
+    times[kind] = {k: statistics.median(v) for k, v in runs.items()}
+print(json.dumps({"old_commit": sys.argv[1], "cases": cases, "bit_equal_cases": same, "forward_us": times,
+                  "machine": machine()}, indent=1))  # fmt: skip
