@@ -109,6 +109,28 @@ def test_native_interaction_equals_the_reference(with_dense, self_interaction, d
 
 
 @needs_cc
+@pytest.mark.parametrize("pad_to", [1, 5, 16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("self_interaction", [False, True])
+def test_native_interaction_rows_end_where_the_output_row_ends(pad_to, dtype, self_interaction):
+    """The forward stores each row's dots as whole registers, lanes past its pairs included, for the next row or the
+    padding to write over: with no padding (the last registers then reach past the output row and are stored lane
+    by lane), odd and wide padding, each sample's output is the plain ops' (float64, to rounding), its padding zeros,
+    and no sample's row spills into the next."""
+    torch.manual_seed(5)
+    m = DotInteraction(27, 16, self_interaction=self_interaction, pad_to=pad_to)
+    dense, emb = torch.randn(41, 16).to(dtype), torch.randn(41, 26, 16)
+    out = m(dense.requires_grad_(), emb.requires_grad_())
+    assert type(out.grad_fn).__name__ == "_NativeDotInteractionFnBackward" and out.shape[1] == m.out_features
+    ref = m._plain(dense.detach().double(), emb.detach().to(dtype).double())
+    tol = 1e-2 if dtype == torch.bfloat16 else 1e-5
+    torch.testing.assert_close(out.double(), ref, rtol=tol, atol=tol)
+    assert not out[:, out.shape[1] - m.padding :].any()
+    one = m(dense[-1:], emb[-1:])  # the last sample alone: nothing after its row
+    assert torch.equal(one, out[-1:].detach())
+
+
+@needs_cc
 def test_native_interaction_is_the_same_at_any_thread_count():
     torch.manual_seed(1)
     m = DotInteraction(27, 16)
