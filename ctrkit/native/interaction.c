@@ -39,6 +39,62 @@ typedef float vf __attribute__((vector_size(VL * 4)));
 typedef uint32_t vu __attribute__((vector_size(VL * 4)));
 typedef uint16_t vh __attribute__((vector_size(VL * 2)));
 
+typedef int32_t vi __attribute__((vector_size(VL * 4)));
+
+/* VL floats from p as float: as they are, rounded to bfloat16 as bf16_round rounds each, or widened from bfloat16
+   (the vector forms of f32_id, bf16_round and bf16_to_float; the same bits). */
+static inline vf load_f32v(const float *p) {
+  vf x;
+  memcpy(&x, p, sizeof x);
+  return x;
+}
+static inline vf load_bf16_roundv(const float *p) {
+  vu u;
+  memcpy(&u, p, sizeof u);
+  const vu nan = (vu)(load_f32v(p) != load_f32v(p));
+  u = (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & ~nan) | (0x7FC0 & nan);
+  u <<= 16;
+  vf x;
+  memcpy(&x, &u, sizeof x);
+  return x;
+}
+static inline vf load_bf16v(const uint16_t *p) {
+  vh h;
+  memcpy(&h, p, sizeof h);
+  const vu u = __builtin_convertvector(h, vu) << 16;
+  vf x;
+  memcpy(&x, &u, sizeof x);
+  return x;
+}
+
+/* In-register transpose of VL rows of VL floats: afterwards r[k][t] holds what r[t][k] held. log2(VL) stages; at
+   stage h, rows t and t + h (bit h clear in t) exchange the upper right and lower left h x h blocks of their 2h x
+   2h block: lanes j with bit h set take the other row's lane j - h (or j + h). The masks are written out, so that
+   the shuffles take constant masks. */
+#define STAGE(h, LO, HI)                                     \
+  _Pragma("GCC unroll 16") for (int t = 0; t < VL; t++) {   \
+    if (t & (h)) continue;                                   \
+    const vf a_ = r[t], b_ = r[t + (h)];                     \
+    r[t] = __builtin_shuffle(a_, b_, LO);                    \
+    r[t + (h)] = __builtin_shuffle(a_, b_, HI);              \
+  }
+static inline void transpose(vf r[VL]) {
+#if VL == 16
+  STAGE(8, ((vi){0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23}), ((vi){8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31}));
+  STAGE(4, ((vi){0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27}), ((vi){4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31}));
+  STAGE(2, ((vi){0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29}), ((vi){2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31}));
+  STAGE(1, ((vi){0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30}), ((vi){1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31}));
+#elif VL == 8
+  STAGE(4, ((vi){0, 1, 2, 3, 8, 9, 10, 11}), ((vi){4, 5, 6, 7, 12, 13, 14, 15}));
+  STAGE(2, ((vi){0, 1, 8, 9, 4, 5, 12, 13}), ((vi){2, 3, 10, 11, 6, 7, 14, 15}));
+  STAGE(1, ((vi){0, 8, 2, 10, 4, 12, 6, 14}), ((vi){1, 9, 3, 11, 5, 13, 7, 15}));
+#else
+  STAGE(2, ((vi){0, 1, 4, 5}), ((vi){2, 3, 6, 7}));
+  STAGE(1, ((vi){0, 4, 2, 6}), ((vi){1, 5, 3, 7}));
+#endif
+}
+#undef STAGE
+
 /* One register of VL dots stored at o (unaligned): as float, or rounded to bfloat16 as float_to_bf16 rounds each
    (bf16.h; the same bits, NaN to 0x7FC0). */
 static inline void store_f32v(float *o, vf x) { memcpy(o, &x, sizeof x); }
@@ -103,27 +159,31 @@ static inline float f32_id(float x) { return x; }
     }                                                                                             \
   }
 
-#define FORWARD(T, E, LOAD_T, LOAD_E, STORE_T, STORE_V)                                                  \
+#define FORWARD(T, E, LOAD_T, LOAD_E, STORE_T, STORE_V, LOADV_T, LOADV_E)                          \
   const int64_t lead = dense ? 1 : 0, V = F + lead, NC = (V + VL - 1) / VL;                        \
   const int vec = D % VL == 0 && NC <= 8;                                                         \
   _Pragma("omp parallel if (B * V * D >= CTRKIT_GRAIN)")                                          \
   {                                                                                               \
     float *rows = vec ? NULL : malloc(sizeof(float) * V * D);                                     \
     vf *vt = vec ? aligned_alloc(64, sizeof(vf) * D * NC + 64) : NULL;                               \
-    if (vec) memset(vt, 0, sizeof(vf) * D * NC); /* lanes past V stay zero */                    \
     _Pragma("omp for schedule(static)")                                                           \
     for (int64_t b = 0; b < B; b++) {                                                             \
       T *o = out + b * W;                                                                         \
       int64_t p = 0;                                                                              \
       if (dense) for (; p < D; p++) o[p] = dense[b * D + p];                                      \
-      if (vec) {                                                                                  \
-        for (int64_t i = 0; i < V; i++) {                                                         \
-          if (i < lead)                                                                           \
-            for (int64_t k = 0; k < D; k++) vt[k * NC + i / VL][i % VL] = LOAD_T(dense[b * D + k]); \
-          else                                                                                    \
-            for (int64_t k = 0; k < D; k++)                                                       \
-              vt[k * NC + i / VL][i % VL] = LOAD_E(emb[(b * F + i - lead) * D + k]);              \
-        }                                                                                         \
+      if (vec) { /* vt[k][c]: VL vectors' components k, by VL x VL blocks transposed in registers */   \
+        for (int64_t c = 0; c < NC; c++)                                                          \
+          for (int64_t q = 0; q < D; q += VL) {                                                   \
+            vf r[VL];                                                                             \
+            for (int t = 0; t < VL; t++) {                                                        \
+              const int64_t i = c * VL + t;                                                       \
+              r[t] = i >= V     ? (vf){0}                                                         \
+                     : i < lead ? LOADV_T(dense + b * D + q)                                      \
+                                : LOADV_E(emb + (b * F + i - lead) * D + q);                      \
+            }                                                                                     \
+            transpose(r);                                                                         \
+            for (int t = 0; t < VL; t++) vt[(q + t) * NC + c] = r[t];                             \
+          }                                                                                       \
         switch (NC) {                                                                          \
           case 1: ROWS_OF_DOTS(1, STORE_T, STORE_V) break;                   \
           case 2: ROWS_OF_DOTS(2, STORE_T, STORE_V) break;                   \
@@ -246,12 +306,14 @@ static inline float f32_id(float x) { return x; }
   void name(const T *grad, const T *dense, const E *emb, T *grad_dense, float *grad_emb, int64_t B, \
             int64_t F, int64_t D, int64_t W, int self)
 
-SIGNATURE_FWD(ctrkit_dot_forward_f32, float, float) { FORWARD(float, float, f32_id, f32_id, f32_id, store_f32v) }
+SIGNATURE_FWD(ctrkit_dot_forward_f32, float, float) {
+  FORWARD(float, float, f32_id, f32_id, f32_id, store_f32v, load_f32v, load_f32v)
+}
 SIGNATURE_FWD(ctrkit_dot_forward_bf16_f32, uint16_t, float) {
-  FORWARD(uint16_t, float, bf16_to_float, bf16_round, float_to_bf16, store_bf16v)
+  FORWARD(uint16_t, float, bf16_to_float, bf16_round, float_to_bf16, store_bf16v, load_bf16v, load_bf16_roundv)
 }
 SIGNATURE_FWD(ctrkit_dot_forward_bf16, uint16_t, uint16_t) {
-  FORWARD(uint16_t, uint16_t, bf16_to_float, bf16_to_float, float_to_bf16, store_bf16v)
+  FORWARD(uint16_t, uint16_t, bf16_to_float, bf16_to_float, float_to_bf16, store_bf16v, load_bf16v, load_bf16v)
 }
 SIGNATURE_BWD(ctrkit_dot_backward_f32, float, float) { BACKWARD(float, float, f32_id, f32_id, f32_id) }
 SIGNATURE_BWD(ctrkit_dot_backward_bf16_f32, uint16_t, float) {

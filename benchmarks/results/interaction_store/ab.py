@@ -1,9 +1,9 @@
 """The dot interaction's forward kernel, old against new, one thread: the library built from the sources of a given
-commit (argv[1], e.g. 6fe4a0c: the pairs copied out one by one) against this tree's (whole-register stores), both
-with this tree's flags. First every output of both, bit for bit, over shapes (1 to 100 features, widths 8 to 32,
-with and without a dense vector and self-interaction, padded or not, a NaN among the inputs; float32, bfloat16 under
-float32 tables, bfloat16); then the Criteo-Kaggle shape (batch 1,024, 26 tables, width 16, output 368), 60
-interleaved calls each, medians in us. argv: COMMIT"""
+commit (argv[1]: 0b01286, the pairs copied out one by one and the vectors transposed lane by lane; edeea1e, the
+pairs stored as whole registers) against this tree's, both with this tree's flags. First every output of both, bit
+for bit, over shapes (1 to 100 features, widths 8 to 32, with and without a dense vector and self-interaction,
+padded or not, a NaN among the inputs; float32, bfloat16 under float32 tables, bfloat16); then the Criteo-Kaggle
+shape (batch 1,024, 26 tables, width 16, output 368), 60 interleaved calls each, medians in us. argv: COMMIT"""
 
 import ctypes
 import json
