@@ -6,9 +6,14 @@ per-round ratios, not single rounds."""
 from __future__ import annotations
 
 import statistics
+import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
+
+from ctrkit import native
 
 
 def interleaved_rounds(step: Callable[[Any], Any], batches: Sequence, variants: Mapping[str, Callable[[], Any]],
@@ -39,3 +44,14 @@ def summary(times: Mapping[str, Sequence[float]], base: str, label: str = "") ->
         lines.append(f"{label}{k}: median {statistics.median(v):.2f} ms a step; {base} / {k} per round median "
                      f"{ratio:.3f}; rounds {[round(x, 2) for x in v]}")  # fmt: skip
     return lines
+
+
+def native_library_at(commit: str):
+    """ctrkit/native's kernels as they were at ``commit`` (its sources, from git, built with this tree's flags), for
+    a script that swaps them in (``native._loaded[0] = ...``) or calls them beside this tree's."""
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in (*native.SOURCES, *native.HEADERS):
+            shown = subprocess.run(["git", "show", f"{commit}:ctrkit/native/{name}"], capture_output=True, text=True,
+                                   check=True, cwd=Path(native.__file__).parent)  # fmt: skip
+            (Path(tmp) / name).write_text(shown.stdout)
+        return native.build(sources=tmp)

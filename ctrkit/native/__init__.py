@@ -81,10 +81,10 @@ def _compiler() -> str | None:
     return None
 
 
-def _build(compiler: str, flags: Sequence[str]) -> Path:
-    """Compiles the sources with ``flags`` (if this source/compiler/flags/CPU has not been built before) and returns
-    the library."""
-    here = Path(__file__).parent
+def _build(compiler: str, flags: Sequence[str], here: Path | None = None) -> Path:
+    """Compiles the sources (in ``here``, default this package's) with ``flags``, if this source/compiler/flags/CPU has
+    not been built before, and returns the library."""
+    here = Path(__file__).parent if here is None else Path(here)
     source = "".join((here / s).read_text() for s in (*SOURCES, *HEADERS))
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
     key = hashlib.sha256("\0".join([source, version, " ".join(flags), _cpu_identity()]).encode()).hexdigest()[:16]
@@ -110,14 +110,15 @@ def _build(compiler: str, flags: Sequence[str]) -> Path:
     return out
 
 
-def build(flags: Sequence[str] | None = None) -> ctypes.CDLL:
-    """The kernels compiled with ``flags`` (default ``FLAGS``; cached per flags) and loaded, their signatures set.
+def build(flags: Sequence[str] | None = None, sources: str | os.PathLike | None = None) -> ctypes.CDLL:
+    """The kernels compiled with ``flags`` (default ``FLAGS``) from the sources in ``sources`` (default this
+    package's; another commit's, for a benchmark) and loaded, their signatures set; cached per source and flags.
     ``library()`` is the process's own build; this one serves benchmarks that compare builds. Raises RuntimeError
     where no compiler is found or the build fails."""
     compiler = _compiler()
     if compiler is None:
         raise RuntimeError("no C compiler found (cc, gcc or clang; or set CC)")
-    lib = ctypes.CDLL(str(_build(compiler, FLAGS if flags is None else flags)))
+    lib = ctypes.CDLL(str(_build(compiler, FLAGS if flags is None else flags, sources)))
     for name, args in SIGNATURES.items():
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = args, RETURNS.get(name)

@@ -6,6 +6,7 @@ import platform
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -194,6 +195,20 @@ def test_a_build_for_avx2_cpus_gives_the_same_results(fresh, monkeypatch):
     assert len(built) == 2  # a library of its own (the flags are part of the cache key)
     for a, b in zip(_kernel_results(), here):
         assert torch.equal(a, b)
+
+
+@needs_cc
+def test_a_build_from_other_sources_is_cached_by_their_text(fresh, tmp_path):
+    """native.build(sources=DIR) compiles DIR's copies of the sources (another commit's, for a benchmark): the same
+    text as the package's is the same library, changed text another one."""
+    other = tmp_path / "src"
+    other.mkdir()
+    for name in (*native.SOURCES, *native.HEADERS):
+        shutil.copy(Path(native.__file__).parent / name, other / name)
+    assert native.build(sources=other)._name == native.build()._name
+    (other / "rows.c").write_text((other / "rows.c").read_text() + "\n/* changed */\n")
+    changed = native.build(sources=other)
+    assert changed._name != native.build()._name and changed.ctrkit_sort_ids.restype is not None
 
 
 @needs_cc

@@ -5,33 +5,19 @@ for bit, over shapes (1 to 100 features, widths 8 to 32, with and without a dens
 padded or not, a NaN among the inputs; float32, bfloat16 under float32 tables, bfloat16); then the Criteo-Kaggle
 shape (batch 1,024, 26 tables, width 16, output 368), 60 interleaved calls each, medians in us. argv: COMMIT"""
 
-import ctypes
 import json
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import torch
 
 from ctrkit import native
+from ctrkit.bench.ab import native_library_at
 from ctrkit.bench.peak import machine
 
 torch.set_num_threads(1)
-here = Path(native.__file__).parent
-with tempfile.TemporaryDirectory() as tmp:
-    for name in (*native.SOURCES, *native.HEADERS):
-        text = subprocess.run(["git", "show", f"{sys.argv[1]}:ctrkit/native/{name}"], capture_output=True, text=True,
-                              check=True, cwd=here).stdout  # fmt: skip
-        (Path(tmp) / name).write_text(text)
-    subprocess.run(["cc", *native.FLAGS, "-o", f"{tmp}/old.so", *(f"{tmp}/{s}" for s in native.SOURCES), "-lm"],
-                   check=True)  # fmt: skip
-    old = ctypes.CDLL(f"{tmp}/old.so")
-    for fn_name, args in native.SIGNATURES.items():
-        getattr(old, fn_name).argtypes, getattr(old, fn_name).restype = args, native.RETURNS.get(fn_name)
-libs = {"old": old, "new": native.build()}
+libs = {"old": native_library_at(sys.argv[1]), "new": native.build()}
 
 
 def forward(lib, kind, dense, emb, W, self_):
