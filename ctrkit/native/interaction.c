@@ -267,14 +267,23 @@ static inline float f32_id(float x) { return x; }
   {                                                                                               \
     float *rows = malloc(sizeof(float) * V * D);                                \
     float *gv = malloc(sizeof(float) * V * D);                                  \
+    float *gw = sizeof(T) == sizeof(float) ? NULL : malloc(sizeof(float) * W);                   \
     _Pragma("omp for schedule(static)")                                                           \
     for (int64_t b = 0; b < B; b++) {                                                             \
       LOAD_VECTORS(rows, D, LOAD_T, LOAD_E);                                                      \
       memset(gv, 0, sizeof(float) * V * D);                                                       \
       const T *g = grad + b * W;                                                                  \
-      if (vec)                                                                                    \
-        BACKWARD_ROWS(LOAD_T)                                                                     \
-      else {                                                                                      \
+      if (vec) { /* bfloat16: the row's gradient widened in one vector pass, each pair's then one broadcast load */ \
+        const float *gf = (const float *)g;                                                       \
+        if (gw) {                                                                                 \
+          for (int64_t q = 0; q < W; q++) gw[q] = LOAD_T(g[q]);                                   \
+          gf = gw;                                                                                \
+        }                                                                                         \
+        {                                                                                         \
+          const float *g = gf;                                                                    \
+          BACKWARD_ROWS(f32_id)                                                                   \
+        }                                                                                         \
+      } else {                                                                                    \
         int64_t p = lead * D;                                                                     \
         for (int64_t i = 0; i < V; p += i + self, i++) { /* row i: i + self pairs from p */       \
           float *gi = gv + i * D;                                                                 \
@@ -298,6 +307,7 @@ static inline float f32_id(float x) { return x; }
     }                                                                                             \
     free(rows);                                                                                   \
     free(gv);                                                                                     \
+    free(gw);                                                                                     \
   }
 
 #define SIGNATURE_FWD(name, T, E) \
