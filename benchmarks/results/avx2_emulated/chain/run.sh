@@ -2,10 +2,11 @@
 # fp32 training per model with this CPU held to AVX2 (ATen's dispatch, MKL's and oneDNN's instruction sets, and
 # ctrkit's C kernels built with -march=x86-64-v3), interleaved with the unrestricted run: a stand-in for an AVX2-only
 # machine, which no session has had. The matmul peak is measured under the same limits.
-#   bash benchmarks/results/avx2_emulated/chain/run.sh [ROUNDS]
+#   bash benchmarks/results/avx2_emulated/chain/run.sh [ROUNDS] [OUT]
 set -euo pipefail
 cd "$(dirname "$0")/../../../.."
-OUT=benchmarks/results/avx2_emulated/chain
+OUT=${2:-benchmarks/results/avx2_emulated/chain}
+mkdir -p "$OUT"
 AVX2=(ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 CTRKIT_CPU_BF16=0)
 V3='import sys; from ctrkit import native
 native.FLAGS = tuple("-march=x86-64-v3" if f == "-march=native" else f for f in native.FLAGS)
