@@ -219,13 +219,7 @@ def bench_setup(cfg: TrainBenchConfig, device: torch.device) -> BenchSetup:
 def run_train_bench(cfg: TrainBenchConfig, device: torch.device) -> dict:
     """Runs ``warmup`` untimed steps, then ``repeats`` x ``steps`` timed steps; reports the median."""
     setup = bench_setup(cfg, device)
-    model, model_cfg, step, batches, amp_dtype = (
-        setup.model,
-        setup.model_cfg,
-        setup.step,
-        setup.batches,
-        setup.amp_dtype,
-    )
+    model, step, batches, amp_dtype = setup.model, setup.step, setup.batches, setup.amp_dtype
     flops = dense_flops_per_sample(model, batches[0])
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     for i in range(cfg.warmup):
@@ -249,7 +243,7 @@ def run_train_bench(cfg: TrainBenchConfig, device: torch.device) -> dict:
         "breakdown": breakdown,
         "split_threads": step._slice_count(batches[0]),
         "config": asdict(cfg),
-        "model_config": {k: v for k, v in config_to_dict(model_cfg).items() if k != "cardinalities"},
+        "model_config": {k: v for k, v in config_to_dict(setup.model_cfg).items() if k != "cardinalities"},
         "samples_per_s": samples_per_s,
         "flops_per_sample": flops,
         "achieved_gflops": achieved,

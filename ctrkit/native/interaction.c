@@ -47,12 +47,15 @@ static inline vf load_f32v(const float *p) {
   memcpy(&x, p, sizeof x);
   return x;
 }
-static inline vf load_bf16_roundv(const float *p) {
+/* float_to_bf16 (bf16.h) on VL lanes: each lane's bfloat16 bits, in the low half of a 32-bit lane */
+static inline vu bf16_bitsv(vf x) {
   vu u;
-  memcpy(&u, p, sizeof u);
-  const vu nan = (vu)(load_f32v(p) != load_f32v(p));
-  u = (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & ~nan) | (0x7FC0 & nan);
-  u <<= 16;
+  memcpy(&u, &x, sizeof u);
+  const vu nan = (vu)(x != x);
+  return (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & ~nan) | (0x7FC0 & nan);
+}
+static inline vf load_bf16_roundv(const float *p) {
+  const vu u = bf16_bitsv(load_f32v(p)) << 16;
   vf x;
   memcpy(&x, &u, sizeof x);
   return x;
@@ -102,12 +105,7 @@ static inline void transpose(vf r[VL]) {
    (bf16.h; the same bits, NaN to 0x7FC0). */
 static inline void store_f32v(float *o, vf x) { memcpy(o, &x, sizeof x); }
 static inline void store_bf16v(uint16_t *o, vf x) {
-  vu u;
-  memcpy(&u, &x, sizeof u);
-  vu r = (u + 0x7FFF + ((u >> 16) & 1)) >> 16;
-  const vu nan = (vu)(x != x);
-  r = (r & ~nan) | (0x7FC0 & nan);
-  const vh h = __builtin_convertvector(r, vh);
+  const vh h = __builtin_convertvector(bf16_bitsv(x), vh);
   memcpy(o, &h, sizeof h);
 }
 
