@@ -47,11 +47,18 @@ class _Design:
     ``transpose``) by columns too, so that both products of a gradient evaluation, ``X @ w`` and
     ``X.T @ r``, are row-parallel sparse matrix-vector products (autograd through a COO ``sparse.mm`` made
     the fit's cost). ``extra`` (n, m) adds m more indicators per row, ids into ``extra_size`` further
-    columns (the numerical buckets)."""
+    columns (the numerical buckets).
+
+    Only the columns that the fitted rows use are kept (``used``, the ids in order; ``columns`` maps every id to
+    its place there, or -1): an id no fitted row holds has no loss gradient, so its L2-penalised weight stays 0,
+    and L-BFGS's vector work shrinks to the ids seen. A design built
+    with another's ``columns`` (the validation rows) drops its entries outside them, whose weights are 0. The
+    indices are int32 where they fit: torch's CSR product by a vector takes a faster path for them than for int64
+    ones, with the same bits (measured: README "Benchmarks", the warm start)."""
 
     def __init__(
         self, batch, cards: list[tuple[int, ...]], multi_hot_means: tuple[bool, ...], transpose: bool,
-        extra: torch.Tensor | None = None, extra_size: int = 0,
+        extra: torch.Tensor | None = None, extra_size: int = 0, columns: torch.Tensor | None = None,
     ):  # fmt: skip
         n = len(batch.labels)
         onehot_cards = cards[0]
@@ -79,18 +86,38 @@ class _Design:
             vals.append(torch.ones(extra.numel(), dtype=torch.float64))
             total += extra_size
         row, col, val = torch.cat(rows), torch.cat(cols), torch.cat(vals)
-        self.shape = (n, total)
-        self.rows = self._csr(row, col, val, n, total)
-        self.cols = self._csr(col, row, val, total, n) if transpose else None
+        if columns is None:
+            self.used = torch.nonzero(torch.bincount(col, minlength=total)).squeeze(1)
+            columns = torch.full((total,), -1, dtype=torch.int64)
+            columns[self.used] = torch.arange(len(self.used))
+        else:
+            self.used = torch.nonzero(columns >= 0).squeeze(1)
+            keep = columns[col] >= 0
+            row, col, val = row[keep], col[keep], val[keep]
+        self.columns, self.full_width = columns, total
+        col, width = columns[col], len(self.used)
+        self.shape = (n, width)
+        self.rows = self._csr(row, col, val, n, width)
+        self.cols = self._csr(col, row, val, width, n) if transpose else None
+
+    def expand(self, w: torch.Tensor) -> torch.Tensor:
+        """Weights over the kept columns as weights over every id (0 for the others)."""
+        out = torch.zeros(self.full_width, dtype=w.dtype)
+        out[self.used] = w
+        return out
 
     @staticmethod
     def _csr(major: torch.Tensor, minor: torch.Tensor, val: torch.Tensor, size: int, other: int) -> torch.Tensor:
         order = torch.argsort(major, stable=True)
-        crow = torch.zeros(size + 1, dtype=torch.int64)
+        small = max(len(major), size, other) < 2**31  # int32 indices: torch's CSR product takes its faster path
+        index = torch.int32 if small else torch.int64
+        crow = torch.zeros(size + 1, dtype=index)
         crow[1:] = torch.bincount(major, minlength=size).cumsum(0)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
-            return torch.sparse_csr_tensor(crow, minor[order], val[order], (size, other), check_invariants=False)
+            return torch.sparse_csr_tensor(
+                crow, minor[order].to(index), val[order], (size, other), check_invariants=False
+            )
 
     def __matmul__(self, w: torch.Tensor) -> torch.Tensor:  # X @ w
         return self.rows @ w
@@ -135,13 +162,14 @@ def fit_first_order(
     means = tuple(bool(m) for m in bags.is_mean) if bags is not None and hasattr(bags, "is_mean") else ()
     dense, buckets = inner.wide_dense, getattr(inner, "wide_buckets", None)
 
-    def design(batch, transpose: bool) -> _Design:  # with each numerical value's bucket as one more column
+    def design(batch, transpose: bool, columns=None) -> _Design:  # each numerical value's bucket: one more column
         if buckets is None:
-            return _Design(batch, cards, means, transpose)
+            return _Design(batch, cards, means, transpose, columns=columns)
         ids = buckets.bucket_ids(batch.numerical.to(buckets.cuts.device)).cpu()
-        return _Design(batch, cards, means, transpose, ids, buckets.weight.numel())
+        return _Design(batch, cards, means, transpose, ids, buckets.weight.numel(), columns)
 
-    x_tr, x_va = design(tr, transpose=True), design(va, transpose=False)
+    x_tr = design(tr, transpose=True)
+    x_va = design(va, transpose=False, columns=x_tr.columns)  # the training rows' ids (the others' weights: 0)
     y_tr, y_va = tr.labels.double(), va.labels.numpy()
     n, ids = x_tr.shape
     k = 0
@@ -228,7 +256,7 @@ def fit_first_order(
         else:  # the score over C rises to one peak: past it, weaker L2 only overfits more
             break
     _, c, t_best, auc = best
-    w_best, v_best, bias = t_best[:ids], t_best[ids : ids + k], float(t_best[-1])
+    w_best, v_best, bias = x_tr.expand(t_best[:ids]), t_best[ids : ids + k], float(t_best[-1])
     tables = sum(sum(c) for c in cards)
     _write_tables(inner, w_best[:tables])
     output = inner.output_layer

@@ -206,3 +206,34 @@ def test_multi_hot_fit_is_scikit_learns_within_the_default_iteration_budget(tmp_
     with torch.no_grad():
         got = model(va.numerical, va.categorical, va.multi_hot).numpy()
     np.testing.assert_allclose(got, expected, atol=2e-3)
+
+
+def test_the_design_keeps_the_ids_the_fitted_rows_hold_and_the_products_are_the_full_ones():
+    from types import SimpleNamespace
+
+    from ctrkit.train.linear_fit import _Design
+
+    cards = [(5, 4)]  # ids 0-4 and 5-8 as columns; training holds 0, 2, 4 and 6, 7 only
+    fitted = SimpleNamespace(labels=torch.zeros(3), categorical=torch.tensor([[0, 1], [2, 2], [4, 1]]), multi_hot=None)
+    held = SimpleNamespace(labels=torch.zeros(2), categorical=torch.tensor([[1, 1], [3, 0]]), multi_hot=None)
+    x_tr = _Design(fitted, cards, (), transpose=True)
+    x_va = _Design(held, cards, (), transpose=False, columns=x_tr.columns)
+    assert x_tr.shape == (3, 5) and x_va.shape == (2, 5)
+    assert x_tr.used.tolist() == [0, 2, 4, 6, 7]
+    assert x_va.rows.col_indices().tolist() == [3]  # of the held-out ids only 6 is kept (its place: 3)
+    assert x_tr.rows.col_indices().dtype == torch.int32 and x_tr.cols.crow_indices().dtype == torch.int32
+
+    def dense(batch):  # the indicator matrix over every id
+        out = torch.zeros(len(batch.labels), 9, dtype=torch.float64)
+        for i, row in enumerate(batch.categorical.tolist()):
+            out[i, row[0]] += 1
+            out[i, 5 + row[1]] += 1
+        return out
+
+    w = torch.arange(1.0, 6.0, dtype=torch.float64)  # a weight per kept id
+    full = x_tr.expand(w)
+    assert full.tolist() == [1, 0, 2, 0, 3, 0, 4, 5, 0]
+    torch.testing.assert_close(x_tr @ w, dense(fitted) @ full)
+    torch.testing.assert_close(x_va @ w, dense(held) @ full)  # held-out ids outside training count 0
+    r = torch.tensor([0.5, -1.0, 2.0], dtype=torch.float64)
+    torch.testing.assert_close(x_tr.expand(x_tr.rmatvec(r)), dense(fitted).T @ r)
