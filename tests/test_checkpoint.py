@@ -177,3 +177,24 @@ def test_mapped_source_copies_and_drops_the_pages_it_read(tmp_path):
     out = torch.empty_like(anonymous)
     MappedSource([tmp_path / "f.pt"]).copy(out, anonymous)  # not the file's memory: copied only
     assert torch.equal(anonymous, plain) and torch.equal(out, plain)
+
+
+def test_checkpoints_are_written_without_the_crc_that_torch_load_does_not_check(tmp_path):
+    import zipfile
+
+    from ctrkit.checkpoint import torch_save
+
+    state = {"w": torch.arange(100_000, dtype=torch.float32)}
+    torch_save(state, tmp_path / "fast.pt")
+    torch.save(state, tmp_path / "plain.pt")
+    data = [i for i in zipfile.ZipFile(tmp_path / "fast.pt").infolist() if "/data/" in i.filename]
+    assert data and all(i.CRC == 0 for i in data)  # none computed
+    assert any(i.CRC != 0 for i in zipfile.ZipFile(tmp_path / "plain.pt").infolist() if "/data/" in i.filename)
+    assert torch.equal(torch.load(tmp_path / "fast.pt", weights_only=True)["w"], state["w"])
+    # why leaving it out loses nothing: torch.load reads a record whose bytes no longer match its CRC
+    raw = bytearray((tmp_path / "plain.pt").read_bytes())
+    at = raw.find(state["w"][50_000:50_001].numpy().tobytes(), len(raw) // 4)
+    raw[at : at + 4] = torch.tensor([-1.0]).numpy().tobytes()
+    (tmp_path / "changed.pt").write_bytes(bytes(raw))
+    assert (torch.load(tmp_path / "changed.pt", weights_only=True)["w"] == -1.0).sum() == 1
+    assert torch.utils.serialization.config.save.compute_crc32  # torch's own default is left as it was

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ctrkit.checkpoint import key_regions, table_prefix
+from ctrkit.checkpoint import key_regions, table_prefix, torch_save
 from ctrkit.distributed.hybrid import HybridModel, table_collections
 
 # (table prefix, flat row_lo, flat row_hi, col_lo, col_hi): where a table parameter (a whole flat table of a
@@ -196,7 +196,7 @@ def write_sharded_checkpoint(ckpt, path, world_size: int, parallel) -> list[int]
         ))  # fmt: skip
         (path.parent / names[rank]).parent.mkdir(parents=True, exist_ok=True)
         with atomic_file(path.parent / names[rank]) as tmp:
-            torch.save(part, tmp)
+            torch_save(part, tmp)
         del model, part
     manifest = replace(
         whole,

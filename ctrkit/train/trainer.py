@@ -30,6 +30,7 @@ from ctrkit.checkpoint import (
     save_checkpoint,
     set_rng_state,
     snapshot_states,
+    torch_save,
 )
 from ctrkit.config import SNAPSHOT_ENSEMBLE, SNAPSHOT_MAX_BYTES, TrainConfig, default_epochs, default_patience
 from ctrkit.data.atomic import atomic_file
@@ -550,7 +551,7 @@ class Trainer:
         }
         names = [rank_file_name(self.save_path, self.step, r, env.world_size) for r in range(env.world_size)]
         with atomic_file(self.save_path.parent / names[env.rank]) as tmp:
-            torch.save(part, tmp)
+            torch_save(part, tmp)
         torch.distributed.barrier()  # every rank's file is complete before the manifest names it
         if not self.main:
             return None
