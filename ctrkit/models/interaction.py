@@ -157,11 +157,15 @@ class DotInteraction(nn.Module):
         self.use_native = True  # training on the CPU by ctrkit/native's kernels where built (False: ATen's ops)
 
     def forward(self, dense: torch.Tensor | None, embeddings: torch.Tensor) -> torch.Tensor:
-        if not torch.is_grad_enabled():  # inference and export: plain ops every exporter knows
-            return self._plain(dense, embeddings)
-        # the CPU's C kernels (ctrkit/native), except under torch.compile, which fuses the ATen ops itself (a
-        # ctypes call would break its graph)
-        kind = _native_kind(dense, embeddings) if self.use_native and not torch.compiler.is_compiling() else None
+        # the CPU's C kernels (ctrkit/native), in training and in scoring, except under torch.compile, which fuses
+        # the ATen ops itself (a ctypes call would break its graph), and in exports: plain ops every exporter knows
+        training = torch.is_grad_enabled()
+        eager = not torch.compiler.is_compiling() if training else native.scoring_eagerly()
+        kind = _native_kind(dense, embeddings) if self.use_native and eager else None
+        if not training:
+            if kind is None:
+                return self._plain(dense, embeddings)
+            return _NativeDotInteractionFn.apply(dense, embeddings, kind, self.out_features, self.self_interaction)
         if kind is not None:
             return _NativeDotInteractionFn.apply(dense, embeddings, kind, self.out_features, self.self_interaction)
         return _DotInteractionFn.apply(

@@ -26,7 +26,7 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-import torch  # noqa: F401 - loads torch's OpenMP runtime (libgomp.so.1) before the library that links it
+import torch  # loads torch's OpenMP runtime (libgomp.so.1) before the library that links it
 
 SOURCES = ("interaction.c", "rows.c", "mlp.c")
 HEADERS = ("bf16.h",)  # included by the sources: part of the build's cache key
@@ -138,6 +138,15 @@ def suspended() -> Iterator[None]:
         yield
     finally:
         _suspended.pop()
+
+
+def scoring_eagerly() -> bool:
+    """Inference without autograd outside every exporter's trace (TorchScript, the ONNX exporter, torch.compile
+    and torch.export): where a model may take ctrkit's kernels for its forward though it is not training. Exports
+    record ATen's operations, which every runtime knows."""
+    if torch.is_grad_enabled() or torch.jit.is_tracing() or torch.jit.is_scripting():
+        return False
+    return not (torch.compiler.is_compiling() or torch.onnx.is_in_onnx_export())
 
 
 def library() -> ctypes.CDLL | None:
