@@ -162,12 +162,10 @@ class DotInteraction(nn.Module):
         training = torch.is_grad_enabled()
         eager = not torch.compiler.is_compiling() if training else native.scoring_eagerly()
         kind = _native_kind(dense, embeddings) if self.use_native and eager else None
-        if not training:
-            if kind is None:
-                return self._plain(dense, embeddings)
-            return _NativeDotInteractionFn.apply(dense, embeddings, kind, self.out_features, self.self_interaction)
         if kind is not None:
             return _NativeDotInteractionFn.apply(dense, embeddings, kind, self.out_features, self.self_interaction)
+        if not training:
+            return self._plain(dense, embeddings)
         return _DotInteractionFn.apply(
             dense, embeddings, self.pair_index, self.sym_index, self.self_interaction, self.padding
         )  # (B, D + P + pad)

@@ -51,10 +51,10 @@ class _Design:
 
     Only the columns that the fitted rows use are kept (``used``, the ids in order; ``columns`` maps every id to
     its place there, or -1): an id no fitted row holds has no loss gradient, so its L2-penalised weight stays 0,
-    and L-BFGS's vector work shrinks to the ids seen. A design built
-    with another's ``columns`` (the validation rows) drops its entries outside them, whose weights are 0. The
-    indices are int32 where they fit: torch's CSR product by a vector takes a faster path for them than for int64
-    ones, with the same bits (measured: README "Benchmarks", the warm start)."""
+    and L-BFGS's vector work shrinks to the ids seen. A design built with another's ``columns`` (the validation
+    rows) drops its entries outside them, whose weights are 0. The indices are int32 where they fit: torch's CSR
+    product by a vector takes a faster path for them than for int64 ones, with the same bits (measured: README
+    "Benchmarks", the warm start)."""
 
     def __init__(
         self, batch, cards: list[tuple[int, ...]], multi_hot_means: tuple[bool, ...], transpose: bool,
