@@ -2,7 +2,9 @@
 interleaved rounds: a plain PyTorch DLRM (one flat ``nn.Embedding(sparse=True)`` table, ``bmm`` dot
 interaction, ``torch.optim.SGD``) and, where TorchRec and fbgemm-gpu-cpu are importable, TorchRec's
 DLRM on a ``FusedEmbeddingBagCollection`` (FBGEMM's table-batched embedding bags with the SGD update
-fused into the backward pass). All three train with SGD, fp32.
+fused into the backward pass). All three train with SGD, fp32. The JSON also holds the fp32 matmul peak measured
+before and after the rounds, the matrix multiplies' FLOPs a sample (the same layers in all three), each one's
+fraction of the peak, and ctrkit's speed-up per round with its median.
 
 TorchRec is not one of ctrkit's dependencies; install it beside torch in another environment:
 
@@ -30,8 +32,8 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ctrkit.bench.config import TrainBenchConfig  # noqa: E402
-from ctrkit.bench.peak import machine  # noqa: E402
-from ctrkit.bench.train_bench import make_batches  # noqa: E402
+from ctrkit.bench.peak import machine, matmul_gflops  # noqa: E402
+from ctrkit.bench.train_bench import dense_flops_per_sample, make_batches  # noqa: E402
 from ctrkit.models.mlp import MLP  # noqa: E402
 from ctrkit.models.registry import create_model, make_config  # noqa: E402
 from ctrkit.train.optim import build_optimizers  # noqa: E402
@@ -62,11 +64,15 @@ class PlainDLRM(nn.Module):
         return self.top(torch.cat([x, z], 1)).squeeze(1)
 
 
-def ctrkit_step(cfg: TrainBenchConfig, lr: float):
+def ctrkit_model(cfg: TrainBenchConfig) -> nn.Module:
     shape = dict(num_numerical=cfg.num_numerical, cardinalities=(cfg.table_rows,) * cfg.num_tables,
                  embedding_dim=cfg.embedding_dim, bottom_mlp=cfg.bottom_mlp, top_mlp=cfg.top_mlp,
                  linear=False)  # fmt: skip
-    model = create_model("dlrm", make_config("dlrm", shape))
+    return create_model("dlrm", make_config("dlrm", shape))
+
+
+def ctrkit_step(cfg: TrainBenchConfig, lr: float):
+    model = ctrkit_model(cfg)
     step = TrainStep(model, build_optimizers(model, "sgd", lr, "sgd", lr), torch.device("cpu"))
     return lambda b: step(b)
 
@@ -149,6 +155,9 @@ def main() -> int:
         steps[name] = make(cfg, a.lr)
         for i in range(a.warmup):
             steps[name](batches[i % len(batches)])
+    # the matrix multiplies' FLOPs a sample (the same layers in all three) and the fp32 matmul peak before and after
+    flops = dense_flops_per_sample(ctrkit_model(cfg), batches[0])["train_step"]
+    peaks = [matmul_gflops(torch.float32)]
     times: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(a.rounds):
         for name, step in steps.items():
@@ -156,6 +165,8 @@ def main() -> int:
             for i in range(a.steps):
                 step(batches[i % len(batches)])
             times[name].append((time.perf_counter() - t0) / a.steps)
+    peaks.append(matmul_gflops(torch.float32))
+    peak = statistics.mean(peaks)
     result = {
         "benchmark": "compare_train",
         "shape": {"batch_size": cfg.batch_size, "tables": cfg.num_tables, "table_rows": cfg.table_rows,
@@ -165,9 +176,16 @@ def main() -> int:
         "threads": torch.get_num_threads(),
         "machine": machine(),
         "notes": notes,
+        "flops_per_sample": flops,
+        "matmul_peak_gflops": {"fp32_before": peaks[0], "fp32_after": peaks[1]},
     }  # fmt: skip
+    result["fraction_of_fp32_peak"] = {n: flops * v / 1e9 / peak for n, v in result["samples_per_s"].items()}
     base = result["samples_per_s"]["ctrkit"]
     result["ctrkit_speedup"] = {n: base / v for n, v in result["samples_per_s"].items() if n != "ctrkit"}
+    result["ctrkit_speedup_per_round"] = {n: [b / c for b, c in zip(times[n], times["ctrkit"])]
+                                          for n in times if n != "ctrkit"}  # fmt: skip
+    result["ctrkit_speedup_per_round_median"] = {n: statistics.median(r)
+                                                 for n, r in result["ctrkit_speedup_per_round"].items()}  # fmt: skip
     text = json.dumps(result, indent=2)
     print(text)
     if a.out is not None:
