@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ctrkit.bench.panel import PanelEntry
-from ctrkit.bench.peak import machine
+from ctrkit.bench.peak import where_it_ran
 from ctrkit.config import TrainConfig
 from ctrkit.data.dataset import SplitBinaryDataset, split_tail
 
@@ -149,7 +149,7 @@ def targets(rows: list[dict[str, Any]]) -> list[str]:
 
 def write_results(rows: list[dict[str, Any]], methods: Sequence[str], out_dir: Path, extra: dict) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
-    doc = {"machine": machine(), "rows": rows, **extra}
+    doc = {**where_it_ran(), "rows": rows, **extra}
     (out_dir / "results.json").write_text(json.dumps(doc, indent=2, sort_keys=True, default=float) + "\n")
     text = markdown(rows, methods) + "\n" + "\n".join(f"- {t}" for t in targets(rows)) + "\n"
     (out_dir / "results.md").write_text(text)

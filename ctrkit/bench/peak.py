@@ -66,3 +66,9 @@ def matmul_peaks(device: torch.device | None = None) -> dict[str, float | None]:
         "fp32": matmul_gflops(torch.float32, device=device),
         "bf16": matmul_gflops(torch.bfloat16, device=device) if bf16 else None,
     }
+
+
+def where_it_ran(device: torch.device | None = None) -> dict[str, Any]:
+    """``machine()`` and ``matmul_peaks(device)`` as a benchmark's JSON records them (keys ``machine`` and
+    ``matmul_peak_gflops``)."""
+    return {"machine": machine(), "matmul_peak_gflops": matmul_peaks(device)}

@@ -53,6 +53,7 @@ def inference(args: argparse.Namespace) -> int:
         run_in_process,
         run_through_server,
     )
+    from ctrkit.bench.peak import where_it_ran
 
     cfg: InferenceBenchConfig = config_from(args, InferenceBenchConfig)
     run: BenchRunOptions = config_from(args, BenchRunOptions)
@@ -80,7 +81,7 @@ def inference(args: argparse.Namespace) -> int:
     after = environment()
     print(f"load average (1 min) before {before['load_average_1min']:.2f}, after {after['load_average_1min']:.2f}")
     env = {**after, "load_average_1min_before": before["load_average_1min"]}
-    write_result({"results": results, "environment": env}, run.output)
+    write_result({"results": results, "environment": env, **where_it_ran()}, run.output)
     return 0
 
 
@@ -92,6 +93,7 @@ def scale(args: argparse.Namespace) -> int:
     sizes and ids, Adagrad; each world size runs as its own job (torchrun above 1 rank), the cores split
     between its ranks. Reports the median step time.
     """
+    from ctrkit.bench.peak import matmul_peaks
     from ctrkit.bench.scale_bench import ScaleBenchConfig, run_scale_bench, run_worker
     from ctrkit.distributed.env import init_distributed, launched_by_torchrun
 
@@ -108,8 +110,10 @@ def scale(args: argparse.Namespace) -> int:
             opts.worker_output.write_text(json.dumps(result))
         return 0
     results = []
+    peaks = matmul_peaks()  # measured by this process, on all cores; every world size's result records it
     for model in opts.models:
         for r in run_scale_bench(config(model), list(opts.world_sizes)):
+            r["matmul_peak_gflops"] = peaks
             results.append(r)
             print(
                 f"{model} ({r['tables']} tables, {r['embedding_mib']:.1f} MiB at 1/{opts.scale:g}), world size "
@@ -126,6 +130,7 @@ def preprocess(args: argparse.Namespace) -> int:
     Runs `ctrkit preprocess criteo` as a child process on a generated raw Criteo file (or --input) and
     reports end-to-end rows/s and the child's peak RSS.
     """
+    from ctrkit.bench.peak import where_it_ran
     from ctrkit.bench.preprocess_bench import run_preprocess_bench
 
     cfg: PreprocessBenchConfig = config_from(args, PreprocessBenchConfig)
@@ -135,7 +140,7 @@ def preprocess(args: argparse.Namespace) -> int:
         f"(median of {result['repeats']}) = {result['rows_per_s']:,.0f} rows/s, "
         f"peak RSS {result['peak_rss_mb']:,.0f} MB"
     )
-    write_result(result, config_from(args, BenchRunOptions).output)
+    write_result({**result, **where_it_ran()}, config_from(args, BenchRunOptions).output)
     return 0
 
 

@@ -53,7 +53,7 @@ def test_bench_accuracy_writes_a_row_per_data_set(tiny_dataset, tmp_path, capsys
     assert outbrain["results"]["dlrm"]["seed_ensemble"] is not None
     kept_scales = [r["results"]["dlrm"]["calibration"] for r in doc["rows"]]
     assert all(s is None or s > 0 for s in kept_scales)  # each model's kept logit scale (--calibrate), or none
-    assert doc["machine"]["capability"] and doc["machine"]["torch"]
+    assert doc["machine"]["capability"] and doc["machine"]["torch"] and doc["matmul_peak_gflops"]["fp32"] > 0
     planted = doc["rows"][0]
     assert set(planted["results"]) == {"logistic", "lightgbm", "dlrm"}
     # 11 batches an epoch: not small data (one batch), but below the seed ensemble's bound (three seeds)

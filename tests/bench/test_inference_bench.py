@@ -13,8 +13,10 @@ def test_kaggle_shape_benchmark_runs_with_the_kaggle_model(tmp_path, capsys):
         "--repeats", "1", "--output", out, capsys=capsys,
     )  # fmt: skip
     assert code == 0, err
-    (row,) = json.loads(out.read_text())["results"]
+    doc = json.loads(out.read_text())
+    (row,) = doc["results"]
     assert row["runtime"] == "torch" and row["batch_size"] == 64 and row["samples_per_s"] > 0
+    assert doc["machine"]["capability"] and doc["matmul_peak_gflops"]["fp32"] > 0  # where it ran
 
 
 def test_kaggle_shape_is_the_kaggle_model():

@@ -129,6 +129,7 @@ def test_bench_preprocess_runs_the_real_command(tmp_path, capsys):
         np.median(result["seconds_each"]), abs=1e-3
     )
     assert result["rows_per_s"] == result["rows"] / result["seconds"]
+    assert result["machine"]["cores"] >= 1 and result["matmul_peak_gflops"]["fp32"] > 0  # where it ran
 
 
 def test_bench_scale_runs_one_job_per_world_size(tmp_path, capsys):
@@ -140,6 +141,7 @@ def test_bench_scale_runs_one_job_per_world_size(tmp_path, capsys):
     assert [r["world_size"] for r in results] == [1, 2]
     for r in results:
         assert r["tables"] == 55 and r["samples_per_s"] == 64 / r["ms_per_step"] * 1000
+        assert r["machine"]["capability"] and r["matmul_peak_gflops"]["fp32"] > 0  # where it ran
     assert sum(table_sizes("tiny", 65536, 32)) * 32 * 4 <= 4.2 * 2**30 / 65536  # the size the blog gives, scaled
     code, _, err = run_cli("bench", "scale", "--models", "huge", capsys=capsys)
     assert code == 2 and "unknown model 'huge'" in err
