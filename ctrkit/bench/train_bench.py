@@ -13,7 +13,7 @@ import torch
 
 from ctrkit import native
 from ctrkit.bench.config import TrainBenchConfig
-from ctrkit.bench.peak import machine, matmul_peaks
+from ctrkit.bench.peak import machine, matmul_gflops, matmul_peaks
 from ctrkit.data.batch import Batch
 from ctrkit.data.synthetic import power_law_ids
 from ctrkit.device import amp_dtype_for
@@ -225,18 +225,23 @@ def run_train_bench(cfg: TrainBenchConfig, device: torch.device) -> dict:
     for i in range(cfg.warmup):
         step(batches[i % len(batches)])
     sync()
-    times = []
+    times, paired = [], []
+    peak_dtype = torch.float32 if amp_dtype is None else amp_dtype
     for _ in range(cfg.repeats):
         t0 = time.perf_counter()
         for i in range(cfg.steps):
             step(batches[i % len(batches)])
         sync()
         times.append((time.perf_counter() - t0) / cfg.steps)
+        # the peak right after each repeat: a shared machine's speed drifts, and a fraction of a peak read minutes
+        # away moved by 1.3x on its own (README, Benchmarks)
+        paired.append(matmul_gflops(peak_dtype, seconds=0.2, rounds=1, device=device))
     ms = statistics.median(times) * 1000
     samples_per_s = cfg.batch_size / (ms / 1000)
     peaks = matmul_peaks(device)
     peak = peaks.get("bf16" if amp_dtype is not None else "fp32") or peaks["fp32"]
     achieved = flops["train_step"] * samples_per_s / 1e9
+    fractions = [flops["train_step"] * cfg.batch_size / t / 1e9 / p for t, p in zip(times, paired)]
     breakdown = step_breakdown(step, batches, cfg.steps, sync) if cfg.breakdown else None
     return {
         "benchmark": "train",
@@ -248,6 +253,9 @@ def run_train_bench(cfg: TrainBenchConfig, device: torch.device) -> dict:
         "flops_per_sample": flops,
         "achieved_gflops": achieved,
         "fraction_of_peak": achieved / peak if peak else None,
+        "peak_after_each_repeat_gflops": paired,
+        "fraction_of_peak_per_repeat": fractions,
+        "fraction_of_peak_paired": statistics.median(fractions),
         "ms_per_step": ms,
         "ms_per_step_all": [t * 1000 for t in times],
         "amp_dtype": str(amp_dtype).replace("torch.", "") if amp_dtype else None,

@@ -174,6 +174,9 @@ def train(args: argparse.Namespace) -> int:
         + (f" = {fraction:.0%} of the {peak_kind} matmul peak measured now "
            f"({result['matmul_peak_gflops'][peak_kind]:,.0f} GFLOP/s)" if fraction is not None else "")
     )  # fmt: skip
+    each = ", ".join(f"{f:.0%}" for f in result["fraction_of_peak_per_repeat"])
+    paired = result["fraction_of_peak_paired"]
+    print(f"  each repeat against the peak read right after it: median {paired:.0%} ({each})")
     if result["breakdown"] is not None:
         b = result["breakdown"]
         print(f"  step time by part (ms per step, medians of {cfg.steps} steps, total {b['total_ms']:.2f}):")

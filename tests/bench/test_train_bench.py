@@ -60,6 +60,13 @@ def test_bench_train_writes_its_result(tmp_path, capsys):
     assert result["machine"]["omp_wait_policy"] == os.environ.get("OMP_WAIT_POLICY")
     assert result["machine"]["gomp_spincount"] == os.environ.get("GOMP_SPINCOUNT")
     assert result["matmul_peak_gflops"]["fp32"] > 0.5
+    # and each repeat's achieved rate against the peak read right after it
+    peaks, fractions = result["peak_after_each_repeat_gflops"], result["fraction_of_peak_per_repeat"]
+    assert len(peaks) == len(fractions) == 3 and min(peaks) > 0.5
+    flops = result["flops_per_sample"]["train_step"]
+    for ms, peak, fraction in zip(result["ms_per_step_all"], peaks, fractions):
+        assert fraction == pytest.approx(flops * 64 / (ms / 1000) / 1e9 / peak)
+    assert result["fraction_of_peak_paired"] == pytest.approx(np.median(fractions))
     assert result["breakdown"] is None  # only with --breakdown
 
 
