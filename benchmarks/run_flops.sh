@@ -28,13 +28,15 @@ for p in sorted(raw.glob("*.json")):
     groups.setdefault(p.stem.rsplit("_", 1)[0], []).append(json.loads(p.read_text()))
 m = next(iter(groups.values()))[0]["machine"]
 print(f"machine: {m['cpu']}, capability {m['capability']}, native bf16 {m['native_bf16']}, {m['threads']} threads, torch {m['torch']}")
-print("| model | precision | samples/s | MFLOP per sample per step | GFLOP/s | matmul peak GFLOP/s | fraction of peak |")
-print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+print("| model | precision | samples/s | MFLOP per sample per step | GFLOP/s | matmul peak GFLOP/s | fraction of peak "
+      "| paired with each repeat's peak |")
+print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
 for key, runs in groups.items():
     r = runs[0]
     kind = "bf16" if r["amp_dtype"] else "fp32"
     med = lambda f: statistics.median(f(x) for x in runs)
     print(f"| {r['config']['model']} | {r['amp_dtype'] or 'fp32'} | {med(lambda x: x['samples_per_s']):,.0f} | "
           f"{r['flops_per_sample']['train_step'] / 1e6:.2f} | {med(lambda x: x['achieved_gflops']):,.1f} | "
-          f"{med(lambda x: x['matmul_peak_gflops'][kind]):,.0f} | {med(lambda x: x['fraction_of_peak']):.0%} |")
+          f"{med(lambda x: x['matmul_peak_gflops'][kind]):,.0f} | {med(lambda x: x['fraction_of_peak']):.0%} | "
+          + (f"{med(lambda x: x['fraction_of_peak_paired']):.0%} |" if "fraction_of_peak_paired" in r else "|"))
 PY
