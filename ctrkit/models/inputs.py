@@ -426,14 +426,19 @@ class NumericalBuckets(nn.Module):
         while x.shape[0] > 0 and buckets >= 2 and (not tried or labels is not None):
             tried.append(buckets)
             buckets //= 2
-        quantiles = {  # bucket count -> (N, count - 1) quantiles
-            b: torch.quantile(x[: 1 << 24], torch.arange(1, b, dtype=torch.float64) / b, dim=0, interpolation="lower").T
+        # bucket count -> (N, count - 1) quantiles: torch.quantile's "lower" ones of the first 2^24 rows (the
+        # sorted value at floor(q (n - 1))), from one sort of those rows that every count shares
+        head = x[: 1 << 24]
+        ordered = head.sort(dim=0).values if tried else head
+        quantiles = {
+            b: ordered[(torch.arange(1, b, dtype=torch.float64) / b * (len(head) - 1)).floor().long()].T.contiguous()
             for b in tried
         }
         y = labels.double() if labels is not None else None
         seen = numerical if seen is None else seen  # without a normaliser the linear term sees the raw values
         for f in range(x.shape[1] if tried else 0):
-            values = torch.unique(x[:, f])  # sorted, distinct
+            # sorted, distinct
+            values = torch.unique_consecutive(ordered[:, f]) if len(head) == len(x) else torch.unique(x[:, f])
             options = [self._place(values, quantiles[b][f]) for b in tried]
             if y is not None:
                 s = seen[:, f].double()
@@ -479,23 +484,33 @@ def _akaike_choice(x: torch.Tensor, s: torch.Tensor, y: torch.Tensor, options: l
     """Which of ``options`` (cut points of one feature's raw values ``x``) to keep, or None for no buckets:
     the one whose logistic regression of labels ``y`` on a bias, the standardised linear input ``s`` and
     one weight per bucket has the lowest Akaike criterion (deviance + 2 x weights), against the bias and
-    ``s`` alone. Fitted by Newton's method on sums per bucket (O(rows) per step)."""
-    best, best_aic = None, _deviance(s, y, None, 0) + AKAIKE_PENALTY * 2
+    ``s`` alone. Fitted by Newton's method on sums per bucket, over the distinct values of ``x`` (rows of one
+    value share ``s`` and the bucket, so only their count and clicks matter: O(distinct values) per step)."""
+    values, inverse, counts = torch.unique(x, return_inverse=True, return_counts=True)
+    weight = counts.to(torch.float64)
+    clicks = torch.bincount(inverse, y.to(torch.float64), minlength=len(values))
+    s = torch.zeros(len(values), dtype=torch.float64).scatter_(0, inverse, s.to(torch.float64))  # one per value
+    best, best_aic = None, _deviance(s, clicks, None, 0, weight=weight) + AKAIKE_PENALTY * 2
     for i, cut in enumerate(options):
         if len(cut) == 0:
             continue
-        ids = bucket_of(x, cut)  # the model's rule (float64 here: the cuts are float32 values, so the same)
+        ids = bucket_of(values, cut)  # the model's rule (float64 here: the cuts are float32 values, so the same)
         k = len(cut) + 1
-        aic = _deviance(s, y, ids, k) + AKAIKE_PENALTY * (2 + k - 1)
+        aic = _deviance(s, clicks, ids, k, weight=weight) + AKAIKE_PENALTY * (2 + k - 1)
         if aic < best_aic:
             best, best_aic = i, aic
     return best
 
 
-def _deviance(s: torch.Tensor, y: torch.Tensor, ids: torch.Tensor | None, k: int, steps: int = 30) -> float:
+def _deviance(
+    s: torch.Tensor, y: torch.Tensor, ids: torch.Tensor | None, k: int, steps: int = 30,
+    weight: torch.Tensor | None = None,
+) -> float:  # fmt: skip
     """-2 x the log-likelihood of logistic regression of ``y`` on [1, s, one-hot(ids) over k buckets] at its
-    optimum (bucket weights under ``BUCKET_RIDGE``); ``ids`` None: [1, s] only."""
+    optimum (bucket weights under ``BUCKET_RIDGE``); ``ids`` None: [1, s] only. With ``weight``, each entry
+    stands for ``weight`` rows of the same ``s`` and bucket, ``y`` of them clicked (``y`` is then a count)."""
     m = 2 + k
+    c = torch.ones_like(s, dtype=torch.float64) if weight is None else weight
     theta = torch.zeros(m, dtype=torch.float64)
     ridge = torch.zeros(m, dtype=torch.float64)
     ridge[2:] = BUCKET_RIDGE
@@ -503,7 +518,7 @@ def _deviance(s: torch.Tensor, y: torch.Tensor, ids: torch.Tensor | None, k: int
     for _ in range(steps):
         z = theta[0] + theta[1] * s + (theta[2:][ids] if ids is not None else 0.0)
         p = torch.sigmoid(z)
-        w, r = p * (1 - p), y - p
+        w, r = c * p * (1 - p), y - c * p
         h = torch.zeros(m, m, dtype=torch.float64)
         g = torch.zeros(m, dtype=torch.float64)
         h[0, 0], h[0, 1], h[1, 1] = w.sum(), (w * s).sum(), (w * s * s).sum()
@@ -519,7 +534,10 @@ def _deviance(s: torch.Tensor, y: torch.Tensor, ids: torch.Tensor | None, k: int
         if float(step.abs().max()) < 1e-8:
             break
     z = theta[0] + theta[1] * s + (theta[2:][ids] if ids is not None else 0.0)
-    return float(2 * torch.nn.functional.binary_cross_entropy_with_logits(z, y, reduction="sum"))
+    # each row's log loss, softplus(z) - y z (softplus as binary_cross_entropy_with_logits computes it), summed:
+    # the rows of one entry share z
+    softplus = z.clamp_min(0) + torch.log1p(torch.exp(-z.abs()))
+    return float(2 * (c * softplus - y * z).sum())
 
 
 class LinearTerm(nn.Module):

@@ -217,3 +217,22 @@ def test_training_gradient_is_the_same_every_run_at_large_batches():
         0, buckets.bucket_ids(x).flatten(), upstream.double().repeat_interleave(13)
     )
     torch.testing.assert_close(grads[0].double(), reference, rtol=1e-5, atol=1e-4)
+
+
+def test_the_akaike_fits_over_distinct_values_equal_the_fits_over_rows():
+    """The choice's fits run on each distinct value's row count and clicks; the same deviances as over the rows."""
+    from ctrkit.models.inputs import _deviance, bucket_of
+
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randint(0, 40, (20_000,), generator=gen).double()  # a count: 40 distinct values
+    s = (x - x.mean()) / x.std()
+    y = (torch.rand(20_000, generator=gen) < torch.sigmoid((x - 20).abs() / 8 - 1.5)).double()
+    values, inverse, counts = torch.unique(x, return_inverse=True, return_counts=True)
+    clicks = torch.bincount(inverse, y)
+    s_value = torch.zeros(len(values), dtype=torch.float64).scatter_(0, inverse, s)
+    for cut in (None, torch.tensor([9.5, 19.5, 29.5], dtype=torch.float64)):
+        ids, ids_value, k = (None, None, 0) if cut is None else (bucket_of(x, cut), bucket_of(values, cut), 4)
+        rows = _deviance(s, y, ids, k)
+        grouped = _deviance(s_value, clicks, ids_value, k, weight=counts.double())
+        assert grouped == pytest.approx(rows, rel=1e-10)
+    assert len(values) == 40 and _deviance(s, y, bucket_of(x, cut), 4) < _deviance(s, y, None, 0) - 100  # a V shape
