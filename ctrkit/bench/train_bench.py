@@ -233,8 +233,8 @@ def run_train_bench(cfg: TrainBenchConfig, device: torch.device) -> dict:
             step(batches[i % len(batches)])
         sync()
         times.append((time.perf_counter() - t0) / cfg.steps)
-        # the peak right after each repeat: a shared machine's speed drifts, and a fraction of a peak read minutes
-        # away moved by 1.3x on its own (README, Benchmarks)
+        # the peak right after each repeat: a shared machine's speed drifts within a run (two rounds of DLRM trained
+        # at the same rate while the peak read 250 and 319 GFLOP/s: README, Benchmarks)
         paired.append(matmul_gflops(peak_dtype, seconds=0.2, rounds=1, device=device))
     ms = statistics.median(times) * 1000
     samples_per_s = cfg.batch_size / (ms / 1000)
