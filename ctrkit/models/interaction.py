@@ -154,7 +154,7 @@ class DotInteraction(nn.Module):
         width = (dim if with_dense else 0) + rows.numel()
         self.padding = (-width) % pad_to
         self.out_features = width + self.padding
-        self.use_native = True  # training on the CPU by ctrkit/native's kernels where built (False: ATen's ops)
+        self.use_native = True  # training and scoring on the CPU by ctrkit/native's kernels where built (False: ATen)
 
     def forward(self, dense: torch.Tensor | None, embeddings: torch.Tensor) -> torch.Tensor:
         # the CPU's C kernels (ctrkit/native), in training and in scoring, except under torch.compile, which fuses
