@@ -142,9 +142,12 @@ def _part(b: Batch, lo: int, hi: int) -> Batch:
 
 def run_scale_bench(cfg: ScaleBenchConfig, world_sizes: list[int]) -> list[dict]:
     """One job per world size (torchrun above one rank, cores split between ranks); results in order."""
+    from ctrkit.bench.peak import where_it_ran
+
     cfg.validate()
     results = []
     cores = os.cpu_count() or 1
+    where = where_it_ran()  # the machine and its matmul peak, measured by this process on all cores
     for world in world_sizes:
         if world < 1:
             raise ValueError(f"`world_sizes`: world sizes must be >= 1, got {world}")
@@ -161,9 +164,7 @@ def run_scale_bench(cfg: ScaleBenchConfig, world_sizes: list[int]) -> list[dict]
             if done.returncode != 0:
                 raise RuntimeError(f"scale benchmark at world size {world} failed: {done.stderr.strip()[-800:]}")
             result = json.loads(out.read_text())
-        from ctrkit.bench.peak import machine
-
-        result.update(machine=machine())
+        result.update(where)
         results.append(result)
     return results
 

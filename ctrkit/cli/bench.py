@@ -93,7 +93,6 @@ def scale(args: argparse.Namespace) -> int:
     sizes and ids, Adagrad; each world size runs as its own job (torchrun above 1 rank), the cores split
     between its ranks. Reports the median step time.
     """
-    from ctrkit.bench.peak import matmul_peaks
     from ctrkit.bench.scale_bench import ScaleBenchConfig, run_scale_bench, run_worker
     from ctrkit.distributed.env import init_distributed, launched_by_torchrun
 
@@ -110,10 +109,8 @@ def scale(args: argparse.Namespace) -> int:
             opts.worker_output.write_text(json.dumps(result))
         return 0
     results = []
-    peaks = matmul_peaks()  # measured by this process, on all cores; every world size's result records it
     for model in opts.models:
         for r in run_scale_bench(config(model), list(opts.world_sizes)):
-            r["matmul_peak_gflops"] = peaks
             results.append(r)
             print(
                 f"{model} ({r['tables']} tables, {r['embedding_mib']:.1f} MiB at 1/{opts.scale:g}), world size "

@@ -443,7 +443,7 @@ class NumericalBuckets(nn.Module):
             if y is not None:
                 s = seen[:, f].double()
                 s = (s - s.mean()) / s.std().clamp_min(1e-12) if len(s) > 1 else s
-                choice = _akaike_choice(x[:, f], s, y, options)
+                choice = _akaike_choice(x[:, f], values, s, y, options)
                 options = [options[choice]] if choice is not None else []
             if options:
                 cuts[f, : len(options[0])] = options[0]
@@ -480,14 +480,17 @@ AKAIKE_PENALTY = 2.0  # criterion per weight in ``_akaike_choice`` (2: Akaike's)
 BUCKET_RIDGE = 0.1  # L2 on the bucket weights in ``_akaike_choice``'s fits (keeps a bucket without clicks finite)
 
 
-def _akaike_choice(x: torch.Tensor, s: torch.Tensor, y: torch.Tensor, options: list[torch.Tensor]) -> int | None:
-    """Which of ``options`` (cut points of one feature's raw values ``x``) to keep, or None for no buckets:
-    the one whose logistic regression of labels ``y`` on a bias, the standardised linear input ``s`` and
-    one weight per bucket has the lowest Akaike criterion (deviance + 2 x weights), against the bias and
-    ``s`` alone. Fitted by Newton's method on sums per bucket, over the distinct values of ``x`` (rows of one
-    value share ``s`` and the bucket, so only their count and clicks matter: O(distinct values) per step)."""
-    values, inverse, counts = torch.unique(x, return_inverse=True, return_counts=True)
-    weight = counts.to(torch.float64)
+def _akaike_choice(
+    x: torch.Tensor, values: torch.Tensor, s: torch.Tensor, y: torch.Tensor, options: list[torch.Tensor]
+) -> int | None:
+    """Which of ``options`` (cut points of one feature's raw values ``x``, whose sorted distinct ``values`` the fit
+    has already found) to keep, or None for no buckets: the one whose logistic regression of labels ``y`` on a
+    bias, the standardised linear input ``s`` and one weight per bucket has the lowest Akaike criterion (deviance
+    + 2 x weights), against the bias and ``s`` alone. Fitted by Newton's method on sums per bucket, over the
+    distinct values (rows of one value share ``s`` and the bucket, so only their count and clicks matter:
+    O(distinct values) per step)."""
+    inverse = torch.searchsorted(values, x.contiguous())  # each row's value among them
+    weight = torch.bincount(inverse, minlength=len(values)).to(torch.float64)
     clicks = torch.bincount(inverse, y.to(torch.float64), minlength=len(values))
     s = torch.zeros(len(values), dtype=torch.float64).scatter_(0, inverse, s.to(torch.float64))  # one per value
     best, best_aic = None, _deviance(s, clicks, None, 0, weight=weight) + AKAIKE_PENALTY * 2

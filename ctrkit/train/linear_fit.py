@@ -94,7 +94,7 @@ class _Design:
             self.used = torch.nonzero(columns >= 0).squeeze(1)
             keep = columns[col] >= 0
             row, col, val = row[keep], col[keep], val[keep]
-        self.columns, self.full_width = columns, total
+        self.columns = columns
         col, width = columns[col], len(self.used)
         self.shape = (n, width)
         self.rows = self._csr(row, col, val, n, width)
@@ -102,7 +102,7 @@ class _Design:
 
     def expand(self, w: torch.Tensor) -> torch.Tensor:
         """Weights over the kept columns as weights over every id (0 for the others)."""
-        out = torch.zeros(self.full_width, dtype=w.dtype)
+        out = torch.zeros(len(self.columns), dtype=w.dtype)
         out[self.used] = w
         return out
 
