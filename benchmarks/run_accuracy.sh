@@ -9,4 +9,5 @@ export OMP_WAIT_POLICY=PASSIVE
 .venv/bin/ctrkit bench accuracy --planted-rows "${PLANTED_ROWS:-120000,360000}" \
     --tabular-rows "${TABULAR_ROWS:-120000,360000}" --amounts-rows "${AMOUNTS_ROWS:-120000}" \
     --outbrain-rows "${OUTBRAIN_ROWS:-200000}" --seeds "${SEEDS:-0,1}" \
-    --work build/accuracy --out "${OUT:-benchmarks/accuracy}"
+    --work build/accuracy --out "${OUT:-build/bench/accuracy}"
+.venv/bin/python benchmarks/collect.py accuracy "${OUT:-build/bench/accuracy}/results.json" --command "bash benchmarks/run_accuracy.sh"

@@ -3,12 +3,12 @@
 # training reaches (peak measured in the same run), fp32 and bf16 autocast (fp32 on a CPU without
 # native bf16), default optimizers, Criteo-Kaggle shape, interleaved over ROUNDS rounds (medians).
 # Usage: bash benchmarks/run_flops.sh   (after `make install`; RAW=DIR writes the JSON there instead of
-# benchmarks/results/raw_flops, which is replaced)
+# build/bench/flops, which is replaced; the medians go to benchmarks/results/flops/KIND.json)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_WAIT_POLICY=PASSIVE
 ROUNDS=${ROUNDS:-3}
-raw=${RAW:-benchmarks/results/raw_flops}
+raw=${RAW:-build/bench/flops}
 rm -rf "$raw"
 mkdir -p "$raw"
 for round in $(seq "$ROUNDS"); do
@@ -40,3 +40,4 @@ for key, runs in groups.items():
           f"{med(lambda x: x['matmul_peak_gflops'][kind]):,.0f} | {med(lambda x: x['fraction_of_peak']):.0%} | "
           + (f"{med(lambda x: x['fraction_of_peak_paired']):.0%} |" if "fraction_of_peak_paired" in r else "|"))
 PY
+.venv/bin/python benchmarks/collect.py flops "$raw" --command "bash benchmarks/run_flops.sh"

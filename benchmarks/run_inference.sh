@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Inference throughput and latency on the Criteo-Kaggle DLRM shape (26 x 100,000 x 16, randomly
-# initialised), as recorded in benchmarks/README.md: in process for each runtime, then through a real
+# initialised), kept in benchmarks/results/inference/KIND.json: in process for each runtime, then through a real
 # `ctrkit serve` (ONNX Runtime float32 and int8, compiled bf16 PyTorch) with batch-1 requests from 1 client (latency) and
 # batch-1024 binary requests from 4 clients (throughput).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_WAIT_POLICY=PASSIVE
 PY=${PY:-.venv/bin/python}
-OUT=benchmarks/results/inference
+OUT=build/bench/inference
 WORK=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
 mkdir -p "$OUT"
@@ -29,3 +29,4 @@ for variant in onnx onnx_int8 bf16_compiled; do
         --output "$OUT/server_${variant}_batch1024.json"
     kill "$server"; wait "$server" 2>/dev/null || true
 done
+.venv/bin/python benchmarks/collect.py inference "$OUT" --command "bash benchmarks/run_inference.sh"

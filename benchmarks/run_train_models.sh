@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_WAIT_POLICY=PASSIVE
 ROUNDS=${ROUNDS:-3}
-raw=benchmarks/results/raw_models
+raw=build/bench/train-models
 rm -rf "$raw"
 mkdir -p "$raw"
 for round in $(seq "$ROUNDS"); do
@@ -36,3 +36,4 @@ for key, runs in groups.items():
     print(f"| {r['config']['model']} | {r['optimizers']['dense']}/{r['optimizers']['embedding']} | "
           f"{r['amp_dtype'] or 'fp32'} | {statistics.median(sps):,.0f} | {', '.join(f'{x:,.0f}' for x in sps)} |")
 PY
+.venv/bin/python benchmarks/collect.py train-models "$raw" --command "bash benchmarks/run_train_models.sh"

@@ -1,0 +1,241 @@
+"""Condense one benchmark run's raw JSON into the suite's result file for its machine kind.
+
+    python benchmarks/collect.py SUITE RAW_DIR_OR_FILE [--kind KIND] [--command CMD] [--date D] [--commit C]
+
+writes ``benchmarks/results/SUITE/KIND.json``: the machine, the date, the commit, the command, and a table
+(``columns`` and ``rows``) that ``benchmarks/render.py`` turns into the benchmarks page. The raw files stay
+where the script wrote them (under ``build/``); only the condensed result is kept in the repository. The
+kind is read from the raw files' ``machine`` record unless ``--kind`` names it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import re
+import statistics
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SUITES: dict[str, Callable[[list[tuple[str, dict]]], tuple[list[str], list[list]]]] = {}
+
+
+def suite(name: str):
+    def register(fn):
+        SUITES[name] = fn
+        return fn
+
+    return register
+
+
+def machine_kind(machine: dict) -> str:
+    """A short name for the kind of machine a run used: ``gpu-h100``, ``cpu-amx``, ``cpu-avx512``, ``cpu-avx2``."""
+    if machine.get("cuda"):
+        return "gpu-" + re.sub(r"[^a-z0-9]+", "-", str(machine["cuda"]).lower().replace("nvidia ", "")).split("-")[0]
+    features = set(machine.get("cpu_features") or ())
+    if "amx_bf16" in features:
+        return "cpu-amx"
+    if machine.get("capability") == "AVX512":
+        return "cpu-avx512"
+    return "cpu-" + str(machine.get("capability", "unknown")).lower()
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def _grouped(raw: list[tuple[str, dict]]) -> dict[str, list[dict]]:
+    """Files named ``VARIANT_ROUND.json`` grouped by variant, rounds in order."""
+    groups: dict[str, list[tuple[int, dict]]] = {}
+    for stem, data in raw:
+        variant, _, rnd = stem.rpartition("_")
+        if not rnd.isdigit():
+            variant, rnd = stem, "1"
+        groups.setdefault(variant, []).append((int(rnd), data))
+    return {k: [d for _, d in sorted(v, key=lambda x: x[0])] for k, v in sorted(groups.items())}
+
+
+def _precision(run: dict) -> str:
+    return run.get("amp_dtype") or "fp32"
+
+
+@suite("train")
+@suite("train-models")
+@suite("flops")
+@suite("train-cuda")
+def train_rows(raw):
+    """``ctrkit bench train`` runs, one variant per file stem, interleaved rounds: medians and each round."""
+    columns = ["variant", "model", "precision", "embedding gradients", "batch", "samples/s (median)", "ms/step",
+               "per round", "fraction of matmul peak"]  # fmt: skip
+    rows = []
+    for variant, runs in _grouped(raw).items():
+        r = runs[0]
+        cfg = r.get("config", {})
+        sps = [x["samples_per_s"] for x in runs]
+        frac = [x["fraction_of_peak"] for x in runs if x.get("fraction_of_peak") is not None]
+        rows.append([variant, cfg.get("model", "dlrm"), _precision(r),
+                     "dense" if cfg.get("dense_gradients") else "sparse", cfg.get("batch_size"),
+                     round(_median(sps)), round(_median([x["ms_per_step"] for x in runs]), 1),
+                     ", ".join(f"{v:,.0f}" for v in sps), f"{_median(frac):.0%}" if frac else ""])  # fmt: skip
+    return columns, rows
+
+
+@suite("breakdown")
+def breakdown_rows(raw):
+    """``ctrkit bench train --breakdown``: milliseconds a step by part."""
+    columns = ["model", "precision", "total ms", "forward", "backward", "optimizers", "matmul ms"]
+    rows = []
+    for stem, r in sorted(raw):
+        b = r["breakdown"]
+        ms = b["ms"]
+        opt = sum(v for k, v in ms.items() if k not in ("forward", "backward"))
+        rows.append([r["config"]["model"], _precision(r), round(b["total_ms"], 1), round(ms["forward"], 1),
+                     round(ms["backward"], 1), round(opt, 1), round(b.get("matmul_ms", 0.0), 1)])  # fmt: skip
+    return columns, rows
+
+
+@suite("compare")
+def compare_rows(raw):
+    """``benchmarks/compare_train.py``: ctrkit against plain PyTorch and TorchRec on the same shape."""
+    columns = ["implementation", "samples/s", "fraction of fp32 matmul peak", "ctrkit's speed-up"]
+    rows = []
+    for _, r in raw[-1:]:
+        for name, sps in r["samples_per_s"].items():
+            frac = r.get("fraction_of_fp32_peak", {}).get(name)
+            speedup = r.get("ctrkit_speedup", {}).get(name)
+            rows.append([name, round(sps), f"{frac:.0%}" if frac else "", f"{speedup:.2f}x" if speedup else ""])
+    return columns, rows
+
+
+@suite("preprocess")
+def preprocess_rows(raw):
+    """``ctrkit bench preprocess``: end to end as a child process, interpreter start included."""
+    columns = ["engine", "rows", "seconds (median)", "rows/s", "peak RSS MB", "repeats"]
+    rows = [[r["engine"] + (f" {r['spark_master']}" if r.get("spark_master") else ""), r["rows"],
+             round(r["seconds"], 1), round(r["rows_per_s"]), round(r["peak_rss_mb"]), r.get("repeats", 1)]
+            for _, r in sorted(raw, key=lambda x: (x[1]["engine"] != "polars", x[1]["rows"]))]  # fmt: skip
+    return columns, rows
+
+
+@suite("scale")
+def scale_rows(raw):
+    """``ctrkit bench scale``: Merlin Distributed-Embeddings' synthetic models scaled down, per world size."""
+    columns = ["model", "scale", "tables", "embeddings MiB", "ranks", "threads a rank", "ms/step",
+               "largest rank's peak MiB"]  # fmt: skip
+    rows = []
+    for _, data in raw:
+        for r in data if isinstance(data, list) else [data]:
+            rows.append([r["model"], f"1/{r['scale']:g}", r["tables"], round(r["embedding_mib"], 1), r["world_size"],
+                         r["threads_per_rank"], round(r["ms_per_step"], 1), round(r["largest_rank_peak_rss_mib"])])  # fmt: skip
+    return columns, rows
+
+
+@suite("inference")
+def inference_rows(raw):
+    """``ctrkit bench inference``: in process per runtime and batch, and through a real ``ctrkit serve``."""
+    columns = ["where", "runtime", "batch", "clients", "samples/s", "p50 ms", "p99 ms"]
+    rows = []
+    for stem, data in sorted(raw):
+        for r in data["results"]:
+            where = "in process" if r["mode"] == "in-process" else "server"
+            runtime = r.get("runtime") or stem.removeprefix("server_").rsplit("_batch", 1)[0]
+            rows.append([where, runtime, r["batch_size"], r.get("concurrency", ""), round(r["samples_per_s"]),
+                         round(r["p50_ms"], 3), round(r["p99_ms"], 3)])  # fmt: skip
+    return columns, rows
+
+
+def _cell(res: dict | None) -> str:
+    return "" if res is None else f"{res['auc']:.4f} ({res['logloss']:.4f})"
+
+
+@suite("accuracy")
+@suite("accuracy-independent")
+def accuracy_rows(raw):
+    """``ctrkit bench accuracy``: test AUC (log loss) of each model with its defaults and of the baselines."""
+    columns = ["data set", "train / validation / test", "Bayes AUC", "logistic regression", "LightGBM", "DLRM",
+               "DCNv2", "Wide & Deep"]  # fmt: skip
+    rows = []
+    for _, data in raw:
+        for row in data["rows"]:
+            res, n = row["results"], row["rows"]
+            sizes = " / ".join(f"{n[k]:,}" for k in ("train", "validation", "test") if k in n)
+            bayes = f"{row['bayes_auc']:.4f}" if row.get("bayes_auc") else ""
+            rows.append([row["dataset"], sizes, bayes] + [_cell(res.get(m)) for m in
+                        ("logistic", "lightgbm", "dlrm", "dcnv2", "wide_deep")])  # fmt: skip
+    return columns, rows
+
+
+def _load(path: Path) -> list[tuple[str, dict]]:
+    files = sorted(path.glob("*.json")) if path.is_dir() else [path]
+    return [(p.stem, json.loads(p.read_text())) for p in files]
+
+
+def _first_machine(raw: list[tuple[str, dict]]) -> dict | None:
+    for _, data in raw:
+        for d in data if isinstance(data, list) else [data]:
+            if isinstance(d, dict) and d.get("machine"):
+                return d["machine"]
+    return None
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(["git", *args], capture_output=True, text=True, check=False).stdout.strip()
+
+
+def collect(name: str, source: Path, kind: str | None = None, command: str = "", date: str | None = None,
+            commit: str | None = None, machine: dict | None = None, notes: str = "", results: Path = RESULTS) -> Path:  # fmt: skip
+    """Write ``results/NAME/KIND.json`` from the raw files under ``source``; returns its path."""
+    raw = _load(source)
+    if not raw:
+        raise SystemExit(f"{source}: no JSON files to collect")
+    columns, rows = SUITES[name](raw)
+    machine = machine or _first_machine(raw)
+    kind = kind or (machine_kind(machine) if machine else None)
+    if kind is None:
+        raise SystemExit(f"{source}: the raw files record no machine; name its kind with --kind")
+    result = {
+        "suite": name,
+        "what": SUITES[name].__doc__,
+        "machine_kind": kind,
+        "machine": machine,
+        "date": date or datetime.date.today().isoformat(),
+        "commit": commit or _git("rev-parse", "--short", "HEAD"),
+        "command": command,
+        "notes": notes,
+        "columns": columns,
+        "rows": rows,
+    }
+    out = results / name / f"{kind}.json"
+    write(out, result)
+    return out
+
+
+def write(out: Path, result: dict) -> None:
+    """Write a result atomically, one table row a line so that a rerun's diff reads row by row."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    body = dict(result)
+    rows = ",\n  ".join(json.dumps(r) for r in body.pop("rows"))
+    head = json.dumps(body, indent=1)[:-2]
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(f'{head},\n "rows": [\n  {rows}\n ]\n}}\n')
+    tmp.replace(out)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("suite", choices=sorted(SUITES))
+    p.add_argument("source", type=Path, help="a folder of raw JSON files, or one file")
+    p.add_argument("--kind", help="the machine kind, where the raw files record no machine")
+    p.add_argument("--command", default="", help="the command that made the raw files")
+    p.add_argument("--date", help="the run's date (default: today)")
+    p.add_argument("--commit", help="the code's commit (default: HEAD)")
+    p.add_argument("--notes", default="", help="one line on how to read the table")
+    a = p.parse_args()
+    print(collect(a.suite, a.source, a.kind, a.command, a.date, a.commit, notes=a.notes))
+
+
+if __name__ == "__main__":
+    main()
