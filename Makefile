@@ -10,7 +10,7 @@ DEMO   := build/demo
 
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test lint docs bench clean
 
 install: $(STAMP)
 
@@ -31,6 +31,13 @@ demo: install
 lint: install
 	$(BIN)/ruff check ctrkit tests
 	$(BIN)/ruff format --check ctrkit tests
+
+# The documentation site: the generated pages (command-line reference, benchmarks) rewritten from the code
+# and the result files, then built with warnings as errors (broken links and anchors included) into build/site.
+docs: install
+	$(BIN)/python -m ctrkit.cli.reference docs
+	$(BIN)/python benchmarks/render.py
+	$(BIN)/mkdocs build --strict --site-dir build/site
 
 test: install lint
 	$(BIN)/python -m pytest -q --durations=20
