@@ -147,14 +147,15 @@ def inference_rows(raw):
     return columns, rows
 
 
-def _cell(res: dict | None) -> str:
-    return "" if res is None else f"{res['auc']:.4f} ({res['logloss']:.4f})"
+def _cell(res: dict | None) -> list[float] | None:
+    return None if res is None else [res["auc"], res["logloss"]]
 
 
 @suite("accuracy")
 @suite("accuracy-independent")
 def accuracy_rows(raw):
-    """``ctrkit bench accuracy``: test AUC (log loss) of each model with its defaults and of the baselines."""
+    """``ctrkit bench accuracy``: test AUC (log loss) of each model with its defaults and of the baselines;
+    a cell is ``[auc, logloss]`` at full precision."""
     columns = ["data set", "train / validation / test", "Bayes AUC", "logistic regression", "LightGBM", "DLRM",
                "DCNv2", "Wide & Deep"]  # fmt: skip
     rows = []
@@ -162,7 +163,7 @@ def accuracy_rows(raw):
         for row in data["rows"]:
             res, n = row["results"], row["rows"]
             sizes = " / ".join(f"{n[k]:,}" for k in ("train", "validation", "test") if k in n)
-            bayes = f"{row['bayes_auc']:.4f}" if row.get("bayes_auc") else ""
+            bayes = round(row["bayes_auc"], 4) if row.get("bayes_auc") else ""
             rows.append([row["dataset"], sizes, bayes] + [_cell(res.get(m)) for m in
                         ("logistic", "lightgbm", "dlrm", "dcnv2", "wide_deep")])  # fmt: skip
     return columns, rows

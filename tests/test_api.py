@@ -1,4 +1,4 @@
-"""The README's Python API section, run as written (paths moved under a temporary directory)."""
+"""The documentation's Python API page, its example run as written (paths moved under a temporary directory)."""
 
 from __future__ import annotations
 
@@ -9,19 +9,17 @@ from sklearn.metrics import roc_auc_score
 
 from ctrkit.data.dataset import SplitBinaryDataset
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "python-api.md"
 
 
-def readme_python_api() -> str:
-    text = README.read_text()
-    section = text[text.index("## Python API") :]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+def python_api_example() -> str:
+    return re.search(r"```python\n(.*?)```", PAGE.read_text(), re.S).group(1)
 
 
-def test_readme_python_api_runs_and_agrees_with_sklearn(tmp_path, capsys):
-    code = readme_python_api().replace("build/api", str(tmp_path))
+def test_python_api_example_runs_and_agrees_with_sklearn(tmp_path, capsys):
+    code = python_api_example().replace("build/api", str(tmp_path))
     scope: dict = {}
-    exec(compile(code, "README.md", "exec"), scope)
+    exec(compile(code, str(PAGE), "exec"), scope)
     result, metrics, probabilities = scope["result"], scope["metrics"], scope["probabilities"]
     test = SplitBinaryDataset(tmp_path / "data", "test")
     assert len(probabilities) == len(test) == metrics["samples"]

@@ -1,0 +1,132 @@
+"""The documentation: the generated pages match the code and the result files, the site builds with warnings
+as errors (every internal link and anchor resolves), and the README stays a short page whose links resolve."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ctrkit.cli import build_parser
+from ctrkit.cli import reference
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_cli_reference_pages_are_what_the_parsers_give():
+    assert reference.main([str(ROOT / "docs"), "--check"]) == 0
+
+
+def test_cli_reference_covers_every_command_and_flag():
+    pages = reference.pages(build_parser())
+    train = pages["cli/train.md"]
+    for flag in ("--snapshot-ensemble", "--seed-ensemble", "--calibrate", "--sharding", "--amp"):
+        assert f"`{flag}`" in train
+    assert "## `ctrkit preprocess criteo`" in pages["cli/preprocess.md"]
+    assert "## `ctrkit bench accuracy`" in pages["cli/bench.md"]
+    assert set(pages) == {"cli/index.md"} | {f"cli/{name}.md" for name in reference._subcommands(build_parser())}
+
+
+def test_cli_reference_check_fails_on_a_stale_page(tmp_path):
+    shutil.copytree(ROOT / "docs" / "cli", tmp_path / "cli")
+    page = tmp_path / "cli" / "train.md"
+    page.write_text(page.read_text().replace("--snapshot-ensemble", "--snapshot-ensembles"))
+    assert reference.main([str(tmp_path), "--check"]) == 1
+
+
+def _render(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "benchmarks/render.py", *args], cwd=cwd, capture_output=True, text=True)
+
+
+def test_benchmarks_page_is_what_the_result_files_give():
+    done = _render("--check")
+    assert done.returncode == 0, done.stderr
+
+
+def test_benchmarks_page_check_fails_when_a_result_changes(tmp_path):
+    for part in ("benchmarks", "docs"):
+        shutil.copytree(ROOT / part, tmp_path / part)
+    shutil.copy(ROOT / "README.md", tmp_path / "README.md")
+    assert _render("--check", cwd=tmp_path).returncode == 0
+    result = next((tmp_path / "benchmarks" / "results" / "preprocess").glob("*.json"))
+    result.write_text(result.read_text().replace('"polars"', '"polars-changed"', 1))
+    done = _render("--check", cwd=tmp_path)
+    assert done.returncode == 1 and "out of date" in done.stderr
+
+
+def test_collect_condenses_a_real_bench_train_run(tmp_path):
+    """A real `ctrkit bench train` run, condensed by collect.py and rendered: the page shows its median."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import collect
+    finally:
+        sys.path.pop(0)
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for rnd in (1, 2):
+        subprocess.run([sys.executable, "-m", "ctrkit", "bench", "train", "--model", "dlrm", "--steps", "2",
+                        "--repeats", "1", "--warmup", "1", "--table-rows", "1000", "--batch-size", "256",
+                        "--output", str(raw / f"fp32_{rnd}.json")], check=True, capture_output=True)  # fmt: skip
+    out = collect.collect("train", raw, command="test", results=tmp_path / "results")
+    written = collect.json.loads(out.read_text())
+    runs = [collect.json.loads((raw / f"fp32_{r}.json").read_text())["samples_per_s"] for r in (1, 2)]
+    (row,) = written["rows"]
+    assert row[0] == "fp32" and row[5] == round(collect.statistics.median(runs))
+    assert out.name == f"{collect.machine_kind(written['machine'])}.json"
+    assert written["machine"]["cores"] >= 1
+
+
+@pytest.mark.skipif(shutil.which("mkdocs") is None and not (Path(sys.executable).parent / "mkdocs").exists(),
+                    reason="mkdocs is not installed (pip install 'ctrkit[docs]')")  # fmt: skip
+def test_site_builds_with_warnings_as_errors(tmp_path):
+    mkdocs = Path(sys.executable).parent / "mkdocs"
+    cmd = [str(mkdocs) if mkdocs.exists() else "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "site" / "decisions" / "calibration" / "index.html").exists()
+    assert (tmp_path / "site" / "changelog" / "index.html").exists()
+
+
+def test_site_build_fails_on_a_broken_link(tmp_path):
+    if shutil.which("mkdocs") is None and not (Path(sys.executable).parent / "mkdocs").exists():
+        pytest.skip("mkdocs is not installed")
+    shutil.copytree(ROOT / "docs", tmp_path / "docs")
+    for name in ("mkdocs.yml", "CHANGELOG.md"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    shutil.copytree(ROOT / "scripts", tmp_path / "scripts")
+    page = tmp_path / "docs" / "index.md"
+    page.write_text(page.read_text() + "\n[a missing anchor](training.md#no-such-section)\n")
+    mkdocs = Path(sys.executable).parent / "mkdocs"
+    done = subprocess.run([str(mkdocs) if mkdocs.exists() else "mkdocs", "build", "--strict", "--site-dir",
+                           str(tmp_path / "site")], cwd=tmp_path, capture_output=True, text=True)  # fmt: skip
+    assert done.returncode != 0 and "no-such-section" in done.stderr
+
+
+def test_readme_is_short_and_its_links_resolve():
+    text = (ROOT / "README.md").read_text()
+    lines = text.splitlines()
+    assert len(lines) <= 300
+    first_screen = "\n".join(lines[:40])
+    assert "make demo" in first_screen and "make test" in first_screen
+    for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+        if "://" in target:
+            continue
+        assert (ROOT / target).exists(), f"README links to {target}, which does not exist"
+    assert "../shared" not in text, "the README points outside the repository"
+
+
+def test_no_dated_narrative_in_the_documentation():
+    """Dates belong to results (the generated tables) and decision records, not to the pages that describe
+    the product."""
+    readme = (ROOT / "README.md").read_text()
+    start, end = readme.index("<!-- headline:"), readme.index("<!-- /headline -->")
+    pages = {"README.md": readme[:start] + readme[end:]}
+    pages |= {p.name: p.read_text() for p in (ROOT / "docs").glob("*.md") if p.name != "benchmarks.md"}
+    for name, text in pages.items():
+        page = Path(name)
+        assert not re.search(r"\b20\d\d-\d\d-\d\d\b", text), f"{page.name} quotes a date"
+        assert not re.search(r"\b(this|last|previous|next|earlier) session\b", text, re.I), page.name
