@@ -758,8 +758,15 @@ class ExportConfig:
 
     checkpoint: Path | None = option(None, "checkpoint written by `ctrkit train`", required=True)
     format: str | None = option(None, "what to write", EXPORT_FORMATS, required=True)
-    out: Path | None = option(None, "directory to create", required=True)
+    out: Path | None = option(
+        None, "directory to create; for triton, the model repository to create or add a version to", required=True
+    )
     name: str | None = option(None, "model name in a Triton repository", unset="the model type")
+    version: int | None = option(
+        None,
+        "triton: the version to write; an existing one is replaced only with --overwrite",
+        unset="one after the model's newest version in the repository (1 for a new model)",
+    )
     backend: str = option("onnx", "model file inside a Triton repository", ("onnx", "torchscript"))
     quantize: str = option(
         "none",
@@ -767,4 +774,4 @@ class ExportConfig:
         "embeddings stay float32), for throughput on CPUs with int8 dot-product instructions",
         QUANTIZATIONS,
     )
-    overwrite: bool = option(False, "replace an existing output directory")
+    overwrite: bool = option(False, "replace an existing output directory (triton: an existing --version)")

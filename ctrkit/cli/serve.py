@@ -21,14 +21,17 @@ def export(args: argparse.Namespace) -> int:
     (B, F) INT64 (ids outside a table map to its row 0, the missing/unseen id), with multi-hot features
     also 'multi_hot' (B, Fm, L) INT64 (each sample's ids per multi-hot feature, padded with -1); output
     'probability' (B, 1) FP32; dynamic batch. ONNX is loaded back in onnxruntime and compared with
-    PyTorch (max abs diff printed).
+    PyTorch (max abs diff printed). A Triton export into an existing model repository adds the next
+    version of the model (or --version N), leaving its other versions and the other models untouched.
     """
     from ctrkit.export.exporter import export_checkpoint
 
     cfg: ExportConfig = config_from(args, ExportConfig)
     summary = export_checkpoint(cfg.checkpoint, cfg.out, cfg.format, cfg.name, cfg.backend, cfg.overwrite,
-                                cfg.quantize)  # fmt: skip
+                                cfg.quantize, cfg.version)  # fmt: skip
     kind = cfg.format + (f", {cfg.quantize}" if cfg.quantize != "none" else "")
+    if "version" in summary:
+        kind += f", model '{summary['name']}' version {summary['version']}"
     line = f"wrote {cfg.out} ({kind}): " + ", ".join(summary["files"])
     if "max_abs_diff_vs_pytorch" in summary:
         line += f"; onnxruntime vs PyTorch max abs diff {summary['max_abs_diff_vs_pytorch']:.2e}"

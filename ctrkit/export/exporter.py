@@ -103,15 +103,21 @@ def export_checkpoint(
     backend: str = "onnx",
     overwrite: bool = False,
     quantize: str = "none",
+    version: int | None = None,
 ) -> dict:
     """Writes ``fmt`` (onnx, torchscript, triton) for a checkpoint into ``out_dir``.
 
     ``out_dir`` gets ``model.onnx`` or ``model.pt`` plus ``ctrkit_model.json`` (the metadata a server
-    needs); ``triton`` writes ``out_dir/<name>/config.pbtxt`` and ``out_dir/<name>/1/model.<ext>`` with
-    ``backend`` (onnx or torchscript) as the model file, and the metadata beside the config.
+    needs). ``triton`` treats ``out_dir`` as a model repository, new or existing: it writes version
+    ``version`` (default: one after the model's newest, 1 for a new model) of model ``name`` as
+    ``out_dir/<name>/<version>/model.<ext>`` with its own ``ctrkit_model.json``, and the model's
+    ``config.pbtxt`` and ``ctrkit_model.json`` with its first version. Other models and versions are left
+    untouched; an existing version is replaced only with ``overwrite``, and a model whose config differs
+    from this export's (another platform or other inputs) is refused.
 
     Returns:
-        A summary: files written and, for ONNX, the max abs difference against PyTorch.
+        A summary: files written (relative to ``out_dir``), the Triton version, and for ONNX the max abs
+        difference against PyTorch.
     """
     if fmt not in FORMATS:
         raise ValueError(f"export format must be one of {', '.join(FORMATS)}, got '{fmt}'")
@@ -119,26 +125,34 @@ def export_checkpoint(
         raise ValueError(f"Triton backend must be onnx or torchscript, got '{backend}'")
     if quantize not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got '{quantize}'")
+    if version is not None and (fmt != "triton" or version < 1):
+        raise ValueError(f"`version` applies to triton exports and must be >= 1, got {version} for {fmt}")
     kind = backend if fmt == "triton" else fmt
     if quantize != "none" and kind != "onnx":
         raise ValueError(f"quantization {quantize} applies to ONNX models; this export writes {kind}")
     ckpt = load_checkpoint(checkpoint)
     signature = Signature.from_config(ckpt.model_config)
-    meta = signature.metadata(ckpt.model_name, ckpt.step)
     if fmt == "triton" and signature.num_numerical == 0:
         raise ValueError(
             "Triton export: this model has no numerical features, and Triton refuses a zero-width input "
             "(config dims must be >= 1); export it as onnx or torchscript and serve it with `ctrkit serve`"
         )
-    wrapper = InferenceModel(ckpt.build_model().cpu(), signature, ckpt.calibration).eval()
     name = name or ckpt.model_name
+    platform = "onnxruntime_onnx" if kind == "onnx" else "pytorch_libtorch"
+    config = triton_config(name, platform, signature) if fmt == "triton" else None
+    out = Path(out_dir)
+    target = _triton_version_dir(out / name, config, version, overwrite) if config else out
+    wrapper = InferenceModel(ckpt.build_model().cpu(), signature, ckpt.calibration).eval()
+    meta = {**signature.metadata(ckpt.model_name, ckpt.step), "quantize": quantize}
     summary: dict = {"format": fmt, "name": name, "quantize": quantize}
-    with atomic_directory(out_dir, overwrite) as tmp:
-        target = tmp / name / "1" if fmt == "triton" else tmp
-        target.mkdir(parents=True, exist_ok=True)
-        model_file = target / ("model.onnx" if kind == "onnx" else "model.pt")
+    # a new model of a repository appears whole (config, metadata, first version); a new version alone
+    new_model = config is not None and not (out / name).exists()
+    with atomic_directory(out / name if new_model else target, overwrite) as tmp:
+        where = tmp / target.name if new_model else tmp
+        where.mkdir(exist_ok=True)
+        model_file = where / _model_file(kind)
         if kind == "onnx":
-            float_file = target / "model.fp32.onnx" if quantize == "int8" else model_file
+            float_file = where / "model.fp32.onnx" if quantize == "int8" else model_file
             export_onnx(wrapper, signature, float_file)
             if quantize == "int8":
                 quantize_onnx_int8(float_file, model_file)
@@ -146,15 +160,44 @@ def export_checkpoint(
             summary["max_abs_diff_vs_pytorch"] = check_onnx(wrapper, signature, model_file)
         else:
             export_torchscript(wrapper, signature, model_file)
-        meta_dir = tmp / name if fmt == "triton" else tmp
-        (meta_dir / "ctrkit_model.json").write_text(
-            json.dumps({**meta, "file": model_file.name, "quantize": quantize}, indent=2) + "\n"
-        )
-        if fmt == "triton":
-            platform = "onnxruntime_onnx" if kind == "onnx" else "pytorch_libtorch"
-            (tmp / name / "config.pbtxt").write_text(triton_config(name, platform, signature))
-        summary["files"] = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
+        text = json.dumps({**meta, "file": model_file.name}, indent=2) + "\n"
+        (where / "ctrkit_model.json").write_text(text)
+        if new_model:
+            (tmp / "ctrkit_model.json").write_text(text)
+            (tmp / "config.pbtxt").write_text(config)
+        written = sorted(p.relative_to(tmp) for p in tmp.rglob("*") if p.is_file())
+    base = Path(name) if new_model else target.relative_to(out) if config else Path()
+    summary["files"] = [str(base / p) for p in written]
+    if config:
+        summary["version"] = int(target.name)
     return summary
+
+
+def _model_file(kind: str) -> str:
+    return "model.onnx" if kind == "onnx" else "model.pt"
+
+
+def _triton_version_dir(model_dir: Path, config: str, version: int | None, overwrite: bool) -> Path:
+    """The version directory a Triton export writes in ``model_dir`` (a model of a repository, new or
+    existing), after checking that the export fits the model's existing config."""
+    existing: list[int] = []
+    if model_dir.exists():
+        if not (model_dir / "config.pbtxt").is_file():
+            raise ValueError(f"{model_dir}: exists but holds no config.pbtxt; expected a model of a Triton repository")
+        if (model_dir / "config.pbtxt").read_text().rstrip("\n") != config.rstrip("\n"):
+            raise ValueError(
+                f"{model_dir / 'config.pbtxt'}: this model's versions take other inputs or another platform than "
+                f"this export (a model's versions share one config); export it under another --name"
+            )
+        existing = sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
+    number = version or (existing[-1] + 1 if existing else 1)
+    target = model_dir / str(number)
+    if target.exists() and not overwrite:
+        raise ValueError(
+            f"{target}: version {number} of model '{model_dir.name}' exists; set `overwrite` to replace it, or "
+            f"leave `version` unset to write the next one ({existing[-1] + 1})"
+        )
+    return target
 
 
 def find_model_dir(model_dir: str | os.PathLike) -> Path:

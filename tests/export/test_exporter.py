@@ -164,3 +164,63 @@ def test_export_refuses_bad_requests(tiny_checkpoint, tmp_path, capsys):
         "export", "--checkpoint", tmp_path / "none.pt", "--format", "onnx", "--out", tmp_path / "x", capsys=capsys
     )
     assert code == 2 and "none.pt" in err
+
+
+def _tree(root):
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_triton_export_adds_versions_to_an_existing_repository(tiny_checkpoint, tmp_path, capsys):
+    """Exporting into a repository adds the model's next version (or --version N) and leaves every other
+    model and version byte for byte as it was; a clash or another platform is refused, changing nothing."""
+    repo = tmp_path / "repo"
+
+    def export(*extra):
+        return run_cli("export", "--checkpoint", tiny_checkpoint, "--format", "triton", "--out", repo, *extra,
+                       capsys=capsys)  # fmt: skip
+
+    assert export("--name", "ctr")[0] == 0
+    assert export("--name", "other", "--backend", "torchscript")[0] == 0
+    before = _tree(repo)
+    code, out, _ = export("--name", "ctr")
+    assert code == 0 and "version 2" in out
+    after = _tree(repo)
+    assert {k: v for k, v in after.items() if not k.startswith("ctr/2/")} == before  # nothing else touched
+    assert set(k for k in after if k.startswith("ctr/2/")) == {"ctr/2/model.onnx", "ctr/2/ctrkit_model.json"}
+    assert export("--name", "ctr", "--version", "7")[0] == 0
+    assert export("--name", "ctr")[0] == 0
+    assert sorted(p.name for p in (repo / "ctr").iterdir() if p.is_dir()) == ["1", "2", "7", "8"]
+
+    snapshot = _tree(repo)
+    code, _, err = export("--name", "ctr", "--version", "2")  # exists: refused without --overwrite
+    assert code == 2 and "version 2 of model 'ctr' exists" in err and "--overwrite" in err
+    code, _, err = export("--name", "ctr", "--backend", "torchscript")  # another platform than the model's
+    assert code == 2 and "config.pbtxt" in err and "another --name" in err
+    code, _, err = export("--name", "ctr", "--version", "0")
+    assert code == 2 and "--version" in err
+    assert _tree(repo) == snapshot
+    assert export("--name", "ctr", "--version", "2", "--overwrite")[0] == 0
+    assert {k: v for k, v in _tree(repo).items() if not k.startswith("ctr/2/")} == {
+        k: v for k, v in snapshot.items() if not k.startswith("ctr/2/")
+    }
+    config = text_format.Parse((repo / "ctr" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    assert config.name == "ctr" and config.platform == "onnxruntime_onnx"
+
+
+def test_a_failed_triton_export_leaves_the_repository_as_it_was(tiny_checkpoint, tmp_path, monkeypatch):
+    import ctrkit.export.exporter as exporter
+
+    repo = tmp_path / "repo"
+    export_checkpoint(tiny_checkpoint, repo, "triton", name="ctr")
+    before = _tree(repo)
+
+    def broken(*args, **kwargs):
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(exporter, "export_onnx", broken)
+    for name in ("ctr", "new"):  # a new version of a model, and a new model
+        with pytest.raises(OSError):
+            export_checkpoint(tiny_checkpoint, repo, "triton", name=name)
+    assert _tree(repo) == before
+    assert sorted(p.name for p in repo.iterdir()) == ["ctr"] and sorted(p.name for p in (repo / "ctr").iterdir()) == [
+        "1", "config.pbtxt", "ctrkit_model.json"]  # fmt: skip

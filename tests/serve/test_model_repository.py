@@ -3,7 +3,6 @@ versions, served by the real server on 127.0.0.1 and queried with the real trito
 extension's index/load/unload, and a version loaded under a bounded concurrent load."""
 
 import json
-import shutil
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
@@ -19,17 +18,9 @@ ROWS = 40
 
 
 def export(checkpoint, repo, name, backend, version="1"):
-    out = repo.parent / f"export-{name}-{version}"
+    """`ctrkit export` straight into the repository, as the given version of the model."""
     args = ["export", "--checkpoint", checkpoint, "--format", "triton", "--backend", backend, "--name", name]
-    assert run_cli(*args, "--out", out)[0] == 0
-    target = repo / name
-    target.mkdir(parents=True, exist_ok=True)
-    for item in (out / name).iterdir():  # config.pbtxt, ctrkit_model.json, 1/
-        dest = target / (version if item.name == "1" else item.name)
-        if item.is_dir():
-            shutil.copytree(item, dest)
-        elif not dest.exists():
-            shutil.copy(item, dest)
+    assert run_cli(*args, "--out", repo, "--version", version)[0] == 0
 
 
 @pytest.fixture(scope="module")
