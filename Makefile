@@ -29,8 +29,8 @@ demo: install
 	$(BIN)/ctrkit report $(DEMO)/dlrm.pt --out $(DEMO)/report.html
 
 lint: install
-	$(BIN)/ruff check ctrkit tests
-	$(BIN)/ruff format --check ctrkit tests
+	$(BIN)/ruff check ctrkit tests benchmarks scripts
+	$(BIN)/ruff format --check ctrkit tests benchmarks scripts
 
 # The documentation site: the generated pages (command-line reference, benchmarks) rewritten from the code
 # and the result files, then built with warnings as errors (broken links and anchors included) into build/site.

@@ -68,18 +68,36 @@ def _precision(run: dict) -> str:
 @suite("train-cuda")
 def train_rows(raw):
     """``ctrkit bench train`` runs, one variant per file stem, interleaved rounds: medians and each round."""
-    columns = ["variant", "model", "precision", "embedding gradients", "batch", "samples/s (median)", "ms/step",
-               "per round", "fraction of matmul peak"]  # fmt: skip
+    columns = [
+        "variant",
+        "model",
+        "precision",
+        "embedding gradients",
+        "batch",
+        "samples/s (median)",
+        "ms/step",
+        "per round",
+        "fraction of matmul peak",
+    ]
     rows = []
     for variant, runs in _grouped(raw).items():
         r = runs[0]
         cfg = r.get("config", {})
         sps = [x["samples_per_s"] for x in runs]
         frac = [x["fraction_of_peak"] for x in runs if x.get("fraction_of_peak") is not None]
-        rows.append([variant, cfg.get("model", "dlrm"), _precision(r),
-                     "dense" if cfg.get("dense_gradients") else "sparse", cfg.get("batch_size"),
-                     round(_median(sps)), round(_median([x["ms_per_step"] for x in runs]), 1),
-                     ", ".join(f"{v:,.0f}" for v in sps), f"{_median(frac):.0%}" if frac else ""])  # fmt: skip
+        rows.append(
+            [
+                variant,
+                cfg.get("model", "dlrm"),
+                _precision(r),
+                "dense" if cfg.get("dense_gradients") else "sparse",
+                cfg.get("batch_size"),
+                round(_median(sps)),
+                round(_median([x["ms_per_step"] for x in runs]), 1),
+                ", ".join(f"{v:,.0f}" for v in sps),
+                f"{_median(frac):.0%}" if frac else "",
+            ]
+        )
     return columns, rows
 
 
@@ -88,12 +106,21 @@ def breakdown_rows(raw):
     """``ctrkit bench train --breakdown``: milliseconds a step by part."""
     columns = ["model", "precision", "total ms", "forward", "backward", "optimizers", "matmul ms"]
     rows = []
-    for stem, r in sorted(raw):
+    for _, r in sorted(raw):
         b = r["breakdown"]
         ms = b["ms"]
         opt = sum(v for k, v in ms.items() if k not in ("forward", "backward"))
-        rows.append([r["config"]["model"], _precision(r), round(b["total_ms"], 1), round(ms["forward"], 1),
-                     round(ms["backward"], 1), round(opt, 1), round(b.get("matmul_ms", 0.0), 1)])  # fmt: skip
+        rows.append(
+            [
+                r["config"]["model"],
+                _precision(r),
+                round(b["total_ms"], 1),
+                round(ms["forward"], 1),
+                round(ms["backward"], 1),
+                round(opt, 1),
+                round(b.get("matmul_ms", 0.0), 1),
+            ]
+        )
     return columns, rows
 
 
@@ -114,22 +141,48 @@ def compare_rows(raw):
 def preprocess_rows(raw):
     """``ctrkit bench preprocess``: end to end as a child process, interpreter start included."""
     columns = ["engine", "rows", "seconds (median)", "rows/s", "peak RSS MB", "repeats"]
-    rows = [[r["engine"] + (f" {r['spark_master']}" if r.get("spark_master") else ""), r["rows"],
-             round(r["seconds"], 1), round(r["rows_per_s"]), round(r["peak_rss_mb"]), r.get("repeats", 1)]
-            for _, r in sorted(raw, key=lambda x: (x[1]["engine"] != "polars", x[1]["rows"]))]  # fmt: skip
+    rows = [
+        [
+            r["engine"] + (f" {r['spark_master']}" if r.get("spark_master") else ""),
+            r["rows"],
+            round(r["seconds"], 1),
+            round(r["rows_per_s"]),
+            round(r["peak_rss_mb"]),
+            r.get("repeats", 1),
+        ]
+        for _, r in sorted(raw, key=lambda x: (x[1]["engine"] != "polars", x[1]["rows"]))
+    ]
     return columns, rows
 
 
 @suite("scale")
 def scale_rows(raw):
     """``ctrkit bench scale``: Merlin Distributed-Embeddings' synthetic models scaled down, per world size."""
-    columns = ["model", "scale", "tables", "embeddings MiB", "ranks", "threads a rank", "ms/step",
-               "largest rank's peak MiB"]  # fmt: skip
+    columns = [
+        "model",
+        "scale",
+        "tables",
+        "embeddings MiB",
+        "ranks",
+        "threads a rank",
+        "ms/step",
+        "largest rank's peak MiB",
+    ]
     rows = []
     for _, data in raw:
         for r in data if isinstance(data, list) else [data]:
-            rows.append([r["model"], f"1/{r['scale']:g}", r["tables"], round(r["embedding_mib"], 1), r["world_size"],
-                         r["threads_per_rank"], round(r["ms_per_step"], 1), round(r["largest_rank_peak_rss_mib"])])  # fmt: skip
+            rows.append(
+                [
+                    r["model"],
+                    f"1/{r['scale']:g}",
+                    r["tables"],
+                    round(r["embedding_mib"], 1),
+                    r["world_size"],
+                    r["threads_per_rank"],
+                    round(r["ms_per_step"], 1),
+                    round(r["largest_rank_peak_rss_mib"]),
+                ]
+            )
     return columns, rows
 
 
@@ -142,8 +195,17 @@ def inference_rows(raw):
         for r in data["results"]:
             where = "in process" if r["mode"] == "in-process" else "server"
             runtime = r.get("runtime") or stem.removeprefix("server_").rsplit("_batch", 1)[0]
-            rows.append([where, runtime, r["batch_size"], r.get("concurrency", ""), round(r["samples_per_s"]),
-                         round(r["p50_ms"], 3), round(r["p99_ms"], 3)])  # fmt: skip
+            rows.append(
+                [
+                    where,
+                    runtime,
+                    r["batch_size"],
+                    r.get("concurrency", ""),
+                    round(r["samples_per_s"]),
+                    round(r["p50_ms"], 3),
+                    round(r["p99_ms"], 3),
+                ]
+            )
     return columns, rows
 
 
@@ -156,16 +218,26 @@ def _cell(res: dict | None) -> list[float] | None:
 def accuracy_rows(raw):
     """``ctrkit bench accuracy``: test AUC (log loss) of each model with its defaults and of the baselines;
     a cell is ``[auc, logloss]`` at full precision."""
-    columns = ["data set", "train / validation / test", "Bayes AUC", "logistic regression", "LightGBM", "DLRM",
-               "DCNv2", "Wide & Deep"]  # fmt: skip
+    columns = [
+        "data set",
+        "train / validation / test",
+        "Bayes AUC",
+        "logistic regression",
+        "LightGBM",
+        "DLRM",
+        "DCNv2",
+        "Wide & Deep",
+    ]
     rows = []
     for _, data in raw:
         for row in data["rows"]:
             res, n = row["results"], row["rows"]
             sizes = " / ".join(f"{n[k]:,}" for k in ("train", "validation", "test") if k in n)
             bayes = round(row["bayes_auc"], 4) if row.get("bayes_auc") else ""
-            rows.append([row["dataset"], sizes, bayes] + [_cell(res.get(m)) for m in
-                        ("logistic", "lightgbm", "dlrm", "dcnv2", "wide_deep")])  # fmt: skip
+            rows.append(
+                [row["dataset"], sizes, bayes]
+                + [_cell(res.get(m)) for m in ("logistic", "lightgbm", "dlrm", "dcnv2", "wide_deep")]
+            )
     return columns, rows
 
 
@@ -186,8 +258,17 @@ def _git(*args: str) -> str:
     return subprocess.run(["git", *args], capture_output=True, text=True, check=False).stdout.strip()
 
 
-def collect(name: str, source: Path, kind: str | None = None, command: str = "", date: str | None = None,
-            commit: str | None = None, machine: dict | None = None, notes: str = "", results: Path = RESULTS) -> Path:  # fmt: skip
+def collect(
+    name: str,
+    source: Path,
+    kind: str | None = None,
+    command: str = "",
+    date: str | None = None,
+    commit: str | None = None,
+    machine: dict | None = None,
+    notes: str = "",
+    results: Path = RESULTS,
+) -> Path:
     """Write ``results/NAME/KIND.json`` from the raw files under ``source``; returns its path."""
     raw = _load(source)
     if not raw:

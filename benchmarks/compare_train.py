@@ -12,7 +12,8 @@ TorchRec is not one of ctrkit's dependencies; install it beside torch in another
     /tmp/trvenv/bin/pip install --no-deps torchrec==1.8.0 fbgemm-gpu-cpu==1.8.0
     /tmp/trvenv/bin/pip install tensordict iopath pyre-extensions typing-inspect mypy-extensions
     OMP_WAIT_POLICY=PASSIVE /tmp/trvenv/bin/python benchmarks/compare_train.py --out build/bench/compare
-    .venv/bin/python benchmarks/collect.py compare build/bench/compare --command ".venv/bin/python benchmarks/compare_train.py"
+    .venv/bin/python benchmarks/collect.py compare build/bench/compare \
+        --command ".venv/bin/python benchmarks/compare_train.py"
 
 Without TorchRec the run compares ctrkit with the plain model only (and says so in its JSON).
 """

@@ -167,9 +167,12 @@ def _source(r: dict) -> str:
 def headline() -> str:
     """The README's results: one small table per topic, each naming its machine kind, date and commit."""
     acc = _load("accuracy", "cpu-avx512")
-    out = [f"**Accuracy** (test AUC; {_source(acc)}; every row in [Benchmarks](docs/benchmarks.md)):", "",
-           "| data set | logistic regression | LightGBM | DLRM | DCNv2 | Wide & Deep |",
-           "| --- | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
+    out = [
+        f"**Accuracy** (test AUC; {_source(acc)}; every row in [Benchmarks](docs/benchmarks.md)):",
+        "",
+        "| data set | logistic regression | LightGBM | DLRM | DCNv2 | Wide & Deep |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for row in acc["rows"]:
         if row[0] in ("criteo", "avazu", "movielens", "planted-360k-s0", "tabular-360k-s0"):
             out.append(f"| {row[0]} | " + " | ".join(f"{_auc(c):.4f}" for c in row[3:]) + " |")
@@ -178,27 +181,46 @@ def headline() -> str:
     tables = [r for r in ind["rows"] if r[0] not in ("criteo", "avazu") and not r[0].endswith("-ids")]
     models_at_lr = sum(min(_auc(c) for c in r[5:]) >= _auc(r[3]) for r in tables)
     best_at_gbm = sum(max(_auc(c) for c in r[5:]) >= _auc(r[4]) for r in tables)
-    out += ["", f"On {len(tables)} independent real tables nobody tuned on ({_source(ind)}), every model is at or "
-            f"above logistic regression on {models_at_lr} and the best model at or above LightGBM on {best_at_gbm}.", ""]  # fmt: skip
+    out += [
+        "",
+        f"On {len(tables)} independent real tables nobody tuned on ({_source(ind)}), every model is at or "
+        f"above logistic regression on {models_at_lr} and the best model at or above LightGBM on {best_at_gbm}.",
+        "",
+    ]
     flops = _load("flops", "cpu-amx")
     cmp_ = _load("compare", "cpu-amx")
-    out += [f"**Training speed** (samples/s a training step, Criteo-Kaggle shape, batch 2048, each model's default "
-            f"optimizers; {_source(flops)}):", "", "| model | fp32 | bf16 autocast | fp32 share of the matmul peak |",
-            "| --- | ---: | ---: | ---: |"]  # fmt: skip
+    out += [
+        f"**Training speed** (samples/s a training step, Criteo-Kaggle shape, batch 2048, each model's default "
+        f"optimizers; {_source(flops)}):",
+        "",
+        "| model | fp32 | bf16 autocast | fp32 share of the matmul peak |",
+        "| --- | ---: | ---: | ---: |",
+    ]
     by = {(r[1], r[2]): r for r in flops["rows"]}
     for model in ("dlrm", "dcnv2", "wide_deep"):
         fp32, bf16 = by[(model, "fp32")], by[(model, "bfloat16")]
         out.append(f"| {model} | {fp32[5]:,} | {bf16[5]:,} | {fp32[8]} |")
     sps = {r[0]: r[1] for r in cmp_["rows"]}
-    out += ["", f"The same DLRM step with SGD in fp32 ({_source(cmp_)}): ctrkit {sps['ctrkit']:,} samples/s, a plain "
-            f"PyTorch DLRM {sps['plain_pytorch']:,}, TorchRec's fused DLRM {sps['torchrec_fused']:,}.", ""]  # fmt: skip
+    out += [
+        "",
+        f"The same DLRM step with SGD in fp32 ({_source(cmp_)}): ctrkit {sps['ctrkit']:,} samples/s, a plain "
+        f"PyTorch DLRM {sps['plain_pytorch']:,}, TorchRec's fused DLRM {sps['torchrec_fused']:,}.",
+        "",
+    ]
     inf = _load("inference", "cpu-avx512")
-    out += [f"**Serving** (the Criteo-Kaggle DLRM; {_source(inf)}):", "",
-            "| runtime | in process, batch 4096 | server, batch-1 p99 | server, batch-1024 requests from 4 clients |",
-            "| --- | ---: | ---: | ---: |"]  # fmt: skip
+    out += [
+        f"**Serving** (the Criteo-Kaggle DLRM; {_source(inf)}):",
+        "",
+        "| runtime | in process, batch 4096 | server, batch-1 p99 | server, batch-1024 requests from 4 clients |",
+        "| --- | ---: | ---: | ---: |",
+    ]
     rows = inf["rows"]
-    for runtime, server in (("onnx", "onnx"), ("onnx-int8", "onnx_int8"), ("torch-bf16-compiled", "bf16_compiled"),
-                            ("torch", None)):  # fmt: skip
+    for runtime, server in (
+        ("onnx", "onnx"),
+        ("onnx-int8", "onnx_int8"),
+        ("torch-bf16-compiled", "bf16_compiled"),
+        ("torch", None),
+    ):
         inproc = next(r for r in rows if r[0] == "in process" and r[1] == runtime and r[2] == 4096)
         srv = {r[2]: r for r in rows if r[0] == "server" and r[1] == server}
         p99 = f"{srv[1][6]:.2f} ms" if 1 in srv else "-"
@@ -211,7 +233,7 @@ def readme_with_headline(text: str) -> str:
     if START not in text or END not in text:
         raise SystemExit(f"{README}: no {START} ... {END} markers for the headline tables")
     head, rest = text.split(START, 1)
-    return f"{head}{START}\n{headline()}\n{rest[rest.index(END):]}"
+    return f"{head}{START}\n{headline()}\n{rest[rest.index(END) :]}"
 
 
 def main() -> int:
@@ -222,8 +244,10 @@ def main() -> int:
     stale = [path for path, text in want.items() if not path.exists() or path.read_text() != text]
     if a.check:
         if stale:
-            print(f"{', '.join(map(str, stale))}: out of date with benchmarks/results/; run python benchmarks/render.py",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"{', '.join(map(str, stale))}: out of date with benchmarks/results/; run python benchmarks/render.py",
+                file=sys.stderr,
+            )
         return 1 if stale else 0
     for path in stale:
         path.write_text(want[path])

@@ -271,7 +271,7 @@ def save_checkpoint(path: str | os.PathLike, ckpt: Checkpoint) -> None:
 
 def torch_save(obj: Any, path: str | os.PathLike) -> None:
     """``torch.save`` without the zip records' CRC-32: ``torch.load`` does not check it (a test: changed bytes
-    load without error), and computing it took half of a checkpoint's save time (README "Checkpoints")."""
+    load without error), and computing it took half of a checkpoint's save time (docs/decisions/checkpoint-crc.md)."""
     with serialization_config.patch({"save.compute_crc32": False}):
         torch.save(obj, path)
 

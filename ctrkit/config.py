@@ -14,9 +14,9 @@ DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam", "rmsprop")
 TABLE_OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad", "adam", "ftrl")
 EXPORT_FORMATS = ("onnx", "torchscript", "triton")
 QUANTIZATIONS = ("none", "int8")
-SNAPSHOT_ENSEMBLE = 3  # the default snapshot_ensemble (README, "Accuracy": snapshot ensembles)
+SNAPSHOT_ENSEMBLE = 3  # the default snapshot_ensemble (docs/decisions/snapshot-ensemble.md)
 SNAPSHOT_MAX_BYTES = 1 << 30  # larger models keep one (the pool holds SNAPSHOT_ENSEMBLE copies of the weights)
-SEED_ENSEMBLE = 3  # the unset seed_ensemble on small data (README, "`ctrkit train`": seed ensembles)
+SEED_ENSEMBLE = 3  # the unset seed_ensemble on small data (docs/decisions/seed-ensemble.md)
 
 
 def option(default: Any, help: str, choices: tuple | None = None, unset: str | None = None, **command_line: Any) -> Any:
@@ -37,11 +37,11 @@ def option(default: Any, help: str, choices: tuple | None = None, unset: str | N
 
 # Small data: an epoch of fewer than SMALL_EPOCH batches (a table of a few thousand rows at batch 1,024).
 # There a run measured in epochs and evaluations ends after a few dozen steps while still improving, so
-# the unset limits below are raised (README, "`ctrkit train`": measured on nine small data sets).
+# the unset limits below are raised (docs/decisions/small-data-steps.md).
 SMALL_EPOCH = 10
 DEFAULT_EPOCHS = 10  # TrainConfig.epochs when unset: the most passes over the data (early stopping ends most runs)
 MIN_STEPS = 100  # ... raised on small data until the run may take this many steps
-PATIENCE = (8, 4)  # unset early-stopping and plateau patience, in evaluations (README, "Training defaults")
+PATIENCE = (8, 4)  # unset early-stopping and plateau patience, in evaluations (docs/decisions/patience.md)
 SMALL_DATA_PATIENCE = (20, 10)  # ... on small data
 
 
@@ -54,8 +54,8 @@ def default_epochs(steps_per_epoch: int) -> int:
 
 
 # The seed ensemble reaches further than the other small-data rules: up to an epoch of fewer than
-# SEED_ENSEMBLE_EPOCH batches (tables of up to about 24,000 training rows at batch 1,024), where it was
-# measured to raise test AUC in 11 of 30 cells and lower it in none (README, "`ctrkit train`").
+# SEED_ENSEMBLE_EPOCH batches (tables of up to about 24,000 training rows at batch 1,024), where it
+# helped without hurting (docs/decisions/seed-ensemble.md).
 SEED_ENSEMBLE_EPOCH = 24
 
 
@@ -67,7 +67,7 @@ def default_seed_ensemble(steps_per_epoch: int, model_bytes: int) -> int:
 
 
 SMALL_BATCH_STEPS = 32  # the unset small_batch: an epoch of at least this many steps ...
-MIN_SMALL_BATCH = 32  # ... at a batch of at least this many rows (README, "`ctrkit train`": the small batch)
+MIN_SMALL_BATCH = 32  # ... at a batch of at least this many rows (docs/decisions/small-batch.md)
 
 
 def default_small_batch(train_rows: int) -> int:
@@ -604,7 +604,7 @@ class OutbrainPreprocessConfig:
     block_rows: int = option(
         1 << 17,
         "clicks_train.csv's rows are worked on this many at a time (twice: tallies, then features); memory grows "
-        "with the block while it is worked on (README), and the dataset does not depend on the block size",
+        "with the block while it is worked on (about 0.7 KB a row), and the dataset does not depend on the block size",
     )
     engine: str = option(
         "polars",

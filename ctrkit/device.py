@@ -19,7 +19,7 @@ import torch
 
 NATIVE_BF16_FLAGS = {"avx512_bf16", "amx_bf16", "bf16"}  # x86 AVX512-BF16 / AMX, Arm FEAT_BF16
 # the flags that decide how fast matrix arithmetic runs: vector width, fused multiply-add, native bf16 and
-# AMX's tile units (the README's benchmarks compare the machine kinds they tell apart)
+# AMX's tile units (benchmark results are kept per machine kind)
 MATRIX_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8",
                 "asimd", "bf16", "sve")  # fmt: skip
 _said: set = set()  # what has been said once
@@ -78,8 +78,8 @@ def cpu_bf16_or_fp32(what: str) -> bool:
 def openmp_threads_sleep() -> bool:
     """Whether OpenMP's idle threads sleep between parallel regions: ``OMP_WAIT_POLICY=passive`` without a
     ``GOMP_SPINCOUNT`` (libgomp then spins 0 times; `make` and the benchmarks run so). Each parallel region then
-    pays for waking them (65-100 us a region measured on the benchmark machines, README "Threads and OpenMP's
-    wait policy"); by default libgomp spins a while first and the next region finds them awake."""
+    pays for waking them (docs/decisions/omp-wait-policy.md); by default libgomp spins a while first and the next
+    region finds them awake."""
     spin = os.environ.get("GOMP_SPINCOUNT", "").strip()
     return os.environ.get("OMP_WAIT_POLICY", "").strip().lower() == "passive" and spin in ("", "0")
 
@@ -116,9 +116,7 @@ def cuda_native_bf16(device: torch.device) -> bool:
 
 
 # On CUDA, autocast pays only with large batches: below these, a step is bound by launching kernels, not by
-# arithmetic, and autocast's casts add kernels (measured on an H100, README "On a GPU": bf16 autocast 0.67-1.03x
-# fp32 at 512-2,048 samples a training step, 1.00-1.25x or more from 16,384; scoring alone 0.71-0.94x at 2,048, a
-# DLRM round still 0.74x at 16,384, 1.45x or more from 32,768; between, it depends on the model).
+# arithmetic, and autocast's casts add kernels (measured on an H100: docs/decisions/precision.md).
 CUDA_AMP_MIN_TRAIN_BATCH = 16_384
 CUDA_AMP_MIN_SCORE_BATCH = 32_768
 
@@ -127,7 +125,7 @@ def amp_dtype_for(
     device: torch.device, amp: bool, amp_dtype: str | None, batch: int | None = None, training: bool = True
 ) -> torch.dtype | None:
     """The autocast dtype for ``--amp`` unless ``amp_dtype`` names one: bf16 on CPU; on CUDA bf16 where the
-    GPU has bf16 tensor cores (no loss scaling needed; measured faster than fp16 on an H100, see the README),
+    GPU has bf16 tensor cores (no loss scaling needed; faster than fp16 on an H100: docs/decisions/precision.md),
     else fp16. None (fp32) on a CPU without native bf16, and, when ``amp_dtype`` is not named, on CUDA when
     ``batch`` (the samples one process's step or forward pass takes) is below ``CUDA_AMP_MIN_TRAIN_BATCH``
     (``training``) or ``CUDA_AMP_MIN_SCORE_BATCH``; each said once on stderr."""

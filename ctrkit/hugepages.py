@@ -7,7 +7,7 @@ such row costs a TLB miss and a page walk. Linux backs a region with 2 MiB pages
 (``madvise(MADV_HUGEPAGE)``), which many kernels require ("madvise" in
 /sys/kernel/mm/transparent_hugepage/enabled). Only these tables are advised: torch's own switch for every
 large allocation (``THP_MEM_ALLOC_ENABLE=1``) also covers each step's short-lived activations, whose
-fresh huge pages made DLRM's training step slower, not faster (README, Benchmarks, "Huge pages").
+fresh huge pages made DLRM's training step slower, not faster (docs/decisions/memory-pages.md).
 
 The advice must come before the memory is first written, so the helpers here allocate, advise, then
 fill. It takes for memory the allocator maps fresh: glibc maps every allocation above its mmap threshold
@@ -106,9 +106,9 @@ def retain_freed_memory() -> bool:
 
     By default glibc raises its mmap threshold to the size of each mapped block freed (so a step's 4 MiB
     activations come from the heap after a while) but trims the heap's top beyond twice that, and the next step
-    faults those pages in again: 600-2,000 minor faults a DLRM step, each about a microsecond (README,
-    Benchmarks). Fixing both thresholds keeps them: the heap grows to the step's peak and stays there, and
-    blocks above 32 MiB (the tables) are still mapped fresh, so ``advise_huge_pages`` keeps working (test)."""
+    faults those pages in again, hundreds of minor faults a step (docs/decisions/memory-pages.md). Fixing both
+    thresholds keeps them: the heap grows to the step's peak and stays there, and blocks above 32 MiB (the tables) are
+    still mapped fresh, so ``advise_huge_pages`` keeps working (test)."""
     mallopt = getattr(_libc(), "mallopt", None)
     if mallopt is None:
         return False

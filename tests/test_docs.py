@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ctrkit.cli import build_parser
-from ctrkit.cli import reference
+from ctrkit.cli import build_parser, reference
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -32,7 +32,7 @@ def machine() -> dict[str, Any]:
             "cpu_features": cpu_matrix_features(),
             "cores": os.cpu_count(), "torch": torch.__version__,
             "threads": torch.get_num_threads(), "python": platform.python_version(),
-            # how idle OpenMP threads wait moves CPU throughput (README: "Threads and OpenMP's wait policy")
+            # how idle OpenMP threads wait moves CPU throughput (docs/decisions/omp-wait-policy.md)
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"),
             "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None}  # fmt: skip
 

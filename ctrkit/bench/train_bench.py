@@ -180,8 +180,8 @@ def _split_breakdown(step: TrainStep, batches: list[Batch], steps: int) -> dict:
 
 @dataclass
 class BenchSetup:
-    """What ``run_train_bench`` times: the model, its config, the training step and the batches (in-process A/B
-    scripts in benchmarks/results/ take the same from ``bench_setup``)."""
+    """What ``run_train_bench`` times: the model, its config, the training step and the batches (an in-process
+    comparison takes the same from ``bench_setup``)."""
 
     model: torch.nn.Module
     model_cfg: Any
@@ -233,8 +233,7 @@ def run_train_bench(cfg: TrainBenchConfig, device: torch.device) -> dict:
             step(batches[i % len(batches)])
         sync()
         times.append((time.perf_counter() - t0) / cfg.steps)
-        # the peak right after each repeat: a shared machine's speed drifts within a run (two rounds of DLRM trained
-        # at the same rate while the peak read 250 and 319 GFLOP/s: README, Benchmarks)
+        # the peak right after each repeat: a shared machine's speed drifts within a run
         paired.append(matmul_gflops(peak_dtype, seconds=0.2, rounds=1, device=device))
     ms = statistics.median(times) * 1000
     samples_per_s = cfg.batch_size / (ms / 1000)

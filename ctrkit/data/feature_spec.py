@@ -39,7 +39,7 @@ LABEL_CHANNEL = "label"
 MAP_CHANNEL = "map"
 COMBINERS = ("sum", "mean")
 # channel names NVIDIA's recommenders write, read as ctrkit's: Wide & Deep's Outbrain spec
-# (onehot_categorical, multihot_categorical) and the FeatureSpec example of its README (numeric_inputs,
+# (onehot_categorical, multihot_categorical) and the FeatureSpec example of its documentation (numeric_inputs,
 # categorical_user_inputs, categorical_item_inputs, label_ch); features of a multi-hot channel are
 # multi-hot categorical features
 CHANNEL_ALIASES = {

@@ -8,7 +8,7 @@ panel's ``males`` table DLRM's test log loss was 0.77 against logistic regressio
 probabilities. The scale is applied where the validation data say it helps: a likelihood-ratio test against
 no scaling (``TrainConfig.calibrate``). A shift of the logit as well (Platt scaling) was measured and not
 kept: on time-ordered splits it chased validation's click rate, which the test's did not share
-(``benchmarks/results/calibration``).
+(docs/decisions/calibration.md).
 """
 
 from __future__ import annotations

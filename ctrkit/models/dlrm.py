@@ -23,10 +23,8 @@ from ctrkit.models.registry import register_model
 @dataclass(frozen=True)
 class DLRMConfig(BottomTopConfig):
     """DLRM hyper-parameters (the input and MLP fields are InputsConfig's and BottomTopConfig's): the
-    Criteo-Kaggle shape, but 64-wide embeddings (the Kaggle recipe's are 16): on the accuracy panel's
-    planted interaction data (300k rows, two seeds) 64 ranked best, 32 next, 16 last, and the real
-    samples (measured at 16 and 64) scored the same (README, "Accuracy"). DCNv2 and Wide & Deep keep 16, which
-    measured better for DCNv2.
+    Criteo-Kaggle shape, but 64-wide embeddings (the Kaggle recipe's are 16), which ranked best on the
+    accuracy panel's planted interaction data (docs/decisions/dlrm-width.md). DCNv2 and Wide & Deep keep 16.
 
     Attributes:
         self_interaction: include each vector's dot with itself in the interaction.

@@ -110,9 +110,8 @@ class EmbeddingCollection(_Tables):
 
     The F tables are stacked into one (sum of cardinalities, D) parameter; feature f's id i is row
     ``offsets[f] + i``. One gather for all features beats F small lookups, and with
-    ``sparse=True`` the gradient only touches the rows a batch used (measured 2-3x faster than dense
-    gradients on the Criteo-Kaggle shape; see DESIGN.md). Each table is initialised
-    U(-1/sqrt(cardinality), 1/sqrt(cardinality)), as the reference DLRM does (drawn block by block, see
+    ``sparse=True`` the gradient only touches the rows a batch used (docs/decisions/sparse-gradients.md). Each table
+    is initialised U(-1/sqrt(cardinality), 1/sqrt(cardinality)), as the reference DLRM does (drawn block by block, see
     ``_Tables``).
 
     Args:

@@ -41,7 +41,7 @@ def check_multi_hot(cardinalities: Sequence[int], combiners: Sequence[str]) -> N
         )
 
 
-# The training defaults every model starts from, chosen on the accuracy panel (README, "Accuracy"): Adam
+# The training defaults every model starts from, chosen on the accuracy panel (docs/decisions/optimizers.md): Adam
 # on the dense part and the embeddings at batch 1024, and Adagrad for the first-order (wide) part as the
 # Wide & Deep seed trains it. The seeds' rates (1e-4, 1.2e-4) are for Criteo 1TB's billions of steps.
 # Early stopping and plateau patience are not per model: ``config.default_patience`` (the trainer's,
@@ -57,10 +57,8 @@ TRAIN_DEFAULTS = {
 }
 
 
-# Quantile buckets per numerical feature in the first-order term. Measured with scikit-learn's logistic
-# regression on the accuracy panel's splits (test AUC, none / 8 / 16 / 32 buckets beside the values):
-# Criteo sample 0.7324 / 0.7356 / 0.7365 / 0.7336, nonlinear-numerical tabular rows 0.7701 / 0.8138 / 0.8187
-# / 0.8195, MovieLens and planted within 0.0008 (benchmarks/results/numerical_buckets).
+# Quantile buckets per numerical feature in the first-order term: the count was chosen with scikit-learn's
+# logistic regression on the accuracy panel's splits (docs/decisions/numerical-buckets.md).
 NUMERICAL_BUCKETS = 16
 MAX_BUCKETS = 1024
 UNUSED_CUT = float(torch.finfo(torch.float32).max)  # a cut no finite float32 input lies beyond
@@ -240,9 +238,9 @@ class NumericalNormalizer(nn.Module):
     counts (99.9th percentile of ``|x|`` above ``LOG_ABOVE``).
 
     A model is fitted (``fit``) before training starts, and its statistics are buffers saved with it, so
-    evaluation, export and serving see the same inputs. Until then, and in checkpoints from before it
-    existed, it is the identity. Why: raw prices or counts (values up to 1e5 and more, heavy tails) fed
-    straight into the MLPs left every model at its logistic-regression warm start (README, Accuracy).
+    evaluation, export and serving see the same inputs. Until then, and in checkpoints written without it,
+    it is the identity. Why: raw prices or counts (values up to 1e5 and more, heavy tails) fed
+    straight into the MLPs left every model at its logistic-regression warm start (docs/decisions/numerical-inputs.md).
 
     Shapes: numerical (B, N) -> (B, N), computed in float32, returned in the dtype of the module's buffers
     (float32, or bfloat16 in a model converted to it).
@@ -325,14 +323,14 @@ def bucket_of(values: torch.Tensor, cuts: torch.Tensor) -> torch.Tensor:
     return (values.unsqueeze(-1) >= cuts).sum(-1)
 
 
-MIN_RARER_PER_BUCKET = 100  # rows of the rarer label per bucket, on average (README, "Models")
+MIN_RARER_PER_BUCKET = 100  # rows of the rarer label per bucket, on average (docs/decisions/numerical-buckets.md)
 
 
 class _SummedWeights(torch.autograd.Function):
     """``weight[ids].sum(1)`` for a 1-D weight and (B, N) ids, its gradient added up by ``index_add_`` in the
     ids' order. torch's own backward of indexing adds with atomic operations from several threads once a batch
     holds more ids than ATen's grain (32,768: 2,521 rows of 13 features): there runs differed in the last
-    bits, and it took 0.67 against 0.13 ms for 106,000 ids into 195 weights (2 threads)."""
+    bits, and it was slower."""
 
     @staticmethod
     def forward(ctx, weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:

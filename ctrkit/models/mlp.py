@@ -37,9 +37,9 @@ class _CpuDropout(torch.autograd.Function):
     element (two elements per int32 from ``random_``, whose values lie in [0, 2^31)) against a threshold,
     so each element is kept with probability 1 - p to within 2^-15: on the CPU this costs about half of
     ``F.dropout``'s per-element Bernoulli draws. The mask is kept as ones and zeros in the input's dtype and
-    applied by a product, then the scale: ``where`` with a scalar took about 2.5x as long as the product on
-    the CPU. Kept values come out as ``where``'s did (x * 1, then the scale); dropped ones are zeros (-0.0
-    for a negative value)."""
+    applied by a product, then the scale: ``where`` with a scalar is slower than the product on the CPU. Kept
+    values come out as ``where``'s did (x * 1, then the scale); dropped ones are zeros (-0.0 for a negative
+    value)."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, p: float) -> torch.Tensor:
@@ -84,8 +84,8 @@ class _LinearReLUFn(torch.autograd.Function):
     output), one pass adds the bias and applies ReLU in place, and backward's one pass masks the gradient and sums
     it for the bias; ATen's layers take four passes over the output for this. The same values as ``F.linear`` then
     ``F.relu`` to float rounding (tests). For a narrow input (the bottom MLP's 13 numerical features) the
-    weight's gradient is computed as ``(x^T g)^T``: the (B, in) x (B, N) product in that order took half the
-    time of ``g^T x`` for 13 inputs (README)."""
+    weight's gradient is computed as ``(x^T g)^T``: the (B, in) x (B, N) product in that order is the faster
+    one for so few inputs."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:

@@ -40,10 +40,8 @@ class WideDeepConfig(InputsConfig):
             raise ValueError(f"dropout must lie in [0, 1), got {self.dropout}")
 
 
-# Wide & Deep's embeddings learn at 3e-3: on the accuracy panel this (with patience 8 / 4, then its own,
-# now every model's) beat 1e-2 on planted (+0.0045 at 90k, +0.0037 at 270k train rows), Avazu (+0.0014)
-# and interaction-only data (0.796 against 0.776), equalled it on Criteo and lost 0.0003 on MovieLens
-# (README, "Training defaults"); at 3e-3 with patience 4 / 2 it stopped before learning.
+# Wide & Deep's embeddings learn at 3e-3, which beat 1e-2 on most of the accuracy panel
+# (docs/decisions/optimizers.md).
 @register_model("wide_deep", WideDeepConfig, {**TRAIN_DEFAULTS, "embedding_lr": 3e-3})
 class WideDeep(WideParameters, nn.Module):
     """Wide & Deep (Cheng et al., 2016) from a WideDeepConfig.

@@ -30,12 +30,11 @@ import torch  # loads torch's OpenMP runtime (libgomp.so.1) before the library t
 
 SOURCES = ("interaction.c", "rows.c", "mlp.c")
 HEADERS = ("bf16.h",)  # included by the sources: part of the build's cache key
-# values below which a kernel runs on one thread, as ATen's grain: waking sleeping OpenMP threads costs more (~100
-# us a call where OMP_WAIT_POLICY=passive, README)
+# values below which a kernel runs on one thread, as ATen's grain: waking sleeping OpenMP threads costs more
+# (docs/decisions/omp-wait-policy.md)
 GRAIN = 32768
 # -fno-math-errno: sqrtf need not set errno (nothing reads it), so the row optimizers' square roots and divisions are
-# vector instructions, not one scalar sqrtss and two divss an element behind an errno branch (lazy Adam on 26.5k rows
-# of 16: 1.30 against 2.06 ms, the same bits; README)
+# vector instructions, not one scalar sqrtss and two divss an element behind an errno branch (the same bits)
 FLAGS = (
     "-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-shared", "-fPIC", "-std=gnu11",
     f"-DCTRKIT_GRAIN={GRAIN}",

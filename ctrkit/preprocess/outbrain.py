@@ -1,7 +1,7 @@
 """``ctrkit preprocess outbrain``: the raw Kaggle Outbrain Click Prediction files -> a Wide & Deep dataset.
 
-The feature set follows NVIDIA's Wide & Deep workflow (read to learn its definitions; see the README
-for where this differs):
+The feature set follows NVIDIA's Wide & Deep workflow (read to learn its definitions; docs/preprocessing.md
+says where this differs):
 
 - request level, one-hot: the display's document, its source and publisher, the platform, the geo
   location and its country (first 2 characters) and state (first 5);
@@ -11,7 +11,7 @@ for where this differs):
 - numerical: the CTR of ad, advertiser, campaign, ad document, ad source and ad publisher over the
   training rows (0 below a minimum count: 5 for ad and ad document, 10 for the others); a training row's
   over the training rows of the other ``ctr_folds`` folds (whole displays; NVIDIA's count the row's own
-  label, and leaving only the row out gives it away: see the README), the training
+  label, and leaving only the row out gives it away: docs/decisions/outbrain-ctr-folds.md), the training
   impressions of the ad and of the ad document (log, standardised), the days since each document was
   published (log; missing: the training median), the tf-idf cosine similarity of the two documents'
   categories, topics and entities, and the page views of each document in ``page_views.csv`` (log,

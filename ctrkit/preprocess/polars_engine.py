@@ -349,8 +349,8 @@ def _keep_freed_memory() -> None:
     """Asks glibc to keep freed memory for reuse instead of handing it back to the kernel at once.
 
     Pass 1 allocates and frees arrays of a few MB per column per block; by default glibc returns them
-    to the kernel and page-faults them in again, which was measured to cost ~40% of the run's time
-    (``KeyIndex`` lookups 2.5x slower). Peak memory is unchanged: the same arrays are reused.
+    to the kernel and page-faults them in again, which made the run far slower
+    (``KeyIndex`` lookups most of all). Peak memory is unchanged: the same arrays are reused.
     """
     try:
         libc = ctypes.CDLL("libc.so.6")

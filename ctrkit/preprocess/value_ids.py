@@ -4,7 +4,7 @@ A number can identify something: a household's income repeated in each of its ro
 number. Trees recognise such a value by splitting on it; an embedding model sees it only as a position on
 a scale, unless the value is also a categorical feature (``preprocess table --also-categorical``). Given
 to every numerical column blindly, ids hurt (a year the test rows never saw, counts that overfit, a score
-that only repeats a person id the table has already): measured in the README. So
+that only repeats a person id the table has already: docs/decisions/also-categorical.md). So
 ``also_categorical="auto"`` asks the training rows:
 
 * model A, additive logistic regression on everything the table already has: one weight per id of each

@@ -1,16 +1,14 @@
 """The first-order term fitted as a logistic regression before training (a warm start).
 
-Measured on the accuracy panel, an SGD-trained first-order term stops far from a converged, L2-regularised
-logistic regression (Criteo sample 0.717 against 0.732 test AUC), and a model that leans on it loses to
-that baseline on small real data. So training can start from the converged fit: the model's first-order
-term (one weight per id, a linear map of the numerical features, a weight per numerical bucket, a bias) is
-fitted by full-batch L-BFGS (diagonally preconditioned, closed-form gradients over CSR matrices) on (at
-most ``max_rows`` of the last) training rows, with the L2 strength C chosen on validation AUC as the
-scikit-learn baseline chooses it (numerical features standardised inside the fit, as there), or, where
-validation holds few clicks, on the mean AUC over validation and four blocks of the training rows; the
-deep part's output layer is zeroed, so the model starts as exactly that regression, and model selection
-keeps it unless training improves validation AUC.
-"""
+An SGD-trained first-order term stops far from a converged, L2-regularised logistic regression, and a
+model that leans on it loses to that baseline on small real data (docs/decisions/warm-start.md). So training can start
+from the converged fit: the model's first-order term (one weight per id, a linear map of the numerical features, a
+weight per numerical bucket, a bias) is fitted by full-batch L-BFGS (diagonally preconditioned, closed-form gradients
+over CSR matrices) on (at most ``max_rows`` of the last) training rows, with the L2 strength C chosen on validation
+AUC as the scikit-learn baseline chooses it (numerical features standardised inside the fit, as there), or, where
+validation holds few clicks, on the mean AUC over validation and four blocks of the training rows; the deep part's
+output layer is zeroed, so the model starts as exactly that regression, and model selection keeps it unless training
+improves validation AUC. """
 
 from __future__ import annotations
 
@@ -53,8 +51,7 @@ class _Design:
     its place there, or -1): an id no fitted row holds has no loss gradient, so its L2-penalised weight stays 0,
     and L-BFGS's vector work shrinks to the ids seen. A design built with another's ``columns`` (the validation
     rows) drops its entries outside them, whose weights are 0. The indices are int32 where they fit: torch's CSR
-    product by a vector takes a faster path for them than for int64 ones, with the same bits (measured: README
-    "Benchmarks", the warm start)."""
+    product by a vector takes a faster path for them than for int64 ones, with the same bits."""
 
     def __init__(
         self, batch, cards: list[tuple[int, ...]], multi_hot_means: tuple[bool, ...], transpose: bool,

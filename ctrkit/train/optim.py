@@ -327,7 +327,7 @@ class SparseRowOptimizer(torch.optim.Optimizer):
 
 def _add_to_rows(p: torch.Tensor, rows: torch.Tensor, update: torch.Tensor, alpha: float) -> None:
     """``p[rows] += alpha * update`` for distinct ``rows`` (U,): gathered, added and written back, 3-13x
-    faster on the CPU than ``index_add_`` (README, Benchmarks), with the same sums."""
+    faster on the CPU than ``index_add_``, with the same sums."""
     if len(rows) == p.shape[0]:  # a dense gradient: every row, in order
         p.add_(update.to(p.dtype), alpha=alpha)
     else:
@@ -338,7 +338,7 @@ def _summed_rows(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """A sparse row gradient's distinct rows (ascending) and each one's summed gradient, as ``coalesce``
     gives them. The ids are sorted (stably, so each row's gradients are summed in the batch's order) and
     each distinct id's gradients summed as one bag of ``embedding_bag``: faster on the CPU than ``unique`` +
-    ``index_add_``, itself faster than ``coalesce`` (README, Benchmarks)."""
+    ``index_add_``, itself faster than ``coalesce``."""
     if g.is_coalesced():
         return g.indices()[0], g.values()
     ids, values = g._indices()[0], g._values()
@@ -346,7 +346,7 @@ def _summed_rows(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         rows, inverse = torch.unique(ids, return_inverse=True)
         return rows, values.new_zeros((len(rows), *values.shape[1:])).index_add_(0, inverse, values)
     # one thread where idle threads sleep: the sort's passes and the sums are short parallel regions, each
-    # paying for a wake-up (the sort 0.54 against 1.6 ms for a batch's 53k ids; README, Benchmarks)
+    # paying for a wake-up (docs/decisions/omp-wait-policy.md)
     with one_thread_where_threads_sleep(ids.device):
         order, rows, starts = _sorted_ids(ids, g.shape[0])
         return rows, F.embedding_bag(order, values.contiguous(), starts, mode="sum")  # (U, D)
@@ -359,7 +359,7 @@ _LAST_SORT: list[tuple] = []  # [(ids, order, rows, starts)]: the last ids sorte
 def _sorted_ids(ids: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(nnz,) ids of a table of ``num_rows`` rows -> the stable sort's permutation (nnz,), the distinct ids
     (U,) and where each one's run starts in the permutation (U,). Ids are sorted as int32 where they fit
-    (1.6x faster than int64 on the CPU). The last result is kept and reused for equal ids: a model's
+    (faster than int64 on the CPU). The last result is kept and reused for equal ids: a model's
     first-order tables look up the same rows as its embeddings, so their gradients share one sort."""
     last = _LAST_SORT[0] if _LAST_SORT else None
     if last is not None and last[0].shape == ids.shape and last[0].device == ids.device and torch.equal(last[0], ids):
@@ -412,7 +412,7 @@ def make_optimizer(kind: str, params: list[torch.nn.Parameter], lr: float, spars
         return torch.optim.RMSprop(params, lr=lr, foreach=True)
     if sparse or kind == "ftrl":  # FTRL on dense parameters: every row, every step
         return SparseRowOptimizer(params, kind, lr)
-    if kind == "adagrad":  # torch's fused Adagrad (one kernel; CPU only): 0.24 against 0.40 ms a DLRM step (README)
+    if kind == "adagrad":  # torch's fused Adagrad: one kernel instead of several passes (CPU only)
         fused = all(p.device.type == "cpu" for p in params)
         return (
             torch.optim.Adagrad(params, lr=lr, fused=True)

@@ -11,8 +11,7 @@ noise, and keeping a model for it was measured to lose to the baseline on the te
 ``baseline_logloss`` (the default) every model kept in the baseline's place must also have a lower
 validation log loss than the baseline: a model that ranks a little better but predicts worse
 probabilities than the calibrated regression it started from has not shown that it learned something the
-regression lacks; on a small or rare-click validation set its AUC gain is mostly noise (measured on the
-accuracy panel and on small rare-click data: README, "Accuracy").
+regression lacks; on a small or rare-click validation set its AUC gain is mostly noise (docs/decisions/warm-start.md).
 """
 
 from __future__ import annotations

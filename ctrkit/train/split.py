@@ -4,14 +4,13 @@ between them; the tables' rows that the optimizers' C kernels leave to them are 
 is free (``RowWork``), in the same meeting.
 
 Why: with one process on a few cores, ATen spreads every operation over all threads, and each parallel region
-wakes the threads that slept since the last one (65-100 us a region where idle threads sleep, README "Threads and
-OpenMP's wait policy"); a step has hundreds of them. Here each worker runs one thread's work from start to end and
-the threads meet twice a step (the slices; the optimizers with the tables' rows). The step is the same
-step: the loss is the sum of each slice's summed loss over the whole batch's size, each parameter's gradient is the
-slices' gradients summed in slice order (sparse ones concatenated in slice order, which is the whole batch's own
-order of ids), and the optimizers see those. Float rounding differs from the unsplit step (products over fewer
-rows), and a model with dropout draws each slice's masks from its own generator, seeded each step from torch's
-global one, so a run is still reproducible.
+wakes the threads that slept since the last one (docs/decisions/omp-wait-policy.md); a step has hundreds of them. Here
+each worker runs one thread's work from start to end and the threads meet twice a step (the slices; the optimizers
+with the tables' rows). The step is the same step: the loss is the sum of each slice's summed loss over the whole
+batch's size, each parameter's gradient is the slices' gradients summed in slice order (sparse ones concatenated in
+slice order, which is the whole batch's own order of ids), and the optimizers see those. Float rounding differs from
+the unsplit step (products over fewer rows), and a model with dropout draws each slice's masks from its own generator,
+seeded each step from torch's global one, so a run is still reproducible.
 
 The worker threads take one intra-op thread each: ``torch.set_num_threads(1)`` in a thread sets that thread's
 OpenMP and MKL thread counts, after the thread's first ATen call (which would otherwise take the process's
@@ -28,7 +27,7 @@ from typing import Any
 
 import torch
 
-MIN_ROWS = 64  # the fewest samples a slice may hold for ``auto`` to split (README: DLRM at 32 a slice lost 1-5%)
+MIN_ROWS = 64  # the fewest samples a slice may hold for ``auto`` to split (smaller slices ran slower)
 # an optimizer's work in ns: per sparse gradient row (the ids' sort and the rows' update) and per element; with the
 # rows' update deferred, per row (the sort) and per element (the gradients' concatenation)
 _SPARSE_ROW_COST, _ELEMENT_COST, _SORT_COST, _COPY_COST = 40.0, 3.0, 15.0, 0.3
@@ -161,7 +160,7 @@ def sum_gradients(parts: Sequence[torch.Tensor | None], param: torch.Tensor | No
 
 def optimizer_cost(opt: torch.optim.Optimizer, grads: dict[int, list[torch.Tensor | None]], deferred: bool) -> float:
     """A rough time of ``opt.step()`` from its parameters' gradients (ns): sparse rows cost more than elements
-    (sorting and summing a batch's ids; measured DLRM step parts, README). ``deferred``: the step without its
+    (sorting and summing a batch's ids). ``deferred``: the step without its
     rows' update (``step_deferring_rows``)."""
     row, element = (_SORT_COST, _COPY_COST) if deferred else (_SPARSE_ROW_COST, _ELEMENT_COST)
     cost = 0.0

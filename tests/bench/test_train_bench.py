@@ -56,7 +56,7 @@ def test_bench_train_writes_its_result(tmp_path, capsys):
     flags = lscpu_flags()
     if flags is not None:
         assert result["machine"]["cpu_features"] == [f for f in MATRIX_FLAGS if f in flags]
-    # and how idle OpenMP threads waited (it moved DLRM's throughput 1.25-1.5x: README, Benchmarks)
+    # and how idle OpenMP threads waited (it moves CPU throughput: docs/decisions/omp-wait-policy.md)
     assert result["machine"]["omp_wait_policy"] == os.environ.get("OMP_WAIT_POLICY")
     assert result["machine"]["gomp_spincount"] == os.environ.get("GOMP_SPINCOUNT")
     assert result["matmul_peak_gflops"]["fp32"] > 0.5

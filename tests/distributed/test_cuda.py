@@ -1,5 +1,5 @@
 """CUDA: a 1-GPU training run, and a 2-rank NCCL job where two GPUs exist. Skipped without a GPU (no
-GPU was lent to the sessions that wrote them; see the README's hybrid-parallel section)."""
+GPU is lent; docs/parallel.md, "On a GPU")."""
 
 import pytest
 import torch

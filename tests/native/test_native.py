@@ -213,7 +213,7 @@ def test_a_build_from_other_sources_is_cached_by_their_text(fresh, tmp_path):
 
 @needs_cc
 def test_vector_square_roots_give_the_scalar_build_s_bits(fresh, monkeypatch):
-    """-fno-math-errno lets GCC vectorize the row optimizers' square roots and divisions (README); the kernels built
+    """-fno-math-errno lets GCC vectorize the row optimizers' square roots and divisions; the kernels built
     without it (scalar sqrtss and divss behind an errno branch) give the same results, bit for bit."""
     assert "-fno-math-errno" in native.FLAGS
     here = _kernel_results()
