@@ -109,15 +109,14 @@ def _build(compiler: str, flags: Sequence[str], here: Path | None = None) -> Pat
     return out
 
 
-def build(flags: Sequence[str] | None = None, sources: str | os.PathLike | None = None) -> ctypes.CDLL:
-    """The kernels compiled with ``flags`` (default ``FLAGS``) from the sources in ``sources`` (default this
-    package's; another commit's, for a benchmark) and loaded, their signatures set; cached per source and flags.
-    ``library()`` is the process's own build; this one serves benchmarks that compare builds. Raises RuntimeError
-    where no compiler is found or the build fails."""
+def build(flags: Sequence[str] | None = None) -> ctypes.CDLL:
+    """The kernels compiled with ``flags`` (default ``FLAGS``) and loaded, their signatures set; cached per source
+    text, compiler, flags and CPU. ``library()`` is the process's own build. Raises RuntimeError where no compiler
+    is found or the build fails."""
     compiler = _compiler()
     if compiler is None:
         raise RuntimeError("no C compiler found (cc, gcc or clang; or set CC)")
-    lib = ctypes.CDLL(str(_build(compiler, FLAGS if flags is None else flags, sources)))
+    lib = ctypes.CDLL(str(_build(compiler, FLAGS if flags is None else flags)))
     for name, args in SIGNATURES.items():
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = args, RETURNS.get(name)

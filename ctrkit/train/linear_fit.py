@@ -8,7 +8,7 @@ over CSR matrices) on (at most ``max_rows`` of the last) training rows, with the
 AUC as the scikit-learn baseline chooses it (numerical features standardised inside the fit, as there), or, where
 validation holds few clicks, on the mean AUC over validation and four blocks of the training rows; the deep part's
 output layer is zeroed, so the model starts as exactly that regression, and model selection keeps it unless training
-improves validation AUC. """
+improves validation AUC."""
 
 from __future__ import annotations
 
