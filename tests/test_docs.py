@@ -3,10 +3,13 @@ as errors (every internal link and anchor resolves), and the README stays a shor
 
 from __future__ import annotations
 
+import functools
+import http.server
 import re
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -79,15 +82,59 @@ def test_collect_condenses_a_real_bench_train_run(tmp_path):
     assert written["machine"]["cores"] >= 1
 
 
-@pytest.mark.skipif(shutil.which("mkdocs") is None and not (Path(sys.executable).parent / "mkdocs").exists(),
-                    reason="mkdocs is not installed (pip install 'ctrkit[docs]')")  # fmt: skip
-def test_site_builds_with_warnings_as_errors(tmp_path):
+CHROMIUM = next((p for p in (shutil.which("chromium"), shutil.which("chromium-browser")) if p), None)
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """The site as `make docs` builds it, with warnings as errors."""
+    if shutil.which("mkdocs") is None and not (Path(sys.executable).parent / "mkdocs").exists():
+        pytest.skip("mkdocs is not installed (pip install 'ctrkit[docs]')")
     mkdocs = Path(sys.executable).parent / "mkdocs"
-    cmd = [str(mkdocs) if mkdocs.exists() else "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")]
+    out = tmp_path_factory.mktemp("docs") / "site"
+    cmd = [str(mkdocs) if mkdocs.exists() else "mkdocs", "build", "--strict", "--site-dir", str(out)]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert (tmp_path / "site" / "decisions" / "calibration" / "index.html").exists()
-    assert (tmp_path / "site" / "changelog" / "index.html").exists()
+    return out
+
+
+def test_site_builds_with_warnings_as_errors(site):
+    assert (site / "decisions" / "calibration" / "index.html").exists()
+    assert (site / "changelog" / "index.html").exists()
+    assert (site / "cli" / "train" / "index.html").exists()
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium installed (apt-get install chromium); CI installs it")
+def test_site_renders_in_a_headless_browser(site):
+    """The built pages, served on 127.0.0.1, in a real browser: titles, the navigation, the report's image, the
+    search index, no script error, and no request leaves the machine."""
+    sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(site))
+    handler.log_message = lambda *args: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            page = browser.new_page()
+            requests, errors = [], []
+            page.on("request", lambda r: requests.append(r.url))
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(f"{url}/")
+            home = page.evaluate("[document.querySelector('h1').textContent, document.body.innerText]")
+            page.goto(f"{url}/training/")
+            page.wait_for_load_state("networkidle")
+            images = page.evaluate("Array.from(document.images).map(i => [i.complete, i.naturalWidth])")
+            title = page.title()
+        finally:
+            browser.close()
+            server.shutdown()
+    assert home[0].strip().startswith("ctrkit") and "Decision records" in home[1] and "Benchmarks" in home[1]
+    assert title.startswith("Training") and images and all(done and width > 100 for done, width in images)
+    assert not errors, errors
+    assert any(u.endswith("search_index.json") for u in requests), requests  # the search worker loaded its index
+    assert all(u.startswith((url, "data:")) for u in requests), [u for u in requests if not u.startswith(url)]
 
 
 def test_site_build_fails_on_a_broken_link(tmp_path):
