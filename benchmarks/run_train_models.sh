@@ -21,19 +21,4 @@ for round in $(seq "$ROUNDS"); do
     done
   done
 done
-.venv/bin/python - <<'PY'
-import json, pathlib, statistics
-raw = pathlib.Path("benchmarks/results/raw_models")
-groups = {}
-for p in sorted(raw.glob("*.json")):
-    key = p.stem.rsplit("_", 1)[0]
-    groups.setdefault(key, []).append(json.loads(p.read_text()))
-print("| model | optimizers (dense/embedding) | precision | samples/s (median) | per round |")
-print("| --- | --- | --- | ---: | --- |")
-for key, runs in groups.items():
-    r = runs[0]
-    sps = [x["samples_per_s"] for x in runs]
-    print(f"| {r['config']['model']} | {r['optimizers']['dense']}/{r['optimizers']['embedding']} | "
-          f"{r['amp_dtype'] or 'fp32'} | {statistics.median(sps):,.0f} | {', '.join(f'{x:,.0f}' for x in sps)} |")
-PY
 .venv/bin/python benchmarks/collect.py train-models "$raw" --command "bash benchmarks/run_train_models.sh"
