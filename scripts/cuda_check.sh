@@ -11,7 +11,8 @@
 #   scripts/cuda_check.sh split   the step split over threads on the host CPU (all its cores): the split tests,
 #                                 then DLRM and DCNv2 fp32 at batch 2,048 and 16,384 with --split-batch off
 #                                 and auto, 2 interleaved rounds (measured so far on 2 cores only)
-# Logs and benchmark JSONs go to ${OUT:-/tmp/cuda} (the JSONs packed in one bench_json.tar).
+# Logs and benchmark JSONs go to ${OUT:-/tmp/cuda} (the JSONs packed in one bench_json.tar); unpacked, the bench
+# JSONs become benchmarks/results/train-cuda/KIND.json with `python benchmarks/collect.py train-cuda DIR`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/cuda}
