@@ -1,9 +1,9 @@
 """Run-time device choice: CUDA when present, else CPU; never hard-coded below the CLI. And the precision
 rule: bf16 on a CPU only where the cores compute it natively (AVX512-BF16 or AMX on x86, BF16 on Arm).
 
-Measured on an AVX2-only CPU (issue 16), bf16 autocast trained DLRM 20x slower than fp32 (1,100 against
-25,900 samples/s), because there every bf16 operation is emulated; so ``--amp`` and ``serve --dtype
-bf16`` fall back to fp32 there and say so in one line. ``CTRKIT_CPU_BF16=0`` or ``1`` overrides the
+On an AVX2-only CPU every bf16 operation is emulated and autocast trains many times slower than fp32
+(docs/decisions/precision.md); so ``--amp`` and ``serve --dtype bf16`` fall back to fp32 there and say so in
+one line. ``CTRKIT_CPU_BF16=0`` or ``1`` overrides the
 detection (tests use it to act as the other kind of machine).
 """
 

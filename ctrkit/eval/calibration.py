@@ -2,8 +2,8 @@
 (temperature scaling).
 
 Why: model selection keeps the weights with the best validation AUC, which says nothing of how confident
-the probabilities are; a model kept past the point where its log loss was best is overconfident (on the
-panel's ``males`` table DLRM's test log loss was 0.77 against logistic regression's 0.39, at the better AUC).
+the probabilities are; a model kept past the point where its log loss was best is overconfident
+(docs/decisions/calibration.md).
 ``a * logit`` with ``a > 0`` leaves every ranking, so AUC and MAP, as they were, and moves only the
 probabilities. The scale is applied where the validation data say it helps: a likelihood-ratio test against
 no scaling (``TrainConfig.calibrate``). A shift of the logit as well (Platt scaling) was measured and not
