@@ -19,7 +19,7 @@ from ctrkit.cli.options import add_command, config_from, write_result
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="benchmarks (training, preprocessing, hybrid-parallel scaling)")
+    p = sub.add_parser("bench", help="benchmarks: training, preprocessing, scaling, inference, accuracy")
     bsub = p.add_subparsers(
         dest="bench", required=True, metavar="{train,preprocess,scale,inference,accuracy}", help="what to measure"
     )
@@ -144,9 +144,11 @@ def preprocess(args: argparse.Namespace) -> int:
 def train(args: argparse.Namespace) -> int:
     """training throughput on synthetic in-memory batches
 
-    Times full training steps (forward, backward, sparse SGD update) on synthetic in-memory batches.
-    Default: the Criteo-Kaggle DLRM shape (26 tables x 100,000 rows, dim 16, bottom 13-512-256-64-16, top
-    512-256-1, batch 2048).
+    Times full training steps (forward, backward, the optimizers' updates, sparse on the tables) on
+    synthetic in-memory batches, with the model's own optimizers unless --optimizer and --embedding-optimizer
+    name others. Default: the Criteo-Kaggle DLRM shape (26 tables x 100,000 rows, dim 16, bottom
+    13-512-256-64-16, top 512-256-1, batch 2048), 10 warm-up steps, then the median of 5 repeats of 50 steps;
+    the JSON records the machine and the matmul peak measured in the same run.
     """
     from ctrkit.bench.train_bench import run_train_bench
     from ctrkit.device import resolve_device

@@ -37,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def synth(args: argparse.Namespace) -> int:
-    """write synthetic data: a Criteo-like or Outbrain-like dataset, or raw Criteo TSV
+    """write synthetic data: Criteo-like, Outbrain-like or planted datasets, or raw Criteo TSV and Outbrain files
 
     criteo-like (default): train/ and test/ split-binary mappings with power-law ids and a planted click
     signal (per-id effects, pairwise latent interactions, nonlinear numerical effects). outbrain: displays
