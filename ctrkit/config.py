@@ -14,6 +14,7 @@ DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam", "rmsprop")
 TABLE_OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad", "adam", "ftrl")
 EXPORT_FORMATS = ("onnx", "torchscript", "triton")
 QUANTIZATIONS = ("none", "int8")
+RECIPES = ("tuned", "plain", "nvidia")  # defined in train/recipes.py
 SNAPSHOT_ENSEMBLE = 3  # the default snapshot_ensemble (docs/decisions/snapshot-ensemble.md)
 SNAPSHOT_MAX_BYTES = 1 << 30  # larger models keep one (the pool holds SNAPSHOT_ENSEMBLE copies of the weights)
 SEED_ENSEMBLE = 3  # the unset seed_ensemble on small data (docs/decisions/seed-ensemble.md)
@@ -477,10 +478,20 @@ class RunOptions:
     goes to, and the model's shape. ``model`` and ``dataset`` not given come from ``config``."""
 
     config: Path | None = option(
-        None, "run YAML (model, model_config, train_config, dataset), e.g. the one written beside a checkpoint"
+        None,
+        "run YAML (model, recipe, model_config, train_config, dataset), e.g. the one written beside a checkpoint",
     )
     model: str | None = option(
         None, "dlrm, dcnv2 or wide_deep; `ctrkit models` lists them", unset="dlrm", suppress=True
+    )
+    recipe: str | None = option(
+        None,
+        "the settings the run starts from, under --config and the flags: tuned (ctrkit's accuracy machinery), "
+        "plain (the published model with validation, best weights and early stopping, nothing added) or nvidia "
+        "(NVIDIA's published configuration of the model); docs/recipes.md says what each sets",
+        RECIPES,
+        unset="the run YAML's, else tuned",
+        suppress=True,
     )
     dataset: Path | None = option(None, "dataset directory holding feature_spec.yaml", suppress=True)
     model_config: Path | None = option(None, "YAML file of model config fields (e.g. embedding_dim, bottom_mlp)")

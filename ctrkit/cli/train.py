@@ -42,8 +42,8 @@ def train(args: argparse.Namespace) -> int:
     validation log loss where that helps (--calibrate), then scores 'test' once with the kept model.
     The LR schedule warms up linearly, holds, then decays polynomially; unset schedule flags are derived
     from the run (warmup over 5% of the first epoch, decay over the last half of --epochs). Settings
-    resolve as: flags, then --config, then the model's defaults; the resolved run is written beside the
-    checkpoint as YAML, which --config accepts back.
+    resolve as: flags, then --config, then --recipe (tuned, plain or nvidia), then the model's defaults; the
+    resolved run is written beside the checkpoint as YAML, which --config accepts back.
     """
     import torch
 
@@ -61,6 +61,7 @@ def train(args: argparse.Namespace) -> int:
     spec = resolve_run(
         opts.dataset,
         opts.model,
+        recipe=opts.recipe,
         config=opts.config,
         model_config={k: v for k, v in shape.items() if v is not None},
         model_config_file=opts.model_config,

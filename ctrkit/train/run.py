@@ -24,8 +24,10 @@ from ctrkit.config import ParallelConfig, TrainConfig
 from ctrkit.data.atomic import PathLock
 from ctrkit.data.feature_spec import FeatureSpec
 from ctrkit.models.registry import config_class, config_to_dict, make_config
+from ctrkit.train.recipes import DEFAULT_RECIPE
+from ctrkit.train.recipes import recipe as get_recipe
 
-RUN_KEYS = ("model", "model_config", "train_config", "dataset", "log_path")
+RUN_KEYS = ("model", "recipe", "model_config", "train_config", "dataset", "log_path")
 DEFAULT_MODEL = "dlrm"
 
 
@@ -45,6 +47,7 @@ class RunSpec:
         log_path: JSON-lines log (None: none).
         tensorboard: directory for TensorBoard event files (None: none).
         progress: show a progress bar.
+        recipe: the named recipe the settings started from (``train.recipes``).
     """
 
     model: str
@@ -58,11 +61,13 @@ class RunSpec:
     log_path: Path | None = None
     progress: bool = True
     tensorboard: Path | None = None
+    recipe: str = DEFAULT_RECIPE
 
     def run_yaml(self) -> dict[str, Any]:
         """The resolved run as written beside the checkpoint (and read back by ``config``)."""
         return {
             "model": self.model,
+            "recipe": self.recipe,
             "model_config": config_to_dict(self.model_config),
             "train_config": self.train.to_dict(),
             "dataset": str(self.dataset.resolve()),  # absolute: --config works from any directory
@@ -182,6 +187,7 @@ def resolve_run(
     dataset: str | os.PathLike | None = None,
     model: str | None = None,
     *,
+    recipe: str | None = None,
     config: str | os.PathLike | None = None,
     model_config: dict[str, Any] | None = None,
     model_config_file: str | os.PathLike | None = None,
@@ -194,11 +200,13 @@ def resolve_run(
     progress: bool = True,
     tensorboard: str | os.PathLike | None = None,
 ) -> RunSpec:
-    """Resolves a run once: explicit arguments, then the run YAML ``config``, then the model's defaults.
+    """Resolves a run once: explicit arguments, then the run YAML ``config``, then the recipe, then the
+    model's defaults.
 
     Args:
         dataset: dataset directory (else the run YAML's).
         model: registered model name (else the run YAML's, else dlrm).
+        recipe: a named recipe (``train.recipes``; else the run YAML's, else the default).
         config: a run YAML, e.g. the one written beside a checkpoint.
         model_config: model config fields (e.g. embedding_dim, bottom_mlp), over ``model_config_file``.
         model_config_file: a YAML file of model config fields, over the run YAML's.
@@ -207,7 +215,9 @@ def resolve_run(
     """
     run = load_run_file(config)
     name = model or run.get("model") or DEFAULT_MODEL
-    train_cfg = TrainConfig.from_dict({**run.get("train_config", {}), **(train or {})}).resolve(name)
+    chosen = get_recipe(recipe or run.get("recipe"))
+    recipe_train, recipe_model = chosen.layers(name)
+    train_cfg = TrainConfig.from_dict({**recipe_train, **run.get("train_config", {}), **(train or {})}).resolve(name)
     dataset = dataset or run.get("dataset")
     if dataset is None:
         raise ValueError("no dataset: name a dataset directory (or a run config naming one)")
@@ -221,7 +231,9 @@ def resolve_run(
         model_cfg = make_config(name, ckpt.model_config)
     else:
         file_layer = _yaml_mapping(model_config_file) if model_config_file is not None else {}
-        model_cfg = resolve_model_config(name, spec, run.get("model_config", {}), file_layer, model_config or {})
+        model_cfg = resolve_model_config(
+            name, spec, recipe_model, run.get("model_config", {}), file_layer, model_config or {}
+        )
     return RunSpec(
         name,
         Path(dataset),
@@ -234,6 +246,7 @@ def resolve_run(
         Path(log_path) if log_path is not None else None,
         progress,
         Path(tensorboard) if tensorboard is not None else None,
+        chosen.name,
     )
 
 
@@ -411,7 +424,8 @@ class Run:
                 f", {'each ' if members > 1 else ''}at batch {self.batches[0]} and at {self.batches[1]} (--small-batch)"
             )
         return (
-            f"training {self.spec.model} ({self.num_parameters:,} parameters) on {len(self.trainer.train_set):,} "
+            f"training {self.spec.model} (recipe {self.spec.recipe}, {self.num_parameters:,} parameters) on "
+            f"{len(self.trainer.train_set):,} "
             f"samples{held}, at most {self.trainer.total_steps} steps of {self.trainer.cfg.batch_size} on "
             f"{self.device}{amp}{seeds}"
         )
@@ -606,7 +620,7 @@ def train(dataset: str | os.PathLike, model: str = DEFAULT_MODEL, **options: Any
     """
     train_fields = {f.name for f in fields(TrainConfig)}
     model_fields = set(config_class(model).__dataclass_fields__) | {"embedding_sizes", "combiner"}
-    run_keys = {"config", "model_config_file", "parallel", "device", "save_checkpoint", "load_checkpoint",
+    run_keys = {"recipe", "config", "model_config_file", "parallel", "device", "save_checkpoint", "load_checkpoint",
                 "log_path", "progress", "tensorboard"}  # fmt: skip
     unknown = set(options) - train_fields - model_fields - run_keys
     if unknown:
