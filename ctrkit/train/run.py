@@ -615,7 +615,7 @@ def train(dataset: str | os.PathLike, model: str = DEFAULT_MODEL, **options: Any
     """Trains ``model`` on ``dataset`` in a few lines from Python; returns the final metrics.
 
     ``options`` are TrainConfig fields (``epochs``, ``lr``, ...), model config fields (``embedding_dim``,
-    ``bottom_mlp``, ...; also ``embedding_sizes`` and ``combiner`` as ``ctrkit train`` takes them) and
+    ``bottom_mlp``, ...; also ``embedding_sizes`` and ``combiner`` as ``ctrkit train`` takes them), ``recipe`` and
     ``resolve_run``'s keywords (``save_checkpoint``, ``device``, ``progress``, ...).
     """
     train_fields = {f.name for f in fields(TrainConfig)}
