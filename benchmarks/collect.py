@@ -265,7 +265,6 @@ def collect(
     command: str = "",
     date: str | None = None,
     commit: str | None = None,
-    machine: dict | None = None,
     notes: str = "",
     results: Path = RESULTS,
 ) -> Path:
@@ -274,7 +273,7 @@ def collect(
     if not raw:
         raise SystemExit(f"{source}: no JSON files to collect")
     columns, rows = SUITES[name](raw)
-    machine = machine or _first_machine(raw)
+    machine = _first_machine(raw)
     kind = kind or (machine_kind(machine) if machine else None)
     if kind is None:
         raise SystemExit(f"{source}: the raw files record no machine; name its kind with --kind")

@@ -153,10 +153,8 @@ def render() -> str:
     return "\n".join(out)
 
 
-def _load(suite: str, kind: str | None = None) -> dict:
-    """A suite's result for ``kind``, or without one its newest result over the machine kinds."""
-    if kind is not None:
-        return json.loads((RESULTS / suite / f"{kind}.json").read_text())
+def _load(suite: str) -> dict:
+    """A suite's newest result over the machine kinds."""
     results = [json.loads(p.read_text()) for p in sorted((RESULTS / suite).glob("*.json"))]
     return max(results, key=lambda r: r["date"])
 

@@ -55,7 +55,7 @@ _NOTHING_ADDED = {
     "small_batch": 0,
     "calibrate": "off",
 }
-_NO_FIRST_ORDER = {"linear": False, "numerical_buckets": 0}
+_NO_FIRST_ORDER = {"linear": False}  # DLRM's and DCNv2's; Wide & Deep's wide part is the model itself
 _CRITEO_1TB_SHAPE = {"embedding_dim": 128, "bottom_mlp": (512, 256, 128), "top_mlp": (1024, 1024, 512, 256, 1)}
 _ONE_PASS = {"batch_size": 65536, "epochs": 1, "evals_per_epoch": 1, "early_stopping_patience": 0,
              "plateau_patience": 0}  # fmt: skip
@@ -135,6 +135,6 @@ RECIPES: dict[str, Recipe] = {
 def recipe(name: str | None) -> Recipe:
     """The recipe called ``name`` (None: the default); an unknown name is a ValueError listing the known."""
     name = DEFAULT_RECIPE if name is None else name
-    if name not in RECIPES:
+    if not isinstance(name, str) or name not in RECIPES:
         raise ValueError(f"unknown recipe '{name}'; known: {', '.join(RECIPES)}")
     return RECIPES[name]
