@@ -87,6 +87,8 @@ class Checkpoint:
         calibration: the positive scale the kept model's logit is multiplied by before the sigmoid
             (``TrainConfig.calibrate``; fitted on validation at the end of training): ``Scoring``, ``Predictor``
             and exports apply it, ``build_model`` does not (the model's own logits); None: no scale.
+        plan: the run's plan (``train/plan.py``: every mechanism on or off and why, the memory estimate, the models
+            a request runs) as plain values; None: saved without one.
     """
 
     model_name: str
@@ -109,6 +111,7 @@ class Checkpoint:
     member: int | None = None
     member_ensemble: list[int] | None = None
     calibration: float | None = None
+    plan: dict[str, Any] | None = None
 
     @property
     def models_averaged(self) -> int:

@@ -15,9 +15,6 @@ TABLE_OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad", "adam", "ftrl")
 EXPORT_FORMATS = ("onnx", "torchscript", "triton")
 QUANTIZATIONS = ("none", "int8")
 RECIPES = ("tuned", "plain", "nvidia")  # defined in train/recipes.py
-SNAPSHOT_ENSEMBLE = 3  # the default snapshot_ensemble (docs/decisions/snapshot-ensemble.md)
-SNAPSHOT_MAX_BYTES = 1 << 30  # larger models keep one (the pool holds SNAPSHOT_ENSEMBLE copies of the weights)
-SEED_ENSEMBLE = 3  # the unset seed_ensemble on small data (docs/decisions/seed-ensemble.md)
 
 
 def option(default: Any, help: str, choices: tuple | None = None, unset: str | None = None, **command_line: Any) -> Any:
@@ -36,68 +33,18 @@ def option(default: Any, help: str, choices: tuple | None = None, unset: str | N
     return field(default=default, metadata={"help": help, "choices": choices, "unset": unset, **command_line})
 
 
-# Small data: an epoch of fewer than SMALL_EPOCH batches (a table of a few thousand rows at batch 1,024).
-# There a run measured in epochs and evaluations ends after a few dozen steps while still improving, so
-# the unset limits below are raised (docs/decisions/small-data-steps.md).
-SMALL_EPOCH = 10
-DEFAULT_EPOCHS = 10  # TrainConfig.epochs when unset: the most passes over the data (early stopping ends most runs)
-MIN_STEPS = 100  # ... raised on small data until the run may take this many steps
-PATIENCE = (8, 4)  # unset early-stopping and plateau patience, in evaluations (docs/decisions/patience.md)
-SMALL_DATA_PATIENCE = (20, 10)  # ... on small data
-
-
-def default_epochs(steps_per_epoch: int) -> int:
-    """The most epochs of a run that leaves ``epochs`` unset: ``DEFAULT_EPOCHS``, or on small data as many
-    as make ``MIN_STEPS`` steps."""
-    if steps_per_epoch >= SMALL_EPOCH:
-        return DEFAULT_EPOCHS
-    return max(DEFAULT_EPOCHS, -(-MIN_STEPS // max(steps_per_epoch, 1)))
-
-
-# The seed ensemble reaches further than the other small-data rules: up to an epoch of fewer than
-# SEED_ENSEMBLE_EPOCH batches (tables of up to about 24,000 training rows at batch 1,024), where it
-# helped without hurting (docs/decisions/seed-ensemble.md).
-SEED_ENSEMBLE_EPOCH = 24
-
-
-def default_seed_ensemble(steps_per_epoch: int, model_bytes: int) -> int:
-    """How many models a single-process run that leaves ``seed_ensemble`` unset trains: ``SEED_ENSEMBLE`` on
-    data of fewer than ``SEED_ENSEMBLE_EPOCH`` batches an epoch (where each takes seconds to a few minutes)
-    for a model of at most ``SNAPSHOT_MAX_BYTES``, else 1."""
-    return SEED_ENSEMBLE if steps_per_epoch < SEED_ENSEMBLE_EPOCH and model_bytes <= SNAPSHOT_MAX_BYTES else 1
-
-
-SMALL_BATCH_STEPS = 32  # the unset small_batch: an epoch of at least this many steps ...
-MIN_SMALL_BATCH = 32  # ... at a batch of at least this many rows (docs/decisions/small-batch.md)
-
-
-def default_small_batch(train_rows: int) -> int:
-    """The batch a run that leaves ``small_batch`` unset also tries on small data: the largest power of two
-    at most ``train_rows / SMALL_BATCH_STEPS``, at least ``MIN_SMALL_BATCH``."""
-    target = max(train_rows // SMALL_BATCH_STEPS, 1)
-    return max(MIN_SMALL_BATCH, 1 << (target.bit_length() - 1))
-
-
-def default_patience(steps_per_epoch: int) -> tuple[int, int]:
-    """The early-stopping and plateau patience of a run that leaves them unset: ``PATIENCE``, or
-    ``SMALL_DATA_PATIENCE`` on small data."""
-    return SMALL_DATA_PATIENCE if steps_per_epoch < SMALL_EPOCH else PATIENCE
-
-
 @dataclass(frozen=True)
 class TrainConfig:
     """How to train (each field's metadata holds its description).
 
-    The learning-rate schedule fields left as None are derived from the run's length (epochs x
-    batches per epoch, not ``max_steps``, so a run stopped early and resumed follows the same curve):
-    warmup over the first 5% of steps, decay over the last 50%, quadratic, down to 0. Fields a model
-    chooses for itself (optimizers, rates, batch size) are None until ``resolve`` fills them in.
+    Fields a model chooses for itself (optimizers, rates, batch size) are None until ``resolve`` fills them in;
+    those that depend on the data (the most epochs, the patience, the schedule's steps, the small batch) stay None
+    until the run's plan sets them (``train/plan.py``; ``ctrkit train --dry-run`` prints it).
     """
 
     epochs: int | None = option(
         None, "the most passes over the training data (training stops earlier on a plateau)",
-        unset=f"{DEFAULT_EPOCHS}, or on data of fewer than {MIN_STEPS // DEFAULT_EPOCHS} batches as many as make "
-        f"{MIN_STEPS} steps",
+        unset="the plan's: 10, more on data of a few batches an epoch",
     )  # fmt: skip
     max_steps: int | None = option(None, "stop after this many steps in total", unset="all epochs")
     batch_size: int | None = option(None, "samples per step", unset="the model's")
@@ -120,9 +67,12 @@ class TrainConfig:
         "updates), added to the mean loss",
     )
     weight_decay: float = option(0.0, "L2 penalty on the dense part's weights, added to the mean loss")
-    warmup_steps: int | None = option(None, "linear warmup steps", unset="5% of the first epoch")
-    decay_start_step: int | None = option(None, "step where polynomial decay begins", unset="half-way")
-    decay_steps: int | None = option(None, "length of the decay", unset="half the run")
+    warmup_steps: int | None = option(None, "linear warmup steps", unset="the plan's: 5% of the first epoch")
+    decay_start_step: int | None = option(
+        None, "step where polynomial decay begins", unset="the plan's: where the decay ends with the planned steps"
+    )
+    decay_steps: int | None = option(None, "length of the decay (0: none)", unset="the plan's: the last half of the "
+                                     "planned steps (epochs x batches an epoch)")  # fmt: skip
     decay_power: float = option(2.0, "power of the polynomial decay")
     end_lr: float = option(0.0, "learning rate after the decay")
     lr_schedule: str = option(
@@ -173,31 +123,29 @@ class TrainConfig:
         ("auto", "on", "off"),
     )
     reinit_drop: float = option(0.01, "the validation AUC fall below the best that turns auto reinit_embeddings on")
-    snapshot_ensemble: int | None = option(
-        None,
+    snapshot_ensemble: int = option(
+        1,
         "keep the best evaluation of each of the N epochs with the best validation AUC (N copies of the weights, "
         "in memory and in checkpoints); at the end, the mean of the logits of the best 2..N of them replaces the "
         "selected model when its validation AUC is higher by min_delta and it passes the warm-start rules: the "
         "kept model is then that ensemble, whose every member is run on each request. 1: one model. "
         "Single-process runs only",
-        unset=f"{SNAPSHOT_ENSEMBLE} where the model's weights take at most {SNAPSHOT_MAX_BYTES >> 30} GiB, else 1",
     )
-    seed_ensemble: int | None = option(
-        None,
+    seed_ensemble: int = option(
+        1,
         "train N models one after another, with seeds seed, seed+1, ..., each selected on validation as a run of "
         "its own (test scored once, at the end); the mean of their logits replaces the best of them when its "
         "validation AUC is higher by min_delta and its log loss lower than the warm start's: the kept model is "
-        "then that ensemble. 1: one model. Single-process runs with validation data only",
-        unset=f"{SEED_ENSEMBLE} on data of fewer than {SEED_ENSEMBLE_EPOCH} batches an epoch where the model's "
-        f"weights take at most {SNAPSHOT_MAX_BYTES >> 30} GiB, else 1",
+        "then that ensemble, whose every member is run on each request. 1: one model. Single-process runs with "
+        "validation data only",
     )
     small_batch: int | None = option(
         None,
         "also train the run (each member of its seed ensemble) at this smaller batch size, with the patience of "
         "the run's batch, and keep the batch whose kept model has the higher validation AUC (the run's on a tie). "
         "0: only the run's batch. Single-process runs with validation data only",
-        unset=f"on data of fewer than {SMALL_EPOCH} batches an epoch, the largest power of two at most the "
-        f"training rows / {SMALL_BATCH_STEPS}, at least {MIN_SMALL_BATCH}; else 0",
+        unset="the plan's: on data of fewer than 10 batches an epoch, the largest power of two at most the training "
+        "rows / 32, at least 32; else 0",
     )
     calibrate: str = option(
         "auto",
@@ -210,12 +158,12 @@ class TrainConfig:
     early_stopping_patience: int | None = option(
         None,
         "stop after this many validation evaluations without improvement (0: never stop early)",
-        unset=f"{PATIENCE[0]}, or {SMALL_DATA_PATIENCE[0]} on data of fewer than {SMALL_EPOCH} batches an epoch",
+        unset="the plan's: 8, or 20 on data of fewer than 10 batches an epoch",
     )
     plateau_patience: int | None = option(
         None,
         "multiply the learning rates by plateau_factor after this many evaluations without improvement (0: never)",
-        unset=f"{PATIENCE[1]}, or {SMALL_DATA_PATIENCE[1]} on data of fewer than {SMALL_EPOCH} batches an epoch",
+        unset="the plan's: 4, or 10 on data of fewer than 10 batches an epoch",
     )
     plateau_factor: float = option(0.5, "the learning-rate multiplier on a validation plateau")
     min_delta: float = option(1e-4, "the validation AUC gain that counts as an improvement")
@@ -261,8 +209,8 @@ class TrainConfig:
         positive("evals_per_epoch", allow_zero=True)
         positive("print_freq")
         positive("checkpoint_every", allow_none=True)
-        positive("snapshot_ensemble", allow_none=True)
-        positive("seed_ensemble", allow_none=True)
+        positive("snapshot_ensemble")
+        positive("seed_ensemble")
         positive("small_batch", allow_none=True, allow_zero=True)
         for name in ("lr", "embedding_lr", "wide_lr"):
             value = getattr(self, name)
@@ -326,6 +274,8 @@ class TrainConfig:
         unknown = set(values) - known
         if unknown:
             raise ValueError(f"unknown training option(s) {sorted(unknown)}; known: {sorted(known)}")
+        # run files written when an unset ensemble size was chosen by data size: one model now
+        values = {**values, **{k: 1 for k in ("snapshot_ensemble", "seed_ensemble") if values.get(k, 1) is None}}
         cfg = cls(**values)
         cfg.validate()
         return cfg
@@ -535,6 +485,10 @@ class RunOptions:
         unset="torch's choice",
     )
     no_progress: bool = option(False, "no progress bar")
+    dry_run: bool = option(
+        False, "print the run's plan (every mechanism on or off and why, the estimated memory, the models a request "
+        "runs) and exit without allocating the model or training"
+    )
 
 
 @dataclass(frozen=True)

@@ -74,7 +74,11 @@ def train(args: argparse.Namespace) -> int:
         progress=not opts.no_progress,
         tensorboard=opts.tensorboard,
     )
-    run = Run(spec)
+    run = Run(spec, dry_run=opts.dry_run)
+    if opts.dry_run:
+        if run.is_main:
+            print(run.plan.text())
+        return 0
     if not run.is_main:
         run.fit()
         return 0
@@ -83,6 +87,7 @@ def train(args: argparse.Namespace) -> int:
         print(f"hybrid parallel: {ranks} ({run.env.backend}); rank 0 holds "
               f"{run.num_parameters:,} parameters", file=sys.stderr)  # fmt: skip
     print(run.describe(), file=sys.stderr)
+    print(run.plan.text(), file=sys.stderr)
     result = run.fit()
     print(summary_line(result, spec.save_checkpoint))
     return 0

@@ -27,7 +27,7 @@ from ctrkit.models.registry import config_class, config_to_dict, make_config
 from ctrkit.train.recipes import DEFAULT_RECIPE
 from ctrkit.train.recipes import recipe as get_recipe
 
-RUN_KEYS = ("model", "recipe", "model_config", "train_config", "dataset", "log_path")
+RUN_KEYS = ("model", "recipe", "model_config", "train_config", "dataset", "log_path", "plan")  # plan: written, not read
 DEFAULT_MODEL = "dlrm"
 
 
@@ -48,6 +48,7 @@ class RunSpec:
         tensorboard: directory for TensorBoard event files (None: none).
         progress: show a progress bar.
         recipe: the named recipe the settings started from (``train.recipes``).
+        sources: the layer each setting that is not a field's default came from (``setting_sources``).
     """
 
     model: str
@@ -62,6 +63,7 @@ class RunSpec:
     progress: bool = True
     tensorboard: Path | None = None
     recipe: str = DEFAULT_RECIPE
+    sources: dict[str, str] = field(default_factory=dict)
 
     def run_yaml(self) -> dict[str, Any]:
         """The resolved run as written beside the checkpoint (and read back by ``config``)."""
@@ -234,6 +236,8 @@ def resolve_run(
         model_cfg = resolve_model_config(
             name, spec, recipe_model, run.get("model_config", {}), file_layer, model_config or {}
         )
+    sources = setting_sources(name, chosen.name, recipe_train, recipe_model, run, config, train, model_config_file,
+                              model_config)  # fmt: skip
     return RunSpec(
         name,
         Path(dataset),
@@ -247,7 +251,25 @@ def resolve_run(
         progress,
         Path(tensorboard) if tensorboard is not None else None,
         chosen.name,
+        sources,
     )
+
+
+def setting_sources(model: str, recipe: str, recipe_train: dict, recipe_model: dict, run: dict, config: Any,
+                    train: dict | None, model_config_file: Any, model_config: dict | None) -> dict[str, str]:
+    """Which layer set each training and model setting: the model's default, the recipe, the run YAML, a model
+    config file or a flag (later layers win, as in ``resolve_run``)."""
+    from ctrkit.models.registry import train_defaults
+
+    sources = {k: f"{model}'s default" for k in train_defaults(model)}
+    layers = [(recipe_train, f"recipe {recipe}"), (recipe_model, f"recipe {recipe}"),
+              ({k: v for k, v in run.get("train_config", {}).items() if v is not None}, f"--config {config}"),
+              (run.get("model_config", {}), f"--config {config}"),
+              (_yaml_mapping(model_config_file) if model_config_file is not None else {}, f"--model-config"),
+              (train or {}, "flag"), (model_config or {}, "flag")]  # fmt: skip
+    for layer, where in layers:
+        sources.update({k: where for k in layer})
+    return sources
 
 
 def _mean(logits: list[np.ndarray]) -> np.ndarray:
@@ -256,8 +278,8 @@ def _mean(logits: list[np.ndarray]) -> np.ndarray:
 
 
 class Run:
-    """A training run built from a RunSpec: device, distributed environment, datasets, model,
-    sharding and resume, ready to ``fit``.
+    """A training run built from a RunSpec: device, distributed environment, datasets, the plan, model,
+    sharding and resume, ready to ``fit`` (``dry_run``: only as far as the plan, nothing allocated).
 
     Attributes:
         spec: the resolved run.
@@ -267,13 +289,13 @@ class Run:
         is_main: this process reports (rank 0, or the only process).
     """
 
-    def __init__(self, spec: RunSpec):
+    def __init__(self, spec: RunSpec, dry_run: bool = False):
         from ctrkit.distributed.env import init_distributed, launched_by_torchrun
 
-        self.spec = spec
+        self.spec, self.dry_run = spec, dry_run
         self.env = init_distributed(spec.device, spec.parallel.dist_timeout) if launched_by_torchrun() else None
         self.lock = None
-        if spec.save_checkpoint is not None and (self.env is None or self.env.is_main):
+        if spec.save_checkpoint is not None and (self.env is None or self.env.is_main) and not dry_run:
             # one live run per checkpoint path; released when fit ends, taken over from a dead holder
             self.lock = PathLock(spec.save_checkpoint, "checkpoint").acquire()
         try:
@@ -315,40 +337,30 @@ class Run:
             ckpt.check_spec(feature_spec.summary(), str(feature_spec.base_dir))
         self.is_main = self.env is None or self.env.is_main
         self.feature_spec, self.test_set, self.validation_set = feature_spec, test_set, validation_set
+        from ctrkit.train.plan import make_plan
+
+        held = 0 if validation_set is None else len(validation_set)
+        source = "the validation mapping" if "validation" in mappings else f"the last {cfg.validation_fraction:.0%} of train"
+        self.plan = make_plan(spec, len(self.train_set), held, source, self.env.world_size if self.env else 1)
         # a seed ensemble (``fit``) resumes with the member its checkpoint was taken in, after those done
         self.member = ckpt.member if ckpt is not None and ckpt.member is not None else 0
         self.members_done = list(ckpt.members or []) if ckpt is not None and ckpt.member is not None else []
         self.member_ensemble = ckpt.member_ensemble if ckpt is not None else None
-        self.batches = self._batches(spec.train)
+        self.batches = list(self.plan.batches)
         done = [m.get("batch_size") for m in self.members_done]
         if done and all(b is None for b in done) and spec.train.small_batch is None:
             self.batches = self.batches[:1]  # a seed ensemble saved before --small-batch existed: one batch
+        self.members = spec.train.seed_ensemble * len(self.batches)  # trained one after another (``fit``)
         if any(b is not None and b != self.batches[i % len(self.batches)] for i, b in enumerate(done)):
             raise ValueError(
                 f"the checkpoint's members were trained at batch sizes {done}, this run takes turns over "
                 f"{self.batches} (--batch-size, --small-batch): resume with the same settings"
             )
+        if self.dry_run:
+            return
         # the warm start's first-order regression, fitted once for every member (``Trainer._warm_start``)
         self.warm_start_cache: dict[str, Any] = {}
         self._build_trainer(spec, ckpt)
-
-    def _batches(self, cfg) -> list[int]:
-        """The batch sizes each member trains at: the run's, then ``small_batch`` resolved where it applies
-        (single process, validation data, below the run's batch)."""
-        from ctrkit.config import SMALL_EPOCH, default_small_batch
-
-        rows, validation = len(self.train_set), self.validation_set
-        self.run_steps = -(-rows // cfg.batch_size)  # batches an epoch at the run's batch (the small-data rules')
-        small = cfg.small_batch
-        if self.env is not None or validation is None or len(validation) == 0:
-            if small:
-                raise ValueError("--small-batch needs validation data and a single process (not torchrun)")
-            return [cfg.batch_size]
-        if small is None:
-            small = default_small_batch(rows) if self.run_steps < SMALL_EPOCH else 0
-        elif small >= cfg.batch_size:
-            raise ValueError(f"--small-batch {small}: expected a batch size below the run's, {cfg.batch_size}")
-        return [cfg.batch_size, small] if 0 < small < cfg.batch_size else [cfg.batch_size]
 
     def _build_trainer(self, spec: RunSpec, ckpt) -> None:
         """The model and Trainer of member ``self.member``, resumed from ``ckpt``: with one batch size, seed
@@ -362,18 +374,11 @@ class Run:
         from ctrkit.models.registry import create_model
         from ctrkit.train.trainer import RunInfo, Trainer
 
-        cfg, par, feature_spec = spec.train, spec.parallel, self.feature_spec
+        par, feature_spec = spec.parallel, self.feature_spec
         group, offset = self.member % len(self.batches), self.member // len(self.batches)
+        cfg = self.plan.configs[group]  # the plan's settings at this member's batch size
         if offset:
             cfg = replace(cfg, seed=cfg.seed + offset)
-        if group:
-            from ctrkit.config import default_patience
-
-            patience = default_patience(self.run_steps)  # as at the run's batch
-            stop, plateau = cfg.early_stopping_patience, cfg.plateau_patience
-            cfg = replace(cfg, batch_size=self.batches[group],
-                          early_stopping_patience=patience[0] if stop is None else stop,
-                          plateau_patience=patience[1] if plateau is None else plateau)  # fmt: skip
         torch.manual_seed(cfg.seed)
         if self.env is None:
             model = create_model(spec.model, spec.model_config).to(self.device)
@@ -400,7 +405,7 @@ class Run:
             progress=spec.progress,
             env=self.env,
             validation_set=self.validation_set,
-            run_record=spec.run_yaml(),
+            run_record={**spec.run_yaml(), "plan": self.plan.to_dict()},
             tensorboard_dir=spec.tensorboard,
         )
         if self.env is None:  # a seed ensemble's members share the data, so their first-order fits are one
@@ -417,7 +422,7 @@ class Run:
         amp = f" with {str(self.amp_dtype).replace('torch.', '')} autocast" if self.amp_dtype else ""
         validation = self.trainer.validation_set
         held = f" (validation: {len(validation):,} samples of {validation.mapping})" if validation is not None else ""
-        members, seed = self.members_planned, self.spec.train.seed
+        members, seed = self.spec.train.seed_ensemble, self.spec.train.seed
         seeds = f", {members} models with seeds {seed} to {seed + members - 1} (--seed-ensemble)" if members > 1 else ""
         if len(self.batches) > 1:
             seeds += (
@@ -430,26 +435,10 @@ class Run:
             f"{self.device}{amp}{seeds}"
         )
 
-    @property
-    def members_planned(self) -> int:
-        """``seed_ensemble`` resolved: how many models this run trains (1 in a hybrid-parallel run, or without
-        validation data)."""
-        from ctrkit.config import default_seed_ensemble
-
-        trainer, wanted = self.trainer, self.spec.train.seed_ensemble
-        if self.env is not None or trainer.validation_set is None or len(trainer.validation_set) == 0:
-            if wanted is not None and wanted > 1:
-                raise ValueError("--seed-ensemble needs validation data and a single process (not torchrun)")
-            return 1
-        if wanted is not None:
-            return wanted
-        size = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        return default_seed_ensemble(self.run_steps, size)  # at the run's batch
-
     def fit(self) -> dict[str, Any]:
         """Trains; returns the last evaluation (``auc``, ``logloss``, ...) or ``{"step": ...}`` without one."""
         try:
-            members = self.members_planned * len(self.batches)
+            members = self.members
             if members == 1 and not self.members_done:
                 return self.trainer.fit()
             return self._fit_members(members)
@@ -542,9 +531,9 @@ class Run:
         Saved (``member_ensemble``, ``calibration``), then the test scored once: each kept member's logits,
         averaged and scaled as on validation."""
         from ctrkit.checkpoint import save_checkpoint
-        from ctrkit.eval.calibration import calibrated, choose_calibration
-        from ctrkit.eval.evaluator import metrics_of
+        from ctrkit.eval.calibration import choose_calibration
         from ctrkit.train.selection import score
+        from ctrkit.train.trainer import scored_with_parts
 
         trainer, members, batches = self.trainer, self.members_done, self.batches
         validation = trainer.validation_set
@@ -586,10 +575,7 @@ class Run:
             result["calibration"] = fit
         if test_set is not None and len(test_set):
             logits = [self._member_logits([members[i]], test_set) for i in kept]
-            test = metrics_of(test_set, calibrated(_mean(logits), scale))
-            if taken:
-                single = metrics_of(test_set, logits[0])
-                test["single"] = {k: single[k] for k in ("auc", "logloss")}
+            test = scored_with_parts(test_set, _mean(logits), scale, logits[0] if taken else None)
             trainer._log({"event": "test", "mapping": "test", "step": trainer.step, "best_step": result["best_step"],
                           "seed_ensemble": result["member_ensemble"], "batch_size": batches[chosen],
                           **test})  # fmt: skip

@@ -32,7 +32,7 @@ from ctrkit.checkpoint import (
     snapshot_states,
     torch_save,
 )
-from ctrkit.config import SNAPSHOT_ENSEMBLE, SNAPSHOT_MAX_BYTES, TrainConfig, default_epochs, default_patience
+from ctrkit.config import TrainConfig
 from ctrkit.data.atomic import atomic_file
 from ctrkit.data.batch import Batch
 from ctrkit.data.dataset import SplitBinaryDataset, split_tail
@@ -46,20 +46,14 @@ from ctrkit.models.mlp import Dropout, dropout_generator
 from ctrkit.models.registry import config_to_dict
 from ctrkit.train import split as thread_split
 from ctrkit.train.optim import LRSchedule, build_optimizers
+from ctrkit.train.plan import resolved_train
 from ctrkit.train.selection import Selection, score
 from ctrkit.train.tensorboard import TensorBoardSink
 
 
-def resolve_schedule(cfg: TrainConfig, total_steps: int, steps_per_epoch: int | None = None) -> LRSchedule:
-    """The run's LR schedule; fields the config leaves as None are derived from the run: warmup over 5% of
-    the first epoch (``steps_per_epoch``; of ``total_steps`` when not given), decay over the last half of
-    ``total_steps``. The warmup follows one epoch because ``epochs`` is a maximum that early stopping
-    usually cuts short: a warmup over 5% of ten epochs would still be rising when most runs stop."""
-    first = steps_per_epoch or total_steps
-    warmup = cfg.warmup_steps if cfg.warmup_steps is not None else max(1, round(0.05 * min(first, total_steps)))
-    decay_steps = cfg.decay_steps if cfg.decay_steps is not None else total_steps // 2
-    decay_start = cfg.decay_start_step if cfg.decay_start_step is not None else total_steps - decay_steps
-    return LRSchedule(cfg.lr, warmup, max(decay_start, 0), decay_steps, cfg.decay_power, cfg.end_lr,
+def schedule_of(cfg: TrainConfig, total_steps: int) -> LRSchedule:
+    """The LR schedule of a config whose schedule fields the plan has set (``plan.resolved_train``)."""
+    return LRSchedule(cfg.lr, cfg.warmup_steps, cfg.decay_start_step, cfg.decay_steps, cfg.decay_power, cfg.end_lr,
                       cfg.lr_schedule, total_steps)  # fmt: skip
 
 
@@ -302,6 +296,22 @@ class TrainStep:
             return self.model(batch.numerical, batch.categorical, batch.multi_hot)
 
 
+def scored_with_parts(dataset, logits: np.ndarray, scale: float | None, single: np.ndarray | None) -> dict[str, Any]:
+    """``dataset``'s metrics under the kept model: ``logits`` (an ensemble's mean, or one model's) with the logit
+    ``scale`` applied; beside them, the AUC and log loss of the logits unscaled (``uncalibrated``, when scaled) and
+    of the ensemble's best single model (``single``: its logits, unscaled), so a run says what each part earned."""
+    test = metrics_of(dataset, calibrated(logits, scale))
+    if scale is not None:
+        test["uncalibrated"] = _auc_logloss(metrics_of(dataset, logits))
+    if single is not None:
+        test["single"] = _auc_logloss(metrics_of(dataset, single))
+    return test
+
+
+def _auc_logloss(metrics: dict[str, Any]) -> dict[str, float]:
+    return {k: metrics[k] for k in ("auc", "logloss")}
+
+
 def _remove_older_rank_files(path: Path, step: int) -> None:
     """Deletes the rank files of ``path``'s earlier saves (the manifest now names this step's)."""
     folder = path.parent / f"{path.name}.shards"
@@ -379,10 +389,10 @@ class Trainer:
         self.validation_set = validation_set
         self.loader = BatchLoader(train_set, cfg.batch_size, shuffle=True, seed=cfg.seed, part=env and env.part)
         self.steps_per_epoch = len(self.loader)
-        patience = default_patience(self.steps_per_epoch)
+        cfg, _ = resolved_train(cfg, self.steps_per_epoch)  # the plan's values (a run's plan has set them all)
         self.selection = Selection(
-            patience[0] if cfg.early_stopping_patience is None else cfg.early_stopping_patience,
-            patience[1] if cfg.plateau_patience is None else cfg.plateau_patience,
+            cfg.early_stopping_patience,
+            cfg.plateau_patience,
             cfg.plateau_factor,
             cfg.min_delta,
             cfg.warm_start_z,
@@ -413,10 +423,10 @@ class Trainer:
         self.main = env is None or env.is_main
         self.tensorboard = TensorBoardSink(tensorboard_dir) if tensorboard_dir is not None and self.main else None
         self.progress = progress and self.main
-        self.epochs = cfg.epochs if cfg.epochs is not None else default_epochs(self.steps_per_epoch)
+        self.epochs = cfg.epochs
         planned = self.epochs * self.steps_per_epoch
         self.total_steps = min(planned, cfg.max_steps) if cfg.max_steps else planned
-        self.schedule = resolve_schedule(cfg, planned, self.steps_per_epoch)
+        self.schedule = schedule_of(cfg, planned)
         self.optimizers = build_optimizers(
             model, cfg.optimizer, cfg.lr, cfg.embedding_optimizer, cfg.embedding_lr, cfg.wide_optimizer, cfg.wide_lr
         )
@@ -450,6 +460,7 @@ class Trainer:
             members=list(self.members_done) if self.member is not None else None,
             member=self.member,
             calibration=self.calibration,
+            plan=(self.run_record or {}).get("plan"),
         )
 
     def restore(self, ckpt: Checkpoint) -> None:
@@ -567,6 +578,7 @@ class Trainer:
             sharding=model.sharding_key(),
             shard_files=names,
             calibration=self.calibration,
+            plan=(self.run_record or {}).get("plan"),
         )
 
     def _check_finite(self) -> None:
@@ -627,10 +639,10 @@ class Trainer:
         self._inner.load_state_dict(kept)
         return out
 
-    def _score_ensemble(self, dataset) -> dict[str, Any]:
-        """The selected ensemble's metrics on ``dataset``: its members' logits averaged (and calibrated)."""
+    def _ensemble_logits(self, dataset) -> np.ndarray:
+        """The selected ensemble's logits on ``dataset``: its members' logits averaged (not calibrated)."""
         logits = self._logits_of(snapshot_states(self.snapshots, self.ensemble), dataset)
-        return metrics_of(dataset, calibrated(np.mean(logits, axis=0).astype(np.float32), self.calibration))
+        return np.mean(logits, axis=0).astype(np.float32)
 
     def _calibrate(self, ensemble_logits: np.ndarray | None) -> None:
         """Fits the kept model's logit scale on validation (``calibrate``; ``eval/calibration.py``) and logs
@@ -716,13 +728,10 @@ class Trainer:
         self._inner.load_state_dict(self.best_state)
 
     def _pool_size(self) -> int:
-        """``snapshot_ensemble`` resolved: 1 (no pool) in a hybrid-parallel run or without validation data."""
+        """``snapshot_ensemble``; 1 (no pool) where there is nothing to select on (the plan refuses more there)."""
         if self.env is not None or self.validation_set is None or len(self.validation_set) == 0:
             return 1
-        if self.cfg.snapshot_ensemble is not None:
-            return self.cfg.snapshot_ensemble
-        size = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        return SNAPSHOT_ENSEMBLE if size <= SNAPSHOT_MAX_BYTES else 1
+        return self.cfg.snapshot_ensemble
 
     def _keep_snapshot(self, metrics: dict[str, Any], state: dict[str, torch.Tensor] | None) -> None:
         """Puts this evaluation into the snapshot pool when it is its epoch's best so far and among the
@@ -966,11 +975,10 @@ class Trainer:
             result["calibration"] = self.calibration_record
         if self.test_set is not None and len(self.test_set):
             logits = self._logits(self.test_set)
-            if self.ensemble is None:
-                test = metrics_of(self.test_set, calibrated(logits, self.calibration))
-            else:  # the selected single model's scores (its own logits) beside the ensemble's
-                single = {k: v for k, v in metrics_of(self.test_set, logits).items() if k in ("auc", "logloss")}
-                test = {**self._score_ensemble(self.test_set), "ensemble": self.ensemble, "single": single}
+            kept = logits if self.ensemble is None else self._ensemble_logits(self.test_set)
+            test = scored_with_parts(self.test_set, kept, self.calibration, logits if self.ensemble else None)
+            if self.ensemble is not None:
+                test["ensemble"] = self.ensemble
             self._log({"event": "test", "mapping": "test", "step": self.step, "best_step": result["best_step"],
                        **test})  # fmt: skip
             result.update(test)

@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from ctrkit.checkpoint import load_checkpoint
-from ctrkit.config import SEED_ENSEMBLE, SEED_ENSEMBLE_EPOCH, SMALL_EPOCH, SNAPSHOT_MAX_BYTES, default_seed_ensemble
 from ctrkit.data.dataset import SplitBinaryDataset
 from ctrkit.eval.evaluator import predict_logits
 from ctrkit.eval.metrics import roc_auc
@@ -152,8 +151,6 @@ def test_resume_inside_the_second_member_gives_the_uninterrupted_result(runs, ti
         train(tiny_dataset, "dlrm", seed=3, seed_ensemble=2, load_checkpoint=path, **{**SMALL, "epochs": 4})
 
 
-def test_unset_trains_several_only_below_the_seed_ensemble_bound():
-    assert default_seed_ensemble(SMALL_EPOCH - 1, 1 << 20) == SEED_ENSEMBLE > 1
-    assert default_seed_ensemble(SEED_ENSEMBLE_EPOCH - 1, 1 << 20) == SEED_ENSEMBLE  # reaches past small data
-    assert SEED_ENSEMBLE_EPOCH > SMALL_EPOCH and default_seed_ensemble(SEED_ENSEMBLE_EPOCH, 1 << 20) == 1
-    assert default_seed_ensemble(3, SNAPSHOT_MAX_BYTES + 1) == 1
+def test_the_default_trains_one_model_on_small_data_too(tiny_dataset):
+    result = train(tiny_dataset, "dlrm", **{k: v for k, v in SMALL.items() if k != "snapshot_ensemble"})
+    assert "members" not in result and "member_ensemble" not in result and "ensemble" not in result

@@ -10,8 +10,9 @@ import torch
 
 from ctrkit.checkpoint import load_checkpoint
 from ctrkit.cli.train import summary_line
-from ctrkit.config import DEFAULT_EPOCHS, PATIENCE, SMALL_DATA_PATIENCE, TrainConfig, default_epochs, default_patience
+from ctrkit.config import TrainConfig
 from ctrkit.data.dataset import SplitBinaryDataset, split_tail
+from ctrkit.train.plan import DEFAULT_EPOCHS, PATIENCE, SMALL_DATA_PATIENCE, default_epochs, default_patience
 from ctrkit.train.selection import Selection
 from tests.train.test_trainer import build, params
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from ctrkit.checkpoint import load_checkpoint
-from ctrkit.config import MIN_SMALL_BATCH, SMALL_BATCH_STEPS, SMALL_EPOCH, default_small_batch
+from ctrkit.train.plan import MIN_SMALL_BATCH, SMALL_BATCH_STEPS, SMALL_EPOCH, default_small_batch
 from ctrkit.data.dataset import SplitBinaryDataset
 from ctrkit.eval.evaluator import predict_logits
 from ctrkit.train.run import Run, resolve_run, train
@@ -85,10 +85,10 @@ def test_unset_tries_a_small_batch_only_on_small_data(tiny_dataset):
     rows = 19_440
     small = run(batch_size=4096)  # 5 batches an epoch
     assert -(-rows // 4096) < SMALL_EPOCH and small.batches == [4096, default_small_batch(rows)] == [4096, 512]
-    assert small.members_planned == 3 and "each at batch 4096 and at 512 (--small-batch)" in small.describe()
-    mid = run(batch_size=2048)  # 10 batches an epoch: not small, but below the seed ensemble's bound
-    assert mid.batches == [2048] and mid.members_planned == 3 and "(--small-batch)" not in mid.describe()
-    assert run(batch_size=512).members_planned == 1  # 38 batches an epoch: one model
+    assert small.members == 2 and "at batch 4096 and at 512 (--small-batch)" in small.describe()
+    assert "4,096 and 512, the better kept" in small.plan.text()
+    mid = run(batch_size=2048)  # 10 batches an epoch: not small
+    assert mid.batches == [2048] and mid.members == 1 and "(--small-batch)" not in mid.describe()
     assert run(batch_size=4096, small_batch=0).batches == [4096]
     assert run(batch_size=2048, small_batch=256).batches == [2048, 256]  # given: whatever the data's size
     assert run(batch_size=4096, validation_fraction=0).batches == [4096]  # no validation: nothing to choose by
@@ -100,7 +100,7 @@ def test_bad_small_batch_is_one_line_and_exit_2(tiny_dataset, capsys):
     assert code == 2 and "--small-batch 2048: expected a batch size below the run's, 2048" in err
     assert len(err.strip().splitlines()) == 1
     code, _, err = run_cli(*base, "--small-batch", "256", "--validation-fraction", "0", capsys=capsys)
-    assert code == 2 and "--small-batch needs validation data and a single process" in err
+    assert code == 2 and "--small-batch 256: a second batch size cannot be planned: it needs validation data" in err
 
 
 def test_resume_inside_the_small_batch_member_gives_the_uninterrupted_result(runs, tiny_dataset, tmp_path):

@@ -13,7 +13,8 @@ from ctrkit.data.synthetic import SyntheticCTR
 from ctrkit.eval.evaluator import evaluate
 from ctrkit.eval.metrics import roc_auc
 from ctrkit.models import DLRMConfig, create_model
-from ctrkit.train.trainer import RunInfo, Trainer, resolve_schedule
+from ctrkit.train.plan import resolved_train
+from ctrkit.train.trainer import RunInfo, Trainer, schedule_of
 
 CPU = torch.device("cpu")
 
@@ -154,12 +155,17 @@ def test_divergence_is_reported(tiny_dataset):
 
 
 def test_default_schedule_is_derived_from_the_run_length():
-    s = resolve_schedule(TrainConfig(lr=2.0), 1000)
+    cfg, rules = resolved_train(TrainConfig(lr=2.0, epochs=1), 1000)
+    s = schedule_of(cfg, 1000)
     assert (s.warmup_steps, s.decay_start_step, s.decay_steps) == (50, 500, 500)
     assert s(999) < 0.01 and s(600) < 2.0 and s(300) == 2.0
+    assert rules["decay_steps"] == "the last 50% of the planned steps"
     # with epochs as a maximum (10 here), the warmup follows the first epoch, the decay the whole run
-    s = resolve_schedule(TrainConfig(lr=2.0), 1000, steps_per_epoch=100)
+    cfg, _ = resolved_train(TrainConfig(lr=2.0, epochs=10), 100)
+    s = schedule_of(cfg, 1000)
     assert (s.warmup_steps, s.decay_start_step, s.decay_steps) == (5, 500, 500) and s(5) == 2.0
+    given, rules = resolved_train(TrainConfig(lr=2.0, epochs=10, decay_steps=0, warmup_steps=7), 100)
+    assert (given.warmup_steps, given.decay_steps, given.decay_start_step) == (7, 0, 1000) and "warmup_steps" not in rules
 
 
 def test_train_config_validation():

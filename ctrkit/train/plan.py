@@ -1,0 +1,274 @@
+"""The plan of a training run: every setting, mechanism and derived value, resolved once before the first step.
+
+``make_plan`` takes the resolved settings (recipe, run YAML and flags over the model's defaults: ``run.resolve_run``)
+and the data's size and fills in what depends on the data (the most epochs, the patience, the learning-rate
+schedule, the small batch), each with the rule or layer that chose it. ``ctrkit train`` prints the plan, writes it
+into the run YAML and the checkpoint, and the trainer executes its settings. The rules that depend on the data are
+all here: the trainer and the run apply none of their own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ctrkit.config import TrainConfig
+
+# Small data: an epoch of fewer than SMALL_EPOCH batches (a table of a few thousand rows at batch 1,024).
+# There a run measured in epochs and evaluations ends after a few dozen steps while still improving, so
+# the unset limits below are raised (docs/decisions/small-data-steps.md).
+SMALL_EPOCH = 10
+DEFAULT_EPOCHS = 10  # the most passes over the data when unset (early stopping ends most runs)
+MIN_STEPS = 100  # ... raised on small data until the run may take this many steps
+PATIENCE = (8, 4)  # unset early-stopping and plateau patience, in evaluations (docs/decisions/patience.md)
+SMALL_DATA_PATIENCE = (20, 10)  # ... on small data
+SMALL_BATCH_STEPS = 32  # the unset small_batch: an epoch of at least this many steps ...
+MIN_SMALL_BATCH = 32  # ... at a batch of at least this many rows (docs/decisions/small-batch.md)
+WARMUP_SHARE = 0.05  # unset warmup: this share of the first epoch
+DECAY_SHARE = 0.5  # unset decay: over this last share of the planned steps
+
+# the optimizer state each kind keeps, in copies of the parameters it trains (row-wise Adagrad: one value a row)
+STATE_COPIES = {"sgd": 0, "adagrad": 1, "rowwise_adagrad": 0, "adam": 2, "ftrl": 2, "rmsprop": 1}
+
+
+def default_epochs(steps_per_epoch: int) -> int:
+    """The most epochs when unset: ``DEFAULT_EPOCHS``, or on small data as many as make ``MIN_STEPS`` steps."""
+    if steps_per_epoch >= SMALL_EPOCH:
+        return DEFAULT_EPOCHS
+    return max(DEFAULT_EPOCHS, -(-MIN_STEPS // max(steps_per_epoch, 1)))
+
+
+def default_patience(steps_per_epoch: int) -> tuple[int, int]:
+    """The early-stopping and plateau patience when unset: ``PATIENCE``, or ``SMALL_DATA_PATIENCE`` on small data."""
+    return SMALL_DATA_PATIENCE if steps_per_epoch < SMALL_EPOCH else PATIENCE
+
+
+def default_small_batch(train_rows: int) -> int:
+    """The smaller batch also tried on small data: the largest power of two at most ``train_rows /
+    SMALL_BATCH_STEPS``, at least ``MIN_SMALL_BATCH``."""
+    target = max(train_rows // SMALL_BATCH_STEPS, 1)
+    return max(MIN_SMALL_BATCH, 1 << (target.bit_length() - 1))
+
+
+def resolved_train(cfg: TrainConfig, steps_per_epoch: int) -> tuple[TrainConfig, dict[str, str]]:
+    """``cfg`` with every field that depends on the data set (``steps_per_epoch`` batches an epoch): the most
+    epochs, the patience and the learning-rate schedule (warmup over ``WARMUP_SHARE`` of the first epoch, decay
+    over the last ``DECAY_SHARE`` of the planned steps: epochs x batches, not ``max_steps``, so a run stopped and
+    resumed follows one curve); and the rule that set each."""
+    rules: dict[str, str] = {}
+    values: dict[str, Any] = {}
+    small = steps_per_epoch < SMALL_EPOCH
+    tiny = f"fewer than {SMALL_EPOCH} batches an epoch"
+    if cfg.epochs is None:
+        values["epochs"] = default_epochs(steps_per_epoch)
+        rules["epochs"] = f"{tiny}: as many as make {MIN_STEPS} steps" if small and values["epochs"] > DEFAULT_EPOCHS \
+            else f"the default maximum, {DEFAULT_EPOCHS}"  # fmt: skip
+    stop, plateau = default_patience(steps_per_epoch)
+    for name, value in (("early_stopping_patience", stop), ("plateau_patience", plateau)):
+        if getattr(cfg, name) is None:
+            values[name] = value
+            rules[name] = f"{tiny}: {value} evaluations" if small else f"{value} evaluations"
+    planned = (values.get("epochs") or cfg.epochs) * steps_per_epoch
+    if cfg.warmup_steps is None:
+        values["warmup_steps"] = max(1, round(WARMUP_SHARE * min(steps_per_epoch, planned)))
+        rules["warmup_steps"] = f"{WARMUP_SHARE:.0%} of the first epoch"
+    if cfg.decay_steps is None:
+        values["decay_steps"] = int(planned * DECAY_SHARE)
+        rules["decay_steps"] = f"the last {DECAY_SHARE:.0%} of the planned steps"
+    if cfg.decay_start_step is None:
+        values["decay_start_step"] = max(planned - values.get("decay_steps", cfg.decay_steps), 0)
+        rules["decay_start_step"] = "so the decay ends with the planned steps"
+    return replace(cfg, **values), rules
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A run's plan.
+
+    Attributes:
+        recipe: the recipe the settings started from.
+        model: the model's name.
+        train: the TrainConfig the trainer executes (every field the data decides filled in).
+        lines: (topic, what, why) per line of the printed block, one a mechanism.
+        memory: estimated bytes held while training: ``weights``, ``optimizer`` (state), ``copies`` (kept for
+            selection and ensembles) and ``total``.
+        models_per_request: models that scoring the kept model runs on each request (at most).
+        batches: the batch sizes trained (the run's, and a smaller one where ``small_batch`` applies).
+        members: models trained one after another (``seed_ensemble`` x batch sizes).
+        configs: the TrainConfig of each batch size (``train`` first); a smaller batch's has its own epochs and
+            schedule, and the run's batch's patience.
+        sources: the layer that set each setting (a flag, the run YAML, the recipe, the model's default).
+    """
+
+    recipe: str
+    model: str
+    train: TrainConfig
+    lines: tuple[tuple[str, str, str], ...]
+    memory: dict[str, int]
+    models_per_request: int
+    batches: tuple[int, ...]
+    members: int
+    configs: tuple[TrainConfig, ...] = ()
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def text(self) -> str:
+        """The printed block: a heading line, then one line a topic."""
+        width = max(len(t) for t, _, _ in self.lines)
+        out = [f"plan: {self.model}, recipe {self.recipe} (`ctrkit train --dry-run` prints this without training)"]
+        out += [f"  {topic:<{width}}  {what}" + (f"  [{why}]" if why else "") for topic, what, why in self.lines]
+        return "\n".join(out)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plan as plain values (the run YAML's and the checkpoint's ``plan``)."""
+        return {
+            "recipe": self.recipe,
+            "model": self.model,
+            "lines": [{"topic": t, "what": w, "why": y} for t, w, y in self.lines],
+            "memory_bytes": dict(self.memory),
+            "models_per_request": self.models_per_request,
+            "batches": list(self.batches),
+            "members": self.members,
+        }
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**28 else f"{n / 2**20:.0f} MiB"
+
+
+def _size(model: Any) -> tuple[int, int, int, int]:
+    """(deep table, wide, dense, buffer) bytes of ``model`` (built on the meta device: nothing allocated)."""
+    tables = {id(p) for m in model.modules() if hasattr(m, "table_parameters") for p in m.table_parameters()}
+    wide = {id(p) for p in (model.wide_parameters() if hasattr(model, "wide_parameters") else [])}
+    deep = side = dense = 0
+    for p in model.parameters():
+        n = p.numel() * p.element_size()
+        if id(p) in wide:
+            side += n
+        elif id(p) in tables:
+            deep += n
+        else:
+            dense += n
+    return deep, side, dense, sum(b.numel() * b.element_size() for b in model.buffers())
+
+
+def make_plan(
+    spec: Any,
+    train_rows: int,
+    validation_rows: int,
+    validation_source: str,
+    processes: int = 1,
+) -> Plan:
+    """The plan of RunSpec ``spec`` on ``train_rows`` training and ``validation_rows`` validation rows (held out
+    as ``validation_source`` says) in a job of ``processes`` processes. A setting a distributed run cannot carry
+    out (a second batch size, an ensemble) is a one-line ValueError naming it, never silently dropped."""
+    import torch
+
+    from ctrkit.models.registry import create_model
+
+    cfg = spec.train
+    sources = dict(getattr(spec, "sources", {}) or {})
+    steps = -(-train_rows // cfg.batch_size)
+    resolved, rules = resolved_train(cfg, steps)
+    validation = validation_rows > 0
+    lines: list[tuple[str, str, str]] = []
+
+    def why(name: str) -> str:
+        return rules.get(name) or sources.get(name, "default")
+
+    distributed = processes > 1 or getattr(spec, "distributed", False)
+    small = cfg.small_batch
+    if small is None:
+        small = default_small_batch(train_rows) if steps < SMALL_EPOCH and validation and not distributed else 0
+        rules["small_batch"] = f"{'' if small else 'only on '}data of fewer than {SMALL_EPOCH} batches an epoch"
+    elif small and small >= cfg.batch_size:
+        raise ValueError(f"--small-batch {small}: expected a batch size below the run's, {cfg.batch_size}")
+    for name, value, what in (("small_batch", small, "a second batch size"),
+                              ("snapshot_ensemble", cfg.snapshot_ensemble, "a snapshot ensemble"),
+                              ("seed_ensemble", cfg.seed_ensemble, "a seed ensemble")):  # fmt: skip
+        if value and value > 1 and (distributed or not validation):
+            where = "a distributed (torchrun) run trains one model" if distributed else "it needs validation data"
+            raise ValueError(f"--{name.replace('_', '-')} {value}: {what} cannot be planned: {where}; set "
+                             f"--{name.replace('_', '-')} {0 if name == 'small_batch' else 1}")  # fmt: skip
+    resolved = replace(resolved, small_batch=small)
+    batches = (cfg.batch_size, small) if small else (cfg.batch_size,)
+    members = cfg.seed_ensemble * len(batches)
+    configs = [resolved]
+    if small:  # its own epochs and schedule, the run's batch's patience
+        patience = {k: getattr(resolved, k) for k in ("early_stopping_patience", "plateau_patience")}
+        configs.append(resolved_train(replace(cfg, batch_size=small, small_batch=small, **patience),
+                                      -(-train_rows // small))[0])  # fmt: skip
+
+    with torch.device("meta"):
+        model = create_model(spec.model, spec.model_config)
+    deep, side, dense, buffers = _size(model)
+    weights = deep + side + dense + buffers
+    state = STATE_COPIES[cfg.embedding_optimizer] * deep + STATE_COPIES[cfg.optimizer] * dense
+    if side:
+        state += STATE_COPIES[cfg.wide_optimizer or "adagrad"] * side
+    copies = weights if validation else 0  # the best weights
+    if cfg.snapshot_ensemble > 1:
+        copies += cfg.snapshot_ensemble * weights
+    if members > 1:
+        copies += members * max(cfg.snapshot_ensemble, 1) * weights
+    memory = {"weights": weights, "optimizer": state, "copies": copies, "total": weights + state + copies}
+    models = cfg.snapshot_ensemble * cfg.seed_ensemble
+
+    mc = spec.model_config
+    held = f"{validation_rows:,} validation rows ({validation_source})" if validation else "no validation data"
+    lines.append(("data", f"{train_rows:,} training rows, {held}; {steps:,} batches of {cfg.batch_size:,} an epoch",
+                  why("batch_size")))  # fmt: skip
+    lines.append(("epochs", f"at most {resolved.epochs}" + (f", at most {cfg.max_steps:,} steps" if cfg.max_steps else ""),
+                  why("epochs")))  # fmt: skip
+    stop = resolved.early_stopping_patience if validation else 0
+    lines.append(("early stop", f"after {stop} evaluations without a gain of {cfg.min_delta:g} in validation AUC, "
+                  f"{resolved.evals_per_epoch} evaluations an epoch; the best weights kept" if stop and validation
+                  else ("off" + ("; the best weights kept" if validation else "; the last weights kept")),
+                  why("early_stopping_patience")))  # fmt: skip
+    lines.append(("optimizers", f"{cfg.optimizer} {cfg.lr:g} (dense), {cfg.embedding_optimizer} {cfg.embedding_lr:g} "
+                  "(tables)" + (f", {cfg.wide_optimizer} {cfg.wide_lr:g} (first-order)" if side else ""),
+                  why("optimizer")))  # fmt: skip
+    decay = (f"decay from step {resolved.decay_start_step:,} over {resolved.decay_steps:,}" if resolved.decay_steps
+             else "no decay")  # fmt: skip
+    schedule = "step (a quarter, then an eighth of the peak)" if cfg.lr_schedule == "step" else decay
+    lines.append(("schedule", f"warmup {resolved.warmup_steps:,} steps, {schedule}",
+                  why("decay_steps") if cfg.lr_schedule == "poly" else why("lr_schedule")))  # fmt: skip
+    plateau = resolved.plateau_patience if validation else 0
+    lines.append(("plateau", f"rates x{cfg.plateau_factor:g} after {plateau} evaluations without a gain" if plateau
+                  else "off", why("plateau_patience")))  # fmt: skip
+    linear = getattr(model, "wide_embeddings", None) is not None  # a first-order term (Wide & Deep's wide part)
+    if spec.model != "wide_deep":
+        lines.append(("first order", "on: a logistic term beside the deep part" if linear else "off",
+                      why("linear")))  # fmt: skip
+    buckets = getattr(mc, "numerical_buckets", 0) if getattr(model, "wide_buckets", None) is not None else 0
+    lines.append(("buckets", f"up to {buckets} quantile buckets a numerical in the first-order term" if buckets
+                  else "off", why("numerical_buckets")))  # fmt: skip
+    warm = cfg.linear_warm_start and linear and validation
+    if warm:
+        rule = "kept unless a trained model beats its validation AUC" + (" and log loss" if cfg.warm_start_logloss else "")
+        lines.append(("warm start", f"on: the first-order term fitted as a logistic regression first; {rule}",
+                      why("linear_warm_start")))  # fmt: skip
+    else:
+        reason = "no first-order term" if not linear else ("no validation data" if not validation else "")
+        lines.append(("warm start", "off" + (f" ({reason})" if reason else ""), why("linear_warm_start")))
+    redraw = {"auto": "auto: once a later epoch overfits (validation AUC falls by "
+              f"{cfg.reinit_drop:g}), from the best weights with new tables", "on": "every epoch after the first",
+              "off": "off"}[cfg.reinit_embeddings if validation or cfg.reinit_embeddings == "on" else "off"]  # fmt: skip
+    lines.append(("redraws", redraw, why("reinit_embeddings")))
+    lines.append(("batches", " and ".join(f"{b:,}" for b in batches) + (", the better kept" if small else ""),
+                  why("small_batch")))  # fmt: skip
+    ens = []
+    if cfg.snapshot_ensemble > 1:
+        ens.append(f"snapshot ensemble of up to {cfg.snapshot_ensemble}")
+    if cfg.seed_ensemble > 1:
+        ens.append(f"{cfg.seed_ensemble} seeds")
+    lines.append(("ensembles", ", ".join(ens) + " where validation prefers the mean" if ens else "off: one model",
+                  why("snapshot_ensemble") or why("seed_ensemble")))  # fmt: skip
+    calibrate = {"auto": "auto: a logit scale kept where a likelihood-ratio test passes at 99%", "on": "on",
+                 "off": "off"}[cfg.calibrate if validation else "off"]  # fmt: skip
+    lines.append(("calibration", calibrate, why("calibrate")))
+    lines.append(("memory", f"about {_gib(memory['total'])}: weights {_gib(weights)}, optimizer state {_gib(state)}, "
+                  f"copies kept {_gib(copies)}", "estimate"))  # fmt: skip
+    lines.append(("scoring", f"{models} model{'s' if models > 1 else ''} a request" + (" at most" if models > 1 else ""),
+                  ""))  # fmt: skip
+    return Plan(spec.recipe, spec.model, resolved, tuple(lines), memory, models, batches, members, tuple(configs),
+                sources)
