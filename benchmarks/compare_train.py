@@ -39,7 +39,7 @@ from ctrkit.bench.train_bench import dense_flops_per_sample, make_batches  # noq
 from ctrkit.models.mlp import MLP  # noqa: E402
 from ctrkit.models.registry import create_model, make_config  # noqa: E402
 from ctrkit.train.optim import build_optimizers  # noqa: E402
-from ctrkit.train.trainer import TrainStep  # noqa: E402
+from ctrkit.train.step import TrainStep  # noqa: E402
 
 F_LOSS = nn.functional.binary_cross_entropy_with_logits
 

@@ -486,8 +486,9 @@ class RunOptions:
     )
     no_progress: bool = option(False, "no progress bar")
     dry_run: bool = option(
-        False, "print the run's plan (every mechanism on or off and why, the estimated memory, the models a request "
-        "runs) and exit without allocating the model or training"
+        False,
+        "print the run's plan (every mechanism on or off and why, the estimated memory, the models a request "
+        "runs) and exit without allocating the model or training",
     )
 
 

@@ -82,7 +82,7 @@ def run_worker(cfg: ScaleBenchConfig, env=None) -> dict:
     from ctrkit.models.embeddings import deferred_tables
     from ctrkit.models.registry import create_model, make_config
     from ctrkit.train.optim import build_optimizers
-    from ctrkit.train.trainer import TrainStep
+    from ctrkit.train.step import TrainStep
 
     cfg.validate()
     cards = table_sizes(cfg.model, cfg.scale, cfg.embedding_dim)

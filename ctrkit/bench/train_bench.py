@@ -21,7 +21,7 @@ from ctrkit.models.inputs import BottomTopConfig
 from ctrkit.models.registry import config_class, config_to_dict, create_model, make_config, train_defaults
 from ctrkit.train import split as thread_split
 from ctrkit.train.optim import build_optimizers
-from ctrkit.train.trainer import TrainStep
+from ctrkit.train.step import TrainStep
 
 
 def make_batches(cfg: TrainBenchConfig, rng: np.random.Generator) -> list[Batch]:

@@ -37,22 +37,43 @@ MECHANISMS: dict[str, Mechanism] = {
     m.name: m
     for m in (
         Mechanism("first_order", "a first-order (logistic) term beside the deep part", off_model={"linear": False}),
-        Mechanism("buckets", "quantile buckets of the numericals in the first-order term",
-                  off_model={"numerical_buckets": 0}),
-        Mechanism("warm_start", "start from a fitted logistic regression that the model must beat",
-                  off_train={"linear_warm_start": False}),
-        Mechanism("warm_start_logloss", "a model is kept only when its log loss beats the regression's",
-                  off_train={"warm_start_logloss": False}),
-        Mechanism("redraws", "redraw the tables once a second pass over the data overfits",
-                  off_train={"reinit_embeddings": "off"}),
+        Mechanism(
+            "buckets", "quantile buckets of the numericals in the first-order term", off_model={"numerical_buckets": 0}
+        ),
+        Mechanism(
+            "warm_start",
+            "start from a fitted logistic regression that the model must beat",
+            off_train={"linear_warm_start": False},
+        ),
+        Mechanism(
+            "warm_start_logloss",
+            "a model is kept only when its log loss beats the regression's",
+            off_train={"warm_start_logloss": False},
+        ),
+        Mechanism(
+            "redraws",
+            "redraw the tables once a second pass over the data overfits",
+            off_train={"reinit_embeddings": "off"},
+        ),
         Mechanism("plateau", "halve the learning rates on a validation plateau", off_train={"plateau_patience": 0}),
         Mechanism("decay", "polynomial decay over the last half of the planned steps", off_train={"decay_steps": 0}),
-        Mechanism("small_batch", "on small data, also train at a smaller batch and keep the better",
-                  off_train={"small_batch": 0}),
-        Mechanism("calibration", "temperature scaling of the kept model's logit", off_train={"calibrate": "off"},
-                  derived="uncalibrated"),
-        Mechanism("ensembles", "keep a mean of snapshot or seed models where validation prefers it (N models a "
-                  "request)", off_train={"snapshot_ensemble": 3, "seed_ensemble": 3}, opt_in=True),
+        Mechanism(
+            "small_batch",
+            "on small data, also train at a smaller batch and keep the better",
+            off_train={"small_batch": 0},
+        ),
+        Mechanism(
+            "calibration",
+            "temperature scaling of the kept model's logit",
+            off_train={"calibrate": "off"},
+            derived="uncalibrated",
+        ),
+        Mechanism(
+            "ensembles",
+            "keep a mean of snapshot or seed models where validation prefers it (N models a request)",
+            off_train={"snapshot_ensemble": 3, "seed_ensemble": 3},
+            opt_in=True,
+        ),
     )  # fmt: skip
 }
 

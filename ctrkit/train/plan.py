@@ -217,8 +217,8 @@ def make_plan(
     held = f"{validation_rows:,} validation rows ({validation_source})" if validation else "no validation data"
     lines.append(("data", f"{train_rows:,} training rows, {held}; {steps:,} batches of {cfg.batch_size:,} an epoch",
                   why("batch_size")))  # fmt: skip
-    lines.append(("epochs", f"at most {resolved.epochs}" + (f", at most {cfg.max_steps:,} steps" if cfg.max_steps else ""),
-                  why("epochs")))  # fmt: skip
+    most = f"at most {resolved.epochs}" + (f", at most {cfg.max_steps:,} steps" if cfg.max_steps else "")
+    lines.append(("epochs", most, why("epochs")))
     stop = resolved.early_stopping_patience if validation else 0
     lines.append(("early stop", f"after {stop} evaluations without a gain of {cfg.min_delta:g} in validation AUC, "
                   f"{resolved.evals_per_epoch} evaluations an epoch; the best weights kept" if stop and validation
@@ -244,15 +244,17 @@ def make_plan(
                   else "off", why("numerical_buckets")))  # fmt: skip
     warm = cfg.linear_warm_start and linear and validation
     if warm:
-        rule = "kept unless a trained model beats its validation AUC" + (" and log loss" if cfg.warm_start_logloss else "")
+        rule = "kept unless a trained model beats its validation AUC"
+        rule += " and log loss" if cfg.warm_start_logloss else ""
         lines.append(("warm start", f"on: the first-order term fitted as a logistic regression first; {rule}",
                       why("linear_warm_start")))  # fmt: skip
     else:
         reason = "no first-order term" if not linear else ("no validation data" if not validation else "")
         lines.append(("warm start", "off" + (f" ({reason})" if reason else ""), why("linear_warm_start")))
+    redraws = cfg.reinit_embeddings if validation or cfg.reinit_embeddings == "on" else "off"
     redraw = {"auto": "auto: once a later epoch overfits (validation AUC falls by "
               f"{cfg.reinit_drop:g}), from the best weights with new tables", "on": "every epoch after the first",
-              "off": "off"}[cfg.reinit_embeddings if validation or cfg.reinit_embeddings == "on" else "off"]  # fmt: skip
+              "off": "off"}[redraws]  # fmt: skip
     lines.append(("redraws", redraw, why("reinit_embeddings")))
     lines.append(("batches", " and ".join(f"{b:,}" for b in batches) + (", the better kept" if small else ""),
                   why("small_batch")))  # fmt: skip
@@ -268,7 +270,7 @@ def make_plan(
     lines.append(("calibration", calibrate, why("calibrate")))
     lines.append(("memory", f"about {_gib(memory['total'])}: weights {_gib(weights)}, optimizer state {_gib(state)}, "
                   f"copies kept {_gib(copies)}", "estimate"))  # fmt: skip
-    lines.append(("scoring", f"{models} model{'s' if models > 1 else ''} a request" + (" at most" if models > 1 else ""),
-                  ""))  # fmt: skip
-    return Plan(spec.recipe, spec.model, resolved, tuple(lines), memory, models, batches, members, tuple(configs),
-                sources)
+    lines.append(("scoring", f"{models} models a request at most" if models > 1 else "1 model a request", ""))
+    return Plan(
+        spec.recipe, spec.model, resolved, tuple(lines), memory, models, batches, members, tuple(configs), sources
+    )

@@ -20,6 +20,12 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numpy as np
+
+from ctrkit.eval.calibration import choose_calibration
+from ctrkit.eval.evaluator import metrics_of, predict_logits
+from ctrkit.eval.metrics import auc_difference
+
 
 def score(metrics: dict[str, Any]) -> float:
     """What selection maximises: validation AUC, or minus the log loss where AUC is undefined (one class)."""
@@ -143,3 +149,110 @@ class Selection:
         if "peak_score" not in state:  # written before the baseline rule: the peak was the selected score
             state = {**state, "peak_score": state.get("best_score", -math.inf)}
         return cls(**state)
+
+
+class ModelSelection:
+    """Validation, the selected weights, table redraws and calibration (a mixin of ``Trainer``)."""
+
+    def _calibrate(self, ensemble_logits: np.ndarray | None) -> None:
+        """Fits the kept model's logit scale on validation (``calibrate``; ``eval/calibration.py``) and logs
+        the fit; the checkpoint saved next stores it. ``ensemble_logits``: a kept snapshot ensemble's
+        validation logits (``_form_ensemble``'s); None: the selected weights are scored here."""
+        self.calibration, self.calibration_record = None, {}
+        if self.validation_set is None or len(self.validation_set) == 0 or self.cfg.calibrate == "off":
+            return
+        if ensemble_logits is not None:
+            logits = ensemble_logits
+        elif self.best_state is not None:
+            logits = self._logits_of([self.best_state], self.validation_set)[0].astype(np.float32)
+        else:  # nothing was selected: a checkpoint without selection state, resumed at its end
+            logits = self._logits(self.validation_set)
+        self.calibration, self.calibration_record = choose_calibration(
+            logits, self.validation_set.labels(), self.cfg.calibrate
+        )
+        self._log({"event": "calibration", "step": self.step, **self.calibration_record})
+        if self.calibration is not None:
+            self._saved_step = None  # the final checkpoint records it
+
+    def validate(self, baseline: bool = False) -> dict[str, Any] | None:
+        """Scores the validation data, updates the selection (best weights, plateau, patience), logs it.
+        ``baseline``: this evaluation is of the warm start, which a later model must beat by
+        ``warm_start_z`` standard errors to replace."""
+        if self.validation_set is None or len(self.validation_set) == 0:
+            return None
+        sel = self.selection
+        metrics, logits = self._score_validation()
+        if sel.guarding_baseline and logits is not None:
+            metrics["baseline_z"] = self._baseline_z(logits)
+        selected = sel.update(self.step, metrics, baseline=baseline)
+        if selected:
+            self.best_state = self._local_state()
+            self._baseline_logits = logits if baseline else None
+        if not baseline:
+            self._keep_snapshot(metrics, self.best_state if selected else None)
+        # auto reinit_embeddings: from the best weights, with fresh tables
+        if not selected and self._overfitting(metrics):
+            sel.reinit = True
+            self._inner.load_state_dict(self.best_state)
+            epoch, into = divmod(self.step, self.steps_per_epoch)
+            if into:  # at an epoch's end the next epoch's start redraws them
+                self._reinit_embeddings(epoch)
+        record = {"event": "eval", "mapping": "validation", "step": self.step, **metrics,
+                  "best_step": sel.best_step, "lr_scale": sel.lr_scale}  # fmt: skip
+        self._log(record)
+        return record
+
+    def _baseline_z(self, logits) -> float:
+        """The validation AUC gain of ``logits`` over the (selected) baseline's, in standard errors of the paired
+        difference (DeLong)."""
+        diff, se = auc_difference(self.validation_set.labels(), logits, self._baseline_validation_logits())
+        return diff / se if se > 0 else math.copysign(math.inf, diff) if diff else 0.0
+
+    def _score_validation(self) -> tuple[dict[str, Any], Any]:
+        """The validation metrics and logits (tests replace this with a planted curve and no logits)."""
+        logits = self._logits(self.validation_set)
+        return metrics_of(self.validation_set, logits), logits
+
+    def _logits(self, dataset) -> Any:
+        return predict_logits(self.model, dataset, self.device, self.cfg.eval_batch_size, self.amp_dtype, env=self.env)
+
+    def _baseline_validation_logits(self) -> Any:
+        """The selected (baseline) weights' validation logits; after a resume, recomputed from them."""
+        if self._baseline_logits is None:
+            current = self._local_state()
+            self._inner.load_state_dict(self.best_state)
+            self._baseline_logits = self._logits(self.validation_set)
+            self._inner.load_state_dict(current)
+        return self._baseline_logits
+
+    def _keep_best(self) -> None:
+        """Puts the selected weights into the model (the last ones when nothing was selected)."""
+        if self.best_state is None or self.selection.best_step == self.step:
+            return
+        self._inner.load_state_dict(self.best_state)
+
+    def _overfitting(self, metrics: dict[str, Any]) -> bool:
+        """Auto ``reinit_embeddings``: past the first epoch, the validation AUC fell more than
+        ``reinit_drop`` below the best seen (a second pass over the same rows made the model worse)."""
+        cfg = self.cfg
+        if cfg.reinit_embeddings != "auto" or self.selection.reinit or self.selection.best_step is None:
+            return False
+        if self.step <= self.steps_per_epoch:  # the first pass: nothing seen twice yet
+            return False
+        return metrics.get("auc", math.inf) < self.selection.peak_score - cfg.reinit_drop
+
+    def _reinit_embeddings(self, epoch: int) -> None:
+        """``reinit_embeddings``: the deep tables redrawn (draw ``epoch``: the same values at any world size
+        and on resuming) and their optimizer state cleared; the first-order tables and the rest kept."""
+        tables = getattr(self._inner, "embeddings", None)
+        if tables is None:
+            return
+        params = []
+        for collection in tables.modules():  # one-hot and multi-hot collections (of each width), plain or sharded
+            if hasattr(collection, "reset_tables") and hasattr(collection, "table_parameters"):
+                collection.reset_tables(draw=epoch)
+                params += collection.table_parameters()
+        for opt in self.optimizers:
+            for p in params:
+                opt.state.pop(p, None)
+        self._log({"event": "reinit_embeddings", "step": self.step, "epoch": epoch})

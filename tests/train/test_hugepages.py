@@ -87,7 +87,7 @@ from ctrkit.bench.config import TrainBenchConfig
 from ctrkit.bench.train_bench import make_batches
 from ctrkit.models.registry import create_model, make_config
 from ctrkit.train.optim import build_optimizers
-from ctrkit.train.trainer import TrainStep
+from ctrkit.train.step import TrainStep
 torch.set_num_threads(2)
 shape = dict(num_numerical=13, cardinalities=(1000,) * 8, embedding_dim=16, bottom_mlp=(512, 256, 16))
 model = create_model("dlrm", make_config("dlrm", shape))

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from ctrkit.data.batch import Batch
 from ctrkit.models import DLRMConfig, create_model
 from ctrkit.train.optim import build_optimizers
-from ctrkit.train.trainer import TrainStep
+from ctrkit.train.step import TrainStep
 
 CPU = torch.device("cpu")
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from ctrkit.checkpoint import load_checkpoint
-from ctrkit.train.plan import MIN_SMALL_BATCH, SMALL_BATCH_STEPS, SMALL_EPOCH, default_small_batch
 from ctrkit.data.dataset import SplitBinaryDataset
 from ctrkit.eval.evaluator import predict_logits
+from ctrkit.train.plan import MIN_SMALL_BATCH, SMALL_BATCH_STEPS, SMALL_EPOCH, default_small_batch
 from ctrkit.train.run import Run, resolve_run, train
 from tests.conftest import Interrupted, run_cli, small_model_flags, stop_after_save
 

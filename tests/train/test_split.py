@@ -10,7 +10,7 @@ from ctrkit.data.batch import Batch, MultiHot, PaddedMultiHot
 from ctrkit.models.registry import create_model, make_config
 from ctrkit.train import split
 from ctrkit.train.optim import build_optimizers
-from ctrkit.train.trainer import TrainStep
+from ctrkit.train.step import TrainStep
 
 CPU = torch.device("cpu")
 

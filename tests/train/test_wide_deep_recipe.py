@@ -10,7 +10,7 @@ from ctrkit.data.synthetic_outbrain import generate_outbrain
 from ctrkit.models import create_model
 from ctrkit.train.optim import build_optimizers
 from ctrkit.train.run import resolve_model_config
-from ctrkit.train.trainer import TrainStep
+from ctrkit.train.step import TrainStep
 from tests.conftest import run_cli
 
 

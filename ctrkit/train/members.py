@@ -1,0 +1,170 @@
+"""The seed ensemble (``seed_ensemble``, and ``small_batch``'s second batch size): members trained one after another,
+each a run of its own, and the mean of their logits kept where validation prefers it (a mixin of ``Run``)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def _mean(logits: list[np.ndarray]) -> np.ndarray:
+    """The mean of several models' logits (float64 sum, float32 out), as ``Ensemble`` averages them."""
+    return np.mean(np.asarray(logits, np.float64), axis=0).astype(np.float32)
+
+
+class SeedEnsemble:
+    """Trains and forms a seed ensemble (``Run``'s members)."""
+
+    def _fit_members(self, count: int) -> dict[str, Any]:
+        """A seed ensemble: members ``self.member``.. trained one after another, each as its own run (its
+        selection, snapshot ensemble and checkpoints; the checkpoint also holds the members done), then the
+        mean of their logits kept where validation prefers it to the first member (``_form_members``), and the
+        test scored once.
+        """
+        if len(self.members_done) > count:
+            raise ValueError(
+                f"the checkpoint holds {len(self.members_done)} trained members; this run asks for {count} "
+                "(--seed-ensemble, --small-batch): resume with the same settings"
+            )
+        test_set = self.test_set
+        trainer = self.trainer
+        if self.member_ensemble is not None and not trainer.selection.stopped and trainer.step < trainer.total_steps:
+            raise ValueError(
+                f"the checkpoint holds a finished seed ensemble whose members trained {trainer.step} steps, and this "
+                f"run would train up to {trainer.total_steps}: a seed ensemble is not trained further; retrain it, or "
+                "resume with the settings it was trained with"
+            )
+        while len(self.members_done) < count:
+            if self.member != len(self.members_done):  # the next member: a fresh model and run
+                self.member = len(self.members_done)
+                self._build_trainer(self.spec, None)
+            trainer = self.trainer
+            trainer.member, trainer.members_done, trainer.test_set = self.member, self.members_done, None
+            batch = trainer.cfg.batch_size
+            self._member_board(
+                trainer, f"seed{trainer.cfg.seed}" + (f"-batch{batch}" if self.member % len(self.batches) else "")
+            )
+            result = trainer.fit()
+            self.members_done = [*self.members_done, {
+                "seed": trainer.cfg.seed, "batch_size": batch, "best_step": result["best_step"], "steps": trainer.step,
+                "stopped_early": result["stopped_early"], "validation": result.get("validation"),
+                "models": trainer.kept_states(),
+            }]  # fmt: skip
+        return self._form_members(test_set)
+
+    def _member_logits(self, members: list[dict[str, Any]], dataset) -> np.ndarray:
+        """``dataset``'s logits under the model of ``members`` (``checkpoint.member_model``)."""
+        from ctrkit.checkpoint import member_model
+        from ctrkit.eval.evaluator import predict_logits
+        from ctrkit.models.registry import create_model
+
+        def build(state):
+            model = create_model(self.spec.model, self.spec.model_config)
+            model.load_state_dict(state)
+            return model.to(self.device)
+
+        model = member_model(members, build)
+        return predict_logits(model, dataset, self.device, self.spec.train.eval_batch_size, self.amp_dtype)
+
+    def _group_model(self, indices: list[int], validation) -> dict[str, Any]:
+        """The kept model of the members ``indices`` (one batch size's, in seed order): the mean of the logits
+        of its distinct members (those whose validation logits differ: members that all kept the warm-start
+        regression are one model) when that scores higher on validation than the first member, the model a
+        run of one would keep, by ``min_delta`` and its log loss is below the warm start's (under
+        ``warm_start_logloss``); else the first member. Returns ``kept`` (member indices), ``mean`` (the
+        mean's validation metrics), ``taken`` (the mean kept), ``validation`` (the kept model's metrics) and
+        ``logits`` (its validation logits)."""
+        from ctrkit.eval.evaluator import metrics_of
+        from ctrkit.train.selection import score
+
+        trainer, members, cfg = self.trainer, self.members_done, self.spec.train
+        first = members[indices[0]]
+        distinct, seen = [], []  # the first member is always distinct, so always kept
+        for i in indices:
+            logits = self._member_logits([members[i]], validation)
+            if not any(np.array_equal(logits, other) for other in seen):
+                distinct.append(i)
+                seen.append(logits)
+        mean = _mean(seen)
+        metrics = metrics_of(validation, mean)
+        baseline = trainer.selection.baseline_loss if cfg.warm_start_logloss else None
+        taken = len(distinct) > 1 and score(metrics) > score(first["validation"]) + cfg.min_delta and (
+            baseline is None or metrics["logloss"] < baseline
+        )  # fmt: skip
+        return {"kept": distinct if taken else [indices[0]], "mean": metrics, "taken": taken,
+                "validation": metrics if taken else first["validation"],
+                "logits": mean if taken else seen[0]}  # fmt: skip
+
+    def _form_members(self, test_set) -> dict[str, Any]:
+        """The kept model of a seed ensemble: each batch size's kept model (``_group_model``), and of those the
+        one with the higher validation AUC (the run's batch's on a tie), and its logit scale (``calibrate``).
+        Saved (``member_ensemble``, ``calibration``), then the test scored once: each kept member's logits,
+        averaged and scaled as on validation."""
+        from ctrkit.checkpoint import save_checkpoint
+        from ctrkit.eval.calibration import choose_calibration
+        from ctrkit.train.selection import score
+        from ctrkit.train.snapshots import scored_with_parts
+
+        trainer, members, batches = self.trainer, self.members_done, self.batches
+        validation = trainer.validation_set
+        groups = [list(range(g, len(members), len(batches))) for g in range(len(batches))]
+        formed = [self._group_model(indices, validation) for indices in groups]
+        chosen = max(range(len(formed)), key=lambda g: (score(formed[g]["validation"]), -g))
+        kept, taken, first = formed[chosen]["kept"], formed[chosen]["taken"], members[groups[chosen][0]]
+        seeds = [m["seed"] for m in members]
+        trainer.member = None  # the run's own records from here on
+        self._member_board(trainer, None)
+        record = {"event": "seed_ensemble", "step": trainer.step, "seeds": seeds[:: len(batches)], "selected": taken,
+                  **formed[chosen]["mean"]}  # fmt: skip
+        if len(batches) > 1:
+            record["batch_size"] = batches[chosen]
+            record["batches"] = [{"batch_size": b, "kept": [seeds[i] for i in f["kept"]], "selected": f["taken"],
+                                  "auc": f["validation"]["auc"], "logloss": f["validation"]["logloss"]}
+                                 for b, f in zip(batches, formed)]  # fmt: skip
+        trainer._log(record)
+        self.member_ensemble = kept
+        scale, fit = None, {}
+        if self.spec.train.calibrate != "off":  # the kept model's logit scale, fitted on its validation logits
+            logits = formed[chosen]["logits"]
+            scale, fit = choose_calibration(logits, validation.labels(), self.spec.train.calibrate)
+            trainer._log({"event": "calibration", "step": trainer.step, **fit})
+        if trainer.save_path is not None and trainer.main:  # ``model``: the kept batch's first member's weights
+            final = replace(trainer.state(), model=first["models"][0], members=members, member=len(members) - 1,
+                            member_ensemble=kept, calibration=scale)  # fmt: skip
+            save_checkpoint(trainer.save_path, final)
+        result: dict[str, Any] = {
+            "step": trainer.step, "best_step": first["best_step"], "stopped_early": first["stopped_early"],
+            "validation": formed[chosen]["validation"], "batch_size": batches[chosen],
+            "members": [{"seed": m["seed"], "batch_size": m.get("batch_size"), "best_step": m["best_step"],
+                         "steps": m["steps"], "validation_auc": (m["validation"] or {}).get("auc")} for m in members],
+            "member_ensemble": [seeds[i] for i in kept],
+        }  # fmt: skip
+        if trainer.selection.baseline_metrics() is not None:
+            result["baseline"] = trainer.selection.baseline_metrics()
+        if fit:
+            result["calibration"] = fit
+        if test_set is not None and len(test_set):
+            logits = [self._member_logits([members[i]], test_set) for i in kept]
+            test = scored_with_parts(test_set, _mean(logits), scale, logits[0] if taken else None)
+            trainer._log({"event": "test", "mapping": "test", "step": trainer.step, "best_step": result["best_step"],
+                          "seed_ensemble": result["member_ensemble"], "batch_size": batches[chosen],
+                          **test})  # fmt: skip
+            result.update(test)
+        if trainer.tensorboard is not None:
+            trainer.tensorboard.close()
+        return result
+
+    def _member_board(self, trainer, name: str | None) -> None:
+        """``--tensorboard DIR`` in a seed ensemble: each member's scalars in ``DIR/<name>`` (``seed<N>``, a run
+        of its own in TensorBoard, its steps its own), the run's final ones (None) in ``DIR``."""
+        from ctrkit.train.tensorboard import TensorBoardSink
+
+        if self.spec.tensorboard is None or not trainer.main:
+            return
+        if trainer.tensorboard is not None:
+            trainer.tensorboard.close()
+        directory = Path(self.spec.tensorboard)
+        trainer.tensorboard = TensorBoardSink(directory / name if name is not None else directory)
