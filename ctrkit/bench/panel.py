@@ -29,7 +29,8 @@ import numpy as np
 import polars as pl
 
 from ctrkit.data.atomic import atomic_directory
-from ctrkit.data.feature_spec import Feature, FeatureSpec, smallest_int_dtype, split_binary_spec
+from ctrkit.data.feature_spec import Feature, FeatureSpec, smallest_int_dtype
+from ctrkit.data.spec_builders import split_binary_spec
 from ctrkit.data.split_binary import SplitBinaryWriter
 
 REAL = ("criteo", "avazu", "movielens")

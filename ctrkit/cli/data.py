@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ctrkit.cli.options import add_command, config_from
-from ctrkit.config import (
+from ctrkit.data_config import (
     CriteoPreprocessConfig,
     GenCsvConfig,
     OutbrainPreprocessConfig,
@@ -161,8 +161,8 @@ def preprocess_outbrain(args: argparse.Namespace) -> int:
     channel). Vocabularies and statistics come from the training rows only. clicks_train.csv is read and
     worked on in blocks (--block-rows): memory follows the other files, plus 9 bytes a clicks row.
     """
-    from ctrkit.preprocess.outbrain import OutbrainRecipe
     from ctrkit.preprocess.outbrain import preprocess_outbrain as run
+    from ctrkit.preprocess.outbrain_files import OutbrainRecipe
 
     cfg: OutbrainPreprocessConfig = config_from(args, OutbrainPreprocessConfig)
     if cfg.raw is None:
@@ -192,8 +192,8 @@ def preprocess_table(args: argparse.Namespace) -> int:
     files' order (taken as time order) unless --order-by or --shuffle-seed; the test split is the last
     --test-fraction of them or --test-files. The table is held in memory.
     """
-    from ctrkit.preprocess.table import TableRecipe
     from ctrkit.preprocess.table import preprocess_table as run
+    from ctrkit.preprocess.table_recipe import TableRecipe
 
     cfg: TablePreprocessConfig = config_from(args, TablePreprocessConfig)
     recipe = TableRecipe(

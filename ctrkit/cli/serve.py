@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from ctrkit.cli.options import add_command, config_from
-from ctrkit.config import ExportConfig, ServeConfig
+from ctrkit.serve_config import ExportConfig, ServeConfig
 
 
 def register(sub: argparse._SubParsersAction) -> None:

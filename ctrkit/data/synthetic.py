@@ -24,7 +24,8 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ctrkit.data.atomic import atomic_directory, atomic_file
-from ctrkit.data.feature_spec import FeatureSpec, criteo_like_spec
+from ctrkit.data.feature_spec import FeatureSpec
+from ctrkit.data.spec_builders import criteo_like_spec
 from ctrkit.data.split_binary import SplitBinaryWriter
 
 # Criteo Kaggle's 26 table sizes, with the huge ones capped near 10^5 so the default model fits

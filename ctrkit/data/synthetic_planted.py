@@ -30,7 +30,8 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ctrkit.data.atomic import atomic_directory
-from ctrkit.data.feature_spec import FeatureSpec, criteo_like_spec
+from ctrkit.data.feature_spec import FeatureSpec
+from ctrkit.data.spec_builders import criteo_like_spec
 from ctrkit.data.split_binary import SplitBinaryWriter
 from ctrkit.data.synthetic import Block, bias_for_ctr, power_law_ids
 

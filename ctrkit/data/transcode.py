@@ -19,8 +19,8 @@ from ctrkit.data.feature_spec import (
     FeatureSpec,
     SpecError,
     smallest_int_dtype,
-    split_binary_spec,
 )
+from ctrkit.data.spec_builders import split_binary_spec
 from ctrkit.data.split_binary import DataError, SplitBinaryWriter
 
 READABLE_CHANNELS = (CATEGORICAL_CHANNEL, NUMERICAL_CHANNEL, LABEL_CHANNEL, MAP_CHANNEL)

@@ -9,7 +9,8 @@ from typing import Any
 
 import torch
 
-from ctrkit.checkpoint import key_regions, table_prefix, torch_save
+from ctrkit.checkpoint import torch_save
+from ctrkit.checkpoint_shards import key_regions, table_prefix
 from ctrkit.distributed.hybrid import HybridModel, table_collections
 
 # (table prefix, flat row_lo, flat row_hi, col_lo, col_hi): where a table parameter (a whole flat table of a
@@ -162,7 +163,8 @@ def write_sharded_checkpoint(ckpt, path, world_size: int, parallel) -> list[int]
     from dataclasses import replace
     from pathlib import Path
 
-    from ctrkit.checkpoint import assemble_shards, rank_file_name, save_checkpoint
+    from ctrkit.checkpoint import save_checkpoint
+    from ctrkit.checkpoint_shards import assemble_shards, rank_file_name
     from ctrkit.data.atomic import atomic_file
     from ctrkit.distributed.hybrid import load_whole_state, plan_model, take_shards
     from ctrkit.models.embeddings import deferred_tables

@@ -122,7 +122,7 @@ class Scoring:
         parallel: ParallelConfig | None = None,
     ) -> Scoring:
         """Reads the checkpoint, checks it fits the dataset's features, and builds its model on the device."""
-        from ctrkit.checkpoint import MappedSource, assemble_shards, read_rank_file
+        from ctrkit.checkpoint_shards import MappedSource, assemble_shards, read_rank_file
         from ctrkit.device import resolve_device
         from ctrkit.distributed.env import init_distributed, launched_by_torchrun
         from ctrkit.distributed.hybrid import shard_for_job

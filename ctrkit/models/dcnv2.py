@@ -11,12 +11,12 @@ from ctrkit.models.inputs import (
     TRAIN_DEFAULTS,
     BottomTopConfig,
     LinearTerm,
-    NumericalNormalizer,
     WideParameters,
     input_layers,
 )
 from ctrkit.models.interaction import CrossNetwork
 from ctrkit.models.mlp import MLP
+from ctrkit.models.numerical import NumericalNormalizer
 from ctrkit.models.registry import register_model
 
 STRUCTURES = ("stacked", "parallel")

@@ -11,11 +11,11 @@ from ctrkit.models.inputs import (
     TRAIN_DEFAULTS,
     InputsConfig,
     LinearTerm,
-    NumericalNormalizer,
     WideParameters,
     deep_embeddings,
 )
 from ctrkit.models.mlp import MLP
+from ctrkit.models.numerical import NumericalNormalizer
 from ctrkit.models.registry import register_model
 
 

@@ -17,7 +17,8 @@ import numpy as np
 import polars as pl
 
 from ctrkit.data.atomic import atomic_directory
-from ctrkit.data.feature_spec import FeatureSpec, criteo_like_spec
+from ctrkit.data.feature_spec import FeatureSpec
+from ctrkit.data.spec_builders import criteo_like_spec
 from ctrkit.data.split_binary import DataError, SplitBinaryWriter
 from ctrkit.preprocess.criteo import MISSING_ID, RARE_ID, CriteoRecipe
 from ctrkit.preprocess.vocabulary import cardinality, save_vocabulary

@@ -22,7 +22,7 @@ import polars as pl
 from ctrkit.data.split_binary import DataError
 from ctrkit.preprocess import vocabulary as vocab_mod
 from ctrkit.preprocess.criteo import CriteoRecipe, check_arguments, numerical_transform
-from ctrkit.preprocess.outbrain import NULLS
+from ctrkit.preprocess.outbrain_files import NULLS
 from ctrkit.preprocess.output import REJECTS_KEPT, DatasetOutput, Rejects
 
 WRITE_ROWS = 1 << 18

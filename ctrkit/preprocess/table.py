@@ -27,116 +27,37 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 from tqdm import tqdm
 
-from ctrkit.config import TrainConfig
 from ctrkit.data.atomic import atomic_directory
-from ctrkit.data.feature_spec import Feature, FeatureSpec, smallest_int_dtype, split_binary_spec
+from ctrkit.data.feature_spec import Feature, FeatureSpec, smallest_int_dtype
+from ctrkit.data.spec_builders import split_binary_spec
 from ctrkit.data.split_binary import SplitBinaryWriter
 from ctrkit.preprocess import vocabulary as vocab_mod
-from ctrkit.preprocess.criteo import BAD_ROW_POLICIES, MISSING_ID, RARE_ID
+from ctrkit.preprocess.criteo import MISSING_ID, RARE_ID
 from ctrkit.preprocess.output import Rejects, split_bounds
+from ctrkit.preprocess.table_recipe import (
+    AUTO,
+    FILE_COL,
+    LINE_COL,
+    RAW_PREFIX,
+    TRAIN_VALIDATION_FRACTION,
+    TableRecipe,
+    assign_roles,
+    field_separator,
+    label_values,
+    number_values,
+)
 from ctrkit.preprocess.value_ids import value_id_tests
 
-_TRAIN_VALIDATION_FRACTION = TrainConfig().validation_fraction  # the tail `train` holds out by default
-FILE_COL, LINE_COL = "__ctrkit_file", "__ctrkit_line"  # where each row came from, for error messages
-NUMERIC_TEXT_FRACTION = 0.9  # a text column this often numeric is refused unless named
 WRITE_ROWS = 1 << 18  # rows per block written
-DEFAULT_NULL_VALUES = ("NA", "NaN", "nan", "null", "NULL")
-INTEGER_ROLES = ("error", "categorical", "numerical")
-RESERVED = ("label", "numerical")  # the dataset's own file names
-AUTO = "auto"  # TableRecipe.also_categorical: chosen by the held-out test of ``value_ids``
-RAW_PREFIX = "__ctrkit_raw_"  # a numerical column as Float64 with its nulls, for the ids ``auto`` adds
-_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")  # a feature name is also a file name
-
-
-@dataclass(frozen=True)
-class TableRecipe:
-    """What the columns are and how categories get ids.
-
-    Attributes:
-        label: the label column.
-        categorical, numerical, multi_hot: columns of each role; columns named nowhere get a role by type.
-        drop: columns to leave out.
-        also_categorical: numerical columns that are also categorical features, ``<column>_id``: each exact
-            value an id (for numbers that identify something: repeated amounts of one household, codes);
-            "auto" (the default): the numerical columns whose exact values predict the label in held-out
-            training rows beyond the table's other columns and 16 quantile buckets (``value_ids``); () for
-            none.
-        positive: the label is 1 where the label column equals this value (as text), else 0.
-        label_threshold: the label is 1 where the label column is at least this number, else 0.
-        separator: what separates the values of a multi-hot text column.
-        frequency_threshold: values seen fewer times in the train rows share the rare id 1.
-        order_by: sort the rows by this column (stable) before splitting; it is not a feature unless named.
-        integers: the role of integer columns named nowhere: "error" (refused: an integer may be an id
-            or an amount), "categorical" or "numerical".
-        group: the column whose equal values are ranked together (a display or session id): stored as the
-            ``map`` channel of the validation and test mappings, for MAP@12; not a feature.
-        shuffle_seed: shuffle the rows with this seed before splitting (data without a time order).
-        null_values: texts read as missing (besides the empty field), CSV only.
-        csv_separator: the CSV field separator.
-        bad_rows: "error" (stop at the first bad row, naming file and line) or "skip" (drop and count).
-    """
-
-    label: str
-    categorical: tuple[str, ...] = ()
-    numerical: tuple[str, ...] = ()
-    multi_hot: tuple[str, ...] = ()
-    drop: tuple[str, ...] = ()
-    also_categorical: tuple[str, ...] | str = AUTO
-    positive: str | None = None
-    label_threshold: float | None = None
-    separator: str = "|"
-    frequency_threshold: int = 3
-    order_by: str | None = None
-    group: str | None = None
-    integers: str = "error"
-    shuffle_seed: int | None = None
-    null_values: tuple[str, ...] = DEFAULT_NULL_VALUES
-    csv_separator: str = ","
-    bad_rows: str = "error"
-
-    def validate(self) -> None:
-        if not self.label:
-            raise ValueError("`label`: name the label column")
-        if self.positive is not None and self.label_threshold is not None:
-            raise ValueError("give at most one of `positive` and `label_threshold`")
-        if self.order_by is not None and self.shuffle_seed is not None:
-            raise ValueError("give at most one of `order_by` and `shuffle_seed`")
-        if isinstance(self.also_categorical, str) and self.also_categorical != AUTO:
-            raise ValueError(f"`also_categorical`: expected columns or '{AUTO}', got {self.also_categorical!r}")
-        if self.frequency_threshold < 1:
-            raise ValueError(f"`frequency_threshold` must be >= 1, got {self.frequency_threshold}")
-        if not self.separator:
-            raise ValueError("`separator` must not be empty")
-        if len(field_separator(self.csv_separator).encode()) != 1:
-            raise ValueError(f"`csv_separator` must be one byte (or '\\t' or 'tab'), got {self.csv_separator!r}")
-        if self.integers not in INTEGER_ROLES:
-            raise ValueError(f"`integers` must be one of {', '.join(INTEGER_ROLES)}, got {self.integers!r}")
-        if self.bad_rows not in BAD_ROW_POLICIES:
-            raise ValueError(f"`bad_rows` must be one of {', '.join(BAD_ROW_POLICIES)}, got {self.bad_rows!r}")
-        roles = [("label", (self.label,)), ("categorical", self.categorical), ("numerical", self.numerical),
-                 ("multi_hot", self.multi_hot), ("drop", self.drop),
-                 ("group", (self.group,) if self.group else ())]  # fmt: skip
-        seen: dict[str, str] = {}
-        for role, names in roles:
-            for name in names:
-                if name in seen:
-                    raise ValueError(f"column '{name}' is given two roles: `{seen[name]}` and `{role}`")
-                seen[name] = role
-
-
-def field_separator(text: str) -> str:
-    """The CSV field separator ``text`` names: one character, or ``\\t`` / ``tab`` for a tab (as a shell passes it)."""
-    return {"\\t": "\t", "tab": "\t"}.get(text, text)
 
 
 def _read(path: Path, recipe: TableRecipe, file_index: int) -> pl.DataFrame:
@@ -183,139 +104,6 @@ def _read_all(paths: Sequence[Path], recipe: TableRecipe, offset: int) -> pl.Dat
         raise ValueError(f"{paths[0]}..: the files' column types do not agree: {str(e).splitlines()[0]}") from None
 
 
-@dataclass(frozen=True)
-class Roles:
-    """The columns of each role: the named ones in the order given, then the others in table order (integer
-    columns, under `integers`, last)."""
-
-    categorical: tuple[str, ...]
-    numerical: tuple[str, ...]
-    multi_hot: tuple[str, ...]
-
-
-def assign_roles(df: pl.DataFrame, recipe: TableRecipe, where: Path) -> Roles:
-    """Checks that every named column exists and gives the others a role by their type."""
-    columns = [c for c in df.columns if c not in (FILE_COL, LINE_COL)]
-    named = {"label": (recipe.label,), "categorical": recipe.categorical, "numerical": recipe.numerical,
-             "multi_hot": recipe.multi_hot, "drop": recipe.drop,
-             "order_by": (recipe.order_by,) if recipe.order_by else (),
-             "group": (recipe.group,) if recipe.group else ()}  # fmt: skip
-    for role, names in named.items():
-        for name in names:
-            if name not in columns:
-                raise ValueError(f"`{role}`: {where} has no column '{name}' (columns: {', '.join(columns)})")
-    taken = {n for names in named.values() for n in names}
-    cats, nums, multi = list(recipe.categorical), list(recipe.numerical), list(recipe.multi_hot)
-    integers = []
-    for c in columns:
-        if c in taken:
-            continue
-        dtype = df.schema[c]
-        if dtype == pl.String:
-            _check_not_numbers(df, c, where)
-            cats.append(c)
-        elif dtype in (pl.Boolean, pl.Categorical) or isinstance(dtype, pl.Enum):
-            cats.append(c)
-        elif dtype.is_float():
-            nums.append(c)
-        elif isinstance(dtype, pl.List):
-            multi.append(c)
-        elif dtype.is_integer():
-            integers.append(c)
-        elif df[c].null_count() == len(df):
-            continue  # an empty column carries nothing
-        else:
-            raise ValueError(f"{where}: column '{c}' holds {dtype}: give it a role (`drop` it, or `order_by` it)")
-    if recipe.integers == "categorical":
-        cats += integers
-    elif recipe.integers == "numerical":
-        nums += integers
-    elif integers:
-        raise ValueError(
-            f"{where}: columns {', '.join(repr(c) for c in integers)} hold integers; name each in `categorical` "
-            "(ids, codes) or `numerical` (amounts, counts), or `drop` it (`integers` gives all of them one role)"
-        )
-    for c in cats + nums + multi + ([recipe.group] if recipe.group else []):
-        if not _NAME.match(c) or c in RESERVED or c.endswith(".offsets"):
-            raise ValueError(
-                f"column '{c}': a feature name must be letters, digits, '_', '.' or '-', and not "
-                f"{' or '.join(RESERVED)} or end with '.offsets' (it names a file); rename the column"
-            )
-    for c in () if recipe.also_categorical == AUTO else recipe.also_categorical:
-        if c not in nums:
-            raise ValueError(f"`also_categorical`: '{c}' is not a numerical column (numerical: {', '.join(nums)})")
-        if f"{c}_id" in columns:
-            raise ValueError(f"`also_categorical`: '{c}_id' is a column already; rename it")
-        cats.append(f"{c}_id")
-    if not cats and not multi:
-        raise ValueError(f"{where}: no categorical column; the models need at least one")
-    return Roles(tuple(cats), tuple(nums), tuple(multi))
-
-
-def _check_not_numbers(df: pl.DataFrame, column: str, where: Path) -> None:
-    """Refuses a text column whose values are nearly all numbers: a numerical column with a few bad values,
-    which taken as categorical would silently give every number its own id."""
-    values = df.select(pl.col(column), pl.col(LINE_COL)).drop_nulls(column)
-    numbers = values[column].cast(pl.Float64, strict=False)
-    if len(values) and numbers.is_not_null().mean() >= NUMERIC_TEXT_FRACTION:
-        line, value = values.filter(numbers.is_null()).row(0)[::-1]
-        raise ValueError(
-            f"{where}:{line}: column '{column}' holds text, but {numbers.is_not_null().sum():,} of its "
-            f"{len(values):,} values are numbers (here '{value}'): name it in `numerical` (its other values then "
-            "are bad rows) or in `categorical`"
-        )
-
-
-def _labels(recipe: TableRecipe) -> tuple[pl.Expr, pl.Expr]:
-    """The label as 0/1 and the problem of each row whose label is not one (null where fine)."""
-    col = pl.col(recipe.label)
-    name = recipe.label
-    if recipe.positive is not None:
-        label = col.cast(pl.String) == recipe.positive
-        problem = pl.when(col.is_null()).then(pl.lit(f"{name}: missing label"))
-        return label, problem
-    if recipe.label_threshold is not None:
-        number = col.cast(pl.Float64, strict=False)
-        problem = (
-            pl.when(col.is_null())
-            .then(pl.lit(f"{name}: missing label"))
-            .when(number.is_null())
-            .then(pl.format(f"{name}: '{{}}' is not a number (label_threshold compares numbers)", col.cast(pl.String)))
-        )
-        return number >= recipe.label_threshold, problem
-    text = col.cast(pl.String).str.to_lowercase()
-    ones, zeros = ["1", "1.0", "true"], ["0", "0.0", "false"]
-    problem = (
-        pl.when(col.is_null())
-        .then(pl.lit(f"{name}: missing label"))
-        .when(~text.is_in(ones + zeros))
-        .then(
-            pl.format(
-                f"{name}: expected a label of 0 or 1, got '{{}}' (`positive` or `label_threshold` turn other values "
-                "into clicks)",
-                col.cast(pl.String),
-            )
-        )
-    )
-    return text.is_in(ones), problem
-
-
-def _numbers(names: Sequence[str]) -> tuple[list[pl.Expr], list[pl.Expr]]:
-    """Each numerical column as Float64 (missing -> 0) and the problems: text that is no number, infinity."""
-    values, problems = [], []
-    for n in names:
-        col = pl.col(n)
-        number = col.cast(pl.Float64, strict=False)
-        problems.append(
-            pl.when(col.is_not_null() & number.is_null())
-            .then(pl.format(f"{n}: '{{}}' is not a number", col.cast(pl.String)))
-            .when(number.is_infinite())
-            .then(pl.format(f"{n}: {{}} is not finite", number))
-        )
-        values.append(number.fill_nan(None).fill_null(0.0).alias(n))
-    return values, problems
-
-
 def _test_value_ids(
     table: pl.DataFrame, columns: Sequence[str], ids: dict[str, np.ndarray], vocabularies: dict[str, pl.DataFrame],
     n_fit: int, n_train: int | None, frequency_threshold: int,
@@ -325,7 +113,7 @@ def _test_value_ids(
     the training rows that ``train`` holds out by default (its ``validation_fraction``)."""
     if n_train is None:
         n_train = n_fit
-        n_fit = n_train - int(round(n_train * _TRAIN_VALIDATION_FRACTION))
+        n_fit = n_train - int(round(n_train * TRAIN_VALIDATION_FRACTION))
     labels = table["__label"].to_numpy().astype(np.float64)
     numerical = {}
     for c in columns:
@@ -407,8 +195,8 @@ def preprocess_table(
     roles = assign_roles(train_df, recipe, paths[0])
 
     rejects = Rejects(recipe.bad_rows)
-    label_expr, label_problem = _labels(recipe)
-    num_values, num_problems = _numbers(roles.numerical)
+    label_expr, label_problem = label_values(recipe)
+    num_values, num_problems = number_values(roles.numerical)
     auto = recipe.also_categorical == AUTO
     explicit_ids = () if auto else recipe.also_categorical
     candidates = [c for c in roles.numerical if f"{c}_id" not in train_df.columns] if auto else []

@@ -58,7 +58,8 @@ class Predictor:
         ``device.cpu_bf16_or_fp32``; probabilities come back as float32). ``compile`` runs the model
         through ``torch.compile`` with Inductor's weight freezing (constant-folded, prepacked weights;
         inference only), falling back to eager with a warning when compiling fails."""
-        from ctrkit.checkpoint import load_checkpoint, sharded_table_views
+        from ctrkit.checkpoint import load_checkpoint
+        from ctrkit.checkpoint_shards import sharded_table_views
         from ctrkit.device import cpu_bf16_or_fp32
         from ctrkit.serve.embedding_store import use_mmap_store
 

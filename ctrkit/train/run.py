@@ -372,7 +372,7 @@ class Run(SeedEnsemble):
         batch ``batches[m % B]`` with seed ``seed + m // B``), the smaller batch with the run's batch's patience."""
         import torch
 
-        from ctrkit.checkpoint import assemble_shards
+        from ctrkit.checkpoint_shards import assemble_shards
         from ctrkit.distributed.hybrid import shard_for_job
         from ctrkit.models.embeddings import deferred_tables
         from ctrkit.models.registry import create_model

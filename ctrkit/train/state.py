@@ -9,16 +9,8 @@ from pathlib import Path
 import torch
 import yaml
 
-from ctrkit.checkpoint import (
-    Checkpoint,
-    MappedSource,
-    rank_file_name,
-    read_rank_file,
-    rng_state,
-    save_checkpoint,
-    set_rng_state,
-    torch_save,
-)
+from ctrkit.checkpoint import Checkpoint, rng_state, save_checkpoint, set_rng_state, torch_save
+from ctrkit.checkpoint_shards import MappedSource, rank_file_name, read_rank_file
 from ctrkit.data.atomic import atomic_file
 from ctrkit.distributed.env import all_reduce_sum
 from ctrkit.models.registry import config_to_dict

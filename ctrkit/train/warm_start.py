@@ -14,7 +14,7 @@ class WarmStart:
         """Before the first step: the model's numerical inputs standardised (and raw amounts logged) with
         statistics of the training data (``models.inputs.NumericalNormalizer``), and the first-order term's
         bucket cut points set at their quantiles (``models.inputs.NumericalBuckets``)."""
-        from ctrkit.models.inputs import normalizer_sample
+        from ctrkit.models.numerical import normalizer_sample
 
         inner = getattr(self.model, "model", self.model)
         norm = getattr(inner, "numerical_norm", None)

@@ -3,7 +3,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ctrkit.data.feature_spec import FeatureSpec, SpecError, criteo_like_spec, smallest_int_dtype
+from ctrkit.data.feature_spec import FeatureSpec, SpecError, smallest_int_dtype
+from ctrkit.data.spec_builders import criteo_like_spec
 
 # The layout NVIDIA's tools write (anchors included), abbreviated to 2 categorical + 2 numerical.
 NVIDIA_STYLE = """\

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from ctrkit.data.dataset import SplitBinaryDataset
-from ctrkit.data.feature_spec import FeatureSpec, SpecError, criteo_like_spec
+from ctrkit.data.feature_spec import FeatureSpec, SpecError
+from ctrkit.data.spec_builders import criteo_like_spec
 from ctrkit.data.split_binary import DataError, SplitBinaryWriter
 from tests.data.test_feature_spec import NVIDIA_STYLE
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from ctrkit.serve.server import Batcher
+from ctrkit.serve.batcher import Batcher
 from tests.faults.conftest import one_line_error
 from tests.serve.test_server import Server, infer, request_body
 

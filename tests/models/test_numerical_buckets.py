@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from ctrkit.models.inputs import MIN_RARER_PER_BUCKET, UNUSED_CUT, NumericalBuckets
+from ctrkit.models.numerical import MIN_RARER_PER_BUCKET, UNUSED_CUT, NumericalBuckets
 from ctrkit.models.registry import create_model, make_config
 
 
@@ -146,7 +146,7 @@ def test_buckets_are_kept_only_where_the_one_feature_regression_earns_them():
     # the Newton fit against scikit-learn's (almost unpenalised) logistic regression on the same design
     from sklearn.linear_model import LogisticRegression
 
-    from ctrkit.models.inputs import _deviance
+    from ctrkit.models.numerical import _deviance
 
     s = x[:, 1].double()
     ours = _deviance(s, y, None, 0)
@@ -221,7 +221,7 @@ def test_training_gradient_is_the_same_every_run_at_large_batches():
 
 def test_the_akaike_fits_over_distinct_values_equal_the_fits_over_rows():
     """The choice's fits run on each distinct value's row count and clicks; the same deviances as over the rows."""
-    from ctrkit.models.inputs import _deviance, bucket_of
+    from ctrkit.models.numerical import _deviance, bucket_of
 
     gen = torch.Generator().manual_seed(5)
     x = torch.randint(0, 40, (20_000,), generator=gen).double()  # a count: 40 distinct values

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from ctrkit.checkpoint import load_checkpoint
-from ctrkit.models.inputs import LOG_ABOVE, NumericalNormalizer
+from ctrkit.models.numerical import LOG_ABOVE, NumericalNormalizer
 from ctrkit.models.registry import create_model, make_config
 from tests.conftest import run_cli, small_model_flags
 
@@ -59,7 +59,7 @@ def raw_dataset(tmp_path_factory):
 
 def test_normalizer_sample_takes_each_row_once():
     from ctrkit.data.batch import Batch
-    from ctrkit.models.inputs import NORMALIZER_ROWS, normalizer_sample
+    from ctrkit.models.numerical import NORMALIZER_ROWS, normalizer_sample
 
     class Rows:  # row i's numerical value is i
         def __init__(self, n):

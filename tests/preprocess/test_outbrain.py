@@ -9,15 +9,8 @@ import pytest
 
 from ctrkit.data.dataset import SplitBinaryDataset
 from ctrkit.data.feature_spec import FeatureSpec
-from ctrkit.preprocess.outbrain import (
-    EVAL_SHARE,
-    MULTI_HOT,
-    NUMERICAL,
-    ONEHOT,
-    TRAIN_LAST_DAY,
-    OutbrainRecipe,
-    _split_draw,
-)
+from ctrkit.preprocess.outbrain import MULTI_HOT, NUMERICAL, ONEHOT
+from ctrkit.preprocess.outbrain_files import EVAL_SHARE, TRAIN_LAST_DAY, OutbrainRecipe, _split_draw
 from tests.conftest import run_cli
 
 CTR_FOLDS = OutbrainRecipe().ctr_folds  # the default of --ctr-folds
@@ -250,7 +243,8 @@ def test_bad_clicks_rows_are_named_by_line_in_any_block(raw, tmp_path, capsys):
     lines[3000] = ",".join(lines[3000].split(",")[:2] + ["2"])  # line 3001: a label other than 0 and 1
     lines[4000] = ",".join(["99999999"] + lines[4000].split(",")[1:])  # line 4001: a display not in events.csv
     (bad / "clicks_train.csv").write_text("\n".join(lines) + "\n")
-    from ctrkit.preprocess.outbrain import OutbrainRecipe, preprocess_outbrain
+    from ctrkit.preprocess.outbrain import preprocess_outbrain
+    from ctrkit.preprocess.outbrain_files import OutbrainRecipe
 
     with pytest.raises(Exception, match=r"clicks_train.csv:2501: ad_id: expected an integer, got '7y'"):
         preprocess_outbrain(bad, tmp_path / "d", progress=False, block_rows=700)
@@ -301,7 +295,8 @@ def test_rows_with_another_number_of_fields_are_named_or_dropped(raw, tmp_path, 
     out) would put values in the wrong columns: it is named by file and line, or dropped and counted."""
     import shutil
 
-    from ctrkit.preprocess.outbrain import OutbrainRecipe, preprocess_outbrain
+    from ctrkit.preprocess.outbrain import preprocess_outbrain
+    from ctrkit.preprocess.outbrain_files import OutbrainRecipe
 
     bad = tmp_path / "raw"
     shutil.copytree(raw, bad)

@@ -4,7 +4,7 @@ import asyncio
 
 import numpy as np
 
-from ctrkit.serve.server import Batcher
+from ctrkit.serve.batcher import Batcher
 
 
 class Echo:

@@ -1,0 +1,221 @@
+"""Typed, frozen configuration of the data commands (synth, preprocess, transcode, gen-csv); the flags are generated
+from these dataclasses as from config.py's."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ctrkit.config import option
+
+
+@dataclass(frozen=True)
+class SynthConfig:
+    """``ctrkit synth``: which synthetic data, how much, where."""
+
+    kind: str = option(
+        "criteo-like",
+        "criteo-like: a split-binary dataset of 13 numerical + 26 categorical features; outbrain: displays of "
+        "2-12 ads with one click each, request- and item-level features, two multi-hot, display ids for MAP@12; "
+        "criteo: raw Criteo-format TSV (--out names a file; .gz to compress); planted: first-order effects and "
+        "pairwise interactions of the frequent ids of long-tailed vocabularies, with the test rows' Bayes-optimal "
+        "AUC in the spec's metadata; planted-tabular: the same with the signal mostly in nonlinear functions of 6 "
+        "numerical features (a step, a sine, a product, a hinge) beside per-id effects of 4 categorical ones; "
+        "planted-amounts: planted-tabular's data with the numerical features written as raw amounts "
+        "(exp(1.5 x) * 10^j: heavy-tailed, 1 to 1e5 and beyond, float32), as prices or counts come; "
+        "outbrain-raw: the raw Kaggle Outbrain files (clicks_train.csv, events.csv, "
+        "promoted_content.csv, documents_*.csv, page_views.csv; --rows clicks rows) from a planted click model, "
+        "for `ctrkit preprocess outbrain` (truth.json: the MAP@12 of the true scores)",
+        ("criteo-like", "outbrain", "criteo", "planted", "planted-tabular", "planted-amounts", "outbrain-raw"),
+        positional=True,
+    )
+    out: Path | None = option(None, "dataset directory to create (a file for criteo)", required=True)
+    rows: int = option(300_000, "about this many samples, train + test")
+    tables: tuple[int, ...] | None = option(
+        None,
+        "comma-separated cardinalities of the categorical features",
+        unset="26 Criteo-like tables of 3 to 200,000 rows",
+        parse="int_list",
+    )
+    num_numerical: int = option(13, "numerical features")
+    test_fraction: float = option(0.1, "share of rows in test/")
+    seed: int = option(0, "random seed of the click model and samples")
+    overwrite: bool = option(False, "replace an existing dataset directory")
+
+
+def test_fraction_option() -> Any:
+    """The ``--test-fraction`` option of the preprocessing recipes (exclusive with their ``--test-files``)."""
+    return option(None, "last fraction of the rows as the test split", unset="0.1", exclusive="split")
+
+
+def validation_fraction_option() -> Any:
+    """The ``--validation-fraction`` option of the preprocessing recipes."""
+    return option(
+        None,
+        "the last fraction of the train split becomes a 'validation' mapping (scored with the train vocabulary, "
+        "as test is), for model selection during training",
+        unset="none: training holds out the tail of train itself",
+    )
+
+
+def spark_master_option() -> Any:
+    """The ``--spark-master`` option of the preprocessing commands (a new field for each config)."""
+    return option("local[*]", "Spark master URL for --engine spark", shown="local[*]: all cores of this machine")
+
+
+@dataclass(frozen=True)
+class OutbrainPreprocessConfig:
+    """``ctrkit preprocess outbrain``: the raw Kaggle Outbrain directory, the recipe's threshold and seed."""
+
+    raw: Path | None = option(None, "directory of the raw Kaggle Outbrain CSV files (plain or .gz)", positional=True)
+    out: Path | None = option(None, "dataset directory to create", required=True)
+    frequency_threshold: int = option(
+        2, "one-hot ids seen fewer times than this in the training rows share id 0 with missing values"
+    )
+    seed: int = option(0, "seed of the per-display draw that puts 20% of days 0-10 in the evaluation set")
+    ctr_folds: int = option(
+        10,
+        "the training displays are split into this many folds, and a training row's CTR features are computed "
+        "over the other folds' rows, so that no training row's feature counts its own click (evaluation rows: "
+        "over all training rows)",
+    )
+    bad_rows: str = option(
+        "error",
+        "error: stop at the first malformed row, naming file and line; skip: drop and count them",
+        ("error", "skip"),
+    )
+    block_rows: int = option(
+        1 << 17,
+        "clicks_train.csv's rows are worked on this many at a time (twice: tallies, then features); memory grows "
+        "with the block while it is worked on (about 0.7 KB a row), and the dataset does not depend on the block size",
+    )
+    engine: str = option(
+        "polars",
+        "polars: embedded, page views streamed; spark: page_views.csv (the real data's 2 billion rows) counted on "
+        "Apache Spark (pip install 'ctrkit[spark]'), the other files read here. Both write byte-identical datasets",
+        ("polars", "spark"),
+    )
+    spark_master: str = spark_master_option()
+    overwrite: bool = option(False, "replace an existing dataset directory")
+    no_progress: bool = option(False, "no progress bars")
+
+
+@dataclass(frozen=True)
+class CriteoPreprocessConfig:
+    """``ctrkit preprocess criteo``: the raw files, the split, the recipe's threshold and the engine."""
+
+    raw: tuple[Path, ...] = option(
+        (), "raw TSV files (plain or .gz) of the train split, in order", positional=True, nargs="+"
+    )
+    out: Path | None = option(None, "dataset directory to create", required=True)
+    test_files: tuple[Path, ...] | None = option(None, "raw files of the test split", nargs="+", exclusive="split")
+    test_fraction: float | None = test_fraction_option()
+    validation_fraction: float | None = validation_fraction_option()
+    frequency_threshold: int = option(3, "FL: rarer categories share one id")
+    bad_rows: str = option(
+        "error",
+        "error: stop at the first malformed row, naming file and line; skip: drop and count them, keeping the "
+        "first 20 in rejects.jsonl",
+        ("error", "skip"),
+    )
+    engine: str = option(
+        "polars",
+        "polars: embedded, streaming, memory bounded; spark: Apache Spark (pip install 'ctrkit[spark]'), for "
+        "data that outgrows one machine. Both write byte-identical datasets",
+        ("polars", "spark"),
+    )
+    spark_master: str = spark_master_option()
+    overwrite: bool = option(False, "replace an existing dataset directory")
+    no_progress: bool = option(False, "no progress bars")
+
+
+@dataclass(frozen=True)
+class TablePreprocessConfig:
+    """``ctrkit preprocess table``: CSV or Parquet tables with a header, the column roles and the split."""
+
+    raw: tuple[Path, ...] = option(
+        (), "CSV or Parquet files (.parquet/.pq) of the train split, with a header, in order", positional=True,
+        nargs="+",
+    )  # fmt: skip
+    out: Path | None = option(None, "dataset directory to create", required=True)
+    label: str | None = option(None, "the label column (0/1 or true/false unless --positive or --label-threshold)",
+                               required=True)  # fmt: skip
+    positive: str | None = option(None, "the label is 1 where the label column equals this value (as text), else 0")
+    label_threshold: float | None = option(
+        None, "the label is 1 where the label column is at least this number, else 0 (e.g. 4 for ratings 1-5)"
+    )
+    categorical: tuple[str, ...] = option(
+        (), "comma-separated categorical columns (ids, codes); text and boolean columns are categorical unless named "
+        "elsewhere", parse="name_list", shown="text and boolean columns",
+    )  # fmt: skip
+    numerical: tuple[str, ...] = option(
+        (), "comma-separated numerical columns (amounts, counts); float columns are numerical unless named elsewhere",
+        parse="name_list", shown="float columns",
+    )  # fmt: skip
+    multi_hot: tuple[str, ...] = option(
+        (), "comma-separated multi-hot columns: text of values separated by --separator (Parquet list columns are "
+        "multi-hot unless named elsewhere)", parse="name_list", shown="Parquet list columns",
+    )  # fmt: skip
+    drop: tuple[str, ...] = option((), "comma-separated columns to leave out", parse="name_list", shown="none")
+    integers: str = option(
+        "error", "the role of integer columns no flag names: error (refused, naming them: an integer may be an id or "
+        "an amount), categorical or numerical", ("error", "categorical", "numerical"),
+    )  # fmt: skip
+    also_categorical: tuple[str, ...] = option(
+        ("auto",), "comma-separated numerical columns that are also categorical features, <column>_id: each exact "
+        "value an id, for numbers that identify something (a household's repeated amounts, codes); 'auto': those "
+        "whose exact values predict the label on held-out training rows (the tail train holds out, or the "
+        "validation rows) clearly better than a logistic regression of the other columns and 16 quantile buckets "
+        "of each number does (summary.json keeps each column's test); 'none': no column", parse="name_list",
+        shown="auto",
+    )  # fmt: skip
+    separator: str = option("|", "what separates the values of a multi-hot text column")
+    order_by: str | None = option(
+        None, "sort the rows by this column (e.g. a timestamp; stable) before splitting; not a feature unless named",
+        unset="the files' order", exclusive="order",
+    )  # fmt: skip
+    shuffle_seed: int | None = option(
+        None, "shuffle the rows with this seed before splitting, for data whose order means nothing",
+        exclusive="order",
+    )  # fmt: skip
+    group: str | None = option(
+        None, "the column whose equal values are ranked together (a display or session id): the map channel of the "
+        "validation and test mappings, so that evaluation reports MAP@12; not a feature", unset="none",
+    )  # fmt: skip
+    test_files: tuple[Path, ...] | None = option(None, "files of the test split", nargs="+", exclusive="split")
+    test_fraction: float | None = test_fraction_option()
+    validation_fraction: float | None = validation_fraction_option()
+    frequency_threshold: int = option(3, "categorical values seen fewer times in the train split share one id")
+    null_values: tuple[str, ...] = option(
+        ("NA", "NaN", "nan", "null", "NULL"), "comma-separated texts a CSV field reads as missing, besides the empty "
+        "field", parse="name_list",
+    )  # fmt: skip
+    csv_separator: str = option(",", "the CSV field separator: one character, or '\\t' or 'tab' for a tab")
+    bad_rows: str = option(
+        "error",
+        "error: stop at the first row with a bad label or number, naming file and line; skip: drop and count them",
+        ("error", "skip"),
+    )
+    overwrite: bool = option(False, "replace an existing dataset directory")
+    no_progress: bool = option(False, "no progress bars")
+
+
+@dataclass(frozen=True)
+class TranscodeConfig:
+    """``ctrkit transcode``: CSV/Parquet chunks in, split binary out."""
+
+    input: Path | None = option(None, "directory holding feature_spec.yaml and the data", required=True)
+    output: Path | None = option(None, "dataset directory to create", required=True)
+    overwrite: bool = option(False, "replace an existing output directory")
+    chunk_size: int = option(1 << 20, "rows read and written at a time; memory stays bounded by it, not by the data")
+
+
+@dataclass(frozen=True)
+class GenCsvConfig:
+    """``ctrkit gen-csv``: random CSV files for a CSV-type feature spec."""
+
+    feature_spec: Path | None = option(None, "a feature_spec.yaml with csv chunks", required=True)
+    out: Path | None = option(None, "directory for the CSV files and the spec", required=True)
+    rows: int = option(1000, "rows per mapping")
+    seed: int = option(0, "random seed")

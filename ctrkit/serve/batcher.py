@@ -1,0 +1,150 @@
+"""Dynamic batching: concurrent requests to one model joined into one forward pass, within bounds on padding."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from ctrkit.serve.metrics import ServerMetrics
+from ctrkit.serve.predictor import Predictor
+
+log = logging.getLogger("ctrkit.serve")
+
+PADDING_SLACK = 1 << 16  # padding elements always allowed in a batch
+
+
+class Batcher:
+    """Collects requests for a short window and scores them in one model call."""
+
+    def __init__(
+        self,
+        predictor: Predictor,
+        window_ms: float = 1.0,
+        max_batch_size: int = 8192,
+        metrics: ServerMetrics | None = None,
+        key: tuple[str, str] = ("model", "1"),
+    ):
+        self.predictor = predictor
+        self.metrics, self.key = metrics, key
+        self.window = window_ms / 1e3
+        self.max_batch_size = max_batch_size
+        self.queue: asyncio.Queue | None = None
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="ctrkit-model")
+        self.calls = 0
+        self._busy = False  # a batch taken off the queue and not yet answered
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self.queue = asyncio.Queue()
+        self._task = asyncio.get_running_loop().create_task(self._loop())
+        self._task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task) -> None:
+        """The loop ended (stopped, or died of a bug): log why and fail every queued request."""
+        if not task.cancelled() and task.exception() is not None:
+            log.error("the batching loop stopped: %r; the server now answers 503", task.exception())
+        while self.queue is not None and not self.queue.empty():
+            _, fut, _ = self.queue.get_nowait()
+            if not fut.done():
+                fut.set_exception(RuntimeError("the batching loop has stopped"))
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        self.pool.shutdown(wait=False)
+
+    async def score(
+        self, numerical: np.ndarray, categorical: np.ndarray, multi_hot: np.ndarray | None = None
+    ) -> np.ndarray:
+        if not self.alive:
+            raise RuntimeError("the batching loop has stopped")
+        future = asyncio.get_running_loop().create_future()
+        arrays = (numerical, categorical) + (() if multi_hot is None else (multi_hot,))
+        await self.queue.put((arrays, future, time.monotonic()))
+        return await future
+
+    async def drain(self) -> None:
+        """Stops once every request already queued has been answered (a replaced or unloaded version)."""
+        while self.queue is not None and (not self.queue.empty() or self._busy) and self.alive:
+            await asyncio.sleep(0.005)
+        await self.stop()
+
+    @property
+    def alive(self) -> bool:
+        """The batching loop is running (readiness answers 503 once it is not)."""
+        return self._task is not None and not self._task.done()
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        held = None  # a request kept for the next batch because padding it into this one costs too much
+        while True:
+            first = held if held is not None else await self.queue.get()
+            self._busy, held = True, None
+            items, size = [first], len(first[0][0])
+            deadline = time.monotonic() + self.window
+            while size < self.max_batch_size:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                try:
+                    item = await asyncio.wait_for(self.queue.get(), left)
+                except asyncio.TimeoutError:
+                    break
+                if not _fits(items, item):
+                    held = item
+                    break
+                items.append(item)
+                size += len(item[0][0])
+            try:  # whatever fails (padding, the model) fails these requests, never the loop
+                inputs = first[0] if len(items) == 1 else _concatenate([arrays for arrays, _, _ in items])
+                began = time.monotonic()
+                probs = await loop.run_in_executor(self.pool, self.predictor, *inputs)
+                self.calls += 1
+                if self.metrics is not None:
+                    queued = [began - enqueued for _, _, enqueued in items]
+                    self.metrics.execution(self.key, size, queued, time.monotonic() - began)
+            except Exception as e:
+                log.error("scoring a batch of %d request(s) failed: %s: %s", len(items), type(e).__name__, e)
+                for _, fut, _ in items:
+                    if not fut.done():
+                        fut.set_exception(e)
+                self._busy = held is not None
+                continue
+            start = 0
+            for arrays, fut, _ in items:
+                if not fut.done():
+                    fut.set_result(probs[start : start + len(arrays[0])])
+                start += len(arrays[0])
+            self._busy = held is not None
+
+
+def _concatenate(requests: list[tuple[np.ndarray, ...]]) -> tuple[np.ndarray, ...]:
+    """Several requests' inputs as one batch; multi-hot bags (B, Fm, L) are padded with -1 to the longest L."""
+    out = [np.concatenate([r[0] for r in requests]), np.concatenate([r[1] for r in requests])]
+    if len(requests[0]) > 2:
+        width = max(r[2].shape[2] for r in requests)
+        out.append(np.concatenate([np.pad(r[2], ((0, 0), (0, 0), (0, width - r[2].shape[2])), constant_values=-1)
+                                   for r in requests]))  # fmt: skip
+    return tuple(out)
+
+
+def _padded_size(items: list) -> int:
+    """Elements of the multi-hot rectangle (B, Fm, L) the requests of ``items`` make together."""
+    rows = sum(len(arrays[0]) for arrays, *_ in items)
+    width = max(arrays[2].shape[2] for arrays, *_ in items)
+    return rows * items[0][0][2].shape[1] * width
+
+
+def _fits(items: list, item) -> bool:
+    """Whether ``item`` may join the batch ``items``: always for one-hot models; with multi-hot bags,
+    only while padding every bag to the longest one at most doubles the elements the requests carry
+    (one request with a very long bag beside many short ones is scored on its own)."""
+    if len(item[0]) <= 2:
+        return True
+    both = [*items, item]
+    carried = sum(arrays[2].size for arrays, *_ in both)
+    return _padded_size(both) <= 2 * carried + PADDING_SLACK

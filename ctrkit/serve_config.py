@@ -1,0 +1,83 @@
+"""Typed, frozen configuration of export and serving; the flags are generated from these dataclasses as from
+``config.py``'s."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ctrkit.config import EXPORT_FORMATS, QUANTIZATIONS, option
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """How ``ctrkit serve`` runs a model: a checkpoint's (PyTorch) or an export's."""
+
+    checkpoint: Path | None = option(None, "checkpoint written by `ctrkit train`", exclusive="source", required=True)
+    model_dir: Path | None = option(None, "directory written by `ctrkit export`", exclusive="source")
+    model_repository: Path | None = option(
+        None,
+        "a Triton-layout model repository (NAME/config.pbtxt, NAME/1/, NAME/2/, ...: `ctrkit export --format "
+        "triton` directories put side by side): every model and version, the newest where a request names none, "
+        "with the repository extension's index, load and unload",
+        exclusive="source",
+    )
+    host: str = option("127.0.0.1", "address to bind (127.0.0.1: this machine only)")
+    port: int = option(8000, "port")
+    name: str | None = option(None, "model name in the URLs", unset="the model type, e.g. dlrm")
+    batch_window_ms: float = option(1.0, "how long a request may wait for others to be scored with it")
+    max_batch_size: int = option(8192, "samples per model call and request")
+    max_body_mb: float = option(64.0, "largest request body accepted, in MB")
+    embedding_store: str = option(
+        "memory",
+        "memory: tables in RAM; mmap: tables stay in the memory-mapped checkpoint and only cache_rows hot rows are "
+        "kept in memory, so tables larger than RAM can be served (checkpoints only)",
+        ("memory", "mmap"),
+    )
+    cache_rows: int = option(1 << 20, "rows of each mmap store cache, one per table collection")
+    dtype: str = option(
+        "fp32",
+        "weights of a checkpoint's model: fp32, or bf16 (fast where the CPU has native bf16 instructions)",
+        ("fp32", "bf16"),
+    )
+    compile: bool = option(
+        False,
+        "run a checkpoint's model through torch.compile with weight freezing (the first requests of each new "
+        "shape wait for compilation)",
+    )
+    threads: int | None = option(None, "torch intra-op threads", unset="torch's choice")
+
+    def validate(self) -> None:
+        if self.max_batch_size < 1:
+            raise ValueError(f"`max_batch_size`: expected an integer >= 1, got {self.max_batch_size}")
+        if self.batch_window_ms < 0:
+            raise ValueError(f"`batch_window_ms`: expected a number >= 0, got {self.batch_window_ms}")
+        if not self.max_body_mb > 0:
+            raise ValueError(f"`max_body_mb`: expected a positive size, got {self.max_body_mb}")
+        if self.cache_rows < 0:
+            raise ValueError(f"`cache_rows`: expected an integer >= 0, got {self.cache_rows}")
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    """``ctrkit export``: which checkpoint, in which format, where."""
+
+    checkpoint: Path | None = option(None, "checkpoint written by `ctrkit train`", required=True)
+    format: str | None = option(None, "what to write", EXPORT_FORMATS, required=True)
+    out: Path | None = option(
+        None, "directory to create; for triton, the model repository to create or add a version to", required=True
+    )
+    name: str | None = option(None, "model name in a Triton repository", unset="the model type")
+    version: int | None = option(
+        None,
+        "triton: the version to write; an existing one is replaced only with --overwrite",
+        unset="one after the model's newest version in the repository (1 for a new model)",
+    )
+    backend: str = option("onnx", "model file inside a Triton repository", ("onnx", "torchscript"))
+    quantize: str = option(
+        "none",
+        "int8: ONNX with int8 linear layers (onnxruntime dynamic quantization, per-batch activation scales; "
+        "embeddings stay float32), for throughput on CPUs with int8 dot-product instructions",
+        QUANTIZATIONS,
+    )
+    overwrite: bool = option(False, "replace an existing output directory (triton: an existing --version)")
