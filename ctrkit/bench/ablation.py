@@ -21,6 +21,7 @@ from ctrkit.data.atomic import atomic_file
 from ctrkit.train.mechanisms import MECHANISMS, Mechanism
 
 BASE = "recipe"  # the variant with every mechanism as the recipe sets it
+SETTING = "a setting"  # a variant that changes a setting rather than switching a mechanism
 
 
 def _read_log(path: Path) -> list[dict[str, Any]]:
@@ -39,6 +40,11 @@ def unused(name: str, result: dict[str, Any], log: list[dict[str, Any]]) -> bool
         return len({m.get("batch_size") for m in result.get("members") or []}) < 2
     if name in ("warm_start", "warm_start_logloss"):
         return not any(r.get("event") == "warm_start" for r in log)
+    if name == "decay":  # the run ended before its decay began
+        starts = [r["config"] for r in log if r.get("event") == "start"]
+        return bool(starts) and all(
+            not c.get("decay_steps") or result.get("step", 0) <= (c.get("decay_start_step") or 0) for c in starts
+        )
     return False
 
 
@@ -79,14 +85,15 @@ def run_ablation(
         for seed in seeds:
             log_path = out / "logs" / f"{entry.name}-s{seed}-{BASE}.jsonl"
             variants: list[tuple[str, Mechanism | None]] = [(BASE, None), *((n, MECHANISMS[n]) for n in mechanisms)]
-            variants += [(n, Mechanism(n, "a setting", dict(v), opt_in=True)) for n, v in (settings or {}).items()]
+            variants += [(n, Mechanism(n, SETTING, dict(v), opt_in=True)) for n, v in (settings or {}).items()]
             base_result = next((r for r in records if (r["dataset"], r["seed"], r["variant"]) ==
                                 (entry.name, seed, BASE)), None)  # fmt: skip
             for name, mech in variants:
                 if (entry.name, seed, name) in done:
                     continue
                 record = {"dataset": entry.name, "seed": seed, "variant": name, "bayes_auc": entry.bayes_auc,
-                          "switched": "on" if mech is not None and mech.opt_in else "off"}  # fmt: skip
+                          "switched": "on" if mech is not None and mech.opt_in else "off",
+                          "setting": mech is not None and mech.summary == SETTING}  # fmt: skip
                 if mech is not None and mech.derived is not None:
                     keep({**record, "derived": mech.derived})
                     continue
@@ -162,6 +169,10 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         gains = any(c["auc"] > 0 or c["logloss"] > 0 for c in used.values())
         loses = any(c["auc"] < -spread[d] for d, c in used.items())
         verdict = "unused" if not used else ("keep" if gains and not loses else "drop")
+        if any(r.get("setting") for r in records if r["variant"] == m):
+            verdict = "(a setting)"
+        elif any(r.get("switched") == "on" for r in records if r["variant"] == m):
+            verdict = "opt-in: " + ("earns" if gains and not loses else "does not earn")
         table[m] = {"datasets": row, "verdict": verdict}
     return {"spread": spread, "mechanisms": table, "datasets": datasets}
 

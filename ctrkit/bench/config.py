@@ -161,3 +161,39 @@ class AccuracyBenchConfig:
     )
     work: Path = option(Path("build/accuracy"), "where the panel's datasets are built")
     out: Path | None = option(None, "directory to write results.json and results.md to")
+
+
+@dataclass(frozen=True)
+class AblationBenchConfig:
+    """``ctrkit bench ablation``: the data sets, the model, the mechanisms and the training seeds."""
+
+    panel: tuple[str, ...] = option(
+        ("criteo", "avazu", "movielens", "planted", "tabular"),
+        "data sets, as `bench accuracy --panel` names them (none: only --datasets)",
+        parse="name_list",
+    )
+    shared_data: Path | None = option(
+        None, "directory holding the real samples, laid out as the project's shared/data", unset="../shared/data"
+    )
+    planted_rows: tuple[int, ...] = option((360_000,), "rows of each planted data set", parse="int_list")
+    tabular_rows: tuple[int, ...] = option((120_000,), "rows of each tabular data set", parse="int_list")
+    data_seeds: tuple[int, ...] = option((0,), "seeds of the synthetic data sets", parse="int_list")
+    datasets: tuple[Path, ...] | None = option(
+        None, "more dataset directories (train and test mappings), e.g. planted data of millions of rows", nargs="+"
+    )
+    model: str = option("dlrm", "the model")
+    recipe: str | None = option(None, "the recipe whose mechanisms are switched", unset="the default recipe")
+    mechanisms: tuple[str, ...] | None = option(
+        None,
+        "mechanisms to switch alone (train/mechanisms.py: first_order, buckets, warm_start, warm_start_logloss, "
+        "redraws, plateau, decay, small_batch, calibration; ensembles, which is opt-in, is switched on)",
+        parse="name_list",
+        unset="all",
+    )
+    train_seeds: tuple[int, ...] = option((0, 1, 2), "training seeds: each run once per seed", parse="int_list")
+    max_epochs: tuple[int, ...] = option(
+        (3,), "also train with each of these maxima of epochs, to compare with the recipe's", parse="int_list"
+    )
+    work: Path = option(Path("build/accuracy"), "where the panel's datasets are built")
+    out: Path = option(Path("build/bench/ablation"), "directory for results.json (appended run by run), logs/, "
+                       "results.md")  # fmt: skip

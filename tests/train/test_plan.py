@@ -1,0 +1,126 @@
+"""The plan: every data-dependent setting resolved before the first step, printed, recorded in the run YAML and the
+checkpoint, executed as recorded; the same under torchrun, or a one-line refusal."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from ctrkit.checkpoint import load_checkpoint
+from ctrkit.config import TrainConfig
+from ctrkit.train import plan as plan_module
+from ctrkit.train.run import Run, resolve_run
+from tests.conftest import run_cli, small_model_flags
+from tests.distributed.test_torchrun import torchrun
+
+SMALL = {"embedding_dim": 8, "bottom_mlp": (32, 8), "top_mlp": (32, 1)}
+
+
+def plan_of(dataset, model="dlrm", recipe=None, **train):
+    return Run(resolve_run(dataset, model, recipe=recipe, model_config=SMALL, train=train, progress=False),
+               dry_run=True).plan  # fmt: skip
+
+
+def topics(plan) -> dict[str, tuple[str, str]]:
+    return {topic: (what, why) for topic, what, why in plan.lines}
+
+
+def test_the_plan_resolves_every_data_dependent_setting_with_its_rule(tiny_dataset):
+    plan = plan_of(tiny_dataset, batch_size=512)  # 19,440 training rows: 38 batches an epoch
+    cfg = plan.train
+    assert (cfg.epochs, cfg.early_stopping_patience, cfg.plateau_patience) == (10, *plan_module.PATIENCE)
+    assert (cfg.warmup_steps, cfg.decay_steps, cfg.decay_start_step) == (2, 190, 190)  # 5% of 38; half of 380
+    assert cfg.small_batch == 0 and plan.batches == (512,) and plan.members == 1 and plan.models_per_request == 1
+    lines = topics(plan)
+    assert lines["epochs"] == ("at most 10", "the default maximum, 10")
+    assert lines["schedule"][1] == "the last 50% of the planned steps"
+    assert lines["ensembles"] == ("off: one model", "recipe tuned")
+    assert lines["optimizers"][1] == "flag" or lines["optimizers"][1] == "dlrm's default"
+    assert lines["first order"][0].startswith("on") and lines["warm start"][0].startswith("on")
+    small = plan_of(tiny_dataset, batch_size=4096)  # 5 batches an epoch: small data
+    assert small.train.epochs == 20 and small.train.early_stopping_patience == 20  # 100 steps; longer patience
+    assert small.batches == (4096, 512) and small.members == 2
+    assert small.configs[1].batch_size == 512 and small.configs[1].epochs == 10  # its own epochs and schedule
+    assert small.configs[1].early_stopping_patience == 20  # ... the run's batch's patience
+    assert topics(small)["epochs"][1] == "fewer than 10 batches an epoch: as many as make 100 steps"
+
+
+def test_given_values_and_recipes_are_kept_and_named(tiny_dataset):
+    plan = plan_of(tiny_dataset, epochs=3, warmup_steps=7, decay_steps=0, snapshot_ensemble=3)
+    assert (plan.train.epochs, plan.train.warmup_steps, plan.train.decay_steps) == (3, 7, 0)
+    lines = topics(plan)
+    assert lines["epochs"] == ("at most 3", "flag") and "no decay" in lines["schedule"][0]
+    assert lines["ensembles"][1] == "flag" and plan.models_per_request == 3
+    assert lines["scoring"][0] == "3 models a request at most"
+    single = plan_of(tiny_dataset, epochs=3)
+    assert plan.memory["copies"] == single.memory["copies"] + 3 * single.memory["weights"]  # the snapshot pool
+    plain = topics(plan_of(tiny_dataset, recipe="plain"))
+    assert plain["first order"] == ("off", "recipe plain") and plain["warm start"][0].startswith("off")
+    assert plain["calibration"] == ("off", "recipe plain") and plain["buckets"][0] == "off"
+    none = topics(plan_of(tiny_dataset, validation_fraction=0))
+    assert none["early stop"][0] == "off; the last weights kept" and none["warm start"][0] == "off (no validation data)"
+
+
+def test_a_plan_that_cannot_be_carried_out_is_one_line(tiny_dataset):
+    spec = resolve_run(tiny_dataset, "dlrm", model_config=SMALL, train={"snapshot_ensemble": 3})
+    with pytest.raises(ValueError, match=r"^--snapshot-ensemble 3: a snapshot ensemble cannot be planned: a "
+                       r"distributed \(torchrun\) run trains one model; set --snapshot-ensemble 1$"):  # fmt: skip
+        plan_module.make_plan(spec, 19_440, 2_160, "x", processes=2)
+    spec = resolve_run(tiny_dataset, "dlrm", model_config=SMALL, train={"batch_size": 4096})
+    assert plan_module.make_plan(spec, 19_440, 2_160, "x", processes=2).batches == (4096,)  # small data: one batch
+
+
+def test_dry_run_prints_the_plan_and_writes_nothing(tiny_dataset, tmp_path, capsys):
+    ckpt = tmp_path / "run.pt"
+    code, out, err = run_cli("train", "--dataset", tiny_dataset, *small_model_flags(), "--dry-run",
+                             "--save-checkpoint", ckpt, "--recipe", "plain", capsys=capsys)  # fmt: skip
+    assert code == 0 and not list(tmp_path.iterdir())
+    lines = out.strip().splitlines()
+    assert lines[0].startswith("plan: dlrm, recipe plain")
+    assert [line.split()[0] for line in lines[1:]] == ["data", "epochs", "early", "optimizers", "schedule", "plateau",
+                                                      "first", "buckets", "warm", "redraws", "batches", "ensembles",
+                                                      "calibration", "memory", "scoring"]  # fmt: skip
+
+
+def test_the_run_yaml_and_checkpoint_record_the_plan_the_trainer_ran(tiny_dataset, tmp_path, capsys):
+    ckpt, log = tmp_path / "run.pt", tmp_path / "log.jsonl"
+    code, _, err = run_cli("train", "--dataset", tiny_dataset, *small_model_flags(), "--epochs", "2", "--no-progress",
+                           "--save-checkpoint", ckpt, "--log-path", log, capsys=capsys)  # fmt: skip
+    assert code == 0
+    printed = err[err.index("plan: dlrm") :].splitlines()
+    run_yaml = yaml.safe_load(ckpt.with_suffix(".yaml").read_text())
+    saved = load_checkpoint(ckpt)
+    assert run_yaml["plan"] == saved.plan and saved.plan["models_per_request"] == 1
+    assert [f"  {line['topic']}" for line in saved.plan["lines"]] == [p[: p.index(line["topic"]) + len(line["topic"])]
+                                                                       for p, line in zip(printed[1:],
+                                                                                          saved.plan["lines"])]  # fmt: skip
+    start = next(json.loads(r) for r in log.read_text().splitlines() if '"start"' in r)
+    ran = start["config"]
+    assert (ran["epochs"], ran["early_stopping_patience"], ran["plateau_patience"]) == (2, *plan_module.PATIENCE)
+    assert ran["warmup_steps"] is not None and ran["decay_start_step"] is not None  # nothing left to the trainer
+    assert saved.train_config == ran
+    again = run_cli("train", "--config", ckpt.with_suffix(".yaml"), "--dry-run", capsys=capsys)  # the YAML reads back
+    assert again[0] == 0 and again[1].startswith("plan: dlrm, recipe tuned")
+
+
+def test_help_texts_state_the_plans_rules():
+    fields = TrainConfig.__dataclass_fields__
+    assert str(plan_module.DEFAULT_EPOCHS) in fields["epochs"].metadata["unset"]
+    assert f"{plan_module.PATIENCE[0]}, or {plan_module.SMALL_DATA_PATIENCE[0]}" in (
+        fields["early_stopping_patience"].metadata["unset"]
+    )
+    assert f"{plan_module.PATIENCE[1]}, or {plan_module.SMALL_DATA_PATIENCE[1]}" in (
+        fields["plateau_patience"].metadata["unset"]
+    )
+    small = fields["small_batch"].metadata["unset"]
+    assert f"fewer than {plan_module.SMALL_EPOCH} batches" in small and f"/ {plan_module.SMALL_BATCH_STEPS}" in small
+    assert f"{plan_module.WARMUP_SHARE:.0%} of the first epoch" in fields["warmup_steps"].metadata["unset"]
+
+
+def test_torchrun_plans_what_one_process_plans(tiny_dataset, capsys):
+    flags = ["train", "--dataset", tiny_dataset, *small_model_flags(), "--dry-run"]
+    code, one, _ = run_cli(*flags, capsys=capsys)
+    assert code == 0
+    assert torchrun(*flags).stdout == one
