@@ -38,8 +38,20 @@ def unused(name: str, result: dict[str, Any], log: list[dict[str, Any]]) -> bool
         return all(r.get("lr_scale", 1.0) == 1.0 for r in log if r.get("event") == "eval")
     if name == "small_batch":
         return len({m.get("batch_size") for m in result.get("members") or []}) < 2
-    if name in ("warm_start", "warm_start_logloss"):
-        return not any(r.get("event") == "warm_start" for r in log)
+    if name in ("warm_start", "warm_start_logloss") and not any(r.get("event") == "warm_start" for r in log):
+        return True
+    if name == "warm_start_logloss":  # no evaluation that beat the kept one was refused for its log loss
+        start = next((r["config"] for r in log if r.get("event") == "start"), {})
+        evals = [r for r in log if r.get("event") == "eval"]
+        if not evals:
+            return True
+        baseline, best = evals[0]["logloss"], evals[0]["auc"]
+        for r in evals[1:]:
+            if r["auc"] > best + start.get("min_delta", 0.0):
+                if r["logloss"] >= baseline:
+                    return False
+                best = r["auc"]
+        return True
     if name == "decay":  # the run ended before its decay began
         starts = [r["config"] for r in log if r.get("event") == "start"]
         return bool(starts) and all(

@@ -122,6 +122,11 @@ def summary_line(result: dict, checkpoint=None) -> str:
             parts[-1] += ": the first-order regression it started from; no trained step beat it on validation"
         elif base is not None:
             parts[-1] += f" against the first-order regression it started from: AUC {base['auc']:.4f}"
+    count, single = result.get("models_per_request", 1), result.get("single_validation")
+    if count > 1 and single and "validation" in result:
+        gain = result["validation"]["auc"] - single["auc"]
+        parts.append(f"the ensemble gained {gain:+.4f} validation AUC over its best single model, and each request "
+                     f"to it runs {count} models")  # fmt: skip
     fit = result.get("calibration") or {}
     if fit.get("applied"):
         parts.append(

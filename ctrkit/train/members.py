@@ -141,7 +141,10 @@ class SeedEnsemble:
             "members": [{"seed": m["seed"], "batch_size": m.get("batch_size"), "best_step": m["best_step"],
                          "steps": m["steps"], "validation_auc": (m["validation"] or {}).get("auc")} for m in members],
             "member_ensemble": [seeds[i] for i in kept],
+            "models_per_request": sum(len(members[i]["models"]) for i in kept),
         }  # fmt: skip
+        if taken:
+            result["single_validation"] = first["validation"]  # what the ensemble is set beside
         if trainer.selection.baseline_metrics() is not None:
             result["baseline"] = trainer.selection.baseline_metrics()
         if fit:

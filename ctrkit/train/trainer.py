@@ -290,6 +290,8 @@ class Trainer(TrainerState, ModelSelection, SnapshotPool, WarmStart):
             result["baseline"] = self.selection.baseline_metrics()
         if self.ensemble is not None:
             result["ensemble"], result["validation"] = self.ensemble, self.ensemble_metrics
+            result["single_validation"] = self.selection.best_metrics  # what the ensemble is set beside
+            result["models_per_request"] = len(self.ensemble)
         if self.calibration_record:
             result["calibration"] = self.calibration_record
         if self.test_set is not None and len(self.test_set):

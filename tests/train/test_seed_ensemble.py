@@ -70,6 +70,10 @@ def test_members_are_their_seeds_runs_and_the_kept_model_is_their_mean(runs, tin
     line = summary_line(together)
     assert line.startswith("done: 2 models (--seed-ensemble) of 20 / 20 steps; ")
     assert "kept the mean of the models of seeds 3, 4 (their best steps" in line and "seed 3's model alone" in line
+    assert together["models_per_request"] == ckpt.models_averaged >= 2
+    gain = together["validation"]["auc"] - together["single_validation"]["auc"]
+    assert f"the ensemble gained {gain:+.4f} validation AUC over its best single model" in line
+    assert f"each request to it runs {ckpt.models_averaged} models" in line
     records = [json.loads(line) for line in (where / "log.jsonl").read_text().splitlines()]
     assert {r.get("member") for r in records if r["event"] == "eval"} == {0, 1}  # each member's own records
     # the first-order regression is fitted once: the second member takes the first's (and ends with the same

@@ -67,6 +67,12 @@ def test_the_ensemble_is_selected_on_validation_and_scores_as_its_members_mean(r
     result, path, records = run
     ckpt = load_checkpoint(path)
     assert result["ensemble"] == ckpt.ensemble and len(ckpt.ensemble) >= 2
+    assert result["models_per_request"] == ckpt.models_averaged == len(ckpt.ensemble)
+    from ctrkit.cli.train import summary_line
+
+    gain = result["validation"]["auc"] - result["single_validation"]["auc"]
+    assert gain > 0 and (f"the ensemble gained {gain:+.4f} validation AUC over its best single model, and each "
+                         f"request to it runs {len(ckpt.ensemble)} models") in summary_line(result)  # fmt: skip
     assert ckpt.ensemble == [s["step"] for s in ckpt.snapshots[: len(ckpt.ensemble)]]  # the best k of the pool
     validation = split_tail(SplitBinaryDataset(tiny_dataset, "train"), 0.1)[1]
     test = SplitBinaryDataset(tiny_dataset, "test")
