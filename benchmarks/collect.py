@@ -241,6 +241,25 @@ def accuracy_rows(raw):
     return columns, rows
 
 
+@suite("ablation")
+def ablation_rows(raw):
+    """``ctrkit bench ablation``: per mechanism and data set, what the mechanism earns on the mean over training
+    seeds (test AUC with it minus without; log loss without minus with, so positive is a gain either way), the
+    worst seed's AUC gain, the recipe's seed spread (max - min test AUC) and the verdict over all data sets."""
+    from ctrkit.bench.ablation import summarize
+
+    summary = summarize([r for _, data in raw for r in data])
+    columns = ["mechanism", "data set", "seeds", "AUC earned", "log loss earned", "worst seed", "seed spread",
+               "verdict"]  # fmt: skip
+    rows = []
+    for name, row in summary["mechanisms"].items():
+        for dataset, c in row["datasets"].items():
+            earned = ["unused", "unused", "unused"] if c["unused"] else [
+                round(c["auc"], 5), round(c["logloss"], 5), round(c["worst_auc"], 5)]  # fmt: skip
+            rows.append([name, dataset, c["seeds"], *earned, round(summary["spread"][dataset], 5), row["verdict"]])
+    return columns, rows
+
+
 def _load(path: Path) -> list[tuple[str, dict]]:
     files = sorted(path.glob("*.json")) if path.is_dir() else [path]
     return [(p.stem, json.loads(p.read_text())) for p in files]

@@ -38,6 +38,15 @@ SUITES = {
         "[Accuracy](accuracy.md) for the tables' labels and splits.",
         "ctrkit bench accuracy --panel criteo,avazu,independent --threads 1 --out build/accuracy-independent",
     ),
+    "ablation": (
+        "What each mechanism of the default earns",
+        "DLRM with the `tuned` recipe, and with each of its mechanisms switched alone (off; `ensembles`, which is "
+        "opt-in, on), per data set and training seed: the test AUC and log loss the mechanism earns on the mean "
+        "over seeds, the worst seed, and the spread of the recipe's own test AUC over seeds. `unused`: the "
+        "recipe's run never used it, so the run without it is the same run. The verdict and what followed from "
+        "it: [decision](decisions/ablation.md).",
+        "bash benchmarks/run_ablation.sh",
+    ),
     "train": (
         "Training throughput: DLRM, sparse against dense gradients",
         "DLRM on the Criteo-Kaggle shape (26 tables of 100,000 rows, width 16, batch 2048) with its default "
