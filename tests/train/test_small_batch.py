@@ -62,7 +62,7 @@ def test_each_batch_is_its_own_run_and_validation_picks_one(runs, tiny_dataset):
     from ctrkit.cli.train import summary_line
 
     line = summary_line(both)
-    assert line.startswith("done: 2 models (--seed-ensemble, --small-batch) of 20 / 38 steps; ")
+    assert line.startswith("done: 2 models (--small-batch) of 20 / 38 steps; ")
     assert f"kept step {both['best_step']} of seed 3's batch-{want} model" in line
 
 
