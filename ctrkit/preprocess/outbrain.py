@@ -56,18 +56,18 @@ from ctrkit.preprocess.outbrain_files import (
     REQUEST,
     SCHEMAS,
     OutbrainRecipe,
-    _checked,
-    _header,
-    _locate,
-    _lookup,
-    _pairs,
-    _positions,
-    _require_columns,
-    _wrong_field_counts,
+    checked,
+    document_pairs,
     find_file,
+    locate,
+    lookup,
     page_view_counts,
+    positions,
+    read_header,
+    require_columns,
+    wrong_field_counts,
 )
-from ctrkit.preprocess.outbrain_tables import _median_of_counts, _similarity, _standardisation, _Tables, _Tally
+from ctrkit.preprocess.outbrain_tables import Tables, Tally, median_of_counts, similarity, standardisation
 from ctrkit.preprocess.output import Rejects
 
 
@@ -95,9 +95,9 @@ def _read_clicks(path: Path, display: np.ndarray, rejects: Rejects, block_rows: 
     Bad rows (a value that does not parse or is missing, a label other than 0 and 1, a display not in
     events.csv) go to ``rejects``. Returns (events, ads, labels, rows read)."""
     schema = SCHEMAS["clicks_train"]
-    header = _header(path)
-    _require_columns(path, header, schema)
-    wrong = _wrong_field_counts(path, header, rejects)
+    header = read_header(path)
+    require_columns(path, header, schema)
+    wrong = wrong_field_counts(path, header, rejects)
     scan = pl.scan_csv(path, infer_schema=False, null_values=list(NULLS), truncate_ragged_lines=True)
     scan = scan.select([c for c, _, _ in schema]).with_row_index("line", offset=2)
     if len(wrong):
@@ -106,7 +106,7 @@ def _read_clicks(path: Path, display: np.ndarray, rejects: Rejects, block_rows: 
     try:
         for batch in scan.collect_batches(chunk_size=block_rows):
             read += len(batch)
-            typed, kept = _checked(path, batch.drop("line"), schema, rejects, batch["line"])
+            typed, kept = checked(path, batch.drop("line"), schema, rejects, batch["line"])
             lines = batch["line"] if kept is None else batch["line"].filter(pl.Series(kept))
             label = typed["clicked"].to_numpy()
             bad = (label != 0) & (label != 1)
@@ -117,7 +117,7 @@ def _read_clicks(path: Path, display: np.ndarray, rejects: Rejects, block_rows: 
                 rejects.add(str(path), shown)
                 rejects.count += max(len(bad_rows) - 50, 0)
             ids = typed["display_id"].to_numpy()
-            at, found = _positions(display, ids)
+            at, found = positions(display, ids)
             orphan = ~found & ~bad
             if orphan.any():  # clicks rows whose display is not in events.csv
                 i = int(np.flatnonzero(orphan)[0])
@@ -174,7 +174,7 @@ def preprocess_outbrain(
     rejects = Rejects(recipe.bad_rows)
     for name in (*SCHEMAS, "page_views"):  # every file is there before any is read
         find_file(raw_dir, name)
-    tables = _Tables.load(raw_dir, recipe, rejects)
+    tables = Tables.load(raw_dir, recipe, rejects)
     if engine == "spark":
         from ctrkit.preprocess.spark_engine import page_view_counts_spark, start_session
 
@@ -197,8 +197,8 @@ def preprocess_outbrain(
 
     # pass 1: the training rows' vocabularies and statistics
     folds = recipe.ctr_folds
-    counts = [_Tally() for _ in ONEHOT]
-    ctr_tallies = {name: _Tally(weights=1) for name in CTR_MIN_COUNT}
+    counts = [Tally() for _ in ONEHOT]
+    ctr_tallies = {name: Tally(weights=1) for name in CTR_MIN_COUNT}
     day_counts = {side: np.zeros(MAX_DAYS + 1, np.int64) for side in ("published", "published_promo")}
     n_train = 0
     for ev, ads, y in blocks("tally"):
@@ -233,12 +233,12 @@ def preprocess_outbrain(
     standard = {}
     for name in ("ad_id", "document_id_promo"):  # log training impressions, standardised over the training rows
         distinct, total, _ = ctr_stats[name]
-        standard[f"{name}_count"] = _standardisation(np.log1p(total[0].astype(np.float64)), total[0], n_train)
+        standard[f"{name}_count"] = standardisation(np.log1p(total[0].astype(np.float64)), total[0], n_train)
     for name in ("document_id", "document_id_promo"):  # log page views of the document, standardised likewise
         keys, sums = onehot_counts[ONEHOT.index(name)]
-        seen = np.log1p(np.maximum(_lookup(tables.views_doc, tables.views, keys), 0).astype(np.float64))
-        standard[f"{name}_views"] = _standardisation(seen, sums[0], n_train)
-    medians = {side: _median_of_counts(hist) for side, hist in day_counts.items()}
+        seen = np.log1p(np.maximum(lookup(tables.views_doc, tables.views, keys), 0).astype(np.float64))
+        standard[f"{name}_views"] = standardisation(seen, sums[0], n_train)
+    medians = {side: median_of_counts(hist) for side, hist in day_counts.items()}
 
     # pass 2: each block's features, written as they are computed
     meta_info = {"generator": "ctrkit preprocess outbrain", "frequency_threshold": recipe.frequency_threshold,
@@ -280,14 +280,14 @@ def preprocess_outbrain(
     return summary
 
 
-def _features(cols: dict, tables: _Tables, vocabs: list, ctr_stats: dict, standard: dict, medians: dict) -> tuple:
+def _features(cols: dict, tables: Tables, vocabs: list, ctr_stats: dict, standard: dict, medians: dict) -> tuple:
     """A block's one-hot ids (n, 13) int32, numerical features (n, 15) float32 and padded multi-hot bags
     (name -> (n, BAG) int32, -1 past a bag's end), from the first pass's vocabularies and statistics."""
     raw = cols["onehot"]
     n = len(raw)
     onehot = np.empty((n, len(ONEHOT)), np.int32)
     for f, vocab in enumerate(vocabs):
-        at, found = _locate(vocab, raw[:, f])
+        at, found = locate(vocab, raw[:, f])
         onehot[:, f] = np.where(found, at + 1, 0)
     # NaN until put: the writer refuses those, so a feature left unset cannot pass silently
     numerical = np.full((n, len(NUMERICAL)), np.nan, np.float32)
@@ -299,7 +299,7 @@ def _features(cols: dict, tables: _Tables, vocabs: list, ctr_stats: dict, standa
     train = fold >= 0
     for name, minimum in CTR_MIN_COUNT.items():
         distinct, total, per_fold = ctr_stats[name]
-        at, found = _locate(distinct, raw[:, ONEHOT.index(name)])
+        at, found = locate(distinct, raw[:, ONEHOT.index(name)])
         if len(distinct):
             shown = np.where(found, total[0, at], 0)
             clicks = np.where(found, total[1, at], 0)
@@ -320,7 +320,7 @@ def _features(cols: dict, tables: _Tables, vocabs: list, ctr_stats: dict, standa
         days = _days_since(cols["when"], cols[side]).astype(np.float64)
         put(col, np.log1p(np.where(days < 0, medians[side], days)))
     for name in ("document_id", "document_id_promo"):
-        seen = np.maximum(_lookup(tables.views_doc, tables.views, raw[:, ONEHOT.index(name)]), 0)
+        seen = np.maximum(lookup(tables.views_doc, tables.views, raw[:, ONEHOT.index(name)]), 0)
         mean, std = standard[f"{name}_views"]
         put(f"{name}_views", (np.log1p(seen.astype(np.float64)) - mean) / std)
     # multi-hot: each document's 3 most confident terms, gathered by document; the similarities are computed
@@ -328,12 +328,12 @@ def _features(cols: dict, tables: _Tables, vocabs: list, ctr_stats: dict, standa
     doc_ids = {"": raw[:, ONEHOT.index("document_id")],
                "_promo": raw[:, ONEHOT.index("document_id_promo")]}  # fmt: skip
     doc_ids = {side: np.where(d == NULL, -1, d) for side, d in doc_ids.items()}
-    pairs, pair_of_row = _pairs(doc_ids[""], doc_ids["_promo"])
+    pairs, pair_of_row = document_pairs(doc_ids[""], doc_ids["_promo"])
     bags = {}
     for kind, plural, _ in KINDS:
         with_bag, padded, _ = tables.bags[kind]
         for suffix, docs_of_row in doc_ids.items():
-            at, found = _locate(with_bag, docs_of_row)
+            at, found = locate(with_bag, docs_of_row)
             bags[f"{kind}_id_list{suffix}"] = padded[np.where(found, at, len(with_bag))]  # the last row: no terms
-        put(f"document_id_document_id_promo_sim_{plural}", _similarity(tables.terms[plural], pairs)[pair_of_row])
+        put(f"document_id_document_id_promo_sim_{plural}", similarity(tables.terms[plural], pairs)[pair_of_row])
     return onehot, numerical, bags

@@ -99,40 +99,40 @@ def read_checked(path: Path, schema: tuple, rejects: Rejects) -> pl.DataFrame:
     """The file's columns cast to their types; rows with a value that does not parse, a required value missing,
     or another number of fields than the header's go to ``rejects`` (line numbers count the header as line 1)."""
     casts = {"int": pl.Int64, "float": pl.Float64, "str": pl.Utf8}
-    header = _header(path)
-    _require_columns(path, header, schema)
-    wrong = _wrong_field_counts(path, header, rejects)
+    header = read_header(path)
+    require_columns(path, header, schema)
+    wrong = wrong_field_counts(path, header, rejects)
     names = {c for c, _, _ in schema}
     read = dict(columns=[c for c in header if c in names], null_values=list(NULLS), row_index_name="line",
                 row_index_offset=2, truncate_ragged_lines=True)  # fmt: skip
     try:  # the fast path: every value parses (then only required columns need a look)
         typed = pl.read_csv(path, schema_overrides={c: casts[t] for c, t, _ in schema}, **read)
-        typed = _without_lines(typed, wrong).select([c for c, _, _ in schema])
+        typed = without_lines(typed, wrong).select([c for c, _, _ in schema])
         if not any(typed[c].null_count() for c, _, required in schema if required):
             return typed
     except Exception:  # a value that does not parse: found below
         pass
     try:
-        raw = _without_lines(pl.read_csv(path, infer_schema=False, **read), wrong)
+        raw = without_lines(pl.read_csv(path, infer_schema=False, **read), wrong)
     except Exception as e:  # bad quoting, not a CSV
         raise DataError(f"{path}: not a readable CSV ({str(e).splitlines()[0]})") from None
-    return _checked(path, raw.drop("line"), schema, rejects, raw["line"])[0]
+    return checked(path, raw.drop("line"), schema, rejects, raw["line"])[0]
 
 
-def _header(path: Path) -> list[str]:
+def read_header(path: Path) -> list[str]:
     try:
         return pl.read_csv(path, n_rows=0, infer_schema=False).columns
     except Exception as e:  # empty, not a CSV
         raise DataError(f"{path}: not a readable CSV ({str(e).splitlines()[0]})") from None
 
 
-def _require_columns(path: Path, columns: list[str], schema: tuple) -> None:
+def require_columns(path: Path, columns: list[str], schema: tuple) -> None:
     missing = [c for c, _, _ in schema if c not in columns]
     if missing:
         raise DataError(f"{path}: lacks the columns {missing} (header: {columns})")
 
 
-def _wrong_field_counts(path: Path, header: list[str], rejects: Rejects) -> np.ndarray:
+def wrong_field_counts(path: Path, header: list[str], rejects: Rejects) -> np.ndarray:
     """The lines of ``path`` whose number of comma-separated fields is not the header's (the raw Outbrain files
     quote nothing, so every comma separates fields), sorted; they go to ``rejects``. Another count means a value
     that holds a comma or a field missing, and the values after it would land in the wrong columns."""
@@ -154,12 +154,12 @@ def _wrong_field_counts(path: Path, header: list[str], rejects: Rejects) -> np.n
     return wrong["line"].to_numpy()
 
 
-def _without_lines(frame: pl.DataFrame, lines: np.ndarray) -> pl.DataFrame:
+def without_lines(frame: pl.DataFrame, lines: np.ndarray) -> pl.DataFrame:
     """``frame`` without the rows whose ``line`` is one of ``lines``."""
     return frame.filter(~pl.col("line").is_in(pl.Series(lines, dtype=pl.UInt32).implode())) if len(lines) else frame
 
 
-def _checked(path: Path, raw: pl.DataFrame, schema: tuple, rejects: Rejects, lines: pl.Series) -> tuple:
+def checked(path: Path, raw: pl.DataFrame, schema: tuple, rejects: Rejects, lines: pl.Series) -> tuple:
     """``raw``'s (text) columns of ``schema`` cast to their types, without the rows where a value does not parse
     or a required one is missing; those go to ``rejects`` (``lines``: each row's line number).
     Returns the typed frame and which rows of ``raw`` it kept (None: all)."""
@@ -213,7 +213,7 @@ def page_view_counts(path: Path, rejects: Rejects) -> pl.DataFrame:
     return counts.filter(pl.col("doc").is_not_null()).rename({"doc": "document_id"})
 
 
-def _pairs(a: np.ndarray, b: np.ndarray) -> tuple[pl.DataFrame, np.ndarray]:
+def document_pairs(a: np.ndarray, b: np.ndarray) -> tuple[pl.DataFrame, np.ndarray]:
     """The distinct (a, b) pairs of two int columns (ids >= -1) and, per row, the index of its pair."""
     width = int(b.max()) + 2 if len(b) else 1
     distinct, inverse = np.unique((a + 1) * width + (b + 1), return_inverse=True)
@@ -221,17 +221,17 @@ def _pairs(a: np.ndarray, b: np.ndarray) -> tuple[pl.DataFrame, np.ndarray]:
     return pairs, inverse.astype(np.int64)
 
 
-def _vocabulary_ids(column: pl.Series, vocab: pl.Series) -> np.ndarray:
+def vocabulary_ids(column: pl.Series, vocab: pl.Series) -> np.ndarray:
     """1 + the position of each value of ``column`` in the sorted ``vocab``; 0 for null or absent values."""
     if column.dtype == pl.Utf8:
         index = pl.DataFrame({"v": vocab, "id": np.arange(1, len(vocab) + 1, dtype=np.int32)})
         joined = pl.DataFrame({"v": column}).join(index, on="v", how="left", maintain_order="left")
         return joined["id"].fill_null(0).to_numpy()
-    at, found = _positions(vocab.to_numpy().astype(np.int64), column.fill_null(-1).to_numpy().astype(np.int64))
+    at, found = positions(vocab.to_numpy().astype(np.int64), column.fill_null(-1).to_numpy().astype(np.int64))
     return np.where(found & column.is_not_null().to_numpy(), at + 1, 0).astype(np.int32)
 
 
-def _dense_table(keys: np.ndarray, limit: int) -> np.ndarray | None:
+def dense_table(keys: np.ndarray, limit: int) -> np.ndarray | None:
     """For sorted, distinct, non-negative ``keys`` below ``limit``: each id's position in ``keys`` (-1 where
     absent), one entry past the largest key standing for every id out of range; None for other keys."""
     top = int(keys[-1]) if len(keys) else -1
@@ -242,12 +242,12 @@ def _dense_table(keys: np.ndarray, limit: int) -> np.ndarray | None:
     return table
 
 
-def _positions(keys: np.ndarray, queries: np.ndarray, table: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def positions(keys: np.ndarray, queries: np.ndarray, table: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The position of each query in the sorted, distinct ``keys``, and whether it is there. Ids of raw
-    Outbrain columns are small non-negative integers, so a table indexed by id (``_dense_table``; pass one
+    Outbrain columns are small non-negative integers, so a table indexed by id (``dense_table``; pass one
     built once to reuse it) answers directly; other keys go through a binary search."""
     if table is None:
-        table = _dense_table(keys, max(1 << 22, 2 * len(queries)))
+        table = dense_table(keys, max(1 << 22, 2 * len(queries)))
     if table is not None:
         top = len(table) - 2
         at = table[np.where((queries >= 0) & (queries <= top), queries, top + 1)]
@@ -258,7 +258,7 @@ def _positions(keys: np.ndarray, queries: np.ndarray, table: np.ndarray | None =
     return at, found
 
 
-def _split_draw(display: np.ndarray, seed: int) -> np.ndarray:
+def split_draw(display: np.ndarray, seed: int) -> np.ndarray:
     """A uniform number in [0, 1) per display id, a fixed function of (id, seed) (splitmix64)."""
     with np.errstate(over="ignore"):
         z = display.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15) * np.uint64(seed + 1)
@@ -289,28 +289,28 @@ ITEM = ("advertiser_id", "campaign_id", "document_id_promo", "source_id_promo", 
 PROMO_COLUMN = {"advertiser_id": "advertiser_id", "campaign_id": "campaign_id", "document_id_promo": "document_id"}
 
 
-def _ints(series: pl.Series) -> np.ndarray:
+def ints(series: pl.Series) -> np.ndarray:
     """An integer column as int64, ``NULL`` where missing."""
     return series.cast(pl.Int64).fill_null(NULL).to_numpy().astype(np.int64, copy=False)
 
 
-def _locate(keys: np.ndarray, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``_positions``, with every position a valid index of ``keys`` (0 where not found) and none found when
+def locate(keys: np.ndarray, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``positions``, with every position a valid index of ``keys`` (0 where not found) and none found when
     ``keys`` is empty, so ``table[at]`` never fails and ``found`` says which entries mean something."""
     if not len(keys):
         return np.zeros(len(queries), np.int64), np.zeros(len(queries), bool)
-    at, found = _positions(keys, queries)
+    at, found = positions(keys, queries)
     return np.where(found, at, 0), found
 
 
-def _lookup(keys: np.ndarray, values: np.ndarray, queries: np.ndarray) -> np.ndarray:
+def lookup(keys: np.ndarray, values: np.ndarray, queries: np.ndarray) -> np.ndarray:
     """``values`` at each query's position in the sorted, distinct ``keys``; ``NULL`` where it is not there."""
-    at, found = _locate(keys, queries)
+    at, found = locate(keys, queries)
     return np.where(found, values[at], NULL) if len(keys) else np.full(len(queries), NULL, np.int64)
 
 
-def _codes(column: pl.Series) -> tuple[np.ndarray, pl.Series]:
+def codes(column: pl.Series) -> tuple[np.ndarray, pl.Series]:
     """A text column as int64 codes in the order of its sorted distinct values (``NULL`` where missing), and
     those values."""
     names = column.drop_nulls().unique().sort()
-    return np.where(column.is_null().to_numpy(), NULL, _vocabulary_ids(column, names).astype(np.int64) - 1), names
+    return np.where(column.is_null().to_numpy(), NULL, vocabulary_ids(column, names).astype(np.int64) - 1), names

@@ -1,5 +1,5 @@
 """The tables the Outbrain features are computed from: the documents' tf-idf term rows and their cosine similarity,
-the training rows' tallies (CTRs, counts, medians), and every small file held as arrays (``_Tables``)."""
+the training rows' tallies (CTRs, counts, medians), and every small file held as arrays (``Tables``)."""
 
 from __future__ import annotations
 
@@ -21,20 +21,20 @@ from ctrkit.preprocess.outbrain_files import (
     TIMESTAMP_EPOCH_MS,
     TRAIN_LAST_DAY,
     OutbrainRecipe,
-    _codes,
-    _dense_table,
-    _ints,
-    _locate,
-    _lookup,
-    _positions,
-    _split_draw,
+    codes,
+    dense_table,
     find_file,
+    ints,
+    locate,
+    lookup,
+    positions,
     read_checked,
+    split_draw,
 )
 from ctrkit.preprocess.output import Rejects
 
 
-def _doc_lists(docs: pl.DataFrame, id_col: str) -> pl.DataFrame:
+def doc_lists(docs: pl.DataFrame, id_col: str) -> pl.DataFrame:
     """document_id -> the (vocabulary) ids of its ``BAG`` highest-confidence values, as a list."""
     return (
         docs.sort(["document_id", "confidence_level", "vid"], descending=[False, True, False])
@@ -43,7 +43,7 @@ def _doc_lists(docs: pl.DataFrame, id_col: str) -> pl.DataFrame:
     )
 
 
-def _term_weights(docs: pl.DataFrame) -> pl.DataFrame:
+def term_weights(docs: pl.DataFrame) -> pl.DataFrame:
     """Each document's unit-length tf-idf vector over one kind of term: (document_id, vid, u), sorted."""
     n_docs = max(docs["document_id"].n_unique(), 1)
     df = docs.group_by("vid").agg(pl.len().alias("df"))
@@ -55,8 +55,8 @@ def _term_weights(docs: pl.DataFrame) -> pl.DataFrame:
     return weighted.select("document_id", "vid", "u").sort("document_id", "vid")
 
 
-class _TermRows:
-    """A term table sorted by document_id (``_term_weights``) and, for each of its documents, where its rows
+class TermRows:
+    """A term table sorted by document_id (``term_weights``) and, for each of its documents, where its rows
     start and end: any set of documents' rows are then taken without searching the whole table."""
 
     def __init__(self, frame: pl.DataFrame):
@@ -66,11 +66,11 @@ class _TermRows:
         self.docs = column[starts].astype(np.int64)  # distinct, ascending
         self.bounds = np.append(starts, len(column))  # document k's rows: bounds[k] .. bounds[k + 1] - 1
         # raw Outbrain document ids are small non-negative integers: a position per id, built once
-        self.dense = _dense_table(self.docs, max(1 << 22, 4 * len(self.docs)))
+        self.dense = dense_table(self.docs, max(1 << 22, 4 * len(self.docs)))
 
     def of(self, docs: np.ndarray) -> pl.DataFrame:
         """The rows of ``docs`` (distinct ids, -1 or absent ones have none), in table order."""
-        at, found = _positions(self.docs, docs, self.dense)
+        at, found = positions(self.docs, docs, self.dense)
         lo = np.where(found, self.bounds[at], 0)
         lengths = np.where(found, self.bounds[np.minimum(at + 1, len(self.docs))] - lo, 0)
         # the row numbers lo[i] .. lo[i] + lengths[i] - 1 of every document, concatenated
@@ -78,9 +78,9 @@ class _TermRows:
         return self.frame[starts + np.arange(int(lengths.sum()))]
 
 
-def _similarity(terms: _TermRows, pairs: pl.DataFrame) -> np.ndarray:
+def similarity(terms: TermRows, pairs: pl.DataFrame) -> np.ndarray:
     """tf-idf cosine similarity of (document_id, document_id_promo) ``pairs`` (columns a, b) over one kind of
-    term (``_term_weights``). Each pair's products are summed in term order, so a pair's value does not depend
+    term (``term_weights``). Each pair's products are summed in term order, so a pair's value does not depend
     on which other pairs are asked for with it. Only the terms of the pairs' documents are joined (found by
     their row ranges), so a block's cost follows its own documents, not the whole table's."""
     unique = pairs.unique()  # missing documents are -1: no terms, similarity 0
@@ -96,7 +96,7 @@ def _similarity(terms: _TermRows, pairs: pl.DataFrame) -> np.ndarray:
     return out.to_numpy().astype(np.float32)
 
 
-class _Tally:
+class Tally:
     """Sums per int64 key over blocks of rows: a count and ``weights`` more sums (``NULL`` keys skipped).
     Keys in [0, 2^25) are summed in dense arrays, others (rare in raw Outbrain ids) sorted and merged."""
 
@@ -142,7 +142,7 @@ class _Tally:
         return keys[order], sums[:, order]
 
 
-def _standardisation(values: np.ndarray, counts: np.ndarray, total: int) -> tuple[float, float]:
+def standardisation(values: np.ndarray, counts: np.ndarray, total: int) -> tuple[float, float]:
     """Mean and standard deviation over ``total`` training rows of which ``counts`` hold each of ``values``
     and the rest 0."""
     if total <= 0:
@@ -153,7 +153,7 @@ def _standardisation(values: np.ndarray, counts: np.ndarray, total: int) -> tupl
     return mean, std if std > 0 else 1.0
 
 
-def _median_of_counts(counts: np.ndarray) -> float:
+def median_of_counts(counts: np.ndarray) -> float:
     """The median of the integers 0..len-1 seen ``counts`` times (0 when none)."""
     n = int(counts.sum())
     if not n:
@@ -164,7 +164,7 @@ def _median_of_counts(counts: np.ndarray) -> float:
 
 
 @dataclass
-class _Tables:
+class Tables:
     """The files other than clicks and page views, as sorted keys and columns for lookups: events by
     display, promoted content by ad, documents by id, and per kind of document term the bags and tf-idf
     vectors. Their size follows the events and documents, not the clicks rows."""
@@ -181,44 +181,44 @@ class _Tables:
     meta_doc: np.ndarray  # documents, sorted by document_id
     meta: dict[str, np.ndarray]  # source_id, publisher_id, published (ms since 1970)
     bags: dict[str, tuple[np.ndarray, np.ndarray, int]]  # kind -> documents with terms, padded bags, vocabulary
-    terms: dict[str, _TermRows]  # plural -> _term_weights' table
+    terms: dict[str, TermRows]  # plural -> term_weights' table
     views_doc: np.ndarray
     views: np.ndarray
 
     @classmethod
-    def load(cls, raw_dir: Path, recipe: OutbrainRecipe, rejects: Rejects) -> _Tables:
+    def load(cls, raw_dir: Path, recipe: OutbrainRecipe, rejects: Rejects) -> Tables:
         """The tables, without the page views (``with_views``)."""
         t = {name: read_checked(find_file(raw_dir, name), SCHEMAS[name], rejects)
              for name in SCHEMAS if name != "clicks_train"}  # fmt: skip
         events = t.pop("events").unique("display_id", keep="first", maintain_order=True).sort("display_id")
         display = events["display_id"].to_numpy().astype(np.int64)
         stamp = events["timestamp"].to_numpy().astype(np.int64)
-        draw = _split_draw(display, recipe.seed)
+        draw = split_draw(display, recipe.seed)
         train = (stamp // DAY_MS <= TRAIN_LAST_DAY) & (draw >= EVAL_SHARE)
         # a training display's fold: a fixed function of its draw (whole displays per fold)
         folds = recipe.ctr_folds
         fold = np.minimum(((draw - EVAL_SHARE) / (1 - EVAL_SHARE) * folds).astype(np.int64), folds - 1)
-        geo, geo_names = _codes(events["geo_location"])
+        geo, geo_names = codes(events["geo_location"])
         parts = [np.arange(len(geo_names), dtype=np.int64)]
         for width in (2, 5):  # country, state: the first characters, coded in their own sorted order
-            parts.append(_codes(geo_names.str.slice(0, width))[0])
+            parts.append(codes(geo_names.str.slice(0, width))[0])
         tables = dict(
-            display=display, ev_doc=_ints(events["document_id"]), ev_when=stamp + TIMESTAMP_EPOCH_MS,
-            ev_platform=_ints(events["platform"]), ev_geo=geo,
+            display=display, ev_doc=ints(events["document_id"]), ev_when=stamp + TIMESTAMP_EPOCH_MS,
+            ev_platform=ints(events["platform"]), ev_geo=geo,
             ev_fold=np.where(train, fold, -1).astype(np.int8), geo_parts=np.stack(parts),
         )  # fmt: skip
         del events, stamp, draw, train, fold
         meta = t.pop("documents_meta").unique("document_id", keep="first", maintain_order=True).sort("document_id")
         published = meta["publish_time"].str.to_datetime("%Y-%m-%d %H:%M:%S", strict=False).dt.epoch("ms")
         tables["meta_doc"] = meta["document_id"].to_numpy().astype(np.int64)
-        tables["meta"] = {"source_id": _ints(meta["source_id"]), "publisher_id": _ints(meta["publisher_id"]),
-                          "published": _ints(published)}  # fmt: skip
+        tables["meta"] = {"source_id": ints(meta["source_id"]), "publisher_id": ints(meta["publisher_id"]),
+                          "published": ints(published)}  # fmt: skip
         del meta, published
         promo = t.pop("promoted_content").unique("ad_id", keep="first", maintain_order=True).sort("ad_id")
         tables["promo_ad"] = promo["ad_id"].to_numpy().astype(np.int64)
-        columns = {name: _ints(promo[col]) for name, col in PROMO_COLUMN.items()}
+        columns = {name: ints(promo[col]) for name, col in PROMO_COLUMN.items()}
         for name in ("source_id", "publisher_id", "published"):  # the ad's document's, looked up once per ad
-            columns[f"{name}_promo"] = _lookup(tables["meta_doc"], tables["meta"][name], columns["document_id_promo"])
+            columns[f"{name}_promo"] = lookup(tables["meta_doc"], tables["meta"][name], columns["document_id_promo"])
         tables["promo"] = columns
         del promo
         tables["bags"], tables["terms"] = {}, {}
@@ -228,7 +228,7 @@ class _Tables:
             docs = docs.join(vocab, on=id_col, maintain_order="left").select(
                 "document_id", pl.col("vid").cast(pl.Int64), "confidence_level"
             )
-            lists = _doc_lists(docs, id_col)
+            lists = doc_lists(docs, id_col)
             with_bag = lists["document_id"].to_numpy().astype(np.int64)  # sorted (group_by kept the sort order)
             lengths = lists["ids"].list.len().to_numpy().astype(np.int64)
             flat = lists["ids"].explode().to_numpy().astype(np.int32)
@@ -236,7 +236,7 @@ class _Tables:
             within = np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
             padded[np.repeat(np.arange(len(lists)), lengths), within] = flat
             tables["bags"][kind] = (with_bag, padded, len(vocab) + 1)
-            tables["terms"][plural] = _TermRows(_term_weights(docs))
+            tables["terms"][plural] = TermRows(term_weights(docs))
         return cls(**tables, views_doc=np.zeros(0, np.int64), views=np.zeros(0, np.int64))
 
     def with_views(self, views: pl.DataFrame) -> None:
@@ -250,8 +250,8 @@ class _Tables:
         raw values (n, 13) int64 (``NULL`` for missing), and the rows' fold, display, event time and the
         two documents' publish times."""
         doc = self.ev_doc[event]
-        page = _locate(self.meta_doc, doc)  # the page's document's row of documents_meta (looked up once)
-        item = _locate(self.promo_ad, ad)  # the ad's row of promoted_content
+        page = locate(self.meta_doc, doc)  # the page's document's row of documents_meta (looked up once)
+        item = locate(self.promo_ad, ad)  # the ad's row of promoted_content
 
         def of(columns: dict, name: str, where: tuple) -> np.ndarray:
             at, found = where

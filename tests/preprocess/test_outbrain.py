@@ -10,7 +10,7 @@ import pytest
 from ctrkit.data.dataset import SplitBinaryDataset
 from ctrkit.data.feature_spec import FeatureSpec
 from ctrkit.preprocess.outbrain import MULTI_HOT, NUMERICAL, ONEHOT
-from ctrkit.preprocess.outbrain_files import EVAL_SHARE, TRAIN_LAST_DAY, OutbrainRecipe, _split_draw
+from ctrkit.preprocess.outbrain_files import EVAL_SHARE, TRAIN_LAST_DAY, OutbrainRecipe, split_draw
 from tests.conftest import run_cli
 
 CTR_FOLDS = OutbrainRecipe().ctr_folds  # the default of --ctr-folds
@@ -37,7 +37,7 @@ def train_mask(raw, clicks: pl.DataFrame) -> np.ndarray:
     )
     day = dict(zip(events["display_id"].to_list(), (events["timestamp"] // 86_400_000).to_list()))
     displays = clicks["display_id"].to_numpy()
-    return np.array([day[d] <= TRAIN_LAST_DAY for d in displays]) & (_split_draw(displays, 0) >= EVAL_SHARE)
+    return np.array([day[d] <= TRAIN_LAST_DAY for d in displays]) & (split_draw(displays, 0) >= EVAL_SHARE)
 
 
 def test_raw_files_have_the_kaggle_schema(raw):
@@ -65,7 +65,7 @@ def test_features_split_and_training_statistics(raw, dataset):
     )
     assert len(train) + len(test) == len(clicks)
     displays = clicks["display_id"].to_numpy()
-    draws = _split_draw(displays, 0)
+    draws = split_draw(displays, 0)
     trains = train_mask(raw, clicks)
     assert int(trains.sum()) == len(train)
     groups = test.groups()
