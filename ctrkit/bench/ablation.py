@@ -54,9 +54,9 @@ def unused(name: str, result: dict[str, Any], log: list[dict[str, Any]]) -> bool
         return True
     if name == "decay":  # the run ended before its decay began
         starts = [r["config"] for r in log if r.get("event") == "start"]
-        return bool(starts) and all(
-            not c.get("decay_steps") or result.get("step", 0) <= (c.get("decay_start_step") or 0) for c in starts
-        )
+        if not starts or any(c.get("decay_steps") is None for c in starts):  # a schedule not recorded: run it
+            return False
+        return all(c["decay_steps"] == 0 or result.get("step", 0) <= c["decay_start_step"] for c in starts)
     return False
 
 
