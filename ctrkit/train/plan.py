@@ -157,6 +157,7 @@ def make_plan(
     validation_rows: int,
     validation_source: str,
     processes: int = 1,
+    device: str = "cpu",
 ) -> Plan:
     """The plan of RunSpec ``spec`` on ``train_rows`` training and ``validation_rows`` validation rows (held out
     as ``validation_source`` says) in a job of ``processes`` processes. A setting a distributed run cannot carry
@@ -268,6 +269,11 @@ def make_plan(
     calibrate = {"auto": "auto: a logit scale kept where a likelihood-ratio test passes at 99%", "on": "on",
                  "off": "off"}[cfg.calibrate if validation else "off"]  # fmt: skip
     lines.append(("calibration", calibrate, why("calibrate")))
+    how = [f"{processes} processes" if processes > 1 else "one process", device]
+    how.append(f"batch split over threads: {cfg.split_batch}" if device == "cpu" and processes == 1 else "")
+    how += ["mixed precision" if cfg.amp else "fp32", "torch.compile" if cfg.compile else ""]
+    lines.append(("execution", ", ".join(h for h in how if h), why("split_batch") if cfg.split_batch != "auto" else
+                  "auto: on with 2 or more threads and 64 samples a thread"))  # fmt: skip
     lines.append(("memory", f"about {_gib(memory['total'])}: weights {_gib(weights)}, optimizer state {_gib(state)}, "
                   f"copies kept {_gib(copies)}", "estimate"))  # fmt: skip
     lines.append(("scoring", f"{models} models a request at most" if models > 1 else "1 model a request", ""))

@@ -345,7 +345,8 @@ class Run(SeedEnsemble):
 
         held = 0 if validation_set is None else len(validation_set)
         source = "the validation mapping" if "validation" in mappings else f"the last {cfg.validation_fraction:.0%}"
-        self.plan = make_plan(spec, len(self.train_set), held, source, self.env.world_size if self.env else 1)
+        processes = self.env.world_size if self.env else 1
+        self.plan = make_plan(spec, len(self.train_set), held, source, processes, self.device.type)
         # a seed ensemble (``fit``) resumes with the member its checkpoint was taken in, after those done
         self.member = ckpt.member if ckpt is not None and ckpt.member is not None else 0
         self.members_done = list(ckpt.members or []) if ckpt is not None and ckpt.member is not None else []
