@@ -36,8 +36,8 @@ def unused(name: str, result: dict[str, Any], log: list[dict[str, Any]]) -> bool
         return not any(r.get("event") == "reinit_embeddings" for r in log)
     if name == "plateau":
         return all(r.get("lr_scale", 1.0) == 1.0 for r in log if r.get("event") == "eval")
-    if name == "small_batch":
-        return len({m.get("batch_size") for m in result.get("members") or []}) < 2
+    if name == "small_batch":  # one batch size trained
+        return len({r["config"].get("batch_size") for r in log if r.get("event") == "start"}) < 2
     if name in ("warm_start", "warm_start_logloss") and not any(r.get("event") == "warm_start" for r in log):
         return True
     if name == "warm_start_logloss":  # no evaluation that beat the kept one was refused for its log loss

@@ -49,7 +49,7 @@ def check_multi_hot(cardinalities: Sequence[int], combiners: Sequence[str]) -> N
 # The training defaults every model starts from, chosen on the accuracy panel (docs/decisions/optimizers.md): Adam
 # on the dense part and the embeddings at batch 1024, and Adagrad for the first-order (wide) part as the
 # Wide & Deep seed trains it. The seeds' rates (1e-4, 1.2e-4) are for Criteo 1TB's billions of steps.
-# Early stopping and plateau patience are not per model: ``config.default_patience`` (the trainer's,
+# Early stopping and plateau patience are not per model: the plan sets them (``train/plan.py``:
 # 8 / 4 evaluations, or 20 / 10 on small data).
 TRAIN_DEFAULTS = {
     "optimizer": "adam",

@@ -53,7 +53,8 @@ def test_unused_reads_the_recipes_run():
     assert unused("warm_start_logloss", {}, log) and not unused("warm_start", {}, log)
     refused = [*log, {"event": "eval", "auc": 0.72, "logloss": 0.51, "lr_scale": 0.5}]  # better AUC, worse loss
     assert not unused("warm_start_logloss", {}, refused) and not unused("plateau", {}, refused)
-    assert not unused("small_batch", {"members": [{"batch_size": 1024}, {"batch_size": 256}]}, log)
+    two = [{"event": "start", "config": {"batch_size": b}} for b in (1024, 256)]
+    assert not unused("small_batch", {}, two) and unused("small_batch", {}, two[:1])
 
 
 def test_bench_ablation_runs_resumes_and_collects(tiny_dataset, tmp_path, capsys):
