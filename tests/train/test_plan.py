@@ -31,11 +31,14 @@ def test_the_plan_resolves_every_data_dependent_setting_with_its_rule(tiny_datas
     plan = plan_of(tiny_dataset, batch_size=512)  # 19,440 training rows: 38 batches an epoch
     cfg = plan.train
     assert (cfg.epochs, cfg.early_stopping_patience, cfg.plateau_patience) == (10, *plan_module.PATIENCE)
-    assert (cfg.warmup_steps, cfg.decay_steps, cfg.decay_start_step) == (2, 190, 190)  # 5% of 38; half of 380
+    assert (cfg.warmup_steps, cfg.decay_steps) == (2, 0)  # 5% of the first epoch's 38; tuned plans no decay
     assert cfg.small_batch == 0 and plan.batches == (512,) and plan.members == 1 and plan.models_per_request == 1
     lines = topics(plan)
     assert lines["epochs"] == ("at most 10", "the default maximum, 10")
-    assert lines["schedule"][1] == "the last 50% of the planned steps"
+    assert lines["schedule"] == ("warmup 2 steps, no decay", "recipe tuned")
+    plain = plan_of(tiny_dataset, recipe="plain", batch_size=512)
+    assert (plain.train.decay_steps, plain.train.decay_start_step) == (190, 190)  # the last half of 380 steps
+    assert topics(plain)["schedule"][1] == "the last 50% of the planned steps"
     assert lines["ensembles"] == ("off: one model", "recipe tuned")
     assert lines["optimizers"][1] == "flag" or lines["optimizers"][1] == "dlrm's default"
     assert lines["first order"][0].startswith("on") and lines["warm start"][0].startswith("on")
