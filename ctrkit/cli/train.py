@@ -116,7 +116,8 @@ def summary_line(result: dict, checkpoint=None) -> str:
         elif result.get("ensemble"):
             kept = f"kept the ensemble of steps {', '.join(map(str, result['ensemble']))}"
         else:
-            kept = f"kept step {result['best_step']}" + (f" of seed {seeds[0]}'s {at}model" if members else "")
+            whose = f"seed {seeds[0]}'s {at}" if len({m["seed"] for m in members}) > 1 else f"the {at}"
+            kept = f"kept step {result['best_step']}" + (f" of {whose}model" if members else "")
         parts.append(f"{kept} (validation AUC {v['auc']:.4f}, logloss {v['logloss']:.4f})")
         base = result.get("baseline")
         if base is not None and not result.get("ensemble") and len(seeds) < 2 and result["best_step"] == base["step"]:

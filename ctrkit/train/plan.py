@@ -231,7 +231,8 @@ def make_plan(
     decay = (f"decay from step {resolved.decay_start_step:,} over {resolved.decay_steps:,}" if resolved.decay_steps
              else "no decay")  # fmt: skip
     schedule = "step (a quarter, then an eighth of the peak)" if cfg.lr_schedule == "step" else decay
-    lines.append(("schedule", f"warmup {resolved.warmup_steps:,} steps, {schedule}",
+    warmup = f"warmup {resolved.warmup_steps:,} step{'s' if resolved.warmup_steps != 1 else ''}"
+    lines.append(("schedule", f"{warmup}, {schedule}",
                   why("decay_steps") if cfg.lr_schedule == "poly" else why("lr_schedule")))  # fmt: skip
     plateau = resolved.plateau_patience if validation else 0
     lines.append(("plateau", f"rates x{cfg.plateau_factor:g} after {plateau} evaluations without a gain" if plateau
