@@ -66,7 +66,7 @@ RECIPES: dict[str, Recipe] = {
         "ctrkit's defaults: the accuracy machinery that earned its place in the ablation, one model",
         # no planned decay: it earned at most 0.0002 AUC and tied the result to the maximum of epochs
         # (docs/decisions/ablation.md); plateau decay lowers the rates instead
-        train={"snapshot_ensemble": 1, "seed_ensemble": 1, "decay_steps": 0},
+        train={"snapshot_ensemble": 1, "seed_ensemble": 1, "small_batch": 0, "decay_steps": 0},
     ),
     "plain": Recipe(
         "plain",
