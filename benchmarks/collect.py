@@ -256,7 +256,9 @@ def ablation_rows(raw):
         for dataset, c in row["datasets"].items():
             earned = ["unused", "unused", "unused"] if c["unused"] else [
                 round(c["auc"], 5), round(c["logloss"], 5), round(c["worst_auc"], 5)]  # fmt: skip
-            rows.append([name, dataset, c["seeds"], *earned, round(summary["spread"][dataset], 5), row["verdict"]])
+            spread = summary["spread"][dataset]
+            rows.append([name, dataset, c["seeds"], *earned, None if spread is None else round(spread, 5),
+                         row["verdict"]])  # fmt: skip
     return columns, rows
 
 

@@ -160,10 +160,10 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     table: dict[str, dict[str, Any]] = {}
     datasets = list(dict.fromkeys(r["dataset"] for r in records))
     mechanisms = list(dict.fromkeys(r["variant"] for r in records if r["variant"] != BASE))
-    spread = {}
+    spread: dict[str, float | None] = {}  # None: one seed, no spread measured (such a data set does not vote)
     for d in datasets:
         aucs = [b["result"]["auc"] for (dd, _), b in bases.items() if dd == d]
-        spread[d] = max(aucs) - min(aucs) if len(aucs) > 1 else 0.0
+        spread[d] = max(aucs) - min(aucs) if len(aucs) > 1 else None
     for m in mechanisms:
         row: dict[str, Any] = {}
         for d in datasets:
@@ -179,7 +179,7 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
                       "derived": any(r.get("derived") for r, _ in pairs)}  # fmt: skip
         used = {d: c for d, c in row.items() if not c["unused"]}
         gains = any(c["auc"] > 0 or c["logloss"] > 0 for c in used.values())
-        loses = any(c["auc"] < -spread[d] for d, c in used.items())
+        loses = any(spread[d] is not None and c["auc"] < -spread[d] for d, c in used.items())
         verdict = "unused" if not used else ("keep" if gains and not loses else "drop")
         if any(r.get("setting") for r in records if r["variant"] == m):
             verdict = "(a setting)"
@@ -204,5 +204,6 @@ def markdown(summary: dict[str, Any]) -> str:
             else:
                 cells.append(f"{c['auc']:+.4f} ({1000 * c['logloss']:+.1f})")
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {row['verdict']} |")
-    lines.append("| seed spread (AUC) | " + " | ".join(f"{summary['spread'][d]:.4f}" for d in datasets) + " | |")
+    spreads = [summary["spread"][d] for d in datasets]
+    lines.append("| seed spread (AUC) | " + " | ".join("" if x is None else f"{x:.4f}" for x in spreads) + " | |")
     return "\n".join(lines) + "\n"

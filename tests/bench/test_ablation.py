@@ -27,13 +27,14 @@ def test_the_verdict_keeps_what_gains_somewhere_and_loses_nowhere_beyond_the_spr
         record("b", 0, "gains", 0.7005), record("b", 1, "gains", 0.7005),  # ... 0.0005 higher on b: beyond 0
         record("a", 0, "helps", 0.790), record("a", 1, "helps", 0.792),
         record("b", 0, "helps", 0.700, logloss=0.41), record("b", 1, "helps", 0.700, logloss=0.41),
+        record("c", 0, BASE, 0.600), record("c", 0, "helps", 0.610),  # one seed: no spread, so no vote on a loss
         record("a", 0, "nothing", 0.801), record("a", 1, "nothing", 0.803),
         {**record("a", 0, "idle", 0), "unused": True}, {**record("a", 1, "idle", 0), "unused": True},
         {**record("a", 0, "wider", 0.805), "switched": "on"}, {**record("a", 1, "wider", 0.807), "switched": "on"},
         {**record("a", 0, "epochs_3", 0.799), "setting": True}, {**record("a", 1, "epochs_3", 0.801), "setting": True},
     ]  # fmt: skip
     got = summarize(records)
-    assert got["spread"] == pytest.approx({"a": 0.002, "b": 0.0})
+    assert got["spread"]["c"] is None and {k: got["spread"][k] for k in "ab"} == pytest.approx({"a": 0.002, "b": 0.0})
     verdicts = {name: row["verdict"] for name, row in got["mechanisms"].items()}
     assert verdicts == {"gains": "drop", "helps": "keep", "nothing": "drop", "idle": "unused",
                         "wider": "opt-in: earns", "epochs_3": "(a setting)"}  # fmt: skip
@@ -41,7 +42,8 @@ def test_the_verdict_keeps_what_gains_somewhere_and_loses_nowhere_beyond_the_spr
     assert helps["a"]["auc"] == pytest.approx(0.010) and helps["b"]["logloss"] == pytest.approx(0.01)
     assert got["mechanisms"]["wider"]["datasets"]["a"]["auc"] == pytest.approx(0.005)  # on minus off
     table = markdown(got)
-    assert "| helps | +0.0100 (+0.0) | +0.0000 (+10.0) | keep |" in table and "| idle | unused |  | unused |" in table
+    assert "| helps | +0.0100 (+0.0) | +0.0000 (+10.0) | -0.0100 (+0.0) | keep |" in table
+    assert "| idle | unused |  |  | unused |" in table
 
 
 def test_unused_reads_the_recipes_run():
