@@ -44,7 +44,7 @@ class TrainConfig:
 
     epochs: int | None = option(
         None, "the most passes over the training data (training stops earlier on a plateau)",
-        unset="the plan's: 10, or on data of fewer than 10 batches an epoch as many as make 100 steps",
+        unset="the plan's: 10, more on data of a few batches an epoch",
     )  # fmt: skip
     max_steps: int | None = option(None, "stop after this many steps in total", unset="all epochs")
     batch_size: int | None = option(None, "samples per step", unset="the model's")
@@ -139,11 +139,13 @@ class TrainConfig:
         "then that ensemble, whose every member is run on each request. 1: one model. Single-process runs with "
         "validation data only",
     )
-    small_batch: int = option(
-        0,
+    small_batch: int | None = option(
+        None,
         "also train the run (each member of its seed ensemble) at this smaller batch size, with the patience of "
-        "the run's batch, and keep the batch whose kept model has the higher validation AUC (the run's on a tie); "
-        "one model is kept either way. 0: only the run's batch. Single-process runs with validation data only",
+        "the run's batch, and keep the batch whose kept model has the higher validation AUC (the run's on a tie). "
+        "0: only the run's batch. Single-process runs with validation data only",
+        unset="the plan's: on data of fewer than 10 batches an epoch, the largest power of two at most the training "
+        "rows / 32, at least 32; else 0",
     )
     calibrate: str = option(
         "auto",
@@ -209,7 +211,7 @@ class TrainConfig:
         positive("checkpoint_every", allow_none=True)
         positive("snapshot_ensemble")
         positive("seed_ensemble")
-        positive("small_batch", allow_zero=True)
+        positive("small_batch", allow_none=True, allow_zero=True)
         for name in ("lr", "embedding_lr", "wide_lr"):
             value = getattr(self, name)
             if value is not None and not value > 0:
@@ -274,8 +276,6 @@ class TrainConfig:
             raise ValueError(f"unknown training option(s) {sorted(unknown)}; known: {sorted(known)}")
         # run files written when an unset ensemble size was chosen by data size: one model now
         values = {**values, **{k: 1 for k in ("snapshot_ensemble", "seed_ensemble") if values.get(k, 1) is None}}
-        if values.get("small_batch", 0) is None:  # ... and an unset small batch was chosen by data size: none now
-            values["small_batch"] = 0
         cfg = cls(**values)
         cfg.validate()
         return cfg
@@ -416,6 +416,12 @@ class RunOptions:
         "how every multi-hot feature's embeddings are pooled (the seed's Wide & Deep sums)",
         ("sum", "mean"),
         "each feature's 'combiner' in the feature spec, else mean",
+    )
+    numerical_buckets: int | None = option(
+        None,
+        "quantile buckets of each numerical feature in the first-order term (at most this many, fewer where clicks "
+        "are few; 0: none)",
+        unset="the recipe's: none in tuned, plain and nvidia",
     )
     save_checkpoint: Path | None = option(None, "checkpoint file, written atomically at each evaluation and at the end")
     load_checkpoint: Path | None = option(

@@ -57,7 +57,8 @@ def train(args: argparse.Namespace) -> int:
     if opts.threads:
         torch.set_num_threads(opts.threads)
     shape = {"embedding_dim": opts.embedding_dim, "bottom_mlp": opts.bottom_mlp, "top_mlp": opts.top_mlp,
-             "combiner": opts.combiner, "embedding_sizes": opts.embedding_sizes}  # fmt: skip
+             "combiner": opts.combiner, "embedding_sizes": opts.embedding_sizes,
+             "numerical_buckets": opts.numerical_buckets}  # fmt: skip
     spec = resolve_run(
         opts.dataset,
         opts.model,

@@ -2,7 +2,7 @@
 
 ``make_plan`` takes the resolved settings (recipe, run YAML and flags over the model's defaults: ``run.resolve_run``)
 and the data's size and fills in what depends on the data (the most epochs, the patience, the learning-rate
-schedule), each with the rule or layer that chose it. ``ctrkit train`` prints the plan, writes it
+schedule, the small batch), each with the rule or layer that chose it. ``ctrkit train`` prints the plan, writes it
 into the run YAML and the checkpoint, and the trainer executes its settings. The rules that depend on the data are
 all here: the trainer and the run apply none of their own.
 """
@@ -22,6 +22,8 @@ DEFAULT_EPOCHS = 10  # the most passes over the data when unset (early stopping 
 MIN_STEPS = 100  # ... raised on small data until the run may take this many steps
 PATIENCE = (8, 4)  # unset early-stopping and plateau patience, in evaluations (docs/decisions/patience.md)
 SMALL_DATA_PATIENCE = (20, 10)  # ... on small data
+SMALL_BATCH_STEPS = 32  # the unset small_batch: an epoch of at least this many steps ...
+MIN_SMALL_BATCH = 32  # ... at a batch of at least this many rows (docs/decisions/small-batch.md)
 WARMUP_SHARE = 0.05  # unset warmup: this share of the first epoch
 DECAY_SHARE = 0.5  # unset decay: over this last share of the planned steps
 
@@ -39,6 +41,13 @@ def default_epochs(steps_per_epoch: int) -> int:
 def default_patience(steps_per_epoch: int) -> tuple[int, int]:
     """The early-stopping and plateau patience when unset: ``PATIENCE``, or ``SMALL_DATA_PATIENCE`` on small data."""
     return SMALL_DATA_PATIENCE if steps_per_epoch < SMALL_EPOCH else PATIENCE
+
+
+def default_small_batch(train_rows: int) -> int:
+    """The smaller batch also tried on small data: the largest power of two at most ``train_rows /
+    SMALL_BATCH_STEPS``, at least ``MIN_SMALL_BATCH``."""
+    target = max(train_rows // SMALL_BATCH_STEPS, 1)
+    return max(MIN_SMALL_BATCH, 1 << (target.bit_length() - 1))
 
 
 def resolved_train(cfg: TrainConfig, steps_per_epoch: int) -> tuple[TrainConfig, dict[str, str]]:
@@ -167,23 +176,27 @@ def make_plan(
     def why(name: str) -> str:
         return rules.get(name) or sources.get(name, "default")
 
-    distributed = processes > 1
+    distributed = processes > 1 or getattr(spec, "distributed", False)
     small = cfg.small_batch
-    if small and small >= cfg.batch_size:
+    if small is None:
+        small = default_small_batch(train_rows) if steps < SMALL_EPOCH and validation and not distributed else 0
+        rules["small_batch"] = f"{'' if small else 'only on '}data of fewer than {SMALL_EPOCH} batches an epoch"
+    elif small and small >= cfg.batch_size:
         raise ValueError(f"--small-batch {small}: expected a batch size below the run's, {cfg.batch_size}")
     for name, value, what in (("small_batch", small, "a second batch size"),
                               ("snapshot_ensemble", cfg.snapshot_ensemble, "a snapshot ensemble"),
                               ("seed_ensemble", cfg.seed_ensemble, "a seed ensemble")):  # fmt: skip
-        if value and (value > 1 or name == "small_batch") and (distributed or not validation):
+        if value and value > 1 and (distributed or not validation):
             where = "a distributed (torchrun) run trains one model" if distributed else "it needs validation data"
             raise ValueError(f"--{name.replace('_', '-')} {value}: {what} cannot be planned: {where}; set "
                              f"--{name.replace('_', '-')} {0 if name == 'small_batch' else 1}")  # fmt: skip
+    resolved = replace(resolved, small_batch=small)
     batches = (cfg.batch_size, small) if small else (cfg.batch_size,)
     members = cfg.seed_ensemble * len(batches)
     configs = [resolved]
     if small:  # its own epochs and schedule, the run's batch's patience
         patience = {k: getattr(resolved, k) for k in ("early_stopping_patience", "plateau_patience")}
-        configs.append(resolved_train(replace(cfg, batch_size=small, **patience),
+        configs.append(resolved_train(replace(cfg, batch_size=small, small_batch=small, **patience),
                                       -(-train_rows // small))[0])  # fmt: skip
 
     with torch.device("meta"):
@@ -245,7 +258,7 @@ def make_plan(
               f"{cfg.reinit_drop:g}), from the best weights with new tables", "on": "every epoch after the first",
               "off": "off"}[redraws]  # fmt: skip
     lines.append(("redraws", redraw, why("reinit_embeddings")))
-    lines.append(("batches", " and ".join(f"{b:,}" for b in batches) + (", the better kept" if small else ", one"),
+    lines.append(("batches", " and ".join(f"{b:,}" for b in batches) + (", the better kept" if small else ""),
                   why("small_batch")))  # fmt: skip
     ens = []
     if cfg.snapshot_ensemble > 1:

@@ -353,6 +353,8 @@ class Run(SeedEnsemble):
         self.member_ensemble = ckpt.member_ensemble if ckpt is not None else None
         self.batches = list(self.plan.batches)
         done = [m.get("batch_size") for m in self.members_done]
+        if done and all(b is None for b in done) and spec.train.small_batch is None:
+            self.batches = self.batches[:1]  # a seed ensemble saved before --small-batch existed: one batch
         self.members = spec.train.seed_ensemble * len(self.batches)  # trained one after another (``fit``)
         if any(b is not None and b != self.batches[i % len(self.batches)] for i, b in enumerate(done)):
             raise ValueError(

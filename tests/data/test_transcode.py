@@ -129,8 +129,8 @@ def test_cli_gen_csv_transcode_train(tmp_path, capsys):
     code, out, _ = run_cli("transcode", "--input", tmp_path / "csv", "--output", tmp_path / "bin", capsys=capsys)
     assert code == 0 and "300 train" in out and "300 test" in out
     code, out, _ = run_cli("train", "--dataset", tmp_path / "bin", "--max-steps", "2", "--no-progress", capsys=capsys)
-    # small data: one model
-    assert code == 0 and out.startswith("done: 2 steps")
+    # small data: one model, also tried at the small batch
+    assert code == 0 and "done: 2 models (--small-batch) of 2 / 2 steps" in out
 
 
 def test_small_chunks_give_the_same_files(csv_dataset, tmp_path, capsys):

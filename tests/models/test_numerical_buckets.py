@@ -124,7 +124,7 @@ def test_training_on_few_clicks_cuts_fewer_buckets_and_none_where_they_fit_nothi
     want = min(16, min(clicks, len(train_rows) - clicks) // MIN_RARER_PER_BUCKET)
     assert 4 <= want < 8
     log = tmp_path / "log.jsonl"
-    train(tmp_path / "d", model="wide_deep", max_steps=1, progress=False, log_path=log)
+    train(tmp_path / "d", model="wide_deep", max_steps=1, progress=False, log_path=log, numerical_buckets=16)
     fitted = [e for e in map(json.loads, log.read_text().splitlines()) if e["event"] == "numerical_normalizer"]
     assert fitted[0]["buckets"] == [want, 1]
 

@@ -44,13 +44,10 @@ def test_the_plan_resolves_every_data_dependent_setting_with_its_rule(tiny_datas
     assert lines["first order"][0].startswith("on") and lines["warm start"][0].startswith("on")
     small = plan_of(tiny_dataset, batch_size=4096)  # 5 batches an epoch: small data
     assert small.train.epochs == 20 and small.train.early_stopping_patience == 20  # 100 steps; longer patience
-    assert small.batches == (4096,) and small.members == 1  # the default trains one batch size
+    assert small.batches == (4096, 512) and small.members == 2
+    assert small.configs[1].batch_size == 512 and small.configs[1].epochs == 10  # its own epochs and schedule
+    assert small.configs[1].early_stopping_patience == 20  # ... the run's batch's patience
     assert topics(small)["epochs"][1] == "fewer than 10 batches an epoch: as many as make 100 steps"
-    two = plan_of(tiny_dataset, batch_size=4096, small_batch=512)
-    assert two.batches == (4096, 512) and two.members == 2 and two.models_per_request == 1
-    assert two.configs[1].batch_size == 512 and two.configs[1].epochs == 10  # its own epochs and schedule
-    assert two.configs[1].early_stopping_patience == 20  # ... the run's batch's patience
-    assert topics(two)["batches"] == ("4,096 and 512, the better kept", "flag")
 
 
 def test_given_values_and_recipes_are_kept_and_named(tiny_dataset):
@@ -74,10 +71,8 @@ def test_a_plan_that_cannot_be_carried_out_is_one_line(tiny_dataset):
     with pytest.raises(ValueError, match=r"^--snapshot-ensemble 3: a snapshot ensemble cannot be planned: a "
                        r"distributed \(torchrun\) run trains one model; set --snapshot-ensemble 1$"):  # fmt: skip
         plan_module.make_plan(spec, 19_440, 2_160, "x", processes=2)
-    spec = resolve_run(tiny_dataset, "dlrm", model_config=SMALL, train={"small_batch": 256})
-    with pytest.raises(ValueError, match=r"^--small-batch 256: a second batch size cannot be planned: it needs "
-                       r"validation data; set --small-batch 0$"):  # fmt: skip
-        plan_module.make_plan(spec, 19_440, 0, "x")
+    spec = resolve_run(tiny_dataset, "dlrm", model_config=SMALL, train={"batch_size": 4096})
+    assert plan_module.make_plan(spec, 19_440, 2_160, "x", processes=2).batches == (4096,)  # small data: one batch
 
 
 def test_dry_run_prints_the_plan_and_writes_nothing(tiny_dataset, tmp_path, capsys):
@@ -123,8 +118,8 @@ def test_help_texts_state_the_plans_rules():
         f"{plan_module.PATIENCE[1]}, or {plan_module.SMALL_DATA_PATIENCE[1]}"
         in (fields["plateau_patience"].metadata["unset"])
     )
-    epochs = fields["epochs"].metadata["unset"]
-    assert f"fewer than {plan_module.SMALL_EPOCH} batches" in epochs and f"make {plan_module.MIN_STEPS} steps" in epochs
+    small = fields["small_batch"].metadata["unset"]
+    assert f"fewer than {plan_module.SMALL_EPOCH} batches" in small and f"/ {plan_module.SMALL_BATCH_STEPS}" in small
     assert f"{plan_module.WARMUP_SHARE:.0%} of the first epoch" in fields["warmup_steps"].metadata["unset"]
 
 
@@ -139,3 +134,11 @@ def test_torchrun_plans_what_one_process_plans(tiny_dataset, capsys):
 
     assert without_execution(two) == without_execution(one)  # every mechanism and value the same
     assert "execution    2 processes, cpu, fp32" in two and "execution    one process, cpu, batch split" in one
+
+
+def test_buckets_are_off_in_the_default_and_a_flag_turns_them_on(tiny_dataset, capsys):
+    code, out, _ = run_cli("train", "--dataset", tiny_dataset, *small_model_flags(), "--dry-run", capsys=capsys)
+    assert code == 0 and "  buckets      off  [recipe tuned]" in out
+    code, out, _ = run_cli("train", "--dataset", tiny_dataset, *small_model_flags(), "--dry-run",
+                           "--numerical-buckets", "16", capsys=capsys)  # fmt: skip
+    assert code == 0 and "  buckets      up to 16 quantile buckets a numerical in the first-order term  [flag]" in out

@@ -13,6 +13,7 @@ import torch
 from ctrkit.checkpoint import load_checkpoint
 from ctrkit.data.dataset import SplitBinaryDataset
 from ctrkit.eval.evaluator import predict_logits
+from ctrkit.train.plan import MIN_SMALL_BATCH, SMALL_BATCH_STEPS, SMALL_EPOCH, default_small_batch
 from ctrkit.train.run import Run, resolve_run, train
 from tests.conftest import Interrupted, run_cli, small_model_flags, stop_after_save
 
@@ -73,14 +74,24 @@ def test_a_tie_keeps_the_runs_batch(tiny_dataset):
     assert got["batch_size"] == 2048 and got["best_step"] == 0
 
 
-def test_a_second_batch_is_trained_only_when_asked_for(tiny_dataset):
+def test_unset_tries_a_small_batch_only_on_small_data(tiny_dataset):
+    assert default_small_batch(4056) == 64 and default_small_batch(4138) == 128  # rows / 32 = 126.75, 129.3
+    assert default_small_batch(9000) == 256 and default_small_batch(100) == MIN_SMALL_BATCH
+    assert all(default_small_batch(n) * SMALL_BATCH_STEPS <= n for n in (1024, 5000, 9999))
+
     def run(**train_options):
         return Run(resolve_run(tiny_dataset, "dlrm", model_config=MODEL, train=train_options, progress=False))
 
-    small = run(batch_size=4096)  # 5 batches an epoch: small data, one batch all the same
-    assert small.batches == [4096] and small.members == 1 and "(--small-batch)" not in small.describe()
-    two = run(batch_size=2048, small_batch=256)  # given: whatever the data's size
-    assert two.batches == [2048, 256] and "at batch 2048 and at 256 (--small-batch)" in two.describe()
+    rows = 19_440
+    small = run(batch_size=4096)  # 5 batches an epoch
+    assert -(-rows // 4096) < SMALL_EPOCH and small.batches == [4096, default_small_batch(rows)] == [4096, 512]
+    assert small.members == 2 and "at batch 4096 and at 512 (--small-batch)" in small.describe()
+    assert "4,096 and 512, the better kept" in small.plan.text()
+    mid = run(batch_size=2048)  # 10 batches an epoch: not small
+    assert mid.batches == [2048] and mid.members == 1 and "(--small-batch)" not in mid.describe()
+    assert run(batch_size=4096, small_batch=0).batches == [4096]
+    assert run(batch_size=2048, small_batch=256).batches == [2048, 256]  # given: whatever the data's size
+    assert run(batch_size=4096, validation_fraction=0).batches == [4096]  # no validation: nothing to choose by
 
 
 def test_bad_small_batch_is_one_line_and_exit_2(tiny_dataset, capsys):
@@ -118,6 +129,6 @@ def test_a_seed_ensemble_saved_before_small_batch_resumes_at_its_one_batch(tiny_
     ckpt = load_checkpoint(path)  # as a checkpoint written before members recorded their batch
     old = [{k: v for k, v in m.items() if k != "batch_size"} for m in ckpt.members]
     save_checkpoint(path, replace(ckpt, members=old))
-    again = train(tiny_dataset, "dlrm", seed=3, load_checkpoint=path, **options)  # one batch, as then
+    again = train(tiny_dataset, "dlrm", seed=3, load_checkpoint=path, **options)  # small_batch unset: 512 here
     assert again["auc"] == before["auc"] and again["member_ensemble"] == before["member_ensemble"]
     assert [m["steps"] for m in again["members"]] == [5, 5]

@@ -41,12 +41,11 @@ def test_tensorboard_scalars_equal_the_json_log(tiny_dataset, tmp_path, capsys):
 def test_a_seed_ensemble_writes_each_member_as_a_run_of_its_own(tiny_dataset, tmp_path, capsys):
     log, board = tmp_path / "log.jsonl", tmp_path / "tb"
     code, _, err = run_cli("train", "--dataset", tiny_dataset, "--epochs", "1", "--batch-size", "4096",
-                           "--seed-ensemble", "2", "--small-batch", "512", "--seed", "5", "--no-progress", "--log-path",
-                           log, "--tensorboard",
+                           "--seed-ensemble", "2", "--seed", "5", "--no-progress", "--log-path", log, "--tensorboard",
                            board, *small_model_flags(), capsys=capsys)  # fmt: skip
     assert code == 0, err
     records = [json.loads(line) for line in log.read_text().splitlines()]
-    # each seed also trains at --small-batch 512
+    # 5 batches of 4,096 an epoch: small data, so each seed also trains at the unset --small-batch, 512
     runs = ((0, "seed5"), (1, "seed5-batch512"), (2, "seed6"), (3, "seed6-batch512"))
     assert sorted(p.name for p in board.iterdir() if p.is_dir()) == sorted(name for _, name in runs)
     for member, name in runs:  # each member's validation curve in DIR/seed<N>[-batch<B>], as the log has it
