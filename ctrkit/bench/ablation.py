@@ -88,8 +88,12 @@ def run_ablation(
     records: list[dict[str, Any]] = json.loads(path.read_text()) if path.exists() else []
     done = {(r["dataset"], r["seed"], r["variant"]) for r in records}
 
+    from ctrkit.bench.peak import machine
+
+    where = machine()
+
     def keep(record: dict[str, Any]) -> None:
-        records.append(record)
+        records.append({**record, "machine": where})
         with atomic_file(path) as tmp:
             Path(tmp).write_text(json.dumps(records, indent=1))
 
