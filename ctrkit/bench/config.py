@@ -185,8 +185,9 @@ class AblationBenchConfig:
     recipe: str | None = option(None, "the recipe whose mechanisms are switched", unset="the default recipe")
     mechanisms: tuple[str, ...] | None = option(
         None,
-        "mechanisms to switch alone (train/mechanisms.py: first_order, buckets, warm_start, warm_start_logloss, "
-        "redraws, plateau, decay, small_batch, calibration; ensembles, which is opt-in, is switched on)",
+        "mechanisms to switch alone (train/mechanisms.py: first_order, warm_start, redraws, plateau, small_batch and "
+        "calibration switched off; buckets, warm_start_logloss, decay and ensembles, which the default leaves out, "
+        "switched on)",
         parse="name_list",
         unset="all",
     )

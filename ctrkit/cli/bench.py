@@ -261,12 +261,12 @@ def ablation(args: argparse.Namespace) -> int:
     """what each mechanism of a recipe earns: the recipe's run and the run with one mechanism switched
 
     Trains the model once per data set and training seed with the recipe (default: tuned), then once more with
-    each mechanism switched alone (off; an opt-in one on) and with each lower maximum of epochs. A mechanism the
-    recipe's run never used (no redraw, no plateau, one batch) is not run again, and calibration is read from
-    the run itself (it scores the uncalibrated logits too). Writes results.json as each run ends (an interrupted
-    ablation resumes where it stopped) and results.md: per mechanism and data set the test AUC and log loss it
-    earns on the mean over seeds, the seed spread, and the verdict (kept where it gains on the mean somewhere
-    and loses nowhere by more than the seed spread).
+    each mechanism switched alone (off; one the recipe leaves out, on) and with each lower maximum of epochs.
+    A mechanism the recipe's run never used (no redraw, no plateau, one batch) is not run again, and
+    calibration is read from the run itself (it scores the uncalibrated logits too). Writes results.json as
+    each run ends (an interrupted ablation resumes where it stopped) and results.md: per mechanism and data set
+    the test AUC and log loss it earns on the mean over seeds, the seed spread, and the verdict (kept where it
+    gains on the mean somewhere and loses nowhere by more than the seed spread).
     """
     from ctrkit.bench.ablation import markdown, run_ablation, summarize
     from ctrkit.bench.panel import REAL, PanelEntry, build_panel

@@ -22,7 +22,7 @@ class Mechanism:
         off_train: TrainConfig fields that turn it off.
         off_model: model config fields that turn it off.
         derived: the key of the run's test result that holds the model's scores without it (no run of its own).
-        opt_in: off unless asked for: ``off_train`` and ``off_model`` hold the settings that turn it on.
+        opt_in: off in the default recipe: ``off_train`` and ``off_model`` hold the settings that turn it on.
     """
 
     name: str
@@ -38,7 +38,10 @@ MECHANISMS: dict[str, Mechanism] = {
     for m in (
         Mechanism("first_order", "a first-order (logistic) term beside the deep part", off_model={"linear": False}),
         Mechanism(
-            "buckets", "quantile buckets of the numericals in the first-order term", off_model={"numerical_buckets": 0}
+            "buckets",
+            "quantile buckets of the numericals in the first-order term",
+            off_model={"numerical_buckets": 16},
+            opt_in=True,
         ),
         Mechanism(
             "warm_start",
@@ -48,7 +51,8 @@ MECHANISMS: dict[str, Mechanism] = {
         Mechanism(
             "warm_start_logloss",
             "a model is kept only when its log loss beats the regression's",
-            off_train={"warm_start_logloss": False},
+            off_train={"warm_start_logloss": True},
+            opt_in=True,
         ),
         Mechanism(
             "redraws",
@@ -56,7 +60,12 @@ MECHANISMS: dict[str, Mechanism] = {
             off_train={"reinit_embeddings": "off"},
         ),
         Mechanism("plateau", "halve the learning rates on a validation plateau", off_train={"plateau_patience": 0}),
-        Mechanism("decay", "polynomial decay over the last half of the planned steps", off_train={"decay_steps": 0}),
+        Mechanism(
+            "decay",
+            "polynomial decay over the last half of the planned steps",
+            off_train={"decay_steps": None},
+            opt_in=True,
+        ),
         Mechanism(
             "small_batch",
             "on small data, also train at a smaller batch and keep the better",
