@@ -21,7 +21,6 @@ from ctrkit.data.atomic import atomic_file
 from ctrkit.train.mechanisms import MECHANISMS, Mechanism
 
 BASE = "recipe"  # the variant with every mechanism as the recipe sets it
-SETTING = "a setting"  # a variant that changes a setting rather than switching a mechanism
 
 
 def _read_log(path: Path) -> list[dict[str, Any]]:
@@ -101,7 +100,7 @@ def run_ablation(
         for seed in seeds:
             log_path = out / "logs" / f"{entry.name}-s{seed}-{BASE}.jsonl"
             variants: list[tuple[str, Mechanism | None]] = [(BASE, None), *((n, MECHANISMS[n]) for n in mechanisms)]
-            variants += [(n, Mechanism(n, SETTING, dict(v), opt_in=True)) for n, v in (settings or {}).items()]
+            variants += [(n, Mechanism(n, "a setting", dict(v), opt_in=True)) for n, v in (settings or {}).items()]
             base_result = next((r for r in records if (r["dataset"], r["seed"], r["variant"]) ==
                                 (entry.name, seed, BASE)), None)  # fmt: skip
             for name, mech in variants:
@@ -109,7 +108,7 @@ def run_ablation(
                     continue
                 record = {"dataset": entry.name, "seed": seed, "variant": name, "bayes_auc": entry.bayes_auc,
                           "switched": "on" if mech is not None and mech.opt_in else "off",
-                          "setting": mech is not None and mech.summary == SETTING}  # fmt: skip
+                          "setting": name in (settings or {})}  # fmt: skip
                 if mech is not None and mech.derived is not None:
                     keep({**record, "derived": mech.derived})
                     continue

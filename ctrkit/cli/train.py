@@ -103,8 +103,8 @@ def summary_line(result: dict, checkpoint=None) -> str:
     chosen = [m for m in members if not several or m.get("batch_size") == result["batch_size"]]
     if members:  # a seed ensemble: each member's steps
         steps = " / ".join(str(m["steps"]) for m in members)
-        seeds = len({m["seed"] for m in members}) > 1
-        flags = ", ".join(f for f, on in (("--seed-ensemble", seeds), ("--small-batch", several)) if on)
+        several_seeds = len({m["seed"] for m in members}) > 1
+        flags = ", ".join(f for f, on in (("--seed-ensemble", several_seeds), ("--small-batch", several)) if on)
         parts = [f"done: {len(members)} models ({flags}) of {steps} steps"]
     else:
         parts = [f"done: {result['step']} steps" + (" (stopped early)" if result["stopped_early"] else "")]

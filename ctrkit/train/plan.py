@@ -9,7 +9,7 @@ all here: the trainer and the run apply none of their own.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ctrkit.config import TrainConfig
@@ -97,7 +97,6 @@ class Plan:
         members: models trained one after another (``seed_ensemble`` x batch sizes).
         configs: the TrainConfig of each batch size (``train`` first); a smaller batch's has its own epochs and
             schedule, and the run's batch's patience.
-        sources: the layer that set each setting (a flag, the run YAML, the recipe, the model's default).
     """
 
     recipe: str
@@ -109,7 +108,6 @@ class Plan:
     batches: tuple[int, ...]
     members: int
     configs: tuple[TrainConfig, ...] = ()
-    sources: dict[str, str] = field(default_factory=dict)
 
     def text(self) -> str:
         """The printed block: a heading line, then one line a topic."""
@@ -167,7 +165,7 @@ def make_plan(
     from ctrkit.models.registry import create_model
 
     cfg = spec.train
-    sources = dict(getattr(spec, "sources", {}) or {})
+    sources = dict(spec.sources)
     steps = -(-train_rows // cfg.batch_size)
     resolved, rules = resolved_train(cfg, steps)
     validation = validation_rows > 0
@@ -278,6 +276,4 @@ def make_plan(
     lines.append(("memory", f"about {_gib(memory['total'])}: weights {_gib(weights)}, optimizer state {_gib(state)}, "
                   f"copies kept {_gib(copies)}", "estimate"))  # fmt: skip
     lines.append(("scoring", f"{models} models a request at most" if models > 1 else "1 model a request", ""))
-    return Plan(
-        spec.recipe, spec.model, resolved, tuple(lines), memory, models, batches, members, tuple(configs), sources
-    )
+    return Plan(spec.recipe, spec.model, resolved, tuple(lines), memory, models, batches, members, tuple(configs))
