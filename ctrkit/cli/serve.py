@@ -60,7 +60,7 @@ def serve(args: argparse.Namespace) -> int:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     if cfg.model_repository is not None:
-        from ctrkit.serve.server import ModelRepository
+        from ctrkit.serve.repository import ModelRepository
 
         if cfg.embedding_store != "memory" or cfg.dtype != "fp32" or cfg.compile or cfg.name:
             raise ValueError("`embedding_store` mmap, `dtype` bf16, `compile` and `name` apply to a `checkpoint`, "

@@ -18,6 +18,7 @@ from ctrkit.config import EXPORT_FORMATS as FORMATS
 from ctrkit.config import QUANTIZATIONS
 from ctrkit.data.atomic import atomic_directory
 from ctrkit.models.signature import MULTI_HOT, PROBABILITY, InferenceModel, Signature
+from ctrkit.serve.repository import check_name, inside
 
 ONNX_OPSET = 18
 
@@ -130,6 +131,8 @@ def export_checkpoint(
     kind = backend if fmt == "triton" else fmt
     if quantize != "none" and kind != "onnx":
         raise ValueError(f"quantization {quantize} applies to ONNX models; this export writes {kind}")
+    if name is not None:
+        check_name(name, "`name`")
     ckpt = load_checkpoint(checkpoint)
     signature = Signature.from_config(ckpt.model_config)
     if fmt == "triton" and signature.num_numerical == 0:
@@ -137,10 +140,12 @@ def export_checkpoint(
             "Triton export: this model has no numerical features, and Triton refuses a zero-width input "
             "(config dims must be >= 1); export it as onnx or torchscript and serve it with `ctrkit serve`"
         )
-    name = name or ckpt.model_name
+    name = ckpt.model_name if name is None else name
     platform = "onnxruntime_onnx" if kind == "onnx" else "pytorch_libtorch"
     config = triton_config(name, platform, signature) if fmt == "triton" else None
     out = Path(out_dir)
+    if config:
+        inside(out, out / name)  # a model directory linked to elsewhere is not written through
     target = _triton_version_dir(out / name, config, version, overwrite) if config else out
     wrapper = InferenceModel(ckpt.build_model().cpu(), signature, ckpt.calibration).eval()
     meta = {**signature.metadata(ckpt.model_name, ckpt.step), "quantize": quantize}

@@ -92,24 +92,32 @@ class Predictor:
         return predictor
 
     @classmethod
-    def from_export(cls, model_dir: str | os.PathLike, version: str | None = None) -> Predictor:
+    def from_export(
+        cls, model_dir: str | os.PathLike, version: str | None = None, repository: Path | None = None
+    ) -> Predictor:
         """An export's model; in a Triton repository's model directory, ``version``'s (its own
-        ``ctrkit_model.json`` when the version directory has one, else the model directory's)."""
+        ``ctrkit_model.json`` when the version directory has one, else the model directory's). With
+        ``repository``, every file read must resolve inside it."""
         from ctrkit.export.exporter import find_model_dir
+        from ctrkit.serve.repository import check_name, check_version, inside
 
         root = find_model_dir(model_dir)
-        where = root / version if version is not None else root
+        where = root / check_version(version) if version is not None else root
         meta_file = (
             where / "ctrkit_model.json" if (where / "ctrkit_model.json").exists() else root / "ctrkit_model.json"
         )
-        meta = json.loads(meta_file.read_text())
-        candidates = (
-            (where / meta["file"],) if version is not None else (root / meta["file"], root / "1" / meta["file"])
-        )
+        try:
+            meta = json.loads(meta_file.read_text(encoding="utf-8"))
+            name = check_name(meta["file"], "model file")
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{meta_file}: not an export's metadata ({type(e).__name__}: {e})") from None
+        candidates = (where / name,) if version is not None else (root / name, root / "1" / name)
         files = [p for p in candidates if p.exists()]
         if not files:
-            raise ValueError(f"{where}: model file '{meta['file']}' named in {meta_file.name} not found")
-        path = files[0]
+            raise ValueError(f"{where}: model file '{name}' named in {meta_file.name} not found")
+        path = inside(repository, files[0]) if repository is not None else files[0]
+        if repository is not None:
+            inside(repository, meta_file)
         if path.suffix == ".onnx":
             import onnxruntime as ort
 

@@ -18,7 +18,6 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -28,6 +27,7 @@ from ctrkit.serve.batcher import Batcher
 from ctrkit.serve.metrics import CONTENT_TYPE, ServerMetrics
 from ctrkit.serve.predictor import Predictor
 from ctrkit.serve.protocol import HEADER_LENGTH, RequestError, encode_response, parse_request
+from ctrkit.serve.repository import ModelRepository, check_name, check_version
 
 DEFAULT_MAX_BODY = 64 << 20
 LARGE_BODY = 1 << 20  # bodies from this size on are parsed in a worker process
@@ -177,6 +177,11 @@ def create_app(
         return JSONResponse({"error": message}, status_code=status)
 
     def lookup(model: str, version: str | None) -> Served | JSONResponse:
+        try:  # names are single path components, versions numbers (Triton's rules)
+            check_name(model)
+            version is None or check_version(version)
+        except ValueError as e:
+            return error(400, str(e))
         versions = models.get(model)
         if versions is None:
             if repository is None:
@@ -288,6 +293,8 @@ def create_app(
                 if model in models:
                     out += [{"name": model, "version": v, "state": "READY"}
                             for v in sorted(models[model], key=version_order)]  # fmt: skip
+                    out += [{"name": model, "version": key.split("/")[1], "state": "UNAVAILABLE", "reason": why}
+                            for key, why in repository.failed.items() if key.startswith(f"{model}/")]  # fmt: skip
                 elif not only_ready:
                     reason = repository.failed.get(model, "unloaded")
                     out.append({"name": model, "state": "UNAVAILABLE", "reason": reason})
@@ -295,6 +302,10 @@ def create_app(
 
         @app.post("/v2/repository/models/{model}/load")
         async def repository_load(model: str):
+            try:
+                check_name(model)
+            except ValueError as e:
+                return error(400, str(e))
             try:
                 await load(model)
             except Exception as e:  # a missing or corrupt model file: the running versions stay
@@ -305,43 +316,16 @@ def create_app(
 
         @app.post("/v2/repository/models/{model}/unload")
         async def repository_unload(model: str):
+            try:
+                check_name(model)
+            except ValueError as e:
+                return error(400, str(e))
             if model not in repository.names() and model not in models:
                 return error(400, f"unknown model '{model}'")
             swap(model, None)
             return Response(status_code=200)
 
     return app
-
-
-class ModelRepository:
-    """A Triton-layout model repository as ``ctrkit export --format triton`` writes it: ``DIR/NAME/``
-    holding ``config.pbtxt`` and ``ctrkit_model.json``, and numbered version directories (``1/``,
-    ``2/``, ...) each holding the model file (and optionally its own ``ctrkit_model.json``)."""
-
-    def __init__(self, root: str | os.PathLike):
-        self.root = Path(root)
-        if not self.root.is_dir():
-            raise ValueError(f"{self.root}: model repository not found")
-        self.failed: dict[str, str] = {}
-        if not self.names():
-            raise ValueError(f"{self.root}: no model directories (NAME/config.pbtxt) in this repository")
-
-    def names(self) -> list[str]:
-        return sorted(p.parent.name for p in self.root.glob("*/config.pbtxt"))
-
-    def versions(self, model: str) -> list[str]:
-        folder = self.root / model
-        return sorted((p.name for p in folder.iterdir() if p.is_dir() and p.name.isdigit()), key=version_order)
-
-    def load(self, model: str) -> dict[str, Predictor]:
-        """Every version of ``model``, loaded (a ValueError naming what is wrong otherwise)."""
-        folder = self.root / model
-        if not (folder / "config.pbtxt").is_file():
-            raise ValueError(f"{folder}: no such model in the repository (expected {folder / 'config.pbtxt'})")
-        versions = self.versions(model)
-        if not versions:
-            raise ValueError(f"{folder}: no numbered version directories")
-        return {v: Predictor.from_export(folder, v) for v in versions}
 
 
 def serve(

@@ -1,0 +1,119 @@
+"""A Triton-layout model repository: names that stay inside it, and its models' versions loaded one by one.
+
+A model name, a version and an export's file name are single path components (Triton's rule): no ``/``
+or ``\\``, not ``.`` or ``..``, no NUL or other control character. Every file read is resolved and must
+lie inside the repository, so neither a request nor a file in the repository reaches outside it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+
+log = logging.getLogger("ctrkit.serve")
+PLATFORMS = ("onnxruntime_onnx", "pytorch_libtorch")
+
+
+def check_name(name: str, what: str = "model name") -> str:
+    """``name`` when it is one path component; a one-line ValueError saying what is wrong otherwise."""
+    if not name:
+        raise ValueError(f"{what} is empty; expected a name such as 'dlrm'")
+    bad = next((c for c in name if ord(c) < 32 or ord(c) == 127), None)
+    if bad is not None:
+        raise ValueError(f"{what} {name!r} holds the control character {bad!r}; expected one path component")
+    if "/" in name or "\\" in name or name in (".", ".."):
+        raise ValueError(f"{what} {name!r} is not one path component (no '/', '\\', '.' or '..')")
+    return name
+
+
+def check_version(version: str) -> str:
+    """``version`` when it is a version number (digits), else a one-line ValueError."""
+    if not version.isascii() or not version.isdigit():
+        raise ValueError(f"model version {version!r} is not a version number (expected digits, such as '1')")
+    return version
+
+
+def inside(root: Path, path: Path) -> Path:
+    """``path`` resolved, when it lies inside ``root`` (resolved); a one-line ValueError otherwise (a
+    symbolic link or a name leading out of the repository)."""
+    resolved, top = path.resolve(), root.resolve()
+    if resolved != top and top not in resolved.parents:
+        raise ValueError(f"{path}: resolves to {resolved}, outside the model repository {top}")
+    return resolved
+
+
+def read_config(path: Path, model: str) -> str:
+    """The platform a model's ``config.pbtxt`` names, after checking it names this model and a platform
+    ctrkit serves (a ValueError naming the file otherwise)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not a text file; expected a Triton model configuration") from None
+    fields = dict(re.findall(r'^\s*(name|platform)\s*:\s*"([^"]*)"', text, flags=re.MULTILINE))
+    if fields.get("name") != model:
+        found = fields.get("name")
+        raise ValueError(f'{path}: expected `name: "{model}"` (the model directory\'s name), found {found!r}')
+    if fields.get("platform") not in PLATFORMS:
+        raise ValueError(
+            f"{path}: expected `platform:` one of {', '.join(PLATFORMS)}, found {fields.get('platform')!r}"
+        )
+    return fields["platform"]
+
+
+class ModelRepository:
+    """A Triton-layout model repository as ``ctrkit export --format triton`` writes it: ``DIR/NAME/``
+    holding ``config.pbtxt`` and ``ctrkit_model.json``, and numbered version directories (``1/``,
+    ``2/``, ...) each holding the model file (and optionally its own ``ctrkit_model.json``).
+
+    A version that fails to load (an empty or corrupt directory) is left out with its reason in
+    ``failed``; the model's other versions serve. A model none of whose versions loads is refused.
+    """
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root)
+        if not self.root.is_dir():
+            raise ValueError(f"{self.root}: model repository not found")
+        self.failed: dict[str, str] = {}  # model or "model/version" -> why it is not served
+        if not self.names():
+            raise ValueError(f"{self.root}: no model directories (NAME/config.pbtxt) in this repository")
+
+    def names(self) -> list[str]:
+        return sorted(p.parent.name for p in self.root.glob("*/config.pbtxt"))
+
+    def folder(self, model: str) -> Path:
+        """The model's directory, checked to be a directory of this repository."""
+        check_name(model)
+        return inside(self.root, self.root / model)
+
+    def versions(self, model: str) -> list[str]:
+        folder = self.folder(model)
+        return sorted((p.name for p in folder.iterdir() if p.is_dir() and p.name.isdigit()), key=int)
+
+    def load(self, model: str) -> dict:
+        """Every version of ``model`` that loads, as Predictors (a ValueError naming what is wrong when none
+        does); the versions that fail are recorded in ``failed`` under ``model/version``."""
+        from ctrkit.serve.predictor import Predictor
+
+        folder = self.folder(model)
+        if not (folder / "config.pbtxt").is_file():
+            raise ValueError(f"{folder}: no such model in the repository (expected {folder / 'config.pbtxt'})")
+        read_config(folder / "config.pbtxt", model)
+        versions = self.versions(model)
+        if not versions:
+            raise ValueError(f"{folder}: no numbered version directories")
+        for key in [k for k in self.failed if k.startswith(f"{model}/")]:
+            del self.failed[key]
+        loaded, errors = {}, {}
+        for v in versions:
+            try:
+                loaded[v] = Predictor.from_export(folder, v, repository=self.root)
+            except Exception as e:  # a corrupt or missing file: this version is left out, its reason kept
+                errors[v] = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if not loaded:
+            raise ValueError(f"{folder}: no version loads ({'; '.join(f'{v}: {e}' for v, e in errors.items())})")
+        for v, e in errors.items():
+            log.error("model '%s' version %s not loaded: %s", model, v, e)
+            self.failed[f"{model}/{v}"] = e
+        return loaded
