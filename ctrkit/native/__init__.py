@@ -3,7 +3,9 @@ compiler and loaded with ctypes.
 
 The source lies beside this file. It is compiled once per source, compiler and CPU with ``-O3 -march=native
 -fopenmp`` into ``$XDG_CACHE_HOME/ctrkit/native`` (``~/.cache/ctrkit/native``), written under a temporary name
-and renamed, so concurrent processes (a torchrun job's ranks) never load a half-written library. The library
+and renamed, so concurrent processes (a torchrun job's ranks) never load a half-written library. Its SHA-256,
+written beside it at build time, is checked before every load: a cached library damaged since (truncated,
+replaced) is rebuilt with one line on stderr, never loaded. The library
 links the OpenMP runtime torch has already loaded (``libgomp.so.1``), so its parallel loops share torch's
 threads and follow ``torch.set_num_threads``. Below ``GRAIN`` values a kernel runs on one thread (the build
 defines it as ``CTRKIT_GRAIN``).
@@ -89,7 +91,10 @@ def _build(compiler: str, flags: Sequence[str], here: Path | None = None) -> Pat
     key = hashlib.sha256("\0".join([source, version, " ".join(flags), _cpu_identity()]).encode()).hexdigest()[:16]
     out = _cache_dir() / f"libctrkit_native_{key}.so"
     if out.exists():
-        return out
+        problem = _check_entry(out)
+        if problem is None:
+            return out
+        print(f"ctrkit: native kernel cache entry {out} {problem}; rebuilding it", file=sys.stderr)
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent)
     os.close(fd)
@@ -102,11 +107,39 @@ def _build(compiler: str, flags: Sequence[str], here: Path | None = None) -> Pat
         )
         if done.returncode != 0:
             raise RuntimeError(f"{compiler} failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
+        # the digest first, then the library: a process that finds the library finds its digest
+        fd, tmp_digest = tempfile.mkstemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent)
+        with os.fdopen(fd, "w") as f:
+            f.write(_digest(Path(tmp)) + "\n")
+        os.replace(tmp_digest, _digest_file(out))
         os.replace(tmp, out)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return out
+
+
+def _digest_file(library: Path) -> Path:
+    return library.with_name(library.name + ".sha256")
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _check_entry(library: Path) -> str | None:
+    """None when the cached ``library`` is the file its build wrote (the SHA-256 recorded beside it at build
+    time), else what is wrong: dlopen of a truncated library (a disk that filled during a copy, a partial
+    sync) is not an error but a SIGBUS on first use, so nothing is loaded unchecked."""
+    try:
+        recorded = _digest_file(library).read_text().strip()
+    except OSError:
+        return "has no recorded digest"
+    try:
+        actual = _digest(library)
+    except OSError as e:
+        return f"cannot be read ({e.strerror or e})"
+    return None if actual == recorded else "does not match the digest recorded when it was built"
 
 
 def build(flags: Sequence[str] | None = None) -> ctypes.CDLL:
@@ -116,9 +149,13 @@ def build(flags: Sequence[str] | None = None) -> ctypes.CDLL:
     compiler = _compiler()
     if compiler is None:
         raise RuntimeError("no C compiler found (cc, gcc or clang; or set CC)")
-    lib = ctypes.CDLL(str(_build(compiler, FLAGS if flags is None else flags)))
+    path = _build(compiler, FLAGS if flags is None else flags)
+    lib = ctypes.CDLL(str(path))
     for name, args in SIGNATURES.items():
-        fn = getattr(lib, name)
+        try:
+            fn = getattr(lib, name)
+        except AttributeError:
+            raise RuntimeError(f"{path} lacks the kernel {name}; delete it to rebuild") from None
         fn.argtypes, fn.restype = args, RETURNS.get(name)
     return lib
 
