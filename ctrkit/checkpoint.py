@@ -20,6 +20,8 @@ from torch.utils.serialization import config as serialization_config
 
 from ctrkit.data.atomic import atomic_file
 from ctrkit.eval.calibration import check_scale
+from ctrkit.integrity import KEY as DIGEST
+from ctrkit.integrity import check, sealed, tensor_bytes
 from ctrkit.models.registry import create_model, make_config
 
 FORMAT = "ctrkit-checkpoint"
@@ -86,6 +88,9 @@ class Checkpoint:
         calibration: the positive scale the kept model's logit is multiplied by before the sigmoid
             (``TrainConfig.calibrate``; fitted on validation at the end of training): ``Scoring``, ``Predictor``
             and exports apply it, ``build_model`` does not (the model's own logits); None: no scale.
+        shard_records: with ``shard_files``, what each rank file must be, in rank order: ``{"run", "step",
+            "rank", "digest"}`` (the run that wrote it, its step, its rank, its tensors' digest); a rank file
+            from another run, step or rank is refused naming it. None: one file, or written before these.
         plan: the run's plan (``train/plan.py``: every mechanism on or off and why, the memory estimate, the models
             a request runs) as plain values; None: saved without one.
     """
@@ -111,6 +116,7 @@ class Checkpoint:
     member_ensemble: list[int] | None = None
     calibration: float | None = None
     plan: dict[str, Any] | None = None
+    shard_records: list[dict[str, Any]] | None = None
 
     @property
     def models_averaged(self) -> int:
@@ -157,7 +163,7 @@ class Checkpoint:
         # the replicated weights from rank 0's file; the tables stay in the rank files
         from ctrkit.checkpoint_shards import read_rank_file, table_prefix
 
-        state = read_rank_file(self, 0)["model"]
+        state = read_rank_file(self, 0, verify=False)["model"]  # read lazily: not every byte is read
         prefixes = tuple(f"{table_prefix(n)}." for n in self.sharding or {})
         state = {k: v for k, v in state.items() if not k.startswith(prefixes)}
         missing = model.load_state_dict(state, assign=True, strict=False).missing_keys
@@ -268,9 +274,17 @@ def _from_v1(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def save_checkpoint(path: str | os.PathLike, ckpt: Checkpoint) -> None:
-    """Writes ``ckpt`` atomically: to a temp file in the same directory, fsynced, then renamed."""
-    with atomic_file(path) as tmp:
-        torch_save(ckpt.to_dict(), tmp)
+    """Writes ``ckpt`` atomically (to a temp file in the same directory, fsynced, then renamed) with the
+    digest of its tensors (``integrity``); a disk without room for its tensors is refused before writing."""
+    write_sealed(path, ckpt.to_dict())
+
+
+def write_sealed(path: str | os.PathLike, data: dict[str, Any]) -> str:
+    """``data`` with its tensors' digest, written atomically to ``path``; returns the digest."""
+    data = sealed(data)
+    with atomic_file(path, needs=tensor_bytes(data)) as tmp:
+        torch_save(data, tmp)
+    return data[DIGEST]["value"]
 
 
 def torch_save(obj: Any, path: str | os.PathLike) -> None:
@@ -298,15 +312,21 @@ def load_checkpoint(path: str | os.PathLike, mmap: bool = False, assemble: bool 
     return ckpt
 
 
-def read_torch_file(path: Path, mmap: bool = False) -> Any:
+def read_torch_file(path: Path, mmap: bool = False, verify: bool | None = None) -> Any:
+    """What ``torch.load`` reads from ``path`` (tensors and plain containers only), its digest checked when
+    it has one. ``verify`` defaults to ``not mmap``: checking a memory-mapped file reads all of it."""
     if not path.exists():
         raise CheckpointError(f"{path}: checkpoint not found")
     try:
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+        data = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as e:  # truncated file, not a torch file, forbidden pickled object
         raise CheckpointError(
             f"{path}: not a readable ctrkit checkpoint ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
         ) from None
+    problem = check(data) if (not mmap if verify is None else verify) else None
+    if problem is not None:
+        raise CheckpointError(f"{path}: refused: {problem}")
+    return data
 
 
 def rng_state() -> dict[str, Any]:

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ctrkit.checkpoint import Checkpoint, CheckpointError, read_torch_file
+from ctrkit.checkpoint import DIGEST, Checkpoint, CheckpointError, read_torch_file, write_sealed
 
 MADV_DONTNEED = 4  # Linux
 RELEASE_CHUNK_BYTES = 32 * 2**20  # a memory-mapped source is copied and released this many bytes at a time
@@ -119,11 +119,33 @@ def rank_file_name(path: str | os.PathLike, step: int, rank: int, world_size: in
     return f"{Path(path).name}.shards/step{step}-rank{rank}-of-{world_size}.pt"
 
 
-def read_rank_file(ckpt: Checkpoint, rank: int) -> dict[str, Any]:
-    """Rank ``rank``'s part of a sharded checkpoint read by ``load_checkpoint`` (memory-mapped)."""
-    part = read_torch_file(Path(ckpt.shard_files[rank]), mmap=True)
+def write_rank_file(path: Path, part: dict[str, Any], run: str, step: int, rank: int) -> dict[str, Any]:
+    """Writes rank ``rank``'s ``part`` of run ``run``'s checkpoint at ``step`` (atomically, with its digest);
+    returns the record the manifest keeps of it (``Checkpoint.shard_records``)."""
+    record = {"run": run, "step": int(step), "rank": int(rank)}
+    digest = write_sealed(path, {**part, "provenance": record})
+    return {**record, "digest": digest}
+
+
+def read_rank_file(ckpt: Checkpoint, rank: int, verify: bool = True) -> dict[str, Any]:
+    """Rank ``rank``'s part of a sharded checkpoint read by ``load_checkpoint`` (memory-mapped), checked
+    against the manifest's record of it (run, step, rank, digest) and, with ``verify``, its tensors against
+    their digest (which reads the whole file)."""
+    path = Path(ckpt.shard_files[rank])
+    part = read_torch_file(path, mmap=True, verify=verify)
     if not isinstance(part, dict) or "model" not in part:
-        raise CheckpointError(f"{ckpt.shard_files[rank]}: not a ctrkit checkpoint shard file")
+        raise CheckpointError(f"{path}: not a ctrkit checkpoint shard file")
+    if ckpt.shard_records is not None:
+        want, got = ckpt.shard_records[rank], dict(part.get("provenance") or {})
+        got["digest"] = (part.get(DIGEST) or {}).get("value")
+        if got != want:
+            said = lambda r: f"rank {r.get('rank')} of step {r.get('step')} of run {str(r.get('run'))[:8]}"  # noqa: E731
+            detail = said(got) if got.get("run") is not None else "no record of the run that wrote it"
+            what = f"holds {detail}" + (", other weights" if said(got) == said(want) else "")
+            raise CheckpointError(
+                f"{path}: refused: this rank file {what}; the manifest expects "
+                f"{said(want)} (a file copied from another run or step, or renamed)"
+            )
     return part
 
 
@@ -140,7 +162,7 @@ def assemble_shards(ckpt: Checkpoint, lazy: bool = False) -> Checkpoint:
     With ``lazy`` each table is a ``ShardedTableView`` over the rank files instead, from which a reader
     that holds only some shards (``load_full_tables``: ``table[rows, cols]``) reads just those rows and
     columns: nothing is assembled."""
-    parts = [read_rank_file(ckpt, r) for r in range(len(ckpt.shard_files))]
+    parts = [read_rank_file(ckpt, r, verify=not lazy) for r in range(len(ckpt.shard_files))]
     sharding = ckpt.sharding or {}
     prefixes = tuple(f"{table_prefix(n)}." for n in sharding)
     source = MappedSource(ckpt.shard_files) if lazy else None
@@ -164,6 +186,7 @@ def assemble_shards(ckpt: Checkpoint, lazy: bool = False) -> Checkpoint:
         optimizers=parts[0]["optimizers"],
         rank_optimizers=[p["optimizers"] for p in parts],
         shard_files=None,
+        shard_records=None,
     )
 
 
@@ -251,7 +274,7 @@ def _view(
 def sharded_table_views(ckpt: Checkpoint, which: str = "model") -> dict[str, ShardedTableView]:
     """The flat tables of a sharded checkpoint as views over its rank files, by their module path
     (e.g. ``embeddings.onehot``); nothing is assembled."""
-    parts = [read_rank_file(ckpt, r) for r in range(len(ckpt.shard_files or []))]
+    parts = [read_rank_file(ckpt, r, verify=False) for r in range(len(ckpt.shard_files or []))]
     pieces = _table_pieces(ckpt.sharding or {}, parts, which)
     return {prefix: _view(found, rows, dim) for prefix, (rows, dim, found) in pieces.items()}
 

@@ -257,7 +257,7 @@ def convert_checkpoint(args: argparse.Namespace) -> int:
             states = converted_optimizer_states(ckpt, whole, None)
             if states is not None:
                 ckpt = replace(ckpt, optimizers=states, rank_optimizers=None, sharding=None)
-        save_checkpoint(cfg.out, replace(ckpt, shard_files=None))
+        save_checkpoint(cfg.out, replace(ckpt, shard_files=None, shard_records=None))
         print(f"wrote {cfg.out} (step {ckpt.step}, {len(ckpt.model)} tensors)")
         return 0
     ckpt = load_checkpoint(cfg.checkpoint, mmap=True, assemble=False)

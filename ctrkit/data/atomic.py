@@ -8,6 +8,7 @@ machine's: on a filesystem shared between machines, remove stale temporaries by 
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
@@ -17,52 +18,152 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+# errors of the disk, not of the data: the write cannot succeed there, whatever is written
+DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG}
+# the same errors as libraries word them without an errno (torch.save's writer, Polars' and Arrow's Rust I/O)
+DISK_MESSAGES = {
+    "No space left on device": "no space left on device",
+    "os error 28": "no space left on device",
+    "unexpected pos": "no space left on device",  # torch.save's zip writer when a write came up short
+    "Read-only file system": "read-only file system",
+    "os error 30": "read-only file system",
+    "Permission denied": "permission denied",
+    "Disk quota exceeded": "disk quota exceeded",
+}
+
+
+class DiskError(ValueError):
+    """A write that failed for lack of space or permission; says which file, what it needed and what was kept."""
+
+
+def _reason(e: BaseException) -> str | None:
+    if isinstance(e, OSError) and e.errno in DISK_ERRNOS:
+        return (e.strerror or os.strerror(e.errno)).lower()
+    text = str(e)
+    return next((why for needle, why in DISK_MESSAGES.items() if needle in text), None)
+
+
+def _size(path: Path) -> int:
+    try:
+        if path.is_dir():
+            return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def free_bytes(path: Path) -> int | None:
+    """Bytes free to this user on the file system holding ``path`` (or its nearest existing parent)."""
+    path = Path(path).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.1f} MiB"
+
+
+def disk_error(e: BaseException, target: Path, written: int, needs: int | None) -> DiskError | None:
+    """``e`` as a one-line DiskError naming ``target`` when it is a disk's error (full, read-only, no
+    permission), else None. ``written``: bytes the failed write had put down; ``needs``: its estimate."""
+    reason = _reason(e)
+    if reason is None:
+        return None
+    free = free_bytes(target.parent)
+    need = f"it needs about {_mib(needs)}" if needs else f"it had written {_mib(written)} when the write failed"
+    room = f", {_mib(free)} free there" if free is not None else ""
+    kept = f"; the previous {target.name} is intact" if target.exists() else ""
+    return DiskError(f"{target}: cannot write it: {reason} ({need}{room}){kept}")
+
+
+def check_room(target: Path, needs: int | None) -> None:
+    """Refuses, before writing, a write of about ``needs`` bytes where the disk has less free."""
+    free = free_bytes(Path(target).parent)
+    if needs and free is not None and free < needs:
+        kept = f"; the previous {Path(target).name} is intact" if Path(target).exists() else ""
+        raise DiskError(
+            f"{target}: cannot write it: not enough space (it needs about {_mib(needs)}, {_mib(free)} free there)"
+            f"{kept}; free some space or write elsewhere"
+        )
+
 
 @contextmanager
-def atomic_directory(out_dir: str | os.PathLike, overwrite: bool = False) -> Iterator[Path]:
+def atomic_directory(out_dir: str | os.PathLike, overwrite: bool = False, needs: int | None = None) -> Iterator[Path]:
     """Yields a temporary directory beside ``out_dir`` and renames it to ``out_dir`` on success.
 
     An interrupted or failed write leaves no directory that looks complete: the temporary one is
     removed, and an existing ``out_dir`` is replaced only at the end (and only with ``overwrite``).
+    A full, read-only or forbidden disk is a ``DiskError`` naming ``out_dir`` and what it needed
+    (``needs``, an estimate in bytes, is also checked against the free space before anything is written).
 
     Raises:
         ValueError: ``out_dir`` exists, is not empty, and ``overwrite`` is False.
+        DiskError: the disk refused the write.
     """
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise ValueError(f"{out}: directory exists and is not empty; set `overwrite` to replace it")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temporaries(out)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=_prefix(out)))
+    check_room(out, needs)
+    tmp = _temporary(out, lambda: Path(tempfile.mkdtemp(dir=out.parent, prefix=_prefix(out))))
     try:
         yield tmp
         os.chmod(tmp, 0o755)  # mkdtemp creates 0700
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)
-    except BaseException:
+    except BaseException as e:
+        written = _size(tmp)
         shutil.rmtree(tmp, ignore_errors=True)
+        problem = disk_error(e, out, written, needs)
+        if problem is not None:
+            raise problem from None
         raise
 
 
 @contextmanager
-def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
+def atomic_file(path: str | os.PathLike, needs: int | None = None) -> Iterator[Path]:
     """Yields a temporary path beside ``path``; when the block succeeds, fsyncs it and renames it to
-    ``path`` (mode 0644). On failure the temporary file is removed and ``path`` is untouched."""
+    ``path`` (mode 0644). On failure the temporary file is removed and ``path`` is untouched; a full,
+    read-only or forbidden disk is a ``DiskError`` as for ``atomic_directory``."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temporaries(path)
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=_prefix(path))
-    os.close(fd)
-    tmp = Path(name)
+    check_room(path, needs)
+
+    def make() -> Path:
+        fd, name = tempfile.mkstemp(dir=path.parent, prefix=_prefix(path))
+        os.close(fd)
+        return Path(name)
+
+    tmp = _temporary(path, make)
     try:
         yield tmp
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)  # mkstemp creates 0600
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
+        written = _size(tmp)
         tmp.unlink(missing_ok=True)
+        problem = disk_error(e, path, written, needs)
+        if problem is not None:
+            raise problem from None
+        raise
+
+
+def _temporary(target: Path, make) -> Path:
+    """``make()``'s temporary beside ``target`` (its parent created), a disk's refusal as a DiskError."""
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(target)
+        return make()
+    except OSError as e:
+        problem = disk_error(e, target, 0, None)
+        if problem is not None:
+            raise problem from None
         raise
 
 

@@ -4,12 +4,12 @@ whole tables) into this rank's shards, the other optimizers' states are the same
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-from ctrkit.checkpoint import torch_save
 from ctrkit.checkpoint_shards import key_regions, table_prefix
 from ctrkit.distributed.hybrid import HybridModel, table_collections
 
@@ -164,8 +164,7 @@ def write_sharded_checkpoint(ckpt, path, world_size: int, parallel) -> list[int]
     from pathlib import Path
 
     from ctrkit.checkpoint import save_checkpoint
-    from ctrkit.checkpoint_shards import assemble_shards, rank_file_name
-    from ctrkit.data.atomic import atomic_file
+    from ctrkit.checkpoint_shards import assemble_shards, rank_file_name, write_rank_file
     from ctrkit.distributed.hybrid import load_whole_state, plan_model, take_shards
     from ctrkit.models.embeddings import deferred_tables
     from ctrkit.models.registry import create_model, make_config
@@ -184,7 +183,7 @@ def write_sharded_checkpoint(ckpt, path, world_size: int, parallel) -> list[int]
         parallel.replicate_below_bytes,
     )  # fmt: skip
     names = [rank_file_name(path, whole.step, r, world_size) for r in range(world_size)]
-    held = []
+    held, records, run = [], [], uuid.uuid4().hex
     for rank in range(world_size):
         model = build()
         sharded = take_shards(model, plans, rank)
@@ -196,9 +195,7 @@ def write_sharded_checkpoint(ckpt, path, world_size: int, parallel) -> list[int]
         held.append(sum(
             p.numel() * p.element_size() for n, p in model.named_parameters() if ".shards." in n
         ))  # fmt: skip
-        (path.parent / names[rank]).parent.mkdir(parents=True, exist_ok=True)
-        with atomic_file(path.parent / names[rank]) as tmp:
-            torch_save(part, tmp)
+        records.append(write_rank_file(path.parent / names[rank], part, run, whole.step, rank))
         del model, part
     manifest = replace(
         whole,
@@ -208,6 +205,7 @@ def write_sharded_checkpoint(ckpt, path, world_size: int, parallel) -> list[int]
         rank_optimizers=None,
         sharding={name: plan.key() for name, plan in plans.items()},
         shard_files=names,
+        shard_records=records,
     )
     save_checkpoint(path, manifest)
     return held

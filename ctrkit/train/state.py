@@ -4,13 +4,14 @@ restores, so that a resumed run continues exactly where it stopped."""
 from __future__ import annotations
 
 import math
+import uuid
 from pathlib import Path
 
 import torch
 import yaml
 
-from ctrkit.checkpoint import Checkpoint, rng_state, save_checkpoint, set_rng_state, torch_save
-from ctrkit.checkpoint_shards import MappedSource, rank_file_name, read_rank_file
+from ctrkit.checkpoint import Checkpoint, rng_state, save_checkpoint, set_rng_state
+from ctrkit.checkpoint_shards import MappedSource, rank_file_name, read_rank_file, write_rank_file
 from ctrkit.data.atomic import atomic_file
 from ctrkit.distributed.env import all_reduce_sum
 from ctrkit.models.registry import config_to_dict
@@ -156,9 +157,13 @@ class TrainerState:
             "optimizers": [opt.state_dict() for opt in self.optimizers],
         }
         names = [rank_file_name(self.save_path, self.step, r, env.world_size) for r in range(env.world_size)]
-        with atomic_file(self.save_path.parent / names[env.rank]) as tmp:
-            torch_save(part, tmp)
-        torch.distributed.barrier()  # every rank's file is complete before the manifest names it
+        if self._run_id is None:  # one id for the run's rank files, rank 0's
+            shared = [uuid.uuid4().hex]
+            torch.distributed.broadcast_object_list(shared, src=0)
+            self._run_id = shared[0]
+        record = write_rank_file(self.save_path.parent / names[env.rank], part, self._run_id, self.step, env.rank)
+        records: list = [None] * env.world_size
+        torch.distributed.all_gather_object(records, record)  # every rank's file is complete: the manifest names it
         if not self.main:
             return None
         return Checkpoint(
@@ -173,6 +178,7 @@ class TrainerState:
             selection=self.selection.state(),
             sharding=model.sharding_key(),
             shard_files=names,
+            shard_records=records,
             calibration=self.calibration,
             plan=(self.run_record or {}).get("plan"),
         )

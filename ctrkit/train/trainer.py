@@ -145,6 +145,7 @@ class Trainer(TrainerState, ModelSelection, SnapshotPool, WarmStart):
                                  cfg.weight_decay, cfg.split_batch)  # fmt: skip
         self.step = 0
         self._saved_step: int | None = None
+        self._run_id: str | None = None  # a hybrid-parallel run's id in its rank files (rank 0's, broadcast)
         self._loss_sum = torch.zeros((), device=device)  # losses since the last logged (and checked) window
         self._table_ids = {id(p) for m in model.modules() if hasattr(m, "table_parameters")
                            for p in m.table_parameters()}  # fmt: skip
