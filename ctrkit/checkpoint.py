@@ -187,8 +187,10 @@ class Checkpoint:
         model.load_state_dict(state, assign=True)
         return _checked_buffers(model)
 
-    def check_spec(self, spec_summary: dict[str, Any], where: str) -> None:
-        """Raises CheckpointError when a dataset's features differ from those the model was trained on."""
+    def check_spec(self, spec_summary: dict[str, Any], where: str, allow_other_vocabulary: bool = False) -> None:
+        """Raises CheckpointError when a dataset's features differ from those the model was trained on, or
+        (unless ``allow_other_vocabulary``) its vocabularies do: where both record a fingerprint, ids that
+        differ mean other values, and the model's scores would mean nothing."""
         for key in SPEC_KEYS:
             a, b = list(self.spec.get(key, [])), list(spec_summary.get(key, []))
             if a == b:
@@ -200,6 +202,14 @@ class Checkpoint:
             else:
                 detail = f"{key}: checkpoint has {a}, {where} has {b}"
             raise CheckpointError(f"the checkpoint was trained on a different feature spec: {detail}")
+        ours, theirs = self.spec.get("vocabulary"), spec_summary.get("vocabulary")
+        if ours and theirs and ours != theirs and not allow_other_vocabulary:
+            raise CheckpointError(
+                f"{where} was preprocessed with other vocabularies than the checkpoint's training data (fingerprint "
+                f"{theirs}, the checkpoint's {ours}): the same id means another value there, so scores would be "
+                "meaningless; preprocess it with the training data (one `ctrkit preprocess` run), or pass "
+                "`allow_other_vocabulary` to score it anyway"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": FORMAT, "version": VERSION, **{f.name: getattr(self, f.name) for f in fields(self)}}

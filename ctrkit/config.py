@@ -342,6 +342,11 @@ class EvalConfig:
     device: str = option("auto", "auto, cpu, cuda, cuda:N")
     mapping: str = option("test", "source_spec mapping to score")
     batch_size: int = option(16384, "samples per forward pass")
+    allow_other_vocabulary: bool = option(
+        False,
+        "score a dataset preprocessed with other vocabularies than the checkpoint's training data (refused by "
+        "default: the same id means another value there, so the scores and metrics mean nothing)",
+    )
     amp: bool = option(
         False,
         "score under autocast: bf16 (CPU with native bf16; CUDA with bf16 tensor cores) or fp16 (older GPUs); on CUDA "
@@ -426,6 +431,11 @@ class RunOptions:
     save_checkpoint: Path | None = option(None, "checkpoint file, written atomically at each evaluation and at the end")
     load_checkpoint: Path | None = option(
         None, "resume from this checkpoint (weights, optimizer, step, RNG; same data and batch size)"
+    )
+    allow_other_vocabulary: bool = option(
+        False,
+        "continue from --load-checkpoint on a dataset preprocessed with other vocabularies (refused by default: "
+        "the same id means another value there, so the learned rows no longer match their values)",
     )
     log_path: Path | None = option(None, "append JSON-lines records (loss, lr, samples/s, eval)")
     tensorboard: Path | None = option(

@@ -9,7 +9,7 @@ the file and its digest together.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -66,3 +66,35 @@ def check(data: Any) -> str | None:
     if tensor_digest(data) != recorded.get("value"):
         return "its tensor data does not match the digest recorded when it was written (damaged or changed since)"
     return None
+
+
+def vocabulary_fingerprint(vocabularies: Mapping[str, Any]) -> str:
+    """A fingerprint of categorical vocabularies (column name -> a DataFrame of (value, ..., id), or an array
+    of the values in id order): two datasets share it exactly when each column maps the same values to the
+    same ids. Counts are left out: they say how often, not what an id means."""
+    h = xxhash.xxh3_64()
+    for name, vocab in vocabularies.items():
+        h.update(f"{name}\0".encode())
+        columns = [vocab[c] for c in vocab.columns if c != "count"] if hasattr(vocab, "columns") else [vocab]
+        for column in columns:
+            _update_with(h, column)
+    return h.hexdigest()
+
+
+def _update_with(h: Any, column: Any) -> None:
+    """Feeds a Polars Series or NumPy array into ``h``: numbers as their bytes, text as lengths and bytes."""
+    import numpy as np
+
+    if isinstance(column, np.ndarray):
+        h.update(f"{column.dtype}\0".encode())
+        h.update(np.ascontiguousarray(column).tobytes())
+        return
+    h.update(f"{column.name}:{column.dtype}\0".encode())
+    if column.dtype.is_numeric():
+        h.update(column.fill_null(0).to_numpy().tobytes())
+        h.update(column.is_null().to_numpy().tobytes())
+        return
+    text = column.cast(str).fill_null("")
+    h.update(text.str.len_bytes().to_numpy().tobytes())
+    if len(text):
+        h.update(text.str.join("").item().encode())

@@ -74,6 +74,7 @@ def train(args: argparse.Namespace) -> int:
         log_path=opts.log_path,
         progress=not opts.no_progress,
         tensorboard=opts.tensorboard,
+        allow_other_vocabulary=opts.allow_other_vocabulary,
     )
     run = Run(spec, dry_run=opts.dry_run)
     if opts.dry_run:
@@ -151,7 +152,8 @@ def _scoring(args: argparse.Namespace):
     from ctrkit.eval.evaluator import Scoring
 
     cfg: EvalConfig = config_from(args, EvalConfig)
-    return cfg, Scoring.load(cfg.checkpoint, cfg.dataset, cfg.mapping, cfg.device, config_from(args, ParallelConfig))
+    parallel = config_from(args, ParallelConfig)
+    return cfg, Scoring.load(cfg.checkpoint, cfg.dataset, cfg.mapping, cfg.device, parallel, cfg.allow_other_vocabulary)
 
 
 def evaluate(args: argparse.Namespace) -> int:

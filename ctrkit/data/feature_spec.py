@@ -413,6 +413,8 @@ class FeatureSpec:
             "numerical_features": list(self.numerical_features),
             "label": self.label_feature,
         }
+        if self.metadata.get("vocabulary_fingerprint"):  # what the ids mean (``integrity.vocabulary_fingerprint``)
+            out["vocabulary"] = str(self.metadata["vocabulary_fingerprint"])
         if self.multi_hot_features:
             out["multi_hot_features"] = list(self.multi_hot_features)
             out["multi_hot_cardinalities"] = self.multi_hot_cardinalities

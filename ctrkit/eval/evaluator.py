@@ -120,6 +120,7 @@ class Scoring:
         mapping: str = "test",
         device: str = "auto",
         parallel: ParallelConfig | None = None,
+        allow_other_vocabulary: bool = False,
     ) -> Scoring:
         """Reads the checkpoint, checks it fits the dataset's features, and builds its model on the device."""
         from ctrkit.checkpoint_shards import MappedSource, assemble_shards, read_rank_file
@@ -133,7 +134,7 @@ class Scoring:
         distributed = launched_by_torchrun()
         ckpt = load_checkpoint(checkpoint, assemble=not distributed)
         spec = FeatureSpec.from_yaml(dataset)
-        ckpt.check_spec(spec.summary(), str(spec.base_dir))
+        ckpt.check_spec(spec.summary(), str(spec.base_dir), allow_other_vocabulary)
         if distributed and ckpt.models_averaged > 1:
             raise ValueError(
                 f"{checkpoint}: holds an ensemble of {ckpt.models_averaged} models, which scores in one process; "

@@ -41,6 +41,7 @@ from ctrkit.data.atomic import atomic_directory
 from ctrkit.data.feature_spec import FeatureSpec
 from ctrkit.data.split_binary import DataError, SplitBinaryWriter
 from ctrkit.data.synthetic_outbrain import display_spec
+from ctrkit.integrity import vocabulary_fingerprint
 from ctrkit.preprocess.outbrain_files import (
     BLOCK_ROWS,
     CTR_MIN_COUNT,
@@ -242,7 +243,8 @@ def preprocess_outbrain(
 
     # pass 2: each block's features, written as they are computed
     meta_info = {"generator": "ctrkit preprocess outbrain", "frequency_threshold": recipe.frequency_threshold,
-                 "seed": recipe.seed, "ctr_folds": recipe.ctr_folds}  # fmt: skip
+                 "seed": recipe.seed, "ctr_folds": recipe.ctr_folds,
+                 "vocabulary_fingerprint": vocabulary_fingerprint(dict(zip(ONEHOT, vocabs)))}  # fmt: skip
     written = {"train": 0, "test": 0}
     with atomic_directory(out_dir, overwrite) as tmp:
         spec = outbrain_spec(cards, tmp, meta_info)

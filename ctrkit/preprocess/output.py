@@ -20,6 +20,7 @@ from ctrkit.data.atomic import atomic_directory
 from ctrkit.data.feature_spec import FeatureSpec
 from ctrkit.data.spec_builders import criteo_like_spec
 from ctrkit.data.split_binary import DataError, SplitBinaryWriter
+from ctrkit.integrity import vocabulary_fingerprint
 from ctrkit.preprocess.criteo import MISSING_ID, RARE_ID, CriteoRecipe
 from ctrkit.preprocess.vocabulary import cardinality, save_vocabulary
 
@@ -108,6 +109,7 @@ class DatasetOutput:
             "frequency_threshold": self.recipe.frequency_threshold,
             "missing_id": MISSING_ID,
             "rare_id": RARE_ID,
+            "vocabulary_fingerprint": vocabulary_fingerprint(dict(zip(self.cats, vocabularies))),
         }
         self.spec = FeatureSpec(base.feature_spec, base.source_spec, base.channel_spec, meta, self.dir)
         self.spec.to_yaml(self.dir / "feature_spec.yaml")

@@ -40,6 +40,7 @@ from ctrkit.data.atomic import atomic_directory
 from ctrkit.data.feature_spec import Feature, FeatureSpec, smallest_int_dtype
 from ctrkit.data.spec_builders import split_binary_spec
 from ctrkit.data.split_binary import SplitBinaryWriter
+from ctrkit.integrity import vocabulary_fingerprint
 from ctrkit.preprocess import vocabulary as vocab_mod
 from ctrkit.preprocess.criteo import MISSING_ID, RARE_ID
 from ctrkit.preprocess.output import Rejects, split_bounds
@@ -271,6 +272,7 @@ def preprocess_table(
         "frequency_threshold": recipe.frequency_threshold,
         "missing_id": MISSING_ID,
         "rare_id": RARE_ID,
+        "vocabulary_fingerprint": vocabulary_fingerprint(vocabularies),
     }
     numerical = table.select(roles.numerical).to_numpy().astype(np.float32) if roles.numerical else None
     labels = table["__label"].to_numpy()

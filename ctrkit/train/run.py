@@ -49,6 +49,7 @@ class RunSpec:
         progress: show a progress bar.
         recipe: the named recipe the settings started from (``train.recipes``).
         sources: the layer each setting that is not a field's default came from (``setting_sources``).
+        allow_other_vocabulary: continue from ``load_checkpoint`` on data preprocessed with other vocabularies.
     """
 
     model: str
@@ -64,6 +65,7 @@ class RunSpec:
     tensorboard: Path | None = None
     recipe: str = DEFAULT_RECIPE
     sources: dict[str, str] = field(default_factory=dict)
+    allow_other_vocabulary: bool = False
 
     def run_yaml(self) -> dict[str, Any]:
         """The resolved run as written beside the checkpoint (and read back by ``config``)."""
@@ -201,6 +203,7 @@ def resolve_run(
     log_path: str | os.PathLike | None = None,
     progress: bool = True,
     tensorboard: str | os.PathLike | None = None,
+    allow_other_vocabulary: bool = False,
 ) -> RunSpec:
     """Resolves a run once: explicit arguments, then the run YAML ``config``, then the recipe, then the
     model's defaults.
@@ -213,7 +216,8 @@ def resolve_run(
         model_config: model config fields (e.g. embedding_dim, bottom_mlp), over ``model_config_file``.
         model_config_file: a YAML file of model config fields, over the run YAML's.
         train: TrainConfig fields, over the run YAML's.
-        parallel, device, save_checkpoint, load_checkpoint, log_path, progress, tensorboard: as RunSpec's.
+        parallel, device, save_checkpoint, load_checkpoint, log_path, progress, tensorboard,
+            allow_other_vocabulary: as RunSpec's.
     """
     run = load_run_file(config)
     name = model or run.get("model") or DEFAULT_MODEL
@@ -252,6 +256,7 @@ def resolve_run(
         Path(tensorboard) if tensorboard is not None else None,
         chosen.name,
         sources,
+        allow_other_vocabulary,
     )
 
 
@@ -338,7 +343,7 @@ class Run(SeedEnsemble):
         ckpt = None
         if spec.load_checkpoint is not None:  # a rank reads only its own file of a sharded checkpoint
             ckpt = load_checkpoint(spec.load_checkpoint, assemble=self.env is None)
-            ckpt.check_spec(feature_spec.summary(), str(feature_spec.base_dir))
+            ckpt.check_spec(feature_spec.summary(), str(feature_spec.base_dir), spec.allow_other_vocabulary)
         self.is_main = self.env is None or self.env.is_main
         self.feature_spec, self.test_set, self.validation_set = feature_spec, test_set, validation_set
         from ctrkit.train.plan import make_plan

@@ -94,3 +94,40 @@ def test_a_flipped_byte_in_a_rank_file_is_refused(tiny_dataset, two_runs, tmp_pa
     proc = run_process("evaluate", "--checkpoint", a / "s.pt", "--dataset", tiny_dataset)
     assert proc.returncode == 2, proc.stderr[-2000:]
     one_line_error(proc.stderr, "evaluate", r1.name, "does not match the digest")
+
+
+def write_table(path, names, seed):
+    """A CSV whose categorical column takes ``names`` (same counts whatever the names), labels from the name."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    idx = rng.choice(len(names), size=2_000, p=np.arange(len(names), 0, -1) / sum(range(1, len(names) + 1)))
+    x = rng.normal(size=2_000)
+    y = (rng.random(2_000) < 1 / (1 + np.exp(-(idx - 4) * 0.8 - x))).astype(int)
+    lines = ["label,x,kind"] + [f"{a},{b:.4f},{names[i]}" for a, b, i in zip(y, x, idx)]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_scoring_or_continuing_on_another_vocabulary_is_refused(tmp_path):
+    """Two tables preprocessed separately: the same column names and cardinalities, other values. The
+    checkpoint of one is refused on the other by evaluate, predict and a continued train, and the override
+    flag scores it anyway."""
+    for name, prefix in (("a", "red"), ("b", "blue")):
+        write_table(tmp_path / f"{name}.csv", [f"{prefix}{i}" for i in range(9)], seed=0)
+        proc = run_process("preprocess", "table", tmp_path / f"{name}.csv", "--out", tmp_path / name, "--label",
+                           "label", "--no-progress")  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+    ckpt = tmp_path / "m.pt"
+    proc = run_process("train", "--dataset", tmp_path / "a", "--save-checkpoint", ckpt, "--max-steps", "3",
+                       "--no-progress", *small_model_flags())  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert run_process("evaluate", "--checkpoint", ckpt, "--dataset", tmp_path / "a").returncode == 0
+    other = tmp_path / "b"
+    new = ("--max-steps", "4", "--save-checkpoint", tmp_path / "n.pt", "--no-progress")
+    for command, *args in (("evaluate",), ("predict", "--out", tmp_path / "p.npy"), ("train", *new)):
+        flag = "--load-checkpoint" if command == "train" else "--checkpoint"
+        proc = run_process(command, flag, ckpt, "--dataset", other, *args)
+        assert proc.returncode == 2, (command, proc.stderr[-2000:])
+        one_line_error(proc.stderr, command, str(other), "other vocabularies", "--allow-other-vocabulary")
+    proc = run_process("evaluate", "--checkpoint", ckpt, "--dataset", other, "--allow-other-vocabulary")
+    assert proc.returncode == 0, proc.stderr
