@@ -337,7 +337,7 @@ class EvalConfig:
 
     checkpoint: Path | None = option(None, "checkpoint written by `ctrkit train`", required=True)
     dataset: Path | None = option(None, "dataset directory holding feature_spec.yaml", required=True)
-    out: Path | None = option(None, "output .npy file", required=True)
+    out: Path | None = option(None, "output file: NumPy .npy format, written at exactly this path", required=True)
     json: bool = option(False, "print one JSON object instead of a text line")
     device: str = option("auto", "auto, cpu, cuda, cuda:N")
     mapping: str = option("test", "source_spec mapping to score")

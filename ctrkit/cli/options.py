@@ -120,8 +120,10 @@ def config_values(args: argparse.Namespace, cls: type) -> dict[str, Any]:
 def write_result(result: dict | list, path: Path | None) -> None:
     """Writes a benchmark result as JSON when ``--output`` was given."""
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+        from ctrkit.data.atomic import atomic_file
+
+        with atomic_file(path) as tmp:
+            tmp.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
         print(f"wrote {path}")
 
 

@@ -182,16 +182,19 @@ def evaluate(args: argparse.Namespace) -> int:
 def predict(args: argparse.Namespace) -> int:
     """write click probabilities of a dataset mapping to a .npy file
 
-    Writes one float32 click probability per sample, in dataset order.
+    Writes one float32 click probability per sample, in dataset order, in NumPy's .npy format to exactly
+    the --out path given (atomically: the file appears complete or not at all).
     """
     import numpy as np
+
+    from ctrkit.data.atomic import atomic_file
 
     cfg, scoring = _scoring(args)
     probs = scoring.predict(cfg.batch_size, progress=scoring.env is None)
     if not scoring.is_main:
         return 0
-    cfg.out.parent.mkdir(parents=True, exist_ok=True)
-    np.save(cfg.out, probs)
+    with atomic_file(cfg.out, needs=probs.nbytes) as tmp, open(tmp, "wb") as f:
+        np.save(f, probs)  # to the file object: the path named, never with .npy added
     print(f"wrote {cfg.out}: {len(probs):,} click probabilities (float32), mean {probs.mean():.4f}")
     return 0
 

@@ -65,7 +65,11 @@ def free_bytes(path: Path) -> int | None:
 
 
 def _mib(n: int) -> str:
-    return f"{n / 2**20:,.1f} MiB"
+    """``n`` bytes for people: KiB below a MiB, GiB from one GiB."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20)):
+        if n >= size:
+            return f"{n / size:,.1f} {unit}"
+    return f"{n / 2**10:,.0f} KiB"
 
 
 def disk_error(e: BaseException, target: Path, written: int, needs: int | None) -> DiskError | None:
@@ -74,11 +78,13 @@ def disk_error(e: BaseException, target: Path, written: int, needs: int | None) 
     reason = _reason(e)
     if reason is None:
         return None
+    kept = f"; the previous {target.name} is intact" if target.exists() else ""
+    if reason not in ("no space left on device", "disk quota exceeded", "file too large"):
+        return DiskError(f"{target}: cannot write it: {reason}{kept}")
     free = free_bytes(target.parent)
     need = f"it needs about {_mib(needs)}" if needs else f"it had written {_mib(written)} when the write failed"
     room = f", {_mib(free)} free there" if free is not None else ""
-    kept = f"; the previous {target.name} is intact" if target.exists() else ""
-    return DiskError(f"{target}: cannot write it: {reason} ({need}{room}){kept}")
+    return DiskError(f"{target}: cannot write it: {reason} ({need}{room}){kept}; free some space or write elsewhere")
 
 
 def check_room(target: Path, needs: int | None) -> None:
@@ -154,6 +160,21 @@ def atomic_file(path: str | os.PathLike, needs: int | None = None) -> Iterator[P
         raise
 
 
+def append_text(path: str | os.PathLike, text: str) -> None:
+    """Appends ``text`` to ``path`` (a log: each record whole on its own line); a full, read-only or
+    forbidden disk is a DiskError naming the file."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as f:
+            f.write(text)
+    except OSError as e:
+        problem = disk_error(e, path, 0, None)
+        if problem is not None:
+            raise problem from None
+        raise
+
+
 def _temporary(target: Path, make) -> Path:
     """``make()``'s temporary beside ``target`` (its parent created), a disk's refusal as a DiskError."""
     try:
@@ -214,9 +235,9 @@ class PathLock:
         self.held = False
 
     def acquire(self) -> PathLock:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         for _ in range(2):
             try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
                 holder = self._holder()
@@ -230,8 +251,16 @@ class PathLock:
                     ) from None
                 self.path.unlink(missing_ok=True)  # its holder is gone: take the lock over
                 continue
-            with os.fdopen(fd, "w") as f:
-                f.write(f"{os.getpid()}\n")
+            except OSError as e:  # a read-only or full disk
+                problem = disk_error(e, self.target, 0, None)
+                raise problem if problem is not None else e from None
+            try:
+                with os.fdopen(fd, "w") as f:
+                    f.write(f"{os.getpid()}\n")
+            except OSError as e:  # a full disk: no lock left behind, the target named
+                self.path.unlink(missing_ok=True)
+                problem = disk_error(e, self.target, 0, None)
+                raise problem if problem is not None else e from None
             self.held = True
             return self
         raise ValueError(f"{self.target}: could not take the lock {self.path}; another process keeps taking it")

@@ -15,6 +15,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ctrkit.config import TrainConfig
+from ctrkit.data.atomic import append_text
 from ctrkit.data.dataset import SplitBinaryDataset, split_tail
 from ctrkit.data.loader import BatchLoader
 from ctrkit.distributed.env import DistEnv, all_reduce_sum
@@ -155,9 +156,7 @@ class Trainer(TrainerState, ModelSelection, SnapshotPool, WarmStart):
         if self.member is not None:  # a seed ensemble's member: its records say which
             record = {**record, "member": self.member}
         if self.log_path is not None and self.main:
-            self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.log_path, "a") as f:
-                f.write(json.dumps(record) + "\n")
+            append_text(self.log_path, json.dumps(record) + "\n")
         if self.tensorboard is not None:
             self.tensorboard.write(record)
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import yaml
 
-from ctrkit.data.atomic import atomic_directory, atomic_file, remove_stale_temporaries
+from ctrkit.data.atomic import DiskError, atomic_directory, atomic_file, remove_stale_temporaries
 from ctrkit.data.dataset import SplitBinaryDataset
 from ctrkit.data.split_binary import DataError
 from ctrkit.data.synthetic import generate_dataset
@@ -156,7 +156,7 @@ def test_killed_writers_leave_temporaries_the_next_write_removes(tmp_path):
 
 def test_a_failed_overwrite_keeps_the_old_dataset(small, tmp_path):
     before = digest(small)
-    with pytest.raises(OSError), atomic_directory(small, overwrite=True) as d:
+    with pytest.raises(DiskError, match=f"{small}: cannot write it: no space left"), atomic_directory(small, True) as d:
         (d / "half").write_text("partial")
         raise OSError(28, "No space left on device")  # a full disk mid-write
     assert digest(small) == before and hidden_temporaries(small.parent) == []
@@ -178,7 +178,7 @@ def test_full_disk_while_writing_a_checkpoint_keeps_the_old_one(tmp_path, monkey
         raise OSError(28, "No space left on device", str(f))
 
     monkeypatch.setattr(torch, "save", full)
-    with pytest.raises(OSError, match="No space"):
+    with pytest.raises(DiskError, match=f"{path}: cannot write it: no space left .* the previous m.pt is intact"):
         save_checkpoint(path, Checkpoint(model_name="dlrm", model_config={}, spec={}, model={"w": torch.zeros(3)},
                                          step=2))  # fmt: skip
     monkeypatch.undo()
