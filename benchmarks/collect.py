@@ -262,6 +262,21 @@ def ablation_rows(raw):
     return columns, rows
 
 
+@suite("checkpoint")
+def checkpoint_rows(raw):
+    """``ctrkit bench checkpoint``: a checkpoint's save and load, without and with the digest of its tensors
+    (medians of interleaved rounds), and the digest's share."""
+    columns = ["size (MiB)", "operation", "without digest (s)", "with digest (s)", "difference", "digest alone (s)",
+               "digest alone / without", "rounds"]  # fmt: skip
+    rows = []
+    for _, data in raw:
+        m = data["median_seconds"]
+        for op, share in (("save", data["save_overhead"]), ("load", data["load_overhead"])):
+            rows.append([data["size_mb"], op, round(m[op], 3), round(m[f"{op}_digest"], 3), f"{share:+.1%}",
+                         round(m["digest"], 3), f"{m['digest'] / m[op]:.1%}", data["rounds"]])  # fmt: skip
+    return columns, rows
+
+
 def _load(path: Path) -> list[tuple[str, dict]]:
     files = sorted(path.glob("*.json")) if path.is_dir() else [path]
     return [(p.stem, json.loads(p.read_text())) for p in files]

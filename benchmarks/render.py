@@ -101,6 +101,14 @@ SUITES = {
         "(batch-1 requests from one client for latency, batch-1024 binary requests from four for throughput).",
         "bash benchmarks/run_inference.sh",
     ),
+    "checkpoint": (
+        "Checkpoint digests",
+        "A checkpoint of 1 GiB of tensors (one table of width 128 and a small MLP) saved (atomic write with fsync) "
+        "and loaded from the page cache without and with the XXH3 digest of its tensors, interleaved rounds, each "
+        "step after `os.sync()`; and the digest alone against the plain save and load (the first saves of a "
+        "round still meet the disk's writeback). [Decision](decisions/checkpoint-digest.md).",
+        "bash benchmarks/run_checkpoint.sh",
+    ),
 }
 
 

@@ -198,3 +198,12 @@ class AblationBenchConfig:
     work: Path = option(Path("build/accuracy"), "where the panel's datasets are built")
     out: Path = option(Path("build/bench/ablation"), "directory for results.json (appended run by run), logs/, "
                        "results.md")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class CheckpointBenchConfig:
+    """What the digest of a checkpoint's tensors costs its save and its load."""
+
+    size_mb: int = option(1024, "tensor data of the checkpoint, in MiB (one embedding table and a small MLP)")
+    rounds: int = option(5, "interleaved rounds (with and without the digest take turns); medians are reported")
+    work: Path = option(Path("build/bench/checkpoint"), "directory the checkpoints are written to")

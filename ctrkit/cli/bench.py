@@ -11,6 +11,7 @@ from ctrkit.bench.config import (
     AblationBenchConfig,
     AccuracyBenchConfig,
     BenchRunOptions,
+    CheckpointBenchConfig,
     InferenceBenchConfig,
     PreprocessBenchConfig,
     ScaleBenchOptions,
@@ -20,11 +21,13 @@ from ctrkit.cli.options import add_command, config_from, write_result
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="benchmarks: training, preprocessing, scaling, inference, accuracy, ablation")
+    p = sub.add_parser(
+        "bench", help="benchmarks: training, preprocessing, scaling, inference, accuracy, ablation, checkpoint digests"
+    )
     bsub = p.add_subparsers(
         dest="bench",
         required=True,
-        metavar="{train,preprocess,scale,inference,accuracy,ablation}",
+        metavar="{train,preprocess,scale,inference,accuracy,ablation,checkpoint}",
         help="what to measure",
     )
     add_command(bsub, "inference", inference, (InferenceBenchConfig, BenchRunOptions), ("device",))
@@ -33,6 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_command(bsub, "train", train, (TrainBenchConfig, BenchRunOptions), ("distinct_batches",))
     add_command(bsub, "accuracy", accuracy, (AccuracyBenchConfig, BenchRunOptions), ("device", "output"))
     add_command(bsub, "ablation", ablation, (AblationBenchConfig, BenchRunOptions), ("device", "output"))
+    add_command(bsub, "checkpoint", checkpoint, (CheckpointBenchConfig, BenchRunOptions), ("device",))
 
 
 def _threads(run: BenchRunOptions) -> None:
@@ -295,4 +299,27 @@ def ablation(args: argparse.Namespace) -> int:
     (cfg.out / "results.md").write_text(table)
     print(table)
     print(f"wrote {cfg.out / 'results.md'}")
+    return 0
+
+
+def checkpoint(args: argparse.Namespace) -> int:
+    """what the digest of a checkpoint's tensors costs its save and load
+
+    Writes a checkpoint of --size-mb of tensor data with the digest and without it, and reads each back
+    (verifying the first), the two taking turns for --rounds rounds; prints the median seconds of each and the
+    digest's share of the save and of the load.
+    """
+    from ctrkit.bench.checkpoint_bench import run_checkpoint_bench
+    from ctrkit.bench.peak import machine
+
+    cfg: CheckpointBenchConfig = config_from(args, CheckpointBenchConfig)
+    run = config_from(args, BenchRunOptions)
+    _threads(run)
+    result = {**run_checkpoint_bench(cfg), "machine": machine()}
+    m = result["median_seconds"]
+    print(f"checkpoint of {cfg.size_mb} MiB, medians of {cfg.rounds} rounds: save {m['save']:.3f} s, with digest "
+          f"{m['save_digest']:.3f} s ({result['save_overhead']:+.1%}); load {m['load']:.3f} s, verified "
+          f"{m['load_digest']:.3f} s ({result['load_overhead']:+.1%}); the digest alone "
+          f"{m['digest']:.3f} s")  # fmt: skip
+    write_result(result, run.output)
     return 0
