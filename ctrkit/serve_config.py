@@ -23,7 +23,7 @@ class ServeConfig:
         exclusive="source",
     )
     host: str = option("127.0.0.1", "address to bind (127.0.0.1: this machine only)")
-    port: int = option(8000, "port")
+    port: int = option(8000, "TCP port, 0 to 65535 (0: any free one)")
     name: str | None = option(None, "model name in the URLs", unset="the model type, e.g. dlrm")
     batch_window_ms: float = option(1.0, "how long a request may wait for others to be scored with it")
     max_batch_size: int = option(8192, "samples per model call and request")
@@ -56,6 +56,8 @@ class ServeConfig:
             raise ValueError(f"`max_body_mb`: expected a positive size, got {self.max_body_mb}")
         if self.cache_rows < 0:
             raise ValueError(f"`cache_rows`: expected an integer >= 0, got {self.cache_rows}")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"`port`: expected a TCP port, 0 to 65535 (0: any free one), got {self.port}")
 
 
 @dataclass(frozen=True)

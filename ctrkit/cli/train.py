@@ -95,6 +95,11 @@ def train(args: argparse.Namespace) -> int:
     return 0
 
 
+def auc_text(auc: float) -> str:
+    """``AUC 0.8012``, or what an undefined AUC means (the data held one class only)."""
+    return f"AUC {auc:.4f}" if auc == auc else "AUC undefined (every label is the same)"
+
+
 def summary_line(result: dict, checkpoint=None) -> str:
     """``train``'s last line: the steps, the kept model and its validation scores beside the first-order
     regression it started from, its calibration where one was kept, the test scores, the checkpoint."""
@@ -120,12 +125,12 @@ def summary_line(result: dict, checkpoint=None) -> str:
         else:
             whose = f"seed {seeds[0]}'s {at}" if len({m["seed"] for m in members}) > 1 else f"the {at}"
             kept = f"kept step {result['best_step']}" + (f" of {whose}model" if members else "")
-        parts.append(f"{kept} (validation AUC {v['auc']:.4f}, logloss {v['logloss']:.4f})")
+        parts.append(f"{kept} (validation {auc_text(v['auc'])}, logloss {v['logloss']:.4f})")
         base = result.get("baseline")
         if base is not None and not result.get("ensemble") and len(seeds) < 2 and result["best_step"] == base["step"]:
             parts[-1] += ": the first-order regression it started from; no trained step beat it on validation"
         elif base is not None:
-            parts[-1] += f" against the first-order regression it started from: AUC {base['auc']:.4f}"
+            parts[-1] += f" against the first-order regression it started from: {auc_text(base['auc'])}"
     count, single = result.get("models_per_request", 1), result.get("single_validation")
     if count > 1 and single and "validation" in result:
         gain = result["validation"]["auc"] - single["auc"]
@@ -138,7 +143,9 @@ def summary_line(result: dict, checkpoint=None) -> str:
             f"{fit['logloss_after']:.4f})"
         )
     if "auc" in result:
-        parts.append(f"test AUC {result['auc']:.4f}, logloss {result['logloss']:.4f} on {result['samples']:,} samples")
+        parts.append(
+            f"test {auc_text(result['auc'])}, logloss {result['logloss']:.4f} on {result['samples']:,} samples"
+        )
         if "single" in result and result.get("members"):
             parts[-1] += f" (seed {chosen[0]['seed']}'s {at}model alone: AUC {result['single']['auc']:.4f})"
         elif "single" in result:
@@ -170,7 +177,7 @@ def evaluate(args: argparse.Namespace) -> int:
         print(json.dumps({k: None if v != v else v for k, v in metrics.items()}, sort_keys=True))
         return 0
     line = (
-        f"{metrics['model']} step {metrics['step']} on {cfg.mapping}: AUC {metrics['auc']:.4f}  "
+        f"{metrics['model']} step {metrics['step']} on {cfg.mapping}: {auc_text(metrics['auc'])}  "
         f"logloss {metrics['logloss']:.4f}  samples {metrics['samples']:,}  CTR {metrics['ctr']:.4f}"
     )
     if "map@12" in metrics:

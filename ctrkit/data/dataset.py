@@ -105,6 +105,25 @@ class DatasetRange:
         return None if groups is None else groups[self.start : self.stop]
 
 
+LABEL_CHECK_ROWS = 1 << 27  # labels read to check both classes are present (one byte a row)
+
+
+def one_class_problem(dataset: SplitBinaryDataset | DatasetRange, where: str) -> str | None:
+    """A one-line message when ``dataset``'s labels are all one class (none where more rows than
+    ``LABEL_CHECK_ROWS`` and the first of them hold both), else None."""
+    labels = dataset.labels()[:LABEL_CHECK_ROWS]
+    positives = int(np.count_nonzero(labels))
+    if 0 < positives < len(labels) or not len(labels):
+        return None
+    if len(dataset) > LABEL_CHECK_ROWS:
+        return None  # the rows read hold one class; the others may not
+    label = 1 if positives else 0
+    return (
+        f"{where}: every one of its {len(labels):,} training labels is {label}; a click model needs clicks and "
+        "non-clicks (check the label column and --positive or --label-threshold when preprocessing)"
+    )
+
+
 def split_tail(dataset: SplitBinaryDataset, fraction: float) -> tuple[DatasetRange, DatasetRange]:
     """(head, tail): the last ``fraction`` of the samples held out, at least one on each side.
 

@@ -14,6 +14,7 @@ import polars as pl
 from ctrkit.config import TrainConfig
 from ctrkit.preprocess.criteo import BAD_ROW_POLICIES
 
+FLOAT32_MAX = 3.4028234663852886e38
 FILE_COL, LINE_COL = "__ctrkit_file", "__ctrkit_line"  # where each row came from, for error messages
 TRAIN_VALIDATION_FRACTION = TrainConfig().validation_fraction  # the tail `train` holds out by default
 
@@ -238,7 +239,8 @@ def label_values(recipe: TableRecipe) -> tuple[pl.Expr, pl.Expr]:
 
 
 def number_values(names: Sequence[str]) -> tuple[list[pl.Expr], list[pl.Expr]]:
-    """Each numerical column as Float64 (missing -> 0) and the problems: text that is no number, infinity."""
+    """Each numerical column as Float64 (missing -> 0) and the problems: text that is no number, infinity, a
+    magnitude float32 (the dataset's type) cannot hold."""
     values, problems = [], []
     for n in names:
         col = pl.col(n)
@@ -248,6 +250,8 @@ def number_values(names: Sequence[str]) -> tuple[list[pl.Expr], list[pl.Expr]]:
             .then(pl.format(f"{n}: '{{}}' is not a number", col.cast(pl.String)))
             .when(number.is_infinite())
             .then(pl.format(f"{n}: {{}} is not finite", number))
+            .when(number.abs() > FLOAT32_MAX)  # stored as float32: it would become infinite
+            .then(pl.format(f"{n}: {{}} is beyond float32's range (magnitude at most 3.4e38)", col.cast(pl.String)))
         )
         values.append(number.fill_nan(None).fill_null(0.0).alias(n))
     return values, problems

@@ -322,7 +322,7 @@ class Run(SeedEnsemble):
         import torch
 
         from ctrkit.checkpoint import load_checkpoint
-        from ctrkit.data.dataset import SplitBinaryDataset, split_tail
+        from ctrkit.data.dataset import SplitBinaryDataset, one_class_problem, split_tail
         from ctrkit.device import amp_dtype_for, resolve_device
 
         cfg = spec.train
@@ -340,6 +340,9 @@ class Run(SeedEnsemble):
         if validation_set is None and cfg.validation_fraction > 0 and len(self.train_set) >= 2:
             # the held-out tail, once for every member (the Trainer splits only what it is given unsplit)
             self.train_set, validation_set = split_tail(self.train_set, cfg.validation_fraction)
+        problem = one_class_problem(self.train_set, str(spec.dataset))
+        if problem is not None:
+            raise ValueError(problem)
         ckpt = None
         if spec.load_checkpoint is not None:  # a rank reads only its own file of a sharded checkpoint
             ckpt = load_checkpoint(spec.load_checkpoint, assemble=self.env is None)
