@@ -1,0 +1,98 @@
+"""Input a user may really have: CSVs with quoted newlines, stray bytes, ragged or duplicated columns, huge
+numbers, nested Parquet columns, a label of one class, a port out of range. Each is one line naming the
+file and line (or the flag), exit 2; or, where the behaviour is intended, it does what the docs say."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pytest
+
+from tests.conftest import run_process, small_model_flags
+from tests.faults.conftest import one_line_error
+
+ROWS = [f"{i % 2},{i * 0.5},k{i % 5}" for i in range(60)]
+
+
+def csv(path, rows, header="label,x,kind"):
+    path.write_bytes(header.encode() + b"\n" + b"\n".join(r if isinstance(r, bytes) else r.encode() for r in rows)
+                     + b"\n")  # fmt: skip
+    return path
+
+
+def preprocess(src, out, *extra):
+    return run_process("preprocess", "table", src, "--out", out, "--label", "label", "--no-progress", *extra)
+
+
+@pytest.mark.parametrize(
+    "case, row, needles",
+    [
+        ("quoted newline before", None, ("bad.csv:13:", "'zz'")),  # the newline inside quotes counts as a line
+        ("not utf-8", b"0,1.5,b\xff\xfe", ("bad.csv:12:", "not UTF-8")),
+        ("more fields", "0,1.5,b,extra", ("bad.csv:12:", "4 fields, the header has 3")),
+        ("beyond float32", "0,1e300,b", ("bad.csv:12:", "beyond float32")),
+    ],
+)
+def test_a_bad_csv_line_is_named_by_its_line_in_the_file(tmp_path, case, row, needles):
+    rows = list(ROWS)
+    if case == "quoted newline before":
+        rows[3], rows[10] = '1,0.5,"two\nlines"', "0,zz,c"
+    else:
+        rows[10] = row
+    proc = preprocess(csv(tmp_path / "bad.csv", rows), tmp_path / "out", "--categorical", "kind")
+    assert proc.returncode == 2, proc.stderr
+    one_line_error(proc.stderr, "preprocess", *needles)
+    assert "RuntimeWarning" not in proc.stderr and not (tmp_path / "out").exists()
+
+
+def test_quoted_newlines_keep_bad_row_lines_right_when_skipped(tmp_path):
+    rows = list(ROWS)
+    rows[3], rows[10] = '1,0.5,"two\nlines"', "0,nan-ish,c"
+    proc = preprocess(csv(tmp_path / "t.csv", rows), tmp_path / "out", "--numerical", "x", "--bad-rows", "skip")
+    assert proc.returncode == 0, proc.stderr
+    rejects = (tmp_path / "out" / "rejects.jsonl").read_text()
+    assert '"line_no": 13' in rejects, rejects
+
+
+def test_a_duplicated_column_name_is_refused_not_renamed(tmp_path):
+    proc = preprocess(csv(tmp_path / "dup.csv", ROWS, header="label,x,x"), tmp_path / "out")
+    assert proc.returncode == 2
+    one_line_error(proc.stderr, "preprocess", "dup.csv:1:", "column 'x' appears twice")
+
+
+def test_a_parquet_list_of_lists_is_refused_naming_the_column(tmp_path):
+    pl.DataFrame({"label": [0, 1] * 30, "x": [1.0] * 60, "tags": [[[1, 2], [3]]] * 60}).write_parquet(tmp_path / "n.pq")
+    proc = preprocess(tmp_path / "n.pq", tmp_path / "out")
+    assert proc.returncode == 2
+    one_line_error(proc.stderr, "preprocess", "n.pq", "column 'tags'", "List(List(Int64))")
+
+
+def test_a_short_row_reads_its_missing_fields_as_missing(tmp_path):
+    """Intended (as pandas and Polars read CSV): fields a row lacks are missing values, not a bad row."""
+    rows = list(ROWS)
+    rows[10] = "0,1.5"
+    assert preprocess(csv(tmp_path / "short.csv", rows), tmp_path / "out", "--categorical", "kind").returncode == 0
+
+
+def test_training_on_labels_of_one_class_is_refused(tmp_path):
+    rows = [f"0,{i * 0.5},k{i % 5}" for i in range(200)]
+    assert preprocess(csv(tmp_path / "zero.csv", rows), tmp_path / "data").returncode == 0
+    proc = run_process("train", "--dataset", tmp_path / "data", "--max-steps", "2", "--no-progress",
+                       *small_model_flags())  # fmt: skip
+    assert proc.returncode == 2
+    one_line_error(proc.stderr, "train", str(tmp_path / "data"), "training labels is 0")
+
+
+@pytest.mark.parametrize("port", ["70000", "-1"])
+def test_a_port_out_of_range_is_one_line(tiny_checkpoint, port):
+    proc = run_process("serve", "--checkpoint", tiny_checkpoint, "--port", port)
+    assert proc.returncode == 2
+    one_line_error(proc.stderr, "serve", "--port", "0 to 65535")
+
+
+def test_predict_writes_the_path_it_names(tiny_dataset, tiny_checkpoint, tmp_path):
+    out = tmp_path / "scores"
+    proc = run_process("predict", "--checkpoint", tiny_checkpoint, "--dataset", tiny_dataset, "--out", out)
+    assert proc.returncode == 0 and f"wrote {out}:" in proc.stdout
+    assert out.exists() and not (tmp_path / "scores.npy").exists()
+    assert np.load(out).shape == (len(np.load(out)),)
