@@ -209,6 +209,7 @@ def test_triton_export_adds_versions_to_an_existing_repository(tiny_checkpoint, 
 
 def test_a_failed_triton_export_leaves_the_repository_as_it_was(tiny_checkpoint, tmp_path, monkeypatch):
     import ctrkit.export.exporter as exporter
+    from ctrkit.data.atomic import DiskError
 
     repo = tmp_path / "repo"
     export_checkpoint(tiny_checkpoint, repo, "triton", name="ctr")
@@ -219,7 +220,7 @@ def test_a_failed_triton_export_leaves_the_repository_as_it_was(tiny_checkpoint,
 
     monkeypatch.setattr(exporter, "export_onnx", broken)
     for name in ("ctr", "new"):  # a new version of a model, and a new model
-        with pytest.raises(OSError):
+        with pytest.raises(DiskError, match=f"{repo / name}.*: cannot write it: no space left on device"):
             export_checkpoint(tiny_checkpoint, repo, "triton", name=name)
     assert _tree(repo) == before
     assert sorted(p.name for p in repo.iterdir()) == ["ctr"] and sorted(p.name for p in (repo / "ctr").iterdir()) == [
