@@ -5,6 +5,7 @@ found in one line, and never load the damaged file (dlopen of a truncated librar
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -32,9 +33,23 @@ def train(cache, data, ckpt):
                   "--batch-size", "256", *small_model_flags())  # fmt: skip
 
 
-def test_a_truncated_cached_library_is_rebuilt_not_loaded(tiny_dataset, tmp_path):
-    cache = tmp_path / "cache"
-    assert train(cache, tiny_dataset, tmp_path / "a.pt").returncode == 0
+@pytest.fixture(scope="module")
+def built(tiny_dataset, tmp_path_factory):
+    """A cache holding the built library, and the checkpoint of the run that built it."""
+    work = tmp_path_factory.mktemp("native-cache")
+    assert train(work / "cache", tiny_dataset, work / "a.pt").returncode == 0
+    return work
+
+
+@pytest.fixture
+def cache(built, tmp_path):
+    """A copy of the built cache for one test to damage."""
+    shutil.copytree(built / "cache", tmp_path / "cache")
+    shutil.copy(built / "a.pt", tmp_path / "a.pt")
+    return tmp_path / "cache"
+
+
+def test_a_truncated_cached_library_is_rebuilt_not_loaded(tiny_dataset, cache, tmp_path):
     built = library(cache)
     good = built.read_bytes()
     built.write_bytes(good[: len(good) // 3])  # as a disk that filled during a copy leaves it
@@ -46,18 +61,14 @@ def test_a_truncated_cached_library_is_rebuilt_not_loaded(tiny_dataset, tmp_path
         built.write_bytes(good[: len(good) // 2])
 
 
-def test_a_cached_library_without_its_digest_is_rebuilt(tiny_dataset, tmp_path):
-    cache = tmp_path / "cache"
-    assert train(cache, tiny_dataset, tmp_path / "a.pt").returncode == 0
+def test_a_cached_library_without_its_digest_is_rebuilt(tiny_dataset, cache, tmp_path):
     native._digest_file(library(cache)).unlink()
     proc = train(cache, tiny_dataset, tmp_path / "b.pt")
     assert proc.returncode == 0 and "has no recorded digest; rebuilding it" in proc.stderr
     assert native._check_entry(library(cache)) is None
 
 
-def test_a_cached_library_lacking_a_kernel_leaves_aten_with_one_line(tiny_dataset, tmp_path):
-    cache = tmp_path / "cache"
-    assert train(cache, tiny_dataset, tmp_path / "a.pt").returncode == 0
+def test_a_cached_library_lacking_a_kernel_leaves_aten_with_one_line(tiny_dataset, cache, tmp_path):
     built = library(cache)
     source = tmp_path / "other.c"
     source.write_text("int ctrkit_something_else(void) { return 1; }\n")
