@@ -13,6 +13,18 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ctrkit.config import TrainConfig
+from ctrkit.train.memory import (
+    SCORING_BYTES,
+    USABLE,
+    WARM_START_ID_BYTES,
+    WARM_START_VALUE_BYTES,
+    Room,
+    gib,
+    local_processes,
+    process_rss,
+    room,
+    table_state_bytes,
+)
 
 # Small data: an epoch of fewer than SMALL_EPOCH batches (a table of a few thousand rows at batch 1,024).
 # There a run measured in epochs and evaluations ends after a few dozen steps while still improving, so
@@ -129,10 +141,6 @@ class Plan:
         }
 
 
-def _gib(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**28 else f"{n / 2**20:.0f} MiB"
-
-
 def _size(model: Any) -> tuple[int, int, int, int]:
     """(deep table, wide, dense, buffer) bytes of ``model`` (built on the meta device: nothing allocated)."""
     tables = {id(p) for m in model.modules() if hasattr(m, "table_parameters") for p in m.table_parameters()}
@@ -147,6 +155,59 @@ def _size(model: Any) -> tuple[int, int, int, int]:
         else:
             dense += n
     return deep, side, dense, sum(b.numel() * b.element_size() for b in model.buffers())
+
+
+def _table_rows(model: Any) -> int:
+    """Rows of the deep tables of ``model`` (built on the meta device)."""
+    return sum(p.shape[0] for m in model.modules() if hasattr(m, "table_parameters") for p in m.table_parameters())
+
+
+def _memory(cfg: Any, table_optimizer: str, sizes: tuple, model_config: Any, train_rows: int, validation: bool,
+            members: int, warm: bool, processes: int) -> dict[str, int]:  # fmt: skip
+    """The estimated peak of one process (``memory``'s docstring says what is counted), by part, in bytes;
+    ``more``: what it allocates beyond what it holds now."""
+    deep, side, dense, buffers, rows = sizes
+    deep, rows = deep // processes, rows // processes  # a job's tables are split over its processes, about evenly
+    weights = deep + side + dense + buffers
+    state = table_state_bytes(table_optimizer, deep, rows) + STATE_COPIES[cfg.optimizer] * dense
+    if side:
+        state += STATE_COPIES[cfg.wide_optimizer or "adagrad"] * side
+    copies = weights if validation else 0  # the best weights
+    if cfg.snapshot_ensemble > 1:
+        copies += cfg.snapshot_ensemble * weights
+    if members > 1:
+        copies += members * max(cfg.snapshot_ensemble, 1) * weights
+    inputs = len(getattr(model_config, "cardinalities", ())) + getattr(model_config, "num_numerical", 0) + 1
+    fit = (WARM_START_ID_BYTES * (side // 4) + WARM_START_VALUE_BYTES * min(train_rows, 1_000_000) * inputs
+           if warm else 0)  # fmt: skip
+    scoring = SCORING_BYTES * min(cfg.eval_batch_size, max(train_rows, 1)) * inputs
+    now = process_rss()
+    more = weights + state + max(fit, copies + scoring)
+    return {"weights": weights, "optimizer": state, "copies": copies, "warm_start": fit, "process": now,
+            "more": more, "peak": now + more, "total": weights + state + copies}  # fmt: skip
+
+
+def _fit_or_refuse(cfg: Any, sources: dict, memory: dict, need: Any, budget: Room, usable: int, processes: int,
+                   rules: dict) -> tuple[dict, Any]:  # fmt: skip
+    """Where the estimate exceeds the room: row-wise Adagrad on the tables when the table optimizer was left to
+    the recipe or the default and that fits (the plan says why); else a one-line ValueError naming the options."""
+    local = local_processes(processes)
+    chosen_by = sources.get("embedding_optimizer", "default")
+    if chosen_by == "default" or chosen_by.startswith("recipe") or chosen_by.endswith("'s default"):
+        lighter = need("rowwise_adagrad")
+        if lighter["more"] * local <= usable:
+            peak, has = gib(memory["peak"]), gib(budget.bytes)
+            rules["embedding_optimizer"] = (f"memory: {cfg.embedding_optimizer}'s state would need a peak of {peak}, "
+                                            f"{budget.where} has {has}")  # fmt: skip
+            return lighter, replace(cfg, embedding_optimizer="rowwise_adagrad")
+    per = f" in each of {local} processes" if local > 1 else ""
+    raise ValueError(
+        f"this run needs a peak of about {gib(memory['peak'])}{per} (weights {gib(memory['weights'])}, "
+        f"{cfg.embedding_optimizer} state {gib(memory['optimizer'])}, copies kept {gib(memory['copies'])}), more than "
+        f"{budget.where} has ({gib(budget.bytes)}): use `embedding_optimizer` rowwise_adagrad or sgd, a smaller "
+        "`embedding_dim` or `embedding_sizes`, `validation_fraction` 0 (no copy of the best weights), or more "
+        "machines with torchrun"
+    )
 
 
 def make_plan(
@@ -199,17 +260,20 @@ def make_plan(
 
     with torch.device("meta"):
         model = create_model(spec.model, spec.model_config)
-    deep, side, dense, buffers = _size(model)
-    weights = deep + side + dense + buffers
-    state = STATE_COPIES[cfg.embedding_optimizer] * deep + STATE_COPIES[cfg.optimizer] * dense
-    if side:
-        state += STATE_COPIES[cfg.wide_optimizer or "adagrad"] * side
-    copies = weights if validation else 0  # the best weights
-    if cfg.snapshot_ensemble > 1:
-        copies += cfg.snapshot_ensemble * weights
-    if members > 1:
-        copies += members * max(cfg.snapshot_ensemble, 1) * weights
-    memory = {"weights": weights, "optimizer": state, "copies": copies, "total": weights + state + copies}
+    linear = getattr(model, "wide_embeddings", None) is not None  # a first-order term (Wide & Deep's wide part)
+    sizes = _size(model) + (_table_rows(model),)
+    warm = cfg.linear_warm_start and linear and validation
+    need = lambda opt: _memory(cfg, opt, sizes, spec.model_config, train_rows, validation, members, warm, processes)  # noqa: E731
+    memory = need(cfg.embedding_optimizer)
+    budget = room(device)
+    usable = None if budget.bytes is None else int(budget.bytes * USABLE)
+    if usable is not None and memory["more"] * local_processes(processes) > usable:
+        memory, cfg = _fit_or_refuse(cfg, sources, memory, need, budget, usable, processes, rules)
+        resolved = replace(resolved, embedding_optimizer=cfg.embedding_optimizer)
+        configs = [replace(c, embedding_optimizer=cfg.embedding_optimizer) for c in configs]
+    memory["room"] = budget.bytes
+    deep, side, dense, buffers, _ = sizes
+    weights, state, copies = memory["weights"], memory["optimizer"], memory["copies"]
     models = cfg.snapshot_ensemble * cfg.seed_ensemble
 
     mc = spec.model_config
@@ -225,7 +289,7 @@ def make_plan(
                   why("early_stopping_patience")))  # fmt: skip
     lines.append(("optimizers", f"{cfg.optimizer} {cfg.lr:g} (dense), {cfg.embedding_optimizer} {cfg.embedding_lr:g} "
                   "(tables)" + (f", {cfg.wide_optimizer} {cfg.wide_lr:g} (first-order)" if side else ""),
-                  why("optimizer")))  # fmt: skip
+                  why("embedding_optimizer") if "embedding_optimizer" in rules else why("optimizer")))  # fmt: skip
     decay = (f"decay from step {resolved.decay_start_step:,} over {resolved.decay_steps:,}" if resolved.decay_steps
              else "no decay")  # fmt: skip
     schedule = "step (a quarter, then an eighth of the peak)" if cfg.lr_schedule == "step" else decay
@@ -235,14 +299,12 @@ def make_plan(
     plateau = resolved.plateau_patience if validation else 0
     lines.append(("plateau", f"rates x{cfg.plateau_factor:g} after {plateau} evaluations without a gain" if plateau
                   else "off", why("plateau_patience")))  # fmt: skip
-    linear = getattr(model, "wide_embeddings", None) is not None  # a first-order term (Wide & Deep's wide part)
     if spec.model != "wide_deep":
         lines.append(("first order", "on: a logistic term beside the deep part" if linear else "off",
                       why("linear")))  # fmt: skip
     buckets = getattr(mc, "numerical_buckets", 0) if getattr(model, "wide_buckets", None) is not None else 0
     lines.append(("buckets", f"up to {buckets} quantile buckets a numerical in the first-order term" if buckets
                   else "off", why("numerical_buckets")))  # fmt: skip
-    warm = cfg.linear_warm_start and linear and validation
     if warm:
         rule = "kept unless a trained model beats its validation AUC"
         rule += " and log loss" if cfg.warm_start_logloss else ""
@@ -273,7 +335,10 @@ def make_plan(
     how += ["mixed precision" if cfg.amp else "fp32", "torch.compile" if cfg.compile else ""]
     lines.append(("execution", ", ".join(h for h in how if h), why("split_batch") if cfg.split_batch != "auto" else
                   "auto: on with 2 or more threads and 64 samples a thread"))  # fmt: skip
-    lines.append(("memory", f"about {_gib(memory['total'])}: weights {_gib(weights)}, optimizer state {_gib(state)}, "
-                  f"copies kept {_gib(copies)}", "estimate"))  # fmt: skip
+    per = " a process" if processes > 1 else ""
+    has = f" of {gib(budget.bytes)} available ({budget.where})" if budget.bytes is not None else ""
+    lines.append(("memory", f"peak about {gib(memory['peak'])}{per}{has}: weights {gib(weights)}, optimizer state "
+                  f"{gib(state)}, copies kept {gib(copies)}, warm start {gib(memory['warm_start'])}, this process "
+                  f"now {gib(memory['process'])}", "estimate"))  # fmt: skip
     lines.append(("scoring", f"{models} models a request at most" if models > 1 else "1 model a request", ""))
     return Plan(spec.recipe, spec.model, resolved, tuple(lines), memory, models, batches, members, tuple(configs))

@@ -185,8 +185,9 @@ class ModelSelection:
         if sel.guarding_baseline and logits is not None:
             metrics["baseline_z"] = self._baseline_z(logits)
         selected = sel.update(self.step, metrics, baseline=baseline)
-        if selected:
-            self.best_state = self._local_state()
+        if selected:  # in place where nothing else holds the old copy (a snapshot pool may)
+            self.best_state = self._local_state(self.best_state if self._best_owned and self.pool_size < 2 else None)
+            self._best_owned = True
             self._baseline_logits = logits if baseline else None
         if not baseline:
             self._keep_snapshot(metrics, self.best_state if selected else None)

@@ -3,6 +3,8 @@ where validation prefers it (``snapshot_ensemble``); the test scores of the kept
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -32,18 +34,51 @@ def _auc_logloss(metrics: dict[str, Any]) -> dict[str, float]:
     return {k: metrics[k] for k in ("auc", "logloss")}
 
 
+def _exchange(attr: str, store: dict, key: str, state: dict[str, torch.Tensor], full: str) -> None:
+    """Exchanges the data of module tensor ``store[key]`` with ``state[full]`` (a parameter keeps its object)."""
+    if attr == "param":
+        ours = store[key].data
+        store[key].data = state[full]
+        state[full] = ours
+    else:
+        store[key], state[full] = state[full], store[key]
+
+
 class SnapshotPool:
     """The snapshot pool and the ensemble formed from it (a mixin of ``Trainer``)."""
 
     def _logits_of(self, states: list[dict[str, torch.Tensor]], dataset) -> list[np.ndarray]:
         """``dataset``'s logits (float64) under each of ``states`` in turn; the model's weights are as before
         afterwards."""
-        kept, out = self._local_state(), []
+        out = []
         for state in states:
-            self._inner.load_state_dict(state)
-            out.append(np.asarray(self._logits(dataset), np.float64))
-        self._inner.load_state_dict(kept)
+            with self._weights(state):
+                out.append(np.asarray(self._logits(dataset), np.float64))
         return out
+
+    @contextlib.contextmanager
+    def _weights(self, state: dict[str, torch.Tensor]) -> Iterator[None]:
+        """Inside, the model computes with ``state``'s tensors: each parameter's and buffer's data is exchanged
+        with ``state``'s (no copy of the tables) and exchanged back on the way out."""
+        slots = []
+        with torch.no_grad():
+            for name, module in self._inner.named_modules():
+                prefix = f"{name}." if name else ""
+                for attr, store in (("param", module._parameters), ("buffer", module._buffers)):
+                    for key, t in store.items():
+                        full = prefix + key
+                        if t is None or full not in state or state[full].shape != t.shape:
+                            continue
+                        slots.append((attr, store, key, full))
+            missing = set(state) - {s[3] for s in slots}
+            if missing:
+                raise ValueError(f"weights {sorted(missing)[:3]} do not fit the model")
+            swap = lambda: [_exchange(attr, store, key, state, full) for attr, store, key, full in slots]  # noqa: E731
+            swap()
+            try:
+                yield
+            finally:
+                swap()
 
     def _ensemble_logits(self, dataset) -> np.ndarray:
         """The selected ensemble's logits on ``dataset``: its members' logits averaged (not calibrated)."""

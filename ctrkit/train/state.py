@@ -38,8 +38,9 @@ class TrainerState:
     """The Trainer's checkpoints: saving, restoring, the sharded form (a mixin of ``Trainer``)."""
 
     def state(self) -> Checkpoint:
-        """The checkpoint of a single-process run (a hybrid-parallel run saves with ``_save_sharded``)."""
-        current = self._local_state()
+        """The checkpoint of a single-process run (a hybrid-parallel run saves with ``_save_sharded``). Its
+        current weights are the model's own tensors, not a copy: write it before training goes on."""
+        current = {k: v.detach() for k, v in self._inner.state_dict().items()}
         return Checkpoint(
             model_name=self.info.model_name,
             model_config=config_to_dict(self.info.model_config),
@@ -92,6 +93,7 @@ class TrainerState:
                 current = self._local_state()
                 self.model.load_full_state_dict(ckpt.model)
                 self.best_state = self._local_state()
+                self._best_owned = True
                 self._inner.load_state_dict(current)
         if self.env is None and self.pool_size > 1:
             self.snapshots = list(ckpt.snapshots or [])
@@ -122,6 +124,7 @@ class TrainerState:
             self.selection = Selection.from_state(ckpt.selection)
             if self.selection.best_step is not None:
                 self.best_state = {k: source.clone(v).to(self.device) for k, v in part["model"].items()}
+                self._best_owned = True
         for opt, state in zip(self.optimizers, part["optimizers"]):
             opt.load_state_dict(state)
         self.step = int(ckpt.step)

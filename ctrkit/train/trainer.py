@@ -111,6 +111,7 @@ class Trainer(TrainerState, ModelSelection, SnapshotPool, WarmStart):
             cfg.warm_start_logloss,
         )
         self.best_state: dict[str, torch.Tensor] | None = None  # the best weights this process holds
+        self._best_owned = False  # best_state is this trainer's own copy (not a checkpoint's tensors)
         self.snapshots: list[dict[str, Any]] = []  # the snapshot pool, best score first (snapshot_ensemble)
         self.member: int | None = None  # in a seed ensemble (train/run.py): this member's index
         self.members_done: list[dict[str, Any]] = []  # ... and the members trained before it (saved with it)
@@ -175,9 +176,25 @@ class Trainer(TrainerState, ModelSelection, SnapshotPool, WarmStart):
         """The model whose state dict this process holds (a HybridModel's wrapped model: its shards)."""
         return self.model.model if self.env is not None else self.model
 
-    def _local_state(self) -> dict[str, torch.Tensor]:
-        """A copy of the weights this process holds (the whole model, or a rank's shards and replicas)."""
-        return {k: v.detach().clone() for k, v in self._inner.state_dict().items()}
+    def _local_state(self, into: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """A copy of the weights this process holds (the whole model, or a rank's shards and replicas); with
+        ``into`` (an earlier copy of the same shapes), copied into it in place, so that replacing the best
+        weights never holds two copies of the tables at once."""
+        state = self._inner.state_dict()
+        fits = (
+            into is not None
+            and into.keys() == state.keys()
+            and all(
+                into[k].shape == v.shape and into[k].dtype == v.dtype and into[k].device == v.device
+                for k, v in state.items()
+            )
+        )
+        if not fits:
+            return {k: v.detach().clone() for k, v in state.items()}
+        with torch.no_grad():
+            for k, v in state.items():
+                into[k].copy_(v)
+        return into
 
     def fit(self) -> dict[str, Any]:
         """Trains until ``total_steps`` or the early-stopping patience runs out, keeps the best validation

@@ -129,10 +129,11 @@ def test_torchrun_plans_what_one_process_plans(tiny_dataset, capsys):
     assert code == 0
     two = torchrun(*flags).stdout
 
-    def without_execution(text: str) -> list[str]:
-        return [line for line in text.splitlines() if not line.strip().startswith("execution")]
+    def without_execution(text: str) -> list[str]:  # and memory: each process's share, measured as it plans
+        return [line for line in text.splitlines() if not line.strip().startswith(("execution", "memory"))]
 
     assert without_execution(two) == without_execution(one)  # every mechanism and value the same
+    assert "a process of" in next(line for line in two.splitlines() if line.strip().startswith("memory"))
     assert "execution    2 processes, cpu, fp32" in two and "execution    one process, cpu, batch split" in one
 
 

@@ -1,0 +1,130 @@
+"""How much memory a run will hold at its peak, and how much it may have: the plan's memory check.
+
+The estimate counts what a run allocates, from the model built on the meta device: the tables and dense
+weights, their optimizer states (``STATE_BYTES``), the copies kept for model selection and ensembles, the
+warm start's fit (transient: freed before the first copy of the best weights is taken) and the batches being
+scored; plus what the process already holds when the plan is made (the interpreter, torch, the data's index).
+What the process may have is the least of the machine's available memory and the room left under the memory
+limit of each cgroup it runs in (v1 and v2), or the free memory of the GPU it trains on.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+# optimizer state a table optimizer keeps: bytes per weight value (Adam: two moments) and per row
+# (row-wise Adagrad: one accumulator a row, as MLPerf's DLRM reference keeps)
+STATE_PER_VALUE = {"sgd": 0, "adagrad": 4, "rowwise_adagrad": 0, "adam": 8, "ftrl": 8, "rmsprop": 4}
+STATE_PER_ROW = {"rowwise_adagrad": 4}
+USABLE = 0.92  # share of the available memory a plan may fill (the allocator's slack, other processes' growth)
+WARM_START_ID_BYTES = 24  # the warm start's fit, per id of the first-order tables (weights, index, L-BFGS vectors)
+WARM_START_VALUE_BYTES = 64  # and per (row, feature) of the rows it fits (CSR matrices of both orientations)
+SCORING_BYTES = 256  # per scored sample of an evaluation batch and feature (activations, logits, ids)
+
+
+@dataclass(frozen=True)
+class Room:
+    """What the process may still allocate (bytes; None: unknown) and what set it."""
+
+    bytes: int | None
+    where: str
+
+
+def process_rss() -> int:
+    """This process's resident memory, in bytes (0 where /proc is not there)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None  # "max": no limit
+
+
+def _cgroup_dirs() -> list[Path]:
+    """This process's memory cgroup directories, innermost first, then each parent up to the root."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return []
+    dirs = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        roots = []
+        if "memory" in controllers.split(","):  # v1
+            roots = [Path("/sys/fs/cgroup/memory")]
+        elif controllers == "":  # v2 (alone, or beside v1 as "unified")
+            roots = [Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified")]
+        for root in roots:
+            here = root / path.lstrip("/")
+            while True:
+                dirs.append(here)
+                if here == root:
+                    break
+                here = here.parent
+    return dirs
+
+
+def cgroup_room() -> Room | None:
+    """The least room left under this process's cgroup memory limits, or None where none is set."""
+    best: Room | None = None
+    for d in _cgroup_dirs():
+        for limit_file, usage_file in (("memory.limit_in_bytes", "memory.usage_in_bytes"),
+                                       ("memory.max", "memory.current")):  # fmt: skip
+            limit, usage = _read_int(d / limit_file), _read_int(d / usage_file)
+            if limit is None or usage is None or limit >= 1 << 60:  # v1 writes "no limit" as a huge number
+                continue
+            room = max(limit - usage, 0)
+            if best is None or room < best.bytes:
+                best = Room(room, f"the memory cgroup {d} (limit {gib(limit)})")
+    return best
+
+
+def machine_room() -> Room:
+    """MemAvailable of /proc/meminfo (None where unreadable)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return Room(int(line.split()[1]) * 1024, "this machine's available memory")
+    except (OSError, ValueError, IndexError):
+        pass
+    return Room(None, "unknown")
+
+
+def room(device: str = "cpu") -> Room:
+    """What this process may still allocate where it trains: the GPU's free memory on CUDA; else the least of
+    the machine's available memory and the cgroups' room."""
+    if device == "cuda":
+        import torch
+
+        free, total = torch.cuda.mem_get_info()
+        return Room(int(free), f"the GPU's free memory ({gib(total)} in all)")
+    rooms = [r for r in (machine_room(), cgroup_room()) if r is not None and r.bytes is not None]
+    return min(rooms, key=lambda r: r.bytes) if rooms else Room(None, "unknown")
+
+
+def gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
+def table_state_bytes(optimizer: str, table_bytes: int, table_rows: int) -> int:
+    """Optimizer state of tables of ``table_bytes`` (float32 values) and ``table_rows`` rows."""
+    return STATE_PER_VALUE[optimizer] * (table_bytes // 4) + STATE_PER_ROW.get(optimizer, 0) * table_rows
+
+
+def local_processes(processes: int) -> int:
+    """The processes of a job that share this machine's memory (torchrun's LOCAL_WORLD_SIZE)."""
+    try:
+        return max(1, min(processes, int(os.environ.get("LOCAL_WORLD_SIZE", processes))))
+    except ValueError:
+        return processes

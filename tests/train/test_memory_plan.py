@@ -1,0 +1,143 @@
+"""The plan's memory check: its estimate against the peak a real run reaches, and what it does inside a memory
+cgroup too small for the default (a real v1 or v2 cgroup made and removed here; root only, skipped elsewhere):
+it picks row-wise Adagrad for the tables when the optimizer was left to the default, and refuses within
+seconds, in one line naming the options, when the user asked for what cannot fit. Never killed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ctrkit.checkpoint import load_checkpoint
+from ctrkit.data.synthetic import generate_dataset
+from tests.faults.conftest import one_line_error
+
+MEASURE = """
+import resource, subprocess, sys
+code = subprocess.run(sys.argv[1:]).returncode
+print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)
+sys.exit(code)
+"""
+
+
+@pytest.fixture(scope="module")
+def wide_tables(tmp_path_factory):
+    """Two tables of a million rows beside a small one: at width 32, 256 MiB of tables (more than the process)."""
+    out = tmp_path_factory.mktemp("memory") / "data"
+    generate_dataset(out, 20_000, (1_000_000, 1_000_000, 50), num_numerical=4, test_fraction=0.1, seed=0,
+                     progress=False)  # fmt: skip
+    return out
+
+
+def train_args(data, ckpt, *extra):
+    return [sys.executable, "-m", "ctrkit", "train", "--dataset", str(data), "--save-checkpoint", str(ckpt),
+            "--max-steps", "6", "--batch-size", "512", "--embedding-dim", "32", "--bottom-mlp", "32,32",
+            "--top-mlp", "32,1", "--no-progress", *map(str, extra)]  # fmt: skip
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_the_estimate_is_within_15_percent_of_the_measured_peak(wide_tables, tmp_path, optimizer):
+    ckpt = tmp_path / "m.pt"
+    cmd = [sys.executable, "-c", MEASURE, *train_args(wide_tables, ckpt, "--embedding-optimizer", optimizer)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    measured = int(done.stdout.strip().splitlines()[-1])
+    plan = yaml.safe_load(ckpt.with_suffix(".yaml").read_text())["plan"]
+    estimate = plan["memory_bytes"]["peak"]
+    assert abs(estimate - measured) <= 0.15 * measured, (estimate / 2**20, measured / 2**20)
+
+
+class Cgroup:
+    """A memory cgroup of ``limit`` bytes (v1 or v2), removed on close; None where this process may not make one."""
+
+    def __init__(self, limit: int):
+        name = f"ctrkit-test-{uuid.uuid4().hex[:8]}"
+        v2 = Path("/sys/fs/cgroup/cgroup.controllers")
+        if Path("/sys/fs/cgroup/memory").is_dir():
+            self.dir, self.limit_file = Path("/sys/fs/cgroup/memory") / name, "memory.limit_in_bytes"
+        elif v2.exists() and "memory" in v2.read_text():
+            self.dir, self.limit_file = Path("/sys/fs/cgroup") / name, "memory.max"
+        else:
+            raise PermissionError("no memory cgroup controller here")
+        self.dir.mkdir()
+        try:
+            (self.dir / self.limit_file).write_text(str(limit))
+        except OSError:
+            self.dir.rmdir()
+            raise
+
+    def run(self, cmd: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
+        procs = self.dir / "cgroup.procs"
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                              preexec_fn=lambda: procs.write_text(str(os.getpid())))  # fmt: skip
+
+    def close(self) -> None:
+        for _ in range(50):
+            try:
+                self.dir.rmdir()
+                return
+            except OSError:
+                time.sleep(0.1)
+
+
+@pytest.fixture
+def cgroup_of():
+    made = []
+
+    def make(limit: int) -> Cgroup:
+        try:
+            made.append(Cgroup(limit))
+        except OSError as e:
+            pytest.skip(f"cannot make a memory cgroup here ({e}): needs root")
+        return made[-1]
+
+    yield make
+    for c in made:
+        c.close()
+
+
+def test_in_a_small_cgroup_the_default_picks_row_wise_adagrad_and_an_explicit_adam_is_refused(
+    wide_tables, tmp_path, cgroup_of
+):
+    dry = subprocess.run(train_args(wide_tables, tmp_path / "d.pt", "--dry-run"), capture_output=True, text=True)
+    assert dry.returncode == 0, dry.stderr
+    # room for the run with row-wise Adagrad (one number a row), not with Adam's two numbers a value
+    plan = subprocess.run([sys.executable, "-c", PLAN, str(wide_tables)], capture_output=True, text=True)
+    assert plan.returncode == 0, plan.stderr
+    sizes = json.loads(plan.stdout)
+    limit = (sizes["rowwise"] + sizes["adam"]) // 2
+    group = cgroup_of(limit)
+
+    done = group.run(train_args(wide_tables, tmp_path / "a.pt"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "rowwise_adagrad" in done.stderr and "memory: adam's state would need" in done.stderr
+    ckpt = load_checkpoint(tmp_path / "a.pt")
+    assert ckpt.train_config["embedding_optimizer"] == "rowwise_adagrad"  # what the run used
+
+    start = time.monotonic()
+    refused = group.run(train_args(wide_tables, tmp_path / "b.pt", "--embedding-optimizer", "adam"))
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert time.monotonic() - start < 10
+    one_line_error(refused.stderr, "train", "needs a peak of about", "--embedding-optimizer rowwise_adagrad",
+                   "memory cgroup")  # fmt: skip
+    assert not (tmp_path / "b.pt").exists()
+
+
+PLAN = """
+import json, sys
+from ctrkit.train.run import Run, resolve_run
+out = {}
+for name, opt in (("adam", "adam"), ("rowwise", "rowwise_adagrad")):
+    spec = resolve_run(sys.argv[1], "dlrm", train={"embedding_optimizer": opt, "max_steps": 6, "batch_size": 512},
+                       model_config={"embedding_dim": 32, "bottom_mlp": (32, 32), "top_mlp": (32, 1)}, progress=False)
+    out[name] = Run(spec, dry_run=True).plan.memory["peak"]
+print(json.dumps(out))
+"""
