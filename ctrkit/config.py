@@ -25,7 +25,7 @@ def option(default: Any, help: str, choices: tuple | None = None, unset: str | N
         help: what the setting does.
         choices: the values it may take.
         unset: what a default of None means (e.g. "the model's").
-        command_line: how the flag is spelled beyond the defaults: ``parse`` ("int_list", "name_list"),
+        command_line: how the flag is spelled beyond the defaults: ``parse`` ("int_list", "name_list", "table_sizes"),
             ``required``, ``positional``, ``nargs``, ``exclusive`` (a group name: at most one of the group,
             exactly one if a member is ``required``), ``hidden``, ``shown`` (the default as the help says
             it), ``suppress`` (absent from the parsed arguments unless given).

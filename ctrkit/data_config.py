@@ -34,9 +34,11 @@ class SynthConfig:
     rows: int = option(300_000, "about this many samples, train + test")
     tables: tuple[int, ...] | None = option(
         None,
-        "comma-separated cardinalities of the categorical features",
-        unset="26 Criteo-like tables of 3 to 200,000 rows",
-        parse="int_list",
+        "comma-separated cardinalities of the categorical features, or a preset: criteo-kaggle-like (26 tables of 3 "
+        "to 200,000 rows), criteo-1tb (Criteo 1TB's 26 tables at frequency threshold 15, 32.7M rows in all, as the "
+        "seeds train on it), criteo-1tb-mlperf (the same hashed to at most 40M rows a table, 187.8M in all)",
+        unset="criteo-kaggle-like",
+        parse="table_sizes",
     )
     num_numerical: int = option(13, "numerical features")
     test_fraction: float = option(0.1, "share of rows in test/")

@@ -32,7 +32,20 @@ def name_list(text: str) -> tuple[str, ...]:
     return values
 
 
-PARSERS = {"int_list": int_list, "name_list": name_list}
+def table_sizes(text: str) -> tuple[int, ...]:
+    """argparse type: comma-separated cardinalities, or the name of a preset (``TABLE_PRESETS``)."""
+    from ctrkit.data.synthetic import TABLE_PRESETS
+
+    if text in TABLE_PRESETS:
+        return TABLE_PRESETS[text]
+    if text and not text.replace(",", "").replace(" ", "").isdigit():
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers or one of {', '.join(TABLE_PRESETS)}, got '{text}'"
+        )
+    return int_list(text)
+
+
+PARSERS = {"int_list": int_list, "name_list": name_list, "table_sizes": table_sizes}
 
 
 def flag(name: str) -> str:

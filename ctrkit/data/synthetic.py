@@ -60,6 +60,24 @@ CRITEO_LIKE_CARDINALITIES = (
 )
 
 
+# Criteo 1TB's tables as the seeds train on them, after a frequency threshold of 15 (NVIDIA's "FL15", the
+# setting that fits one GPU): 32.7M rows in all, 16.7 GB at width 128 in fp32
+CRITEO_1TB_FL15_CARDINALITIES = (
+    7912889, 33823, 17139, 7339, 20046, 4, 7105, 1382, 63, 5554114, 582469, 245828, 11, 2209, 10667, 104, 4, 968, 15,
+    8165896, 2675940, 7156453, 302516, 12022, 97, 35,
+)  # fmt: skip
+# the same data's tables as MLPerf's DLRM trains on it, ids hashed to at most 40M rows a table: 187.8M rows in all
+CRITEO_1TB_MLPERF_CARDINALITIES = (
+    39884406, 39043, 17289, 7420, 20263, 3, 7120, 1543, 63, 38532951, 2953546, 403346, 10, 2208, 11938, 155, 4, 976,
+    14, 39979771, 25641295, 39664984, 585935, 12972, 108, 36,
+)  # fmt: skip
+TABLE_PRESETS = {
+    "criteo-kaggle-like": CRITEO_LIKE_CARDINALITIES,
+    "criteo-1tb": CRITEO_1TB_FL15_CARDINALITIES,
+    "criteo-1tb-mlperf": CRITEO_1TB_MLPERF_CARDINALITIES,
+}
+
+
 def power_law_ids(rng: np.random.Generator, cardinality: int, n: int, exponent: float) -> np.ndarray:
     """n ids in [0, cardinality) with P(id = k) roughly proportional to (k + 1) ** -exponent."""
     u = rng.random(n)

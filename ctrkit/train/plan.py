@@ -187,6 +187,11 @@ def _memory(cfg: Any, table_optimizer: str, sizes: tuple, model_config: Any, tra
             "more": more, "peak": now + more, "total": weights + state + copies}  # fmt: skip
 
 
+# the tables' learning rate where the plan picks row-wise Adagrad and the rate was left to the default
+# (docs/decisions/memory-plan.md)
+ROWWISE_ADAGRAD_LR = 0.03
+
+
 def _fit_or_refuse(cfg: Any, sources: dict, memory: dict, need: Any, budget: Room, usable: int, processes: int,
                    rules: dict) -> tuple[dict, Any]:  # fmt: skip
     """Where the estimate exceeds the room: row-wise Adagrad on the tables when the table optimizer was left to
@@ -199,14 +204,24 @@ def _fit_or_refuse(cfg: Any, sources: dict, memory: dict, need: Any, budget: Roo
             peak, has = gib(memory["peak"]), gib(budget.bytes)
             rules["embedding_optimizer"] = (f"memory: {cfg.embedding_optimizer}'s state would need a peak of {peak}, "
                                             f"{budget.where} has {has}")  # fmt: skip
+            lr_by = sources.get("embedding_lr", "default")
+            if lr_by == "default" or lr_by.startswith("recipe") or lr_by.endswith("'s default"):
+                return lighter, replace(cfg, embedding_optimizer="rowwise_adagrad", embedding_lr=ROWWISE_ADAGRAD_LR)
             return lighter, replace(cfg, embedding_optimizer="rowwise_adagrad")
+    fits = lambda m: m["more"] * local <= usable  # noqa: E731
+    options = []
+    if cfg.embedding_optimizer not in ("sgd", "rowwise_adagrad"):
+        lighter = need("rowwise_adagrad")
+        options.append(f"`embedding_optimizer` rowwise_adagrad or sgd{' (fits)' if fits(lighter) else ''}")
+    if memory["copies"]:
+        alone = need(cfg.embedding_optimizer, validation=False)
+        options.append(f"`validation_fraction` 0, no copy of the best weights{' (fits)' if fits(alone) else ''}")
+    options += ["a smaller `embedding_dim` or `embedding_sizes`", "more machines with torchrun"]
     per = f" in each of {local} processes" if local > 1 else ""
     raise ValueError(
-        f"this run needs a peak of about {gib(memory['peak'])}{per} (weights {gib(memory['weights'])}, "
-        f"{cfg.embedding_optimizer} state {gib(memory['optimizer'])}, copies kept {gib(memory['copies'])}), more than "
-        f"{budget.where} has ({gib(budget.bytes)}): use `embedding_optimizer` rowwise_adagrad or sgd, a smaller "
-        "`embedding_dim` or `embedding_sizes`, `validation_fraction` 0 (no copy of the best weights), or more "
-        "machines with torchrun"
+        f"this run needs a peak of about {gib(memory['peak'])}{per} (weights {gib(memory['weights'])}, optimizer "
+        f"state {gib(memory['optimizer'])}, copies kept {gib(memory['copies'])}), more than {budget.where} has "
+        f"({gib(budget.bytes)}): use {'; '.join(options)}"
     )
 
 
@@ -263,14 +278,18 @@ def make_plan(
     linear = getattr(model, "wide_embeddings", None) is not None  # a first-order term (Wide & Deep's wide part)
     sizes = _size(model) + (_table_rows(model),)
     warm = cfg.linear_warm_start and linear and validation
-    need = lambda opt: _memory(cfg, opt, sizes, spec.model_config, train_rows, validation, members, warm, processes)  # noqa: E731
+
+    def need(optimizer: str, validation: bool = validation) -> dict[str, int]:
+        return _memory(cfg, optimizer, sizes, spec.model_config, train_rows, validation, members, warm, processes)
+
     memory = need(cfg.embedding_optimizer)
     budget = room(device)
     usable = None if budget.bytes is None else int(budget.bytes * USABLE)
     if usable is not None and memory["more"] * local_processes(processes) > usable:
         memory, cfg = _fit_or_refuse(cfg, sources, memory, need, budget, usable, processes, rules)
-        resolved = replace(resolved, embedding_optimizer=cfg.embedding_optimizer)
-        configs = [replace(c, embedding_optimizer=cfg.embedding_optimizer) for c in configs]
+        chosen = {"embedding_optimizer": cfg.embedding_optimizer, "embedding_lr": cfg.embedding_lr}
+        resolved = replace(resolved, **chosen)
+        configs = [replace(c, **chosen) for c in configs]
     memory["room"] = budget.bytes
     deep, side, dense, buffers, _ = sizes
     weights, state, copies = memory["weights"], memory["optimizer"], memory["copies"]
