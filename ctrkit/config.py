@@ -147,6 +147,15 @@ class TrainConfig:
         unset="the plan's: on data of fewer than 10 batches an epoch, the largest power of two at most the training "
         "rows / 32, at least 32; else 0",
     )
+    best_weights: str | None = option(
+        None,
+        "where model selection keeps its copy of the best weights' tables: memory, or disk (a file beside the "
+        "checkpoint, or in the temporary directory without one, unlinked as soon as it is mapped, its pages "
+        "dropped from memory once copied: no second copy of the tables in memory)",
+        ("memory", "disk"),
+        unset="the plan's: disk where the tables are 1 GiB or more, or where memory would not hold the copy; else "
+        "memory",
+    )
     calibrate: str = option(
         "auto",
         "at the end of training, fit one scale of the kept model's logit (temperature scaling: rankings, so AUC, "

@@ -10,6 +10,7 @@ all here: the trainer and the run apply none of their own.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 from ctrkit.config import TrainConfig
@@ -163,7 +164,7 @@ def _table_rows(model: Any) -> int:
 
 
 def _memory(cfg: Any, table_optimizer: str, sizes: tuple, model_config: Any, train_rows: int, validation: bool,
-            members: int, warm: bool, processes: int) -> dict[str, int]:  # fmt: skip
+            members: int, warm: bool, processes: int, best_on_disk: bool = False) -> dict[str, int]:  # fmt: skip
     """The estimated peak of one process (``memory``'s docstring says what is counted), by part, in bytes;
     ``more``: what it allocates beyond what it holds now."""
     deep, side, dense, buffers, rows = sizes
@@ -172,7 +173,8 @@ def _memory(cfg: Any, table_optimizer: str, sizes: tuple, model_config: Any, tra
     state = table_state_bytes(table_optimizer, deep, rows) + STATE_COPIES[cfg.optimizer] * dense
     if side:
         state += STATE_COPIES[cfg.wide_optimizer or "adagrad"] * side
-    copies = weights if validation else 0  # the best weights
+    copies = (weights - deep if best_on_disk else weights) if validation else 0  # the best weights (tables on disk)
+    on_disk = deep if best_on_disk and validation else 0
     if cfg.snapshot_ensemble > 1:
         copies += cfg.snapshot_ensemble * weights
     if members > 1:
@@ -183,13 +185,15 @@ def _memory(cfg: Any, table_optimizer: str, sizes: tuple, model_config: Any, tra
     scoring = SCORING_BYTES * min(cfg.eval_batch_size, max(train_rows, 1)) * inputs
     now = process_rss()
     more = weights + state + max(fit, copies + scoring)
-    return {"weights": weights, "optimizer": state, "copies": copies, "warm_start": fit, "process": now,
+    return {"weights": weights, "optimizer": state, "copies": copies, "copies_on_disk": on_disk, "warm_start": fit,
+            "process": now,
             "more": more, "peak": now + more, "total": weights + state + copies}  # fmt: skip
 
 
 # the tables' learning rate where the plan picks row-wise Adagrad and the rate was left to the default
 # (docs/decisions/memory-plan.md)
 ROWWISE_ADAGRAD_LR = 0.03
+BEST_ON_DISK_TABLES = 1 << 30  # tables of this many bytes a process or more: the best weights' tables kept on disk
 
 
 def _fit_or_refuse(cfg: Any, sources: dict, memory: dict, need: Any, budget: Room, usable: int, processes: int,
@@ -279,17 +283,28 @@ def make_plan(
     sizes = _size(model) + (_table_rows(model),)
     warm = cfg.linear_warm_start and linear and validation
 
-    def need(optimizer: str, validation: bool = validation) -> dict[str, int]:
-        return _memory(cfg, optimizer, sizes, spec.model_config, train_rows, validation, members, warm, processes)
+    best_by = sources.get("best_weights", "default")
+    best = cfg.best_weights or ("disk" if validation and sizes[0] // processes >= BEST_ON_DISK_TABLES else "memory")
+    if cfg.best_weights is None and best == "disk":
+        rules["best_weights"] = f"{gib(sizes[0] // processes)} of tables, from {gib(BEST_ON_DISK_TABLES)} on disk"
+
+    def need(optimizer: str, validation: bool = validation, best: str = best) -> dict[str, int]:
+        return _memory(cfg, optimizer, sizes, spec.model_config, train_rows, validation, members, warm, processes,
+                       best == "disk")  # fmt: skip
 
     memory = need(cfg.embedding_optimizer)
     budget = room(device)
     usable = None if budget.bytes is None else int(budget.bytes * USABLE)
+    if usable is not None and memory["more"] * local_processes(processes) > usable and best == "memory":
+        if validation and best_by == "default" and need(cfg.embedding_optimizer, best="disk")["more"] <= usable:
+            best, memory = "disk", need(cfg.embedding_optimizer, best="disk")
+            rules["best_weights"] = f"memory: a second copy of the tables would not fit in {budget.where}"
     if usable is not None and memory["more"] * local_processes(processes) > usable:
-        memory, cfg = _fit_or_refuse(cfg, sources, memory, need, budget, usable, processes, rules)
-        chosen = {"embedding_optimizer": cfg.embedding_optimizer, "embedding_lr": cfg.embedding_lr}
-        resolved = replace(resolved, **chosen)
-        configs = [replace(c, **chosen) for c in configs]
+        memory, cfg = _fit_or_refuse(cfg, sources, memory, partial(need, best=best), budget, usable, processes, rules)
+    cfg = replace(cfg, best_weights=best)
+    chosen = {"embedding_optimizer": cfg.embedding_optimizer, "embedding_lr": cfg.embedding_lr, "best_weights": best}
+    resolved = replace(resolved, **chosen)
+    configs = [replace(c, **chosen) for c in configs]
     memory["room"] = budget.bytes
     deep, side, dense, buffers, _ = sizes
     weights, state, copies = memory["weights"], memory["optimizer"], memory["copies"]
@@ -302,9 +317,10 @@ def make_plan(
     most = f"at most {resolved.epochs}" + (f", at most {cfg.max_steps:,} steps" if cfg.max_steps else "")
     lines.append(("epochs", most, why("epochs")))
     stop = resolved.early_stopping_patience if validation else 0
+    kept = f" (their tables on disk: {why('best_weights')})" if best == "disk" and validation else ""
     lines.append(("early stop", f"after {stop} evaluations without a gain of {cfg.min_delta:g} in validation AUC, "
-                  f"{resolved.evals_per_epoch} evaluations an epoch; the best weights kept" if stop and validation
-                  else ("off" + ("; the best weights kept" if validation else "; the last weights kept")),
+                  f"{resolved.evals_per_epoch} evaluations an epoch; the best weights kept{kept}" if stop and validation
+                  else ("off" + (f"; the best weights kept{kept}" if validation else "; the last weights kept")),
                   why("early_stopping_patience")))  # fmt: skip
     lines.append(("optimizers", f"{cfg.optimizer} {cfg.lr:g} (dense), {cfg.embedding_optimizer} {cfg.embedding_lr:g} "
                   "(tables)" + (f", {cfg.wide_optimizer} {cfg.wide_lr:g} (first-order)" if side else ""),
@@ -355,9 +371,11 @@ def make_plan(
     lines.append(("execution", ", ".join(h for h in how if h), why("split_batch") if cfg.split_batch != "auto" else
                   "auto: on with 2 or more threads and 64 samples a thread"))  # fmt: skip
     per = " a process" if processes > 1 else ""
+    disk = f" (and {gib(memory['copies_on_disk'])} on disk)" if memory["copies_on_disk"] else ""
     has = f" of {gib(budget.bytes)} available ({budget.where})" if budget.bytes is not None else ""
+    fit, now = gib(memory["warm_start"]), gib(memory["process"])
     lines.append(("memory", f"peak about {gib(memory['peak'])}{per}{has}: weights {gib(weights)}, optimizer state "
-                  f"{gib(state)}, copies kept {gib(copies)}, warm start {gib(memory['warm_start'])}, this process "
-                  f"now {gib(memory['process'])}", "estimate"))  # fmt: skip
+                  f"{gib(state)}, copies kept {gib(copies)}{disk}, warm start {fit}, this process now {now}",
+                  "estimate"))  # fmt: skip
     lines.append(("scoring", f"{models} models a request at most" if models > 1 else "1 model a request", ""))
     return Plan(spec.recipe, spec.model, resolved, tuple(lines), memory, models, batches, members, tuple(configs))

@@ -186,7 +186,8 @@ class ModelSelection:
             metrics["baseline_z"] = self._baseline_z(logits)
         selected = sel.update(self.step, metrics, baseline=baseline)
         if selected:  # in place where nothing else holds the old copy (a snapshot pool may)
-            self.best_state = self._local_state(self.best_state if self._best_owned and self.pool_size < 2 else None)
+            reuse = self.best_state if self._best_owned and self.pool_size < 2 else None
+            self.best_state = self._local_state(reuse, on_disk=True)
             self._best_owned = True
             self._baseline_logits = logits if baseline else None
         if not baseline:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ from ctrkit.data.atomic import append_text
 from ctrkit.data.dataset import SplitBinaryDataset, split_tail
 from ctrkit.data.loader import BatchLoader
 from ctrkit.distributed.env import DistEnv, all_reduce_sum
+from ctrkit.train.best_weights import copy_state
 from ctrkit.train.optim import LRSchedule, build_optimizers
 from ctrkit.train.plan import resolved_train
 from ctrkit.train.selection import ModelSelection, Selection
@@ -112,6 +114,10 @@ class Trainer(TrainerState, ModelSelection, SnapshotPool, WarmStart):
         )
         self.best_state: dict[str, torch.Tensor] | None = None  # the best weights this process holds
         self._best_owned = False  # best_state is this trainer's own copy (not a checkpoint's tensors)
+        disk = cfg.best_weights == "disk" and device.type == "cpu"
+        self.best_dir = (
+            (Path(save_path).parent if save_path is not None else Path(tempfile.gettempdir())) if disk else None
+        )
         self.snapshots: list[dict[str, Any]] = []  # the snapshot pool, best score first (snapshot_ensemble)
         self.member: int | None = None  # in a seed ensemble (train/run.py): this member's index
         self.members_done: list[dict[str, Any]] = []  # ... and the members trained before it (saved with it)
@@ -176,25 +182,14 @@ class Trainer(TrainerState, ModelSelection, SnapshotPool, WarmStart):
         """The model whose state dict this process holds (a HybridModel's wrapped model: its shards)."""
         return self.model.model if self.env is not None else self.model
 
-    def _local_state(self, into: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    def _local_state(
+        self, into: dict[str, torch.Tensor] | None = None, on_disk: bool = False
+    ) -> dict[str, torch.Tensor]:
         """A copy of the weights this process holds (the whole model, or a rank's shards and replicas); with
-        ``into`` (an earlier copy of the same shapes), copied into it in place, so that replacing the best
-        weights never holds two copies of the tables at once."""
-        state = self._inner.state_dict()
-        fits = (
-            into is not None
-            and into.keys() == state.keys()
-            and all(
-                into[k].shape == v.shape and into[k].dtype == v.dtype and into[k].device == v.device
-                for k, v in state.items()
-            )
-        )
-        if not fits:
-            return {k: v.detach().clone() for k, v in state.items()}
-        with torch.no_grad():
-            for k, v in state.items():
-                into[k].copy_(v)
-        return into
+        ``into`` (an earlier copy), copied into its tensors where their shapes fit, so that replacing the best
+        weights never holds two copies of the tables at once; with ``on_disk`` and ``best_weights`` disk, the
+        tables are copied to disk (``best_weights.copy_state``)."""
+        return copy_state(self._inner.state_dict(), into, self.best_dir if on_disk else None)
 
     def fit(self) -> dict[str, Any]:
         """Trains until ``total_steps`` or the early-stopping patience runs out, keeps the best validation

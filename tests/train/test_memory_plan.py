@@ -14,6 +14,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from ctrkit.checkpoint import load_checkpoint
@@ -107,8 +108,6 @@ def cgroup_of():
 def test_in_a_small_cgroup_the_default_picks_row_wise_adagrad_and_an_explicit_adam_is_refused(
     wide_tables, tmp_path, cgroup_of
 ):
-    dry = subprocess.run(train_args(wide_tables, tmp_path / "d.pt", "--dry-run"), capture_output=True, text=True)
-    assert dry.returncode == 0, dry.stderr
     # room for the run with row-wise Adagrad (one number a row), not with Adam's two numbers a value
     plan = subprocess.run([sys.executable, "-c", PLAN, str(wide_tables)], capture_output=True, text=True)
     assert plan.returncode == 0, plan.stderr
@@ -116,14 +115,16 @@ def test_in_a_small_cgroup_the_default_picks_row_wise_adagrad_and_an_explicit_ad
     limit = (sizes["rowwise"] + sizes["adam"]) // 2
     group = cgroup_of(limit)
 
-    done = group.run(train_args(wide_tables, tmp_path / "a.pt"))
+    done = group.run(train_args(wide_tables, tmp_path / "a.pt", "--best-weights", "memory"))
     assert done.returncode == 0, done.stderr[-3000:]
     assert "rowwise_adagrad" in done.stderr and "memory: adam's state would need" in done.stderr
     ckpt = load_checkpoint(tmp_path / "a.pt")
     assert ckpt.train_config["embedding_optimizer"] == "rowwise_adagrad"  # what the run used
 
     start = time.monotonic()
-    refused = group.run(train_args(wide_tables, tmp_path / "b.pt", "--embedding-optimizer", "adam"))
+    refused = group.run(
+        train_args(wide_tables, tmp_path / "b.pt", "--embedding-optimizer", "adam", "--best-weights", "memory")
+    )
     assert refused.returncode == 2, refused.stderr[-3000:]
     assert time.monotonic() - start < 10
     one_line_error(refused.stderr, "train", "needs a peak of about", "--embedding-optimizer rowwise_adagrad",
@@ -136,8 +137,51 @@ import json, sys
 from ctrkit.train.run import Run, resolve_run
 out = {}
 for name, opt in (("adam", "adam"), ("rowwise", "rowwise_adagrad")):
-    spec = resolve_run(sys.argv[1], "dlrm", train={"embedding_optimizer": opt, "max_steps": 6, "batch_size": 512},
+    spec = resolve_run(sys.argv[1], "dlrm", train={"embedding_optimizer": opt, "max_steps": 6, "batch_size": 512,
+                                                   "best_weights": "memory"},
                        model_config={"embedding_dim": 32, "bottom_mlp": (32, 32), "top_mlp": (32, 1)}, progress=False)
     out[name] = Run(spec, dry_run=True).plan.memory["peak"]
+print(json.dumps(out))
+"""
+
+
+def test_best_weights_on_disk_train_as_in_memory(wide_tables, tmp_path):
+    """The best weights' tables kept on disk (each 128 MiB table in a file-backed mapping, unlinked at once): the
+    same checkpoint, bit for bit, as with them in memory, and nothing left beside it."""
+    out = {}
+    for where in ("memory", "disk"):
+        d = tmp_path / where
+        d.mkdir()
+        done = subprocess.run(train_args(wide_tables, d / "m.pt", "--best-weights", where, "--embedding-optimizer",
+                                         "sgd"), capture_output=True, text=True)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert ("their tables on disk" in done.stderr) == (where == "disk")
+        out[where] = load_checkpoint(d / "m.pt")
+        assert sorted(p.name for p in d.iterdir()) == ["m.pt", "m.yaml"]
+    a, b = out["memory"], out["disk"]
+    assert a.selection == b.selection and a.model.keys() == b.model.keys()
+    assert all(torch.equal(a.model[k], b.model[k]) for k in a.model)
+
+
+def test_the_plan_keeps_the_best_tables_on_disk_where_memory_cannot_hold_them(wide_tables, tmp_path, cgroup_of):
+    plan = subprocess.run([sys.executable, "-c", PLAN_BEST, str(wide_tables)], capture_output=True, text=True)
+    assert plan.returncode == 0, plan.stderr
+    sizes = json.loads(plan.stdout)
+    group = cgroup_of((sizes["memory"] + sizes["disk"]) // 2)
+    done = group.run(train_args(wide_tables, tmp_path / "m.pt", "--embedding-optimizer", "sgd"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "their tables on disk: memory: a second copy of the tables would not fit" in done.stderr
+    assert load_checkpoint(tmp_path / "m.pt").train_config["best_weights"] == "disk"
+
+
+PLAN_BEST = """
+import json, sys
+from ctrkit.train.run import Run, resolve_run
+out = {}
+for where in ("memory", "disk"):
+    spec = resolve_run(sys.argv[1], "dlrm", train={"embedding_optimizer": "sgd", "max_steps": 6, "batch_size": 512,
+                       "best_weights": where}, model_config={"embedding_dim": 32, "bottom_mlp": (32, 32),
+                       "top_mlp": (32, 1)}, progress=False)
+    out[where] = Run(spec, dry_run=True).plan.memory["peak"]
 print(json.dumps(out))
 """

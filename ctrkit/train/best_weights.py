@@ -1,0 +1,78 @@
+"""The best weights' tables kept on disk: model selection's copy without a second copy of the tables in memory.
+
+A table is copied into a file-backed shared mapping (``torch.from_file``) of a file created beside the
+checkpoint, its blocks reserved first (a full disk is an error now, never a SIGBUS mid-copy) and unlinked at
+once (nothing is left behind, however the process ends). Once copied, its pages are dropped from this process
+(``madvise(MADV_DONTNEED)``: the data stays in the file and the page cache, which the kernel writes back and
+reclaims under memory pressure), so the copy costs disk, not resident memory. Reading it back (restoring the
+best weights, saving the checkpoint) faults the pages in from the file.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+from ctrkit.data.atomic import disk_error
+
+ON_DISK_FROM = 64 << 20  # tensors of this many bytes or more go to disk (the tables); smaller ones stay in memory
+MADV_DONTNEED = 4
+
+
+def file_tensor(like: torch.Tensor, directory: Path) -> torch.Tensor:
+    """An empty tensor shaped as ``like`` in a file-backed shared mapping of an unlinked file in ``directory``."""
+    nbytes = like.numel() * like.element_size()
+    directory.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(dir=directory, prefix=".ctrkit-best-weights-")
+    try:
+        try:
+            os.posix_fallocate(fd, 0, nbytes)  # the blocks now: a full disk fails here, not as a SIGBUS later
+        except OSError as e:
+            problem = disk_error(e, Path(name), 0, nbytes)
+            raise (problem if problem is not None else e) from None
+        t = torch.from_file(name, shared=True, size=like.numel(), dtype=like.dtype)
+    finally:
+        os.close(fd)
+        os.unlink(name)
+    return t.view(like.shape)
+
+
+def drop_resident(t: torch.Tensor) -> None:
+    """Drops the whole pages of ``t`` (a file-backed shared mapping) from this process's resident memory."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        page = os.sysconf("SC_PAGE_SIZE")
+    except (OSError, AttributeError, ValueError):
+        return
+    start, length = t.data_ptr(), t.numel() * t.element_size()
+    lo = -(-start // page) * page
+    hi = (start + length) // page * page
+    if hi > lo:
+        libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), ctypes.c_int(MADV_DONTNEED))
+
+
+def copy_state(state: dict[str, torch.Tensor], into: dict[str, torch.Tensor] | None, directory: Path | None
+               ) -> dict[str, torch.Tensor]:  # fmt: skip
+    """A copy of ``state`` (``into``'s tensors reused where their shapes fit); with ``directory``, tensors of
+    ``ON_DISK_FROM`` bytes or more on a CPU are copied to disk (``file_tensor``), their pages dropped."""
+    out = {}
+    with torch.no_grad():
+        for k, v in state.items():
+            big = directory is not None and v.device.type == "cpu" and v.numel() * v.element_size() >= ON_DISK_FROM
+            old = into.get(k) if into is not None else None
+            if old is not None and old.shape == v.shape and old.dtype == v.dtype and old.device == v.device:
+                target = old
+            elif big:
+                target = file_tensor(v, directory)
+            else:
+                out[k] = v.detach().clone()
+                continue
+            target.copy_(v)
+            if big:
+                drop_resident(target)
+            out[k] = target
+    return out
