@@ -207,3 +207,18 @@ class CheckpointBenchConfig:
     size_mb: int = option(1024, "tensor data of the checkpoint, in MiB (one embedding table and a small MLP)")
     rounds: int = option(5, "interleaved rounds (with and without the digest take turns); medians are reported")
     work: Path = option(Path("build/bench/checkpoint"), "directory the checkpoints are written to")
+
+
+@dataclass(frozen=True)
+class EpochBenchConfig:
+    """One epoch of DLRM over a Criteo-1TB-shaped dataset, measured from a real ``ctrkit train`` process."""
+
+    dataset: Path | None = option(None, "dataset to train on", unset="one made with `ctrkit synth` in --work")
+    rows: int = option(100_000_000, "rows of the synthetic dataset (train + 1% test) where --dataset is not given")
+    tables: tuple[int, ...] | None = option(
+        None, "cardinalities or a preset of `ctrkit synth --tables`", unset="criteo-1tb", parse="table_sizes"
+    )
+    work: Path = option(Path("build/bench/epoch"), "directory for the dataset, the log and the checkpoint")
+    embedding_dim: int | None = option(None, "embedding width", unset="the model's")
+    embedding_optimizer: str | None = option(None, "table optimizer", TABLE_OPTIMIZERS, "the plan's")
+    batch_size: int | None = option(None, "samples per step", unset="the model's")

@@ -12,6 +12,7 @@ from ctrkit.bench.config import (
     AccuracyBenchConfig,
     BenchRunOptions,
     CheckpointBenchConfig,
+    EpochBenchConfig,
     InferenceBenchConfig,
     PreprocessBenchConfig,
     ScaleBenchOptions,
@@ -27,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     bsub = p.add_subparsers(
         dest="bench",
         required=True,
-        metavar="{train,preprocess,scale,inference,accuracy,ablation,checkpoint}",
+        metavar="{train,preprocess,scale,inference,accuracy,ablation,checkpoint,epoch}",
         help="what to measure",
     )
     add_command(bsub, "inference", inference, (InferenceBenchConfig, BenchRunOptions), ("device",))
@@ -37,6 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_command(bsub, "accuracy", accuracy, (AccuracyBenchConfig, BenchRunOptions), ("device", "output"))
     add_command(bsub, "ablation", ablation, (AblationBenchConfig, BenchRunOptions), ("device", "output"))
     add_command(bsub, "checkpoint", checkpoint, (CheckpointBenchConfig, BenchRunOptions), ("device",))
+    add_command(bsub, "epoch", epoch, (EpochBenchConfig, BenchRunOptions), ("device", "threads"))
 
 
 def _threads(run: BenchRunOptions) -> None:
@@ -321,5 +323,49 @@ def checkpoint(args: argparse.Namespace) -> int:
           f"{m['save_digest']:.3f} s ({result['save_overhead']:+.1%}); load {m['load']:.3f} s, verified "
           f"{m['load_digest']:.3f} s ({result['load_overhead']:+.1%}); the digest alone "
           f"{m['digest']:.3f} s")  # fmt: skip
+    write_result(result, run.output)
+    return 0
+
+
+def epoch(args: argparse.Namespace) -> int:
+    """one training epoch at scale: samples/s per 5% of the epoch, memory over time, the time of every phase
+
+    Makes a Criteo-1TB-shaped dataset with `ctrkit synth` (--rows, --tables; kept in --work for the next run)
+    unless --dataset names one, trains DLRM on it for one epoch in a child `ctrkit train` process (validation
+    4 times an epoch, a checkpoint at each, the test split at the end) while sampling its resident memory each
+    second, and reads its log back: samples/s and memory in each 5% of the epoch's steps, and the seconds of
+    start-up, warm start, steps, validation, checkpoints and test. Prints the one-epoch time and, at the measured
+    rate, what an epoch of Criteo 1TB's 4.2 billion rows would take.
+    """
+    from ctrkit.bench.epoch_bench import run_epoch, summarize
+    from ctrkit.bench.peak import machine
+    from ctrkit.data.synthetic import CRITEO_1TB_FL15_CARDINALITIES, generate_dataset
+
+    cfg: EpochBenchConfig = config_from(args, EpochBenchConfig)
+    run = config_from(args, BenchRunOptions)
+    dataset = cfg.dataset
+    if dataset is None:
+        dataset = cfg.work / f"data-{cfg.rows}"
+        if not (dataset / "feature_spec.yaml").exists():
+            generate_dataset(dataset, cfg.rows, cfg.tables or CRITEO_1TB_FL15_CARDINALITIES, 13, 0.01, 0,
+                             overwrite=True)  # fmt: skip
+    extra = []
+    for flag, value in (("--embedding-dim", cfg.embedding_dim), ("--embedding-optimizer", cfg.embedding_optimizer),
+                        ("--batch-size", cfg.batch_size)):  # fmt: skip
+        if value is not None:
+            extra += [flag, str(value)]
+    from ctrkit.data.dataset import SplitBinaryDataset
+
+    rows = len(SplitBinaryDataset(dataset, "train", check_ids=False))
+    steps = -(-int(rows * 0.9) // (cfg.batch_size or 1024))
+    extra += ["--print-freq", str(max(1, steps // 200))]
+    measured = run_epoch(dataset, cfg.work, extra)
+    result = {**summarize(measured), "machine": machine(), "dataset": str(dataset), "train_args": extra,
+              "summary": measured["summary"]}  # fmt: skip
+    rate = result["samples_per_s_median"] or 0
+    trainer = result["phases_seconds"]["trainer in all"]
+    print(f"one epoch of {result['rows']:,} rows: {trainer:,.0f} s in the trainer, {rate:,.0f} samples/s "
+          f"(median of 5% parts); a Criteo 1TB epoch (4.2 billion rows) at that rate: "
+          f"{4.2e9 / rate / 3600:,.1f} h" if rate else "no training records")  # fmt: skip
     write_result(result, run.output)
     return 0

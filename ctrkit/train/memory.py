@@ -4,8 +4,9 @@ The estimate counts what a run allocates, from the model built on the meta devic
 weights, their optimizer states (``STATE_BYTES``), the copies kept for model selection and ensembles, the
 warm start's fit (transient: freed before the first copy of the best weights is taken) and the batches being
 scored; plus what the process already holds when the plan is made (the interpreter, torch, the data's index).
-What the process may have is the least of the machine's available memory and the room left under the memory
-limit of each cgroup it runs in (v1 and v2), or the free memory of the GPU it trains on.
+What the process may have is the least of the machine's available memory, the room left under the memory
+limit of each cgroup it runs in (v1 and v2) and under its own RLIMIT_DATA or RLIMIT_AS, or the free memory of the
+GPU it trains on.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class Room:
 
     bytes: int | None
     where: str
+    per_process: bool = False  # a limit of each process (an rlimit, a GPU), not shared by a job's processes
 
 
 def process_rss() -> int:
@@ -101,6 +103,30 @@ def machine_room() -> Room:
     return Room(None, "unknown")
 
 
+def rlimit_room() -> Room | None:
+    """The room under this process's RLIMIT_DATA (against its VmData) or RLIMIT_AS (against VmSize), the
+    smaller; None where neither is set."""
+    import resource
+
+    status = {}
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key in ("VmData", "VmSize"):
+                status[key] = int(value.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    best: Room | None = None
+    for limit_name, used in (("RLIMIT_DATA", "VmData"), ("RLIMIT_AS", "VmSize")):
+        soft, _ = resource.getrlimit(getattr(resource, limit_name))
+        if soft == resource.RLIM_INFINITY or used not in status:
+            continue
+        left = max(soft - status[used], 0)
+        if best is None or left < best.bytes:
+            best = Room(left, f"this process's {limit_name} (limit {gib(soft)})", per_process=True)
+    return best
+
+
 def room(device: str = "cpu") -> Room:
     """What this process may still allocate where it trains: the GPU's free memory on CUDA; else the least of
     the machine's available memory and the cgroups' room."""
@@ -108,8 +134,8 @@ def room(device: str = "cpu") -> Room:
         import torch
 
         free, total = torch.cuda.mem_get_info()
-        return Room(int(free), f"the GPU's free memory ({gib(total)} in all)")
-    rooms = [r for r in (machine_room(), cgroup_room()) if r is not None and r.bytes is not None]
+        return Room(int(free), f"the GPU's free memory ({gib(total)} in all)", per_process=True)
+    rooms = [r for r in (machine_room(), cgroup_room(), rlimit_room()) if r is not None and r.bytes is not None]
     return min(rooms, key=lambda r: r.bytes) if rooms else Room(None, "unknown")
 
 
@@ -122,8 +148,10 @@ def table_state_bytes(optimizer: str, table_bytes: int, table_rows: int) -> int:
     return STATE_PER_VALUE[optimizer] * (table_bytes // 4) + STATE_PER_ROW.get(optimizer, 0) * table_rows
 
 
-def local_processes(processes: int) -> int:
-    """The processes of a job that share this machine's memory (torchrun's LOCAL_WORLD_SIZE)."""
+def local_processes(processes: int, budget: Room | None = None) -> int:
+    """The processes of a job that share ``budget`` (torchrun's LOCAL_WORLD_SIZE; 1 for a per-process limit)."""
+    if budget is not None and budget.per_process:
+        return 1
     try:
         return max(1, min(processes, int(os.environ.get("LOCAL_WORLD_SIZE", processes))))
     except ValueError:

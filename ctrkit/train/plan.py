@@ -200,7 +200,7 @@ def _fit_or_refuse(cfg: Any, sources: dict, memory: dict, need: Any, budget: Roo
                    rules: dict) -> tuple[dict, Any]:  # fmt: skip
     """Where the estimate exceeds the room: row-wise Adagrad on the tables when the table optimizer was left to
     the recipe or the default and that fits (the plan says why); else a one-line ValueError naming the options."""
-    local = local_processes(processes)
+    local = local_processes(processes, budget)
     chosen_by = sources.get("embedding_optimizer", "default")
     if chosen_by == "default" or chosen_by.startswith("recipe") or chosen_by.endswith("'s default"):
         lighter = need("rowwise_adagrad")
@@ -295,11 +295,11 @@ def make_plan(
     memory = need(cfg.embedding_optimizer)
     budget = room(device)
     usable = None if budget.bytes is None else int(budget.bytes * USABLE)
-    if usable is not None and memory["more"] * local_processes(processes) > usable and best == "memory":
+    if usable is not None and memory["more"] * local_processes(processes, budget) > usable and best == "memory":
         if validation and best_by == "default" and need(cfg.embedding_optimizer, best="disk")["more"] <= usable:
             best, memory = "disk", need(cfg.embedding_optimizer, best="disk")
             rules["best_weights"] = f"memory: a second copy of the tables would not fit in {budget.where}"
-    if usable is not None and memory["more"] * local_processes(processes) > usable:
+    if usable is not None and memory["more"] * local_processes(processes, budget) > usable:
         memory, cfg = _fit_or_refuse(cfg, sources, memory, partial(need, best=best), budget, usable, processes, rules)
     cfg = replace(cfg, best_weights=best)
     chosen = {"embedding_optimizer": cfg.embedding_optimizer, "embedding_lr": cfg.embedding_lr, "best_weights": best}

@@ -17,6 +17,7 @@ regression lacks; on a small or rare-click validation set its AUC gain is mostly
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -181,7 +182,9 @@ class ModelSelection:
         if self.validation_set is None or len(self.validation_set) == 0:
             return None
         sel = self.selection
+        started = time.perf_counter()
         metrics, logits = self._score_validation()
+        seconds = time.perf_counter() - started
         if sel.guarding_baseline and logits is not None:
             metrics["baseline_z"] = self._baseline_z(logits)
         selected = sel.update(self.step, metrics, baseline=baseline)
@@ -200,7 +203,7 @@ class ModelSelection:
             if into:  # at an epoch's end the next epoch's start redraws them
                 self._reinit_embeddings(epoch)
         record = {"event": "eval", "mapping": "validation", "step": self.step, **metrics,
-                  "best_step": sel.best_step, "lr_scale": sel.lr_scale}  # fmt: skip
+                  "best_step": sel.best_step, "lr_scale": sel.lr_scale, "seconds": round(seconds, 3)}  # fmt: skip
         self._log(record)
         return record
 

@@ -4,6 +4,7 @@ restores, so that a resumed run continues exactly where it stopped."""
 from __future__ import annotations
 
 import math
+import time
 import uuid
 from pathlib import Path
 
@@ -137,9 +138,12 @@ class TrainerState:
         """
         if self.save_path is not None and self._saved_step != self.step:
             self._check_finite()
+            started = time.perf_counter()
             state = self._save_sharded() if self.env is not None else self.state()
             if self.main and state is not None:
                 save_checkpoint(self.save_path, state)
+                self._log({"event": "checkpoint", "step": self.step, "seconds": round(time.perf_counter() - started, 3),
+                           "bytes": self.save_path.stat().st_size})  # fmt: skip
                 if self.env is not None:
                     _remove_older_rank_files(self.save_path, self.step)
                 if self.run_record is not None and self._saved_step is None:  # this run's first save

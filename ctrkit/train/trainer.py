@@ -95,6 +95,7 @@ class Trainer(TrainerState, ModelSelection, SnapshotPool, WarmStart):
         tensorboard_dir: str | os.PathLike | None = None,
     ):
         cfg = cfg.resolve(info.model_name)
+        self._started = time.perf_counter()
         self.run_record = run_record
         if len(train_set) == 0:
             raise ValueError(f"the training mapping '{train_set.mapping}' holds no samples")
@@ -160,6 +161,8 @@ class Trainer(TrainerState, ModelSelection, SnapshotPool, WarmStart):
         self.pool_size = self._pool_size()
 
     def _log(self, record: dict[str, Any]) -> None:
+        """Appends ``record`` to the log (and TensorBoard), with ``time``: seconds since the trainer was built."""
+        record = {**record, "time": round(time.perf_counter() - self._started, 3)}
         if self.member is not None:  # a seed ensemble's member: its records say which
             record = {**record, "member": self.member}
         if self.log_path is not None and self.main:
@@ -203,6 +206,7 @@ class Trainer(TrainerState, ModelSelection, SnapshotPool, WarmStart):
         self._log(
             {
                 "event": "start",
+                "unix_time": round(time.time() - (time.perf_counter() - self._started), 3),  # the trainer's time 0
                 "step": self.step,
                 "total_steps": self.total_steps,
                 "steps_per_epoch": self.steps_per_epoch,
@@ -307,13 +311,14 @@ class Trainer(TrainerState, ModelSelection, SnapshotPool, WarmStart):
         if self.calibration_record:
             result["calibration"] = self.calibration_record
         if self.test_set is not None and len(self.test_set):
+            started = time.perf_counter()
             logits = self._logits(self.test_set)
             kept = logits if self.ensemble is None else self._ensemble_logits(self.test_set)
             test = scored_with_parts(self.test_set, kept, self.calibration, logits if self.ensemble else None)
             if self.ensemble is not None:
                 test["ensemble"] = self.ensemble
             self._log({"event": "test", "mapping": "test", "step": self.step, "best_step": result["best_step"],
-                       **test})  # fmt: skip
+                       **test, "seconds": round(time.perf_counter() - started, 3)})  # fmt: skip
             result.update(test)
         if self.tensorboard is not None:
             self.tensorboard.close()
