@@ -101,6 +101,14 @@ SUITES = {
         "(batch-1 requests from one client for latency, batch-1024 binary requests from four for throughput).",
         "bash benchmarks/run_inference.sh",
     ),
+    "epoch": (
+        "One epoch at scale",
+        "DLRM with the default recipe over a Criteo-1TB-shaped dataset (`ctrkit synth --tables criteo-1tb`: the "
+        "seeds' FL15 tables, 32.7M rows), one epoch in a real `ctrkit train` process: samples/s and the process's "
+        "resident memory in each 5% of the epoch's steps, and the seconds of each phase (validation 4 times an "
+        "epoch with a checkpoint each time, the test split at the end).",
+        "ROWS=100000000 bash benchmarks/run_epoch.sh",
+    ),
     "checkpoint": (
         "Checkpoint digests",
         "A checkpoint of 1 GiB of tensors (one table of width 128 and a small MLP) saved (atomic write with fsync) "

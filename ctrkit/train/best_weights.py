@@ -55,6 +55,16 @@ def drop_resident(t: torch.Tensor) -> None:
         libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), ctypes.c_int(MADV_DONTNEED))
 
 
+def release(state: dict[str, torch.Tensor] | None, directory: Path | None) -> None:
+    """Drops from resident memory the pages of ``state``'s tensors kept on disk (``copy_state`` with
+    ``directory``), after a read of them (a checkpoint's save, restoring the best weights) faulted them in."""
+    if state is None or directory is None:
+        return
+    for v in state.values():
+        if v.device.type == "cpu" and v.numel() * v.element_size() >= ON_DISK_FROM:
+            drop_resident(v)
+
+
 def copy_state(state: dict[str, torch.Tensor], into: dict[str, torch.Tensor] | None, directory: Path | None
                ) -> dict[str, torch.Tensor]:  # fmt: skip
     """A copy of ``state`` (``into``'s tensors reused where their shapes fit); with ``directory``, tensors of

@@ -26,6 +26,7 @@ import numpy as np
 from ctrkit.eval.calibration import choose_calibration
 from ctrkit.eval.evaluator import metrics_of, predict_logits
 from ctrkit.eval.metrics import auc_difference
+from ctrkit.train.best_weights import release
 
 
 def score(metrics: dict[str, Any]) -> float:
@@ -166,6 +167,7 @@ class ModelSelection:
             logits = ensemble_logits
         elif self.best_state is not None:
             logits = self._logits_of([self.best_state], self.validation_set)[0].astype(np.float32)
+            release(self.best_state, self.best_dir)
         else:  # nothing was selected: a checkpoint without selection state, resumed at its end
             logits = self._logits(self.validation_set)
         self.calibration, self.calibration_record = choose_calibration(
@@ -235,6 +237,7 @@ class ModelSelection:
         if self.best_state is None or self.selection.best_step == self.step:
             return
         self._inner.load_state_dict(self.best_state)
+        release(self.best_state, self.best_dir)
 
     def _overfitting(self, metrics: dict[str, Any]) -> bool:
         """Auto ``reinit_embeddings``: past the first epoch, the validation AUC fell more than

@@ -16,6 +16,7 @@ from ctrkit.checkpoint_shards import MappedSource, rank_file_name, read_rank_fil
 from ctrkit.data.atomic import atomic_file
 from ctrkit.distributed.env import all_reduce_sum
 from ctrkit.models.registry import config_to_dict
+from ctrkit.train.best_weights import release
 from ctrkit.train.selection import Selection
 
 NO_OPTIMIZER_STATE = (
@@ -142,6 +143,7 @@ class TrainerState:
             state = self._save_sharded() if self.env is not None else self.state()
             if self.main and state is not None:
                 save_checkpoint(self.save_path, state)
+                release(self.best_state, self.best_dir)  # the save read them in: back to the file only
                 self._log({"event": "checkpoint", "step": self.step, "seconds": round(time.perf_counter() - started, 3),
                            "bytes": self.save_path.stat().st_size})  # fmt: skip
                 if self.env is not None:
