@@ -283,7 +283,8 @@ class Trainer(TrainerState, ModelSelection, SnapshotPool, WarmStart):
                                 f"step {self.step}: validation AUC {record['auc']:.4f} logloss {record['logloss']:.4f}"
                                 f" (best: step {record['best_step']})"
                             )
-                        self.save()
+                        if not (self.step >= self.total_steps or self.selection.stopped):
+                            self.save()  # the last evaluation's is the final save, after calibration
                         window_start += time.perf_counter() - t0  # keep samples/s about training
                     elif cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
                         self.save()
