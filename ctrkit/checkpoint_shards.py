@@ -39,6 +39,23 @@ def _mapped_file_range(address: int, path: str | os.PathLike) -> tuple[int, int]
     return None
 
 
+def drop_pages(start: int, length: int, libc: Any = None, page: int | None = None) -> None:
+    """``madvise(MADV_DONTNEED)`` on the whole pages inside [start, start + length) of a file mapping: they leave
+    this process's resident memory (a private mapping's read again from the file, a shared one's kept in the
+    file and the page cache). Nothing where libc or the page size cannot be had."""
+    import ctypes
+
+    try:
+        libc = libc if libc is not None else ctypes.CDLL(None, use_errno=True)
+        page = page or os.sysconf("SC_PAGE_SIZE")
+    except (OSError, AttributeError, ValueError):
+        return
+    lo = -(-start // page) * page
+    hi = (start + length) // page * page
+    if hi > lo:
+        libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), ctypes.c_int(MADV_DONTNEED))
+
+
 class MappedSource:
     """The rank files of a checkpoint, memory-mapped: ``copy(dst, src)`` copies a tensor read from one of
     them and then drops the pages it read from this process's resident memory (``madvise(MADV_DONTNEED)``
@@ -82,12 +99,7 @@ class MappedSource:
 
     def release(self, start: int, length: int) -> None:
         """Drops the whole pages inside [start, start + length) (caller: a mapping of one of the files)."""
-        import ctypes
-
-        lo = -(-start // self._page) * self._page
-        hi = (start + length) // self._page * self._page
-        if hi > lo:
-            self._libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), ctypes.c_int(MADV_DONTNEED))
+        drop_pages(start, length, self._libc, self._page)
 
     @torch.no_grad()
     def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:

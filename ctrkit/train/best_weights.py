@@ -10,17 +10,16 @@ best weights, saving the checkpoint) faults the pages in from the file.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import tempfile
 from pathlib import Path
 
 import torch
 
+from ctrkit.checkpoint_shards import drop_pages
 from ctrkit.data.atomic import disk_error
 
 ON_DISK_FROM = 64 << 20  # tensors of this many bytes or more go to disk (the tables); smaller ones stay in memory
-MADV_DONTNEED = 4
 
 
 def file_tensor(like: torch.Tensor, directory: Path) -> torch.Tensor:
@@ -43,16 +42,7 @@ def file_tensor(like: torch.Tensor, directory: Path) -> torch.Tensor:
 
 def drop_resident(t: torch.Tensor) -> None:
     """Drops the whole pages of ``t`` (a file-backed shared mapping) from this process's resident memory."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        page = os.sysconf("SC_PAGE_SIZE")
-    except (OSError, AttributeError, ValueError):
-        return
-    start, length = t.data_ptr(), t.numel() * t.element_size()
-    lo = -(-start // page) * page
-    hi = (start + length) // page * page
-    if hi > lo:
-        libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), ctypes.c_int(MADV_DONTNEED))
+    drop_pages(t.data_ptr(), t.numel() * t.element_size())
 
 
 def release(state: dict[str, torch.Tensor] | None, directory: Path | None) -> None:
