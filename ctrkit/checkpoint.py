@@ -304,15 +304,19 @@ def torch_save(obj: Any, path: str | os.PathLike) -> None:
         torch.save(obj, path)
 
 
-def load_checkpoint(path: str | os.PathLike, mmap: bool = False, assemble: bool = True) -> Checkpoint:
+def load_checkpoint(
+    path: str | os.PathLike, mmap: bool = False, assemble: bool = True, verify: bool | None = None
+) -> Checkpoint:
     """Reads a checkpoint with ``weights_only=True`` (tensors and plain containers only).
 
-    With ``mmap``, tensors stay in the file (memory-mapped, read on use) instead of being loaded. A
+    With ``mmap``, tensors stay in the file (memory-mapped, read on use) instead of being loaded; ``verify``
+    (default: ``not mmap``) checks the digest of its tensors (a memory-mapped file is then read once, through the
+    page cache, which the kernel reclaims: a checkpoint larger than memory can be checked and read). A
     sharded checkpoint (a hybrid-parallel run's) is assembled into whole tables unless ``assemble`` is
     False (then ``model`` is empty and each rank reads its own file: ``read_rank_file``).
     """
     path = Path(path)
-    ckpt = Checkpoint.from_dict(read_torch_file(path, mmap), str(path))
+    ckpt = Checkpoint.from_dict(read_torch_file(path, mmap, verify), str(path))
     if ckpt.shard_files:  # stored relative to the manifest; absolute from here on
         ckpt.shard_files = [str(path.parent / f) for f in ckpt.shard_files]
         if assemble:

@@ -156,6 +156,21 @@ class TrainConfig:
         unset="the plan's: disk where the tables are 1 GiB or more, or where memory would not hold the copy; else "
         "memory",
     )
+    embedding_storage: str | None = option(
+        None,
+        "where the embedding tables and their optimizer state live while training: memory, or disk (files beside "
+        "the checkpoint, or in the temporary directory without one, unlinked at once; the rows in use in an "
+        "in-memory cache of embedding_cache_rows rows, the least recently used written back when it is full). "
+        "Results equal the in-memory tables'. Single-process CPU runs; first-order and multi-hot tables stay in "
+        "memory",
+        ("memory", "disk"),
+        unset="the plan's: disk where the tables and their state would not fit in memory, else memory",
+    )
+    embedding_cache_rows: int | None = option(
+        None,
+        "with embedding_storage disk: rows of each table collection's in-memory cache",
+        unset="the plan's: as many as half the memory left after the rest of the run holds, at most every row",
+    )
     calibrate: str = option(
         "auto",
         "at the end of training, fit one scale of the kept model's logit (temperature scaling: rankings, so AUC, "

@@ -132,7 +132,8 @@ class Scoring:
 
         par = parallel or ParallelConfig()
         distributed = launched_by_torchrun()
-        ckpt = load_checkpoint(checkpoint, assemble=not distributed)
+        # memory-mapped and checked: the model takes the file's tables (no second copy, tables larger than memory)
+        ckpt = load_checkpoint(checkpoint, mmap=True, assemble=not distributed, verify=True)
         spec = FeatureSpec.from_yaml(dataset)
         ckpt.check_spec(spec.summary(), str(spec.base_dir), allow_other_vocabulary)
         if distributed and ckpt.models_averaged > 1:
@@ -144,7 +145,7 @@ class Scoring:
         env = init_distributed(device, par.dist_timeout) if distributed else None
         dev = env.device if env is not None else resolve_device(device)
         if env is None or not ckpt.shard_files:
-            model = ckpt.build_model().to(dev)
+            model = ckpt.build_model(assign=True).to(dev)
             model = shard_for_job(model, env, par)  # the checkpoint's whole tables are already in the model
             return cls(ckpt, data, model, dev, env)
         with deferred_tables():  # each rank allocates only its shards

@@ -15,6 +15,7 @@ from torch.autograd.function import once_differentiable
 
 from ctrkit import hugepages, native
 from ctrkit.data.batch import PaddedMultiHot
+from ctrkit.models import disk_tier
 
 INIT_BLOCK_ROWS = 1 << 16  # rows drawn from one generator when initialising a table
 _DEFERRED = contextvars.ContextVar("ctrkit_deferred_tables", default=False)
@@ -43,13 +44,19 @@ class _Tables(nn.Module):
 
     cardinalities: tuple[int, ...]
     dim: int
+    disk: disk_tier.DiskTier | None = None  # the tables on disk, ``weight`` their row cache (one-hot tables only)
 
-    def _make_weight(self) -> None:
+    def _make_weight(self, on_disk: bool = False) -> None:
         self.init_seed = int(torch.randint(0, 2**62, (1,), device="cpu").item())
         self.zero_init = False
         device = "meta" if _DEFERRED.get() else None
-        # huge pages before the first write: the optimizers gather and scatter rows at random
-        self.weight = nn.Parameter(hugepages.empty(sum(self.cardinalities), self.dim, device=device))
+        where = disk_tier.current() if on_disk and device is None else None
+        if where is not None:  # the tables in a file, the parameter their row cache
+            self.disk = disk_tier.DiskTier(sum(self.cardinalities), self.dim, where.cache_rows, where.directory)
+            self.weight = nn.Parameter(self.disk.cache)
+            self.weight.disk_tier = self.disk  # the optimizers keep its state on disk too
+        else:  # huge pages before the first write: the optimizers gather and scatter rows at random
+            self.weight = nn.Parameter(hugepages.empty(sum(self.cardinalities), self.dim, device=device))
         if self.weight.device.type != "meta":
             self.reset_tables()
 
@@ -62,8 +69,37 @@ class _Tables(nn.Module):
     def reset_tables(self, draw: int = 0) -> None:
         """Draws every table's initial values into the weight (``draw`` > 0: another set of them)."""
         init = self.init
-        for f, (off, card) in enumerate(zip(self.offsets.tolist(), self.cardinalities)):
-            init.fill(self.weight[off : off + card], f, 0, card, draw=draw)
+
+        def fill(weight: torch.Tensor) -> None:
+            for f, (off, card) in enumerate(zip(self.offsets.tolist(), self.cardinalities)):
+                init.fill(weight[off : off + card], f, 0, card, draw=draw)
+
+        if self.disk is not None:  # the file's table; the cache and the optimizer state start over
+            self.disk.reset(fill)
+        else:
+            fill(self.weight)
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        if self.disk is not None:  # the whole table (cached rows written back), not the cache
+            self.disk.flush()
+            destination[prefix + "weight"] = self.disk.table
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing, unexpected, errors):
+        if self.disk is None or prefix + "weight" not in state_dict:
+            return super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing, unexpected,
+                                                 errors)  # fmt: skip
+        try:
+            self.disk.load_table(state_dict[prefix + "weight"])
+        except ValueError as e:
+            errors.append(f"size mismatch for {prefix}weight: {e}")
+        weight = self._parameters.pop("weight")  # the cache: loaded above, through the file
+        try:
+            super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing, unexpected, errors)
+        finally:
+            self._parameters["weight"] = weight
+        if prefix + "weight" in unexpected:
+            unexpected.remove(prefix + "weight")
 
 
 @dataclass(frozen=True)
@@ -131,7 +167,7 @@ class EmbeddingCollection(_Tables):
         self.dim = dim
         self.sparse = sparse
         self.register_buffer("offsets", torch.cumsum(cards, 0) - cards, persistent=False)  # (F,)
-        self._make_weight()
+        self._make_weight(on_disk=True)
         self.use_native = True  # CPU training's lookups by ctrkit/native's gather (_GatherRowsFn; False: ATen's)
 
     @property
@@ -139,9 +175,21 @@ class EmbeddingCollection(_Tables):
         return len(self.cardinalities)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.disk is not None:
+            return self._from_disk(ids)
         if self._native_applies(ids):
             return _GatherRowsFn.apply(self.weight, ids, self.offsets)  # (B, F, D)
         return F.embedding(ids + self.offsets, self.weight, sparse=self.sparse)  # (B, F, D)
+
+    def _from_disk(self, ids: torch.Tensor) -> torch.Tensor:
+        """Training: the ids' cache slots, gathered from the cache (the parameter); else the rows read from the
+        tables on disk with the cached ones laid over them, leaving the cache as it is."""
+        if not (torch.is_grad_enabled() and self.weight.requires_grad):
+            return self.disk.lookup(ids + self.offsets)  # (B, F, D)
+        slots = self.disk.slots(ids + self.offsets)  # (B, F)
+        if self._native_applies(slots):
+            return _GatherRowsFn.apply(self.weight, slots, torch.zeros_like(self.offsets))
+        return F.embedding(slots, self.weight, sparse=self.sparse)
 
     def _native_applies(self, ids: torch.Tensor) -> bool:
         """The lookup by ctrkit/native's gather (``_GatherRowsFn``): CPU training of a float32 table with sparse
@@ -160,8 +208,12 @@ class EmbeddingCollection(_Tables):
         return [self.weight]
 
     def table(self, feature: int) -> torch.Tensor:
-        """The rows of one feature's table: (cardinality, D), a view of the flat weight."""
+        """The rows of one feature's table: (cardinality, D), a view of the flat weight (of the file's table when
+        the tables are on disk, their cached rows written back first)."""
         off = int(self.offsets[feature])
+        if self.disk is not None:
+            self.disk.flush()
+            return self.disk.table[off : off + self.cardinalities[feature]]
         return self.weight[off : off + self.cardinalities[feature]]
 
 

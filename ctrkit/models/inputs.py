@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ctrkit.models import disk_tier
 from ctrkit.models.embeddings import CategoricalEmbeddings
 from ctrkit.models.mlp import MLP
 from ctrkit.models.numerical import (
@@ -239,7 +240,8 @@ class LinearTerm(nn.Module):
     def build(config: InputsConfig) -> tuple[CategoricalEmbeddings, nn.Linear | None, NumericalBuckets | None]:
         """The term's parts: the 1-wide tables, the linear map (None without numerical features) and the
         bucket weights (None without numerical features or with ``numerical_buckets`` 0)."""
-        tables = CategoricalEmbeddings.from_config(config, 1)
+        with disk_tier.in_memory():  # one number a row: the first-order tables stay in memory
+            tables = CategoricalEmbeddings.from_config(config, 1)
         dense = nn.Linear(config.num_numerical, 1) if config.num_numerical else None
         with torch.no_grad():  # a linear model starts at zero
             for p in [*tables.parameters(), *(dense.parameters() if dense is not None else ())]:

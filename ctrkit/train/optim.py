@@ -186,15 +186,44 @@ class SparseRowOptimizer(torch.optim.Optimizer):
                 state["linear"] = hugepages.zeros_like(p)
             else:
                 state["sum"] = hugepages.empty(p.shape[0], dtype=p.dtype, device=p.device).zero_()
+            if getattr(p, "disk_tier", None) is not None:  # a table on disk: its state too, the cached rows here
+                p.disk_tier.attach(state)
         return state
 
+    def _params(self) -> list[torch.nn.Parameter]:
+        return [p for group in self.param_groups for p in group["params"]]
+
+    def state_dict(self) -> dict:  # noqa: D102 - torch.optim API
+        out = super().state_dict()
+        for index, p in enumerate(self._params()):  # tables on disk: the whole state, as an in-memory table's
+            tier = getattr(p, "disk_tier", None)
+            if tier is not None and index in out["state"]:
+                entry = out["state"][index]
+                out["state"][index] = {k: tier.whole_state(k) if k in tier.states else v for k, v in entry.items()}
+        return out
+
     def load_state_dict(self, state_dict: dict) -> None:  # noqa: D102 - torch.optim API
+        whole: dict[int, dict] = {}  # tables on disk: their states go to the files, not into memory
+        for index, p in enumerate(self._params()):
+            tier = getattr(p, "disk_tier", None)
+            entry = state_dict["state"].get(index) if tier is not None else None
+            if entry:
+                whole[index] = {k: v for k, v in entry.items()
+                                if isinstance(v, torch.Tensor) and v.dim() >= 1 and v.shape[0] == tier.rows}  # fmt: skip
+        if whole:
+            state_dict = {**state_dict, "state": {i: {k: v for k, v in e.items() if k not in whole.get(i, {})}
+                                                  for i, e in state_dict["state"].items()}}  # fmt: skip
         super().load_state_dict(state_dict)
         # states read from a checkpoint were written on load: copied into huge-page tables like new ones
         for state in self.state.values():
             for key, value in state.items():
                 if isinstance(value, torch.Tensor) and value.nbytes >= hugepages.MIN_BYTES:
                     state[key] = hugepages.empty_like(value).copy_(value)
+        params = self._params()
+        for index, entries in whole.items():
+            p = params[index]
+            for key, value in entries.items():
+                self.state[p][key] = p.disk_tier.load_state(key, value)
 
     @torch.no_grad()
     def step(self, closure=None):  # noqa: D102 - torch.optim API

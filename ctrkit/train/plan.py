@@ -9,8 +9,11 @@ all here: the trainer and the run apply none of their own.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from dataclasses import dataclass, replace
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from ctrkit.config import TrainConfig
@@ -164,17 +167,28 @@ def _table_rows(model: Any) -> int:
 
 
 def _memory(cfg: Any, table_optimizer: str, sizes: tuple, model_config: Any, train_rows: int, validation: bool,
-            members: int, warm: bool, processes: int, best_on_disk: bool = False) -> dict[str, int]:  # fmt: skip
+            members: int, warm: bool, processes: int, best_on_disk: bool = False,
+            cache_rows: int | None = None) -> dict[str, int]:  # fmt: skip
     """The estimated peak of one process (``memory``'s docstring says what is counted), by part, in bytes;
-    ``more``: what it allocates beyond what it holds now."""
+    ``more``: what it allocates beyond what it holds now. ``cache_rows``: the tables on disk with a cache of this
+    many rows (``tables_on_disk``: their bytes and their state's there)."""
     deep, side, dense, buffers, rows = sizes
     deep, rows = deep // processes, rows // processes  # a job's tables are split over its processes, about evenly
-    weights = deep + side + dense + buffers
+    stored = 0
+    if cache_rows is not None and rows:  # in memory: the cached rows, their slots, and each row's slot
+        cached = min(cache_rows, rows)
+        stored = deep + table_state_bytes(table_optimizer, deep, rows)
+        deep, index = deep * cached // rows, CACHE_SLOT_BYTES * cached + CACHE_INDEX_BYTES * rows
+        rows = cached
+        best_on_disk = True  # a run with its tables on disk keeps the best weights' tables there too
+    else:
+        index = 0
+    weights = deep + side + dense + buffers + index
     state = table_state_bytes(table_optimizer, deep, rows) + STATE_COPIES[cfg.optimizer] * dense
     if side:
         state += STATE_COPIES[cfg.wide_optimizer or "adagrad"] * side
-    copies = (weights - deep if best_on_disk else weights) if validation else 0  # the best weights (tables on disk)
-    on_disk = deep if best_on_disk and validation else 0
+    copies = (weights - deep - index if best_on_disk else weights) if validation else 0  # the best weights
+    on_disk = (stored or deep) if best_on_disk and validation else 0
     if cfg.snapshot_ensemble > 1:
         copies += cfg.snapshot_ensemble * weights
     if members > 1:
@@ -186,7 +200,7 @@ def _memory(cfg: Any, table_optimizer: str, sizes: tuple, model_config: Any, tra
     now = process_rss()
     more = weights + state + max(fit, copies + scoring)
     return {"weights": weights, "optimizer": state, "copies": copies, "copies_on_disk": on_disk, "warm_start": fit,
-            "process": now,
+            "process": now, "tables_on_disk": stored, "cache_rows": rows if stored else 0,
             "more": more, "peak": now + more, "total": weights + state + copies}  # fmt: skip
 
 
@@ -194,25 +208,61 @@ def _memory(cfg: Any, table_optimizer: str, sizes: tuple, model_config: Any, tra
 # (docs/decisions/memory-plan.md)
 ROWWISE_ADAGRAD_LR = 0.03
 BEST_ON_DISK_TABLES = 1 << 30  # tables of this many bytes a process or more: the best weights' tables kept on disk
+CACHE_SLOT_BYTES = 16  # tables on disk: each cache slot's row and last use (int64 each) ...
+CACHE_INDEX_BYTES = 4  # ... and each table row's slot (int32)
+CACHE_SHARE = 0.5  # an unset cache takes this share of the memory the rest of the run leaves
+MIN_CACHE_BATCHES = 2  # ... and at least this many batches' lookups (a step's rows must all be cached at once)
+
+
+def cache_rows_for(cfg: Any, need: Any, budget: Room, usable: int | None, sizes: tuple, lookups: int
+                   ) -> tuple[int, str]:  # fmt: skip
+    """The cache rows of tables on disk, and why: ``embedding_cache_rows`` if set; else ``CACHE_SHARE`` of what the
+    rest of the run leaves of ``usable`` (every row where that is unknown), at least ``MIN_CACHE_BATCHES`` x
+    ``lookups`` (a batch's ids), at most every row. ``need(cache_rows)``: the estimate with that cache."""
+    rows = max(sizes[4], 1)
+    if cfg.embedding_cache_rows is not None:
+        return cfg.embedding_cache_rows, "embedding_cache_rows"
+    if usable is None:
+        return rows, f"every row: the memory available is unknown ({budget.where})"
+    bare = need(0)["more"]
+    per_row = max(need(rows)["more"] - bare, 1) / rows
+    fit = int((usable - bare) * CACHE_SHARE / per_row)
+    least = min(rows, MIN_CACHE_BATCHES * lookups)
+    chosen = max(least, min(rows, fit))
+    return chosen, f"{CACHE_SHARE:.0%} of what the rest of the run leaves of {budget.where}" if chosen < rows else \
+        "every row fits"  # fmt: skip
 
 
 def _fit_or_refuse(cfg: Any, sources: dict, memory: dict, need: Any, budget: Room, usable: int, processes: int,
-                   rules: dict) -> tuple[dict, Any]:  # fmt: skip
+                   rules: dict, on_disk: Any = None) -> tuple[dict, Any]:  # fmt: skip
     """Where the estimate exceeds the room: row-wise Adagrad on the tables when the table optimizer was left to
-    the recipe or the default and that fits (the plan says why); else a one-line ValueError naming the options."""
+    the recipe or the default and that fits; else, where ``embedding_storage`` was left unset, the tables on disk
+    (``on_disk(optimizer)``: the estimate, cache rows and why; None where a run cannot keep them there) with that
+    optimizer (the plan says why); else a one-line ValueError naming the options."""
     local = local_processes(processes, budget)
+    fits = lambda m: m["more"] * local <= usable  # noqa: E731
+    peak, has = gib(memory["peak"]), gib(budget.bytes)
     chosen_by = sources.get("embedding_optimizer", "default")
-    if chosen_by == "default" or chosen_by.startswith("recipe") or chosen_by.endswith("'s default"):
-        lighter = need("rowwise_adagrad")
-        if lighter["more"] * local <= usable:
-            peak, has = gib(memory["peak"]), gib(budget.bytes)
+    lighter_by_default = chosen_by == "default" or chosen_by.startswith("recipe") or chosen_by.endswith("'s default")
+    optimizer, changes = cfg.embedding_optimizer, {}
+    if lighter_by_default and optimizer not in ("sgd", "rowwise_adagrad"):
+        optimizer, changes = "rowwise_adagrad", {"embedding_optimizer": "rowwise_adagrad"}
+        lr_by = sources.get("embedding_lr", "default")
+        if lr_by == "default" or lr_by.startswith("recipe") or lr_by.endswith("'s default"):
+            changes["embedding_lr"] = ROWWISE_ADAGRAD_LR
+        lighter = need(optimizer)
+        if fits(lighter):
             rules["embedding_optimizer"] = (f"memory: {cfg.embedding_optimizer}'s state would need a peak of {peak}, "
                                             f"{budget.where} has {has}")  # fmt: skip
-            lr_by = sources.get("embedding_lr", "default")
-            if lr_by == "default" or lr_by.startswith("recipe") or lr_by.endswith("'s default"):
-                return lighter, replace(cfg, embedding_optimizer="rowwise_adagrad", embedding_lr=ROWWISE_ADAGRAD_LR)
-            return lighter, replace(cfg, embedding_optimizer="rowwise_adagrad")
-    fits = lambda m: m["more"] * local <= usable  # noqa: E731
+            return lighter, replace(cfg, **changes)
+    if on_disk is not None and cfg.embedding_storage is None:
+        stored, cache_rows, cache_why = on_disk(optimizer)
+        if fits(stored):
+            if changes:
+                rules["embedding_optimizer"] = f"memory: {cfg.embedding_optimizer}'s state would not fit in memory"
+            rules["embedding_storage"] = f"memory: the tables would need a peak of {peak}, {budget.where} has {has}"
+            rules["embedding_cache_rows"] = cache_why
+            return stored, replace(cfg, embedding_storage="disk", embedding_cache_rows=cache_rows, **changes)
     options = []
     if cfg.embedding_optimizer not in ("sgd", "rowwise_adagrad"):
         lighter = need("rowwise_adagrad")
@@ -220,6 +270,10 @@ def _fit_or_refuse(cfg: Any, sources: dict, memory: dict, need: Any, budget: Roo
     if memory["copies"]:
         alone = need(cfg.embedding_optimizer, validation=False)
         options.append(f"`validation_fraction` 0, no copy of the best weights{' (fits)' if fits(alone) else ''}")
+    if on_disk is not None and cfg.embedding_storage != "disk":
+        options.append(f"`embedding_storage` disk{' (fits)' if fits(on_disk(cfg.embedding_optimizer)[0]) else ''}")
+    elif cfg.embedding_storage == "disk":
+        options.append("a smaller `embedding_cache_rows` or `batch_size`")
     options += ["a smaller `embedding_dim` or `embedding_sizes`", "more machines with torchrun"]
     per = f" in each of {local} processes" if local > 1 else ""
     raise ValueError(
@@ -227,6 +281,28 @@ def _fit_or_refuse(cfg: Any, sources: dict, memory: dict, need: Any, budget: Roo
         f"state {gib(memory['optimizer'])}, copies kept {gib(memory['copies'])}), more than {budget.where} has "
         f"({gib(budget.bytes)}): use {'; '.join(options)}"
     )
+
+
+def tables_directory(save_checkpoint: Any) -> Path:
+    """Where files of tables (the tables on disk, the best weights' tables) go: beside the checkpoint, or in the
+    temporary directory without one."""
+    return Path(save_checkpoint).parent if save_checkpoint is not None else Path(tempfile.gettempdir())
+
+
+def _check_disk_room(spec: Any, memory: dict) -> None:
+    """Refuses (one line) a run whose tables on disk, with their state and the best weights' copy, would not fit on
+    the disk of ``tables_directory``."""
+    where = tables_directory(spec.save_checkpoint)
+    probe = where if where.exists() else where.parent
+    needed = memory["tables_on_disk"] + memory["copies_on_disk"]
+    try:
+        free = shutil.disk_usage(probe).free
+    except OSError:
+        return
+    if needed > free:
+        raise ValueError(f"{where}: the tables on disk need about {gib(needed)} (with their optimizer state and the "
+                         f"best weights' copy), the disk has {gib(free)} free: free space, or save the checkpoint "
+                         "on another disk")  # fmt: skip
 
 
 def make_plan(
@@ -287,22 +363,46 @@ def make_plan(
     best = cfg.best_weights or ("disk" if validation and sizes[0] // processes >= BEST_ON_DISK_TABLES else "memory")
     if cfg.best_weights is None and best == "disk":
         rules["best_weights"] = f"{gib(sizes[0] // processes)} of tables, from {gib(BEST_ON_DISK_TABLES)} on disk"
+    disk_tables = device == "cpu" and not distributed and sizes[4] > 0  # where tables can be kept on disk
+    if cfg.embedding_storage == "disk" and not disk_tables:
+        where = "a distributed (torchrun) run" if distributed else (f"a run on {device}" if sizes[4] else "no tables")
+        raise ValueError(f"--embedding-storage disk: tables on disk train in one process on the CPU, not {where}; "
+                         "set --embedding-storage memory")  # fmt: skip
 
-    def need(optimizer: str, validation: bool = validation, best: str = best) -> dict[str, int]:
+    def need(optimizer: str, validation: bool = validation, best: str = best, cache: int | None = None) -> dict:
         return _memory(cfg, optimizer, sizes, spec.model_config, train_rows, validation, members, warm, processes,
-                       best == "disk")  # fmt: skip
+                       best == "disk", cache)  # fmt: skip
 
-    memory = need(cfg.embedding_optimizer)
     budget = room(device)
     usable = None if budget.bytes is None else int(budget.bytes * USABLE)
+    lookups = cfg.batch_size * len(getattr(spec.model_config, "cardinalities", ()) or (1,))
+
+    def on_disk(optimizer: str) -> tuple[dict, int, str]:
+        rows, rule = cache_rows_for(cfg, lambda c: need(optimizer, cache=c), budget, usable, sizes, lookups)
+        return need(optimizer, cache=rows), rows, rule
+
+    if cfg.embedding_storage == "disk":
+        memory, cache_rows, rules["embedding_cache_rows"] = on_disk(cfg.embedding_optimizer)
+        cfg = replace(cfg, embedding_cache_rows=cache_rows)
+    else:
+        memory = need(cfg.embedding_optimizer)
     if usable is not None and memory["more"] * local_processes(processes, budget) > usable and best == "memory":
         if validation and best_by == "default" and need(cfg.embedding_optimizer, best="disk")["more"] <= usable:
             best, memory = "disk", need(cfg.embedding_optimizer, best="disk")
             rules["best_weights"] = f"memory: a second copy of the tables would not fit in {budget.where}"
     if usable is not None and memory["more"] * local_processes(processes, budget) > usable:
-        memory, cfg = _fit_or_refuse(cfg, sources, memory, partial(need, best=best), budget, usable, processes, rules)
-    cfg = replace(cfg, best_weights=best)
-    chosen = {"embedding_optimizer": cfg.embedding_optimizer, "embedding_lr": cfg.embedding_lr, "best_weights": best}
+        memory, cfg = _fit_or_refuse(cfg, sources, memory, partial(need, best=best), budget, usable, processes, rules,
+                                     on_disk if disk_tables else None)  # fmt: skip
+    storage = cfg.embedding_storage or "memory"
+    if storage == "disk":
+        best = "disk"
+        _check_disk_room(spec, memory)
+    elif cfg.embedding_storage is None:
+        rules.setdefault("embedding_storage", "the tables and their state fit in memory")
+    cfg = replace(cfg, best_weights=best, embedding_storage=storage,
+                  embedding_cache_rows=cfg.embedding_cache_rows if storage == "disk" else None)  # fmt: skip
+    chosen = {"embedding_optimizer": cfg.embedding_optimizer, "embedding_lr": cfg.embedding_lr, "best_weights": best,
+              "embedding_storage": storage, "embedding_cache_rows": cfg.embedding_cache_rows}  # fmt: skip
     resolved = replace(resolved, **chosen)
     configs = [replace(c, **chosen) for c in configs]
     memory["room"] = budget.bytes
@@ -374,6 +474,12 @@ def make_plan(
     disk = f" (and {gib(memory['copies_on_disk'])} on disk)" if memory["copies_on_disk"] else ""
     has = f" of {gib(budget.bytes)} available ({budget.where})" if budget.bytes is not None else ""
     fit, now = gib(memory["warm_start"]), gib(memory["process"])
+    if storage == "disk":
+        lines.append(("tables", f"on disk ({gib(memory['tables_on_disk'])} with their optimizer state, in "
+                      f"{tables_directory(spec.save_checkpoint)}), {cfg.embedding_cache_rows:,} rows of each cached in "
+                      "memory", why("embedding_storage") + "; cache: " + why("embedding_cache_rows")))  # fmt: skip
+    else:
+        lines.append(("tables", "in memory", why("embedding_storage")))
     lines.append(("memory", f"peak about {gib(memory['peak'])}{per}{has}: weights {gib(weights)}, optimizer state "
                   f"{gib(state)}, copies kept {gib(copies)}{disk}, warm start {fit}, this process now {now}",
                   "estimate"))  # fmt: skip

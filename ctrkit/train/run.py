@@ -345,7 +345,9 @@ class Run(SeedEnsemble):
             raise ValueError(problem)
         ckpt = None
         if spec.load_checkpoint is not None:  # a rank reads only its own file of a sharded checkpoint
-            ckpt = load_checkpoint(spec.load_checkpoint, assemble=self.env is None)
+            # memory-mapped and checked: restoring copies it into the model's tables (in memory or on disk) a block
+            # of pages at a time, so a checkpoint larger than memory resumes
+            ckpt = load_checkpoint(spec.load_checkpoint, mmap=True, assemble=self.env is None, verify=True)
             ckpt.check_spec(feature_spec.summary(), str(feature_spec.base_dir), spec.allow_other_vocabulary)
         self.is_main = self.env is None or self.env.is_main
         self.feature_spec, self.test_set, self.validation_set = feature_spec, test_set, validation_set
@@ -393,7 +395,13 @@ class Run(SeedEnsemble):
         if offset:
             cfg = replace(cfg, seed=cfg.seed + offset)
         torch.manual_seed(cfg.seed)
-        if self.env is None:
+        if self.env is None and cfg.embedding_storage == "disk":  # the tables in files, a row cache in memory
+            from ctrkit.models.disk_tier import disk_tables
+            from ctrkit.train.plan import tables_directory
+
+            with disk_tables(tables_directory(spec.save_checkpoint), cfg.embedding_cache_rows):
+                model = create_model(spec.model, spec.model_config)
+        elif self.env is None:
             model = create_model(spec.model, spec.model_config).to(self.device)
         else:  # each rank allocates and draws only its own shards of the tables
             with deferred_tables():

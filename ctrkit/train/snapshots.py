@@ -36,7 +36,9 @@ def _auc_logloss(metrics: dict[str, Any]) -> dict[str, float]:
 
 def _exchange(attr: str, store: dict, key: str, state: dict[str, torch.Tensor], full: str) -> None:
     """Exchanges the data of module tensor ``store[key]`` with ``state[full]`` (a parameter keeps its object)."""
-    if attr == "param":
+    if attr == "tier":  # tables on disk: reads go to ``state``'s table instead (``DiskTier.override``)
+        store.override, state[full] = state[full], store.override
+    elif attr == "param":
         ours = store[key].data
         store[key].data = state[full]
         state[full] = ours
@@ -64,9 +66,13 @@ class SnapshotPool:
         with torch.no_grad():
             for name, module in self._inner.named_modules():
                 prefix = f"{name}." if name else ""
+                if getattr(module, "disk", None) is not None and f"{prefix}weight" in state:
+                    slots.append(("tier", module.disk, "weight", f"{prefix}weight"))
                 for attr, store in (("param", module._parameters), ("buffer", module._buffers)):
                     for key, t in store.items():
                         full = prefix + key
+                        if attr == "param" and key == "weight" and getattr(module, "disk", None) is not None:
+                            continue  # its cache: the tier's slot above reads the table
                         if t is None or full not in state or state[full].shape != t.shape:
                             continue
                         slots.append((attr, store, key, full))

@@ -12,6 +12,7 @@ from torch import nn
 
 from ctrkit import hugepages
 from ctrkit.data.batch import Batch
+from ctrkit.models import disk_tier
 from ctrkit.models.embeddings import CategoricalEmbeddings
 from ctrkit.models.mlp import Dropout, dropout_generator
 from ctrkit.train import split as thread_split
@@ -72,6 +73,7 @@ class TrainStep:
         self.split = split
         self.split_threads = self._split_threads(split, compile)
         self._has_dropout = any(isinstance(m, Dropout) and m.p > 0 for m in model.modules())
+        self._disk_tiers = disk_tier.tiers(model)  # tables on disk: each step's rows stay cached until it ends
 
     def _split_threads(self, split: str, compile: bool) -> int:
         """How many slices a step's batch may be split into (1: none); refuses ``on`` where it cannot split."""
@@ -115,6 +117,8 @@ class TrainStep:
             for group in opt.param_groups:
                 group["lr"] = group["base_lr"] * factor
         batch = batch.to(self.device, non_blocking=True)
+        for tier in self._disk_tiers:
+            tier.new_step()
         slices = self._slice_count(batch)
         if slices > 1:
             return self._split_step(batch, slices, global_size)

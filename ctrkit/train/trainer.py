@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ from ctrkit.data.dataset import SplitBinaryDataset, split_tail
 from ctrkit.data.loader import BatchLoader
 from ctrkit.distributed.env import DistEnv, all_reduce_sum
 from ctrkit.train.best_weights import copy_state
+from ctrkit.train.plan import tables_directory
 from ctrkit.train.optim import LRSchedule, build_optimizers
 from ctrkit.train.plan import resolved_train
 from ctrkit.train.selection import ModelSelection, Selection
@@ -116,9 +116,7 @@ class Trainer(TrainerState, ModelSelection, SnapshotPool, WarmStart):
         self.best_state: dict[str, torch.Tensor] | None = None  # the best weights this process holds
         self._best_owned = False  # best_state is this trainer's own copy (not a checkpoint's tensors)
         disk = cfg.best_weights == "disk" and device.type == "cpu"
-        self.best_dir = (
-            (Path(save_path).parent if save_path is not None else Path(tempfile.gettempdir())) if disk else None
-        )
+        self.best_dir = tables_directory(save_path) if disk else None
         self.snapshots: list[dict[str, Any]] = []  # the snapshot pool, best score first (snapshot_ensemble)
         self.member: int | None = None  # in a seed ensemble (train/run.py): this member's index
         self.members_done: list[dict[str, Any]] = []  # ... and the members trained before it (saved with it)

@@ -1,0 +1,290 @@
+"""Embedding tables larger than memory: the whole table (and its optimizer state) in a file on disk, the rows in
+use in an in-memory row cache that the model trains.
+
+A ``DiskTier`` backs one flat (rows, D) table. The table lies in a file-backed shared mapping of an unlinked file
+(``best_weights.file_tensor``: blocks reserved up front, nothing left behind however the process ends). The model's
+parameter is the cache: ``cache_rows`` rows in memory. Each training lookup maps the batch's flat rows to cache
+slots (``slots``): a row not in the cache is read from the file into a free slot, with its optimizer state; when
+no slot is free, the least recently used quarter of the cache (never a row of the current step) is written back
+and freed. The forward gathers from the cache, the backward's sparse gradient names cache slots, and the
+optimizer updates those slots and their states in place: the same arithmetic on the same values as the in-memory
+table, so the results are equal bit for bit (tests). Ids are power-law distributed, so a cache of a few percent
+of the rows holds most lookups; the hits, misses and evictions are counted.
+
+Reads that train nothing (validation, test, calibration) look rows up in the file with the cached rows laid
+over them (``lookup``): they neither evict nor dirty the cache. ``state_dict`` writes the cached rows back and
+hands the file's table out, so a checkpoint is the in-memory run's format (evaluate, export and serve read it
+unchanged) and is written from the mapping without a second copy of the table in memory.
+
+The file pages are written back by the kernel and dropped under memory pressure: resident memory is the cache
+plus what the page cache holds of the file, which the kernel reclaims (in a memory cgroup too).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ctrkit import hugepages
+
+EVICT_SHARE = 4  # a full cache frees the least recently used 1/EVICT_SHARE of its slots at once
+COPY_ROWS = 1 << 16  # rows copied at a time between a table and its file
+
+
+@dataclass(frozen=True)
+class DiskTables:
+    """Where the tables go while a model is built under ``disk_tables``: ``directory`` for the files and
+    ``cache_rows`` rows of cache for each flat table (at most its rows)."""
+
+    directory: Path
+    cache_rows: int
+
+
+_DISK: contextvars.ContextVar[DiskTables | None] = contextvars.ContextVar("ctrkit_disk_tables", default=None)
+
+
+@contextmanager
+def disk_tables(directory: str | Path, cache_rows: int) -> Iterator[None]:
+    """Within it, the one-hot embedding collections created keep their tables on disk (a ``DiskTier`` each)."""
+    if cache_rows < 1:
+        raise ValueError(f"`embedding_cache_rows` must be at least 1, got {cache_rows}")
+    token = _DISK.set(DiskTables(Path(directory), int(cache_rows)))
+    try:
+        yield
+    finally:
+        _DISK.reset(token)
+
+
+@contextmanager
+def in_memory() -> Iterator[None]:
+    """Within it, collections keep their tables in memory even inside ``disk_tables``."""
+    token = _DISK.set(None)
+    try:
+        yield
+    finally:
+        _DISK.reset(token)
+
+
+def current() -> DiskTables | None:
+    """The ``disk_tables`` setting in force, or None (tables in memory)."""
+    return _DISK.get()
+
+
+def tiers(model: torch.nn.Module) -> list[DiskTier]:
+    """The disk tiers of ``model``'s embedding collections."""
+    return [m.disk for m in model.modules() if getattr(m, "disk", None) is not None]
+
+
+class DiskTier:
+    """One flat table on disk with its in-memory row cache (the module docstring says how it works).
+
+    Args:
+        rows, dim: the table's shape.
+        cache_rows: rows the cache holds (at most ``rows``).
+        directory: where the table's and its states' files are made (unlinked at once).
+
+    Attributes:
+        table: (rows, D) the table, file-backed.
+        cache: (cache_rows, D) the cached rows; the collection's parameter is this tensor.
+        hits, misses, evicted: rows found in the cache, read from the file, written back to free a slot.
+    """
+
+    def __init__(self, rows: int, dim: int, cache_rows: int, directory: Path, dtype: torch.dtype = torch.float32):
+        from ctrkit.train.best_weights import file_tensor
+
+        self.rows, self.dim, self.directory = rows, dim, Path(directory)
+        self.cache_rows = max(1, min(int(cache_rows), rows))
+        self.table = file_tensor(torch.empty((rows, dim), dtype=dtype, device="meta"), self.directory)
+        self.cache = hugepages.empty(self.cache_rows, dim, dtype=dtype)
+        self.slot_of = torch.full((rows,), -1, dtype=torch.int32 if self.cache_rows < 2**31 else torch.int64)
+        self.row_of = torch.full((self.cache_rows,), -1, dtype=torch.int64)  # the row each slot holds (-1: free)
+        self.used = torch.zeros(self.cache_rows, dtype=torch.int64)  # the step each slot was last looked up in
+        self.free = torch.arange(self.cache_rows - 1, -1, -1, dtype=torch.int64)  # a stack of free slots
+        self.free_count = self.cache_rows
+        self.states: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # optimizer state: (cached rows, file)
+        self.clock = 1  # the current step (``new_step``): its rows are never evicted
+        self.override: torch.Tensor | None = None  # a whole table to read instead (scoring other weights)
+        self.hits = self.misses = self.evicted = 0
+        self._lock = threading.Lock()  # a split step's slices map their rows from several threads
+
+    # --- training lookups -------------------------------------------------------------------------------------
+    def new_step(self) -> None:
+        """Starts a step: rows looked up from now on stay cached until it ends."""
+        self.clock += 1
+
+    @torch.no_grad()
+    def slots(self, flat: torch.Tensor) -> torch.Tensor:
+        """The cache slots of flat table rows ``flat`` (any shape, int64), reading missing rows in."""
+        with self._lock:
+            rows, inverse = torch.unique(flat.reshape(-1), return_inverse=True)
+            if len(rows) and (int(rows[0]) < 0 or int(rows[-1]) >= self.rows):
+                raise IndexError(f"rows {int(rows[0])}..{int(rows[-1])} outside a table of {self.rows} rows")
+            found = self.slot_of[rows].to(torch.int64)
+            miss = found < 0
+            hit_slots = found[~miss]
+            self.used[hit_slots] = self.clock  # before any eviction: this step's rows stay
+            wanted = rows[miss]
+            n = len(wanted)
+            self.hits += len(rows) - n
+            self.misses += n
+            if n:
+                if n > self.free_count:
+                    self._evict(n - self.free_count)
+                new = self.free[self.free_count - n : self.free_count].clone()
+                self.free_count -= n
+                self.cache.index_copy_(0, new, self.table.index_select(0, wanted))
+                for cached, stored in self.states.values():
+                    cached.index_copy_(0, new, stored.index_select(0, wanted))
+                self.slot_of[wanted] = new.to(self.slot_of.dtype)
+                self.row_of[new] = wanted
+                self.used[new] = self.clock
+                found[miss] = new
+            return found[inverse].view(flat.shape)
+
+    def _evict(self, need: int) -> None:
+        """Writes back and frees at least ``need`` slots: the least recently used ``1/EVICT_SHARE`` of the cache
+        (or ``need``, if more), never one looked up in the current step."""
+        candidates = ((self.row_of >= 0) & (self.used < self.clock)).nonzero().squeeze(1)
+        if len(candidates) < need:
+            raise RuntimeError(
+                f"a step looks up more rows than the embedding cache holds ({self.cache_rows:,}): raise "
+                "`embedding_cache_rows` or lower the batch size"
+            )
+        count = min(len(candidates), max(need, self.cache_rows // EVICT_SHARE))
+        if count < len(candidates):
+            ages = self.used[candidates]
+            oldest = torch.kthvalue(ages, count).values
+            candidates = torch.cat([candidates[ages < oldest], candidates[ages == oldest]])[:count]
+        self._write_back(candidates)
+        self.slot_of[self.row_of[candidates]] = -1
+        self.row_of[candidates] = -1
+        self.free[self.free_count : self.free_count + count] = candidates
+        self.free_count += count
+        self.evicted += count
+
+    def _write_back(self, slots: torch.Tensor, weights: bool = True, states: bool = True) -> None:
+        """Writes the cached rows of ``slots`` (and their states) to the files, in row order."""
+        if len(slots) == 0:
+            return
+        rows = self.row_of[slots]
+        order = torch.argsort(rows)
+        slots, rows = slots[order], rows[order]
+        if weights:
+            self.table.index_copy_(0, rows, self.cache.index_select(0, slots))
+        if states:
+            for cached, stored in self.states.values():
+                stored.index_copy_(0, rows, cached.index_select(0, slots))
+
+    def _occupied(self) -> torch.Tensor:
+        return (self.row_of >= 0).nonzero().squeeze(1)
+
+    # --- reads that train nothing ------------------------------------------------------------------------------
+    @torch.no_grad()
+    def lookup(self, flat: torch.Tensor) -> torch.Tensor:
+        """The vectors of flat rows ``flat`` (any shape) -> shape + (D,): from the file, cached rows laid over
+        (or from ``override``). The cache is left as it was."""
+        f = flat.reshape(-1)
+        if self.override is not None:
+            return self.override.index_select(0, f).view(*flat.shape, self.dim)
+        out = self.table.index_select(0, f)
+        found = self.slot_of[f].to(torch.int64)
+        cached = found >= 0
+        if bool(cached.any()):
+            out[cached] = self.cache.index_select(0, found[cached])
+        return out.view(*flat.shape, self.dim)
+
+    # --- whole tables: checkpoints, restores, redraws ----------------------------------------------------------
+    @torch.no_grad()
+    def flush(self) -> None:
+        """Writes every cached row and state back to the files (the cache keeps them)."""
+        with self._lock:
+            self._write_back(self._occupied())
+
+    @torch.no_grad()
+    def load_table(self, source: torch.Tensor) -> None:
+        """Replaces the table by ``source`` (rows, D); the cached states are written back, the cache emptied."""
+        if source.data_ptr() == self.table.data_ptr():
+            return
+        with self._lock:
+            self._write_back(self._occupied(), weights=False)
+            self._clear()
+            _copy_rows(self.table, source)
+
+    @torch.no_grad()
+    def load_state(self, name: str, source: torch.Tensor) -> torch.Tensor:
+        """Replaces optimizer state ``name``'s whole file by ``source`` (rows, ...); the cached rows are written
+        back, the cache emptied. Returns the cache-shaped state tensor the optimizer keeps."""
+        with self._lock:
+            self._write_back(self._occupied(), states=False)
+            for other in [k for k in self.states if k != name]:
+                cached, stored = self.states[other]
+                self._write_back_state(cached, stored)
+            self._clear()
+            if name not in self.states:
+                self._attach(name, source.new_empty((self.cache_rows, *source.shape[1:])), fill=False)
+            cached, stored = self.states[name]
+            _copy_rows(stored, source)
+            return cached
+
+    def _write_back_state(self, cached: torch.Tensor, stored: torch.Tensor) -> None:
+        occupied = self._occupied()
+        if len(occupied):
+            rows = self.row_of[occupied]
+            stored.index_copy_(0, rows, cached.index_select(0, occupied))
+
+    @torch.no_grad()
+    def reset(self, fill) -> None:
+        """Redraws the table (``fill(table)`` writes it) and forgets the optimizer states: the cache emptied."""
+        with self._lock:
+            self._clear()
+            self.states.clear()
+            fill(self.table)
+
+    def _clear(self) -> None:
+        occupied = self._occupied()
+        if len(occupied):
+            self.slot_of[self.row_of[occupied]] = -1
+        self.row_of.fill_(-1)
+        self.free = torch.arange(self.cache_rows - 1, -1, -1, dtype=torch.int64)
+        self.free_count = self.cache_rows
+
+    # --- optimizer state ---------------------------------------------------------------------------------------
+    def attach(self, state: dict) -> None:
+        """Keeps an optimizer's new state tensors of this table's cache (first dimension ``cache_rows``) on disk:
+        each gets a file of the table's rows, every row set to the tensor's first row (the initial value)."""
+        for name, value in state.items():
+            if isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] == self.cache_rows:
+                if name not in self.states or self.states[name][0] is not value:
+                    self._attach(name, value, fill=True)
+
+    def _attach(self, name: str, cached: torch.Tensor, fill: bool) -> None:
+        from ctrkit.train.best_weights import file_tensor
+
+        stored = file_tensor(torch.empty((self.rows, *cached.shape[1:]), dtype=cached.dtype, device="meta"),
+                             self.directory)  # fmt: skip
+        if fill and len(cached) and bool((cached[0] != 0).any()):  # a new file reads as zeros
+            for lo in range(0, self.rows, COPY_ROWS):
+                stored[lo : lo + COPY_ROWS].copy_(cached[:1].expand(min(COPY_ROWS, self.rows - lo), *cached.shape[1:]))
+        self.states[name] = (cached, stored)
+
+    @torch.no_grad()
+    def whole_state(self, name: str) -> torch.Tensor:
+        """State ``name`` of every row (its file, the cached rows written back first)."""
+        cached, stored = self.states[name]
+        with self._lock:
+            self._write_back_state(cached, stored)
+        return stored
+
+
+def _copy_rows(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """``dst.copy_(src)`` in blocks of rows (a memory-mapped source is read a block at a time)."""
+    if dst.shape != src.shape:
+        raise ValueError(f"a table of shape {tuple(src.shape)} does not fit one of {tuple(dst.shape)}")
+    for lo in range(0, dst.shape[0], COPY_ROWS):
+        dst[lo : lo + COPY_ROWS].copy_(src[lo : lo + COPY_ROWS])
