@@ -66,6 +66,7 @@ def _precision(run: dict) -> str:
 @suite("train-models")
 @suite("flops")
 @suite("train-cuda")
+@suite("disk-tables")
 def train_rows(raw):
     """``ctrkit bench train`` runs, one variant per file stem, interleaved rounds: medians and each round."""
     columns = [
@@ -290,6 +291,18 @@ def epoch_rows(raw):
             rows.append([data["rows"], share["share"], None if rate is None else round(rate),
                          None if rss is None else round(rss / 2**30, 2), phase,
                          None if seconds is None else round(seconds, 1)])  # fmt: skip
+    return columns, rows
+
+
+@suite("fl15-cgroup")
+def fl15_cgroup_rows(raw):
+    """benchmarks/fl15_cgroup.py: each phase of the seeds' DLRM on FL15 tables inside a memory cgroup."""
+    columns = ["phase", "exit status", "seconds", "cgroup peak (GiB)", "cgroup limit (GiB)"]
+    rows = []
+    for _, data in raw:
+        for phase, r in data["phases"].items():
+            rows.append([phase, r["exit"], r["seconds"], round(r["peak_bytes"] / 2**30, 2),
+                         round(data["limit_bytes"] / 2**30, 2)])  # fmt: skip
     return columns, rows
 
 

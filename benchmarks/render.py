@@ -109,6 +109,20 @@ SUITES = {
         "epoch with a checkpoint each time, the test split at the end).",
         "ROWS=100000000 bash benchmarks/run_epoch.sh",
     ),
+    "disk-tables": (
+        "Tables on disk",
+        "DLRM training steps (`ctrkit bench train`: 26 tables of 1M rows at width 32, row-wise Adagrad, batch 4,096) "
+        "with the tables in memory, and on disk (`--embedding-storage disk`) with every row cached or a cache of a "
+        "tenth of the rows (2.6M, evicting), interleaved rounds. [Decision](decisions/disk-tables.md).",
+        "bash benchmarks/run_disk_tables.sh",
+    ),
+    "fl15-cgroup": (
+        "The seeds' DLRM in a 12 GiB cgroup",
+        "DLRM at the seeds' width 128 (bottom 512-256-128, top 1024-1024-512-256-1, SGD on the tables) on 1M rows of "
+        "FL15-shaped data (16.7 GB of tables) inside a real 12 GiB memory cgroup: the plan keeps the tables on "
+        "disk; train and save, resume and save, evaluate. [Decision](decisions/disk-tables.md).",
+        "bash benchmarks/run_fl15_cgroup.sh",
+    ),
     "checkpoint": (
         "Checkpoint digests",
         "A checkpoint of 1 GiB of tensors (one table of width 128 and a small MLP) saved (atomic write with fsync) "

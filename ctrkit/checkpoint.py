@@ -340,7 +340,27 @@ def read_torch_file(path: Path, mmap: bool = False, verify: bool | None = None) 
     problem = check(data) if (not mmap if verify is None else verify) else None
     if problem is not None:
         raise CheckpointError(f"{path}: refused: {problem}")
+    if mmap and (not mmap if verify is None else verify):
+        _drop_read_pages(data)  # the check read every page in: back to the file (re-read on use)
     return data
+
+
+def _drop_read_pages(data: Any) -> None:
+    """Drops from this process's resident memory the pages of the memory-mapped tensors in ``data``."""
+    from ctrkit.checkpoint_shards import drop_pages
+
+    stack, seen = [data], set()
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+        elif isinstance(item, torch.Tensor) and item.device.type == "cpu" and item.nbytes >= 1 << 20:
+            storage = item.untyped_storage()
+            if storage.data_ptr() not in seen:
+                seen.add(storage.data_ptr())
+                drop_pages(storage.data_ptr(), storage.nbytes())
 
 
 def rng_state() -> dict[str, Any]:

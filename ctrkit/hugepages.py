@@ -25,6 +25,8 @@ import ctypes.util
 import functools
 import os
 import sys
+import tempfile
+from pathlib import Path
 
 import torch
 
@@ -115,3 +117,25 @@ def retain_freed_memory() -> bool:
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
     # musl and others accept mallopt and change nothing; glibc answers 1 to each
     return mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
+
+
+def file_tensor(like: torch.Tensor, directory: Path) -> torch.Tensor:
+    """An empty tensor shaped as ``like`` (any device, meta included) in a file-backed shared mapping of an unlinked
+    file in ``directory``: its blocks reserved first (a full disk fails here, never as a SIGBUS later), reading as
+    zeros, gone however the process ends."""
+    from ctrkit.data.atomic import disk_error
+
+    nbytes = like.numel() * like.element_size()
+    directory.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(dir=directory, prefix=".ctrkit-tables-")
+    try:
+        try:
+            os.posix_fallocate(fd, 0, nbytes)  # the blocks now: a full disk fails here, not as a SIGBUS later
+        except OSError as e:
+            problem = disk_error(e, Path(name), 0, nbytes)
+            raise (problem if problem is not None else e) from None
+        t = torch.from_file(name, shared=True, size=like.numel(), dtype=like.dtype)
+    finally:
+        os.close(fd)
+        os.unlink(name)
+    return t.view(like.shape)

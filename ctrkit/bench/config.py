@@ -48,6 +48,14 @@ class TrainBenchConfig:
     )
     seed: int = option(0, "seed")
     distinct_batches: int = option(16, "distinct random batches cycled through")
+    embedding_storage: str = option(
+        "memory",
+        "the tables in memory, or on disk with a row cache (as `ctrkit train --embedding-storage`)",
+        ("memory", "disk"),
+    )
+    embedding_cache_rows: int | None = option(
+        None, "with --embedding-storage disk: rows of the cache", unset="every row"
+    )
 
 
 @dataclass(frozen=True)

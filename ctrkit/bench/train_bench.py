@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -17,6 +18,7 @@ from ctrkit.bench.peak import machine, matmul_gflops, matmul_peaks
 from ctrkit.data.batch import Batch
 from ctrkit.data.synthetic import power_law_ids
 from ctrkit.device import amp_dtype_for
+from ctrkit.models.disk_tier import disk_tables, tiers
 from ctrkit.models.inputs import BottomTopConfig
 from ctrkit.models.registry import config_class, config_to_dict, create_model, make_config, train_defaults
 from ctrkit.train import split as thread_split
@@ -205,7 +207,12 @@ def bench_setup(cfg: TrainBenchConfig, device: torch.device) -> BenchSetup:
         # the Criteo-Kaggle bottom MLP ending in the benchmark's width, whatever the model's default width
         shape["bottom_mlp"] = BottomTopConfig.bottom_mlp[:-1] + (cfg.embedding_dim,)
     model_cfg = make_config(cfg.model, shape)
-    model = create_model(cfg.model, model_cfg).to(device)
+    if cfg.embedding_storage == "disk":  # the tables in files of the temporary directory, unlinked at once
+        rows = cfg.embedding_cache_rows or cfg.table_rows * cfg.num_tables
+        with disk_tables(tempfile.gettempdir(), rows):
+            model = create_model(cfg.model, model_cfg)
+    else:
+        model = create_model(cfg.model, model_cfg).to(device)
     amp_dtype = amp_dtype_for(device, cfg.amp, cfg.amp_dtype, cfg.batch_size)  # what `train --amp` would run
     d = train_defaults(cfg.model)  # the model's own optimizers unless given, at a small lr so weights stay sane
     dense_opt = cfg.optimizer or d.get("optimizer", "sgd")
@@ -262,4 +269,7 @@ def run_train_bench(cfg: TrainBenchConfig, device: torch.device) -> dict:
         "device": str(device),
         "machine": machine(),
         "matmul_peak_gflops": peaks,
+        "embedding_cache": [
+            {"rows": t.cache_rows, "hits": t.hits, "misses": t.misses, "evicted": t.evicted} for t in tiers(model)
+        ],  # fmt: skip
     }

@@ -2,7 +2,7 @@
 use in an in-memory row cache that the model trains.
 
 A ``DiskTier`` backs one flat (rows, D) table. The table lies in a file-backed shared mapping of an unlinked file
-(``best_weights.file_tensor``: blocks reserved up front, nothing left behind however the process ends). The model's
+(``hugepages.file_tensor``: blocks reserved up front, nothing left behind however the process ends). The model's
 parameter is the cache: ``cache_rows`` rows in memory. Each training lookup maps the batch's flat rows to cache
 slots (``slots``): a row not in the cache is read from the file into a free slot, with its optimizer state; when
 no slot is free, the least recently used quarter of the cache (never a row of the current step) is written back
@@ -96,15 +96,14 @@ class DiskTier:
     """
 
     def __init__(self, rows: int, dim: int, cache_rows: int, directory: Path, dtype: torch.dtype = torch.float32):
-        from ctrkit.train.best_weights import file_tensor
-
         self.rows, self.dim, self.directory = rows, dim, Path(directory)
         self.cache_rows = max(1, min(int(cache_rows), rows))
-        self.table = file_tensor(torch.empty((rows, dim), dtype=dtype, device="meta"), self.directory)
+        self.table = hugepages.file_tensor(torch.empty((rows, dim), dtype=dtype, device="meta"), self.directory)
         self.cache = hugepages.empty(self.cache_rows, dim, dtype=dtype)
         self.slot_of = torch.full((rows,), -1, dtype=torch.int32 if self.cache_rows < 2**31 else torch.int64)
         self.row_of = torch.full((self.cache_rows,), -1, dtype=torch.int64)  # the row each slot holds (-1: free)
         self.used = torch.zeros(self.cache_rows, dtype=torch.int64)  # the step each slot was last looked up in
+        self.dirty = torch.zeros(self.cache_rows, dtype=torch.bool)  # trained since last written to the files
         self.free = torch.arange(self.cache_rows - 1, -1, -1, dtype=torch.int64)  # a stack of free slots
         self.free_count = self.cache_rows
         self.states: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # optimizer state: (cached rows, file)
@@ -145,6 +144,7 @@ class DiskTier:
                 self.row_of[new] = wanted
                 self.used[new] = self.clock
                 found[miss] = new
+            self.dirty[found] = True  # the step's optimizers update every row it looks up
             return found[inverse].view(flat.shape)
 
     def _evict(self, need: int) -> None:
@@ -169,9 +169,13 @@ class DiskTier:
         self.evicted += count
 
     def _write_back(self, slots: torch.Tensor, weights: bool = True, states: bool = True) -> None:
-        """Writes the cached rows of ``slots`` (and their states) to the files, in row order."""
+        """Writes the cached rows of ``slots`` trained since they were last written (and their states) to the
+        files, in row order; with both ``weights`` and ``states``, they are clean after."""
+        slots = slots[self.dirty[slots]]
         if len(slots) == 0:
             return
+        if weights and states:
+            self.dirty[slots] = False
         rows = self.row_of[slots]
         order = torch.argsort(rows)
         slots, rows = slots[order], rows[order]
@@ -251,6 +255,7 @@ class DiskTier:
         if len(occupied):
             self.slot_of[self.row_of[occupied]] = -1
         self.row_of.fill_(-1)
+        self.dirty.fill_(False)
         self.free = torch.arange(self.cache_rows - 1, -1, -1, dtype=torch.int64)
         self.free_count = self.cache_rows
 
@@ -264,9 +269,7 @@ class DiskTier:
                     self._attach(name, value, fill=True)
 
     def _attach(self, name: str, cached: torch.Tensor, fill: bool) -> None:
-        from ctrkit.train.best_weights import file_tensor
-
-        stored = file_tensor(torch.empty((self.rows, *cached.shape[1:]), dtype=cached.dtype, device="meta"),
+        stored = hugepages.file_tensor(torch.empty((self.rows, *cached.shape[1:]), dtype=cached.dtype, device="meta"),
                              self.directory)  # fmt: skip
         if fill and len(cached) and bool((cached[0] != 0).any()):  # a new file reads as zeros
             for lo in range(0, self.rows, COPY_ROWS):

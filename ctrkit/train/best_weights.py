@@ -10,34 +10,14 @@ best weights, saving the checkpoint) faults the pages in from the file.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import torch
 
 from ctrkit.checkpoint_shards import drop_pages
-from ctrkit.data.atomic import disk_error
+from ctrkit.hugepages import file_tensor
 
 ON_DISK_FROM = 64 << 20  # tensors of this many bytes or more go to disk (the tables); smaller ones stay in memory
-
-
-def file_tensor(like: torch.Tensor, directory: Path) -> torch.Tensor:
-    """An empty tensor shaped as ``like`` in a file-backed shared mapping of an unlinked file in ``directory``."""
-    nbytes = like.numel() * like.element_size()
-    directory.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(dir=directory, prefix=".ctrkit-best-weights-")
-    try:
-        try:
-            os.posix_fallocate(fd, 0, nbytes)  # the blocks now: a full disk fails here, not as a SIGBUS later
-        except OSError as e:
-            problem = disk_error(e, Path(name), 0, nbytes)
-            raise (problem if problem is not None else e) from None
-        t = torch.from_file(name, shared=True, size=like.numel(), dtype=like.dtype)
-    finally:
-        os.close(fd)
-        os.unlink(name)
-    return t.view(like.shape)
 
 
 def drop_resident(t: torch.Tensor) -> None:

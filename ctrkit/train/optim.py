@@ -208,8 +208,8 @@ class SparseRowOptimizer(torch.optim.Optimizer):
             tier = getattr(p, "disk_tier", None)
             entry = state_dict["state"].get(index) if tier is not None else None
             if entry:
-                whole[index] = {k: v for k, v in entry.items()
-                                if isinstance(v, torch.Tensor) and v.dim() >= 1 and v.shape[0] == tier.rows}  # fmt: skip
+                rows = tier.rows
+                whole[index] = {k: v for k, v in entry.items() if torch.is_tensor(v) and v.dim() and len(v) == rows}
         if whole:
             state_dict = {**state_dict, "state": {i: {k: v for k, v in e.items() if k not in whole.get(i, {})}
                                                   for i, e in state_dict["state"].items()}}  # fmt: skip

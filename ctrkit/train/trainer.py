@@ -20,9 +20,8 @@ from ctrkit.data.dataset import SplitBinaryDataset, split_tail
 from ctrkit.data.loader import BatchLoader
 from ctrkit.distributed.env import DistEnv, all_reduce_sum
 from ctrkit.train.best_weights import copy_state
-from ctrkit.train.plan import tables_directory
 from ctrkit.train.optim import LRSchedule, build_optimizers
-from ctrkit.train.plan import resolved_train
+from ctrkit.train.plan import resolved_train, tables_directory
 from ctrkit.train.selection import ModelSelection, Selection
 from ctrkit.train.snapshots import SnapshotPool, scored_with_parts
 from ctrkit.train.state import TrainerState

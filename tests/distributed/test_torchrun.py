@@ -265,16 +265,17 @@ def _limit_memory() -> None:
 
 
 def test_tables_one_process_cannot_hold_train_save_resume_and_evaluate_on_two_ranks(tmp_path):
-    """640 MB of tables (two of 5M rows at dim 16): one process under the limit is refused by its plan before
-    allocating (a one-line error naming the limit); two ranks under it train 20 steps and save; resumed to 40
-    they score the test mapping as one unlimited process trained the same 40 steps."""
+    """640 MB of tables (two of 5M rows at dim 16): one process under the limit with the tables in memory is
+    refused by its plan before allocating (a one-line error naming the limit); two ranks under it train 20 steps
+    and save; resumed to 40 they score the test mapping as one unlimited process trained the same 40 steps. (One
+    process under the limit left to its plan keeps the tables on disk: tests/train/test_memory_plan.py.)"""
     data = tmp_path / "big"
     single("synth", "--out", data, "--rows", "4000", "--tables", "5000000,5000000,1000", "--num-numerical", "4")
     flags = ["train", "--dataset", data, "--batch-size", "256", "--epochs", "4", "--embedding-dim", "16",
              "--optimizer", "sgd", "--embedding-optimizer", "sgd", "--lr", "0.1", "--embedding-lr", "0.1",
              "--validation-fraction", "0", "--no-progress"]  # fmt: skip
     limited = [sys.executable, "-m", "ctrkit", *map(str, flags), "--max-steps", "40", "--save-checkpoint",
-               str(tmp_path / "one.pt")]  # fmt: skip
+               str(tmp_path / "one.pt"), "--embedding-storage", "memory"]  # fmt: skip
     done = subprocess.run(limited, capture_output=True, text=True, env=ENV, preexec_fn=_limit_memory)
     assert done.returncode == 2 and "needs a peak of about" in done.stderr and "RLIMIT_DATA" in done.stderr
     assert "Traceback" not in done.stderr

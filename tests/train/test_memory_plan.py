@@ -123,7 +123,8 @@ def test_in_a_small_cgroup_the_default_picks_row_wise_adagrad_and_an_explicit_ad
 
     start = time.monotonic()
     refused = group.run(
-        train_args(wide_tables, tmp_path / "b.pt", "--embedding-optimizer", "adam", "--best-weights", "memory")
+        train_args(wide_tables, tmp_path / "b.pt", "--embedding-optimizer", "adam", "--best-weights", "memory",
+                   "--embedding-storage", "memory")
     )
     assert refused.returncode == 2, refused.stderr[-3000:]
     assert time.monotonic() - start < 10
@@ -183,5 +184,44 @@ for where in ("memory", "disk"):
                        "best_weights": where}, model_config={"embedding_dim": 32, "bottom_mlp": (32, 32),
                        "top_mlp": (32, 1)}, progress=False)
     out[where] = Run(spec, dry_run=True).plan.memory["peak"]
+print(json.dumps(out))
+"""
+
+
+def test_where_the_tables_do_not_fit_the_default_keeps_them_on_disk_and_an_explicit_memory_is_refused(
+    wide_tables, tmp_path, cgroup_of
+):
+    # room for the run with its tables on disk (a cache of 100,000 rows), not for them in memory even with
+    # row-wise Adagrad's one number a row
+    plan = subprocess.run([sys.executable, "-c", PLAN_DISK, str(wide_tables)], capture_output=True, text=True)
+    assert plan.returncode == 0, plan.stderr
+    sizes = json.loads(plan.stdout)
+    group = cgroup_of((sizes["memory"] + sizes["disk"]) // 2)
+
+    done = group.run(train_args(wide_tables, tmp_path / "a.pt"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "tables       on disk" in done.stderr and "memory: the tables would need a peak of" in done.stderr
+    ckpt = load_checkpoint(tmp_path / "a.pt")
+    assert ckpt.train_config["embedding_storage"] == "disk"
+    assert ckpt.model["embeddings.onehot.weight"].shape == (2_000_050, 32)
+    evaluated = group.run([sys.executable, "-m", "ctrkit", "evaluate", "--checkpoint", str(tmp_path / "a.pt"),
+                           "--dataset", str(wide_tables), "--mapping", "test"])  # fmt: skip
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+
+    refused = group.run(train_args(wide_tables, tmp_path / "b.pt", "--embedding-storage", "memory"))
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    one_line_error(refused.stderr, "train", "needs a peak of about", "--embedding-storage disk (fits)")
+    assert not (tmp_path / "b.pt").exists()
+
+
+PLAN_DISK = """
+import json, sys
+from ctrkit.train.run import Run, resolve_run
+out = {}
+for name, storage in (("memory", {"embedding_storage": "memory", "embedding_optimizer": "rowwise_adagrad"}),
+                      ("disk", {"embedding_storage": "disk", "embedding_cache_rows": 100_000})):
+    spec = resolve_run(sys.argv[1], "dlrm", train={"max_steps": 6, "batch_size": 512, **storage},
+                       model_config={"embedding_dim": 32, "bottom_mlp": (32, 32), "top_mlp": (32, 1)}, progress=False)
+    out[name] = Run(spec, dry_run=True).plan.memory["peak"]
 print(json.dumps(out))
 """

@@ -1,0 +1,111 @@
+"""Tables on disk (``--embedding-storage disk``): training through a row cache small enough to evict gives the
+in-memory tables' weights and optimizer states bit for bit; a run stopped and resumed equals one that was not;
+the checkpoint is the in-memory run's and evaluate reads it; nothing is left beside the checkpoint."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from ctrkit.checkpoint import load_checkpoint
+from ctrkit.data.batch import Batch
+from ctrkit.data.synthetic import generate_dataset
+from ctrkit.models.disk_tier import disk_tables, tiers
+from ctrkit.models.registry import create_model, make_config
+from ctrkit.train.optim import build_optimizers
+from ctrkit.train.step import TrainStep
+
+CARDS = [1000, 50, 3000, 7]
+
+
+def _train(tmp_path, cache_rows: int | None, optimizer: str, split: str):
+    cfg = make_config("dlrm", {"num_numerical": 3, "cardinalities": CARDS, "embedding_dim": 8,
+                               "bottom_mlp": [16, 8], "top_mlp": [16, 1]})  # fmt: skip
+    torch.manual_seed(0)
+    if cache_rows is None:
+        model = create_model("dlrm", cfg)
+    else:
+        with disk_tables(tmp_path, cache_rows):
+            model = create_model("dlrm", cfg)
+    opts = build_optimizers(model, "adam", 1e-3, optimizer, 0.05, "adagrad", 0.05)
+    step = TrainStep(model, opts, torch.device("cpu"), split=split)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(25):
+        ids = torch.stack([(c * torch.rand(64, generator=g).pow(3)).long() for c in CARDS], 1)  # power-law ids
+        step(Batch(torch.randn(64, 3, generator=g), ids, (torch.rand(64, generator=g) < 0.3).float()))
+    with torch.no_grad():  # scoring reads the file with the cached rows laid over it
+        scored = model.embeddings(torch.tensor([[0, 1, 2, 3], [999, 49, 2999, 6]]))
+    return model.state_dict(), [o.state_dict() for o in opts], tiers(model), scored
+
+
+@pytest.mark.parametrize(("optimizer", "split"), [("rowwise_adagrad", "on"), ("adam", "off"), ("sgd", "on")])
+def test_a_small_cache_trains_as_the_tables_in_memory(tmp_path, optimizer, split):
+    weights, states, _, scored = _train(tmp_path, None, optimizer, split)
+    weights_d, states_d, (tier,), scored_d = _train(tmp_path, 300, optimizer, split)
+    assert tier.evicted > 0 and tier.hits > 0  # rows were written back and read in again
+    assert weights.keys() == weights_d.keys()
+    assert weights_d["embeddings.onehot.weight"].shape == (sum(CARDS), 8)  # the whole table, not the cache
+    for k in weights:
+        assert torch.equal(weights[k], weights_d[k]), k
+    for a, b in zip(states, states_d):
+        for i, entry in a["state"].items():
+            for k, v in entry.items():
+                assert torch.equal(torch.as_tensor(v), torch.as_tensor(b["state"][i][k])), (i, k)
+    assert torch.equal(scored, scored_d)
+    assert list(tmp_path.iterdir()) == []  # the files were unlinked as soon as they were mapped
+
+
+def _args(data, ckpt, *extra):
+    return [sys.executable, "-m", "ctrkit", "train", "--dataset", str(data), "--model", "dlrm", "--epochs", "1",
+            "--batch-size", "512", "--embedding-dim", "16", "--save-checkpoint", str(ckpt), "--no-progress",
+            *map(str, extra)]  # fmt: skip
+
+
+def test_a_run_with_tables_on_disk_saves_resumes_and_evaluates_as_one_in_memory(tmp_path):
+    data = tmp_path / "data"
+    generate_dataset(data, 12_000, (20_000, 5_000, 300, 20_000, 7), num_numerical=4, test_fraction=0.1, seed=0,
+                     progress=False)  # fmt: skip
+    disk = ("--embedding-storage", "disk", "--embedding-cache-rows", "3000")
+    for name, extra in (("memory", ("--embedding-storage", "memory")), ("whole", disk), ("resumed", disk)):
+        (tmp_path / name).mkdir()
+        ckpt = tmp_path / name / "m.pt"
+        if name == "resumed":  # stopped at the second evaluation (step 10 of 19), then resumed to the end
+            done = subprocess.run(_args(data, ckpt, *extra, "--max-steps", "10"), capture_output=True, text=True)
+            assert done.returncode == 0, done.stderr[-2000:]
+            extra = (*extra, "--load-checkpoint", ckpt)
+        done = subprocess.run(_args(data, ckpt, *extra), capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert ("on disk (" in done.stderr) == (name != "memory")
+        assert sorted(p.name for p in ckpt.parent.iterdir()) == ["m.pt", "m.yaml"]
+    ref = load_checkpoint(tmp_path / "memory" / "m.pt")
+    for name in ("whole", "resumed"):
+        ckpt = load_checkpoint(tmp_path / name / "m.pt")
+        assert ckpt.step == ref.step and ckpt.selection == ref.selection
+        for k in ref.model:
+            assert torch.equal(ref.model[k], ckpt.model[k]), (name, k)
+    scores = []
+    for name in ("memory", "whole"):
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "ctrkit",
+                "evaluate",
+                "--checkpoint",
+                tmp_path / name / "m.pt",
+                "--dataset",
+                data,
+                "--mapping",
+                "test",
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        scores.append({k: v for k, v in json.loads(done.stdout).items() if k in ("auc", "logloss", "samples")})
+    assert scores[0] == scores[1] and scores[0]["auc"] > 0.5
