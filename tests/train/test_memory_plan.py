@@ -123,8 +123,16 @@ def test_in_a_small_cgroup_the_default_picks_row_wise_adagrad_and_an_explicit_ad
 
     start = time.monotonic()
     refused = group.run(
-        train_args(wide_tables, tmp_path / "b.pt", "--embedding-optimizer", "adam", "--best-weights", "memory",
-                   "--embedding-storage", "memory")
+        train_args(
+            wide_tables,
+            tmp_path / "b.pt",
+            "--embedding-optimizer",
+            "adam",
+            "--best-weights",
+            "memory",
+            "--embedding-storage",
+            "memory",
+        )
     )
     assert refused.returncode == 2, refused.stderr[-3000:]
     assert time.monotonic() - start < 10

@@ -82,8 +82,25 @@ def test_dry_run_prints_the_plan_and_writes_nothing(tiny_dataset, tmp_path, caps
     assert code == 0 and not list(tmp_path.iterdir())
     lines = out.strip().splitlines()
     assert lines[0].startswith("plan: dlrm, recipe plain")
-    topics = ["data", "epochs", "early", "optimizers", "schedule", "plateau", "first", "buckets", "warm", "redraws",
-              "batches", "ensembles", "calibration", "execution", "tables", "memory", "scoring"]
+    topics = [
+        "data",
+        "epochs",
+        "early",
+        "optimizers",
+        "schedule",
+        "plateau",
+        "first",
+        "buckets",
+        "warm",
+        "redraws",
+        "batches",
+        "ensembles",
+        "calibration",
+        "execution",
+        "tables",
+        "memory",
+        "scoring",
+    ]
     assert [line.split()[0] for line in lines[1:]] == topics
 
 
