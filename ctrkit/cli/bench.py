@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_command(bsub, "inference", inference, (InferenceBenchConfig, BenchRunOptions), ("device",))
     add_command(bsub, "scale", scale, (ScaleBenchOptions, BenchRunOptions), ("threads", "device"))
     add_command(bsub, "preprocess", preprocess, (PreprocessBenchConfig, BenchRunOptions), ("threads", "device"))
-    add_command(bsub, "train", train, (TrainBenchConfig, BenchRunOptions), ("distinct_batches",))
+    add_command(bsub, "train", train, (TrainBenchConfig, BenchRunOptions))
     add_command(bsub, "accuracy", accuracy, (AccuracyBenchConfig, BenchRunOptions), ("device", "output"))
     add_command(bsub, "ablation", ablation, (AblationBenchConfig, BenchRunOptions), ("device", "output"))
     add_command(bsub, "checkpoint", checkpoint, (CheckpointBenchConfig, BenchRunOptions), ("device",))
