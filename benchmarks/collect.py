@@ -297,11 +297,14 @@ def epoch_rows(raw):
 @suite("fl15-cgroup")
 def fl15_cgroup_rows(raw):
     """benchmarks/fl15_cgroup.py: each phase of the seeds' DLRM on FL15 tables inside a memory cgroup."""
-    columns = ["phase", "exit status", "seconds", "cgroup peak (GiB)", "cgroup limit (GiB)"]
+    columns = ["phase", "exit status", "seconds", "cgroup peak, page cache included (GiB)",
+               "peak anonymous memory (GiB)", "cgroup limit (GiB)"]  # fmt: skip
     rows = []
     for _, data in raw:
         for phase, r in data["phases"].items():
-            rows.append([phase, r["exit"], r["seconds"], round(r["peak_bytes"] / 2**30, 2),
+            anon = r.get("peak_anon_bytes")
+            anon = None if anon is None else round(anon / 2**30, 2)
+            rows.append([phase, r["exit"], r["seconds"], round(r["peak_bytes"] / 2**30, 2), anon,
                          round(data["limit_bytes"] / 2**30, 2)])  # fmt: skip
     return columns, rows
 

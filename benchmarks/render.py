@@ -113,7 +113,8 @@ SUITES = {
         "Tables on disk",
         "DLRM training steps (`ctrkit bench train`: 26 tables of 1M rows at width 32, row-wise Adagrad, batch 4,096) "
         "with the tables in memory, and on disk (`--embedding-storage disk`) with every row cached or a cache of 1% "
-        "of the rows (260,000, evicting), 64 distinct batches of power-law ids, interleaved rounds. [Decision](decisions/disk-tables.md).",
+        "of the rows (260,000, evicting), 64 distinct batches of power-law ids, interleaved rounds. "
+        "[Decision](decisions/disk-tables.md).",
         "bash benchmarks/run_disk_tables.sh",
     ),
     "fl15-cgroup": (

@@ -162,8 +162,10 @@ def _size(model: Any) -> tuple[int, int, int, int]:
 
 
 def _table_rows(model: Any) -> int:
-    """Rows of the deep tables of ``model`` (built on the meta device)."""
-    return sum(p.shape[0] for m in model.modules() if hasattr(m, "table_parameters") for p in m.table_parameters())
+    """Rows of the deep tables of ``model`` (built on the meta device; the first-order tables not counted)."""
+    wide = {id(p) for p in (model.wide_parameters() if hasattr(model, "wide_parameters") else [])}
+    return sum(p.shape[0] for m in model.modules() if hasattr(m, "table_parameters") for p in m.table_parameters()
+               if id(p) not in wide)  # fmt: skip
 
 
 def _memory(cfg: Any, table_optimizer: str, sizes: tuple, model_config: Any, train_rows: int, validation: bool,
