@@ -196,11 +196,14 @@ class DiskTier:
         f = flat.reshape(-1)
         if self.override is not None:
             return self.override.index_select(0, f).view(*flat.shape, self.dim)
-        out = self.table.index_select(0, f)
         found = self.slot_of[f].to(torch.int64)
         cached = found >= 0
-        if bool(cached.any()):
-            out[cached] = self.cache.index_select(0, found[cached])
+        if bool(cached.all()):
+            return self.cache.index_select(0, found).view(*flat.shape, self.dim)
+        out = torch.empty(len(f), self.dim, dtype=self.cache.dtype)
+        out[cached] = self.cache.index_select(0, found[cached])
+        missing = ~cached
+        out[missing] = self.table.index_select(0, f[missing])  # only the rows the cache lacks are read from the file
         return out.view(*flat.shape, self.dim)
 
     # --- whole tables: checkpoints, restores, redraws ----------------------------------------------------------

@@ -1,6 +1,7 @@
 """Tables on disk (``--embedding-storage disk``): training through a row cache small enough to evict gives the
 in-memory tables' weights and optimizer states bit for bit; a run stopped and resumed equals one that was not;
-the checkpoint is the in-memory run's and evaluate reads it; nothing is left beside the checkpoint."""
+the checkpoint is the in-memory run's: evaluate and the memory-mapped serving store read it; nothing is left beside
+the checkpoint."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -16,6 +18,7 @@ from ctrkit.data.batch import Batch
 from ctrkit.data.synthetic import generate_dataset
 from ctrkit.models.disk_tier import disk_tables, tiers
 from ctrkit.models.registry import create_model, make_config
+from ctrkit.serve.predictor import Predictor
 from ctrkit.train.optim import build_optimizers
 from ctrkit.train.step import TrainStep
 
@@ -109,3 +112,10 @@ def test_a_run_with_tables_on_disk_saves_resumes_and_evaluates_as_one_in_memory(
         assert done.returncode == 0, done.stderr[-2000:]
         scores.append({k: v for k, v in json.loads(done.stdout).items() if k in ("auc", "logloss", "samples")})
     assert scores[0] == scores[1] and scores[0]["auc"] > 0.5
+    # served from the memory-mapped store with a small row cache: the in-memory run's scores
+    rng = np.random.default_rng(0)
+    numerical = rng.normal(size=(64, 4)).astype(np.float32)
+    ids = np.stack([rng.integers(0, c, 64) for c in (20_000, 5_000, 300, 20_000, 7)], 1)
+    want = Predictor.from_checkpoint(tmp_path / "memory" / "m.pt")(numerical, ids)
+    served = Predictor.from_checkpoint(tmp_path / "whole" / "m.pt", "mmap", 1000)(numerical, ids)
+    np.testing.assert_array_equal(served, want)
