@@ -365,9 +365,11 @@ def make_plan(
     best = cfg.best_weights or ("disk" if validation and sizes[0] // processes >= BEST_ON_DISK_TABLES else "memory")
     if cfg.best_weights is None and best == "disk":
         rules["best_weights"] = f"{gib(sizes[0] // processes)} of tables, from {gib(BEST_ON_DISK_TABLES)} on disk"
-    disk_tables = device == "cpu" and not distributed and sizes[4] > 0  # where tables can be kept on disk
+    sparse = getattr(spec.model_config, "sparse_gradients", True)  # a dense gradient updates every row each step
+    disk_tables = device == "cpu" and not distributed and sizes[4] > 0 and sparse  # where tables can be on disk
     if cfg.embedding_storage == "disk" and not disk_tables:
         where = "a distributed (torchrun) run" if distributed else (f"a run on {device}" if sizes[4] else "no tables")
+        where = where if sparse else "a model with dense embedding gradients (sparse_gradients false)"
         raise ValueError(f"--embedding-storage disk: tables on disk train in one process on the CPU, not {where}; "
                          "set --embedding-storage memory")  # fmt: skip
 
