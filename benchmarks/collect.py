@@ -281,15 +281,16 @@ def checkpoint_rows(raw):
 @suite("epoch")
 def epoch_rows(raw):
     """``ctrkit bench epoch``: per 5% of the epoch, samples/s and resident memory; then the phases' seconds."""
-    columns = ["rows", "part", "samples/s", "resident memory (GiB)", "phase", "seconds"]
+    columns = ["rows", "part", "samples/s", "resident memory (GiB)", "anonymous memory (GiB)", "phase", "seconds"]
     rows = []
     for _, data in raw:
         phases = list(data["phases_seconds"].items())
         for k, share in enumerate(data["shares"]):
             phase, seconds = phases[k] if k < len(phases) else ("", None)
-            rate, rss = share["samples_per_s"], share["rss_bytes"]
+            rate, rss, anon = share["samples_per_s"], share["rss_bytes"], share.get("anon_bytes")
             rows.append([data["rows"], share["share"], None if rate is None else round(rate),
-                         None if rss is None else round(rss / 2**30, 2), phase,
+                         None if rss is None else round(rss / 2**30, 2),
+                         None if anon is None else round(anon / 2**30, 2), phase,
                          None if seconds is None else round(seconds, 1)])  # fmt: skip
     return columns, rows
 

@@ -271,17 +271,19 @@ def headline() -> str:
         out.append(f"| {runtime} | {inproc[4]:,} samples/s | {p99} | {thr} |")
     if list((RESULTS / "epoch").glob("*.json")):
         ep = _load("epoch")
+        col = {name: i for i, name in enumerate(ep["columns"])}
         rates = sorted(r[2] for r in ep["rows"] if r[2])
         rate = rates[len(rates) // 2]
-        phases = {r[4]: r[5] for r in ep["rows"] if r[4]}
-        rss = sorted(r[3] for r in ep["rows"] if r[3])
-        peak, typical = rss[-1], rss[len(rss) // 2]
+        phases = {r[col["phase"]]: r[col["seconds"]] for r in ep["rows"] if r[col["phase"]]}
+        held = col.get("anonymous memory (GiB)", col["resident memory (GiB)"])
+        anon = sorted(r[held] for r in ep["rows"] if r[held])
+        peak, typical = anon[-1], anon[len(anon) // 2]
         out += [
             "",
             f"**Scale** (DLRM, the default recipe, on the seeds' Criteo 1TB FL15 tables: 2.1 billion parameters; "
             f"{_source(ep)}): one epoch of {ep['rows'][0][0]:,} rows took {phases['trainer in all']:,.0f} s in the "
-            f"trainer at {rate:,} samples/s (median of its 5% parts), resident memory {typical:.1f} GiB (at most "
-            f"{peak:.1f} GiB, while a save reads the best weights' copy back from disk); a "
+            f"trainer at {rate:,} samples/s (median of its 5% parts), {typical:.1f} GiB of memory held (at most "
+            f"{peak:.1f} GiB; anonymous memory, not the dataset's pages in the page cache); a "
             f"Criteo 1TB epoch (4.2 billion rows) at that rate: {4.2e9 / rate / 3600:,.1f} h. "
             "[One epoch at scale](docs/benchmarks.md#one-epoch-at-scale).",
         ]

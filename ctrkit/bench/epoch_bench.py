@@ -15,14 +15,20 @@ from typing import Any
 SHARES = 20  # the epoch's steps in 5% parts
 
 
-def _rss(pid: int) -> int | None:
+def _rss(pid: int) -> tuple[int, int] | None:
+    """(resident, anonymous) bytes of process ``pid``: VmRSS, and RssAnon + RssShmem (what it holds that the kernel
+    cannot drop; the resident memory also counts the pages of files it has read, the dataset's)."""
+    fields = {}
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "RssAnon", "RssShmem"):
+                fields[key] = int(value.split()[0]) * 1024
     except (OSError, ValueError, IndexError):
         return None
-    return None
+    if "VmRSS" not in fields:
+        return None
+    return fields["VmRSS"], fields.get("RssAnon", fields["VmRSS"]) + fields.get("RssShmem", 0)
 
 
 def run_epoch(dataset: Path, work: Path, train_args: list[str], interval: float = 1.0) -> dict[str, Any]:
@@ -41,7 +47,7 @@ def run_epoch(dataset: Path, work: Path, train_args: list[str], interval: float 
         while proc.poll() is None:
             rss = _rss(proc.pid)
             if rss is not None:
-                samples.append((round(time.perf_counter() - started, 2), rss))
+                samples.append((round(time.perf_counter() - started, 2), *rss))
             time.sleep(interval)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -53,7 +59,7 @@ def run_epoch(dataset: Path, work: Path, train_args: list[str], interval: float 
         raise RuntimeError(f"ctrkit train failed ({proc.returncode}): {err.strip().splitlines()[-1:]}")
     records = [json.loads(line) for line in log.read_text().splitlines()]
     trainer_zero = next(r for r in records if r["event"] == "start")["unix_time"] - unix_started
-    memory = [(round(t - trainer_zero, 2), m) for t, m in samples]  # on the log's clock: trainer built at 0
+    memory = [(round(t - trainer_zero, 2), m, a) for t, m, a in samples]  # on the log's clock: trainer built at 0
     return {
         "records": records,
         "memory": memory,
@@ -78,9 +84,11 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
         lo, hi = total * k / SHARES, total * (k + 1) / SHARES
         inside = [r["samples_per_s"] for r in steps if lo < r["step"] <= hi]
         times = [r["time"] for r in steps if lo < r["step"] <= hi]
-        rss = [m for t, m in memory if times and times[0] - 1 <= t <= times[-1] + 1]
+        rss = [m for t, m, _ in memory if times and times[0] - 1 <= t <= times[-1] + 1]
+        anon = [a for t, _, a in memory if times and times[0] - 1 <= t <= times[-1] + 1]
         shares.append({"share": f"{5 * k}-{5 * (k + 1)}%", "samples_per_s": sum(inside) / len(inside) if inside
-                       else None, "rss_bytes": max(rss) if rss else None})  # fmt: skip
+                       else None, "rss_bytes": max(rss) if rss else None,
+                       "anon_bytes": max(anon) if anon else None})  # fmt: skip
     eval_seconds = sum(r.get("seconds", 0.0) for r in evals)
     save_seconds = sum(r.get("seconds", 0.0) for r in saves)
     test_seconds = test.get("seconds", 0.0) if test else 0.0
@@ -89,7 +97,7 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
     step_seconds = sum(r["time"] for r in steps[-1:]) - first_step  # from the first to the last step's record
     trained = [s["samples_per_s"] for s in shares if s["samples_per_s"]]
     rates = [s["samples_per_s"] for s in shares[1:] if s["samples_per_s"]]
-    after = [s["rss_bytes"] for s in shares[1:] if s["rss_bytes"]]
+    after = [s["anon_bytes"] for s in shares[1:] if s["anon_bytes"]]
     val_rows = start.get("validation_samples", 0)
     return {
         "rows": start["train_samples"],
@@ -112,5 +120,6 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
         "memory_growth_after_first_share": (max(after) - min(after)) if after else None,
         "validation_samples_per_s": val_rows * len(evals) / eval_seconds if eval_seconds else None,
         "checkpoint_share_of_epoch": save_seconds / last if last else None,
-        "peak_rss_bytes": max((m for _, m in memory), default=None),
+        "peak_rss_bytes": max((m for _, m, _ in memory), default=None),
+        "peak_anon_bytes": max((a for _, _, a in memory), default=None),
     }

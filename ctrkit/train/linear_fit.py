@@ -4,11 +4,11 @@ An SGD-trained first-order term stops far from a converged, L2-regularised logis
 model that leans on it loses to that baseline on small real data (docs/decisions/warm-start.md). So training can start
 from the converged fit: the model's first-order term (one weight per id, a linear map of the numerical features, a
 weight per numerical bucket, a bias) is fitted by full-batch L-BFGS (diagonally preconditioned, closed-form gradients
-over CSR matrices) on (at most ``max_rows`` of the last) training rows, with the L2 strength C chosen on validation
-AUC as the scikit-learn baseline chooses it (numerical features standardised inside the fit, as there), or, where
-validation holds few clicks, on the mean AUC over validation and four blocks of the training rows; the deep part's
-output layer is zeroed, so the model starts as exactly that regression, and model selection keeps it unless training
-improves validation AUC."""
+over CSR matrices) on (at most ``max_rows`` of the last) training rows, with the L2 strength C chosen on the
+validation AUC of (at most ``max_rows`` of the first) validation rows as the scikit-learn baseline chooses it
+(numerical features standardised inside the fit, as there), or, where validation holds few clicks, on the mean AUC
+over validation and four blocks of the training rows; the deep part's output layer is zeroed, so the model starts as
+exactly that regression, and model selection keeps it unless training improves validation AUC."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ctrkit.eval.metrics import roc_auc
+from ctrkit.train.memory import WARM_START_ROWS
 
 CS = (0.01, 0.03, 0.1, 0.3, 1.0)  # inverse L2 strengths tried, strongest first (each fit warm-starts the next)
 CV_FOLDS = 4  # training blocks that also score each C where validation holds few rows of the rarer label
@@ -140,7 +141,7 @@ def _write_tables(model: nn.Module, weights: torch.Tensor) -> None:
 
 
 def fit_first_order(
-    model: nn.Module, train, validation, max_rows: int = 1_000_000, cs: tuple[float, ...] = CS, max_iter: int = 50
+    model: nn.Module, train, validation, max_rows: int = WARM_START_ROWS, cs: tuple[float, ...] = CS, max_iter: int = 50
 ) -> dict[str, Any]:
     """Fits ``model``'s first-order term as an L2-regularised logistic regression and zeroes its deep
     output layer (see the module docstring). ``model`` is the single-process model or a rank's sharded
@@ -153,7 +154,7 @@ def fit_first_order(
     start_time = time.perf_counter()
     inner = getattr(model, "model", model)  # a HybridModel wraps the model
     start = max(0, len(train) - max_rows)
-    tr, va = train.slice(start, len(train)), validation.slice(0, len(validation))
+    tr, va = train.slice(start, len(train)), validation.slice(0, min(len(validation), max_rows))  # memory bounded
     cards = [tuple(c.cardinalities) for c in _collections(inner)]
     bags = inner.wide_embeddings.bags
     means = tuple(bool(m) for m in bags.is_mean) if bags is not None and hasattr(bags, "is_mean") else ()

@@ -22,6 +22,7 @@ STATE_PER_ROW = {"rowwise_adagrad": 4}
 USABLE = 0.92  # share of the available memory a plan may fill (the allocator's slack, other processes' growth)
 WARM_START_ID_BYTES = 24  # the warm start's fit, per id of the first-order tables (weights, index, L-BFGS vectors)
 WARM_START_VALUE_BYTES = 64  # and per (row, feature) of the rows it fits (CSR matrices of both orientations)
+WARM_START_ROWS = 1_000_000  # the warm start fits on at most this many training rows and validation rows each
 SCORING_BYTES = 256  # per scored sample of an evaluation batch and feature (activations, logits, ids)
 
 
@@ -35,14 +36,20 @@ class Room:
 
 
 def process_rss() -> int:
-    """This process's resident memory, in bytes (0 where /proc is not there)."""
+    """This process's resident memory that the kernel cannot drop, in bytes: anonymous and shared memory, not the
+    pages of files it has read (a memory-mapped dataset scanned, the libraries), which are reclaimed under
+    pressure (VmRSS where the split is not reported; 0 where /proc is not there)."""
+    fields = {}
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "RssAnon", "RssShmem"):
+                fields[key] = int(value.split()[0]) * 1024
     except (OSError, ValueError, IndexError):
-        pass
-    return 0
+        return 0
+    if "RssAnon" in fields:
+        return fields["RssAnon"] + fields.get("RssShmem", 0)
+    return fields.get("VmRSS", 0)
 
 
 def _read_int(path: Path) -> int | None:

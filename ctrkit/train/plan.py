@@ -21,6 +21,7 @@ from ctrkit.train.memory import (
     SCORING_BYTES,
     USABLE,
     WARM_START_ID_BYTES,
+    WARM_START_ROWS,
     WARM_START_VALUE_BYTES,
     Room,
     gib,
@@ -170,7 +171,7 @@ def _table_rows(model: Any) -> int:
 
 def _memory(cfg: Any, table_optimizer: str, sizes: tuple, model_config: Any, train_rows: int, validation: bool,
             members: int, warm: bool, processes: int, best_on_disk: bool = False,
-            cache_rows: int | None = None) -> dict[str, int]:  # fmt: skip
+            cache_rows: int | None = None, validation_rows: int = 0) -> dict[str, int]:  # fmt: skip
     """The estimated peak of one process (``memory``'s docstring says what is counted), by part, in bytes;
     ``more``: what it allocates beyond what it holds now. ``cache_rows``: the tables on disk with a cache of this
     many rows (``tables_on_disk``: their bytes and their state's there)."""
@@ -196,8 +197,8 @@ def _memory(cfg: Any, table_optimizer: str, sizes: tuple, model_config: Any, tra
     if members > 1:
         copies += members * max(cfg.snapshot_ensemble, 1) * weights
     inputs = len(getattr(model_config, "cardinalities", ())) + getattr(model_config, "num_numerical", 0) + 1
-    fit = (WARM_START_ID_BYTES * (side // 4) + WARM_START_VALUE_BYTES * min(train_rows, 1_000_000) * inputs
-           if warm else 0)  # fmt: skip
+    fit_rows = min(train_rows, WARM_START_ROWS) + min(validation_rows, WARM_START_ROWS)  # both held as matrices
+    fit = WARM_START_ID_BYTES * (side // 4) + WARM_START_VALUE_BYTES * fit_rows * inputs if warm else 0
     scoring = SCORING_BYTES * min(cfg.eval_batch_size, max(train_rows, 1)) * inputs
     now = process_rss()
     more = weights + state + max(fit, copies + scoring)
@@ -375,7 +376,7 @@ def make_plan(
 
     def need(optimizer: str, validation: bool = validation, best: str = best, cache: int | None = None) -> dict:
         return _memory(cfg, optimizer, sizes, spec.model_config, train_rows, validation, members, warm, processes,
-                       best == "disk", cache)  # fmt: skip
+                       best == "disk", cache, validation_rows)  # fmt: skip
 
     budget = room(device)
     usable = None if budget.bytes is None else int(budget.bytes * USABLE)
