@@ -13,71 +13,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
-import threading
 import time
-import uuid
 from pathlib import Path
 
+from ctrkit.bench.cgroup import MemoryCgroup
 from ctrkit.bench.peak import machine
 
 MODEL = ["--model", "dlrm", "--embedding-dim", "128", "--bottom-mlp", "512,256,128", "--top-mlp",
          "1024,1024,512,256,1", "--embedding-optimizer", "sgd", "--validation-fraction", "0",
          "--no-progress"]  # fmt: skip
-
-
-class Cgroup:
-    def __init__(self, limit: int):
-        name = f"ctrkit-bench-{uuid.uuid4().hex[:8]}"
-        if Path("/sys/fs/cgroup/memory").is_dir():
-            self.dir, self.limit, self.peak = Path("/sys/fs/cgroup/memory") / name, "memory.limit_in_bytes", \
-                "memory.max_usage_in_bytes"  # fmt: skip
-        else:
-            self.dir, self.limit, self.peak = Path("/sys/fs/cgroup") / name, "memory.max", "memory.peak"
-        self.dir.mkdir()
-        (self.dir / self.limit).write_text(str(limit))
-
-    def anon(self) -> int:
-        """The group's anonymous memory now (v1's ``total_rss``, v2's ``anon``): what it holds beyond the page cache."""
-        for line in (self.dir / "memory.stat").read_text().splitlines():
-            key, _, value = line.partition(" ")
-            if key in ("total_rss", "anon"):
-                return int(value)
-        return 0
-
-    def run(self, cmd: list[str]) -> tuple[int, float, int, int, str]:
-        """Runs ``cmd`` in the group: exit status, seconds, the group's peak bytes (page cache included), its
-        peak anonymous bytes (sampled every 0.2 s), the end of stderr."""
-        if self.peak == "memory.max_usage_in_bytes":
-            (self.dir / self.peak).write_text("0")  # v1: the peak of this phase alone
-        procs = self.dir / "cgroup.procs"
-        start = time.perf_counter()
-        join = lambda: procs.write_text(str(os.getpid()))  # noqa: E731
-        child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=join)
-        anon = [0]
-        done = threading.Event()
-
-        def sample() -> None:
-            while not done.wait(0.2):
-                anon[0] = max(anon[0], self.anon())
-
-        sampler = threading.Thread(target=sample, daemon=True)
-        sampler.start()
-        _, err = child.communicate()
-        done.set()
-        sampler.join()
-        seconds = time.perf_counter() - start
-        return child.returncode, seconds, int((self.dir / self.peak).read_text()), anon[0], err[-3000:]
-
-    def close(self) -> None:
-        for _ in range(50):
-            try:
-                self.dir.rmdir()
-                return
-            except OSError:
-                time.sleep(0.2)
 
 
 def main() -> None:
@@ -91,7 +36,7 @@ def main() -> None:
     ctrkit = [sys.executable, "-m", "ctrkit"]
     ckpt = a.work / "fl15.pt"
     a.work.mkdir(parents=True, exist_ok=True)
-    group = Cgroup(int(a.limit_gib * 2**30))
+    group = MemoryCgroup(int(a.limit_gib * 2**30), prefix="ctrkit-bench")
     phases = {}
     try:
         base = [*ctrkit, "train", "--dataset", str(a.data), *MODEL, "--save-checkpoint", str(ckpt)]
@@ -101,7 +46,10 @@ def main() -> None:
             ("evaluate test", [*ctrkit, "evaluate", "--checkpoint", str(ckpt), "--dataset", str(a.data),
                                "--mapping", "test", "--json"]),
         ):  # fmt: skip
-            code, seconds, peak, anon, err = group.run(cmd)
+            started = time.perf_counter()
+            done = group.run(cmd)
+            seconds = time.perf_counter() - started
+            code, peak, anon, err = done.returncode, done.peak_bytes, done.peak_anonymous_bytes, done.stderr[-3000:]
             tables = [line.strip() for line in err.splitlines() if line.strip().startswith(("tables ", "memory "))]
             phases[name] = {"exit": code, "seconds": round(seconds, 1), "peak_bytes": peak, "peak_anon_bytes": anon,
                             "plan": tables}  # fmt: skip

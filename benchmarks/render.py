@@ -277,13 +277,13 @@ def headline() -> str:
         phases = {r[col["phase"]]: r[col["seconds"]] for r in ep["rows"] if r[col["phase"]]}
         held = col.get("anonymous memory (GiB)", col["resident memory (GiB)"])
         anon = sorted(r[held] for r in ep["rows"] if r[held])
-        peak, typical = anon[-1], anon[len(anon) // 2]
+        low, peak = anon[0], anon[-1]
         out += [
             "",
             f"**Scale** (DLRM, the default recipe, on the seeds' Criteo 1TB FL15 tables: 2.1 billion parameters; "
             f"{_source(ep)}): one epoch of {ep['rows'][0][0]:,} rows took {phases['trainer in all']:,.0f} s in the "
-            f"trainer at {rate:,} samples/s (median of its 5% parts), {typical:.1f} GiB of memory held (at most "
-            f"{peak:.1f} GiB; anonymous memory, not the dataset's pages in the page cache); a "
+            f"trainer at {rate:,} samples/s (median of its 5% parts), {low:.2f} to {peak:.2f} GiB of memory held over "
+            f"its 5% parts (anonymous memory, not the dataset's pages in the page cache); a "
             f"Criteo 1TB epoch (4.2 billion rows) at that rate: {4.2e9 / rate / 3600:,.1f} h. "
             "[One epoch at scale](docs/benchmarks.md#one-epoch-at-scale).",
         ]

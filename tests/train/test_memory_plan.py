@@ -6,17 +6,15 @@ seconds, in one line naming the options, when the user asked for what cannot fit
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
-import uuid
-from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
+from ctrkit.bench.cgroup import MemoryCgroup
 from ctrkit.checkpoint import load_checkpoint
 from ctrkit.data.synthetic import generate_dataset
 from tests.faults.conftest import one_line_error
@@ -56,46 +54,13 @@ def test_the_estimate_is_within_15_percent_of_the_measured_peak(wide_tables, tmp
     assert abs(estimate - measured) <= 0.15 * measured, (estimate / 2**20, measured / 2**20)
 
 
-class Cgroup:
-    """A memory cgroup of ``limit`` bytes (v1 or v2), removed on close; None where this process may not make one."""
-
-    def __init__(self, limit: int):
-        name = f"ctrkit-test-{uuid.uuid4().hex[:8]}"
-        v2 = Path("/sys/fs/cgroup/cgroup.controllers")
-        if Path("/sys/fs/cgroup/memory").is_dir():
-            self.dir, self.limit_file = Path("/sys/fs/cgroup/memory") / name, "memory.limit_in_bytes"
-        elif v2.exists() and "memory" in v2.read_text():
-            self.dir, self.limit_file = Path("/sys/fs/cgroup") / name, "memory.max"
-        else:
-            raise PermissionError("no memory cgroup controller here")
-        self.dir.mkdir()
-        try:
-            (self.dir / self.limit_file).write_text(str(limit))
-        except OSError:
-            self.dir.rmdir()
-            raise
-
-    def run(self, cmd: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
-        procs = self.dir / "cgroup.procs"
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                              preexec_fn=lambda: procs.write_text(str(os.getpid())))  # fmt: skip
-
-    def close(self) -> None:
-        for _ in range(50):
-            try:
-                self.dir.rmdir()
-                return
-            except OSError:
-                time.sleep(0.1)
-
-
 @pytest.fixture
 def cgroup_of():
     made = []
 
-    def make(limit: int) -> Cgroup:
+    def make(limit: int) -> MemoryCgroup:
         try:
-            made.append(Cgroup(limit))
+            made.append(MemoryCgroup(limit, prefix="ctrkit-test", timeout=300))
         except OSError as e:
             pytest.skip(f"cannot make a memory cgroup here ({e}): needs root")
         return made[-1]
