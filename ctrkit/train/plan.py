@@ -9,7 +9,6 @@ all here: the trainer and the run apply none of their own.
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 from dataclasses import dataclass, replace
 from functools import partial
@@ -295,14 +294,12 @@ def tables_directory(save_checkpoint: Any) -> Path:
 def _check_disk_room(spec: Any, memory: dict) -> None:
     """Refuses (one line) a run whose tables on disk, with their state and the best weights' copy, would not fit on
     the disk of ``tables_directory``."""
+    from ctrkit.data.atomic import free_bytes
+
     where = tables_directory(spec.save_checkpoint)
-    probe = where if where.exists() else where.parent
     needed = memory["tables_on_disk"] + memory["copies_on_disk"]
-    try:
-        free = shutil.disk_usage(probe).free
-    except OSError:
-        return
-    if needed > free:
+    free = free_bytes(where)
+    if free is not None and needed > free:
         raise ValueError(f"{where}: the tables on disk need about {gib(needed)} (with their optimizer state and the "
                          f"best weights' copy), the disk has {gib(free)} free: free space, or save the checkpoint "
                          "on another disk")  # fmt: skip
