@@ -17,6 +17,7 @@ from ctrkit.models.inputs import (
 from ctrkit.models.interaction import CrossNetwork
 from ctrkit.models.mlp import MLP
 from ctrkit.models.numerical import NumericalNormalizer
+from ctrkit.models.dynamic import dynamic_ids
 from ctrkit.models.registry import register_model
 
 STRUCTURES = ("stacked", "parallel")
@@ -61,6 +62,7 @@ class DCNv2(WideParameters, nn.Module):
     def __init__(self, config: DCNv2Config):
         super().__init__()
         self.config = config
+        self.dynamic_ids = dynamic_ids(config)  # raw ids -> rows of the dynamic features (None: none)
         self.numerical_norm = NumericalNormalizer(config.num_numerical)
         self.bottom_mlp, self.embeddings, _ = input_layers(config)
         linear = LinearTerm.build(config) if config.linear else (None, None, None)
@@ -82,6 +84,8 @@ class DCNv2(WideParameters, nn.Module):
         return self.top_mlp[-1]
 
     def forward(self, numerical: torch.Tensor | None, categorical: torch.Tensor, multi_hot=None) -> torch.Tensor:
+        if self.dynamic_ids is not None:
+            categorical = self.dynamic_ids(categorical)
         raw, numerical = numerical, self.numerical_norm(numerical)  # (B, N) standardised (NumericalNormalizer)
         emb = self.embeddings(categorical, multi_hot).flatten(1)  # (B, F*D; the sum of the widths)
         if self.bottom_mlp is None:

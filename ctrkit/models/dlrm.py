@@ -17,6 +17,7 @@ from ctrkit.models.inputs import (
 from ctrkit.models.interaction import DotInteraction
 from ctrkit.models.mlp import MLP
 from ctrkit.models.numerical import NumericalNormalizer
+from ctrkit.models.dynamic import dynamic_ids
 from ctrkit.models.registry import register_model
 
 
@@ -55,6 +56,7 @@ class DLRM(WideParameters, nn.Module):
     def __init__(self, config: DLRMConfig):
         super().__init__()
         self.config = config
+        self.dynamic_ids = dynamic_ids(config)  # raw ids -> rows of the dynamic features (None: none)
         self.numerical_norm = NumericalNormalizer(config.num_numerical)
         self.bottom_mlp, self.embeddings, num_vectors = input_layers(config)
         linear = LinearTerm.build(config) if config.linear else (None, None, None)
@@ -70,6 +72,8 @@ class DLRM(WideParameters, nn.Module):
         return self.top_mlp[-1]
 
     def forward(self, numerical: torch.Tensor | None, categorical: torch.Tensor, multi_hot=None) -> torch.Tensor:
+        if self.dynamic_ids is not None:
+            categorical = self.dynamic_ids(categorical)
         raw, numerical = numerical, self.numerical_norm(numerical)  # (B, N) standardised (NumericalNormalizer)
         emb = self.embeddings(categorical, multi_hot)  # (B, F, D), F counting multi-hot features
         bottom = self.bottom_mlp(numerical) if self.bottom_mlp is not None else None  # (B, D)

@@ -166,6 +166,7 @@ class EmbeddingCollection(_Tables):
         self.cardinalities = tuple(int(c) for c in cardinalities)
         self.dim = dim
         self.sparse = sparse
+        self.features = tuple(range(len(self.cardinalities)))  # the model's one-hot columns these tables serve
         self.register_buffer("offsets", torch.cumsum(cards, 0) - cards, persistent=False)  # (F,)
         self._make_weight(on_disk=True)
         self.use_native = True  # CPU training's lookups by ctrkit/native's gather (_GatherRowsFn; False: ATen's)

@@ -79,6 +79,9 @@ class InputsConfig:
             for every feature.
         numerical_buckets: quantile buckets per numerical feature whose weights the first-order term adds
             (``NumericalBuckets``; at most this many, fewer where training holds few clicks); 0 for none.
+        dynamic_features: the one-hot features (indices into ``cardinalities``) given as raw 64-bit ids, each
+            mapped to the rows of its table of ``cardinalities[i]`` rows by the model's ``dynamic_ids``
+            (``models/dynamic.py``).
     """
 
     num_numerical: int
@@ -89,9 +92,17 @@ class InputsConfig:
     multi_hot_combiners: tuple[str, ...] = ()
     embedding_dims: tuple[int, ...] = ()
     numerical_buckets: int = NUMERICAL_BUCKETS
+    dynamic_features: tuple[int, ...] = ()
 
     def validate(self) -> None:
         check_inputs(self.num_numerical, self.cardinalities, self.embedding_dim)
+        if any(not 0 <= f < len(self.cardinalities) for f in self.dynamic_features) or any(
+            self.cardinalities[f] < 2 for f in self.dynamic_features
+        ):
+            raise ValueError(
+                f"dynamic_features must index one-hot features whose tables have at least 2 rows, got "
+                f"{list(self.dynamic_features)}"
+            )
         if not 0 <= self.numerical_buckets <= MAX_BUCKETS or self.numerical_buckets == 1:
             raise ValueError(f"numerical_buckets must be 0 (none) or 2 to {MAX_BUCKETS}, got {self.numerical_buckets}")
         check_multi_hot(self.multi_hot_cardinalities, self.multi_hot_combiners)
@@ -189,6 +200,8 @@ class MixedWidthEmbeddings(nn.Module):
                 [config.cardinalities[f] for f in onehot], width, config.sparse_gradients,
                 [config.multi_hot_cardinalities[f] for f in multi], [config.multi_hot_combiners[f] for f in multi],
             )  # fmt: skip
+            if self.groups[f"d{width}"].onehot is not None:
+                self.groups[f"d{width}"].onehot.features = tuple(onehot)
         order = [f for onehot, multi in self._members for f in (*onehot, *(n1 + m for m in multi))]
         # the output's columns: group outputs concatenated, then each feature's columns put back in order
         starts, at = {}, 0

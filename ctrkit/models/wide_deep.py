@@ -16,6 +16,7 @@ from ctrkit.models.inputs import (
 )
 from ctrkit.models.mlp import MLP
 from ctrkit.models.numerical import NumericalNormalizer
+from ctrkit.models.dynamic import dynamic_ids
 from ctrkit.models.registry import register_model
 
 
@@ -56,6 +57,7 @@ class WideDeep(WideParameters, nn.Module):
     def __init__(self, config: WideDeepConfig):
         super().__init__()
         self.config = config
+        self.dynamic_ids = dynamic_ids(config)  # raw ids -> rows of the dynamic features (None: none)
         self.numerical_norm = NumericalNormalizer(config.num_numerical)
         self.wide_embeddings, self.wide_dense, self.wide_buckets = LinearTerm.build(config)
         self.embeddings = deep_embeddings(config)
@@ -68,6 +70,8 @@ class WideDeep(WideParameters, nn.Module):
         return self.deep[-1]
 
     def forward(self, numerical: torch.Tensor | None, categorical: torch.Tensor, multi_hot=None) -> torch.Tensor:
+        if self.dynamic_ids is not None:
+            categorical = self.dynamic_ids(categorical)
         raw, numerical = numerical, self.numerical_norm(numerical)  # (B, N) standardised (NumericalNormalizer)
         wide = self.wide_logit(numerical, categorical, multi_hot, raw)  # (B,)
         emb = self.embeddings(categorical, multi_hot).flatten(1)  # (B, F*D; the sum of the widths)

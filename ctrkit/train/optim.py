@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from ctrkit import hugepages, native
+from ctrkit.models import dynamic
 from ctrkit.device import one_thread_where_threads_sleep
 
 
@@ -497,3 +500,19 @@ def build_optimizers(
         opt.is_wide = is_wide  # the wide part's (TrainConfig.schedule_wide)
         out.append(opt)
     return out
+
+
+@torch.no_grad()
+def reset_table_rows(
+    model: nn.Module, optimizers: Sequence[torch.optim.Optimizer], fresh: dict[int, np.ndarray]
+) -> None:
+    """Newly admitted rows: weights copied from their table's rare row, optimizer state rows as a new table's."""
+    for column, rows in fresh.items():
+        for weight, base in dynamic.embedding_rows(model, column):
+            flat = torch.from_numpy(rows + base).to(weight.device)
+            weight[flat] = weight[base].expand(len(flat), -1)
+            for opt in optimizers:
+                state = opt.state.get(weight)
+                for key, value in (state or {}).items():
+                    if torch.is_tensor(value) and value.dim() >= 1 and value.shape[0] == weight.shape[0]:
+                        value[flat] = FTRL_INITIAL_ACCUMULATOR if key == "accumulator" else 0

@@ -1,0 +1,297 @@
+"""Dynamic tables: raw 64-bit ids of features without a vocabulary, mapped to the rows of bounded tables.
+
+A dynamic feature's table has ``capacity`` rows (its cardinality in the feature spec). Row 0 is the feature's
+*rare row*: every id that holds no row of its own is looked up there. Each feature keeps an id -> entry map
+(open addressing over a power-of-two number of slots, no collisions among the ids it holds) whose entries are
+
+* **admitted** ids, each with its own row in ``1..capacity-1``;
+* **candidates**, ids seen fewer than ``admit_after`` times, looked up as the rare row.
+
+Training (``observe``, once per batch, before the forward) counts each id's sightings. A count decays by half every
+``half_life`` observed batches (0: never), so an id seen often long ago can give way to one seen often now. A
+candidate whose count reaches ``admit_after`` is admitted (highest count first, ties by smaller id); where no row
+is free, admitted ids not in the batch are evicted: the lowest decayed count first (``eviction="lfu"``) or the
+longest unseen (``"lru"``), ties by smaller id. An evicted id is forgotten (its count too). The admitted id's row
+starts as a copy of the rare row, what the id was looked up as until then, and its optimizer state as zeros
+(``reset_rows``). Candidates are bounded too: the map holds at most ``max_entries`` ids (default twice the
+capacity); beyond that, the candidates with the lowest counts not in the batch are forgotten first, and new ids
+that still find no room stay unknown.
+
+Scoring (``forward``) only reads the map: an id maps to its row, any other to row 0. The map and counts are buffers
+of the model (its state dict, so checkpoints, model selection's copies and resumes carry them); they stay in host
+memory on whatever device the model runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+EMPTY, USED, GONE = 0, 1, 2  # slot states (GONE: a deleted entry, skipped by lookups, reused by inserts)
+EVICTIONS = ("lfu", "lru")
+ADMIT_AFTER = 1  # sightings before an id gets its own row (1: at once)
+HALF_LIFE = 0  # observed batches in which a count halves (0: counts never decay)
+# a full map makes room for at least 1/BATCHED of its rows (or ids) at once: each eviction scans the whole map
+BATCHED = 64
+
+
+def mix64(ids: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser: a bijection of 64-bit integers that spreads consecutive ids over the slots."""
+    z = ids.astype(np.uint64, copy=True)
+    with np.errstate(over="ignore"):
+        z ^= z >> np.uint64(30)
+        z *= np.uint64(0xBF58476D1CE4E5B9)
+        z ^= z >> np.uint64(27)
+        z *= np.uint64(0x94D049BB133111EB)
+        z ^= z >> np.uint64(31)
+    return z
+
+
+def slots_for(max_entries: int) -> int:
+    """The number of slots of a map holding ``max_entries`` ids: a power of two, at most half full."""
+    return 1 << max(4, int(2 * max_entries - 1).bit_length())
+
+
+class IdMap:
+    """One dynamic feature's map, over numpy views of five arrays of ``slots`` entries (the module's buffers).
+
+    ``keys`` the ids, ``state`` EMPTY/USED/GONE, ``row`` the id's row (0: a candidate), ``count`` its count at
+    its last sighting, ``seen`` that batch's number; ``held`` marks the rows that have an id (row 0 always).
+    """
+
+    def __init__(self, keys, state, row, count, seen, held, sizes, capacity: int, max_entries: int):
+        self.keys, self.state, self.row, self.count, self.seen, self.held = keys, state, row, count, seen, held
+        self.sizes = sizes  # [ids held, slots not EMPTY]
+        self.capacity, self.max_entries = capacity, max_entries
+        self.mask = np.uint64(len(keys) - 1)
+
+    # ------------------------------------------------------------------------------------------ lookups
+    def find(self, ids: np.ndarray) -> np.ndarray:
+        """The slot of each of ``ids`` (distinct or not), -1 where it is not in the map."""
+        out = np.full(len(ids), -1, np.int64)
+        pos = (mix64(ids) & self.mask).astype(np.int64)
+        todo = np.arange(len(ids))
+        mask = int(self.mask)
+        while len(todo):
+            p = pos[todo]
+            st = self.state[p]
+            hit = (st == USED) & (self.keys[p] == ids[todo])
+            out[todo[hit]] = p[hit]
+            go_on = ~hit & (st != EMPTY)
+            todo = todo[go_on]
+            pos[todo] = (p[go_on] + 1) & mask
+        return out
+
+    def rows(self, ids: np.ndarray) -> np.ndarray:
+        """Each id's row: its own when admitted, else 0 (the rare row)."""
+        slots = self.find(ids)
+        return np.where(slots >= 0, self.row[np.maximum(slots, 0)], 0).astype(np.int64)
+
+    def _insert(self, ids: np.ndarray) -> np.ndarray:
+        """Puts distinct ``ids``, none in the map, into free slots; returns their slots."""
+        out = np.empty(len(ids), np.int64)
+        pos = (mix64(ids) & self.mask).astype(np.int64)
+        todo = np.arange(len(ids))
+        mask = int(self.mask)
+        while len(todo):
+            p = pos[todo]
+            free = self.state[p] != USED
+            first = np.zeros(len(todo), bool)
+            _, at = np.unique(p[free], return_index=True)  # one id per free slot this round
+            first[np.flatnonzero(free)[at]] = True
+            won = todo[first]
+            out[won] = p[first]
+            self.sizes[1] += int((self.state[p[first]] == EMPTY).sum())
+            self.state[p[first]] = USED
+            self.keys[p[first]] = ids[won]
+            todo = todo[~first]
+            pos[todo] = (p[~first] + 1) & mask
+        self.sizes[0] += len(ids)
+        return out
+
+    def _remove(self, slots: np.ndarray) -> None:
+        self.state[slots] = GONE
+        self.row[slots] = 0
+        self.sizes[0] -= len(slots)
+        if self.sizes[1] > 0.75 * len(self.state):  # too many deleted slots: lookups slow down
+            self._rehash()
+
+    def _rehash(self) -> None:
+        live = np.flatnonzero(self.state == USED)
+        keys, row, count, seen = self.keys[live], self.row[live], self.count[live], self.seen[live]
+        self.state[:] = EMPTY
+        self.sizes[:] = 0
+        slots = self._insert(keys)
+        self.row[slots], self.count[slots], self.seen[slots] = row, count, seen
+
+    # ---------------------------------------------------------------------------------------- training
+    def decayed(self, slots: np.ndarray, now: int, half_life: int) -> np.ndarray:
+        """The entries' counts decayed to batch ``now``."""
+        if half_life <= 0:
+            return self.count[slots]
+        return self.count[slots] * np.exp2(-(now - self.seen[slots]).astype(np.float64) / half_life)
+
+    def observe(self, ids: np.ndarray, now: int, admit_after: float, eviction: str, half_life: int
+                ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+        """Counts one batch's ids (batch number ``now``), admits and evicts; returns the rows given to newly
+        admitted ids and those ids."""
+        uniq, times = np.unique(ids, return_counts=True)
+        slots = self.find(uniq)
+        known = slots >= 0
+        ks = slots[known]
+        self.count[ks] = self.decayed(ks, now, half_life) + times[known]
+        self.seen[ks] = now
+        new, new_times = uniq[~known], times[~known]
+        if len(new):
+            room = self.max_entries - int(self.sizes[0])
+            if room < len(new):
+                room += self._forget_candidates(len(new) - room, uniq, now, half_life)
+            if room < len(new):  # the most often seen first, then the smaller ids
+                keep = np.lexsort((new, -new_times))[: max(room, 0)]
+                new, new_times = new[keep], new_times[keep]
+            if len(new):
+                s = self._insert(new)
+                self.row[s], self.count[s], self.seen[s] = 0, new_times, now
+        slots = self.find(uniq)
+        slots = slots[slots >= 0]
+        eligible = slots[(self.row[slots] == 0) & (self.count[slots] >= admit_after)]
+        if not len(eligible):
+            return np.empty(0, np.int64), np.empty(0, np.int64)
+        admit = self.keys[eligible[np.lexsort((self.keys[eligible], -self.count[eligible]))]]
+        free = np.flatnonzero(~self.held)
+        if len(free) < len(admit):
+            self._evict(len(admit) - len(free), uniq, now, eviction, half_life)
+            free = np.flatnonzero(~self.held)
+        admit = admit[: len(free)]
+        rows = free[: len(admit)]
+        self.row[self.find(admit)] = rows  # found again: an eviction may have rehashed the slots
+        self.held[rows] = True
+        return rows.astype(np.int64), admit
+
+    def _forget_candidates(self, wanted: int, batch: np.ndarray, now: int, half_life: int) -> int:
+        """Forgets up to ``wanted`` candidates not in ``batch``: the lowest decayed counts, then the smaller ids."""
+        cand = np.flatnonzero((self.state == USED) & (self.row == 0))
+        cand = cand[~np.isin(self.keys[cand], batch)]
+        if not len(cand):
+            return 0
+        wanted = max(wanted, -(-self.max_entries // BATCHED))
+        order = np.lexsort((self.keys[cand], self.decayed(cand, now, half_life)))[:wanted]
+        self._remove(cand[order])
+        return len(order)
+
+    def _evict(self, wanted: int, batch: np.ndarray, now: int, eviction: str, half_life: int) -> None:
+        """Evicts up to ``wanted`` admitted ids not in ``batch``, freeing their rows."""
+        held = np.flatnonzero((self.state == USED) & (self.row > 0))
+        held = held[~np.isin(self.keys[held], batch)]
+        if not len(held):
+            return
+        score = self.decayed(held, now, half_life) if eviction == "lfu" else self.seen[held].astype(np.float64)
+        wanted = max(wanted, -(-self.capacity // BATCHED))
+        order = np.lexsort((self.keys[held], score))[:wanted]
+        victims = held[order]
+        self.held[self.row[victims]] = False
+        self._remove(victims)
+
+    def admitted(self) -> dict[int, int]:
+        """id -> row of every admitted id (for tests and inspection)."""
+        s = np.flatnonzero((self.state == USED) & (self.row > 0))
+        return dict(zip(self.keys[s].tolist(), self.row[s].tolist()))
+
+
+class DynamicIds(nn.Module):
+    """Translates the dynamic columns of a (B, F) id batch from raw ids to rows (see the module's docstring).
+
+    Args:
+        columns: the categorical columns (one-hot features, in channel order) that hold raw ids.
+        capacities: rows of each of those features' tables (its cardinality; row 0 the rare row).
+        max_entries: ids each map holds, admitted or not (default twice the capacity).
+    """
+
+    def __init__(self, columns: Sequence[int], capacities: Sequence[int], max_entries: Sequence[int] | None = None):
+        super().__init__()
+        if len(columns) != len(capacities) or any(int(c) < 2 for c in capacities):
+            raise ValueError(f"each dynamic feature needs a capacity of at least 2 rows, got {list(capacities)}")
+        self.columns = tuple(int(c) for c in columns)
+        self.capacities = tuple(int(c) for c in capacities)
+        self.max_entries = tuple(int(m) for m in (max_entries or [2 * c for c in self.capacities]))
+        self.admit_after: float = ADMIT_AFTER
+        self.eviction = "lfu"
+        self.half_life = HALF_LIFE
+        self.register_buffer("batches", torch.zeros((), dtype=torch.int64))  # batches observed
+        for j, (cap, most) in enumerate(zip(self.capacities, self.max_entries)):
+            n = slots_for(most)
+            self.register_buffer(f"keys{j}", torch.zeros(n, dtype=torch.int64))
+            self.register_buffer(f"state{j}", torch.zeros(n, dtype=torch.int8))
+            self.register_buffer(f"row{j}", torch.zeros(n, dtype=torch.int32))
+            self.register_buffer(f"count{j}", torch.zeros(n, dtype=torch.float64))
+            self.register_buffer(f"seen{j}", torch.zeros(n, dtype=torch.int64))
+            held = torch.zeros(cap, dtype=torch.bool)
+            held[0] = True  # the rare row
+            self.register_buffer(f"held{j}", held)
+            self.register_buffer(f"sizes{j}", torch.zeros(2, dtype=torch.int64))
+
+    def configure(self, admit_after: float = ADMIT_AFTER, eviction: str = "lfu", half_life: int = HALF_LIFE) -> None:
+        """Training's settings: sightings before admission, which ids are evicted first, the counts' half-life."""
+        if eviction not in EVICTIONS:
+            raise ValueError(f"eviction must be one of {', '.join(EVICTIONS)}, got {eviction!r}")
+        if admit_after < 1 or half_life < 0:
+            raise ValueError(f"admit_after must be >= 1 and half_life >= 0, got {admit_after} and {half_life}")
+        self.admit_after, self.eviction, self.half_life = float(admit_after), eviction, int(half_life)
+
+    def _apply(self, fn, recurse=True):
+        return self  # the maps stay in host memory whatever device or dtype the model moves to
+
+    def map(self, j: int) -> IdMap:
+        """Feature ``j``'s map, over this module's buffers (shared, not copied)."""
+        arrays = [getattr(self, f"{k}{j}").numpy() for k in ("keys", "state", "row", "count", "seen", "held", "sizes")]
+        return IdMap(*arrays, capacity=self.capacities[j], max_entries=self.max_entries[j])
+
+    @torch.compiler.disable
+    def forward(self, categorical: torch.Tensor) -> torch.Tensor:
+        """(B, F) ids with the dynamic columns' raw ids replaced by their rows."""
+        out = categorical.clone()
+        host = categorical.detach().cpu() if categorical.device.type != "cpu" else categorical
+        for j, c in enumerate(self.columns):
+            rows = self.map(j).rows(host[:, c].numpy())
+            out[:, c] = torch.from_numpy(rows).to(out.device)
+        return out
+
+    @torch.no_grad()
+    def observe(self, categorical: torch.Tensor) -> dict[int, np.ndarray]:
+        """Counts a training batch's raw ids, admits and evicts (see the module's docstring); returns, per column,
+        the rows newly given to an id (their weights and optimizer state are to be reset: ``reset_rows``)."""
+        host = categorical.detach().cpu()
+        now = int(self.batches)
+        fresh = {}
+        for j, c in enumerate(self.columns):
+            rows, _ = self.map(j).observe(host[:, c].numpy(), now, self.admit_after, self.eviction, self.half_life)
+            if len(rows):
+                fresh[c] = rows
+        self.batches += 1
+        return fresh
+
+    def rows_in_use(self) -> list[int]:
+        """Rows held by an id in each dynamic feature's table (the rare row included)."""
+        return [int(getattr(self, f"held{j}").sum()) for j in range(len(self.columns))]
+
+
+def dynamic_ids(config) -> DynamicIds | None:
+    """The model's DynamicIds for a config's ``dynamic_features`` (None without)."""
+    columns = tuple(getattr(config, "dynamic_features", ()) or ())
+    if not columns:
+        return None
+    return DynamicIds(columns, [config.cardinalities[c] for c in columns])
+
+
+def embedding_rows(model: nn.Module, column: int) -> list[tuple[torch.Tensor, int]]:
+    """Every table parameter that one-hot ``column`` indexes, with the flat row of its row 0."""
+    from ctrkit.models.embeddings import EmbeddingCollection  # imports this module
+
+    out = []
+    for m in model.modules():
+        if isinstance(m, EmbeddingCollection) and column in m.features:
+            out.append((m.weight, int(m.offsets[m.features.index(column)])))
+    return out
