@@ -36,6 +36,7 @@ SPEC_KEYS = (
     "multi_hot_features",
     "multi_hot_cardinalities",
     "multi_hot_combiners",
+    "dynamic_features",
 )
 
 

@@ -171,6 +171,20 @@ class TrainConfig:
         "with embedding_storage disk: rows of each table collection's in-memory cache",
         unset="the plan's: as many as half the memory left after the rest of the run holds, at most every row",
     )
+    admit_after: int = option(
+        1,
+        "dynamic features (raw ids): sightings in training before an id gets its own row of the table; until then "
+        "it shares the feature's rare row (row 0) with every id not admitted",
+    )
+    eviction: str = option(
+        "lfu",
+        "dynamic features: which admitted ids give their rows up when the table is full: lfu (the lowest count of "
+        "sightings, decayed by count_half_life) or lru (the longest unseen); never an id of the current batch",
+        ("lfu", "lru"),
+    )
+    count_half_life: int = option(
+        0, "dynamic features: training batches in which an id's count of sightings halves (0: counts never decay)"
+    )
     calibrate: str = option(
         "auto",
         "at the end of training, fit one scale of the kept model's logit (temperature scaling: rankings, so AUC, "
@@ -455,6 +469,12 @@ class RunOptions:
     save_checkpoint: Path | None = option(None, "checkpoint file, written atomically at each evaluation and at the end")
     load_checkpoint: Path | None = option(
         None, "resume from this checkpoint (weights, optimizer, step, RNG; same data and batch size)"
+    )
+    continue_from: Path | None = option(
+        None,
+        "start from this checkpoint's model (its selected weights, with its dynamic tables' ids and counts) and "
+        "optimizer states, on --dataset (a new day of data): a new run with its own steps, schedule and model "
+        "selection on the new data's validation; --load-checkpoint, if given too, resumes this run instead",
     )
     allow_other_vocabulary: bool = option(
         False,

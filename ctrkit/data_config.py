@@ -26,8 +26,12 @@ class SynthConfig:
         "(exp(1.5 x) * 10^j: heavy-tailed, 1 to 1e5 and beyond, float32), as prices or counts come; "
         "outbrain-raw: the raw Kaggle Outbrain files (clicks_train.csv, events.csv, "
         "promoted_content.csv, documents_*.csv, page_views.csv; --rows clicks rows) from a planted click model, "
-        "for `ctrkit preprocess outbrain` (truth.json: the MAP@12 of the true scores)",
-        ("criteo-like", "outbrain", "criteo", "planted", "planted-tabular", "planted-amounts", "outbrain-raw"),
+        "for `ctrkit preprocess outbrain` (truth.json: the MAP@12 of the true scores); stream: --days days of "
+        "click logs (DIR/day_1 ... DIR/day_N, each with train, validation and test; --rows rows a day) in the Criteo "
+        "shape with raw 64-bit ids of dynamic features, where new ids appear every day, old ones fade and some "
+        "effects drift (truth/<mapping>.f32: the true click probabilities)",
+        ("criteo-like", "outbrain", "criteo", "planted", "planted-tabular", "planted-amounts", "outbrain-raw",
+         "stream"),
         positional=True,
     )
     out: Path | None = option(None, "dataset directory to create (a file for criteo)", required=True)
@@ -44,6 +48,10 @@ class SynthConfig:
     test_fraction: float = option(0.1, "share of rows in test/")
     seed: int = option(0, "random seed of the click model and samples")
     overwrite: bool = option(False, "replace an existing dataset directory")
+    days: int = option(7, "stream: days to write")
+    capacity: float = option(
+        1.0, "stream: rows of each dynamic table, as a share of the ids its feature has on one day (plus the rare row)"
+    )
 
 
 def test_fraction_option() -> Any:

@@ -46,13 +46,21 @@ def synth(args: argparse.Namespace) -> int:
     criteo-like's (signal on the frequent ids of long-tailed vocabularies only), for measuring models
     against baselines; the spec records the best achievable test AUC. planted-tabular: the same for a
     click model whose signal is mostly nonlinear in 6 numerical features; planted-amounts: that data with
-    its numerical features as raw, heavy-tailed amounts.
+    its numerical features as raw, heavy-tailed amounts. stream: days of click logs with raw ids (dynamic
+    features) whose vocabulary changes every day, to train day by day (`train --continue-from`).
     """
     import numpy as np
 
     from ctrkit.data.dataset import SplitBinaryDataset
 
     cfg: SynthConfig = config_from(args, SynthConfig)
+    if cfg.kind == "stream":
+        from ctrkit.data.synthetic_stream import STREAM_VOCABULARIES, write_stream
+
+        days = write_stream(cfg.out, cfg.days, cfg.rows, cfg.tables or STREAM_VOCABULARIES, cfg.capacity, cfg.seed,
+                            cfg.overwrite, num_numerical=cfg.num_numerical)  # fmt: skip
+        print(f"wrote {cfg.out}: {len(days)} days (day_1 ... day_{len(days)}) of {cfg.rows:,} rows with raw ids")
+        return 0
     if cfg.kind == "criteo":
         from ctrkit.data.synthetic import CRITEO_LIKE_CARDINALITIES, write_criteo_tsv
 

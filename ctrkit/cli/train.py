@@ -75,6 +75,7 @@ def train(args: argparse.Namespace) -> int:
         progress=not opts.no_progress,
         tensorboard=opts.tensorboard,
         allow_other_vocabulary=opts.allow_other_vocabulary,
+        continue_from=opts.continue_from,
     )
     run = Run(spec, dry_run=opts.dry_run)
     if opts.dry_run:

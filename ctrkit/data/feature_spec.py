@@ -112,6 +112,12 @@ class Feature:
         return bool(self.extra.get("multi_hot", self.extra.get(LEGACY_MULTI_HOT_KEY, False)))
 
     @property
+    def dynamic(self) -> bool:
+        """Raw 64-bit ids (metadata ``dynamic: true``) rather than vocabulary indices: the model maps them to the
+        rows of a table of ``cardinality`` rows (its capacity) as training admits them (``models/dynamic.py``)."""
+        return bool(self.extra.get("dynamic", False))
+
+    @property
     def combiner(self) -> str:
         """How a multi-hot feature's embeddings are pooled: ``sum`` or ``mean`` (the default)."""
         return str(self.extra.get("combiner", "mean"))
@@ -310,6 +316,13 @@ class FeatureSpec:
                     f"feature_spec.{n}: categorical feature has no 'cardinality' "
                     "(expected a positive integer, or 'auto' before transcoding)"
                 )
+            if feat.dynamic and (feat.dtype != "int64" or feat.multi_hot):
+                raise SpecError(
+                    f"feature_spec.{n}: a dynamic feature holds one raw 64-bit id a sample: expected dtype int64 "
+                    f"and no multi_hot, got {feat.dtype}{' and multi_hot' if feat.multi_hot else ''}"
+                )
+            if feat.dynamic and isinstance(feat.cardinality, int) and feat.cardinality < 2:
+                raise SpecError(f"feature_spec.{n}.cardinality: a dynamic table needs at least 2 rows (its capacity)")
             if feat.multi_hot and feat.combiner not in COMBINERS:
                 raise SpecError(
                     f"feature_spec.{n}.combiner: expected one of {', '.join(COMBINERS)}, got {feat.combiner!r}"
@@ -369,6 +382,11 @@ class FeatureSpec:
         return tuple(n for n in self.categorical_features if not self.feature_spec[n].multi_hot)
 
     @property
+    def dynamic_features(self) -> tuple[str, ...]:
+        """One-hot features of raw 64-bit ids (``Feature.dynamic``), in channel order."""
+        return tuple(n for n in self.onehot_features if self.feature_spec[n].dynamic)
+
+    @property
     def multi_hot_features(self) -> tuple[str, ...]:
         """Categorical features with a variable number of ids per sample, in channel order."""
         return tuple(n for n in self.categorical_features if self.feature_spec[n].multi_hot)
@@ -415,6 +433,8 @@ class FeatureSpec:
         }
         if self.metadata.get("vocabulary_fingerprint"):  # what the ids mean (``integrity.vocabulary_fingerprint``)
             out["vocabulary"] = str(self.metadata["vocabulary_fingerprint"])
+        if self.dynamic_features:
+            out["dynamic_features"] = list(self.dynamic_features)
         if self.multi_hot_features:
             out["multi_hot_features"] = list(self.multi_hot_features)
             out["multi_hot_cardinalities"] = self.multi_hot_cardinalities

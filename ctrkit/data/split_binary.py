@@ -200,7 +200,8 @@ def open_mapping(spec: FeatureSpec, mapping: str, check_ids: bool = True) -> Spl
         check_finite(numerical, nums, files["numerical"])
     if check_ids and n:
         for name, arr in zip(cats, categorical):
-            check_id_range(arr, spec.feature_spec[name].cardinality, name, files[name])
+            if not spec.feature_spec[name].dynamic:  # raw ids: any 64-bit value
+                check_id_range(arr, spec.feature_spec[name].cardinality, name, files[name])
         for name, (values, _) in zip(spec.multi_hot_features, multi_hot):
             if len(values):
                 check_id_range(values, spec.feature_spec[name].cardinality, name, files[name])
@@ -269,7 +270,7 @@ class SplitBinaryWriter:
         self._multi_cards = spec.multi_hot_cardinalities
         self._multi_dtypes = [np.dtype(spec.feature_spec[c].dtype) for c in self._multi]
         self._nums = spec.numerical_features
-        self._cards = spec.cardinalities
+        self._cards = [None if spec.feature_spec[c].dynamic else card for c, card in zip(self._cats, spec.cardinalities)]
         self._cat_dtypes = [np.dtype(spec.feature_spec[c].dtype) for c in self._cats]
         self._num_dtype = np.dtype(spec.feature_spec[self._nums[0]].dtype) if self._nums else None
         paths = [by_feature[spec.label_feature]] + [by_feature[c] for c in self._cats + self._multi]
@@ -321,7 +322,7 @@ class SplitBinaryWriter:
         for name, col, card in zip(self._cats, cols, self._cards):
             if len(col) != n:
                 raise DataError(f"feature '{name}': {len(col)} values for {n} labels")
-            if n:
+            if n and card is not None:  # None: a dynamic feature's raw ids, any 64-bit value
                 check_id_range(np.asarray(col), card, name, f"mapping '{self.mapping}'")
         if self._num_f is not None:
             numerical = np.asarray(numerical)

@@ -510,7 +510,7 @@ def reset_table_rows(
     for column, rows in fresh.items():
         for weight, base in dynamic.embedding_rows(model, column):
             flat = torch.from_numpy(rows + base).to(weight.device)
-            weight[flat] = weight[base].expand(len(flat), -1)
+            weight[flat] = weight[base].clone().expand(len(flat), -1)
             for opt in optimizers:
                 state = opt.state.get(weight)
                 for key, value in (state or {}).items():

@@ -357,14 +357,19 @@ def make_plan(
         model = create_model(spec.model, spec.model_config)
     linear = getattr(model, "wide_embeddings", None) is not None  # a first-order term (Wide & Deep's wide part)
     sizes = _size(model) + (_table_rows(model),)
-    warm = cfg.linear_warm_start and linear and validation
+    dynamic = tuple(getattr(spec.model_config, "dynamic_features", ()) or ())
+    continued = getattr(spec, "continue_from", None)
+    warm = cfg.linear_warm_start and linear and validation and not dynamic and continued is None
+    if dynamic and (distributed or cfg.embedding_storage == "disk"):
+        raise ValueError(f"dynamic features (raw ids) train in one process with their tables in memory, not "
+                         f"{'a distributed (torchrun) run' if distributed else 'with --embedding-storage disk'}")
 
     best_by = sources.get("best_weights", "default")
     best = cfg.best_weights or ("disk" if validation and sizes[0] // processes >= BEST_ON_DISK_TABLES else "memory")
     if cfg.best_weights is None and best == "disk":
         rules["best_weights"] = f"{gib(sizes[0] // processes)} of tables, from {gib(BEST_ON_DISK_TABLES)} on disk"
     sparse = getattr(spec.model_config, "sparse_gradients", True)  # a dense gradient updates every row each step
-    disk_tables = device == "cpu" and not distributed and sizes[4] > 0 and sparse  # where tables can be on disk
+    disk_tables = device == "cpu" and not distributed and sizes[4] > 0 and sparse and not dynamic  # tables on disk
     if cfg.embedding_storage == "disk" and not disk_tables:
         where = "a distributed (torchrun) run" if distributed else (f"a run on {device}" if sizes[4] else "no tables")
         where = where if sparse else "a model with dense embedding gradients (sparse_gradients false)"
@@ -404,7 +409,8 @@ def make_plan(
     cfg = replace(cfg, best_weights=best, embedding_storage=storage,
                   embedding_cache_rows=cfg.embedding_cache_rows if storage == "disk" else None)  # fmt: skip
     chosen = {"embedding_optimizer": cfg.embedding_optimizer, "embedding_lr": cfg.embedding_lr, "best_weights": best,
-              "embedding_storage": storage, "embedding_cache_rows": cfg.embedding_cache_rows}  # fmt: skip
+              "embedding_storage": storage, "embedding_cache_rows": cfg.embedding_cache_rows,
+              "linear_warm_start": bool(cfg.linear_warm_start and not dynamic and continued is None)}  # fmt: skip
     resolved = replace(resolved, **chosen)
     configs = [replace(c, **chosen) for c in configs]
     memory["room"] = budget.bytes
@@ -449,6 +455,8 @@ def make_plan(
                       why("linear_warm_start")))  # fmt: skip
     else:
         reason = "no first-order term" if not linear else ("no validation data" if not validation else "")
+        if cfg.linear_warm_start and linear and validation:
+            reason = "the run continues a trained model" if continued is not None else "raw ids of dynamic features"
         lines.append(("warm start", "off" + (f" ({reason})" if reason else ""), why("linear_warm_start")))
     redraws = cfg.reinit_embeddings if validation or cfg.reinit_embeddings == "on" else "off"
     redraw = {"auto": "auto: once a later epoch overfits (validation AUC falls by "
@@ -482,6 +490,16 @@ def make_plan(
                       "memory", why("embedding_storage") + "; cache: " + why("embedding_cache_rows")))  # fmt: skip
     else:
         lines.append(("tables", "in memory", why("embedding_storage")))
+    if dynamic:
+        caps = [mc.cardinalities[i] for i in dynamic]
+        span = f"{min(caps):,}" + (f" to {max(caps):,}" if max(caps) != min(caps) else "")
+        decay = f"halving every {cfg.count_half_life:,} batches" if cfg.count_half_life else "never decaying"
+        lines.append(("dynamic", f"{len(dynamic)} features of raw ids in tables of {span} rows; an id gets a row "
+                      f"after {cfg.admit_after} sighting{'s' if cfg.admit_after != 1 else ''}, {cfg.eviction} "
+                      f"eviction when full, counts {decay}", why("admit_after")))  # fmt: skip
+    if continued is not None:
+        lines.append(("continues", f"from {continued}: its selected weights (dynamic tables' ids and counts with "
+                      "them) and optimizer states; steps, schedule and model selection start over", "--continue-from"))
     lines.append(("memory", f"peak about {gib(memory['peak'])}{per}{has}: weights {gib(weights)}, optimizer state "
                   f"{gib(state)}, copies kept {gib(copies)}{disk}, warm start {fit}, this process now {now}",
                   "estimate"))  # fmt: skip

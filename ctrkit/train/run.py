@@ -50,6 +50,7 @@ class RunSpec:
         recipe: the named recipe the settings started from (``train.recipes``).
         sources: the layer each setting that is not a field's default came from (``setting_sources``).
         allow_other_vocabulary: continue from ``load_checkpoint`` on data preprocessed with other vocabularies.
+        continue_from: a checkpoint whose model and optimizer states this new run starts from (None: fresh).
     """
 
     model: str
@@ -66,6 +67,7 @@ class RunSpec:
     recipe: str = DEFAULT_RECIPE
     sources: dict[str, str] = field(default_factory=dict)
     allow_other_vocabulary: bool = False
+    continue_from: Path | None = None
 
     def run_yaml(self) -> dict[str, Any]:
         """The resolved run as written beside the checkpoint (and read back by ``config``)."""
@@ -141,6 +143,8 @@ def resolve_model_config(model: str, spec: FeatureSpec, *layers: dict[str, Any])
         values["embedding_dims"] = embedding_dims_for(sizes, spec, dim)
     given = values.get("multi_hot_combiners")
     values.update(num_numerical=len(spec.numerical_features), cardinalities=spec.cardinalities)
+    dynamic = set(spec.dynamic_features)
+    values["dynamic_features"] = tuple(i for i, n in enumerate(spec.onehot_features) if n in dynamic)
     multi = spec.multi_hot_features
     if multi:
         combiners = (combiner,) * len(multi) if combiner else tuple(given or spec.multi_hot_combiners)
@@ -204,6 +208,7 @@ def resolve_run(
     progress: bool = True,
     tensorboard: str | os.PathLike | None = None,
     allow_other_vocabulary: bool = False,
+    continue_from: str | os.PathLike | None = None,
 ) -> RunSpec:
     """Resolves a run once: explicit arguments, then the run YAML ``config``, then the recipe, then the
     model's defaults.
@@ -217,9 +222,14 @@ def resolve_run(
         model_config_file: a YAML file of model config fields, over the run YAML's.
         train: TrainConfig fields, over the run YAML's.
         parallel, device, save_checkpoint, load_checkpoint, log_path, progress, tensorboard,
-            allow_other_vocabulary: as RunSpec's.
+            allow_other_vocabulary, continue_from: as RunSpec's.
     """
     run = load_run_file(config)
+    source = load_checkpoint if load_checkpoint is not None else continue_from
+    if model is None and run.get("model") is None and source is not None:  # the checkpoint's model
+        from ctrkit.checkpoint import load_checkpoint as read
+
+        model = read(source, mmap=True, assemble=False).model_name
     name = model or run.get("model") or DEFAULT_MODEL
     chosen = get_recipe(recipe or run.get("recipe"))
     recipe_train, recipe_model = chosen.layers(name)
@@ -228,12 +238,12 @@ def resolve_run(
     if dataset is None:
         raise ValueError("no dataset: name a dataset directory (or a run config naming one)")
     spec = FeatureSpec.from_yaml(Path(dataset))
-    if load_checkpoint is not None:  # the model is the checkpoint's, whatever else says
+    if source is not None:  # the model is the checkpoint's, whatever else says
         from ctrkit.checkpoint import load_checkpoint as read
 
-        ckpt = read(load_checkpoint, mmap=True, assemble=False)  # the model's name and config only
+        ckpt = read(source, mmap=True, assemble=False)  # the model's name and config only
         if ckpt.model_name != name:
-            raise ValueError(f"{load_checkpoint}: checkpoint holds a '{ckpt.model_name}' model, not '{name}'")
+            raise ValueError(f"{source}: checkpoint holds a '{ckpt.model_name}' model, not '{name}'")
         model_cfg = make_config(name, ckpt.model_config)
     else:
         file_layer = _yaml_mapping(model_config_file) if model_config_file is not None else {}
@@ -257,6 +267,7 @@ def resolve_run(
         chosen.name,
         sources,
         allow_other_vocabulary,
+        Path(continue_from) if continue_from is not None else None,
     )
 
 
@@ -349,6 +360,10 @@ class Run(SeedEnsemble):
             # of pages at a time, so a checkpoint larger than memory resumes
             ckpt = load_checkpoint(spec.load_checkpoint, mmap=True, assemble=self.env is None, verify=True)
             ckpt.check_spec(feature_spec.summary(), str(feature_spec.base_dir), spec.allow_other_vocabulary)
+        self.continued = None  # the checkpoint a new run continues from (``--continue-from``)
+        if spec.continue_from is not None:
+            self.continued = load_checkpoint(spec.continue_from, mmap=True, assemble=self.env is None, verify=True)
+            self.continued.check_spec(feature_spec.summary(), str(feature_spec.base_dir), spec.allow_other_vocabulary)
         self.is_main = self.env is None or self.env.is_main
         self.feature_spec, self.test_set, self.validation_set = feature_spec, test_set, validation_set
         from ctrkit.train.plan import make_plan
@@ -433,6 +448,8 @@ class Run(SeedEnsemble):
             self.trainer.warm_start_cache = self.warm_start_cache
         if ckpt is not None:
             self.trainer.restore(ckpt)
+        elif self.continued is not None:
+            self.trainer.continue_from(self.continued, str(spec.continue_from))
 
     @property
     def num_parameters(self) -> int:

@@ -112,6 +112,27 @@ class TrainerState:
         self.step = int(ckpt.step)
         set_rng_state(ckpt.rng)
 
+    def continue_from(self, ckpt: Checkpoint, where: str) -> None:
+        """Starts this new run from another run's checkpoint (``--continue-from``): its selected weights (the
+        dynamic tables' ids and counts with them) and its optimizers' states; steps, schedule and model selection
+        start over."""
+        if self.env is not None or ckpt.shard_files or ckpt.rank_optimizers is not None:
+            raise ValueError(f"{where}: --continue-from starts one process from a single-process checkpoint")
+        kinds = ("optimizer", "embedding_optimizer", "wide_optimizer")
+        theirs = [(ckpt.train_config or {}).get(k) for k in kinds]
+        ours = [getattr(self.cfg, k) for k in kinds]
+        if theirs != ours or len(ckpt.optimizers or []) != len(self.optimizers):
+            raise ValueError(
+                f"{where}: the checkpoint's optimizers (dense/embedding/wide: {theirs}) differ from this run's "
+                f"({ours}); continue with the same optimizer, embedding_optimizer and wide_optimizer"
+            )
+        if ckpt.ensemble or ckpt.members:
+            raise ValueError(f"{where}: the checkpoint holds an ensemble; --continue-from continues one model")
+        self.model.load_state_dict(ckpt.model)
+        for opt, state in zip(self.optimizers, ckpt.optimizers):
+            if state is not None:
+                opt.load_state_dict(state)
+
     def _restore_rank_file(self, ckpt: Checkpoint) -> None:
         """Resumes from this rank's file of a sharded checkpoint written with the same sharding."""
         if self.env is None or ckpt.sharding != self.model.sharding_key():

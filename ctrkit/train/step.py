@@ -13,9 +13,11 @@ from torch import nn
 from ctrkit import hugepages
 from ctrkit.data.batch import Batch
 from ctrkit.models import disk_tier
+from ctrkit.models.dynamic import DynamicIds
 from ctrkit.models.embeddings import CategoricalEmbeddings
 from ctrkit.models.mlp import Dropout, dropout_generator
 from ctrkit.train import split as thread_split
+from ctrkit.train.optim import reset_table_rows
 
 
 class TrainStep:
@@ -74,6 +76,7 @@ class TrainStep:
         self.split_threads = self._split_threads(split, compile)
         self._has_dropout = any(isinstance(m, Dropout) and m.p > 0 for m in model.modules())
         self._disk_tiers = disk_tier.tiers(model)  # tables on disk: each step's rows stay cached until it ends
+        self._dynamic = [m for m in model.modules() if isinstance(m, DynamicIds)]  # raw ids: admitted per batch
 
     def _split_threads(self, split: str, compile: bool) -> int:
         """How many slices a step's batch may be split into (1: none); refuses ``on`` where it cannot split."""
@@ -107,7 +110,8 @@ class TrainStep:
             self._lookups().append(out)
 
     def __call__(
-        self, batch: Batch, scale: float = 1.0, global_size: int | None = None, wide_scale: float | None = None
+        self, batch: Batch, scale: float = 1.0, global_size: int | None = None, wide_scale: float | None = None,
+        observed: bool = False,
     ) -> torch.Tensor:
         """One step; returns the loss. ``global_size``: the whole job's batch size when this rank holds
         only part of it (the loss is then this part's sum over ``global_size``). ``wide_scale``: the
@@ -119,6 +123,9 @@ class TrainStep:
         batch = batch.to(self.device, non_blocking=True)
         for tier in self._disk_tiers:
             tier.new_step()
+        if not observed:
+            for ids in self._dynamic:  # count the batch's raw ids, admit and evict, before the forward looks them up
+                reset_table_rows(self.model, self.optimizers, ids.observe(batch.categorical))
         slices = self._slice_count(batch)
         if slices > 1:
             return self._split_step(batch, slices, global_size)
@@ -153,7 +160,7 @@ class TrainStep:
                 # the compiled backward is built at the first backward, after the forward ran: a backend
                 # that cannot handle it fails here; the step is taken again eagerly (no optimizer stepped yet)
                 self._fall_back(e)
-                return self(batch, scale, global_size, wide_scale)
+                return self(batch, scale, global_size, wide_scale, observed=True)
             if sync is not None:
                 sync()
             for opt in self.optimizers:

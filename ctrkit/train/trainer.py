@@ -19,6 +19,7 @@ from ctrkit.data.atomic import append_text
 from ctrkit.data.dataset import SplitBinaryDataset, split_tail
 from ctrkit.data.loader import BatchLoader
 from ctrkit.distributed.env import DistEnv, all_reduce_sum
+from ctrkit.models.dynamic import DynamicIds
 from ctrkit.train.best_weights import copy_state
 from ctrkit.train.optim import LRSchedule, build_optimizers
 from ctrkit.train.plan import resolved_train, tables_directory
@@ -104,6 +105,9 @@ class Trainer(TrainerState, ModelSelection, SnapshotPool, WarmStart):
         self.loader = BatchLoader(train_set, cfg.batch_size, shuffle=True, seed=cfg.seed, part=env and env.part)
         self.steps_per_epoch = len(self.loader)
         cfg, _ = resolved_train(cfg, self.steps_per_epoch)  # the plan's values (a run's plan has set them all)
+        for m in model.modules():  # raw ids: admission and eviction as the run says
+            if isinstance(m, DynamicIds):
+                m.configure(cfg.admit_after, cfg.eviction, cfg.count_half_life)
         self.selection = Selection(
             cfg.early_stopping_patience,
             cfg.plateau_patience,
