@@ -494,7 +494,7 @@ def train(dataset: str | os.PathLike, model: str = DEFAULT_MODEL, **options: Any
     train_fields = {f.name for f in fields(TrainConfig)}
     model_fields = set(config_class(model).__dataclass_fields__) | {"embedding_sizes", "combiner"}
     run_keys = {"recipe", "config", "model_config_file", "parallel", "device", "save_checkpoint", "load_checkpoint",
-                "log_path", "progress", "tensorboard"}  # fmt: skip
+                "log_path", "progress", "tensorboard", "continue_from"}  # fmt: skip
     unknown = set(options) - train_fields - model_fields - run_keys
     if unknown:
         raise ValueError(f"unknown option(s) {sorted(unknown)}: expected training, model or run settings")

@@ -114,8 +114,9 @@ class TrainerState:
 
     def continue_from(self, ckpt: Checkpoint, where: str) -> None:
         """Starts this new run from another run's checkpoint (``--continue-from``): its selected weights (the
-        dynamic tables' ids and counts with them) and its optimizers' states; steps, schedule and model selection
-        start over."""
+        dynamic tables' ids and counts with them) and its optimizers' states where they are that model's (not where
+        a run of several members kept another member than the last one it trained); steps, schedule and model
+        selection start over."""
         if self.env is not None or ckpt.shard_files or ckpt.rank_optimizers is not None:
             raise ValueError(f"{where}: --continue-from starts one process from a single-process checkpoint")
         kinds = ("optimizer", "embedding_optimizer", "wide_optimizer")
@@ -126,10 +127,16 @@ class TrainerState:
                 f"{where}: the checkpoint's optimizers (dense/embedding/wide: {theirs}) differ from this run's "
                 f"({ours}); continue with the same optimizer, embedding_optimizer and wide_optimizer"
             )
-        if ckpt.ensemble or ckpt.members:
-            raise ValueError(f"{where}: the checkpoint holds an ensemble; --continue-from continues one model")
-        self.model.load_state_dict(ckpt.model)
-        for opt, state in zip(self.optimizers, ckpt.optimizers):
+        if ckpt.models_averaged > 1:
+            raise ValueError(f"{where}: the checkpoint's model is an ensemble of {ckpt.models_averaged}; "
+                             "--continue-from continues one model (train it with --snapshot-ensemble 1 "
+                             "--seed-ensemble 1)")  # fmt: skip
+        weights, own = ckpt.model, True
+        if ckpt.member_ensemble is not None:  # the kept member's model; the states are the last member's
+            kept = ckpt.member_ensemble[0]
+            weights, own = ckpt.members[kept]["models"][0], kept == len(ckpt.members) - 1
+        self.model.load_state_dict(weights)
+        for opt, state in zip(self.optimizers, ckpt.optimizers if own else []):
             if state is not None:
                 opt.load_state_dict(state)
 
