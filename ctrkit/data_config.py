@@ -123,6 +123,15 @@ class CriteoPreprocessConfig:
     test_fraction: float | None = test_fraction_option()
     validation_fraction: float | None = validation_fraction_option()
     frequency_threshold: int = option(3, "FL: rarer categories share one id")
+    raw_ids: tuple[str, ...] = option(
+        (), "comma-separated categorical columns (C1..C26, or 'all') kept as raw 64-bit ids for dynamic tables "
+        "(train --admit-after, --eviction): each value's exact key, int(value, 16) + (digits << 60); missing 0",
+        parse="name_list", shown="none",
+    )  # fmt: skip
+    capacity: int | None = option(
+        None, "rows of each --raw-ids column's table (row 0 the rare row)",
+        unset="the rows its vocabulary would have at --frequency-threshold",
+    )  # fmt: skip
     bad_rows: str = option(
         "error",
         "error: stop at the first malformed row, naming file and line; skip: drop and count them, keeping the "

@@ -136,7 +136,8 @@ def preprocess(args: argparse.Namespace) -> int:
         overwrite=cfg.overwrite,
         progress=not cfg.no_progress,
     )
-    recipe = CriteoRecipe(frequency_threshold=cfg.frequency_threshold)
+    raw_ids = tuple(f"C{i}" for i in range(1, 27)) if cfg.raw_ids == ("all",) else cfg.raw_ids
+    recipe = CriteoRecipe(frequency_threshold=cfg.frequency_threshold, raw_ids=raw_ids, capacity=cfg.capacity)
     if cfg.engine == "spark":
         from ctrkit.preprocess.spark_engine import preprocess_criteo_spark
 

@@ -17,6 +17,7 @@ from ctrkit.checkpoint import load_checkpoint
 from ctrkit.config import EXPORT_FORMATS as FORMATS
 from ctrkit.config import QUANTIZATIONS
 from ctrkit.data.atomic import atomic_directory
+from ctrkit.models.dynamic import DYNAMIC_FILE, frozen_arrays
 from ctrkit.models.signature import MULTI_HOT, PROBABILITY, InferenceModel, Signature
 from ctrkit.serve.repository import check_name, inside
 
@@ -112,7 +113,9 @@ def export_checkpoint(
     needs). ``triton`` treats ``out_dir`` as a model repository, new or existing: it writes version
     ``version`` (default: one after the model's newest, 1 for a new model) of model ``name`` as
     ``out_dir/<name>/<version>/model.<ext>`` with its own ``ctrkit_model.json``, and the model's
-    ``config.pbtxt`` and ``ctrkit_model.json`` with its first version. Other models and versions are left
+    ``config.pbtxt`` and ``ctrkit_model.json`` with its first version. A model with dynamic features (raw ids)
+    takes rows in its graph; ``dynamic_ids.npz`` beside the model file holds its id -> row maps, which
+    ``ctrkit serve`` applies to requests first (``models/dynamic.FrozenIds``). Other models and versions are left
     untouched; an existing version is replaced only with ``overwrite``, and a model whose config differs
     from this export's (another platform or other inputs) is refused.
 
@@ -148,7 +151,11 @@ def export_checkpoint(
         inside(out, out / name)  # a model directory linked to elsewhere is not written through
     target = _triton_version_dir(out / name, config, version, overwrite) if config else out
     wrapper = InferenceModel(ckpt.build_model().cpu(), signature, ckpt.calibration).eval()
+    dynamic = wrapper.dynamic  # raw ids: the graph takes rows; the server translates with the exported maps
+    wrapper.dynamic = None
     meta = {**signature.metadata(ckpt.model_name, ckpt.step), "quantize": quantize}
+    if dynamic is not None:
+        meta["dynamic_ids"] = DYNAMIC_FILE
     summary: dict = {"format": fmt, "name": name, "quantize": quantize}
     # a new model of a repository appears whole (config, metadata, first version); a new version alone
     new_model = config is not None and not (out / name).exists()
@@ -165,6 +172,8 @@ def export_checkpoint(
             summary["max_abs_diff_vs_pytorch"] = check_onnx(wrapper, signature, model_file)
         else:
             export_torchscript(wrapper, signature, model_file)
+        if dynamic is not None:
+            np.savez(where / DYNAMIC_FILE, **frozen_arrays(dynamic))
         text = json.dumps({**meta, "file": model_file.name}, indent=2) + "\n"
         (where / "ctrkit_model.json").write_text(text)
         if new_model:

@@ -295,3 +295,38 @@ def embedding_rows(model: nn.Module, column: int) -> list[tuple[torch.Tensor, in
         if isinstance(m, EmbeddingCollection) and column in m.features:
             out.append((m.weight, int(m.offsets[m.features.index(column)])))
     return out
+
+
+DYNAMIC_FILE = "dynamic_ids.npz"  # an export's id -> row maps, beside its model file
+
+
+def frozen_arrays(ids: DynamicIds) -> dict[str, np.ndarray]:
+    """The admitted ids and their rows of every dynamic column, sorted by id: what an export serves with."""
+    out = {"columns": np.array(ids.columns, np.int64)}
+    for j in range(len(ids.columns)):
+        m = ids.map(j)
+        s = np.flatnonzero((m.state == USED) & (m.row > 0))
+        order = np.argsort(m.keys[s], kind="stable")
+        out[f"keys{j}"], out[f"rows{j}"] = m.keys[s][order], m.row[s][order].astype(np.int64)
+    return out
+
+
+class FrozenIds:
+    """Serving's id -> row translation from ``frozen_arrays``: admitted ids to their rows, any other id to row 0
+    (no counting, no admission: the served model is the one exported)."""
+
+    def __init__(self, arrays: dict[str, np.ndarray]):
+        self.columns = [int(c) for c in arrays["columns"]]
+        self.keys = [np.asarray(arrays[f"keys{j}"]) for j in range(len(self.columns))]
+        self.rows = [np.asarray(arrays[f"rows{j}"]) for j in range(len(self.columns))]
+
+    def __call__(self, categorical: np.ndarray) -> np.ndarray:
+        out = np.array(categorical, dtype=np.int64, copy=True)
+        for c, keys, rows in zip(self.columns, self.keys, self.rows):
+            ids = out[:, c]
+            if not len(keys):
+                out[:, c] = 0
+                continue
+            at = np.minimum(np.searchsorted(keys, ids), len(keys) - 1)
+            out[:, c] = np.where(keys[at] == ids, rows[at], 0)
+        return out

@@ -119,6 +119,10 @@ class InferenceModel(nn.Module):
 
     def __init__(self, model: nn.Module, signature: Signature, scale: float | None = None):
         super().__init__()
+        # raw ids of dynamic features: translated to rows first (an export leaves this to the server's input step)
+        self.dynamic = getattr(model, "dynamic_ids", None)
+        if self.dynamic is not None:
+            model.dynamic_ids = None
         self.model = model.eval()
         self.scale = None if scale is None else float(scale)
         self.has_numerical = signature.num_numerical > 0
@@ -129,6 +133,8 @@ class InferenceModel(nn.Module):
     def forward(
         self, numerical: torch.Tensor, categorical: torch.Tensor, multi_hot: torch.Tensor | None = None
     ) -> torch.Tensor:
+        if self.dynamic is not None:
+            categorical = self.dynamic(categorical)
         outside = (categorical < 0) | (categorical >= self.cardinalities)  # (B, F)
         ids = torch.where(outside, torch.zeros_like(categorical), categorical)
         numerical_in = numerical if self.has_numerical else None

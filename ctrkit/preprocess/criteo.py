@@ -31,13 +31,26 @@ class CriteoRecipe:
         num_numerical: integer columns after the label (13 for Criteo).
         num_categorical: hashed categorical columns after them (26 for Criteo).
         frequency_threshold: FL; values seen fewer times in the train split become the rare id.
+        raw_ids: categorical columns kept as raw 64-bit ids (dynamic features, ``models/dynamic.py``) instead of
+            vocabulary ids: each value's key (``vocabulary.key_expr``: exact for Criteo's hexadecimal values; 0 for
+            the missing value).
+        capacity: rows of each raw-id column's table (None: its vocabulary's cardinality at ``frequency_threshold``,
+            the rows a vocabulary table would have).
     """
 
     num_numerical: int = 13
     num_categorical: int = 26
     frequency_threshold: int = 3
+    raw_ids: tuple[str, ...] = ()
+    capacity: int | None = None
 
     def validate(self) -> None:
+        names = [self.field_name(i) for i in range(1 + self.num_numerical, self.num_fields)]
+        unknown = [c for c in self.raw_ids if c not in names]
+        if unknown:
+            raise ValueError(f"`raw_ids`: no categorical column {unknown[0]!r}; expected some of {', '.join(names)}")
+        if self.capacity is not None and self.capacity < 2:
+            raise ValueError(f"`capacity` must be at least 2 rows (the rare row and one id), got {self.capacity}")
         if self.num_numerical < 0 or self.num_categorical < 1:
             raise ValueError(
                 f"expected >= 0 numerical and >= 1 categorical columns, got {self.num_numerical} and "

@@ -17,7 +17,7 @@ import numpy as np
 import polars as pl
 
 from ctrkit.data.atomic import atomic_directory
-from ctrkit.data.feature_spec import FeatureSpec
+from ctrkit.data.feature_spec import Feature, FeatureSpec
 from ctrkit.data.spec_builders import criteo_like_spec
 from ctrkit.data.split_binary import DataError, SplitBinaryWriter
 from ctrkit.integrity import vocabulary_fingerprint
@@ -25,6 +25,8 @@ from ctrkit.preprocess.criteo import MISSING_ID, RARE_ID, CriteoRecipe
 from ctrkit.preprocess.vocabulary import cardinality, save_vocabulary
 
 REJECTS_KEPT = 20
+# how a raw-id column's values become ids (the spec's metadata says it)
+RAW_ID_RULE = "key: int(value, 16) + (digits << 60), as int64 (exact for 1 to 15 hexadecimal digits); missing: 0"
 
 
 class Rejects:
@@ -102,16 +104,26 @@ class DatasetOutput:
 
     def start(self, vocabularies: Sequence[pl.DataFrame]) -> None:
         """Writes the spec and vocabularies and opens the split-binary writers."""
-        self.cardinalities = [cardinality(v) for v in vocabularies]
+        raw = set(self.recipe.raw_ids)
+        self.cardinalities = [
+            max(2, self.recipe.capacity or cardinality(v)) if c in raw else cardinality(v)
+            for c, v in zip(self.cats, vocabularies)
+        ]
         base = criteo_like_spec(self.cardinalities, self.recipe.num_numerical, [m for m, _, _ in self.bounds])
+        features = dict(base.feature_spec)
+        for i, c in enumerate(self.cats):
+            if c in raw:  # the value's key as a raw id; the table's capacity as its cardinality
+                features[f"cat_{i}.bin"] = Feature("int64", self.cardinalities[i], {"dynamic": True})
+        fixed = {c: v for c, v in zip(self.cats, vocabularies) if c not in raw}
         meta = {
             "preprocessed_by": "ctrkit preprocess criteo",
             "frequency_threshold": self.recipe.frequency_threshold,
             "missing_id": MISSING_ID,
             "rare_id": RARE_ID,
-            "vocabulary_fingerprint": vocabulary_fingerprint(dict(zip(self.cats, vocabularies))),
+            **({"vocabulary_fingerprint": vocabulary_fingerprint(fixed)} if fixed else {}),
+            **({"raw_ids": RAW_ID_RULE} if raw else {}),
         }
-        self.spec = FeatureSpec(base.feature_spec, base.source_spec, base.channel_spec, meta, self.dir)
+        self.spec = FeatureSpec(features, base.source_spec, base.channel_spec, meta, self.dir)
         self.spec.to_yaml(self.dir / "feature_spec.yaml")
         (self.dir / "vocab").mkdir()
         with ThreadPoolExecutor(os.cpu_count() or 1) as pool:  # Parquet writes release the GIL

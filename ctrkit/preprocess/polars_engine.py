@@ -332,6 +332,8 @@ def preprocess_criteo(
             columns.counts(0, bounds[0][2]),  # the train mapping's rows
         )
         vocabularies, id_of_code = zip(*built)
+        raw = set(recipe.raw_ids)  # raw-id columns: a code's id is its value's key
+        id_of_code = [index.keys if c in raw else ids for c, index, ids in zip(out.cats, columns.indexes, id_of_code)]
         out.start(vocabularies)
         id_of_code = [ids.astype(dtype) for ids, dtype in zip(id_of_code, out.cat_dtypes)]  # as the files store them
         for mapping, lo, hi in bounds:

@@ -214,6 +214,9 @@ def preprocess_criteo_spark(
         vocabularies = [vocab_mod.vocabulary(c, recipe.frequency_threshold) for c in _train_counts(train, cats)]
         encoded = good
         for c, v in zip(cats, vocabularies):
+            if c in recipe.raw_ids:  # the value's key is the raw id
+                encoded = encoded.withColumn(f"_id_{c}", F.col(c))
+                continue
             pairs = list(zip(v["key"].to_list(), v["id"].to_list())) or [(-1, 0)]
             table = spark.createDataFrame(pairs, f"{c} long, _id_{c} long")
             encoded = encoded.join(F.broadcast(table), c, "left")

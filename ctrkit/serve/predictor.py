@@ -118,6 +118,24 @@ class Predictor:
         path = inside(repository, files[0]) if repository is not None else files[0]
         if repository is not None:
             inside(repository, meta_file)
+        predictor = cls._from_file(meta, path)
+        if meta.get("dynamic_ids"):  # raw ids: the exported id -> row maps, applied before the graph
+            from ctrkit.models.dynamic import FrozenIds
+
+            maps = path.parent / check_name(meta["dynamic_ids"], "dynamic ids file")
+            if repository is not None:
+                inside(repository, maps)
+            if not maps.is_file():
+                raise ValueError(f"{path.parent}: '{maps.name}' named in {meta_file.name} not found")
+            with np.load(maps) as arrays:
+                frozen = FrozenIds(dict(arrays))
+            inner = predictor._run
+            predictor._run = lambda numerical, categorical, *rest: inner(numerical, frozen(categorical), *rest)
+        return predictor
+
+    @classmethod
+    def _from_file(cls, meta: dict, path: Path) -> Predictor:
+        """The predictor of an exported model file (ONNX or TorchScript)."""
         if path.suffix == ".onnx":
             import onnxruntime as ort
 
