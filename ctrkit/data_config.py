@@ -30,8 +30,16 @@ class SynthConfig:
         "click logs (DIR/day_1 ... DIR/day_N, each with train, validation and test; --rows rows a day) in the Criteo "
         "shape with raw 64-bit ids of dynamic features, where new ids appear every day, old ones fade and some "
         "effects drift (truth/<mapping>.f32: the true click probabilities)",
-        ("criteo-like", "outbrain", "criteo", "planted", "planted-tabular", "planted-amounts", "outbrain-raw",
-         "stream"),
+        (
+            "criteo-like",
+            "outbrain",
+            "criteo",
+            "planted",
+            "planted-tabular",
+            "planted-amounts",
+            "outbrain-raw",
+            "stream",
+        ),
         positional=True,
     )
     out: Path | None = option(None, "dataset directory to create (a file for criteo)", required=True)

@@ -129,7 +129,8 @@ def run_stream(days: Sequence[Path], work: Path, options: dict[str, Any], method
         row: dict[str, Any] = {"test_day": k + 1}
         if "fixed" in methods:
             data = with_vocabulary(fixed_vocab, {"test": [(test_day, "test")]}, work / "fixed_test")
-            row["fixed"] = {**_score(work / "fixed.pt", data), "train_seconds": round(fixed_seconds if k == 1 else 0, 2),
+            seconds = fixed_seconds if k == 1 else 0.0  # trained once
+            row["fixed"] = {**_score(work / "fixed.pt", data), "train_seconds": round(seconds, 2),
                             "table_rows": _table_rows(work / "fixed.pt")[0]}  # fmt: skip
         if "retrain" in methods:
             vocab = vocabularies(days[:k])

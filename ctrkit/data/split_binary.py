@@ -270,7 +270,8 @@ class SplitBinaryWriter:
         self._multi_cards = spec.multi_hot_cardinalities
         self._multi_dtypes = [np.dtype(spec.feature_spec[c].dtype) for c in self._multi]
         self._nums = spec.numerical_features
-        self._cards = [None if spec.feature_spec[c].dynamic else card for c, card in zip(self._cats, spec.cardinalities)]
+        # None: a dynamic feature's raw ids, any 64-bit value
+        self._cards = [None if spec.feature_spec[c].dynamic else n for c, n in zip(self._cats, spec.cardinalities)]
         self._cat_dtypes = [np.dtype(spec.feature_spec[c].dtype) for c in self._cats]
         self._num_dtype = np.dtype(spec.feature_spec[self._nums[0]].dtype) if self._nums else None
         paths = [by_feature[spec.label_feature]] + [by_feature[c] for c in self._cats + self._multi]

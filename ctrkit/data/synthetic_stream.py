@@ -127,9 +127,10 @@ def write_stream(out: str | os.PathLike, days: int, rows: int, vocabularies: Seq
     model = DriftingStream(vocabularies, days, seed, num_numerical=num_numerical)
     capacities = [max(2, int(round(capacity * v)) + 1) for v in model.vocabularies]
     rng = np.random.default_rng([seed, 58])
-    with atomic_directory(out, overwrite) as tmp, tqdm(
-        total=days * rows, desc="synth stream", unit="row", unit_scale=True, disable=not progress
-    ) as bar:
+    with (
+        atomic_directory(out, overwrite) as tmp,
+        tqdm(total=days * rows, desc="synth stream", unit="row", unit_scale=True, disable=not progress) as bar,
+    ):
         for day in range(1, days + 1):
             meta = {"generator": "ctrkit synth stream", "seed": seed, "day": day, "days": days}
             spec = stream_spec(capacities, num_numerical, meta)
@@ -147,7 +148,8 @@ def write_stream(out: str | os.PathLike, days: int, rows: int, vocabularies: Seq
                 bar.update(n)
             labels, p = truth["test"]
             meta["bayes_test_auc"] = round(roc_auc(labels, p), 6) if 0 < labels.sum() < len(labels) else None
-            FeatureSpec(spec.feature_spec, spec.source_spec, spec.channel_spec, meta, d).to_yaml(d / "feature_spec.yaml")
+            done = FeatureSpec(spec.feature_spec, spec.source_spec, spec.channel_spec, meta, d)
+            done.to_yaml(d / "feature_spec.yaml")
         (tmp / "stream.json").write_text(json.dumps({"days": days, "rows_per_day": rows, "seed": seed,
                                                      "capacities": capacities}, indent=1) + "\n")  # fmt: skip
     return [Path(out) / f"day_{day}" for day in range(1, days + 1)]

@@ -10,6 +10,7 @@ pieces are placed side by side.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -50,6 +51,7 @@ class ShardedEmbeddingCollection(nn.Module):
         self.plan, self.rank, self.dim, self.sparse = plan, rank, source.dim, source.sparse
         self.cardinalities = source.cardinalities
         self.num_features = len(source.cardinalities)
+        self.features = getattr(source, "features", ())  # the model's one-hot columns these tables serve
         self.local = plan.on_rank(rank)
         self.init = source.init  # how to redraw any shard, without the whole tables
         self.shards = nn.ParameterList(nn.Parameter(self._initial(source, s)) for s in self.local)
@@ -78,6 +80,31 @@ class ShardedEmbeddingCollection(nn.Module):
             out = torch.empty(s.row_hi - s.row_lo, s.col_hi - s.col_lo)
             return source.init.fill(out, s.feature, s.row_lo, s.row_hi, s.col_lo, s.col_hi)
         return source.table(s.feature)[s.row_lo : s.row_hi, s.col_lo : s.col_hi].detach().clone()
+
+    @torch.no_grad()
+    def admitted_rows(self, fresh: dict[int, np.ndarray]) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Rows of dynamic tables newly given to an id (table -> rows; the same on every rank): (this rank's shard,
+        its local rows among them, the values they start from: their columns of the table's rare row, row 0,
+        summed over the ranks that hold a piece of it). A collective: every rank calls it with the same tables."""
+        tables = sorted(fresh)
+        rare = torch.zeros(len(tables), self.dim, device=self.shards[0].device if len(self.shards) else None)
+        for s, w in zip(self.local, self.shards):
+            if s.feature in fresh and s.row_lo == 0 and self.plan.strategy[s.feature] != "replicated":
+                rare[tables.index(s.feature), s.col_lo : s.col_hi] = w[0]
+        summed = rare.to(collective_device())
+        dist.all_reduce(summed)
+        rare = summed.to(rare.device)
+        out = []
+        for s, w in zip(self.local, self.shards):
+            if s.feature not in fresh:
+                continue
+            rows = torch.from_numpy(fresh[s.feature]).to(w.device)
+            rows = rows[(rows >= s.row_lo) & (rows < s.row_hi)] - s.row_lo
+            if self.plan.strategy[s.feature] == "replicated":  # every rank a whole copy: its own rare row
+                out.append((w, rows, w[0].clone()))
+            elif len(rows):
+                out.append((w, rows, rare[tables.index(s.feature), s.col_lo : s.col_hi].clone()))
+        return out
 
     def _lookup(self, shard: Shard, weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """(B,) ids of the shard's feature -> (B, width); zeros for ids outside a row shard."""

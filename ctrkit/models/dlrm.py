@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ctrkit.models.dynamic import dynamic_ids
 from ctrkit.models.inputs import (
     TRAIN_DEFAULTS,
     BottomTopConfig,
@@ -17,7 +18,6 @@ from ctrkit.models.inputs import (
 from ctrkit.models.interaction import DotInteraction
 from ctrkit.models.mlp import MLP
 from ctrkit.models.numerical import NumericalNormalizer
-from ctrkit.models.dynamic import dynamic_ids
 from ctrkit.models.registry import register_model
 
 

@@ -262,12 +262,14 @@ class DynamicIds(nn.Module):
     @torch.no_grad()
     def observe(self, categorical: torch.Tensor) -> dict[int, np.ndarray]:
         """Counts a training batch's raw ids, admits and evicts (see the module's docstring); returns, per column,
-        the rows newly given to an id (their weights and optimizer state are to be reset: ``reset_rows``)."""
-        host = categorical.detach().cpu()
+        the rows newly given to an id (their weights and optimizer state are to be reset: ``reset_table_rows``).
+        In a hybrid-parallel job each rank counts the whole batch (every rank's part, gathered), so every rank's
+        maps stay the same and equal the single process's."""
+        host = _whole_batch(categorical.detach()[:, list(self.columns)])
         now = int(self.batches)
         fresh = {}
         for j, c in enumerate(self.columns):
-            rows, _ = self.map(j).observe(host[:, c].numpy(), now, self.admit_after, self.eviction, self.half_life)
+            rows, _ = self.map(j).observe(host[:, j].numpy(), now, self.admit_after, self.eviction, self.half_life)
             if len(rows):
                 fresh[c] = rows
         self.batches += 1
@@ -278,23 +280,33 @@ class DynamicIds(nn.Module):
         return [int(getattr(self, f"held{j}").sum()) for j in range(len(self.columns))]
 
 
+def _whole_batch(ids: torch.Tensor) -> torch.Tensor:
+    """(B_r, k) ids of this rank's samples -> (B, k) on the CPU: every rank's, in rank order (one process: as
+    given)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return ids.cpu()
+    from ctrkit.distributed.env import collective_device
+
+    device = collective_device()
+    n = torch.tensor([ids.shape[0]], dtype=torch.int64, device=device)
+    sizes = [torch.zeros_like(n) for _ in range(dist.get_world_size())]
+    dist.all_gather(sizes, n)
+    most = int(max(int(s) for s in sizes))
+    padded = torch.zeros(most, ids.shape[1], dtype=torch.int64, device=device)
+    padded[: ids.shape[0]] = ids
+    parts = [torch.empty_like(padded) for _ in sizes]
+    dist.all_gather(parts, padded)
+    return torch.cat([p[: int(s)].cpu() for p, s in zip(parts, sizes)])
+
+
 def dynamic_ids(config) -> DynamicIds | None:
     """The model's DynamicIds for a config's ``dynamic_features`` (None without)."""
     columns = tuple(getattr(config, "dynamic_features", ()) or ())
     if not columns:
         return None
     return DynamicIds(columns, [config.cardinalities[c] for c in columns])
-
-
-def embedding_rows(model: nn.Module, column: int) -> list[tuple[torch.Tensor, int]]:
-    """Every table parameter that one-hot ``column`` indexes, with the flat row of its row 0."""
-    from ctrkit.models.embeddings import EmbeddingCollection  # imports this module
-
-    out = []
-    for m in model.modules():
-        if isinstance(m, EmbeddingCollection) and column in m.features:
-            out.append((m.weight, int(m.offsets[m.features.index(column)])))
-    return out
 
 
 DYNAMIC_FILE = "dynamic_ids.npz"  # an export's id -> row maps, beside its model file

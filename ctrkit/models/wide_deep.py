@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ctrkit.models.dynamic import dynamic_ids
 from ctrkit.models.inputs import (
     TRAIN_DEFAULTS,
     InputsConfig,
@@ -16,7 +17,6 @@ from ctrkit.models.inputs import (
 )
 from ctrkit.models.mlp import MLP
 from ctrkit.models.numerical import NumericalNormalizer
-from ctrkit.models.dynamic import dynamic_ids
 from ctrkit.models.registry import register_model
 
 

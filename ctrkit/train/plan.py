@@ -360,9 +360,9 @@ def make_plan(
     dynamic = tuple(getattr(spec.model_config, "dynamic_features", ()) or ())
     continued = getattr(spec, "continue_from", None)
     warm = cfg.linear_warm_start and linear and validation and not dynamic and continued is None
-    if dynamic and (distributed or cfg.embedding_storage == "disk"):
-        raise ValueError(f"dynamic features (raw ids) train in one process with their tables in memory, not "
-                         f"{'a distributed (torchrun) run' if distributed else 'with --embedding-storage disk'}")
+    if dynamic and cfg.embedding_storage == "disk":
+        raise ValueError("dynamic features (raw ids) train with their tables in memory, not with --embedding-storage "
+                         "disk; set --embedding-storage memory")  # fmt: skip
 
     best_by = sources.get("best_weights", "default")
     best = cfg.best_weights or ("disk" if validation and sizes[0] // processes >= BEST_ON_DISK_TABLES else "memory")
@@ -498,8 +498,14 @@ def make_plan(
                       f"after {cfg.admit_after} sighting{'s' if cfg.admit_after != 1 else ''}, {cfg.eviction} "
                       f"eviction when full, counts {decay}", why("admit_after")))  # fmt: skip
     if continued is not None:
-        lines.append(("continues", f"from {continued}: its selected weights (dynamic tables' ids and counts with "
-                      "them) and optimizer states; steps, schedule and model selection start over", "--continue-from"))
+        lines.append(
+            (
+                "continues",
+                f"from {continued}: its selected weights (dynamic tables' ids and counts with "
+                "them) and optimizer states; steps, schedule and model selection start over",
+                "--continue-from",
+            )
+        )
     lines.append(("memory", f"peak about {gib(memory['peak'])}{per}{has}: weights {gib(weights)}, optimizer state "
                   f"{gib(state)}, copies kept {gib(copies)}{disk}, warm start {fit}, this process now {now}",
                   "estimate"))  # fmt: skip

@@ -110,7 +110,11 @@ class TrainStep:
             self._lookups().append(out)
 
     def __call__(
-        self, batch: Batch, scale: float = 1.0, global_size: int | None = None, wide_scale: float | None = None,
+        self,
+        batch: Batch,
+        scale: float = 1.0,
+        global_size: int | None = None,
+        wide_scale: float | None = None,
         observed: bool = False,
     ) -> torch.Tensor:
         """One step; returns the loss. ``global_size``: the whole job's batch size when this rank holds

@@ -40,9 +40,9 @@ class Reference:
                 new.append((i, k))
         room = self.max_entries - len(self.entries)
         if room < len(new):
-            cands = sorted(
-                (self.decayed(e), i) for i, e in self.entries.items() if e[0] == 0 and i not in batch
-            )[: max(len(new) - room, math.ceil(self.max_entries / BATCHED))]
+            cands = sorted((self.decayed(e), i) for i, e in self.entries.items() if e[0] == 0 and i not in batch)[
+                : max(len(new) - room, math.ceil(self.max_entries / BATCHED))
+            ]
             for _, i in cands:
                 del self.entries[i]
             room += len(cands)
@@ -179,6 +179,6 @@ def test_admitted_rows_start_from_the_rare_row_with_fresh_state(kind):
                 expected = 0.1 if k == "accumulator" else 0.0
                 assert torch.all(v[base + r] == expected), k
     for k, v in state_before.items():  # the other rows keep theirs
-        assert torch.equal(opt.state[table][k][:base + 1], v[:base + 1])
+        assert torch.equal(opt.state[table][k][: base + 1], v[: base + 1])
     rows = model.dynamic_ids(cat)[:, 1]
     assert rows.tolist()[0] == rows.tolist()[1] != rows.tolist()[2]

@@ -88,7 +88,8 @@ def test_continued_training_admits_new_ids_and_resumes_as_uninterrupted(tmp_path
     auc = json.loads(score.stdout)["auc"]
     assert 0.5 < auc < 1
     pred = subprocess.run([sys.executable, "-m", "ctrkit", "predict", "--checkpoint", str(whole), "--dataset",
-                           str(days[2]), "--mapping", "test", "--out", str(out)], capture_output=True, text=True)  # fmt: skip
+                           str(days[2]), "--mapping", "test", "--out", str(out)],
+                          capture_output=True, text=True)  # fmt: skip
     assert pred.returncode == 0, pred.stderr[-2000:]
     from ctrkit.eval.metrics import roc_auc
 
