@@ -214,6 +214,14 @@ class TablePreprocessConfig:
     test_fraction: float | None = test_fraction_option()
     validation_fraction: float | None = validation_fraction_option()
     frequency_threshold: int = option(3, "categorical values seen fewer times in the train split share one id")
+    raw_ids: tuple[str, ...] = option(
+        (), "comma-separated categorical columns kept as raw 64-bit ids for dynamic tables (train --admit-after, "
+        "--eviction): XXH64 of the value's text (seed 0) as int64; missing 0", parse="name_list", shown="none",
+    )  # fmt: skip
+    capacity: int | None = option(
+        None, "rows of each --raw-ids column's table (row 0 the rare row)",
+        unset="the rows its vocabulary would have at --frequency-threshold",
+    )  # fmt: skip
     null_values: tuple[str, ...] = option(
         ("NA", "NaN", "nan", "null", "NULL"), "comma-separated texts a CSV field reads as missing, besides the empty "
         "field", parse="name_list",

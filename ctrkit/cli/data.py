@@ -212,6 +212,7 @@ def preprocess_table(args: argparse.Namespace) -> int:
         frequency_threshold=cfg.frequency_threshold, order_by=cfg.order_by, shuffle_seed=cfg.shuffle_seed,
         group=cfg.group, integers=cfg.integers,
         null_values=cfg.null_values, csv_separator=cfg.csv_separator, bad_rows=cfg.bad_rows,
+        raw_ids=cfg.raw_ids, capacity=cfg.capacity,
     )  # fmt: skip
     test_fraction = None if cfg.test_files is not None else (0.1 if cfg.test_fraction is None else cfg.test_fraction)
     summary = run(cfg.raw, cfg.out, recipe, test_files=cfg.test_files, test_fraction=test_fraction,

@@ -154,6 +154,18 @@ def _ids(values: pl.Series, vocab: pl.DataFrame) -> np.ndarray:
     return joined["id"].fill_null(MISSING_ID).to_numpy().astype(np.int64)
 
 
+def raw_ids(values: pl.Series) -> np.ndarray:
+    """Raw 64-bit ids of text ``values``: XXH64 of each value's UTF-8 bytes (seed 0) as int64; missing -> 0.
+    Hashed once per distinct value."""
+    import xxhash
+
+    distinct = values.drop_nulls().unique()
+    hashed = pl.DataFrame({"value": distinct, "raw": pl.Series([xxhash.xxh64_intdigest(v.encode()) for v in
+                                                                distinct.to_list()], dtype=pl.UInt64)})  # fmt: skip
+    joined = values.alias("value").to_frame().join(hashed, on="value", how="left", maintain_order="left")
+    return joined["raw"].fill_null(0).to_numpy().view(np.int64)
+
+
 def _as_lists(df: pl.DataFrame, name: str, separator: str) -> pl.Series:
     """A multi-hot column as lists of text values (empty values left out; missing -> an empty list)."""
     col = df[name]
@@ -276,8 +288,15 @@ def preprocess_table(
             vocabularies[c] = _vocabulary(text[:n_fit], recipe.frequency_threshold)
             ids[c] = _ids(text, vocabularies[c])
         roles = replace(roles, categorical=roles.categorical + tuple(chosen))
+    unknown = [c for c in recipe.raw_ids if c not in roles.categorical]
+    if unknown:
+        raise ValueError(f"`raw_ids`: '{unknown[0]}' is not a categorical column (categorical: "
+                         f"{', '.join(roles.categorical)})")  # fmt: skip
     cards = {c: vocab_mod.cardinality(v) for c, v in vocabularies.items()}
     features = {c: Feature(smallest_int_dtype(cards[c]), cards[c]) for c in roles.categorical}
+    for c in recipe.raw_ids:  # the value's hash as a raw id; the table's capacity as its cardinality
+        ids[c] = raw_ids(table[c].cast(pl.String))
+        features[c] = Feature("int64", max(2, recipe.capacity or cards[c]), {"dynamic": True})
     for c in roles.multi_hot:
         features[c] = Feature(smallest_int_dtype(cards[c]), cards[c], {"multi_hot": True, "combiner": "mean"})
     metadata = {
@@ -288,7 +307,12 @@ def preprocess_table(
         "frequency_threshold": recipe.frequency_threshold,
         "missing_id": MISSING_ID,
         "rare_id": RARE_ID,
-        "vocabulary_fingerprint": vocabulary_fingerprint(vocabularies),
+        **(
+            {"vocabulary_fingerprint": vocabulary_fingerprint(fixed)}
+            if (fixed := {c: v for c, v in vocabularies.items() if c not in recipe.raw_ids})
+            else {}
+        ),
+        **({"raw_ids": "XXH64 of the value's UTF-8 text, seed 0, as int64; missing: 0"} if recipe.raw_ids else {}),
     }
     numerical = table.select(roles.numerical).to_numpy().astype(np.float32) if roles.numerical else None
     labels = table["__label"].to_numpy()

@@ -62,6 +62,9 @@ class TableRecipe:
         label_threshold: the label is 1 where the label column is at least this number, else 0.
         separator: what separates the values of a multi-hot text column.
         frequency_threshold: values seen fewer times in the train rows share the rare id 1.
+        raw_ids: categorical columns kept as raw 64-bit ids (dynamic features, ``models/dynamic.py``): XXH64 of the
+            value's UTF-8 text (seed 0) as int64, 0 for a missing value (``table.raw_ids``).
+        capacity: rows of each raw-id column's table (None: its vocabulary's cardinality at ``frequency_threshold``).
         order_by: sort the rows by this column (stable) before splitting; it is not a feature unless named.
         integers: the role of integer columns named nowhere: "error" (refused: an integer may be an id
             or an amount), "categorical" or "numerical".
@@ -90,10 +93,14 @@ class TableRecipe:
     null_values: tuple[str, ...] = DEFAULT_NULL_VALUES
     csv_separator: str = ","
     bad_rows: str = "error"
+    raw_ids: tuple[str, ...] = ()
+    capacity: int | None = None
 
     def validate(self) -> None:
         if not self.label:
             raise ValueError("`label`: name the label column")
+        if self.capacity is not None and self.capacity < 2:
+            raise ValueError(f"`capacity` must be at least 2 rows (the rare row and one id), got {self.capacity}")
         if self.positive is not None and self.label_threshold is not None:
             raise ValueError("give at most one of `positive` and `label_threshold`")
         if self.order_by is not None and self.shuffle_seed is not None:

@@ -263,3 +263,26 @@ def test_tab_separated_input_as_a_shell_spells_the_tab(csv_file, tmp_path, capsy
     code, _, err = run_cli("preprocess", "table", tsv, "--out", tmp_path / "x", "--csv-separator", "::", *flags,
                            capsys=capsys)  # fmt: skip
     assert code == 2 and "--csv-separator must be one byte" in err
+
+
+def test_raw_id_columns_hold_the_xxh64_of_their_text(csv_file, tmp_path, capsys):
+    import xxhash
+
+    out = tmp_path / "raw"
+    code, stdout, _ = run_cli("preprocess", "table", csv_file, "--out", out, "--label", "click", "--categorical",
+                              "item", "--drop", "ts", "--raw-ids", "user,item", "--capacity", "30", "--no-progress",
+                              capsys=capsys)  # fmt: skip
+    assert code == 0, stdout
+    spec = FeatureSpec.from_yaml(out)
+    assert spec.dynamic_features == ("item", "user") and spec.feature_spec["user"].cardinality == 30
+    assert spec.feature_spec["device"].cardinality < 30 and not spec.feature_spec["device"].dynamic
+    df = pl.read_csv(csv_file)
+    train = open_mapping(spec, "train")
+    for name in ("user", "item"):
+        want = [0 if v is None else xxhash.xxh64_intdigest(str(v).encode()) for v in df[name].to_list()[:540]]
+        got = np.asarray(train.categorical[spec.onehot_features.index(name)])
+        np.testing.assert_array_equal(got.view(np.uint64), np.array(want, np.uint64))
+    code, _, err = run_cli("preprocess", "table", csv_file, "--out", tmp_path / "bad", "--label", "click",
+                           "--categorical", "item", "--drop", "ts", "--raw-ids", "price", "--no-progress",
+                           capsys=capsys)  # fmt: skip
+    assert code == 2 and "'price' is not a categorical column" in err
