@@ -310,6 +310,23 @@ def fl15_cgroup_rows(raw):
     return columns, rows
 
 
+@suite("stream")
+def stream_rows(raw):
+    """``ctrkit bench stream``: per test day and method, test AUC, log loss, training seconds, table rows; then the
+    means over the test days."""
+    columns = ["test day", "method", "test AUC", "test log loss", "training seconds", "table rows"]
+    rows = []
+    for _, data in raw:
+        for day in data["days"]:
+            for method in ("fixed", "retrain", "dynamic"):
+                if method in day:
+                    r = day[method]
+                    rows.append([day["test_day"], method, r["auc"], r["logloss"], r["train_seconds"], r["table_rows"]])
+        for method, s in data["summary"].items():
+            rows.append(["mean", method, s["mean_auc"], s["mean_logloss"], s["train_seconds"], s["most_table_rows"]])
+    return columns, rows
+
+
 def _load(path: Path) -> list[tuple[str, dict]]:
     files = sorted(path.glob("*.json")) if path.is_dir() else [path]
     return [(p.stem, json.loads(p.read_text())) for p in files]

@@ -230,3 +230,21 @@ class EpochBenchConfig:
     embedding_dim: int | None = option(None, "embedding width", unset="the model's")
     embedding_optimizer: str | None = option(None, "table optimizer", TABLE_OPTIMIZERS, "the plan's")
     batch_size: int | None = option(None, "samples per step", unset="the model's")
+
+
+@dataclass(frozen=True)
+class StreamBenchConfig:
+    """``ctrkit bench stream``: day by day on a drifting stream of raw ids, three ways."""
+
+    days: int = option(8, "days of the stream (`ctrkit synth stream`); test days 2..N")
+    rows: int = option(200_000, "rows a day (80% train, 10% validation, 10% test)")
+    capacity: float = option(1.0, "rows of each dynamic table, as a share of its feature's ids on one day")
+    seed: int = option(0, "the stream's seed")
+    model: str = option("dlrm", "model to train")
+    methods: tuple[str, ...] = option(
+        ("fixed", "retrain", "dynamic"), "comma-separated of fixed, retrain, dynamic", parse="name_list"
+    )
+    admit_after: int | None = option(None, "dynamic: sightings before an id gets a row", unset="train's default")
+    count_half_life: int | None = option(None, "dynamic: batches in which a count halves", unset="train's default")
+    work: Path = option(Path("build/bench/stream"), "directory for the stream, the datasets and the checkpoints")
+

@@ -13,6 +13,7 @@ from ctrkit.bench.config import (
     BenchRunOptions,
     CheckpointBenchConfig,
     EpochBenchConfig,
+    StreamBenchConfig,
     InferenceBenchConfig,
     PreprocessBenchConfig,
     ScaleBenchOptions,
@@ -28,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     bsub = p.add_subparsers(
         dest="bench",
         required=True,
-        metavar="{train,preprocess,scale,inference,accuracy,ablation,checkpoint,epoch}",
+        metavar="{train,preprocess,scale,inference,accuracy,ablation,checkpoint,epoch,stream}",
         help="what to measure",
     )
     add_command(bsub, "inference", inference, (InferenceBenchConfig, BenchRunOptions), ("device",))
@@ -39,6 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_command(bsub, "ablation", ablation, (AblationBenchConfig, BenchRunOptions), ("device", "output"))
     add_command(bsub, "checkpoint", checkpoint, (CheckpointBenchConfig, BenchRunOptions), ("device",))
     add_command(bsub, "epoch", epoch, (EpochBenchConfig, BenchRunOptions), ("device", "threads"))
+    add_command(bsub, "stream", stream, (StreamBenchConfig, BenchRunOptions), ("device",))
 
 
 def _threads(run: BenchRunOptions) -> None:
@@ -369,3 +371,41 @@ def epoch(args: argparse.Namespace) -> int:
           f"{4.2e9 / rate / 3600:,.1f} h" if rate else "no training records")  # fmt: skip
     write_result(result, run.output)
     return 0
+
+
+def stream(args: argparse.Namespace) -> int:
+    """day by day on a drifting stream: a fixed vocabulary, retraining on all days, dynamic tables continued
+
+    Writes `ctrkit synth stream` (--days, --rows, --capacity) in --work, then for each test day k+1 (2..N):
+    fixed: the vocabulary of day 1 and a model trained once on day 1; retrain: a new vocabulary of days 1..k and
+    a model trained from scratch on all of them; dynamic: raw ids in dynamic tables, trained on day 1 and
+    continued (`train --continue-from`) on each later day alone. Each trains with train's defaults (--model)
+    and is scored on day k+1's test rows: test AUC and log loss, training seconds and table rows per day, and
+    their means over the test days.
+    """
+    from ctrkit.bench.peak import machine
+    from ctrkit.bench.stream_bench import METHODS, run_stream, summary
+    from ctrkit.data.synthetic_stream import write_stream
+
+    cfg: StreamBenchConfig = config_from(args, StreamBenchConfig)
+    run = config_from(args, BenchRunOptions)
+    _threads(run)
+    unknown = [m for m in cfg.methods if m not in METHODS]
+    if unknown:
+        raise ValueError(f"--methods: unknown '{unknown[0]}'; expected some of {', '.join(METHODS)}")
+    days = write_stream(cfg.work / "stream", cfg.days, cfg.rows, capacity=cfg.capacity, seed=cfg.seed,
+                        overwrite=True)  # fmt: skip
+    options = {"model": cfg.model}
+    for name in ("admit_after", "count_half_life"):
+        if getattr(cfg, name) is not None:
+            options[name] = getattr(cfg, name)
+    records = run_stream(days, cfg.work / "runs", options, cfg.methods)
+    result = {"machine": machine(), "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in
+                                               vars(cfg).items()}, "days": records,
+              "summary": summary(records, cfg.methods)}  # fmt: skip
+    for method, s in result["summary"].items():
+        print(f"{method}: mean test AUC {s['mean_auc']:.4f}, log loss {s['mean_logloss']:.4f}, "
+              f"{s['train_seconds']:,.0f} s of training, tables of at most {s['most_table_rows']:,} rows")  # fmt: skip
+    write_result(result, run.output)
+    return 0
+

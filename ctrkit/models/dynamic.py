@@ -287,9 +287,8 @@ def _whole_batch(ids: torch.Tensor) -> torch.Tensor:
 
     if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
         return ids.cpu()
-    from ctrkit.distributed.env import collective_device
-
-    device = collective_device()
+    # NCCL exchanges CUDA tensors, gloo CPU ones (``models/`` leaves ``distributed/`` alone: inline)
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
     n = torch.tensor([ids.shape[0]], dtype=torch.int64, device=device)
     sizes = [torch.zeros_like(n) for _ in range(dist.get_world_size())]
     dist.all_gather(sizes, n)
