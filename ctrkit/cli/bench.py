@@ -13,10 +13,10 @@ from ctrkit.bench.config import (
     BenchRunOptions,
     CheckpointBenchConfig,
     EpochBenchConfig,
-    StreamBenchConfig,
     InferenceBenchConfig,
     PreprocessBenchConfig,
     ScaleBenchOptions,
+    StreamBenchConfig,
     TrainBenchConfig,
 )
 from ctrkit.cli.options import add_command, config_from, write_result
@@ -408,4 +408,3 @@ def stream(args: argparse.Namespace) -> int:
               f"{s['train_seconds']:,.0f} s of training, tables of at most {s['most_table_rows']:,} rows")  # fmt: skip
     write_result(result, run.output)
     return 0
-
