@@ -91,6 +91,15 @@ class OutbrainPreprocessConfig:
     frequency_threshold: int = option(
         2, "one-hot ids seen fewer times than this in the training rows share id 0 with missing values"
     )
+    raw_ids: tuple[str, ...] = option(
+        (), "comma-separated one-hot id columns (ad_id, document_id, ...; not geo_location*) kept as raw 64-bit ids "
+        "for dynamic tables (train --admit-after, --eviction): the files' integer ids; missing 0",
+        parse="name_list", shown="none",
+    )  # fmt: skip
+    capacity: int | None = option(
+        None, "rows of each --raw-ids column's table (row 0 the rare row)",
+        unset="the rows its vocabulary would have at --frequency-threshold",
+    )  # fmt: skip
     seed: int = option(0, "seed of the per-display draw that puts 20% of days 0-10 in the evaluation set")
     ctr_folds: int = option(
         10,

@@ -177,7 +177,7 @@ def preprocess_outbrain(args: argparse.Namespace) -> int:
     if cfg.raw is None:
         raise ValueError("`raw`: give the directory of the raw Outbrain files")
     recipe = OutbrainRecipe(frequency_threshold=cfg.frequency_threshold, seed=cfg.seed, bad_rows=cfg.bad_rows,
-                            ctr_folds=cfg.ctr_folds)  # fmt: skip
+                            ctr_folds=cfg.ctr_folds, raw_ids=cfg.raw_ids, capacity=cfg.capacity)  # fmt: skip
     summary = run(cfg.raw, cfg.out, recipe, overwrite=cfg.overwrite, progress=not cfg.no_progress,
                   engine=cfg.engine, master=cfg.spark_master, block_rows=cfg.block_rows)  # fmt: skip
     print(

@@ -38,7 +38,7 @@ import numpy as np
 import polars as pl
 
 from ctrkit.data.atomic import atomic_directory
-from ctrkit.data.feature_spec import FeatureSpec
+from ctrkit.data.feature_spec import Feature, FeatureSpec
 from ctrkit.data.split_binary import DataError, SplitBinaryWriter
 from ctrkit.data.synthetic_outbrain import display_spec
 from ctrkit.integrity import vocabulary_fingerprint
@@ -72,11 +72,18 @@ from ctrkit.preprocess.outbrain_tables import Tables, Tally, median_of_counts, s
 from ctrkit.preprocess.output import Rejects
 
 
-def outbrain_spec(cardinalities: dict[str, int], base: Path | None = None, metadata: dict | None = None) -> FeatureSpec:
-    return display_spec(
+def outbrain_spec(cardinalities: dict[str, int], base: Path | None = None, metadata: dict | None = None,
+                  raw_ids: tuple[str, ...] = ()) -> FeatureSpec:  # fmt: skip
+    spec = display_spec(
         {n: cardinalities[n] for n in ONEHOT}, {n: cardinalities[n] for n in MULTI_HOT}, NUMERICAL, "sum",
         metadata or {}, base,
     )  # fmt: skip
+    if not raw_ids:
+        return spec
+    features = dict(spec.feature_spec)  # raw ids: int64, dynamic, the table's capacity as the cardinality
+    for n in raw_ids:
+        features[n] = Feature("int64", cardinalities[n], {"dynamic": True})
+    return FeatureSpec(features, spec.source_spec, spec.channel_spec, spec.metadata, spec.base_dir)
 
 
 assert ONEHOT == (*REQUEST, "ad_id", *ITEM)
@@ -219,6 +226,8 @@ def preprocess_outbrain(
     onehot_counts = [tally.result() for tally in counts]
     vocabs = [keys[sums[0] >= recipe.frequency_threshold] for keys, sums in onehot_counts]
     cards = {name: len(vocab) + 1 for name, vocab in zip(ONEHOT, vocabs)}
+    for name in recipe.raw_ids:  # raw ids: the table's capacity
+        cards[name] = max(2, recipe.capacity or cards[name])
     for kind, _, _ in KINDS:
         for suffix in ("", "_promo"):
             cards[f"{kind}_id_list{suffix}"] = tables.bags[kind][2]
@@ -244,14 +253,17 @@ def preprocess_outbrain(
     # pass 2: each block's features, written as they are computed
     meta_info = {"generator": "ctrkit preprocess outbrain", "frequency_threshold": recipe.frequency_threshold,
                  "seed": recipe.seed, "ctr_folds": recipe.ctr_folds,
-                 "vocabulary_fingerprint": vocabulary_fingerprint(dict(zip(ONEHOT, vocabs)))}  # fmt: skip
+                 **({"vocabulary_fingerprint": vocabulary_fingerprint(fixed)} if (fixed := {
+                     n: v for n, v in zip(ONEHOT, vocabs) if n not in recipe.raw_ids}) else {}),
+                 **({"raw_ids": "the files' integer ids as int64; missing: 0"} if recipe.raw_ids else {})}  # fmt: skip
     written = {"train": 0, "test": 0}
     with atomic_directory(out_dir, overwrite) as tmp:
-        spec = outbrain_spec(cards, tmp, meta_info)
+        spec = outbrain_spec(cards, tmp, meta_info, recipe.raw_ids)
         with SplitBinaryWriter(spec, "train") as train_out, SplitBinaryWriter(spec, "test") as test_out:
             for ev, ads, y in blocks("features"):
                 cols = tables.block(ev, ads)
-                onehot, numerical, bags = _features(cols, tables, vocabs, ctr_stats, standard, medians)
+                onehot, numerical, bags = _features(cols, tables, vocabs, ctr_stats, standard, medians,
+                                                    recipe.raw_ids)  # fmt: skip
                 train = cols["fold"] >= 0
                 for mapping, writer, idx in (("train", train_out, np.flatnonzero(train)),
                                              ("test", test_out, np.flatnonzero(~train))):  # fmt: skip
@@ -282,13 +294,18 @@ def preprocess_outbrain(
     return summary
 
 
-def _features(cols: dict, tables: Tables, vocabs: list, ctr_stats: dict, standard: dict, medians: dict) -> tuple:
-    """A block's one-hot ids (n, 13) int32, numerical features (n, 15) float32 and padded multi-hot bags
-    (name -> (n, BAG) int32, -1 past a bag's end), from the first pass's vocabularies and statistics."""
+def _features(cols: dict, tables: Tables, vocabs: list, ctr_stats: dict, standard: dict, medians: dict,
+              raw_ids: tuple[str, ...] = ()) -> tuple:  # fmt: skip
+    """A block's one-hot ids (n, 13) int32 (int64 with ``raw_ids``: those columns' values as they are, missing 0),
+    numerical features (n, 15) float32 and padded multi-hot bags (name -> (n, BAG) int32, -1 past a bag's end),
+    from the first pass's vocabularies and statistics."""
     raw = cols["onehot"]
     n = len(raw)
-    onehot = np.empty((n, len(ONEHOT)), np.int32)
+    onehot = np.empty((n, len(ONEHOT)), np.int64 if raw_ids else np.int32)
     for f, vocab in enumerate(vocabs):
+        if ONEHOT[f] in raw_ids:
+            onehot[:, f] = np.where(raw[:, f] == NULL, 0, raw[:, f])
+            continue
         at, found = locate(vocab, raw[:, f])
         onehot[:, f] = np.where(found, at + 1, 0)
     # NaN until put: the writer refuses those, so a feature left unset cannot pass silently

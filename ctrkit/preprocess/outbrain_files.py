@@ -79,10 +79,21 @@ class OutbrainRecipe:
     seed: int = 0
     bad_rows: str = "error"
     ctr_folds: int = 10
+    raw_ids: tuple[str, ...] = ()  # one-hot columns kept as raw 64-bit ids (the files' integer ids; missing 0)
+    capacity: int | None = None  # rows of each raw-id column's table (None: its vocabulary's)
 
     def __post_init__(self):
         if self.ctr_folds < 2:
             raise ValueError(f"`ctr_folds`: expected at least 2 folds, got {self.ctr_folds}")
+        allowed = [c for c in ONEHOT if not c.startswith("geo_location")]
+        bad = [c for c in self.raw_ids if c not in allowed]
+        if bad:
+            raise ValueError(
+                f"`raw_ids`: '{bad[0]}' is not an integer id column of the recipe; expected some of "
+                f"{', '.join(allowed)} (geo_location values are text and keep their vocabularies)"
+            )
+        if self.capacity is not None and self.capacity < 2:
+            raise ValueError(f"`capacity` must be at least 2 rows (the rare row and one id), got {self.capacity}")
 
 
 def find_file(raw_dir: Path, name: str) -> Path:

@@ -318,3 +318,26 @@ def test_rows_with_another_number_of_fields_are_named_or_dropped(raw, tmp_path, 
         (3000, "expected 3 comma-separated fields, found 4"),
         (4000, "expected 3 comma-separated fields, found 2"),
     ]
+
+
+def test_raw_id_columns_keep_the_files_integer_ids(raw, dataset, tmp_path, capsys):
+    out = tmp_path / "raw_ids"
+    code, _, err = run_cli("preprocess", "outbrain", raw, "--out", out, "--raw-ids", "ad_id,document_id",
+                           "--capacity", "500", "--no-progress", capsys=capsys)  # fmt: skip
+    assert code == 0, err
+    spec, plain = FeatureSpec.from_yaml(out), FeatureSpec.from_yaml(dataset)
+    assert spec.dynamic_features == ("document_id", "ad_id") and spec.feature_spec["ad_id"].cardinality == 500
+    clicks = pl.read_csv(raw / "clicks_train.csv")
+    trains = train_mask(raw, clicks)
+    train = SplitBinaryDataset(spec, "train")
+    ads = train.slice(0, len(train)).categorical[:, ONEHOT.index("ad_id")].numpy()
+    np.testing.assert_array_equal(ads, clicks["ad_id"].to_numpy()[trains])  # in the clicks file's order
+    # the other columns, the numerical features and labels are the vocabulary dataset's
+    other = SplitBinaryDataset(plain, "train")
+    a, b = train.slice(0, len(train)), other.slice(0, len(other))
+    keep = [i for i, n in enumerate(ONEHOT) if n not in ("ad_id", "document_id")]
+    assert np.array_equal(a.categorical[:, keep].numpy(), b.categorical[:, keep].numpy())
+    assert np.array_equal(a.numerical.numpy(), b.numerical.numpy()) and np.array_equal(a.labels, b.labels)
+    code, _, err = run_cli("preprocess", "outbrain", raw, "--out", tmp_path / "bad", "--raw-ids", "geo_location",
+                           "--no-progress", capsys=capsys)  # fmt: skip
+    assert code == 2 and "geo_location values are text" in err

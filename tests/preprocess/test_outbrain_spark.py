@@ -1,5 +1,5 @@
 """`ctrkit preprocess outbrain --engine spark`: page views counted by a real local Spark session, the dataset
-byte-identical to the embedded engine's, bad page-view rows named by line or counted the same way."""
+byte-identical to the embedded engine's (ad_id kept as raw ids), bad page-view rows named by line or counted the same way."""
 
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ def test_spark_engine_writes_the_same_dataset_and_names_bad_rows(tmp_path, capsy
     for engine in ("polars", "spark"):
         code, text, err = run_cli("preprocess", "outbrain", raw, "--out", tmp_path / engine, "--no-progress",
                                   "--bad-rows", "skip", "--engine", engine, "--spark-master", MASTER,
+                                  "--raw-ids", "ad_id",
                                   capsys=capsys)  # fmt: skip
         assert code == 0, err
         assert " 3 bad rows dropped" in text
