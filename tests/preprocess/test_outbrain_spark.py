@@ -1,5 +1,6 @@
 """`ctrkit preprocess outbrain --engine spark`: page views counted by a real local Spark session, the dataset
-byte-identical to the embedded engine's (ad_id kept as raw ids), bad page-view rows named by line or counted the same way."""
+byte-identical to the embedded engine's (ad_id kept as raw ids), bad page-view rows named by line or counted the
+same way."""
 
 from __future__ import annotations
 
