@@ -314,16 +314,20 @@ def fl15_cgroup_rows(raw):
 def stream_rows(raw):
     """``ctrkit bench stream``: per test day and method, test AUC, log loss, training seconds, table rows; then the
     means over the test days."""
-    columns = ["test day", "method", "test AUC", "test log loss", "training seconds", "table rows"]
+    columns = ["test day", "method", "test AUC", "test log loss", "training seconds", "table rows",
+               "rows held by an id", "tables and id maps (MiB)"]  # fmt: skip
     rows = []
     for _, data in raw:
         for day in data["days"]:
             for method in ("fixed", "retrain", "dynamic"):
                 if method in day:
                     r = day[method]
-                    rows.append([day["test_day"], method, r["auc"], r["logloss"], r["train_seconds"], r["table_rows"]])
+                    rows.append([day["test_day"], method, r["auc"], r["logloss"], r["train_seconds"], r["table_rows"],
+                                 r.get("rows_held"), r.get("table_mib")])  # fmt: skip
         for method, s in data["summary"].items():
-            rows.append(["mean", method, s["mean_auc"], s["mean_logloss"], s["train_seconds"], s["most_table_rows"]])
+            rows.append([f"mean of days 2-{len(data['days']) + 1} (seconds: sum)", method, s["mean_auc"],
+                         s["mean_logloss"], s["train_seconds"], s["most_table_rows"], None,
+                         s.get("most_table_mib")])  # fmt: skip
     return columns, rows
 
 

@@ -210,7 +210,7 @@ def build_report(
     ``log_path`` when the run recorded one."""
     from ctrkit.eval.evaluator import Scoring
     from ctrkit.eval.metrics import log_loss_from_logits, roc_auc, sigmoid
-    from ctrkit.train.run import load_run_file
+    from ctrkit.train.run_file import load_run_file
 
     checkpoint = Path(checkpoint)
     run_file = checkpoint.with_suffix(".yaml")

@@ -304,7 +304,8 @@ def test_flags_come_from_the_config_dataclasses():
     """Every TrainConfig/ParallelConfig/ServeConfig/EvalConfig field is a flag whose default is the field's."""
     from dataclasses import fields
 
-    from ctrkit.config import EvalConfig, ParallelConfig, TrainConfig
+    from ctrkit.config import ParallelConfig, TrainConfig
+    from ctrkit.eval_config import EvalConfig
     from ctrkit.serve_config import ServeConfig
 
     parser = build_parser()

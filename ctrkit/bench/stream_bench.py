@@ -102,14 +102,18 @@ def _score(checkpoint: Path, dataset: Path) -> dict[str, float]:
     return {"auc": round(m["auc"], 5), "logloss": round(m["logloss"], 5)}
 
 
-def _table_rows(checkpoint: Path) -> tuple[int, int]:
-    """(rows of the deep embedding tables, rows held by an id) of a checkpoint's model."""
+def _tables(checkpoint: Path) -> dict[str, Any]:
+    """The tables of a checkpoint's model: rows of the embedding tables, rows held by an id, and the MiB of the
+    tables (deep and first-order) with the dynamic tables' id maps."""
     from ctrkit.checkpoint import load_checkpoint
 
     ckpt = load_checkpoint(checkpoint)
     rows = int(sum(ckpt.model_config["cardinalities"]))
     held = [v for k, v in ckpt.model.items() if k.startswith("dynamic_ids.held")]
-    return rows, int(sum(int(h.sum()) for h in held)) if held else rows
+    parts = ("embeddings.", "wide_embeddings.", "dynamic_ids.")
+    size = sum(v.numel() * v.element_size() for k, v in ckpt.model.items() if k.startswith(parts))
+    return {"table_rows": rows, "rows_held": int(sum(int(h.sum()) for h in held)) if held else rows,
+            "table_mib": round(size / 2**20, 1)}  # fmt: skip
 
 
 def run_stream(days: Sequence[Path], work: Path, options: dict[str, Any], methods: Sequence[str] = METHODS,
@@ -131,7 +135,7 @@ def run_stream(days: Sequence[Path], work: Path, options: dict[str, Any], method
             data = with_vocabulary(fixed_vocab, {"test": [(test_day, "test")]}, work / "fixed_test")
             seconds = fixed_seconds if k == 1 else 0.0  # trained once
             row["fixed"] = {**_score(work / "fixed.pt", data), "train_seconds": round(seconds, 2),
-                            "table_rows": _table_rows(work / "fixed.pt")[0]}  # fmt: skip
+                            **_tables(work / "fixed.pt")}  # fmt: skip
         if "retrain" in methods:
             vocab = vocabularies(days[:k])
             data = with_vocabulary(vocab, {"train": [(d, "train") for d in days[:k]],
@@ -139,13 +143,11 @@ def run_stream(days: Sequence[Path], work: Path, options: dict[str, Any], method
                                    work / "retrain")  # fmt: skip
             seconds = _train(data, work / "retrain.pt", options)
             row["retrain"] = {**_score(work / "retrain.pt", data), "train_seconds": round(seconds, 2),
-                              "table_rows": _table_rows(work / "retrain.pt")[0]}  # fmt: skip
+                              **_tables(work / "retrain.pt")}  # fmt: skip
         if "dynamic" in methods:
             ckpt = work / f"dynamic_{k}.pt"
             seconds = _train(days[k - 1], ckpt, options, continue_from=previous)
-            rows, held = _table_rows(ckpt)
-            row["dynamic"] = {**_score(ckpt, test_day), "train_seconds": round(seconds, 2), "table_rows": rows,
-                              "rows_held": held}  # fmt: skip
+            row["dynamic"] = {**_score(ckpt, test_day), "train_seconds": round(seconds, 2), **_tables(ckpt)}
             if previous is not None:
                 previous.unlink()
             previous = ckpt
@@ -163,5 +165,6 @@ def summary(records: list[dict[str, Any]], methods: Sequence[str] = METHODS) -> 
             out[m] = {"mean_auc": round(float(np.mean([r["auc"] for r in rows])), 5),
                       "mean_logloss": round(float(np.mean([r["logloss"] for r in rows])), 5),
                       "train_seconds": round(float(sum(r["train_seconds"] for r in rows)), 2),
-                      "most_table_rows": max(r.get("table_rows", 0) for r in rows)}  # fmt: skip
+                      "most_table_rows": max(r.get("table_rows", 0) for r in rows),
+                      "most_table_mib": max(r.get("table_mib", 0) for r in rows)}  # fmt: skip
     return out

@@ -7,7 +7,8 @@ import json
 import sys
 
 from ctrkit.cli.options import add_command, add_config_flags, config_from, config_values
-from ctrkit.config import ConvertConfig, EvalConfig, ParallelConfig, ReportConfig, RunOptions, TrainConfig
+from ctrkit.config import ParallelConfig, RunOptions, TrainConfig
+from ctrkit.eval_config import ConvertConfig, EvalConfig, ReportConfig
 
 PARALLEL_TEXT = (
     "Launched by torchrun (torchrun --nproc-per-node N -m ctrkit train ...; --nnodes/--node-rank/--rdzv-endpoint "

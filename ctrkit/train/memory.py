@@ -12,8 +12,10 @@ GPU it trains on.
 from __future__ import annotations
 
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 # optimizer state a table optimizer keeps: bytes per weight value (Adam: two moments) and per row
 # (row-wise Adagrad: one accumulator a row, as MLPerf's DLRM reference keeps)
@@ -176,3 +178,23 @@ def local_processes(processes: int, budget: Room | None = None) -> int:
         return max(1, min(processes, int(os.environ.get("LOCAL_WORLD_SIZE", processes))))
     except ValueError:
         return processes
+
+
+def tables_directory(save_checkpoint: Any) -> Path:
+    """Where files of tables (the tables on disk, the best weights' tables) go: beside the checkpoint, or in the
+    temporary directory without one."""
+    return Path(save_checkpoint).parent if save_checkpoint is not None else Path(tempfile.gettempdir())
+
+
+def check_disk_room(spec: Any, memory: dict) -> None:
+    """Refuses (one line) a run whose tables on disk, with their state and the best weights' copy, would not fit on
+    the disk of ``tables_directory``."""
+    from ctrkit.data.atomic import free_bytes
+
+    where = tables_directory(spec.save_checkpoint)
+    needed = memory["tables_on_disk"] + memory["copies_on_disk"]
+    free = free_bytes(where)
+    if free is not None and needed > free:
+        raise ValueError(f"{where}: the tables on disk need about {gib(needed)} (with their optimizer state and the "
+                         f"best weights' copy), the disk has {gib(free)} free: free space, or save the checkpoint "
+                         "on another disk")  # fmt: skip

@@ -9,10 +9,8 @@ all here: the trainer and the run apply none of their own.
 
 from __future__ import annotations
 
-import tempfile
 from dataclasses import dataclass, replace
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 from ctrkit.config import TrainConfig
@@ -23,11 +21,13 @@ from ctrkit.train.memory import (
     WARM_START_ROWS,
     WARM_START_VALUE_BYTES,
     Room,
+    check_disk_room,
     gib,
     local_processes,
     process_rss,
     room,
     table_state_bytes,
+    tables_directory,
 )
 
 # Small data: an epoch of fewer than SMALL_EPOCH batches (a table of a few thousand rows at batch 1,024).
@@ -285,26 +285,6 @@ def _fit_or_refuse(cfg: Any, sources: dict, memory: dict, need: Any, budget: Roo
     )
 
 
-def tables_directory(save_checkpoint: Any) -> Path:
-    """Where files of tables (the tables on disk, the best weights' tables) go: beside the checkpoint, or in the
-    temporary directory without one."""
-    return Path(save_checkpoint).parent if save_checkpoint is not None else Path(tempfile.gettempdir())
-
-
-def _check_disk_room(spec: Any, memory: dict) -> None:
-    """Refuses (one line) a run whose tables on disk, with their state and the best weights' copy, would not fit on
-    the disk of ``tables_directory``."""
-    from ctrkit.data.atomic import free_bytes
-
-    where = tables_directory(spec.save_checkpoint)
-    needed = memory["tables_on_disk"] + memory["copies_on_disk"]
-    free = free_bytes(where)
-    if free is not None and needed > free:
-        raise ValueError(f"{where}: the tables on disk need about {gib(needed)} (with their optimizer state and the "
-                         f"best weights' copy), the disk has {gib(free)} free: free space, or save the checkpoint "
-                         "on another disk")  # fmt: skip
-
-
 def make_plan(
     spec: Any,
     train_rows: int,
@@ -403,7 +383,7 @@ def make_plan(
     storage = cfg.embedding_storage or "memory"
     if storage == "disk":
         best = "disk"
-        _check_disk_room(spec, memory)
+        check_disk_room(spec, memory)
     elif cfg.embedding_storage is None:
         rules.setdefault("embedding_storage", "the tables and their state fit in memory")
     cfg = replace(cfg, best_weights=best, embedding_storage=storage,

@@ -17,8 +17,6 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ctrkit.config import ParallelConfig, TrainConfig
 from ctrkit.data.atomic import PathLock
 from ctrkit.data.feature_spec import FeatureSpec
@@ -26,8 +24,8 @@ from ctrkit.models.registry import config_class, config_to_dict, make_config
 from ctrkit.train.members import SeedEnsemble
 from ctrkit.train.recipes import DEFAULT_RECIPE
 from ctrkit.train.recipes import recipe as get_recipe
+from ctrkit.train.run_file import _yaml_mapping, load_run_file
 
-RUN_KEYS = ("model", "recipe", "model_config", "train_config", "dataset", "log_path", "plan")  # plan: written, not read
 DEFAULT_MODEL = "dlrm"
 
 
@@ -79,47 +77,6 @@ class RunSpec:
             "dataset": str(self.dataset.resolve()),  # absolute: --config works from any directory
             **({"log_path": str(self.log_path.resolve())} if self.log_path is not None else {}),  # for `report`
         }
-
-
-def load_run_file(path: str | os.PathLike | None) -> dict[str, Any]:
-    """A run YAML (the format written beside checkpoints), or an empty dict for None."""
-    if path is None:
-        return {}
-    path = Path(path)
-    if not path.exists():
-        raise ValueError(f"{path}: run config file not found")
-    run = read_yaml(path, "run config") or {}
-    if not isinstance(run, dict) or set(run) - set(RUN_KEYS):
-        raise ValueError(f"{path}: expected a mapping with keys among {sorted(RUN_KEYS)}")
-    for key in ("model_config", "train_config"):
-        if not isinstance(run.get(key, {}), dict):
-            raise ValueError(f"{path}: '{key}' must be a mapping of fields")
-    return run
-
-
-def read_yaml(path: str | os.PathLike, what: str) -> Any:
-    """``path``'s YAML (safe types only); a file that is missing, not a file or not YAML is a one-line
-    ValueError naming it and the line of the problem."""
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"{path}: {what} file {'is a directory' if path.is_dir() else 'not found'}")
-    try:
-        with open(path) as f:
-            return yaml.safe_load(f)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ValueError(f"{path}: not valid YAML{where}: {problem}") from None
-    except UnicodeDecodeError:
-        raise ValueError(f"{path}: not a text (UTF-8) YAML file") from None
-
-
-def _yaml_mapping(path: str | os.PathLike) -> dict[str, Any]:
-    loaded = read_yaml(path, "model config") or {}
-    if not isinstance(loaded, dict):
-        raise ValueError(f"{path}: expected a mapping of model config fields")
-    return loaded
 
 
 def resolve_model_config(model: str, spec: FeatureSpec, *layers: dict[str, Any]) -> Any:
@@ -412,7 +369,7 @@ class Run(SeedEnsemble):
         torch.manual_seed(cfg.seed)
         if self.env is None and cfg.embedding_storage == "disk":  # the tables in files, a row cache in memory
             from ctrkit.models.disk_tier import disk_tables
-            from ctrkit.train.plan import tables_directory
+            from ctrkit.train.memory import tables_directory
 
             with disk_tables(tables_directory(spec.save_checkpoint), cfg.embedding_cache_rows):
                 model = create_model(spec.model, spec.model_config)

@@ -17,7 +17,7 @@ from ctrkit.models.dynamic import DynamicIds
 from ctrkit.models.embeddings import CategoricalEmbeddings
 from ctrkit.models.mlp import Dropout, dropout_generator
 from ctrkit.train import split as thread_split
-from ctrkit.train.optim import reset_table_rows
+from ctrkit.train.dynamic_rows import reset_table_rows
 
 
 class TrainStep:

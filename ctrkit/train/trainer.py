@@ -21,8 +21,9 @@ from ctrkit.data.loader import BatchLoader
 from ctrkit.distributed.env import DistEnv, all_reduce_sum
 from ctrkit.models.dynamic import DynamicIds
 from ctrkit.train.best_weights import copy_state
+from ctrkit.train.memory import tables_directory
 from ctrkit.train.optim import LRSchedule, build_optimizers
-from ctrkit.train.plan import resolved_train, tables_directory
+from ctrkit.train.plan import resolved_train
 from ctrkit.train.selection import ModelSelection, Selection
 from ctrkit.train.snapshots import SnapshotPool, scored_with_parts
 from ctrkit.train.state import TrainerState

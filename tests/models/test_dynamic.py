@@ -10,7 +10,8 @@ import torch
 
 from ctrkit.models.dynamic import BATCHED, DynamicIds, mix64
 from ctrkit.models.registry import create_model, make_config
-from ctrkit.train.optim import SparseRowOptimizer, reset_table_rows
+from ctrkit.train.dynamic_rows import reset_table_rows
+from ctrkit.train.optim import SparseRowOptimizer
 
 
 class Reference:

@@ -1,0 +1,62 @@
+"""Typed, frozen configuration of the commands that read a checkpoint: evaluate and predict, report, and
+convert-checkpoint; the flags are generated from these dataclasses as from ``config.py``'s."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ctrkit.config import option
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """How a checkpoint is scored on a dataset mapping (``json`` is evaluate's, ``out`` predict's)."""
+
+    checkpoint: Path | None = option(None, "checkpoint written by `ctrkit train`", required=True)
+    dataset: Path | None = option(None, "dataset directory holding feature_spec.yaml", required=True)
+    out: Path | None = option(None, "output file: NumPy .npy format, written at exactly this path", required=True)
+    json: bool = option(False, "print one JSON object instead of a text line")
+    device: str = option("auto", "auto, cpu, cuda, cuda:N")
+    mapping: str = option("test", "source_spec mapping to score")
+    batch_size: int = option(16384, "samples per forward pass")
+    allow_other_vocabulary: bool = option(
+        False,
+        "score a dataset preprocessed with other vocabularies than the checkpoint's training data (refused by "
+        "default: the same id means another value there, so the scores and metrics mean nothing)",
+    )
+    amp: bool = option(
+        False,
+        "score under autocast: bf16 (CPU with native bf16; CUDA with bf16 tensor cores) or fp16 (older GPUs); on CUDA "
+        "only from 32,768 samples per process a batch (fp32 below, where autocast runs slower)",
+    )
+
+    def validate(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"`batch_size`: expected an integer >= 1, got {self.batch_size}")
+
+
+@dataclass(frozen=True)
+class ReportConfig:
+    """``ctrkit report``: what the page is about and where it goes (the checkpoint is positional)."""
+
+    out: Path = option(Path("report.html"), "the HTML file to write (self-contained: images embedded)")
+    dataset: Path | None = option(None, "dataset directory", unset="the run's, from the YAML beside the checkpoint")
+    mapping: str = option("test", "source_spec mapping to score for the final metrics and the calibration")
+    log_path: Path | None = option(None, "the run's JSON-lines log", unset="the run's --log-path, if it had one")
+    device: str = option("auto", "auto, cpu, cuda, cuda:N")
+
+
+@dataclass(frozen=True)
+class ConvertConfig:
+    """``ctrkit convert-checkpoint``: a checkpoint between the one-file and the sharded forms."""
+
+    checkpoint: Path | None = option(None, "checkpoint written by `ctrkit train` (sharded or not)", required=True)
+    out: Path | None = option(None, "the checkpoint to write", required=True)
+    world_size: int | None = option(
+        None,
+        "write the sharded form a run of this many ranks writes (a manifest and a file per rank, tables placed by "
+        "--sharding and its size options), without optimizer state",
+        unset="one file with whole tables",
+    )
+    overwrite: bool = option(False, "replace an existing output file")
