@@ -250,6 +250,8 @@ class TrainConfig:
         positive("snapshot_ensemble")
         positive("seed_ensemble")
         positive("small_batch", allow_none=True, allow_zero=True)
+        positive("admit_after")
+        positive("count_half_life", allow_zero=True)
         for name in ("lr", "embedding_lr", "wide_lr"):
             value = getattr(self, name)
             if value is not None and not value > 0:

@@ -195,6 +195,19 @@ class IdMap:
         self.held[self.row[victims]] = False
         self._remove(victims)
 
+    def preadmit(self, ids: np.ndarray, admit_after: float) -> None:
+        """An empty map's first ids, as a vocabulary would give them: the ids of ``ids`` seen at least
+        ``admit_after`` times, most often seen first (ties: the smaller id), in rows 1, 2, ... while the table has
+        rows, each with its count (as batch 0's)."""
+        uniq, times = np.unique(ids, return_counts=True)
+        keep = np.flatnonzero(times >= admit_after)
+        keep = keep[np.lexsort((uniq[keep], -times[keep]))][: self.capacity - 1]
+        if len(keep):
+            s = self._insert(uniq[keep])
+            rows = np.arange(1, len(keep) + 1)
+            self.row[s], self.count[s], self.seen[s] = rows, times[keep], 0
+            self.held[rows] = True
+
     def admitted(self) -> dict[int, int]:
         """id -> row of every admitted id (for tests and inspection)."""
         s = np.flatnonzero((self.state == USED) & (self.row > 0))
@@ -274,6 +287,18 @@ class DynamicIds(nn.Module):
                 fresh[c] = rows
         self.batches += 1
         return fresh
+
+    @torch.no_grad()
+    def preadmit(self, categorical: torch.Tensor) -> bool:
+        """Before training's first batch, while every map is empty: each dynamic column's ids of these rows (the warm
+        start's) admitted as a vocabulary admits them (``IdMap.preadmit``), so that the warm start's regression
+        fits their rows. Returns whether it admitted (False: a map already holds ids, as a continued run's)."""
+        if any(int(getattr(self, f"sizes{j}")[0]) for j in range(len(self.columns))):
+            return False
+        host = categorical.detach().cpu()
+        for j, c in enumerate(self.columns):
+            self.map(j).preadmit(host[:, c].numpy(), self.admit_after)
+        return True
 
     def rows_in_use(self) -> list[int]:
         """Rows held by an id in each dynamic feature's table (the rare row included)."""

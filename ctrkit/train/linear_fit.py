@@ -155,6 +155,10 @@ def fit_first_order(
     inner = getattr(model, "model", model)  # a HybridModel wraps the model
     start = max(0, len(train) - max_rows)
     tr, va = train.slice(start, len(train)), validation.slice(0, min(len(validation), max_rows))  # memory bounded
+    dynamic = getattr(inner, "dynamic_ids", None)
+    if dynamic is not None:  # raw ids: the fitted rows' ids admitted first, then both sides' ids as rows
+        dynamic.preadmit(tr.categorical)
+        tr.categorical, va.categorical = dynamic(tr.categorical), dynamic(va.categorical)
     cards = [tuple(c.cardinalities) for c in _collections(inner)]
     bags = inner.wide_embeddings.bags
     means = tuple(bool(m) for m in bags.is_mean) if bags is not None and hasattr(bags, "is_mean") else ()

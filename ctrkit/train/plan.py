@@ -339,7 +339,7 @@ def make_plan(
     sizes = _size(model) + (_table_rows(model),)
     dynamic = tuple(getattr(spec.model_config, "dynamic_features", ()) or ())
     continued = getattr(spec, "continue_from", None)
-    warm = cfg.linear_warm_start and linear and validation and not dynamic and continued is None
+    warm = cfg.linear_warm_start and linear and validation and continued is None
     if dynamic and cfg.embedding_storage == "disk":
         raise ValueError("dynamic features (raw ids) train with their tables in memory, not with --embedding-storage "
                          "disk; set --embedding-storage memory")  # fmt: skip
@@ -390,7 +390,7 @@ def make_plan(
                   embedding_cache_rows=cfg.embedding_cache_rows if storage == "disk" else None)  # fmt: skip
     chosen = {"embedding_optimizer": cfg.embedding_optimizer, "embedding_lr": cfg.embedding_lr, "best_weights": best,
               "embedding_storage": storage, "embedding_cache_rows": cfg.embedding_cache_rows,
-              "linear_warm_start": bool(cfg.linear_warm_start and not dynamic and continued is None)}  # fmt: skip
+              "linear_warm_start": bool(cfg.linear_warm_start and continued is None)}  # fmt: skip
     resolved = replace(resolved, **chosen)
     configs = [replace(c, **chosen) for c in configs]
     memory["room"] = budget.bytes
@@ -436,7 +436,7 @@ def make_plan(
     else:
         reason = "no first-order term" if not linear else ("no validation data" if not validation else "")
         if cfg.linear_warm_start and linear and validation:
-            reason = "the run continues a trained model" if continued is not None else "raw ids of dynamic features"
+            reason = "the run continues a trained model"
         lines.append(("warm start", "off" + (f" ({reason})" if reason else ""), why("linear_warm_start")))
     redraws = cfg.reinit_embeddings if validation or cfg.reinit_embeddings == "on" else "off"
     redraw = {"auto": "auto: once a later epoch overfits (validation AUC falls by "

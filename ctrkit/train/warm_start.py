@@ -44,7 +44,8 @@ class WarmStart:
         from ctrkit.train.linear_fit import FIRST_ORDER_MODULES, fit_first_order
 
         cache = self.warm_start_cache
-        modules = {name: getattr(inner, name) for name in FIRST_ORDER_MODULES if getattr(inner, name, None) is not None}
+        names = (*FIRST_ORDER_MODULES, "dynamic_ids")  # the dynamic tables' ids the fit admitted, with its weights
+        modules = {name: getattr(inner, name) for name in names if getattr(inner, name, None) is not None}
         if cache:  # a later member of a seed ensemble: the first member's fit, which is deterministic in the data
             for name, module in modules.items():
                 module.load_state_dict(cache["states"][name])

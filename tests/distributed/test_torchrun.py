@@ -313,7 +313,7 @@ def test_two_ranks_train_dynamic_tables_like_one_process(tmp_path, sharding):
     torchrun(*run, "--save-checkpoint", tmp_path / "two.pt", "--sharding", sharding)
     assert_same_weights(tmp_path / "one.pt", tmp_path / "two.pt")
     ckpt = load_checkpoint(tmp_path / "one.pt")
-    assert int(ckpt.model["dynamic_ids.batches"]) == 10 and ckpt.model["dynamic_ids.held0"].sum() > 100
+    assert int(ckpt.resume_weights["dynamic_ids.batches"]) == 10 and ckpt.model["dynamic_ids.held0"].sum() > 100
     if admit == "1":  # every id seen got a row: more ids than the table holds (10 steps of 301 rows: all but 190)
         from ctrkit.data.dataset import SplitBinaryDataset
         from ctrkit.data.feature_spec import FeatureSpec

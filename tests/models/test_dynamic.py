@@ -183,3 +183,15 @@ def test_admitted_rows_start_from_the_rare_row_with_fresh_state(kind):
         assert torch.equal(opt.state[table][k][: base + 1], v[: base + 1])
     rows = model.dynamic_ids(cat)[:, 1]
     assert rows.tolist()[0] == rows.tolist()[1] != rows.tolist()[2]
+
+
+def test_preadmit_gives_an_empty_map_a_vocabulary():
+    ids = DynamicIds([0], [4])
+    ids.configure(admit_after=2)
+    column = torch.tensor([7, 7, 7, 9, 9, 5, 5, 3, 3, 8]).view(-1, 1)  # 8 seen once: not admitted
+    assert ids.preadmit(column)
+    assert ids.map(0).admitted() == {7: 1, 3: 2, 5: 3}  # most often first, ties by the smaller id; 3 rows free
+    assert ids(torch.tensor([[9], [8], [7]])).view(-1).tolist() == [0, 0, 1]
+    assert not ids.preadmit(column)  # a map that holds ids (a continued run's) is left as it is
+    fresh = ids.observe(torch.tensor([[9], [9], [8]]))  # 9 seen twice: admitted, evicting a lowest count (3 or 5:
+    assert fresh[0].tolist() == [2] and ids.map(0).admitted() == {7: 1, 9: 2, 5: 3}  # the smaller id goes)

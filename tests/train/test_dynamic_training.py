@@ -79,7 +79,7 @@ def test_continued_training_admits_new_ids_and_resumes_as_uninterrupted(tmp_path
     assert not admitted(base) & set(frequent_new.tolist())
     assert set(frequent_new.tolist()) <= admitted(a)
     assert admitted(a) & admitted(base)  # day 1's ids still seen on day 2 kept their rows
-    assert int(a.model["dynamic_ids.batches"]) == int(base.model["dynamic_ids.batches"]) + 8
+    assert int(a.resume_weights["dynamic_ids.batches"]) == int(base.resume_weights["dynamic_ids.batches"]) + 8
     # evaluate and predict read raw ids: unseen ones to the rare row
     out = tmp_path / "p.npy"
     score = subprocess.run([sys.executable, "-m", "ctrkit", "evaluate", "--checkpoint", str(whole), "--dataset",
