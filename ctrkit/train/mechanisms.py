@@ -92,3 +92,21 @@ def mechanism(name: str) -> Mechanism:
     if name not in MECHANISMS:
         raise ValueError(f"unknown mechanism '{name}'; known: {', '.join(MECHANISMS)}")
     return MECHANISMS[name]
+
+
+CONTINUED_RATES = 0.5  # a continued run's dense and table rates left to the model: this share of its defaults
+
+
+def continued_settings(cfg: Any, sources: dict[str, str], rules: dict[str, str]) -> dict[str, Any]:
+    """What a run continued from a trained model (``--continue-from``) changes where the user left the setting to
+    the model's default (recorded in ``rules`` for the plan): the dense and table rates at ``CONTINUED_RATES`` of
+    it (a trained model is carried on, not trained anew), and no table redraws (its tables are what it keeps)."""
+    changes: dict[str, Any] = {}
+    for name in ("lr", "embedding_lr"):
+        if sources.get(name, "default").endswith("default"):
+            changes[name] = getattr(cfg, name) * CONTINUED_RATES
+            rules[name] = f"a continued run: {CONTINUED_RATES:g} x the model's default rates"
+    if sources.get("reinit_embeddings", "default").endswith("default"):
+        changes["reinit_embeddings"] = "off"
+        rules["reinit_embeddings"] = "a continued run keeps its tables"
+    return changes

@@ -14,6 +14,7 @@ from functools import partial
 from typing import Any
 
 from ctrkit.config import TrainConfig
+from ctrkit.train.mechanisms import continued_settings
 from ctrkit.train.memory import (
     SCORING_BYTES,
     USABLE,
@@ -304,6 +305,10 @@ def make_plan(
     sources = dict(spec.sources)
     steps = -(-train_rows // cfg.batch_size)
     resolved, rules = resolved_train(cfg, steps)
+    continued = getattr(spec, "continue_from", None)
+    if continued is not None:  # a trained model, carried on (``mechanisms.continued_settings``)
+        changes = continued_settings(cfg, sources, rules)
+        cfg, resolved = replace(cfg, **changes), replace(resolved, **changes)
     validation = validation_rows > 0
     lines: list[tuple[str, str, str]] = []
 
@@ -338,7 +343,6 @@ def make_plan(
     linear = getattr(model, "wide_embeddings", None) is not None  # a first-order term (Wide & Deep's wide part)
     sizes = _size(model) + (_table_rows(model),)
     dynamic = tuple(getattr(spec.model_config, "dynamic_features", ()) or ())
-    continued = getattr(spec, "continue_from", None)
     warm = cfg.linear_warm_start and linear and validation and continued is None
     if dynamic and cfg.embedding_storage == "disk":
         raise ValueError("dynamic features (raw ids) train with their tables in memory, not with --embedding-storage "
@@ -412,7 +416,8 @@ def make_plan(
                   why("early_stopping_patience")))  # fmt: skip
     lines.append(("optimizers", f"{cfg.optimizer} {cfg.lr:g} (dense), {cfg.embedding_optimizer} {cfg.embedding_lr:g} "
                   "(tables)" + (f", {cfg.wide_optimizer} {cfg.wide_lr:g} (first-order)" if side else ""),
-                  why("embedding_optimizer") if "embedding_optimizer" in rules else why("optimizer")))  # fmt: skip
+                  why(next((n for n in ("embedding_optimizer", "lr", "embedding_lr") if n in rules),
+                           "optimizer"))))  # fmt: skip
     decay = (f"decay from step {resolved.decay_start_step:,} over {resolved.decay_steps:,}" if resolved.decay_steps
              else "no decay")  # fmt: skip
     schedule = "step (a quarter, then an eighth of the peak)" if cfg.lr_schedule == "step" else decay

@@ -114,9 +114,10 @@ class TrainerState:
 
     def continue_from(self, ckpt: Checkpoint, where: str) -> None:
         """Starts this new run from another run's checkpoint (``--continue-from``): its selected weights (the
-        dynamic tables' ids and counts with them) and its optimizers' states where they are that model's (not where
-        a run of several members kept another member than the last one it trained); steps, schedule and model
-        selection start over."""
+        dynamic tables' ids and counts with them) and its optimizers' per-parameter states where they are that
+        model's (not where a run of several members kept another member than the last one it trained); the
+        learning rates and other optimizer settings are this run's; steps, schedule and model selection start
+        over."""
         if self.env is not None or ckpt.shard_files or ckpt.rank_optimizers is not None:
             raise ValueError(f"{where}: --continue-from starts one process from a single-process checkpoint")
         kinds = ("optimizer", "embedding_optimizer", "wide_optimizer")
@@ -137,8 +138,11 @@ class TrainerState:
             weights, own = ckpt.members[kept]["models"][0], kept == len(ckpt.members) - 1
         self.model.load_state_dict(weights)
         for opt, state in zip(self.optimizers, ckpt.optimizers if own else []):
-            if state is not None:
+            if state is not None:  # the per-parameter state; the rates and other settings stay this run's
+                settings = [{k: v for k, v in group.items() if k != "params"} for group in opt.param_groups]
                 opt.load_state_dict(state)
+                for group, mine in zip(opt.param_groups, settings):
+                    group.update(mine)
 
     def _restore_rank_file(self, ckpt: Checkpoint) -> None:
         """Resumes from this rank's file of a sharded checkpoint written with the same sharding."""

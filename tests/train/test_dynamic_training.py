@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import torch
 
 from ctrkit.checkpoint import load_checkpoint
@@ -64,6 +65,10 @@ def test_continued_training_admits_new_ids_and_resumes_as_uninterrupted(tmp_path
     _train(days[1], part, "--continue-from", first, "--admit-after", "2", "--load-checkpoint", part)
     a, b = load_checkpoint(whole), load_checkpoint(part)
     assert a.step == b.step == 8 and a.selection == b.selection
+    # the continued run's rates are its plan's (half the defaults), not the checkpoint's; no redraws
+    assert "adam 0.0005 (dense), adam 0.005 (tables)" in done.stderr and "redraws      off  [a continued" in done.stderr
+    rates = sorted(g["base_lr"] for o in a.optimizers for g in o["param_groups"])  # first-order ones: 0.02
+    assert rates == pytest.approx([5e-4, 5e-3, 0.02, 0.02])
     for k in a.model:
         assert torch.equal(a.model[k], b.model[k]), k
     # the continued model holds day 2's frequent new ids, which day 1's model did not know
@@ -79,7 +84,8 @@ def test_continued_training_admits_new_ids_and_resumes_as_uninterrupted(tmp_path
     assert not admitted(base) & set(frequent_new.tolist())
     assert set(frequent_new.tolist()) <= admitted(a)
     assert admitted(a) & admitted(base)  # day 1's ids still seen on day 2 kept their rows
-    assert int(a.resume_weights["dynamic_ids.batches"]) == int(base.resume_weights["dynamic_ids.batches"]) + 8
+    # continued from day 1's kept model: its batches counted, then day 2's 8
+    assert int(a.resume_weights["dynamic_ids.batches"]) == int(base.model["dynamic_ids.batches"]) + 8
     # evaluate and predict read raw ids: unseen ones to the rare row
     out = tmp_path / "p.npy"
     score = subprocess.run([sys.executable, "-m", "ctrkit", "evaluate", "--checkpoint", str(whole), "--dataset",
