@@ -246,4 +246,5 @@ class StreamBenchConfig:
     )
     admit_after: int | None = option(None, "dynamic: sightings before an id gets a row", unset="train's default")
     count_half_life: int | None = option(None, "dynamic: batches in which a count halves", unset="train's default")
+    max_steps: int | None = option(None, "each training's most steps", unset="train's default")
     work: Path = option(Path("build/bench/stream"), "directory for the stream, the datasets and the checkpoints")

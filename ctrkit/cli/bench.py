@@ -396,7 +396,7 @@ def stream(args: argparse.Namespace) -> int:
     days = write_stream(cfg.work / "stream", cfg.days, cfg.rows, capacity=cfg.capacity, seed=cfg.seed,
                         overwrite=True)  # fmt: skip
     options = {"model": cfg.model}
-    for name in ("admit_after", "count_half_life"):
+    for name in ("admit_after", "count_half_life", "max_steps"):
         if getattr(cfg, name) is not None:
             options[name] = getattr(cfg, name)
     records = run_stream(days, cfg.work / "runs", options, cfg.methods)

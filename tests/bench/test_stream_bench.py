@@ -33,7 +33,8 @@ def test_vocabulary_datasets_index_the_raw_ids(tmp_path):
 
 def test_bench_stream_scores_every_method_each_test_day(tmp_path):
     out = tmp_path / "r.json"
-    code = run_cli("bench", "stream", "--days", "3", "--rows", "3000", "--work", tmp_path / "w", "--output", out)[0]
+    code = run_cli("bench", "stream", "--days", "3", "--rows", "3000", "--max-steps", "3", "--work", tmp_path / "w",
+                   "--output", out)[0]  # fmt: skip
     assert code == 0
     result = json.loads(out.read_text())
     assert [d["test_day"] for d in result["days"]] == [2, 3]

@@ -6,8 +6,11 @@ A real local Spark session runs (Java 17 is on the machine; PySpark comes with `
 import gzip
 import json
 
+import numpy as np
 import pytest
 
+from ctrkit.data.dataset import SplitBinaryDataset
+from ctrkit.data.feature_spec import FeatureSpec
 from ctrkit.data.split_binary import DataError
 from ctrkit.data.synthetic import write_criteo_tsv
 from ctrkit.preprocess.criteo import CriteoRecipe
@@ -46,11 +49,20 @@ def test_engines_write_identical_files_with_bad_rows_and_gzip(tmp_path):
         f.write("\n".join(lines[:1500]) + "\n")
     (tmp_path / "day3.tsv").write_text("\n".join(lines[1500:]))  # no trailing newline
     inputs = [tmp_path / "day2.tsv.gz", tmp_path / "day3.tsv"]
-    kw = dict(recipe=CriteoRecipe(frequency_threshold=2), test_fraction=0.15, bad_rows="skip")
+    # C1 and C4 kept as raw ids (dynamic tables): each value's key, the same on both engines
+    recipe = CriteoRecipe(frequency_threshold=2, raw_ids=("C1", "C4"), capacity=500)
+    kw = dict(recipe=recipe, test_fraction=0.15, bad_rows="skip")
     polars = preprocess_criteo(inputs, tmp_path / "polars", **kw)
     spark = preprocess_criteo_spark(inputs, tmp_path / "spark", master=MASTER, **kw)
     assert polars["bad_rows"] == spark["bad_rows"] == 3
     files = assert_same_output(tmp_path / "polars", tmp_path / "spark")
+    spec = FeatureSpec.from_yaml(tmp_path / "spark")
+    assert spec.dynamic_features == ("cat_0.bin", "cat_3.bin") and spec.cardinalities[3] == 500
+    good = [line for k, line in enumerate(lines) if k not in (10, 500, 2999)]
+    values = [line.split("\t")[14 + 3] for line in good]  # C4 as written, in row order
+    ids = SplitBinaryDataset(spec, "train").slice(0, 100).categorical[:, 3].numpy()
+    expected = [0 if v == "" else (int(v, 16) + (len(v) << 60) + 2**63) % 2**64 - 2**63 for v in values[:100]]
+    assert np.array_equal(ids, np.array(expected, np.int64)) and spec.cardinalities[1] < 500
     assert (
         len([f for f in files if f.suffix == ".bin"]) == 2 * (26 + 2)
         and (tmp_path / "spark" / "rejects.jsonl").exists()
@@ -88,24 +100,3 @@ def test_validation_mapping_is_the_tail_of_train_on_both_engines(tmp_path):
     for f in range(train_ids.shape[1]):
         seen = set(train_ids[:, f].tolist()) | {0, 1}
         assert set(validation.slice(0, 450).categorical[:, f].tolist()) <= seen
-
-
-def test_raw_id_columns_are_the_values_keys_on_both_engines(tmp_path):
-    import numpy as np
-
-    from ctrkit.data.dataset import SplitBinaryDataset
-    from ctrkit.data.feature_spec import FeatureSpec
-
-    raw = write_criteo_tsv(tmp_path / "day.tsv", 2000, cardinalities=[5, 40, 300, 2000] * 6 + [7, 11], seed=4,
-                           progress=False)  # fmt: skip
-    recipe = CriteoRecipe(frequency_threshold=2, raw_ids=("C1", "C4"), capacity=500)
-    preprocess_criteo([raw], tmp_path / "polars", recipe=recipe, test_fraction=0.1)
-    preprocess_criteo_spark([raw], tmp_path / "spark", recipe=recipe, test_fraction=0.1, master=MASTER)
-    assert_same_output(tmp_path / "polars", tmp_path / "spark")
-    spec = FeatureSpec.from_yaml(tmp_path / "spark")
-    assert spec.dynamic_features == ("cat_0.bin", "cat_3.bin") and spec.cardinalities[3] == 500
-    values = [line.split("\t")[14 + 3] for line in raw.read_text().splitlines()]  # C4, as written
-    ids = SplitBinaryDataset(spec, "train").slice(0, 1800).categorical[:, 3].numpy()
-    expected = [0 if v == "" else (int(v, 16) + (len(v) << 60) + 2**63) % 2**64 - 2**63 for v in values[:1800]]
-    assert np.array_equal(ids, np.array(expected, np.int64))
-    assert spec.cardinalities[1] < 500  # a vocabulary column keeps its ids
