@@ -77,6 +77,17 @@ def validation_fraction_option() -> Any:
     )
 
 
+def raw_ids_option(columns: str) -> Any:
+    """The ``--raw-ids`` option of a preprocessing recipe: which ``columns`` it takes and how their ids are made."""
+    return option((), columns, parse="name_list", shown="none")
+
+
+def capacity_option() -> Any:
+    """The ``--capacity`` option of the preprocessing recipes (rows of each raw-id column's table)."""
+    return option(None, "rows of each --raw-ids column's table (row 0 the rare row)",
+                  unset="the rows its vocabulary would have at --frequency-threshold")  # fmt: skip
+
+
 def spark_master_option() -> Any:
     """The ``--spark-master`` option of the preprocessing commands (a new field for each config)."""
     return option("local[*]", "Spark master URL for --engine spark", shown="local[*]: all cores of this machine")
@@ -91,15 +102,11 @@ class OutbrainPreprocessConfig:
     frequency_threshold: int = option(
         2, "one-hot ids seen fewer times than this in the training rows share id 0 with missing values"
     )
-    raw_ids: tuple[str, ...] = option(
-        (), "comma-separated one-hot id columns (ad_id, document_id, ...; not geo_location*) kept as raw 64-bit ids "
-        "for dynamic tables (train --admit-after, --eviction): the files' integer ids; missing 0",
-        parse="name_list", shown="none",
-    )  # fmt: skip
-    capacity: int | None = option(
-        None, "rows of each --raw-ids column's table (row 0 the rare row)",
-        unset="the rows its vocabulary would have at --frequency-threshold",
-    )  # fmt: skip
+    raw_ids: tuple[str, ...] = raw_ids_option(
+        "comma-separated one-hot id columns (ad_id, document_id, ...; not geo_location*) kept as raw 64-bit ids "
+        "for dynamic tables (train --admit-after, --eviction): the files' integer ids; missing 0"
+    )
+    capacity: int | None = capacity_option()
     seed: int = option(0, "seed of the per-display draw that puts 20% of days 0-10 in the evaluation set")
     ctr_folds: int = option(
         10,
@@ -140,15 +147,11 @@ class CriteoPreprocessConfig:
     test_fraction: float | None = test_fraction_option()
     validation_fraction: float | None = validation_fraction_option()
     frequency_threshold: int = option(3, "FL: rarer categories share one id")
-    raw_ids: tuple[str, ...] = option(
-        (), "comma-separated categorical columns (C1..C26, or 'all') kept as raw 64-bit ids for dynamic tables "
-        "(train --admit-after, --eviction): each value's exact key, int(value, 16) + (digits << 60); missing 0",
-        parse="name_list", shown="none",
-    )  # fmt: skip
-    capacity: int | None = option(
-        None, "rows of each --raw-ids column's table (row 0 the rare row)",
-        unset="the rows its vocabulary would have at --frequency-threshold",
-    )  # fmt: skip
+    raw_ids: tuple[str, ...] = raw_ids_option(
+        "comma-separated categorical columns (C1..C26, or 'all') kept as raw 64-bit ids for dynamic tables "
+        "(train --admit-after, --eviction): each value's exact key, int(value, 16) + (digits << 60); missing 0"
+    )
+    capacity: int | None = capacity_option()
     bad_rows: str = option(
         "error",
         "error: stop at the first malformed row, naming file and line; skip: drop and count them, keeping the "
@@ -223,14 +226,11 @@ class TablePreprocessConfig:
     test_fraction: float | None = test_fraction_option()
     validation_fraction: float | None = validation_fraction_option()
     frequency_threshold: int = option(3, "categorical values seen fewer times in the train split share one id")
-    raw_ids: tuple[str, ...] = option(
-        (), "comma-separated categorical columns kept as raw 64-bit ids for dynamic tables (train --admit-after, "
-        "--eviction): XXH64 of the value's text (seed 0) as int64; missing 0", parse="name_list", shown="none",
-    )  # fmt: skip
-    capacity: int | None = option(
-        None, "rows of each --raw-ids column's table (row 0 the rare row)",
-        unset="the rows its vocabulary would have at --frequency-threshold",
-    )  # fmt: skip
+    raw_ids: tuple[str, ...] = raw_ids_option(
+        "comma-separated categorical columns kept as raw 64-bit ids for dynamic tables (train --admit-after, "
+        "--eviction): XXH64 of the value's text (seed 0) as int64; missing 0"
+    )
+    capacity: int | None = capacity_option()
     null_values: tuple[str, ...] = option(
         ("NA", "NaN", "nan", "null", "NULL"), "comma-separated texts a CSV field reads as missing, besides the empty "
         "field", parse="name_list",
