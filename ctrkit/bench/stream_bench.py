@@ -25,6 +25,7 @@ from ctrkit.data.dataset import SplitBinaryDataset
 from ctrkit.data.feature_spec import Feature, FeatureSpec, smallest_int_dtype
 from ctrkit.data.spec_builders import split_binary_spec
 from ctrkit.data.split_binary import SplitBinaryWriter
+from ctrkit.models.dynamic import lookup_sorted
 
 METHODS = ("fixed", "retrain", "dynamic")
 BLOCK = 1 << 18  # rows read and written at a time
@@ -51,8 +52,7 @@ def vocabularies(days: Sequence[Path]) -> list[np.ndarray]:
 
 def _index(vocab: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """Vocabulary indices 1..len(vocab) of ``ids``; 0 for ids not in it."""
-    at = np.minimum(np.searchsorted(vocab, ids), len(vocab) - 1)
-    return np.where(vocab[at] == ids, at + 1, 0)
+    return lookup_sorted(vocab, np.arange(1, len(vocab) + 1), ids)
 
 
 def with_vocabulary(vocab: list[np.ndarray], parts: dict[str, list[tuple[Path, str]]], out: Path) -> Path:

@@ -347,6 +347,14 @@ def frozen_arrays(ids: DynamicIds) -> dict[str, np.ndarray]:
     return out
 
 
+def lookup_sorted(keys: np.ndarray, values: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """``values[i]`` for each of ``ids`` equal to ``keys[i]`` (``keys`` sorted, distinct), 0 for any other id."""
+    if not len(keys):
+        return np.zeros(len(ids), np.int64)
+    at = np.minimum(np.searchsorted(keys, ids), len(keys) - 1)
+    return np.where(keys[at] == ids, values[at], 0)
+
+
 class FrozenIds:
     """Serving's id -> row translation from ``frozen_arrays``: admitted ids to their rows, any other id to row 0
     (no counting, no admission: the served model is the one exported)."""
@@ -359,10 +367,5 @@ class FrozenIds:
     def __call__(self, categorical: np.ndarray) -> np.ndarray:
         out = np.array(categorical, dtype=np.int64, copy=True)
         for c, keys, rows in zip(self.columns, self.keys, self.rows):
-            ids = out[:, c]
-            if not len(keys):
-                out[:, c] = 0
-                continue
-            at = np.minimum(np.searchsorted(keys, ids), len(keys) - 1)
-            out[:, c] = np.where(keys[at] == ids, rows[at], 0)
+            out[:, c] = lookup_sorted(keys, rows, out[:, c])
         return out
