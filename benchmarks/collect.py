@@ -281,17 +281,22 @@ def checkpoint_rows(raw):
 @suite("epoch")
 def epoch_rows(raw):
     """``ctrkit bench epoch``: per 5% of the epoch, samples/s and resident memory; then the phases' seconds."""
-    columns = ["rows", "part", "samples/s", "resident memory (GiB)", "anonymous memory (GiB)", "phase", "seconds"]
+    columns = ["rows", "part", "samples/s", "resident memory (GiB)", "anonymous memory (GiB)", "phase", "seconds",
+               "the phase's peak anonymous memory (GiB)"]  # fmt: skip
+    gib = lambda b: None if b is None else round(b / 2**30, 2)  # noqa: E731
     rows = []
     for _, data in raw:
-        phases = list(data["phases_seconds"].items())
+        peaks = dict(data.get("peak_anon_bytes_by_phase") or {})
+        phases = []
+        for name, seconds in data["phases_seconds"].items():
+            key = next((k for k in peaks if name.split(" (")[0] == k.split(" (")[0]), None)
+            phases.append((name, seconds, peaks.pop(key) if key else None))
+        phases += [(name, None, peak) for name, peak in peaks.items()]  # before the first step, after the last
         for k, share in enumerate(data["shares"]):
-            phase, seconds = phases[k] if k < len(phases) else ("", None)
+            phase, seconds, peak = phases[k] if k < len(phases) else ("", None, None)
             rate, rss, anon = share["samples_per_s"], share["rss_bytes"], share.get("anon_bytes")
-            rows.append([data["rows"], share["share"], None if rate is None else round(rate),
-                         None if rss is None else round(rss / 2**30, 2),
-                         None if anon is None else round(anon / 2**30, 2), phase,
-                         None if seconds is None else round(seconds, 1)])  # fmt: skip
+            rows.append([data["rows"], share["share"], None if rate is None else round(rate), gib(rss), gib(anon),
+                         phase, None if seconds is None else round(seconds, 1), gib(peak)])  # fmt: skip
     return columns, rows
 
 

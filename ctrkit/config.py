@@ -215,6 +215,13 @@ class TrainConfig:
     amp_dtype: str | None = option(
         None, "the mixed-precision dtype, taken at any batch (with --amp)", ("bf16", "fp16"), "the --amp rule"
     )
+    eval_dtype: str | None = option(
+        None,
+        "the precision of scoring (validation, calibration, test): bf16 autocast (a CPU with native bf16, GPUs) or "
+        "fp32; bf16 scores differ from fp32 by rounding",
+        ("fp32", "bf16"),
+        "the training's: its autocast dtype with --amp, else fp32",
+    )
     compile: bool = option(
         False, "torch.compile the model (the seeds' XLA flag); falls back to eager with a message if compiling fails"
     )
@@ -288,6 +295,8 @@ class TrainConfig:
             raise ValueError(f"`decay_power`: expected a positive power, got {self.decay_power}")
         if self.amp_dtype not in (None, "bf16", "fp16"):
             raise ValueError(f"`amp_dtype`: expected 'bf16' or 'fp16', got {self.amp_dtype!r}")
+        if self.eval_dtype not in (None, "fp32", "bf16"):
+            raise ValueError(f"`eval_dtype`: expected 'fp32' or 'bf16', got {self.eval_dtype!r}")
 
     def resolve(self, model_name: str) -> TrainConfig:
         """This config with unset (None) fields taken from model ``model_name``'s training defaults (the

@@ -151,3 +151,16 @@ def amp_dtype_for(
             )
         return None
     return torch.float16 if name == "fp16" else torch.bfloat16
+
+
+def eval_dtype_for(device: torch.device, eval_dtype: str | None, amp_dtype: torch.dtype | None) -> torch.dtype | None:
+    """The autocast dtype a run scores in (``--eval-dtype``): the training's ``amp_dtype`` when unset, None for
+    fp32, and for bf16 bfloat16 on a CPU with native bf16 (else fp32, said once) or on CUDA (fp16 on GPUs
+    without bf16 tensor cores)."""
+    if eval_dtype is None:
+        return amp_dtype
+    if eval_dtype == "fp32":
+        return None
+    if device.type == "cpu":
+        return torch.bfloat16 if cpu_bf16_or_fp32("--eval-dtype bf16") else None
+    return torch.bfloat16 if device.type != "cuda" or cuda_native_bf16(device) else torch.float16

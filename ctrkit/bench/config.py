@@ -230,6 +230,7 @@ class EpochBenchConfig:
     embedding_dim: int | None = option(None, "embedding width", unset="the model's")
     embedding_optimizer: str | None = option(None, "table optimizer", TABLE_OPTIMIZERS, "the plan's")
     batch_size: int | None = option(None, "samples per step", unset="the model's")
+    eval_dtype: str | None = option(None, "the precision of scoring", ("fp32", "bf16"), "train's")
 
 
 @dataclass(frozen=True)

@@ -122,4 +122,25 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
         "checkpoint_share_of_epoch": save_seconds / last if last else None,
         "peak_rss_bytes": max((m for _, m, _ in memory), default=None),
         "peak_anon_bytes": max((a for _, _, a in memory), default=None),
+        "peak_anon_bytes_by_phase": _phase_peaks(records, memory, first_step, first_step + step_seconds),
     }
+
+
+def _phase_peaks(records: list[dict], memory: list[tuple], first: float, last: float) -> dict[str, int | None]:
+    """The largest anonymous memory sampled in each phase: before the first step (the warm start among it),
+    validation, checkpoints, between the steps' records, and after the last step (calibration, test)."""
+    windows: dict[str, list[tuple[float, float]]] = {"before the first step": [(-1e9, first)],
+                                                     "after the last step": [(last, 1e9)]}  # fmt: skip
+    for name, event in (("validation", "eval"), ("checkpoints", "checkpoint"), ("test", "test")):
+        windows[name] = [(r["time"] - r.get("seconds", 0.0), r["time"]) for r in records if r["event"] == event]
+    windows["warm start"] = [(r["time"] - r.get("seconds", 0.0), r["time"]) for r in records
+                             if r["event"] == "warm_start"]  # fmt: skip
+    inside = [(lo, hi) for name in ("validation", "checkpoints") for lo, hi in windows[name] if first < hi <= last]
+    out: dict[str, int | None] = {}
+    for name, spans in windows.items():
+        out[name] = max((a for t, _, a in memory if any(lo - 1 <= t <= hi + 1 for lo, hi in spans)), default=None)
+    out["steps"] = max(
+        (a for t, _, a in memory if first <= t <= last and not any(lo - 1 <= t <= hi + 1 for lo, hi in inside)),
+        default=None,
+    )
+    return out

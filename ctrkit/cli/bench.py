@@ -353,7 +353,7 @@ def epoch(args: argparse.Namespace) -> int:
                              overwrite=True)  # fmt: skip
     extra = []
     for flag, value in (("--embedding-dim", cfg.embedding_dim), ("--embedding-optimizer", cfg.embedding_optimizer),
-                        ("--batch-size", cfg.batch_size)):  # fmt: skip
+                        ("--batch-size", cfg.batch_size), ("--eval-dtype", cfg.eval_dtype)):  # fmt: skip
         if value is not None:
             extra += [flag, str(value)]
     from ctrkit.data.dataset import SplitBinaryDataset

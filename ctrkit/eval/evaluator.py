@@ -46,14 +46,14 @@ def predict_logits(
     positions = np.concatenate([np.arange(lo, hi) for lo, hi in bounds]) if bounds else np.zeros(0, np.int64)
     out = np.empty(len(positions), dtype=np.float32)
     pos = 0
-    autocast = torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None else nullcontext()
+    team = _scoring_team(device, env)
     batches = loader.epoch(0)
     try:
         for batch in tqdm(batches, total=len(loader), desc="scoring", unit="batch", disable=not progress, leave=False):
-            batch = batch.to(device, non_blocking=True)
-            with autocast:
-                logits = model(batch.numerical, batch.categorical, batch.multi_hot)
-            out[pos : pos + len(batch)] = logits.float().cpu().numpy()
+            if team is None:
+                out[pos : pos + len(batch)] = _forward(model, batch.to(device, non_blocking=True), device, amp_dtype)
+            else:
+                _score_split(model, batch, amp_dtype, team, out[pos : pos + len(batch)])
             pos += len(batch)
     finally:
         batches.close()  # stops the prefetch thread even when scoring fails
@@ -66,6 +66,47 @@ def predict_logits(
             f"'{dataset.mapping}': its weights are not finite (a diverged run?); retrain it"
         )
     return out
+
+
+SCORE_SLICE = 2048  # rows a CPU worker thread scores at once (a batch's slices share the threads): see _score_split
+
+
+def _scoring_team(device: torch.device, env: DistEnv | None):
+    """The CPU's worker threads for scoring (``train/split.py``'s team, one intra-op thread each), or None: on
+    CUDA, in a hybrid-parallel job (its collectives run on the calling thread) or with one thread."""
+    if device.type != "cpu" or env is not None or torch.get_num_threads() < 2:
+        return None
+    from ctrkit.train import split as thread_split
+
+    return thread_split.team(torch.get_num_threads())
+
+
+def _forward(model: nn.Module, batch: Any, device: torch.device, amp_dtype: torch.dtype | None) -> np.ndarray:
+    with torch.no_grad(), torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None else nullcontext():
+        logits = model(batch.numerical, batch.categorical, batch.multi_hot)
+    return logits.float().cpu().numpy()
+
+
+def _score_split(model: nn.Module, batch: Any, amp_dtype: torch.dtype | None, team: Any, out: np.ndarray) -> None:
+    """Scores ``batch`` into ``out`` on the CPU in slices of at most ``SCORE_SLICE`` rows, dealt in turn to the
+    team's threads, each running whole forward passes on one intra-op thread. Each row's logit is the one the
+    whole batch's forward pass gives, to float rounding (the products run over fewer rows). Why: one forward pass
+    spread over the threads by ATen meets at every operation, and a small slice's activations stay in the
+    cache; measured in docs/decisions/memory-plan.md."""
+    from ctrkit.train import split as thread_split
+
+    pieces = thread_split.slices(len(batch), -(-len(batch) // SCORE_SLICE))
+    workers = len(team.workers)
+    cpu = torch.device("cpu")
+
+    def job(mine: list[slice]):
+        def run() -> None:
+            for s in mine:
+                out[s] = _forward(model, batch.rows(s), cpu, amp_dtype)
+
+        return run
+
+    team.run([job(pieces[w::workers]) for w in range(min(workers, len(pieces)))])
 
 
 def evaluate(

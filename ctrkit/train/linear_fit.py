@@ -61,6 +61,9 @@ class _Design:
         n = len(batch.labels)
         onehot_cards = cards[0]
         offsets = torch.tensor([0, *onehot_cards[:-1]], dtype=torch.int64).cumsum(0)
+        if not (len(cards) > 1 and batch.multi_hot is not None):  # as many indicators in every row
+            self._fixed_width(batch.categorical + offsets, sum(onehot_cards), extra, extra_size, columns, transpose)
+            return
         rows = [torch.arange(n).repeat_interleave(len(onehot_cards))]
         cols = [(batch.categorical + offsets).reshape(-1)]
         vals = [torch.ones(n * len(onehot_cards), dtype=torch.float64)]
@@ -98,6 +101,55 @@ class _Design:
         self.rows = self._csr(row, col, val, n, width)
         self.cols = self._csr(col, row, val, width, n) if transpose else None
 
+    def _fixed_width(self, ids: torch.Tensor, total: int, extra: torch.Tensor | None, extra_size: int,
+                     columns: torch.Tensor | None, transpose: bool) -> None:  # fmt: skip
+        """The design of rows of W indicators each (one-hot tables, the buckets): the same matrices as the
+        general construction, built row by row in place of sorting every entry by its row (the sort and its
+        index copies were most of the warm start's memory: docs/decisions/memory-plan.md)."""
+        n = ids.shape[0]
+        if extra is not None:
+            ids = torch.cat([ids, total + extra], 1)
+            total += extra_size
+        width_in = ids.shape[1]
+        if columns is None:
+            self.used = torch.nonzero(torch.bincount(ids.reshape(-1), minlength=total)).squeeze(1)
+            columns = torch.full((total,), -1, dtype=torch.int32 if len(self.used) < 2**31 else torch.int64)
+            columns[self.used] = torch.arange(len(self.used), dtype=columns.dtype)
+        else:
+            self.used = torch.nonzero(columns >= 0).squeeze(1)
+        self.columns, width = columns, len(self.used)
+        self.shape = (n, width)
+        mapped = columns[ids]
+        del ids
+        keep = mapped >= 0
+        index = torch.int32 if max(mapped.numel(), n, width) < 2**31 else torch.int64
+        if bool(keep.all()):
+            col = mapped.reshape(-1).to(index)
+            crow = torch.arange(0, n * width_in + 1, width_in, dtype=index)
+        else:  # rows with ids outside the columns (another design's): those entries dropped
+            col = mapped[keep].to(index)
+            crow = torch.zeros(n + 1, dtype=index)
+            crow[1:] = keep.sum(1).cumsum(0)
+        del mapped, keep
+        ones = torch.ones(len(col), dtype=torch.float64)
+        self.rows = self._sparse(crow, col, ones, (n, width))
+        self.cols = None
+        if transpose:  # by columns: each column's rows in row order (a stable sort of the entries by column)
+            if len(col) != n * width_in:
+                raise ValueError("the transposed design is built for the fitted rows, whose ids are all columns")
+            order = torch.sort(col, stable=True).indices
+            rows_of = (order // width_in).to(index)
+            del order
+            crow_t = torch.zeros(width + 1, dtype=index)
+            crow_t[1:] = torch.bincount(col, minlength=width).cumsum(0)
+            self.cols = self._sparse(crow_t, rows_of, ones, (width, n))
+
+    @staticmethod
+    def _sparse(crow: torch.Tensor, col: torch.Tensor, val: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+            return torch.sparse_csr_tensor(crow, col, val, shape, check_invariants=False)
+
     def expand(self, w: torch.Tensor) -> torch.Tensor:
         """Weights over the kept columns as weights over every id (0 for the others)."""
         out = torch.zeros(len(self.columns), dtype=w.dtype)
@@ -111,11 +163,7 @@ class _Design:
         index = torch.int32 if small else torch.int64
         crow = torch.zeros(size + 1, dtype=index)
         crow[1:] = torch.bincount(major, minlength=size).cumsum(0)
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
-            return torch.sparse_csr_tensor(
-                crow, minor[order].to(index), val[order], (size, other), check_invariants=False
-            )
+        return _Design._sparse(crow, minor[order].to(index), val[order], (size, other))
 
     def __matmul__(self, w: torch.Tensor) -> torch.Tensor:  # X @ w
         return self.rows @ w
@@ -171,7 +219,9 @@ def fit_first_order(
         return _Design(batch, cards, means, transpose, ids, buckets.weight.numel(), columns)
 
     x_tr = design(tr, transpose=True)
+    tr.categorical, tr.multi_hot = None, None  # in the matrix now: not held twice
     x_va = design(va, transpose=False, columns=x_tr.columns)  # the training rows' ids (the others' weights: 0)
+    va.categorical, va.multi_hot = None, None
     y_tr, y_va = tr.labels.double(), va.labels.numpy()
     n, ids = x_tr.shape
     k = 0
@@ -184,6 +234,7 @@ def fit_first_order(
         num_tr = seen(tr.numerical)
         mu, sd = num_tr.mean(0), num_tr.std(0).clamp_min(1e-6)
         z_tr, z_va = (num_tr - mu) / sd, (seen(va.numerical) - mu) / sd
+        del num_tr
         k = z_tr.shape[1]
     # one flat parameter vector: per-id weights, numerical weights, bias; gradients computed in closed form.
     # L-BFGS runs on u = theta / scale, scale = the inverse square root of the Hessian's diagonal at p = 1/2

@@ -67,7 +67,7 @@ class SeedEnsemble:
             return model.to(self.device)
 
         model = member_model(members, build)
-        return predict_logits(model, dataset, self.device, self.spec.train.eval_batch_size, self.amp_dtype)
+        return predict_logits(model, dataset, self.device, self.spec.train.eval_batch_size, self.eval_amp_dtype)
 
     def _group_model(self, indices: list[int], validation) -> dict[str, Any]:
         """The kept model of the members ``indices`` (one batch size's, in seed order): the mean of the logits

@@ -23,7 +23,7 @@ STATE_PER_VALUE = {"sgd": 0, "adagrad": 4, "rowwise_adagrad": 0, "adam": 8, "ftr
 STATE_PER_ROW = {"rowwise_adagrad": 4}
 USABLE = 0.92  # share of the available memory a plan may fill (the allocator's slack, other processes' growth)
 WARM_START_ID_BYTES = 24  # the warm start's fit, per id of the first-order tables (weights, index, L-BFGS vectors)
-WARM_START_VALUE_BYTES = 64  # and per (row, feature) of the rows it fits (CSR matrices of both orientations)
+WARM_START_VALUE_BYTES = 20  # and per (row, feature) of the rows it fits (CSR matrices of both orientations)
 WARM_START_ROWS = 1_000_000  # the warm start fits on at most this many training rows and validation rows each
 SCORING_BYTES = 256  # per scored sample of an evaluation batch and feature (activations, logits, ids)
 

@@ -291,13 +291,14 @@ class Run(SeedEnsemble):
 
         from ctrkit.checkpoint import load_checkpoint
         from ctrkit.data.dataset import SplitBinaryDataset, one_class_problem, split_tail
-        from ctrkit.device import amp_dtype_for, resolve_device
+        from ctrkit.device import amp_dtype_for, eval_dtype_for, resolve_device
 
         cfg = spec.train
         self.device = self.env.device if self.env is not None else resolve_device(spec.device)
         # one process's share of a step decides whether autocast pays on CUDA (``amp_dtype_for``)
         local = cfg.batch_size // (self.env.world_size if self.env is not None else 1) if cfg.batch_size else None
         self.amp_dtype = amp_dtype_for(self.device, cfg.amp, cfg.amp_dtype, local)
+        self.eval_amp_dtype = eval_dtype_for(self.device, cfg.eval_dtype, self.amp_dtype)
         if self.env is not None and self.amp_dtype == torch.float16:
             raise ValueError("hybrid-parallel training supports mixed precision with bf16 only")
         feature_spec = FeatureSpec.from_yaml(spec.dataset)
@@ -415,6 +416,8 @@ class Run(SeedEnsemble):
     def describe(self) -> str:
         """One line on what is about to be trained, how and where."""
         amp = f" with {str(self.amp_dtype).replace('torch.', '')} autocast" if self.amp_dtype else ""
+        if self.eval_amp_dtype != self.amp_dtype:
+            amp += f", scored in {str(self.eval_amp_dtype or 'fp32').replace('torch.', '')}"
         validation = self.trainer.validation_set
         held = f" (validation: {len(validation):,} samples of {validation.mapping})" if validation is not None else ""
         members, seed = self.spec.train.seed_ensemble, self.spec.train.seed

@@ -166,7 +166,9 @@ class ModelSelection:
         if ensemble_logits is not None:
             logits = ensemble_logits
         elif self.best_state is not None:
-            logits = self._logits_of([self.best_state], self.validation_set)[0].astype(np.float32)
+            logits = self._best_logits
+            if logits is None:  # a resumed run: its selected weights scored again
+                logits = self._logits_of([self.best_state], self.validation_set)[0].astype(np.float32)
             release(self.best_state, self.best_dir)
         else:  # nothing was selected: a checkpoint without selection state, resumed at its end
             logits = self._logits(self.validation_set)
@@ -195,6 +197,7 @@ class ModelSelection:
             self.best_state = self._local_state(reuse, on_disk=True)
             self._best_owned = True
             self._baseline_logits = logits if baseline else None
+            self._best_logits = logits  # calibration fits on them (no second scoring of the same weights)
         if not baseline:
             self._keep_snapshot(metrics, self.best_state if selected else None)
         # auto reinit_embeddings: from the best weights, with fresh tables
@@ -221,7 +224,9 @@ class ModelSelection:
         return metrics_of(self.validation_set, logits), logits
 
     def _logits(self, dataset) -> Any:
-        return predict_logits(self.model, dataset, self.device, self.cfg.eval_batch_size, self.amp_dtype, env=self.env)
+        return predict_logits(
+            self.model, dataset, self.device, self.cfg.eval_batch_size, self.eval_amp_dtype, env=self.env
+        )
 
     def _baseline_validation_logits(self) -> Any:
         """The selected (baseline) weights' validation logits; after a resume, recomputed from them."""

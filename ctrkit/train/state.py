@@ -137,6 +137,7 @@ class TrainerState:
             kept = ckpt.member_ensemble[0]
             weights, own = ckpt.members[kept]["models"][0], kept == len(ckpt.members) - 1
         self.model.load_state_dict(weights)
+        self.continued = True
         for opt, state in zip(self.optimizers, ckpt.optimizers if own else []):
             if state is not None:  # the per-parameter state; the rates and other settings stay this run's
                 settings = [{k: v for k, v in group.items() if k != "params"} for group in opt.param_groups]

@@ -18,6 +18,7 @@ from ctrkit.config import TrainConfig
 from ctrkit.data.atomic import append_text
 from ctrkit.data.dataset import SplitBinaryDataset, split_tail
 from ctrkit.data.loader import BatchLoader
+from ctrkit.device import eval_dtype_for
 from ctrkit.distributed.env import DistEnv, all_reduce_sum
 from ctrkit.models.dynamic import DynamicIds
 from ctrkit.train.best_weights import copy_state
@@ -129,6 +130,8 @@ class Trainer(TrainerState, ModelSelection, SnapshotPool, WarmStart):
         self.calibration: float | None = None  # the kept model's logit scale (``calibrate``), set at the end
         self.calibration_record: dict[str, Any] = {}  # ... and its fit, as logged
         self._baseline_logits = None  # the warm start's validation logits while it is the selected model
+        self._best_logits = None  # the selected weights' validation logits (None after a resume)
+        self.continued = False  # started from another run's trained model (``continue_from``)
         # set by a seed ensemble's Run: the first member's first-order fit, which later members (the same data
         # and the same normaliser, so the same fit) take instead of fitting again (``_warm_start``)
         self.warm_start_cache: dict[str, Any] | None = None
@@ -139,6 +142,7 @@ class Trainer(TrainerState, ModelSelection, SnapshotPool, WarmStart):
         self.cfg = cfg
         self.device = device
         self.amp_dtype = amp_dtype
+        self.eval_amp_dtype = eval_dtype_for(device, cfg.eval_dtype, amp_dtype)  # scoring's (``--eval-dtype``)
         self.save_path = Path(save_path) if save_path else None
         self.log_path = Path(log_path) if log_path else None
         self.env = env
@@ -220,8 +224,8 @@ class Trainer(TrainerState, ModelSelection, SnapshotPool, WarmStart):
                 "threads": torch.get_num_threads(),
             }
         )
-        if self.step == 0 and self.selection.best_step is None:
-            self._fit_normalizer()
+        if self.step == 0 and self.selection.best_step is None and not self.continued:
+            self._fit_normalizer()  # a continued model keeps the inputs' scales and buckets it was trained with
             self._warm_start()
         eval_steps = self._eval_steps()
         loss_sum = self._loss_sum

@@ -22,9 +22,14 @@ def test_bench_epoch_measures_parts_phases_and_memory(tmp_path, capsys):
     assert 0 < phases["trainer in all"] < phases["process wall"]
     assert result["peak_rss_bytes"] > 100 * 2**20 and result["validation_samples_per_s"] > 0
     assert (tmp_path / "work" / "epoch.pt").exists()
+    peaks = result["peak_anon_bytes_by_phase"]
+    assert peaks["validation"] and peaks["before the first step"] and peaks["after the last step"]
+    assert max(v for v in peaks.values() if v) <= result["peak_anon_bytes"]
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     import collect
 
     written = json.loads(collect.collect("epoch", out, command="test", results=tmp_path / "results").read_text())
     assert len(written["rows"]) == 20 and written["rows"][0][0] == 53_460
+    by_phase = {r[5]: r[7] for r in written["rows"] if r[5]}
+    assert by_phase["validation"] == round(peaks["validation"] / 2**30, 2) and "after the last step" in by_phase

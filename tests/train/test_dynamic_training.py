@@ -71,6 +71,9 @@ def test_continued_training_admits_new_ids_and_resumes_as_uninterrupted(tmp_path
     assert rates == pytest.approx([5e-4, 5e-3, 0.02, 0.02])
     for k in a.model:
         assert torch.equal(a.model[k], b.model[k]), k
+    # the inputs' scales and buckets are the day-1 model's, not refitted on day 2
+    norm = [k for k in base.model if k.startswith(("numerical_norm.", "wide_buckets.cuts"))]
+    assert norm and all(torch.equal(a.model[k], base.model[k]) for k in norm)
     # the continued model holds day 2's frequent new ids, which day 1's model did not know
     ids2, ids1 = _ids(days[1])[:, 0], _ids(days[0])[:, 0]
     values, counts = np.unique(ids2[~np.isin(ids2, ids1)], return_counts=True)
