@@ -13,4 +13,4 @@ rm -rf "$raw"
 mkdir -p "$raw"
 # shellcheck disable=SC2086
 .venv/bin/ctrkit bench epoch --rows "$ROWS" ${EXTRA:-} --output "$raw/epoch.json"
-.venv/bin/python benchmarks/collect.py epoch "$raw" --command "ROWS=$ROWS bash benchmarks/run_epoch.sh"
+.venv/bin/python benchmarks/collect.py epoch "$raw" --command "ROWS=$ROWS${EXTRA:+ EXTRA=\"$EXTRA\"} bash benchmarks/run_epoch.sh"
