@@ -31,6 +31,15 @@ def tiny_dataset(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture
+def two_threads():
+    """torch's intra-op threads set to 2 inside the test (the workers of a split step or split scoring)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
 def small_model_flags() -> list[str]:
     return ["--embedding-dim", "8", "--bottom-mlp", "32,8", "--top-mlp", "32,1"]
 

@@ -4,7 +4,6 @@ precision a run scores in (``--eval-dtype``)."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import torch
 
 from ctrkit.data.dataset import SplitBinaryDataset
@@ -14,14 +13,6 @@ from ctrkit.device import cpu_native_bf16, eval_dtype_for
 from ctrkit.eval import evaluator
 from ctrkit.eval.evaluator import predict_logits
 from ctrkit.models.registry import create_model, make_config
-
-
-@pytest.fixture
-def two_threads():
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
 
 
 def test_split_scoring_equals_one_forward_pass(tiny_dataset, two_threads, monkeypatch):

@@ -15,14 +15,6 @@ from ctrkit.train.step import TrainStep
 CPU = torch.device("cpu")
 
 
-@pytest.fixture
-def two_threads():
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
-
-
 def test_slices_cover_the_batch_in_order():
     assert split.slices(10, 3) == [slice(0, 3), slice(3, 6), slice(6, 10)]
     assert split.slices(2, 2) == [slice(0, 1), slice(1, 2)]
