@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -57,6 +58,7 @@ SIGNATURES = {
 
 RETURNS = {"ctrkit_rows_sgd_f32": _I, "ctrkit_gather_rows_f32": _I, "ctrkit_sort_ids": _I}  # the others return nothing
 _loaded: list = []  # [library or None], once per process
+_loading = threading.Lock()  # one thread builds and loads it
 _suspended: list = []  # non-empty inside suspended()
 
 
@@ -190,10 +192,12 @@ def library() -> ctypes.CDLL | None:
     if _suspended:
         return None
     if not _loaded:
-        try:
-            lib = _load()
-        except (OSError, RuntimeError, subprocess.SubprocessError) as err:
-            print(f"ctrkit: native CPU kernels unavailable ({err}); using ATen operations", file=sys.stderr)
-            lib = None
-        _loaded.append(lib)
+        with _loading:  # threads scoring or stepping their slices may ask first at once: one builds and says
+            if not _loaded:
+                try:
+                    lib = _load()
+                except (OSError, RuntimeError, subprocess.SubprocessError) as err:
+                    print(f"ctrkit: native CPU kernels unavailable ({err}); using ATen operations", file=sys.stderr)
+                    lib = None
+                _loaded.append(lib)
     return _loaded[0]
