@@ -33,6 +33,35 @@ def deferred_tables() -> Iterator[None]:
         _DEFERRED.reset(token)
 
 
+_FILL_LATER = contextvars.ContextVar("ctrkit_tables_filled_later", default=False)
+
+
+@contextmanager
+def tables_filled_later() -> Iterator[None]:
+    """Within it, in-memory tables are allocated but not drawn: their pages stay untouched (not resident) until
+    ``fill_pending_tables``, a load or a redraw writes them. A training run builds its model so, so that the warm
+    start's fit (which needs only the first-order tables) does not add to the tables' memory. The values drawn
+    later are the same: each block of rows has its own generator, seeded at construction."""
+    token = _FILL_LATER.set(True)
+    try:
+        yield
+    finally:
+        _FILL_LATER.reset(token)
+
+
+def fill_pending_tables(model: nn.Module) -> None:
+    """Draws the tables that ``tables_filled_later`` left undrawn and nothing has written since."""
+    for module in model.modules():
+        if isinstance(module, _Tables) and module.pending_fill:
+            module.reset_tables()
+
+
+def tables_written(module: nn.Module) -> None:
+    """Records that ``module``'s tables were written whole (the warm start's first-order weights): not drawn later."""
+    if isinstance(module, _Tables):
+        module.pending_fill = False
+
+
 class _Tables(nn.Module):
     """The flat (sum of cardinalities, D) weight and its initialisation, shared by both collections.
 
@@ -45,6 +74,7 @@ class _Tables(nn.Module):
     cardinalities: tuple[int, ...]
     dim: int
     disk: disk_tier.DiskTier | None = None  # the tables on disk, ``weight`` their row cache (one-hot tables only)
+    pending_fill: bool = False  # allocated under ``tables_filled_later``, not drawn yet
 
     def _make_weight(self, on_disk: bool = False) -> None:
         self.init_seed = int(torch.randint(0, 2**62, (1,), device="cpu").item())
@@ -58,7 +88,10 @@ class _Tables(nn.Module):
         else:  # huge pages before the first write: the optimizers gather and scatter rows at random
             self.weight = nn.Parameter(hugepages.empty(sum(self.cardinalities), self.dim, device=device))
         if self.weight.device.type != "meta":
-            self.reset_tables()
+            if _FILL_LATER.get() and self.disk is None:
+                self.pending_fill = True
+            else:
+                self.reset_tables()
 
     @property
     def init(self) -> TableInit:
@@ -78,6 +111,7 @@ class _Tables(nn.Module):
             self.disk.reset(fill)
         else:
             fill(self.weight)
+        self.pending_fill = False
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         super()._save_to_state_dict(destination, prefix, keep_vars)
@@ -86,6 +120,8 @@ class _Tables(nn.Module):
             destination[prefix + "weight"] = self.disk.table
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing, unexpected, errors):
+        if prefix + "weight" in state_dict:
+            self.pending_fill = False
         if self.disk is None or prefix + "weight" not in state_dict:
             return super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing, unexpected,
                                                  errors)  # fmt: skip

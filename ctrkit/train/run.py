@@ -358,7 +358,7 @@ class Run(SeedEnsemble):
 
         from ctrkit.checkpoint_shards import assemble_shards
         from ctrkit.distributed.hybrid import shard_for_job
-        from ctrkit.models.embeddings import deferred_tables
+        from ctrkit.models.embeddings import deferred_tables, tables_filled_later
         from ctrkit.models.registry import create_model
         from ctrkit.train.trainer import RunInfo, Trainer
 
@@ -373,6 +373,9 @@ class Run(SeedEnsemble):
             from ctrkit.train.memory import tables_directory
 
             with disk_tables(tables_directory(spec.save_checkpoint), cfg.embedding_cache_rows):
+                model = create_model(spec.model, spec.model_config)
+        elif self.env is None and self.device.type == "cpu":  # tables drawn after the warm start (less at once)
+            with tables_filled_later():
                 model = create_model(spec.model, spec.model_config)
         elif self.env is None:
             model = create_model(spec.model, spec.model_config).to(self.device)

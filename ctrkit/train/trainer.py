@@ -21,6 +21,7 @@ from ctrkit.data.loader import BatchLoader
 from ctrkit.device import eval_dtype_for
 from ctrkit.distributed.env import DistEnv, all_reduce_sum
 from ctrkit.models.dynamic import DynamicIds
+from ctrkit.models.embeddings import fill_pending_tables
 from ctrkit.train.best_weights import copy_state
 from ctrkit.train.memory import tables_directory
 from ctrkit.train.optim import LRSchedule, build_optimizers
@@ -227,6 +228,7 @@ class Trainer(TrainerState, ModelSelection, SnapshotPool, WarmStart):
         if self.step == 0 and self.selection.best_step is None and not self.continued:
             self._fit_normalizer()  # a continued model keeps the inputs' scales and buckets it was trained with
             self._warm_start()
+        fill_pending_tables(self.model)  # tables built undrawn (``tables_filled_later``) that nothing wrote
         eval_steps = self._eval_steps()
         loss_sum = self._loss_sum
         window_steps = window_samples = 0

@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 from tqdm.auto import tqdm
 
+from ctrkit.models.embeddings import fill_pending_tables
+
 
 class WarmStart:
     """Fits the input normaliser and the warm start (a mixin of ``Trainer``)."""
@@ -61,4 +63,5 @@ class WarmStart:
             how = "reused from the seed ensemble's first member" if fit.get("reused") else f"{fit['seconds']:.1f} s"
             tqdm.write(f"first-order term fitted as a logistic regression on {fit['rows']:,} rows (C {fit['C']:g}, "
                        f"validation AUC {fit['validation_auc']:.4f}, {how})")  # fmt: skip
+        fill_pending_tables(self.model)  # the deep tables drawn only now: the fit's memory is freed
         self.validate(baseline=True)
