@@ -62,10 +62,12 @@ class IdMap:
     its last sighting, ``seen`` that batch's number; ``held`` marks the rows that have an id (row 0 always).
     """
 
-    def __init__(self, keys, state, row, count, seen, held, sizes, capacity: int, max_entries: int):
+    def __init__(self, keys, state, row, count, seen, held, sizes, capacity: int, max_entries: int, hint=None):
         self.keys, self.state, self.row, self.count, self.seen, self.held = keys, state, row, count, seen, held
         self.sizes = sizes  # [ids held, slots not EMPTY]
         self.capacity, self.max_entries = capacity, max_entries
+        # a one-element view: every row below it is held (the search for free rows starts there; 0: anywhere)
+        self.hint = hint if hint is not None else np.zeros(1, np.int64)
         self.mask = np.uint64(len(keys) - 1)
 
     # ------------------------------------------------------------------------------------------ lookups
@@ -161,15 +163,26 @@ class IdMap:
         if not len(eligible):
             return np.empty(0, np.int64), np.empty(0, np.int64)
         admit = self.keys[eligible[np.lexsort((self.keys[eligible], -self.count[eligible]))]]
-        free = np.flatnonzero(~self.held)
-        if len(free) < len(admit):
-            self._evict(len(admit) - len(free), uniq, now, eviction, half_life)
-            free = np.flatnonzero(~self.held)
-        admit = admit[: len(free)]
-        rows = free[: len(admit)]
+        rows = self._free_rows(len(admit))
+        if len(rows) < len(admit):
+            self._evict(len(admit) - len(rows), uniq, now, eviction, half_life)
+            rows = self._free_rows(len(admit))
+        admit = admit[: len(rows)]
         self.row[self.find(admit)] = rows  # found again: an eviction may have rehashed the slots
         self.held[rows] = True
+        if len(rows):
+            self.hint[0] = rows[-1] + 1
         return rows.astype(np.int64), admit
+
+    def _free_rows(self, n: int) -> np.ndarray:
+        """The ``n`` lowest rows without an id (all of them where fewer), read from the hint on in growing blocks
+        rather than over the whole table each time."""
+        found, got, pos, step = [], 0, int(self.hint[0]), max(4096, 2 * n)
+        while got < n and pos < len(self.held):
+            part = np.flatnonzero(~self.held[pos : pos + step])[: n - got] + pos
+            found.append(part)
+            got, pos, step = got + len(part), pos + step, 2 * step
+        return np.concatenate(found) if found else np.empty(0, np.int64)
 
     def _forget_candidates(self, wanted: int, batch: np.ndarray, now: int, half_life: int) -> int:
         """Forgets up to ``wanted`` candidates not in ``batch``: the lowest decayed counts, then the smaller ids."""
@@ -193,6 +206,7 @@ class IdMap:
         order = np.lexsort((self.keys[held], score))[:wanted]
         victims = held[order]
         self.held[self.row[victims]] = False
+        self.hint[0] = min(int(self.hint[0]), int(self.row[victims].min()))
         self._remove(victims)
 
     def preadmit(self, ids: np.ndarray, admit_after: float) -> None:
@@ -234,6 +248,7 @@ class DynamicIds(nn.Module):
         self.eviction = "lfu"
         self.half_life = HALF_LIFE
         self.register_buffer("batches", torch.zeros((), dtype=torch.int64))  # batches observed
+        self._free_hints = np.zeros(len(self.columns), np.int64)  # IdMap.hint of each feature (not state)
         for j, (cap, most) in enumerate(zip(self.capacities, self.max_entries)):
             n = slots_for(most)
             self.register_buffer(f"keys{j}", torch.zeros(n, dtype=torch.int64))
@@ -260,7 +275,12 @@ class DynamicIds(nn.Module):
     def map(self, j: int) -> IdMap:
         """Feature ``j``'s map, over this module's buffers (shared, not copied)."""
         arrays = [getattr(self, f"{k}{j}").numpy() for k in ("keys", "state", "row", "count", "seen", "held", "sizes")]
-        return IdMap(*arrays, capacity=self.capacities[j], max_entries=self.max_entries[j])
+        return IdMap(*arrays, capacity=self.capacities[j], max_entries=self.max_entries[j],
+                     hint=self._free_hints[j : j + 1])  # fmt: skip
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        super()._load_from_state_dict(*args, **kwargs)
+        self._free_hints[:] = 0  # other maps: their free rows searched from the start
 
     @torch.compiler.disable
     def forward(self, categorical: torch.Tensor) -> torch.Tensor:

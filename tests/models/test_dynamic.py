@@ -114,6 +114,19 @@ def test_map_follows_the_reference(capacity, max_entries, admit_after, eviction,
         assert admitted_late
 
 
+def test_free_rows_of_a_large_table_follow_the_reference():
+    """More rows than one block of the free-row search, filled, then rows freed low in the table and taken again."""
+    capacity = 9000
+    ids = DynamicIds([0], [capacity], [2 * capacity])
+    ref = Reference(capacity, 2 * capacity, 1, "lfu", 0)
+    for b in range(12):  # 1,000 new ids a batch, each id of the first batches seen less often
+        batch = np.repeat(np.arange(b * 1000, (b + 1) * 1000, dtype=np.int64), 1 + b // 4)
+        fresh = ids.observe(torch.from_numpy(batch).view(-1, 1))
+        assert sorted(fresh.get(0, np.empty(0)).tolist()) == sorted(ref.observe(batch))
+    assert ids.map(0).admitted() == ref.admitted() and max(ref.admitted().values()) > 4096
+    assert ids.map(0).hint[0] > 0
+
+
 def test_map_survives_deletions_and_rehash():
     ids = DynamicIds([0], [8], [16])
     m = ids.map(0)
@@ -147,6 +160,8 @@ def test_checkpoint_state_round_trip():
     for batch in stream(3, 10, 32, 100):
         ids.observe(torch.from_numpy(batch).view(-1, 1))
     copy = DynamicIds([0], [20])
+    for batch in stream(5, 10, 32, 100):  # its own history first: its search for free rows starts elsewhere
+        copy.observe(torch.from_numpy(batch).view(-1, 1))
     copy.load_state_dict(ids.state_dict())
     assert copy.map(0).admitted() == ids.map(0).admitted() and int(copy.batches) == 10
     nxt = torch.from_numpy(next(stream(4, 1, 32, 100))).view(-1, 1)
