@@ -27,6 +27,14 @@ WARM_START_ID_BYTES = 24  # the warm start's fit, per id of the first-order tabl
 WARM_START_VALUE_BYTES = 20  # and per (row, feature) of the rows it fits (CSR matrices of both orientations)
 WARM_START_ROWS = 1_000_000  # the warm start fits on at most this many training rows and validation rows each
 SCORING_BYTES = 256  # per scored sample of an evaluation batch and feature (activations, logits, ids)
+# the trainer's working memory besides the counted parts (batches in flight, threads' stacks, buffers of saves and
+# scoring): what the estimate lacked against measured peaks on small shapes (docs/decisions/memory-plan.md)
+RUNTIME_BYTES = 128 << 20
+
+
+def working_bytes(eval_batch: int, inputs: int) -> int:
+    """An evaluation batch's scoring (``SCORING_BYTES`` a sample and input) and the trainer's working memory."""
+    return SCORING_BYTES * eval_batch * inputs + RUNTIME_BYTES
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,6 @@ from typing import Any
 from ctrkit.config import TrainConfig
 from ctrkit.train.mechanisms import continued_settings
 from ctrkit.train.memory import (
-    SCORING_BYTES,
     USABLE,
     WARM_START_ID_BYTES,
     WARM_START_ROWS,
@@ -29,6 +28,7 @@ from ctrkit.train.memory import (
     room,
     table_state_bytes,
     tables_directory,
+    working_bytes,
 )
 
 # Small data: an epoch of fewer than SMALL_EPOCH batches (a table of a few thousand rows at batch 1,024).
@@ -172,10 +172,9 @@ def _table_rows(model: Any) -> int:
 def _memory(cfg: Any, table_optimizer: str, sizes: tuple, model_config: Any, train_rows: int, validation: bool,
             members: int, warm: bool, processes: int, best_on_disk: bool = False, cache_rows: int | None = None,
             validation_rows: int = 0, fit_first: bool = False) -> dict[str, int]:  # fmt: skip
-    """The estimated peak of one process (``memory``'s docstring says what is counted), by part, in bytes;
-    ``more``: what it allocates beyond what it holds now. ``cache_rows``: the tables on disk with a cache of this
-    many rows (``tables_on_disk``: their bytes and their state's there). ``fit_first``: the deep tables are drawn
-    after the warm start's fit (one CPU process, tables in memory: ``embeddings.tables_filled_later``)."""
+    """A process's estimated peak by part, in bytes (``memory``'s docstring says what is counted); ``more``: what it
+    allocates beyond what it holds now; ``cache_rows``: the tables on disk with a cache of this many rows (their
+    bytes and their state's there: ``tables_on_disk``); ``fit_first``: deep tables drawn after the warm start."""
     deep, side, dense, buffers, rows = sizes
     deep, rows = deep // processes, rows // processes  # a job's tables are split over its processes, about evenly
     stored = 0
@@ -200,12 +199,10 @@ def _memory(cfg: Any, table_optimizer: str, sizes: tuple, model_config: Any, tra
     inputs = len(getattr(model_config, "cardinalities", ())) + getattr(model_config, "num_numerical", 0) + 1
     fit_rows = min(train_rows, WARM_START_ROWS) + min(validation_rows, WARM_START_ROWS)  # both held as matrices
     fit = WARM_START_ID_BYTES * (side // 4) + WARM_START_VALUE_BYTES * fit_rows * inputs if warm else 0
-    scoring = SCORING_BYTES * min(cfg.eval_batch_size, max(train_rows, 1)) * inputs
+    scoring = working_bytes(min(cfg.eval_batch_size, max(train_rows, 1)), inputs)
     now = process_rss()
-    if fit_first and cache_rows is None:  # the fit's memory is freed before the deep tables are first written
-        more = max(weights - deep + fit, weights + state + copies + scoring)
-    else:
-        more = weights + state + max(fit, copies + scoring)
+    held = weights + state + copies + scoring  # once the deep tables are drawn
+    more = max(weights - deep + fit, held) if fit_first else held + max(0, fit - copies - scoring)
     return {"weights": weights, "optimizer": state, "copies": copies, "copies_on_disk": on_disk, "warm_start": fit,
             "process": now, "tables_on_disk": stored, "cache_rows": rows if stored else 0,
             "more": more, "peak": now + more, "total": weights + state + copies}  # fmt: skip
@@ -365,8 +362,9 @@ def make_plan(
                          "set --embedding-storage memory")  # fmt: skip
 
     def need(optimizer: str, validation: bool = validation, best: str = best, cache: int | None = None) -> dict:
+        first = device == "cpu" and processes == 1 and cache is None  # ``embeddings.tables_filled_later``
         return _memory(cfg, optimizer, sizes, spec.model_config, train_rows, validation, members, warm, processes,
-                       best == "disk", cache, validation_rows, device == "cpu" and processes == 1)  # fmt: skip
+                       best == "disk", cache, validation_rows, first)  # fmt: skip
 
     budget = room(device)
     usable = None if budget.bytes is None else int(budget.bytes * USABLE)
