@@ -183,7 +183,9 @@ class TrainConfig:
         ("lfu", "lru"),
     )
     count_half_life: int = option(
-        0, "dynamic features: training batches in which an id's count of sightings halves (0: counts never decay)"
+        0,
+        "dynamic features: training batches in which an id's count of sightings halves (0: counts never decay; "
+        "unset in a --continue-from run: 2 epochs of its data)",
     )
     calibrate: str = option(
         "auto",
@@ -447,7 +449,9 @@ class RunOptions:
         None,
         "start from this checkpoint's model (its selected weights, with its dynamic tables' ids and counts) and "
         "optimizer states, on --dataset (a new day of data): a new run with its own steps, schedule and model "
-        "selection on the new data's validation; --load-checkpoint, if given too, resumes this run instead",
+        "selection on the new data's validation; rates and count half-life left unset take the continued run's "
+        "defaults (half the dense and table rates, four times the first-order rate, counts halving every 2 epochs; the "
+        "plan shows them); --load-checkpoint, if given too, resumes this run instead",
     )
     allow_other_vocabulary: bool = option(
         False,

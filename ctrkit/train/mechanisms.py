@@ -95,18 +95,33 @@ def mechanism(name: str) -> Mechanism:
 
 
 CONTINUED_RATES = 0.5  # a continued run's dense and table rates left to the model: this share of its defaults
+CONTINUED_WIDE_RATE = 4.0  # ... and its first-order rate: this multiple (no warm start fits the new ids' weights)
+CONTINUED_HALF_LIFE = 2  # ... and its dynamic tables' counts: halving every this many epochs of the new data
 
 
-def continued_settings(cfg: Any, sources: dict[str, str], rules: dict[str, str]) -> dict[str, Any]:
+def continued_settings(cfg: Any, sources: dict[str, str], rules: dict[str, str], steps: int) -> dict[str, Any]:
     """What a run continued from a trained model (``--continue-from``) changes where the user left the setting to
-    the model's default (recorded in ``rules`` for the plan): the dense and table rates at ``CONTINUED_RATES`` of
-    it (a trained model is carried on, not trained anew), and no table redraws (its tables are what it keeps)."""
+    the model's default (recorded in ``rules`` for the plan), ``steps`` being the batches of an epoch: the dense
+    and table rates at ``CONTINUED_RATES`` of it (a trained model is carried on, not trained anew), the
+    first-order rate at ``CONTINUED_WIDE_RATE`` times it (the new day's ids have no warm start to fit their
+    first-order weights), the dynamic tables' counts halving every ``CONTINUED_HALF_LIFE`` epochs (so that the
+    ids frequent on earlier days give way to today's when a table is full), and no table redraws (its tables are
+    what it keeps)."""
     changes: dict[str, Any] = {}
-    for name in ("lr", "embedding_lr"):
-        if sources.get(name, "default").endswith("default"):
-            changes[name] = getattr(cfg, name) * CONTINUED_RATES
-            rules[name] = f"a continued run: {CONTINUED_RATES:g} x the model's default rates"
-    if sources.get("reinit_embeddings", "default").endswith("default"):
+
+    def left(name: str) -> bool:
+        return sources.get(name, "default").endswith("default")
+
+    rates = (f"a continued run: {CONTINUED_RATES:g} x the model's default dense and table rates, "
+             f"{CONTINUED_WIDE_RATE:g} x its first-order rate")  # fmt: skip
+    for name, share in (("lr", CONTINUED_RATES), ("embedding_lr", CONTINUED_RATES), ("wide_lr", CONTINUED_WIDE_RATE)):
+        if left(name):
+            changes[name] = getattr(cfg, name) * share
+            rules[name] = rates
+    if left("count_half_life") and cfg.count_half_life == 0:
+        changes["count_half_life"] = CONTINUED_HALF_LIFE * steps
+        rules["count_half_life"] = f"a continued run: every {CONTINUED_HALF_LIFE} epochs of the new data"
+    if left("reinit_embeddings"):
         changes["reinit_embeddings"] = "off"
         rules["reinit_embeddings"] = "a continued run keeps its tables"
     return changes

@@ -308,7 +308,7 @@ def make_plan(
     resolved, rules = resolved_train(cfg, steps)
     continued = getattr(spec, "continue_from", None)
     if continued is not None:  # a trained model, carried on (``mechanisms.continued_settings``)
-        changes = continued_settings(cfg, sources, rules)
+        changes = continued_settings(cfg, sources, rules, steps)
         cfg, resolved = replace(cfg, **changes), replace(resolved, **changes)
     validation = validation_rows > 0
     lines: list[tuple[str, str, str]] = []
@@ -418,7 +418,7 @@ def make_plan(
                   why("early_stopping_patience")))  # fmt: skip
     lines.append(("optimizers", f"{cfg.optimizer} {cfg.lr:g} (dense), {cfg.embedding_optimizer} {cfg.embedding_lr:g} "
                   "(tables)" + (f", {cfg.wide_optimizer} {cfg.wide_lr:g} (first-order)" if side else ""),
-                  why(next((n for n in ("embedding_optimizer", "lr", "embedding_lr") if n in rules),
+                  why(next((n for n in ("embedding_optimizer", "lr", "embedding_lr", "wide_lr") if n in rules),
                            "optimizer"))))  # fmt: skip
     decay = (f"decay from step {resolved.decay_start_step:,} over {resolved.decay_steps:,}" if resolved.decay_steps
              else "no decay")  # fmt: skip
@@ -480,19 +480,14 @@ def make_plan(
     if dynamic:
         caps = [mc.cardinalities[i] for i in dynamic]
         span = f"{min(caps):,}" + (f" to {max(caps):,}" if max(caps) != min(caps) else "")
-        decay = f"halving every {cfg.count_half_life:,} batches" if cfg.count_half_life else "never decaying"
+        decay, rule = f"halving every {cfg.count_half_life:,} batches" if cfg.count_half_life else "never decaying", (
+            "count_half_life" if "count_half_life" in rules else "admit_after")  # fmt: skip
         lines.append(("dynamic", f"{len(dynamic)} features of raw ids in tables of {span} rows; an id gets a row "
                       f"after {cfg.admit_after} sighting{'s' if cfg.admit_after != 1 else ''}, {cfg.eviction} "
-                      f"eviction when full, counts {decay}", why("admit_after")))  # fmt: skip
+                      f"eviction when full, counts {decay}", why(rule)))  # fmt: skip
     if continued is not None:
-        lines.append(
-            (
-                "continues",
-                f"from {continued}: its selected weights (dynamic tables' ids and counts with "
-                "them) and optimizer states; steps, schedule and model selection start over",
-                "--continue-from",
-            )
-        )
+        lines.append(("continues", f"from {continued}: its selected weights (dynamic tables' ids and counts with "
+                      "them) and optimizer states; steps, schedule and model selection start over", "--continue-from"))  # fmt: skip
     lines.append(("memory", f"peak about {gib(memory['peak'])}{per}{has}: weights {gib(weights)}, optimizer state "
                   f"{gib(state)}, copies kept {gib(copies)}{disk}, warm start {fit}, this process now {now}",
                   "estimate"))  # fmt: skip

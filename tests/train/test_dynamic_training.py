@@ -65,10 +65,13 @@ def test_continued_training_admits_new_ids_and_resumes_as_uninterrupted(tmp_path
     _train(days[1], part, "--continue-from", first, "--admit-after", "2", "--load-checkpoint", part)
     a, b = load_checkpoint(whole), load_checkpoint(part)
     assert a.step == b.step == 8 and a.selection == b.selection
-    # the continued run's rates are its plan's (half the defaults), not the checkpoint's; no redraws
-    assert "adam 0.0005 (dense), adam 0.005 (tables)" in done.stderr and "redraws      off  [a continued" in done.stderr
-    rates = sorted(g["base_lr"] for o in a.optimizers for g in o["param_groups"])  # first-order ones: 0.02
-    assert rates == pytest.approx([5e-4, 5e-3, 0.02, 0.02])
+    # the continued run's rates are its plan's (half the dense and table defaults, four times the first-order one), not
+    # the checkpoint's; no redraws; counts halving every 2 epochs of day 2 (8 batches each)
+    assert "adam 0.0005 (dense), adam 0.005 (tables), adagrad 0.08 (first-order)  [a continued" in done.stderr
+    assert "redraws      off  [a continued" in done.stderr
+    assert "counts halving every 16 batches  [a continued run: every 2 epochs" in done.stderr
+    rates = sorted(g["base_lr"] for o in a.optimizers for g in o["param_groups"])  # first-order ones: 0.08
+    assert rates == pytest.approx([5e-4, 5e-3, 0.08, 0.08])
     for k in a.model:
         assert torch.equal(a.model[k], b.model[k]), k
     # the inputs' scales and buckets are the day-1 model's, not refitted on day 2
@@ -103,7 +106,8 @@ def test_continued_training_admits_new_ids_and_resumes_as_uninterrupted(tmp_path
     from ctrkit.eval.metrics import roc_auc
 
     labels = SplitBinaryDataset(FeatureSpec.from_yaml(days[2]), "test").labels()
-    assert abs(roc_auc(labels, np.load(out)) - auc) < 1e-9
+    pairs = int(labels.sum()) * int(len(labels) - labels.sum())
+    assert abs(roc_auc(labels, np.load(out)) - auc) <= 1 / pairs  # float32 probabilities may tie one pair of logits
 
 
 def test_continue_from_refuses_other_optimizers_in_one_line(tmp_path):
