@@ -62,88 +62,90 @@ class _Design:
         n = len(batch.labels)
         onehot_cards = cards[0]
         offsets = torch.tensor([0, *onehot_cards[:-1]], dtype=torch.int64).cumsum(0)
-        if not (len(cards) > 1 and batch.multi_hot is not None):  # as many indicators in every row
-            self._fixed_width(batch.categorical + offsets, sum(onehot_cards), extra, extra_size, columns, transpose)
+        ids, total = batch.categorical + offsets, sum(onehot_cards)
+        bags = batch.multi_hot if len(cards) > 1 else None
+        if bags is None:  # as many indicators in every row: the one-hot ids, then the buckets
+            if extra is not None:
+                ids, total = torch.cat([ids, total + extra], 1), total + extra_size
+            self._build(n, total, ids.reshape(-1), None, ids.shape[1], columns, transpose)
             return
-        rows = [torch.arange(n).repeat_interleave(len(onehot_cards))]
-        cols = [(batch.categorical + offsets).reshape(-1)]
-        vals = [torch.ones(n * len(onehot_cards), dtype=torch.float64)]
-        total = sum(onehot_cards)
-        if len(cards) > 1 and batch.multi_hot is not None:
-            mh, bag_cards = batch.multi_hot, cards[1]
-            lengths = mh.offsets[1:] - mh.offsets[:-1]  # (Fm * N,)
-            bag = torch.repeat_interleave(torch.arange(len(lengths)), lengths)  # bag of each id
-            feature, sample = bag // n, bag % n
-            bag_offsets = torch.tensor([0, *bag_cards[:-1]], dtype=torch.int64).cumsum(0)
-            weight = torch.ones(len(bag), dtype=torch.float64)
-            means = torch.tensor(multi_hot_means, dtype=torch.bool)[feature]
-            weight = torch.where(means, 1.0 / lengths[bag].clamp_min(1).double(), weight)
-            rows.append(sample)
-            cols.append(total + bag_offsets[feature] + mh.ids)
-            vals.append(weight)
-            total += sum(bag_cards)
+        col, val, crow = self._with_bags(ids, total, bags, cards[1], multi_hot_means, extra)
+        self._build(n, total + sum(cards[1]) + (extra_size if extra is not None else 0), col, val, crow, columns,
+                    transpose)  # fmt: skip
+
+    @staticmethod
+    def _with_bags(ids: torch.Tensor, total: int, mh, bag_cards: tuple[int, ...], means: tuple[bool, ...],
+                   extra: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+        """Rows of the one-hot ids, then each multi-hot bag's ids (indicator sums, or means for mean-pooled
+        features), then ``extra``'s: the entries (columns, values) in row order and each row's first entry, placed
+        where they belong rather than sorted by row."""
+        n, width = ids.shape
+        lengths = mh.offsets[1:] - mh.offsets[:-1]  # (Fm * N,): bags feature by feature, each over the rows
+        per = lengths.view(-1, n)
+        before = (per.cumsum(0) - per).reshape(-1)  # a bag's place among its row's bags
+        in_bags = per.sum(0)
+        tail = 0 if extra is None else extra.shape[1]
+        crow = torch.zeros(n + 1, dtype=torch.int64)
+        crow[1:] = (in_bags + width + tail).cumsum(0)
+        first = crow[:-1]
+        col = torch.empty(int(crow[-1]), dtype=torch.int64)
+        val = torch.ones(len(col), dtype=torch.float64)
+        col[(first.unsqueeze(1) + torch.arange(width)).reshape(-1)] = ids.reshape(-1)
+        bag = torch.repeat_interleave(torch.arange(len(lengths)), lengths)  # the bag of each id
+        feature, sample = bag // n, bag % n
+        place = first[sample] + width + before[bag] + torch.arange(len(bag)) - (mh.offsets[:-1][bag] - mh.offsets[0])
+        del before
+        bag_offsets = torch.tensor([0, *bag_cards[:-1]], dtype=torch.int64).cumsum(0)
+        col[place] = total + bag_offsets[feature] + mh.ids
+        is_mean = torch.tensor(means, dtype=torch.bool)[feature]
+        val[place] = torch.where(is_mean, 1.0 / lengths[bag].clamp_min(1).double(), 1.0)
+        del bag, feature, sample, place, is_mean
         if extra is not None:  # further indicator columns (the numerical features' buckets), (n, m) ids
-            rows.append(torch.arange(n).repeat_interleave(extra.shape[1]))
-            cols.append(total + extra.reshape(-1))
-            vals.append(torch.ones(extra.numel(), dtype=torch.float64))
-            total += extra_size
-        row, col, val = torch.cat(rows), torch.cat(cols), torch.cat(vals)
+            at = (first + width + in_bags).unsqueeze(1) + torch.arange(tail)
+            col[at.reshape(-1)] = total + sum(bag_cards) + extra.reshape(-1)
+        return col, val, crow
+
+    def _build(self, n: int, total: int, col: torch.Tensor, val: torch.Tensor | None, row_width: torch.Tensor | int,
+               columns: torch.Tensor | None, transpose: bool) -> None:  # fmt: skip
+        """The matrices from entries in row order (``col``: ids of ``total``; ``val``: None for all ones): each
+        row's first entry ``row_width`` (n + 1), or an int where every row holds that many. Built row by row, and
+        by columns with one stable sort, in place of sorting every entry by its row (the sort and its index copies
+        were most of the warm start's memory: docs/decisions/memory-plan.md)."""
         if columns is None:
             self.used = torch.nonzero(torch.bincount(col, minlength=total)).squeeze(1)
-            columns = torch.full((total,), -1, dtype=torch.int64)
-            columns[self.used] = torch.arange(len(self.used))
-        else:
-            self.used = torch.nonzero(columns >= 0).squeeze(1)
-            keep = columns[col] >= 0
-            row, col, val = row[keep], col[keep], val[keep]
-        self.columns = columns
-        col, width = columns[col], len(self.used)
-        self.shape = (n, width)
-        self.rows = self._csr(row, col, val, n, width)
-        self.cols = self._csr(col, row, val, width, n) if transpose else None
-
-    def _fixed_width(self, ids: torch.Tensor, total: int, extra: torch.Tensor | None, extra_size: int,
-                     columns: torch.Tensor | None, transpose: bool) -> None:  # fmt: skip
-        """The design of rows of W indicators each (one-hot tables, the buckets): the same matrices as the
-        general construction, built row by row in place of sorting every entry by its row (the sort and its
-        index copies were most of the warm start's memory: docs/decisions/memory-plan.md)."""
-        n = ids.shape[0]
-        if extra is not None:
-            ids = torch.cat([ids, total + extra], 1)
-            total += extra_size
-        width_in = ids.shape[1]
-        if columns is None:
-            self.used = torch.nonzero(torch.bincount(ids.reshape(-1), minlength=total)).squeeze(1)
             columns = torch.full((total,), -1, dtype=torch.int32 if len(self.used) < 2**31 else torch.int64)
             columns[self.used] = torch.arange(len(self.used), dtype=columns.dtype)
         else:
             self.used = torch.nonzero(columns >= 0).squeeze(1)
         self.columns, width = columns, len(self.used)
         self.shape = (n, width)
-        mapped = columns[ids]
-        del ids
+        mapped = columns[col]
+        del col
+        uniform = isinstance(row_width, int)
+        crow = torch.arange(0, n * row_width + 1, row_width) if uniform else row_width
         keep = mapped >= 0
+        if not bool(keep.all()):  # rows with ids outside the columns (another design's): those entries dropped
+            kept = torch.zeros(len(mapped) + 1, dtype=torch.int64)
+            kept[1:] = keep.cumsum(0)
+            crow, mapped, uniform = kept[crow], mapped[keep], False
+            val = val[keep] if val is not None else None
         index = torch.int32 if max(mapped.numel(), n, width) < 2**31 else torch.int64
-        if bool(keep.all()):
-            col = mapped.reshape(-1).to(index)
-            crow = torch.arange(0, n * width_in + 1, width_in, dtype=index)
-        else:  # rows with ids outside the columns (another design's): those entries dropped
-            col = mapped[keep].to(index)
-            crow = torch.zeros(n + 1, dtype=index)
-            crow[1:] = keep.sum(1).cumsum(0)
+        col, crow = mapped.to(index), crow.to(index)
         del mapped, keep
-        ones = torch.ones(len(col), dtype=torch.float64)
-        self.rows = self._sparse(crow, col, ones, (n, width))
+        ones = val is None
+        val = torch.ones(len(col), dtype=torch.float64) if ones else val
+        self.rows = self._sparse(crow, col, val, (n, width))
         self.cols = None
         if transpose:  # by columns: each column's rows in row order (a stable sort of the entries by column)
-            if len(col) != n * width_in:
-                raise ValueError("the transposed design is built for the fitted rows, whose ids are all columns")
             order = torch.sort(col, stable=True).indices
-            rows_of = (order // width_in).to(index)
-            del order
+            if uniform:
+                rows_of = (order // row_width).to(index)
+            else:
+                rows_of = torch.repeat_interleave(torch.arange(n, dtype=index), (crow[1:] - crow[:-1]).long())[order]
             crow_t = torch.zeros(width + 1, dtype=index)
             crow_t[1:] = torch.bincount(col, minlength=width).cumsum(0)
-            self.cols = self._sparse(crow_t, rows_of, ones, (width, n))
+            self.cols = self._sparse(crow_t, rows_of, val if ones else val[order], (width, n))
+            del order
 
     @staticmethod
     def _sparse(crow: torch.Tensor, col: torch.Tensor, val: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
@@ -156,15 +158,6 @@ class _Design:
         out = torch.zeros(len(self.columns), dtype=w.dtype)
         out[self.used] = w
         return out
-
-    @staticmethod
-    def _csr(major: torch.Tensor, minor: torch.Tensor, val: torch.Tensor, size: int, other: int) -> torch.Tensor:
-        order = torch.argsort(major, stable=True)
-        small = max(len(major), size, other) < 2**31  # int32 indices: torch's CSR product takes its faster path
-        index = torch.int32 if small else torch.int64
-        crow = torch.zeros(size + 1, dtype=index)
-        crow[1:] = torch.bincount(major, minlength=size).cumsum(0)
-        return _Design._sparse(crow, minor[order].to(index), val[order], (size, other))
 
     def __matmul__(self, w: torch.Tensor) -> torch.Tensor:  # X @ w
         return self.rows @ w

@@ -237,3 +237,46 @@ def test_the_design_keeps_the_ids_the_fitted_rows_hold_and_the_products_are_the_
     torch.testing.assert_close(x_va @ w, dense(held) @ full)  # held-out ids outside training count 0
     r = torch.tensor([0.5, -1.0, 2.0], dtype=torch.float64)
     torch.testing.assert_close(x_tr.expand(x_tr.rmatvec(r)), dense(fitted).T @ r)
+
+
+def test_a_design_with_bags_and_buckets_is_the_dense_indicator_matrix():
+    from types import SimpleNamespace
+
+    from ctrkit.train.linear_fit import _Design
+
+    cards = [(3, 2), (4, 5)]  # one-hot ids 0-2 and 3-4; bags of ids 5-8 (summed) and 9-13 (averaged)
+
+    def batch(categorical, bags):  # bags: per multi-hot feature, each row's ids
+        n = len(categorical)
+        flat = [ids for feature in bags for ids in feature]
+        offsets = torch.tensor([0, *np.cumsum([len(b) for b in flat])], dtype=torch.int64)
+        multi_hot = SimpleNamespace(offsets=offsets, ids=torch.tensor([i for b in flat for i in b], dtype=torch.int64))
+        return SimpleNamespace(labels=torch.zeros(n), categorical=torch.tensor(categorical), multi_hot=multi_hot)
+
+    fitted = batch([[0, 1], [2, 0], [0, 0]], [[[1, 1], [], [3]], [[0], [2, 4, 4], []]])
+    held = batch([[1, 1], [2, 0]], [[[0, 3], [2]], [[1], [4]]])
+    buckets = (torch.tensor([[0, 3], [1, 3], [0, 2]]), torch.tensor([[2, 3], [1, 2]]))  # 4 more columns
+
+    def dense(b, extra):  # every row's indicators over all 18 columns
+        out = torch.zeros(len(b.labels), 18, dtype=torch.float64)
+        n, offsets = len(b.labels), b.multi_hot.offsets.tolist()
+        for i, row in enumerate(b.categorical.tolist()):
+            out[i, row[0]] += 1
+            out[i, 3 + row[1]] += 1
+            for f, (base, mean) in enumerate(((5, False), (9, True))):
+                ids = b.multi_hot.ids[offsets[f * n + i] : offsets[f * n + i + 1]].tolist()
+                for j in ids:
+                    out[i, base + j] += 1 / len(ids) if mean else 1
+            for j in extra[i].tolist():
+                out[i, 14 + j] += 1
+        return out
+
+    x_tr = _Design(fitted, cards, (False, True), True, buckets[0], 4)
+    x_va = _Design(held, cards, (False, True), False, buckets[1], 4, columns=x_tr.columns)
+    full_tr, full_va = dense(fitted, buckets[0]), dense(held, buckets[1])
+    assert x_tr.used.tolist() == torch.nonzero(full_tr.abs().sum(0)).squeeze(1).tolist()
+    w = torch.arange(1.0, len(x_tr.used) + 1, dtype=torch.float64)
+    torch.testing.assert_close(x_tr @ w, full_tr @ x_tr.expand(w))
+    torch.testing.assert_close(x_va @ w, full_va @ x_va.expand(w))  # held-out ids outside training count 0
+    r = torch.tensor([0.5, -1.0, 2.0], dtype=torch.float64)
+    torch.testing.assert_close(x_tr.expand(x_tr.rmatvec(r)), full_tr.T @ r)
