@@ -487,7 +487,8 @@ def make_plan(
                       f"eviction when full, counts {decay}", why(rule)))  # fmt: skip
     if continued is not None:
         lines.append(("continues", f"from {continued}: its selected weights (dynamic tables' ids and counts with "
-                      "them) and optimizer states; steps, schedule and model selection start over", "--continue-from"))  # fmt: skip
+                      "them) and optimizer states; steps, schedule and model selection start over",
+                      "--continue-from"))  # fmt: skip
     lines.append(("memory", f"peak about {gib(memory['peak'])}{per}{has}: weights {gib(weights)}, optimizer state "
                   f"{gib(state)}, copies kept {gib(copies)}{disk}, warm start {fit}, this process now {now}",
                   "estimate"))  # fmt: skip
