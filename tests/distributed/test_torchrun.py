@@ -53,21 +53,28 @@ def assert_same_weights(a: Path, b: Path, atol: float = 1e-5) -> None:
         torch.testing.assert_close(wa[k], wb[k], rtol=1e-4, atol=atol, msg=k)
 
 
+@pytest.fixture(scope="module")
+def one_process(tiny_dataset, tmp_path_factory) -> Path:
+    """The single-process run of TRAIN on the tiny data set, which the distributed runs here are compared with."""
+    out = tmp_path_factory.mktemp("one") / "one.pt"
+    single("train", "--dataset", tiny_dataset, *TRAIN, "--save-checkpoint", out)
+    return out
+
+
 @pytest.mark.parametrize("sharding", ["table", "column", "row"])
-def test_two_ranks_train_like_one_process(tiny_dataset, tmp_path, sharding):
-    single("train", "--dataset", tiny_dataset, *TRAIN, "--save-checkpoint", tmp_path / "one.pt")
+def test_two_ranks_train_like_one_process(tiny_dataset, one_process, tmp_path, sharding):
     done = torchrun(
         "train", "--dataset", tiny_dataset, *TRAIN, "--save-checkpoint", tmp_path / "two.pt",
         "--sharding", sharding, "--print-sharding-plan",
     )  # fmt: skip
     assert f"{sharding}-wise" in done.stderr and "hybrid parallel: 2 ranks (gloo)" in done.stderr
-    assert_same_weights(tmp_path / "one.pt", tmp_path / "two.pt")
-    scales = [load_checkpoint(tmp_path / f"{n}.pt").calibration for n in ("one", "two")]
+    assert_same_weights(one_process, tmp_path / "two.pt")
+    scales = [load_checkpoint(p).calibration for p in (one_process, tmp_path / "two.pt")]
     assert scales[0] is not None and scales[1] == pytest.approx(scales[0], rel=1e-4)
     # saved by 2 ranks, read by 1 (and the reverse): the same predictions
     single("predict", "--checkpoint", tmp_path / "two.pt", "--dataset", tiny_dataset, "--out", tmp_path / "p1.npy")
     torchrun(
-        "predict", "--checkpoint", tmp_path / "one.pt", "--dataset", tiny_dataset, "--out", tmp_path / "p2.npy",
+        "predict", "--checkpoint", one_process, "--dataset", tiny_dataset, "--out", tmp_path / "p2.npy",
         "--sharding", sharding,
     )  # fmt: skip
     np.testing.assert_allclose(np.load(tmp_path / "p1.npy"), np.load(tmp_path / "p2.npy"), atol=1e-5)
@@ -93,17 +100,15 @@ def test_two_ranks_redraw_their_shards_each_epoch_like_one_process(tiny_dataset,
     assert not torch.allclose(kept["embeddings.onehot.weight"], redrawn["embeddings.onehot.weight"], atol=1e-3)
 
 
-def test_one_rank_job_takes_the_distributed_path(tiny_dataset, tmp_path):
+def test_one_rank_job_takes_the_distributed_path(tiny_dataset, one_process, tmp_path):
     """torchrun with one rank runs the hybrid-parallel path (its collectives on a group of one), and
     trains the same weights as a plain process."""
-    single("train", "--dataset", tiny_dataset, *TRAIN, "--save-checkpoint", tmp_path / "one.pt")
     done = torchrun("train", "--dataset", tiny_dataset, *TRAIN, "--save-checkpoint", tmp_path / "rank.pt", nproc=1)
     assert "hybrid parallel: 1 rank (gloo)" in done.stderr
-    assert_same_weights(tmp_path / "one.pt", tmp_path / "rank.pt")
+    assert_same_weights(one_process, tmp_path / "rank.pt")
 
 
-def test_two_node_rendezvous_on_loopback(tiny_dataset, tmp_path):
-    single("train", "--dataset", tiny_dataset, *TRAIN, "--save-checkpoint", tmp_path / "one.pt")
+def test_two_node_rendezvous_on_loopback(tiny_dataset, one_process, tmp_path):
     port = free_port()
     nodes = [
         subprocess.Popen(
@@ -140,7 +145,7 @@ def test_two_node_rendezvous_on_loopback(tiny_dataset, tmp_path):
     for node in nodes:
         _, err = node.communicate(timeout=240)
         assert node.returncode == 0, err[-3000:]
-    assert_same_weights(tmp_path / "one.pt", tmp_path / "two.pt")
+    assert_same_weights(one_process, tmp_path / "two.pt")
 
 
 def test_resuming_a_two_rank_run_gives_the_same_weights(tiny_dataset, tmp_path):
