@@ -147,28 +147,34 @@ class IdMap:
         self.count[ks] = self.decayed(ks, now, half_life) + times[known]
         self.seen[ks] = now
         new, new_times = uniq[~known], times[~known]
+        slots, moved = ks, False  # the batch's ids in the map (their slots move only where a removal rehashes)
         if len(new):
             room = self.max_entries - int(self.sizes[0])
             if room < len(new):
-                room += self._forget_candidates(len(new) - room, uniq, now, half_life)
+                forgotten = self._forget_candidates(len(new) - room, uniq, now, half_life)
+                room, moved = room + forgotten, forgotten > 0
             if room < len(new):  # the most often seen first, then the smaller ids
                 keep = np.lexsort((new, -new_times))[: max(room, 0)]
                 new, new_times = new[keep], new_times[keep]
             if len(new):
                 s = self._insert(new)
                 self.row[s], self.count[s], self.seen[s] = 0, new_times, now
-        slots = self.find(uniq)
-        slots = slots[slots >= 0]
+                slots = np.concatenate([ks, s])
+        if moved:
+            slots = self.find(uniq)
+            slots = slots[slots >= 0]
         eligible = slots[(self.row[slots] == 0) & (self.count[slots] >= admit_after)]
         if not len(eligible):
             return np.empty(0, np.int64), np.empty(0, np.int64)
-        admit = self.keys[eligible[np.lexsort((self.keys[eligible], -self.count[eligible]))]]
+        eligible = eligible[np.lexsort((self.keys[eligible], -self.count[eligible]))]
+        admit = self.keys[eligible]
         rows = self._free_rows(len(admit))
         if len(rows) < len(admit):
             self._evict(len(admit) - len(rows), uniq, now, eviction, half_life)
             rows = self._free_rows(len(admit))
+            eligible = self.find(admit)  # found again: the eviction may have rehashed the slots
         admit = admit[: len(rows)]
-        self.row[self.find(admit)] = rows  # found again: an eviction may have rehashed the slots
+        self.row[eligible[: len(rows)]] = rows
         self.held[rows] = True
         if len(rows):
             self.hint[0] = rows[-1] + 1

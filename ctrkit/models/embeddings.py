@@ -57,7 +57,8 @@ def fill_pending_tables(model: nn.Module) -> None:
 
 
 def tables_written(module: nn.Module) -> None:
-    """Records that ``module``'s tables were written whole (the warm start's first-order weights): not drawn later."""
+    """Records that ``module``'s tables were written whole (the first-order tables, zeroed at construction, which
+    the warm start then writes): not drawn later."""
     if isinstance(module, _Tables):
         module.pending_fill = False
 

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from ctrkit.models import disk_tier
-from ctrkit.models.embeddings import CategoricalEmbeddings
+from ctrkit.models.embeddings import CategoricalEmbeddings, tables_written
 from ctrkit.models.mlp import MLP
 from ctrkit.models.numerical import (
     MAX_BUCKETS,
@@ -262,6 +262,7 @@ class LinearTerm(nn.Module):
             for m in tables.modules():  # also when its tables are drawn later, shard by shard
                 if hasattr(m, "zero_init"):
                     m.zero_init = True
+                tables_written(m)  # zeroed whole: not drawn again after the warm start wrote them
         buckets = None
         if config.num_numerical and config.numerical_buckets:
             buckets = NumericalBuckets(config.num_numerical, config.numerical_buckets)

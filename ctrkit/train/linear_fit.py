@@ -21,7 +21,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from ctrkit.eval.metrics import roc_auc
-from ctrkit.models.embeddings import tables_written
 from ctrkit.train.memory import WARM_START_ROWS
 
 CS = (0.01, 0.03, 0.1, 0.3, 1.0)  # inverse L2 strengths tried, strongest first (each fit warm-starts the next)
@@ -180,7 +179,6 @@ def _write_tables(model: nn.Module, weights: torch.Tensor) -> None:
                 w.copy_(flat[offsets[s.feature] + s.row_lo : offsets[s.feature] + s.row_hi, s.col_lo : s.col_hi])
         else:
             coll.weight.copy_(flat)
-            tables_written(coll)  # whole: not drawn later (``tables_filled_later``)
 
 
 def fit_first_order(

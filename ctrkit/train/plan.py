@@ -480,8 +480,8 @@ def make_plan(
     if dynamic:
         caps = [mc.cardinalities[i] for i in dynamic]
         span = f"{min(caps):,}" + (f" to {max(caps):,}" if max(caps) != min(caps) else "")
-        decay, rule = f"halving every {cfg.count_half_life:,} batches" if cfg.count_half_life else "never decaying", (
-            "count_half_life" if "count_half_life" in rules else "admit_after")  # fmt: skip
+        decay = f"halving every {cfg.count_half_life:,} batches" if cfg.count_half_life else "never decaying"
+        rule = "count_half_life" if "count_half_life" in rules else "admit_after"  # a continued run's half-life
         lines.append(("dynamic", f"{len(dynamic)} features of raw ids in tables of {span} rows; an id gets a row "
                       f"after {cfg.admit_after} sighting{'s' if cfg.admit_after != 1 else ''}, {cfg.eviction} "
                       f"eviction when full, counts {decay}", why(rule)))  # fmt: skip
