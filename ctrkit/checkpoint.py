@@ -92,6 +92,9 @@ class Checkpoint:
         shard_records: with ``shard_files``, what each rank file must be, in rank order: ``{"run", "step",
             "rank", "digest"}`` (the run that wrote it, its step, its rank, its tensors' digest); a rank file
             from another run, step or rank is refused naming it. None: one file, or written before these.
+        preprocessing: what turned the training data's raw rows into the model's inputs (feature names, value -> id
+            maps, raw-id hashing, numerical transforms and fills: ``RowTransform.to_state``), so raw rows can be
+            scored without the dataset; None: the dataset had no record of it.
         plan: the run's plan (``train/plan.py``: every mechanism on or off and why, the memory estimate, the models
             a request runs) as plain values; None: saved without one.
     """
@@ -118,6 +121,20 @@ class Checkpoint:
     calibration: float | None = None
     plan: dict[str, Any] | None = None
     shard_records: list[dict[str, Any]] | None = None
+    preprocessing: dict[str, Any] | None = None
+
+    def row_transform(self):
+        """The preprocessing that made the training data, to apply to raw rows (``preprocess.transform.RowTransform``);
+        None where the checkpoint carries none (a dataset made without a record: synthetic, Outbrain, NVIDIA's)."""
+        if self.preprocessing is None:
+            return None
+        from ctrkit.preprocess.transform import RowTransform
+
+        try:
+            return RowTransform.from_state(self.preprocessing)
+        except (KeyError, TypeError, ValueError) as e:
+            problem = f"{type(e).__name__}: {e}"
+            raise CheckpointError(f"the checkpoint's preprocessing record is unreadable ({problem})") from None
 
     @property
     def models_averaged(self) -> int:

@@ -37,6 +37,48 @@ class EvalConfig:
 
 
 @dataclass(frozen=True)
+class PredictConfig:
+    """``ctrkit predict``: a dataset mapping to a .npy file, or a file of raw rows to a table of scores."""
+
+    checkpoint: Path | None = option(None, "checkpoint written by `ctrkit train`", required=True)
+    dataset: Path | None = option(
+        None, "dataset directory holding feature_spec.yaml: score its --mapping into a .npy file", exclusive="source",
+        required=True,
+    )  # fmt: skip
+    input: Path | None = option(
+        None,
+        "a CSV (with a header) or Parquet file of raw rows, as the training table held them (the label column may be "
+        "left out): each row goes through the preprocessing the checkpoint carries",
+        exclusive="source",
+        required=True,
+    )
+    out: Path | None = option(
+        None,
+        "output file: with --dataset, NumPy .npy at exactly this path; with --input, a table (.csv, or .parquet/.pq) "
+        "of the --keep columns and 'probability', one row per input row",
+        required=True,
+    )
+    keep: tuple[str, ...] = option(
+        (), "with --input: columns of the input copied to the output (ids)", parse="name_list"
+    )
+    separator: str = option(",", "with --input: the CSV field separator")
+    device: str = option("auto", "auto, cpu, cuda, cuda:N")
+    mapping: str = option("test", "with --dataset: the source_spec mapping to score")
+    batch_size: int = option(16384, "with --dataset: samples per forward pass; with --input: rows per block")
+    allow_other_vocabulary: bool = option(
+        False,
+        "with --dataset: score a dataset preprocessed with other vocabularies than the checkpoint's training data",
+    )
+    no_progress: bool = option(False, "no progress bar")
+
+    def validate(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"`batch_size`: expected an integer >= 1, got {self.batch_size}")
+        if self.keep and self.input is None:
+            raise ValueError("`keep` applies to --input (a .npy file of a dataset holds the probabilities alone)")
+
+
+@dataclass(frozen=True)
 class ReportConfig:
     """``ctrkit report``: what the page is about and where it goes (the checkpoint is positional)."""
 

@@ -8,7 +8,7 @@ import sys
 
 from ctrkit.cli.options import add_command, add_config_flags, config_from, config_values
 from ctrkit.config import ParallelConfig, RunOptions, TrainConfig
-from ctrkit.eval_config import ConvertConfig, EvalConfig, ReportConfig
+from ctrkit.eval_config import ConvertConfig, EvalConfig, PredictConfig, ReportConfig
 
 PARALLEL_TEXT = (
     "Launched by torchrun (torchrun --nproc-per-node N -m ctrkit train ...; --nnodes/--node-rank/--rdzv-endpoint "
@@ -21,9 +21,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = add_command(sub, "train", train, (RunOptions,))
     add_config_flags(p, TrainConfig, suppress=True)  # flags not given come from --config, then the defaults
     add_config_flags(p.add_argument_group("hybrid parallel", PARALLEL_TEXT), ParallelConfig)
-    for name, handler, exclude in (("evaluate", evaluate, ("out",)), ("predict", predict, ("json", "amp"))):
-        p = add_command(sub, name, handler, (EvalConfig,), exclude)
-        add_config_flags(p.add_argument_group("hybrid parallel", PARALLEL_TEXT), ParallelConfig)
+    p = add_command(sub, "evaluate", evaluate, (EvalConfig,), ("out",))
+    add_config_flags(p.add_argument_group("hybrid parallel", PARALLEL_TEXT), ParallelConfig)
+    p = add_command(sub, "predict", predict, (PredictConfig,))
+    add_config_flags(p.add_argument_group("hybrid parallel", PARALLEL_TEXT), ParallelConfig)
     p = add_command(sub, "report", report, (ReportConfig,))
     p.add_argument("checkpoint", metavar="CHECKPOINT", help="checkpoint written by `ctrkit train`")
     add_command(sub, "models", models, ())
@@ -189,22 +190,52 @@ def evaluate(args: argparse.Namespace) -> int:
 
 
 def predict(args: argparse.Namespace) -> int:
-    """write click probabilities of a dataset mapping to a .npy file
+    """click probabilities of new rows (--input) or of a dataset mapping (--dataset)
 
-    Writes one float32 click probability per sample, in dataset order, in NumPy's .npy format to exactly
-    the --out path given (atomically: the file appears complete or not at all).
+    With --input: reads a CSV or Parquet file of raw rows (the training table's columns; the label may be left
+    out), applies the preprocessing the checkpoint carries (each value's id, raw-id hashing, numerical fills and
+    transforms: unseen values get the id of a missing one, missing numbers training's fill), scores the rows in
+    blocks (memory bounded whatever the file's size) and writes a CSV or Parquet table of the --keep columns and
+    'probability', one row per input row, in input order. With --dataset: writes one float32 probability per
+    sample of --mapping, in dataset order, in NumPy's .npy format to exactly the --out path. Either output
+    appears only when complete.
     """
     import numpy as np
 
     from ctrkit.data.atomic import atomic_file
 
-    cfg, scoring = _scoring(args)
-    probs = scoring.predict(cfg.batch_size, progress=scoring.env is None)
+    cfg: PredictConfig = config_from(args, PredictConfig)
+    if cfg.input is not None:
+        return _predict_rows(cfg)
+    from ctrkit.eval.evaluator import Scoring
+
+    parallel = config_from(args, ParallelConfig)
+    scoring = Scoring.load(cfg.checkpoint, cfg.dataset, cfg.mapping, cfg.device, parallel, cfg.allow_other_vocabulary)
+    probs = scoring.predict(cfg.batch_size, progress=scoring.env is None and not cfg.no_progress)
     if not scoring.is_main:
         return 0
     with atomic_file(cfg.out, needs=probs.nbytes) as tmp, open(tmp, "wb") as f:
         np.save(f, probs)  # to the file object: the path named, never with .npy added
     print(f"wrote {cfg.out}: {len(probs):,} click probabilities (float32), mean {probs.mean():.4f}")
+    return 0
+
+
+def _predict_rows(cfg: PredictConfig) -> int:
+    from ctrkit.serve.predictor import Predictor
+    from ctrkit.serve.score_file import score_file
+
+    if cfg.device not in ("auto", "cpu"):
+        raise ValueError("`device`: predict --input scores on the CPU (the server's model); leave --device unset")
+    predictor = Predictor.from_checkpoint(cfg.checkpoint)
+    if predictor.transform is None:
+        raise ValueError(
+            f"{cfg.checkpoint}: carries no preprocessing (its dataset was not made by `ctrkit preprocess table` or "
+            "`preprocess criteo` of this version, or was synthetic): score a preprocessed dataset with --dataset"
+        )
+    done = score_file(predictor, predictor.transform, cfg.input, cfg.out, cfg.keep, cfg.separator, cfg.batch_size,
+                      progress=not cfg.no_progress)  # fmt: skip
+    print(f"wrote {cfg.out}: {done['rows']:,} click probabilities, mean {done['mean']:.4f} "
+          f"({done['rows'] / max(done['seconds'], 1e-9):,.0f} rows/s)")  # fmt: skip
     return 0
 
 

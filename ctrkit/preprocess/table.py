@@ -51,11 +51,22 @@ from ctrkit.preprocess.table_recipe import (
     LINE_COL,
     RAW_PREFIX,
     TRAIN_VALIDATION_FRACTION,
+    Roles,
     TableRecipe,
     assign_roles,
     field_separator,
     label_values,
     number_values,
+)
+from ctrkit.preprocess.transform import (
+    CategoricalInput,
+    Column,
+    MultiHotInput,
+    NumericalInput,
+    RowTransform,
+    vocabulary_frame,
+    write_record,
+    xxh64_ids,
 )
 from ctrkit.preprocess.value_ids import value_id_tests
 
@@ -154,18 +165,6 @@ def _ids(values: pl.Series, vocab: pl.DataFrame) -> np.ndarray:
     return joined["id"].fill_null(MISSING_ID).to_numpy().astype(np.int64)
 
 
-def raw_ids(values: pl.Series) -> np.ndarray:
-    """Raw 64-bit ids of text ``values``: XXH64 of each value's UTF-8 bytes (seed 0) as int64; missing -> 0.
-    Hashed once per distinct value."""
-    import xxhash
-
-    distinct = values.drop_nulls().unique()
-    hashed = pl.DataFrame({"value": distinct, "raw": pl.Series([xxhash.xxh64_intdigest(v.encode()) for v in
-                                                                distinct.to_list()], dtype=pl.UInt64)})  # fmt: skip
-    joined = values.alias("value").to_frame().join(hashed, on="value", how="left", maintain_order="left")
-    return joined["raw"].fill_null(0).to_numpy().view(np.int64)
-
-
 def _as_lists(df: pl.DataFrame, name: str, separator: str) -> pl.Series:
     """A multi-hot column as lists of text values (empty values left out; missing -> an empty list)."""
     col = df[name]
@@ -174,6 +173,43 @@ def _as_lists(df: pl.DataFrame, name: str, separator: str) -> pl.Series:
     else:
         lists = col.cast(pl.String).str.split(separator)
     return lists.fill_null([]).list.eval(pl.element().filter(pl.element().is_not_null() & (pl.element() != "")))
+
+
+def _dtype_name(dtype: pl.DataType) -> str:
+    """The type a raw column was read as, as the carried preprocessing records it (``transform.DTYPES``)."""
+    if dtype.is_integer():
+        return "Int64"
+    if dtype.is_float():
+        return "Float64"
+    return "Boolean" if dtype == pl.Boolean else "String"
+
+
+def _row_transform(
+    schema: dict[str, pl.DataType], roles: Roles, recipe: TableRecipe, vocabularies: dict[str, pl.DataFrame]
+) -> RowTransform:
+    """What this recipe did to each column, for the model to carry (``preprocess/transform.py``): the raw columns
+    with the types they were read as, and each feature's rule; numbers identified by value (``<column>_id``) come
+    from their numerical column."""
+    derived = {f"{c}_id": c for c in roles.numerical if f"{c}_id" in roles.categorical and f"{c}_id" not in schema}
+    columns = [Column(c, _dtype_name(schema[c]), "categorical") for c in roles.categorical if c not in derived]
+    columns += [Column(c, _dtype_name(schema[c]), "numerical") for c in roles.numerical]
+    columns += [Column(c, "String", "multi_hot") for c in roles.multi_hot]
+    categorical = [
+        CategoricalInput(c, derived.get(c, c), "number" if c in derived else "as_read",
+                         "xxh64" if c in recipe.raw_ids else "vocabulary")
+        for c in roles.categorical
+    ]  # fmt: skip
+    vocab = {c: vocabulary_frame(v["value"], v["id"]) for c, v in vocabularies.items() if c not in recipe.raw_ids}
+    return RowTransform(
+        "ctrkit preprocess table",
+        columns,
+        [NumericalInput(c, c) for c in roles.numerical],
+        categorical,
+        [MultiHotInput(c, c, recipe.separator) for c in roles.multi_hot],
+        vocab,
+        recipe.null_values,
+        recipe.label,
+    )
 
 
 def preprocess_table(
@@ -222,6 +258,7 @@ def preprocess_table(
     if test_df is not None and set(test_df.columns) != set(train_df.columns):
         raise ValueError(f"{test_paths[0]}: columns differ from {paths[0]}'s")
     roles = assign_roles(train_df, recipe, paths[0])
+    raw_schema = dict(train_df.schema)
 
     rejects = Rejects(recipe.bad_rows)
     label_expr, label_problem = label_values(recipe)
@@ -295,7 +332,7 @@ def preprocess_table(
     cards = {c: vocab_mod.cardinality(v) for c, v in vocabularies.items()}
     features = {c: Feature(smallest_int_dtype(cards[c]), cards[c]) for c in roles.categorical}
     for c in recipe.raw_ids:  # the value's hash as a raw id; the table's capacity as its cardinality
-        ids[c] = raw_ids(table[c].cast(pl.String))
+        ids[c] = xxh64_ids(table[c].cast(pl.String))
         features[c] = Feature("int64", max(2, recipe.capacity or cards[c]), {"dynamic": True})
     for c in roles.multi_hot:
         features[c] = Feature(smallest_int_dtype(cards[c]), cards[c], {"multi_hot": True, "combiner": "mean"})
@@ -339,6 +376,9 @@ def preprocess_table(
                                   stored)  # fmt: skip
                     steps.update(b - a)
         spec.to_yaml(tmp / "feature_spec.yaml")
+        transform = _row_transform(raw_schema, roles, recipe, vocabularies)
+        transform.check_features(spec.summary(), str(out_dir))
+        write_record(tmp, transform, {c: c for c in transform.vocabularies})
         (tmp / "vocab").mkdir()
         for c, v in vocabularies.items():
             v.write_parquet(tmp / "vocab" / f"{c}.parquet")

@@ -30,6 +30,7 @@ class Predictor:
         self.signature = Signature.from_config(meta)
         self.num_multi_hot = len(self.signature.multi_hot_cardinalities)
         self.stores: list = []  # memory-mapped embedding stores, when serving with --embedding-store mmap
+        self.transform = None  # the preprocessing the model carries (raw rows -> inputs), None if it carries none
 
     def __call__(
         self, numerical: np.ndarray, categorical: np.ndarray, multi_hot: np.ndarray | None = None
@@ -89,6 +90,7 @@ class Predictor:
 
         predictor = cls(meta, "torch" + ("+mmap" if lazy else "") + ("-bf16" if half else ""), run)
         predictor.stores = stores
+        predictor.transform = ckpt.row_transform()
         return predictor
 
     @classmethod
@@ -119,6 +121,13 @@ class Predictor:
         if repository is not None:
             inside(repository, meta_file)
         predictor = cls._from_file(meta, path)
+        if meta.get("preprocessing"):  # the raw rows' preprocessing, beside the model file
+            from ctrkit.preprocess.transform import RECORD_FILE, RowTransform
+
+            for file in (RECORD_FILE, "vocabularies.parquet"):
+                if repository is not None:
+                    inside(repository, path.parent / file)
+            predictor.transform = RowTransform.read(path.parent)
         if meta.get("dynamic_ids"):  # raw ids: the exported id -> row maps, applied before the graph
             from ctrkit.models.dynamic import FrozenIds
 

@@ -324,6 +324,7 @@ class Run(SeedEnsemble):
             self.continued.check_spec(feature_spec.summary(), str(feature_spec.base_dir), spec.allow_other_vocabulary)
         self.is_main = self.env is None or self.env.is_main
         self.feature_spec, self.test_set, self.validation_set = feature_spec, test_set, validation_set
+        self.preprocessing = carried_preprocessing(feature_spec)
         from ctrkit.train.plan import make_plan
 
         held = 0 if validation_set is None else len(validation_set)
@@ -391,7 +392,7 @@ class Run(SeedEnsemble):
         model = self.model
         self.trainer = Trainer(
             model,
-            RunInfo(spec.model, spec.model_config, feature_spec.summary()),
+            RunInfo(spec.model, spec.model_config, feature_spec.summary(), self.preprocessing),
             self.train_set,
             self.test_set,
             cfg,
@@ -445,6 +446,18 @@ class Run(SeedEnsemble):
             return self._fit_members(members)
         finally:
             self.release()
+
+
+def carried_preprocessing(feature_spec: FeatureSpec) -> dict[str, Any] | None:
+    """The preprocessing that made the dataset (``preprocess/transform.py``), as the checkpoint carries it; None
+    for a dataset without a record of it."""
+    from ctrkit.preprocess.transform import from_dataset
+
+    transform = from_dataset(feature_spec.base_dir)
+    if transform is None:
+        return None
+    transform.check_features(feature_spec.summary(), str(feature_spec.base_dir))
+    return transform.to_state()
 
 
 def train(dataset: str | os.PathLike, model: str = DEFAULT_MODEL, **options: Any) -> dict[str, Any]:

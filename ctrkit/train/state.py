@@ -61,6 +61,7 @@ class TrainerState:
             member=self.member,
             calibration=self.calibration,
             plan=(self.run_record or {}).get("plan"),
+            preprocessing=self.info.preprocessing,
         )
 
     def restore(self, ckpt: Checkpoint) -> None:
@@ -223,6 +224,7 @@ class TrainerState:
             shard_records=records,
             calibration=self.calibration,
             plan=(self.run_record or {}).get("plan"),
+            preprocessing=self.info.preprocessing,
         )
 
     def _check_finite(self) -> None:

@@ -47,6 +47,7 @@ class RunInfo:
     model_name: str
     model_config: Any
     spec_summary: dict[str, Any]
+    preprocessing: dict[str, Any] | None = None  # the dataset's raw rows -> inputs (``RowTransform.to_state``)
 
 
 class Trainer(TrainerState, ModelSelection, SnapshotPool, WarmStart):

@@ -1,0 +1,459 @@
+"""The preprocessing a model carries: raw rows of a click log -> the model's inputs.
+
+``ctrkit preprocess table`` and ``preprocess criteo`` write what they did to the columns beside the dataset
+(``preprocessing.json``, with the vocabularies in ``vocab/``); ``train`` carries it into the checkpoint, ``export``
+into the model repository, and ``predict --input``, ``ctrkit serve`` and the Triton Python-backend model apply it
+to new rows. A ``RowTransform`` holds:
+
+* the raw columns a row needs, each with the type it was read as when the dataset was made (text, integers,
+  floats, booleans) and its role;
+* per categorical feature of the model, in the model's order: its column, how the value becomes text (as read;
+  a number's text as a float, for ``--also-categorical`` ids; Criteo's lowercase hexadecimal) and how the text
+  becomes an id (the vocabulary, or a raw 64-bit id: XXH64 of the UTF-8 text, or Criteo's key);
+* per numerical feature: its column and its transform (none, or Criteo's log), missing -> 0;
+* per multi-hot feature: its column and the separator of its values.
+
+Ids follow the dataset's rule for its test rows: a value of the vocabulary gets its id (a value the training
+rows held fewer than ``frequency_threshold`` times the rare id 1), a missing or unseen value 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+RECORD_FILE = "preprocessing.json"
+FORMAT = 1
+DTYPES = {"String": pl.String, "Int64": pl.Int64, "Float64": pl.Float64, "Boolean": pl.Boolean}
+TEXTS = ("as_read", "number", "hex")  # how a categorical value becomes text
+ID_RULES = ("vocabulary", "xxh64", "hex_key")  # how the text becomes an id
+TRANSFORMS = ("none", "criteo_log")
+MISSING_ID = 0
+_HASH_SEED = 0x5EED  # Polars' hash of a value, only ever compared within one process (``ValueIndex``)
+
+
+class RowError(ValueError):
+    """A raw row that cannot be scored: the message names the column, the row and what was expected."""
+
+
+@dataclass(frozen=True)
+class Column:
+    """A raw column: its name, the type it was read as (a key of ``DTYPES``), its role (categorical,
+    numerical or multi_hot)."""
+
+    name: str
+    dtype: str
+    role: str
+
+
+@dataclass(frozen=True)
+class CategoricalInput:
+    """One categorical feature of the model: ``feature`` (its name in the dataset) from ``column``."""
+
+    feature: str
+    column: str
+    text: str = "as_read"
+    ids: str = "vocabulary"
+
+
+@dataclass(frozen=True)
+class NumericalInput:
+    feature: str
+    column: str
+    transform: str = "none"
+
+
+@dataclass(frozen=True)
+class MultiHotInput:
+    feature: str
+    column: str
+    separator: str = "|"
+
+
+def vocabulary_frame(values: pl.Series, ids: np.ndarray | pl.Series) -> pl.DataFrame:
+    """A vocabulary as the transform keeps it: (value text, id)."""
+    return pl.DataFrame({"value": values.cast(pl.String), "id": pl.Series(ids).cast(pl.Int64)})
+
+
+class ValueIndex:
+    """Value -> id lookups in one vocabulary without building a hash table per call: the values' 64-bit hashes
+    sorted once, a binary search per looked-up value, and the text compared to rule out a hash collision."""
+
+    def __init__(self, vocabulary: pl.DataFrame):
+        hashes = vocabulary["value"].hash(seed=_HASH_SEED).to_numpy()
+        order = np.argsort(hashes, kind="stable")
+        self.hashes = hashes[order]
+        self.values = vocabulary["value"].gather(order)
+        self.ids = vocabulary["id"].to_numpy()[order]
+        if len(self.hashes) > 1 and (np.diff(self.hashes) == 0).any():  # two values of one hash: join instead
+            self.join = vocabulary
+        else:
+            self.join = None
+
+    def __call__(self, text: pl.Series) -> np.ndarray:
+        """(n,) int64 ids of ``text`` (String): the vocabulary's, else ``MISSING_ID`` (missing, unseen)."""
+        if self.join is not None:
+            joined = text.alias("value").to_frame().join(self.join, on="value", how="left", maintain_order="left")
+            return joined["id"].fill_null(MISSING_ID).to_numpy().astype(np.int64)
+        if not len(self.hashes) or not len(text):
+            return np.zeros(len(text), np.int64)
+        wanted = text.hash(seed=_HASH_SEED).to_numpy()
+        place = np.minimum(np.searchsorted(self.hashes, wanted), len(self.hashes) - 1)
+        hit = self.hashes[place] == wanted
+        same = (self.values.gather(place) == text).fill_null(False).to_numpy()
+        return np.where(hit & same, self.ids[place], MISSING_ID).astype(np.int64)
+
+
+def xxh64_ids(text: pl.Series) -> np.ndarray:
+    """Raw 64-bit ids of text values: XXH64 of each value's UTF-8 bytes (seed 0) as int64; missing -> 0. Hashed
+    once per distinct value. ``preprocess table --raw-ids`` writes these."""
+    import xxhash
+
+    distinct = text.drop_nulls().unique()
+    hashed = pl.DataFrame({"value": distinct, "raw": pl.Series([xxhash.xxh64_intdigest(v.encode()) for v in
+                                                                distinct.to_list()], dtype=pl.UInt64)})  # fmt: skip
+    joined = text.alias("value").to_frame().join(hashed, on="value", how="left", maintain_order="left")
+    return joined["raw"].fill_null(0).to_numpy().view(np.int64)
+
+
+class RowTransform:
+    """Raw rows (a Polars DataFrame of the raw columns) -> the model's numerical, categorical and multi-hot
+    inputs, as the dataset the model was trained on made them.
+
+    Args:
+        source: what made the dataset (``ctrkit preprocess table``, ``ctrkit preprocess criteo``).
+        columns: the raw columns a row needs.
+        numerical, categorical, multi_hot: the model's features of each kind, in the model's order.
+        vocabularies: feature -> (value, id) of each categorical or multi-hot feature with a vocabulary.
+        null_values: texts that mean a missing value (besides the empty one).
+        label: the label column of the training rows (never needed to score).
+    """
+
+    def __init__(
+        self,
+        source: str,
+        columns: Sequence[Column],
+        numerical: Sequence[NumericalInput],
+        categorical: Sequence[CategoricalInput],
+        multi_hot: Sequence[MultiHotInput],
+        vocabularies: Mapping[str, pl.DataFrame],
+        null_values: Sequence[str] = (),
+        label: str | None = None,
+    ):
+        self.source = source
+        self.columns = tuple(columns)
+        self.numerical = tuple(numerical)
+        self.categorical = tuple(categorical)
+        self.multi_hot = tuple(multi_hot)
+        self.vocabularies = dict(vocabularies)
+        self.null_values = tuple(null_values)
+        self.label = label
+        self._indexes: dict[str, ValueIndex] = {}
+        self.validate()
+
+    def validate(self) -> None:
+        names = [c.name for c in self.columns]
+        for c in self.columns:
+            if c.dtype not in DTYPES:
+                raise ValueError(f"column '{c.name}': type '{c.dtype}' is not one of {', '.join(DTYPES)}")
+        for f in (*self.numerical, *self.categorical, *self.multi_hot):
+            if f.column not in names:
+                raise ValueError(f"feature '{f.feature}': column '{f.column}' is not among the columns {names}")
+        for f in self.categorical:
+            if f.text not in TEXTS or f.ids not in ID_RULES:
+                raise ValueError(f"feature '{f.feature}': text '{f.text}' / ids '{f.ids}' unknown")
+        for f in (*[c for c in self.categorical if c.ids == "vocabulary"], *self.multi_hot):
+            if f.feature not in self.vocabularies:
+                raise ValueError(f"feature '{f.feature}': no vocabulary")
+        for f in self.numerical:
+            if f.transform not in TRANSFORMS:
+                raise ValueError(f"feature '{f.feature}': transform '{f.transform}' is not one of {TRANSFORMS}")
+
+    # ---- what a request sends ----
+
+    def input_specs(self) -> list[dict[str, Any]]:
+        """The raw inputs, one per column: name, KServe v2 datatype, role (what ``ctrkit_model.json`` and the
+        server's metadata list)."""
+        datatype = {"String": "BYTES", "Boolean": "BYTES", "Int64": "INT64", "Float64": "FP32"}
+        out = []
+        for c in self.columns:
+            kind = "BYTES" if c.role in ("categorical", "multi_hot") and c.dtype != "Int64" else datatype[c.dtype]
+            out.append({"name": c.name, "datatype": kind, "role": c.role})
+        return out
+
+    @property
+    def column_names(self) -> list[str]:
+        return [c.name for c in self.columns]
+
+    def frame(self, values: Mapping[str, Any], rows: int) -> pl.DataFrame:
+        """The raw columns of ``rows`` rows from ``values`` (column -> a sequence of ``rows`` values: text,
+        bytes, numbers, None for missing; a column left out is missing in every row), each cast to the type it
+        was read as when the dataset was made (a value that does not parse as that type is missing)."""
+        unknown = [k for k in values if k not in self.column_names]
+        if unknown:
+            raise RowError(f"unknown column '{unknown[0]}'; this model reads {', '.join(self.column_names)}")
+        series = []
+        for c in self.columns:
+            given = values.get(c.name)
+            if given is None:
+                series.append(pl.Series(c.name, [None] * rows, dtype=DTYPES[c.dtype]))
+                continue
+            s = _series(c.name, given)
+            if len(s) != rows:
+                raise RowError(f"column '{c.name}' holds {len(s)} values, expected {rows} (one a row)")
+            series.append(s)
+        return self.typed(pl.DataFrame(series))
+
+    def typed(self, df: pl.DataFrame) -> pl.DataFrame:
+        """``df``'s raw columns as the types they were read as (text that is one of ``null_values`` is missing;
+        a value that does not parse is missing)."""
+        exprs = []
+        for c in self.columns:
+            if c.name not in df.columns:
+                exprs.append(pl.lit(None, DTYPES[c.dtype]).alias(c.name))
+                continue
+            col = pl.col(c.name)
+            if df.schema[c.name] == pl.String and self.null_values:
+                col = pl.when(col.is_in(list(self.null_values))).then(None).otherwise(col)
+            if c.role == "multi_hot" and isinstance(df.schema[c.name], pl.List):
+                exprs.append(col.cast(pl.List(pl.String)).alias(c.name))
+            elif c.role == "multi_hot":
+                exprs.append(col.cast(pl.String).alias(c.name))
+            elif c.role == "numerical" and c.dtype != "String":
+                exprs.append(col.alias(c.name))  # numbers are read by ``_numbers``, which refuses text that is none
+            elif c.dtype == "Boolean" and df.schema[c.name] == pl.String:
+                low = col.str.to_lowercase()
+                exprs.append(pl.when(low.is_in(["true", "1"])).then(True).when(low.is_in(["false", "0"]))
+                             .then(False).otherwise(None).alias(c.name))  # fmt: skip
+            else:
+                exprs.append(col.cast(DTYPES[c.dtype], strict=False).alias(c.name))
+        return df.select(exprs)
+
+    # ---- the transform ----
+
+    def __call__(self, df: pl.DataFrame, first_row: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """numerical (B, N) float32, categorical (B, F) int64 and multi-hot (B, Fm, L) int64 (-1 padded; None
+        without multi-hot features) of the raw rows ``df`` (``typed`` first); ``first_row`` numbers the rows in
+        error messages."""
+        n = len(df)
+        numerical = np.zeros((n, len(self.numerical)), np.float32)
+        for j, f in enumerate(self.numerical):
+            numerical[:, j] = self._numbers(df[f.column], f, first_row)
+        categorical = np.zeros((n, len(self.categorical)), np.int64)
+        for j, f in enumerate(self.categorical):
+            categorical[:, j] = self._ids(f, self._text(df[f.column], f.text))
+        bags = None
+        if self.multi_hot:
+            lists = [self._bag_ids(f, df[f.column]) for f in self.multi_hot]
+            width = max(1, max((int(lengths.max()) if len(lengths) else 0) for _, lengths in lists))
+            bags = np.full((n, len(self.multi_hot), width), -1, np.int64)
+            for j, (flat, lengths) in enumerate(lists):
+                rows = np.repeat(np.arange(n), lengths)
+                starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]) if n else np.zeros(0, np.int64)
+                place = np.arange(len(flat)) - np.repeat(starts, lengths)
+                bags[rows, j, place] = flat
+        return numerical, categorical, bags
+
+    def _numbers(self, values: pl.Series, f: NumericalInput, first_row: int) -> np.ndarray:
+        number = values.cast(pl.Float64, strict=False)
+        bad = (values.is_not_null() & number.is_null()) | number.is_infinite().fill_null(False)
+        if bad.any():
+            i = int(bad.arg_max())
+            raise RowError(f"row {first_row + i + 1}: column '{f.column}' holds '{values[i]}'; expected a number "
+                           "(or nothing, for a missing value)")  # fmt: skip
+        if f.transform == "criteo_log":
+            from ctrkit.preprocess.criteo import numerical_transform
+
+            ints = number.fill_nan(None).fill_null(-2).cast(pl.Int64, strict=False).fill_null(-2).to_numpy()
+            return numerical_transform(ints).astype(np.float32)
+        return number.fill_nan(None).fill_null(0.0).to_numpy().astype(np.float32)
+
+    @staticmethod
+    def _text(values: pl.Series, how: str) -> pl.Series:
+        if how == "number":  # the id of a number: its text as a float, so that 2 and 2.0 are one value
+            return values.cast(pl.Float64, strict=False).fill_nan(None).cast(pl.String)
+        text = values.cast(pl.String)
+        return text.str.to_lowercase() if how == "hex" else text
+
+    def _ids(self, f: CategoricalInput | MultiHotInput, text: pl.Series) -> np.ndarray:
+        rule = getattr(f, "ids", "vocabulary")
+        if rule == "xxh64":
+            return xxh64_ids(text)
+        if rule == "hex_key":
+            from ctrkit.preprocess.vocabulary import key_expr
+
+            keys = text.fill_null("").alias("v").to_frame().select(key_expr("v"))
+            return keys.to_series().fill_null(0).to_numpy().astype(np.int64)  # not a valid value: missing
+        if f.feature not in self._indexes:
+            self._indexes[f.feature] = ValueIndex(self.vocabularies[f.feature])
+        return self._indexes[f.feature](text)
+
+    def _bag_ids(self, f: MultiHotInput, values: pl.Series) -> tuple[np.ndarray, np.ndarray]:
+        """The ids of each row's values (empty values left out) and the number of values a row holds."""
+        lists = values if isinstance(values.dtype, pl.List) else values.str.split(f.separator)
+        lists = lists.fill_null([]).list.eval(pl.element().filter(pl.element().is_not_null() & (pl.element() != "")))
+        lengths = lists.list.len().to_numpy().astype(np.int64)
+        flat = lists.explode().drop_nulls()
+        return self._ids(f, flat.cast(pl.String)), lengths
+
+    # ---- stored forms ----
+
+    def description(self) -> dict[str, Any]:
+        """Everything but the vocabularies, as plain values (JSON)."""
+        return {
+            "format": FORMAT,
+            "source": self.source,
+            "label": self.label,
+            "null_values": list(self.null_values),
+            "columns": [asdict(c) for c in self.columns],
+            "numerical": [asdict(f) for f in self.numerical],
+            "categorical": [asdict(f) for f in self.categorical],
+            "multi_hot": [asdict(f) for f in self.multi_hot],
+        }
+
+    @classmethod
+    def from_description(cls, doc: Mapping[str, Any], vocabularies: Mapping[str, pl.DataFrame]) -> RowTransform:
+        if doc.get("format") != FORMAT:
+            raise ValueError(f"preprocessing record of format {doc.get('format')!r}; this ctrkit reads {FORMAT}")
+        return cls(
+            doc["source"],
+            [Column(**c) for c in doc["columns"]],
+            [NumericalInput(**f) for f in doc["numerical"]],
+            [CategoricalInput(**f) for f in doc["categorical"]],
+            [MultiHotInput(**f) for f in doc["multi_hot"]],
+            vocabularies,
+            doc.get("null_values") or (),
+            doc.get("label"),
+        )
+
+    def features(self) -> dict[str, list[str]]:
+        """The model's features of each kind, in order (compared with a checkpoint's spec summary)."""
+        return {
+            "numerical_features": [f.feature for f in self.numerical],
+            "categorical_features": [f.feature for f in self.categorical],
+            "multi_hot_features": [f.feature for f in self.multi_hot],
+        }
+
+    def check_features(self, summary: Mapping[str, Any], where: str) -> None:
+        """Raises ValueError when the model's features (a spec summary) are not those this transform makes."""
+        for key, ours in self.features().items():
+            theirs = list(summary.get(key, []))
+            if theirs != ours:
+                raise ValueError(f"{where}: the preprocessing record makes {key} {ours}, the model reads {theirs}")
+
+    def to_state(self) -> dict[str, Any]:
+        """The checkpoint's form: the description and each vocabulary as tensors (UTF-8 bytes, offsets, ids)."""
+        import torch
+
+        vocab = {}
+        for feature, v in self.vocabularies.items():
+            data, offsets = _utf8(v["value"])
+            vocab[feature] = {"bytes": torch.from_numpy(data), "offsets": torch.from_numpy(offsets),
+                              "ids": torch.from_numpy(v["id"].to_numpy().astype(np.int64))}  # fmt: skip
+        return {"description": self.description(), "vocabularies": vocab}
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> RowTransform:
+        vocab = {
+            feature: vocabulary_frame(_strings(v["bytes"].numpy(), v["offsets"].numpy()), v["ids"].numpy())
+            for feature, v in state["vocabularies"].items()
+        }
+        return cls.from_description(state["description"], vocab)
+
+    def write(self, directory: Path) -> list[str]:
+        """Writes ``preprocessing.json`` and ``vocabularies.parquet`` (feature, value, id) into ``directory``
+        (an export's version); returns the file names."""
+        frames = [v.select(pl.lit(f).alias("feature"), "value", "id") for f, v in self.vocabularies.items()]
+        table = pl.concat(frames) if frames else pl.DataFrame(schema={"feature": pl.String, "value": pl.String,
+                                                                      "id": pl.Int64})  # fmt: skip
+        table.write_parquet(directory / "vocabularies.parquet")
+        (directory / RECORD_FILE).write_text(json.dumps(self.description(), indent=2) + "\n")
+        return [RECORD_FILE, "vocabularies.parquet"]
+
+    @classmethod
+    def read(cls, directory: str | os.PathLike) -> RowTransform:
+        """The transform ``write`` wrote into ``directory``."""
+        directory = Path(directory)
+        try:
+            doc = json.loads((directory / RECORD_FILE).read_text(encoding="utf-8"))
+            table = pl.read_parquet(directory / "vocabularies.parquet")
+            parts = table.group_by("feature", maintain_order=True)
+            vocab = {str(f[0]): part.select("value", "id") for f, part in parts}
+            return cls.from_description(doc, vocab)
+        except (OSError, ValueError, KeyError, TypeError, pl.exceptions.PolarsError) as e:
+            raise ValueError(f"{directory}: preprocessing record unreadable ({type(e).__name__}: {e})") from None
+
+
+def from_dataset(directory: str | os.PathLike) -> RowTransform | None:
+    """The transform that made the dataset in ``directory`` (its ``preprocessing.json`` and ``vocab/``), or None
+    where the dataset has no record (synthetic data, Outbrain, a dataset written by NVIDIA's tools or by an
+    older ctrkit)."""
+    directory = Path(directory)
+    record = directory / RECORD_FILE
+    if not record.is_file():
+        return None
+    try:
+        doc = json.loads(record.read_text(encoding="utf-8"))
+        vocab = {}
+        for f in doc["categorical"] + doc["multi_hot"]:
+            if f.get("ids", "vocabulary") == "vocabulary":
+                v = pl.read_parquet(directory / "vocab" / f"{doc['vocab_files'][f['feature']]}.parquet")
+                vocab[f["feature"]] = vocabulary_frame(v["value"], v["id"])
+        doc = {k: v for k, v in doc.items() if k != "vocab_files"}
+        return RowTransform.from_description(doc, vocab)
+    except (OSError, ValueError, KeyError, TypeError, pl.exceptions.PolarsError) as e:
+        raise ValueError(f"{record}: not a preprocessing record ctrkit can read ({type(e).__name__}: {e})") from None
+
+
+def write_record(directory: Path, transform: RowTransform, vocab_files: Mapping[str, str]) -> None:
+    """Writes ``preprocessing.json`` into a dataset directory; ``vocab_files`` names the ``vocab/<name>.parquet``
+    file of each feature with a vocabulary."""
+    doc = {**transform.description(), "vocab_files": dict(vocab_files)}
+    (directory / RECORD_FILE).write_text(json.dumps(doc, indent=2) + "\n")
+
+
+def _series(name: str, given: Any) -> pl.Series:
+    """A column's request values as a Series: text (bytes decoded as UTF-8), numbers, or lists."""
+    if isinstance(given, pl.Series):
+        return given.alias(name)
+    if isinstance(given, np.ndarray) and given.dtype.kind in "fiub":
+        return pl.Series(name, given)
+    values = list(given.tolist() if isinstance(given, np.ndarray) else given)
+    if any(isinstance(v, (bytes, bytearray)) for v in values):
+        try:
+            values = [v.decode("utf-8") if isinstance(v, (bytes, bytearray)) else v for v in values]
+        except UnicodeDecodeError:
+            raise RowError(f"column '{name}': a value is not UTF-8 text") from None
+    try:
+        return pl.Series(name, values, strict=False)
+    except (TypeError, ValueError, pl.exceptions.PolarsError):
+        return pl.Series(name, [None if v is None else str(v) for v in values], dtype=pl.String)
+
+
+def _utf8(values: pl.Series) -> tuple[np.ndarray, np.ndarray]:
+    """A String Series as its UTF-8 bytes (uint8) and the (n + 1,) int64 offsets of each value."""
+    text = values.fill_null("")
+    lengths = text.str.len_bytes().to_numpy().astype(np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    data = "".join(text.to_list()).encode("utf-8")
+    return np.frombuffer(data, np.uint8).copy(), offsets
+
+
+def _strings(data: np.ndarray, offsets: np.ndarray) -> pl.Series:
+    """The String Series ``_utf8`` encoded."""
+    raw = data.tobytes()
+    if b"\0" not in raw and len(offsets) > 1:  # split in Polars: NUL-separated, every value's end a NUL
+        ends = np.asarray(offsets[1:], np.int64)
+        marked = np.insert(np.frombuffer(raw, np.uint8), ends[:-1], 0)
+        text = marked.tobytes().decode("utf-8")
+        values = pl.Series([text]).str.split("\0").explode()
+    else:
+        values = pl.Series([raw[a:b].decode("utf-8") for a, b in zip(offsets[:-1], offsets[1:])], dtype=pl.String)
+    return values.cast(pl.String).alias("value")
