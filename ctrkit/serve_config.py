@@ -75,7 +75,12 @@ class ExportConfig:
         "triton: the version to write; an existing one is replaced only with --overwrite",
         unset="one after the model's newest version in the repository (1 for a new model)",
     )
-    backend: str = option("onnx", "model file inside a Triton repository", ("onnx", "torchscript"))
+    backend: str = option(
+        "onnx",
+        "the model of a Triton repository: onnx (ONNX Runtime), torchscript (LibTorch), or python (Triton's Python "
+        "backend running the ONNX model behind the preprocessing the checkpoint carries: raw values in)",
+        ("onnx", "torchscript", "python"),
+    )
     quantize: str = option(
         "none",
         "int8: ONNX with int8 linear layers (onnxruntime dynamic quantization, per-batch activation scales; "

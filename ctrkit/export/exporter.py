@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import warnings
 from pathlib import Path
 
@@ -17,11 +18,14 @@ from ctrkit.checkpoint import load_checkpoint
 from ctrkit.config import EXPORT_FORMATS as FORMATS
 from ctrkit.config import QUANTIZATIONS
 from ctrkit.data.atomic import atomic_directory
+from ctrkit.export import triton_python_model
 from ctrkit.models.dynamic import DYNAMIC_FILE, frozen_arrays
 from ctrkit.models.signature import MULTI_HOT, PROBABILITY, InferenceModel, Signature
+from ctrkit.preprocess.transform import RECORD_FILE
 from ctrkit.serve.repository import check_name, inside
 
 ONNX_OPSET = 18
+PYTHON_BACKEND = "python"  # a Triton export whose model is triton_python_model.py: raw values in, as Merlin serves
 
 
 def export_onnx(wrapper: InferenceModel, signature: Signature, path: Path) -> None:
@@ -68,20 +72,27 @@ def export_torchscript(wrapper: InferenceModel, signature: Signature, path: Path
 
 def triton_config(name: str, platform: str, signature: Signature, max_batch_size: int = 65536) -> str:
     """config.pbtxt for Triton: dynamic batching, the signature's inputs (a multi-hot input's last
-    dimension, the padded bag length, is variable)."""
+    dimension, the padded bag length, is variable). ``platform`` "python" is the Python-backend model
+    (``triton_python_model.py``): its inputs are the raw columns and the id inputs, each optional (a request sends
+    one set or the other)."""
+    python = platform == PYTHON_BACKEND
+    optional = " optional: true" if python else ""
 
-    def tensor(t) -> str:
+    def tensor(t, extra: str = "") -> str:
         dims = ", ".join(str(d) for d in t.shape()[1:])
-        return f'  {{ name: "{t.name}" data_type: TYPE_{t.datatype} dims: [ {dims} ] }}'
+        kind = "STRING" if t.datatype == "BYTES" else t.datatype
+        return f'  {{ name: "{t.name}" data_type: TYPE_{kind} dims: [ {dims} ]{extra} }}'
 
+    inputs = (signature.raw_inputs if python else ()) + signature.inputs
+    where = 'backend: "python"' if python else f'platform: "{platform}"'
     return (
         f'name: "{name}"\n'
-        f'platform: "{platform}"\n'
+        f"{where}\n"
         f"max_batch_size: {max_batch_size}\n"
-        "input [\n" + ",\n".join(tensor(t) for t in signature.inputs) + "\n]\n"
+        "input [\n" + ",\n".join(tensor(t, optional) for t in inputs) + "\n]\n"
         "output [\n" + tensor(signature.output) + "\n]\n"
         "dynamic_batching { max_queue_delay_microseconds: 500 }\n"
-        "instance_group [ { kind: KIND_AUTO } ]\n"
+        f"instance_group [ {{ kind: {'KIND_CPU' if python else 'KIND_AUTO'} }} ]\n"
     )
 
 
@@ -125,13 +136,13 @@ def export_checkpoint(
     """
     if fmt not in FORMATS:
         raise ValueError(f"export format must be one of {', '.join(FORMATS)}, got '{fmt}'")
-    if backend not in ("onnx", "torchscript"):
-        raise ValueError(f"Triton backend must be onnx or torchscript, got '{backend}'")
+    if backend not in ("onnx", "torchscript", PYTHON_BACKEND):
+        raise ValueError(f"Triton backend must be onnx, torchscript or python, got '{backend}'")
     if quantize not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got '{quantize}'")
     if version is not None and (fmt != "triton" or version < 1):
         raise ValueError(f"`version` applies to triton exports and must be >= 1, got {version} for {fmt}")
-    kind = backend if fmt == "triton" else fmt
+    kind = (backend if backend != PYTHON_BACKEND else "onnx") if fmt == "triton" else fmt
     if quantize != "none" and kind != "onnx":
         raise ValueError(f"quantization {quantize} applies to ONNX models; this export writes {kind}")
     if name is not None:
@@ -144,7 +155,17 @@ def export_checkpoint(
             "(config dims must be >= 1); export it as onnx or torchscript and serve it with `ctrkit serve`"
         )
     name = ckpt.model_name if name is None else name
+    transform = ckpt.row_transform()
+    if transform is not None:
+        signature = signature.with_raw_inputs(transform.input_specs())
+    if backend == PYTHON_BACKEND and fmt == "triton" and transform is None:
+        raise ValueError(
+            "`backend` python serves raw values, and this checkpoint carries no preprocessing (its dataset was not "
+            "made by `ctrkit preprocess table` or `preprocess criteo`): export it with the onnx backend"
+        )
     platform = "onnxruntime_onnx" if kind == "onnx" else "pytorch_libtorch"
+    if fmt == "triton" and backend == PYTHON_BACKEND:
+        platform = PYTHON_BACKEND
     config = triton_config(name, platform, signature) if fmt == "triton" else None
     out = Path(out_dir)
     if config:
@@ -154,6 +175,9 @@ def export_checkpoint(
     dynamic = wrapper.dynamic  # raw ids: the graph takes rows; the server translates with the exported maps
     wrapper.dynamic = None
     meta = {**signature.metadata(ckpt.model_name, ckpt.step), "quantize": quantize}
+    if transform is not None:  # the raw inputs, by name, and the files that turn them into the model's inputs
+        meta["features"] = transform.input_specs()
+        meta["preprocessing"] = RECORD_FILE
     if dynamic is not None:
         meta["dynamic_ids"] = DYNAMIC_FILE
     summary: dict = {"format": fmt, "name": name, "quantize": quantize}
@@ -174,6 +198,10 @@ def export_checkpoint(
             export_torchscript(wrapper, signature, model_file)
         if dynamic is not None:
             np.savez(where / DYNAMIC_FILE, **frozen_arrays(dynamic))
+        if transform is not None:
+            transform.write(where)
+        if platform == PYTHON_BACKEND:
+            shutil.copyfile(Path(triton_python_model.__file__), where / "model.py")
         text = json.dumps({**meta, "file": model_file.name}, indent=2) + "\n"
         (where / "ctrkit_model.json").write_text(text)
         if new_model:

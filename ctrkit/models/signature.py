@@ -12,7 +12,7 @@ a negative one-hot id does the same, a negative multi-hot id is padding.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -48,19 +48,24 @@ class Signature:
         num_numerical: N.
         cardinalities: rows of each one-hot feature's table (F entries).
         multi_hot_cardinalities: rows of each multi-hot feature's table (Fm entries; none: no input).
+        raw_inputs: with the preprocessing the model carries (``preprocess/transform.py``), one input per raw column
+            of the training table, by name, shape (B, 1): text as BYTES, numbers as INT64 or FP32 (what a request
+            may send instead of the id inputs); none: the id inputs only.
     """
 
     num_numerical: int
     cardinalities: tuple[int, ...]
     multi_hot_cardinalities: tuple[int, ...] = ()
+    raw_inputs: tuple[TensorSpec, ...] = ()
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> Signature:
         """The signature of a model config given as a dict (as stored in checkpoints and exports; the
         ``multihot_`` spelling of exports written before ctrkit 0.2 is read too)."""
         multi = config.get("multi_hot_cardinalities", config.get("multihot_cardinalities")) or ()
+        raw = tuple(TensorSpec(f["name"], f["datatype"], (1,)) for f in config.get("features") or ())
         return cls(int(config["num_numerical"]), tuple(int(c) for c in config["cardinalities"]),
-                   tuple(int(c) for c in multi))  # fmt: skip
+                   tuple(int(c) for c in multi), raw)  # fmt: skip
 
     @property
     def inputs(self) -> tuple[TensorSpec, ...]:
@@ -91,6 +96,10 @@ class Signature:
             "inputs": {t.name: t.datatype for t in self.inputs},
             "output": PROBABILITY,
         }
+
+    def with_raw_inputs(self, features: list[dict[str, Any]]) -> Signature:
+        """This signature with the raw inputs ``features`` (``RowTransform.input_specs``: name, datatype, role)."""
+        return replace(self, raw_inputs=tuple(TensorSpec(f["name"], f["datatype"], (1,)) for f in features))
 
     def example_inputs(self, batch: int = 4, seed: int = 0) -> tuple[torch.Tensor, ...]:
         """Random inputs of this shape, some ids out of range and some multi-hot padding on purpose."""

@@ -211,6 +211,10 @@ class RowTransform:
             series.append(s)
         return self.typed(pl.DataFrame(series))
 
+    def from_request(self, values: Mapping[str, Any], rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """The model's inputs of a request's raw values (``frame``, then the transform)."""
+        return self(self.frame(values, rows))
+
     def typed(self, df: pl.DataFrame) -> pl.DataFrame:
         """``df``'s raw columns as the types they were read as (text that is one of ``null_values`` is missing;
         a value that does not parse is missing)."""

@@ -32,6 +32,14 @@ class Predictor:
         self.stores: list = []  # memory-mapped embedding stores, when serving with --embedding-store mmap
         self.transform = None  # the preprocessing the model carries (raw rows -> inputs), None if it carries none
 
+    def carry(self, transform) -> None:
+        """Serves the raw inputs of ``transform`` (``preprocess.transform.RowTransform``; None: the id inputs only)."""
+        self.transform = transform
+        if transform is not None:
+            features = transform.input_specs()
+            self.signature = self.signature.with_raw_inputs(features)
+            self.meta = {**self.meta, "features": features}
+
     def __call__(
         self, numerical: np.ndarray, categorical: np.ndarray, multi_hot: np.ndarray | None = None
     ) -> np.ndarray:
@@ -43,6 +51,26 @@ class Predictor:
             arrays.append(np.ascontiguousarray(multi_hot, np.int64))
         # views of a request body: torch wants memory it may write
         return self._run(*(a if a.flags.writeable else a.copy() for a in arrays))
+
+    def score_named(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        """(B, 1) float32 probabilities of inputs by name: the id inputs (``numerical``, ``categorical``,
+        ``multi_hot``), or the raw columns of a model that carries its preprocessing (each (B,) or (B, 1); text as
+        str or UTF-8 bytes, numbers; a column left out is missing in every row)."""
+        ids = self.signature.input_names
+        if any(name in inputs for name in ids):
+            missing = [n for n in ids if n not in inputs]
+            if missing:
+                raise ValueError(f"missing input(s) {', '.join(missing)}: send every id input or the raw columns")
+            return self(*(inputs[n] for n in ids))
+        if self.transform is None:
+            raise ValueError(f"this model carries no preprocessing: send the id inputs {', '.join(ids)}")
+        if not inputs:
+            raise ValueError(f"no inputs: send the raw columns {', '.join(self.transform.column_names)}")
+        columns = {name: np.asarray(v).reshape(len(v), -1)[:, 0] if np.ndim(v) > 1 else v for name, v in inputs.items()}
+        rows = {len(v) for v in columns.values()}
+        if len(rows) > 1:
+            raise ValueError(f"the inputs disagree on the batch size: {sorted(rows)}")
+        return self(*self.transform.from_request(columns, rows.pop()))
 
     @classmethod
     def from_checkpoint(
@@ -90,7 +118,7 @@ class Predictor:
 
         predictor = cls(meta, "torch" + ("+mmap" if lazy else "") + ("-bf16" if half else ""), run)
         predictor.stores = stores
-        predictor.transform = ckpt.row_transform()
+        predictor.carry(ckpt.row_transform())
         return predictor
 
     @classmethod
@@ -127,7 +155,7 @@ class Predictor:
             for file in (RECORD_FILE, "vocabularies.parquet"):
                 if repository is not None:
                     inside(repository, path.parent / file)
-            predictor.transform = RowTransform.read(path.parent)
+            predictor.carry(RowTransform.read(path.parent))
         if meta.get("dynamic_ids"):  # raw ids: the exported id -> row maps, applied before the graph
             from ctrkit.models.dynamic import FrozenIds
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -16,6 +16,7 @@ from ctrkit.models.signature import CATEGORICAL, MULTI_HOT, NUMERICAL, OUTPUT, S
 
 HEADER_LENGTH = "inference-header-content-length"
 DTYPES = {"FP32": np.float32, "FP64": np.float64, "INT64": np.int64, "INT32": np.int32}
+RAW_DTYPES = (*DTYPES, "BYTES")  # what a raw input may be sent as, whatever the column's own type
 
 
 class RequestError(ValueError):
@@ -27,10 +28,16 @@ class InferRequest:
     """A parsed request: its id, the inputs, and whether the output goes back as binary."""
 
     id: str | None
-    numerical: np.ndarray  # (B, N) float32
-    categorical: np.ndarray  # (B, F) int64
+    numerical: np.ndarray | None  # (B, N) float32; None for a request of raw values
+    categorical: np.ndarray | None  # (B, F) int64; None for a request of raw values
     binary_output: bool
     multi_hot: np.ndarray | None = None  # (B, Fm, L) int64, -1 padding; models with multi-hot features only
+    raw: dict[str, list | np.ndarray] | None = None  # column -> B raw values (None for missing ones)
+    rows: int = 0  # B
+
+    def with_inputs(self, numerical: np.ndarray, categorical: np.ndarray, multi_hot: np.ndarray | None) -> InferRequest:
+        """This request with the model's inputs made from its raw values."""
+        return replace(self, numerical=numerical, categorical=categorical, multi_hot=multi_hot, raw=None)
 
 
 def _expected(name: str, expect: dict[str, TensorSpec]) -> str:
@@ -66,9 +73,58 @@ def _json_values(name: str, data, dtype: np.dtype, count: int) -> np.ndarray:
         raise RequestError(f"input '{name}': 'data' holds integers beyond {dtype.name}") from None
 
 
+def _raw_values(name: str, item: dict, binary: memoryview, offset: int) -> tuple[list | np.ndarray, int, int]:
+    """One raw input's values (B of them, shape [B] or [B, 1]), the batch size and the binary bytes it took:
+    BYTES as text (a binary BYTES tensor holds each element as a 4-byte little-endian length and its bytes),
+    numbers as an array; JSON null is a missing value."""
+    datatype, shape = item.get("datatype"), item.get("shape")
+    if datatype not in RAW_DTYPES:
+        raise RequestError(f"input '{name}': datatype '{datatype}' is not one of {', '.join(RAW_DTYPES)}")
+    if not (_shape_fits(shape, ()) or _shape_fits(shape, (1,))):
+        raise RequestError(f"input '{name}' (a raw column) must have shape [B] or [B, 1], got {shape}")
+    count = shape[0]
+    size = (item.get("parameters") or {}).get("binary_data_size")
+    if size is not None:
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0 or offset + size > len(binary):
+            raise RequestError(f"input '{name}': binary_data_size {size!r} does not fit the body's binary bytes")
+        chunk = binary[offset : offset + size]
+        if datatype != "BYTES":
+            dtype = np.dtype(DTYPES[datatype])
+            if size != count * dtype.itemsize:
+                raise RequestError(f"input '{name}': binary_data_size {size}, expected {count * dtype.itemsize} bytes")
+            return np.frombuffer(chunk, dtype=dtype), count, size
+        values, at = [], 0
+        while at < size:
+            if at + 4 > size:
+                raise RequestError(f"input '{name}': a BYTES element's length is cut off")
+            n = int.from_bytes(chunk[at : at + 4], "little")
+            if at + 4 + n > size:
+                raise RequestError(f"input '{name}': a BYTES element of {n} bytes runs past the input")
+            values.append(bytes(chunk[at + 4 : at + 4 + n]))
+            at += 4 + n
+        if len(values) != count:
+            raise RequestError(f"input '{name}': holds {len(values)} BYTES elements, shape {shape} needs {count}")
+        return values, count, size
+    data = item.get("data")
+    if not isinstance(data, list):
+        raise RequestError(f"input '{name}': 'data' must be a list of {count} values")
+    flat = [v[0] if isinstance(v, list) and len(v) == 1 else v for v in data]
+    if len(flat) != count:
+        raise RequestError(f"input '{name}': 'data' holds {len(flat)} values, shape {shape} needs {count}")
+    for v in flat:
+        if datatype == "BYTES" and not (v is None or isinstance(v, str)):
+            raise RequestError(f"input '{name}': BYTES 'data' must hold strings (or null), got {json.dumps(v)[:40]}")
+        if datatype != "BYTES" and (isinstance(v, bool) or not (v is None or isinstance(v, (int, float)))):
+            raise RequestError(f"input '{name}': {datatype} 'data' must hold numbers (or null), got "
+                               f"{json.dumps(v)[:40]}")  # fmt: skip
+    return flat, count, 0
+
+
 def parse_request(body: bytes, header_length: str | None, signature: Signature) -> InferRequest:
-    """Parses a v2 infer request body (JSON, or JSON header + binary tensors) for a model's signature."""
+    """Parses a v2 infer request body (JSON, or JSON header + binary tensors) for a model's signature: the id
+    inputs, or (for a model that carries its preprocessing) raw values by column, in ``InferRequest.raw``."""
     expect = {t.name: t for t in signature.inputs}
+    raw_names = [t.name for t in signature.raw_inputs]
     if header_length is not None:
         try:
             n = int(header_length)
@@ -90,7 +146,30 @@ def parse_request(body: bytes, header_length: str | None, signature: Signature) 
     arrays: dict[str, np.ndarray] = {}
     seen: set[str] = set()
     offset = 0
-    for i, item in enumerate(doc["inputs"]):
+    items = doc["inputs"]
+    names = [item.get("name") if isinstance(item, dict) else None for item in items]
+    if raw_names and items and not any(n in expect for n in names):  # raw values by column
+        raw: dict[str, list | np.ndarray] = {}
+        rows: set[int] = set()
+        for i, (item, name) in enumerate(zip(items, names)):
+            if not isinstance(name, str):
+                raise RequestError(f"inputs[{i}] must be an object with a 'name'")
+            if name in raw:
+                raise RequestError(f"input '{name}' is given more than once")
+            if name not in raw_names:
+                raise RequestError(f"unknown input '{name}'; this model takes the raw columns {', '.join(raw_names)} "
+                                   f"(or the id inputs {', '.join(expect)})")  # fmt: skip
+            raw[name], count, used = _raw_values(name, item, binary, offset)
+            offset += used
+            rows.add(count)
+        if offset != len(binary):
+            raise RequestError(f"{len(binary) - offset} binary bytes after the last input")
+        if len(rows) > 1:
+            raise RequestError(f"inputs disagree on the batch size: {', '.join(map(str, sorted(rows)))}")
+        if rows == {0}:
+            raise RequestError("the batch is empty")
+        return InferRequest(_request_id(doc), None, None, _binary_output(doc), raw=raw, rows=rows.pop())
+    for i, item in enumerate(items):
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             raise RequestError(f"inputs[{i}] must be an object with a 'name'")
         name = item["name"]
@@ -98,7 +177,8 @@ def parse_request(body: bytes, header_length: str | None, signature: Signature) 
             raise RequestError(f"input '{name}' is given more than once")
         seen.add(name)
         if name not in expect:
-            raise RequestError(f"unknown input '{name}'; this model takes {', '.join(expect)}")
+            raw_too = f" (or the raw columns {', '.join(raw_names)})" if raw_names else ""
+            raise RequestError(f"unknown input '{name}'; this model takes {', '.join(expect)}{raw_too}")
         datatype, shape = item.get("datatype"), item.get("shape")
         if datatype not in DTYPES:
             raise RequestError(f"{_expected(name, expect)}; datatype '{datatype}' is not one of {', '.join(DTYPES)}")
@@ -133,18 +213,26 @@ def parse_request(body: bytes, header_length: str | None, signature: Signature) 
         raise RequestError("the batch is empty")
     if not np.isfinite(arrays[NUMERICAL]).all():
         raise RequestError(f"input '{NUMERICAL}' holds NaN or infinite values")
-    params = doc.get("parameters") or {}
-    outputs = doc.get("outputs") or []
-    binary_output = bool(params.get("binary_data_output", False)) or any(
-        isinstance(o, dict) and (o.get("parameters") or {}).get("binary_data", False) for o in outputs
-    )
-    request_id = doc.get("id")
     return InferRequest(
-        str(request_id) if request_id is not None else None,
+        _request_id(doc),
         np.asarray(arrays[NUMERICAL], np.float32),
         np.asarray(arrays[CATEGORICAL], np.int64),
-        binary_output,
+        _binary_output(doc),
         np.asarray(arrays[MULTI_HOT], np.int64) if MULTI_HOT in arrays else None,
+        rows=len(arrays[NUMERICAL]),
+    )
+
+
+def _request_id(doc: dict) -> str | None:
+    request_id = doc.get("id")
+    return str(request_id) if request_id is not None else None
+
+
+def _binary_output(doc: dict) -> bool:
+    params = doc.get("parameters") or {}
+    outputs = doc.get("outputs") or []
+    return bool(params.get("binary_data_output", False)) or any(
+        isinstance(o, dict) and (o.get("parameters") or {}).get("binary_data", False) for o in outputs
     )
 
 

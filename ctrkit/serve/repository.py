@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 log = logging.getLogger("ctrkit.serve")
-PLATFORMS = ("onnxruntime_onnx", "pytorch_libtorch")
+PLATFORMS = ("onnxruntime_onnx", "pytorch_libtorch", "python")
 
 
 def check_name(name: str, what: str = "model name") -> str:
@@ -51,7 +51,9 @@ def read_config(path: Path, model: str) -> str:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise ValueError(f"{path}: not a text file; expected a Triton model configuration") from None
-    fields = dict(re.findall(r'^\s*(name|platform)\s*:\s*"([^"]*)"', text, flags=re.MULTILINE))
+    fields = dict(re.findall(r'^\s*(name|platform|backend)\s*:\s*"([^"]*)"', text, flags=re.MULTILINE))
+    if fields.get("backend") == "python" and "platform" not in fields:  # ctrkit's Python-backend model
+        fields["platform"] = "python"
     if fields.get("name") != model:
         found = fields.get("name")
         raise ValueError(f'{path}: expected `name: "{model}"` (the model directory\'s name), found {found!r}')

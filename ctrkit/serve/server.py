@@ -23,6 +23,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from ctrkit import __version__
+from ctrkit.preprocess.transform import RowError
 from ctrkit.serve.batcher import Batcher
 from ctrkit.serve.metrics import CONTENT_TYPE, ServerMetrics
 from ctrkit.serve.predictor import Predictor
@@ -230,7 +231,7 @@ def create_app(
             "name": model,
             "versions": sorted(models[model], key=version_order),
             "platform": f"ctrkit_{served.predictor.backend}",
-            "inputs": tensors(signature.inputs),
+            "inputs": tensors(signature.raw_inputs + signature.inputs),
             "outputs": tensors([signature.output]),
         }
 
@@ -265,12 +266,17 @@ def create_app(
             return error(400, str(e)), served
         except BrokenProcessPool:
             return error(503, "the request parser ran out of memory on this request; send a smaller body"), served
-        if len(parsed.numerical) > max_batch_size:
-            return error(400, f"batch of {len(parsed.numerical)} samples exceeds the limit of {max_batch_size}"), served
+        if parsed.rows > max_batch_size:
+            return error(400, f"batch of {parsed.rows} samples exceeds the limit of {max_batch_size}"), served
         current = lookup(model, version)  # a version loaded while the body arrived serves it
         served = current if isinstance(current, Served) and current.predictor.signature == signature else served
         if not served.batcher.alive:
             return error(503, "the model's batching loop has stopped; restart the server"), served
+        if parsed.raw is not None:  # here, not awaited: the ids must be this version's, and it must not change
+            try:
+                parsed = parsed.with_inputs(*served.predictor.transform.from_request(parsed.raw, parsed.rows))
+            except RowError as e:
+                return error(400, str(e)), served
         try:  # no await between the lookup above and the request joining that batcher's queue
             probs = await served.batcher.score(parsed.numerical, parsed.categorical, parsed.multi_hot)
         except MemoryError:

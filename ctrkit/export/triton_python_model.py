@@ -1,0 +1,43 @@
+"""The model of a Triton export with ``--backend python`` (copied as ``<version>/model.py``): Triton's Python backend
+runs it, so real Triton serves raw values, as NVIDIA Merlin serves the workflow that made the training data in front
+of the model.
+
+A request sends either the raw columns of the training table by name (text as BYTES, numbers as INT64 or FP32, each
+of shape [B, 1]; a column left out is missing in every row) or the id inputs (``numerical``, ``categorical`` and
+``multi_hot``); every input is optional in the config. The raw columns go through the preprocessing in the version's
+directory (``preprocessing.json``, ``vocabularies.parquet``), then ``model.onnx`` runs in ONNX Runtime: the answer is
+``ctrkit predict --input``'s on the same rows. The stub's Python must import ctrkit (start ``tritonserver`` with the
+environment ctrkit is installed in: docs/serving.md).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class TritonPythonModel:
+    """Triton's Python-backend interface: ``initialize`` once per instance, ``execute`` per batch of requests."""
+
+    def initialize(self, args: dict) -> None:
+        from ctrkit.serve.predictor import Predictor
+
+        self.predictor = Predictor.from_export(Path(args["model_repository"]), version=args["model_version"])
+        signature = self.predictor.signature
+        self.names = [t.name for t in signature.raw_inputs] + signature.input_names
+
+    def execute(self, requests: list) -> list:
+        import triton_python_backend_utils as pb_utils
+
+        responses = []
+        for request in requests:  # one answer per request, each its own inputs (raw or ids)
+            try:
+                given = {}
+                for name in self.names:
+                    tensor = pb_utils.get_input_tensor_by_name(request, name)
+                    if tensor is not None:
+                        given[name] = tensor.as_numpy()
+                output = pb_utils.Tensor("probability", self.predictor.score_named(given))
+                responses.append(pb_utils.InferenceResponse(output_tensors=[output]))
+            except ValueError as e:  # bad values: the client's error, said in words
+                responses.append(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(str(e))))
+        return responses
