@@ -10,9 +10,23 @@ DEMO   := build/demo
 
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: install demo test lint docs bench clean
+.PHONY: install triton demo test lint docs bench clean
 
 install: $(STAMP)
+
+# Real Triton for the repository tests (scripts/tritonserver.sh): the nvidia-pytriton wheel's tritonserver and Python
+# backend in .venv (without its dependencies, which pin NumPy < 2), and .venv-triton for the backend's stub: ctrkit
+# with NumPy < 2 (the stub builds string tensors for NumPy 1's layout).
+TRITON_ENV   := .venv-triton
+TRITON_STAMP := $(TRITON_ENV)/.installed
+triton: $(TRITON_STAMP)
+
+$(TRITON_STAMP): $(STAMP)
+	test -x $(TRITON_ENV)/bin/python || $(PYTHON) -m venv $(TRITON_ENV)
+	$(TRITON_ENV)/bin/python -m pip install --quiet --disable-pip-version-check "$(TORCH)" "numpy<2"
+	$(TRITON_ENV)/bin/python -m pip install --quiet --disable-pip-version-check "numpy<2" onnxruntime -e .
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps "nvidia-pytriton==0.7.0"
+	touch $(TRITON_STAMP)
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -39,7 +53,7 @@ docs: install
 	$(BIN)/python benchmarks/render.py
 	$(BIN)/mkdocs build --strict --site-dir build/site
 
-test: install lint
+test: install triton lint
 	$(BIN)/python -m pytest -q --durations=20
 
 bench: install
@@ -50,4 +64,4 @@ bench: install
 	bash benchmarks/run_inference.sh
 
 clean:
-	rm -rf $(VENV) build .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(TRITON_ENV) build .pytest_cache .ruff_cache

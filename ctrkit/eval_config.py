@@ -30,6 +30,7 @@ class EvalConfig:
         "score under autocast: bf16 (CPU with native bf16; CUDA with bf16 tensor cores) or fp16 (older GPUs); on CUDA "
         "only from 32,768 samples per process a batch (fp32 below, where autocast runs slower)",
     )
+    no_progress: bool = option(False, "no progress bar")
 
     def validate(self) -> None:
         if self.batch_size < 1:

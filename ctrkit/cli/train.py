@@ -172,7 +172,7 @@ def evaluate(args: argparse.Namespace) -> int:
     Scores every sample of a mapping and reports exact AUC (ties counted half) and log loss.
     """
     cfg, scoring = _scoring(args)
-    metrics = scoring.evaluate(cfg.batch_size, cfg.amp, progress=not cfg.json)
+    metrics = scoring.evaluate(cfg.batch_size, cfg.amp, progress=not (cfg.json or cfg.no_progress))
     if not scoring.is_main:
         return 0
     if cfg.json:

@@ -22,6 +22,14 @@ from ctrkit.data.spec_builders import criteo_like_spec
 from ctrkit.data.split_binary import DataError, SplitBinaryWriter
 from ctrkit.integrity import vocabulary_fingerprint
 from ctrkit.preprocess.criteo import MISSING_ID, RARE_ID, CriteoRecipe
+from ctrkit.preprocess.transform import (
+    CategoricalInput,
+    Column,
+    NumericalInput,
+    RowTransform,
+    vocabulary_frame,
+    write_record,
+)
 from ctrkit.preprocess.vocabulary import cardinality, save_vocabulary
 
 REJECTS_KEPT = 20
@@ -60,6 +68,26 @@ def split_bounds(total: int, n_train: int, validation_fraction: float | None) ->
         sizes = ", ".join(f"{hi - lo} {name}" for name, lo, hi in bounds)
         raise ValueError(f"the split left {sizes} rows; each needs at least one")
     return bounds
+
+
+def criteo_transform(recipe: CriteoRecipe, vocabularies: Sequence[pl.DataFrame]) -> RowTransform:
+    """What the Criteo recipe does to a row, for the model to carry (``preprocess/transform.py``): columns I1..I13
+    through log(max(x, -2) + 3), C1..C26 as lowercase hexadecimal values through their vocabularies (or as raw
+    keys, for ``raw_ids``)."""
+    numerical = [recipe.field_name(1 + i) for i in range(recipe.num_numerical)]
+    cats = [recipe.field_name(i) for i in range(1 + recipe.num_numerical, recipe.num_fields)]
+    raw = set(recipe.raw_ids)
+    return RowTransform(
+        "ctrkit preprocess criteo",
+        [Column(c, "Int64", "numerical") for c in numerical] + [Column(c, "String", "categorical") for c in cats],
+        [NumericalInput(f"num_{i}", c, "criteo_log") for i, c in enumerate(numerical)],
+        [CategoricalInput(f"cat_{i}.bin", c, "hex", "hex_key" if c in raw else "vocabulary")
+         for i, c in enumerate(cats)],
+        [],
+        {f"cat_{i}.bin": vocabulary_frame(v["value"], v["id"]) for i, (c, v) in enumerate(zip(cats, vocabularies))
+         if c not in raw},
+        label="label",
+    )  # fmt: skip
 
 
 class DatasetOutput:
@@ -125,6 +153,9 @@ class DatasetOutput:
         }
         self.spec = FeatureSpec(features, base.source_spec, base.channel_spec, meta, self.dir)
         self.spec.to_yaml(self.dir / "feature_spec.yaml")
+        transform = criteo_transform(self.recipe, vocabularies)
+        transform.check_features(self.spec.summary(), str(self.dir))
+        write_record(self.dir, transform, {f"cat_{i}.bin": c for i, c in enumerate(self.cats) if c not in raw})
         (self.dir / "vocab").mkdir()
         with ThreadPoolExecutor(os.cpu_count() or 1) as pool:  # Parquet writes release the GIL
             list(

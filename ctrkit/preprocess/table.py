@@ -194,6 +194,7 @@ def _row_transform(
     columns = [Column(c, _dtype_name(schema[c]), "categorical") for c in roles.categorical if c not in derived]
     columns += [Column(c, _dtype_name(schema[c]), "numerical") for c in roles.numerical]
     columns += [Column(c, "String", "multi_hot") for c in roles.multi_hot]
+    columns.sort(key=lambda c: list(schema).index(c.name))  # as the table holds them
     categorical = [
         CategoricalInput(c, derived.get(c, c), "number" if c in derived else "as_read",
                          "xxh64" if c in recipe.raw_ids else "vocabulary")

@@ -181,10 +181,9 @@ class RowTransform:
     def input_specs(self) -> list[dict[str, Any]]:
         """The raw inputs, one per column: name, KServe v2 datatype, role (what ``ctrkit_model.json`` and the
         server's metadata list)."""
-        datatype = {"String": "BYTES", "Boolean": "BYTES", "Int64": "INT64", "Float64": "FP32"}
         out = []
-        for c in self.columns:
-            kind = "BYTES" if c.role in ("categorical", "multi_hot") and c.dtype != "Int64" else datatype[c.dtype]
+        for c in self.columns:  # numbers as FP32 (NaN: missing), integer ids as INT64, other values as text
+            kind = "FP32" if c.role == "numerical" else "INT64" if c.dtype == "Int64" else "BYTES"
             out.append({"name": c.name, "datatype": kind, "role": c.role})
         return out
 

@@ -1,0 +1,132 @@
+"""The preprocessing a model carries (``preprocess/transform.py``): applied to the raw rows a dataset was made from,
+it gives the dataset's own ids, numbers and bags, for the table and Criteo recipes; and its stored forms (the
+checkpoint's tensors, an export's files) give the same transform back."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pytest
+
+from ctrkit.data.feature_spec import FeatureSpec
+from ctrkit.data.split_binary import open_mapping
+from ctrkit.preprocess.polars_engine import preprocess_criteo
+from ctrkit.preprocess.transform import (
+    CategoricalInput,
+    Column,
+    NumericalInput,
+    RowError,
+    RowTransform,
+    ValueIndex,
+    _strings,
+    _utf8,
+    from_dataset,
+)
+from tests.conftest import run_cli
+from tests.preprocess.test_criteo_polars import SMALL, TEST, TRAIN, write
+from tests.preprocess.test_table import _table
+
+
+def _bags(values: np.ndarray, offsets: np.ndarray, width: int) -> np.ndarray:
+    """A multi-hot column of the dataset as the padded (N, width) ids the transform gives (-1 padding)."""
+    out = np.full((len(offsets) - 1, width), -1, np.int64)
+    for i in range(len(offsets) - 1):
+        row = values[offsets[i] : offsets[i + 1]]
+        out[i, : len(row)] = row
+    return out
+
+
+def _check_remakes(dataset, rows: pl.DataFrame, bounds: dict[str, tuple[int, int]]) -> RowTransform:
+    """The transform applied to ``rows`` equals the dataset's stored inputs in every mapping."""
+    transform = from_dataset(dataset)
+    spec = FeatureSpec.from_yaml(dataset)
+    transform.check_features(spec.summary(), str(dataset))
+    for mapping, (lo, hi) in bounds.items():
+        stored = open_mapping(spec, mapping)
+        numerical, categorical, bags = transform(transform.typed(rows[lo:hi]))
+        np.testing.assert_array_equal(categorical, np.stack(stored.categorical, 1).astype(np.int64), err_msg=mapping)
+        if stored.numerical is not None:
+            np.testing.assert_array_equal(numerical, np.asarray(stored.numerical, np.float32), err_msg=mapping)
+        for j, (values, offsets) in enumerate(stored.multi_hot):
+            want = _bags(np.asarray(values, np.int64), np.asarray(offsets), bags.shape[2])
+            np.testing.assert_array_equal(bags[:, j], want, err_msg=mapping)
+    return transform
+
+
+@pytest.mark.parametrize("flags", [[], ["--raw-ids", "user"]], ids=["vocabularies", "raw-ids"])
+def test_table_transform_remakes_the_dataset(tmp_path, flags):
+    df = _table()
+    df.write_csv(tmp_path / "clicks.csv")
+    out = tmp_path / "ds"
+    code = run_cli("preprocess", "table", tmp_path / "clicks.csv", "--out", out, "--label", "click", "--categorical",
+                   "item", "--multi-hot", "genres", "--drop", "ts", "--also-categorical", "price", "--no-progress",
+                   *flags)[0]  # fmt: skip
+    assert code == 0
+    csv = pl.read_csv(tmp_path / "clicks.csv", infer_schema=False)  # as text, as predict --input reads a CSV
+    transform = _check_remakes(out, csv, {"train": (0, 540), "test": (540, 600)})
+    assert [f.feature for f in transform.categorical][-1] == "price_id"  # the number's id, from the price column
+    roles = {c.name: (c.dtype, c.role) for c in transform.columns}
+    assert list(roles) == ["user", "item", "price", "genres", "device"]  # the table's order
+    assert roles == {"user": ("String", "categorical"), "item": ("Int64", "categorical"),
+                     "device": ("String", "categorical"), "price": ("Float64", "numerical"),
+                     "genres": ("String", "multi_hot")}  # fmt: skip
+    # the typed Parquet columns give the same as the CSV's text
+    typed = pl.read_csv(tmp_path / "clicks.csv")
+    for a, b in zip(transform(transform.typed(typed)), transform(transform.typed(csv))):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_criteo_transform_remakes_the_dataset(tmp_path):
+    out = tmp_path / "out"
+    preprocess_criteo(
+        [write(tmp_path / "train.tsv", TRAIN)], out, SMALL, test_files=[write(tmp_path / "test.tsv", TEST)]
+    )
+    rows = [line.split("\t") for line in TRAIN + TEST]
+    names = ["label", "I1", "I2", "C1", "C2"]
+    raw = pl.DataFrame({n: [r[i] or None for r in rows] for i, n in enumerate(names)})
+    raw = raw.with_columns(pl.col("C1").str.to_uppercase())  # Criteo's values compare without case
+    _check_remakes(out, raw.drop("label"), {"train": (0, 9), "test": (9, 13)})
+
+
+def test_unseen_missing_and_bad_values():
+    vocab = pl.DataFrame({"value": ["BR", "US", "rare"], "id": [2, 3, 1]})
+
+    columns = [Column("country", "String", "categorical"), Column("age", "Int64", "categorical")]
+    columns.append(Column("price", "Float64", "numerical"))
+    categorical = [CategoricalInput("country", "country"), CategoricalInput("age", "age")]
+    vocabularies = {"country": vocab, "age": pl.DataFrame({"value": ["30", "41"], "id": [2, 3]})}
+    t = RowTransform("test", columns, [NumericalInput("price", "price")], categorical, [], vocabularies, ("NA",))
+    numerical, categorical, bags = t.from_request(
+        {
+            "country": ["US", "FR", None, "NA", "rare"],
+            "age": [b"41", "30", None, "x", "30"],
+            "price": [1.5, None, 2, 3, 4],
+        },
+        5,
+    )
+    assert bags is None
+    np.testing.assert_array_equal(categorical, [[3, 3], [0, 2], [0, 0], [0, 0], [1, 2]])
+    np.testing.assert_array_equal(numerical[:, 0], [1.5, 0.0, 2.0, 3.0, 4.0])
+    _, categorical, _ = t.from_request({"country": ["BR"]}, 1)  # the columns left out: missing
+    np.testing.assert_array_equal(categorical, [[2, 0]])
+    with pytest.raises(RowError, match="row 2: column 'price' holds 'abc'; expected a number"):
+        t.from_request({"price": ["1", "abc"]}, 2)
+    with pytest.raises(RowError, match="unknown column 'clicked'"):
+        t.from_request({"clicked": [1]}, 1)
+    with pytest.raises(RowError, match="column 'country' holds 2 values, expected 3"):
+        t.from_request({"country": ["a", "b"]}, 3)
+
+
+def test_value_index_agrees_with_a_join_and_stored_forms_round_trip():
+    rng = np.random.default_rng(0)
+    values = pl.Series("value", [f"v{i}é" if i % 7 else f"a\0{i}" for i in range(5000)])
+    vocab = pl.DataFrame({"value": values, "id": rng.permutation(5000).astype(np.int64) + 1})
+    wanted = pl.Series([f"v{i}é" if i % 7 else f"a\0{i}" for i in rng.integers(0, 7000, 20000)] + [None, ""])
+    index = ValueIndex(vocab)
+    joined = wanted.alias("value").to_frame().join(vocab, on="value", how="left", maintain_order="left")
+    want = joined["id"].fill_null(0).to_numpy()
+    np.testing.assert_array_equal(index(wanted), want)
+    index.join = vocab  # the path taken when two values share a hash
+    np.testing.assert_array_equal(index(wanted), want)
+    for text in (values, pl.Series(["", "x"]), pl.Series([], dtype=pl.String), pl.Series(["ab", "c"])):
+        assert _strings(*_utf8(text)).to_list() == text.to_list()

@@ -1,0 +1,231 @@
+"""Raw rows in, clicks out: the README's own-click-log sequence on a generated CSV (preprocess table, train,
+evaluate, report, export), then `predict --input` on new unlabeled rows against `predict --dataset`, raw-value
+requests (strings, unseen values, missing numbers) over HTTP to the real `ctrkit serve` and to a real Triton server
+on the exported repository, each against `predict --input` on the same rows."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+import tritonclient.http as httpclient
+
+from tests.conftest import free_port, run_cli, small_model_flags
+from tests.serve.test_server import Server
+
+ROOT = Path(__file__).resolve().parents[2]
+ROWS = 6000
+COLUMNS = ("country", "device", "ad_id", "category", "age", "price", "position")
+
+
+def click_log(rows: int, seed: int = 0) -> pl.DataFrame:
+    """A click log as a user has one: a timestamp, text ids, integer codes, an amount, a 0/1 click."""
+    rng = np.random.default_rng(seed)
+    country = rng.choice(["BR", "US", "DE", "FR", "IN", "JP"], rows, p=[0.3, 0.3, 0.1, 0.1, 0.1, 0.1])
+    device = rng.choice(["mobile", "desktop", "tablet"], rows)
+    ad = rng.zipf(1.6, rows) % 400
+    age = rng.integers(18, 70, rows)
+    price = np.round(rng.gamma(2.0, 10.0, rows), 2)
+    position = rng.integers(1, 6, rows)
+    logit = -1.5 + 0.8 * (device == "mobile") - 0.25 * position + 0.6 * (ad % 5 == 0) - 0.01 * price
+    clicked = (rng.random(rows) < 1 / (1 + np.exp(-logit))).astype(int)
+    missing = rng.random(rows) < 0.05
+    return pl.DataFrame(
+        {
+            "ts": [
+                f"2026-11-{1 + i * 20 // rows:02d}T{i % 24:02d}:{i % 60:02d}:{i % 59:02d}.{i:06d}" for i in range(rows)
+            ],
+            "country": np.where(missing, None, country).tolist(),
+            "device": device,
+            "ad_id": [f"ad_{a:04d}" for a in ad],
+            "category": rng.choice(["shoes", "books", "games"], rows),
+            "age": np.where(rng.random(rows) < 0.05, None, age).tolist(),
+            "price": np.where(missing[::-1], None, price).tolist(),
+            "position": position,
+            "clicked": clicked,
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """The README's sequence for your own click log, on a generated CSV; the test rows as raw CSV rows."""
+    work = tmp_path_factory.mktemp("own")
+    log = click_log(ROWS)
+    log.write_csv(work / "clicks.csv")
+    data, ckpt = work / "data", work / "runs" / "dlrm.pt"
+    assert run_cli("preprocess", "table", work / "clicks.csv", "--out", data, "--label", "clicked", "--order-by", "ts",
+                   "--integers", "categorical", "--no-progress")[0] == 0  # fmt: skip
+    assert run_cli("train", "--dataset", data, "--model", "dlrm", "--max-steps", 40, "--batch-size", 256,
+                   "--no-progress", "--save-checkpoint", ckpt, *small_model_flags())[0] == 0  # fmt: skip
+    assert run_cli("evaluate", "--checkpoint", ckpt, "--dataset", data, "--no-progress")[0] == 0
+    assert run_cli("report", ckpt, "--dataset", data, "--out", work / "report.html")[0] == 0
+    for backend in ("onnx", "python"):
+        args = ["export", "--checkpoint", ckpt, "--format", "triton", "--backend", backend, "--name", f"ctr_{backend}"]
+        assert run_cli(*args, "--out", work / "repository")[0] == 0
+    # Triton's own: the Python-backend model alone (this Triton build has no ONNX Runtime backend)
+    args = ["export", "--checkpoint", ckpt, "--format", "triton", "--backend", "python", "--name", "ctr"]
+    assert run_cli(*args, "--out", work / "triton_repository")[0] == 0
+    test_rows = log.sort("ts", maintain_order=True).tail(ROWS - int(ROWS * 0.9)).drop("clicked")
+    return work, data, ckpt, test_rows
+
+
+def predict_rows(trained, rows: pl.DataFrame, suffix=".csv", *flags) -> np.ndarray:
+    work, _, ckpt, _ = trained
+    rows.write_csv(work / "new.csv")
+    out = work / f"scores{suffix}"
+    assert run_cli("predict", "--checkpoint", ckpt, "--input", work / "new.csv", "--out", out, "--no-progress",
+                   *flags)[0] == 0  # fmt: skip
+    table = pl.read_parquet(out) if suffix == ".parquet" else pl.read_csv(out)
+    return table
+
+
+def test_predict_input_scores_new_rows_as_the_dataset_scores_them(trained, tmp_path):
+    work, data, ckpt, test_rows = trained
+    assert run_cli("predict", "--checkpoint", ckpt, "--dataset", data, "--out", tmp_path / "p.npy")[0] == 0
+    want = np.load(tmp_path / "p.npy")
+    for suffix in (".csv", ".parquet"):  # blocks of 170 rows: the stream's joins are checked too
+        table = predict_rows(trained, test_rows, suffix, "--keep", "ts,ad_id", "--batch-size", "170")
+        assert table.columns == ["ts", "ad_id", "probability"]
+        assert table["ts"].to_list() == test_rows["ts"].to_list()
+        np.testing.assert_allclose(table["probability"].to_numpy(), want, rtol=0, atol=1e-6)
+    assert not (data / "test").with_suffix(".unchanged").exists()
+    # Parquet in, the typed columns: the same scores
+    test_rows.write_parquet(tmp_path / "new.parquet")
+    assert run_cli("predict", "--checkpoint", ckpt, "--input", tmp_path / "new.parquet", "--out",
+                   tmp_path / "s.csv", "--no-progress")[0] == 0  # fmt: skip
+    np.testing.assert_allclose(pl.read_csv(tmp_path / "s.csv")["probability"].to_numpy(), want, atol=1e-6)
+
+
+def test_predict_input_refuses_what_it_cannot_score(trained, tmp_path, capsys):
+    work, _, ckpt, test_rows = trained
+    test_rows.drop("price").write_csv(tmp_path / "a.csv")
+    code, _, err = run_cli("predict", "--checkpoint", ckpt, "--input", tmp_path / "a.csv", "--out", tmp_path / "o.csv",
+                           capsys=capsys)  # fmt: skip
+    assert code == 2 and "has no column 'price'" in err and "Traceback" not in err
+    test_rows.with_columns(pl.lit("cheap").alias("price")).write_csv(tmp_path / "b.csv")
+    code, _, err = run_cli("predict", "--checkpoint", ckpt, "--input", tmp_path / "b.csv", "--out", tmp_path / "o.csv",
+                           capsys=capsys)  # fmt: skip
+    assert code == 2 and "row 1: column 'price' holds 'cheap'; expected a number" in err
+    assert not (tmp_path / "o.csv").exists()  # nothing written
+
+
+def _raw_request(rows: pl.DataFrame, binary: bool) -> list:
+    inputs = []
+    for name in COLUMNS:
+        values = rows[name].to_list()
+        if name == "price":
+            array = np.array([[np.nan if v is None else v] for v in values], np.float32)
+            kind = "FP32"
+        elif name in ("age", "position"):
+            array = np.array([[-1 if v is None else v] for v in values], np.int64)
+            kind = "INT64"
+        else:
+            array = np.array([["" if v is None else v] for v in values], dtype=object)
+            kind = "BYTES"
+        item = httpclient.InferInput(name, list(array.shape), kind)
+        item.set_data_from_numpy(array, binary_data=binary)
+        inputs.append(item)
+    return inputs
+
+
+def _unusual_rows(test_rows: pl.DataFrame) -> pl.DataFrame:
+    """Test rows with unseen values and missing numbers and text."""
+    rows = test_rows.head(12).with_columns(
+        pl.Series("ad_id", ["ad_never_seen"] * 3 + test_rows["ad_id"].head(12).to_list()[3:]),
+        pl.Series("country", ["ZZ", None] + test_rows["country"].head(12).to_list()[2:]),
+        pl.Series("price", [None, 12.5, None] + test_rows["price"].head(12).to_list()[3:]),
+    )
+    return rows.with_columns(age=pl.when(pl.int_range(pl.len()) == 4).then(None).otherwise(pl.col("age")))
+
+
+def test_ctrkit_serve_takes_raw_values(trained):
+    work, _, ckpt, test_rows = trained
+    rows = _unusual_rows(test_rows)
+    want = predict_rows(trained, rows)["probability"].to_numpy()
+    server = Server("--model-repository", work / "repository")
+    try:
+        client = httpclient.InferenceServerClient(server.url)
+        meta = client.get_model_metadata("ctr_onnx")
+        assert [i["name"] for i in meta["inputs"]][:7] == list(COLUMNS)
+        assert {i["name"]: i["datatype"] for i in meta["inputs"]}["price"] == "FP32"
+        for model in ("ctr_onnx", "ctr_python"):
+            for binary in (False, True):
+                got = client.infer(model, _raw_request(rows, binary)).as_numpy("probability")[:, 0]
+                np.testing.assert_allclose(got, want, atol=1e-6, err_msg=f"{model} binary={binary}")
+        # JSON as curl sends it: null for a missing value, a column left out is missing in every row
+        body = {"inputs": [{"name": "country", "datatype": "BYTES", "shape": [2, 1], "data": ["ZZ", None]},
+                           {"name": "price", "datatype": "FP32", "shape": [2], "data": [None, 12.5]}]}  # fmt: skip
+        status, answer = server.post(json.dumps(body).encode(), model="ctr_onnx")
+        partial = pl.DataFrame({c: [None, None] for c in COLUMNS}).with_columns(
+            pl.Series("country", ["ZZ", None]), pl.Series("price", [None, 12.5])
+        )
+        assert status == 200
+        np.testing.assert_allclose(json.loads(answer)["outputs"][0]["data"], predict_rows(trained, partial)[
+            "probability"].to_numpy(), atol=1e-6)  # fmt: skip
+        for bad, message in (
+            ({"name": "price", "datatype": "BYTES", "shape": [1], "data": ["cheap"]}, "holds 'cheap'"),
+            ({"name": "clicks", "datatype": "FP32", "shape": [1], "data": [1]}, "unknown input 'clicks'"),
+            ({"name": "price", "datatype": "FP32", "shape": [1], "data": [True]}, "must hold numbers"),
+        ):
+            status, answer = server.post(json.dumps({"inputs": [bad]}).encode(), model="ctr_onnx")
+            assert status == 400 and message in json.loads(answer)["error"], answer
+    finally:
+        server.stop()
+
+
+def _triton_ready(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not (ROOT / ".venv-triton" / "bin" / "python").exists(), reason="no Triton here: `make triton`")
+def test_real_triton_serves_the_exported_repository(trained):
+    work, data, ckpt, test_rows = trained
+    rows = _unusual_rows(test_rows)
+    want = predict_rows(trained, rows)["probability"].to_numpy()
+    port = free_port()
+    proc = subprocess.Popen([str(ROOT / "scripts" / "tritonserver.sh"), str(work / "triton_repository"), str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 90
+        while not _triton_ready(port):
+            assert proc.poll() is None, proc.stdout.read()[-3000:]
+            assert time.monotonic() < deadline, "Triton did not become ready"
+            time.sleep(0.5)
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
+        # raw values, and the id inputs, through the Python-backend model
+        got = client.infer("ctr", _raw_request(rows, True)).as_numpy("probability")[:, 0]
+        np.testing.assert_allclose(got, want, atol=1e-6)
+        from ctrkit.data.dataset import SplitBinaryDataset
+
+        batch = SplitBinaryDataset(data, "test").slice(0, 12)
+        ids = [httpclient.InferInput("numerical", list(batch.numerical.shape), "FP32"),
+               httpclient.InferInput("categorical", list(batch.categorical.shape), "INT64")]  # fmt: skip
+        ids[0].set_data_from_numpy(batch.numerical.numpy())
+        ids[1].set_data_from_numpy(batch.categorical.numpy())
+        by_ids = client.infer("ctr", ids).as_numpy("probability")[:, 0]
+        np.testing.assert_allclose(by_ids, predict_rows(trained, test_rows.head(12))["probability"], atol=1e-6)
+        country = httpclient.InferInput("country", [1, 1], "BYTES")
+        country.set_data_from_numpy(np.array([["BR"]], dtype=object))
+        price = httpclient.InferInput("price", [1, 1], "BYTES")  # declared FP32: Triton refuses it
+        price.set_data_from_numpy(np.array([["cheap"]], dtype=object))
+        with pytest.raises(Exception, match="price"):
+            client.infer("ctr", [country, price])
+        price = httpclient.InferInput("price", [1, 1], "FP32")  # the model's own refusal, in words
+        price.set_data_from_numpy(np.array([[np.inf]], np.float32))
+        with pytest.raises(Exception, match="column 'price' holds 'inf'; expected a number"):
+            client.infer("ctr", [country, price])
+        assert client.is_server_live()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
