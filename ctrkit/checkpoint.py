@@ -144,6 +144,12 @@ class Checkpoint:
         return len(self.ensemble) if self.ensemble else 1
 
     @property
+    def kept_step(self) -> int:
+        """The step of the weights the run kept (its best validation evaluation), else the last step."""
+        best = (self.selection or {}).get("best_step")
+        return int(best) if best is not None else int(self.step)
+
+    @property
     def resume_weights(self) -> dict[str, torch.Tensor]:
         """The weights training continues from."""
         return self.resume_model if self.resume_model is not None else self.model

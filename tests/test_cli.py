@@ -164,6 +164,35 @@ def test_every_subcommand_and_flag_has_help():
     assert check(build_parser(), "ctrkit") > 80  # nested groups (preprocess criteo, bench train) included
 
 
+def test_a_raw_table_given_as_a_dataset_points_to_preprocess(tmp_path, capsys):
+    (tmp_path / "clicks.csv").write_text("country,clicked\nBR,1\n")
+    code, _, err = run_cli("train", "--dataset", tmp_path / "clicks.csv", capsys=capsys)
+    assert code == 2 and "a raw table, not a dataset" in err and "ctrkit preprocess table" in err
+
+
+def test_help_of_every_command_and_subcommand_prints(capsys):
+    """`--help` of each command, group and subcommand exits 0 with its usage, and each usage line names every
+    subcommand of its group."""
+    import argparse
+
+    def paths(parser: argparse.ArgumentParser, path: list[str]):
+        yield path
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name in action.choices:
+                    assert name in action.metavar, f"{' '.join(path)}: usage omits {name}"
+                    yield from paths(action.choices[name], [*path, name])
+
+    seen = 0
+    for path in paths(build_parser(), []):
+        with pytest.raises(SystemExit) as ended:
+            build_parser().parse_args([*path, "--help"])
+        out = capsys.readouterr().out
+        assert ended.value.code == 0 and out.startswith("usage: ctrkit"), path
+        seen += 1
+    assert seen > 20
+
+
 def test_model_config_flags_and_yaml(tiny_dataset, tmp_path, capsys):
     (tmp_path / "m.yaml").write_text("top_mlp: [24, 1]\nself_interaction: true\n")
     code, out, _ = run_cli(

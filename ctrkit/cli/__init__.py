@@ -16,7 +16,6 @@ from ctrkit import __version__
 from ctrkit.cli import bench, data, serve, train
 
 EXIT_USER_ERROR = 2
-COMMANDS = "{synth,preprocess,transcode,gen-csv,train,evaluate,predict,export,serve,bench,models,convert-checkpoint}"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,10 +25,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"ctrkit {__version__}")
     parser.add_argument("--traceback", action="store_true", help="show the full traceback of errors")
-    sub = parser.add_subparsers(dest="command", required=True, metavar=COMMANDS, help="what to do")
+    sub = parser.add_subparsers(dest="command", required=True, help="what to do")
     for group in (data, train, serve, bench):
         group.register(sub)
+    _list_subcommands(parser)
     return parser
+
+
+def _list_subcommands(parser: argparse.ArgumentParser) -> None:
+    """Each group's usage line lists the subcommands it registered (``{a,b,...}``), nested groups included."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            action.metavar = "{" + ",".join(action.choices) + "}"
+            for sub in action.choices.values():
+                _list_subcommands(sub)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,7 +29,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     bsub = p.add_subparsers(
         dest="bench",
         required=True,
-        metavar="{train,preprocess,scale,inference,accuracy,ablation,checkpoint,epoch,stream}",
         help="what to measure",
     )
     add_command(bsub, "inference", inference, (InferenceBenchConfig, BenchRunOptions), ("device",))

@@ -26,9 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Runs a preprocessing recipe on raw logs and writes a ctrkit dataset (split binary + "
         "feature_spec.yaml), the vocabularies (vocab/<column>.parquet: value, count, id) and summary.json.",
     )
-    recipes = p.add_subparsers(
-        dest="recipe", required=True, metavar="{criteo,outbrain,table}", help="the raw format and its recipe"
-    )
+    recipes = p.add_subparsers(dest="recipe", required=True, help="the raw format and its recipe")
     add_command(recipes, "criteo", preprocess, (CriteoPreprocessConfig,))
     add_command(recipes, "outbrain", preprocess_outbrain, (OutbrainPreprocessConfig,))
     add_command(recipes, "table", preprocess_table, (TablePreprocessConfig,))
@@ -218,6 +216,18 @@ def preprocess_table(args: argparse.Namespace) -> int:
     summary = run(cfg.raw, cfg.out, recipe, test_files=cfg.test_files, test_fraction=test_fraction,
                   validation_fraction=cfg.validation_fraction, overwrite=cfg.overwrite,
                   progress=not cfg.no_progress)  # fmt: skip
+    roles = [
+        ("label", [summary["label"]]),
+        ("order", [summary.get("order_by")]),
+        ("group", [summary.get("group")]),
+        ("categorical", summary["categorical"]),
+        ("raw ids", summary["raw_ids"]),
+        ("numerical", summary["numerical"]),
+        ("multi-hot", summary["multi_hot"]),
+        ("dropped", summary["dropped"]),
+    ]
+    print("columns: " + "; ".join(f"{role} {', '.join(c for c in names if c)}" for role, names in roles
+                                  if any(names)))  # fmt: skip
     tests = summary.get("value_id_tests", {})
     if tests:
         chosen = [f"{c} (-{t['gain']:.4f} log loss)" for c, t in tests.items() if t["chosen"]]

@@ -151,7 +151,8 @@ def add_command(
     docstring is its help (the first line) and description (the rest)."""
     doc = inspect.cleandoc(handler.__doc__ or "")
     summary, _, details = doc.partition("\n\n")
-    parser = sub.add_parser(name, help=summary, description=" ".join(details.split()) or None)
+    # argparse %-formats a help string ("5%" would fail): a literal percent sign is written twice
+    parser = sub.add_parser(name, help=summary.replace("%", "%%"), description=" ".join(details.split()) or None)
     for cls in configs:
         add_config_flags(parser, cls, exclude)
     parser.set_defaults(handler=handler)

@@ -67,9 +67,14 @@ def serve(args: argparse.Namespace) -> int:
                              "not to a model repository")  # fmt: skip
         repository = ModelRepository(cfg.model_repository)
         sock = bind(cfg.host, cfg.port)
-        url = f"http://{cfg.host}:{sock.getsockname()[1]}/v2/repository/index"
-        print(f"serving the model repository {cfg.model_repository} ({', '.join(repository.names())}); index: {url}",
-              file=sys.stderr, flush=True)  # fmt: skip
+        base = f"http://{cfg.host}:{sock.getsockname()[1]}/v2/models"
+        names = repository.names()
+        print(
+            f"serving the model repository {cfg.model_repository} ({', '.join(names)}): POST {base}/{names[0]}/infer; "
+            f"its inputs: GET {base}/{names[0]}",
+            file=sys.stderr,
+            flush=True,
+        )
         run_server(None, "", cfg.host, cfg.port, cfg.batch_window_ms, cfg.max_batch_size,
                    int(cfg.max_body_mb * 2**20), sock=sock, repository=repository)  # fmt: skip
         return 0
@@ -77,8 +82,8 @@ def serve(args: argparse.Namespace) -> int:
                                cfg.compile)  # fmt: skip
     name = cfg.name or predictor.meta["model_name"]
     sock = bind(cfg.host, cfg.port)  # a busy port fails here, before anything says it is serving
-    url = f"http://{cfg.host}:{sock.getsockname()[1]}/v2/models/{name}/infer"
-    print(f"serving {name} ({predictor.backend}) on {url}", file=sys.stderr, flush=True)
+    url = f"http://{cfg.host}:{sock.getsockname()[1]}/v2/models/{name}"
+    print(f"serving {name} ({predictor.backend}): POST {url}/infer; its inputs: GET {url}", file=sys.stderr, flush=True)
     run_server(predictor, name, cfg.host, cfg.port, cfg.batch_window_ms, cfg.max_batch_size,
                int(cfg.max_body_mb * 2**20), sock=sock)  # fmt: skip
     return 0

@@ -179,8 +179,9 @@ def evaluate(args: argparse.Namespace) -> int:
         # strict JSON: an undefined AUC (one class only) is null, not NaN
         print(json.dumps({k: None if v != v else v for k, v in metrics.items()}, sort_keys=True))
         return 0
+    trained = f" (kept of {metrics['steps_trained']} trained)" if metrics["steps_trained"] != metrics["step"] else ""
     line = (
-        f"{metrics['model']} step {metrics['step']} on {cfg.mapping}: {auc_text(metrics['auc'])}  "
+        f"{metrics['model']} step {metrics['step']}{trained} on {cfg.mapping}: {auc_text(metrics['auc'])}  "
         f"logloss {metrics['logloss']:.4f}  samples {metrics['samples']:,}  CTR {metrics['ctr']:.4f}"
     )
     if "map@12" in metrics:
@@ -256,19 +257,30 @@ def report(args: argparse.Namespace) -> int:
         raise ValueError(f"{checkpoint}: checkpoint not found")
     data = build_report(checkpoint, cfg.out, cfg.dataset, cfg.mapping, cfg.log_path, cfg.device)
     final = data["final"]
-    print(f"wrote {cfg.out}: {data['model']} step {final['checkpoint_step']} on {final['mapping']}: AUC "
+    step = final.get("best_step", final["checkpoint_step"])  # the kept weights' step
+    print(f"wrote {cfg.out}: {data['model']} step {step} on {final['mapping']}: AUC "
           f"{final['auc']:.4f}  logloss {final['logloss']:.4f}  ({final['rows']:,} samples)")  # fmt: skip
     return 0
 
 
 def models(args: argparse.Namespace) -> int:
-    """list the registered model names"""
+    """list the registered models with the shape and training settings a run gets by default
+
+    Each model's config and optimizer settings as `ctrkit train --model NAME` resolves them with the default
+    recipe (its model fields over the model's own defaults), before the data decides the rest (--dry-run shows
+    that).
+    """
+    from dataclasses import replace
+
     from ctrkit.models.registry import config_class, config_to_dict, list_models, train_defaults
+    from ctrkit.train.recipes import DEFAULT_RECIPE, recipe
 
     for name in list_models():
-        example = config_class(name)(num_numerical=13, cardinalities=(1,))
+        train_layer, model_layer = recipe(DEFAULT_RECIPE).layers(name)
+        example = replace(config_class(name)(num_numerical=13, cardinalities=(1,)), **model_layer)
         shape = {k: v for k, v in config_to_dict(example).items() if k not in ("num_numerical", "cardinalities")}
-        print(f"{name}: {shape}; training defaults {train_defaults(name)}")
+        trained = {**train_defaults(name), **{k: v for k, v in train_layer.items() if k in train_defaults(name)}}
+        print(f"{name}: {shape}; training defaults {trained} (recipe {DEFAULT_RECIPE})")
     return 0
 
 

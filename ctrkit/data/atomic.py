@@ -98,6 +98,13 @@ def check_room(target: Path, needs: int | None) -> None:
         )
 
 
+def check_new_directory(out: Path, overwrite: bool) -> None:
+    """Refuses an output directory that exists and is not empty unless ``overwrite`` (a ValueError naming it): what
+    a long write checks before its work, and ``atomic_directory`` again at its start."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
+        raise ValueError(f"{out}: directory exists and is not empty; set `overwrite` to replace it")
+
+
 @contextmanager
 def atomic_directory(out_dir: str | os.PathLike, overwrite: bool = False, needs: int | None = None) -> Iterator[Path]:
     """Yields a temporary directory beside ``out_dir`` and renames it to ``out_dir`` on success.
@@ -112,8 +119,7 @@ def atomic_directory(out_dir: str | os.PathLike, overwrite: bool = False, needs:
         DiskError: the disk refused the write.
     """
     out = Path(out_dir)
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise ValueError(f"{out}: directory exists and is not empty; set `overwrite` to replace it")
+    check_new_directory(out, overwrite)
     check_room(out, needs)
     tmp = _temporary(out, lambda: Path(tempfile.mkdtemp(dir=out.parent, prefix=_prefix(out))))
     try:

@@ -57,6 +57,8 @@ INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8")
 FLOAT_DTYPES = ("float16", "float32", "float64")
 DTYPES = INT_DTYPES + FLOAT_DTYPES + ("bool",)
 AUTO = "auto"
+# files that hold raw rows, not a FeatureSpec (a dataset is made of them by ``ctrkit preprocess``)
+RAW_TABLE_SUFFIXES = (".csv", ".tsv", ".txt", ".parquet", ".pq", ".gz")
 
 
 class SpecError(ValueError):
@@ -169,6 +171,11 @@ class FeatureSpec:
             path = path / "feature_spec.yaml"
         if not path.exists():
             raise SpecError(f"{path}: feature spec not found (expected a feature_spec.yaml file)")
+        if path.suffix.lower() in RAW_TABLE_SUFFIXES:
+            raise SpecError(
+                f"{path}: a raw table, not a dataset; make a dataset of it first: `ctrkit preprocess table {path} "
+                f"--out DIR --label COLUMN` (`ctrkit preprocess criteo` for Criteo's TSV files), then pass DIR"
+            )
         try:
             with open(path) as f:
                 raw = yaml.safe_load(f)

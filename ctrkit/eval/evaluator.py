@@ -215,10 +215,12 @@ class Scoring:
         return calibrated(logits, self.checkpoint.calibration)
 
     def evaluate(self, batch_size: int = 16384, amp: bool = False, progress: bool = False) -> dict[str, Any]:
-        """``evaluate``'s metrics, plus the mapping, the model name and the checkpoint's step."""
+        """``evaluate``'s metrics, plus the mapping, the model name, the step of the kept weights (``step``) and the
+        steps the run trained (``steps_trained``)."""
         metrics = metrics_of(self.dataset, self.logits(batch_size, amp, progress))
-        return {**metrics, "mapping": self.dataset.mapping, "model": self.checkpoint.model_name,
-                "step": int(self.checkpoint.step)}  # fmt: skip
+        ckpt = self.checkpoint
+        return {**metrics, "mapping": self.dataset.mapping, "model": ckpt.model_name, "step": ckpt.kept_step,
+                "steps_trained": int(ckpt.step)}  # fmt: skip
 
     def predict(self, batch_size: int = 16384, progress: bool = False) -> np.ndarray:
         """(N,) float32 click probabilities in dataset order."""

@@ -53,15 +53,19 @@ def quantize_onnx_int8(source: Path, path: Path) -> None:
     """``source`` with int8 weights and per-batch int8 activations in its linear layers (onnxruntime's
     dynamic quantization: uint8 x int8 products, the VNNI instructions' kind); embeddings, the
     interaction and the output stay float32."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.quantization import QuantType, quant_pre_process, quantize_dynamic
 
+    # shape inference and graph optimization first, as onnxruntime asks of a model to quantize (it warns otherwise)
+    prepared = source.with_name(source.stem + ".prepared.onnx")
+    quant_pre_process(str(source), str(prepared))
     quantize_dynamic(
-        str(source),
+        str(prepared),
         str(path),
         weight_type=QuantType.QInt8,
         op_types_to_quantize=["MatMul", "Gemm"],
         extra_options={"MatMulConstBOnly": True},  # weights only: the interaction's Gram matrix stays float
     )
+    prepared.unlink()
 
 
 def export_torchscript(wrapper: InferenceModel, signature: Signature, path: Path) -> None:

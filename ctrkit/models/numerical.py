@@ -39,9 +39,10 @@ class NumericalNormalizer(nn.Module):
         self.register_buffer("log_mask", torch.zeros(num_numerical))  # (N,) 1.0 where the signed log applies
         self.register_buffer("shift", torch.zeros(num_numerical))  # (N,) subtracted after the log
         self.register_buffer("scale", torch.ones(num_numerical))  # (N,) then divided by
+        self.num_numerical = num_numerical  # a Python int: a traced export reads no tensor size to branch on
 
     def forward(self, numerical: torch.Tensor | None) -> torch.Tensor | None:
-        if numerical is None or self.log_mask.numel() == 0:
+        if numerical is None or self.num_numerical == 0:
             return numerical
         x = numerical.float()
         logged = torch.sign(x) * torch.log(1.0 + x.abs())  # log(1 + |x|): log1p is not in every exporter

@@ -36,7 +36,7 @@ import numpy as np
 import polars as pl
 from tqdm import tqdm
 
-from ctrkit.data.atomic import atomic_directory
+from ctrkit.data.atomic import atomic_directory, check_new_directory
 from ctrkit.data.feature_spec import Feature, FeatureSpec, smallest_int_dtype
 from ctrkit.data.spec_builders import split_binary_spec
 from ctrkit.data.split_binary import SplitBinaryWriter
@@ -250,6 +250,7 @@ def preprocess_table(
         raise ValueError(f"`test_fraction` must lie in (0, 1), got {test_fraction}")
     if validation_fraction is not None and not 0.0 < validation_fraction < 1.0:
         raise ValueError(f"`validation_fraction` must lie in (0, 1), got {validation_fraction}")
+    check_new_directory(Path(out_dir), overwrite)  # before the work, not after it
     start = time.perf_counter()
     paths = [Path(p) for p in files]
     test_paths = [Path(p) for p in test_files] if test_files is not None else []
@@ -394,6 +395,17 @@ def preprocess_table(
             "categorical": list(roles.categorical),
             "multi_hot": list(roles.multi_hot),
             "numerical": list(roles.numerical),
+            "label": recipe.label,
+            **({"order_by": recipe.order_by} if recipe.order_by else {}),
+            **({"group": recipe.group} if recipe.group else {}),
+            "raw_ids": list(recipe.raw_ids),
+            "dropped": [
+                c
+                for c in raw_schema
+                if c not in (FILE_COL, LINE_COL)
+                and c not in transform.column_names
+                and c not in (recipe.label, recipe.order_by, recipe.group)
+            ],
             **({"value_id_tests": {c: t.as_dict() for c, t in id_tests.items()}} if id_tests else {}),
             "cardinalities": cards,
             "clicks": {name: int(labels[lo:hi].sum()) for name, lo, hi in bounds},

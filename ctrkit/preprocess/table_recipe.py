@@ -20,6 +20,7 @@ TRAIN_VALIDATION_FRACTION = TrainConfig().validation_fraction  # the tail `train
 
 
 NUMERIC_TEXT_FRACTION = 0.9  # a text column this often numeric is refused unless named
+DISTINCT_FRACTION, DISTINCT_MIN_ROWS = 0.9, 1000  # an unnamed text column this distinct (in as many rows) is refused
 
 
 DEFAULT_NULL_VALUES = ("NA", "NaN", "nan", "null", "NULL")
@@ -158,6 +159,8 @@ def assign_roles(df: pl.DataFrame, recipe: TableRecipe, where: Path) -> Roles:
         dtype = df.schema[c]
         if dtype == pl.String:
             _check_not_numbers(df, c, where)
+            if c not in recipe.raw_ids:
+                _check_not_distinct(df, c, where)
             cats.append(c)
         elif dtype in (pl.Boolean, pl.Categorical) or isinstance(dtype, pl.Enum):
             cats.append(c)
@@ -208,6 +211,18 @@ def _check_not_numbers(df: pl.DataFrame, column: str, where: Path) -> None:
             f"{where}:{line}: column '{column}' holds text, but {numbers.is_not_null().sum():,} of its "
             f"{len(values):,} values are numbers (here '{value}'): name it in `numerical` (its other values then "
             "are bad rows) or in `categorical`"
+        )
+
+
+def _check_not_distinct(df: pl.DataFrame, column: str, where: Path) -> None:
+    """Refuses an unnamed text column whose values are nearly all distinct (a timestamp, a request id): as a
+    categorical feature every value is seen once, so every id is the rare one and no test row shares it."""
+    values = df[column].drop_nulls()
+    if len(values) >= DISTINCT_MIN_ROWS and (distinct := values.n_unique()) >= DISTINCT_FRACTION * len(values):
+        raise ValueError(
+            f"{where}: column '{column}' holds {distinct:,} distinct values in {len(values):,} rows (such as "
+            f"'{values[0]}'): a time or an id of each row, which a model cannot learn from; name it in `order_by` "
+            "(a time), `drop` it, or name it in `categorical` to keep it"
         )
 
 

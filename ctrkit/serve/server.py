@@ -79,9 +79,11 @@ class LargeBodyParser:
             self.start()
             raise
 
-    def shutdown(self) -> None:
+    def shutdown(self, wait: bool = False) -> None:
+        """Stops the worker; ``wait`` until it has exited (at the server's end: a pool left to exit by itself leaves
+        its queues' semaphores for the resource tracker to report as leaked)."""
         if self.pool is not None:
-            self.pool.shutdown(wait=False, cancel_futures=True)
+            self.pool.shutdown(wait=wait, cancel_futures=True)
             self.pool = None
 
 
@@ -167,7 +169,7 @@ def create_app(
                 await served.batcher.stop()
         parser.shutdown(wait=False)
         for worker in large.values():
-            worker.shutdown()
+            worker.shutdown(wait=True)
 
     app = FastAPI(title="ctrkit", lifespan=lifespan)
     app.state.models = models

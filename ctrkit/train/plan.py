@@ -287,6 +287,34 @@ def _fit_or_refuse(cfg: Any, sources: dict, memory: dict, need: Any, budget: Roo
     )
 
 
+FEW_STEPS = 20  # a run planning fewer steps than this is warned about
+
+
+def fit_warnings(cfg: TrainConfig, train_rows: int) -> list[str]:
+    """What in the resolved ``cfg`` the data cannot carry out as meant: a batch larger than the training rows, a
+    warmup as long as the run, a run of a few steps."""
+    steps = -(-train_rows // cfg.batch_size)
+    planned = min(cfg.epochs * steps, cfg.max_steps) if cfg.max_steps else cfg.epochs * steps
+    out = []
+    if cfg.batch_size > train_rows:
+        out.append(
+            f"the batch of {cfg.batch_size:,} is larger than the {train_rows:,} training rows: each epoch is one "
+            f"step; set --batch-size below {train_rows:,}"
+        )
+    if cfg.warmup_steps and cfg.warmup_steps >= planned:
+        out.append(
+            f"the warmup of {cfg.warmup_steps:,} steps is as long as the run's {planned:,}: the rates never reach "
+            "their peak; set --warmup-steps lower (or --batch-size, for more steps)"
+        )
+    if planned < FEW_STEPS and planned == cfg.epochs * steps:  # not where --max-steps asked for few
+        plural = "s" if planned != 1 else ""
+        out.append(
+            f"the run plans {planned:,} step{plural} in all: too few to train a model; a smaller --batch-size (or "
+            "more --epochs) gives more"
+        )
+    return out
+
+
 def make_plan(
     spec: Any,
     train_rows: int,
@@ -493,4 +521,5 @@ def make_plan(
                   f"{gib(state)}, copies kept {gib(copies)}{disk}, warm start {fit}, this process now {now}",
                   "estimate"))  # fmt: skip
     lines.append(("scoring", f"{models} models a request at most" if models > 1 else "1 model a request", ""))
+    lines += [("warning", w, "") for w in fit_warnings(resolved, train_rows)]
     return Plan(spec.recipe, spec.model, resolved, tuple(lines), memory, models, batches, members, tuple(configs))

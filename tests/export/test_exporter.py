@@ -225,3 +225,19 @@ def test_a_failed_triton_export_leaves_the_repository_as_it_was(tiny_checkpoint,
     assert _tree(repo) == before
     assert sorted(p.name for p in repo.iterdir()) == ["ctr"] and sorted(p.name for p in (repo / "ctr").iterdir()) == [
         "1", "config.pbtxt", "ctrkit_model.json"]  # fmt: skip
+
+
+def test_exports_warn_about_nothing(tiny_checkpoint, tmp_path, caplog):
+    """No TracerWarning from tracing, no request to pre-process from onnxruntime's quantizer: each fixed at its cause
+    (the normaliser branches on a Python int; the quantizer gets a pre-processed graph)."""
+    import logging
+    import warnings
+
+    caplog.set_level(logging.WARNING)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warnings.simplefilter("ignore", DeprecationWarning)  # Python shows users none from a library (torch's trace)
+        for fmt, quantize in (("onnx", "none"), ("onnx", "int8"), ("torchscript", "none")):
+            export_checkpoint(tiny_checkpoint, tmp_path / f"{fmt}-{quantize}", fmt, quantize=quantize)
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert sorted(p.name for p in (tmp_path / "onnx-int8").iterdir()) == ["ctrkit_model.json", "model.onnx"]

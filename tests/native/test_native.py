@@ -173,7 +173,9 @@ def _kernel_results() -> list[torch.Tensor]:
         opt = make([table])
         for _ in range(2):
             ids = (torch.rand(300) ** 2 * 500).long()
-            table.grad = torch.sparse_coo_tensor(ids.unsqueeze(0), torch.randn(300, 16), table.shape)
+            table.grad = torch.sparse_coo_tensor(
+                ids.unsqueeze(0), torch.randn(300, 16), table.shape, check_invariants=True
+            )
             opt.step()
         tables.append(table.detach())
     mlp = MLP(13, (64, 16))

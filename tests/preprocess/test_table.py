@@ -286,3 +286,24 @@ def test_raw_id_columns_hold_the_xxh64_of_their_text(csv_file, tmp_path, capsys)
                            "--categorical", "item", "--drop", "ts", "--raw-ids", "price", "--no-progress",
                            capsys=capsys)  # fmt: skip
     assert code == 2 and "'price' is not a categorical column" in err
+
+
+def test_roles_are_printed_and_traps_refused_early(csv_file, tmp_path, capsys):
+    out = tmp_path / "ds"
+    flags = ["--label", "click", "--categorical", "item", "--order-by", "ts", "--drop", "genres", "--no-progress"]
+    code, stdout, _ = run_cli("preprocess", "table", csv_file, "--out", out, *flags, capsys=capsys)
+    assert code == 0
+    assert "columns: label click; order ts; categorical item, user, device; numerical price; dropped genres" in stdout
+    # an existing --out is refused before the work: here before the input is even read
+    code, _, err = run_cli("preprocess", "table", tmp_path / "missing.csv", "--out", out, "--label", "click",
+                           capsys=capsys)  # fmt: skip
+    assert code == 2 and "directory exists and is not empty" in err
+    # a text column of distinct values (a time as text) is not made a feature without a word
+    rows = pl.DataFrame({"when": [f"2026-11-28T{i // 60:02d}:{i % 60:02d}.{i}" for i in range(1200)],
+                         "ad": [f"a{i % 7}" for i in range(1200)], "click": [i % 2 for i in range(1200)]})  # fmt: skip
+    rows.write_csv(tmp_path / "t.csv")
+    code, _, err = run_cli("preprocess", "table", tmp_path / "t.csv", "--out", tmp_path / "t", "--label", "click",
+                           capsys=capsys)  # fmt: skip
+    assert code == 2 and "column 'when' holds 1,200 distinct values in 1,200 rows" in err and "--order-by" in err
+    assert run_cli("preprocess", "table", tmp_path / "t.csv", "--out", tmp_path / "t", "--label", "click",
+                   "--order-by", "when", "--no-progress")[0] == 0  # fmt: skip

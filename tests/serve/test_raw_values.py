@@ -151,6 +151,11 @@ def test_ctrkit_serve_takes_raw_values(trained):
     want = predict_rows(trained, rows)["probability"].to_numpy()
     server = Server("--model-repository", work / "repository")
     try:
+        said = server.proc.stderr.readline()  # the URLs it prints answer what they say
+        post, get = said.split("POST ")[1].split(";")[0], said.split("GET ")[1].strip()
+        assert post.endswith("/v2/models/ctr_onnx/infer") and get == post.removesuffix("/infer")
+        with urllib.request.urlopen(get, timeout=5) as r:
+            assert r.status == 200 and json.loads(r.read())["name"] == "ctr_onnx"
         client = httpclient.InferenceServerClient(server.url)
         meta = client.get_model_metadata("ctr_onnx")
         assert [i["name"] for i in meta["inputs"]][:7] == list(COLUMNS)
@@ -178,6 +183,8 @@ def test_ctrkit_serve_takes_raw_values(trained):
             assert status == 400 and message in json.loads(answer)["error"], answer
     finally:
         server.stop()
+    rest = server.proc.stderr.read()
+    assert "leaked" not in rest and "Traceback" not in rest, rest  # a clean stop (SIGTERM)
 
 
 def _triton_ready(port: int) -> bool:
@@ -229,3 +236,15 @@ def test_real_triton_serves_the_exported_repository(trained):
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+
+
+def test_evaluate_and_report_name_the_kept_step(trained, capsys):
+    from ctrkit.checkpoint import load_checkpoint
+
+    work, data, ckpt, _ = trained
+    kept = load_checkpoint(ckpt)
+    assert kept.kept_step != kept.step  # the fixture's run kept an earlier evaluation
+    code, out, _ = run_cli("evaluate", "--checkpoint", ckpt, "--dataset", data, "--no-progress", capsys=capsys)
+    assert code == 0 and f"step {kept.kept_step} (kept of {kept.step} trained) on test" in out
+    code, out, _ = run_cli("report", ckpt, "--dataset", data, "--out", work / "r.html", capsys=capsys)
+    assert code == 0 and f"step {kept.kept_step} on test" in out

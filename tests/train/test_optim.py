@@ -218,9 +218,9 @@ def test_summed_rows_equal_coalesce(dim, dtype):
     gen = torch.Generator().manual_seed(0)
     ids = (torch.rand(5000, generator=gen) ** 4 * 3000).long()  # (nnz,) skewed: most ids repeat
     values = torch.randn(5000, dim, generator=gen).to(dtype)
-    g = torch.sparse_coo_tensor(ids.unsqueeze(0), values, (3000, dim))
+    g = torch.sparse_coo_tensor(ids.unsqueeze(0), values, (3000, dim), check_invariants=True)
     rows, sums = _summed_rows(g)
-    exact = torch.sparse_coo_tensor(ids.unsqueeze(0), values.double(), (3000, dim)).coalesce()
+    exact = torch.sparse_coo_tensor(ids.unsqueeze(0), values.double(), (3000, dim), check_invariants=True).coalesce()
     assert len(rows) < 2500  # repeats were summed
     torch.testing.assert_close(rows, exact.indices()[0], rtol=0, atol=0)
     assert sums.dtype == dtype
@@ -228,7 +228,9 @@ def test_summed_rows_equal_coalesce(dim, dtype):
         torch.testing.assert_close(sums.double(), exact.values(), rtol=1e-5, atol=1e-5)
     else:
         torch.testing.assert_close(sums.double(), exact.values(), rtol=2**-8, atol=1e-2)
-    empty = torch.sparse_coo_tensor(torch.zeros((1, 0), dtype=torch.long), torch.zeros(0, dim), (3000, dim))
+    empty = torch.sparse_coo_tensor(
+        torch.zeros((1, 0), dtype=torch.long), torch.zeros(0, dim), (3000, dim), check_invariants=True
+    )
     rows, sums = _summed_rows(empty)
     assert rows.shape == (0,) and sums.shape == (0, dim)
 
@@ -242,7 +244,9 @@ def test_summed_rows_reuse_a_sort_only_for_equal_ids():
     a = torch.randint(0, 50, (400,), generator=gen)
     b = a.flip(0) + 1  # same length, other ids
     for ids, dim in ((a, 4), (a.clone(), 1), (b, 4), (a, 4)):
-        g = torch.sparse_coo_tensor(ids.unsqueeze(0), torch.randn(400, dim, generator=gen), (60, dim))
+        g = torch.sparse_coo_tensor(
+            ids.unsqueeze(0), torch.randn(400, dim, generator=gen), (60, dim), check_invariants=True
+        )
         rows, sums = _summed_rows(g)
         ref = g.coalesce()
         torch.testing.assert_close(rows, ref.indices()[0], rtol=0, atol=0)
@@ -261,7 +265,9 @@ def test_sums_on_one_thread_where_idle_threads_sleep(monkeypatch):
     threads = torch.get_num_threads()
     gen = torch.Generator().manual_seed(2)
     ids = torch.randint(0, 40_000, (60_000,), generator=gen)  # above ATen's grain: parallel on every thread
-    g = torch.sparse_coo_tensor(ids.unsqueeze(0), torch.randn(60_000, 4, generator=gen), (40_000, 4))
+    g = torch.sparse_coo_tensor(
+        ids.unsqueeze(0), torch.randn(60_000, 4, generator=gen), (40_000, 4), check_invariants=True
+    )
     seen = []
     sort = optim._sorted_ids
 
@@ -336,7 +342,7 @@ def test_native_row_update_equals_the_fused_one_at_any_thread_count(kind, dim):
         torch.set_num_threads(threads)
         try:
             for ids, values in zip(steps, grads):
-                grad = torch.sparse_coo_tensor(ids.unsqueeze(0), values, table.shape)
+                grad = torch.sparse_coo_tensor(ids.unsqueeze(0), values, table.shape, check_invariants=True)
                 table.grad = grad.coalesce() if coalesce else grad
                 version = table._version
                 opt.step()
@@ -389,7 +395,9 @@ def test_native_sgd_equals_scatter_add_bit_for_bit_at_any_thread_count():
         torch.set_num_threads(threads)
         try:
             for ids, values in zip(steps, grads):
-                table.grad = torch.sparse_coo_tensor(ids.unsqueeze(0), values.clone(), table.shape)
+                table.grad = torch.sparse_coo_tensor(
+                    ids.unsqueeze(0), values.clone(), table.shape, check_invariants=True
+                )
                 version = table._version
                 opt.step()
                 assert table._version > version

@@ -160,3 +160,14 @@ def test_buckets_are_off_in_the_default_and_a_flag_turns_them_on(tiny_dataset, c
     code, out, _ = run_cli("train", "--dataset", tiny_dataset, *small_model_flags(), "--dry-run",
                            "--numerical-buckets", "16", capsys=capsys)  # fmt: skip
     assert code == 0 and "  buckets      up to 16 quantile buckets a numerical in the first-order term  [flag]" in out
+
+
+def test_the_plan_warns_where_the_data_cannot_carry_the_settings(tiny_dataset):
+    """NVIDIA's batch of 65,536 on 19,440 rows (the 10% held out): one step an epoch, a warmup longer than the run;
+    said, not run silently. A run that fits says nothing."""
+    warned = [what for topic, what, _ in plan_of(tiny_dataset, recipe="nvidia").lines if topic == "warning"]
+    assert any("batch of 65,536 is larger than the 19,440 training rows" in w for w in warned), warned
+    assert any("warmup of" in w and "never reach their peak" in w for w in warned), warned
+    assert any("too few to train" in w for w in warned), warned
+    assert not [t for t, _, _ in plan_of(tiny_dataset, batch_size=256).lines if t == "warning"]
+    assert not [t for t, _, _ in plan_of(tiny_dataset, batch_size=4096, max_steps=5).lines if t == "warning"]

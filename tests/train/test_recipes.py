@@ -106,3 +106,16 @@ def test_plain_and_nvidia_train_end_to_end(tiny_dataset, tmp_path, capsys, recip
     assert run["recipe"] == recipe and run["train_config"]["linear_warm_start"] is False
     if recipe == "nvidia":
         assert run["train_config"]["evals_per_epoch"] == 1 and run["train_config"]["batch_size"] == 256
+
+
+def test_models_lists_what_a_default_run_resolves(tiny_dataset, capsys):
+    """`ctrkit models` and a run with no flags agree on every model's shape and optimizers (one truth)."""
+    code, out, _ = run_cli("models", capsys=capsys)
+    assert code == 0
+    for model in MODELS:
+        line = next(x for x in out.splitlines() if x.startswith(f"{model}:"))
+        spec = resolve_run(tiny_dataset, model)
+        for name in ("numerical_buckets", "embedding_dim"):
+            assert f"'{name}': {getattr(spec.model_config, name)}," in line, (model, name)
+        for name in ("optimizer", "lr", "embedding_lr", "batch_size"):
+            assert f"'{name}': {getattr(spec.train, name)!r}" in line, (model, name)
