@@ -99,9 +99,9 @@ def site(tmp_path_factory):
 
 
 def test_site_builds_with_warnings_as_errors(site):
-    assert (site / "decisions" / "calibration" / "index.html").exists()
-    assert (site / "changelog" / "index.html").exists()
-    assert (site / "cli" / "train" / "index.html").exists()
+    assert (site / "decisions" / "calibration.html").exists()
+    assert (site / "changelog.html").exists()
+    assert (site / "cli" / "train.html").exists()
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
@@ -127,7 +127,7 @@ def test_site_renders_in_a_headless_browser(site):
             page.on("pageerror", lambda e: errors.append(str(e)))
             page.goto(f"{url}/")
             home = page.evaluate("[document.querySelector('h1').textContent, document.body.innerText]")
-            page.goto(f"{url}/training/")
+            page.goto(f"{url}/training.html")
             page.wait_for_load_state("networkidle")
             images = page.evaluate("Array.from(document.images).map(i => [i.complete, i.naturalWidth])")
             title = page.title()
@@ -140,6 +140,38 @@ def test_site_renders_in_a_headless_browser(site):
     assert not errors, errors
     assert any(u.endswith("search_index.json") for u in requests), requests  # the search worker loaded its index
     assert all(u.startswith((url, "data:")) for u in requests), [u for u in requests if not u.startswith(url)]
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium installed (apt-get install chromium); CI installs it")
+def test_site_opened_from_disk_links_to_pages_and_fits_its_tables(site):
+    """Opened as files (file://), as `make docs` says to: a link leads to a page, not a directory listing; in a
+    1280 px window the text column takes the width beside the navigation and no table of the CLI reference or the
+    benchmarks hides columns behind a scrollbar."""
+    sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.goto((site / "index.html").as_uri())
+            page.click("nav a[href='training.html']")
+            page.wait_for_load_state()
+            landed = page.evaluate(
+                "[location.href, document.querySelector('h1') && document.querySelector('h1').textContent]"
+            )
+            widths = {}
+            for name in ("cli/index.html", "cli/train.html", "benchmarks.html"):
+                page.goto((site / name).as_uri())
+                widths[name] = page.evaluate(
+                    """[document.querySelector('.wy-nav-content').getBoundingClientRect().width,
+                        Array.from(document.querySelectorAll('table')).map(t => [t.scrollWidth,
+                            t.parentElement.clientWidth])]"""
+                )
+        finally:
+            browser.close()
+    assert landed[0].endswith("/training.html") and landed[1] and landed[1].strip().startswith("Training"), landed
+    for name, (column, tables) in widths.items():
+        assert column >= 900, (name, column)  # 1280 less the 300 px navigation, not the theme's 800
+        assert tables and all(scroll <= width + 1 for scroll, width in tables), (name, tables)
 
 
 def test_site_build_fails_on_a_broken_link(tmp_path):

@@ -249,3 +249,14 @@ class StreamBenchConfig:
     count_half_life: int | None = option(None, "dynamic: batches in which a count halves", unset="train's default")
     max_steps: int | None = option(None, "each training's most steps", unset="train's default")
     work: Path = option(Path("build/bench/stream"), "directory for the stream, the datasets and the checkpoints")
+
+
+@dataclass(frozen=True)
+class RawRowsBenchConfig:
+    """``ctrkit bench raw-rows``: `predict --input` on a CSV of new rows, and one-row raw-value server requests."""
+
+    rows: int = option(1_000_000, "new rows to score (a file of a quarter as many is scored too)")
+    rounds: int = option(3, "interleaved rounds of the two files")
+    requests: int = option(2000, "one-row requests of each kind (raw values, ids) to the server")
+    port: int = option(8317, "loopback port of the server")
+    work: Path = option(Path("build/bench/raw-rows"), "directory for the log, the dataset, the model and the scores")

@@ -15,6 +15,7 @@ from ctrkit.bench.config import (
     EpochBenchConfig,
     InferenceBenchConfig,
     PreprocessBenchConfig,
+    RawRowsBenchConfig,
     ScaleBenchOptions,
     StreamBenchConfig,
     TrainBenchConfig,
@@ -40,6 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_command(bsub, "checkpoint", checkpoint, (CheckpointBenchConfig, BenchRunOptions), ("device",))
     add_command(bsub, "epoch", epoch, (EpochBenchConfig, BenchRunOptions), ("device", "threads"))
     add_command(bsub, "stream", stream, (StreamBenchConfig, BenchRunOptions), ("device",))
+    add_command(bsub, "raw-rows", raw_rows, (RawRowsBenchConfig, BenchRunOptions), ("device", "threads"))
 
 
 def _threads(run: BenchRunOptions) -> None:
@@ -405,5 +407,30 @@ def stream(args: argparse.Namespace) -> int:
     for method, s in result["summary"].items():
         print(f"{method}: mean test AUC {s['mean_auc']:.4f}, log loss {s['mean_logloss']:.4f}, "
               f"{s['train_seconds']:,.0f} s of training, tables of at most {s['most_table_rows']:,} rows")  # fmt: skip
+    write_result(result, run.output)
+    return 0
+
+
+def raw_rows(args: argparse.Namespace) -> int:
+    """raw rows in, clicks out: predict --input throughput and memory, one-row raw-value request latency
+
+    Writes a click log (`ctrkit.data.synthetic_clicks`: 200,000 training rows and --rows new ones without the
+    click, and a quarter of those), preprocesses it (`preprocess table`), trains DLRM with its default shape for
+    300 steps, then times `ctrkit predict --input` of each new file to a CSV in child processes (wall time, rows/s
+    and peak resident memory; interleaved --rounds), and sends one-row requests to a real `ctrkit serve` on
+    loopback, raw values and ids taking turns (latency p50 and p99).
+    """
+    from ctrkit.bench.peak import machine
+    from ctrkit.bench.raw_rows_bench import run_raw_rows
+
+    cfg: RawRowsBenchConfig = config_from(args, RawRowsBenchConfig)
+    run = config_from(args, BenchRunOptions)
+    result = {"machine": machine(), **run_raw_rows(cfg.work, cfg.rows, cfg.rounds, cfg.requests, cfg.port)}
+    for name, m in result["predict_median"].items():
+        print(
+            f"predict --input {m['rows']:,} rows: {m['rows_per_s']:,.0f} rows/s end to end, peak {m['peak_rss_mib']:,.0f} MiB"
+        )
+    for name, m in result["requests"].items():
+        print(f"one-row {name} requests: p50 {m['p50_ms']:.2f} ms, p99 {m['p99_ms']:.2f} ms over {m['requests']:,}")
     write_result(result, run.output)
     return 0

@@ -36,7 +36,7 @@ TEXTS = ("as_read", "number", "hex")  # how a categorical value becomes text
 ID_RULES = ("vocabulary", "xxh64", "hex_key")  # how the text becomes an id
 TRANSFORMS = ("none", "criteo_log")
 MISSING_ID = 0
-_HASH_SEED = 0x5EED  # Polars' hash of a value, only ever compared within one process (``ValueIndex``)
+_HASH_SEEDS = (0x5EED, 0xC0FFEE)  # Polars' hashes of a value, only ever compared within one process (``ValueIndex``)
 
 
 class RowError(ValueError):
@@ -83,32 +83,44 @@ def vocabulary_frame(values: pl.Series, ids: np.ndarray | pl.Series) -> pl.DataF
 
 
 class ValueIndex:
-    """Value -> id lookups in one vocabulary without building a hash table per call: the values' 64-bit hashes
-    sorted once, a binary search per looked-up value, and the text compared to rule out a hash collision."""
+    """Value -> id lookups in one vocabulary without building a hash table per call: each value's two 64-bit hashes
+    (Polars' hash under two seeds, computed once), sorted by the first; a looked-up value's pair is searched for
+    and must match both (a chance match of two independent 64-bit hashes: about one lookup in 2^128 per value)."""
 
     def __init__(self, vocabulary: pl.DataFrame):
-        hashes = vocabulary["value"].hash(seed=_HASH_SEED).to_numpy()
-        order = np.argsort(hashes, kind="stable")
-        self.hashes = hashes[order]
-        self.values = vocabulary["value"].gather(order)
-        self.ids = vocabulary["id"].to_numpy()[order]
-        if len(self.hashes) > 1 and (np.diff(self.hashes) == 0).any():  # two values of one hash: join instead
-            self.join = vocabulary
-        else:
-            self.join = None
+        values = vocabulary["value"]
+        first, second = _hashes(values)
+        order = np.argsort(first, kind="stable")
+        self.first, self.second = first[order], second[order]
+        self.ids = vocabulary["id"].to_numpy().astype(np.int64)[order]
+        # two values of one first hash (about one vocabulary of 2^32 values in two): a join instead
+        self.join = vocabulary if len(self.first) > 1 and (np.diff(self.first) == 0).any() else None
+
+    def lookup(self, first: np.ndarray, second: np.ndarray, missing: np.ndarray) -> np.ndarray:
+        """(n,) int64 ids of the values whose hashes (``_hashes``) are ``first`` and ``second``; ``MISSING_ID`` for
+        an unseen value or where ``missing``."""
+        if not len(self.first) or not len(first):
+            return np.zeros(len(first), np.int64)
+        place = np.minimum(np.searchsorted(self.first, first), len(self.first) - 1)
+        hit = (self.first[place] == first) & (self.second[place] == second) & ~missing
+        return np.where(hit, self.ids[place], MISSING_ID).astype(np.int64)
 
     def __call__(self, text: pl.Series) -> np.ndarray:
         """(n,) int64 ids of ``text`` (String): the vocabulary's, else ``MISSING_ID`` (missing, unseen)."""
         if self.join is not None:
             joined = text.alias("value").to_frame().join(self.join, on="value", how="left", maintain_order="left")
             return joined["id"].fill_null(MISSING_ID).to_numpy().astype(np.int64)
-        if not len(self.hashes) or not len(text):
-            return np.zeros(len(text), np.int64)
-        wanted = text.hash(seed=_HASH_SEED).to_numpy()
-        place = np.minimum(np.searchsorted(self.hashes, wanted), len(self.hashes) - 1)
-        hit = self.hashes[place] == wanted
-        same = (self.values.gather(place) == text).fill_null(False).to_numpy()
-        return np.where(hit & same, self.ids[place], MISSING_ID).astype(np.int64)
+        first, second = _hashes(text)
+        return self.lookup(first, second, text.is_null().to_numpy())
+
+
+def _hash_exprs(text: pl.Expr) -> tuple[pl.Expr, pl.Expr]:
+    return text.hash(seed=_HASH_SEEDS[0]), text.hash(seed=_HASH_SEEDS[1])
+
+
+def _hashes(text: pl.Series) -> tuple[np.ndarray, np.ndarray]:
+    frame = text.alias("t").to_frame().select(*(h.alias(f"h{i}") for i, h in enumerate(_hash_exprs(pl.col("t")))))
+    return frame["h0"].to_numpy(), frame["h1"].to_numpy()
 
 
 def xxh64_ids(text: pl.Series) -> np.ndarray:
@@ -156,6 +168,8 @@ class RowTransform:
         self.null_values = tuple(null_values)
         self.label = label
         self._indexes: dict[str, ValueIndex] = {}
+        self._plans: dict[tuple, list[pl.Expr]] = {}  # the transform's query per frame schema (``_plan``)
+        self._null_set = frozenset(self.null_values)
         self.validate()
 
     def validate(self) -> None:
@@ -195,49 +209,58 @@ class RowTransform:
         """The raw columns of ``rows`` rows from ``values`` (column -> a sequence of ``rows`` values: text,
         bytes, numbers, None for missing; a column left out is missing in every row), each cast to the type it
         was read as when the dataset was made (a value that does not parse as that type is missing)."""
+        return self.typed(self._raw_frame(values, rows))
+
+    def _raw_frame(self, values: Mapping[str, Any], rows: int) -> pl.DataFrame:
+        """The columns given, as sent (a column left out is added as missing by ``_typed_exprs``)."""
         unknown = [k for k in values if k not in self.column_names]
         if unknown:
             raise RowError(f"unknown column '{unknown[0]}'; this model reads {', '.join(self.column_names)}")
         series = []
-        for c in self.columns:
-            given = values.get(c.name)
+        for name, given in values.items():
             if given is None:
-                series.append(pl.Series(c.name, [None] * rows, dtype=DTYPES[c.dtype]))
                 continue
-            s = _series(c.name, given)
+            s = _series(name, given, self._null_set)
             if len(s) != rows:
-                raise RowError(f"column '{c.name}' holds {len(s)} values, expected {rows} (one a row)")
+                raise RowError(f"column '{name}' holds {len(s)} values, expected {rows} (one a row)")
             series.append(s)
-        return self.typed(pl.DataFrame(series))
+        return pl.DataFrame(series) if series else pl.DataFrame({"__rows": [None] * rows})
 
     def from_request(self, values: Mapping[str, Any], rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """The model's inputs of a request's raw values (``frame``, then the transform)."""
-        return self(self.frame(values, rows))
+        """The model's inputs of a request's raw values: ``frame`` and the transform in one query."""
+        raw = self._raw_frame(values, rows)  # null values already made missing
+        return self._inputs(raw, self._plan(raw.schema, typed=False, nulls_done=True), 0)
 
     def typed(self, df: pl.DataFrame) -> pl.DataFrame:
         """``df``'s raw columns as the types they were read as (text that is one of ``null_values`` is missing;
         a value that does not parse is missing)."""
-        exprs = []
+        typed = self._typed_exprs(df.schema)
+        return df.select(typed[c.name].alias(c.name) for c in self.columns)
+
+    def _typed_exprs(self, schema: Mapping[str, pl.DataType], nulls_done: bool = False) -> dict[str, pl.Expr]:
+        """Each raw column as the type it was read as, from a frame of ``schema`` (a column it lacks: missing; with
+        ``nulls_done`` its texts among ``null_values`` are missing already)."""
+        exprs = {}
         for c in self.columns:
-            if c.name not in df.columns:
-                exprs.append(pl.lit(None, DTYPES[c.dtype]).alias(c.name))
+            if c.name not in schema:
+                exprs[c.name] = pl.lit(None, DTYPES[c.dtype])
                 continue
             col = pl.col(c.name)
-            if df.schema[c.name] == pl.String and self.null_values:
+            if schema[c.name] == pl.String and self.null_values and not nulls_done:
                 col = pl.when(col.is_in(list(self.null_values))).then(None).otherwise(col)
-            if c.role == "multi_hot" and isinstance(df.schema[c.name], pl.List):
-                exprs.append(col.cast(pl.List(pl.String)).alias(c.name))
+            if c.role == "multi_hot" and isinstance(schema[c.name], pl.List):
+                exprs[c.name] = col.cast(pl.List(pl.String))
             elif c.role == "multi_hot":
-                exprs.append(col.cast(pl.String).alias(c.name))
+                exprs[c.name] = col.cast(pl.String)
             elif c.role == "numerical" and c.dtype != "String":
-                exprs.append(col.alias(c.name))  # numbers are read by ``_numbers``, which refuses text that is none
-            elif c.dtype == "Boolean" and df.schema[c.name] == pl.String:
+                exprs[c.name] = col  # numbers are read by the transform, which refuses text that is none
+            elif c.dtype == "Boolean" and schema[c.name] == pl.String:
                 low = col.str.to_lowercase()
-                exprs.append(pl.when(low.is_in(["true", "1"])).then(True).when(low.is_in(["false", "0"]))
-                             .then(False).otherwise(None).alias(c.name))  # fmt: skip
+                exprs[c.name] = pl.when(low.is_in(["true", "1"])).then(True).when(low.is_in(["false", "0"]))
+                exprs[c.name] = exprs[c.name].then(False).otherwise(None)
             else:
-                exprs.append(col.cast(DTYPES[c.dtype], strict=False).alias(c.name))
-        return df.select(exprs)
+                exprs[c.name] = col.cast(DTYPES[c.dtype], strict=False)
+        return exprs
 
     # ---- the transform ----
 
@@ -245,45 +268,97 @@ class RowTransform:
         """numerical (B, N) float32, categorical (B, F) int64 and multi-hot (B, Fm, L) int64 (-1 padded; None
         without multi-hot features) of the raw rows ``df`` (``typed`` first); ``first_row`` numbers the rows in
         error messages."""
-        n = len(df)
-        numerical = np.zeros((n, len(self.numerical)), np.float32)
+        return self._inputs(df, self._plan(df.schema, typed=True), first_row)
+
+    def _plan(self, schema: Mapping[str, pl.DataType], typed: bool, nulls_done: bool = False) -> list[pl.Expr]:
+        """The query of the transform on a frame of ``schema``: of typed columns, or of raw ones (typed in the same
+        query; ``nulls_done``: their texts among ``null_values`` are missing already). Kept per schema: building
+        the expressions costs as much as running them on one row."""
+        key = (typed, nulls_done, tuple(schema.items()))
+        if key not in self._plans:
+            if len(self._plans) >= 64:
+                self._plans.clear()
+            if typed:
+                exprs = {c.name: pl.col(c.name) for c in self.columns}
+            else:
+                exprs = self._typed_exprs(schema, nulls_done)
+            self._plans[key] = self._feature_exprs(exprs)
+        return self._plans[key]
+
+    def _feature_exprs(self, col: Mapping[str, pl.Expr]) -> list[pl.Expr]:
+        """Per numerical feature its filled number (n) and whether the value was no number (b); per categorical
+        feature with a vocabulary its text's two hashes (h, g) and whether it is missing (z), else its text (t); per
+        multi-hot feature its values (m); ``col`` gives each typed column."""
+        exprs = [pl.len().alias("rows")]
         for j, f in enumerate(self.numerical):
-            numerical[:, j] = self._numbers(df[f.column], f, first_row)
-        categorical = np.zeros((n, len(self.categorical)), np.int64)
+            number = col[f.column].cast(pl.Float64, strict=False)
+            bad = (col[f.column].is_not_null() & number.is_null()) | number.is_infinite().fill_null(False)
+            number = number.fill_nan(None)
+            if f.transform == "criteo_log":  # log(max(x, -2) + 3) of the integer, missing as -2 (-> 0)
+                number = number.fill_null(-2).cast(pl.Int64, strict=False).fill_null(-2)
+            exprs += [number.fill_null(0.0).alias(f"n{j}"), bad.alias(f"b{j}")]
         for j, f in enumerate(self.categorical):
-            categorical[:, j] = self._ids(f, self._text(df[f.column], f.text))
+            text = _text_expr(col[f.column], f.text)
+            if f.ids == "vocabulary" and self._index(f.feature).join is None:
+                first, second = _hash_exprs(text)
+                exprs += [first.alias(f"h{j}"), second.alias(f"g{j}"), text.is_null().alias(f"z{j}")]
+            else:
+                exprs.append(text.alias(f"t{j}"))
+        return exprs + [col[f.column].alias(f"m{j}") for j, f in enumerate(self.multi_hot)]
+
+    def _inputs(
+        self, rows: pl.DataFrame, plan: list[pl.Expr], first_row: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """The transform as one eager Polars query (a lazy one's planning costs more than a one-row request's
+        work), then NumPy on each kind's columns at once."""
+        out = rows.select(plan)
+        n = int(out["rows"][0]) if len(out) else 0
+
+        def block(prefix: str, indices) -> np.ndarray:
+            return np.column_stack([out[f"{prefix}{j}"].to_numpy() for j in indices])
+
+        numerical = np.zeros((n, len(self.numerical)), np.float32)
+        if self.numerical:
+            bad = block("b", range(len(self.numerical)))
+            if bad.any():
+                i, j = (int(k) for k in np.argwhere(bad)[0])
+                column = self.numerical[j].column
+                raise RowError(f"row {first_row + i + 1}: column '{column}' holds '{rows[column][i]}'; expected a "
+                               "number (or nothing, for a missing value)")  # fmt: skip
+            logged = [j for j, f in enumerate(self.numerical) if f.transform == "criteo_log"]
+            plain = [j for j, f in enumerate(self.numerical) if f.transform != "criteo_log"]
+            if plain:
+                numerical[:, plain] = block("n", plain)
+            if logged:
+                from ctrkit.preprocess.criteo import numerical_transform
+
+                numerical[:, logged] = numerical_transform(block("n", logged).astype(np.int64))
+        categorical = np.zeros((n, len(self.categorical)), np.int64)
+        hashed = [j for j in range(len(self.categorical)) if f"h{j}" in out.columns]
+        if hashed:
+            first, second, missing = block("h", hashed), block("g", hashed), block("z", hashed)
+            for k, j in enumerate(hashed):
+                index = self._index(self.categorical[j].feature)
+                categorical[:, j] = index.lookup(first[:, k], second[:, k], missing[:, k])
+        for j, f in enumerate(self.categorical):
+            if j not in hashed:
+                categorical[:, j] = self._ids(f, out[f"t{j}"])
         bags = None
         if self.multi_hot:
-            lists = [self._bag_ids(f, df[f.column]) for f in self.multi_hot]
+            lists = [self._bag_ids(f, out[f"m{j}"]) for j, f in enumerate(self.multi_hot)]
             width = max(1, max((int(lengths.max()) if len(lengths) else 0) for _, lengths in lists))
             bags = np.full((n, len(self.multi_hot), width), -1, np.int64)
             for j, (flat, lengths) in enumerate(lists):
-                rows = np.repeat(np.arange(n), lengths)
+                rows_of = np.repeat(np.arange(n), lengths)
                 starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]) if n else np.zeros(0, np.int64)
                 place = np.arange(len(flat)) - np.repeat(starts, lengths)
-                bags[rows, j, place] = flat
+                bags[rows_of, j, place] = flat
         return numerical, categorical, bags
 
-    def _numbers(self, values: pl.Series, f: NumericalInput, first_row: int) -> np.ndarray:
-        number = values.cast(pl.Float64, strict=False)
-        bad = (values.is_not_null() & number.is_null()) | number.is_infinite().fill_null(False)
-        if bad.any():
-            i = int(bad.arg_max())
-            raise RowError(f"row {first_row + i + 1}: column '{f.column}' holds '{values[i]}'; expected a number "
-                           "(or nothing, for a missing value)")  # fmt: skip
-        if f.transform == "criteo_log":
-            from ctrkit.preprocess.criteo import numerical_transform
-
-            ints = number.fill_nan(None).fill_null(-2).cast(pl.Int64, strict=False).fill_null(-2).to_numpy()
-            return numerical_transform(ints).astype(np.float32)
-        return number.fill_nan(None).fill_null(0.0).to_numpy().astype(np.float32)
-
-    @staticmethod
-    def _text(values: pl.Series, how: str) -> pl.Series:
-        if how == "number":  # the id of a number: its text as a float, so that 2 and 2.0 are one value
-            return values.cast(pl.Float64, strict=False).fill_nan(None).cast(pl.String)
-        text = values.cast(pl.String)
-        return text.str.to_lowercase() if how == "hex" else text
+    def _index(self, feature: str) -> ValueIndex:
+        if feature not in self._indexes:
+            self._indexes[feature] = ValueIndex(self.vocabularies[feature])
+        return self._indexes[feature]
 
     def _ids(self, f: CategoricalInput | MultiHotInput, text: pl.Series) -> np.ndarray:
         rule = getattr(f, "ids", "vocabulary")
@@ -294,9 +369,7 @@ class RowTransform:
 
             keys = text.fill_null("").alias("v").to_frame().select(key_expr("v"))
             return keys.to_series().fill_null(0).to_numpy().astype(np.int64)  # not a valid value: missing
-        if f.feature not in self._indexes:
-            self._indexes[f.feature] = ValueIndex(self.vocabularies[f.feature])
-        return self._indexes[f.feature](text)
+        return self._index(f.feature)(text)
 
     def _bag_ids(self, f: MultiHotInput, values: pl.Series) -> tuple[np.ndarray, np.ndarray]:
         """The ids of each row's values (empty values left out) and the number of values a row holds."""
@@ -422,18 +495,32 @@ def write_record(directory: Path, transform: RowTransform, vocab_files: Mapping[
     (directory / RECORD_FILE).write_text(json.dumps(doc, indent=2) + "\n")
 
 
-def _series(name: str, given: Any) -> pl.Series:
-    """A column's request values as a Series: text (bytes decoded as UTF-8), numbers, or lists."""
+def _text_expr(values: pl.Expr, how: str) -> pl.Expr:
+    """A categorical value as the text its vocabulary holds: as read, a number's text as a float (so that 2 and
+    2.0 are one value: ``--also-categorical``), or Criteo's lowercase hexadecimal."""
+    if how == "number":
+        return values.cast(pl.Float64, strict=False).fill_nan(None).cast(pl.String)
+    text = values.cast(pl.String)
+    return text.str.to_lowercase() if how == "hex" else text
+
+
+def _series(name: str, given: Any, null_values: frozenset[str]) -> pl.Series:
+    """A column's request values as a Series: text (bytes decoded as UTF-8; one of ``null_values``: missing),
+    numbers, or lists."""
     if isinstance(given, pl.Series):
         return given.alias(name)
     if isinstance(given, np.ndarray) and given.dtype.kind in "fiub":
         return pl.Series(name, given)
     values = list(given.tolist() if isinstance(given, np.ndarray) else given)
-    if any(isinstance(v, (bytes, bytearray)) for v in values):
-        try:
-            values = [v.decode("utf-8") if isinstance(v, (bytes, bytearray)) else v for v in values]
-        except UnicodeDecodeError:
-            raise RowError(f"column '{name}': a value is not UTF-8 text") from None
+    try:
+        values = [
+            None if v in null_values else v
+            for v in (v.decode("utf-8") if isinstance(v, (bytes, bytearray)) else v for v in values)
+        ]
+    except UnicodeDecodeError:
+        raise RowError(f"column '{name}': a value is not UTF-8 text") from None
+    except TypeError:  # an unhashable value (a list: a multi-hot column's values)
+        pass
     try:
         return pl.Series(name, values, strict=False)
     except (TypeError, ValueError, pl.exceptions.PolarsError):

@@ -16,41 +16,14 @@ import polars as pl
 import pytest
 import tritonclient.http as httpclient
 
+from ctrkit.data.synthetic_clicks import COLUMNS as RAW_COLUMNS
+from ctrkit.data.synthetic_clicks import click_log
 from tests.conftest import free_port, run_cli, small_model_flags
 from tests.serve.test_server import Server
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS = 6000
-COLUMNS = ("country", "device", "ad_id", "category", "age", "price", "position")
-
-
-def click_log(rows: int, seed: int = 0) -> pl.DataFrame:
-    """A click log as a user has one: a timestamp, text ids, integer codes, an amount, a 0/1 click."""
-    rng = np.random.default_rng(seed)
-    country = rng.choice(["BR", "US", "DE", "FR", "IN", "JP"], rows, p=[0.3, 0.3, 0.1, 0.1, 0.1, 0.1])
-    device = rng.choice(["mobile", "desktop", "tablet"], rows)
-    ad = rng.zipf(1.6, rows) % 400
-    age = rng.integers(18, 70, rows)
-    price = np.round(rng.gamma(2.0, 10.0, rows), 2)
-    position = rng.integers(1, 6, rows)
-    logit = -1.5 + 0.8 * (device == "mobile") - 0.25 * position + 0.6 * (ad % 5 == 0) - 0.01 * price
-    clicked = (rng.random(rows) < 1 / (1 + np.exp(-logit))).astype(int)
-    missing = rng.random(rows) < 0.05
-    return pl.DataFrame(
-        {
-            "ts": [
-                f"2026-11-{1 + i * 20 // rows:02d}T{i % 24:02d}:{i % 60:02d}:{i % 59:02d}.{i:06d}" for i in range(rows)
-            ],
-            "country": np.where(missing, None, country).tolist(),
-            "device": device,
-            "ad_id": [f"ad_{a:04d}" for a in ad],
-            "category": rng.choice(["shoes", "books", "games"], rows),
-            "age": np.where(rng.random(rows) < 0.05, None, age).tolist(),
-            "price": np.where(missing[::-1], None, price).tolist(),
-            "position": position,
-            "clicked": clicked,
-        }
-    )
+COLUMNS = RAW_COLUMNS[1:-1]  # the model's inputs: not the time, not the click
 
 
 @pytest.fixture(scope="module")
