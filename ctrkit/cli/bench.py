@@ -426,10 +426,9 @@ def raw_rows(args: argparse.Namespace) -> int:
     cfg: RawRowsBenchConfig = config_from(args, RawRowsBenchConfig)
     run = config_from(args, BenchRunOptions)
     result = {"machine": machine(), **run_raw_rows(cfg.work, cfg.rows, cfg.rounds, cfg.requests, cfg.port)}
-    for name, m in result["predict_median"].items():
-        print(
-            f"predict --input {m['rows']:,} rows: {m['rows_per_s']:,.0f} rows/s end to end, peak {m['peak_rss_mib']:,.0f} MiB"
-        )
+    for m in result["predict_median"].values():
+        rate, peak = f"{m['rows_per_s']:,.0f}", f"{m['peak_rss_mib']:,.0f}"
+        print(f"predict --input {m['rows']:,} rows: {rate} rows/s end to end, peak {peak} MiB")
     for name, m in result["requests"].items():
         print(f"one-row {name} requests: p50 {m['p50_ms']:.2f} ms, p99 {m['p99_ms']:.2f} ms over {m['requests']:,}")
     write_result(result, run.output)
