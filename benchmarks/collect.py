@@ -336,6 +336,34 @@ def stream_rows(raw):
     return columns, rows
 
 
+@suite("raw-rows")
+def raw_rows_rows(raw):
+    """``ctrkit bench raw-rows``: `predict --input` of a CSV of new rows end to end in a child process (median of
+    interleaved rounds: rows/s, seconds, peak resident memory) at two file sizes; one-row requests to a real `ctrkit
+    serve` on loopback, raw values and ids taking turns (latency percentiles)."""
+    columns = ["what", "rows or requests", "rows/s", "seconds", "peak memory (MiB)", "p50 (ms)", "p99 (ms)"]
+    rows = []
+    for _, data in raw:
+        for name, m in sorted(data["predict_median"].items(), key=lambda kv: -kv[1]["rows"]):
+            rows.append([f"predict --input ({name})", m["rows"], m["rows_per_s"], m["seconds"], m["peak_rss_mib"],
+                         None, None])  # fmt: skip
+        for name, m in data["requests"].items():
+            rows.append([f"one-row request ({name})", m["requests"], None, None, None, m["p50_ms"], m["p99_ms"]])
+    return columns, rows
+
+
+@suite("demo")
+def demo_rows(raw):
+    """`make demo`: what its run printed (the train summary line and `evaluate`'s line) and `evaluate --json`, as
+    the README and the training page quote them."""
+    columns = ["output", "text"]
+    rows = []
+    for _, data in raw:
+        rows += [["train", data["train_line"]], ["evaluate", data["evaluate_line"]],
+                 ["evaluate --json", data["evaluate_json"]]]  # fmt: skip
+    return columns, rows
+
+
 def _load(path: Path) -> list[tuple[str, dict]]:
     files = sorted(path.glob("*.json")) if path.is_dir() else [path]
     return [(p.stem, json.loads(p.read_text())) for p in files]

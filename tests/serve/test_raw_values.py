@@ -221,3 +221,31 @@ def test_evaluate_and_report_name_the_kept_step(trained, capsys):
     assert code == 0 and f"step {kept.kept_step} (kept of {kept.step} trained) on test" in out
     code, out, _ = run_cli("report", ckpt, "--dataset", data, "--out", work / "r.html", capsys=capsys)
     assert code == 0 and f"step {kept.kept_step} on test" in out
+
+
+def test_the_serving_pages_raw_value_examples_run(trained, tmp_path, monkeypatch):
+    """docs/serving.md's curl body and Python client, as written, against `ctrkit serve` of a repository holding
+    model `ctr`: the answers are `predict --input`'s on the same rows."""
+    import re
+
+    work, _, _, test_rows = trained
+    page = (ROOT / "docs" / "serving.md").read_text()
+    body = re.search(r"curl -s \S+ -d '(.*?)'\n", page, re.S).group(1)
+    client = next(b for b in re.findall(r"```python\n(.*?)```", page, re.S) if "read_csv" in b)
+    rows = test_rows.head(20)
+    monkeypatch.chdir(tmp_path)
+    rows.write_csv(tmp_path / "new.csv")
+    curl_rows = pl.DataFrame({"country": ["BR", None], "device": ["mobile", "tablet"],
+                              "ad_id": ["ad_0004", "an_ad_never_seen"], "price": [12.5, None]})  # fmt: skip
+    curl_rows = curl_rows.with_columns(pl.lit(None).alias(c) for c in COLUMNS if c not in curl_rows.columns)
+    want_rows, want_curl = predict_rows(trained, rows), predict_rows(trained, curl_rows)["probability"].to_numpy()
+    server = Server("--model-repository", work / "triton_repository")
+    try:
+        status, answer = server.post(body.encode(), model="ctr")
+        assert status == 200, answer
+        np.testing.assert_allclose(json.loads(answer)["outputs"][0]["data"], want_curl, atol=1e-6)
+        scope: dict = {}
+        exec(client.replace("127.0.0.1:8000", server.url), scope)  # noqa: S102 - our own documentation
+    finally:
+        server.stop()
+    np.testing.assert_allclose(scope["probability"][:, 0], want_rows["probability"].to_numpy(), atol=1e-6)
