@@ -88,6 +88,7 @@ class ReportConfig:
     mapping: str = option("test", "source_spec mapping to score for the final metrics and the calibration")
     log_path: Path | None = option(None, "the run's JSON-lines log", unset="the run's --log-path, if it had one")
     device: str = option("auto", "auto, cpu, cuda, cuda:N")
+    no_progress: bool = option(False, "no progress bar")
 
 
 @dataclass(frozen=True)

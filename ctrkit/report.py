@@ -203,8 +203,10 @@ def build_report(
     mapping: str = "test",
     log_path: str | os.PathLike | None = None,
     device: str = "auto",
+    progress: bool = False,
 ) -> dict[str, Any]:
-    """Writes the report of ``checkpoint`` to ``out`` (atomically); returns the data embedded in it.
+    """Writes the report of ``checkpoint`` to ``out`` (atomically); returns the data embedded in it (``progress``:
+    a progress bar while the mapping is scored).
 
     The dataset defaults to the run's (the YAML written beside the checkpoint), the log to the run's
     ``log_path`` when the run recorded one."""
@@ -224,7 +226,7 @@ def build_report(
     scoring = Scoring.load(checkpoint, dataset, mapping, device)
     if len(scoring.dataset) == 0:
         raise ValueError(f"{dataset}: mapping '{mapping}' holds no samples to evaluate")
-    logits = scoring.logits().astype(np.float64)  # the kept model's, calibrated as it is served
+    logits = scoring.logits(progress=progress).astype(np.float64)  # the kept model's, calibrated as it is served
     probs = sigmoid(logits)
     labels = scoring.dataset.labels().astype(np.int64)
     ckpt = scoring.checkpoint

@@ -170,6 +170,23 @@ def test_a_raw_table_given_as_a_dataset_points_to_preprocess(tmp_path, capsys):
     assert code == 2 and "a raw table, not a dataset" in err and "ctrkit preprocess table" in err
 
 
+def test_every_command_that_shows_progress_takes_no_progress():
+    """One set of common flags: each command with a progress bar turns it off the same way."""
+    import argparse
+
+    def sub(parser, *path):
+        for name in path:
+            action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+            parser = action.choices[name]
+        return parser
+
+    parser = build_parser()
+    for path in (("train",), ("evaluate",), ("predict",), ("report",), ("preprocess", "criteo"),
+                 ("preprocess", "outbrain"), ("preprocess", "table")):  # fmt: skip
+        flags = {f for a in sub(parser, *path)._actions for f in a.option_strings}
+        assert "--no-progress" in flags, path
+
+
 def test_help_of_every_command_and_subcommand_prints(capsys):
     """`--help` of each command, group and subcommand exits 0 with its usage, and each usage line names every
     subcommand of its group."""

@@ -255,7 +255,7 @@ def report(args: argparse.Namespace) -> int:
     checkpoint = Path(args.checkpoint)
     if not checkpoint.exists():
         raise ValueError(f"{checkpoint}: checkpoint not found")
-    data = build_report(checkpoint, cfg.out, cfg.dataset, cfg.mapping, cfg.log_path, cfg.device)
+    data = build_report(checkpoint, cfg.out, cfg.dataset, cfg.mapping, cfg.log_path, cfg.device, not cfg.no_progress)
     final = data["final"]
     step = final.get("best_step", final["checkpoint_step"])  # the kept weights' step
     print(f"wrote {cfg.out}: {data['model']} step {step} on {final['mapping']}: AUC "
