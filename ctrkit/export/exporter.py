@@ -18,7 +18,6 @@ from ctrkit.checkpoint import load_checkpoint
 from ctrkit.config import EXPORT_FORMATS as FORMATS
 from ctrkit.config import QUANTIZATIONS
 from ctrkit.data.atomic import atomic_directory
-from ctrkit.export import triton_python_model
 from ctrkit.models.dynamic import DYNAMIC_FILE, frozen_arrays
 from ctrkit.models.signature import MULTI_HOT, PROBABILITY, InferenceModel, Signature
 from ctrkit.preprocess.transform import RECORD_FILE
@@ -26,6 +25,7 @@ from ctrkit.serve.repository import check_name, inside
 
 ONNX_OPSET = 18
 PYTHON_BACKEND = "python"  # a Triton export whose model is triton_python_model.py: raw values in, as Merlin serves
+TRITON_PYTHON_MODEL = Path(__file__).with_name("triton_python_model.py")  # copied, never imported here
 
 
 def export_onnx(wrapper: InferenceModel, signature: Signature, path: Path) -> None:
@@ -205,7 +205,7 @@ def export_checkpoint(
         if transform is not None:
             transform.write(where)
         if platform == PYTHON_BACKEND:
-            shutil.copyfile(Path(triton_python_model.__file__), where / "model.py")
+            shutil.copyfile(TRITON_PYTHON_MODEL, where / "model.py")
         text = json.dumps({**meta, "file": model_file.name}, indent=2) + "\n"
         (where / "ctrkit_model.json").write_text(text)
         if new_model:
