@@ -249,3 +249,26 @@ def test_the_serving_pages_raw_value_examples_run(trained, tmp_path, monkeypatch
     finally:
         server.stop()
     np.testing.assert_allclose(scope["probability"][:, 0], want_rows["probability"].to_numpy(), atol=1e-6)
+
+
+def test_raw_id_columns_score_through_the_carried_hash(trained, tmp_path):
+    """`--raw-ids ad_id`: the model carries the hash, not a vocabulary; predict --input and an export's raw-value
+    path equal predict on the dataset."""
+    from ctrkit.serve.predictor import Predictor
+
+    work, _, _, test_rows = trained
+    data, ckpt = tmp_path / "data", tmp_path / "dlrm.pt"
+    assert run_cli("preprocess", "table", work / "clicks.csv", "--out", data, "--label", "clicked", "--order-by", "ts",
+                   "--integers", "categorical", "--raw-ids", "ad_id", "--no-progress")[0] == 0  # fmt: skip
+    assert run_cli("train", "--dataset", data, "--max-steps", 20, "--batch-size", 256, "--no-progress",
+                   "--save-checkpoint", ckpt, *small_model_flags())[0] == 0  # fmt: skip
+    assert run_cli("predict", "--checkpoint", ckpt, "--dataset", data, "--out", tmp_path / "p.npy")[0] == 0
+    test_rows.write_csv(tmp_path / "new.csv")
+    out = tmp_path / "s.parquet"
+    assert run_cli("predict", "--checkpoint", ckpt, "--input", tmp_path / "new.csv", "--out", out)[0] == 0
+    want = np.load(tmp_path / "p.npy")
+    np.testing.assert_allclose(pl.read_parquet(out)["probability"].to_numpy(), want, atol=1e-6)
+    assert run_cli("export", "--checkpoint", ckpt, "--format", "onnx", "--out", tmp_path / "onnx")[0] == 0
+    exported = Predictor.from_export(tmp_path / "onnx")
+    got = exported.score_named({c: test_rows[c].to_list() for c in COLUMNS})
+    np.testing.assert_allclose(got[:, 0], want, atol=1e-5)
