@@ -1,4 +1,5 @@
-"""The code's shape: no module over 500 lines, config modules that hold dataclasses and no policy."""
+"""The code's shape: config modules that hold dataclasses and no policy. (No line limit: a module is as long as
+its concept, never split or packed to fit a count.)"""
 
 from __future__ import annotations
 
@@ -6,13 +7,6 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MAX_LINES = 500
-
-
-def test_no_module_is_over_500_lines():
-    long = {str(p.relative_to(ROOT)): n for p in (ROOT / "ctrkit").rglob("*.py")
-            if (n := len(p.read_text().splitlines())) > MAX_LINES}  # fmt: skip
-    assert not long, long
 
 
 def test_config_modules_hold_dataclasses_not_policy():
