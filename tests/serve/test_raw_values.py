@@ -42,8 +42,10 @@ def trained(tmp_path_factory):
     for backend in ("onnx", "python"):
         args = ["export", "--checkpoint", ckpt, "--format", "triton", "--backend", backend, "--name", f"ctr_{backend}"]
         assert run_cli(*args, "--out", work / "repository")[0] == 0
-    # Triton's own: the Python-backend model alone (this Triton build has no ONNX Runtime backend)
+    # model `ctr` as the docs name it; for Triton, in a repository of its own (this Triton build has no ONNX
+    # Runtime backend to serve the others)
     args = ["export", "--checkpoint", ckpt, "--format", "triton", "--backend", "python", "--name", "ctr"]
+    assert run_cli(*args, "--out", work / "repository")[0] == 0
     assert run_cli(*args, "--out", work / "triton_repository")[0] == 0
     test_rows = log.sort("ts", maintain_order=True).tail(ROWS - int(ROWS * 0.9)).drop("clicked")
     return work, data, ckpt, test_rows
@@ -118,46 +120,54 @@ def _unusual_rows(test_rows: pl.DataFrame) -> pl.DataFrame:
     return rows.with_columns(age=pl.when(pl.int_range(pl.len()) == 4).then(None).otherwise(pl.col("age")))
 
 
-def test_ctrkit_serve_takes_raw_values(trained):
+@pytest.fixture(scope="module")
+def served(trained):
+    """`ctrkit serve` of the repository (models ctr, ctr_onnx, ctr_python), the line it printed first; after the
+    module's tests it is stopped (SIGTERM) and must have said nothing more than warnings of its own."""
+    work = trained[0]
+    server = Server("--model-repository", work / "repository")
+    said = server.proc.stderr.readline()
+    yield server, said
+    server.stop()
+    rest = server.proc.stderr.read()
+    assert "leaked" not in rest and "Traceback" not in rest, rest  # a clean stop
+
+
+def test_ctrkit_serve_takes_raw_values(trained, served):
     work, _, ckpt, test_rows = trained
     rows = _unusual_rows(test_rows)
     want = predict_rows(trained, rows)["probability"].to_numpy()
-    server = Server("--model-repository", work / "repository")
-    try:
-        said = server.proc.stderr.readline()  # the URLs it prints answer what they say
-        post, get = said.split("POST ")[1].split(";")[0], said.split("GET ")[1].strip()
-        assert post.endswith("/v2/models/ctr_onnx/infer") and get == post.removesuffix("/infer")
-        with urllib.request.urlopen(get, timeout=5) as r:
-            assert r.status == 200 and json.loads(r.read())["name"] == "ctr_onnx"
-        client = httpclient.InferenceServerClient(server.url)
-        meta = client.get_model_metadata("ctr_onnx")
-        assert [i["name"] for i in meta["inputs"]][:7] == list(COLUMNS)
-        assert {i["name"]: i["datatype"] for i in meta["inputs"]}["price"] == "FP32"
-        for model in ("ctr_onnx", "ctr_python"):
-            for binary in (False, True):
-                got = client.infer(model, _raw_request(rows, binary)).as_numpy("probability")[:, 0]
-                np.testing.assert_allclose(got, want, atol=1e-6, err_msg=f"{model} binary={binary}")
-        # JSON as curl sends it: null for a missing value, a column left out is missing in every row
-        body = {"inputs": [{"name": "country", "datatype": "BYTES", "shape": [2, 1], "data": ["ZZ", None]},
-                           {"name": "price", "datatype": "FP32", "shape": [2], "data": [None, 12.5]}]}  # fmt: skip
-        status, answer = server.post(json.dumps(body).encode(), model="ctr_onnx")
-        partial = pl.DataFrame({c: [None, None] for c in COLUMNS}).with_columns(
-            pl.Series("country", ["ZZ", None]), pl.Series("price", [None, 12.5])
-        )
-        assert status == 200
-        np.testing.assert_allclose(json.loads(answer)["outputs"][0]["data"], predict_rows(trained, partial)[
-            "probability"].to_numpy(), atol=1e-6)  # fmt: skip
-        for bad, message in (
-            ({"name": "price", "datatype": "BYTES", "shape": [1], "data": ["cheap"]}, "holds 'cheap'"),
-            ({"name": "clicks", "datatype": "FP32", "shape": [1], "data": [1]}, "unknown input 'clicks'"),
-            ({"name": "price", "datatype": "FP32", "shape": [1], "data": [True]}, "must hold numbers"),
-        ):
-            status, answer = server.post(json.dumps({"inputs": [bad]}).encode(), model="ctr_onnx")
-            assert status == 400 and message in json.loads(answer)["error"], answer
-    finally:
-        server.stop()
-    rest = server.proc.stderr.read()
-    assert "leaked" not in rest and "Traceback" not in rest, rest  # a clean stop (SIGTERM)
+    server, said = served
+    # the URLs it printed answer what they say
+    post, get = said.split("POST ")[1].split(";")[0], said.split("GET ")[1].strip()
+    assert post.endswith("/v2/models/ctr/infer") and get == post.removesuffix("/infer")
+    with urllib.request.urlopen(get, timeout=5) as r:
+        assert r.status == 200 and json.loads(r.read())["name"] == "ctr"
+    client = httpclient.InferenceServerClient(server.url)
+    meta = client.get_model_metadata("ctr_onnx")
+    assert [i["name"] for i in meta["inputs"]][:7] == list(COLUMNS)
+    assert {i["name"]: i["datatype"] for i in meta["inputs"]}["price"] == "FP32"
+    for model in ("ctr_onnx", "ctr_python"):
+        for binary in (False, True):
+            got = client.infer(model, _raw_request(rows, binary)).as_numpy("probability")[:, 0]
+            np.testing.assert_allclose(got, want, atol=1e-6, err_msg=f"{model} binary={binary}")
+    # JSON as curl sends it: null for a missing value, a column left out is missing in every row
+    body = {"inputs": [{"name": "country", "datatype": "BYTES", "shape": [2, 1], "data": ["ZZ", None]},
+                       {"name": "price", "datatype": "FP32", "shape": [2], "data": [None, 12.5]}]}  # fmt: skip
+    status, answer = server.post(json.dumps(body).encode(), model="ctr_onnx")
+    partial = pl.DataFrame({c: [None, None] for c in COLUMNS}).with_columns(
+        pl.Series("country", ["ZZ", None]), pl.Series("price", [None, 12.5])
+    )
+    assert status == 200
+    np.testing.assert_allclose(json.loads(answer)["outputs"][0]["data"], predict_rows(trained, partial)[
+        "probability"].to_numpy(), atol=1e-6)  # fmt: skip
+    for bad, message in (
+        ({"name": "price", "datatype": "BYTES", "shape": [1], "data": ["cheap"]}, "holds 'cheap'"),
+        ({"name": "clicks", "datatype": "FP32", "shape": [1], "data": [1]}, "unknown input 'clicks'"),
+        ({"name": "price", "datatype": "FP32", "shape": [1], "data": [True]}, "must hold numbers"),
+    ):
+        status, answer = server.post(json.dumps({"inputs": [bad]}).encode(), model="ctr_onnx")
+        assert status == 400 and message in json.loads(answer)["error"], answer
 
 
 def _triton_ready(port: int) -> bool:
@@ -223,7 +233,7 @@ def test_evaluate_and_report_name_the_kept_step(trained, capsys):
     assert code == 0 and f"step {kept.kept_step} on test" in out
 
 
-def test_the_serving_pages_raw_value_examples_run(trained, tmp_path, monkeypatch):
+def test_the_serving_pages_raw_value_examples_run(trained, served, tmp_path, monkeypatch):
     """docs/serving.md's curl body and Python client, as written, against `ctrkit serve` of a repository holding
     model `ctr`: the answers are `predict --input`'s on the same rows."""
     import re
@@ -239,15 +249,12 @@ def test_the_serving_pages_raw_value_examples_run(trained, tmp_path, monkeypatch
                               "ad_id": ["ad_0004", "an_ad_never_seen"], "price": [12.5, None]})  # fmt: skip
     curl_rows = curl_rows.with_columns(pl.lit(None).alias(c) for c in COLUMNS if c not in curl_rows.columns)
     want_rows, want_curl = predict_rows(trained, rows), predict_rows(trained, curl_rows)["probability"].to_numpy()
-    server = Server("--model-repository", work / "triton_repository")
-    try:
-        status, answer = server.post(body.encode(), model="ctr")
-        assert status == 200, answer
-        np.testing.assert_allclose(json.loads(answer)["outputs"][0]["data"], want_curl, atol=1e-6)
-        scope: dict = {}
-        exec(client.replace("127.0.0.1:8000", server.url), scope)  # noqa: S102 - our own documentation
-    finally:
-        server.stop()
+    server = served[0]
+    status, answer = server.post(body.encode(), model="ctr")
+    assert status == 200, answer
+    np.testing.assert_allclose(json.loads(answer)["outputs"][0]["data"], want_curl, atol=1e-6)
+    scope: dict = {}
+    exec(client.replace("127.0.0.1:8000", server.url), scope)  # noqa: S102 - our own documentation
     np.testing.assert_allclose(scope["probability"][:, 0], want_rows["probability"].to_numpy(), atol=1e-6)
 
 
