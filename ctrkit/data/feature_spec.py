@@ -57,6 +57,8 @@ INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8")
 FLOAT_DTYPES = ("float16", "float32", "float64")
 DTYPES = INT_DTYPES + FLOAT_DTYPES + ("bool",)
 AUTO = "auto"
+# what made a dataset, as the model carries it (``preprocess/transform.py`` writes and reads it)
+PREPROCESSING_FILE = "preprocessing.json"
 # files that hold raw rows, not a FeatureSpec (a dataset is made of them by ``ctrkit preprocess``)
 RAW_TABLE_SUFFIXES = (".csv", ".tsv", ".txt", ".parquet", ".pq", ".gz")
 

@@ -29,7 +29,9 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-RECORD_FILE = "preprocessing.json"
+from ctrkit.data.feature_spec import PREPROCESSING_FILE
+
+RECORD_FILE = PREPROCESSING_FILE
 FORMAT = 1
 DTYPES = {"String": pl.String, "Int64": pl.Int64, "Float64": pl.Float64, "Boolean": pl.Boolean}
 TEXTS = ("as_read", "number", "hex")  # how a categorical value becomes text

@@ -451,11 +451,13 @@ class Run(SeedEnsemble):
 def carried_preprocessing(feature_spec: FeatureSpec) -> dict[str, Any] | None:
     """The preprocessing that made the dataset (``preprocess/transform.py``), as the checkpoint carries it; None
     for a dataset without a record of it."""
+    from ctrkit.data.feature_spec import PREPROCESSING_FILE
+
+    if not (feature_spec.base_dir / PREPROCESSING_FILE).is_file():  # synthetic data: no Polars imported for nothing
+        return None
     from ctrkit.preprocess.transform import from_dataset
 
     transform = from_dataset(feature_spec.base_dir)
-    if transform is None:
-        return None
     transform.check_features(feature_spec.summary(), str(feature_spec.base_dir))
     return transform.to_state()
 
