@@ -143,7 +143,7 @@ SUITES = {
         "`ctrkit predict --input` of a CSV of new raw rows (no click column) end to end, in a child process that "
         "starts, loads the checkpoint, reads, preprocesses and scores in blocks and writes a CSV of the `ts` column "
         "and the probability; the model is DLRM with its default shape trained on a 200,000-row click log "
-        "(`ctrkit.data.synthetic_clicks`: 7 raw columns). The file of a quarter of the rows shows the memory held "
+        "(`ctrkit.data.synthetic_clicks`: 7 raw columns). The file of twice the rows shows that the memory held "
         "does not grow with the file. Then one-row requests to a real `ctrkit serve` of the checkpoint on loopback, "
         "raw values (JSON, 7 inputs) and ids taking turns, one client.",
         "bash benchmarks/run_raw_rows.sh",

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Raw rows in, clicks out (`ctrkit bench raw-rows`): `predict --input` of ROWS new CSV rows (and a quarter of them)
+# Raw rows in, clicks out (`ctrkit bench raw-rows`): `predict --input` of ROWS new CSV rows (and twice as many)
 # end to end with a DLRM of the default shape trained on a 200,000-row click log, and one-row raw-value and id
 # requests to a real `ctrkit serve` on loopback. Usage: bash benchmarks/run_raw_rows.sh (after `make install`;
 # ROWS=1000000 ROUNDS=3 REQUESTS=2000 by default); the result goes to benchmarks/results/raw-rows/KIND.json

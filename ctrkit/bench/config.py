@@ -255,7 +255,7 @@ class StreamBenchConfig:
 class RawRowsBenchConfig:
     """``ctrkit bench raw-rows``: `predict --input` on a CSV of new rows, and one-row raw-value server requests."""
 
-    rows: int = option(1_000_000, "new rows to score (a file of a quarter as many is scored too)")
+    rows: int = option(1_000_000, "new rows to score (a file of twice as many is scored too)")
     rounds: int = option(3, "interleaved rounds of the two files")
     requests: int = option(2000, "one-row requests of each kind (raw values, ids) to the server")
     port: int = option(8317, "loopback port of the server")

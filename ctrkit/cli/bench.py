@@ -414,8 +414,8 @@ def stream(args: argparse.Namespace) -> int:
 def raw_rows(args: argparse.Namespace) -> int:
     """raw rows in, clicks out: predict --input throughput and memory, one-row raw-value request latency
 
-    Writes a click log (`ctrkit.data.synthetic_clicks`: 200,000 training rows and --rows new ones without the
-    click, and a quarter of those), preprocesses it (`preprocess table`), trains DLRM with its default shape for
+    Writes a click log (`ctrkit.data.synthetic_clicks`: 200,000 training rows, and --rows and twice as many new
+    rows without the click), preprocesses it (`preprocess table`), trains DLRM with its default shape for
     300 steps, then times `ctrkit predict --input` of each new file to a CSV in child processes (wall time, rows/s
     and peak resident memory; interleaved --rounds), and sends one-row requests to a real `ctrkit serve` on
     loopback, raw values and ids taking turns (latency p50 and p99).

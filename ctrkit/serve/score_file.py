@@ -8,6 +8,7 @@ joins at the end (Parquet). The output appears at its path only when complete.
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import tempfile
@@ -32,10 +33,16 @@ def is_parquet(path: Path) -> bool:
     return path.suffix.lower() in PARQUET_SUFFIXES
 
 
+CSV_CHUNK_BYTES = 16 << 20  # a CSV is read this much at a time, cut at a record's end
+PARQUET_READ_ROWS = 1 << 18  # a Parquet file is read this many rows at a time (Polars' row group size)
+
+
 def _blocks(
     path: Path, columns: Sequence[str], separator: str, null_values: Sequence[str], rows: int
 ) -> Iterator[pl.DataFrame]:
-    """The input's ``columns`` in blocks of about ``rows`` rows, in file order (CSV values as text)."""
+    """The input's ``columns`` in blocks of at most ``rows`` rows, in file order (CSV values as text). The file is
+    read a piece at a time, never ahead of the blocks asked for, so memory does not grow with the file (Polars'
+    streaming batches buffer ahead of a slow consumer)."""
     if is_parquet(path):
         frame = pl.scan_parquet(path)
     else:
@@ -49,10 +56,64 @@ def _blocks(
     if missing:
         raise ValueError(f"{path}: has no column {', '.join(repr(c) for c in missing)} (columns: {', '.join(header)}); "
                          "the model reads every column it was trained on (the label is not needed)")  # fmt: skip
+    pieces = _parquet_pieces(frame, columns) if is_parquet(path) else _csv_pieces(path, columns, separator, null_values)
     try:
-        yield from frame.select(columns).collect_batches(chunk_size=rows)
+        for piece in pieces:
+            for start in range(0, len(piece), rows):
+                yield piece.slice(start, rows)
     except pl.exceptions.PolarsError as e:
         raise ValueError(f"{path}: {str(e).splitlines()[0]}") from None
+
+
+def _parquet_pieces(frame: pl.LazyFrame, columns: Sequence[str]) -> Iterator[pl.DataFrame]:
+    start = 0
+    while True:
+        piece = frame.select(columns).slice(start, PARQUET_READ_ROWS).collect()
+        if not len(piece):
+            return
+        yield piece
+        start += len(piece)
+
+
+def _csv_pieces(
+    path: Path, columns: Sequence[str], separator: str, null_values: Sequence[str]
+) -> Iterator[pl.DataFrame]:
+    """The CSV's rows in pieces of about ``CSV_CHUNK_BYTES``, each cut after a record's end (a newline outside
+    quotes: quoted fields may hold newlines) and parsed with the header."""
+    with open(path, "rb") as f:
+        header = _record(f)
+        carry = b""
+        while True:
+            chunk = f.read(CSV_CHUNK_BYTES)
+            data = carry + chunk
+            cut = len(data) if not chunk else _last_record_end(data)
+            if cut:
+                yield pl.read_csv(io.BytesIO(header + data[:cut]), infer_schema=False, separator=separator,
+                                  null_values=list(null_values) or None, columns=list(columns))  # fmt: skip
+            carry = data[cut:]
+            if not chunk:
+                return
+
+
+def _record(f) -> bytes:
+    """The next record of a binary file, its newline included (lines joined while a quote is open)."""
+    line = f.readline()
+    while line.count(b'"') % 2 and (more := f.readline()):
+        line += more
+    return line if line.endswith(b"\n") else line + b"\n"
+
+
+def _last_record_end(data: bytes) -> int:
+    """The end (after its newline) of the last whole record in ``data`` (0: none): the last newline with an even
+    number of quote characters before it."""
+    quotes = data.count(b'"')
+    end = len(data)
+    while (newline := data.rfind(b"\n", 0, end)) >= 0:
+        quotes -= data.count(b'"', newline, end)
+        if quotes % 2 == 0:
+            return newline + 1
+        end = newline
+    return 0
 
 
 def score_file(
