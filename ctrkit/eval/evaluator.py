@@ -46,7 +46,7 @@ def predict_logits(
     positions = np.concatenate([np.arange(lo, hi) for lo, hi in bounds]) if bounds else np.zeros(0, np.int64)
     out = np.empty(len(positions), dtype=np.float32)
     pos = 0
-    team = _scoring_team(device, env)
+    team = scoring_team(device, env)
     batches = loader.epoch(0)
     try:
         for batch in tqdm(batches, total=len(loader), desc="scoring", unit="batch", disable=not progress, leave=False):
@@ -71,7 +71,7 @@ def predict_logits(
 SCORE_SLICE = 2048  # rows a CPU worker thread scores at once (a batch's slices share the threads): see _score_split
 
 
-def _scoring_team(device: torch.device, env: DistEnv | None):
+def scoring_team(device: torch.device, env: DistEnv | None = None):
     """The CPU's worker threads for scoring (``train/split.py``'s team, one intra-op thread each), or None: on
     CUDA, in a hybrid-parallel job (its collectives run on the calling thread) or with one thread."""
     if device.type != "cpu" or env is not None or torch.get_num_threads() < 2:
@@ -88,21 +88,26 @@ def _forward(model: nn.Module, batch: Any, device: torch.device, amp_dtype: torc
 
 
 def _score_split(model: nn.Module, batch: Any, amp_dtype: torch.dtype | None, team: Any, out: np.ndarray) -> None:
-    """Scores ``batch`` into ``out`` on the CPU in slices of at most ``SCORE_SLICE`` rows, dealt in turn to the
-    team's threads, each running whole forward passes on one intra-op thread. Each row's logit is the one the
-    whole batch's forward pass gives, to float rounding (the products run over fewer rows). Why: one forward pass
-    spread over the threads by ATen meets at every operation, and a small slice's activations stay in the
-    cache; measured in docs/decisions/memory-plan.md."""
+    """Scores ``batch`` into ``out`` on the CPU in slices (``score_in_slices``)."""
+    cpu = torch.device("cpu")
+    score_in_slices(team, len(batch), lambda s: _forward(model, batch.rows(s), cpu, amp_dtype), out)
+
+
+def score_in_slices(team: Any, rows: int, score: Any, out: np.ndarray) -> None:
+    """``out[s] = score(s)`` for slices ``s`` of ``range(rows)`` of at most ``SCORE_SLICE`` rows, dealt in turn to
+    the team's threads (``scoring_team``), each running whole forward passes on one intra-op thread. Each row's
+    score is the one the whole batch's forward pass gives, to float rounding (the products run over fewer rows).
+    Why: one forward pass spread over the threads by ATen meets at every operation, and a small slice's
+    activations stay in the cache; measured in docs/decisions/memory-plan.md."""
     from ctrkit.train import split as thread_split
 
-    pieces = thread_split.slices(len(batch), -(-len(batch) // SCORE_SLICE))
+    pieces = thread_split.slices(rows, -(-rows // SCORE_SLICE))
     workers = len(team.workers)
-    cpu = torch.device("cpu")
 
     def job(mine: list[slice]):
         def run() -> None:
             for s in mine:
-                out[s] = _forward(model, batch.rows(s), cpu, amp_dtype)
+                out[s] = score(s)
 
         return run
 

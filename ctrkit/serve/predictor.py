@@ -90,6 +90,7 @@ class Predictor:
         from ctrkit.checkpoint import load_checkpoint
         from ctrkit.checkpoint_shards import sharded_table_views
         from ctrkit.device import cpu_bf16_or_fp32
+        from ctrkit.eval.evaluator import SCORE_SLICE, score_in_slices, scoring_team
         from ctrkit.serve.embedding_store import use_mmap_store
 
         if embedding_store not in ("memory", "mmap"):
@@ -112,9 +113,20 @@ class Predictor:
             model = _compiled(model)
 
         @torch.inference_mode()
-        def run(numerical: np.ndarray, *ids: np.ndarray) -> np.ndarray:
+        def forward(numerical: np.ndarray, *ids: np.ndarray) -> np.ndarray:
             dense = torch.from_numpy(numerical)  # float32 in: the model's normaliser hands its MLPs bf16
             return model(dense, *map(torch.from_numpy, ids)).float().numpy()
+
+        team = None if compile else scoring_team(torch.device("cpu"))
+
+        def run(numerical: np.ndarray, *ids: np.ndarray) -> np.ndarray:
+            """A large batch in slices over the CPU's threads (as ``evaluate`` scores), a small one at once."""
+            rows = len(numerical)
+            if team is None or rows < 2 * SCORE_SLICE:
+                return forward(numerical, *ids)
+            out = np.empty((rows, 1), np.float32)
+            score_in_slices(team, rows, lambda s: forward(numerical[s], *(i[s] for i in ids)), out)
+            return out
 
         predictor = cls(meta, "torch" + ("+mmap" if lazy else "") + ("-bf16" if half else ""), run)
         predictor.stores = stores
