@@ -332,6 +332,22 @@ def headline() -> str:
                 f"{d[4] / r[4]:.2f}x the training time of retraining. "
                 "[Dynamic tables](docs/dynamic-tables.md).",
             ]
+    if list((RESULTS / "raw-rows").glob("*.json")):
+        rr = _load("raw-rows")
+        predict = sorted((r for r in rr["rows"] if r[0].startswith("predict")), key=lambda r: r[1])
+        request = {r[0]: r for r in rr["rows"] if r[0].startswith("one-row")}
+        if predict and "one-row request (raw)" in request:
+            small, large = predict[0], predict[-1]
+            raw, ids = request["one-row request (raw)"], request.get("one-row request (ids)")
+            out += [
+                "",
+                f"**Raw rows in** (DLRM with its default shape on a 7-column click log; {_source(rr)}): "
+                f"`ctrkit predict --input` scored {small[1]:,} CSV rows at {small[2]:,.0f} rows/s end to end (process start "
+                f"included), {large[1]:,} at {large[2]:,.0f}, holding at most {small[4]:,.0f} and {large[4]:,.0f} MiB; "
+                f"a one-row raw-value request to `ctrkit serve` answered in {raw[6]:.2f} ms at p99"
+                + (f" (the same row as ids: {ids[6]:.2f} ms)" if ids else "")
+                + ". [Raw rows in, clicks out](docs/benchmarks.md#raw-rows-in-clicks-out).",
+            ]
     return "\n".join(out)
 
 
