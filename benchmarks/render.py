@@ -342,8 +342,9 @@ def headline() -> str:
             out += [
                 "",
                 f"**Raw rows in** (DLRM with its default shape on a 7-column click log; {_source(rr)}): "
-                f"`ctrkit predict --input` scored {small[1]:,} CSV rows at {small[2]:,.0f} rows/s end to end (process start "
-                f"included), {large[1]:,} at {large[2]:,.0f}, holding at most {small[4]:,.0f} and {large[4]:,.0f} MiB; "
+                f"`ctrkit predict --input` scored {small[1]:,} CSV rows at {small[2]:,.0f} rows/s end to end "
+                f"(process start included), {large[1]:,} at {large[2]:,.0f}, holding at most {small[4]:,.0f} and "
+                f"{large[4]:,.0f} MiB; "
                 f"a one-row raw-value request to `ctrkit serve` answered in {raw[6]:.2f} ms at p99"
                 + (f" (the same row as ids: {ids[6]:.2f} ms)" if ids else "")
                 + ". [Raw rows in, clicks out](docs/benchmarks.md#raw-rows-in-clicks-out).",
