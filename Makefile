@@ -53,8 +53,9 @@ docs: install
 	$(BIN)/python benchmarks/render.py
 	$(BIN)/mkdocs build --strict --site-dir build/site
 
+# the tests in one process a core (pytest-xdist), each test file in one process (its module fixtures built once)
 test: install triton lint
-	$(BIN)/python -m pytest -q --durations=20
+	$(BIN)/python -m pytest -q -n auto --dist loadfile --durations=20
 
 bench: install
 	bash benchmarks/run_train.sh
