@@ -30,6 +30,7 @@ import numpy as np
 import polars as pl
 
 from ctrkit.data.feature_spec import PREPROCESSING_FILE
+from ctrkit.preprocess.criteo import FIRST_ID, MISSING_ID
 
 RECORD_FILE = PREPROCESSING_FILE
 FORMAT = 1
@@ -37,7 +38,9 @@ DTYPES = {"String": pl.String, "Int64": pl.Int64, "Float64": pl.Float64, "Boolea
 TEXTS = ("as_read", "number", "hex")  # how a categorical value becomes text
 ID_RULES = ("vocabulary", "xxh64", "hex_key")  # how the text becomes an id
 TRANSFORMS = ("none", "criteo_log")
-MISSING_ID = 0
+# values a model carries at most, over all its vocabularies; a dataset's larger vocabularies are carried without the
+# values rarer than its frequency threshold (they would be most of them: Criteo's long tail)
+MAX_CARRIED_VALUES = 20_000_000
 _HASH_SEEDS = (0x5EED, 0xC0FFEE)  # Polars' hashes of a value, only ever compared within one process (``ValueIndex``)
 
 
@@ -148,6 +151,10 @@ class RowTransform:
         vocabularies: feature -> (value, id) of each categorical or multi-hot feature with a vocabulary.
         null_values: texts that mean a missing value (besides the empty one).
         label: the label column of the training rows (never needed to score).
+        rare_values: "rare" where the vocabularies hold the values rarer than the frequency threshold (scored as the
+            shared rare id, as the dataset's rows), "missing" where a dataset's vocabularies were too large to carry
+            whole (``MAX_CARRIED_VALUES``): only the values with a row of their own are carried, and a rare value is
+            scored as an unseen one (the missing id 0).
     """
 
     def __init__(
@@ -160,6 +167,7 @@ class RowTransform:
         vocabularies: Mapping[str, pl.DataFrame],
         null_values: Sequence[str] = (),
         label: str | None = None,
+        rare_values: str = "rare",
     ):
         self.source = source
         self.columns = tuple(columns)
@@ -169,6 +177,7 @@ class RowTransform:
         self.vocabularies = dict(vocabularies)
         self.null_values = tuple(null_values)
         self.label = label
+        self.rare_values = rare_values  # "rare": carried, scored as the rare id; "missing": left out, scored as 0
         self._indexes: dict[str, ValueIndex] = {}
         self._plans: dict[tuple, list[pl.Expr]] = {}  # the transform's query per frame schema (``_plan``)
         self._null_set = frozenset(self.null_values)
@@ -394,6 +403,7 @@ class RowTransform:
             "numerical": [asdict(f) for f in self.numerical],
             "categorical": [asdict(f) for f in self.categorical],
             "multi_hot": [asdict(f) for f in self.multi_hot],
+            "rare_values": self.rare_values,
         }
 
     @classmethod
@@ -409,6 +419,7 @@ class RowTransform:
             vocabularies,
             doc.get("null_values") or (),
             doc.get("label"),
+            doc.get("rare_values", "rare"),
         )
 
     def features(self) -> dict[str, list[str]]:
@@ -479,13 +490,20 @@ def from_dataset(directory: str | os.PathLike) -> RowTransform | None:
         return None
     try:
         doc = json.loads(record.read_text(encoding="utf-8"))
+        with_vocabulary = [f["feature"] for f in doc["categorical"] + doc["multi_hot"]
+                           if f.get("ids", "vocabulary") == "vocabulary"]  # fmt: skip
+        files = {f: directory / "vocab" / f"{doc['vocab_files'][f]}.parquet" for f in with_vocabulary}
+        total = sum(pl.scan_parquet(path).select(pl.len()).collect().item() for path in files.values())
+        whole = total <= MAX_CARRIED_VALUES
         vocab = {}
-        for f in doc["categorical"] + doc["multi_hot"]:
-            if f.get("ids", "vocabulary") == "vocabulary":
-                v = pl.read_parquet(directory / "vocab" / f"{doc['vocab_files'][f['feature']]}.parquet")
-                vocab[f["feature"]] = vocabulary_frame(v["value"], v["id"])
+        for feature, path in files.items():
+            frame = pl.scan_parquet(path).select("value", "id")
+            if not whole:  # the values with a row of their own: as many as the model's table rows
+                frame = frame.filter(pl.col("id") >= FIRST_ID)
+            v = frame.collect()
+            vocab[feature] = vocabulary_frame(v["value"], v["id"])
         doc = {k: v for k, v in doc.items() if k != "vocab_files"}
-        return RowTransform.from_description(doc, vocab)
+        return RowTransform.from_description({**doc, "rare_values": "rare" if whole else "missing"}, vocab)
     except (OSError, ValueError, KeyError, TypeError, pl.exceptions.PolarsError) as e:
         raise ValueError(f"{record}: not a preprocessing record ctrkit can read ({type(e).__name__}: {e})") from None
 

@@ -130,3 +130,26 @@ def test_value_index_agrees_with_a_join_and_stored_forms_round_trip():
     np.testing.assert_array_equal(index(wanted), want)
     for text in (values, pl.Series(["", "x"]), pl.Series([], dtype=pl.String), pl.Series(["ab", "c"])):
         assert _strings(*_utf8(text)).to_list() == text.to_list()
+
+
+def test_vocabularies_too_large_to_carry_leave_their_rare_values_out(tmp_path, monkeypatch):
+    """Past ``MAX_CARRIED_VALUES`` the values rarer than the threshold are not carried: they score as unseen (0)
+    where the dataset says rare (1); every other id is the dataset's."""
+    from ctrkit.preprocess import transform as transform_module
+
+    _table().write_csv(tmp_path / "clicks.csv")
+    out = tmp_path / "ds"
+    flags = ["--label", "click", "--categorical", "item", "--drop", "ts,genres", "--frequency-threshold", "20"]
+    assert run_cli("preprocess", "table", tmp_path / "clicks.csv", "--out", out, "--no-progress", *flags)[0] == 0
+    monkeypatch.setattr(transform_module, "MAX_CARRIED_VALUES", 10)
+    carried = from_dataset(out)
+    assert carried.rare_values == "missing"
+    assert all((v["id"] >= 2).all() for v in carried.vocabularies.values())
+    csv = pl.read_csv(tmp_path / "clicks.csv", infer_schema=False)
+    spec = FeatureSpec.from_yaml(out)
+    stored = np.stack(open_mapping(spec, "train").categorical, 1).astype(np.int64)
+    _, categorical, _ = carried(carried.typed(csv[:540]))
+    assert (stored == 1).any()
+    np.testing.assert_array_equal(categorical, np.where(stored == 1, 0, stored))
+    back = RowTransform.from_state(carried.to_state())
+    assert back.rare_values == "missing"
