@@ -259,4 +259,7 @@ class RawRowsBenchConfig:
     rounds: int = option(3, "interleaved rounds of the two files")
     requests: int = option(2000, "one-row requests of each kind (raw values, ids) to the server")
     port: int = option(8317, "loopback port of the server")
+    train_rows: int = option(200_000, "rows of the click log the model is trained on")
+    steps: int = option(300, "training steps (the benchmark times scoring, not accuracy)")
+    warm_up_seconds: float = option(8.0, "seconds of requests before the latency is measured (the steady state)")
     work: Path = option(Path("build/bench/raw-rows"), "directory for the log, the dataset, the model and the scores")

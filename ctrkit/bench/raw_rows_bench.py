@@ -20,8 +20,6 @@ import polars as pl
 
 from ctrkit.data.synthetic_clicks import click_log
 
-TRAIN_ROWS = 200_000
-WARM_UP_SECONDS = 8.0
 LABEL = "clicked"
 
 
@@ -41,21 +39,22 @@ def _run_measured(cmd: list[str]) -> tuple[float, float]:
     return seconds, usage.ru_maxrss / 1024
 
 
-def prepare(work: Path, rows: int, seed: int = 0) -> dict[str, Path]:
-    """The training log (``TRAIN_ROWS`` rows), its dataset and a DLRM trained on it with the default shape (300
-    steps: the benchmark times scoring, not accuracy), and the new rows to score: ``rows`` and twice as many, without
-    the click column."""
+def prepare(work: Path, rows: int, train_rows: int, steps: int, seed: int = 0) -> dict[str, Path]:
+    """The training log (``train_rows`` rows), its dataset and a DLRM trained on it with the default shape for
+    ``steps`` steps (the benchmark times scoring, not accuracy), and the new rows to score: ``rows`` and twice as
+    many, without the click column."""
     work.mkdir(parents=True, exist_ok=True)
     paths = {"train_csv": work / "clicks.csv", "data": work / "data", "checkpoint": work / "dlrm.pt",
              "new": work / "new.csv", "new_double": work / "new_double.csv"}  # fmt: skip
-    click_log(TRAIN_ROWS, seed).write_csv(paths["train_csv"])
-    click_log(rows, seed, first_row=TRAIN_ROWS).drop(LABEL).write_csv(paths["new"])
-    click_log(2 * rows, seed, first_row=TRAIN_ROWS).drop(LABEL).write_csv(paths["new_double"])
+    click_log(train_rows, seed).write_csv(paths["train_csv"])
+    click_log(rows, seed, first_row=train_rows).drop(LABEL).write_csv(paths["new"])
+    click_log(2 * rows, seed, first_row=train_rows).drop(LABEL).write_csv(paths["new_double"])
     subprocess.run(_ctrkit("preprocess", "table", paths["train_csv"], "--out", paths["data"], "--label", LABEL,
                            "--order-by", "ts", "--integers", "categorical", "--no-progress", "--overwrite"),
                    check=True, capture_output=True)  # fmt: skip
-    subprocess.run(_ctrkit("train", "--dataset", paths["data"], "--model", "dlrm", "--max-steps", 300, "--no-progress",
-                           "--save-checkpoint", paths["checkpoint"]), check=True, capture_output=True)  # fmt: skip
+    train = _ctrkit("train", "--dataset", paths["data"], "--model", "dlrm", "--max-steps", steps, "--no-progress",
+                    "--save-checkpoint", paths["checkpoint"])  # fmt: skip
+    subprocess.run(train, check=True, capture_output=True)
     return paths
 
 
@@ -82,9 +81,9 @@ def _ready(url: str) -> bool:
         return False
 
 
-def time_requests(paths: dict[str, Path], requests: int, port: int) -> dict[str, Any]:
+def time_requests(paths: dict[str, Path], requests: int, port: int, warm_up: float = 8.0) -> dict[str, Any]:
     """One-row requests to a real ``ctrkit serve`` of the checkpoint's ONNX export (the serving path for latency),
-    raw values and ids taking turns, one client on loopback; latency in milliseconds (after ``WARM_UP_SECONDS`` of
+    raw values and ids taking turns, one client on loopback; latency in milliseconds (after ``warm_up`` seconds of
     requests of each kind)."""
     import tritonclient.http as httpclient
 
@@ -110,9 +109,9 @@ def time_requests(paths: dict[str, Path], requests: int, port: int) -> dict[str,
                  for i in range(requests + 50)]  # fmt: skip  # every request built before the clock runs
         output = [httpclient.InferRequestedOutput("probability", binary_data=True)]
         latencies: dict[str, list[float]] = {"raw": [], "ids": []}
-        # warm up for WARM_UP_SECONDS: the server spawns its large-body parser process as it starts, which takes a
+        # warm up for ``warm_up`` seconds: the server spawns its large-body parser process as it starts, which takes a
         # core for seconds; the latency measured is the steady state's
-        deadline = time.monotonic() + WARM_UP_SECONDS
+        deadline = time.monotonic() + warm_up
         while time.monotonic() < deadline:
             for raw, ids in built[:50]:
                 client.infer("dlrm", raw, outputs=output)
@@ -180,8 +179,17 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def run_raw_rows(work: Path, rows: int, rounds: int, requests: int, port: int) -> dict[str, Any]:
-    paths = prepare(work, rows)
+def run_raw_rows(
+    work: Path,
+    rows: int,
+    rounds: int,
+    requests: int,
+    port: int,
+    train_rows: int = 200_000,
+    steps: int = 300,
+    warm_up: float = 8.0,
+) -> dict[str, Any]:
+    paths = prepare(work, rows, train_rows, steps)
     runs = time_predict(paths, rounds)
     return {"rows": rows, "rounds": rounds, "predict": runs, "predict_median": summarize(runs),
-            "requests": time_requests(paths, requests, port)}  # fmt: skip
+            "requests": time_requests(paths, requests, port, warm_up)}  # fmt: skip

@@ -414,9 +414,9 @@ def stream(args: argparse.Namespace) -> int:
 def raw_rows(args: argparse.Namespace) -> int:
     """raw rows in, clicks out: predict --input throughput and memory, one-row raw-value request latency
 
-    Writes a click log (`ctrkit.data.synthetic_clicks`: 200,000 training rows, and --rows and twice as many new
-    rows without the click), preprocesses it (`preprocess table`), trains DLRM with its default shape for
-    300 steps, then times `ctrkit predict --input` of each new file to a CSV in child processes (wall time, rows/s
+    Writes a click log (`ctrkit.data.synthetic_clicks`: --train-rows training rows, and --rows and twice as many
+    new rows without the click), preprocesses it (`preprocess table`), trains DLRM with its default shape for
+    --steps steps, then times `ctrkit predict --input` of each new file to a CSV in child processes (wall time, rows/s
     and peak resident memory; interleaved --rounds), and sends one-row requests to a real `ctrkit serve` on
     loopback, raw values and ids taking turns (latency p50 and p99).
     """
@@ -425,7 +425,9 @@ def raw_rows(args: argparse.Namespace) -> int:
 
     cfg: RawRowsBenchConfig = config_from(args, RawRowsBenchConfig)
     run = config_from(args, BenchRunOptions)
-    result = {"machine": machine(), **run_raw_rows(cfg.work, cfg.rows, cfg.rounds, cfg.requests, cfg.port)}
+    measured = run_raw_rows(cfg.work, cfg.rows, cfg.rounds, cfg.requests, cfg.port, cfg.train_rows, cfg.steps,
+                            cfg.warm_up_seconds)  # fmt: skip
+    result = {"machine": machine(), **measured}
     for m in result["predict_median"].values():
         rate, peak = f"{m['rows_per_s']:,.0f}", f"{m['peak_rss_mib']:,.0f}"
         print(f"predict --input {m['rows']:,} rows: {rate} rows/s end to end, peak {peak} MiB")

@@ -64,6 +64,8 @@ def _json_values(name: str, data, dtype: np.dtype, count: int) -> np.ndarray:
     except (TypeError, ValueError, RecursionError):
         raw = None
     kinds = {"U": "strings", "S": "strings", "b": "booleans", "f": "non-integral numbers", "O": "nulls or mixed values"}
+    if raw is not None and raw.dtype.kind in ("i", "u", "f") and _holds_bool(data):  # NumPy reads true as 1
+        raise RequestError(f"input '{name}': 'data' must hold {count} {what}, got booleans")
     if raw is None or raw.dtype.kind not in ("i", "u", "f") or (dtype.kind == "i" and raw.dtype.kind == "f"):
         got = "ragged or non-numeric nesting" if raw is None else kinds.get(raw.dtype.kind, str(raw.dtype))
         raise RequestError(f"input '{name}': 'data' must hold {count} {what}, got {got}")
@@ -73,17 +75,38 @@ def _json_values(name: str, data, dtype: np.dtype, count: int) -> np.ndarray:
         raise RequestError(f"input '{name}': 'data' holds integers beyond {dtype.name}") from None
 
 
+def _holds_bool(data) -> bool:
+    """Whether nested JSON lists ``data`` hold a boolean anywhere."""
+    stack = [data]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, bool):
+            return True
+        if isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
+def _check_object(value, what: str) -> dict:
+    """``value`` when it is a JSON object (None: an empty one), else a RequestError naming ``what``."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise RequestError(f"{what} must be a JSON object, got {json.dumps(value)[:40]}")
+    return value
+
+
 def _raw_values(name: str, item: dict, binary: memoryview, offset: int) -> tuple[list | np.ndarray, int, int]:
     """One raw input's values (B of them, shape [B] or [B, 1]), the batch size and the binary bytes it took:
     BYTES as text (a binary BYTES tensor holds each element as a 4-byte little-endian length and its bytes),
     numbers as an array; JSON null is a missing value."""
     datatype, shape = item.get("datatype"), item.get("shape")
-    if datatype not in RAW_DTYPES:
+    if not isinstance(datatype, str) or datatype not in RAW_DTYPES:
         raise RequestError(f"input '{name}': datatype '{datatype}' is not one of {', '.join(RAW_DTYPES)}")
     if not (_shape_fits(shape, ()) or _shape_fits(shape, (1,))):
         raise RequestError(f"input '{name}' (a raw column) must have shape [B] or [B, 1], got {shape}")
     count = shape[0]
-    size = (item.get("parameters") or {}).get("binary_data_size")
+    size = _check_object(item.get("parameters"), f"input '{name}': 'parameters'").get("binary_data_size")
     if size is not None:
         if not isinstance(size, int) or isinstance(size, bool) or size < 0 or offset + size > len(binary):
             raise RequestError(f"input '{name}': binary_data_size {size!r} does not fit the body's binary bytes")
@@ -143,6 +166,12 @@ def parse_request(body: bytes, header_length: str | None, signature: Signature) 
         raise RequestError("the request's JSON is nested too deeply") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), list):
         raise RequestError("the request must be a JSON object with an 'inputs' list")
+    _check_object(doc.get("parameters"), "'parameters'")
+    outputs = doc.get("outputs")
+    if outputs is not None and not (isinstance(outputs, list) and all(isinstance(o, dict) for o in outputs)):
+        raise RequestError(f"'outputs' must be a list of objects, got {json.dumps(outputs)[:40]}")
+    for i, o in enumerate(outputs or []):
+        _check_object(o.get("parameters"), f"outputs[{i}]: 'parameters'")
     arrays: dict[str, np.ndarray] = {}
     seen: set[str] = set()
     offset = 0
@@ -180,7 +209,7 @@ def parse_request(body: bytes, header_length: str | None, signature: Signature) 
             raw_too = f" (or the raw columns {', '.join(raw_names)})" if raw_names else ""
             raise RequestError(f"unknown input '{name}'; this model takes {', '.join(expect)}{raw_too}")
         datatype, shape = item.get("datatype"), item.get("shape")
-        if datatype not in DTYPES:
+        if not isinstance(datatype, str) or datatype not in DTYPES:
             raise RequestError(f"{_expected(name, expect)}; datatype '{datatype}' is not one of {', '.join(DTYPES)}")
         if datatype != expect[name].datatype:
             raise RequestError(f"{_expected(name, expect)}, got datatype {datatype}")
@@ -188,9 +217,9 @@ def parse_request(body: bytes, header_length: str | None, signature: Signature) 
             raise RequestError(f"{_expected(name, expect)}, got shape {shape}")
         dtype = np.dtype(DTYPES[datatype])
         count = math.prod(shape)  # exact: numpy's int64 product wraps for absurd shapes
-        size = (item.get("parameters") or {}).get("binary_data_size")
+        size = _check_object(item.get("parameters"), f"input '{name}': 'parameters'").get("binary_data_size")
         if size is not None:
-            if not isinstance(size, int) or size != count * dtype.itemsize:
+            if not isinstance(size, int) or isinstance(size, bool) or size != count * dtype.itemsize:
                 raise RequestError(f"input '{name}': binary_data_size {size}, expected {count * dtype.itemsize} bytes")
             if offset + size > len(binary):
                 raise RequestError(f"input '{name}': the body holds {len(binary) - offset} of its {size} binary bytes")
@@ -236,11 +265,14 @@ def _binary_output(doc: dict) -> bool:
     )
 
 
-def encode_response(model_name: str, request: InferRequest, probability: np.ndarray) -> tuple[bytes, dict[str, str]]:
-    """The v2 response body and its headers (binary output when the request asked for it)."""
+def encode_response(
+    model_name: str, request: InferRequest, probability: np.ndarray, version: str = "1"
+) -> tuple[bytes, dict[str, str]]:
+    """The v2 response body and its headers (binary output when the request asked for it); ``version``: the model
+    version that answered."""
     spec = OUTPUT
     out: dict = {"name": spec.name, "datatype": spec.datatype, "shape": list(probability.shape)}
-    doc: dict = {"model_name": model_name, "model_version": "1", "outputs": [out]}
+    doc: dict = {"model_name": model_name, "model_version": str(version), "outputs": [out]}
     if request.id is not None:
         doc["id"] = request.id
     if request.binary_output:

@@ -286,7 +286,7 @@ def create_app(
         except Exception as e:
             return error(500, f"the model failed on this request: {type(e).__name__}: {e}"), served
         content, headers = await asyncio.get_running_loop().run_in_executor(
-            parser, encode_response, model, parsed, probs
+            parser, encode_response, model, parsed, probs, served.batcher.key[1]
         )
         return Response(content=content, headers=headers, media_type=headers["content-type"]), served
 
@@ -295,7 +295,13 @@ def create_app(
         @app.post("/v2/repository/index")
         async def repository_index(request: Request):
             body = await request.body()
-            only_ready = bool(json.loads(body or b"{}").get("ready", False)) if body.strip() else False
+            try:
+                doc = json.loads(body) if body.strip() else {}
+            except (ValueError, UnicodeDecodeError, RecursionError):
+                return error(400, 'the index request must be a JSON object (such as {"ready": true}) or empty')
+            if not isinstance(doc, dict):
+                return error(400, f"the index request must be a JSON object, got {json.dumps(doc)[:40]}")
+            only_ready = bool(doc.get("ready", False))
             out = []
             for model in repository.names():
                 if model in models:

@@ -63,6 +63,43 @@ def test_json_values_are_typed_as_the_protocol_says(server, rows):
     assert post(server, good)[0] == 200
 
 
+def test_malformed_bodies_are_400s_in_words_and_counted(server, rows):
+    """Bodies whose parts have the wrong JSON type were bare 500s with a traceback, and a boolean among numbers was
+    read as 1: each a 400 naming the part now, counted as a failure; the server answers the next request."""
+    good = json.loads(request_body(rows[0][:2], rows[1][:2]))
+    num, cat = good["inputs"]
+    cases = {
+        "outputs a number": ({**good, "outputs": 5}, "'outputs'"),
+        "parameters a list": ({**good, "parameters": [1]}, "'parameters'"),
+        "parameters a string": ({**good, "parameters": "binary"}, "'parameters'"),
+        "input parameters a list": ({"inputs": [{**num, "parameters": [1]}, cat]}, "'parameters'"),
+        "datatype a list": ({"inputs": [{**num, "datatype": ["FP32"]}, cat]}, "datatype"),
+        "a boolean among numbers": (
+            {"inputs": [{**num, "data": [[True] + r[1:] for r in num["data"]]}, cat]},
+            "booleans",
+        ),  # fmt: skip
+        "a boolean among ids": (
+            {"inputs": [num, {**cat, "data": [[1, True] + r[2:] for r in cat["data"]]}]},
+            "booleans",
+        ),  # fmt: skip
+    }
+    with urllib.request.urlopen(f"http://{server.url}/metrics", timeout=10) as r:
+        before = r.read().decode()
+    for what, (doc, message) in cases.items():
+        status, body = post(server, doc)
+        assert status == 400 and message in body["error"], (what, body)
+    with urllib.request.urlopen(f"http://{server.url}/metrics", timeout=10) as r:
+        after = r.read().decode()
+
+    def failures(text: str) -> float:
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("nv_inference_request_failure{"))  # fmt: skip
+
+    assert failures(after) - failures(before) == len(cases)
+    status, body = post(server, good)
+    assert status == 200 and body["model_version"] == "1"
+
+
 def test_deeply_nested_json_is_a_400_not_a_500(server):
     status, body = post(server, b"[" * 100_000 + b"]" * 100_000)
     assert status == 400 and "nested too deeply" in body["error"]
@@ -232,33 +269,48 @@ def test_a_dead_batcher_is_not_ready_and_refuses_requests():
     assert not alive and "stopped" in error
 
 
-def _parser_workers() -> set[int]:
-    """Pids of live spawned multiprocessing workers (the servers' large-body parsers among them)."""
-    import os
+def _parser_workers(parent: int) -> set[int]:
+    """Pids of the live spawned multiprocessing workers of process ``parent`` (a server's large-body parser), not
+    those of other tests' servers running beside this one."""
     from pathlib import Path
 
     pids = set()
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
             try:
-                if b"spawn_main" in (proc / "cmdline").read_bytes():
+                ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                if ppid == parent and b"spawn_main" in (proc / "cmdline").read_bytes():
                     pids.add(int(proc.name))
-            except OSError:
+            except (OSError, ValueError, IndexError):
                 continue
-    return pids - {os.getpid()}
+    return pids
+
+
+def _alive(pids: set[int]) -> set[int]:
+    """Those of ``pids`` still running their worker (a zombie's command line is empty)."""
+    from pathlib import Path
+
+    alive = set()
+    for pid in pids:
+        try:
+            if b"spawn_main" in (Path("/proc") / str(pid) / "cmdline").read_bytes():
+                alive.add(pid)
+        except OSError:
+            continue
+    return alive
 
 
 @pytest.mark.parametrize("how", ["terminate", "kill"])
 def test_a_stopped_server_leaves_no_parser_process(tiny_checkpoint, how):
-    before = _parser_workers()
     s = Server("--checkpoint", tiny_checkpoint)
     deadline = time.monotonic() + 30
-    while not (_parser_workers() - before) and time.monotonic() < deadline:  # its worker starts with it
+    while not _parser_workers(s.proc.pid) and time.monotonic() < deadline:  # its worker starts with it
         time.sleep(0.1)
-    assert _parser_workers() - before
+    workers = _parser_workers(s.proc.pid)
+    assert workers
     getattr(s.proc, how)()
     s.proc.wait(20)
     deadline = time.monotonic() + 10
-    while (_parser_workers() - before) and time.monotonic() < deadline:
+    while _alive(workers) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not (_parser_workers() - before)
+    assert not _alive(workers)

@@ -73,6 +73,17 @@ def test_repository_serves_models_and_versions(models):
         assert not np.allclose(expected["v1"], expected["v2"], atol=1e-4)  # the versions differ
         index = {(m["name"], m.get("version")): m["state"] for m in client.get_model_repository_index()}
         assert index == {("ranker", "1"): "READY", ("ranker", "2"): "READY", ("other", "1"): "READY"}
+        # every answer names the version that gave it (it said "1" whatever answered)
+        body = json.dumps({"inputs": [{"name": "numerical", "datatype": "FP32", "shape": list(rows[0].shape),
+                                       "data": rows[0].tolist()},
+                                      {"name": "categorical", "datatype": "INT64", "shape": list(rows[1].shape),
+                                       "data": rows[1].tolist()}]}).encode()  # fmt: skip
+        for path, version in (("/v2/models/ranker/infer", "2"), ("/v2/models/ranker/versions/1/infer", "1")):
+            status, answer = server.post(body, path=path)
+            assert status == 200 and json.loads(answer)["model_version"] == version, answer
+        for bad in (b"xyz", b"[1]", b"5", b"null"):  # an index request that is no JSON object: a 400 in words
+            status, answer = server.post(bad, path="/v2/repository/index")
+            assert status == 400 and "JSON object" in json.loads(answer)["error"], answer
 
         client.unload_model("other")
         assert not client.is_model_ready("other")
