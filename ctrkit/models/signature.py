@@ -63,9 +63,8 @@ class Signature:
         """The signature of a model config given as a dict (as stored in checkpoints and exports; the
         ``multihot_`` spelling of exports written before ctrkit 0.2 is read too)."""
         multi = config.get("multi_hot_cardinalities", config.get("multihot_cardinalities")) or ()
-        raw = tuple(TensorSpec(f["name"], f["datatype"], (1,)) for f in config.get("features") or ())
         return cls(int(config["num_numerical"]), tuple(int(c) for c in config["cardinalities"]),
-                   tuple(int(c) for c in multi), raw)  # fmt: skip
+                   tuple(int(c) for c in multi))  # fmt: skip
 
     @property
     def inputs(self) -> tuple[TensorSpec, ...]:

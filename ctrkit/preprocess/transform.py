@@ -216,12 +216,6 @@ class RowTransform:
     def column_names(self) -> list[str]:
         return [c.name for c in self.columns]
 
-    def frame(self, values: Mapping[str, Any], rows: int) -> pl.DataFrame:
-        """The raw columns of ``rows`` rows from ``values`` (column -> a sequence of ``rows`` values: text,
-        bytes, numbers, None for missing; a column left out is missing in every row), each cast to the type it
-        was read as when the dataset was made (a value that does not parse as that type is missing)."""
-        return self.typed(self._raw_frame(values, rows))
-
     def _raw_frame(self, values: Mapping[str, Any], rows: int) -> pl.DataFrame:
         """The columns given, as sent (a column left out is added as missing by ``_typed_exprs``)."""
         unknown = [k for k in values if k not in self.column_names]
@@ -238,9 +232,17 @@ class RowTransform:
         return pl.DataFrame(series) if series else pl.DataFrame({"__rows": [None] * rows})
 
     def from_request(self, values: Mapping[str, Any], rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """The model's inputs of a request's raw values: ``frame`` and the transform in one query."""
+        """The model's inputs of ``rows`` rows given as ``values`` (column -> a sequence of ``rows`` values: text,
+        bytes, numbers, None for missing; a column left out is missing in every row), each cast to the type it was
+        read as when the dataset was made (a value that does not parse as that type is missing), in one query."""
         raw = self._raw_frame(values, rows)  # null values already made missing
         return self._inputs(raw, self._plan(raw.schema, typed=False, nulls_done=True), 0)
+
+    def raw_rows(self, df: pl.DataFrame, first_row: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """The model's inputs of raw rows as a file holds them (CSV text read with the ``null_values``, as
+        preprocessing read it; Parquet's types, whose texts preprocessing took as they are): ``typed`` and the
+        transform in one query; ``first_row`` numbers the rows in error messages."""
+        return self._inputs(df, self._plan(df.schema, typed=False, nulls_done=True), first_row)
 
     def typed(self, df: pl.DataFrame) -> pl.DataFrame:
         """``df``'s raw columns as the types they were read as (text that is one of ``null_values`` is missing;

@@ -149,7 +149,7 @@ def score_file(
             with open(tmp, "wb") as sink:
                 for block in _blocks(source, columns, separator, transform.null_values, block_rows):
                     try:
-                        inputs = transform(transform.typed(block.select(needed)), first_row=rows)
+                        inputs = transform.raw_rows(block, first_row=rows)
                     except RowError as e:
                         raise RowError(f"{source}: {e}") from None
                     probability = predictor(*inputs).reshape(-1)
