@@ -265,14 +265,17 @@ def ablation_rows(raw):
 
 @suite("checkpoint")
 def checkpoint_rows(raw):
-    """``ctrkit bench checkpoint``: a checkpoint's save and load, without and with the digest of its tensors
+    """``ctrkit bench checkpoint``: a checkpoint's save, load and memory-mapped open, without and with its digest
     (medians of interleaved rounds), and the digest's share."""
     columns = ["size (MiB)", "operation", "without digest (s)", "with digest (s)", "difference", "digest alone (s)",
                "digest alone / without", "rounds"]  # fmt: skip
     rows = []
     for _, data in raw:
         m = data["median_seconds"]
-        for op, share in (("save", data["save_overhead"]), ("load", data["load_overhead"])):
+        shares = [("save", data["save_overhead"]), ("load", data["load_overhead"])]
+        if "mmap_overhead" in data:
+            shares.append(("mmap", data["mmap_overhead"]))
+        for op, share in shares:
             rows.append([data["size_mb"], op, round(m[op], 3), round(m[f"{op}_digest"], 3), f"{share:+.1%}",
                          round(m["digest"], 3), f"{m['digest'] / m[op]:.1%}", data["rounds"]])  # fmt: skip
     return columns, rows

@@ -187,7 +187,7 @@ class Checkpoint:
         # the replicated weights from rank 0's file; the tables stay in the rank files
         from ctrkit.checkpoint_shards import read_rank_file, table_prefix
 
-        state = read_rank_file(self, 0, verify=False)["model"]  # read lazily: not every byte is read
+        state = read_rank_file(self, 0)["model"]  # verified (read once), then its pages read again on use
         prefixes = tuple(f"{table_prefix(n)}." for n in self.sharding or {})
         state = {k: v for k, v in state.items() if not k.startswith(prefixes)}
         missing = model.load_state_dict(state, assign=True, strict=False).missing_keys
@@ -329,15 +329,16 @@ def torch_save(obj: Any, path: str | os.PathLike) -> None:
 
 
 def load_checkpoint(
-    path: str | os.PathLike, mmap: bool = False, assemble: bool = True, verify: bool | None = None
+    path: str | os.PathLike, mmap: bool = False, assemble: bool = True, verify: bool = True
 ) -> Checkpoint:
     """Reads a checkpoint with ``weights_only=True`` (tensors and plain containers only).
 
-    With ``mmap``, tensors stay in the file (memory-mapped, read on use) instead of being loaded; ``verify``
-    (default: ``not mmap``) checks the digest of its tensors (a memory-mapped file is then read once, through the
-    page cache, which the kernel reclaims: a checkpoint larger than memory can be checked and read). A
-    sharded checkpoint (a hybrid-parallel run's) is assembled into whole tables unless ``assemble`` is
-    False (then ``model`` is empty and each rank reads its own file: ``read_rank_file``).
+    With ``mmap``, tensors stay in the file (memory-mapped, read on use) instead of being loaded. ``verify`` checks
+    the digest of its contents (a memory-mapped file is then read once, through the page cache, which the
+    kernel reclaims: a checkpoint larger than memory can be checked and read); only a reader that wants the
+    model's name and config and reads the file whole, verified, later turns it off. A sharded checkpoint (a
+    hybrid-parallel run's) is assembled into whole tables unless ``assemble`` is False (then ``model`` is empty
+    and each rank reads its own file: ``read_rank_file``); every rank file read is verified too.
     """
     path = Path(path)
     ckpt = Checkpoint.from_dict(read_torch_file(path, mmap, verify), str(path))
@@ -350,9 +351,9 @@ def load_checkpoint(
     return ckpt
 
 
-def read_torch_file(path: Path, mmap: bool = False, verify: bool | None = None) -> Any:
-    """What ``torch.load`` reads from ``path`` (tensors and plain containers only), its digest checked when
-    it has one. ``verify`` defaults to ``not mmap``: checking a memory-mapped file reads all of it."""
+def read_torch_file(path: Path, mmap: bool = False, verify: bool = True) -> Any:
+    """What ``torch.load`` reads from ``path`` (tensors and plain containers only), its digest checked (with
+    ``verify``) when it has one: checking a memory-mapped file reads all of it once, its pages then dropped."""
     if not path.exists():
         raise CheckpointError(f"{path}: checkpoint not found")
     try:
@@ -361,10 +362,10 @@ def read_torch_file(path: Path, mmap: bool = False, verify: bool | None = None) 
         raise CheckpointError(
             f"{path}: not a readable ctrkit checkpoint ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
         ) from None
-    problem = check(data) if (not mmap if verify is None else verify) else None
+    problem = check(data) if verify else None
     if problem is not None:
         raise CheckpointError(f"{path}: refused: {problem}")
-    if mmap and (not mmap if verify is None else verify):
+    if mmap and verify:
         _drop_read_pages(data)  # the check read every page in: back to the file (re-read on use)
     return data
 

@@ -141,8 +141,8 @@ def write_rank_file(path: Path, part: dict[str, Any], run: str, step: int, rank:
 
 def read_rank_file(ckpt: Checkpoint, rank: int, verify: bool = True) -> dict[str, Any]:
     """Rank ``rank``'s part of a sharded checkpoint read by ``load_checkpoint`` (memory-mapped), checked
-    against the manifest's record of it (run, step, rank, digest) and, with ``verify``, its tensors against
-    their digest (which reads the whole file)."""
+    against the manifest's record of it (run, step, rank, digest) and, with ``verify``, its contents against
+    their digest (which reads the whole file once)."""
     path = Path(ckpt.shard_files[rank])
     part = read_torch_file(path, mmap=True, verify=verify)
     if not isinstance(part, dict) or "model" not in part:
@@ -174,7 +174,7 @@ def assemble_shards(ckpt: Checkpoint, lazy: bool = False) -> Checkpoint:
     With ``lazy`` each table is a ``ShardedTableView`` over the rank files instead, from which a reader
     that holds only some shards (``load_full_tables``: ``table[rows, cols]``) reads just those rows and
     columns: nothing is assembled."""
-    parts = [read_rank_file(ckpt, r, verify=not lazy) for r in range(len(ckpt.shard_files))]
+    parts = [read_rank_file(ckpt, r) for r in range(len(ckpt.shard_files))]
     sharding = ckpt.sharding or {}
     prefixes = tuple(f"{table_prefix(n)}." for n in sharding)
     source = MappedSource(ckpt.shard_files) if lazy else None
@@ -286,7 +286,7 @@ def _view(
 def sharded_table_views(ckpt: Checkpoint, which: str = "model") -> dict[str, ShardedTableView]:
     """The flat tables of a sharded checkpoint as views over its rank files, by their module path
     (e.g. ``embeddings.onehot``); nothing is assembled."""
-    parts = [read_rank_file(ckpt, r, verify=False) for r in range(len(ckpt.shard_files or []))]
+    parts = [read_rank_file(ckpt, r) for r in range(len(ckpt.shard_files or []))]
     pieces = _table_pieces(ckpt.sharding or {}, parts, which)
     return {prefix: _view(found, rows, dim) for prefix, (rows, dim, found) in pieces.items()}
 

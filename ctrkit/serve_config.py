@@ -28,6 +28,9 @@ class ServeConfig:
     batch_window_ms: float = option(1.0, "how long a request may wait for others to be scored with it")
     max_batch_size: int = option(8192, "samples per model call and request")
     max_body_mb: float = option(64.0, "largest request body accepted, in MB")
+    body_timeout_s: float = option(
+        30.0, "seconds a request's body may take to arrive whole; a slower one gets a 408 and its connection is closed"
+    )
     embedding_store: str = option(
         "memory",
         "memory: tables in RAM; mmap: tables stay in the memory-mapped checkpoint and only cache_rows hot rows are "
@@ -52,6 +55,8 @@ class ServeConfig:
             raise ValueError(f"`max_batch_size`: expected an integer >= 1, got {self.max_batch_size}")
         if self.batch_window_ms < 0:
             raise ValueError(f"`batch_window_ms`: expected a number >= 0, got {self.batch_window_ms}")
+        if not self.body_timeout_s > 0:
+            raise ValueError(f"`body_timeout_s`: expected a positive number of seconds, got {self.body_timeout_s}")
         if not self.max_body_mb > 0:
             raise ValueError(f"`max_body_mb`: expected a positive size, got {self.max_body_mb}")
         if self.cache_rows < 0:

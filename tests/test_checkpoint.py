@@ -198,3 +198,36 @@ def test_checkpoints_are_written_without_the_crc_that_torch_load_does_not_check(
     (tmp_path / "changed.pt").write_bytes(bytes(raw))
     assert (torch.load(tmp_path / "changed.pt", weights_only=True)["w"] == -1.0).sum() == 1
     assert torch.utils.serialization.config.save.compute_crc32  # torch's own default is left as it was
+
+
+def _flip_value(path, old: bytes, new: bytes) -> None:
+    raw = path.read_bytes()
+    assert raw.count(old) == 1, "the value appears once in the file"
+    path.write_bytes(raw.replace(old, new))
+
+
+def test_digest_covers_values_as_well_as_tensors(tmp_path):
+    """One bit of a pickled number (the calibration scale 1.094 -> 0.547: its exponent's lowest bit) is refused
+    on load, as a flipped tensor byte is; a file sealed with the tensors-only digest of earlier ctrkit still loads."""
+    import struct
+
+    from ctrkit import integrity
+    from ctrkit.checkpoint import torch_save
+
+    cfg = multi_hot_config()
+    ckpt = Checkpoint("dlrm", config_to_dict(cfg), {"cardinalities": [5, 7]}, create_model("dlrm", cfg).state_dict(),
+                      step=3, calibration=1.094)  # fmt: skip
+    save_checkpoint(tmp_path / "c.pt", ckpt)
+    assert load_checkpoint(tmp_path / "c.pt").calibration == 1.094
+    good, bad = struct.pack(">d", 1.094), struct.pack(">d", 0.547)
+    assert sum(a != b for a, b in zip(good, bad)) == 1 and bin(good[1] ^ bad[1]).count("1") == 1  # one bit
+    _flip_value(tmp_path / "c.pt", good, bad)
+    with pytest.raises(CheckpointError, match="c.pt: refused: its data .tensors and values. does not match the digest"):
+        load_checkpoint(tmp_path / "c.pt")
+
+    old = ckpt.to_dict()
+    old[integrity.KEY] = {"algorithm": "xxh3_64", "value": integrity.tensor_digest(old, "xxh3_64")}
+    torch_save(old, tmp_path / "old.pt")
+    assert load_checkpoint(tmp_path / "old.pt").calibration == 1.094
+    _flip_value(tmp_path / "old.pt", good, bad)
+    assert load_checkpoint(tmp_path / "old.pt").calibration == 0.547  # what the old digest could not see

@@ -1,8 +1,10 @@
-"""What the tensors' digest (``ctrkit.integrity``) costs a checkpoint's save and load.
+"""What the digest (``ctrkit.integrity``) costs a checkpoint's save and load.
 
 Each round writes one checkpoint with the digest (``save_checkpoint``) and one without (the same atomic write
 of the same dict, unsealed), then reads each back (``read_torch_file``, verifying the first), the variants
-taking turns, and times the digest alone. Times are medians over rounds; the files are read from the page cache,
+taking turns, and times the digest alone. It also opens each memory-mapped (``mmap``: what ``serve
+--embedding-store mmap``, ``convert-checkpoint`` and a sharded checkpoint's lazy reads do), verifying the first:
+a verified memory-mapped open reads the whole file once and drops its pages. Times are medians over rounds; the files are read from the page cache,
 the fastest a load gets, so the digest's share is at its largest. Every step starts after ``os.sync()``, so a
 save pays its own writeback only; the digest's time against the plain save's is the cleaner measure of its
 share all the same.
@@ -50,18 +52,22 @@ def run_checkpoint_bench(cfg: CheckpointBenchConfig) -> dict[str, Any]:
         with atomic_file(plain_path) as tmp:
             torch_save(ckpt.to_dict(), tmp)
 
-    times: dict[str, list[float]] = {k: [] for k in ("save", "save_digest", "load", "load_digest", "digest")}
+    names = ("save", "save_digest", "load", "load_digest", "mmap", "mmap_digest", "digest")
+    times: dict[str, list[float]] = {k: [] for k in names}
     steps = {
         "save_digest": lambda: save_checkpoint(sealed_path, ckpt),
         "save": save_plain,
         "load_digest": lambda: read_torch_file(sealed_path, verify=True),
         "load": lambda: read_torch_file(plain_path, verify=False),
+        "mmap_digest": lambda: read_torch_file(sealed_path, mmap=True, verify=True),
+        "mmap": lambda: read_torch_file(plain_path, mmap=True, verify=False),
         "digest": lambda: tensor_digest(ckpt.to_dict()),
     }
     for r in range(cfg.rounds):  # which variant goes first alternates: neither always meets the other's writeback
         first, second = ("save_digest", "load_digest"), ("save", "load")
         a, b = (first, second) if r % 2 == 0 else (second, first)
-        order = (a[0], b[0], a[1], b[1], "digest")
+        c = ("mmap_digest", "mmap") if r % 2 == 0 else ("mmap", "mmap_digest")
+        order = (a[0], b[0], a[1], b[1], *c, "digest")
         for name in order:
             os.sync()  # each save pays its own writeback, not the one before it
             times[name].append(_timed(steps[name]))
@@ -75,5 +81,6 @@ def run_checkpoint_bench(cfg: CheckpointBenchConfig) -> dict[str, Any]:
         "median_seconds": median,
         "save_overhead": median["save_digest"] / median["save"] - 1,
         "load_overhead": median["load_digest"] / median["load"] - 1,
+        "mmap_overhead": median["mmap_digest"] / median["mmap"] - 1,
         "digest_share_of_save": median["digest"] / median["save"],
     }

@@ -110,7 +110,8 @@ def atomic_directory(out_dir: str | os.PathLike, overwrite: bool = False, needs:
     """Yields a temporary directory beside ``out_dir`` and renames it to ``out_dir`` on success.
 
     An interrupted or failed write leaves no directory that looks complete: the temporary one is
-    removed, and an existing ``out_dir`` is replaced only at the end (and only with ``overwrite``).
+    removed, and an existing ``out_dir`` is replaced only at the end (and only with ``overwrite``): a
+    directory that another process made meanwhile is never removed without ``overwrite``.
     A full, read-only or forbidden disk is a ``DiskError`` naming ``out_dir`` and what it needed
     (``needs``, an estimate in bytes, is also checked against the free space before anything is written).
 
@@ -125,9 +126,17 @@ def atomic_directory(out_dir: str | os.PathLike, overwrite: bool = False, needs:
     try:
         yield tmp
         os.chmod(tmp, 0o755)  # mkdtemp creates 0700
-        if out.exists():
+        if out.exists() and overwrite:
             shutil.rmtree(out)
-        os.replace(tmp, out)
+        try:
+            os.replace(tmp, out)  # fails on a directory that is not empty: one that appeared meanwhile
+        except OSError as e:
+            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+                raise
+            raise ValueError(
+                f"{out}: appeared while this was written (another process?); it is left as it is and this "
+                "result discarded; set `overwrite` to replace it, or write elsewhere"
+            ) from None
     except BaseException as e:
         written = _size(tmp)
         shutil.rmtree(tmp, ignore_errors=True)

@@ -179,7 +179,7 @@ class Scoring:
         par = parallel or ParallelConfig()
         distributed = launched_by_torchrun()
         # memory-mapped and checked: the model takes the file's tables (no second copy, tables larger than memory)
-        ckpt = load_checkpoint(checkpoint, mmap=True, assemble=not distributed, verify=True)
+        ckpt = load_checkpoint(checkpoint, mmap=True, assemble=not distributed)
         spec = FeatureSpec.from_yaml(dataset)
         ckpt.check_spec(spec.summary(), str(spec.base_dir), allow_other_vocabulary)
         if distributed and ckpt.models_averaged > 1:

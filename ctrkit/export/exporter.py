@@ -8,7 +8,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -17,11 +20,12 @@ import torch
 from ctrkit.checkpoint import load_checkpoint
 from ctrkit.config import EXPORT_FORMATS as FORMATS
 from ctrkit.config import QUANTIZATIONS
-from ctrkit.data.atomic import atomic_directory
+from ctrkit.data.atomic import atomic_directory, disk_error, remove_stale_temporaries
+from ctrkit.integrity import seal_files
 from ctrkit.models.dynamic import DYNAMIC_FILE, frozen_arrays
 from ctrkit.models.signature import MULTI_HOT, PROBABILITY, InferenceModel, Signature
 from ctrkit.preprocess.transform import RECORD_FILE
-from ctrkit.serve.repository import check_name, inside
+from ctrkit.serve.repository import MAX_VERSION, check_name, inside
 
 ONNX_OPSET = 18
 PYTHON_BACKEND = "python"  # a Triton export whose model is triton_python_model.py: raw values in, as Merlin serves
@@ -144,8 +148,11 @@ def export_checkpoint(
         raise ValueError(f"Triton backend must be onnx, torchscript or python, got '{backend}'")
     if quantize not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got '{quantize}'")
-    if version is not None and (fmt != "triton" or version < 1):
-        raise ValueError(f"`version` applies to triton exports and must be >= 1, got {version} for {fmt}")
+    if version is not None and (fmt != "triton" or not 1 <= version <= MAX_VERSION):
+        raise ValueError(
+            f"`version` applies to triton exports and must be from 1 to {MAX_VERSION} (an int64), got {version} "
+            f"for {fmt}"
+        )
     kind = (backend if backend != PYTHON_BACKEND else "onnx") if fmt == "triton" else fmt
     if quantize != "none" and kind != "onnx":
         raise ValueError(f"quantization {quantize} applies to ONNX models; this export writes {kind}")
@@ -174,7 +181,7 @@ def export_checkpoint(
     out = Path(out_dir)
     if config:
         inside(out, out / name)  # a model directory linked to elsewhere is not written through
-    target = _triton_version_dir(out / name, config, version, overwrite) if config else out
+        _triton_version_dir(out / name, config, version, overwrite)  # refused now rather than after the work
     wrapper = InferenceModel(ckpt.build_model().cpu(), signature, ckpt.calibration).eval()
     dynamic = wrapper.dynamic  # raw ids: the graph takes rows; the server translates with the exported maps
     wrapper.dynamic = None
@@ -185,11 +192,9 @@ def export_checkpoint(
     if dynamic is not None:
         meta["dynamic_ids"] = DYNAMIC_FILE
     summary: dict = {"format": fmt, "name": name, "quantize": quantize}
-    # a new model of a repository appears whole (config, metadata, first version); a new version alone
-    new_model = config is not None and not (out / name).exists()
-    with atomic_directory(out / name if new_model else target, overwrite) as tmp:
-        where = tmp / target.name if new_model else tmp
-        where.mkdir(exist_ok=True)
+
+    def write(where: Path) -> None:
+        """The export's files in ``where``, sealed with their digests."""
         model_file = where / _model_file(kind)
         if kind == "onnx":
             float_file = where / "model.fp32.onnx" if quantize == "int8" else model_file
@@ -206,16 +211,22 @@ def export_checkpoint(
             transform.write(where)
         if platform == PYTHON_BACKEND:
             shutil.copyfile(TRITON_PYTHON_MODEL, where / "model.py")
-        text = json.dumps({**meta, "file": model_file.name}, indent=2) + "\n"
-        (where / "ctrkit_model.json").write_text(text)
-        if new_model:
-            (tmp / "ctrkit_model.json").write_text(text)
-            (tmp / "config.pbtxt").write_text(config)
-        written = sorted(p.relative_to(tmp) for p in tmp.rglob("*") if p.is_file())
-    base = Path(name) if new_model else target.relative_to(out) if config else Path()
-    summary["files"] = [str(base / p) for p in written]
-    if config:
-        summary["version"] = int(target.name)
+        (where / "ctrkit_model.json").write_text(json.dumps({**meta, "file": model_file.name}, indent=2) + "\n")
+        seal_files(where)
+
+    if not config:
+        with atomic_directory(out, overwrite) as tmp:
+            write(tmp)
+            written = sorted(p.relative_to(tmp) for p in tmp.rglob("*") if p.is_file())
+        summary["files"] = [str(p) for p in written]
+        return summary
+    with staging_directory(out, name) as staged:
+        write(staged)
+        written = sorted(p.relative_to(staged) for p in staged.rglob("*") if p.is_file())
+        number, new_model = _place_version(out, name, staged, config, version, overwrite)
+    model_files = ["config.pbtxt", "ctrkit_model.json"] if new_model else []
+    summary["files"] = [f"{name}/{f}" for f in model_files] + [f"{name}/{number}/{p}" for p in written]
+    summary["version"] = number
     return summary
 
 
@@ -223,20 +234,103 @@ def _model_file(kind: str) -> str:
     return "model.onnx" if kind == "onnx" else "model.pt"
 
 
+@contextmanager
+def staging_directory(out: Path, name: str) -> Iterator[Path]:
+    """A temporary directory in the repository ``out`` where a version of model ``name`` is written before it is
+    placed; removed afterwards whatever happens (a killed export's is removed by the next export of ``name``). A
+    full, read-only or forbidden disk is a ``DiskError`` naming the model directory."""
+    target = out / name
+    tmp = None
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(target)
+        tmp = Path(tempfile.mkdtemp(dir=out, prefix=f".{name}.tmp-{os.getpid()}-"))
+        yield tmp
+    except BaseException as e:
+        problem = disk_error(e, target, 0, None)
+        if problem is not None:
+            raise problem from None
+        raise
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextmanager
+def repository_lock(out: Path) -> Iterator[None]:
+    """Holds an flock on the repository directory ``out`` itself (no lock file; the kernel releases it when its
+    holder dies) while one export places its version: versions are chosen and created one export at a time."""
+    import fcntl
+
+    fd = os.open(out, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _place_version(
+    out: Path, name: str, staged: Path, config: str, version: int | None, overwrite: bool
+) -> tuple[int, bool]:
+    """Moves the version written in ``staged`` into model ``name`` of repository ``out``, under the model's lock:
+    its number chosen then (``version``, or one after the newest), a new model created whole (config, metadata,
+    the version) by one rename that fails rather than replace a directory made meanwhile. Returns the number and
+    whether the model is new."""
+    model_dir = out / name
+    os.chmod(staged, 0o755)  # mkdtemp creates 0700
+    with repository_lock(out):
+        inside(out, model_dir)
+        target = _triton_version_dir(model_dir, config, version, overwrite)
+        number = int(target.name)
+        if model_dir.exists():
+            if target.exists():  # replaced (overwrite): the old version set aside, then removed
+                old = Path(tempfile.mkdtemp(dir=out, prefix=f".{name}.tmp-{os.getpid()}-"))
+                os.replace(target, old / "old")
+                os.replace(staged, target)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(staged, target)
+            return number, False
+        model = Path(tempfile.mkdtemp(dir=out, prefix=f".{name}.tmp-{os.getpid()}-"))
+        try:
+            os.chmod(model, 0o755)
+            os.replace(staged, model / str(number))
+            shutil.copyfile(model / str(number) / "ctrkit_model.json", model / "ctrkit_model.json")
+            (model / "config.pbtxt").write_text(config)
+            try:
+                os.replace(model, model_dir)
+            except OSError as e:
+                raise ValueError(
+                    f"{model_dir}: appeared while this export ran, not by a ctrkit export; left as it is and this "
+                    f"export discarded ({e.strerror})"
+                ) from None
+        finally:
+            shutil.rmtree(model, ignore_errors=True)
+        return number, True
+
+
 def _triton_version_dir(model_dir: Path, config: str, version: int | None, overwrite: bool) -> Path:
     """The version directory a Triton export writes in ``model_dir`` (a model of a repository, new or
     existing), after checking that the export fits the model's existing config."""
     existing: list[int] = []
     if model_dir.exists():
-        if not (model_dir / "config.pbtxt").is_file():
+        config_file = model_dir / "config.pbtxt"
+        if not config_file.is_file():
             raise ValueError(f"{model_dir}: exists but holds no config.pbtxt; expected a model of a Triton repository")
-        if (model_dir / "config.pbtxt").read_text().rstrip("\n") != config.rstrip("\n"):
+        inside(model_dir.parent, config_file)  # a config linked to elsewhere is neither read nor trusted
+        if config_file.read_text().rstrip("\n") != config.rstrip("\n"):
             raise ValueError(
-                f"{model_dir / 'config.pbtxt'}: this model's versions take other inputs or another platform than "
+                f"{config_file}: this model's versions take other inputs or another platform than "
                 f"this export (a model's versions share one config); export it under another --name"
             )
         existing = sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
     number = version or (existing[-1] + 1 if existing else 1)
+    if number > MAX_VERSION:
+        raise ValueError(
+            f"{model_dir}: version {number} is beyond Triton's largest ({MAX_VERSION}, an int64)"
+            + ("; the newest version's number leaves no next one: give --version" if version is None else "")
+        )
     target = model_dir / str(number)
     if target.exists() and not overwrite:
         raise ValueError(

@@ -7,6 +7,7 @@ the last two from a directory written by ``ctrkit export``.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -14,6 +15,8 @@ import numpy as np
 import torch
 
 from ctrkit.models.signature import PROBABILITY, InferenceModel, Signature
+
+log = logging.getLogger("ctrkit.serve")
 
 
 class Predictor:
@@ -141,6 +144,7 @@ class Predictor:
         ``ctrkit_model.json`` when the version directory has one, else the model directory's). With
         ``repository``, every file read must resolve inside it."""
         from ctrkit.export.exporter import find_model_dir
+        from ctrkit.integrity import FILES, check_files
         from ctrkit.serve.repository import check_name, check_version, inside
 
         root = find_model_dir(model_dir)
@@ -160,6 +164,9 @@ class Predictor:
         path = inside(repository, files[0]) if repository is not None else files[0]
         if repository is not None:
             inside(repository, meta_file)
+        if not check_files(path.parent):  # every exported file against digests.json, before any is used
+            log.warning("%s: no %s (exported before ctrkit sealed exports): its files are not checked", path.parent,
+                        FILES)  # fmt: skip
         predictor = cls._from_file(meta, path)
         if meta.get("preprocessing"):  # the raw rows' preprocessing, beside the model file
             from ctrkit.preprocess.transform import RECORD_FILE, RowTransform

@@ -178,7 +178,8 @@ def parse_request(body: bytes, header_length: str | None, signature: Signature) 
     seen: set[str] = set()
     offset = 0
     items = doc["inputs"]
-    names = [item.get("name") if isinstance(item, dict) else None for item in items]
+    names = [item.get("name") if isinstance(item, dict) and isinstance(item.get("name"), str) else None
+             for item in items]  # fmt: skip
     if raw_names and items and not any(n in expect for n in names):  # raw values by column
         raw: dict[str, list | np.ndarray] = {}
         rows: set[int] = set()

@@ -14,6 +14,7 @@ from pathlib import Path
 
 log = logging.getLogger("ctrkit.serve")
 PLATFORMS = ("onnxruntime_onnx", "pytorch_libtorch", "python")
+MAX_VERSION = 2**63 - 1  # Triton's versions are int64
 
 
 def check_name(name: str, what: str = "model name") -> str:
@@ -25,13 +26,17 @@ def check_name(name: str, what: str = "model name") -> str:
         raise ValueError(f"{what} {name!r} holds the control character {bad!r}; expected one path component")
     if "/" in name or "\\" in name or name in (".", ".."):
         raise ValueError(f"{what} {name!r} is not one path component (no '/', '\\', '.' or '..')")
+    if '"' in name:
+        raise ValueError(f"{what} {name!r} holds a double quote, which config.pbtxt's quoted name cannot hold")
     return name
 
 
 def check_version(version: str) -> str:
-    """``version`` when it is a version number (digits), else a one-line ValueError."""
+    """``version`` when it is a version number (digits, at most Triton's int64), else a one-line ValueError."""
     if not version.isascii() or not version.isdigit():
         raise ValueError(f"model version {version!r} is not a version number (expected digits, such as '1')")
+    if int(version) > MAX_VERSION:
+        raise ValueError(f"model version {version} is beyond Triton's largest ({MAX_VERSION}, an int64)")
     return version
 
 
@@ -91,7 +96,8 @@ class ModelRepository:
 
     def versions(self, model: str) -> list[str]:
         folder = self.folder(model)
-        return sorted((p.name for p in folder.iterdir() if p.is_dir() and p.name.isdigit()), key=int)
+        found = (p.name for p in folder.iterdir() if p.is_dir() and p.name.isascii() and p.name.isdigit())
+        return sorted((v for v in found if int(v) <= MAX_VERSION), key=int)
 
     def load(self, model: str) -> dict:
         """Every version of ``model`` that loads, as Predictors (a ValueError naming what is wrong when none
@@ -101,7 +107,7 @@ class ModelRepository:
         folder = self.folder(model)
         if not (folder / "config.pbtxt").is_file():
             raise ValueError(f"{folder}: no such model in the repository (expected {folder / 'config.pbtxt'})")
-        read_config(folder / "config.pbtxt", model)
+        read_config(inside(self.root, folder / "config.pbtxt"), model)
         versions = self.versions(model)
         if not versions:
             raise ValueError(f"{folder}: no numbered version directories")

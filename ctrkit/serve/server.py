@@ -31,6 +31,7 @@ from ctrkit.serve.protocol import HEADER_LENGTH, RequestError, encode_response, 
 from ctrkit.serve.repository import ModelRepository, check_name, check_version
 
 DEFAULT_MAX_BODY = 64 << 20
+BODY_TIMEOUT_S = 30.0  # a body that takes longer to arrive gets a 408 (a client that sends half a request and waits)
 LARGE_BODY = 1 << 20  # bodies from this size on are parsed in a worker process
 log = logging.getLogger("ctrkit.serve")
 
@@ -112,10 +113,12 @@ def create_app(
     max_batch_size: int = 8192,
     max_body: int = DEFAULT_MAX_BODY,
     repository: ModelRepository | None = None,
+    body_timeout_s: float = BODY_TIMEOUT_S,
 ) -> FastAPI:
     """The FastAPI application serving ``predictor`` as model ``name`` (version 1), or, with ``repository``,
     every model of a Triton-layout model repository (each version; the newest where a request names none),
-    with the repository extension's index, load and unload."""
+    with the repository extension's index, load and unload. A request body that has not arrived whole after
+    ``body_timeout_s`` seconds is answered 408 and its connection closed."""
     metrics = ServerMetrics()
     models: dict[str, dict[str, Served]] = {}  # name -> version -> served; replaced whole, never edited
     parser = ThreadPoolExecutor(2, thread_name_prefix="ctrkit-parse")  # responses out
@@ -175,6 +178,33 @@ def create_app(
     app.state.models = models
     app.state.metrics = metrics
     tensors = lambda specs: [{"name": t.name, "datatype": t.datatype, "shape": t.shape()} for t in specs]
+
+    class BodyTimeout(Exception):
+        pass
+
+    async def read_body(request: Request, limit: int) -> tuple[bytes, int]:
+        """The body (its first ``limit`` bytes: an oversized one is read to its end, not kept, so the client gets
+        the 400 rather than a reset connection) and its size; BodyTimeout when it does not arrive in time."""
+        body, seen = bytearray(), [0]
+
+        async def collect() -> None:
+            async for chunk in request.stream():
+                seen[0] += len(chunk)
+                if seen[0] <= limit:
+                    body.extend(chunk)
+
+        try:
+            await asyncio.wait_for(collect(), body_timeout_s)
+        except asyncio.TimeoutError:
+            raise BodyTimeout(seen[0]) from None
+        return bytes(body), seen[0]
+
+    def too_slow(seen: int) -> JSONResponse:
+        return JSONResponse(
+            {"error": f"the request body did not arrive whole within {body_timeout_s:g} s ({seen} bytes came)"},
+            status_code=408,
+            headers={"connection": "close"},
+        )
 
     def error(status: int, message: str) -> JSONResponse:
         return JSONResponse({"error": message}, status_code=status)
@@ -252,11 +282,10 @@ def create_app(
         """The response (or error response) to one request for a served model version, and the version
         that answered it (a version loaded while the body arrived answers in place of the one looked up)."""
         signature = served.predictor.signature
-        body, seen = bytearray(), 0
-        async for chunk in request.stream():  # an oversized body is read to its end (not kept), so the
-            seen += len(chunk)  # client gets the 400 rather than a reset connection
-            if seen <= max_body:
-                body += chunk
+        try:
+            body, seen = await read_body(request, max_body)
+        except BodyTimeout as e:
+            return too_slow(e.args[0]), served
         if seen > max_body:
             return error(400, f"the request body of {seen} bytes exceeds the limit of {max_body} bytes"), served
         try:
@@ -294,7 +323,12 @@ def create_app(
 
         @app.post("/v2/repository/index")
         async def repository_index(request: Request):
-            body = await request.body()
+            try:
+                body, seen = await read_body(request, 1 << 20)
+            except BodyTimeout as e:
+                return too_slow(e.args[0])
+            if seen > 1 << 20:
+                return error(400, f"the index request of {seen} bytes exceeds the limit of {1 << 20} bytes")
             try:
                 doc = json.loads(body) if body.strip() else {}
             except (ValueError, UnicodeDecodeError, RecursionError):
@@ -352,13 +386,14 @@ def serve(
     max_body: int = DEFAULT_MAX_BODY,
     sock: socket.socket | None = None,
     repository: ModelRepository | None = None,
+    body_timeout_s: float = BODY_TIMEOUT_S,
 ) -> None:
     """Runs the server until interrupted (uvicorn with uvloop and httptools when installed), on ``sock``
     when given (see ``bind``), else on a socket bound to ``host``:``port`` now; ``repository`` instead
     of ``predictor`` serves a model repository."""
     import uvicorn
 
-    app = create_app(predictor, name, window_ms, max_batch_size, max_body, repository)
+    app = create_app(predictor, name, window_ms, max_batch_size, max_body, repository, body_timeout_s)
     sock = sock if sock is not None else bind(host, port)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
     server.run(sockets=[sock])

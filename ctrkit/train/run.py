@@ -186,7 +186,7 @@ def resolve_run(
     if model is None and run.get("model") is None and source is not None:  # the checkpoint's model
         from ctrkit.checkpoint import load_checkpoint as read
 
-        model = read(source, mmap=True, assemble=False).model_name
+        model = read(source, mmap=True, assemble=False, verify=False).model_name  # verified when loaded
     name = model or run.get("model") or DEFAULT_MODEL
     chosen = get_recipe(recipe or run.get("recipe"))
     recipe_train, recipe_model = chosen.layers(name)
@@ -198,7 +198,7 @@ def resolve_run(
     if source is not None:  # the model is the checkpoint's, whatever else says
         from ctrkit.checkpoint import load_checkpoint as read
 
-        ckpt = read(source, mmap=True, assemble=False)  # the model's name and config only
+        ckpt = read(source, mmap=True, assemble=False, verify=False)  # name and config; verified when loaded
         if ckpt.model_name != name:
             raise ValueError(f"{source}: checkpoint holds a '{ckpt.model_name}' model, not '{name}'")
         model_cfg = make_config(name, ckpt.model_config)
@@ -316,11 +316,11 @@ class Run(SeedEnsemble):
         if spec.load_checkpoint is not None:  # a rank reads only its own file of a sharded checkpoint
             # memory-mapped and checked: restoring copies it into the model's tables (in memory or on disk) a block
             # of pages at a time, so a checkpoint larger than memory resumes
-            ckpt = load_checkpoint(spec.load_checkpoint, mmap=True, assemble=self.env is None, verify=True)
+            ckpt = load_checkpoint(spec.load_checkpoint, mmap=True, assemble=self.env is None)
             ckpt.check_spec(feature_spec.summary(), str(feature_spec.base_dir), spec.allow_other_vocabulary)
         self.continued = None  # the checkpoint a new run continues from (``--continue-from``)
         if spec.continue_from is not None:
-            self.continued = load_checkpoint(spec.continue_from, mmap=True, assemble=self.env is None, verify=True)
+            self.continued = load_checkpoint(spec.continue_from, mmap=True, assemble=self.env is None)
             self.continued.check_spec(feature_spec.summary(), str(feature_spec.base_dir), spec.allow_other_vocabulary)
         self.is_main = self.env is None or self.env.is_main
         self.feature_spec, self.test_set, self.validation_set = feature_spec, test_set, validation_set

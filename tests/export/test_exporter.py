@@ -186,7 +186,8 @@ def test_triton_export_adds_versions_to_an_existing_repository(tiny_checkpoint, 
     assert code == 0 and "version 2" in out
     after = _tree(repo)
     assert {k: v for k, v in after.items() if not k.startswith("ctr/2/")} == before  # nothing else touched
-    assert set(k for k in after if k.startswith("ctr/2/")) == {"ctr/2/model.onnx", "ctr/2/ctrkit_model.json"}
+    assert set(k for k in after if k.startswith("ctr/2/")) == {
+        "ctr/2/model.onnx", "ctr/2/ctrkit_model.json", "ctr/2/digests.json"}  # fmt: skip
     assert export("--name", "ctr", "--version", "7")[0] == 0
     assert export("--name", "ctr")[0] == 0
     assert sorted(p.name for p in (repo / "ctr").iterdir() if p.is_dir()) == ["1", "2", "7", "8"]
@@ -240,4 +241,5 @@ def test_exports_warn_about_nothing(tiny_checkpoint, tmp_path, caplog):
         for fmt, quantize in (("onnx", "none"), ("onnx", "int8"), ("torchscript", "none")):
             export_checkpoint(tiny_checkpoint, tmp_path / f"{fmt}-{quantize}", fmt, quantize=quantize)
     assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-    assert sorted(p.name for p in (tmp_path / "onnx-int8").iterdir()) == ["ctrkit_model.json", "model.onnx"]
+    assert sorted(p.name for p in (tmp_path / "onnx-int8").iterdir()) == [
+        "ctrkit_model.json", "digests.json", "model.onnx"]  # fmt: skip

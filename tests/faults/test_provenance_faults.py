@@ -54,12 +54,19 @@ def test_a_flipped_byte_in_a_checkpoint_is_refused_by_every_reader(tiny_dataset,
     for command, *args in (("evaluate", "--dataset", tiny_dataset), ("predict", "--dataset", tiny_dataset, "--out",
                            tmp_path / "p.npy"), ("export", "--format", "onnx", "--out", tmp_path / "x"),
                            ("train", "--dataset", tiny_dataset, "--max-steps", "2", "--save-checkpoint",
-                            tmp_path / "n.pt", *small_model_flags())):  # fmt: skip
+                            tmp_path / "n.pt", *small_model_flags()),
+                           ("convert-checkpoint", "--out", tmp_path / "c2.pt", "--world-size", "2"),
+                           ("convert-checkpoint", "--out", tmp_path / "c1.pt")):  # fmt: skip
         flag = "--load-checkpoint" if command == "train" else "--checkpoint"
         proc = run_process(command, flag, ckpt, *args)
         assert proc.returncode == 2, (command, proc.stderr[-2000:])
         one_line_error(proc.stderr, command, str(ckpt), "does not match the digest")
-    assert not (tmp_path / "p.npy").exists() and not (tmp_path / "x").exists()
+    assert not [p.name for p in tmp_path.iterdir() if p.name not in ("m.pt",)]  # nothing written from it
+    from ctrkit.checkpoint import CheckpointError
+    from ctrkit.serve.predictor import load_predictor
+
+    with pytest.raises(CheckpointError, match="does not match the digest"):  # the server's memory-mapped store too
+        load_predictor(ckpt, None, embedding_store="mmap")
 
 
 def test_a_rank_file_from_another_run_of_the_same_shape_is_refused(tiny_dataset, two_runs, tmp_path):
@@ -91,9 +98,13 @@ def test_a_flipped_byte_in_a_rank_file_is_refused(tiny_dataset, two_runs, tmp_pa
     shutil.copytree(two_runs / "a", a)
     r1 = rank_files(a / "s.pt")[1]
     flip_a_tensor_byte(r1)
-    proc = run_process("evaluate", "--checkpoint", a / "s.pt", "--dataset", tiny_dataset)
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    one_line_error(proc.stderr, "evaluate", r1.name, "does not match the digest")
+    for command, *args in (("evaluate", "--dataset", tiny_dataset),
+                           ("convert-checkpoint", "--out", tmp_path / "c1.pt"),
+                           ("convert-checkpoint", "--out", tmp_path / "c3.pt", "--world-size", "3")):  # fmt: skip
+        proc = run_process(command, "--checkpoint", a / "s.pt", *args)
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        one_line_error(proc.stderr, command, r1.name, "does not match the digest")
+    assert not (tmp_path / "c1.pt").exists() and not (tmp_path / "c3.pt").exists()
 
 
 def write_table(path, names, seed):

@@ -100,6 +100,27 @@ def test_malformed_bodies_are_400s_in_words_and_counted(server, rows):
     assert status == 200 and body["model_version"] == "1"
 
 
+def test_a_body_that_never_arrives_whole_is_a_408(tiny_checkpoint):
+    """A client that sends the headers and half the body, then waits, held its request open for ever: after
+    --body-timeout-s it gets a 408 in words, counted as a failure, and its connection is closed."""
+    s = Server("--checkpoint", tiny_checkpoint, "--body-timeout-s", "1")
+    try:
+        with socket.create_connection(("127.0.0.1", s.port), timeout=20) as c:
+            c.sendall(b"POST /v2/models/dlrm/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"inputs\"")
+            started = time.monotonic()
+            answer = b""
+            while chunk := c.recv(65536):  # until the server closes the connection
+                answer += chunk
+            waited = time.monotonic() - started
+        assert answer.startswith(b"HTTP/1.1 408") and b"did not arrive whole within 1 s (9 bytes came)" in answer
+        assert 0.9 < waited < 15
+        with urllib.request.urlopen(f"http://{s.url}/metrics", timeout=10) as r:
+            assert 'nv_inference_request_failure{model="dlrm",version="1"} 1' in r.read().decode()
+        assert s.healthy()
+    finally:
+        s.stop()
+
+
 def test_deeply_nested_json_is_a_400_not_a_500(server):
     status, body = post(server, b"[" * 100_000 + b"]" * 100_000)
     assert status == 400 and "nested too deeply" in body["error"]
