@@ -1,13 +1,13 @@
 """What the digest (``ctrkit.integrity``) costs a checkpoint's save and load.
 
-Each round writes one checkpoint with the digest (``save_checkpoint``) and one without (the same atomic write
-of the same dict, unsealed), then reads each back (``read_torch_file``, verifying the first), the variants
-taking turns, and times the digest alone. It also opens each memory-mapped (``mmap``: what ``serve
---embedding-store mmap``, ``convert-checkpoint`` and a sharded checkpoint's lazy reads do), verifying the first:
-a verified memory-mapped open reads the whole file once and drops its pages. Times are medians over rounds; the files are read from the page cache,
-the fastest a load gets, so the digest's share is at its largest. Every step starts after ``os.sync()``, so a
-save pays its own writeback only; the digest's time against the plain save's is the cleaner measure of its
-share all the same.
+Each round writes one checkpoint with the digest (``save_checkpoint``) and one without (the same atomic write of the
+same dict, unsealed), then reads each back (``read_torch_file``, verifying the first), the variants taking turns,
+and times the digest alone. It also opens each memory-mapped (``mmap``: what ``serve --embedding-store mmap``,
+``convert-checkpoint`` and a sharded checkpoint's lazy reads do), verifying the first: a verified memory-mapped open
+reads the whole file once and drops its pages. Times are medians over rounds; the files are read from the page
+cache, the fastest a load gets, so the digest's share is at its largest. Every step starts after ``os.sync()``, so a
+save pays its own writeback only; the digest's time against the plain save's is the cleaner measure of its share all
+the same.
 """
 
 from __future__ import annotations

@@ -106,7 +106,7 @@ def test_a_body_that_never_arrives_whole_is_a_408(tiny_checkpoint):
     s = Server("--checkpoint", tiny_checkpoint, "--body-timeout-s", "1")
     try:
         with socket.create_connection(("127.0.0.1", s.port), timeout=20) as c:
-            c.sendall(b"POST /v2/models/dlrm/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"inputs\"")
+            c.sendall(b'POST /v2/models/dlrm/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{"inputs"')
             started = time.monotonic()
             answer = b""
             while chunk := c.recv(65536):  # until the server closes the connection

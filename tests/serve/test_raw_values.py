@@ -312,7 +312,7 @@ def test_generated_bodies_get_an_answer_in_words_and_the_server_stays_up(trained
     _, _, _, test_rows = trained
     valid = json.loads(json.dumps({"inputs": [{"name": name, "datatype": kind, "shape": [2], "data": data}
                                               for name, kind, data in _json_columns(test_rows.head(2))]}))  # fmt: skip
-    leaf = (st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=6))
+    leaf = st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=6)
     value = st.recursive(leaf, lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=6), c, max_size=3),
                          max_leaves=10)  # fmt: skip
     name = st.sampled_from([*COLUMNS, "numerical", "categorical", "multi_hot", "unknown", ""])
