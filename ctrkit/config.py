@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from ctrkit.field_types import check_fields
+
 DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam", "rmsprop")
 TABLE_OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad", "adam", "ftrl")
 EXPORT_FORMATS = ("onnx", "torchscript", "triton")
@@ -325,6 +327,7 @@ class TrainConfig:
         unknown = set(values) - known
         if unknown:
             raise ValueError(f"unknown training option(s) {sorted(unknown)}; known: {sorted(known)}")
+        check_fields(cls, values, "training settings")
         # run files written when an unset ensemble size was chosen by data size: one model now
         values = {**values, **{k: 1 for k in ("snapshot_ensemble", "seed_ensemble") if values.get(k, 1) is None}}
         cfg = cls(**values)

@@ -53,6 +53,18 @@ CHANNEL_ALIASES = {
 MULTI_HOT_CHANNELS = ("multihot_categorical",)
 
 CHUNK_TYPES = ("split_binary", "csv", "parquet")
+MAX_CAPACITY = 2**31 - 1  # rows of a dynamic (raw-id) table at most: its id map holds rows as int32
+
+
+def check_capacity(capacity: int | None, where: str = "`capacity`") -> None:
+    """A one-line ValueError unless ``capacity`` (rows of a raw-id column's table) is None or 2 to MAX_CAPACITY."""
+    if capacity is not None and not 2 <= capacity <= MAX_CAPACITY:
+        raise ValueError(
+            f"{where} must be from 2 rows (the rare row and one id) to {MAX_CAPACITY:,} (a dynamic table's rows are "
+            f"int32), got {capacity:,}"
+        )
+
+
 INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8")
 FLOAT_DTYPES = ("float16", "float32", "float64")
 DTYPES = INT_DTYPES + FLOAT_DTYPES + ("bool",)

@@ -24,7 +24,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ctrkit.data.atomic import atomic_directory
-from ctrkit.data.feature_spec import Feature, FeatureSpec
+from ctrkit.data.feature_spec import Feature, FeatureSpec, check_capacity
 from ctrkit.data.spec_builders import split_binary_spec
 from ctrkit.data.split_binary import SplitBinaryWriter
 from ctrkit.eval.metrics import roc_auc
@@ -122,10 +122,12 @@ def write_stream(out: str | os.PathLike, days: int, rows: int, vocabularies: Seq
     table holds ``capacity`` x the feature's vocabulary rows (at least 2). Returns the day directories."""
     if days < 1 or rows < 30:
         raise ValueError(f"a stream needs at least 1 day of at least 30 rows, got {days} days of {rows}")
-    if capacity <= 0:
-        raise ValueError(f"`capacity` must be positive (a share of each feature's vocabulary), got {capacity}")
+    if not 0 < capacity < float("inf"):
+        raise ValueError(f"`capacity` must be a positive share of each feature's vocabulary, got {capacity}")
     model = DriftingStream(vocabularies, days, seed, num_numerical=num_numerical)
     capacities = [max(2, int(round(capacity * v)) + 1) for v in model.vocabularies]
+    for v, rows in zip(model.vocabularies, capacities):
+        check_capacity(rows, f"`capacity` {capacity:g} x a vocabulary of {v:,} ids")
     rng = np.random.default_rng([seed, 58])
     with (
         atomic_directory(out, overwrite) as tmp,

@@ -30,6 +30,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from ctrkit.data.feature_spec import check_capacity
+
 EMPTY, USED, GONE = 0, 1, 2  # slot states (GONE: a deleted entry, skipped by lookups, reused by inserts)
 EVICTIONS = ("lfu", "lru")
 ADMIT_AFTER = 1  # sightings before an id gets its own row (1: at once)
@@ -247,6 +249,8 @@ class DynamicIds(nn.Module):
         super().__init__()
         if len(columns) != len(capacities) or any(int(c) < 2 for c in capacities):
             raise ValueError(f"each dynamic feature needs a capacity of at least 2 rows, got {list(capacities)}")
+        for c in capacities:
+            check_capacity(int(c), "a dynamic feature's capacity (its cardinality in the feature spec)")
         self.columns = tuple(int(c) for c in columns)
         self.capacities = tuple(int(c) for c in capacities)
         self.max_entries = tuple(int(m) for m in (max_entries or [2 * c for c in self.capacities]))

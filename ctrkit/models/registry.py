@@ -8,6 +8,8 @@ from typing import Any
 
 from torch import nn
 
+from ctrkit.field_types import check_fields
+
 _REGISTRY: dict[str, tuple[type, type]] = {}
 _TRAIN_DEFAULTS: dict[str, dict[str, Any]] = {}
 # what every model must choose for itself: a run that leaves them unset takes the model's
@@ -64,6 +66,7 @@ def make_config(name: str, values: dict[str, Any]) -> Any:
     unknown = set(values) - known
     if unknown:
         raise ValueError(f"model '{name}' has no config field(s) {sorted(unknown)}; known: {sorted(known)}")
+    check_fields(cfg_cls, values, f"model '{name}' settings")
     cfg = cfg_cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
     cfg.validate()
     return cfg

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ctrkit.data.feature_spec import check_capacity
+
 MISSING_ID = 0  # an empty field, or a value the train split never had
 RARE_ID = 1  # a value seen fewer than frequency_threshold times in the train split
 FIRST_ID = 2  # the most frequent value
@@ -49,8 +51,7 @@ class CriteoRecipe:
         unknown = [c for c in self.raw_ids if c not in names]
         if unknown:
             raise ValueError(f"`raw_ids`: no categorical column {unknown[0]!r}; expected some of {', '.join(names)}")
-        if self.capacity is not None and self.capacity < 2:
-            raise ValueError(f"`capacity` must be at least 2 rows (the rare row and one id), got {self.capacity}")
+        check_capacity(self.capacity)
         if self.num_numerical < 0 or self.num_categorical < 1:
             raise ValueError(
                 f"expected >= 0 numerical and >= 1 categorical columns, got {self.num_numerical} and "

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from ctrkit.data.feature_spec import check_capacity
 from ctrkit.data.split_binary import DataError
 from ctrkit.data_config import OutbrainPreprocessConfig
 from ctrkit.preprocess.output import Rejects
@@ -92,8 +93,7 @@ class OutbrainRecipe:
                 f"`raw_ids`: '{bad[0]}' is not an integer id column of the recipe; expected some of "
                 f"{', '.join(allowed)} (geo_location values are text and keep their vocabularies)"
             )
-        if self.capacity is not None and self.capacity < 2:
-            raise ValueError(f"`capacity` must be at least 2 rows (the rare row and one id), got {self.capacity}")
+        check_capacity(self.capacity)
 
 
 def find_file(raw_dir: Path, name: str) -> Path:

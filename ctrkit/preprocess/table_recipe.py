@@ -12,6 +12,7 @@ from pathlib import Path
 import polars as pl
 
 from ctrkit.config import TrainConfig
+from ctrkit.data.feature_spec import check_capacity
 from ctrkit.preprocess.criteo import BAD_ROW_POLICIES
 
 FLOAT32_MAX = 3.4028234663852886e38
@@ -100,8 +101,7 @@ class TableRecipe:
     def validate(self) -> None:
         if not self.label:
             raise ValueError("`label`: name the label column")
-        if self.capacity is not None and self.capacity < 2:
-            raise ValueError(f"`capacity` must be at least 2 rows (the rare row and one id), got {self.capacity}")
+        check_capacity(self.capacity)
         if self.positive is not None and self.label_threshold is not None:
             raise ValueError("give at most one of `positive` and `label_threshold`")
         if self.order_by is not None and self.shuffle_seed is not None:

@@ -114,6 +114,8 @@ class Plan:
         members: models trained one after another (``seed_ensemble`` x batch sizes).
         configs: the TrainConfig of each batch size (``train`` first); a smaller batch's has its own epochs and
             schedule, and the run's batch's patience.
+        continued_from: the checkpoint a continued run (``--continue-from``) started from, as given; None for a
+            fresh run. Its checkpoints carry it, so that resuming one keeps the continued run's settings.
     """
 
     recipe: str
@@ -125,6 +127,7 @@ class Plan:
     batches: tuple[int, ...]
     members: int
     configs: tuple[TrainConfig, ...] = ()
+    continued_from: str | None = None
 
     def text(self) -> str:
         """The printed block: a heading line, then one line a topic."""
@@ -143,6 +146,7 @@ class Plan:
             "models_per_request": self.models_per_request,
             "batches": list(self.batches),
             "members": self.members,
+            "continued_from": self.continued_from,
         }
 
 
@@ -282,8 +286,8 @@ def _fit_or_refuse(cfg: Any, sources: dict, memory: dict, need: Any, budget: Roo
     per = f" in each of {local} processes" if local > 1 else ""
     raise ValueError(
         f"this run needs a peak of about {gib(memory['peak'])}{per} (weights {gib(memory['weights'])}, optimizer "
-        f"state {gib(memory['optimizer'])}, copies kept {gib(memory['copies'])}), more than {budget.where} has "
-        f"({gib(budget.bytes)}): use {'; '.join(options)}"
+        f"state {gib(memory['optimizer'])}, copies kept {gib(memory['copies'])}): {gib(memory['more'])} more than the "
+        f"process holds now, beyond what {budget.where} leaves ({gib(budget.bytes)}): use {'; '.join(options)}"
     )
 
 
@@ -417,6 +421,13 @@ def make_plan(
     storage = cfg.embedding_storage or "memory"
     if storage == "disk":
         best = "disk"
+        step_rows = min(lookups, max(sizes[4], 1))  # the distinct rows one step can look up in the flat table
+        if cfg.embedding_cache_rows is not None and cfg.embedding_cache_rows < step_rows:
+            raise ValueError(
+                f"`embedding_cache_rows` {cfg.embedding_cache_rows:,} is fewer than the rows one step can look up "
+                f"({step_rows:,}: a batch of {cfg.batch_size:,} x {lookups // cfg.batch_size} features); set it to at "
+                "least that, or lower `batch_size`"
+            )
         check_disk_room(spec, memory)
     elif cfg.embedding_storage is None:
         rules.setdefault("embedding_storage", "the tables and their state fit in memory")
@@ -497,8 +508,9 @@ def make_plan(
                   "auto: on with 2 or more threads and 64 samples a thread"))  # fmt: skip
     per = " a process" if processes > 1 else ""
     disk = f" (and {gib(memory['copies_on_disk'])} on disk)" if memory["copies_on_disk"] else ""
-    has = f" of {gib(budget.bytes)} available ({budget.where})" if budget.bytes is not None else ""
     fit, now = gib(memory["warm_start"]), gib(memory["process"])
+    more = gib(memory["more"])
+    has = f"; {more} more of {gib(budget.bytes)} available beside it ({budget.where})" if budget.bytes else ""
     if storage == "disk":
         lines.append(("tables", f"on disk ({gib(memory['tables_on_disk'])} with their optimizer state, in "
                       f"{tables_directory(spec.save_checkpoint)}), {cfg.embedding_cache_rows:,} rows of each cached in "
@@ -517,9 +529,10 @@ def make_plan(
         lines.append(("continues", f"from {continued}: its selected weights (dynamic tables' ids and counts with "
                       "them) and optimizer states; steps, schedule and model selection start over",
                       "--continue-from"))  # fmt: skip
-    lines.append(("memory", f"peak about {gib(memory['peak'])}{per}{has}: weights {gib(weights)}, optimizer state "
-                  f"{gib(state)}, copies kept {gib(copies)}{disk}, warm start {fit}, this process now {now}",
+    lines.append(("memory", f"peak about {gib(memory['peak'])}{per}: weights {gib(weights)}, optimizer state "
+                  f"{gib(state)}, copies kept {gib(copies)}{disk}, warm start {fit}, this process now {now}{has}",
                   "estimate"))  # fmt: skip
     lines.append(("scoring", f"{models} models a request at most" if models > 1 else "1 model a request", ""))
     lines += [("warning", w, "") for w in fit_warnings(resolved, train_rows)]
-    return Plan(spec.recipe, spec.model, resolved, tuple(lines), memory, models, batches, members, tuple(configs))
+    return Plan(spec.recipe, spec.model, resolved, tuple(lines), memory, models, batches, members, tuple(configs),
+                None if continued is None else str(continued))  # fmt: skip

@@ -20,6 +20,7 @@ from typing import Any
 from ctrkit.config import ParallelConfig, TrainConfig
 from ctrkit.data.atomic import PathLock
 from ctrkit.data.feature_spec import FeatureSpec
+from ctrkit.field_types import check_fields
 from ctrkit.models.registry import config_class, config_to_dict, make_config
 from ctrkit.train.members import SeedEnsemble
 from ctrkit.train.recipes import DEFAULT_RECIPE
@@ -188,6 +189,9 @@ def resolve_run(
 
         model = read(source, mmap=True, assemble=False, verify=False).model_name  # verified when loaded
     name = model or run.get("model") or DEFAULT_MODEL
+    check_fields(config_class(name), run.get("model_config", {}), f"{config}: model_config")
+    if model_config_file is not None:
+        check_fields(config_class(name), _yaml_mapping(model_config_file), str(model_config_file))
     chosen = get_recipe(recipe or run.get("recipe"))
     recipe_train, recipe_model = chosen.layers(name)
     train_cfg = TrainConfig.from_dict({**recipe_train, **run.get("train_config", {}), **(train or {})}).resolve(name)
@@ -201,6 +205,8 @@ def resolve_run(
         ckpt = read(source, mmap=True, assemble=False, verify=False)  # name and config; verified when loaded
         if ckpt.model_name != name:
             raise ValueError(f"{source}: checkpoint holds a '{ckpt.model_name}' model, not '{name}'")
+        file_layer = _yaml_mapping(model_config_file) if model_config_file is not None else {}
+        _refuse_other_shape(source, ckpt.model_config, {**file_layer, **(model_config or {})})
         model_cfg = make_config(name, ckpt.model_config)
     else:
         file_layer = _yaml_mapping(model_config_file) if model_config_file is not None else {}
@@ -226,6 +232,21 @@ def resolve_run(
         allow_other_vocabulary,
         Path(continue_from) if continue_from is not None else None,
     )
+
+
+def _refuse_other_shape(source: Any, theirs: dict[str, Any], asked: dict[str, Any]) -> None:
+    """A one-line ValueError when ``asked`` (model settings from flags or --model-config) sets a field to other than the
+    checkpoint's model config ``theirs``: a resumed or continued run trains the checkpoint's model, whose shape is
+    fixed."""
+    plain = lambda v: [plain(x) for x in v] if isinstance(v, (list, tuple)) else v  # noqa: E731
+    other = {k: v for k, v in asked.items() if k not in theirs or plain(v) != plain(theirs[k])}
+    if other:
+        was = {k: f" (the checkpoint's: {plain(theirs[k])})" if k in theirs else "" for k in other}
+        said = ", ".join(f"{k} {plain(v)}{was[k]}" for k, v in other.items())
+        raise ValueError(
+            f"{source}: a run from a checkpoint trains its model as it is; it cannot apply {said}: drop those "
+            "settings, or train a new model"
+        )
 
 
 def setting_sources(
@@ -318,6 +339,13 @@ class Run(SeedEnsemble):
             # of pages at a time, so a checkpoint larger than memory resumes
             ckpt = load_checkpoint(spec.load_checkpoint, mmap=True, assemble=self.env is None)
             ckpt.check_spec(feature_spec.summary(), str(feature_spec.base_dir), spec.allow_other_vocabulary)
+            continued_from = (ckpt.plan or {}).get("continued_from")
+            if continued_from is not None and spec.continue_from is None:
+                raise ValueError(
+                    f"{spec.load_checkpoint}: written by a run continued from {continued_from}; resume it with "
+                    f"--continue-from {continued_from} as well, or its continued settings (rates, half-life, "
+                    "no redraws) would give way to a fresh run's"
+                )
         self.continued = None  # the checkpoint a new run continues from (``--continue-from``)
         if spec.continue_from is not None:
             self.continued = load_checkpoint(spec.continue_from, mmap=True, assemble=self.env is None)

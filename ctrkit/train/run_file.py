@@ -8,6 +8,9 @@ from typing import Any
 
 import yaml
 
+from ctrkit.config import TrainConfig
+from ctrkit.field_types import check_fields
+
 RUN_KEYS = ("model", "recipe", "model_config", "train_config", "dataset", "log_path", "plan")  # plan: written, not read
 
 
@@ -24,6 +27,10 @@ def load_run_file(path: str | os.PathLike | None) -> dict[str, Any]:
     for key in ("model_config", "train_config"):
         if not isinstance(run.get(key, {}), dict):
             raise ValueError(f"{path}: '{key}' must be a mapping of fields")
+    for key in ("model", "recipe", "dataset", "log_path"):
+        if key in run and not isinstance(run[key], str):
+            raise ValueError(f"{path}: '{key}' holds {run[key]!r}; expected text (a name or a path)")
+    check_fields(TrainConfig, run.get("train_config", {}), f"{path}: train_config")
     return run
 
 
