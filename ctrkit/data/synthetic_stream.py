@@ -126,8 +126,8 @@ def write_stream(out: str | os.PathLike, days: int, rows: int, vocabularies: Seq
         raise ValueError(f"`capacity` must be a positive share of each feature's vocabulary, got {capacity}")
     model = DriftingStream(vocabularies, days, seed, num_numerical=num_numerical)
     capacities = [max(2, int(round(capacity * v)) + 1) for v in model.vocabularies]
-    for v, rows in zip(model.vocabularies, capacities):
-        check_capacity(rows, f"`capacity` {capacity:g} x a vocabulary of {v:,} ids")
+    for v, table_rows in zip(model.vocabularies, capacities):
+        check_capacity(table_rows, f"`capacity` {capacity:g} x a vocabulary of {v:,} ids")
     rng = np.random.default_rng([seed, 58])
     with (
         atomic_directory(out, overwrite) as tmp,

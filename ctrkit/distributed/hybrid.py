@@ -216,6 +216,9 @@ def shard_for_job(
     if env is None:
         return model
     hybrid = HybridModel(model, plans, env.rank, device)
+    ids = getattr(model, "dynamic_ids", None)
+    if ids is not None:  # raw ids: every rank's maps hash under rank 0's key (a resumed state then sets its own)
+        ids.share_key()
     if state is not None:
         hybrid.load_full_state_dict(state)
     return hybrid

@@ -20,10 +20,19 @@ that still find no room stay unknown.
 Scoring (``forward``) only reads the map: an id maps to its row, any other to row 0. The map and counts are buffers
 of the model (its state dict, so checkpoints, model selection's copies and resumes carry them); they stay in host
 memory on whatever device the model runs.
+
+Raw ids come from outside, so the map must not let them be chosen to collide: an id's first slot is a keyed hash
+(``keyed_mix``: two rounds of SplitMix64's finaliser around a per-model secret ``hash_key`` drawn from the OS when
+the model is made, stored in its state dict, shared by a job's ranks), and a lookup or insert looks at no more than
+``MAX_PROBE`` slots (an id that finds no free one within them stays unknown, as when the map is full). Ids made to
+collide under one key spread under another; whoever cannot read the key cannot aim at it. Two runs of the same seed
+give the same rows, weights and predictions; only the slots the ids sit in differ. A state dict written before
+the key existed loads with the key zero: the unkeyed mixer it was written with.
 """
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Sequence
 
 import numpy as np
@@ -38,6 +47,7 @@ ADMIT_AFTER = 1  # sightings before an id gets its own row (1: at once)
 HALF_LIFE = 0  # observed batches in which a count halves (0: counts never decay)
 # a full map makes room for at least 1/BATCHED of its rows (or ids) at once: each eviction scans the whole map
 BATCHED = 64
+MAX_PROBE = 64  # slots a lookup or an insert looks at, at most (at load <= 1/2 a random key set needs a handful)
 
 
 def mix64(ids: np.ndarray) -> np.ndarray:
@@ -52,6 +62,20 @@ def mix64(ids: np.ndarray) -> np.ndarray:
     return z
 
 
+def keyed_mix(ids: np.ndarray, key: np.ndarray) -> np.ndarray:
+    """``ids`` hashed under the two 64-bit words of ``key``: mix64(mix64(id ^ k0) ^ k1); a zero key is the unkeyed
+    ``mix64`` of maps written before keys existed."""
+    k0, k1 = (np.uint64(int(k) & (2**64 - 1)) for k in key)
+    if not k0 and not k1:
+        return mix64(ids)
+    return mix64(mix64(ids.astype(np.uint64) ^ k0) ^ k1)
+
+
+def new_key() -> torch.Tensor:
+    """A fresh secret key: two nonzero 63-bit words from the OS's random source."""
+    return torch.tensor([secrets.randbits(63) | 1, secrets.randbits(63) | 1], dtype=torch.int64)
+
+
 def slots_for(max_entries: int) -> int:
     """The number of slots of a map holding ``max_entries`` ids: a power of two, at most half full."""
     return 1 << max(4, int(2 * max_entries - 1).bit_length())
@@ -64,8 +88,10 @@ class IdMap:
     its last sighting, ``seen`` that batch's number; ``held`` marks the rows that have an id (row 0 always).
     """
 
-    def __init__(self, keys, state, row, count, seen, held, sizes, capacity: int, max_entries: int, hint=None):
+    def __init__(self, keys, state, row, count, seen, held, sizes, capacity: int, max_entries: int, hint=None,
+                 key=None):  # fmt: skip
         self.keys, self.state, self.row, self.count, self.seen, self.held = keys, state, row, count, seen, held
+        self.key = np.zeros(2, np.int64) if key is None else key  # the hash key (zero: the unkeyed mixer)
         self.sizes = sizes  # [ids held, slots not EMPTY]
         self.capacity, self.max_entries = capacity, max_entries
         # a one-element view: every row below it is held (the search for free rows starts there; 0: anywhere)
@@ -73,13 +99,24 @@ class IdMap:
         self.mask = np.uint64(len(keys) - 1)
 
     # ------------------------------------------------------------------------------------------ lookups
+    def home(self, ids: np.ndarray) -> np.ndarray:
+        """The first slot each id's probe looks at."""
+        return (keyed_mix(ids, self.key) & self.mask).astype(np.int64)
+
+    def probe_lengths(self) -> np.ndarray:
+        """How many slots past its first each id held sits (0: in its first), in slot order."""
+        s = np.flatnonzero(self.state == USED)
+        return (s - self.home(self.keys[s])) & int(self.mask)
+
     def find(self, ids: np.ndarray) -> np.ndarray:
-        """The slot of each of ``ids`` (distinct or not), -1 where it is not in the map."""
+        """The slot of each of ``ids`` (distinct or not), -1 where it is not in the map (within ``MAX_PROBE``)."""
         out = np.full(len(ids), -1, np.int64)
-        pos = (mix64(ids) & self.mask).astype(np.int64)
+        pos = self.home(ids)
         todo = np.arange(len(ids))
         mask = int(self.mask)
-        while len(todo):
+        for _ in range(MAX_PROBE):
+            if not len(todo):
+                break
             p = pos[todo]
             st = self.state[p]
             hit = (st == USED) & (self.keys[p] == ids[todo])
@@ -95,12 +132,15 @@ class IdMap:
         return np.where(slots >= 0, self.row[np.maximum(slots, 0)], 0).astype(np.int64)
 
     def _insert(self, ids: np.ndarray) -> np.ndarray:
-        """Puts distinct ``ids``, none in the map, into free slots; returns their slots."""
-        out = np.empty(len(ids), np.int64)
-        pos = (mix64(ids) & self.mask).astype(np.int64)
+        """Puts distinct ``ids``, none in the map, into free slots within ``MAX_PROBE`` of their first; returns their
+        slots, -1 for an id that found none (left out)."""
+        out = np.full(len(ids), -1, np.int64)
+        pos = self.home(ids)
         todo = np.arange(len(ids))
         mask = int(self.mask)
-        while len(todo):
+        for _ in range(MAX_PROBE):
+            if not len(todo):
+                break
             p = pos[todo]
             free = self.state[p] != USED
             first = np.zeros(len(todo), bool)
@@ -113,7 +153,7 @@ class IdMap:
             self.keys[p[first]] = ids[won]
             todo = todo[~first]
             pos[todo] = (p[~first] + 1) & mask
-        self.sizes[0] += len(ids)
+        self.sizes[0] += len(ids) - len(todo)
         return out
 
     def _remove(self, slots: np.ndarray) -> None:
@@ -129,7 +169,10 @@ class IdMap:
         self.state[:] = EMPTY
         self.sizes[:] = 0
         slots = self._insert(keys)
-        self.row[slots], self.count[slots], self.seen[slots] = row, count, seen
+        placed = slots >= 0  # an id that no longer finds a slot within MAX_PROBE is forgotten, its row freed
+        self.held[row[~placed & (row > 0)]] = False
+        self.row[slots[placed]], self.count[slots[placed]], self.seen[slots[placed]] = (
+            row[placed], count[placed], seen[placed])  # fmt: skip
 
     # ---------------------------------------------------------------------------------------- training
     def decayed(self, slots: np.ndarray, now: int, half_life: int) -> np.ndarray:
@@ -160,6 +203,8 @@ class IdMap:
                 new, new_times = new[keep], new_times[keep]
             if len(new):
                 s = self._insert(new)
+                placed = s >= 0  # within MAX_PROBE slots; the others stay unknown
+                s, new_times = s[placed], new_times[placed]
                 self.row[s], self.count[s], self.seen[s] = 0, new_times, now
                 slots = np.concatenate([ks, s])
         if moved:
@@ -226,8 +271,9 @@ class IdMap:
         keep = keep[np.lexsort((uniq[keep], -times[keep]))][: self.capacity - 1]
         if len(keep):
             s = self._insert(uniq[keep])
-            rows = np.arange(1, len(keep) + 1)
-            self.row[s], self.count[s], self.seen[s] = rows, times[keep], 0
+            placed = s >= 0
+            rows = np.arange(1, int(placed.sum()) + 1)
+            self.row[s[placed]], self.count[s[placed]], self.seen[s[placed]] = rows, times[keep][placed], 0
             self.held[rows] = True
 
     def admitted(self) -> dict[int, int]:
@@ -258,6 +304,7 @@ class DynamicIds(nn.Module):
         self.eviction = "lfu"
         self.half_life = HALF_LIFE
         self.register_buffer("batches", torch.zeros((), dtype=torch.int64))  # batches observed
+        self.register_buffer("hash_key", new_key())  # the maps' secret hash key (``keyed_mix``)
         self._free_hints = np.zeros(len(self.columns), np.int64)  # IdMap.hint of each feature (not state)
         for j, (cap, most) in enumerate(zip(self.capacities, self.max_entries)):
             n = slots_for(most)
@@ -286,11 +333,24 @@ class DynamicIds(nn.Module):
         """Feature ``j``'s map, over this module's buffers (shared, not copied)."""
         arrays = [getattr(self, f"{k}{j}").numpy() for k in ("keys", "state", "row", "count", "seen", "held", "sizes")]
         return IdMap(*arrays, capacity=self.capacities[j], max_entries=self.max_entries[j],
-                     hint=self._free_hints[j : j + 1])  # fmt: skip
+                     hint=self._free_hints[j : j + 1], key=self.hash_key.numpy())  # fmt: skip
 
-    def _load_from_state_dict(self, *args, **kwargs):
-        super()._load_from_state_dict(*args, **kwargs)
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        if prefix + "hash_key" not in state_dict:  # written before the maps were keyed: the unkeyed mixer
+            state_dict[prefix + "hash_key"] = torch.zeros(2, dtype=torch.int64)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
         self._free_hints[:] = 0  # other maps: their free rows searched from the start
+
+    def share_key(self) -> None:
+        """Every rank of a job takes rank 0's hash key (their maps must agree slot for slot); one process: nothing."""
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+            return
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+        key = self.hash_key.to(device)
+        dist.broadcast(key, src=0)
+        self.hash_key.copy_(key.cpu())
 
     @torch.compiler.disable
     def forward(self, categorical: torch.Tensor) -> torch.Tensor:

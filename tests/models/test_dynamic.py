@@ -210,3 +210,73 @@ def test_preadmit_gives_an_empty_map_a_vocabulary():
     assert not ids.preadmit(column)  # a map that holds ids (a continued run's) is left as it is
     fresh = ids.observe(torch.tensor([[9], [9], [8]]))  # 9 seen twice: admitted, evicting a lowest count (3 or 5:
     assert fresh[0].tolist() == [2] and ids.map(0).admitted() == {7: 1, 9: 2, 5: 3}  # the smaller id goes)
+
+
+def unmix64(z: np.ndarray) -> np.ndarray:
+    """The inverse of SplitMix64's finaliser (``mix64``): what an attacker computes to aim ids at chosen slots."""
+
+    def unshift(v: np.ndarray, s: int) -> np.ndarray:
+        x = v.copy()
+        for _ in range(64 // s + 1):
+            x = v ^ (x >> np.uint64(s))
+        return x
+
+    z = z.astype(np.uint64)
+    with np.errstate(over="ignore"):
+        z = unshift(z, 31) * np.uint64(pow(0x94D049BB133111EB, -1, 2**64))
+        z = unshift(z, 27) * np.uint64(pow(0xBF58476D1CE4E5B9, -1, 2**64))
+    return unshift(z, 30).view(np.int64)
+
+
+def crafted_ids(n: int = 20_000, bits: int = 20) -> np.ndarray:
+    """``n`` ids whose unkeyed hash shares its low ``bits`` bits: under the old map, one slot and one probe chain."""
+    ids = unmix64((np.arange(1, n + 1, dtype=np.uint64) << np.uint64(bits)) | np.uint64(0xABCDE))
+    assert len(np.unique(mix64(ids) & np.uint64(2**bits - 1))) == 1
+    return ids
+
+
+def test_ids_crafted_against_the_unkeyed_mixer_spread_under_the_models_key():
+    """20,000 ids aimed at one slot of the unkeyed mixer: in a model's map (keyed) they sit as close to their first
+    slots as random ids do, and every one is admitted; the key differs between models and survives a state dict."""
+    crafted = crafted_ids()
+    rng = np.random.default_rng(0)
+    random_ids = rng.integers(-(2**62), 2**62, len(crafted))
+    lengths = {}
+    for name, ids in (("crafted", crafted), ("random", random_ids)):
+        dyn = DynamicIds([0], [30_000])
+        dyn.observe(torch.from_numpy(ids).view(-1, 1))
+        m = dyn.map(0)
+        admitted = m.admitted()
+        assert len(admitted) == len(ids)  # each has its row
+        lengths[name] = m.probe_lengths()
+        assert np.array_equal(m.rows(ids), np.array([admitted[int(i)] for i in ids]))
+    assert lengths["crafted"].mean() < 1.5 * lengths["random"].mean() + 0.1
+    assert lengths["crafted"].max() < 40
+    a, b = DynamicIds([0], [8]), DynamicIds([0], [8])
+    assert not torch.equal(a.hash_key, b.hash_key) and int(a.hash_key.abs().min()) > 0
+    b.load_state_dict(a.state_dict())
+    assert torch.equal(a.hash_key, b.hash_key)
+
+
+def test_probing_is_bounded_whatever_the_ids():
+    """Under the unkeyed mixer (a map written before keys), the crafted ids share one first slot: no lookup or insert
+    looks past MAX_PROBE slots; the ids beyond them stay unknown (the rare row) rather than lengthen every lookup. A
+    state dict without a key loads as such a map, and finds its ids."""
+    from ctrkit.models.dynamic import MAX_PROBE
+
+    crafted = crafted_ids()
+    dyn = DynamicIds([0], [30_000])
+    state = dyn.state_dict()
+    del state["hash_key"]  # as written before keys existed
+    dyn.load_state_dict(state)
+    assert int(dyn.hash_key.abs().sum()) == 0
+    dyn.observe(torch.from_numpy(crafted).view(-1, 1))
+    m = dyn.map(0)
+    assert len(m.admitted()) == MAX_PROBE and m.probe_lengths().max() == MAX_PROBE - 1
+    rows = m.rows(crafted)
+    assert (rows > 0).sum() == MAX_PROBE and set(rows[rows > 0].tolist()) == set(m.admitted().values())
+    copy = DynamicIds([0], [30_000])
+    state = dyn.state_dict()
+    del state["hash_key"]
+    copy.load_state_dict(state)
+    assert np.array_equal(copy.map(0).rows(crafted), rows)
