@@ -156,10 +156,11 @@ SUITES = {
     ),
     "checkpoint": (
         "Checkpoint digests",
-        "A checkpoint of 1 GiB of tensors (one table of width 128 and a small MLP) saved (atomic write with fsync) "
-        "and loaded from the page cache without and with the XXH3 digest of its tensors, interleaved rounds, each "
-        "step after `os.sync()`; and the digest alone against the plain save and load (the first saves of a "
-        "round still meet the disk's writeback). [Decision](decisions/checkpoint-digest.md).",
+        "A checkpoint of 1 GiB of tensors (one table of width 128 and a small MLP) saved (atomic write with fsync), "
+        "loaded from the page cache and opened memory-mapped, without and with the XXH3 digest of its contents, "
+        "interleaved rounds, each step after `os.sync()`; and the digest alone against the plain save and load (the "
+        "saves meet the disk's writeback, which spreads them widely: the digest alone is the measure). "
+        "[Decision](decisions/checkpoint-digest.md), [every read verified](decisions/verified-reads.md).",
         "bash benchmarks/run_checkpoint.sh",
     ),
 }
