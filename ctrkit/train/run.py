@@ -206,7 +206,7 @@ def resolve_run(
         if ckpt.model_name != name:
             raise ValueError(f"{source}: checkpoint holds a '{ckpt.model_name}' model, not '{name}'")
         file_layer = _yaml_mapping(model_config_file) if model_config_file is not None else {}
-        _refuse_other_shape(source, ckpt.model_config, {**file_layer, **(model_config or {})})
+        _refuse_other_shape(source, name, spec, ckpt.model_config, {**file_layer, **(model_config or {})})
         model_cfg = make_config(name, ckpt.model_config)
     else:
         file_layer = _yaml_mapping(model_config_file) if model_config_file is not None else {}
@@ -234,15 +234,22 @@ def resolve_run(
     )
 
 
-def _refuse_other_shape(source: Any, theirs: dict[str, Any], asked: dict[str, Any]) -> None:
-    """A one-line ValueError when ``asked`` (model settings from flags or --model-config) sets a field to other than the
-    checkpoint's model config ``theirs``: a resumed or continued run trains the checkpoint's model, whose shape is
-    fixed."""
+def _refuse_other_shape(source: Any, name: str, spec: FeatureSpec, theirs: dict[str, Any], asked: dict[str, Any]
+                        ) -> None:  # fmt: skip
+    """A one-line ValueError when ``asked`` (model settings from flags or --model-config) would make any field of the
+    checkpoint's model config ``theirs`` other than it is: a resumed or continued run trains the checkpoint's model,
+    whose shape is fixed. ``embedding_sizes`` and ``combiner`` are compared as what they resolve to (the widths,
+    the combiners), so repeating the command that made the checkpoint passes."""
+    if not asked:
+        return
+    derived = {"embedding_sizes": "embedding_dims", "combiner": "multi_hot_combiners"}
+    touched = {derived.get(k, k) for k in asked}
+    mine = config_to_dict(resolve_model_config(name, spec, theirs, asked))
+    kept = config_to_dict(make_config(name, theirs))
     plain = lambda v: [plain(x) for x in v] if isinstance(v, (list, tuple)) else v  # noqa: E731
-    other = {k: v for k, v in asked.items() if k not in theirs or plain(v) != plain(theirs[k])}
+    other = sorted(k for k in touched if plain(mine.get(k)) != plain(kept.get(k)))
     if other:
-        was = {k: f" (the checkpoint's: {plain(theirs[k])})" if k in theirs else "" for k in other}
-        said = ", ".join(f"{k} {plain(v)}{was[k]}" for k, v in other.items())
+        said = ", ".join(f"{k} {plain(mine.get(k))} (the checkpoint's: {plain(kept.get(k))})" for k in other)
         raise ValueError(
             f"{source}: a run from a checkpoint trains its model as it is; it cannot apply {said}: drop those "
             "settings, or train a new model"

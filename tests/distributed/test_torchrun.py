@@ -46,9 +46,27 @@ def torchrun(*args, nproc: int = 2, timeout: float = 240, **popen) -> subprocess
     return done
 
 
+def dynamic_maps(weights: dict) -> tuple[dict, dict]:
+    """The id maps of a model with dynamic tables, per feature as id -> (row, count, seen), and the other weights: two
+    runs' maps hold the same ids in other slots (each model hashes under its own key)."""
+    import re
+
+    layout = re.compile(r"dynamic_ids\.(hash_key|(keys|state|row|count|seen|sizes)\d+)$")
+    maps = {}
+    for k in [k for k in weights if k.startswith("dynamic_ids.keys")]:
+        j = k.removeprefix("dynamic_ids.keys")
+        used = weights[f"dynamic_ids.state{j}"] == 1
+        ids = weights[k][used].tolist()
+        rest = zip(*(weights[f"dynamic_ids.{name}{j}"][used].tolist() for name in ("row", "count", "seen")))
+        maps[j] = (dict(zip(ids, rest)), int(weights[f"dynamic_ids.sizes{j}"][0]))
+    return maps, {k: v for k, v in weights.items() if not layout.search(k)}
+
+
 def assert_same_weights(a: Path, b: Path, atol: float = 1e-5) -> None:
     wa, wb = load_checkpoint(a).model, load_checkpoint(b).model  # a 2-rank run's is sharded: assembled
     assert sorted(wa) == sorted(wb)
+    (maps_a, wa), (maps_b, wb) = dynamic_maps(wa), dynamic_maps(wb)
+    assert maps_a == maps_b
     for k in wa:
         torch.testing.assert_close(wa[k], wb[k], rtol=1e-4, atol=atol, msg=k)
 

@@ -89,4 +89,4 @@ def test_continued_runs_keep_their_settings_or_refuse(tiny_dataset, tmp_path, ca
     code, _, err = run_cli("train", "--dataset", tiny_dataset, "--continue-from", first, "--embedding-dim", "4",
                            "--bottom-mlp", "16,4", "--save-checkpoint", tmp_path / "x.pt", capsys=capsys)  # fmt: skip
     assert code == 2
-    one_line_error(err, "train", "cannot apply embedding_dim 4 (the checkpoint's: 8)", "bottom_mlp [16, 4]")
+    one_line_error(err, "train", "cannot apply bottom_mlp [16, 4] (the checkpoint's: [32, 8]), embedding_dim 4 (the")

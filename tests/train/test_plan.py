@@ -150,7 +150,8 @@ def test_torchrun_plans_what_one_process_plans(tiny_dataset, capsys):
         return [line for line in text.splitlines() if not line.strip().startswith(("execution", "memory"))]
 
     assert without_execution(two) == without_execution(one)  # every mechanism and value the same
-    assert "a process of" in next(line for line in two.splitlines() if line.strip().startswith("memory"))
+    memory = next(line for line in two.splitlines() if line.strip().startswith("memory"))
+    assert "MiB a process:" in memory and "more of" in memory
     assert "execution    2 processes, cpu, fp32" in two and "execution    one process, cpu, batch split" in one
 
 
