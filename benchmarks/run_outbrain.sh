@@ -19,7 +19,7 @@ import json, sys
 import numpy as np
 from ctrkit.data.dataset import SplitBinaryDataset
 from ctrkit.data.feature_spec import FeatureSpec
-from ctrkit.eval.metrics import mean_average_precision
+from ctrkit.metrics import mean_average_precision
 
 work = sys.argv[1]
 spec = FeatureSpec.from_yaml(f"{work}/data")

@@ -16,12 +16,10 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.serialization import config as serialization_config
 
-from ctrkit.data.atomic import atomic_file
+from ctrkit.checkpoint_files import CheckpointError, read_torch_file, write_sealed
+from ctrkit.checkpoint_shards import assemble_shards, read_rank_file, table_prefix
 from ctrkit.eval.calibration import check_scale
-from ctrkit.integrity import KEY as DIGEST
-from ctrkit.integrity import check, sealed, tensor_bytes
 from ctrkit.models.registry import create_model, make_config
 
 FORMAT = "ctrkit-checkpoint"
@@ -43,10 +41,6 @@ SPEC_KEYS = (
 # model config fields added after checkpoints were written without them, with the value that reproduces
 # the models those checkpoints hold (their defaults may differ)
 LEGACY_FIELDS = {"dlrm": {"linear": False}, "dcnv2": {"linear": False}}
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be read or does not fit the data or model it is used with."""
 
 
 @dataclass
@@ -185,8 +179,6 @@ class Checkpoint:
         with torch.device("meta"):
             model = create_model(self.model_name, config)
         # the replicated weights from rank 0's file; the tables stay in the rank files
-        from ctrkit.checkpoint_shards import read_rank_file, table_prefix
-
         state = read_rank_file(self, 0)["model"]  # verified (read once), then its pages read again on use
         prefixes = tuple(f"{table_prefix(n)}." for n in self.sharding or {})
         state = {k: v for k, v in state.items() if not k.startswith(prefixes)}
@@ -313,21 +305,6 @@ def save_checkpoint(path: str | os.PathLike, ckpt: Checkpoint) -> None:
     write_sealed(path, ckpt.to_dict())
 
 
-def write_sealed(path: str | os.PathLike, data: dict[str, Any]) -> str:
-    """``data`` with its tensors' digest, written atomically to ``path``; returns the digest."""
-    data = sealed(data)
-    with atomic_file(path, needs=tensor_bytes(data)) as tmp:
-        torch_save(data, tmp)
-    return data[DIGEST]["value"]
-
-
-def torch_save(obj: Any, path: str | os.PathLike) -> None:
-    """``torch.save`` without the zip records' CRC-32: ``torch.load`` does not check it (a test: changed bytes
-    load without error), and computing it took half of a checkpoint's save time (docs/decisions/checkpoint-crc.md)."""
-    with serialization_config.patch({"save.compute_crc32": False}):
-        torch.save(obj, path)
-
-
 def load_checkpoint(
     path: str | os.PathLike, mmap: bool = False, assemble: bool = True, verify: bool = True
 ) -> Checkpoint:
@@ -345,47 +322,8 @@ def load_checkpoint(
     if ckpt.shard_files:  # stored relative to the manifest; absolute from here on
         ckpt.shard_files = [str(path.parent / f) for f in ckpt.shard_files]
         if assemble:
-            from ctrkit.checkpoint_shards import assemble_shards
-
             ckpt = assemble_shards(ckpt)
     return ckpt
-
-
-def read_torch_file(path: Path, mmap: bool = False, verify: bool = True) -> Any:
-    """What ``torch.load`` reads from ``path`` (tensors and plain containers only), its digest checked (with
-    ``verify``) when it has one: checking a memory-mapped file reads all of it once, its pages then dropped."""
-    if not path.exists():
-        raise CheckpointError(f"{path}: checkpoint not found")
-    try:
-        data = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-    except Exception as e:  # truncated file, not a torch file, forbidden pickled object
-        raise CheckpointError(
-            f"{path}: not a readable ctrkit checkpoint ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
-        ) from None
-    problem = check(data) if verify else None
-    if problem is not None:
-        raise CheckpointError(f"{path}: refused: {problem}")
-    if mmap and verify:
-        _drop_read_pages(data)  # the check read every page in: back to the file (re-read on use)
-    return data
-
-
-def _drop_read_pages(data: Any) -> None:
-    """Drops from this process's resident memory the pages of the memory-mapped tensors in ``data``."""
-    from ctrkit.checkpoint_shards import drop_pages
-
-    stack, seen = [data], set()
-    while stack:
-        item = stack.pop()
-        if isinstance(item, dict):
-            stack.extend(item.values())
-        elif isinstance(item, (list, tuple)):
-            stack.extend(item)
-        elif isinstance(item, torch.Tensor) and item.device.type == "cpu" and item.nbytes >= 1 << 20:
-            storage = item.untyped_storage()
-            if storage.data_ptr() not in seen:
-                seen.add(storage.data_ptr())
-                drop_pages(storage.data_ptr(), storage.nbytes())
 
 
 def rng_state() -> dict[str, Any]:

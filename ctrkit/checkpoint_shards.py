@@ -6,54 +6,29 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from ctrkit.checkpoint import DIGEST, Checkpoint, CheckpointError, read_torch_file, write_sealed
+from ctrkit.checkpoint_files import (
+    DIGEST,
+    CheckpointError,
+    drop_pages,
+    mapped_file_range,
+    read_torch_file,
+    write_sealed,
+)
 
-MADV_DONTNEED = 4  # Linux
+if TYPE_CHECKING:  # the typed checkpoint stands on this module: its type only, for the annotations
+    from ctrkit.checkpoint import Checkpoint
 RELEASE_CHUNK_BYTES = 32 * 2**20  # a memory-mapped source is copied and released this many bytes at a time
 
 
 def chunk_rows(row_bytes: int) -> int:
     """Rows per chunk when copying from a memory-mapped source and releasing what was copied."""
     return max(1, RELEASE_CHUNK_BYTES // max(row_bytes, 1))
-
-
-def _mapped_file_range(address: int, path: str | os.PathLike) -> tuple[int, int] | None:
-    """The (start, end) addresses of this process's mapping of file ``path`` that holds ``address``, from
-    /proc/self/maps; None if there is none (not Linux, or the memory is not that file's)."""
-    try:
-        target = os.path.realpath(path)
-        with open("/proc/self/maps") as f:
-            for line in f:
-                fields_ = line.split(maxsplit=5)
-                lo, hi = (int(x, 16) for x in fields_[0].split("-"))
-                if lo <= address < hi and len(fields_) == 6 and os.path.realpath(fields_[5].strip()) == target:
-                    return lo, hi
-    except (OSError, ValueError):
-        return None
-    return None
-
-
-def drop_pages(start: int, length: int, libc: Any = None, page: int | None = None) -> None:
-    """``madvise(MADV_DONTNEED)`` on the whole pages inside [start, start + length) of a file mapping: they leave
-    this process's resident memory (a private mapping's read again from the file, a shared one's kept in the
-    file and the page cache). Nothing where libc or the page size cannot be had."""
-    import ctypes
-
-    try:
-        libc = libc if libc is not None else ctypes.CDLL(None, use_errno=True)
-        page = page or os.sysconf("SC_PAGE_SIZE")
-    except (OSError, AttributeError, ValueError):
-        return
-    lo = -(-start // page) * page
-    hi = (start + length) // page * page
-    if hi > lo:
-        libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), ctypes.c_int(MADV_DONTNEED))
 
 
 class MappedSource:
@@ -81,7 +56,7 @@ class MappedSource:
         if self._libc is None or nbytes < self._page:
             return False
         for path in self.paths:
-            found = _mapped_file_range(ptr, path)
+            found = mapped_file_range(ptr, path)
             if found is not None:
                 return ptr + nbytes <= found[1]
         return False

@@ -211,7 +211,7 @@ def build_report(
     The dataset defaults to the run's (the YAML written beside the checkpoint), the log to the run's
     ``log_path`` when the run recorded one."""
     from ctrkit.eval.evaluator import Scoring
-    from ctrkit.eval.metrics import log_loss_from_logits, roc_auc, sigmoid
+    from ctrkit.metrics import log_loss_from_logits, roc_auc, sigmoid
     from ctrkit.train.run_file import load_run_file
 
     checkpoint = Path(checkpoint)

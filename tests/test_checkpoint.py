@@ -182,7 +182,7 @@ def test_mapped_source_copies_and_drops_the_pages_it_read(tmp_path):
 def test_checkpoints_are_written_without_the_crc_that_torch_load_does_not_check(tmp_path):
     import zipfile
 
-    from ctrkit.checkpoint import torch_save
+    from ctrkit.checkpoint_files import torch_save
 
     state = {"w": torch.arange(100_000, dtype=torch.float32)}
     torch_save(state, tmp_path / "fast.pt")
@@ -212,7 +212,7 @@ def test_digest_covers_values_as_well_as_tensors(tmp_path):
     import struct
 
     from ctrkit import integrity
-    from ctrkit.checkpoint import torch_save
+    from ctrkit.checkpoint_files import torch_save
 
     cfg = multi_hot_config()
     ckpt = Checkpoint("dlrm", config_to_dict(cfg), {"cardinalities": [5, 7]}, create_model("dlrm", cfg).state_dict(),

@@ -10,7 +10,7 @@ from sklearn.metrics import log_loss, roc_auc_score
 
 from ctrkit.cli import build_parser
 from ctrkit.data.dataset import SplitBinaryDataset
-from ctrkit.eval.metrics import mean_average_precision
+from ctrkit.metrics import mean_average_precision
 from tests.conftest import run_cli, run_process, small_model_flags
 
 

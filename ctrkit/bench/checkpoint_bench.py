@@ -20,7 +20,8 @@ from typing import Any
 import torch
 
 from ctrkit.bench.config import CheckpointBenchConfig
-from ctrkit.checkpoint import Checkpoint, read_torch_file, save_checkpoint, torch_save
+from ctrkit.checkpoint import Checkpoint, save_checkpoint
+from ctrkit.checkpoint_files import read_torch_file, torch_save
 from ctrkit.data.atomic import atomic_file
 from ctrkit.integrity import tensor_digest
 

@@ -176,7 +176,7 @@ def generate_planted(
             (``PlantedAmounts``).
         model_options: the model's other arguments.
     """
-    from ctrkit.eval.metrics import roc_auc
+    from ctrkit.metrics import roc_auc
 
     if rows < 2:
         raise ValueError(f"`rows` must be at least 2, got {rows}")

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from scipy import sparse
 
-from ctrkit.eval.metrics import log_loss_from_logits, roc_auc
+from ctrkit.metrics import log_loss_from_logits, roc_auc
 
 LOGISTIC_C = (0.003, 0.01, 0.03, 0.1, 0.3, 1.0)
 

@@ -19,7 +19,7 @@ from ctrkit.data.feature_spec import FeatureSpec
 from ctrkit.data.loader import BatchLoader, part_bounds
 from ctrkit.distributed.env import DistEnv, gather_in_order
 from ctrkit.eval.calibration import calibrated
-from ctrkit.eval.metrics import log_loss_from_logits, mean_average_precision, roc_auc, sigmoid
+from ctrkit.metrics import log_loss_from_logits, mean_average_precision, roc_auc, sigmoid
 
 
 @torch.no_grad()

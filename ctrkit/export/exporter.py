@@ -25,7 +25,7 @@ from ctrkit.integrity import seal_files
 from ctrkit.models.dynamic import DYNAMIC_FILE, frozen_arrays
 from ctrkit.models.signature import MULTI_HOT, PROBABILITY, InferenceModel, Signature
 from ctrkit.preprocess.transform import RECORD_FILE
-from ctrkit.serve.repository import MAX_VERSION, check_name, inside
+from ctrkit.serve.names import MAX_VERSION, check_name, inside
 
 ONNX_OPSET = 18
 PYTHON_BACKEND = "python"  # a Triton export whose model is triton_python_model.py: raw values in, as Merlin serves
@@ -338,17 +338,3 @@ def _triton_version_dir(model_dir: Path, config: str, version: int | None, overw
             f"leave `version` unset to write the next one ({existing[-1] + 1})"
         )
     return target
-
-
-def find_model_dir(model_dir: str | os.PathLike) -> Path:
-    """The directory holding ``ctrkit_model.json`` in an export (itself, or the one model of a Triton repo)."""
-    root = Path(model_dir)
-    if (root / "ctrkit_model.json").exists():
-        return root
-    found = sorted(p.parent for p in root.glob("*/ctrkit_model.json"))
-    if len(found) != 1:
-        raise ValueError(
-            f"{root}: expected an export written by `ctrkit export` (ctrkit_model.json here or in one model "
-            f"directory), found {len(found)}"
-        )
-    return found[0]

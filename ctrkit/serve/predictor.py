@@ -143,9 +143,8 @@ class Predictor:
         """An export's model; in a Triton repository's model directory, ``version``'s (its own
         ``ctrkit_model.json`` when the version directory has one, else the model directory's). With
         ``repository``, every file read must resolve inside it."""
-        from ctrkit.export.exporter import find_model_dir
         from ctrkit.integrity import FILES, check_files
-        from ctrkit.serve.repository import check_name, check_version, inside
+        from ctrkit.serve.names import check_name, check_version, find_model_dir, inside
 
         root = find_model_dir(model_dir)
         where = root / check_version(version) if version is not None else root

@@ -1,9 +1,5 @@
-"""A Triton-layout model repository: names that stay inside it, and its models' versions loaded one by one.
-
-A model name, a version and an export's file name are single path components (Triton's rule): no ``/``
-or ``\\``, not ``.`` or ``..``, no NUL or other control character. Every file read is resolved and must
-lie inside the repository, so neither a request nor a file in the repository reaches outside it.
-"""
+"""A Triton-layout model repository: its models' configs read, and their versions loaded one by one (names and paths
+checked by ``names``)."""
 
 from __future__ import annotations
 
@@ -12,41 +8,10 @@ import os
 import re
 from pathlib import Path
 
+from ctrkit.serve.names import MAX_VERSION, check_name, inside
+
 log = logging.getLogger("ctrkit.serve")
 PLATFORMS = ("onnxruntime_onnx", "pytorch_libtorch", "python")
-MAX_VERSION = 2**63 - 1  # Triton's versions are int64
-
-
-def check_name(name: str, what: str = "model name") -> str:
-    """``name`` when it is one path component; a one-line ValueError saying what is wrong otherwise."""
-    if not name:
-        raise ValueError(f"{what} is empty; expected a name such as 'dlrm'")
-    bad = next((c for c in name if ord(c) < 32 or ord(c) == 127), None)
-    if bad is not None:
-        raise ValueError(f"{what} {name!r} holds the control character {bad!r}; expected one path component")
-    if "/" in name or "\\" in name or name in (".", ".."):
-        raise ValueError(f"{what} {name!r} is not one path component (no '/', '\\', '.' or '..')")
-    if '"' in name:
-        raise ValueError(f"{what} {name!r} holds a double quote, which config.pbtxt's quoted name cannot hold")
-    return name
-
-
-def check_version(version: str) -> str:
-    """``version`` when it is a version number (digits, at most Triton's int64), else a one-line ValueError."""
-    if not version.isascii() or not version.isdigit():
-        raise ValueError(f"model version {version!r} is not a version number (expected digits, such as '1')")
-    if int(version) > MAX_VERSION:
-        raise ValueError(f"model version {version} is beyond Triton's largest ({MAX_VERSION}, an int64)")
-    return version
-
-
-def inside(root: Path, path: Path) -> Path:
-    """``path`` resolved, when it lies inside ``root`` (resolved); a one-line ValueError otherwise (a
-    symbolic link or a name leading out of the repository)."""
-    resolved, top = path.resolve(), root.resolve()
-    if resolved != top and top not in resolved.parents:
-        raise ValueError(f"{path}: resolves to {resolved}, outside the model repository {top}")
-    return resolved
 
 
 def read_config(path: Path, model: str) -> str:

@@ -26,9 +26,10 @@ from ctrkit import __version__
 from ctrkit.preprocess.transform import RowError
 from ctrkit.serve.batcher import Batcher
 from ctrkit.serve.metrics import CONTENT_TYPE, ServerMetrics
+from ctrkit.serve.names import check_name, check_version
 from ctrkit.serve.predictor import Predictor
 from ctrkit.serve.protocol import HEADER_LENGTH, RequestError, encode_response, parse_request
-from ctrkit.serve.repository import ModelRepository, check_name, check_version
+from ctrkit.serve.repository import ModelRepository
 
 DEFAULT_MAX_BODY = 64 << 20
 BODY_TIMEOUT_S = 30.0  # a body that takes longer to arrive gets a 408 (a client that sends half a request and waits)

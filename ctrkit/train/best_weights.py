@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from ctrkit.checkpoint_shards import drop_pages
+from ctrkit.checkpoint_files import drop_pages
 from ctrkit.hugepages import file_tensor
 
 ON_DISK_FROM = 64 << 20  # tensors of this many bytes or more go to disk (the tables); smaller ones stay in memory

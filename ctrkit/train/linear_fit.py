@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ctrkit.eval.metrics import roc_auc
+from ctrkit.metrics import roc_auc
 from ctrkit.train.memory import WARM_START_ROWS
 
 CS = (0.01, 0.03, 0.1, 0.3, 1.0)  # inverse L2 strengths tried, strongest first (each fit warm-starts the next)

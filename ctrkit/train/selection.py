@@ -25,7 +25,7 @@ import numpy as np
 
 from ctrkit.eval.calibration import choose_calibration
 from ctrkit.eval.evaluator import metrics_of, predict_logits
-from ctrkit.eval.metrics import auc_difference
+from ctrkit.metrics import auc_difference
 from ctrkit.train.best_weights import release
 
 

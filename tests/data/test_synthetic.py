@@ -3,7 +3,7 @@ import pytest
 
 from ctrkit.data.dataset import SplitBinaryDataset
 from ctrkit.data.synthetic import SyntheticCTR, generate_dataset, power_law_ids
-from ctrkit.eval.metrics import roc_auc
+from ctrkit.metrics import roc_auc
 
 
 def test_power_law_ids_are_skewed_and_in_range():

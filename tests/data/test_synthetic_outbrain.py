@@ -5,7 +5,7 @@ import torch
 from ctrkit.config import TrainConfig
 from ctrkit.data.dataset import SplitBinaryDataset
 from ctrkit.data.synthetic_outbrain import generate_outbrain
-from ctrkit.eval.metrics import mean_average_precision
+from ctrkit.metrics import mean_average_precision
 from ctrkit.models import create_model
 from ctrkit.models.registry import make_config
 from ctrkit.train.trainer import RunInfo, Trainer

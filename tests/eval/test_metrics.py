@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import log_loss, roc_auc_score
 
-from ctrkit.eval.metrics import auc_difference, log_loss_from_logits, roc_auc, sigmoid
+from ctrkit.metrics import auc_difference, log_loss_from_logits, roc_auc, sigmoid
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -55,7 +55,7 @@ def test_log_loss_is_finite_for_extreme_logits():
 
 
 def test_map_at_k_hand_computed_with_ties():
-    from ctrkit.eval.metrics import mean_average_precision
+    from ctrkit.metrics import mean_average_precision
 
     groups = [7, 7, 7, 3, 3, 3, 3, 9, 9]
     labels = [0, 1, 0, 1, 0, 0, 0, 0, 0]
@@ -73,7 +73,7 @@ def test_map_at_k_hand_computed_with_ties():
 
 
 def test_map_against_a_loop_on_random_displays():
-    from ctrkit.eval.metrics import mean_average_precision
+    from ctrkit.metrics import mean_average_precision
 
     rng = np.random.default_rng(3)
     groups = rng.integers(0, 200, 3000)

@@ -14,8 +14,8 @@ from tritonclient.grpc import model_config_pb2
 from ctrkit.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from ctrkit.data.dataset import SplitBinaryDataset
 from ctrkit.eval.evaluator import predict_logits
-from ctrkit.eval.metrics import sigmoid
 from ctrkit.export.exporter import export_checkpoint
+from ctrkit.metrics import sigmoid
 from ctrkit.models.registry import config_to_dict, create_model, make_config
 from ctrkit.serve.predictor import Predictor
 from tests.conftest import run_cli

@@ -13,7 +13,8 @@ import pytest
 
 from ctrkit.checkpoint import load_checkpoint, save_checkpoint
 from ctrkit.export.exporter import export_checkpoint
-from ctrkit.serve.repository import MAX_VERSION, ModelRepository
+from ctrkit.serve.names import MAX_VERSION
+from ctrkit.serve.repository import ModelRepository
 
 # an export of CHECKPOINT into REPO as model NAME, in its own process, that sleeps DELAY seconds after its model is
 # written and before its version is placed (the slow export among quick ones); prints its summary as JSON

@@ -103,7 +103,7 @@ def test_continued_training_admits_new_ids_and_resumes_as_uninterrupted(tmp_path
                            str(days[2]), "--mapping", "test", "--out", str(out)],
                           capture_output=True, text=True)  # fmt: skip
     assert pred.returncode == 0, pred.stderr[-2000:]
-    from ctrkit.eval.metrics import roc_auc
+    from ctrkit.metrics import roc_auc
 
     labels = SplitBinaryDataset(FeatureSpec.from_yaml(days[2]), "test").labels()
     pairs = int(labels.sum()) * int(len(labels) - labels.sum())

@@ -57,7 +57,7 @@ def test_small_data_chooses_c_on_validation_and_training_blocks_as_scikit_learn_
 
     import ctrkit.train.linear_fit as linear_fit
     from ctrkit.bench.panel import write_tabular
-    from ctrkit.eval.metrics import roc_auc
+    from ctrkit.metrics import roc_auc
 
     rng = np.random.default_rng(1)
     n = 8000

@@ -13,7 +13,7 @@ import torch
 from ctrkit.checkpoint import load_checkpoint
 from ctrkit.data.dataset import SplitBinaryDataset
 from ctrkit.eval.evaluator import predict_logits
-from ctrkit.eval.metrics import roc_auc
+from ctrkit.metrics import roc_auc
 from ctrkit.models.ensemble import Ensemble
 from ctrkit.train.run import train
 from tests.conftest import Interrupted, run_cli, stop_after_save

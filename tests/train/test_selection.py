@@ -216,7 +216,7 @@ def eval_records(log):
 
 
 def test_warm_start_z_keeps_the_regression_unless_a_model_beats_it_significantly(tiny_dataset, tmp_path):
-    from ctrkit.eval.metrics import auc_difference
+    from ctrkit.metrics import auc_difference
 
     base = dict(batch_size=512, epochs=2, evals_per_epoch=3, early_stopping_patience=0, plateau_patience=0, seed=2)
     any_gain = build_with_linear_term(tiny_dataset, TrainConfig(**base, warm_start_z=0.0), log=tmp_path / "a.jsonl")

@@ -11,7 +11,7 @@ from ctrkit.data.dataset import SplitBinaryDataset
 from ctrkit.data.feature_spec import FeatureSpec
 from ctrkit.data.synthetic import SyntheticCTR
 from ctrkit.eval.evaluator import evaluate
-from ctrkit.eval.metrics import roc_auc
+from ctrkit.metrics import roc_auc
 from ctrkit.models import DLRMConfig, create_model
 from ctrkit.train.plan import resolved_train
 from ctrkit.train.trainer import RunInfo, Trainer, schedule_of
