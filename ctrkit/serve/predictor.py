@@ -211,13 +211,12 @@ class Predictor:
 
 
 def _compiled(model: torch.nn.Module):
-    """``model`` compiled for inference (Inductor freezing), or itself when compiling is impossible here."""
+    """``model`` compiled for inference (Inductor freezing, for this model's compilation only), or itself when
+    compiling is impossible here."""
     import warnings
 
-    import torch._inductor.config as inductor_config
-
-    inductor_config.freezing = True  # weights are constants at inference: fold and prepack them
-    compiled = torch.compile(model, dynamic=True)
+    # weights are constants at inference: fold and prepack them (an option of this compile, not a process-wide flag)
+    compiled = torch.compile(model, dynamic=True, options={"freezing": True})
     calls = {"eager": False}
 
     def run(*inputs: torch.Tensor) -> torch.Tensor:

@@ -69,10 +69,20 @@ def test_bench_inference_in_process_and_through_a_server(tiny_checkpoint, tmp_pa
     assert [(r["batch_size"], r["requests"]) for r in results] == [(1, 40), (16, 40)]
 
 
-def test_compiled_predictor_matches_eager(tiny_checkpoint, tiny_dataset):
+def test_compiled_predictor_matches_eager(tiny_checkpoint, tiny_dataset, monkeypatch):
+    """The compiled model scores as the eager one; its weights are frozen (Inductor's freeze ran) by an option of its
+    own compilation, leaving the process-wide flag as it was for every other model."""
+    import torch._inductor.config as inductor_config
+    import torch._inductor.freezing as freezing
+
+    frozen = []
+    freeze = freezing.freeze
+    monkeypatch.setattr(freezing, "freeze", lambda *a, **k: (frozen.append(1), freeze(*a, **k))[1])
     batch = SplitBinaryDataset(tiny_dataset, "test").slice(0, 257)
     eager = Predictor.from_checkpoint(tiny_checkpoint)
+    before = inductor_config.freezing
     compiled = Predictor.from_checkpoint(tiny_checkpoint, compile=True)
     for n in (257, 3):  # two batch sizes: compiled for dynamic shapes
         args = (batch.numerical.numpy()[:n], batch.categorical.numpy()[:n])
         np.testing.assert_allclose(compiled(*args), eager(*args), atol=1e-5)
+    assert frozen and inductor_config.freezing == before is False
