@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ctrkit.train.sources import Source, source
+
 
 @dataclass(frozen=True)
 class Mechanism:
@@ -99,7 +101,7 @@ CONTINUED_WIDE_RATE = 4.0  # ... and its first-order rate: this multiple (no war
 CONTINUED_HALF_LIFE = 2  # ... and its dynamic tables' counts: halving every this many epochs of the new data
 
 
-def continued_settings(cfg: Any, sources: dict[str, str], rules: dict[str, str], steps: int) -> dict[str, Any]:
+def continued_settings(cfg: Any, sources: dict[str, Source], rules: dict[str, str], steps: int) -> dict[str, Any]:
     """What a run continued from a trained model (``--continue-from``) changes where the user left the setting to
     the model's default (recorded in ``rules`` for the plan), ``steps`` being the batches of an epoch: the dense
     and table rates at ``CONTINUED_RATES`` of it (a trained model is carried on, not trained anew), the
@@ -110,7 +112,7 @@ def continued_settings(cfg: Any, sources: dict[str, str], rules: dict[str, str],
     changes: dict[str, Any] = {}
 
     def left(name: str) -> bool:
-        return sources.get(name, "default").endswith("default")
+        return source(sources, name).left_to_defaults
 
     rates = (f"a continued run: {CONTINUED_RATES:g} x the model's default dense and table rates, "
              f"{CONTINUED_WIDE_RATE:g} x its first-order rate")  # fmt: skip

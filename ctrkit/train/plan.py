@@ -30,6 +30,7 @@ from ctrkit.train.memory import (
     tables_directory,
     working_bytes,
 )
+from ctrkit.train.sources import Layer, source
 
 # Small data: an epoch of fewer than SMALL_EPOCH batches (a table of a few thousand rows at batch 1,024).
 # There a run measured in epochs and evaluations ends after a few dozen steps while still improving, so
@@ -250,13 +251,11 @@ def _fit_or_refuse(cfg: Any, sources: dict, memory: dict, need: Any, budget: Roo
     local = local_processes(processes, budget)
     fits = lambda m: m["more"] * local <= usable  # noqa: E731
     peak, has = gib(memory["peak"]), gib(budget.bytes)
-    chosen_by = sources.get("embedding_optimizer", "default")
-    lighter_by_default = chosen_by == "default" or chosen_by.startswith("recipe") or chosen_by.endswith("'s default")
+    lighter_by_default = not source(sources, "embedding_optimizer").user_set
     optimizer, changes = cfg.embedding_optimizer, {}
     if lighter_by_default and optimizer not in ("sgd", "rowwise_adagrad"):
         optimizer, changes = "rowwise_adagrad", {"embedding_optimizer": "rowwise_adagrad"}
-        lr_by = sources.get("embedding_lr", "default")
-        if lr_by == "default" or lr_by.startswith("recipe") or lr_by.endswith("'s default"):
+        if not source(sources, "embedding_lr").user_set:
             changes["embedding_lr"] = ROWWISE_ADAGRAD_LR
         lighter = need(optimizer)
         if fits(lighter):
@@ -346,7 +345,7 @@ def make_plan(
     lines: list[tuple[str, str, str]] = []
 
     def why(name: str) -> str:
-        return rules.get(name) or sources.get(name, "default")
+        return rules.get(name) or str(source(sources, name))
 
     distributed = processes > 1 or getattr(spec, "distributed", False)
     small = cfg.small_batch
@@ -381,7 +380,7 @@ def make_plan(
         raise ValueError("dynamic features (raw ids) train with their tables in memory, not with --embedding-storage "
                          "disk; set --embedding-storage memory")  # fmt: skip
 
-    best_by = sources.get("best_weights", "default")
+    best_left = source(sources, "best_weights").layer is Layer.DEFAULT
     best = cfg.best_weights or ("disk" if validation and sizes[0] // processes >= BEST_ON_DISK_TABLES else "memory")
     if cfg.best_weights is None and best == "disk":
         rules["best_weights"] = f"{gib(sizes[0] // processes)} of tables, from {gib(BEST_ON_DISK_TABLES)} on disk"
@@ -412,7 +411,7 @@ def make_plan(
     else:
         memory = need(cfg.embedding_optimizer)
     if usable is not None and memory["more"] * local_processes(processes, budget) > usable and best == "memory":
-        if validation and best_by == "default" and need(cfg.embedding_optimizer, best="disk")["more"] <= usable:
+        if validation and best_left and need(cfg.embedding_optimizer, best="disk")["more"] <= usable:
             best, memory = "disk", need(cfg.embedding_optimizer, best="disk")
             rules["best_weights"] = f"memory: a second copy of the tables would not fit in {budget.where}"
     if usable is not None and memory["more"] * local_processes(processes, budget) > usable:

@@ -26,6 +26,7 @@ from ctrkit.train.members import SeedEnsemble
 from ctrkit.train.recipes import DEFAULT_RECIPE
 from ctrkit.train.recipes import recipe as get_recipe
 from ctrkit.train.run_file import _yaml_mapping, load_run_file
+from ctrkit.train.sources import Layer, Source
 
 DEFAULT_MODEL = "dlrm"
 
@@ -64,7 +65,7 @@ class RunSpec:
     progress: bool = True
     tensorboard: Path | None = None
     recipe: str = DEFAULT_RECIPE
-    sources: dict[str, str] = field(default_factory=dict)
+    sources: dict[str, Source] = field(default_factory=dict)
     allow_other_vocabulary: bool = False
     continue_from: Path | None = None
 
@@ -266,17 +267,20 @@ def setting_sources(
     train: dict | None,
     model_config_file: Any,
     model_config: dict | None,
-) -> dict[str, str]:
+) -> dict[str, Source]:
     """Which layer set each training and model setting: the model's default, the recipe, the run YAML, a model
     config file or a flag (later layers win, as in ``resolve_run``)."""
     from ctrkit.models.registry import train_defaults
 
-    sources = {k: f"{model}'s default" for k in train_defaults(model)}
-    layers = [(recipe_train, f"recipe {recipe}"), (recipe_model, f"recipe {recipe}"),
-              ({k: v for k, v in run.get("train_config", {}).items() if v is not None}, f"--config {config}"),
-              (run.get("model_config", {}), f"--config {config}"),
-              (_yaml_mapping(model_config_file) if model_config_file is not None else {}, "--model-config"),
-              (train or {}, "flag"), (model_config or {}, "flag")]  # fmt: skip
+    sources = {k: Source(Layer.MODEL, f"{model}'s default") for k in train_defaults(model)}
+    recipe_source, run_source = Source(Layer.RECIPE, f"recipe {recipe}"), Source(Layer.RUN_FILE, f"--config {config}")
+    flag = Source(Layer.FLAG, "flag")
+    layers = [(recipe_train, recipe_source), (recipe_model, recipe_source),
+              ({k: v for k, v in run.get("train_config", {}).items() if v is not None}, run_source),
+              (run.get("model_config", {}), run_source),
+              (_yaml_mapping(model_config_file) if model_config_file is not None else {},
+               Source(Layer.MODEL_FILE, "--model-config")),
+              (train or {}, flag), (model_config or {}, flag)]  # fmt: skip
     for layer, where in layers:
         sources.update({k: where for k in layer})
     return sources
