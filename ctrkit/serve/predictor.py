@@ -211,18 +211,23 @@ class Predictor:
 
 
 def _compiled(model: torch.nn.Module):
-    """``model`` compiled for inference (Inductor freezing, for this model's compilation only), or itself when
-    compiling is impossible here."""
+    """``model`` compiled for inference (Inductor freezing, set only while this model's calls compile and run), or
+    itself when compiling is impossible here."""
     import warnings
 
-    # weights are constants at inference: fold and prepack them (an option of this compile, not a process-wide flag)
-    compiled = torch.compile(model, dynamic=True, options={"freezing": True})
+    import torch._inductor.config as inductor_config
+
+    # weights are constants at inference: fold and prepack them. Inductor reads the flag when a call compiles; it
+    # is patched around this model's calls only (as torch.compile's `options` it broke Dynamo's guards around
+    # the memory-mapped store's lookups: "Guard failed on the same frame it was created")
+    compiled = torch.compile(model, dynamic=True)
     calls = {"eager": False}
 
     def run(*inputs: torch.Tensor) -> torch.Tensor:
         if not calls["eager"]:
             try:
-                return compiled(*inputs)
+                with inductor_config.patch(freezing=True):
+                    return compiled(*inputs)
             except Exception as e:  # no C++ compiler, an unsupported op: serve eagerly
                 warnings.warn(f"torch.compile failed ({type(e).__name__}); serving in eager mode", stacklevel=2)
                 calls["eager"] = True
