@@ -17,9 +17,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from ctrkit.calibration import check_scale
 from ctrkit.checkpoint_files import CheckpointError, read_torch_file, write_sealed
 from ctrkit.checkpoint_shards import assemble_shards, read_rank_file, table_prefix
-from ctrkit.eval.calibration import check_scale
 from ctrkit.models.registry import create_model, make_config
 
 FORMAT = "ctrkit-checkpoint"

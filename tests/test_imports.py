@@ -1,5 +1,6 @@
-"""The package's imports follow docs/architecture.md: no cycle among ctrkit's modules (function-level imports count,
-annotations-only imports under ``if TYPE_CHECKING`` do not), and each part imports only what the page's table allows."""
+"""The package's imports follow docs/architecture.md: no cycle among ctrkit's modules nor among its parts (packages
+and top-level modules; function-level imports count, annotations-only ones under ``if TYPE_CHECKING`` do not), and
+each part imports only what the page's table allows."""
 
 from __future__ import annotations
 
@@ -102,6 +103,16 @@ def rules() -> dict[str, set[str]]:
 
 def test_no_module_imports_one_that_imports_it_back():
     assert cycles(GRAPH) == []
+
+
+def test_no_part_imports_one_that_imports_it_back():
+    """The same at the level of the page's parts (``train/``, ``eval/``, ``checkpoint.py``, ...)."""
+    parts: dict[str, set[str]] = {}
+    for module, targets in GRAPH.items():
+        if module != "ctrkit":
+            here = part_of(module)
+            parts.setdefault(here, set()).update(part_of(t) for t in targets if t != "ctrkit" and part_of(t) != here)
+    assert cycles(parts) == []
 
 
 def test_each_part_imports_only_what_the_architecture_page_allows():

@@ -91,8 +91,8 @@ def _score(checkpoint: Path, dataset: Path) -> dict[str, float]:
     """Test AUC and log loss of a checkpoint's model on a dataset's test mapping."""
     import torch
 
+    from ctrkit.calibration import calibrated
     from ctrkit.checkpoint import load_checkpoint
-    from ctrkit.eval.calibration import calibrated
     from ctrkit.eval.evaluator import metrics_of, predict_logits
 
     ckpt = load_checkpoint(checkpoint)

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ctrkit import native
+from ctrkit import native, thread_split
 from ctrkit.bench.config import TrainBenchConfig
 from ctrkit.bench.peak import machine, matmul_gflops, matmul_peaks
 from ctrkit.data.batch import Batch
@@ -21,7 +21,6 @@ from ctrkit.device import amp_dtype_for
 from ctrkit.models.disk_tier import disk_tables, tiers
 from ctrkit.models.inputs import BottomTopConfig
 from ctrkit.models.registry import config_class, config_to_dict, create_model, make_config, train_defaults
-from ctrkit.train import split as thread_split
 from ctrkit.train.optim import build_optimizers
 from ctrkit.train.step import TrainStep
 

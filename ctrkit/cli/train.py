@@ -298,9 +298,9 @@ def convert_checkpoint(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from ctrkit.checkpoint import load_checkpoint, save_checkpoint
-    from ctrkit.distributed.sharded_state import converted_optimizer_states, write_sharded_checkpoint
     from ctrkit.models.embeddings import deferred_tables
     from ctrkit.models.registry import create_model, make_config
+    from ctrkit.train.convert import converted_optimizer_states, write_sharded_checkpoint
 
     cfg: ConvertConfig = config_from(args, ConvertConfig)
     par: ParallelConfig = config_from(args, ParallelConfig)

@@ -12,13 +12,13 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from ctrkit.calibration import calibrated
 from ctrkit.checkpoint import Checkpoint, load_checkpoint
 from ctrkit.config import ParallelConfig
 from ctrkit.data.dataset import SplitBinaryDataset
 from ctrkit.data.feature_spec import FeatureSpec
 from ctrkit.data.loader import BatchLoader, part_bounds
 from ctrkit.distributed.env import DistEnv, gather_in_order
-from ctrkit.eval.calibration import calibrated
 from ctrkit.metrics import log_loss_from_logits, mean_average_precision, roc_auc, sigmoid
 
 
@@ -72,11 +72,11 @@ SCORE_SLICE = 2048  # rows a CPU worker thread scores at once (a batch's slices 
 
 
 def scoring_team(device: torch.device, env: DistEnv | None = None):
-    """The CPU's worker threads for scoring (``train/split.py``'s team, one intra-op thread each), or None: on
+    """The CPU's worker threads for scoring (``thread_split.py``'s team, one intra-op thread each), or None: on
     CUDA, in a hybrid-parallel job (its collectives run on the calling thread) or with one thread."""
     if device.type != "cpu" or env is not None or torch.get_num_threads() < 2:
         return None
-    from ctrkit.train import split as thread_split
+    from ctrkit import thread_split
 
     return thread_split.team(torch.get_num_threads())
 
@@ -99,7 +99,7 @@ def score_in_slices(team: Any, rows: int, score: Any, out: np.ndarray) -> None:
     score is the one the whole batch's forward pass gives, to float rounding (the products run over fewer rows).
     Why: one forward pass spread over the threads by ATen meets at every operation, and a small slice's
     activations stay in the cache; measured in docs/decisions/memory-plan.md."""
-    from ctrkit.train import split as thread_split
+    from ctrkit import thread_split
 
     pieces = thread_split.slices(rows, -(-rows // SCORE_SLICE))
     workers = len(team.workers)

@@ -103,8 +103,8 @@ class SeedEnsemble:
         one with the higher validation AUC (the run's batch's on a tie), and its logit scale (``calibrate``).
         Saved (``member_ensemble``, ``calibration``), then the test scored once: each kept member's logits,
         averaged and scaled as on validation."""
+        from ctrkit.calibration import choose_calibration
         from ctrkit.checkpoint import save_checkpoint
-        from ctrkit.eval.calibration import choose_calibration
         from ctrkit.train.selection import score
         from ctrkit.train.snapshots import scored_with_parts
 

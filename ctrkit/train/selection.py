@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ctrkit.eval.calibration import choose_calibration
+from ctrkit.calibration import choose_calibration
 from ctrkit.eval.evaluator import metrics_of, predict_logits
 from ctrkit.metrics import auc_difference
 from ctrkit.train.best_weights import release
@@ -157,7 +157,7 @@ class ModelSelection:
     """Validation, the selected weights, table redraws and calibration (a mixin of ``Trainer``)."""
 
     def _calibrate(self, ensemble_logits: np.ndarray | None) -> None:
-        """Fits the kept model's logit scale on validation (``calibrate``; ``eval/calibration.py``) and logs
+        """Fits the kept model's logit scale on validation (``calibrate``; ``calibration.py``) and logs
         the fit; the checkpoint saved next stores it. ``ensemble_logits``: a kept snapshot ensemble's
         validation logits (``_form_ensemble``'s); None: the selected weights are scored here."""
         self.calibration, self.calibration_record = None, {}

@@ -10,10 +10,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from ctrkit.calibration import calibrated
 from ctrkit.checkpoint import (
     snapshot_states,
 )
-from ctrkit.eval.calibration import calibrated
 from ctrkit.eval.evaluator import metrics_of
 from ctrkit.train.selection import score
 

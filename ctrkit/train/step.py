@@ -10,13 +10,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ctrkit import hugepages
+from ctrkit import hugepages, thread_split
 from ctrkit.data.batch import Batch
 from ctrkit.models import disk_tier
 from ctrkit.models.dynamic import DynamicIds
 from ctrkit.models.embeddings import CategoricalEmbeddings
 from ctrkit.models.mlp import Dropout, dropout_generator
-from ctrkit.train import split as thread_split
 from ctrkit.train.dynamic_rows import reset_table_rows
 
 
@@ -38,7 +37,7 @@ class TrainStep:
             batch's samples looked up (every CategoricalEmbeddings' output), so only the looked-up rows
             are penalised and the tables' gradients stay sparse.
         weight_decay: adds ``weight_decay / 2 * sum ||W||^2`` over the weight matrices of the dense part.
-        split: ``auto`` / ``on`` split each step's batch over the CPU's threads (ctrkit/train/split.py: one
+        split: ``auto`` / ``on`` split each step's batch over the CPU's threads (ctrkit/thread_split.py: one
             worker thread per intra-op thread, each running its slice's forward and backward on one thread; the
             same step to float rounding). ``auto`` splits on the CPU with two or more threads, without
             ``compile`` or fp16 and outside a hybrid-parallel job, and only batches of at least
@@ -190,7 +189,7 @@ class TrainStep:
         return min(n, len(batch))
 
     def _split_step(self, batch: Batch, n: int, global_size: int | None) -> torch.Tensor:
-        """The step with the batch split into ``n`` slices over ``n`` worker threads (ctrkit/train/split.py)."""
+        """The step with the batch split into ``n`` slices over ``n`` worker threads (ctrkit/thread_split.py)."""
         size = global_size or len(batch)
         parts = [batch.rows(s) for s in thread_split.slices(len(batch), n)]
         seeds = torch.randint(0, 2**62, (n,)).tolist() if self._has_dropout else None  # from the global generator

@@ -1,4 +1,4 @@
-"""The logit scale fitted on validation (``eval/calibration.py``): against scikit-learn's logistic regression of
+"""The logit scale fitted on validation (``calibration.py``): against scikit-learn's logistic regression of
 the labels on the logit, on planted over- and underconfidence, on separable data, and the auto rule."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import log_loss, roc_auc_score
 
-from ctrkit.eval.calibration import LR_TEST_THRESHOLD, calibrated, check_scale, choose_calibration, fit_scale
+from ctrkit.calibration import LR_TEST_THRESHOLD, calibrated, check_scale, choose_calibration, fit_scale
 
 
 def planted(n: int, confidence: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

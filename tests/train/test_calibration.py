@@ -12,9 +12,9 @@ import pytest
 import torch
 from sklearn.metrics import log_loss, roc_auc_score
 
+from ctrkit.calibration import fit_scale
 from ctrkit.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from ctrkit.data.dataset import SplitBinaryDataset, split_tail
-from ctrkit.eval.calibration import fit_scale
 from ctrkit.eval.evaluator import predict_logits
 from ctrkit.export.exporter import export_checkpoint
 from ctrkit.serve.predictor import Predictor

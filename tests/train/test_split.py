@@ -1,4 +1,4 @@
-"""The training step split over threads (ctrkit/train/split.py) against the unsplit step."""
+"""The training step split over threads (ctrkit/thread_split.py) against the unsplit step."""
 
 import threading
 
@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from ctrkit import thread_split as split
 from ctrkit.data.batch import Batch, MultiHot, PaddedMultiHot
 from ctrkit.models.registry import create_model, make_config
-from ctrkit.train import split
 from ctrkit.train.optim import build_optimizers
 from ctrkit.train.step import TrainStep
 
