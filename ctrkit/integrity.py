@@ -24,6 +24,7 @@ import torch
 import xxhash
 
 FILES = "digests.json"  # an export directory's file digests, beside its files
+FILE_ALGORITHM = "xxh3_64"  # of a file's bytes, in FILES
 ALGORITHM = "xxh3_64+values"  # tensors and every other value
 TENSORS_ONLY = "xxh3_64"  # what checkpoints written before the values were covered carry
 KEY = "digest"  # where a file's digest is stored, beside the data it covers
@@ -170,7 +171,7 @@ def seal_files(directory: Path) -> dict[str, str]:
     """Writes ``FILES`` in ``directory``: the XXH3-64 of every file under it (by relative path); returns them."""
     directory = Path(directory)
     digests = {name: file_digest(directory / name) for name in _sealable(directory)}
-    text = json.dumps({"algorithm": TENSORS_ONLY, "files": digests}, indent=2) + "\n"
+    text = json.dumps({"algorithm": FILE_ALGORITHM, "files": digests}, indent=2) + "\n"
     (directory / FILES).write_text(text)
     return digests
 
@@ -186,7 +187,7 @@ def check_files(directory: Path) -> bool:
     try:
         data = json.loads(record.read_text(encoding="utf-8"))
         listed = data["files"]
-        if data.get("algorithm") != TENSORS_ONLY or not isinstance(listed, dict):
+        if data.get("algorithm") != FILE_ALGORITHM or not isinstance(listed, dict):
             raise ValueError(f"algorithm {data.get('algorithm')!r}")
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
         raise ValueError(f"{record}: not a file-digest record ({type(e).__name__}: {e})") from None

@@ -122,7 +122,7 @@ def atomic_directory(out_dir: str | os.PathLike, overwrite: bool = False, needs:
     out = Path(out_dir)
     check_new_directory(out, overwrite)
     check_room(out, needs)
-    tmp = _temporary(out, lambda: Path(tempfile.mkdtemp(dir=out.parent, prefix=_prefix(out))))
+    tmp = _temporary(out, lambda: Path(tempfile.mkdtemp(dir=out.parent, prefix=temporary_prefix(out))))
     try:
         yield tmp
         os.chmod(tmp, 0o755)  # mkdtemp creates 0700
@@ -155,7 +155,7 @@ def atomic_file(path: str | os.PathLike, needs: int | None = None) -> Iterator[P
     check_room(path, needs)
 
     def make() -> Path:
-        fd, name = tempfile.mkstemp(dir=path.parent, prefix=_prefix(path))
+        fd, name = tempfile.mkstemp(dir=path.parent, prefix=temporary_prefix(path))
         os.close(fd)
         return Path(name)
 
@@ -203,7 +203,8 @@ def _temporary(target: Path, make) -> Path:
         raise
 
 
-def _prefix(target: Path) -> str:
+def temporary_prefix(target: Path) -> str:
+    """How a temporary of ``target`` written by this process is named (``remove_stale_temporaries`` reads it back)."""
     return f".{target.name}.tmp-{os.getpid()}-"
 
 

@@ -20,7 +20,7 @@ import torch
 from ctrkit.checkpoint import load_checkpoint
 from ctrkit.config import EXPORT_FORMATS as FORMATS
 from ctrkit.config import QUANTIZATIONS
-from ctrkit.data.atomic import atomic_directory, disk_error, remove_stale_temporaries
+from ctrkit.data.atomic import atomic_directory, disk_error, remove_stale_temporaries, temporary_prefix
 from ctrkit.integrity import seal_files
 from ctrkit.models.dynamic import DYNAMIC_FILE, frozen_arrays
 from ctrkit.models.signature import MULTI_HOT, PROBABILITY, InferenceModel, Signature
@@ -234,6 +234,12 @@ def _model_file(kind: str) -> str:
     return "model.onnx" if kind == "onnx" else "model.pt"
 
 
+def _temporary(out: Path, name: str) -> Path:
+    """A new empty directory in repository ``out``, named as a temporary of model ``name`` (a later export removes it
+    if this process dies)."""
+    return Path(tempfile.mkdtemp(dir=out, prefix=temporary_prefix(out / name)))
+
+
 @contextmanager
 def staging_directory(out: Path, name: str) -> Iterator[Path]:
     """A temporary directory in the repository ``out`` where a version of model ``name`` is written before it is
@@ -244,7 +250,7 @@ def staging_directory(out: Path, name: str) -> Iterator[Path]:
     try:
         out.mkdir(parents=True, exist_ok=True)
         remove_stale_temporaries(target)
-        tmp = Path(tempfile.mkdtemp(dir=out, prefix=f".{name}.tmp-{os.getpid()}-"))
+        tmp = _temporary(out, name)
         yield tmp
     except BaseException as e:
         problem = disk_error(e, target, 0, None)
@@ -273,7 +279,7 @@ def repository_lock(out: Path) -> Iterator[None]:
 def _place_version(
     out: Path, name: str, staged: Path, config: str, version: int | None, overwrite: bool
 ) -> tuple[int, bool]:
-    """Moves the version written in ``staged`` into model ``name`` of repository ``out``, under the model's lock:
+    """Moves the version written in ``staged`` into model ``name`` of repository ``out``, under the repository's lock:
     its number chosen then (``version``, or one after the newest), a new model created whole (config, metadata,
     the version) by one rename that fails rather than replace a directory made meanwhile. Returns the number and
     whether the model is new."""
@@ -285,14 +291,14 @@ def _place_version(
         number = int(target.name)
         if model_dir.exists():
             if target.exists():  # replaced (overwrite): the old version set aside, then removed
-                old = Path(tempfile.mkdtemp(dir=out, prefix=f".{name}.tmp-{os.getpid()}-"))
+                old = _temporary(out, name)
                 os.replace(target, old / "old")
                 os.replace(staged, target)
                 shutil.rmtree(old, ignore_errors=True)
             else:
                 os.replace(staged, target)
             return number, False
-        model = Path(tempfile.mkdtemp(dir=out, prefix=f".{name}.tmp-{os.getpid()}-"))
+        model = _temporary(out, name)
         try:
             os.chmod(model, 0o755)
             os.replace(staged, model / str(number))

@@ -50,25 +50,35 @@ BATCHED = 64
 MAX_PROBE = 64  # slots a lookup or an insert looks at, at most (at load <= 1/2 a random key set needs a handful)
 
 
-def mix64(ids: np.ndarray) -> np.ndarray:
-    """SplitMix64's finaliser: a bijection of 64-bit integers that spreads consecutive ids over the slots."""
-    z = ids.astype(np.uint64, copy=True)
+def _finalise(z: np.ndarray, scratch: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser applied to the uint64 array ``z`` in place (``scratch``: an array of its size)."""
     with np.errstate(over="ignore"):
-        z ^= z >> np.uint64(30)
-        z *= np.uint64(0xBF58476D1CE4E5B9)
-        z ^= z >> np.uint64(27)
-        z *= np.uint64(0x94D049BB133111EB)
-        z ^= z >> np.uint64(31)
+        for shift, factor in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB), (31, None)):
+            np.right_shift(z, np.uint64(shift), out=scratch)
+            z ^= scratch
+            if factor is not None:
+                z *= np.uint64(factor)
     return z
 
 
+def mix64(ids: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser: a bijection of 64-bit integers that spreads consecutive ids over the slots."""
+    z = ids.astype(np.uint64, copy=True)
+    return _finalise(z, np.empty_like(z))
+
+
 def keyed_mix(ids: np.ndarray, key: np.ndarray) -> np.ndarray:
-    """``ids`` hashed under the two 64-bit words of ``key``: mix64(mix64(id ^ k0) ^ k1); a zero key is the unkeyed
-    ``mix64`` of maps written before keys existed."""
+    """``ids`` hashed under the two 64-bit words of ``key``: mix64(mix64(id ^ k0) ^ k1), in one array; a zero key
+    is the unkeyed ``mix64`` of maps written before keys existed."""
     k0, k1 = (np.uint64(int(k) & (2**64 - 1)) for k in key)
     if not k0 and not k1:
         return mix64(ids)
-    return mix64(mix64(ids.astype(np.uint64) ^ k0) ^ k1)
+    z = ids.astype(np.uint64, copy=True)
+    scratch = np.empty_like(z)
+    z ^= k0
+    _finalise(z, scratch)
+    z ^= k1
+    return _finalise(z, scratch)
 
 
 def new_key() -> torch.Tensor:
@@ -345,9 +355,9 @@ class DynamicIds(nn.Module):
         """Every rank of a job takes rank 0's hash key (their maps must agree slot for slot); one process: nothing."""
         import torch.distributed as dist
 
-        if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        device = _collective_device()
+        if device is None:
             return
-        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
         key = self.hash_key.to(device)
         dist.broadcast(key, src=0)
         self.hash_key.copy_(key.cpu())
@@ -395,15 +405,24 @@ class DynamicIds(nn.Module):
         return [int(getattr(self, f"held{j}").sum()) for j in range(len(self.columns))]
 
 
+def _collective_device() -> torch.device | None:
+    """Where this job's collectives take tensors: CUDA under NCCL, the CPU under gloo; None in one process
+    (``models/`` leaves ``distributed/`` alone: inline)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return None
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
 def _whole_batch(ids: torch.Tensor) -> torch.Tensor:
     """(B_r, k) ids of this rank's samples -> (B, k) on the CPU: every rank's, in rank order (one process: as
     given)."""
     import torch.distributed as dist
 
-    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+    device = _collective_device()
+    if device is None:
         return ids.cpu()
-    # NCCL exchanges CUDA tensors, gloo CPU ones (``models/`` leaves ``distributed/`` alone: inline)
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
     n = torch.tensor([ids.shape[0]], dtype=torch.int64, device=device)
     sizes = [torch.zeros_like(n) for _ in range(dist.get_world_size())]
     dist.all_gather(sizes, n)

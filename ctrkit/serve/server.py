@@ -34,6 +34,7 @@ from ctrkit.serve.repository import ModelRepository
 DEFAULT_MAX_BODY = 64 << 20
 BODY_TIMEOUT_S = 30.0  # a body that takes longer to arrive gets a 408 (a client that sends half a request and waits)
 LARGE_BODY = 1 << 20  # bodies from this size on are parsed in a worker process
+MAX_INDEX_BODY = 1 << 20  # a repository index request is a small JSON object
 log = logging.getLogger("ctrkit.serve")
 
 
@@ -325,11 +326,11 @@ def create_app(
         @app.post("/v2/repository/index")
         async def repository_index(request: Request):
             try:
-                body, seen = await read_body(request, 1 << 20)
+                body, seen = await read_body(request, MAX_INDEX_BODY)
             except BodyTimeout as e:
                 return too_slow(e.args[0])
-            if seen > 1 << 20:
-                return error(400, f"the index request of {seen} bytes exceeds the limit of {1 << 20} bytes")
+            if seen > MAX_INDEX_BODY:
+                return error(400, f"the index request of {seen} bytes exceeds the limit of {MAX_INDEX_BODY} bytes")
             try:
                 doc = json.loads(body) if body.strip() else {}
             except (ValueError, UnicodeDecodeError, RecursionError):

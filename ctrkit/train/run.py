@@ -191,8 +191,8 @@ def resolve_run(
         model = read(source, mmap=True, assemble=False, verify=False).model_name  # verified when loaded
     name = model or run.get("model") or DEFAULT_MODEL
     check_fields(config_class(name), run.get("model_config", {}), f"{config}: model_config")
-    if model_config_file is not None:
-        check_fields(config_class(name), _yaml_mapping(model_config_file), str(model_config_file))
+    file_layer = _yaml_mapping(model_config_file) if model_config_file is not None else {}
+    check_fields(config_class(name), file_layer, str(model_config_file))
     chosen = get_recipe(recipe or run.get("recipe"))
     recipe_train, recipe_model = chosen.layers(name)
     train_cfg = TrainConfig.from_dict({**recipe_train, **run.get("train_config", {}), **(train or {})}).resolve(name)
@@ -206,15 +206,13 @@ def resolve_run(
         ckpt = read(source, mmap=True, assemble=False, verify=False)  # name and config; verified when loaded
         if ckpt.model_name != name:
             raise ValueError(f"{source}: checkpoint holds a '{ckpt.model_name}' model, not '{name}'")
-        file_layer = _yaml_mapping(model_config_file) if model_config_file is not None else {}
         _refuse_other_shape(source, name, spec, ckpt.model_config, {**file_layer, **(model_config or {})})
         model_cfg = make_config(name, ckpt.model_config)
     else:
-        file_layer = _yaml_mapping(model_config_file) if model_config_file is not None else {}
         model_cfg = resolve_model_config(
             name, spec, recipe_model, run.get("model_config", {}), file_layer, model_config or {}
         )
-    sources = setting_sources(name, chosen.name, recipe_train, recipe_model, run, config, train, model_config_file,
+    sources = setting_sources(name, chosen.name, recipe_train, recipe_model, run, config, train, file_layer,
                               model_config)  # fmt: skip
     return RunSpec(
         name,
@@ -265,7 +263,7 @@ def setting_sources(
     run: dict,
     config: Any,
     train: dict | None,
-    model_config_file: Any,
+    file_layer: dict,
     model_config: dict | None,
 ) -> dict[str, Source]:
     """Which layer set each training and model setting: the model's default, the recipe, the run YAML, a model
@@ -278,8 +276,7 @@ def setting_sources(
     layers = [(recipe_train, recipe_source), (recipe_model, recipe_source),
               ({k: v for k, v in run.get("train_config", {}).items() if v is not None}, run_source),
               (run.get("model_config", {}), run_source),
-              (_yaml_mapping(model_config_file) if model_config_file is not None else {},
-               Source(Layer.MODEL_FILE, "--model-config")),
+              (file_layer, Source(Layer.MODEL_FILE, "--model-config")),
               (train or {}, flag), (model_config or {}, flag)]  # fmt: skip
     for layer, where in layers:
         sources.update({k: where for k in layer})
