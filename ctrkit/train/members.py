@@ -78,7 +78,7 @@ class SeedEnsemble:
         mean's validation metrics), ``taken`` (the mean kept), ``validation`` (the kept model's metrics) and
         ``logits`` (its validation logits)."""
         from ctrkit.eval.evaluator import metrics_of
-        from ctrkit.train.selection import score
+        from ctrkit.train.selection import prefers, score
 
         trainer, members, cfg = self.trainer, self.members_done, self.spec.train
         first = members[indices[0]]
@@ -90,10 +90,9 @@ class SeedEnsemble:
                 seen.append(logits)
         mean = _mean(seen)
         metrics = metrics_of(validation, mean)
-        baseline = trainer.selection.baseline_loss if cfg.warm_start_logloss else None
-        taken = len(distinct) > 1 and score(metrics) > score(first["validation"]) + cfg.min_delta and (
-            baseline is None or metrics["logloss"] < baseline
-        )  # fmt: skip
+        # the best-model rule against the first member (its z part unused: a mean is not scored against the warm start's logits)
+        taken = len(distinct) > 1 and prefers(metrics, score(first["validation"]), cfg.min_delta,
+                                              trainer.selection.loss_to_beat, None)  # fmt: skip
         return {"kept": distinct if taken else [indices[0]], "mean": metrics, "taken": taken,
                 "validation": metrics if taken else first["validation"],
                 "logits": mean if taken else seen[0]}  # fmt: skip
@@ -106,7 +105,7 @@ class SeedEnsemble:
         from ctrkit.calibration import choose_calibration
         from ctrkit.checkpoint import save_checkpoint
         from ctrkit.train.selection import score
-        from ctrkit.train.snapshots import scored_with_parts
+        from ctrkit.train.scoring import scored_with_parts
 
         trainer, members, batches = self.trainer, self.members_done, self.batches
         validation = trainer.validation_set
@@ -124,15 +123,15 @@ class SeedEnsemble:
             record["batches"] = [{"batch_size": b, "kept": [seeds[i] for i in f["kept"]], "selected": f["taken"],
                                   "auc": f["validation"]["auc"], "logloss": f["validation"]["logloss"]}
                                  for b, f in zip(batches, formed)]  # fmt: skip
-        trainer._log(record)
+        trainer.log.write(record)
         self.member_ensemble = kept
         scale, fit = None, {}
         if self.spec.train.calibrate != "off":  # the kept model's logit scale, fitted on its validation logits
             logits = formed[chosen]["logits"]
             scale, fit = choose_calibration(logits, validation.labels(), self.spec.train.calibrate)
-            trainer._log({"event": "calibration", "step": trainer.step, **fit})
+            trainer.log.write({"event": "calibration", "step": trainer.step, **fit})
         if trainer.save_path is not None and trainer.main:  # ``model``: the kept batch's first member's weights
-            final = replace(trainer.state(), model=first["models"][0], members=members, member=len(members) - 1,
+            final = replace(trainer.checkpoint(), model=first["models"][0], members=members, member=len(members) - 1,
                             member_ensemble=kept, calibration=scale)  # fmt: skip
             save_checkpoint(trainer.save_path, final)
         result: dict[str, Any] = {
@@ -152,22 +151,17 @@ class SeedEnsemble:
         if test_set is not None and len(test_set):
             logits = [self._member_logits([members[i]], test_set) for i in kept]
             test = scored_with_parts(test_set, _mean(logits), scale, logits[0] if taken else None)
-            trainer._log({"event": "test", "mapping": "test", "step": trainer.step, "best_step": result["best_step"],
+            trainer.log.write({"event": "test", "mapping": "test", "step": trainer.step, "best_step": result["best_step"],
                           "seed_ensemble": result["member_ensemble"], "batch_size": batches[chosen],
                           **test})  # fmt: skip
             result.update(test)
-        if trainer.tensorboard is not None:
-            trainer.tensorboard.close()
+        trainer.log.close()
         return result
 
     def _member_board(self, trainer, name: str | None) -> None:
         """``--tensorboard DIR`` in a seed ensemble: each member's scalars in ``DIR/<name>`` (``seed<N>``, a run
         of its own in TensorBoard, its steps its own), the run's final ones (None) in ``DIR``."""
-        from ctrkit.train.tensorboard import TensorBoardSink
-
-        if self.spec.tensorboard is None or not trainer.main:
+        if self.spec.tensorboard is None:
             return
-        if trainer.tensorboard is not None:
-            trainer.tensorboard.close()
         directory = Path(self.spec.tensorboard)
-        trainer.tensorboard = TensorBoardSink(directory / name if name is not None else directory)
+        trainer.log.use_board(directory / name if name is not None else directory)

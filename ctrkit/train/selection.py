@@ -21,18 +21,38 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import numpy as np
+from collections.abc import Callable
 
-from ctrkit.calibration import choose_calibration
-from ctrkit.eval.evaluator import metrics_of, predict_logits
+import numpy as np
+import torch
+
+from ctrkit.eval.evaluator import metrics_of
 from ctrkit.metrics import auc_difference
 from ctrkit.train.best_weights import release
+from ctrkit.train.scoring import Scorer
+
+CopyWeights = Callable[[dict[str, torch.Tensor] | None, bool], dict[str, torch.Tensor]]
 
 
 def score(metrics: dict[str, Any]) -> float:
     """What selection maximises: validation AUC, or minus the log loss where AUC is undefined (one class)."""
     auc = metrics.get("auc", float("nan"))
     return auc if math.isfinite(auc) else -metrics.get("logloss", float("inf"))
+
+
+def prefers(candidate: dict[str, Any], incumbent_score: float, min_delta: float, baseline_loss: float | None,
+            min_z: float | None) -> bool:  # fmt: skip
+    """The best-model rule: whether a model with validation ``candidate`` metrics replaces the one kept (scored
+    ``incumbent_score``). Its score must be higher by more than ``min_delta``; with ``baseline_loss`` (the warm
+    start's validation log loss, under ``warm_start_logloss``) its log loss must be lower; with ``min_z`` (the
+    kept model is the warm start and ``warm_start_z`` guards it) its ``baseline_z`` metric, where it has one, must
+    be at least that. Evaluations, the snapshot ensemble and the seed ensemble all keep a model by this rule."""
+    if not score(candidate) > incumbent_score + min_delta:
+        return False
+    if baseline_loss is not None and not candidate.get("logloss", -math.inf) < baseline_loss:
+        return False
+    z = candidate.get("baseline_z") if min_z is not None else None
+    return z is None or math.isnan(z) or z >= min_z
 
 
 @dataclass
@@ -111,9 +131,18 @@ class Selection:
         return False
 
     def accepts(self, metrics: dict[str, Any]) -> bool:
-        """Whether an evaluation with ``metrics`` would replace the selected one (``update``'s rule, without
-        changing the state)."""
-        return score(metrics) > self.best_score + self.min_delta and self._beats_baseline(metrics)
+        """Whether an evaluation with ``metrics`` would replace the selected one (``prefers``, without changing
+        the state)."""
+        return prefers(metrics, self.best_score, self.min_delta, self.loss_to_beat,
+                       self.baseline_z if self.guarding_baseline else None)  # fmt: skip
+
+    @property
+    def loss_to_beat(self) -> float | None:
+        """The validation log loss a kept model must be below (``baseline_logloss``), or None."""
+        reference = self.baseline_loss
+        if reference is None and self._selected_baseline:  # a state written before baseline_loss was kept
+            reference = self.best_metrics.get("logloss", math.inf)
+        return reference if self.baseline_logloss else None
 
     def baseline_metrics(self) -> dict[str, Any] | None:
         """The baseline's step and validation AUC and log loss (None: no baseline, or a state from before
@@ -132,17 +161,6 @@ class Selection:
     def _selected_baseline(self) -> bool:
         return self.baseline_step is not None and self.best_step == self.baseline_step
 
-    def _beats_baseline(self, metrics: dict[str, Any]) -> bool:
-        reference = self.baseline_loss
-        if reference is None and self._selected_baseline:  # a state written before baseline_loss was kept
-            reference = self.best_metrics.get("logloss", math.inf)
-        if self.baseline_logloss and reference is not None and not metrics.get("logloss", -math.inf) < reference:
-            return False
-        if not self.guarding_baseline:
-            return True
-        z = metrics.get("baseline_z")
-        return z is None or math.isnan(z) or z >= self.baseline_z
-
     def state(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -153,119 +171,101 @@ class Selection:
         return cls(**state)
 
 
-class ModelSelection:
-    """Validation, the selected weights, table redraws and calibration (a mixin of ``Trainer``)."""
 
-    def _calibrate(self, ensemble_logits: np.ndarray | None) -> None:
-        """Fits the kept model's logit scale on validation (``calibrate``; ``calibration.py``) and logs
-        the fit; the checkpoint saved next stores it. ``ensemble_logits``: a kept snapshot ensemble's
-        validation logits (``_form_ensemble``'s); None: the selected weights are scored here."""
-        self.calibration, self.calibration_record = None, {}
-        if self.validation_set is None or len(self.validation_set) == 0 or self.cfg.calibrate == "off":
-            return
-        if ensemble_logits is not None:
-            logits = ensemble_logits
-        elif self.best_state is not None:
-            logits = self._best_logits
-            if logits is None:  # a resumed run: its selected weights scored again
-                logits = self._logits_of([self.best_state], self.validation_set)[0].astype(np.float32)
-            release(self.best_state, self.best_dir)
-        else:  # nothing was selected: a checkpoint without selection state, resumed at its end
-            logits = self._logits(self.validation_set)
-        self.calibration, self.calibration_record = choose_calibration(
-            logits, self.validation_set.labels(), self.cfg.calibrate
-        )
-        self._log({"event": "calibration", "step": self.step, **self.calibration_record})
-        if self.calibration is not None:
-            self._saved_step = None  # the final checkpoint records it
 
-    def validate(self, baseline: bool = False) -> dict[str, Any] | None:
-        """Scores the validation data, updates the selection (best weights, plateau, patience), logs it.
-        ``baseline``: this evaluation is of the warm start, which a later model must beat by
-        ``warm_start_z`` standard errors to replace."""
-        if self.validation_set is None or len(self.validation_set) == 0:
-            return None
+class Selector:
+    """The selected model of a run: the selection's state (``Selection``), the weights it keeps, and their
+    validation logits while they are at hand.
+
+    Args:
+        selection: the rule's settings and state.
+        validation_set: the mapping evaluations score (None or empty: nothing is selected).
+        scorer: scores the model being trained.
+        copy_weights: ``copy_weights(into, on_disk)``: a copy of the weights this process holds (``into``'s
+            tensors reused; ``on_disk``: tables copied to ``best_dir`` where the run keeps them there).
+        best_dir: where the kept weights' tables live on disk (``best_weights disk``), or None.
+    """
+
+    def __init__(self, selection: Selection, validation_set, scorer: Scorer, copy_weights: CopyWeights,
+                 best_dir=None):  # fmt: skip
+        self.selection, self.validation_set, self.scorer = selection, validation_set, scorer
+        self.copy_weights, self.best_dir = copy_weights, best_dir
+        self.best_state: dict[str, torch.Tensor] | None = None  # the best weights this process holds
+        self.owned = False  # best_state is this run's own copy (not a checkpoint's tensors)
+        self.best_logits = None  # the selected weights' validation logits (None after a resume)
+        self.baseline_logits = None  # the warm start's validation logits while it is the selected model
+
+    @property
+    def active(self) -> bool:
+        """Whether there is validation data to select on."""
+        return self.validation_set is not None and len(self.validation_set) > 0
+
+    def score_validation(self) -> tuple[dict[str, Any], Any]:
+        """The validation metrics and logits of the current weights (tests plant a curve here, with no logits)."""
+        logits = self.scorer.logits(self.validation_set)
+        return metrics_of(self.validation_set, logits), logits
+
+    def evaluate(self, step: int, baseline: bool, reuse: bool) -> tuple[dict[str, Any], bool, float]:
+        """Scores the validation data at ``step`` and updates the selection; a selected evaluation's weights are
+        copied (into the previous copy's tensors when ``reuse``: nothing else holds them). ``baseline``: this
+        evaluation is of the warm start. Returns the metrics, whether they were selected and the seconds spent
+        scoring."""
         sel = self.selection
         started = time.perf_counter()
-        metrics, logits = self._score_validation()
+        metrics, logits = self.score_validation()
         seconds = time.perf_counter() - started
         if sel.guarding_baseline and logits is not None:
-            metrics["baseline_z"] = self._baseline_z(logits)
-        selected = sel.update(self.step, metrics, baseline=baseline)
-        if selected:  # in place where nothing else holds the old copy (a snapshot pool may)
-            reuse = self.best_state if self._best_owned and self.pool_size < 2 else None
-            self.best_state = self._local_state(reuse, on_disk=True)
-            self._best_owned = True
-            self._baseline_logits = logits if baseline else None
-            self._best_logits = logits  # calibration fits on them (no second scoring of the same weights)
-        if not baseline:
-            self._keep_snapshot(metrics, self.best_state if selected else None)
-        # auto reinit_embeddings: from the best weights, with fresh tables
-        if not selected and self._overfitting(metrics):
-            sel.reinit = True
-            self._inner.load_state_dict(self.best_state)
-            epoch, into = divmod(self.step, self.steps_per_epoch)
-            if into:  # at an epoch's end the next epoch's start redraws them
-                self._reinit_embeddings(epoch)
-        record = {"event": "eval", "mapping": "validation", "step": self.step, **metrics,
-                  "best_step": sel.best_step, "lr_scale": sel.lr_scale, "seconds": round(seconds, 3)}  # fmt: skip
-        self._log(record)
-        return record
+            metrics["baseline_z"] = self.baseline_z(logits)
+        selected = sel.update(step, metrics, baseline=baseline)
+        if selected:
+            self.best_state = self.copy_weights(self.best_state if self.owned and reuse else None, True)
+            self.owned = True
+            self.baseline_logits = logits if baseline else None
+            self.best_logits = logits  # calibration fits on them (no second scoring of the same weights)
+        return metrics, selected, seconds
 
-    def _baseline_z(self, logits) -> float:
+    def baseline_z(self, logits) -> float:
         """The validation AUC gain of ``logits`` over the (selected) baseline's, in standard errors of the paired
         difference (DeLong)."""
         diff, se = auc_difference(self.validation_set.labels(), logits, self._baseline_validation_logits())
         return diff / se if se > 0 else math.copysign(math.inf, diff) if diff else 0.0
 
-    def _score_validation(self) -> tuple[dict[str, Any], Any]:
-        """The validation metrics and logits (tests replace this with a planted curve and no logits)."""
-        logits = self._logits(self.validation_set)
-        return metrics_of(self.validation_set, logits), logits
-
-    def _logits(self, dataset) -> Any:
-        return predict_logits(
-            self.model, dataset, self.device, self.cfg.eval_batch_size, self.eval_amp_dtype, env=self.env
-        )
-
     def _baseline_validation_logits(self) -> Any:
         """The selected (baseline) weights' validation logits; after a resume, recomputed from them."""
-        if self._baseline_logits is None:
-            current = self._local_state()
-            self._inner.load_state_dict(self.best_state)
-            self._baseline_logits = self._logits(self.validation_set)
-            self._inner.load_state_dict(current)
-        return self._baseline_logits
+        if self.baseline_logits is None:
+            inner = self.scorer.inner
+            current = self.copy_weights(None, False)
+            inner.load_state_dict(self.best_state)
+            self.baseline_logits = self.scorer.logits(self.validation_set)
+            inner.load_state_dict(current)
+        return self.baseline_logits
 
-    def _keep_best(self) -> None:
-        """Puts the selected weights into the model (the last ones when nothing was selected)."""
-        if self.best_state is None or self.selection.best_step == self.step:
+    def calibration_logits(self) -> np.ndarray:
+        """The kept weights' validation logits, for fitting their logit scale (scored again after a resume)."""
+        if self.best_state is None:  # nothing was selected: a checkpoint without selection state, resumed at its end
+            return self.scorer.logits(self.validation_set)
+        logits = self.best_logits
+        if logits is None:
+            logits = self.scorer.logits_of([self.best_state], self.validation_set)[0].astype(np.float32)
+        release(self.best_state, self.best_dir)
+        return logits
+
+    def keep_best(self, step: int) -> None:
+        """Puts the selected weights into the model (the last ones, at ``step``, when nothing was selected)."""
+        if self.best_state is None or self.selection.best_step == step:
             return
-        self._inner.load_state_dict(self.best_state)
+        self.scorer.inner.load_state_dict(self.best_state)
         release(self.best_state, self.best_dir)
 
-    def _overfitting(self, metrics: dict[str, Any]) -> bool:
-        """Auto ``reinit_embeddings``: past the first epoch, the validation AUC fell more than
-        ``reinit_drop`` below the best seen (a second pass over the same rows made the model worse)."""
-        cfg = self.cfg
-        if cfg.reinit_embeddings != "auto" or self.selection.reinit or self.selection.best_step is None:
-            return False
-        if self.step <= self.steps_per_epoch:  # the first pass: nothing seen twice yet
-            return False
-        return metrics.get("auc", math.inf) < self.selection.peak_score - cfg.reinit_drop
+    def release(self) -> None:
+        """Drops the kept tables' pages read in since (a save) from memory, where they live on disk."""
+        release(self.best_state, self.best_dir)
 
-    def _reinit_embeddings(self, epoch: int) -> None:
-        """``reinit_embeddings``: the deep tables redrawn (draw ``epoch``: the same values at any world size
-        and on resuming) and their optimizer state cleared; the first-order tables and the rest kept."""
-        tables = getattr(self._inner, "embeddings", None)
-        if tables is None:
+    def restore(self, state: dict[str, Any] | None, best: Callable[[], dict[str, torch.Tensor]], owned: bool) -> None:
+        """Takes a checkpoint's selection ``state`` and, where it selected a model, this process's part of its
+        weights (``best()``; ``owned``: a copy of this run's own, not the checkpoint's tensors)."""
+        if state is None:
             return
-        params = []
-        for collection in tables.modules():  # one-hot and multi-hot collections (of each width), plain or sharded
-            if hasattr(collection, "reset_tables") and hasattr(collection, "table_parameters"):
-                collection.reset_tables(draw=epoch)
-                params += collection.table_parameters()
-        for opt in self.optimizers:
-            for p in params:
-                opt.state.pop(p, None)
-        self._log({"event": "reinit_embeddings", "step": self.step, "epoch": epoch})
+        self.selection = Selection.from_state(state)
+        if self.selection.best_step is not None:
+            self.best_state, self.owned = best(), owned

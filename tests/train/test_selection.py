@@ -72,7 +72,7 @@ class PlantedValidation:
             metrics = {"auc": self.curve[self.calls - 1], "logloss": 0.5, "samples": len(trainer.validation_set)}
             return metrics, None
 
-        trainer._score_validation = score
+        trainer.selector.score_validation = score
 
 
 def test_trainer_keeps_the_best_weights_decays_the_lr_and_stops_early(tiny_dataset, tmp_path):
@@ -82,7 +82,7 @@ def test_trainer_keeps_the_best_weights_decays_the_lr_and_stops_early(tiny_datas
     planted = PlantedValidation(trainer, [0.60, 0.70, 0.65, 0.66, 0.64] + [0.9] * 20)
     result = trainer.fit()
     spe = trainer.steps_per_epoch  # 76
-    eval_steps = sorted(trainer._eval_steps())
+    eval_steps = sorted(trainer.eval_steps())
     assert planted.calls == 5 and result["stopped_early"] and trainer.step == eval_steps[4] < 5 * spe
     assert result["best_step"] == eval_steps[1] and result["validation"]["auc"] == 0.70
     best = planted.states[eval_steps[1]]
@@ -117,7 +117,7 @@ def test_resume_past_the_best_step_gives_the_uninterrupted_result(tiny_dataset, 
 
     resumed = build(tiny_dataset, cfg)
     planted = PlantedValidation(resumed, curve)
-    planted.calls = sum(1 for s in resumed._eval_steps() if s <= 60)
+    planted.calls = sum(1 for s in resumed.eval_steps() if s <= 60)
     resumed.restore(ckpt)
     got = resumed.fit()
     assert (got["step"], got["best_step"], got["auc"]) == (want["step"], want["best_step"], want["auc"])
@@ -176,7 +176,7 @@ def test_trainer_keeps_the_regression_when_a_gain_comes_with_a_worse_log_loss(ti
     for rule in (False, True):
         trainer = build_with_linear_term(tiny_dataset, TrainConfig(**base, warm_start_logloss=rule),
                                          log=tmp_path / f"{rule}.jsonl")  # fmt: skip
-        trainer._score_validation = lambda real=trainer._score_validation, t=trainer: (  # noqa: E731
+        trainer.selector.score_validation = lambda real=trainer.selector.score_validation, t=trainer: (  # noqa: E731
             lambda m, lg: ({**m, "logloss": 0.9 if t.step else m["logloss"]}, lg)  # every trained model: worse
         )(*real())
         runs[rule] = (trainer.fit(), eval_records(tmp_path / f"{rule}.jsonl"))
@@ -221,8 +221,8 @@ def test_warm_start_z_keeps_the_regression_unless_a_model_beats_it_significantly
     base = dict(batch_size=512, epochs=2, evals_per_epoch=3, early_stopping_patience=0, plateau_patience=0, seed=2)
     any_gain = build_with_linear_term(tiny_dataset, TrainConfig(**base, warm_start_z=0.0), log=tmp_path / "a.jsonl")
     seen = {}
-    real = any_gain._logits
-    any_gain._logits = lambda ds: (  # noqa: E731
+    real = any_gain.scorer.logits
+    any_gain.scorer.logits = lambda ds: (  # noqa: E731
         seen.setdefault(any_gain.step, real(ds)) if ds is any_gain.validation_set else real(ds)
     )
     result = any_gain.fit()
@@ -255,7 +255,7 @@ def test_unset_epochs_give_small_data_at_least_min_steps(tiny_dataset):
     assert [default_epochs(s) for s in (1, 3, 9, 10, 11, 500)] == [100, 34, 12, 10, 10, 10]
     small = build(tiny_dataset, TrainConfig(batch_size=8192))  # 19,440 rows after the held-out tail: 3 batches
     assert (small.steps_per_epoch, small.epochs, small.total_steps) == (3, 34, 102)
-    assert max(small._eval_steps()) == 102 and small.schedule(101) == pytest.approx(0.0, abs=1e-6)
+    assert max(small.eval_steps()) == 102 and small.schedule(101) == pytest.approx(0.0, abs=1e-6)
     named = build(tiny_dataset, TrainConfig(batch_size=8192, epochs=DEFAULT_EPOCHS))  # a given maximum is kept
     assert (named.epochs, named.total_steps) == (DEFAULT_EPOCHS, 30)
     large = build(tiny_dataset, TrainConfig(batch_size=512))  # 38 batches an epoch: the plain default

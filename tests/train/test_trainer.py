@@ -399,18 +399,18 @@ def test_auto_reinit_starts_when_validation_falls_after_the_first_epoch(tiny_dat
         curve[fall_at] = 0.70
     planted = PlantedValidation(trainer, curve)
     at_redraw = {}
-    real_reinit = trainer._reinit_embeddings
+    real_reinit = trainer.reinit_embeddings
 
     def reinit(epoch):
         at_redraw[trainer.step] = params(trainer.model)
         real_reinit(epoch)
 
-    trainer._reinit_embeddings = reinit
+    trainer.reinit_embeddings = reinit
     trainer.fit()
     spe = trainer.steps_per_epoch
     events = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
     redraws = [r["step"] for r in events if r["event"] == "reinit_embeddings"]
-    steps = sorted(trainer._eval_steps())
+    steps = sorted(trainer.eval_steps())
     # at an epoch's end the redraw is the next epoch's, once
     assert redraws == {2: [steps[2], 2 * spe], 3: [2 * spe], None: []}[fall_at]
     if fall_at is not None:  # the run went on from the best weights with fresh tables, not the fallen ones
