@@ -17,9 +17,11 @@ import torch
 
 PY = sys.executable
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE", "PYTHONHASHSEED": "0"}
-PATCHED = ("import sys, torch, ctrkit.models.dynamic as d; "
-           "d.new_key = lambda: torch.tensor([0x1234567 | 1, 0x7654321 | 1], dtype=torch.int64); "
-           "from ctrkit.cli import main; sys.exit(main(sys.argv[1:]))")
+PATCHED = (
+    "import sys, torch, ctrkit.models.dynamic as d; "
+    "d.new_key = lambda: torch.tensor([0x1234567 | 1, 0x7654321 | 1], dtype=torch.int64); "
+    "from ctrkit.cli import main; sys.exit(main(sys.argv[1:]))"
+)
 SMALL = ["--embedding-dim", "8", "--no-progress"]
 
 
@@ -30,8 +32,19 @@ def ctrkit(*args: object) -> None:
 
 
 def torchrun(*args: object) -> None:
-    launch = [PY, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-              "--master-port", "29617", "-m", "ctrkit"]
+    launch = [
+        PY,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        "29617",
+        "-m",
+        "ctrkit",
+    ]
     done = subprocess.run([*launch, *map(str, args)], env=ENV, capture_output=True, text=True)
     if done.returncode:
         raise SystemExit(f"torchrun {' '.join(map(str, args))}: {done.stderr[-3000:]}")
@@ -84,8 +97,18 @@ def run(out: Path) -> None:
     for model in ("dlrm", "dcnv2", "wide_deep"):
         for recipe in ("tuned", "plain", "nvidia"):
             runs[f"{model}-{recipe}"] = ["--model", model, "--recipe", recipe, "--epochs", "2", "--batch-size", "512"]
-    runs["dlrm-ensembles"] = ["--epochs", "3", "--batch-size", "1024", "--snapshot-ensemble", "3",
-                              "--seed-ensemble", "2", "--evals-per-epoch", "2"]
+    runs["dlrm-ensembles"] = [
+        "--epochs",
+        "3",
+        "--batch-size",
+        "1024",
+        "--snapshot-ensemble",
+        "3",
+        "--seed-ensemble",
+        "2",
+        "--evals-per-epoch",
+        "2",
+    ]
     runs["dlrm-disk"] = ["--embedding-storage", "disk", "--epochs", "1", "--batch-size", "512"]
     results = {}
     for name, flags in runs.items():
@@ -100,8 +123,20 @@ def run(out: Path) -> None:
     results["dynamic-day0"], results["dynamic-day1"] = checkpoint_digest(first), checkpoint_digest(second)
     print("dynamic", flush=True)
     ranks = out / "ranks.pt"
-    torchrun("train", "--dataset", data, "--epochs", "1", "--batch-size", "1000", "--calibrate", "on", *SMALL,
-             "--save-checkpoint", ranks)
+    torchrun(
+        "train",
+        "--dataset",
+        data,
+        "--epochs",
+        "1",
+        "--batch-size",
+        "1000",
+        "--calibrate",
+        "on",
+        *SMALL,
+        "--save-checkpoint",
+        ranks,
+    )
     results["two-ranks"] = checkpoint_digest(ranks)
     print("two-ranks", flush=True)
     (out / "digests.json").write_text(json.dumps(results, indent=1, sort_keys=True))
@@ -111,8 +146,11 @@ def compare(a: Path, b: Path) -> int:
     da, db = json.loads(a.read_text()), json.loads(b.read_text())
     bad = 0
     for name in sorted(set(da) | set(db)):
-        diff = sorted(k for k in set(da.get(name, {})) | set(db.get(name, {}))
-                      if da.get(name, {}).get(k) != db.get(name, {}).get(k))
+        diff = sorted(
+            k
+            for k in set(da.get(name, {})) | set(db.get(name, {}))
+            if da.get(name, {}).get(k) != db.get(name, {}).get(k)
+        )
         print(f"{name}: {'same' if not diff else 'DIFFERENT ' + ', '.join(diff)}")
         bad += bool(diff)
     return bad

@@ -194,68 +194,95 @@ def fit_first_order(
     """
     start_time = time.perf_counter()
     inner = getattr(model, "model", model)  # a HybridModel wraps the model
-    start = max(0, len(train) - max_rows)
-    tr, va = train.slice(start, len(train)), validation.slice(0, min(len(validation), max_rows))  # memory bounded
-    dynamic = getattr(inner, "dynamic_ids", None)
-    if dynamic is not None:  # raw ids: the fitted rows' ids admitted first, then both sides' ids as rows
-        dynamic.preadmit(tr.categorical)
-        tr.categorical, va.categorical = dynamic(tr.categorical), dynamic(va.categorical)
-    cards = [tuple(c.cardinalities) for c in _collections(inner)]
-    bags = inner.wide_embeddings.bags
-    means = tuple(bool(m) for m in bags.is_mean) if bags is not None and hasattr(bags, "is_mean") else ()
-    dense, buckets = inner.wide_dense, getattr(inner, "wide_buckets", None)
+    problem = _Regression(inner, train, validation, max_rows, max_iter)
+    c, theta, auc, folds = problem.choose_c(cs)
+    problem.write(inner, theta)
+    return {
+        "validation_auc": auc,
+        "C": c,
+        "rows": problem.n,
+        "folds": folds,
+        "seconds": time.perf_counter() - start_time,
+    }
 
-    def design(batch, transpose: bool, columns=None) -> _Design:  # each numerical value's bucket: one more column
+
+class _Regression:
+    """The first-order term's regression: the design matrices of the last ``max_rows`` training rows and the first
+    ``max_rows`` validation rows (ids, their numerical buckets, and the numerical inputs standardised), the
+    solver, and the choice of C."""
+
+    def __init__(self, inner: nn.Module, train, validation, max_rows: int, max_iter: int):
+        start = max(0, len(train) - max_rows)
+        tr, va = train.slice(start, len(train)), validation.slice(0, min(len(validation), max_rows))  # bounded
+        dynamic = getattr(inner, "dynamic_ids", None)
+        if dynamic is not None:  # raw ids: the fitted rows' ids admitted first, then both sides' ids as rows
+            dynamic.preadmit(tr.categorical)
+            tr.categorical, va.categorical = dynamic(tr.categorical), dynamic(va.categorical)
+        self.cards = [tuple(c.cardinalities) for c in _collections(inner)]
+        bags = inner.wide_embeddings.bags
+        self.means = tuple(bool(m) for m in bags.is_mean) if bags is not None and hasattr(bags, "is_mean") else ()
+        self.dense, self.buckets = inner.wide_dense, getattr(inner, "wide_buckets", None)
+        self.max_iter = max_iter
+        self.x_tr = self._design(tr, transpose=True)
+        tr.categorical, tr.multi_hot = None, None  # in the matrix now: not held twice
+        self.x_va = self._design(va, transpose=False, columns=self.x_tr.columns)  # the training rows' ids
+        va.categorical, va.multi_hot = None, None
+        self.y_tr, self.y_va = tr.labels.double(), va.labels.numpy()
+        self.n, self.ids = self.x_tr.shape
+        self.k, self.z_tr, self.z_va = 0, None, None
+        if self.dense is not None:
+            norm = getattr(inner, "numerical_norm", None)
+
+            def seen(x: torch.Tensor) -> torch.Tensor:  # the numerical inputs as the model sees them, on the CPU
+                return (x if norm is None else norm(x.to(norm.shift.device)).cpu()).double()
+
+            num_tr = seen(tr.numerical)
+            self.mu, self.sd = num_tr.mean(0), num_tr.std(0).clamp_min(1e-6)
+            self.z_tr, self.z_va = (num_tr - self.mu) / self.sd, (seen(va.numerical) - self.mu) / self.sd
+            del num_tr
+            self.k = self.z_tr.shape[1]
+        # one flat parameter vector: per-id weights, numerical weights, bias; gradients computed in closed form.
+        # L-BFGS runs on u = theta / scale, scale = the inverse square root of the Hessian's diagonal at p = 1/2
+        # (an id seen m times: m / 4n + 2 * penalty): ids seen once and ids seen in every row then converge
+        # alike instead of the rare ones needing thousands of iterations.
+        counts = self.x_tr.rmatvec(torch.ones(self.n, dtype=torch.float64)) / self.n
+        self.curvature = torch.cat([0.25 * counts, torch.full((self.k + 1,), 0.25, dtype=torch.float64)])
+        self.u = torch.zeros(self.ids + self.k + 1, dtype=torch.float64, requires_grad=True)
+
+    def _design(self, batch, transpose: bool, columns=None) -> _Design:
+        """A batch's design matrix; each numerical value's bucket is one more column."""
+        buckets = self.buckets
         if buckets is None:
-            return _Design(batch, cards, means, transpose, columns=columns)
+            return _Design(batch, self.cards, self.means, transpose, columns=columns)
         ids = buckets.bucket_ids(batch.numerical.to(buckets.cuts.device)).cpu()
-        return _Design(batch, cards, means, transpose, ids, buckets.weight.numel(), columns)
+        return _Design(batch, self.cards, self.means, transpose, ids, buckets.weight.numel(), columns)
 
-    x_tr = design(tr, transpose=True)
-    tr.categorical, tr.multi_hot = None, None  # in the matrix now: not held twice
-    x_va = design(va, transpose=False, columns=x_tr.columns)  # the training rows' ids (the others' weights: 0)
-    va.categorical, va.multi_hot = None, None
-    y_tr, y_va = tr.labels.double(), va.labels.numpy()
-    n, ids = x_tr.shape
-    k = 0
-    if dense is not None:
-        norm = getattr(inner, "numerical_norm", None)
+    def logit(self, x, z, t: torch.Tensor) -> torch.Tensor:
+        out = x @ t[: self.ids] + t[-1]
+        return out + z @ t[self.ids : self.ids + self.k] if self.k else out
 
-        def seen(x: torch.Tensor) -> torch.Tensor:  # the numerical inputs as the model sees them, on the CPU
-            return (x if norm is None else norm(x.to(norm.shift.device)).cpu()).double()
-
-        num_tr = seen(tr.numerical)
-        mu, sd = num_tr.mean(0), num_tr.std(0).clamp_min(1e-6)
-        z_tr, z_va = (num_tr - mu) / sd, (seen(va.numerical) - mu) / sd
-        del num_tr
-        k = z_tr.shape[1]
-    # one flat parameter vector: per-id weights, numerical weights, bias; gradients computed in closed form.
-    # L-BFGS runs on u = theta / scale, scale = the inverse square root of the Hessian's diagonal at p = 1/2
-    # (an id seen m times: m / 4n + 2 * penalty): ids seen once and ids seen in every row then converge
-    # alike instead of the rare ones needing thousands of iterations.
-    counts = x_tr.rmatvec(torch.ones(n, dtype=torch.float64)) / n
-    curvature = torch.cat([0.25 * counts, torch.full((k + 1,), 0.25, dtype=torch.float64)])
-    theta = torch.zeros(ids + k + 1, dtype=torch.float64)
-    u = torch.zeros_like(theta, requires_grad=True)
-
-    def logit(x, z, t):
-        out = x @ t[:ids] + t[-1]
-        return out + z @ t[ids : ids + k] if k else out
-
-    def solve(c: float, init: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+    def solve(self, c: float, init: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
         """The regression at ``c`` from ``init``, over the rows of weight 1 (all rows without ``weight``)."""
-        n_fit = n if weight is None else float(weight.sum())
+        ids, k, u, x_tr, z_tr, y_tr = self.ids, self.k, self.u, self.x_tr, self.z_tr, self.y_tr
+        n_fit = self.n if weight is None else float(weight.sum())
         penalty = 1.0 / (2.0 * c * n_fit)  # scikit-learn's C * sum(loss) + |w|^2 / 2, per sample
-        scale = (curvature + 2.0 * penalty).rsqrt()
+        scale = (self.curvature + 2.0 * penalty).rsqrt()
         scale[-1] = 2.0  # the bias is not penalised
         with torch.no_grad():
             u.copy_(init / scale)  # warm start from the previous C's solution
-        opt = torch.optim.LBFGS([u], lr=1.0, max_iter=max_iter, history_size=10, line_search_fn="strong_wolfe",
-                                tolerance_grad=1e-7, tolerance_change=1e-10)  # fmt: skip
+        opt = torch.optim.LBFGS(
+            [u],
+            lr=1.0,
+            max_iter=self.max_iter,
+            history_size=10,
+            line_search_fn="strong_wolfe",
+            tolerance_grad=1e-7,
+            tolerance_change=1e-10,
+        )
 
         def closure():
             t = u.detach() * scale
-            s = logit(x_tr, z_tr if k else None, t)
+            s = self.logit(x_tr, z_tr if k else None, t)
             loss = F.binary_cross_entropy_with_logits(s, y_tr, weight=weight, reduction="sum") / n_fit
             loss = loss + penalty * t[:-1].pow(2).sum()
             r = (torch.sigmoid(s) - y_tr) / n_fit  # d loss / d logit
@@ -273,47 +300,62 @@ def fit_first_order(
         opt.step(closure)
         return u.detach() * scale
 
-    # few validation clicks (or non-clicks) rank C values by noise: then, on at most CV_MAX_ROWS training rows
-    # (the fits cost CV_FOLDS + 1 times one), C is chosen on the mean AUC over the validation data and
-    # CV_FOLDS contiguous blocks of the training rows, each block scored by a fit without it
-    clicks = int(y_va.sum())
-    rarer = min(clicks, len(y_va) - clicks)
-    folds = CV_FOLDS if rarer < CV_BELOW_RARER and 2 * CV_FOLDS <= n <= CV_MAX_ROWS else 0
-    blocks = []  # (first row, end, row weights without the block) of the blocks holding both labels
-    for f in range(folds):
-        lo, hi = f * n // folds, (f + 1) * n // folds
-        if y_tr[lo:hi].min() < y_tr[lo:hi].max():
-            weight = torch.ones(n, dtype=torch.float64)
-            weight[lo:hi] = 0.0
-            blocks.append((lo, hi, weight))
-    block_thetas = [theta.clone() for _ in blocks]
-    best = None
-    for c in cs:
-        theta = solve(c, theta, None)
-        auc = roc_auc(y_va, logit(x_va, z_va if k else None, theta).numpy())
-        scores = [auc]
-        for b, (lo, hi, weight) in enumerate(blocks):
-            block_thetas[b] = solve(c, block_thetas[b], weight)
-            held = logit(x_tr, z_tr if k else None, block_thetas[b])[lo:hi]
-            scores.append(roc_auc(y_tr[lo:hi].numpy(), held.numpy()))
-        score = sum(scores) / len(scores)
-        if best is None or score > best[0]:
-            best = (score, c, theta.clone(), auc)
-        else:  # the score over C rises to one peak: past it, weaker L2 only overfits more
-            break
-    _, c, t_best, auc = best
-    w_best, v_best, bias = x_tr.expand(t_best[:ids]), t_best[ids : ids + k], float(t_best[-1])
-    tables = sum(sum(c) for c in cards)
-    _write_tables(inner, w_best[:tables])
-    output = inner.output_layer
-    with torch.no_grad():
-        if buckets is not None:
-            buckets.weight.copy_(w_best[tables:].to(buckets.weight))
-        output.weight.zero_()
-        output.bias.zero_()
-        if dense is not None:
-            dense.weight.copy_((v_best / sd).to(dense.weight.dtype).unsqueeze(0))
-            dense.bias.fill_(bias - float((v_best * mu / sd).sum()))
-        else:
-            output.bias.fill_(bias)
-    return {"validation_auc": auc, "C": c, "rows": n, "folds": folds, "seconds": time.perf_counter() - start_time}
+    def _blocks(self) -> tuple[int, list[tuple[int, int, torch.Tensor]]]:
+        """Few validation clicks (or non-clicks) rank C values by noise: then, on at most CV_MAX_ROWS training rows
+        (the fits cost CV_FOLDS + 1 times one), C is chosen on the mean AUC over the validation data and CV_FOLDS
+        contiguous blocks of the training rows, each block scored by a fit without it. Returns the folds and
+        (first row, end, row weights without the block) of the blocks holding both labels."""
+        n, y_tr = self.n, self.y_tr
+        clicks = int(self.y_va.sum())
+        rarer = min(clicks, len(self.y_va) - clicks)
+        folds = CV_FOLDS if rarer < CV_BELOW_RARER and 2 * CV_FOLDS <= n <= CV_MAX_ROWS else 0
+        blocks = []
+        for f in range(folds):
+            lo, hi = f * n // folds, (f + 1) * n // folds
+            if y_tr[lo:hi].min() < y_tr[lo:hi].max():
+                weight = torch.ones(n, dtype=torch.float64)
+                weight[lo:hi] = 0.0
+                blocks.append((lo, hi, weight))
+        return folds, blocks
+
+    def choose_c(self, cs: tuple[float, ...]) -> tuple[float, torch.Tensor, float, int]:
+        """The regression at each C of ``cs`` in turn until the score falls; returns the best C, its parameters, its
+        validation AUC and the folds that scored it besides validation."""
+        k = self.k
+        folds, blocks = self._blocks()
+        theta = torch.zeros(self.ids + k + 1, dtype=torch.float64)
+        block_thetas = [theta.clone() for _ in blocks]
+        best = None
+        for c in cs:
+            theta = self.solve(c, theta, None)
+            auc = roc_auc(self.y_va, self.logit(self.x_va, self.z_va if k else None, theta).numpy())
+            scores = [auc]
+            for b, (lo, hi, weight) in enumerate(blocks):
+                block_thetas[b] = self.solve(c, block_thetas[b], weight)
+                held = self.logit(self.x_tr, self.z_tr if k else None, block_thetas[b])[lo:hi]
+                scores.append(roc_auc(self.y_tr[lo:hi].numpy(), held.numpy()))
+            score = sum(scores) / len(scores)
+            if best is None or score > best[0]:
+                best = (score, c, theta.clone(), auc)
+            else:  # the score over C rises to one peak: past it, weaker L2 only overfits more
+                break
+        _, c, t_best, auc = best
+        return c, t_best, auc, folds
+
+    def write(self, inner: nn.Module, t_best: torch.Tensor) -> None:
+        """Writes the fit into ``inner``'s first-order term and zeroes its deep output layer."""
+        ids, k, buckets, dense = self.ids, self.k, self.buckets, self.dense
+        w_best, v_best, bias = self.x_tr.expand(t_best[:ids]), t_best[ids : ids + k], float(t_best[-1])
+        tables = sum(sum(c) for c in self.cards)
+        _write_tables(inner, w_best[:tables])
+        output = inner.output_layer
+        with torch.no_grad():
+            if buckets is not None:
+                buckets.weight.copy_(w_best[tables:].to(buckets.weight))
+            output.weight.zero_()
+            output.bias.zero_()
+            if dense is not None:
+                dense.weight.copy_((v_best / self.sd).to(dense.weight.dtype).unsqueeze(0))
+                dense.bias.fill_(bias - float((v_best * self.mu / self.sd).sum()))
+            else:
+                output.bias.fill_(bias)

@@ -48,11 +48,18 @@ class SeedEnsemble:
                 trainer, f"seed{trainer.cfg.seed}" + (f"-batch{batch}" if self.member % len(self.batches) else "")
             )
             result = trainer.fit()
-            self.members_done = [*self.members_done, {
-                "seed": trainer.cfg.seed, "batch_size": batch, "best_step": result["best_step"], "steps": trainer.step,
-                "stopped_early": result["stopped_early"], "validation": result.get("validation"),
-                "models": trainer.kept_states(),
-            }]  # fmt: skip
+            self.members_done = [
+                *self.members_done,
+                {
+                    "seed": trainer.cfg.seed,
+                    "batch_size": batch,
+                    "best_step": result["best_step"],
+                    "steps": trainer.step,
+                    "stopped_early": result["stopped_early"],
+                    "validation": result.get("validation"),
+                    "models": trainer.kept_states(),
+                },
+            ]
         return self._form_members(test_set)
 
     def _member_logits(self, members: list[dict[str, Any]], dataset) -> np.ndarray:
@@ -90,12 +97,18 @@ class SeedEnsemble:
                 seen.append(logits)
         mean = _mean(seen)
         metrics = metrics_of(validation, mean)
-        # the best-model rule against the first member (its z part unused: a mean is not scored against the warm start's logits)
-        taken = len(distinct) > 1 and prefers(metrics, score(first["validation"]), cfg.min_delta,
-                                              trainer.selection.loss_to_beat, None)  # fmt: skip
-        return {"kept": distinct if taken else [indices[0]], "mean": metrics, "taken": taken,
-                "validation": metrics if taken else first["validation"],
-                "logits": mean if taken else seen[0]}  # fmt: skip
+        # the best-model rule against the first member (without its z part: no mean is scored against the warm
+        # start's logits)
+        taken = len(distinct) > 1 and prefers(
+            metrics, score(first["validation"]), cfg.min_delta, trainer.selection.loss_to_beat, None
+        )
+        return {
+            "kept": distinct if taken else [indices[0]],
+            "mean": metrics,
+            "taken": taken,
+            "validation": metrics if taken else first["validation"],
+            "logits": mean if taken else seen[0],
+        }
 
     def _form_members(self, test_set) -> dict[str, Any]:
         """The kept model of a seed ensemble: each batch size's kept model (``_group_model``), and of those the
@@ -105,25 +118,16 @@ class SeedEnsemble:
         from ctrkit.calibration import choose_calibration
         from ctrkit.checkpoint import save_checkpoint
         from ctrkit.train.selection import score
-        from ctrkit.train.scoring import scored_with_parts
 
         trainer, members, batches = self.trainer, self.members_done, self.batches
         validation = trainer.validation_set
         groups = [list(range(g, len(members), len(batches))) for g in range(len(batches))]
         formed = [self._group_model(indices, validation) for indices in groups]
         chosen = max(range(len(formed)), key=lambda g: (score(formed[g]["validation"]), -g))
-        kept, taken, first = formed[chosen]["kept"], formed[chosen]["taken"], members[groups[chosen][0]]
-        seeds = [m["seed"] for m in members]
+        kept, first = formed[chosen]["kept"], members[groups[chosen][0]]
         trainer.member = None  # the run's own records from here on
         self._member_board(trainer, None)
-        record = {"event": "seed_ensemble", "step": trainer.step, "seeds": seeds[:: len(batches)], "selected": taken,
-                  **formed[chosen]["mean"]}  # fmt: skip
-        if len(batches) > 1:
-            record["batch_size"] = batches[chosen]
-            record["batches"] = [{"batch_size": b, "kept": [seeds[i] for i in f["kept"]], "selected": f["taken"],
-                                  "auc": f["validation"]["auc"], "logloss": f["validation"]["logloss"]}
-                                 for b, f in zip(batches, formed)]  # fmt: skip
-        trainer.log.write(record)
+        trainer.log.write(self._ensemble_record(formed, chosen))
         self.member_ensemble = kept
         scale, fit = None, {}
         if self.spec.train.calibrate != "off":  # the kept model's logit scale, fitted on its validation logits
@@ -131,32 +135,99 @@ class SeedEnsemble:
             scale, fit = choose_calibration(logits, validation.labels(), self.spec.train.calibrate)
             trainer.log.write({"event": "calibration", "step": trainer.step, **fit})
         if trainer.save_path is not None and trainer.main:  # ``model``: the kept batch's first member's weights
-            final = replace(trainer.checkpoint(), model=first["models"][0], members=members, member=len(members) - 1,
-                            member_ensemble=kept, calibration=scale)  # fmt: skip
+            final = replace(
+                trainer.checkpoint(),
+                model=first["models"][0],
+                members=members,
+                member=len(members) - 1,
+                member_ensemble=kept,
+                calibration=scale,
+            )
             save_checkpoint(trainer.save_path, final)
-        result: dict[str, Any] = {
-            "step": trainer.step, "best_step": first["best_step"], "stopped_early": first["stopped_early"],
-            "validation": formed[chosen]["validation"], "batch_size": batches[chosen],
-            "members": [{"seed": m["seed"], "batch_size": m.get("batch_size"), "best_step": m["best_step"],
-                         "steps": m["steps"], "validation_auc": (m["validation"] or {}).get("auc")} for m in members],
-            "member_ensemble": [seeds[i] for i in kept],
-            "models_per_request": sum(len(members[i]["models"]) for i in kept),
-        }  # fmt: skip
-        if taken:
-            result["single_validation"] = first["validation"]  # what the ensemble is set beside
-        if trainer.selection.baseline_metrics() is not None:
-            result["baseline"] = trainer.selection.baseline_metrics()
-        if fit:
-            result["calibration"] = fit
+        result = self._members_result(formed[chosen], first, batches[chosen], fit)
         if test_set is not None and len(test_set):
-            logits = [self._member_logits([members[i]], test_set) for i in kept]
-            test = scored_with_parts(test_set, _mean(logits), scale, logits[0] if taken else None)
-            trainer.log.write({"event": "test", "mapping": "test", "step": trainer.step, "best_step": result["best_step"],
-                          "seed_ensemble": result["member_ensemble"], "batch_size": batches[chosen],
-                          **test})  # fmt: skip
-            result.update(test)
+            result.update(self._members_test(test_set, formed[chosen], scale, result, batches[chosen]))
         trainer.log.close()
         return result
+
+    def _ensemble_record(self, formed: list[dict[str, Any]], chosen: int) -> dict[str, Any]:
+        """The log record of a seed ensemble's choice (each batch size's, with several)."""
+        members, batches = self.members_done, self.batches
+        seeds = [m["seed"] for m in members]
+        record = {
+            "event": "seed_ensemble",
+            "step": self.trainer.step,
+            "seeds": seeds[:: len(batches)],
+            "selected": formed[chosen]["taken"],
+            **formed[chosen]["mean"],
+        }
+        if len(batches) > 1:
+            record["batch_size"] = batches[chosen]
+            record["batches"] = [
+                {
+                    "batch_size": b,
+                    "kept": [seeds[i] for i in f["kept"]],
+                    "selected": f["taken"],
+                    "auc": f["validation"]["auc"],
+                    "logloss": f["validation"]["logloss"],
+                }
+                for b, f in zip(batches, formed)
+            ]
+        return record
+
+    def _members_result(
+        self, chosen: dict[str, Any], first: dict[str, Any], batch: int, fit: dict[str, Any]
+    ) -> dict[str, Any]:
+        """A seed ensemble's result (before the test): the kept model's validation, each member's."""
+        members, kept, selection = self.members_done, chosen["kept"], self.trainer.selection
+        result: dict[str, Any] = {
+            "step": self.trainer.step,
+            "best_step": first["best_step"],
+            "stopped_early": first["stopped_early"],
+            "validation": chosen["validation"],
+            "batch_size": batch,
+            "members": [
+                {
+                    "seed": m["seed"],
+                    "batch_size": m.get("batch_size"),
+                    "best_step": m["best_step"],
+                    "steps": m["steps"],
+                    "validation_auc": (m["validation"] or {}).get("auc"),
+                }
+                for m in members
+            ],
+            "member_ensemble": [members[i]["seed"] for i in kept],
+            "models_per_request": sum(len(members[i]["models"]) for i in kept),
+        }
+        if chosen["taken"]:
+            result["single_validation"] = first["validation"]  # what the ensemble is set beside
+        if selection.baseline_metrics() is not None:
+            result["baseline"] = selection.baseline_metrics()
+        if fit:
+            result["calibration"] = fit
+        return result
+
+    def _members_test(
+        self, test_set, chosen: dict[str, Any], scale: float | None, result: dict[str, Any], batch: int
+    ) -> dict[str, Any]:
+        """The test scored once under a seed ensemble's kept model: each kept member's logits, averaged and scaled
+        as on validation."""
+        from ctrkit.train.scoring import scored_with_parts
+
+        logits = [self._member_logits([self.members_done[i]], test_set) for i in chosen["kept"]]
+        test = scored_with_parts(test_set, _mean(logits), scale, logits[0] if chosen["taken"] else None)
+        self.trainer.log.write(
+            {
+                "event": "test",
+                "mapping": "test",
+                "step": self.trainer.step,
+                "best_step": result["best_step"],
+                "seed_ensemble": result["member_ensemble"],
+                "batch_size": batch,
+                **test,
+            }
+        )
+        return test
 
     def _member_board(self, trainer, name: str | None) -> None:
         """``--tensorboard DIR`` in a seed ensemble: each member's scalars in ``DIR/<name>`` (``seed<N>``, a run

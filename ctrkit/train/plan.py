@@ -79,8 +79,11 @@ def resolved_train(cfg: TrainConfig, steps_per_epoch: int) -> tuple[TrainConfig,
     tiny = f"fewer than {SMALL_EPOCH} batches an epoch"
     if cfg.epochs is None:
         values["epochs"] = default_epochs(steps_per_epoch)
-        rules["epochs"] = f"{tiny}: as many as make {MIN_STEPS} steps" if small and values["epochs"] > DEFAULT_EPOCHS \
-            else f"the default maximum, {DEFAULT_EPOCHS}"  # fmt: skip
+        rules["epochs"] = (
+            f"{tiny}: as many as make {MIN_STEPS} steps"
+            if small and values["epochs"] > DEFAULT_EPOCHS
+            else f"the default maximum, {DEFAULT_EPOCHS}"
+        )
     stop, plateau = default_patience(steps_per_epoch)
     for name, value in (("early_stopping_patience", stop), ("plateau_patience", plateau)):
         if getattr(cfg, name) is None:
@@ -170,13 +173,30 @@ def _size(model: Any) -> tuple[int, int, int, int]:
 def _table_rows(model: Any) -> int:
     """Rows of the deep tables of ``model`` (built on the meta device; the first-order tables not counted)."""
     wide = {id(p) for p in (model.wide_parameters() if hasattr(model, "wide_parameters") else [])}
-    return sum(p.shape[0] for m in model.modules() if hasattr(m, "table_parameters") for p in m.table_parameters()
-               if id(p) not in wide)  # fmt: skip
+    return sum(
+        p.shape[0]
+        for m in model.modules()
+        if hasattr(m, "table_parameters")
+        for p in m.table_parameters()
+        if id(p) not in wide
+    )
 
 
-def _memory(cfg: Any, table_optimizer: str, sizes: tuple, model_config: Any, train_rows: int, validation: bool,
-            members: int, warm: bool, processes: int, best_on_disk: bool = False, cache_rows: int | None = None,
-            validation_rows: int = 0, fit_first: bool = False) -> dict[str, int]:  # fmt: skip
+def _memory(
+    cfg: Any,
+    table_optimizer: str,
+    sizes: tuple,
+    model_config: Any,
+    train_rows: int,
+    validation: bool,
+    members: int,
+    warm: bool,
+    processes: int,
+    best_on_disk: bool = False,
+    cache_rows: int | None = None,
+    validation_rows: int = 0,
+    fit_first: bool = False,
+) -> dict[str, int]:
     """A process's estimated peak by part, in bytes (``memory``'s docstring says what is counted); ``more``: what it
     allocates beyond what it holds now; ``cache_rows``: the tables on disk with a cache of this many rows (their
     bytes and their state's there: ``tables_on_disk``); ``fit_first``: deep tables drawn after the warm start."""
@@ -208,9 +228,19 @@ def _memory(cfg: Any, table_optimizer: str, sizes: tuple, model_config: Any, tra
     now = process_rss()
     held = weights + state + copies + scoring  # once the deep tables are drawn
     more = max(weights - deep + fit, held) if fit_first else held + max(0, fit - copies - scoring)
-    return {"weights": weights, "optimizer": state, "copies": copies, "copies_on_disk": on_disk, "warm_start": fit,
-            "process": now, "tables_on_disk": stored, "cache_rows": rows if stored else 0,
-            "more": more, "peak": now + more, "total": weights + state + copies}  # fmt: skip
+    return {
+        "weights": weights,
+        "optimizer": state,
+        "copies": copies,
+        "copies_on_disk": on_disk,
+        "warm_start": fit,
+        "process": now,
+        "tables_on_disk": stored,
+        "cache_rows": rows if stored else 0,
+        "more": more,
+        "peak": now + more,
+        "total": weights + state + copies,
+    }
 
 
 # the tables' learning rate where the plan picks row-wise Adagrad and the rate was left to the default
@@ -223,8 +253,9 @@ CACHE_SHARE = 0.5  # an unset cache takes this share of the memory the rest of t
 MIN_CACHE_BATCHES = 2  # ... and at least this many batches' lookups (a step's rows must all be cached at once)
 
 
-def cache_rows_for(cfg: Any, need: Any, budget: Room, usable: int | None, sizes: tuple, lookups: int
-                   ) -> tuple[int, str]:  # fmt: skip
+def cache_rows_for(
+    cfg: Any, need: Any, budget: Room, usable: int | None, sizes: tuple, lookups: int
+) -> tuple[int, str]:
     """The cache rows of tables on disk, and why: ``embedding_cache_rows`` if set; else ``CACHE_SHARE`` of what the
     rest of the run leaves of ``usable`` (every row where that is unknown), at least ``MIN_CACHE_BATCHES`` x
     ``lookups`` (a batch's ids), at most every row. ``need(cache_rows)``: the estimate with that cache."""
@@ -238,12 +269,25 @@ def cache_rows_for(cfg: Any, need: Any, budget: Room, usable: int | None, sizes:
     fit = int((usable - bare) * CACHE_SHARE / per_row)
     least = min(rows, MIN_CACHE_BATCHES * lookups)
     chosen = max(least, min(rows, fit))
-    return chosen, f"{CACHE_SHARE:.0%} of what the rest of the run leaves of {budget.where}" if chosen < rows else \
-        "every row fits"  # fmt: skip
+    return (
+        chosen,
+        f"{CACHE_SHARE:.0%} of what the rest of the run leaves of {budget.where}"
+        if chosen < rows
+        else "every row fits",
+    )
 
 
-def _fit_or_refuse(cfg: Any, sources: dict, memory: dict, need: Any, budget: Room, usable: int, processes: int,
-                   rules: dict, on_disk: Any = None) -> tuple[dict, Any]:  # fmt: skip
+def _fit_or_refuse(
+    cfg: Any,
+    sources: dict,
+    memory: dict,
+    need: Any,
+    budget: Room,
+    usable: int,
+    processes: int,
+    rules: dict,
+    on_disk: Any = None,
+) -> tuple[dict, Any]:
     """Where the estimate exceeds the room: row-wise Adagrad on the tables when the table optimizer was left to
     the recipe or the default and that fits; else, where ``embedding_storage`` was left unset, the tables on disk
     (``on_disk(optimizer)``: the estimate, cache rows and why; None where a run cannot keep them there) with that
@@ -259,8 +303,9 @@ def _fit_or_refuse(cfg: Any, sources: dict, memory: dict, need: Any, budget: Roo
             changes["embedding_lr"] = ROWWISE_ADAGRAD_LR
         lighter = need(optimizer)
         if fits(lighter):
-            rules["embedding_optimizer"] = (f"memory: {cfg.embedding_optimizer}'s state would need a peak of {peak}, "
-                                            f"{budget.where} has {has}")  # fmt: skip
+            rules["embedding_optimizer"] = (
+                f"memory: {cfg.embedding_optimizer}'s state would need a peak of {peak}, {budget.where} has {has}"
+            )
             return lighter, replace(cfg, **changes)
     if on_disk is not None and cfg.embedding_storage is None:
         stored, cache_rows, cache_why = on_disk(optimizer)
@@ -318,86 +363,225 @@ def fit_warnings(cfg: TrainConfig, train_rows: int) -> list[str]:
     return out
 
 
-def make_plan(
-    spec: Any,
-    train_rows: int,
-    validation_rows: int,
-    validation_source: str,
-    processes: int = 1,
-    device: str = "cpu",
-) -> Plan:
-    """The plan of RunSpec ``spec`` on ``train_rows`` training and ``validation_rows`` validation rows (held out
-    as ``validation_source`` says) in a job of ``processes`` processes. A setting a distributed run cannot carry
-    out (a second batch size, an ensemble) is a one-line ValueError naming it, never silently dropped."""
+@dataclass(frozen=True)
+class Facts:
+    """What a plan is made from besides the settings: the data, the job and the model's sizes.
+
+    Attributes:
+        train_rows, validation_rows: the data's rows; ``validation_source`` says where the validation rows come from.
+        processes: the job's processes; ``distributed``: a torchrun job (even of one process).
+        device: ``cpu`` or ``cuda``.
+        steps: batches an epoch at the run's batch size.
+        sizes: (deep table, first-order, dense, buffer) bytes and the deep tables' rows, of the model built on the
+            meta device.
+        linear: the model has a first-order term; ``buckets``: its numerical buckets.
+        dynamic: the features of raw ids (dynamic tables).
+        continued: the checkpoint a continued run starts from, as given (None: a fresh run).
+        sparse: the tables get sparse gradients (a dense gradient updates every row each step).
+    """
+
+    train_rows: int
+    validation_rows: int
+    validation_source: str
+    processes: int
+    distributed: bool
+    device: str
+    steps: int
+    sizes: tuple[int, int, int, int, int]
+    linear: bool
+    buckets: bool
+    dynamic: tuple[int, ...]
+    continued: Any
+    sparse: bool
+
+    @property
+    def validation(self) -> bool:
+        return self.validation_rows > 0
+
+
+def facts_of(
+    spec: Any, train_rows: int, validation_rows: int, validation_source: str, processes: int, device: str
+) -> Facts:
+    """The facts of RunSpec ``spec``'s run (its model built on the meta device: nothing allocated)."""
     import torch
 
     from ctrkit.models.registry import create_model
 
-    cfg = spec.train
+    with torch.device("meta"):
+        model = create_model(spec.model, spec.model_config)
+    return Facts(
+        train_rows,
+        validation_rows,
+        validation_source,
+        processes,
+        processes > 1 or getattr(spec, "distributed", False),
+        device,
+        -(-train_rows // spec.train.batch_size),
+        _size(model) + (_table_rows(model),),
+        getattr(model, "wide_embeddings", None) is not None,
+        getattr(model, "wide_buckets", None) is not None,
+        tuple(getattr(spec.model_config, "dynamic_features", ()) or ()),
+        getattr(spec, "continue_from", None),
+        getattr(spec.model_config, "sparse_gradients", True),
+    )
+
+
+def make_plan(
+    spec: Any, train_rows: int, validation_rows: int, validation_source: str, processes: int = 1, device: str = "cpu"
+) -> Plan:
+    """The plan of RunSpec ``spec`` on ``train_rows`` training and ``validation_rows`` validation rows (held out
+    as ``validation_source`` says) in a job of ``processes`` processes. A setting a distributed run cannot carry
+    out (a second batch size, an ensemble) is a one-line ValueError naming it, never silently dropped."""
+    facts = facts_of(spec, train_rows, validation_rows, validation_source, processes, device)
     sources = dict(spec.sources)
-    steps = -(-train_rows // cfg.batch_size)
-    resolved, rules = resolved_train(cfg, steps)
-    continued = getattr(spec, "continue_from", None)
-    if continued is not None:  # a trained model, carried on (``mechanisms.continued_settings``)
-        changes = continued_settings(cfg, sources, rules, steps)
+    cfg, resolved, rules = _schedule(spec.train, sources, facts)
+    resolved, batches, configs = _batches(cfg, resolved, facts, rules)
+    _check_storage(cfg, facts)
+    memory, cfg, budget = _memory_plan(spec, cfg, sources, facts, cfg.seed_ensemble * len(batches), rules)
+    storage = cfg.embedding_storage
+    chosen = {
+        "embedding_optimizer": cfg.embedding_optimizer,
+        "embedding_lr": cfg.embedding_lr,
+        "best_weights": cfg.best_weights,
+        "embedding_storage": storage,
+        "embedding_cache_rows": cfg.embedding_cache_rows,
+        "linear_warm_start": bool(cfg.linear_warm_start and facts.continued is None),
+    }
+    resolved = replace(resolved, **chosen)
+    configs = [replace(c, **chosen) for c in configs]
+    memory["room"] = budget.bytes
+    why = lambda name: rules.get(name) or str(source(sources, name))  # noqa: E731
+    lines = [
+        *_training_lines(cfg, resolved, facts, rules, why),
+        *_mechanism_lines(spec, cfg, facts, batches, why),
+        *_resource_lines(spec, cfg, facts, memory, budget, why, rules),
+    ]
+    lines += [("warning", w, "") for w in fit_warnings(resolved, train_rows)]
+    models = cfg.snapshot_ensemble * cfg.seed_ensemble
+    return Plan(
+        spec.recipe,
+        spec.model,
+        resolved,
+        tuple(lines),
+        memory,
+        models,
+        batches,
+        cfg.seed_ensemble * len(batches),
+        tuple(configs),
+        None if facts.continued is None else str(facts.continued),
+    )
+
+
+def _schedule(cfg: TrainConfig, sources: dict, facts: Facts) -> tuple[TrainConfig, TrainConfig, dict[str, str]]:
+    """The settings the data decides (``resolved_train``), and a continued run's own (``continued_settings``):
+    (the settings, the settings with the data's values filled in, the rule of each value a rule chose)."""
+    resolved, rules = resolved_train(cfg, facts.steps)
+    if facts.continued is not None:  # a trained model, carried on (``mechanisms.continued_settings``)
+        changes = continued_settings(cfg, sources, rules, facts.steps)
         cfg, resolved = replace(cfg, **changes), replace(resolved, **changes)
-    validation = validation_rows > 0
-    lines: list[tuple[str, str, str]] = []
+    return cfg, resolved, rules
 
-    def why(name: str) -> str:
-        return rules.get(name) or str(source(sources, name))
 
-    distributed = processes > 1 or getattr(spec, "distributed", False)
+def _batches(
+    cfg: TrainConfig, resolved: TrainConfig, facts: Facts, rules: dict[str, str]
+) -> tuple[TrainConfig, tuple[int, ...], list[TrainConfig]]:
+    """The batch sizes trained (the run's, and on small data a smaller one: ``small_batch``) and the settings at
+    each; a second batch or an ensemble a run cannot plan is refused."""
     small = cfg.small_batch
     if small is None:
-        small = default_small_batch(train_rows) if steps < SMALL_EPOCH and validation and not distributed else 0
+        small = (
+            default_small_batch(facts.train_rows)
+            if (facts.steps < SMALL_EPOCH and facts.validation and not facts.distributed)
+            else 0
+        )
         rules["small_batch"] = f"{'' if small else 'only on '}data of fewer than {SMALL_EPOCH} batches an epoch"
     elif small and small >= cfg.batch_size:
         raise ValueError(f"--small-batch {small}: expected a batch size below the run's, {cfg.batch_size}")
-    for name, value, what in (("small_batch", small, "a second batch size"),
-                              ("snapshot_ensemble", cfg.snapshot_ensemble, "a snapshot ensemble"),
-                              ("seed_ensemble", cfg.seed_ensemble, "a seed ensemble")):  # fmt: skip
-        if value and value > 1 and (distributed or not validation):
-            where = "a distributed (torchrun) run trains one model" if distributed else "it needs validation data"
-            raise ValueError(f"--{name.replace('_', '-')} {value}: {what} cannot be planned: {where}; set "
-                             f"--{name.replace('_', '-')} {0 if name == 'small_batch' else 1}")  # fmt: skip
+    for name, value, what in (
+        ("small_batch", small, "a second batch size"),
+        ("snapshot_ensemble", cfg.snapshot_ensemble, "a snapshot ensemble"),
+        ("seed_ensemble", cfg.seed_ensemble, "a seed ensemble"),
+    ):
+        if value and value > 1 and (facts.distributed or not facts.validation):
+            where = "a distributed (torchrun) run trains one model" if facts.distributed else "it needs validation data"
+            raise ValueError(
+                f"--{name.replace('_', '-')} {value}: {what} cannot be planned: {where}; set "
+                f"--{name.replace('_', '-')} {0 if name == 'small_batch' else 1}"
+            )
     resolved = replace(resolved, small_batch=small)
-    batches = (cfg.batch_size, small) if small else (cfg.batch_size,)
-    members = cfg.seed_ensemble * len(batches)
     configs = [resolved]
     if small:  # its own epochs and schedule, the run's batch's patience
         patience = {k: getattr(resolved, k) for k in ("early_stopping_patience", "plateau_patience")}
-        configs.append(resolved_train(replace(cfg, batch_size=small, small_batch=small, **patience),
-                                      -(-train_rows // small))[0])  # fmt: skip
+        configs.append(
+            resolved_train(
+                replace(cfg, batch_size=small, small_batch=small, **patience), -(-facts.train_rows // small)
+            )[0]
+        )
+    return resolved, (cfg.batch_size, small) if small else (cfg.batch_size,), configs
 
-    with torch.device("meta"):
-        model = create_model(spec.model, spec.model_config)
-    linear = getattr(model, "wide_embeddings", None) is not None  # a first-order term (Wide & Deep's wide part)
-    sizes = _size(model) + (_table_rows(model),)
-    dynamic = tuple(getattr(spec.model_config, "dynamic_features", ()) or ())
-    warm = cfg.linear_warm_start and linear and validation and continued is None
-    if dynamic and cfg.embedding_storage == "disk":
-        raise ValueError("dynamic features (raw ids) train with their tables in memory, not with --embedding-storage "
-                         "disk; set --embedding-storage memory")  # fmt: skip
 
+def _disk_tables_possible(facts: Facts, sparse: bool) -> bool:
+    """Whether a run's tables can live on disk: one process on the CPU, sparse gradients, no dynamic tables."""
+    return facts.device == "cpu" and not facts.distributed and facts.sizes[4] > 0 and sparse and not facts.dynamic
+
+
+def _check_storage(cfg: TrainConfig, facts: Facts) -> None:
+    """Refuses ``embedding_storage`` disk where the run cannot keep its tables there."""
+    if cfg.embedding_storage != "disk":
+        return
+    if facts.dynamic:
+        raise ValueError(
+            "dynamic features (raw ids) train with their tables in memory, not with --embedding-storage "
+            "disk; set --embedding-storage memory"
+        )
+    sparse = facts.sparse
+    if not _disk_tables_possible(facts, sparse):
+        where = (
+            "a distributed (torchrun) run"
+            if facts.distributed
+            else (f"a run on {facts.device}" if facts.sizes[4] else "no tables")
+        )
+        where = where if sparse else "a model with dense embedding gradients (sparse_gradients false)"
+        raise ValueError(
+            f"--embedding-storage disk: tables on disk train in one process on the CPU, not {where}; "
+            "set --embedding-storage memory"
+        )
+
+
+def _memory_plan(
+    spec: Any, cfg: TrainConfig, sources: dict, facts: Facts, members: int, rules: dict[str, str]
+) -> tuple[dict, TrainConfig, Room]:
+    """The memory estimate, and the settings it changes: the best weights' tables on disk where they are large or
+    a second copy would not fit, row-wise Adagrad or the tables on disk where the run would not fit (else a
+    one-line refusal naming the options). Returns the estimate, the settings (``best_weights``,
+    ``embedding_storage`` and ``embedding_cache_rows`` decided) and the room it was made for."""
+    processes, validation, sizes = facts.processes, facts.validation, facts.sizes
+    warm = cfg.linear_warm_start and facts.linear and validation and facts.continued is None
     best_left = source(sources, "best_weights").layer is Layer.DEFAULT
     best = cfg.best_weights or ("disk" if validation and sizes[0] // processes >= BEST_ON_DISK_TABLES else "memory")
     if cfg.best_weights is None and best == "disk":
         rules["best_weights"] = f"{gib(sizes[0] // processes)} of tables, from {gib(BEST_ON_DISK_TABLES)} on disk"
-    sparse = getattr(spec.model_config, "sparse_gradients", True)  # a dense gradient updates every row each step
-    disk_tables = device == "cpu" and not distributed and sizes[4] > 0 and sparse and not dynamic  # tables on disk
-    if cfg.embedding_storage == "disk" and not disk_tables:
-        where = "a distributed (torchrun) run" if distributed else (f"a run on {device}" if sizes[4] else "no tables")
-        where = where if sparse else "a model with dense embedding gradients (sparse_gradients false)"
-        raise ValueError(f"--embedding-storage disk: tables on disk train in one process on the CPU, not {where}; "
-                         "set --embedding-storage memory")  # fmt: skip
+    disk_tables = _disk_tables_possible(facts, facts.sparse)
 
     def need(optimizer: str, validation: bool = validation, best: str = best, cache: int | None = None) -> dict:
-        first = device == "cpu" and processes == 1 and cache is None  # ``embeddings.tables_filled_later``
-        return _memory(cfg, optimizer, sizes, spec.model_config, train_rows, validation, members, warm, processes,
-                       best == "disk", cache, validation_rows, first)  # fmt: skip
+        first = facts.device == "cpu" and processes == 1 and cache is None  # ``embeddings.tables_filled_later``
+        return _memory(
+            cfg,
+            optimizer,
+            sizes,
+            spec.model_config,
+            facts.train_rows,
+            validation,
+            members,
+            warm,
+            processes,
+            best == "disk",
+            cache,
+            facts.validation_rows,
+            first,
+        )
 
-    budget = room(device)
+    budget = room(facts.device)
     usable = None if budget.bytes is None else int(budget.bytes * USABLE)
     lookups = cfg.batch_size * len(getattr(spec.model_config, "cardinalities", ()) or (1,))
 
@@ -410,128 +594,254 @@ def make_plan(
         cfg = replace(cfg, embedding_cache_rows=cache_rows)
     else:
         memory = need(cfg.embedding_optimizer)
-    if usable is not None and memory["more"] * local_processes(processes, budget) > usable and best == "memory":
+    local = local_processes(processes, budget)
+    if usable is not None and memory["more"] * local > usable and best == "memory":
         if validation and best_left and need(cfg.embedding_optimizer, best="disk")["more"] <= usable:
             best, memory = "disk", need(cfg.embedding_optimizer, best="disk")
             rules["best_weights"] = f"memory: a second copy of the tables would not fit in {budget.where}"
-    if usable is not None and memory["more"] * local_processes(processes, budget) > usable:
-        memory, cfg = _fit_or_refuse(cfg, sources, memory, partial(need, best=best), budget, usable, processes, rules,
-                                     on_disk if disk_tables else None)  # fmt: skip
+    if usable is not None and memory["more"] * local > usable:
+        memory, cfg = _fit_or_refuse(
+            cfg,
+            sources,
+            memory,
+            partial(need, best=best),
+            budget,
+            usable,
+            processes,
+            rules,
+            on_disk if disk_tables else None,
+        )
     storage = cfg.embedding_storage or "memory"
     if storage == "disk":
         best = "disk"
-        step_rows = min(lookups, max(sizes[4], 1))  # the distinct rows one step can look up in the flat table
-        if cfg.embedding_cache_rows is not None and cfg.embedding_cache_rows < step_rows:
-            raise ValueError(
-                f"`embedding_cache_rows` {cfg.embedding_cache_rows:,} is fewer than the rows one step can look up "
-                f"({step_rows:,}: a batch of {cfg.batch_size:,} x {lookups // cfg.batch_size} features); set it to at "
-                "least that, or lower `batch_size`"
-            )
+        _check_cache(cfg, lookups, sizes[4])
         check_disk_room(spec, memory)
     elif cfg.embedding_storage is None:
         rules.setdefault("embedding_storage", "the tables and their state fit in memory")
-    cfg = replace(cfg, best_weights=best, embedding_storage=storage,
-                  embedding_cache_rows=cfg.embedding_cache_rows if storage == "disk" else None)  # fmt: skip
-    chosen = {"embedding_optimizer": cfg.embedding_optimizer, "embedding_lr": cfg.embedding_lr, "best_weights": best,
-              "embedding_storage": storage, "embedding_cache_rows": cfg.embedding_cache_rows,
-              "linear_warm_start": bool(cfg.linear_warm_start and continued is None)}  # fmt: skip
-    resolved = replace(resolved, **chosen)
-    configs = [replace(c, **chosen) for c in configs]
-    memory["room"] = budget.bytes
-    deep, side, dense, buffers, _ = sizes
-    weights, state, copies = memory["weights"], memory["optimizer"], memory["copies"]
-    models = cfg.snapshot_ensemble * cfg.seed_ensemble
+    return (
+        memory,
+        replace(
+            cfg,
+            best_weights=best,
+            embedding_storage=storage,
+            embedding_cache_rows=cfg.embedding_cache_rows if storage == "disk" else None,
+        ),
+        budget,
+    )
 
-    mc = spec.model_config
-    held = f"{validation_rows:,} validation rows ({validation_source})" if validation else "no validation data"
-    lines.append(("data", f"{train_rows:,} training rows, {held}; {steps:,} batches of {cfg.batch_size:,} an epoch",
-                  why("batch_size")))  # fmt: skip
+
+def _check_cache(cfg: TrainConfig, lookups: int, table_rows: int) -> None:
+    """Refuses a cache of tables on disk that cannot hold one step's rows."""
+    step_rows = min(lookups, max(table_rows, 1))  # the distinct rows one step can look up in the flat table
+    if cfg.embedding_cache_rows is not None and cfg.embedding_cache_rows < step_rows:
+        raise ValueError(
+            f"`embedding_cache_rows` {cfg.embedding_cache_rows:,} is fewer than the rows one step can look up "
+            f"({step_rows:,}: a batch of {cfg.batch_size:,} x {lookups // cfg.batch_size} features); set it to at "
+            "least that, or lower `batch_size`"
+        )
+
+
+def _training_lines(
+    cfg: TrainConfig,
+    resolved: TrainConfig,
+    facts: Facts,
+    rules: dict[str, str],
+    why,
+) -> list[tuple[str, str, str]]:
+    """The plan's lines on the data and the training: epochs, stopping, optimizers, schedule and plateau."""
+    validation, best, side = facts.validation, cfg.best_weights, facts.sizes[1]
+    held = (
+        f"{facts.validation_rows:,} validation rows ({facts.validation_source})" if validation else "no validation data"
+    )
+    lines = [
+        (
+            "data",
+            f"{facts.train_rows:,} training rows, {held}; {facts.steps:,} batches of {cfg.batch_size:,} an epoch",
+            why("batch_size"),
+        )
+    ]
     most = f"at most {resolved.epochs}" + (f", at most {cfg.max_steps:,} steps" if cfg.max_steps else "")
     lines.append(("epochs", most, why("epochs")))
     stop = resolved.early_stopping_patience if validation else 0
     kept = f" (their tables on disk: {why('best_weights')})" if best == "disk" and validation else ""
-    lines.append(("early stop", f"after {stop} evaluations without a gain of {cfg.min_delta:g} in validation AUC, "
-                  f"{resolved.evals_per_epoch} evaluations an epoch; the best weights kept{kept}" if stop and validation
-                  else ("off" + (f"; the best weights kept{kept}" if validation else "; the last weights kept")),
-                  why("early_stopping_patience")))  # fmt: skip
-    lines.append(("optimizers", f"{cfg.optimizer} {cfg.lr:g} (dense), {cfg.embedding_optimizer} {cfg.embedding_lr:g} "
-                  "(tables)" + (f", {cfg.wide_optimizer} {cfg.wide_lr:g} (first-order)" if side else ""),
-                  why(next((n for n in ("embedding_optimizer", "lr", "embedding_lr", "wide_lr") if n in rules),
-                           "optimizer"))))  # fmt: skip
-    decay = (f"decay from step {resolved.decay_start_step:,} over {resolved.decay_steps:,}" if resolved.decay_steps
-             else "no decay")  # fmt: skip
-    schedule = "step (a quarter, then an eighth of the peak)" if cfg.lr_schedule == "step" else decay
-    warmup = f"warmup {resolved.warmup_steps:,} step{'s' if resolved.warmup_steps != 1 else ''}"
-    lines.append(("schedule", f"{warmup}, {schedule}",
-                  why("decay_steps") if cfg.lr_schedule == "poly" else why("lr_schedule")))  # fmt: skip
+    lines.append(
+        (
+            "early stop",
+            f"after {stop} evaluations without a gain of {cfg.min_delta:g} in validation AUC, "
+            f"{resolved.evals_per_epoch} evaluations an epoch; the best weights kept{kept}"
+            if stop and validation
+            else ("off" + (f"; the best weights kept{kept}" if validation else "; the last weights kept")),
+            why("early_stopping_patience"),
+        )
+    )
+    lines.append(
+        (
+            "optimizers",
+            f"{cfg.optimizer} {cfg.lr:g} (dense), {cfg.embedding_optimizer} {cfg.embedding_lr:g} "
+            "(tables)" + (f", {cfg.wide_optimizer} {cfg.wide_lr:g} (first-order)" if side else ""),
+            why(next((n for n in ("embedding_optimizer", "lr", "embedding_lr", "wide_lr") if n in rules), "optimizer")),
+        )
+    )
+    lines.append(
+        (
+            "schedule",
+            _schedule_text(cfg, resolved),
+            why("decay_steps") if cfg.lr_schedule == "poly" else why("lr_schedule"),
+        )
+    )
     plateau = resolved.plateau_patience if validation else 0
-    lines.append(("plateau", f"rates x{cfg.plateau_factor:g} after {plateau} evaluations without a gain" if plateau
-                  else "off", why("plateau_patience")))  # fmt: skip
-    if spec.model != "wide_deep":
-        lines.append(("first order", "on: a logistic term beside the deep part" if linear else "off",
-                      why("linear")))  # fmt: skip
-    buckets = getattr(mc, "numerical_buckets", 0) if getattr(model, "wide_buckets", None) is not None else 0
-    lines.append(("buckets", f"up to {buckets} quantile buckets a numerical in the first-order term" if buckets
-                  else "off", why("numerical_buckets")))  # fmt: skip
-    if warm:
+    lines.append(
+        (
+            "plateau",
+            f"rates x{cfg.plateau_factor:g} after {plateau} evaluations without a gain" if plateau else "off",
+            why("plateau_patience"),
+        )
+    )
+    return lines
+
+
+def _mechanism_lines(
+    spec: Any, cfg: TrainConfig, facts: Facts, batches: tuple[int, ...], why
+) -> list[tuple[str, str, str]]:
+    """The plan's lines on the mechanisms: the first-order term, the warm start, redraws, batches, ensembles and
+    calibration."""
+    validation, lines = facts.validation, []
+    if "linear" in type(spec.model_config).__dataclass_fields__:  # a model whose first-order term is optional
+        lines.append(
+            ("first order", "on: a logistic term beside the deep part" if facts.linear else "off", why("linear"))
+        )
+    buckets = getattr(spec.model_config, "numerical_buckets", 0) if facts.buckets else 0
+    lines.append(
+        (
+            "buckets",
+            f"up to {buckets} quantile buckets a numerical in the first-order term" if buckets else "off",
+            why("numerical_buckets"),
+        )
+    )
+    lines.append(("warm start", _warm_start_text(cfg, facts), why("linear_warm_start")))
+    redraws = cfg.reinit_embeddings if validation or cfg.reinit_embeddings == "on" else "off"
+    redraw = {
+        "auto": "auto: once a later epoch overfits (validation AUC falls by "
+        f"{cfg.reinit_drop:g}), from the best weights with new tables",
+        "on": "every epoch after the first",
+        "off": "off",
+    }[redraws]
+    lines.append(("redraws", redraw, why("reinit_embeddings")))
+    lines.append(
+        (
+            "batches",
+            " and ".join(f"{b:,}" for b in batches) + (", the better kept" if len(batches) > 1 else ""),
+            why("small_batch"),
+        )
+    )
+    ens = [f"snapshot ensemble of up to {cfg.snapshot_ensemble}"] if cfg.snapshot_ensemble > 1 else []
+    ens += [f"{cfg.seed_ensemble} seeds"] if cfg.seed_ensemble > 1 else []
+    lines.append(
+        (
+            "ensembles",
+            ", ".join(ens) + " where validation prefers the mean" if ens else "off: one model",
+            why("snapshot_ensemble") or why("seed_ensemble"),
+        )
+    )
+    calibrate = {
+        "auto": "auto: a logit scale kept where a likelihood-ratio test passes at 99%",
+        "on": "on",
+        "off": "off",
+    }[cfg.calibrate if validation else "off"]
+    lines.append(("calibration", calibrate, why("calibrate")))
+    return lines
+
+
+def _schedule_text(cfg: TrainConfig, resolved: TrainConfig) -> str:
+    decay = (
+        f"decay from step {resolved.decay_start_step:,} over {resolved.decay_steps:,}"
+        if resolved.decay_steps
+        else "no decay"
+    )
+    schedule = "step (a quarter, then an eighth of the peak)" if cfg.lr_schedule == "step" else decay
+    return f"warmup {resolved.warmup_steps:,} step{'s' if resolved.warmup_steps != 1 else ''}, {schedule}"
+
+
+def _warm_start_text(cfg: TrainConfig, facts: Facts) -> str:
+    if cfg.linear_warm_start and facts.linear and facts.validation and facts.continued is None:
         rule = "kept unless a trained model beats its validation AUC"
         rule += " and log loss" if cfg.warm_start_logloss else ""
-        lines.append(("warm start", f"on: the first-order term fitted as a logistic regression first; {rule}",
-                      why("linear_warm_start")))  # fmt: skip
-    else:
-        reason = "no first-order term" if not linear else ("no validation data" if not validation else "")
-        if cfg.linear_warm_start and linear and validation:
-            reason = "the run continues a trained model"
-        lines.append(("warm start", "off" + (f" ({reason})" if reason else ""), why("linear_warm_start")))
-    redraws = cfg.reinit_embeddings if validation or cfg.reinit_embeddings == "on" else "off"
-    redraw = {"auto": "auto: once a later epoch overfits (validation AUC falls by "
-              f"{cfg.reinit_drop:g}), from the best weights with new tables", "on": "every epoch after the first",
-              "off": "off"}[redraws]  # fmt: skip
-    lines.append(("redraws", redraw, why("reinit_embeddings")))
-    lines.append(("batches", " and ".join(f"{b:,}" for b in batches) + (", the better kept" if small else ""),
-                  why("small_batch")))  # fmt: skip
-    ens = []
-    if cfg.snapshot_ensemble > 1:
-        ens.append(f"snapshot ensemble of up to {cfg.snapshot_ensemble}")
-    if cfg.seed_ensemble > 1:
-        ens.append(f"{cfg.seed_ensemble} seeds")
-    lines.append(("ensembles", ", ".join(ens) + " where validation prefers the mean" if ens else "off: one model",
-                  why("snapshot_ensemble") or why("seed_ensemble")))  # fmt: skip
-    calibrate = {"auto": "auto: a logit scale kept where a likelihood-ratio test passes at 99%", "on": "on",
-                 "off": "off"}[cfg.calibrate if validation else "off"]  # fmt: skip
-    lines.append(("calibration", calibrate, why("calibrate")))
+        return f"on: the first-order term fitted as a logistic regression first; {rule}"
+    reason = "no first-order term" if not facts.linear else ("no validation data" if not facts.validation else "")
+    if cfg.linear_warm_start and facts.linear and facts.validation:
+        reason = "the run continues a trained model"
+    return "off" + (f" ({reason})" if reason else "")
+
+
+def _resource_lines(
+    spec: Any, cfg: TrainConfig, facts: Facts, memory: dict, budget: Room, why, rules: dict[str, str]
+) -> list[tuple[str, str, str]]:
+    """The plan's lines on how and where the run executes: processes and device, the tables, dynamic ids, a
+    continued model, memory and scoring."""
+    processes, device, mc = facts.processes, facts.device, spec.model_config
     how = [f"{processes} processes" if processes > 1 else "one process", device]
     how.append(f"batch split over threads: {cfg.split_batch}" if device == "cpu" and processes == 1 else "")
     how += ["mixed precision" if cfg.amp else "fp32", "torch.compile" if cfg.compile else ""]
-    lines.append(("execution", ", ".join(h for h in how if h), why("split_batch") if cfg.split_batch != "auto" else
-                  "auto: on with 2 or more threads and 64 samples a thread"))  # fmt: skip
-    per = " a process" if processes > 1 else ""
-    disk = f" (and {gib(memory['copies_on_disk'])} on disk)" if memory["copies_on_disk"] else ""
-    fit, now = gib(memory["warm_start"]), gib(memory["process"])
-    more = gib(memory["more"])
-    has = f"; {more} more of {gib(budget.bytes)} available beside it ({budget.where})" if budget.bytes else ""
-    if storage == "disk":
-        lines.append(("tables", f"on disk ({gib(memory['tables_on_disk'])} with their optimizer state, in "
-                      f"{tables_directory(spec.save_checkpoint)}), {cfg.embedding_cache_rows:,} rows of each cached in "
-                      "memory", why("embedding_storage") + "; cache: " + why("embedding_cache_rows")))  # fmt: skip
+    lines = [
+        (
+            "execution",
+            ", ".join(h for h in how if h),
+            why("split_batch")
+            if cfg.split_batch != "auto"
+            else "auto: on with 2 or more threads and 64 samples a thread",
+        )
+    ]
+    if cfg.embedding_storage == "disk":
+        lines.append(
+            (
+                "tables",
+                f"on disk ({gib(memory['tables_on_disk'])} with their optimizer state, in "
+                f"{tables_directory(spec.save_checkpoint)}), {cfg.embedding_cache_rows:,} rows of each cached in "
+                "memory",
+                why("embedding_storage") + "; cache: " + why("embedding_cache_rows"),
+            )
+        )
     else:
         lines.append(("tables", "in memory", why("embedding_storage")))
-    if dynamic:
-        caps = [mc.cardinalities[i] for i in dynamic]
+    if facts.dynamic:
+        caps = [mc.cardinalities[i] for i in facts.dynamic]
         span = f"{min(caps):,}" + (f" to {max(caps):,}" if max(caps) != min(caps) else "")
         decay = f"halving every {cfg.count_half_life:,} batches" if cfg.count_half_life else "never decaying"
         rule = "count_half_life" if "count_half_life" in rules else "admit_after"  # a continued run's half-life
-        lines.append(("dynamic", f"{len(dynamic)} features of raw ids in tables of {span} rows; an id gets a row "
-                      f"after {cfg.admit_after} sighting{'s' if cfg.admit_after != 1 else ''}, {cfg.eviction} "
-                      f"eviction when full, counts {decay}", why(rule)))  # fmt: skip
-    if continued is not None:
-        lines.append(("continues", f"from {continued}: its selected weights (dynamic tables' ids and counts with "
-                      "them) and optimizer states; steps, schedule and model selection start over",
-                      "--continue-from"))  # fmt: skip
-    lines.append(("memory", f"peak about {gib(memory['peak'])}{per}: weights {gib(weights)}, optimizer state "
-                  f"{gib(state)}, copies kept {gib(copies)}{disk}, warm start {fit}, this process now {now}{has}",
-                  "estimate"))  # fmt: skip
+        lines.append(
+            (
+                "dynamic",
+                f"{len(facts.dynamic)} features of raw ids in tables of {span} rows; an id gets a row "
+                f"after {cfg.admit_after} sighting{'s' if cfg.admit_after != 1 else ''}, {cfg.eviction} "
+                f"eviction when full, counts {decay}",
+                why(rule),
+            )
+        )
+    if facts.continued is not None:
+        lines.append(
+            (
+                "continues",
+                f"from {facts.continued}: its selected weights (dynamic tables' ids and counts "
+                "with them) and optimizer states; steps, schedule and model selection start over",
+                "--continue-from",
+            )
+        )
+    lines.append(("memory", _memory_text(memory, budget, processes), "estimate"))
+    models = cfg.snapshot_ensemble * cfg.seed_ensemble
     lines.append(("scoring", f"{models} models a request at most" if models > 1 else "1 model a request", ""))
-    lines += [("warning", w, "") for w in fit_warnings(resolved, train_rows)]
-    return Plan(spec.recipe, spec.model, resolved, tuple(lines), memory, models, batches, members, tuple(configs),
-                None if continued is None else str(continued))  # fmt: skip
+    return lines
+
+
+def _memory_text(memory: dict, budget: Room, processes: int) -> str:
+    per = " a process" if processes > 1 else ""
+    disk = f" (and {gib(memory['copies_on_disk'])} on disk)" if memory["copies_on_disk"] else ""
+    has = (
+        f"; {gib(memory['more'])} more of {gib(budget.bytes)} available beside it ({budget.where})"
+        if budget.bytes
+        else ""
+    )
+    return (
+        f"peak about {gib(memory['peak'])}{per}: weights {gib(memory['weights'])}, optimizer state "
+        f"{gib(memory['optimizer'])}, copies kept {gib(memory['copies'])}{disk}, warm start "
+        f"{gib(memory['warm_start'])}, this process now {gib(memory['process'])}{has}"
+    )

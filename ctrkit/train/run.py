@@ -185,11 +185,12 @@ def resolve_run(
     """
     run = load_run_file(config)
     source = load_checkpoint if load_checkpoint is not None else continue_from
-    if model is None and run.get("model") is None and source is not None:  # the checkpoint's model
+    ckpt = None
+    if source is not None:  # the model is the checkpoint's, whatever else says
         from ctrkit.checkpoint import load_checkpoint as read
 
-        model = read(source, mmap=True, assemble=False, verify=False).model_name  # verified when loaded
-    name = model or run.get("model") or DEFAULT_MODEL
+        ckpt = read(source, mmap=True, assemble=False, verify=False)  # name and config; verified when loaded
+    name = model or run.get("model") or (ckpt.model_name if ckpt is not None else DEFAULT_MODEL)
     check_fields(config_class(name), run.get("model_config", {}), f"{config}: model_config")
     file_layer = _yaml_mapping(model_config_file) if model_config_file is not None else {}
     check_fields(config_class(name), file_layer, str(model_config_file))
@@ -200,14 +201,8 @@ def resolve_run(
     if dataset is None:
         raise ValueError("no dataset: name a dataset directory (or a run config naming one)")
     spec = FeatureSpec.from_yaml(Path(dataset))
-    if source is not None:  # the model is the checkpoint's, whatever else says
-        from ctrkit.checkpoint import load_checkpoint as read
-
-        ckpt = read(source, mmap=True, assemble=False, verify=False)  # name and config; verified when loaded
-        if ckpt.model_name != name:
-            raise ValueError(f"{source}: checkpoint holds a '{ckpt.model_name}' model, not '{name}'")
-        _refuse_other_shape(source, name, spec, ckpt.model_config, {**file_layer, **(model_config or {})})
-        model_cfg = make_config(name, ckpt.model_config)
+    if ckpt is not None:
+        model_cfg = _checkpoint_model_config(source, ckpt, name, spec, {**file_layer, **(model_config or {})})
     else:
         model_cfg = resolve_model_config(
             name, spec, recipe_model, run.get("model_config", {}), file_layer, model_config or {}
@@ -231,6 +226,15 @@ def resolve_run(
         allow_other_vocabulary,
         Path(continue_from) if continue_from is not None else None,
     )
+
+
+def _checkpoint_model_config(source: Any, ckpt: Any, name: str, spec: FeatureSpec, asked: dict[str, Any]) -> Any:
+    """The model config of a run from checkpoint ``ckpt`` (read from ``source``): the checkpoint's, of model
+    ``name``; model settings ``asked`` for that would change it are refused (``_refuse_other_shape``)."""
+    if ckpt.model_name != name:
+        raise ValueError(f"{source}: checkpoint holds a '{ckpt.model_name}' model, not '{name}'")
+    _refuse_other_shape(source, name, spec, ckpt.model_config, asked)
+    return make_config(name, ckpt.model_config)
 
 
 def _refuse_other_shape(source: Any, name: str, spec: FeatureSpec, theirs: dict[str, Any], asked: dict[str, Any]

@@ -22,8 +22,15 @@ class Scorer:
     wrapped one) in batches of ``batch_size`` under autocast ``dtype`` (None: none); in a job (``env``) every
     rank scores its share and gets the whole array."""
 
-    def __init__(self, model: nn.Module, inner: nn.Module, device: torch.device, batch_size: int,
-                 dtype: torch.dtype | None, env: DistEnv | None):  # fmt: skip
+    def __init__(
+        self,
+        model: nn.Module,
+        inner: nn.Module,
+        device: torch.device,
+        batch_size: int,
+        dtype: torch.dtype | None,
+        env: DistEnv | None,
+    ):
         self.model, self.inner, self.device = model, inner, device
         self.batch_size, self.dtype, self.env = batch_size, dtype, env
 

@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
-
-from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -40,8 +39,13 @@ def score(metrics: dict[str, Any]) -> float:
     return auc if math.isfinite(auc) else -metrics.get("logloss", float("inf"))
 
 
-def prefers(candidate: dict[str, Any], incumbent_score: float, min_delta: float, baseline_loss: float | None,
-            min_z: float | None) -> bool:  # fmt: skip
+def prefers(
+    candidate: dict[str, Any],
+    incumbent_score: float,
+    min_delta: float,
+    baseline_loss: float | None,
+    min_z: float | None,
+) -> bool:
     """The best-model rule: whether a model with validation ``candidate`` metrics replaces the one kept (scored
     ``incumbent_score``). Its score must be higher by more than ``min_delta``; with ``baseline_loss`` (the warm
     start's validation log loss, under ``warm_start_logloss``) its log loss must be lower; with ``min_z`` (the
@@ -133,8 +137,13 @@ class Selection:
     def accepts(self, metrics: dict[str, Any]) -> bool:
         """Whether an evaluation with ``metrics`` would replace the selected one (``prefers``, without changing
         the state)."""
-        return prefers(metrics, self.best_score, self.min_delta, self.loss_to_beat,
-                       self.baseline_z if self.guarding_baseline else None)  # fmt: skip
+        return prefers(
+            metrics,
+            self.best_score,
+            self.min_delta,
+            self.loss_to_beat,
+            self.baseline_z if self.guarding_baseline else None,
+        )
 
     @property
     def loss_to_beat(self) -> float | None:
@@ -171,8 +180,6 @@ class Selection:
         return cls(**state)
 
 
-
-
 class Selector:
     """The selected model of a run: the selection's state (``Selection``), the weights it keeps, and their
     validation logits while they are at hand.
@@ -186,8 +193,7 @@ class Selector:
         best_dir: where the kept weights' tables live on disk (``best_weights disk``), or None.
     """
 
-    def __init__(self, selection: Selection, validation_set, scorer: Scorer, copy_weights: CopyWeights,
-                 best_dir=None):  # fmt: skip
+    def __init__(self, selection: Selection, validation_set, scorer: Scorer, copy_weights: CopyWeights, best_dir=None):
         self.selection, self.validation_set, self.scorer = selection, validation_set, scorer
         self.copy_weights, self.best_dir = copy_weights, best_dir
         self.best_state: dict[str, torch.Tensor] | None = None  # the best weights this process holds

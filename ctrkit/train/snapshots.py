@@ -10,8 +10,8 @@ import torch
 
 from ctrkit.checkpoint import snapshot_states
 from ctrkit.eval.evaluator import metrics_of
-from ctrkit.train.selection import Selection, score
 from ctrkit.train.scoring import Scorer
+from ctrkit.train.selection import Selection, score
 
 
 class SnapshotPool:
@@ -49,8 +49,9 @@ class SnapshotPool:
                 snap["model"] = {k: v.cpu() for k, v in weights().items()}
         self.snapshots = pool
 
-    def form_ensemble(self, step: int, scorer: Scorer, validation_set, selection: Selection, baseline_z
-                      ) -> tuple[dict[str, Any] | None, np.ndarray | None]:  # fmt: skip
+    def form_ensemble(
+        self, step: int, scorer: Scorer, validation_set, selection: Selection, baseline_z
+    ) -> tuple[dict[str, Any] | None, np.ndarray | None]:
         """At the end of training: the mean of the logits of the pool's best 2..N snapshots, the one with the best
         validation score, becomes the kept model at ``step`` where the best-model rule takes it over the selected model
         (``baseline_z(logits)``: its gain over a guarded warm start). Returns the ensemble's log record (None

@@ -55,8 +55,14 @@ class Checkpointer:
         if self.main and checkpoint is not None:
             save_checkpoint(self.save_path, checkpoint)
             written()
-            self.log.write({"event": "checkpoint", "step": step, "seconds": round(time.perf_counter() - started, 3),
-                            "bytes": self.save_path.stat().st_size})  # fmt: skip
+            self.log.write(
+                {
+                    "event": "checkpoint",
+                    "step": step,
+                    "seconds": round(time.perf_counter() - started, 3),
+                    "bytes": self.save_path.stat().st_size,
+                }
+            )
             if self.env is not None:
                 _remove_older_rank_files(self.save_path, step)
             if self.run_record is not None and self.saved_step is None:  # this run's first save
@@ -124,9 +130,11 @@ def check_continuable(ckpt: Checkpoint, cfg: TrainConfig, optimizers: int, distr
             f"({ours}); continue with the same optimizer, embedding_optimizer and wide_optimizer"
         )
     if ckpt.models_averaged > 1:
-        raise ValueError(f"{where}: the checkpoint's model is an ensemble of {ckpt.models_averaged}; "
-                         "--continue-from continues one model (train it with --snapshot-ensemble 1 "
-                         "--seed-ensemble 1)")  # fmt: skip
+        raise ValueError(
+            f"{where}: the checkpoint's model is an ensemble of {ckpt.models_averaged}; "
+            "--continue-from continues one model (train it with --snapshot-ensemble 1 "
+            "--seed-ensemble 1)"
+        )
 
 
 def continued_weights(ckpt: Checkpoint) -> tuple[dict[str, torch.Tensor], bool]:
@@ -151,8 +159,9 @@ def load_optimizer_states(optimizers: list, states: list, keep_settings: bool = 
                 group.update(mine)
 
 
-def check_finite(loss_sum: torch.Tensor, model: nn.Module, table_ids: set[int], env: DistEnv | None, step: int,
-                 lr: float) -> None:  # fmt: skip
+def check_finite(
+    loss_sum: torch.Tensor, model: nn.Module, table_ids: set[int], env: DistEnv | None, step: int, lr: float
+) -> None:
     """Raises FloatingPointError when the losses of the current log window (earlier windows were checked when
     logged) or the dense weights are not finite, so that a diverged run never replaces a good checkpoint (one
     sync, at saves only)."""

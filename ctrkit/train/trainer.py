@@ -55,8 +55,16 @@ from ctrkit.train.warm_start import describe_fit, fit_normalizer, fit_warm_start
 
 def schedule_of(cfg: TrainConfig, total_steps: int) -> LRSchedule:
     """The LR schedule of a config whose schedule fields the plan has set (``plan.resolved_train``)."""
-    return LRSchedule(cfg.lr, cfg.warmup_steps, cfg.decay_start_step, cfg.decay_steps, cfg.decay_power, cfg.end_lr,
-                      cfg.lr_schedule, total_steps)  # fmt: skip
+    return LRSchedule(
+        cfg.lr,
+        cfg.warmup_steps,
+        cfg.decay_start_step,
+        cfg.decay_steps,
+        cfg.decay_power,
+        cfg.end_lr,
+        cfg.lr_schedule,
+        total_steps,
+    )
 
 
 @dataclass
@@ -160,8 +168,9 @@ class Trainer:
         self.optimizers = build_optimizers(
             model, cfg.optimizer, cfg.lr, cfg.embedding_optimizer, cfg.embedding_lr, cfg.wide_optimizer, cfg.wide_lr
         )
-        self.step_fn = TrainStep(model, self.optimizers, device, amp_dtype, cfg.compile, cfg.embedding_l2,
-                                 cfg.weight_decay, cfg.split_batch)  # fmt: skip
+        self.step_fn = TrainStep(
+            model, self.optimizers, device, amp_dtype, cfg.compile, cfg.embedding_l2, cfg.weight_decay, cfg.split_batch
+        )
         self.step = 0
         self._build_parts(save_path, run_record)
 
@@ -172,8 +181,14 @@ class Trainer:
         self._table_ids = table_parameter_ids(self.model)
         eval_dtype = eval_dtype_for(self.device, cfg.eval_dtype, self.amp_dtype)  # scoring's (``--eval-dtype``)
         self.scorer = Scorer(self.model, self._inner, self.device, cfg.eval_batch_size, eval_dtype, env)
-        rule = Selection(cfg.early_stopping_patience, cfg.plateau_patience, cfg.plateau_factor, cfg.min_delta,
-                         cfg.warm_start_z, cfg.warm_start_logloss)  # fmt: skip
+        rule = Selection(
+            cfg.early_stopping_patience,
+            cfg.plateau_patience,
+            cfg.plateau_factor,
+            cfg.min_delta,
+            cfg.warm_start_z,
+            cfg.warm_start_logloss,
+        )
         disk = cfg.best_weights == "disk" and self.device.type == "cpu"
         best_dir = tables_directory(save_path) if disk else None
         self.selector = Selector(rule, self.validation_set, self.scorer, self._local_state, best_dir)
@@ -211,8 +226,9 @@ class Trainer:
         """The model whose state dict this process holds (a HybridModel's wrapped model: its shards)."""
         return self.model.model if self.env is not None else self.model
 
-    def _local_state(self, into: dict[str, torch.Tensor] | None = None, on_disk: bool = False
-                     ) -> dict[str, torch.Tensor]:  # fmt: skip
+    def _local_state(
+        self, into: dict[str, torch.Tensor] | None = None, on_disk: bool = False
+    ) -> dict[str, torch.Tensor]:
         """A copy of the weights this process holds (the whole model, or a rank's shards and replicas); with
         ``into`` (an earlier copy), copied into its tensors where their shapes fit, so that replacing the best
         weights never holds two copies of the tables at once; with ``on_disk`` and ``best_weights`` disk, the
@@ -245,8 +261,14 @@ class Trainer:
         if self.step == 0 and self.selection.best_step is None and not self.continued:
             self._prepare()
         fill_pending_tables(self.model)  # tables built undrawn (``tables_filled_later``) that nothing wrote
-        bar = tqdm(total=self.total_steps, initial=self.step, desc="train", unit="step", disable=not self.progress,
-                   dynamic_ncols=True)  # fmt: skip
+        bar = tqdm(
+            total=self.total_steps,
+            initial=self.step,
+            desc="train",
+            unit="step",
+            disable=not self.progress,
+            dynamic_ncols=True,
+        )
         self.model.train()
         try:
             self._train(bar)
@@ -255,14 +277,21 @@ class Trainer:
         return self._finish()
 
     def _log_start(self) -> None:
-        self.log.write({
-            "event": "start", "unix_time": round(self.log.unix_start(), 3), "step": self.step,
-            "total_steps": self.total_steps, "steps_per_epoch": self.steps_per_epoch,
-            "train_samples": len(self.train_set),
-            "validation_samples": len(self.validation_set) if self.validation_set is not None else 0,
-            "model": self.info.model_name, "config": self.cfg.to_dict(), "device": str(self.device),
-            "threads": torch.get_num_threads(),
-        })  # fmt: skip
+        self.log.write(
+            {
+                "event": "start",
+                "unix_time": round(self.log.unix_start(), 3),
+                "step": self.step,
+                "total_steps": self.total_steps,
+                "steps_per_epoch": self.steps_per_epoch,
+                "train_samples": len(self.train_set),
+                "validation_samples": len(self.validation_set) if self.validation_set is not None else 0,
+                "model": self.info.model_name,
+                "config": self.cfg.to_dict(),
+                "device": str(self.device),
+                "threads": torch.get_num_threads(),
+            }
+        )
 
     def _prepare(self) -> None:
         """Before the first step of a new run: the input normaliser fitted and the warm start (evaluated at step 0,
@@ -296,8 +325,9 @@ class Trainer:
                     lo, hi = self.loader.global_bounds(int(order[k]))
                     scale = self.schedule(self.step) / cfg.lr * self.selection.lr_scale
                     wide_scale = None if cfg.schedule_wide else self.selection.lr_scale
-                    window.add(self.step_fn(batch, scale, hi - lo if self.env is not None else None, wide_scale),
-                               hi - lo)  # fmt: skip
+                    window.add(
+                        self.step_fn(batch, scale, hi - lo if self.env is not None else None, wide_scale), hi - lo
+                    )
                     self.step += 1
                     bar.update(1)
                     if self.step % cfg.print_freq == 0 or self.step == self.total_steps:
@@ -319,9 +349,14 @@ class Trainer:
                 f"the training loss became {mean_loss} by step {self.step} (lr {self.schedule(self.step - 1):g}); "
                 "training stopped and the last checkpoint was kept: lower the learning rate or lengthen the warmup"
             )
-        record = {"event": "train", "step": self.step, "epoch": epoch, "loss": mean_loss,
-                  "lr": self.schedule(self.step - 1) * self.selection.lr_scale,
-                  "samples_per_s": window.samples / max(elapsed, 1e-9)}  # fmt: skip
+        record = {
+            "event": "train",
+            "step": self.step,
+            "epoch": epoch,
+            "loss": mean_loss,
+            "lr": self.schedule(self.step - 1) * self.selection.lr_scale,
+            "samples_per_s": window.samples / max(elapsed, 1e-9),
+        }
         self.log.write(record)
         bar.set_postfix(loss=f"{record['loss']:.4f}", samples_s=f"{record['samples_per_s']:,.0f}")
         window.restart()
@@ -333,8 +368,10 @@ class Trainer:
             t0 = time.perf_counter()
             record = self.validate()
             if record is not None and self.progress:
-                bar.write(f"step {self.step}: validation AUC {record['auc']:.4f} logloss {record['logloss']:.4f} "
-                          f"(best: step {record['best_step']})")  # fmt: skip
+                bar.write(
+                    f"step {self.step}: validation AUC {record['auc']:.4f} logloss {record['logloss']:.4f} "
+                    f"(best: step {record['best_step']})"
+                )
             if not self.finished:
                 self.save()
             self.window.started += time.perf_counter() - t0  # keep samples/s about training
@@ -358,8 +395,15 @@ class Trainer:
             if into:  # at an epoch's end the next epoch's start redraws them
                 self.reinit_embeddings(epoch)
         sel = self.selection
-        record = {"event": "eval", "mapping": "validation", "step": self.step, **metrics,
-                  "best_step": sel.best_step, "lr_scale": sel.lr_scale, "seconds": round(seconds, 3)}  # fmt: skip
+        record = {
+            "event": "eval",
+            "mapping": "validation",
+            "step": self.step,
+            **metrics,
+            "best_step": sel.best_step,
+            "lr_scale": sel.lr_scale,
+            "seconds": round(seconds, 3),
+        }
         self.log.write(record)
         return record
 
@@ -410,8 +454,9 @@ class Trainer:
 
     def _form_ensemble(self):
         """The snapshot ensemble formed (``SnapshotPool.form_ensemble``); its validation logits where it is kept."""
-        record, logits = self.pool.form_ensemble(self.step, self.scorer, self.validation_set, self.selection,
-                                                 self.selector.baseline_z)  # fmt: skip
+        record, logits = self.pool.form_ensemble(
+            self.step, self.scorer, self.validation_set, self.selection, self.selector.baseline_z
+        )
         if record is not None:
             self.log.write(record)
         if logits is not None:
@@ -441,8 +486,16 @@ class Trainer:
         test = scored_with_parts(self.test_set, kept, self.calibration, logits if ensemble else None)
         if ensemble is not None:
             test["ensemble"] = ensemble
-        self.log.write({"event": "test", "mapping": "test", "step": self.step, "best_step": best_step, **test,
-                        "seconds": round(time.perf_counter() - started, 3)})  # fmt: skip
+        self.log.write(
+            {
+                "event": "test",
+                "mapping": "test",
+                "step": self.step,
+                "best_step": best_step,
+                **test,
+                "seconds": round(time.perf_counter() - started, 3),
+            }
+        )
         return test
 
     def kept_states(self) -> list[dict[str, torch.Tensor]]:
@@ -475,23 +528,33 @@ class Trainer:
     def _checkpoint_fields(self) -> dict[str, Any]:
         """What every checkpoint of this run records besides weights and optimizer states."""
         return dict(
-            model_name=self.info.model_name, model_config=config_to_dict(self.info.model_config),
-            spec=self.info.spec_summary, train_config=self.cfg.to_dict(), step=self.step,
-            steps_per_epoch=self.steps_per_epoch, rng=rng_state(), selection=self.selection.state(),
-            calibration=self.calibration, plan=(self.checkpoints.run_record or {}).get("plan"),
+            model_name=self.info.model_name,
+            model_config=config_to_dict(self.info.model_config),
+            spec=self.info.spec_summary,
+            train_config=self.cfg.to_dict(),
+            step=self.step,
+            steps_per_epoch=self.steps_per_epoch,
+            rng=rng_state(),
+            selection=self.selection.state(),
+            calibration=self.calibration,
+            plan=(self.checkpoints.run_record or {}).get("plan"),
             preprocessing=self.info.preprocessing,
-        )  # fmt: skip
+        )
 
     def checkpoint(self) -> Checkpoint:
         """The checkpoint of a single-process run. Its current weights are the model's own tensors, not a copy:
         write it before training goes on."""
         model, resume = self._weights_to_save()
         return Checkpoint(
-            **self._checkpoint_fields(), model=model, resume_model=resume,
+            **self._checkpoint_fields(),
+            model=model,
+            resume_model=resume,
             optimizers=[opt.state_dict() for opt in self.optimizers],
-            snapshots=list(self.pool.snapshots) if self.pool.size > 1 else None, ensemble=self.pool.ensemble,
-            members=list(self.members_done) if self.member is not None else None, member=self.member,
-        )  # fmt: skip
+            snapshots=list(self.pool.snapshots) if self.pool.size > 1 else None,
+            ensemble=self.pool.ensemble,
+            members=list(self.members_done) if self.member is not None else None,
+            member=self.member,
+        )
 
     def _sharded_checkpoint(self) -> Checkpoint | None:
         """A hybrid-parallel save: every rank's own file (``Checkpointer.write_rank_file``); rank 0 gets the
@@ -502,8 +565,13 @@ class Trainer:
         if files is None:
             return None
         names, records = files
-        return Checkpoint(**self._checkpoint_fields(), model={}, sharding=self.model.sharding_key(),
-                          shard_files=names, shard_records=records)  # fmt: skip
+        return Checkpoint(
+            **self._checkpoint_fields(),
+            model={},
+            sharding=self.model.sharding_key(),
+            shard_files=names,
+            shard_records=records,
+        )
 
     def restore(self, ckpt: Checkpoint) -> None:
         """Continues the run a checkpoint was taken from (weights, optimizer, step, RNG)."""

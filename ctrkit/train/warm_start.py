@@ -34,8 +34,9 @@ def fit_normalizer(inner: nn.Module, train_set) -> dict[str, Any] | None:
     return {"rows": int(sample.shape[0]), **fitted}
 
 
-def fit_warm_start(model: nn.Module, inner: nn.Module, train_set, validation_set, cache: dict[str, Any] | None
-                   ) -> dict[str, Any] | None:  # fmt: skip
+def fit_warm_start(
+    model: nn.Module, inner: nn.Module, train_set, validation_set, cache: dict[str, Any] | None
+) -> dict[str, Any] | None:
     """``linear_warm_start``: the first-order term fitted as a logistic regression and the deep output zeroed
     (``linear_fit.fit_first_order``); the deep tables built undrawn are drawn after it, its memory freed. ``cache``
     (a seed ensemble's, shared by its members): an earlier member's fit, taken instead of fitting again (the same
@@ -55,8 +56,10 @@ def fit_warm_start(model: nn.Module, inner: nn.Module, train_set, validation_set
         fit = fit_first_order(model, train_set, validation_set)
         if cache is not None:
             cache["fit"] = fit
-            cache["states"] = {name: {k: v.detach().clone() for k, v in module.state_dict().items()}
-                               for name, module in modules.items()}  # fmt: skip
+            cache["states"] = {
+                name: {k: v.detach().clone() for k, v in module.state_dict().items()}
+                for name, module in modules.items()
+            }
     fill_pending_tables(model)  # the deep tables drawn only now: the fit's memory is freed
     return fit
 
@@ -64,5 +67,7 @@ def fit_warm_start(model: nn.Module, inner: nn.Module, train_set, validation_set
 def describe_fit(fit: dict[str, Any]) -> str:
     """The line a run prints about its warm start."""
     how = "reused from the seed ensemble's first member" if fit.get("reused") else f"{fit['seconds']:.1f} s"
-    return (f"first-order term fitted as a logistic regression on {fit['rows']:,} rows (C {fit['C']:g}, "
-            f"validation AUC {fit['validation_auc']:.4f}, {how})")  # fmt: skip
+    return (
+        f"first-order term fitted as a logistic regression on {fit['rows']:,} rows (C {fit['C']:g}, "
+        f"validation AUC {fit['validation_auc']:.4f}, {how})"
+    )
