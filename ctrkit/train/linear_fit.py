@@ -214,14 +214,14 @@ class _Regression:
     def __init__(self, inner: nn.Module, train, validation, max_rows: int, max_iter: int):
         start = max(0, len(train) - max_rows)
         tr, va = train.slice(start, len(train)), validation.slice(0, min(len(validation), max_rows))  # bounded
-        dynamic = getattr(inner, "dynamic_ids", None)
+        dynamic = inner.dynamic_ids
         if dynamic is not None:  # raw ids: the fitted rows' ids admitted first, then both sides' ids as rows
             dynamic.preadmit(tr.categorical)
             tr.categorical, va.categorical = dynamic(tr.categorical), dynamic(va.categorical)
         self.cards = [tuple(c.cardinalities) for c in _collections(inner)]
         bags = inner.wide_embeddings.bags
         self.means = tuple(bool(m) for m in bags.is_mean) if bags is not None and hasattr(bags, "is_mean") else ()
-        self.dense, self.buckets = inner.wide_dense, getattr(inner, "wide_buckets", None)
+        self.dense, self.buckets = inner.wide_dense, inner.wide_buckets
         self.max_iter = max_iter
         self.x_tr = self._design(tr, transpose=True)
         tr.categorical, tr.multi_hot = None, None  # in the matrix now: not held twice
@@ -231,7 +231,7 @@ class _Regression:
         self.n, self.ids = self.x_tr.shape
         self.k, self.z_tr, self.z_va = 0, None, None
         if self.dense is not None:
-            norm = getattr(inner, "numerical_norm", None)
+            norm = inner.numerical_norm
 
             def seen(x: torch.Tensor) -> torch.Tensor:  # the numerical inputs as the model sees them, on the CPU
                 return (x if norm is None else norm(x.to(norm.shift.device)).cpu()).double()

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from ctrkit import hugepages, native
 from ctrkit.device import one_thread_where_threads_sleep
+from ctrkit.models.contract import tables_by_id
 
 
 class SparseSGD(torch.optim.Optimizer):
@@ -472,9 +473,8 @@ def build_optimizers(
     those parameters with ``wide_optimizer`` instead (its table with sparse updates). Each parameter
     group remembers its ``base_lr``; the schedule scales it (see TrainStep).
     """
-    # embedding modules (single-process or sharded) name their tables with table_parameters()
-    tables = {id(p): m for m in model.modules() if hasattr(m, "table_parameters") for p in m.table_parameters()}
-    wide = model.wide_parameters() if hasattr(model, "wide_parameters") else []
+    tables = tables_by_id(model)  # embedding collections, single-process or sharded (``models.contract``)
+    wide = model.wide_parameters()
     wide_ids = {id(p) for p in wide}
     parts: list[tuple[str, list[torch.nn.Parameter], float, bool, bool]] = []
     if wide:

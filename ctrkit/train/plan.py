@@ -14,6 +14,7 @@ from functools import partial
 from typing import Any
 
 from ctrkit.config import TrainConfig
+from ctrkit.models.contract import table_parameter_ids, table_parameters
 from ctrkit.train.mechanisms import continued_settings
 from ctrkit.train.memory import (
     USABLE,
@@ -156,8 +157,8 @@ class Plan:
 
 def _size(model: Any) -> tuple[int, int, int, int]:
     """(deep table, wide, dense, buffer) bytes of ``model`` (built on the meta device: nothing allocated)."""
-    tables = {id(p) for m in model.modules() if hasattr(m, "table_parameters") for p in m.table_parameters()}
-    wide = {id(p) for p in (model.wide_parameters() if hasattr(model, "wide_parameters") else [])}
+    tables = table_parameter_ids(model)
+    wide = {id(p) for p in model.wide_parameters()}
     deep = side = dense = 0
     for p in model.parameters():
         n = p.numel() * p.element_size()
@@ -172,14 +173,8 @@ def _size(model: Any) -> tuple[int, int, int, int]:
 
 def _table_rows(model: Any) -> int:
     """Rows of the deep tables of ``model`` (built on the meta device; the first-order tables not counted)."""
-    wide = {id(p) for p in (model.wide_parameters() if hasattr(model, "wide_parameters") else [])}
-    return sum(
-        p.shape[0]
-        for m in model.modules()
-        if hasattr(m, "table_parameters")
-        for p in m.table_parameters()
-        if id(p) not in wide
-    )
+    wide = {id(p) for p in model.wide_parameters()}
+    return sum(p.shape[0] for p in table_parameters(model) if id(p) not in wide)
 
 
 def _memory(
@@ -418,8 +413,8 @@ def facts_of(
         device,
         -(-train_rows // spec.train.batch_size),
         _size(model) + (_table_rows(model),),
-        getattr(model, "wide_embeddings", None) is not None,
-        getattr(model, "wide_buckets", None) is not None,
+        model.wide_embeddings is not None,
+        model.wide_buckets is not None,
         tuple(getattr(spec.model_config, "dynamic_features", ()) or ()),
         getattr(spec, "continue_from", None),
         getattr(spec.model_config, "sparse_gradients", True),

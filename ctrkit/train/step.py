@@ -13,6 +13,7 @@ from torch import nn
 from ctrkit import hugepages, thread_split
 from ctrkit.data.batch import Batch
 from ctrkit.models import disk_tier
+from ctrkit.models.contract import table_parameter_ids
 from ctrkit.models.dynamic import DynamicIds
 from ctrkit.models.embeddings import CategoricalEmbeddings
 from ctrkit.models.mlp import Dropout, dropout_generator
@@ -64,7 +65,7 @@ class TrainStep:
             for m in model.modules():
                 if isinstance(m, CategoricalEmbeddings):
                     m.register_forward_hook(self._keep_lookup)
-        tables = {id(p) for m in model.modules() if hasattr(m, "table_parameters") for p in m.table_parameters()}
+        tables = table_parameter_ids(model)
         self._decayed = [p for p in model.parameters() if p.dim() >= 2 and id(p) not in tables] if weight_decay else []
         self.forward = torch.compile(model) if compile else model
         self.optimizers = optimizers

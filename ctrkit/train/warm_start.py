@@ -17,15 +17,15 @@ def fit_normalizer(inner: nn.Module, train_set) -> dict[str, Any] | None:
     (``models.inputs.NumericalBuckets``). Returns the log record's fields, or None where there is nothing to fit."""
     from ctrkit.models.numerical import normalizer_sample
 
-    norm = getattr(inner, "numerical_norm", None)
-    if norm is None or norm.log_mask.numel() == 0:
+    norm = inner.numerical_norm
+    if norm.log_mask.numel() == 0:
         return None
     drawn = normalizer_sample(train_set, labels=True)
     if drawn is None:
         return None
     sample, labels = drawn
     fitted = norm.fit(sample)
-    buckets = getattr(inner, "wide_buckets", None)
+    buckets = inner.wide_buckets
     if buckets is not None:  # the first-order term's cut points, fewer where clicks (or non-clicks) are few
         clicks = int(np.count_nonzero(train_set.labels()))  # reads the memory-mapped labels through
         seen = norm(sample.to(norm.shift.device)).cpu()
@@ -42,12 +42,12 @@ def fit_warm_start(
     (a seed ensemble's, shared by its members): an earlier member's fit, taken instead of fitting again (the same
     data and normaliser give the same fit); an empty dict receives this fit. Returns the fit's record, or None
     where the model has no first-order term or there is no validation data."""
-    if getattr(inner, "wide_embeddings", None) is None or validation_set is None or len(validation_set) == 0:
+    if inner.wide_embeddings is None or validation_set is None or len(validation_set) == 0:
         return None
     from ctrkit.train.linear_fit import FIRST_ORDER_MODULES, fit_first_order
 
     names = (*FIRST_ORDER_MODULES, "dynamic_ids")  # the dynamic tables' ids the fit admitted, with its weights
-    modules = {name: getattr(inner, name) for name in names if getattr(inner, name, None) is not None}
+    modules = {name: getattr(inner, name) for name in names if getattr(inner, name) is not None}
     if cache:
         for name, module in modules.items():
             module.load_state_dict(cache["states"][name])
