@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from ctrkit.field_types import check_fields
+from ctrkit.optimizers import DENSE_OPTIMIZERS, TABLE_OPTIMIZERS
 
-DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam", "rmsprop")
-TABLE_OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad", "adam", "ftrl")
+__all__ = ["DENSE_OPTIMIZERS", "TABLE_OPTIMIZERS"]  # the optimizers' names, defined with their records
 EXPORT_FORMATS = ("onnx", "torchscript", "triton")
 QUANTIZATIONS = ("none", "int8")
 RECIPES = ("tuned", "plain", "nvidia")  # defined in train/recipes.py

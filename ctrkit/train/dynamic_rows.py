@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ctrkit.train.optim import FTRL_INITIAL_ACCUMULATOR
+from ctrkit.train.optim import SparseRowOptimizer
 
 
 @torch.no_grad()
@@ -34,6 +34,7 @@ def reset_table_rows(
         for weight, rows, values in pieces:
             weight[rows] = values.expand(len(rows), -1)
             for opt in optimizers:
+                record = opt.record if isinstance(opt, SparseRowOptimizer) else None
                 for key, value in (opt.state.get(weight) or {}).items():
                     if torch.is_tensor(value) and value.dim() >= 1 and value.shape[0] == weight.shape[0]:
-                        value[rows] = FTRL_INITIAL_ACCUMULATOR if key == "accumulator" else 0
+                        value[rows] = record.initial(key) if record is not None else 0

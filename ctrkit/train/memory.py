@@ -18,10 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# optimizer state a table optimizer keeps: bytes per weight value (Adam: two moments) and per row
-# (row-wise Adagrad: one accumulator a row, as MLPerf's DLRM reference keeps)
-STATE_PER_VALUE = {"sgd": 0, "adagrad": 4, "rowwise_adagrad": 0, "adam": 8, "ftrl": 8, "rmsprop": 4}
-STATE_PER_ROW = {"rowwise_adagrad": 4}
+from ctrkit.optimizers import kind
+
 USABLE = 0.92  # share of the available memory a plan may fill (the allocator's slack, other processes' growth)
 WARM_START_ID_BYTES = 24  # the warm start's fit, per id of the first-order tables (weights, index, L-BFGS vectors)
 WARM_START_VALUE_BYTES = 20  # and per (row, feature) of the rows it fits (CSR matrices of both orientations)
@@ -175,8 +173,10 @@ def gib(n: float) -> str:
 
 
 def table_state_bytes(optimizer: str, table_bytes: int, table_rows: int) -> int:
-    """Optimizer state of tables of ``table_bytes`` (float32 values) and ``table_rows`` rows."""
-    return STATE_PER_VALUE[optimizer] * (table_bytes // 4) + STATE_PER_ROW.get(optimizer, 0) * table_rows
+    """Optimizer state of tables of ``table_bytes`` (float32 values) and ``table_rows`` rows (``optimizers.KINDS``:
+    bytes per weight value and per row)."""
+    record = kind(optimizer)
+    return record.state_per_value * (table_bytes // 4) + record.state_per_row * table_rows
 
 
 def local_processes(processes: int, budget: Room | None = None) -> int:

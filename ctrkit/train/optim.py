@@ -11,6 +11,8 @@ import torch.nn.functional as F
 from ctrkit import hugepages, native
 from ctrkit.device import one_thread_where_threads_sleep
 from ctrkit.models.contract import tables_by_id
+from ctrkit.optimizers import KINDS
+from ctrkit.optimizers import kind as optimizer_kind
 
 
 class SparseSGD(torch.optim.Optimizer):
@@ -114,10 +116,6 @@ class LRSchedule:
         return self.end_lr + (self.base_lr - self.end_lr) * (1.0 - t / self.decay_steps) ** self.power
 
 
-OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad", "adam", "ftrl", "rmsprop")
-FTRL_INITIAL_ACCUMULATOR = 0.1  # as TensorFlow's Ftrl, which NVIDIA's Wide & Deep trains its wide part with
-
-
 class SparseRowOptimizer(torch.optim.Optimizer):
     """Adagrad, row-wise Adagrad, (lazy) Adam or FTRL-Proximal for embedding tables with sparse gradients.
 
@@ -150,13 +148,15 @@ class SparseRowOptimizer(torch.optim.Optimizer):
         eps: float | None = None,
         betas: tuple[float, float] = (0.9, 0.999),
     ):
-        if kind not in ("adagrad", "rowwise_adagrad", "adam", "ftrl"):
-            raise ValueError(f"unknown sparse optimizer '{kind}'; expected adagrad, rowwise_adagrad, adam or ftrl")
+        stateful = [k.name for k in KINDS.values() if k.tables and (k.value_state or k.row_state)]
+        if kind not in stateful:
+            raise ValueError(f"unknown sparse optimizer '{kind}'; expected one of {', '.join(stateful)}")
         if lr < 0:
             raise ValueError(f"lr must be >= 0, got {lr}")
         default_eps = 1e-8 if kind == "adam" else 1e-10
         super().__init__(params, {"lr": lr, "eps": default_eps if eps is None else eps, "betas": betas})
         self.kind = kind
+        self.record = KINDS[kind]  # its state (``optimizers.KINDS``)
         self.fused_on_cpu = True  # Adam and Adagrad by torch's fused kernels on the CPU (_fused_cpu_step)
         self.native_on_cpu = True  # ... and on sparse gradients by ctrkit/native's kernels where built (_native_step)
         self._deferred: list | None = None  # the C kernels' row updates, collected by step_deferring_rows
@@ -177,16 +177,10 @@ class SparseRowOptimizer(torch.optim.Optimizer):
         state = self.state[p]
         if not state:
             state["step"] = 0
-            if self.kind == "adam":
-                state["exp_avg"] = hugepages.zeros_like(p)  # table-sized, read and written at random rows
-                state["exp_avg_sq"] = hugepages.zeros_like(p)
-            elif self.kind == "adagrad":
-                state["sum"] = hugepages.zeros_like(p)
-            elif self.kind == "ftrl":
-                state["accumulator"] = hugepages.full_like(p, FTRL_INITIAL_ACCUMULATOR)
-                state["linear"] = hugepages.zeros_like(p)
-            else:
-                state["sum"] = hugepages.empty(p.shape[0], dtype=p.dtype, device=p.device).zero_()
+            for name, initial in self.record.value_state:  # table-sized, read and written at random rows
+                state[name] = hugepages.full_like(p, initial)
+            for name, initial in self.record.row_state:
+                state[name] = hugepages.empty(p.shape[0], dtype=p.dtype, device=p.device).fill_(initial)
             if getattr(p, "disk_tier", None) is not None:  # a table on disk: its state too, the cached rows here
                 p.disk_tier.attach(state)
         return state
@@ -431,8 +425,7 @@ def make_optimizer(kind: str, params: list[torch.nn.Parameter], lr: float, spars
         lr: learning rate.
         sparse: the parameters are embedding tables that receive sparse gradients.
     """
-    if kind not in OPTIMIZERS:
-        raise ValueError(f"unknown optimizer '{kind}'; expected one of {', '.join(OPTIMIZERS)}")
+    optimizer_kind(kind)  # a known name
     if kind == "sgd":
         return SparseSGD(params, lr=lr)
     if kind == "rmsprop":

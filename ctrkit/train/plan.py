@@ -15,6 +15,7 @@ from typing import Any
 
 from ctrkit.config import TrainConfig
 from ctrkit.models.contract import table_parameter_ids, table_parameters
+from ctrkit.optimizers import KINDS, LIGHT_TABLE_OPTIMIZER, kind
 from ctrkit.train.mechanisms import continued_settings
 from ctrkit.train.memory import (
     USABLE,
@@ -45,9 +46,6 @@ SMALL_BATCH_STEPS = 32  # the unset small_batch: an epoch of at least this many 
 MIN_SMALL_BATCH = 32  # ... at a batch of at least this many rows (docs/decisions/small-batch.md)
 WARMUP_SHARE = 0.05  # unset warmup: this share of the first epoch
 DECAY_SHARE = 0.5  # unset decay: over this last share of the planned steps
-
-# the optimizer state each kind keeps, in copies of the parameters it trains (row-wise Adagrad: one value a row)
-STATE_COPIES = {"sgd": 0, "adagrad": 1, "rowwise_adagrad": 0, "adam": 2, "ftrl": 2, "rmsprop": 1}
 
 
 def default_epochs(steps_per_epoch: int) -> int:
@@ -207,9 +205,9 @@ def _memory(
     else:
         index = 0
     weights = deep + side + dense + buffers + index
-    state = table_state_bytes(table_optimizer, deep, rows) + STATE_COPIES[cfg.optimizer] * dense
+    state = table_state_bytes(table_optimizer, deep, rows) + kind(cfg.optimizer).state_copies * dense
     if side:
-        state += STATE_COPIES[cfg.wide_optimizer or "adagrad"] * side
+        state += kind(cfg.wide_optimizer or "adagrad").state_copies * side
     copies = (weights - deep - index if best_on_disk else weights) if validation else 0  # the best weights
     on_disk = (stored or deep) if best_on_disk and validation else 0
     if cfg.snapshot_ensemble > 1:
@@ -292,8 +290,8 @@ def _fit_or_refuse(
     peak, has = gib(memory["peak"]), gib(budget.bytes)
     lighter_by_default = not source(sources, "embedding_optimizer").user_set
     optimizer, changes = cfg.embedding_optimizer, {}
-    if lighter_by_default and optimizer not in ("sgd", "rowwise_adagrad"):
-        optimizer, changes = "rowwise_adagrad", {"embedding_optimizer": "rowwise_adagrad"}
+    if lighter_by_default and not kind(optimizer).light:
+        optimizer, changes = LIGHT_TABLE_OPTIMIZER, {"embedding_optimizer": LIGHT_TABLE_OPTIMIZER}
         if not source(sources, "embedding_lr").user_set:
             changes["embedding_lr"] = ROWWISE_ADAGRAD_LR
         lighter = need(optimizer)
@@ -311,9 +309,11 @@ def _fit_or_refuse(
             rules["embedding_cache_rows"] = cache_why
             return stored, replace(cfg, embedding_storage="disk", embedding_cache_rows=cache_rows, **changes)
     options = []
-    if cfg.embedding_optimizer not in ("sgd", "rowwise_adagrad"):
-        lighter = need("rowwise_adagrad")
-        options.append(f"`embedding_optimizer` rowwise_adagrad or sgd{' (fits)' if fits(lighter) else ''}")
+    if not kind(cfg.embedding_optimizer).light:
+        lighter = need(LIGHT_TABLE_OPTIMIZER)
+        others = [k.name for k in KINDS.values() if k.tables and k.light and k.name != LIGHT_TABLE_OPTIMIZER]
+        light = " or ".join([LIGHT_TABLE_OPTIMIZER, *others])
+        options.append(f"`embedding_optimizer` {light}{' (fits)' if fits(lighter) else ''}")
     if memory["copies"]:
         alone = need(cfg.embedding_optimizer, validation=False)
         options.append(f"`validation_fraction` 0, no copy of the best weights{' (fits)' if fits(alone) else ''}")
