@@ -79,8 +79,8 @@ def _batches(cfg: ScaleBenchConfig, cards: list[int], n: int) -> list[Batch]:
 def run_worker(cfg: ScaleBenchConfig, env=None) -> dict:
     """Times training steps of the synthetic DLRM; in a torchrun job every rank calls this."""
     from ctrkit.distributed.hybrid import HybridModel, plan_model
-    from ctrkit.models.embeddings import deferred_tables
     from ctrkit.models.registry import create_model, make_config
+    from ctrkit.models.storage import DEFERRED
     from ctrkit.train.optim import build_optimizers
     from ctrkit.train.step import TrainStep
 
@@ -99,8 +99,7 @@ def run_worker(cfg: ScaleBenchConfig, env=None) -> dict:
     if env is None:
         model = create_model("dlrm", make_config("dlrm", shape))
     else:  # as `ctrkit train` does: each rank allocates only its shards
-        with deferred_tables():
-            model = create_model("dlrm", make_config("dlrm", shape))
+        model = create_model("dlrm", make_config("dlrm", shape), DEFERRED)
         model = HybridModel(model, plan_model(model, world, cfg.sharding), rank, torch.device("cpu"))
     optimizers = build_optimizers(model, "adagrad", 0.01, "adagrad", 0.01)
     step = TrainStep(model, optimizers, torch.device("cpu"))

@@ -18,9 +18,10 @@ from ctrkit.bench.peak import machine, matmul_gflops, matmul_peaks
 from ctrkit.data.batch import Batch
 from ctrkit.data.synthetic import power_law_ids
 from ctrkit.device import amp_dtype_for
-from ctrkit.models.disk_tier import disk_tables, tiers
+from ctrkit.models.disk_tier import tiers
 from ctrkit.models.inputs import BottomTopConfig
 from ctrkit.models.registry import config_class, config_to_dict, create_model, make_config, train_defaults
+from ctrkit.models.storage import on_disk
 from ctrkit.train.optim import build_optimizers
 from ctrkit.train.step import TrainStep
 
@@ -208,8 +209,7 @@ def bench_setup(cfg: TrainBenchConfig, device: torch.device) -> BenchSetup:
     model_cfg = make_config(cfg.model, shape)
     if cfg.embedding_storage == "disk":  # the tables in files of the temporary directory, unlinked at once
         rows = cfg.embedding_cache_rows or cfg.table_rows * cfg.num_tables
-        with disk_tables(tempfile.gettempdir(), rows):
-            model = create_model(cfg.model, model_cfg)
+        model = create_model(cfg.model, model_cfg, on_disk(tempfile.gettempdir(), rows))
     else:
         model = create_model(cfg.model, model_cfg).to(device)
     amp_dtype = amp_dtype_for(device, cfg.amp, cfg.amp_dtype, cfg.batch_size)  # what `train --amp` would run

@@ -298,8 +298,8 @@ def convert_checkpoint(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from ctrkit.checkpoint import load_checkpoint, save_checkpoint
-    from ctrkit.models.embeddings import deferred_tables
     from ctrkit.models.registry import create_model, make_config
+    from ctrkit.models.storage import DEFERRED
     from ctrkit.train.convert import converted_optimizer_states, write_sharded_checkpoint
 
     cfg: ConvertConfig = config_from(args, ConvertConfig)
@@ -309,8 +309,7 @@ def convert_checkpoint(args: argparse.Namespace) -> int:
     if cfg.world_size is None:
         ckpt = load_checkpoint(cfg.checkpoint)
         if ckpt.sharding is not None:  # the optimizer states as one process keeps them
-            with deferred_tables():
-                whole = create_model(ckpt.model_name, make_config(ckpt.model_name, ckpt.model_config))
+            whole = create_model(ckpt.model_name, make_config(ckpt.model_name, ckpt.model_config), DEFERRED)
             states = converted_optimizer_states(ckpt, whole, None)
             if states is not None:
                 ckpt = replace(ckpt, optimizers=states, rank_optimizers=None, sharding=None)

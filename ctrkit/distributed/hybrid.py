@@ -200,7 +200,7 @@ def shard_for_job(
     printing the plan on rank 0 when ``parallel.print_sharding_plan`` asks for it.
 
     ``state``: whole-table weights each rank takes its shards of (a checkpoint being resumed).
-    ``device``: where the sharded model goes (its tables may have been deferred: see ``deferred_tables``).
+    ``device``: where the sharded model goes (its tables may have been deferred: see ``storage.DEFERRED``).
     """
     if env is None and not parallel.print_sharding_plan:
         return model

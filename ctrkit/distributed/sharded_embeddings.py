@@ -35,7 +35,7 @@ class ShardedEmbeddingCollection(nn.Module):
     """This rank's shards of ``source`` (an EmbeddingCollection with the full tables).
 
     Args:
-        source: the single-process module; its weights (or, built under ``deferred_tables``, its
+        source: the single-process module; its weights (or, built ``storage.DEFERRED``, its
             initialisation) give the shards their starting values, so a sharded model starts exactly
             where the single-process one does.
         plan: where each shard lives.

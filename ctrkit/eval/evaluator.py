@@ -173,8 +173,8 @@ class Scoring:
         from ctrkit.device import resolve_device
         from ctrkit.distributed.env import init_distributed, launched_by_torchrun
         from ctrkit.distributed.hybrid import shard_for_job
-        from ctrkit.models.embeddings import deferred_tables
         from ctrkit.models.registry import create_model, make_config
+        from ctrkit.models.storage import DEFERRED
 
         par = parallel or ParallelConfig()
         distributed = launched_by_torchrun()
@@ -194,8 +194,8 @@ class Scoring:
             model = ckpt.build_model(assign=True).to(dev)
             model = shard_for_job(model, env, par)  # the checkpoint's whole tables are already in the model
             return cls(ckpt, data, model, dev, env)
-        with deferred_tables():  # each rank allocates only its shards
-            model = create_model(ckpt.model_name, make_config(ckpt.model_name, ckpt.model_config))
+        # each rank allocates only its shards
+        model = create_model(ckpt.model_name, make_config(ckpt.model_name, ckpt.model_config), DEFERRED)
         model = shard_for_job(model, env, par, device=dev)
         if ckpt.sharding == model.sharding_key():  # the layout it was written with: this rank's file only
             source = MappedSource([ckpt.shard_files[env.rank]])  # its pages dropped as they are copied

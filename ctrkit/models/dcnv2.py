@@ -19,6 +19,7 @@ from ctrkit.models.interaction import CrossNetwork
 from ctrkit.models.mlp import MLP
 from ctrkit.models.numerical import NumericalNormalizer
 from ctrkit.models.registry import register_model
+from ctrkit.models.storage import IN_MEMORY, TableStorage
 
 STRUCTURES = ("stacked", "parallel")
 
@@ -59,13 +60,13 @@ class DCNv2(WideParameters, nn.Module):
     returns logits (B,); B is the batch, F the categorical features, D the embedding dim.
     """
 
-    def __init__(self, config: DCNv2Config):
+    def __init__(self, config: DCNv2Config, storage: TableStorage = IN_MEMORY):
         super().__init__()
         self.config = config
         self.dynamic_ids = dynamic_ids(config)  # raw ids -> rows of the dynamic features (None: none)
         self.numerical_norm = NumericalNormalizer(config.num_numerical)
-        self.bottom_mlp, self.embeddings, _ = input_layers(config)
-        linear = LinearTerm.build(config) if config.linear else (None, None, None)
+        self.bottom_mlp, self.embeddings, _ = input_layers(config, storage)
+        linear = LinearTerm.build(config, storage) if config.linear else (None, None, None)
         self.wide_embeddings, self.wide_dense, self.wide_buckets = linear
         bottom_width = config.embedding_dim if self.bottom_mlp is not None else 0
         width = bottom_width + self.embeddings.output_width  # D * num_vectors at one width

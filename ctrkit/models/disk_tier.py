@@ -22,10 +22,7 @@ plus what the page cache holds of the file, which the kernel reclaims (in a memo
 
 from __future__ import annotations
 
-import contextvars
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,41 +36,11 @@ COPY_ROWS = 1 << 16  # rows copied at a time between a table and its file
 
 @dataclass(frozen=True)
 class DiskTables:
-    """Where the tables go while a model is built under ``disk_tables``: ``directory`` for the files and
+    """Where a model's one-hot tables go when built ``storage.on_disk``: ``directory`` for the files and
     ``cache_rows`` rows of cache for each flat table (at most its rows)."""
 
     directory: Path
     cache_rows: int
-
-
-_DISK: contextvars.ContextVar[DiskTables | None] = contextvars.ContextVar("ctrkit_disk_tables", default=None)
-
-
-@contextmanager
-def disk_tables(directory: str | Path, cache_rows: int) -> Iterator[None]:
-    """Within it, the one-hot embedding collections created keep their tables on disk (a ``DiskTier`` each)."""
-    if cache_rows < 1:
-        raise ValueError(f"`embedding_cache_rows` must be at least 1, got {cache_rows}")
-    token = _DISK.set(DiskTables(Path(directory), int(cache_rows)))
-    try:
-        yield
-    finally:
-        _DISK.reset(token)
-
-
-@contextmanager
-def in_memory() -> Iterator[None]:
-    """Within it, collections keep their tables in memory even inside ``disk_tables``."""
-    token = _DISK.set(None)
-    try:
-        yield
-    finally:
-        _DISK.reset(token)
-
-
-def current() -> DiskTables | None:
-    """The ``disk_tables`` setting in force, or None (tables in memory)."""
-    return _DISK.get()
 
 
 def tiers(model: torch.nn.Module) -> list[DiskTier]:

@@ -19,6 +19,7 @@ from ctrkit.models.interaction import DotInteraction
 from ctrkit.models.mlp import MLP
 from ctrkit.models.numerical import NumericalNormalizer
 from ctrkit.models.registry import register_model
+from ctrkit.models.storage import IN_MEMORY, TableStorage
 
 
 @dataclass(frozen=True)
@@ -53,13 +54,13 @@ class DLRM(WideParameters, nn.Module):
     float, categorical (B, F) int64 and multi_hot (Fm features) or None in; logits (B,) out.
     """
 
-    def __init__(self, config: DLRMConfig):
+    def __init__(self, config: DLRMConfig, storage: TableStorage = IN_MEMORY):
         super().__init__()
         self.config = config
         self.dynamic_ids = dynamic_ids(config)  # raw ids -> rows of the dynamic features (None: none)
         self.numerical_norm = NumericalNormalizer(config.num_numerical)
-        self.bottom_mlp, self.embeddings, num_vectors = input_layers(config)
-        linear = LinearTerm.build(config) if config.linear else (None, None, None)
+        self.bottom_mlp, self.embeddings, num_vectors = input_layers(config, storage)
+        linear = LinearTerm.build(config, storage) if config.linear else (None, None, None)
         self.wide_embeddings, self.wide_dense, self.wide_buckets = linear
         self.interaction = DotInteraction(
             num_vectors, config.embedding_dim, config.self_interaction, with_dense=self.bottom_mlp is not None

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import contextvars
 import math
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -16,41 +14,13 @@ from torch.autograd.function import once_differentiable
 from ctrkit import hugepages, native
 from ctrkit.data.batch import PaddedMultiHot
 from ctrkit.models import disk_tier
+from ctrkit.models.storage import IN_MEMORY, TableStorage
 
 INIT_BLOCK_ROWS = 1 << 16  # rows drawn from one generator when initialising a table
-_DEFERRED = contextvars.ContextVar("ctrkit_deferred_tables", default=False)
-
-
-@contextmanager
-def deferred_tables() -> Iterator[None]:
-    """Within it, embedding tables are created on the meta device (no memory, no values): a
-    hybrid-parallel rank then draws only the rows and columns of its shards (``init.fill``), equal to
-    the same rows of the whole table, so any world size starts from the same model."""
-    token = _DEFERRED.set(True)
-    try:
-        yield
-    finally:
-        _DEFERRED.reset(token)
-
-
-_FILL_LATER = contextvars.ContextVar("ctrkit_tables_filled_later", default=False)
-
-
-@contextmanager
-def tables_filled_later() -> Iterator[None]:
-    """Within it, in-memory tables are allocated but not drawn: their pages stay untouched (not resident) until
-    ``fill_pending_tables``, a load or a redraw writes them. A training run builds its model so, so that the warm
-    start's fit (which needs only the first-order tables) does not add to the tables' memory. The values drawn
-    later are the same: each block of rows has its own generator, seeded at construction."""
-    token = _FILL_LATER.set(True)
-    try:
-        yield
-    finally:
-        _FILL_LATER.reset(token)
 
 
 def fill_pending_tables(model: nn.Module) -> None:
-    """Draws the tables that ``tables_filled_later`` left undrawn and nothing has written since."""
+    """Draws the tables built ``fill_later`` (``storage.TableStorage``) that nothing has written since."""
     for module in model.modules():
         if isinstance(module, _Tables) and module.pending_fill:
             module.reset_tables()
@@ -75,21 +45,21 @@ class _Tables(nn.Module):
     cardinalities: tuple[int, ...]
     dim: int
     disk: disk_tier.DiskTier | None = None  # the tables on disk, ``weight`` their row cache (one-hot tables only)
-    pending_fill: bool = False  # allocated under ``tables_filled_later``, not drawn yet
+    pending_fill: bool = False  # allocated ``fill_later``, not drawn yet
 
-    def _make_weight(self, on_disk: bool = False) -> None:
+    def _make_weight(self, storage: TableStorage, on_disk: bool = False) -> None:
+        """The weight where ``storage`` says (``on_disk``: this collection may keep its tables on disk)."""
         self.init_seed = int(torch.randint(0, 2**62, (1,), device="cpu").item())
         self.zero_init = False
-        device = "meta" if _DEFERRED.get() else None
-        where = disk_tier.current() if on_disk and device is None else None
+        device = "meta" if storage.deferred else None
+        where = storage.disk if on_disk and device is None else None
         if where is not None:  # the tables in a file, the parameter their row cache
             self.disk = disk_tier.DiskTier(sum(self.cardinalities), self.dim, where.cache_rows, where.directory)
             self.weight = nn.Parameter(self.disk.cache)
-            self.weight.disk_tier = self.disk  # the optimizers keep its state on disk too
         else:  # huge pages before the first write: the optimizers gather and scatter rows at random
             self.weight = nn.Parameter(hugepages.empty(sum(self.cardinalities), self.dim, device=device))
         if self.weight.device.type != "meta":
-            if _FILL_LATER.get() and self.disk is None:
+            if storage.fill_later and self.disk is None:
                 self.pending_fill = True
             else:
                 self.reset_tables()
@@ -195,7 +165,8 @@ class EmbeddingCollection(_Tables):
     Shapes: ids (B, F) int64 -> (B, F, D).
     """
 
-    def __init__(self, cardinalities: Sequence[int], dim: int, sparse: bool = True):
+    def __init__(self, cardinalities: Sequence[int], dim: int, sparse: bool = True,
+                 storage: TableStorage = IN_MEMORY):  # fmt: skip
         super().__init__()
         cards = torch.tensor(
             list(cardinalities), dtype=torch.int64, device="cpu"
@@ -205,7 +176,7 @@ class EmbeddingCollection(_Tables):
         self.sparse = sparse
         self.features = tuple(range(len(self.cardinalities)))  # the model's one-hot columns these tables serve
         self.register_buffer("offsets", torch.cumsum(cards, 0) - cards, persistent=False)  # (F,)
-        self._make_weight(on_disk=True)
+        self._make_weight(storage, on_disk=True)
         self.use_native = True  # CPU training's lookups by ctrkit/native's gather (_GatherRowsFn; False: ATen's)
 
     @property
@@ -301,7 +272,8 @@ class EmbeddingBagCollection(_Tables):
     Shapes: MultiHot or PaddedMultiHot with B samples -> (B, Fm, D).
     """
 
-    def __init__(self, cardinalities: Sequence[int], dim: int, combiners: Sequence[str], sparse: bool = True):
+    def __init__(self, cardinalities: Sequence[int], dim: int, combiners: Sequence[str], sparse: bool = True,
+                 storage: TableStorage = IN_MEMORY):  # fmt: skip
         super().__init__()
         if len(combiners) != len(cardinalities) or any(c not in ("sum", "mean") for c in combiners):
             raise ValueError(f"need one combiner ('sum' or 'mean') per multi-hot feature, got {list(combiners)}")
@@ -316,7 +288,7 @@ class EmbeddingBagCollection(_Tables):
         self.register_buffer(
             "is_mean", torch.tensor([c == "mean" for c in combiners], dtype=torch.bool, device="cpu"), persistent=False
         )
-        self._make_weight()
+        self._make_weight(storage)
 
     def table_parameters(self) -> list[nn.Parameter]:
         """The embedding tables, for optimizers that update them by rows."""
@@ -395,12 +367,13 @@ class CategoricalEmbeddings(nn.Module):
         sparse: bool = True,
         multi_hot_cardinalities: Sequence[int] = (),
         multi_hot_combiners: Sequence[str] = (),
+        storage: TableStorage = IN_MEMORY,
     ):
         super().__init__()
         # no one-hot features: only in MixedWidthEmbeddings's groups (a model has at least one)
-        self.onehot = EmbeddingCollection(cardinalities, dim, sparse) if len(cardinalities) else None
+        self.onehot = EmbeddingCollection(cardinalities, dim, sparse, storage) if len(cardinalities) else None
         self.bags = (
-            EmbeddingBagCollection(multi_hot_cardinalities, dim, multi_hot_combiners, sparse)
+            EmbeddingBagCollection(multi_hot_cardinalities, dim, multi_hot_combiners, sparse, storage)
             if (multi_hot_cardinalities)
             else None
         )
@@ -408,14 +381,16 @@ class CategoricalEmbeddings(nn.Module):
         self.output_width = dim * self.num_features  # of the output flattened to (B, F * D)
 
     @classmethod
-    def from_config(cls, config, dim: int) -> CategoricalEmbeddings:
-        """The tables a model config describes (``cardinalities``, ``sparse_gradients``, ``multi_hot_*``)."""
+    def from_config(cls, config, dim: int, storage: TableStorage = IN_MEMORY) -> CategoricalEmbeddings:
+        """The tables a model config describes (``cardinalities``, ``sparse_gradients``, ``multi_hot_*``), kept
+        where ``storage`` says."""
         return cls(
             config.cardinalities,
             dim,
             config.sparse_gradients,
             config.multi_hot_cardinalities,
             config.multi_hot_combiners,
+            storage,
         )
 
     def forward(self, categorical: torch.Tensor, multi_hot=None) -> torch.Tensor:

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ctrkit.models import disk_tier
 from ctrkit.models.embeddings import CategoricalEmbeddings, tables_written
 from ctrkit.models.mlp import MLP
 from ctrkit.models.numerical import (
@@ -19,6 +18,7 @@ from ctrkit.models.numerical import (
     NUMERICAL_BUCKETS,
     NumericalBuckets,
 )
+from ctrkit.models.storage import IN_MEMORY, TableStorage
 
 
 def check_inputs(num_numerical: int, cardinalities: Sequence[int], embedding_dim: int) -> None:
@@ -152,22 +152,23 @@ class BottomTopConfig(InputsConfig):
             raise ValueError(f"top_mlp must end in 1 (the logit), got {list(self.top_mlp)}")
 
 
-def input_layers(config: BottomTopConfig) -> tuple[MLP | None, nn.Module, int]:
-    """The bottom MLP (None without numerical features), the embeddings, and how many D-wide vectors
+def input_layers(config: BottomTopConfig, storage: TableStorage = IN_MEMORY) -> tuple[MLP | None, nn.Module, int]:
+    """The bottom MLP (None without numerical features), the embeddings (kept where ``storage`` says), and how many
+    D-wide vectors
     they give each sample (categorical features, plus one for the bottom MLP's output; with per-feature
     widths, ``embedding_dims``, the embeddings are ``MixedWidthEmbeddings`` and the count is of
     features)."""
     bottom = MLP(config.num_numerical, config.bottom_mlp) if config.num_numerical else None
-    embeddings = deep_embeddings(config)
+    embeddings = deep_embeddings(config, storage)
     return bottom, embeddings, embeddings.num_features + (bottom is not None)
 
 
-def deep_embeddings(config: InputsConfig) -> nn.Module:
-    """The model's embeddings: one width for all features (``CategoricalEmbeddings``) or, when
-    ``embedding_dims`` gives features other widths, ``MixedWidthEmbeddings``."""
+def deep_embeddings(config: InputsConfig, storage: TableStorage = IN_MEMORY) -> nn.Module:
+    """The model's embeddings, kept where ``storage`` says: one width for all features (``CategoricalEmbeddings``)
+    or, when ``embedding_dims`` gives features other widths, ``MixedWidthEmbeddings``."""
     if config.mixed_widths:
-        return MixedWidthEmbeddings(config)
-    return CategoricalEmbeddings.from_config(config, config.embedding_dim)
+        return MixedWidthEmbeddings(config, storage)
+    return CategoricalEmbeddings.from_config(config, config.embedding_dim, storage)
 
 
 class MixedWidthEmbeddings(nn.Module):
@@ -180,7 +181,7 @@ class MixedWidthEmbeddings(nn.Module):
     widths).
     """
 
-    def __init__(self, config: InputsConfig):
+    def __init__(self, config: InputsConfig, storage: TableStorage = IN_MEMORY):
         super().__init__()
         dims = config.feature_dims
         n1 = len(config.cardinalities)
@@ -199,6 +200,7 @@ class MixedWidthEmbeddings(nn.Module):
             self.groups[f"d{width}"] = CategoricalEmbeddings(
                 [config.cardinalities[f] for f in onehot], width, config.sparse_gradients,
                 [config.multi_hot_cardinalities[f] for f in multi], [config.multi_hot_combiners[f] for f in multi],
+                storage,
             )  # fmt: skip
             if self.groups[f"d{width}"].onehot is not None:
                 self.groups[f"d{width}"].onehot.features = tuple(onehot)
@@ -250,11 +252,13 @@ class LinearTerm(nn.Module):
     """
 
     @staticmethod
-    def build(config: InputsConfig) -> tuple[CategoricalEmbeddings, nn.Linear | None, NumericalBuckets | None]:
-        """The term's parts: the 1-wide tables, the linear map (None without numerical features) and the
-        bucket weights (None without numerical features or with ``numerical_buckets`` 0)."""
-        with disk_tier.in_memory():  # one number a row: the first-order tables stay in memory
-            tables = CategoricalEmbeddings.from_config(config, 1)
+    def build(
+        config: InputsConfig, storage: TableStorage = IN_MEMORY
+    ) -> tuple[CategoricalEmbeddings, nn.Linear | None, NumericalBuckets | None]:
+        """The term's parts: the 1-wide tables (as ``storage`` says, but in memory: one number a row), the linear
+        map (None without numerical features) and the bucket weights (None without numerical features or with
+        ``numerical_buckets`` 0)."""
+        tables = CategoricalEmbeddings.from_config(config, 1, storage.in_memory())
         dense = nn.Linear(config.num_numerical, 1) if config.num_numerical else None
         with torch.no_grad():  # a linear model starts at zero
             for p in [*tables.parameters(), *(dense.parameters() if dense is not None else ())]:

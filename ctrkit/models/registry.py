@@ -9,6 +9,7 @@ from typing import Any
 from torch import nn
 
 from ctrkit.field_types import check_fields
+from ctrkit.models.storage import IN_MEMORY, TableStorage
 
 _REGISTRY: dict[str, tuple[type, type]] = {}
 _TRAIN_DEFAULTS: dict[str, dict[str, Any]] = {}
@@ -72,8 +73,9 @@ def make_config(name: str, values: dict[str, Any]) -> Any:
     return cfg
 
 
-def create_model(name: str, config: Any) -> nn.Module:
-    """Builds model ``name`` from its config dataclass (or a dict of its fields).
+def create_model(name: str, config: Any, storage: TableStorage = IN_MEMORY) -> nn.Module:
+    """Builds model ``name`` from its config dataclass (or a dict of its fields), its embedding tables kept where
+    ``storage`` says (``models.storage``: in memory and drawn at once by default).
 
     Example:
         >>> model = create_model("dlrm", DLRMConfig(num_numerical=13, cardinalities=(10, 20)))
@@ -84,7 +86,7 @@ def create_model(name: str, config: Any) -> nn.Module:
     if not isinstance(config, cfg_cls):
         raise TypeError(f"model '{name}' takes a {cfg_cls.__name__}, got {type(config).__name__}")
     config.validate()
-    return cls(config)
+    return cls(config, storage)
 
 
 def config_to_dict(config: Any) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from ctrkit.models.inputs import (
 from ctrkit.models.mlp import MLP
 from ctrkit.models.numerical import NumericalNormalizer
 from ctrkit.models.registry import register_model
+from ctrkit.models.storage import IN_MEMORY, TableStorage
 
 
 @dataclass(frozen=True)
@@ -54,13 +55,13 @@ class WideDeep(WideParameters, nn.Module):
     features) or None -> logits (B,).
     """
 
-    def __init__(self, config: WideDeepConfig):
+    def __init__(self, config: WideDeepConfig, storage: TableStorage = IN_MEMORY):
         super().__init__()
         self.config = config
         self.dynamic_ids = dynamic_ids(config)  # raw ids -> rows of the dynamic features (None: none)
         self.numerical_norm = NumericalNormalizer(config.num_numerical)
-        self.wide_embeddings, self.wide_dense, self.wide_buckets = LinearTerm.build(config)
-        self.embeddings = deep_embeddings(config)
+        self.wide_embeddings, self.wide_dense, self.wide_buckets = LinearTerm.build(config, storage)
+        self.embeddings = deep_embeddings(config, storage)
         width = self.embeddings.output_width + config.num_numerical
         self.deep = MLP(width, tuple(config.deep_mlp) + (1,), relu_last=False, dropout=config.dropout)
 

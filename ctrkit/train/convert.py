@@ -45,8 +45,8 @@ def write_sharded_checkpoint(ckpt, path, world_size: int, parallel) -> list[int]
     from ctrkit.checkpoint import save_checkpoint
     from ctrkit.checkpoint_shards import assemble_shards, rank_file_name, write_rank_file
     from ctrkit.distributed.hybrid import load_whole_state, plan_model, take_shards
-    from ctrkit.models.embeddings import deferred_tables
     from ctrkit.models.registry import create_model, make_config
+    from ctrkit.models.storage import DEFERRED
 
     if world_size < 1:
         raise ValueError(f"`world_size`: expected an integer >= 1, got {world_size}")
@@ -54,8 +54,7 @@ def write_sharded_checkpoint(ckpt, path, world_size: int, parallel) -> list[int]
     whole = assemble_shards(ckpt, lazy=True) if ckpt.shard_files else ckpt  # tables read where they lie
 
     def build() -> torch.nn.Module:
-        with deferred_tables():
-            return create_model(ckpt.model_name, make_config(ckpt.model_name, ckpt.model_config))
+        return create_model(ckpt.model_name, make_config(ckpt.model_name, ckpt.model_config), DEFERRED)
 
     plans = plan_model(
         build(), world_size, parallel.sharding, parallel.column_split_dim, parallel.row_budget_bytes,

@@ -3,7 +3,7 @@
 The estimate counts what a run allocates, from the model built on the meta device: the tables and dense
 weights, their optimizer states (``STATE_BYTES``), the copies kept for model selection and ensembles, the
 warm start's fit (transient: freed before the first copy of the best weights is taken and, in one CPU process,
-before the deep tables are first written: ``embeddings.tables_filled_later``) and the batches being scored;
+before the deep tables are first written: ``storage.FILLED_LATER``) and the batches being scored;
 plus what the process already holds when the plan is made (the interpreter, torch, the data's index).
 What the process may have is the least of the machine's available memory, the room left under the memory
 limit of each cgroup it runs in (v1 and v2) and under its own RLIMIT_DATA or RLIMIT_AS, or the free memory of the

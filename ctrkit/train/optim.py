@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from ctrkit import hugepages, native
 from ctrkit.device import one_thread_where_threads_sleep
 from ctrkit.models.contract import tables_by_id
+from ctrkit.models.disk_tier import DiskTier
 from ctrkit.optimizers import KINDS
 from ctrkit.optimizers import kind as optimizer_kind
 
@@ -147,6 +148,7 @@ class SparseRowOptimizer(torch.optim.Optimizer):
         lr: float,
         eps: float | None = None,
         betas: tuple[float, float] = (0.9, 0.999),
+        tiers: dict[int, DiskTier] | None = None,
     ):
         stateful = [k.name for k in KINDS.values() if k.tables and (k.value_state or k.row_state)]
         if kind not in stateful:
@@ -157,6 +159,7 @@ class SparseRowOptimizer(torch.optim.Optimizer):
         super().__init__(params, {"lr": lr, "eps": default_eps if eps is None else eps, "betas": betas})
         self.kind = kind
         self.record = KINDS[kind]  # its state (``optimizers.KINDS``)
+        self.tiers = dict(tiers or {})  # tables on disk: parameter id -> its tier, which keeps its state too
         self.fused_on_cpu = True  # Adam and Adagrad by torch's fused kernels on the CPU (_fused_cpu_step)
         self.native_on_cpu = True  # ... and on sparse gradients by ctrkit/native's kernels where built (_native_step)
         self._deferred: list | None = None  # the C kernels' row updates, collected by step_deferring_rows
@@ -181,8 +184,8 @@ class SparseRowOptimizer(torch.optim.Optimizer):
                 state[name] = hugepages.full_like(p, initial)
             for name, initial in self.record.row_state:
                 state[name] = hugepages.empty(p.shape[0], dtype=p.dtype, device=p.device).fill_(initial)
-            if getattr(p, "disk_tier", None) is not None:  # a table on disk: its state too, the cached rows here
-                p.disk_tier.attach(state)
+            if id(p) in self.tiers:  # a table on disk: its state too, the cached rows here
+                self.tiers[id(p)].attach(state)
         return state
 
     def _params(self) -> list[torch.nn.Parameter]:
@@ -191,7 +194,7 @@ class SparseRowOptimizer(torch.optim.Optimizer):
     def state_dict(self) -> dict:  # noqa: D102 - torch.optim API
         out = super().state_dict()
         for index, p in enumerate(self._params()):  # tables on disk: the whole state, as an in-memory table's
-            tier = getattr(p, "disk_tier", None)
+            tier = self.tiers.get(id(p))
             if tier is not None and index in out["state"]:
                 entry = out["state"][index]
                 out["state"][index] = {k: tier.whole_state(k) if k in tier.states else v for k, v in entry.items()}
@@ -200,7 +203,7 @@ class SparseRowOptimizer(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict) -> None:  # noqa: D102 - torch.optim API
         whole: dict[int, dict] = {}  # tables on disk: their states go to the files, not into memory
         for index, p in enumerate(self._params()):
-            tier = getattr(p, "disk_tier", None)
+            tier = self.tiers.get(id(p))
             entry = state_dict["state"].get(index) if tier is not None else None
             if entry:
                 rows = tier.rows
@@ -218,7 +221,7 @@ class SparseRowOptimizer(torch.optim.Optimizer):
         for index, entries in whole.items():
             p = params[index]
             for key, value in entries.items():
-                self.state[p][key] = p.disk_tier.load_state(key, value)
+                self.state[p][key] = self.tiers[id(p)].load_state(key, value)
 
     @torch.no_grad()
     def step(self, closure=None):  # noqa: D102 - torch.optim API
@@ -416,14 +419,17 @@ def _native_sort(ids: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, torch.
     return order, rows[:count], starts[:count]
 
 
-def make_optimizer(kind: str, params: list[torch.nn.Parameter], lr: float, sparse: bool) -> torch.optim.Optimizer:
+def make_optimizer(
+    kind: str, params: list[torch.nn.Parameter], lr: float, sparse: bool, tiers: dict[int, DiskTier] | None = None
+) -> torch.optim.Optimizer:
     """Builds optimizer ``kind`` for ``params``.
 
     Args:
-        kind: one of OPTIMIZERS.
+        kind: a name of ``optimizers.KINDS``.
         params: the parameters.
         lr: learning rate.
         sparse: the parameters are embedding tables that receive sparse gradients.
+        tiers: the tables kept on disk among ``params`` (parameter id -> ``DiskTier``): their state is kept there too.
     """
     optimizer_kind(kind)  # a known name
     if kind == "sgd":
@@ -434,7 +440,7 @@ def make_optimizer(kind: str, params: list[torch.nn.Parameter], lr: float, spars
                              "use adam, adagrad, rowwise_adagrad, ftrl or sgd for embedding tables")  # fmt: skip
         return torch.optim.RMSprop(params, lr=lr, foreach=True)
     if sparse or kind == "ftrl":  # FTRL on dense parameters: every row, every step
-        return SparseRowOptimizer(params, kind, lr)
+        return SparseRowOptimizer(params, kind, lr, tiers=tiers)
     if kind == "adagrad":  # torch's fused Adagrad: one kernel instead of several passes (CPU only)
         fused = all(p.device.type == "cpu" for p in params)
         return (
@@ -467,6 +473,7 @@ def build_optimizers(
     group remembers its ``base_lr``; the schedule scales it (see TrainStep).
     """
     tables = tables_by_id(model)  # embedding collections, single-process or sharded (``models.contract``)
+    tiers = {i: m.disk for i, m in tables.items() if getattr(m, "disk", None) is not None}  # tables on disk
     wide = model.wide_parameters()
     wide_ids = {id(p) for p in wide}
     parts: list[tuple[str, list[torch.nn.Parameter], float, bool, bool]] = []
@@ -483,7 +490,7 @@ def build_optimizers(
         if not params:
             continue
         sparse = is_table and all(tables[id(p)].sparse for p in params)
-        opt = make_optimizer(kind, params, part_lr, sparse=sparse)
+        opt = make_optimizer(kind, params, part_lr, sparse=sparse, tiers=tiers)
         for group in opt.param_groups:
             group["base_lr"] = group["lr"]
         opt.is_table_optimizer = is_table  # its state is per table row (sharded in hybrid-parallel runs)

@@ -559,7 +559,7 @@ def _memory_plan(
     disk_tables = _disk_tables_possible(facts, facts.sparse)
 
     def need(optimizer: str, validation: bool = validation, best: str = best, cache: int | None = None) -> dict:
-        first = facts.device == "cpu" and processes == 1 and cache is None  # ``embeddings.tables_filled_later``
+        first = facts.device == "cpu" and processes == 1 and cache is None  # ``storage.FILLED_LATER``
         return _memory(
             cfg,
             optimizer,

@@ -407,8 +407,8 @@ class Run(SeedEnsemble):
 
         from ctrkit.checkpoint_shards import assemble_shards
         from ctrkit.distributed.hybrid import shard_for_job
-        from ctrkit.models.embeddings import deferred_tables, tables_filled_later
         from ctrkit.models.registry import create_model
+        from ctrkit.models.storage import IN_MEMORY
         from ctrkit.train.trainer import RunInfo, Trainer
 
         par, feature_spec = spec.parallel, self.feature_spec
@@ -417,20 +417,10 @@ class Run(SeedEnsemble):
         if offset:
             cfg = replace(cfg, seed=cfg.seed + offset)
         torch.manual_seed(cfg.seed)
-        if self.env is None and cfg.embedding_storage == "disk":  # the tables in files, a row cache in memory
-            from ctrkit.models.disk_tier import disk_tables
-            from ctrkit.train.memory import tables_directory
-
-            with disk_tables(tables_directory(spec.save_checkpoint), cfg.embedding_cache_rows):
-                model = create_model(spec.model, spec.model_config)
-        elif self.env is None and self.device.type == "cpu":  # tables drawn after the warm start (less at once)
-            with tables_filled_later():
-                model = create_model(spec.model, spec.model_config)
-        elif self.env is None:
-            model = create_model(spec.model, spec.model_config).to(self.device)
-        else:  # each rank allocates and draws only its own shards of the tables
-            with deferred_tables():
-                model = create_model(spec.model, spec.model_config)
+        storage = self._table_storage(cfg)
+        model = create_model(spec.model, spec.model_config, storage)
+        if storage is IN_MEMORY:
+            model = model.to(self.device)
         whole = ckpt.resume_weights if ckpt is not None and not ckpt.shard_files else None
         self.model = shard_for_job(model, self.env, par, whole, device=self.device)
         if ckpt is not None and ckpt.shard_files and ckpt.sharding != self.model.sharding_key():
@@ -460,6 +450,19 @@ class Run(SeedEnsemble):
             self.trainer.restore(ckpt)
         elif self.continued is not None:
             self.trainer.continue_from(self.continued, str(spec.continue_from))
+
+    def _table_storage(self, cfg: TrainConfig) -> Any:
+        """Where this run's tables live (``models.storage``): each rank of a job allocates and draws only its own
+        shards; tables on disk in files with a row cache in memory; on the CPU, drawn after the warm start (less
+        memory at once); else in the device's memory."""
+        from ctrkit.models.storage import DEFERRED, FILLED_LATER, IN_MEMORY, on_disk
+        from ctrkit.train.memory import tables_directory
+
+        if self.env is not None:
+            return DEFERRED
+        if cfg.embedding_storage == "disk":
+            return on_disk(tables_directory(self.spec.save_checkpoint), cfg.embedding_cache_rows)
+        return FILLED_LATER if self.device.type == "cpu" else IN_MEMORY
 
     @property
     def num_parameters(self) -> int:

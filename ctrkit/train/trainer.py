@@ -260,7 +260,7 @@ class Trainer:
         self._log_start()
         if self.step == 0 and self.selection.best_step is None and not self.continued:
             self._prepare()
-        fill_pending_tables(self.model)  # tables built undrawn (``tables_filled_later``) that nothing wrote
+        fill_pending_tables(self.model)  # tables built undrawn (``storage.FILLED_LATER``) that nothing wrote
         bar = tqdm(
             total=self.total_steps,
             initial=self.step,

@@ -36,15 +36,15 @@ def test_deferred_tables_draw_any_shard_as_the_whole_table_holds_it():
 
     from ctrkit.distributed.planner import Shard
     from ctrkit.distributed.sharded_embeddings import ShardedEmbeddingCollection
-    from ctrkit.models.embeddings import INIT_BLOCK_ROWS, EmbeddingCollection, deferred_tables
+    from ctrkit.models.embeddings import INIT_BLOCK_ROWS, EmbeddingCollection
+    from ctrkit.models.storage import DEFERRED
 
     cards = (3, INIT_BLOCK_ROWS * 2 + 77, 1000)
     torch.manual_seed(5)
     whole = EmbeddingCollection(cards, 8)
     after_whole = torch.rand(1)
     torch.manual_seed(5)
-    with deferred_tables():
-        deferred = EmbeddingCollection(cards, 8)
+    deferred = EmbeddingCollection(cards, 8, storage=DEFERRED)
     assert deferred.weight.is_meta and torch.equal(torch.rand(1), after_whole)  # the same RNG use
     for s in [Shard(1, 0, 0, 5, 0, 8), Shard(1, 1, INIT_BLOCK_ROWS - 3, INIT_BLOCK_ROWS * 2 + 77, 0, 8),
               Shard(0, 0, 0, 3, 2, 6), Shard(2, 1, 10, 900, 4, 8)]:  # fmt: skip

@@ -12,6 +12,7 @@ from ctrkit.models.dynamic import dynamic_ids
 from ctrkit.models.inputs import TRAIN_DEFAULTS, InputsConfig, WideParameters, deep_embeddings
 from ctrkit.models.numerical import NumericalNormalizer
 from ctrkit.models.registry import register_model
+from ctrkit.models.storage import IN_MEMORY, TableStorage
 
 
 @dataclass(frozen=True)
@@ -25,13 +26,13 @@ class ToyConfig(InputsConfig):
 class Toy(WideParameters, nn.Module):
     """Embeddings and numerical inputs -> ReLU(hidden) -> one logit; no first-order term."""
 
-    def __init__(self, config: ToyConfig):
+    def __init__(self, config: ToyConfig, storage: TableStorage = IN_MEMORY):
         super().__init__()
         self.config = config
         self.dynamic_ids = dynamic_ids(config)
         self.numerical_norm = NumericalNormalizer(config.num_numerical)
         self.wide_embeddings = self.wide_dense = self.wide_buckets = None
-        self.embeddings = deep_embeddings(config)
+        self.embeddings = deep_embeddings(config, storage)
         self.hidden = nn.Linear(self.embeddings.output_width + config.num_numerical, config.hidden)
         self.head = nn.Linear(config.hidden, 1)
 

@@ -16,8 +16,9 @@ import torch
 from ctrkit.checkpoint import load_checkpoint
 from ctrkit.data.batch import Batch
 from ctrkit.data.synthetic import generate_dataset
-from ctrkit.models.disk_tier import disk_tables, tiers
+from ctrkit.models.disk_tier import tiers
 from ctrkit.models.registry import create_model, make_config
+from ctrkit.models.storage import on_disk
 from ctrkit.serve.predictor import Predictor
 from ctrkit.train.optim import build_optimizers
 from ctrkit.train.step import TrainStep
@@ -32,8 +33,7 @@ def _train(tmp_path, cache_rows: int | None, optimizer: str, split: str):
     if cache_rows is None:
         model = create_model("dlrm", cfg)
     else:
-        with disk_tables(tmp_path, cache_rows):
-            model = create_model("dlrm", cfg)
+        model = create_model("dlrm", cfg, on_disk(tmp_path, cache_rows))
     opts = build_optimizers(model, "adam", 1e-3, optimizer, 0.05, "adagrad", 0.05)
     step = TrainStep(model, opts, torch.device("cpu"), split=split)
     g = torch.Generator().manual_seed(1)
