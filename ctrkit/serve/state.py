@@ -1,0 +1,318 @@
+"""The server's state: the models and versions it serves with their batchers, the parsers of request bodies, the
+metrics, and what a request does with them. ``server.py``'s routes are thin wrappers over a ``ServerState``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from ctrkit.preprocess.transform import RowError
+from ctrkit.serve.batcher import Batcher
+from ctrkit.serve.large_body import LARGE_BODY, LargeBodyParser
+from ctrkit.serve.metrics import ServerMetrics
+from ctrkit.serve.names import check_name, check_version
+from ctrkit.serve.predictor import Predictor
+from ctrkit.serve.protocol import HEADER_LENGTH, RequestError, encode_response, parse_request
+from ctrkit.serve.repository import ModelRepository
+
+DEFAULT_MAX_BODY = 64 << 20
+BODY_TIMEOUT_S = 30.0  # a body that takes longer to arrive gets a 408 (a client that sends half a request and waits)
+MAX_INDEX_BODY = 1 << 20  # a repository index request is a small JSON object
+log = logging.getLogger("ctrkit.serve")
+
+
+class Problem(Exception):
+    """A request answered with an error: ``status``, a message in words, and headers."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.headers = status, message, headers
+
+    def response(self) -> JSONResponse:
+        return JSONResponse({"error": self.message}, status_code=self.status, headers=self.headers)
+
+
+@dataclass
+class Served:
+    """One model version being served: its predictor and its batching loop."""
+
+    predictor: Predictor
+    batcher: Batcher
+
+
+def version_order(version: str) -> tuple[int, str]:
+    """Sort key of version names: numbered versions by their number (so "10" comes after "2")."""
+    return (int(version) if version.isdigit() else -1, version)
+
+
+def newest(versions: dict[str, Served]) -> str:
+    """The newest of ``versions`` (numbered directories: the largest number), as Triton's ``latest`` policy."""
+    return max(versions, key=version_order)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How the server batches and what it accepts: ``window_ms`` a request waits for others to batch with,
+    ``max_batch_size`` samples a model call, ``max_body`` bytes a request, ``body_timeout_s`` for a body to
+    arrive."""
+
+    window_ms: float = 1.0
+    max_batch_size: int = 8192
+    max_body: int = DEFAULT_MAX_BODY
+    body_timeout_s: float = BODY_TIMEOUT_S
+
+
+class ServerState:
+    """What a server serves: ``predictor`` as model ``name`` (version 1), or, with ``repository``, every model of a
+    Triton-layout model repository (each version; the newest where a request names none).
+
+    Attributes:
+        models: name -> version -> ``Served``; a model's versions are replaced whole, never edited.
+        metrics: the Prometheus metrics.
+    """
+
+    def __init__(self, predictor: Predictor | None, name: str, limits: Limits, repository: ModelRepository | None):
+        self.predictor, self.name, self.limits, self.repository = predictor, name, limits, repository
+        self.metrics = ServerMetrics()
+        self.models: dict[str, dict[str, Served]] = {}
+        self.encoder = ThreadPoolExecutor(2, thread_name_prefix="ctrkit-parse")  # responses out
+        self.large: dict = {}  # signature -> its LargeBodyParser, started with the first version that has it
+        self.retiring: set[asyncio.Task] = set()
+
+    # models and versions
+
+    def _start(self, model: str, version: str, p: Predictor) -> Served:
+        key = (model, version)
+        self.metrics.ensure(key)
+        served = Served(p, Batcher(p, self.limits.window_ms, self.limits.max_batch_size, self.metrics, key))
+        served.batcher.start()
+        if p.signature not in self.large:  # the worker starts with the model, not on the first large request
+            self.large[p.signature] = LargeBodyParser(p.signature)
+            self.large[p.signature].start()
+        return served
+
+    @staticmethod
+    async def _retire(old: dict[str, Served]) -> None:
+        """Stops replaced or unloaded versions once the requests already queued on them are answered."""
+        for served in old.values():
+            await served.batcher.drain()
+
+    def swap(self, model: str, versions: dict[str, Served] | None) -> None:
+        """Serves ``versions`` as ``model`` (None: unloads it); the versions replaced retire once answered."""
+        old = self.models.pop(model, None)
+        if versions:
+            self.models[model] = versions
+        if old:
+            task = asyncio.get_running_loop().create_task(self._retire(old))
+            self.retiring.add(task)
+            task.add_done_callback(self.retiring.discard)
+
+    async def load(self, model: str) -> None:
+        """(Re)loads every version of ``model`` from the repository, off the event loop; the versions it replaces
+        keep answering until the new ones serve."""
+        loaded = await asyncio.get_running_loop().run_in_executor(None, self.repository.load, model)
+        self.swap(model, {v: self._start(model, v, p) for v, p in loaded.items()})
+
+    async def startup(self) -> None:
+        """Serves the predictor, or every model of the repository that loads (a broken one does not stop the
+        others: the index says why it is unavailable)."""
+        if self.repository is None:
+            self.swap(self.name, {"1": self._start(self.name, "1", self.predictor)})
+            return
+        for model in self.repository.names():
+            try:
+                await self.load(model)
+            except Exception as e:  # a missing or corrupt file
+                log.error("model '%s' not loaded: %s", model, e)
+                self.repository.failed[model] = str(e)
+
+    async def shutdown(self) -> None:
+        for versions in list(self.models.values()):
+            for served in versions.values():
+                await served.batcher.stop()
+        self.encoder.shutdown(wait=False)
+        for worker in self.large.values():
+            worker.shutdown(wait=True)
+
+    def lookup(self, model: str, version: str | None) -> Served:
+        """The served version a request names (its newest where it names none); Problem where there is none."""
+        try:  # names are single path components, versions numbers (Triton's rules)
+            check_name(model)
+            version is None or check_version(version)
+        except ValueError as e:
+            raise Problem(400, str(e)) from None
+        versions = self.models.get(model)
+        if versions is None:
+            if self.repository is None:
+                raise Problem(404, f"unknown model '{model}'; this server serves '{self.name}'")
+            known = model in self.repository.names()
+            raise Problem(404, f"model '{model}' is not loaded" if known else f"unknown model '{model}'")
+        version = version or newest(versions)
+        if version not in versions:
+            raise Problem(404, f"model '{model}' has no version '{version}' (versions: {', '.join(sorted(versions))})")
+        return versions[version]
+
+    @property
+    def ready(self) -> bool:
+        return all(s.batcher.alive for versions in self.models.values() for s in versions.values())
+
+    def metadata(self, model: str, version: str | None) -> dict:
+        served = self.lookup(model, version)
+        signature = served.predictor.signature
+        tensors = lambda specs: [{"name": t.name, "datatype": t.datatype, "shape": t.shape()} for t in specs]  # noqa: E731
+        return {
+            "name": model,
+            "versions": sorted(self.models[model], key=version_order),
+            "platform": f"ctrkit_{served.predictor.backend}",
+            "inputs": tensors(signature.raw_inputs + signature.inputs),
+            "outputs": tensors([signature.output]),
+        }
+
+    # requests
+
+    async def read_body(self, request: Request, limit: int) -> tuple[bytes, int]:
+        """The body (its first ``limit`` bytes: an oversized one is read to its end, not kept, so the client gets
+        the 400 rather than a reset connection) and its size; a 408 Problem when it does not arrive in time."""
+        body, seen = bytearray(), [0]
+
+        async def collect() -> None:
+            async for chunk in request.stream():
+                seen[0] += len(chunk)
+                if seen[0] <= limit:
+                    body.extend(chunk)
+
+        timeout = self.limits.body_timeout_s
+        try:
+            await asyncio.wait_for(collect(), timeout)
+        except asyncio.TimeoutError:
+            raise Problem(
+                408,
+                f"the request body did not arrive whole within {timeout:g} s ({seen[0]} bytes came)",
+                {"connection": "close"},
+            ) from None
+        return bytes(body), seen[0]
+
+    async def infer(self, model: str, version: str | None, request: Request) -> Response:
+        """The response to an inference request, counted in the metrics of the version that answered it."""
+        served = self.lookup(model, version)
+        arrived = time.monotonic()
+        try:
+            response, served = await self._answer(model, version, served, request)
+        except Problem as e:
+            response = e.response()
+        self.metrics.request(served.batcher.key, response.status_code == 200, time.monotonic() - arrived)
+        return response
+
+    async def _parse(self, request: Request, signature):
+        """The request's tensors (a Problem where its body is late, too large or malformed)."""
+        limit = self.limits.max_body
+        body, seen = await self.read_body(request, limit)
+        if seen > limit:
+            raise Problem(400, f"the request body of {seen} bytes exceeds the limit of {limit} bytes")
+        try:
+            if len(body) < LARGE_BODY:
+                parsed = parse_request(bytes(body), request.headers.get(HEADER_LENGTH), signature)
+            else:  # parsing holds the GIL for seconds: in another process, so other clients are answered
+                parsed = await self.large[signature].parse(bytes(body), request.headers.get(HEADER_LENGTH))
+        except RequestError as e:
+            raise Problem(400, str(e)) from None
+        except BrokenProcessPool:
+            raise Problem(503, "the request parser ran out of memory on this request; send a smaller body") from None
+        if parsed.rows > self.limits.max_batch_size:
+            raise Problem(400, f"batch of {parsed.rows} samples exceeds the limit of {self.limits.max_batch_size}")
+        return parsed
+
+    async def _answer(self, model: str, version: str | None, served: Served, request: Request
+                      ) -> tuple[Response, Served]:  # fmt: skip
+        """The response to one request for a served model version, and the version that answered it (a version
+        loaded while the body arrived answers in place of the one looked up)."""
+        signature = served.predictor.signature
+        parsed = await self._parse(request, signature)
+        try:  # a version loaded while the body arrived serves it
+            current = self.lookup(model, version)
+        except Problem:
+            current = None
+        served = current if current is not None and current.predictor.signature == signature else served
+        try:
+            if not served.batcher.alive:
+                raise Problem(503, "the model's batching loop has stopped; restart the server")
+            if parsed.raw is not None:  # here, not awaited: the ids must be this version's, and it must not change
+                try:
+                    parsed = parsed.with_inputs(*served.predictor.transform.from_request(parsed.raw, parsed.rows))
+                except RowError as e:
+                    raise Problem(400, str(e)) from None
+            try:  # no await between the lookup above and the request joining that batcher's queue
+                probs = await served.batcher.score(parsed.numerical, parsed.categorical, parsed.multi_hot)
+            except MemoryError:
+                raise Problem(503, "not enough memory to score this request; send fewer or shorter rows") from None
+            except Exception as e:
+                raise Problem(500, f"the model failed on this request: {type(e).__name__}: {e}") from None
+        except Problem as e:
+            return e.response(), served
+        content, headers = await asyncio.get_running_loop().run_in_executor(
+            self.encoder, encode_response, model, parsed, probs, served.batcher.key[1]
+        )
+        return Response(content=content, headers=headers, media_type=headers["content-type"]), served
+
+    # the repository extension
+
+    async def index(self, request: Request) -> list[dict]:
+        """The repository's models: each loaded version READY (a version that failed UNAVAILABLE, with why), each
+        model not loaded UNAVAILABLE (``{"ready": true}``: the ready ones only)."""
+        body, seen = await self.read_body(request, MAX_INDEX_BODY)
+        if seen > MAX_INDEX_BODY:
+            raise Problem(400, f"the index request of {seen} bytes exceeds the limit of {MAX_INDEX_BODY} bytes")
+        try:
+            doc = json.loads(body) if body.strip() else {}
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            raise Problem(400, 'the index request must be a JSON object (such as {"ready": true}) or empty') from None
+        if not isinstance(doc, dict):
+            raise Problem(400, f"the index request must be a JSON object, got {json.dumps(doc)[:40]}")
+        only_ready, failed = bool(doc.get("ready", False)), self.repository.failed
+        out = []
+        for model in self.repository.names():
+            if model in self.models:
+                out += [
+                    {"name": model, "version": v, "state": "READY"}
+                    for v in sorted(self.models[model], key=version_order)
+                ]
+                out += [
+                    {"name": model, "version": key.split("/")[1], "state": "UNAVAILABLE", "reason": why}
+                    for key, why in failed.items()
+                    if key.startswith(f"{model}/")
+                ]
+            elif not only_ready:
+                out.append({"name": model, "state": "UNAVAILABLE", "reason": failed.get(model, "unloaded")})
+        return out
+
+    async def load_model(self, model: str) -> None:
+        """The repository extension's load: the model's versions (re)loaded; where that fails, the running
+        versions stay and the request gets a 400 saying why."""
+        _checked(model)
+        try:
+            await self.load(model)
+        except Exception as e:  # a missing or corrupt model file
+            self.repository.failed[model] = str(e)
+            raise Problem(400, f"failed to load '{model}': {e}") from None
+        self.repository.failed.pop(model, None)
+
+    def unload_model(self, model: str) -> None:
+        _checked(model)
+        if model not in self.repository.names() and model not in self.models:
+            raise Problem(400, f"unknown model '{model}'")
+        self.swap(model, None)
+
+
+def _checked(model: str) -> None:
+    try:
+        check_name(model)
+    except ValueError as e:
+        raise Problem(400, str(e)) from None
