@@ -26,7 +26,7 @@ from ctrkit.train.members import SeedEnsemble
 from ctrkit.train.recipes import DEFAULT_RECIPE
 from ctrkit.train.recipes import recipe as get_recipe
 from ctrkit.train.run_file import _yaml_mapping, load_run_file
-from ctrkit.train.sources import Layer, Source
+from ctrkit.train.sources import Layer, SettingLayer, Source, sources_of
 
 DEFAULT_MODEL = "dlrm"
 
@@ -48,7 +48,7 @@ class RunSpec:
         tensorboard: directory for TensorBoard event files (None: none).
         progress: show a progress bar.
         recipe: the named recipe the settings started from (``train.recipes``).
-        sources: the layer each setting that is not a field's default came from (``setting_sources``).
+        sources: the layer each setting that is not a field's default came from (``setting_layers``).
         allow_other_vocabulary: continue from ``load_checkpoint`` on data preprocessed with other vocabularies.
         continue_from: a checkpoint whose model and optimizer states this new run starts from (None: fresh).
     """
@@ -196,7 +196,9 @@ def resolve_run(
     check_fields(config_class(name), file_layer, str(model_config_file))
     chosen = get_recipe(recipe or run.get("recipe"))
     recipe_train, recipe_model = chosen.layers(name)
-    train_cfg = TrainConfig.from_dict({**recipe_train, **run.get("train_config", {}), **(train or {})}).resolve(name)
+    layers = setting_layers(name, chosen.name, recipe_train, recipe_model, run, config, train, file_layer, model_config)
+    chosen_train = {k: v for layer in layers[1:] for k, v in layer.set_train().items()}  # then the model's defaults
+    train_cfg = TrainConfig.from_dict(chosen_train).resolve(name)
     dataset = dataset or run.get("dataset")
     if dataset is None:
         raise ValueError("no dataset: name a dataset directory (or a run config naming one)")
@@ -204,11 +206,8 @@ def resolve_run(
     if ckpt is not None:
         model_cfg = _checkpoint_model_config(source, ckpt, name, spec, {**file_layer, **(model_config or {})})
     else:
-        model_cfg = resolve_model_config(
-            name, spec, recipe_model, run.get("model_config", {}), file_layer, model_config or {}
-        )
-    sources = setting_sources(name, chosen.name, recipe_train, recipe_model, run, config, train, file_layer,
-                              model_config)  # fmt: skip
+        model_cfg = resolve_model_config(name, spec, *(layer.model for layer in layers[1:]))
+    sources = sources_of(layers)
     return RunSpec(
         name,
         Path(dataset),
@@ -259,7 +258,7 @@ def _refuse_other_shape(source: Any, name: str, spec: FeatureSpec, theirs: dict[
         )
 
 
-def setting_sources(
+def setting_layers(
     model: str,
     recipe: str,
     recipe_train: dict,
@@ -269,22 +268,24 @@ def setting_sources(
     train: dict | None,
     file_layer: dict,
     model_config: dict | None,
-) -> dict[str, Source]:
-    """Which layer set each training and model setting: the model's default, the recipe, the run YAML, a model
-    config file or a flag (later layers win, as in ``resolve_run``)."""
+) -> list[SettingLayer]:
+    """The layers a run's settings are resolved through, lowest first (a later one wins): the model's training
+    defaults, the recipe, the run YAML, a model config file, the flags. ``resolve_run`` merges them in this order
+    and the plan names each setting's source from the same list."""
     from ctrkit.models.registry import train_defaults
 
-    sources = {k: Source(Layer.MODEL, f"{model}'s default") for k in train_defaults(model)}
-    recipe_source, run_source = Source(Layer.RECIPE, f"recipe {recipe}"), Source(Layer.RUN_FILE, f"--config {config}")
-    flag = Source(Layer.FLAG, "flag")
-    layers = [(recipe_train, recipe_source), (recipe_model, recipe_source),
-              ({k: v for k, v in run.get("train_config", {}).items() if v is not None}, run_source),
-              (run.get("model_config", {}), run_source),
-              (file_layer, Source(Layer.MODEL_FILE, "--model-config")),
-              (train or {}, flag), (model_config or {}, flag)]  # fmt: skip
-    for layer, where in layers:
-        sources.update({k: where for k in layer})
-    return sources
+    return [
+        SettingLayer(Source(Layer.MODEL, f"{model}'s default"), train_defaults(model)),
+        SettingLayer(Source(Layer.RECIPE, f"recipe {recipe}"), recipe_train, recipe_model),
+        SettingLayer(
+            Source(Layer.RUN_FILE, f"--config {config}"),
+            run.get("train_config", {}),
+            run.get("model_config", {}),
+            none_unset=True,
+        ),
+        SettingLayer(Source(Layer.MODEL_FILE, "--model-config"), {}, file_layer),
+        SettingLayer(Source(Layer.FLAG, "flag"), train or {}, model_config or {}),
+    ]
 
 
 class Run(SeedEnsemble):

@@ -5,7 +5,8 @@ read the words, so rewording a label changes no training."""
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 
 class Layer(enum.Enum):
@@ -47,3 +48,31 @@ DEFAULT = Source(Layer.DEFAULT, "default")
 def source(sources: dict[str, Source], name: str) -> Source:
     """Setting ``name``'s source in ``sources`` (``DEFAULT`` where no layer set it)."""
     return sources.get(name, DEFAULT)
+
+
+@dataclass(frozen=True)
+class SettingLayer:
+    """One layer of a run's settings: its source, the training (``TrainConfig``) and model config fields it sets,
+    and whether a ``None`` among its training fields leaves the field to the layers below (a run YAML's unset
+    fields) rather than claiming it."""
+
+    source: Source
+    train: dict[str, Any] = field(default_factory=dict)
+    model: dict[str, Any] = field(default_factory=dict)
+    none_unset: bool = False
+
+    def set_train(self) -> dict[str, Any]:
+        """The training fields this layer sets (with ``none_unset``, not those it leaves ``None``)."""
+        return {k: v for k, v in self.train.items() if not (self.none_unset and v is None)}
+
+    def claims(self) -> list[str]:
+        """The fields this layer sets, training then model ones."""
+        return [*self.set_train(), *self.model]
+
+
+def sources_of(layers: list[SettingLayer]) -> dict[str, Source]:
+    """Each field's source: the last of ``layers`` (lowest first) that sets it."""
+    out: dict[str, Source] = {}
+    for layer in layers:
+        out.update({k: layer.source for k in layer.claims()})
+    return out
