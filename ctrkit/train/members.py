@@ -1,13 +1,15 @@
 """The seed ensemble (``seed_ensemble``, and ``small_batch``'s second batch size): members trained one after another,
-each a run of its own, and the mean of their logits kept where validation prefers it (a mixin of ``Run``)."""
+each a run of its own, and the mean of their logits kept where validation prefers it."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 
 def _mean(logits: list[np.ndarray]) -> np.ndarray:
@@ -16,9 +18,37 @@ def _mean(logits: list[np.ndarray]) -> np.ndarray:
 
 
 class SeedEnsemble:
-    """Trains and forms a seed ensemble (``Run``'s members)."""
+    """Trains and forms a seed ensemble: a run's members, each trained by a trainer of its own.
 
-    def _fit_members(self, count: int) -> dict[str, Any]:
+    Args:
+        spec: the resolved run (``run.RunSpec``).
+        batches: the batch sizes the members take turns over (member m at ``batches[m % len(batches)]``).
+        device, eval_dtype: where and in which autocast dtype (None: none) members are scored.
+        build_trainer: ``build_trainer(m)``: member m's trainer, its model fresh.
+        trainer: the trainer of member ``member``, built already (a resumed one, or the first).
+        member: that member's index; ``members_done``: the members trained before it (a checkpoint's).
+        member_ensemble: the kept members of a finished ensemble (a checkpoint's), else None.
+        test_set: the test mapping, scored once at the end (None: none).
+    """
+
+    def __init__(
+        self,
+        spec: Any,
+        batches: list[int],
+        device: torch.device,
+        eval_dtype: torch.dtype | None,
+        build_trainer: Callable[[int], Any],
+        trainer: Any,
+        member: int,
+        members_done: list[dict[str, Any]],
+        member_ensemble: list[int] | None,
+        test_set,
+    ) -> None:
+        self.spec, self.batches, self.device, self.eval_amp_dtype = spec, batches, device, eval_dtype
+        self.build_trainer, self.trainer, self.member = build_trainer, trainer, member
+        self.members_done, self.member_ensemble, self.test_set = members_done, member_ensemble, test_set
+
+    def fit(self, count: int) -> dict[str, Any]:
         """A seed ensemble: members ``self.member``.. trained one after another, each as its own run (its
         selection, snapshot ensemble and checkpoints; the checkpoint also holds the members done), then the
         mean of their logits kept where validation prefers it to the first member (``_form_members``), and the
@@ -40,7 +70,7 @@ class SeedEnsemble:
         while len(self.members_done) < count:
             if self.member != len(self.members_done):  # the next member: a fresh model and run
                 self.member = len(self.members_done)
-                self._build_trainer(self.spec, None)
+                self.trainer = self.build_trainer(self.member)
             trainer = self.trainer
             trainer.member, trainer.members_done, trainer.test_set = self.member, self.members_done, None
             batch = trainer.cfg.batch_size

@@ -288,7 +288,7 @@ def setting_layers(
     ]
 
 
-class Run(SeedEnsemble):
+class Run:
     """A training run built from a RunSpec: device, distributed environment, datasets, the plan, model,
     sharding and resume, ready to ``fit`` (``dry_run``: only as far as the plan, nothing allocated).
 
@@ -452,6 +452,12 @@ class Run(SeedEnsemble):
         elif self.continued is not None:
             self.trainer.continue_from(self.continued, str(spec.continue_from))
 
+    def _member_trainer(self, member: int) -> Any:
+        """The trainer of seed-ensemble member ``member``, its model fresh."""
+        self.member = member
+        self._build_trainer(self.spec, None)
+        return self.trainer
+
     def _table_storage(self, cfg: TrainConfig) -> Any:
         """Where this run's tables live (``models.storage``): each rank of a job allocates and draws only its own
         shards; tables on disk in files with a row cache in memory; on the CPU, drawn after the warm start (less
@@ -495,7 +501,10 @@ class Run(SeedEnsemble):
             members = self.members
             if members == 1 and not self.members_done:
                 return self.trainer.fit()
-            return self._fit_members(members)
+            ensemble = SeedEnsemble(self.spec, self.batches, self.device, self.eval_amp_dtype, self._member_trainer,
+                                    self.trainer, self.member, self.members_done, self.member_ensemble,
+                                    self.test_set)  # fmt: skip
+            return ensemble.fit(members)
         finally:
             self.release()
 
