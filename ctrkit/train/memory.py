@@ -195,14 +195,11 @@ def tables_directory(save_checkpoint: Any) -> Path:
     return Path(save_checkpoint).parent if save_checkpoint is not None else Path(tempfile.gettempdir())
 
 
-def check_disk_room(spec: Any, memory: dict) -> None:
-    """Refuses (one line) a run whose tables on disk, with their state and the best weights' copy, would not fit on
-    the disk of ``tables_directory``."""
-    from ctrkit.data.atomic import free_bytes
-
+def check_disk_room(spec: Any, memory: dict, free: int | None) -> None:
+    """Refuses (one line) a run whose tables on disk, with their state and the best weights' copy, would not fit in
+    the ``free`` bytes of the disk of ``tables_directory`` (None: unknown, not checked)."""
     where = tables_directory(spec.save_checkpoint)
     needed = memory["tables_on_disk"] + memory["copies_on_disk"]
-    free = free_bytes(where)
     if free is not None and needed > free:
         raise ValueError(f"{where}: the tables on disk need about {gib(needed)} (with their optimizer state and the "
                          f"best weights' copy), the disk has {gib(free)} free: free space, or save the checkpoint "

@@ -189,10 +189,12 @@ def _memory(
     cache_rows: int | None = None,
     validation_rows: int = 0,
     fit_first: bool = False,
+    now: int = 0,
 ) -> dict[str, int]:
     """A process's estimated peak by part, in bytes (``memory``'s docstring says what is counted); ``more``: what it
     allocates beyond what it holds now; ``cache_rows``: the tables on disk with a cache of this many rows (their
-    bytes and their state's there: ``tables_on_disk``); ``fit_first``: deep tables drawn after the warm start."""
+    bytes and their state's there: ``tables_on_disk``); ``fit_first``: deep tables drawn after the warm start;
+    ``now``: what the process holds now."""
     deep, side, dense, buffers, rows = sizes
     deep, rows = deep // processes, rows // processes  # a job's tables are split over its processes, about evenly
     stored = 0
@@ -218,7 +220,6 @@ def _memory(
     fit_rows = min(train_rows, WARM_START_ROWS) + min(validation_rows, WARM_START_ROWS)  # both held as matrices
     fit = WARM_START_ID_BYTES * (side // 4) + WARM_START_VALUE_BYTES * fit_rows * inputs if warm else 0
     scoring = working_bytes(min(cfg.eval_batch_size, max(train_rows, 1)), inputs)
-    now = process_rss()
     held = weights + state + copies + scoring  # once the deep tables are drawn
     more = max(weights - deep + fit, held) if fit_first else held + max(0, fit - copies - scoring)
     return {
@@ -373,6 +374,10 @@ class Facts:
         dynamic: the features of raw ids (dynamic tables).
         continued: the checkpoint a continued run starts from, as given (None: a fresh run).
         sparse: the tables get sparse gradients (a dense gradient updates every row each step).
+        room: what the process may still allocate where it trains (``memory.room``, measured).
+        process_bytes: what the process holds now (``memory.process_rss``, measured).
+        disk_free: bytes free on the disk the tables would go to on disk (``memory.tables_directory``), or None.
+        preprocessing: the preprocessing the dataset carries (``RowTransform.to_state``), or None.
     """
 
     train_rows: int
@@ -388,6 +393,10 @@ class Facts:
     dynamic: tuple[int, ...]
     continued: Any
     sparse: bool
+    room: Room
+    process_bytes: int
+    disk_free: int | None
+    preprocessing: dict[str, Any] | None = None
 
     @property
     def validation(self) -> bool:
@@ -395,11 +404,19 @@ class Facts:
 
 
 def facts_of(
-    spec: Any, train_rows: int, validation_rows: int, validation_source: str, processes: int, device: str
+    spec: Any,
+    train_rows: int,
+    validation_rows: int,
+    validation_source: str,
+    processes: int,
+    device: str,
+    preprocessing: dict[str, Any] | None = None,
 ) -> Facts:
-    """The facts of RunSpec ``spec``'s run (its model built on the meta device: nothing allocated)."""
+    """The facts of RunSpec ``spec``'s run: its model built on the meta device (nothing allocated), the memory and
+    disk room measured now."""
     import torch
 
+    from ctrkit.data.atomic import free_bytes
     from ctrkit.models.registry import create_model
 
     with torch.device("meta"):
@@ -418,16 +435,36 @@ def facts_of(
         tuple(getattr(spec.model_config, "dynamic_features", ()) or ()),
         getattr(spec, "continue_from", None),
         getattr(spec.model_config, "sparse_gradients", True),
+        room(device),
+        process_rss(),
+        free_bytes(tables_directory(spec.save_checkpoint)),
+        preprocessing,
     )
 
 
 def make_plan(
-    spec: Any, train_rows: int, validation_rows: int, validation_source: str, processes: int = 1, device: str = "cpu"
+    spec: Any,
+    train_rows: int,
+    validation_rows: int,
+    validation_source: str,
+    processes: int = 1,
+    device: str = "cpu",
+    preprocessing: dict[str, Any] | None = None,
 ) -> Plan:
     """The plan of RunSpec ``spec`` on ``train_rows`` training and ``validation_rows`` validation rows (held out
-    as ``validation_source`` says) in a job of ``processes`` processes. A setting a distributed run cannot carry
-    out (a second batch size, an ensemble) is a one-line ValueError naming it, never silently dropped."""
-    facts = facts_of(spec, train_rows, validation_rows, validation_source, processes, device)
+    as ``validation_source`` says) in a job of ``processes`` processes on ``device``, with the memory room
+    measured now (``facts_of``, then ``plan_run``)."""
+    return plan_run(spec, facts_of(spec, train_rows, validation_rows, validation_source, processes, device,
+                                   preprocessing))  # fmt: skip
+
+
+def plan_run(spec: Any, facts: Facts) -> Plan:
+    """The plan of the resolved settings ``spec`` (``run.resolve_run``: flags, run YAML, recipe and the model's
+    defaults in their layers) on ``facts`` (the data's size, the job, the device, the memory room, a continued
+    checkpoint): every default and rule the data, the room or the device decides, applied here and only here; a
+    function of its arguments alone. A setting the run cannot carry out (a second batch size or an ensemble in a
+    distributed run, tables on disk where they cannot be) is a one-line ValueError naming it, never silently
+    dropped."""
     sources = dict(spec.sources)
     cfg, resolved, rules = _schedule(spec.train, sources, facts)
     resolved, batches, configs = _batches(cfg, resolved, facts, rules)
@@ -451,7 +488,9 @@ def make_plan(
         *_mechanism_lines(spec, cfg, facts, batches, why),
         *_resource_lines(spec, cfg, facts, memory, budget, why, rules),
     ]
-    lines += [("warning", w, "") for w in fit_warnings(resolved, train_rows)]
+    lines += [("warning", w, "") for w in fit_warnings(resolved, facts.train_rows)]
+    if facts.preprocessing is not None:
+        lines.append(_preprocessing_line(facts.preprocessing))
     models = cfg.snapshot_ensemble * cfg.seed_ensemble
     return Plan(
         spec.recipe,
@@ -574,9 +613,10 @@ def _memory_plan(
             cache,
             facts.validation_rows,
             first,
+            facts.process_bytes,
         )
 
-    budget = room(facts.device)
+    budget = facts.room
     usable = None if budget.bytes is None else int(budget.bytes * USABLE)
     lookups = cfg.batch_size * len(getattr(spec.model_config, "cardinalities", ()) or (1,))
 
@@ -610,7 +650,7 @@ def _memory_plan(
     if storage == "disk":
         best = "disk"
         _check_cache(cfg, lookups, sizes[4])
-        check_disk_room(spec, memory)
+        check_disk_room(spec, memory, facts.disk_free)
     elif cfg.embedding_storage is None:
         rules.setdefault("embedding_storage", "the tables and their state fit in memory")
     return (
@@ -745,6 +785,19 @@ def _mechanism_lines(
     }[cfg.calibrate if validation else "off"]
     lines.append(("calibration", calibrate, why("calibrate")))
     return lines
+
+
+def _preprocessing_line(preprocessing: dict[str, Any]) -> tuple[str, str, str]:
+    """The plan's line on the preprocessing the checkpoint carries to score raw rows."""
+    described = preprocessing["description"]
+    values = sum(int(v["ids"].numel()) for v in preprocessing["vocabularies"].values())
+    rare = (
+        "; values rarer than the frequency threshold are left out and score as unseen ones (id 0)"
+        if described.get("rare_values") == "missing"
+        else ""
+    )
+    what = f"carried in the checkpoint: {len(described['columns'])} raw columns' rules, {values:,} vocabulary values"
+    return ("preprocessing", what + rare, "the dataset's preprocessing.json")
 
 
 def _schedule_text(cfg: TrainConfig, resolved: TrainConfig) -> str:

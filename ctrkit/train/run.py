@@ -371,15 +371,7 @@ class Run:
         held = 0 if validation_set is None else len(validation_set)
         source = "the validation mapping" if "validation" in mappings else f"the last {cfg.validation_fraction:.0%}"
         processes = self.env.world_size if self.env else 1
-        self.plan = make_plan(spec, len(self.train_set), held, source, processes, self.device.type)
-        if self.preprocessing is not None:  # what the checkpoint carries to score raw rows
-            described = self.preprocessing["description"]
-            values = sum(int(v["ids"].numel()) for v in self.preprocessing["vocabularies"].values())
-            rare = ("; values rarer than the frequency threshold are left out and score as unseen ones (id 0)"
-                    if described.get("rare_values") == "missing" else "")  # fmt: skip
-            line = (f"carried in the checkpoint: {len(described['columns'])} raw columns' rules, {values:,} "
-                    f"vocabulary values{rare}", "the dataset's preprocessing.json")  # fmt: skip
-            self.plan = replace(self.plan, lines=(*self.plan.lines, ("preprocessing", *line)))
+        self.plan = make_plan(spec, len(self.train_set), held, source, processes, self.device.type, self.preprocessing)
         # a seed ensemble (``fit``) resumes with the member its checkpoint was taken in, after those done
         self.member = ckpt.member if ckpt is not None and ckpt.member is not None else 0
         self.members_done = list(ckpt.members or []) if ckpt is not None and ckpt.member is not None else []

@@ -19,8 +19,9 @@ SMALL = {"embedding_dim": 8, "bottom_mlp": (32, 8), "top_mlp": (32, 1)}
 
 
 def plan_of(dataset, model="dlrm", recipe=None, **train):
-    return Run(resolve_run(dataset, model, recipe=recipe, model_config=SMALL, train=train, progress=False),
-               dry_run=True).plan  # fmt: skip
+    return Run(
+        resolve_run(dataset, model, recipe=recipe, model_config=SMALL, train=train, progress=False), dry_run=True
+    ).plan
 
 
 def topics(plan) -> dict[str, tuple[str, str]]:
@@ -68,8 +69,11 @@ def test_given_values_and_recipes_are_kept_and_named(tiny_dataset):
 
 def test_a_plan_that_cannot_be_carried_out_is_one_line(tiny_dataset):
     spec = resolve_run(tiny_dataset, "dlrm", model_config=SMALL, train={"snapshot_ensemble": 3})
-    with pytest.raises(ValueError, match=r"^--snapshot-ensemble 3: a snapshot ensemble cannot be planned: a "
-                       r"distributed \(torchrun\) run trains one model; set --snapshot-ensemble 1$"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"^--snapshot-ensemble 3: a snapshot ensemble cannot be planned: a "
+        r"distributed \(torchrun\) run trains one model; set --snapshot-ensemble 1$",
+    ):
         plan_module.make_plan(spec, 19_440, 2_160, "x", processes=2)
     spec = resolve_run(tiny_dataset, "dlrm", model_config=SMALL, train={"batch_size": 4096})
     assert plan_module.make_plan(spec, 19_440, 2_160, "x", processes=2).batches == (4096,)  # small data: one batch
@@ -77,8 +81,18 @@ def test_a_plan_that_cannot_be_carried_out_is_one_line(tiny_dataset):
 
 def test_dry_run_prints_the_plan_and_writes_nothing(tiny_dataset, tmp_path, capsys):
     ckpt = tmp_path / "run.pt"
-    code, out, err = run_cli("train", "--dataset", tiny_dataset, *small_model_flags(), "--dry-run",
-                             "--save-checkpoint", ckpt, "--recipe", "plain", capsys=capsys)  # fmt: skip
+    code, out, err = run_cli(
+        "train",
+        "--dataset",
+        tiny_dataset,
+        *small_model_flags(),
+        "--dry-run",
+        "--save-checkpoint",
+        ckpt,
+        "--recipe",
+        "plain",
+        capsys=capsys,
+    )
     assert code == 0 and not list(tmp_path.iterdir())
     lines = out.strip().splitlines()
     assert lines[0].startswith("plan: dlrm, recipe plain")
@@ -106,8 +120,20 @@ def test_dry_run_prints_the_plan_and_writes_nothing(tiny_dataset, tmp_path, caps
 
 def test_the_run_yaml_and_checkpoint_record_the_plan_the_trainer_ran(tiny_dataset, tmp_path, capsys):
     ckpt, log = tmp_path / "run.pt", tmp_path / "log.jsonl"
-    code, _, err = run_cli("train", "--dataset", tiny_dataset, *small_model_flags(), "--epochs", "2", "--no-progress",
-                           "--save-checkpoint", ckpt, "--log-path", log, capsys=capsys)  # fmt: skip
+    code, _, err = run_cli(
+        "train",
+        "--dataset",
+        tiny_dataset,
+        *small_model_flags(),
+        "--epochs",
+        "2",
+        "--no-progress",
+        "--save-checkpoint",
+        ckpt,
+        "--log-path",
+        log,
+        capsys=capsys,
+    )
     assert code == 0
     printed = err[err.index("plan: dlrm") :].splitlines()
     run_yaml = yaml.safe_load(ckpt.with_suffix(".yaml").read_text())
@@ -158,8 +184,16 @@ def test_torchrun_plans_what_one_process_plans(tiny_dataset, capsys):
 def test_buckets_are_off_in_the_default_and_a_flag_turns_them_on(tiny_dataset, capsys):
     code, out, _ = run_cli("train", "--dataset", tiny_dataset, *small_model_flags(), "--dry-run", capsys=capsys)
     assert code == 0 and "  buckets      off  [recipe tuned]" in out
-    code, out, _ = run_cli("train", "--dataset", tiny_dataset, *small_model_flags(), "--dry-run",
-                           "--numerical-buckets", "16", capsys=capsys)  # fmt: skip
+    code, out, _ = run_cli(
+        "train",
+        "--dataset",
+        tiny_dataset,
+        *small_model_flags(),
+        "--dry-run",
+        "--numerical-buckets",
+        "16",
+        capsys=capsys,
+    )
     assert code == 0 and "  buckets      up to 16 quantile buckets a numerical in the first-order term  [flag]" in out
 
 
@@ -172,3 +206,39 @@ def test_the_plan_warns_where_the_data_cannot_carry_the_settings(tiny_dataset):
     assert any("too few to train" in w for w in warned), warned
     assert not [t for t, _, _ in plan_of(tiny_dataset, batch_size=256).lines if t == "warning"]
     assert not [t for t, _, _ in plan_of(tiny_dataset, batch_size=4096, max_steps=5).lines if t == "warning"]
+
+
+def test_the_plan_is_a_function_of_the_settings_and_the_facts(tiny_dataset):
+    """``plan_run`` applies every rule to what it is given: the same facts give the same plan; the room measured is
+    one of the facts, so the memory rule is exercised with a room given here (no cgroup needed)."""
+    from dataclasses import replace
+
+    from ctrkit.train.memory import Room
+
+    def spec_of(**train):
+        return resolve_run(
+            tiny_dataset,
+            "dlrm",
+            model_config={"embedding_dim": 64},
+            train={"batch_size": 512, "linear_warm_start": False, "best_weights": "memory", **train},
+            progress=False,
+        )
+
+    spec = spec_of()
+    facts = plan_module.facts_of(spec, 19_440, 2_160, "the last 10%", 1, "cpu")
+    roomy = replace(facts, room=Room(64 << 30, "a given room"))
+    assert plan_module.plan_run(spec, roomy) == plan_module.plan_run(spec, roomy)
+    assert plan_module.plan_run(spec, roomy).train.embedding_optimizer == "adam"  # dlrm's own
+    adam = plan_module.plan_run(spec, roomy).memory["more"]
+    rowwise = plan_module.plan_run(spec_of(embedding_optimizer="rowwise_adagrad"), roomy).memory["more"]
+    assert rowwise < adam
+    # room for the tables with row-wise Adagrad's state (one value a row), not Adam's (two a value)
+    between = replace(facts, room=Room(int((adam + rowwise) / 2 / plan_module.USABLE), "a given room"))
+    plan = plan_module.plan_run(spec, between)
+    assert (plan.train.embedding_optimizer, plan.train.embedding_lr) == (
+        "rowwise_adagrad",
+        plan_module.ROWWISE_ADAGRAD_LR,
+    )
+    assert "memory: adam's state would need" in topics(plan)["optimizers"][1]
+    with pytest.raises(ValueError, match="needs a peak of about"):
+        plan_module.plan_run(spec, replace(facts, room=Room(1 << 20, "a given room")))
