@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -21,8 +21,17 @@ from ctrkit.checkpoint_files import (
     write_sealed,
 )
 
-if TYPE_CHECKING:  # the typed checkpoint stands on this module: its type only, for the annotations
-    from ctrkit.checkpoint import Checkpoint
+
+class ShardedManifest(Protocol):
+    """What this module reads of a sharded checkpoint's manifest (``checkpoint.Checkpoint`` is one, a dataclass):
+    its rank files, the manifest's record of each, and the sharding they were written with."""
+
+    shard_files: list[str] | None
+    shard_records: list[dict[str, Any]] | None
+    sharding: dict[str, list] | None
+
+
+Manifest = TypeVar("Manifest", bound=ShardedManifest)
 RELEASE_CHUNK_BYTES = 32 * 2**20  # a memory-mapped source is copied and released this many bytes at a time
 
 
@@ -114,7 +123,7 @@ def write_rank_file(path: Path, part: dict[str, Any], run: str, step: int, rank:
     return {**record, "digest": digest}
 
 
-def read_rank_file(ckpt: Checkpoint, rank: int, verify: bool = True) -> dict[str, Any]:
+def read_rank_file(ckpt: ShardedManifest, rank: int, verify: bool = True) -> dict[str, Any]:
     """Rank ``rank``'s part of a sharded checkpoint read by ``load_checkpoint`` (memory-mapped), checked
     against the manifest's record of it (run, step, rank, digest) and, with ``verify``, its contents against
     their digest (which reads the whole file once)."""
@@ -141,7 +150,7 @@ def table_prefix(plan_name: str) -> str:
     return plan_name if plan_name.endswith(".bags") else f"{plan_name}.onehot"
 
 
-def assemble_shards(ckpt: Checkpoint, lazy: bool = False) -> Checkpoint:
+def assemble_shards(ckpt: Manifest, lazy: bool = False) -> Manifest:
     """The one-file form of a sharded checkpoint: whole tables assembled from every rank's file (each
     memory-mapped, so only the assembled tables take memory), rank 0's optimizer states as
     ``optimizers`` and every rank's as ``rank_optimizers``.
@@ -258,7 +267,7 @@ def _view(
     return ShardedTableView(kept, rows, dim, source)
 
 
-def sharded_table_views(ckpt: Checkpoint, which: str = "model") -> dict[str, ShardedTableView]:
+def sharded_table_views(ckpt: ShardedManifest, which: str = "model") -> dict[str, ShardedTableView]:
     """The flat tables of a sharded checkpoint as views over its rank files, by their module path
     (e.g. ``embeddings.onehot``); nothing is assembled."""
     parts = [read_rank_file(ckpt, r) for r in range(len(ckpt.shard_files or []))]
