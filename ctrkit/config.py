@@ -14,6 +14,7 @@ from ctrkit.field_types import check_fields
 from ctrkit.optimizers import DENSE_OPTIMIZERS, TABLE_OPTIMIZERS
 
 __all__ = ["DENSE_OPTIMIZERS", "TABLE_OPTIMIZERS"]  # the optimizers' names, defined with their records
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")  # what training may compute in (``device.precision_of``)
 EXPORT_FORMATS = ("onnx", "torchscript", "triton")
 QUANTIZATIONS = ("none", "int8")
 RECIPES = ("tuned", "plain", "nvidia")  # defined in train/recipes.py
@@ -219,6 +220,14 @@ class TrainConfig:
     amp_dtype: str | None = option(
         None, "the mixed-precision dtype, taken at any batch (with --amp)", ("bf16", "fp16"), "the --amp rule"
     )
+    precision: str | None = option(
+        None,
+        "what training computes in: fp32; tf32 (fp32 with matmuls on TF32 tensor cores: CUDA GPUs from Ampere on; "
+        "fp32 on a CPU); bf16 or fp16 autocast at any batch (fp16 with loss scaling; bf16 on a CPU only where it is "
+        "native). --amp is the shorthand for the device's autocast",
+        PRECISIONS,
+        "fp32, or --amp's autocast",
+    )
     eval_dtype: str | None = option(
         None,
         "the precision of scoring (validation, calibration, test): bf16 autocast (a CPU with native bf16, GPUs) or "
@@ -299,6 +308,10 @@ class TrainConfig:
             raise ValueError(f"`decay_power`: expected a positive power, got {self.decay_power}")
         if self.amp_dtype not in (None, "bf16", "fp16"):
             raise ValueError(f"`amp_dtype`: expected 'bf16' or 'fp16', got {self.amp_dtype!r}")
+        if self.precision in ("fp32", "tf32") and self.amp:
+            raise ValueError(f"`precision` {self.precision} and `amp` contradict: drop `amp`, or name bf16 or fp16")
+        if self.precision in ("bf16", "fp16") and self.amp_dtype not in (None, self.precision):
+            raise ValueError(f"`precision` {self.precision} and `amp_dtype` {self.amp_dtype} contradict: drop one")
         if self.eval_dtype not in (None, "fp32", "bf16"):
             raise ValueError(f"`eval_dtype`: expected 'fp32' or 'bf16', got {self.eval_dtype!r}")
 

@@ -164,3 +164,51 @@ def eval_dtype_for(device: torch.device, eval_dtype: str | None, amp_dtype: torc
     if device.type == "cpu":
         return torch.bfloat16 if cpu_bf16_or_fp32("--eval-dtype bf16") else None
     return torch.bfloat16 if device.type != "cuda" or cuda_native_bf16(device) else torch.float16
+
+
+def cuda_tf32(device: torch.device) -> bool:
+    """Whether this GPU has TF32 tensor cores (compute capability 8.0 on: Ampere, Hopper and later)."""
+    return torch.cuda.get_device_capability(device)[0] >= 8
+
+
+def precision_of(
+    device: torch.device, precision: str | None, amp: bool, amp_dtype: str | None, batch: int | None = None
+) -> tuple[str, torch.dtype | None, str]:
+    """What a training run computes in, by name, its autocast dtype (None: none), and why it computes in fp32 where
+    something else was asked ("" otherwise). ``precision`` named: fp32; tf32 (fp32 weights and activations, matmuls on
+    TF32 tensor cores: CUDA GPUs that have them; fp32 elsewhere, said once); bf16 or fp16 autocast at any batch (as
+    ``--amp --amp-dtype``; the CPU's bf16 rule applies). Unnamed: ``--amp``'s rule (``amp_dtype_for``), else fp32."""
+    if precision == "fp16" and device.type == "cpu":
+        raise ValueError("`precision` fp16 is not supported on CPU; use bf16")
+    if precision == "tf32":
+        if device.type == "cuda" and cuda_tf32(device):
+            return "tf32", None, ""
+        where = "a CPU" if device.type == "cpu" else "this GPU"
+        if "tf32" not in _said:
+            _said.add("tf32")
+            print(f"ctrkit: --precision tf32: {where} has no TF32 tensor cores; running in fp32", file=sys.stderr,
+                  flush=True)  # fmt: skip
+        return "fp32", None, f"{where} has no TF32 tensor cores"
+    if precision == "fp32" or not (amp or precision):
+        return "fp32", None, ""
+    dtype = amp_dtype_for(device, True, precision or amp_dtype, batch)
+    if dtype is not None:
+        return ("bf16" if dtype == torch.bfloat16 else "fp16"), dtype, ""
+    if device.type == "cpu":
+        return "fp32", None, "this CPU has no native bf16"
+    return "fp32", None, f"{batch:,} samples a step is below {CUDA_AMP_MIN_TRAIN_BATCH:,}, where autocast is slower"
+
+
+@contextmanager
+def tf32_matmuls(on: bool) -> Iterator[None]:
+    """Within, with ``on``, CUDA matmuls and convolutions of fp32 tensors run on TF32 tensor cores; torch's flags
+    are as they were afterwards (a run's precision, not the process's)."""
+    if not on:
+        yield
+        return
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before

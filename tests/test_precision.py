@@ -16,13 +16,27 @@ from tests.conftest import small_model_flags
 @pytest.mark.parametrize("native", ["0", "1"])
 def test_amp_on_a_cpu_follows_its_bf16_support(tiny_dataset, tmp_path, native):
     env = {**os.environ, "CTRKIT_CPU_BF16": native}
-    cmd = [sys.executable, "-m", "ctrkit", "train", "--dataset", str(tiny_dataset), "--amp", "--max-steps", "2",
-           "--no-progress", "--device", "cpu", *small_model_flags()]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "ctrkit",
+        "train",
+        "--dataset",
+        str(tiny_dataset),
+        "--amp",
+        "--max-steps",
+        "2",
+        "--no-progress",
+        "--device",
+        "cpu",
+        *small_model_flags(),
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    said = [line for line in done.stderr.splitlines() if "no native bf16" in line]
-    if native == "0":
-        assert len(said) == 1 and "running in fp32" in said[0] and "autocast" not in done.stderr
+    said = [line for line in done.stderr.splitlines() if line.startswith("ctrkit:") and "no native bf16" in line]
+    if native == "0":  # said once (the plan's execution line says why too), and no autocast
+        assert len(said) == 1 and "running in fp32" in said[0] and "with bfloat16 autocast" not in done.stderr
+        assert "fp32 (autocast asked: this CPU has no native bf16)" in done.stderr
     else:
         assert not said and "with bfloat16 autocast" in done.stderr
 
@@ -69,8 +83,23 @@ def test_amp_on_cuda_takes_autocast_only_at_batches_where_it_pays(monkeypatch, c
 def test_amp_on_a_gpu_follows_the_batch(tiny_dataset):
     dtype = "bfloat16" if dev.cuda_native_bf16(torch.device("cuda")) else "float16"
     for batch in (2048, dev.CUDA_AMP_MIN_TRAIN_BATCH):
-        cmd = [sys.executable, "-m", "ctrkit", "train", "--dataset", str(tiny_dataset), "--amp", "--max-steps", "2",
-               "--batch-size", str(batch), "--no-progress", "--device", "cuda", *small_model_flags()]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "ctrkit",
+            "train",
+            "--dataset",
+            str(tiny_dataset),
+            "--amp",
+            "--max-steps",
+            "2",
+            "--batch-size",
+            str(batch),
+            "--no-progress",
+            "--device",
+            "cuda",
+            *small_model_flags(),
+        ]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-2000:]
         if batch < dev.CUDA_AMP_MIN_TRAIN_BATCH:
@@ -97,3 +126,70 @@ def test_serving_bf16_weights_follows_the_rule(tiny_checkpoint, monkeypatch):
     assert Predictor.from_checkpoint(tiny_checkpoint, dtype="bf16").backend == "torch"
     monkeypatch.setenv("CTRKIT_CPU_BF16", "1")
     assert Predictor.from_checkpoint(tiny_checkpoint, dtype="bf16").backend == "torch-bf16"
+
+
+def test_precision_by_name_follows_the_device(monkeypatch, capsys):
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    monkeypatch.setattr(dev, "_said", set())
+    monkeypatch.setenv("CTRKIT_CPU_BF16", "1")
+    assert dev.precision_of(cpu, None, False, None) == ("fp32", None, "")
+    assert dev.precision_of(cpu, "bf16", False, None, 64) == ("bf16", torch.bfloat16, "")
+    assert dev.precision_of(cpu, None, True, None) == ("bf16", torch.bfloat16, "")  # --amp: the shorthand
+    assert dev.precision_of(cpu, "tf32", False, None) == ("fp32", None, "a CPU has no TF32 tensor cores")
+    assert capsys.readouterr().err.count("no TF32 tensor cores; running in fp32") == 1
+    with pytest.raises(ValueError, match="fp16 is not supported on CPU"):
+        dev.precision_of(cpu, "fp16", False, None)
+    monkeypatch.setenv("CTRKIT_CPU_BF16", "0")
+    assert dev.precision_of(cpu, "bf16", False, None) == ("fp32", None, "this CPU has no native bf16")
+    for major, want in ((8, "tf32"), (7, "fp32")):  # TF32 tensor cores from Ampere on
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda _device, major=major: (major, 0))
+        assert dev.precision_of(cuda, "tf32", False, None)[0] == want
+    monkeypatch.setattr(dev, "cuda_native_bf16", lambda _device: True)
+    assert dev.precision_of(cuda, "bf16", False, None, 512)[:2] == ("bf16", torch.bfloat16)  # named: any batch
+    assert dev.precision_of(cuda, "fp16", False, None, 512)[:2] == ("fp16", torch.float16)
+    name, dtype, note = dev.precision_of(cuda, None, True, None, 512)  # --amp's batch rule
+    assert (name, dtype) == ("fp32", None) and "16,384" in note
+
+
+def test_precision_and_amp_that_contradict_are_refused():
+    from ctrkit.config import TrainConfig
+
+    with pytest.raises(ValueError, match="`precision` tf32 and `amp` contradict"):
+        TrainConfig(precision="tf32", amp=True).validate()
+    with pytest.raises(ValueError, match="`precision` bf16 and `amp_dtype` fp16 contradict"):
+        TrainConfig(precision="bf16", amp_dtype="fp16").validate()
+    TrainConfig(precision="bf16", amp=True, amp_dtype="bf16").validate()  # the same thing, said twice
+
+
+def test_tf32_matmuls_hold_only_within():
+    flags = lambda: (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)  # noqa: E731
+    before = flags()
+    with dev.tf32_matmuls(True):
+        assert flags() == (True, True)
+    assert flags() == before
+    with dev.tf32_matmuls(False):
+        assert flags() == before
+
+
+def test_a_named_precision_trains_as_its_shorthand_and_is_recorded(tiny_dataset, tmp_path, monkeypatch):
+    from ctrkit.checkpoint import load_checkpoint
+    from ctrkit.train.run import train
+
+    monkeypatch.setenv("CTRKIT_CPU_BF16", "1")
+    common = dict(embedding_dim=8, epochs=1, max_steps=6, batch_size=512, progress=False, seed=3)
+    for name, flags in (
+        ("amp", {"amp": True}),
+        ("bf16", {"precision": "bf16"}),
+        ("fp32", {}),
+        ("tf32", {"precision": "tf32"}),
+    ):
+        train(tiny_dataset, "dlrm", save_checkpoint=tmp_path / f"{name}.pt", **common, **flags)
+    ckpt = {n: load_checkpoint(tmp_path / f"{n}.pt") for n in ("amp", "bf16", "fp32", "tf32")}
+    assert [ckpt[n].plan["precision"] for n in ("amp", "bf16", "fp32", "tf32")] == ["bf16", "bf16", "fp32", "fp32"]
+    weights = {n: c.resume_weights for n, c in ckpt.items()}  # the last step's (the kept may be the warm start)
+    for a, b in (("amp", "bf16"), ("fp32", "tf32")):  # a named precision is its shorthand's run, bit for bit
+        assert all(torch.equal(weights[a][k], weights[b][k]) for k in weights[a]), (a, b)
+    assert not all(torch.equal(weights["bf16"][k], weights["fp32"][k]) for k in weights["fp32"])
+    lines = {line["topic"]: line["what"] for line in ckpt["tf32"].plan["lines"]}
+    assert "fp32 (tf32 asked: a CPU has no TF32 tensor cores)" in lines["execution"]
+    assert ckpt["tf32"].train_config["precision"] == "tf32"  # what was asked; the plan says what ran

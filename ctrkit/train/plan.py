@@ -117,6 +117,7 @@ class Plan:
         members: models trained one after another (``seed_ensemble`` x batch sizes).
         configs: the TrainConfig of each batch size (``train`` first); a smaller batch's has its own epochs and
             schedule, and the run's batch's patience.
+        precision: what the run computes in: fp32, tf32, bf16 or fp16 (``device.precision_of``).
         continued_from: the checkpoint a continued run (``--continue-from``) started from, as given; None for a
             fresh run. Its checkpoints carry it, so that resuming one keeps the continued run's settings.
     """
@@ -131,6 +132,7 @@ class Plan:
     members: int
     configs: tuple[TrainConfig, ...] = ()
     continued_from: str | None = None
+    precision: str = "fp32"
 
     def text(self) -> str:
         """The printed block: a heading line, then one line a topic."""
@@ -150,6 +152,7 @@ class Plan:
             "batches": list(self.batches),
             "members": self.members,
             "continued_from": self.continued_from,
+            "precision": self.precision,
         }
 
 
@@ -378,6 +381,8 @@ class Facts:
         process_bytes: what the process holds now (``memory.process_rss``, measured).
         disk_free: bytes free on the disk the tables would go to on disk (``memory.tables_directory``), or None.
         preprocessing: the preprocessing the dataset carries (``RowTransform.to_state``), or None.
+        precision: what the run computes in on its device (``device.precision_of``: the hardware's rule);
+            ``precision_note``: why it is fp32 where more was asked ("" otherwise).
     """
 
     train_rows: int
@@ -397,6 +402,8 @@ class Facts:
     process_bytes: int
     disk_free: int | None
     preprocessing: dict[str, Any] | None = None
+    precision: str = "fp32"
+    precision_note: str = ""
 
     @property
     def validation(self) -> bool:
@@ -411,6 +418,7 @@ def facts_of(
     processes: int,
     device: str,
     preprocessing: dict[str, Any] | None = None,
+    precision: tuple[str, str] = ("fp32", ""),
 ) -> Facts:
     """The facts of RunSpec ``spec``'s run: its model built on the meta device (nothing allocated), the memory and
     disk room measured now."""
@@ -439,6 +447,7 @@ def facts_of(
         process_rss(),
         free_bytes(tables_directory(spec.save_checkpoint)),
         preprocessing,
+        *precision,
     )
 
 
@@ -450,12 +459,14 @@ def make_plan(
     processes: int = 1,
     device: str = "cpu",
     preprocessing: dict[str, Any] | None = None,
+    precision: tuple[str, str] = ("fp32", ""),
 ) -> Plan:
     """The plan of RunSpec ``spec`` on ``train_rows`` training and ``validation_rows`` validation rows (held out
-    as ``validation_source`` says) in a job of ``processes`` processes on ``device``, with the memory room
-    measured now (``facts_of``, then ``plan_run``)."""
-    return plan_run(spec, facts_of(spec, train_rows, validation_rows, validation_source, processes, device,
-                                   preprocessing))  # fmt: skip
+    as ``validation_source`` says) in a job of ``processes`` processes on ``device`` computing in ``precision``
+    (``device.precision_of``'s name and why it is fp32 where more was asked),
+    with the memory room measured now (``facts_of``, then ``plan_run``)."""
+    facts = facts_of(spec, train_rows, validation_rows, validation_source, processes, device, preprocessing, precision)
+    return plan_run(spec, facts)
 
 
 def plan_run(spec: Any, facts: Facts) -> Plan:
@@ -503,6 +514,7 @@ def plan_run(spec: Any, facts: Facts) -> Plan:
         cfg.seed_ensemble * len(batches),
         tuple(configs),
         None if facts.continued is None else str(facts.continued),
+        facts.precision,
     )
 
 
@@ -829,7 +841,7 @@ def _resource_lines(
     processes, device, mc = facts.processes, facts.device, spec.model_config
     how = [f"{processes} processes" if processes > 1 else "one process", device]
     how.append(f"batch split over threads: {cfg.split_batch}" if device == "cpu" and processes == 1 else "")
-    how += ["mixed precision" if cfg.amp else "fp32", "torch.compile" if cfg.compile else ""]
+    how += [_precision_text(cfg, facts.precision, facts.precision_note), "torch.compile" if cfg.compile else ""]
     lines = [
         (
             "execution",
@@ -878,6 +890,21 @@ def _resource_lines(
     models = cfg.snapshot_ensemble * cfg.seed_ensemble
     lines.append(("scoring", f"{models} models a request at most" if models > 1 else "1 model a request", ""))
     return lines
+
+
+PRECISION_TEXT = {
+    "fp32": "fp32",
+    "tf32": "tf32 (fp32 with matmuls on TF32 tensor cores)",
+    "bf16": "bf16 autocast",
+    "fp16": "fp16 autocast with loss scaling",
+}
+
+
+def _precision_text(cfg: TrainConfig, precision: str, note: str) -> str:
+    """The precision the run computes in, and why where the device gave less than was asked."""
+    if note:
+        return f"fp32 ({cfg.precision or 'autocast'} asked: {note})"
+    return PRECISION_TEXT[precision]
 
 
 def _memory_text(memory: dict, budget: Room, processes: int) -> str:

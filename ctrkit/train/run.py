@@ -325,13 +325,15 @@ class Run:
 
         from ctrkit.checkpoint import load_checkpoint
         from ctrkit.data.dataset import SplitBinaryDataset, one_class_problem, split_tail
-        from ctrkit.device import amp_dtype_for, eval_dtype_for, resolve_device
+        from ctrkit.device import eval_dtype_for, precision_of, resolve_device
 
         cfg = spec.train
         self.device = self.env.device if self.env is not None else resolve_device(spec.device)
         # one process's share of a step decides whether autocast pays on CUDA (``amp_dtype_for``)
         local = cfg.batch_size // (self.env.world_size if self.env is not None else 1) if cfg.batch_size else None
-        self.amp_dtype = amp_dtype_for(self.device, cfg.amp, cfg.amp_dtype, local)
+        self.precision, self.amp_dtype, self.precision_note = precision_of(
+            self.device, cfg.precision, cfg.amp, cfg.amp_dtype, local
+        )
         self.eval_amp_dtype = eval_dtype_for(self.device, cfg.eval_dtype, self.amp_dtype)
         if self.env is not None and self.amp_dtype == torch.float16:
             raise ValueError("hybrid-parallel training supports mixed precision with bf16 only")
@@ -371,7 +373,16 @@ class Run:
         held = 0 if validation_set is None else len(validation_set)
         source = "the validation mapping" if "validation" in mappings else f"the last {cfg.validation_fraction:.0%}"
         processes = self.env.world_size if self.env else 1
-        self.plan = make_plan(spec, len(self.train_set), held, source, processes, self.device.type, self.preprocessing)
+        self.plan = make_plan(
+            spec,
+            len(self.train_set),
+            held,
+            source,
+            processes,
+            self.device.type,
+            self.preprocessing,
+            (self.precision, self.precision_note),
+        )
         # a seed ensemble (``fit``) resumes with the member its checkpoint was taken in, after those done
         self.member = ckpt.member if ckpt is not None and ckpt.member is not None else 0
         self.members_done = list(ckpt.members or []) if ckpt is not None and ckpt.member is not None else []
@@ -470,6 +481,7 @@ class Run:
     def describe(self) -> str:
         """One line on what is about to be trained, how and where."""
         amp = f" with {str(self.amp_dtype).replace('torch.', '')} autocast" if self.amp_dtype else ""
+        amp += " with TF32 matmuls" if self.precision == "tf32" else ""
         if self.eval_amp_dtype != self.amp_dtype:
             amp += f", scored in {str(self.eval_amp_dtype or 'fp32').replace('torch.', '')}"
         validation = self.trainer.validation_set
@@ -489,16 +501,31 @@ class Run:
 
     def fit(self) -> dict[str, Any]:
         """Trains; returns the last evaluation (``auc``, ``logloss``, ...) or ``{"step": ...}`` without one."""
+        from ctrkit.device import tf32_matmuls
+
         try:
-            members = self.members
-            if members == 1 and not self.members_done:
-                return self.trainer.fit()
-            ensemble = SeedEnsemble(self.spec, self.batches, self.device, self.eval_amp_dtype, self._member_trainer,
-                                    self.trainer, self.member, self.members_done, self.member_ensemble,
-                                    self.test_set)  # fmt: skip
-            return ensemble.fit(members)
+            with tf32_matmuls(self.precision == "tf32"):
+                return self._fit()
         finally:
             self.release()
+
+    def _fit(self) -> dict[str, Any]:
+        members = self.members
+        if members == 1 and not self.members_done:
+            return self.trainer.fit()
+        ensemble = SeedEnsemble(
+            self.spec,
+            self.batches,
+            self.device,
+            self.eval_amp_dtype,
+            self._member_trainer,
+            self.trainer,
+            self.member,
+            self.members_done,
+            self.member_ensemble,
+            self.test_set,
+        )
+        return ensemble.fit(members)
 
 
 def carried_preprocessing(feature_spec: FeatureSpec) -> dict[str, Any] | None:
