@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -74,9 +76,14 @@ class _Tables(nn.Module):
         """Draws every table's initial values into the weight (``draw`` > 0: another set of them)."""
         init = self.init
 
-        def fill(weight: torch.Tensor) -> None:
+        def fill(weight: torch.Tensor) -> None:  # every table's blocks at once, over the CPU's threads
+            if init.zero:
+                weight.zero_()
+                return
+            tasks = []
             for f, (off, card) in enumerate(zip(self.offsets.tolist(), self.cardinalities)):
-                init.fill(weight[off : off + card], f, 0, card, draw=draw)
+                tasks += init.block_draws(weight[off : off + card], f, 0, card, draw=draw)
+            draw_blocks(tasks)
 
         if self.disk is not None:  # the file's table; the cache and the optimizer state start over
             self.disk.reset(fill)
@@ -132,20 +139,59 @@ class TableInit:
         """Writes rows [row_lo, row_hi) and columns [col_lo, col_hi) of ``feature``'s initial table into
         ``out`` (row_hi - row_lo, col_hi - col_lo); returns it. ``draw`` 0 is the initial table, each
         other value an independent redraw (``reinit_embeddings`` draws epoch e's tables with e)."""
-        col_hi = self.dim if col_hi is None else col_hi
         if self.zero:
             return out.zero_()
+        draw_blocks(self.block_draws(out, feature, row_lo, row_hi, col_lo, col_hi, draw))
+        return out
+
+    def block_draws(
+        self,
+        out: torch.Tensor,
+        feature: int,
+        row_lo: int,
+        row_hi: int,
+        col_lo: int = 0,
+        col_hi: int | None = None,
+        draw: int = 0,
+    ) -> list[Callable[[], None]]:
+        """``fill``'s work, one function a block of ``INIT_BLOCK_ROWS`` rows: each draws its block from its own
+        generator, seeded by (seed, feature, block[, draw]), so the blocks may be drawn in any order, on any thread.
+        A whole block of a float32 table on the CPU is drawn in place; a part of one (a shard's rows or columns, or
+        another device or dtype) is drawn whole and its part copied: the same values either way."""
+        col_hi = self.dim if col_hi is None else col_hi
         card = self.cardinalities[feature]
         bound = 1.0 / math.sqrt(card)
-        generator = torch.Generator()
-        for block in range(row_lo // INIT_BLOCK_ROWS, -(-row_hi // INIT_BLOCK_ROWS)):
+        in_place = out.device.type == "cpu" and out.dtype == torch.float32 and (col_lo, col_hi) == (0, self.dim)
+
+        def one(block: int) -> None:
             lo, hi = block * INIT_BLOCK_ROWS, min((block + 1) * INIT_BLOCK_ROWS, card)
             key = (self.seed, feature, block) if draw == 0 else (self.seed, feature, block, draw)
+            generator = torch.Generator()
             generator.manual_seed(hash(key) & (2**63 - 1))  # tuples of ints hash the same in every process
-            values = torch.empty(hi - lo, self.dim).uniform_(-bound, bound, generator=generator)
             a, b = max(lo, row_lo), min(hi, row_hi)
-            out[a - row_lo : b - row_lo] = values[a - lo : b - lo, col_lo:col_hi]
-        return out
+            with torch.no_grad():  # grad mode is a thread's own: a worker's is on
+                target = out[a - row_lo : b - row_lo]
+                if in_place and (a, b) == (lo, hi) and target.is_contiguous():
+                    target.uniform_(-bound, bound, generator=generator)
+                    return
+                values = torch.empty(hi - lo, self.dim).uniform_(-bound, bound, generator=generator)
+                target.copy_(values[a - lo : b - lo, col_lo:col_hi])
+
+        blocks = range(row_lo // INIT_BLOCK_ROWS, -(-row_hi // INIT_BLOCK_ROWS))
+        return [functools.partial(one, block) for block in blocks]
+
+
+def draw_blocks(tasks: list[Callable[[], None]]) -> None:
+    """Runs ``TableInit.block_draws``' functions on the CPU's threads (``torch.get_num_threads``): each draws with
+    its own generator, and torch's random fill is serial under one, so the threads draw side by side."""
+    threads = min(len(tasks), torch.get_num_threads())
+    if threads <= 1:
+        for task in tasks:
+            task()
+        return
+    with ThreadPoolExecutor(threads, thread_name_prefix="ctrkit-init") as pool:
+        for done in [pool.submit(task) for task in tasks]:
+            done.result()
 
 
 class EmbeddingCollection(_Tables):

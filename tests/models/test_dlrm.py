@@ -136,3 +136,47 @@ def test_interaction_without_dense_vector_gradients():
     layer = DotInteraction(5, 3, with_dense=False)
     assert layer.out_features == 16  # 10 pairs padded to 16
     assert torch.autograd.gradcheck(lambda e: layer(None, e), (emb,))
+
+
+def _reference_fill(init, out, feature, row_lo, row_hi, col_lo=0, col_hi=None, draw=0):
+    """The draw as it was first written: block by block, each from its own generator, into a fresh block."""
+    import math
+
+    from ctrkit.models.embeddings import INIT_BLOCK_ROWS
+
+    col_hi = init.dim if col_hi is None else col_hi
+    card = init.cardinalities[feature]
+    bound = 1.0 / math.sqrt(card)
+    for block in range(row_lo // INIT_BLOCK_ROWS, -(-row_hi // INIT_BLOCK_ROWS)):
+        lo, hi = block * INIT_BLOCK_ROWS, min((block + 1) * INIT_BLOCK_ROWS, card)
+        key = (init.seed, feature, block) if draw == 0 else (init.seed, feature, block, draw)
+        generator = torch.Generator().manual_seed(hash(key) & (2**63 - 1))
+        values = torch.empty(hi - lo, init.dim).uniform_(-bound, bound, generator=generator)
+        a, b = max(lo, row_lo), min(hi, row_hi)
+        out[a - row_lo : b - row_lo] = values[a - lo : b - lo, col_lo:col_hi]
+    return out
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_tables_drawn_on_threads_in_place_equal_the_block_by_block_draw(threads):
+    from ctrkit.models.embeddings import INIT_BLOCK_ROWS
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        torch.manual_seed(11)
+        rows = INIT_BLOCK_ROWS * 2 + 123
+        emb = EmbeddingCollection((7, rows, 1000), 6)
+        init, offsets = emb.init, emb.offsets.tolist()
+        for f, card in enumerate(emb.cardinalities):  # whole tables: drawn in place, on threads
+            want = _reference_fill(init, torch.empty(card, 6), f, 0, card)
+            assert torch.equal(emb.weight[offsets[f] : offsets[f] + card], want), f
+        for args in ((1, 5, INIT_BLOCK_ROWS + 9, 0, 6), (1, 100, rows, 2, 5), (2, 0, 1000, 0, 6, 3)):  # shards, redraws
+            f, lo, hi, c0, c1, *draw = args
+            got = init.fill(torch.empty(hi - lo, c1 - c0), f, lo, hi, c0, c1, *draw)
+            assert torch.equal(got, _reference_fill(init, torch.empty(hi - lo, c1 - c0), f, lo, hi, c0, c1, *draw))
+        emb.reset_tables(draw=2)
+        want = _reference_fill(init, torch.empty(rows, 6), 1, 0, rows, draw=2)
+        assert torch.equal(emb.weight[offsets[1] : offsets[1] + rows], want)
+    finally:
+        torch.set_num_threads(before)
