@@ -218,6 +218,21 @@ class CheckpointBenchConfig:
 
 
 @dataclass(frozen=True)
+class LoaderBenchConfig:
+    """The input pipeline alone: batches read from a split-binary dataset, and read and copied to the device."""
+
+    dataset: Path | None = option(None, "dataset to read", unset="one made with `ctrkit synth` in --work")
+    rows: int = option(1_000_000, "rows of the synthetic dataset where --dataset is not given")
+    tables: tuple[int, ...] | None = option(
+        None, "cardinalities or a preset of `ctrkit synth --tables`", unset="criteo-1tb", parse="table_sizes"
+    )
+    batch_size: int = option(65536, "samples a batch")
+    batches: int = option(30, "batches a measurement reads")
+    rounds: int = option(3, "interleaved rounds (read alone, then read and copied); medians are reported")
+    work: Path = option(Path("build/bench/loader"), "directory for the synthetic dataset")
+
+
+@dataclass(frozen=True)
 class EpochBenchConfig:
     """One epoch of DLRM over a Criteo-1TB-shaped dataset, measured from a real ``ctrkit train`` process."""
 

@@ -14,6 +14,7 @@ from ctrkit.bench.config import (
     CheckpointBenchConfig,
     EpochBenchConfig,
     InferenceBenchConfig,
+    LoaderBenchConfig,
     PreprocessBenchConfig,
     RawRowsBenchConfig,
     ScaleBenchOptions,
@@ -25,7 +26,8 @@ from ctrkit.cli.options import add_command, config_from, write_result
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "bench", help="benchmarks: training, preprocessing, scaling, inference, accuracy, ablation, checkpoint digests"
+        "bench",
+        help="benchmarks: training, loader, preprocessing, scaling, inference, accuracy, ablation, checkpoint digests",
     )
     bsub = p.add_subparsers(
         dest="bench",
@@ -39,6 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_command(bsub, "accuracy", accuracy, (AccuracyBenchConfig, BenchRunOptions), ("device", "output"))
     add_command(bsub, "ablation", ablation, (AblationBenchConfig, BenchRunOptions), ("device", "output"))
     add_command(bsub, "checkpoint", checkpoint, (CheckpointBenchConfig, BenchRunOptions), ("device",))
+    add_command(bsub, "loader", loader, (LoaderBenchConfig, BenchRunOptions))
     add_command(bsub, "epoch", epoch, (EpochBenchConfig, BenchRunOptions), ("device", "threads"))
     add_command(bsub, "stream", stream, (StreamBenchConfig, BenchRunOptions), ("device",))
     add_command(bsub, "raw-rows", raw_rows, (RawRowsBenchConfig, BenchRunOptions), ("device", "threads"))
@@ -304,6 +307,31 @@ def ablation(args: argparse.Namespace) -> int:
     (cfg.out / "results.md").write_text(table)
     print(table)
     print(f"wrote {cfg.out / 'results.md'}")
+    return 0
+
+
+def loader(args: argparse.Namespace) -> int:
+    """the input pipeline alone: batches read, and read and copied to the device
+
+    Reads --batches batches of --batch-size from the training mapping of --dataset (or a synthetic dataset of the
+    seeds' FL15 tables made once in --work) as training reads them, with no model step, then the same with each
+    batch copied to --device, taking turns for --rounds rounds; prints the median samples a second of each.
+    """
+    from ctrkit.bench.loader_bench import run_loader_bench
+    from ctrkit.bench.peak import machine
+    from ctrkit.device import resolve_device
+
+    cfg: LoaderBenchConfig = config_from(args, LoaderBenchConfig)
+    run = config_from(args, BenchRunOptions)
+    _threads(run)
+    device = resolve_device(run.device)
+    result = {**run_loader_bench(cfg, device), "machine": machine()}
+    m = result["median_samples_per_s"]
+    print(
+        f"loader, {result['batches']} batches of {cfg.batch_size:,}, medians of {cfg.rounds} rounds: "
+        f"{m['loader']:,.0f} samples/s alone, {m['loader_and_copy']:,.0f} samples/s with the copy to {device}"
+    )
+    write_result(result, run.output)
     return 0
 
 
