@@ -145,10 +145,10 @@ class Trainer:
         tensorboard_dir: str | os.PathLike | None = None,
     ):
         cfg = cfg.resolve(info.model_name)
+        if len(train_set) == 0:  # before anything is made (the log's TensorBoard directory)
+            raise ValueError(f"the training mapping '{train_set.mapping}' holds no samples")
         self.env, self.main = env, env is None or env.is_main
         self.log = RunLog(log_path, tensorboard_dir, self.main)
-        if len(train_set) == 0:
-            raise ValueError(f"the training mapping '{train_set.mapping}' holds no samples")
         if validation_set is None and cfg.validation_fraction > 0:
             train_set, validation_set = split_tail(train_set, cfg.validation_fraction)
         self.model, self.info, self.device, self.amp_dtype = model, info, device, amp_dtype
