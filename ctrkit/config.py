@@ -161,17 +161,19 @@ class TrainConfig:
     )
     embedding_storage: str | None = option(
         None,
-        "where the embedding tables and their optimizer state live while training: memory, or disk (files beside "
-        "the checkpoint, or in the temporary directory without one, unlinked at once; the rows in use in an "
-        "in-memory cache of embedding_cache_rows rows, the least recently used written back when it is full). "
-        "Results equal the in-memory tables'. Single-process CPU runs; first-order and multi-hot tables stay in "
-        "memory",
-        ("memory", "disk"),
-        unset="the plan's: disk where the tables and their state would not fit in memory, else memory",
+        "where the embedding tables and their optimizer state live while training: memory (where the model "
+        "trains), disk (files beside the checkpoint, or in the temporary directory without one, unlinked at once; "
+        "the rows in use in an in-memory cache of embedding_cache_rows rows, the least recently used written back "
+        "when it is full; CPU runs), or host (the CPU's memory, the rows in use cached on the GPU that trains them "
+        "in the same way; on a CPU it only adds the cache). Results equal the tables held where the model trains. "
+        "Single-process runs; first-order and multi-hot tables stay where the model is",
+        ("memory", "disk", "host"),
+        unset="the plan's: where the tables and their state would not fit where the run trains, disk on a CPU and "
+        "host on a GPU; else memory",
     )
     embedding_cache_rows: int | None = option(
         None,
-        "with embedding_storage disk: rows of each table collection's in-memory cache",
+        "with embedding_storage disk or host: rows of each table collection's cache (in memory, or on the GPU)",
         unset="the plan's: as many as half the memory left after the rest of the run holds, at most every row",
     )
     admit_after: int = option(

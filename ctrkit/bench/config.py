@@ -50,11 +50,12 @@ class TrainBenchConfig:
     distinct_batches: int = option(16, "distinct random batches cycled through")
     embedding_storage: str = option(
         "memory",
-        "the tables in memory, or on disk with a row cache (as `ctrkit train --embedding-storage`)",
-        ("memory", "disk"),
+        "the tables in memory, on disk with a row cache in memory, or in host memory with a row cache on the device "
+        "(as `ctrkit train --embedding-storage`)",
+        ("memory", "disk", "host"),
     )
     embedding_cache_rows: int | None = option(
-        None, "with --embedding-storage disk: rows of the cache", unset="every row"
+        None, "with --embedding-storage disk or host: rows of the cache", unset="every row"
     )
 
 

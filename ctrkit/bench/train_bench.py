@@ -18,10 +18,10 @@ from ctrkit.bench.peak import machine, matmul_gflops, matmul_peaks
 from ctrkit.data.batch import Batch
 from ctrkit.data.synthetic import power_law_ids
 from ctrkit.device import amp_dtype_for
-from ctrkit.models.disk_tier import tiers
 from ctrkit.models.inputs import BottomTopConfig
 from ctrkit.models.registry import config_class, config_to_dict, create_model, make_config, train_defaults
-from ctrkit.models.storage import on_disk
+from ctrkit.models.storage import in_host, on_disk
+from ctrkit.models.tiered_tables import tiers
 from ctrkit.train.optim import build_optimizers
 from ctrkit.train.step import TrainStep
 
@@ -207,9 +207,11 @@ def bench_setup(cfg: TrainBenchConfig, device: torch.device) -> BenchSetup:
         # the Criteo-Kaggle bottom MLP ending in the benchmark's width, whatever the model's default width
         shape["bottom_mlp"] = BottomTopConfig.bottom_mlp[:-1] + (cfg.embedding_dim,)
     model_cfg = make_config(cfg.model, shape)
+    rows = cfg.embedding_cache_rows or cfg.table_rows * cfg.num_tables
     if cfg.embedding_storage == "disk":  # the tables in files of the temporary directory, unlinked at once
-        rows = cfg.embedding_cache_rows or cfg.table_rows * cfg.num_tables
         model = create_model(cfg.model, model_cfg, on_disk(tempfile.gettempdir(), rows))
+    elif cfg.embedding_storage == "host":  # the tables in the CPU's memory, their cache and the rest on the device
+        model = create_model(cfg.model, model_cfg, in_host(rows, device)).to(device)
     else:
         model = create_model(cfg.model, model_cfg).to(device)
     amp_dtype = amp_dtype_for(device, cfg.amp, cfg.amp_dtype, cfg.batch_size)  # what `train --amp` would run

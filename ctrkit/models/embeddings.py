@@ -15,7 +15,7 @@ from torch.autograd.function import once_differentiable
 
 from ctrkit import hugepages, native
 from ctrkit.data.batch import PaddedMultiHot
-from ctrkit.models import disk_tier
+from ctrkit.models import tiered_tables
 from ctrkit.models.storage import IN_MEMORY, TableStorage
 
 INIT_BLOCK_ROWS = 1 << 16  # rows drawn from one generator when initialising a table
@@ -46,22 +46,23 @@ class _Tables(nn.Module):
 
     cardinalities: tuple[int, ...]
     dim: int
-    disk: disk_tier.DiskTier | None = None  # the tables on disk, ``weight`` their row cache (one-hot tables only)
+    tier: tiered_tables.TieredTable | None = None  # the tables in a larger home, ``weight`` their row cache
+    # (one-hot tables only)
     pending_fill: bool = False  # allocated ``fill_later``, not drawn yet
 
-    def _make_weight(self, storage: TableStorage, on_disk: bool = False) -> None:
-        """The weight where ``storage`` says (``on_disk``: this collection may keep its tables on disk)."""
+    def _make_weight(self, storage: TableStorage, tiered: bool = False) -> None:
+        """The weight where ``storage`` says (``tiered``: this collection may keep its tables in a tier)."""
         self.init_seed = int(torch.randint(0, 2**62, (1,), device="cpu").item())
         self.zero_init = False
         device = "meta" if storage.deferred else None
-        where = storage.disk if on_disk and device is None else None
-        if where is not None:  # the tables in a file, the parameter their row cache
-            self.disk = disk_tier.DiskTier(sum(self.cardinalities), self.dim, where.cache_rows, where.directory)
-            self.weight = nn.Parameter(self.disk.cache)
+        where = storage.tier if tiered and device is None else None
+        if where is not None:  # the tables in their home, the parameter their row cache
+            self.tier = tiered_tables.TieredTable(sum(self.cardinalities), self.dim, where)
+            self.weight = nn.Parameter(self.tier.cache)
         else:  # huge pages before the first write: the optimizers gather and scatter rows at random
             self.weight = nn.Parameter(hugepages.empty(sum(self.cardinalities), self.dim, device=device))
         if self.weight.device.type != "meta":
-            if storage.fill_later and self.disk is None:
+            if storage.fill_later and self.tier is None:
                 self.pending_fill = True
             else:
                 self.reset_tables()
@@ -85,29 +86,29 @@ class _Tables(nn.Module):
                 tasks += init.block_draws(weight[off : off + card], f, 0, card, draw=draw)
             draw_blocks(tasks)
 
-        if self.disk is not None:  # the file's table; the cache and the optimizer state start over
-            self.disk.reset(fill)
+        if self.tier is not None:  # the home's table; the cache and the optimizer state start over
+            self.tier.reset(fill)
         else:
             fill(self.weight)
         self.pending_fill = False
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         super()._save_to_state_dict(destination, prefix, keep_vars)
-        if self.disk is not None:  # the whole table (cached rows written back), not the cache
-            self.disk.flush()
-            destination[prefix + "weight"] = self.disk.table
+        if self.tier is not None:  # the whole table (cached rows written back), not the cache
+            self.tier.flush()
+            destination[prefix + "weight"] = self.tier.table
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing, unexpected, errors):
         if prefix + "weight" in state_dict:
             self.pending_fill = False
-        if self.disk is None or prefix + "weight" not in state_dict:
+        if self.tier is None or prefix + "weight" not in state_dict:
             return super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing, unexpected,
                                                  errors)  # fmt: skip
         try:
-            self.disk.load_table(state_dict[prefix + "weight"])
+            self.tier.load_table(state_dict[prefix + "weight"])
         except ValueError as e:
             errors.append(f"size mismatch for {prefix}weight: {e}")
-        weight = self._parameters.pop("weight")  # the cache: loaded above, through the file
+        weight = self._parameters.pop("weight")  # the cache: loaded above, through the home
         try:
             super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing, unexpected, errors)
         finally:
@@ -222,7 +223,7 @@ class EmbeddingCollection(_Tables):
         self.sparse = sparse
         self.features = tuple(range(len(self.cardinalities)))  # the model's one-hot columns these tables serve
         self.register_buffer("offsets", torch.cumsum(cards, 0) - cards, persistent=False)  # (F,)
-        self._make_weight(storage, on_disk=True)
+        self._make_weight(storage, tiered=True)
         self.use_native = True  # CPU training's lookups by ctrkit/native's gather (_GatherRowsFn; False: ATen's)
 
     @property
@@ -230,18 +231,18 @@ class EmbeddingCollection(_Tables):
         return len(self.cardinalities)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        if self.disk is not None:
-            return self._from_disk(ids)
+        if self.tier is not None:
+            return self._from_tier(ids)
         if self._native_applies(ids):
             return _GatherRowsFn.apply(self.weight, ids, self.offsets)  # (B, F, D)
         return F.embedding(ids + self.offsets, self.weight, sparse=self.sparse)  # (B, F, D)
 
-    def _from_disk(self, ids: torch.Tensor) -> torch.Tensor:
+    def _from_tier(self, ids: torch.Tensor) -> torch.Tensor:
         """Training: the ids' cache slots, gathered from the cache (the parameter); else the rows read from the
-        tables on disk with the cached ones laid over them, leaving the cache as it is."""
+        tables' home with the cached ones laid over them, leaving the cache as it is."""
         if not (torch.is_grad_enabled() and self.weight.requires_grad):
-            return self.disk.lookup(ids + self.offsets)  # (B, F, D)
-        slots = self.disk.slots(ids + self.offsets)  # (B, F)
+            return self.tier.lookup(ids + self.offsets)  # (B, F, D)
+        slots = self.tier.slots(ids + self.offsets)  # (B, F)
         if self._native_applies(slots):
             return _GatherRowsFn.apply(self.weight, slots, torch.zeros_like(self.offsets))
         return F.embedding(slots, self.weight, sparse=self.sparse)
@@ -263,12 +264,12 @@ class EmbeddingCollection(_Tables):
         return [self.weight]
 
     def table(self, feature: int) -> torch.Tensor:
-        """The rows of one feature's table: (cardinality, D), a view of the flat weight (of the file's table when
-        the tables are on disk, their cached rows written back first)."""
+        """The rows of one feature's table: (cardinality, D), a view of the flat weight (of the home's table when
+        the tables are tiered, their cached rows written back first)."""
         off = int(self.offsets[feature])
-        if self.disk is not None:
-            self.disk.flush()
-            return self.disk.table[off : off + self.cardinalities[feature]]
+        if self.tier is not None:
+            self.tier.flush()
+            return self.tier.table[off : off + self.cardinalities[feature]]
         return self.weight[off : off + self.cardinalities[feature]]
 
 

@@ -1,13 +1,16 @@
 """Where a model's embedding tables live, given to the model's builder (``registry.create_model``) and passed down
 to each embedding collection it makes: in memory and drawn at once (the default), in memory and drawn later,
-on the meta device for a hybrid-parallel rank to draw its shards, or in files on disk with a row cache."""
+on the meta device for a hybrid-parallel rank to draw its shards, in files on disk with a row cache in memory, or
+in the CPU's memory with a row cache on the GPU that trains them."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ctrkit.models.disk_tier import DiskTables
+import torch
+
+from ctrkit.models.tiered_tables import Tier
 
 
 @dataclass(frozen=True)
@@ -23,16 +26,18 @@ class TableStorage:
             so that the warm start's fit (which needs only the first-order tables) does not add to the tables'
             memory. The values drawn later are the same: each block of rows has its own generator, seeded at
             construction.
-        disk: the one-hot tables in files on disk, a row cache in memory (``disk_tier.DiskTier``); None: in memory.
+        tier: the one-hot tables kept whole in a larger home, a row cache where they train
+            (``tiered_tables.TieredTable``): in files on disk, the cache in memory, or in the CPU's memory, the cache
+            on a GPU; None: where the model is.
     """
 
     deferred: bool = False
     fill_later: bool = False
-    disk: DiskTables | None = None
+    tier: Tier | None = None
 
     def in_memory(self) -> TableStorage:
         """The same, but in memory (tables of one number a row: the first-order term's)."""
-        return replace(self, disk=None)
+        return replace(self, tier=None)
 
 
 IN_MEMORY = TableStorage()
@@ -42,6 +47,10 @@ FILLED_LATER = TableStorage(fill_later=True)
 
 def on_disk(directory: str | Path, cache_rows: int) -> TableStorage:
     """The one-hot tables in files in ``directory``, ``cache_rows`` rows of each flat table cached in memory."""
-    if cache_rows < 1:
-        raise ValueError(f"`embedding_cache_rows` must be at least 1, got {cache_rows}")
-    return TableStorage(disk=DiskTables(Path(directory), int(cache_rows)))
+    return TableStorage(tier=Tier("disk", int(cache_rows), directory=Path(directory)))
+
+
+def in_host(cache_rows: int, device: str | torch.device) -> TableStorage:
+    """The one-hot tables in the CPU's memory, ``cache_rows`` rows of each flat table cached on ``device`` (the
+    GPU that trains them; the CPU too, where the cache's logic is tested)."""
+    return TableStorage(tier=Tier("host", int(cache_rows), cache_device=torch.device(device)))

@@ -195,12 +195,26 @@ def tables_directory(save_checkpoint: Any) -> Path:
     return Path(save_checkpoint).parent if save_checkpoint is not None else Path(tempfile.gettempdir())
 
 
-def check_disk_room(spec: Any, memory: dict, free: int | None) -> None:
-    """Refuses (one line) a run whose tables on disk, with their state and the best weights' copy, would not fit in
-    the ``free`` bytes of the disk of ``tables_directory`` (None: unknown, not checked)."""
+def check_disk_room(spec: Any, memory: dict, free: int | None, tables: bool = True) -> None:
+    """Refuses (one line) a run whose best weights' copy and, where ``tables``, tables on disk with their state
+    would not fit in the ``free`` bytes of the disk of ``tables_directory`` (None: unknown, not checked)."""
     where = tables_directory(spec.save_checkpoint)
-    needed = memory["tables_on_disk"] + memory["copies_on_disk"]
+    needed = memory["copies_on_disk"] + (memory["tables_in_tier"] if tables else 0)
+    what = "the tables on disk need" if tables else "the best weights' copy on disk needs"
     if free is not None and needed > free:
-        raise ValueError(f"{where}: the tables on disk need about {gib(needed)} (with their optimizer state and the "
-                         f"best weights' copy), the disk has {gib(free)} free: free space, or save the checkpoint "
-                         "on another disk")  # fmt: skip
+        raise ValueError(
+            f"{where}: {what} about {gib(needed)}{' (with their optimizer state and the best weights copy)' * tables}"
+            f", the disk has {gib(free)} free: free space, or save the checkpoint on another disk"
+        )
+
+
+def check_host_room(memory: dict, host: Room) -> None:
+    """Refuses (one line) a GPU run whose tables in host memory, with their optimizer state, would not fit in what
+    the CPU's memory leaves (``host``; unknown: not checked)."""
+    needed = memory["tables_in_tier"]
+    if host.bytes is not None and needed > host.bytes * USABLE:
+        raise ValueError(
+            f"the tables in host memory need about {gib(needed)} with their optimizer state, {host.where} has "
+            f"{gib(host.bytes)}: use `embedding_storage` disk on a CPU, a smaller `embedding_dim` or "
+            "`embedding_sizes`, or more machines with torchrun"
+        )

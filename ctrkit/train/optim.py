@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from ctrkit import hugepages, native
 from ctrkit.device import one_thread_where_threads_sleep
 from ctrkit.models.contract import tables_by_id
-from ctrkit.models.disk_tier import DiskTier
+from ctrkit.models.tiered_tables import TieredTable
 from ctrkit.optimizers import KINDS
 from ctrkit.optimizers import kind as optimizer_kind
 
@@ -148,7 +148,7 @@ class SparseRowOptimizer(torch.optim.Optimizer):
         lr: float,
         eps: float | None = None,
         betas: tuple[float, float] = (0.9, 0.999),
-        tiers: dict[int, DiskTier] | None = None,
+        tiers: dict[int, TieredTable] | None = None,
     ):
         stateful = [k.name for k in KINDS.values() if k.tables and (k.value_state or k.row_state)]
         if kind not in stateful:
@@ -159,7 +159,7 @@ class SparseRowOptimizer(torch.optim.Optimizer):
         super().__init__(params, {"lr": lr, "eps": default_eps if eps is None else eps, "betas": betas})
         self.kind = kind
         self.record = KINDS[kind]  # its state (``optimizers.KINDS``)
-        self.tiers = dict(tiers or {})  # tables on disk: parameter id -> its tier, which keeps its state too
+        self.tiers = dict(tiers or {})  # tiered tables: parameter id -> its tier, which keeps its state too
         self.fused_on_cpu = True  # Adam and Adagrad by torch's fused kernels on the CPU (_fused_cpu_step)
         self.native_on_cpu = True  # ... and on sparse gradients by ctrkit/native's kernels where built (_native_step)
         self._deferred: list | None = None  # the C kernels' row updates, collected by step_deferring_rows
@@ -184,7 +184,7 @@ class SparseRowOptimizer(torch.optim.Optimizer):
                 state[name] = hugepages.full_like(p, initial)
             for name, initial in self.record.row_state:
                 state[name] = hugepages.empty(p.shape[0], dtype=p.dtype, device=p.device).fill_(initial)
-            if id(p) in self.tiers:  # a table on disk: its state too, the cached rows here
+            if id(p) in self.tiers:  # a tiered table: its state in its home too, the cached rows here
                 self.tiers[id(p)].attach(state)
         return state
 
@@ -193,7 +193,7 @@ class SparseRowOptimizer(torch.optim.Optimizer):
 
     def state_dict(self) -> dict:  # noqa: D102 - torch.optim API
         out = super().state_dict()
-        for index, p in enumerate(self._params()):  # tables on disk: the whole state, as an in-memory table's
+        for index, p in enumerate(self._params()):  # tiered tables: the whole state, as an in-memory table's
             tier = self.tiers.get(id(p))
             if tier is not None and index in out["state"]:
                 entry = out["state"][index]
@@ -201,7 +201,7 @@ class SparseRowOptimizer(torch.optim.Optimizer):
         return out
 
     def load_state_dict(self, state_dict: dict) -> None:  # noqa: D102 - torch.optim API
-        whole: dict[int, dict] = {}  # tables on disk: their states go to the files, not into memory
+        whole: dict[int, dict] = {}  # tiered tables: their states go to their homes, not into memory
         for index, p in enumerate(self._params()):
             tier = self.tiers.get(id(p))
             entry = state_dict["state"].get(index) if tier is not None else None
@@ -420,7 +420,7 @@ def _native_sort(ids: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, torch.
 
 
 def make_optimizer(
-    kind: str, params: list[torch.nn.Parameter], lr: float, sparse: bool, tiers: dict[int, DiskTier] | None = None
+    kind: str, params: list[torch.nn.Parameter], lr: float, sparse: bool, tiers: dict[int, TieredTable] | None = None
 ) -> torch.optim.Optimizer:
     """Builds optimizer ``kind`` for ``params``.
 
@@ -429,7 +429,8 @@ def make_optimizer(
         params: the parameters.
         lr: learning rate.
         sparse: the parameters are embedding tables that receive sparse gradients.
-        tiers: the tables kept on disk among ``params`` (parameter id -> ``DiskTier``): their state is kept there too.
+        tiers: the tiered tables among ``params`` (parameter id -> ``TieredTable``): their state is kept in their
+            home too.
     """
     optimizer_kind(kind)  # a known name
     if kind == "sgd":
@@ -473,7 +474,7 @@ def build_optimizers(
     group remembers its ``base_lr``; the schedule scales it (see TrainStep).
     """
     tables = tables_by_id(model)  # embedding collections, single-process or sharded (``models.contract``)
-    tiers = {i: m.disk for i, m in tables.items() if getattr(m, "disk", None) is not None}  # tables on disk
+    tiers = {i: m.tier for i, m in tables.items() if getattr(m, "tier", None) is not None}  # tiered tables
     wide = model.wide_parameters()
     wide_ids = {id(p) for p in wide}
     parts: list[tuple[str, list[torch.nn.Parameter], float, bool, bool]] = []

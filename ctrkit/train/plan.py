@@ -15,6 +15,7 @@ from typing import Any
 
 from ctrkit.config import TrainConfig
 from ctrkit.models.contract import table_parameter_ids, table_parameters
+from ctrkit.models.tiered_tables import HOMES
 from ctrkit.optimizers import KINDS, LIGHT_TABLE_OPTIMIZER, kind
 from ctrkit.train.mechanisms import continued_settings
 from ctrkit.train.memory import (
@@ -24,6 +25,7 @@ from ctrkit.train.memory import (
     WARM_START_VALUE_BYTES,
     Room,
     check_disk_room,
+    check_host_room,
     gib,
     local_processes,
     process_rss,
@@ -195,9 +197,9 @@ def _memory(
     now: int = 0,
 ) -> dict[str, int]:
     """A process's estimated peak by part, in bytes (``memory``'s docstring says what is counted); ``more``: what it
-    allocates beyond what it holds now; ``cache_rows``: the tables on disk with a cache of this many rows (their
-    bytes and their state's there: ``tables_on_disk``); ``fit_first``: deep tables drawn after the warm start;
-    ``now``: what the process holds now."""
+    allocates beyond what it holds now; ``cache_rows``: the tables tiered (on disk, or in the CPU's memory for a
+    GPU run) with a cache of this many rows (their bytes and their state's in the home: ``tables_in_tier``);
+    ``fit_first``: deep tables drawn after the warm start; ``now``: what the process holds now."""
     deep, side, dense, buffers, rows = sizes
     deep, rows = deep // processes, rows // processes  # a job's tables are split over its processes, about evenly
     stored = 0
@@ -206,7 +208,7 @@ def _memory(
         stored = deep + table_state_bytes(table_optimizer, deep, rows)
         deep, index = deep * cached // rows, CACHE_SLOT_BYTES * cached + CACHE_INDEX_BYTES * rows
         rows = cached
-        best_on_disk = True  # a run with its tables on disk keeps the best weights' tables there too
+        best_on_disk = True  # a run with tiered tables keeps the best weights' tables on disk
     else:
         index = 0
     weights = deep + side + dense + buffers + index
@@ -232,7 +234,7 @@ def _memory(
         "copies_on_disk": on_disk,
         "warm_start": fit,
         "process": now,
-        "tables_on_disk": stored,
+        "tables_in_tier": stored,
         "cache_rows": rows if stored else 0,
         "more": more,
         "peak": now + more,
@@ -283,12 +285,14 @@ def _fit_or_refuse(
     usable: int,
     processes: int,
     rules: dict,
-    on_disk: Any = None,
+    tiered: Any = None,
+    home: str = "disk",
 ) -> tuple[dict, Any]:
     """Where the estimate exceeds the room: row-wise Adagrad on the tables when the table optimizer was left to
-    the recipe or the default and that fits; else, where ``embedding_storage`` was left unset, the tables on disk
-    (``on_disk(optimizer)``: the estimate, cache rows and why; None where a run cannot keep them there) with that
-    optimizer (the plan says why); else a one-line ValueError naming the options."""
+    the recipe or the default and that fits; else, where ``embedding_storage`` was left unset, the tables in the
+    tier ``home`` (disk on a CPU, host on a GPU; ``tiered(optimizer)``: the estimate, cache rows and why; None where
+    a run cannot keep them there) with that optimizer (the plan says why); else a one-line ValueError naming the
+    options."""
     local = local_processes(processes, budget)
     fits = lambda m: m["more"] * local <= usable  # noqa: E731
     peak, has = gib(memory["peak"]), gib(budget.bytes)
@@ -304,14 +308,14 @@ def _fit_or_refuse(
                 f"memory: {cfg.embedding_optimizer}'s state would need a peak of {peak}, {budget.where} has {has}"
             )
             return lighter, replace(cfg, **changes)
-    if on_disk is not None and cfg.embedding_storage is None:
-        stored, cache_rows, cache_why = on_disk(optimizer)
+    if tiered is not None and cfg.embedding_storage is None:
+        stored, cache_rows, cache_why = tiered(optimizer)
         if fits(stored):
             if changes:
                 rules["embedding_optimizer"] = f"memory: {cfg.embedding_optimizer}'s state would not fit in memory"
             rules["embedding_storage"] = f"memory: the tables would need a peak of {peak}, {budget.where} has {has}"
             rules["embedding_cache_rows"] = cache_why
-            return stored, replace(cfg, embedding_storage="disk", embedding_cache_rows=cache_rows, **changes)
+            return stored, replace(cfg, embedding_storage=home, embedding_cache_rows=cache_rows, **changes)
     options = []
     if not kind(cfg.embedding_optimizer).light:
         lighter = need(LIGHT_TABLE_OPTIMIZER)
@@ -321,9 +325,9 @@ def _fit_or_refuse(
     if memory["copies"]:
         alone = need(cfg.embedding_optimizer, validation=False)
         options.append(f"`validation_fraction` 0, no copy of the best weights{' (fits)' if fits(alone) else ''}")
-    if on_disk is not None and cfg.embedding_storage != "disk":
-        options.append(f"`embedding_storage` disk{' (fits)' if fits(on_disk(cfg.embedding_optimizer)[0]) else ''}")
-    elif cfg.embedding_storage == "disk":
+    if tiered is not None and cfg.embedding_storage not in HOMES:
+        options.append(f"`embedding_storage` {home}{' (fits)' if fits(tiered(cfg.embedding_optimizer)[0]) else ''}")
+    elif cfg.embedding_storage in HOMES:
         options.append("a smaller `embedding_cache_rows` or `batch_size`")
     options += ["a smaller `embedding_dim` or `embedding_sizes`", "more machines with torchrun"]
     per = f" in each of {local} processes" if local > 1 else ""
@@ -380,6 +384,8 @@ class Facts:
         room: what the process may still allocate where it trains (``memory.room``, measured).
         process_bytes: what the process holds now (``memory.process_rss``, measured).
         disk_free: bytes free on the disk the tables would go to on disk (``memory.tables_directory``), or None.
+        host_room: on a GPU, what the process may still allocate in the CPU's memory (where tables in host memory
+            go); None on the CPU (``room`` is the CPU's).
         preprocessing: the preprocessing the dataset carries (``RowTransform.to_state``), or None.
         precision: what the run computes in on its device (``device.precision_of``: the hardware's rule);
             ``precision_note``: why it is fp32 where more was asked ("" otherwise).
@@ -404,10 +410,16 @@ class Facts:
     preprocessing: dict[str, Any] | None = None
     precision: str = "fp32"
     precision_note: str = ""
+    host_room: Room | None = None
 
     @property
     def validation(self) -> bool:
         return self.validation_rows > 0
+
+    @property
+    def host(self) -> Room:
+        """What the process may still allocate in the CPU's memory."""
+        return self.host_room if self.host_room is not None else self.room
 
 
 def facts_of(
@@ -448,6 +460,7 @@ def facts_of(
         free_bytes(tables_directory(spec.save_checkpoint)),
         preprocessing,
         *precision,
+        room("cpu") if device != "cpu" else None,
     )
 
 
@@ -566,30 +579,39 @@ def _batches(
     return resolved, (cfg.batch_size, small) if small else (cfg.batch_size,), configs
 
 
-def _disk_tables_possible(facts: Facts, sparse: bool) -> bool:
-    """Whether a run's tables can live on disk: one process on the CPU, sparse gradients, no dynamic tables."""
-    return facts.device == "cpu" and not facts.distributed and facts.sizes[4] > 0 and sparse and not facts.dynamic
+def _tier_home(device: str) -> str:
+    """Where a run's tables go when they do not fit where it trains: on disk for a CPU run, in the CPU's memory
+    (``host``) for a GPU run."""
+    return "disk" if device == "cpu" else "host"
+
+
+def _tier_possible(facts: Facts, home: str) -> bool:
+    """Whether a run's tables can be tiered in ``home``: one process, sparse gradients, no dynamic tables; on disk
+    on the CPU, in host memory on a GPU or (the cache's logic alone) on the CPU."""
+    where = facts.device == "cpu" if home == "disk" else facts.device in ("cpu", "cuda")
+    return where and not facts.distributed and facts.sizes[4] > 0 and facts.sparse and not facts.dynamic
 
 
 def _check_storage(cfg: TrainConfig, facts: Facts) -> None:
-    """Refuses ``embedding_storage`` disk where the run cannot keep its tables there."""
-    if cfg.embedding_storage != "disk":
+    """Refuses ``embedding_storage`` disk or host where the run cannot keep its tables there."""
+    home = cfg.embedding_storage
+    if home not in HOMES:
         return
     if facts.dynamic:
         raise ValueError(
-            "dynamic features (raw ids) train with their tables in memory, not with --embedding-storage "
-            "disk; set --embedding-storage memory"
+            f"dynamic features (raw ids) train with their tables in memory, not with --embedding-storage {home}; "
+            "set --embedding-storage memory"
         )
-    sparse = facts.sparse
-    if not _disk_tables_possible(facts, sparse):
+    if not _tier_possible(facts, home):
         where = (
             "a distributed (torchrun) run"
             if facts.distributed
             else (f"a run on {facts.device}" if facts.sizes[4] else "no tables")
         )
-        where = where if sparse else "a model with dense embedding gradients (sparse_gradients false)"
+        where = where if facts.sparse else "a model with dense embedding gradients (sparse_gradients false)"
+        trains = "on the CPU" if home == "disk" else "on a GPU or the CPU"
         raise ValueError(
-            f"--embedding-storage disk: tables on disk train in one process on the CPU, not {where}; "
+            f"--embedding-storage {home}: tiered tables train in one process {trains}, not {where}; "
             "set --embedding-storage memory"
         )
 
@@ -607,7 +629,8 @@ def _memory_plan(
     best = cfg.best_weights or ("disk" if validation and sizes[0] // processes >= BEST_ON_DISK_TABLES else "memory")
     if cfg.best_weights is None and best == "disk":
         rules["best_weights"] = f"{gib(sizes[0] // processes)} of tables, from {gib(BEST_ON_DISK_TABLES)} on disk"
-    disk_tables = _disk_tables_possible(facts, facts.sparse)
+    home = cfg.embedding_storage if cfg.embedding_storage in HOMES else _tier_home(facts.device)
+    can_tier = _tier_possible(facts, home)
 
     def need(optimizer: str, validation: bool = validation, best: str = best, cache: int | None = None) -> dict:
         first = facts.device == "cpu" and processes == 1 and cache is None  # ``storage.FILLED_LATER``
@@ -632,12 +655,12 @@ def _memory_plan(
     usable = None if budget.bytes is None else int(budget.bytes * USABLE)
     lookups = cfg.batch_size * len(getattr(spec.model_config, "cardinalities", ()) or (1,))
 
-    def on_disk(optimizer: str) -> tuple[dict, int, str]:
+    def tiered(optimizer: str) -> tuple[dict, int, str]:
         rows, rule = cache_rows_for(cfg, lambda c: need(optimizer, cache=c), budget, usable, sizes, lookups)
         return need(optimizer, cache=rows), rows, rule
 
-    if cfg.embedding_storage == "disk":
-        memory, cache_rows, rules["embedding_cache_rows"] = on_disk(cfg.embedding_optimizer)
+    if cfg.embedding_storage in HOMES:
+        memory, cache_rows, rules["embedding_cache_rows"] = tiered(cfg.embedding_optimizer)
         cfg = replace(cfg, embedding_cache_rows=cache_rows)
     else:
         memory = need(cfg.embedding_optimizer)
@@ -656,13 +679,16 @@ def _memory_plan(
             usable,
             processes,
             rules,
-            on_disk if disk_tables else None,
+            tiered if can_tier else None,
+            home,
         )
     storage = cfg.embedding_storage or "memory"
-    if storage == "disk":
+    if storage in HOMES:
         best = "disk"
         _check_cache(cfg, lookups, sizes[4])
-        check_disk_room(spec, memory, facts.disk_free)
+        if storage == "host":
+            check_host_room(memory, facts.host)
+        check_disk_room(spec, memory, facts.disk_free, tables=storage == "disk")
     elif cfg.embedding_storage is None:
         rules.setdefault("embedding_storage", "the tables and their state fit in memory")
     return (
@@ -671,14 +697,14 @@ def _memory_plan(
             cfg,
             best_weights=best,
             embedding_storage=storage,
-            embedding_cache_rows=cfg.embedding_cache_rows if storage == "disk" else None,
+            embedding_cache_rows=cfg.embedding_cache_rows if storage in HOMES else None,
         ),
         budget,
     )
 
 
 def _check_cache(cfg: TrainConfig, lookups: int, table_rows: int) -> None:
-    """Refuses a cache of tables on disk that cannot hold one step's rows."""
+    """Refuses a cache of tiered tables that cannot hold one step's rows."""
     step_rows = min(lookups, max(table_rows, 1))  # the distinct rows one step can look up in the flat table
     if cfg.embedding_cache_rows is not None and cfg.embedding_cache_rows < step_rows:
         raise ValueError(
@@ -855,9 +881,18 @@ def _resource_lines(
         lines.append(
             (
                 "tables",
-                f"on disk ({gib(memory['tables_on_disk'])} with their optimizer state, in "
+                f"on disk ({gib(memory['tables_in_tier'])} with their optimizer state, in "
                 f"{tables_directory(spec.save_checkpoint)}), {cfg.embedding_cache_rows:,} rows of each cached in "
                 "memory",
+                why("embedding_storage") + "; cache: " + why("embedding_cache_rows"),
+            )
+        )
+    elif cfg.embedding_storage == "host":
+        lines.append(
+            (
+                "tables",
+                f"in host memory ({gib(memory['tables_in_tier'])} with their optimizer state), "
+                f"{cfg.embedding_cache_rows:,} rows of each cached on {facts.device}",
                 why("embedding_storage") + "; cache: " + why("embedding_cache_rows"),
             )
         )

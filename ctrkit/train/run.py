@@ -423,7 +423,7 @@ class Run:
         torch.manual_seed(cfg.seed)
         storage = self._table_storage(cfg)
         model = create_model(spec.model, spec.model_config, storage)
-        if storage is IN_MEMORY:
+        if storage is IN_MEMORY or cfg.embedding_storage == "host":  # host: the cache is there, the tables stay
             model = model.to(self.device)
         whole = ckpt.resume_weights if ckpt is not None and not ckpt.shard_files else None
         self.model = shard_for_job(model, self.env, par, whole, device=self.device)
@@ -463,15 +463,17 @@ class Run:
 
     def _table_storage(self, cfg: TrainConfig) -> Any:
         """Where this run's tables live (``models.storage``): each rank of a job allocates and draws only its own
-        shards; tables on disk in files with a row cache in memory; on the CPU, drawn after the warm start (less
-        memory at once); else in the device's memory."""
-        from ctrkit.models.storage import DEFERRED, FILLED_LATER, IN_MEMORY, on_disk
+        shards; tables on disk in files with a row cache in memory; in host memory with a row cache on the device;
+        on the CPU, drawn after the warm start (less memory at once); else in the device's memory."""
+        from ctrkit.models.storage import DEFERRED, FILLED_LATER, IN_MEMORY, in_host, on_disk
         from ctrkit.train.memory import tables_directory
 
         if self.env is not None:
             return DEFERRED
         if cfg.embedding_storage == "disk":
             return on_disk(tables_directory(self.spec.save_checkpoint), cfg.embedding_cache_rows)
+        if cfg.embedding_storage == "host":
+            return in_host(cfg.embedding_cache_rows, self.device)
         return FILLED_LATER if self.device.type == "cpu" else IN_MEMORY
 
     @property

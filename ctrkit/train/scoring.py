@@ -66,12 +66,12 @@ def _slots(inner: nn.Module, state: dict[str, torch.Tensor]) -> list[tuple[str, 
     slots = []
     for name, module in inner.named_modules():
         prefix = f"{name}." if name else ""
-        if getattr(module, "disk", None) is not None and f"{prefix}weight" in state:
-            slots.append(("tier", module.disk, "weight", f"{prefix}weight"))
+        if getattr(module, "tier", None) is not None and f"{prefix}weight" in state:
+            slots.append(("tier", module.tier, "weight", f"{prefix}weight"))
         for attr, store in (("param", module._parameters), ("buffer", module._buffers)):
             for key, t in store.items():
                 full = prefix + key
-                if attr == "param" and key == "weight" and getattr(module, "disk", None) is not None:
+                if attr == "param" and key == "weight" and getattr(module, "tier", None) is not None:
                     continue  # its cache: the tier's slot above reads the table
                 if t is None or full not in state or state[full].shape != t.shape:
                     continue
@@ -84,7 +84,7 @@ def _slots(inner: nn.Module, state: dict[str, torch.Tensor]) -> list[tuple[str, 
 
 def _exchange(attr: str, store: Any, key: str, state: dict[str, torch.Tensor], full: str) -> None:
     """Exchanges the data of module tensor ``store[key]`` with ``state[full]`` (a parameter keeps its object)."""
-    if attr == "tier":  # tables on disk: reads go to ``state``'s table instead (``DiskTier.override``)
+    if attr == "tier":  # tiered tables: reads go to ``state``'s table instead (``TieredTable.override``)
         store.override, state[full] = state[full], store.override
     elif attr == "param":
         ours = store[key].data

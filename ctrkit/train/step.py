@@ -12,7 +12,7 @@ from torch import nn
 
 from ctrkit import hugepages, thread_split
 from ctrkit.data.batch import Batch
-from ctrkit.models import disk_tier
+from ctrkit.models import tiered_tables
 from ctrkit.models.contract import table_parameter_ids
 from ctrkit.models.dynamic import DynamicIds
 from ctrkit.models.embeddings import CategoricalEmbeddings
@@ -75,7 +75,7 @@ class TrainStep:
         self.split = split
         self.split_threads = self._split_threads(split, compile)
         self._has_dropout = any(isinstance(m, Dropout) and m.p > 0 for m in model.modules())
-        self._disk_tiers = disk_tier.tiers(model)  # tables on disk: each step's rows stay cached until it ends
+        self._tiers = tiered_tables.tiers(model)  # tiered tables: each step's rows stay cached until it ends
         self._dynamic = [m for m in model.modules() if isinstance(m, DynamicIds)]  # raw ids: admitted per batch
 
     def _split_threads(self, split: str, compile: bool) -> int:
@@ -125,7 +125,7 @@ class TrainStep:
             for group in opt.param_groups:
                 group["lr"] = group["base_lr"] * factor
         batch = batch.to(self.device, non_blocking=True)
-        for tier in self._disk_tiers:
+        for tier in self._tiers:
             tier.new_step()
         if not observed:
             for ids in self._dynamic:  # count the batch's raw ids, admit and evict, before the forward looks them up

@@ -32,6 +32,7 @@ from ctrkit.models.contract import redraw_tables, table_parameter_ids
 from ctrkit.models.dynamic import DynamicIds
 from ctrkit.models.embeddings import fill_pending_tables
 from ctrkit.models.registry import config_to_dict
+from ctrkit.models.tiered_tables import tiered_keys
 from ctrkit.train.best_weights import copy_state
 from ctrkit.train.memory import tables_directory
 from ctrkit.train.optim import LRSchedule, build_optimizers
@@ -599,8 +600,9 @@ class Trainer:
 
     def _best_of(self, ckpt: Checkpoint) -> dict[str, torch.Tensor]:
         """This process's part of a checkpoint's selected weights: all of them on its device, or a rank's shards."""
-        if self.env is None:
-            return {k: v.to(self.device) for k, v in ckpt.model.items()}
+        if self.env is None:  # a tiered table stays where the checkpoint has it: it is loaded through its home
+            tiered = tiered_keys(self.model)
+            return {k: v if k in tiered else v.to(self.device) for k, v in ckpt.model.items()}
         current = self._local_state()
         self.model.load_full_state_dict(ckpt.model)
         best = self._local_state()

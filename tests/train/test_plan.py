@@ -242,3 +242,46 @@ def test_the_plan_is_a_function_of_the_settings_and_the_facts(tiny_dataset):
     assert "memory: adam's state would need" in topics(plan)["optimizers"][1]
     with pytest.raises(ValueError, match="needs a peak of about"):
         plan_module.plan_run(spec, replace(facts, room=Room(1 << 20, "a given room")))
+
+
+def test_a_gpu_run_whose_tables_do_not_fit_the_gpu_keeps_them_in_host_memory(tiny_dataset):
+    """On a GPU the plan's last resort before refusing is the host-memory tier (``embedding_storage`` host): the
+    tables and their state in the CPU's memory, as many rows cached on the GPU as half its room left holds; where
+    the CPU's memory cannot hold them either, a one-line refusal."""
+    from dataclasses import replace
+
+    from ctrkit.train.memory import Room
+
+    spec = resolve_run(
+        tiny_dataset,
+        "dlrm",
+        model_config={"embedding_dim": 8192},  # tables of 256 MiB: most of what the run holds
+        train={
+            "batch_size": 64,
+            "linear_warm_start": False,
+            "embedding_optimizer": "rowwise_adagrad",
+            "best_weights": "disk",
+        },  # fmt: skip
+        progress=False,
+    )
+    facts = plan_module.facts_of(spec, 19_440, 2_160, "the last 10%", 1, "cpu")
+    host = Room(64 << 30, "the host's room")
+    whole = plan_module.plan_run(spec, replace(facts, device="cuda", room=host, host_room=host)).memory
+    gpu = Room(int(whole["more"] * 0.9 / plan_module.USABLE), "the GPU's free memory", per_process=True)
+    on_gpu = replace(facts, device="cuda", room=gpu, host_room=host)
+    plan = plan_module.plan_run(spec, on_gpu)
+    rows = facts.sizes[4]
+    assert plan.train.embedding_storage == "host"
+    assert 0 < plan.train.embedding_cache_rows < rows
+    assert plan.memory["more"] <= gpu.bytes * plan_module.USABLE  # what the GPU holds: the cache, not the tables
+    assert plan.memory["tables_in_tier"] >= whole["weights"] - plan.memory["weights"]
+    what, why = topics(plan)["tables"]
+    assert what.startswith("in host memory (") and "cached on cuda" in what and "the GPU's free memory" in why
+    # the same run on the CPU: nowhere but disk; a user's host on the CPU keeps every row cached
+    assert plan_module.plan_run(spec, replace(facts, room=gpu)).train.embedding_storage == "disk"
+    with pytest.raises(ValueError, match=r"^the tables in host memory need about .* the host's room has"):
+        plan_module.plan_run(spec, replace(on_gpu, host_room=Room(1 << 20, "the host's room")))
+    distributed = replace(on_gpu, distributed=True, processes=2)
+    with pytest.raises(ValueError, match="tiered tables train in one process"):
+        plan_module.plan_run(resolve_run(tiny_dataset, "dlrm", train={"embedding_storage": "host"}, progress=False),
+                             distributed)  # fmt: skip

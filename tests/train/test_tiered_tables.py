@@ -1,7 +1,8 @@
-"""Tables on disk (``--embedding-storage disk``): training through a row cache small enough to evict gives the
-in-memory tables' weights and optimizer states bit for bit; a run stopped and resumed equals one that was not;
-the checkpoint is the in-memory run's: evaluate and the memory-mapped serving store read it; nothing is left beside
-the checkpoint."""
+"""Tiered tables, on disk (``--embedding-storage disk``) and in host memory (``--embedding-storage host``, its cache
+on the CPU here: the cache's device is a parameter): training through a row cache small enough to evict gives the
+in-memory tables' weights and optimizer states bit for bit; a run stopped and resumed equals one that was not; the
+checkpoint is the in-memory run's: evaluate and the memory-mapped serving store read it; nothing is left beside the
+checkpoint."""
 
 from __future__ import annotations
 
@@ -16,9 +17,9 @@ import torch
 from ctrkit.checkpoint import load_checkpoint
 from ctrkit.data.batch import Batch
 from ctrkit.data.synthetic import generate_dataset
-from ctrkit.models.disk_tier import tiers
 from ctrkit.models.registry import create_model, make_config
-from ctrkit.models.storage import on_disk
+from ctrkit.models.storage import in_host, on_disk
+from ctrkit.models.tiered_tables import tiers
 from ctrkit.serve.predictor import Predictor
 from ctrkit.train.optim import build_optimizers
 from ctrkit.train.step import TrainStep
@@ -26,14 +27,15 @@ from ctrkit.train.step import TrainStep
 CARDS = [1000, 50, 3000, 7]
 
 
-def _train(tmp_path, cache_rows: int | None, optimizer: str, split: str):
+def _train(tmp_path, cache_rows: int | None, optimizer: str, split: str, home: str = "disk"):
     cfg = make_config("dlrm", {"num_numerical": 3, "cardinalities": CARDS, "embedding_dim": 8,
                                "bottom_mlp": [16, 8], "top_mlp": [16, 1]})  # fmt: skip
     torch.manual_seed(0)
     if cache_rows is None:
         model = create_model("dlrm", cfg)
     else:
-        model = create_model("dlrm", cfg, on_disk(tmp_path, cache_rows))
+        storage = on_disk(tmp_path, cache_rows) if home == "disk" else in_host(cache_rows, "cpu")
+        model = create_model("dlrm", cfg, storage)
     opts = build_optimizers(model, "adam", 1e-3, optimizer, 0.05, "adagrad", 0.05)
     step = TrainStep(model, opts, torch.device("cpu"), split=split)
     g = torch.Generator().manual_seed(1)
@@ -45,10 +47,14 @@ def _train(tmp_path, cache_rows: int | None, optimizer: str, split: str):
     return model.state_dict(), [o.state_dict() for o in opts], tiers(model), scored
 
 
-@pytest.mark.parametrize(("optimizer", "split"), [("rowwise_adagrad", "on"), ("adam", "off"), ("sgd", "on")])
-def test_a_small_cache_trains_as_the_tables_in_memory(tmp_path, optimizer, split):
+@pytest.mark.parametrize(
+    ("optimizer", "split", "home"),
+    [("rowwise_adagrad", "on", "disk"), ("adam", "off", "disk"), ("sgd", "on", "disk"), ("adam", "on", "host")],
+)
+def test_a_small_cache_trains_as_the_tables_in_memory(tmp_path, optimizer, split, home):
     weights, states, _, scored = _train(tmp_path, None, optimizer, split)
-    weights_d, states_d, (tier,), scored_d = _train(tmp_path, 300, optimizer, split)
+    weights_d, states_d, (tier,), scored_d = _train(tmp_path, 300, optimizer, split, home)
+    assert tier.home == home and tier.table.device.type == "cpu" and tier.cache.device == tier.device
     assert tier.evicted > 0 and tier.hits > 0  # rows were written back and read in again
     assert weights.keys() == weights_d.keys()
     assert weights_d["embeddings.onehot.weight"].shape == (sum(CARDS), 8)  # the whole table, not the cache
@@ -68,12 +74,13 @@ def _args(data, ckpt, *extra):
             *map(str, extra)]  # fmt: skip
 
 
-def test_a_run_with_tables_on_disk_saves_resumes_and_evaluates_as_one_in_memory(tmp_path):
+@pytest.mark.parametrize("home", ["disk", "host"])
+def test_a_run_with_tiered_tables_saves_resumes_and_evaluates_as_one_in_memory(tmp_path, home):
     data = tmp_path / "data"
     generate_dataset(data, 12_000, (20_000, 5_000, 300, 20_000, 7), num_numerical=4, test_fraction=0.1, seed=0,
                      progress=False)  # fmt: skip
-    disk = ("--embedding-storage", "disk", "--embedding-cache-rows", "3000")
-    for name, extra in (("memory", ("--embedding-storage", "memory")), ("whole", disk), ("resumed", disk)):
+    tiered = ("--embedding-storage", home, "--embedding-cache-rows", "3000")
+    for name, extra in (("memory", ("--embedding-storage", "memory")), ("whole", tiered), ("resumed", tiered)):
         (tmp_path / name).mkdir()
         ckpt = tmp_path / name / "m.pt"
         if name == "resumed":  # stopped at the second evaluation (step 10 of 19), then resumed to the end
@@ -82,7 +89,8 @@ def test_a_run_with_tables_on_disk_saves_resumes_and_evaluates_as_one_in_memory(
             extra = (*extra, "--load-checkpoint", ckpt)
         done = subprocess.run(_args(data, ckpt, *extra), capture_output=True, text=True)
         assert done.returncode == 0, done.stderr[-2000:]
-        assert ("on disk (" in done.stderr) == (name != "memory")
+        said = "on disk (" if home == "disk" else "in host memory ("
+        assert (said in done.stderr) == (name != "memory")
         assert sorted(p.name for p in ckpt.parent.iterdir()) == ["m.pt", "m.yaml"]
     ref = load_checkpoint(tmp_path / "memory" / "m.pt")
     for name in ("whole", "resumed"):
