@@ -315,7 +315,9 @@ def loader(args: argparse.Namespace) -> int:
 
     Reads --batches batches of --batch-size from the training mapping of --dataset (or a synthetic dataset of the
     seeds' FL15 tables made once in --work) as training reads them, with no model step, then the same with each
-    batch copied to --device, taking turns for --rounds rounds; prints the median samples a second of each.
+    batch fed to --device as training feeds it (on a GPU: read in the files' dtypes into pinned memory, copied
+    one batch ahead on a side stream and widened there) and, on a GPU, with the wide batches copied from pageable
+    memory, taking turns for --rounds rounds; prints the median samples a second of each.
     """
     from ctrkit.bench.loader_bench import run_loader_bench
     from ctrkit.bench.peak import machine
@@ -330,6 +332,7 @@ def loader(args: argparse.Namespace) -> int:
     print(
         f"loader, {result['batches']} batches of {cfg.batch_size:,}, medians of {cfg.rounds} rounds: "
         f"{m['loader']:,.0f} samples/s alone, {m['loader_and_copy']:,.0f} samples/s with the copy to {device}"
+        + (f" ({m['wide_pageable_copy']:,.0f} copied wide from pageable memory)" if "wide_pageable_copy" in m else "")
     )
     write_result(result, run.output)
     return 0

@@ -44,6 +44,9 @@ class MultiHot:
             self.num_features,
         )
 
+    def pin_memory(self) -> MultiHot:
+        return MultiHot(self.ids.pin_memory(), self.offsets.pin_memory(), self.num_features)
+
 
 @dataclass(frozen=True)
 class PaddedMultiHot:
@@ -94,3 +97,33 @@ class Batch:
         """The same batch on ``device`` (a no-op for tensors already there)."""
         move = lambda t: None if t is None else t.to(device, non_blocking=non_blocking)
         return Batch(move(self.numerical), move(self.categorical), move(self.labels), move(self.multi_hot))
+
+    def widened(self) -> Batch:
+        """The batch in the dtypes models take (int64 ids, float32 numerical features and labels), where it holds
+        the files' own (``SplitBinaryDataset.slice(narrow=True)``); widening is exact. A no-op where it is wide."""
+        wide = lambda t, dtype: None if t is None or t.dtype == dtype else t.to(dtype)  # noqa: E731
+        numerical, labels = wide(self.numerical, torch.float32), wide(self.labels, torch.float32)
+        categorical = wide(self.categorical, torch.int64)
+        if numerical is None and labels is None and categorical is None:
+            return self
+        return Batch(
+            self.numerical if numerical is None else numerical,
+            self.categorical if categorical is None else categorical,
+            self.labels if labels is None else labels,
+            self.multi_hot,
+        )
+
+    def pin_memory(self) -> Batch:
+        """The same batch in page-locked memory (torch's caching host allocator reuses the blocks of batches freed
+        once their copies are done), so a copy to a GPU can be asynchronous."""
+        pin = lambda t: None if t is None else t.pin_memory()  # noqa: E731
+        return Batch(pin(self.numerical), pin(self.categorical), pin(self.labels), pin(self.multi_hot))
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor of the batch."""
+        out = [t for t in (self.numerical, self.categorical, self.labels) if t is not None]
+        if isinstance(self.multi_hot, PaddedMultiHot):
+            out.append(self.multi_hot.ids)
+        elif self.multi_hot is not None:
+            out += [self.multi_hot.ids, self.multi_hot.offsets]
+        return out

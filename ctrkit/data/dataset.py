@@ -38,18 +38,32 @@ class SplitBinaryDataset:
     def files(self) -> dict[str, Path]:
         return self._data.files
 
-    def slice(self, start: int, stop: int) -> Batch:
-        """Samples ``[start, stop)`` as one Batch (float32 dense, int64 sparse, float32 labels)."""
+    def slice(self, start: int, stop: int, narrow: bool = False) -> Batch:
+        """Samples ``[start, stop)`` as one Batch (float32 dense, int64 sparse, float32 labels); ``narrow``: in the
+        files' own dtypes (``narrow_dtypes``), for a device to widen (``Batch.widened``): the same values, half
+        the bytes to copy or less."""
         d = self._data
         n = stop - start
-        sparse = np.empty((n, len(d.categorical)), dtype=np.int64)  # (B, F)
+        ids, numerical, labels = self.narrow_dtypes() if narrow else (np.int64, np.float32, np.float32)
+        sparse = np.empty((n, len(d.categorical)), dtype=ids)  # (B, F)
         for f, col in enumerate(d.categorical):
             sparse[:, f] = col[start:stop]
         dense = None
         if d.numerical is not None:
-            dense = torch.from_numpy(np.array(d.numerical[start:stop], dtype=np.float32))  # (B, n_num)
-        labels = torch.from_numpy(np.asarray(d.labels[start:stop], dtype=np.float32))  # (B,)
+            dense = torch.from_numpy(np.array(d.numerical[start:stop], dtype=numerical))  # (B, n_num)
+        labels = torch.from_numpy(np.array(d.labels[start:stop], dtype=labels))  # (B,)
         return Batch(dense, torch.from_numpy(sparse), labels, self._multi_hot(start, stop))
+
+    def narrow_dtypes(self) -> tuple[np.dtype, np.dtype, np.dtype]:
+        """The dtypes of a narrow slice: the ids' (the least signed integer type holding every categorical file's
+        values: torch has no wide unsigned types), the numerical file's, and the labels' (uint8)."""
+        d = self._data
+        ids = np.dtype(np.int8)
+        for col in d.categorical:
+            t = col.dtype if col.dtype.kind == "i" else np.dtype(f"i{min(2 * col.dtype.itemsize, 8)}")
+            ids = np.promote_types(ids, t)
+        numerical = d.numerical.dtype if d.numerical is not None else np.dtype(np.float32)
+        return ids, numerical, np.dtype(np.uint8)
 
     def _multi_hot(self, start: int, stop: int) -> MultiHot | None:
         """Feature-major bags of the multi-hot features for samples ``[start, stop)``."""
@@ -94,8 +108,11 @@ class DatasetRange:
     def __len__(self) -> int:
         return self.stop - self.start
 
-    def slice(self, start: int, stop: int) -> Batch:
-        return self.base.slice(self.start + start, self.start + stop)
+    def slice(self, start: int, stop: int, narrow: bool = False) -> Batch:
+        return self.base.slice(self.start + start, self.start + stop, narrow)
+
+    def narrow_dtypes(self) -> tuple[np.dtype, np.dtype, np.dtype]:
+        return self.base.narrow_dtypes()
 
     def labels(self) -> np.ndarray:
         return self.base.labels()[self.start : self.stop]

@@ -26,6 +26,8 @@ class BatchLoader:
         prefetch: batches to prepare ahead in a background thread (0 disables the thread).
         part: (rank, world size) in hybrid-parallel runs: every batch is the same global batch on
             every rank, and this rank reads only its contiguous share of it (``part_bounds``).
+        narrow: read each batch in the files' own dtypes into page-locked memory, for a GPU to copy
+            asynchronously and widen (``device_feed.DeviceFeed``).
     """
 
     def __init__(
@@ -36,6 +38,7 @@ class BatchLoader:
         seed: int = 0,
         prefetch: int = 2,
         part: tuple[int, int] | None = None,
+        narrow: bool = False,
     ):
         if batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size}")
@@ -47,6 +50,7 @@ class BatchLoader:
         self.seed = seed
         self.prefetch = prefetch
         self.part = part
+        self.narrow = narrow
 
     def __len__(self) -> int:
         return -(-len(self.dataset) // self.batch_size)
@@ -71,6 +75,8 @@ class BatchLoader:
             lo, hi = self.global_bounds(int(i))
             if self.part is not None:
                 lo, hi = part_bounds(lo, hi, *self.part)
+            if self.narrow:
+                return self.dataset.slice(lo, hi, narrow=True).pin_memory()
             return self.dataset.slice(lo, hi)
 
         if self.prefetch <= 0:

@@ -25,6 +25,7 @@ from ctrkit.checkpoint import Checkpoint, rng_state, set_rng_state
 from ctrkit.checkpoint_shards import MappedSource, read_rank_file
 from ctrkit.config import TrainConfig
 from ctrkit.data.dataset import SplitBinaryDataset, split_tail
+from ctrkit.data.device_feed import DeviceFeed, narrow_on
 from ctrkit.data.loader import BatchLoader
 from ctrkit.device import eval_dtype_for
 from ctrkit.distributed.env import DistEnv, all_reduce_sum
@@ -154,7 +155,11 @@ class Trainer:
             train_set, validation_set = split_tail(train_set, cfg.validation_fraction)
         self.model, self.info, self.device, self.amp_dtype = model, info, device, amp_dtype
         self.train_set, self.validation_set, self.test_set = train_set, validation_set, test_set
-        self.loader = BatchLoader(train_set, cfg.batch_size, shuffle=True, seed=cfg.seed, part=env and env.part)
+        narrow = narrow_on(device)  # a GPU's batches: read narrow and pinned, copied ahead on a side stream
+        self.loader = BatchLoader(
+            train_set, cfg.batch_size, shuffle=True, seed=cfg.seed, part=env and env.part, narrow=narrow
+        )
+        self.feed = DeviceFeed(device)
         self.steps_per_epoch = len(self.loader)
         cfg, _ = resolved_train(cfg, self.steps_per_epoch)  # the plan's values (a run's plan has set them all)
         self.cfg = cfg
@@ -319,7 +324,7 @@ class Trainer:
             epoch, start = divmod(self.step, self.steps_per_epoch)
             if epoch > 0 and start == 0 and (self.selection.reinit or cfg.reinit_embeddings == "on"):
                 self.reinit_embeddings(epoch)
-            batches = self.loader.epoch(epoch, start)
+            batches = self.feed(self.loader.epoch(epoch, start))
             try:
                 order = self.loader.batch_order(epoch)[start:]
                 for k, batch in enumerate(batches):
