@@ -22,7 +22,7 @@ what=${1:-tests}; shift || true
 { nvidia-smi -L; python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name(0))"; } 2>&1 | tee "$OUT/machine.txt"
 case $what in
   tests)
-    python3 -m pytest -q -p no:cacheprovider tests/distributed/test_cuda.py tests/test_precision.py tests/data/test_device_feed.py 2>&1 | tee "$OUT/cuda_tests.txt"
+    python3 -m pytest -q -p no:cacheprovider tests/distributed/test_cuda.py tests/test_precision.py tests/data/test_device_feed.py tests/train/test_tiered_tables.py 2>&1 | tee "$OUT/cuda_tests.txt"
     python3 -m pytest -q -p no:cacheprovider tests/train tests/models tests/distributed tests/test_checkpoint.py \
       tests/test_cli.py tests/test_api.py tests/eval 2>&1 | tail -60 | tee "$OUT/suite.txt" ;;
   demo)

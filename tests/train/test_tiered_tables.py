@@ -127,3 +127,37 @@ def test_a_run_with_tiered_tables_saves_resumes_and_evaluates_as_one_in_memory(t
     want = Predictor.from_checkpoint(tmp_path / "memory" / "m.pt")(numerical, ids)
     served = Predictor.from_checkpoint(tmp_path / "whole" / "m.pt", "mmap", 1000)(numerical, ids)
     np.testing.assert_array_equal(served, want)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("optimizer", ["sgd", "rowwise_adagrad", "adam"])
+def test_on_a_gpu_tables_in_host_memory_train_as_the_tables_on_the_gpu(optimizer):
+    """The host tier's rows cross between the CPU's memory and the GPU's cache: the weights, the optimizer state and
+    the scores equal the tables held on the GPU to float rounding (a GPU's sparse updates sum a row's gradients
+    with atomics, in no fixed order, so two runs on the GPU alone are equal only to rounding too)."""
+    device = torch.device("cuda")
+    cfg = make_config("dlrm", {"num_numerical": 3, "cardinalities": CARDS, "embedding_dim": 8,
+                               "bottom_mlp": [16, 8], "top_mlp": [16, 1]})  # fmt: skip
+    results = []
+    for storage in (None, in_host(300, device)):
+        torch.manual_seed(0)
+        model = (create_model("dlrm", cfg) if storage is None else create_model("dlrm", cfg, storage)).to(device)
+        opts = build_optimizers(model, "adam", 1e-3, optimizer, 0.05, "adagrad", 0.05)
+        step = TrainStep(model, opts, device)
+        g = torch.Generator().manual_seed(1)
+        for _ in range(25):
+            ids = torch.stack([(c * torch.rand(64, generator=g).pow(3)).long() for c in CARDS], 1)
+            step(Batch(torch.randn(64, 3, generator=g), ids, (torch.rand(64, generator=g) < 0.3).float()))
+        with torch.no_grad():
+            scored = model.embeddings(torch.tensor([[0, 1, 2, 3], [999, 49, 2999, 6]], device=device))
+        results.append((model.state_dict(), [o.state_dict() for o in opts], tiers(model), scored))
+    (weights, states, _, scored), (weights_h, states_h, (tier,), scored_h) = results
+    assert tier.cache.device.type == "cuda" and tier.table.device.type == "cpu" and tier.evicted > 0
+    close = {"rtol": 1e-5, "atol": 1e-6}
+    for k in weights:
+        torch.testing.assert_close(weights_h[k].cpu(), weights[k].cpu(), **close, msg=k)
+    for a, b in zip(states, states_h):
+        for i, entry in a["state"].items():
+            for k, v in entry.items():
+                torch.testing.assert_close(torch.as_tensor(b["state"][i][k]).cpu(), torch.as_tensor(v).cpu(), **close)
+    torch.testing.assert_close(scored_h.cpu(), scored.cpu(), **close)
