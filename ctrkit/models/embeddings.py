@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -54,7 +55,7 @@ class _Tables(nn.Module):
         """The weight where ``storage`` says (``tiered``: this collection may keep its tables in a tier)."""
         self.init_seed = int(torch.randint(0, 2**62, (1,), device="cpu").item())
         self.zero_init = False
-        device = "meta" if storage.deferred else None
+        device = "meta" if storage.deferred else storage.device
         where = storage.tier if tiered and device is None else None
         if where is not None:  # the tables in their home, the parameter their row cache
             self.tier = tiered_tables.TieredTable(sum(self.cardinalities), self.dim, where)
@@ -175,11 +176,23 @@ class TableInit:
                 if in_place and (a, b) == (lo, hi) and target.is_contiguous():
                     target.uniform_(-bound, bound, generator=generator)
                     return
-                values = torch.empty(hi - lo, self.dim).uniform_(-bound, bound, generator=generator)
-                target.copy_(values[a - lo : b - lo, col_lo:col_hi])
+                values = _staging(hi - lo, self.dim).uniform_(-bound, bound, generator=generator)
+                target.copy_(values[a - lo : b - lo, col_lo:col_hi])  # to another device: a synchronous copy
 
         blocks = range(row_lo // INIT_BLOCK_ROWS, -(-row_hi // INIT_BLOCK_ROWS))
         return [functools.partial(one, block) for block in blocks]
+
+
+_DRAWING = threading.local()
+
+
+def _staging(rows: int, dim: int) -> torch.Tensor:
+    """A (rows, dim) float32 CPU block of this thread's, reused from block to block of one ``draw_blocks``: a table
+    drawn in parts or for another device touches one block of fresh memory a thread, not a table's worth."""
+    buffer = getattr(_DRAWING, "block", None)
+    if buffer is None or buffer.numel() < rows * dim:
+        buffer = _DRAWING.block = torch.empty(rows * dim)
+    return buffer[: rows * dim].view(rows, dim)
 
 
 def draw_blocks(tasks: list[Callable[[], None]]) -> None:
@@ -187,8 +200,11 @@ def draw_blocks(tasks: list[Callable[[], None]]) -> None:
     its own generator, and torch's random fill is serial under one, so the threads draw side by side."""
     threads = min(len(tasks), torch.get_num_threads())
     if threads <= 1:
-        for task in tasks:
-            task()
+        try:
+            for task in tasks:
+                task()
+        finally:
+            _DRAWING.block = None  # this thread's block is not kept after the draw (the pool's threads end)
         return
     with ThreadPoolExecutor(threads, thread_name_prefix="ctrkit-init") as pool:
         for done in [pool.submit(task) for task in tasks]:

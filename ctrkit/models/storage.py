@@ -29,11 +29,16 @@ class TableStorage:
         tier: the one-hot tables kept whole in a larger home, a row cache where they train
             (``tiered_tables.TieredTable``): in files on disk, the cache in memory, or in the CPU's memory, the cache
             on a GPU; None: where the model is.
+        device: where tables in memory are allocated and drawn (None: where the model is built, the CPU): a GPU
+            run's tables made on its GPU at once, each block drawn on the CPU's threads (the same values as on the
+            CPU) and copied there, with no copy of the tables in the CPU's memory. The rest of the model is built
+            on the CPU and moved, so every device starts from the same weights.
     """
 
     deferred: bool = False
     fill_later: bool = False
     tier: Tier | None = None
+    device: torch.device | None = None
 
     def in_memory(self) -> TableStorage:
         """The same, but in memory (tables of one number a row: the first-order term's)."""
@@ -43,6 +48,12 @@ class TableStorage:
 IN_MEMORY = TableStorage()
 DEFERRED = TableStorage(deferred=True)
 FILLED_LATER = TableStorage(fill_later=True)
+
+
+def on_device(device: str | torch.device) -> TableStorage:
+    """The tables allocated and drawn on ``device`` (a GPU; the CPU's is ``IN_MEMORY``)."""
+    device = torch.device(device)
+    return IN_MEMORY if device.type == "cpu" else TableStorage(device=device)
 
 
 def on_disk(directory: str | Path, cache_rows: int) -> TableStorage:

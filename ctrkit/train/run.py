@@ -412,7 +412,6 @@ class Run:
         from ctrkit.checkpoint_shards import assemble_shards
         from ctrkit.distributed.hybrid import shard_for_job
         from ctrkit.models.registry import create_model
-        from ctrkit.models.storage import IN_MEMORY
         from ctrkit.train.trainer import RunInfo, Trainer
 
         par, feature_spec = spec.parallel, self.feature_spec
@@ -423,7 +422,7 @@ class Run:
         torch.manual_seed(cfg.seed)
         storage = self._table_storage(cfg)
         model = create_model(spec.model, spec.model_config, storage)
-        if storage is IN_MEMORY or cfg.embedding_storage == "host":  # host: the cache is there, the tables stay
+        if self.env is None:  # the rest of the model (tables made on the device, or tiered, stay where they are)
             model = model.to(self.device)
         whole = ckpt.resume_weights if ckpt is not None and not ckpt.shard_files else None
         self.model = shard_for_job(model, self.env, par, whole, device=self.device)
@@ -464,8 +463,8 @@ class Run:
     def _table_storage(self, cfg: TrainConfig) -> Any:
         """Where this run's tables live (``models.storage``): each rank of a job allocates and draws only its own
         shards; tables on disk in files with a row cache in memory; in host memory with a row cache on the device;
-        on the CPU, drawn after the warm start (less memory at once); else in the device's memory."""
-        from ctrkit.models.storage import DEFERRED, FILLED_LATER, IN_MEMORY, in_host, on_disk
+        on the CPU, drawn after the warm start (less memory at once); else made and drawn on the device."""
+        from ctrkit.models.storage import DEFERRED, FILLED_LATER, in_host, on_device, on_disk
         from ctrkit.train.memory import tables_directory
 
         if self.env is not None:
@@ -474,7 +473,7 @@ class Run:
             return on_disk(tables_directory(self.spec.save_checkpoint), cfg.embedding_cache_rows)
         if cfg.embedding_storage == "host":
             return in_host(cfg.embedding_cache_rows, self.device)
-        return FILLED_LATER if self.device.type == "cpu" else IN_MEMORY
+        return FILLED_LATER if self.device.type == "cpu" else on_device(self.device)
 
     @property
     def num_parameters(self) -> int:

@@ -25,6 +25,25 @@ def test_one_gpu_trains_and_scores_like_the_cpu(tiny_dataset, tmp_path):
 
 
 @CUDA
+def test_tables_made_on_the_gpu_are_the_tables_drawn_on_the_cpu():
+    """A GPU run's tables are allocated on the GPU and drawn block by block on the CPU's threads (no copy of the
+    tables in the CPU's memory): the same values as the model built on the CPU and moved, whatever the threads."""
+    from ctrkit.models.registry import create_model, make_config
+    from ctrkit.models.storage import on_device
+
+    cfg = make_config("dlrm", {"num_numerical": 3, "cardinalities": [70_000, 5, 140_000], "embedding_dim": 8,
+                               "bottom_mlp": [16, 8], "top_mlp": [16, 1]})  # fmt: skip
+    torch.manual_seed(4)
+    want = create_model("dlrm", cfg).to("cuda").state_dict()
+    torch.manual_seed(4)
+    made = create_model("dlrm", cfg, on_device("cuda"))
+    assert made.embeddings.onehot.weight.device.type == "cuda"
+    got = made.to("cuda").state_dict()
+    for k in want:
+        assert torch.equal(want[k], got[k]), k
+
+
+@CUDA
 def test_one_rank_job_on_nccl_trains_like_one_process(tiny_dataset, tmp_path):
     """torchrun with one rank on one GPU: the hybrid-parallel path with every collective on NCCL, which
     rejects tensors that are not on the process group's device."""
