@@ -338,6 +338,34 @@ def _fit_or_refuse(
     )
 
 
+# the tables' draw on this many values a second a thread, and the first touch of fresh memory at this many bytes a
+# second: measured on the FL15 build (docs/decisions/table-draw.md), for the plan's estimate of a long build
+DRAW_VALUES_PER_S = 240e6
+TOUCH_BYTES_PER_S = 1.15e9
+LONG_BUILD_S = 10.0  # the plan says how long the tables' build is expected to take from this many seconds
+
+
+def build_seconds(facts: Facts) -> float:
+    """The expected seconds to draw a fresh run's deep tables: their values over ``DRAW_VALUES_PER_S`` on each of
+    the run's threads, and on a CPU the first touch of their memory (``TOUCH_BYTES_PER_S``); a GPU's copies from
+    the threads are not counted."""
+    values = facts.sizes[0] // 4 // facts.processes
+    seconds = values / (DRAW_VALUES_PER_S * max(facts.threads, 1))
+    if facts.device == "cpu":
+        seconds += facts.sizes[0] / facts.processes / TOUCH_BYTES_PER_S
+    return seconds
+
+
+def _build_time(facts: Facts) -> str:
+    """``, drawn in about N s (...)`` where a fresh run's tables take ``LONG_BUILD_S`` or more to draw."""
+    seconds = build_seconds(facts)
+    if facts.continued is not None or seconds < LONG_BUILD_S:
+        return ""
+    values = facts.sizes[0] // 4 // facts.processes
+    threads = f"{facts.threads} thread{'s' if facts.threads != 1 else ''}"
+    return f", drawn in about {seconds:.0f} s ({values / 1e9:.2f}B values on {threads} of the CPU)"
+
+
 FEW_STEPS = 20  # a run planning fewer steps than this is warned about
 
 
@@ -386,6 +414,7 @@ class Facts:
         disk_free: bytes free on the disk the tables would go to on disk (``memory.tables_directory``), or None.
         host_room: on a GPU, what the process may still allocate in the CPU's memory (where tables in host memory
             go); None on the CPU (``room`` is the CPU's).
+        threads: the CPU threads the tables are drawn on (``torch.get_num_threads``).
         preprocessing: the preprocessing the dataset carries (``RowTransform.to_state``), or None.
         precision: what the run computes in on its device (``device.precision_of``: the hardware's rule);
             ``precision_note``: why it is fp32 where more was asked ("" otherwise).
@@ -411,6 +440,7 @@ class Facts:
     precision: str = "fp32"
     precision_note: str = ""
     host_room: Room | None = None
+    threads: int = 1
 
     @property
     def validation(self) -> bool:
@@ -461,6 +491,7 @@ def facts_of(
         preprocessing,
         *precision,
         room("cpu") if device != "cpu" else None,
+        torch.get_num_threads(),
     )
 
 
@@ -897,7 +928,8 @@ def _resource_lines(
             )
         )
     else:
-        lines.append(("tables", "in memory", why("embedding_storage")))
+        where = "in memory" if facts.device == "cpu" else f"on {facts.device}"
+        lines.append(("tables", where + _build_time(facts), why("embedding_storage")))
     if facts.dynamic:
         caps = [mc.cardinalities[i] for i in facts.dynamic]
         span = f"{min(caps):,}" + (f" to {max(caps):,}" if max(caps) != min(caps) else "")

@@ -285,3 +285,24 @@ def test_a_gpu_run_whose_tables_do_not_fit_the_gpu_keeps_them_in_host_memory(tin
     with pytest.raises(ValueError, match="tiered tables train in one process"):
         plan_module.plan_run(resolve_run(tiny_dataset, "dlrm", train={"embedding_storage": "host"}, progress=False),
                              distributed)  # fmt: skip
+
+
+def test_the_plan_says_how_long_a_long_table_build_takes(tiny_dataset):
+    """Where a fresh run's tables take ``LONG_BUILD_S`` or more to draw, the tables line says about how long (the
+    values over the draw rate on the run's threads, and on a CPU the first touch of their memory)."""
+    from dataclasses import replace
+
+    from ctrkit.train.memory import Room
+
+    spec = resolve_run(tiny_dataset, "dlrm", train={"batch_size": 512}, progress=False)
+    facts = replace(plan_module.facts_of(spec, 19_440, 2_160, "the last 10%", 1, "cpu"), threads=2)
+    assert "drawn in" not in topics(plan_module.plan_run(spec, facts))["tables"][0]
+    big = 4_190_000_000 * 4  # FL15 at width 128: the tables' bytes (the room below holds them)
+    roomy = replace(facts, sizes=(big, *facts.sizes[1:]), room=Room(1 << 40, "a given room"))
+    expected = plan_module.build_seconds(roomy)
+    assert expected == pytest.approx(4.19e9 / (2 * plan_module.DRAW_VALUES_PER_S) + big / plan_module.TOUCH_BYTES_PER_S)
+    what = topics(plan_module.plan_run(spec, roomy))["tables"][0]
+    assert what == f"in memory, drawn in about {expected:.0f} s (4.19B values on 2 threads of the CPU)"
+    on_gpu = replace(roomy, device="cuda", threads=16, host_room=roomy.room)  # no first touch on the CPU
+    assert plan_module.build_seconds(on_gpu) < plan_module.LONG_BUILD_S
+    assert topics(plan_module.plan_run(spec, on_gpu))["tables"][0] == "on cuda"
