@@ -12,6 +12,16 @@ from ctrkit.data.atomic import append_text
 from ctrkit.train.tensorboard import TensorBoardSink
 
 
+def process_seconds() -> float | None:
+    """Seconds since this process started (from /proc; None where there is none)."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])  # field 22: starttime
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return round(uptime - ticks / os.sysconf("SC_CLK_TCK"), 2)
+
+
 class RunLog:
     """Appends a run's records, each with ``time`` (seconds since the log was made) and, in a seed ensemble,
     ``member``. Only the reporting process writes (``main``).

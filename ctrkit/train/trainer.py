@@ -38,7 +38,7 @@ from ctrkit.train.best_weights import copy_state
 from ctrkit.train.memory import tables_directory
 from ctrkit.train.optim import LRSchedule, build_optimizers
 from ctrkit.train.plan import resolved_train
-from ctrkit.train.run_log import RunLog
+from ctrkit.train.run_log import RunLog, process_seconds
 from ctrkit.train.scoring import Scorer, scored_with_parts
 from ctrkit.train.selection import Selection, Selector
 from ctrkit.train.snapshots import SnapshotPool
@@ -160,6 +160,7 @@ class Trainer:
             train_set, cfg.batch_size, shuffle=True, seed=cfg.seed, part=env and env.part, narrow=narrow
         )
         self.feed = DeviceFeed(device)
+        self.started = False  # the first step of this process taken (logged once)
         self.steps_per_epoch = len(self.loader)
         cfg, _ = resolved_train(cfg, self.steps_per_epoch)  # the plan's values (a run's plan has set them all)
         self.cfg = cfg
@@ -328,6 +329,9 @@ class Trainer:
             try:
                 order = self.loader.batch_order(epoch)[start:]
                 for k, batch in enumerate(batches):
+                    if not self.started:  # the process's start to its first step: the model built, the data open
+                        self.started = True
+                        self.log.write({"event": "first_step", "step": self.step, "since_start": process_seconds()})
                     lo, hi = self.loader.global_bounds(int(order[k]))
                     scale = self.schedule(self.step) / cfg.lr * self.selection.lr_scale
                     wide_scale = None if cfg.schedule_wide else self.selection.lr_scale
