@@ -156,6 +156,9 @@ def test_training_starts_from_the_fit_and_selection_may_keep_it(tiny_dataset, tm
     assert kinds[1:4] == ["numerical_normalizer", "warm_start", "eval"] and events[3]["step"] == 0
     assert events[2]["validation_auc"] == events[3]["auc"]  # the model at step 0 is exactly the regression
     assert result["best_step"] is not None
+    first = [e for e in events if e["event"] == "first_step"]  # once, before the first training record
+    assert len(first) == 1 and kinds.index("first_step") < kinds.index("train") and first[0]["step"] == 0
+    assert 0 < first[0]["since_start"] < 3600
 
 
 def test_no_warm_start_without_validation_or_when_off(tiny_dataset, tmp_path):
