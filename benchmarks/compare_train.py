@@ -47,10 +47,12 @@ F_LOSS = nn.functional.binary_cross_entropy_with_logits
 class PlainDLRM(nn.Module):
     """DLRM as a PyTorch user writes it first: one flat sparse table with per-feature offsets."""
 
-    def __init__(self, rows: int, tables: int, dim: int, num_numerical: int, bottom, top):
+    def __init__(self, cardinalities, dim: int, num_numerical: int, bottom, top):
         super().__init__()
-        self.register_buffer("offsets", torch.arange(tables) * rows)
-        self.embedding = nn.Embedding(rows * tables, dim, sparse=True)
+        cards = torch.tensor(list(cardinalities))
+        tables = len(cards)
+        self.register_buffer("offsets", torch.cumsum(cards, 0) - cards)
+        self.embedding = nn.Embedding(int(cards.sum()), dim, sparse=True)
         self.bottom = MLP(num_numerical, bottom)  # ctrkit's MLP for the same initial weights, run as nn.Sequential:
         self.bottom.use_native = False  # ATen's Linear and ReLU only, none of ctrkit's C kernels
         pairs = torch.tril_indices(tables + 1, tables + 1, offset=-1)
@@ -80,7 +82,7 @@ def ctrkit_step(cfg: TrainBenchConfig, lr: float):
 
 
 def plain_step(cfg: TrainBenchConfig, lr: float):
-    model = PlainDLRM(cfg.table_rows, cfg.num_tables, cfg.embedding_dim, cfg.num_numerical, cfg.bottom_mlp,
+    model = PlainDLRM((cfg.table_rows,) * cfg.num_tables, cfg.embedding_dim, cfg.num_numerical, cfg.bottom_mlp,
                       cfg.top_mlp)  # fmt: skip
     opt = torch.optim.SGD(model.parameters(), lr=lr)
 

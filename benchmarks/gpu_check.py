@@ -1,0 +1,324 @@
+"""The GPU check's measurements, one section a process (``benchmarks/run_gpu.sh`` runs them all on one GPU, in
+about 8 minutes; each section also runs on the CPU at small sizes, which is how its test keeps it working):
+
+- ``step``: ctrkit's training step (``TrainStep``, the ``nvidia`` recipe's DLRM) against a plain PyTorch DLRM (one
+  flat ``nn.Embedding(sparse=True)``, ``bmm`` interaction, ``torch.optim.SGD``) on the same batches already on the
+  device, in fp32, TF32 and bf16 autocast, interleaved rounds.
+- ``e2e``: ``ctrkit train --recipe nvidia`` in each precision, as a user runs it: its samples a second (the log's
+  windows after the first), against the step alone of the same precision (the ``step`` section's JSON), and the
+  seconds from the process's start to its first step (the log's ``first_step``).
+- ``host``: the same model trained over the same stream of batches with its tables on the GPU, then in host memory
+  (``--embedding-storage host``) with the GPU capped (``torch.cuda.set_per_process_memory_fraction``) at
+  ``--cap`` of the tables' bytes beyond what the rest needs: samples a second of each, and the cache's hit rate.
+- ``syncs``: the training loop's host synchronisations: the feed and the step over ``--steps`` batches under
+  ``torch.cuda.set_sync_debug_mode("warn")``, each synchronising call counted with where ctrkit made it.
+
+Each section writes ``<section>.json`` into ``--out``; ``benchmarks/render.py`` does not read them (the docs'
+benchmarks page quotes them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+import warnings
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from compare_train import F_LOSS, PlainDLRM  # noqa: E402
+
+from ctrkit.bench.peak import machine  # noqa: E402
+from ctrkit.data.dataset import SplitBinaryDataset  # noqa: E402
+from ctrkit.data.device_feed import DeviceFeed, narrow_on  # noqa: E402
+from ctrkit.data.feature_spec import FeatureSpec  # noqa: E402
+from ctrkit.data.loader import BatchLoader  # noqa: E402
+from ctrkit.device import tf32_matmuls  # noqa: E402
+from ctrkit.models.registry import create_model  # noqa: E402
+from ctrkit.models.storage import in_host, on_device  # noqa: E402
+from ctrkit.models.tiered_tables import tiers  # noqa: E402
+from ctrkit.train.optim import build_optimizers  # noqa: E402
+from ctrkit.train.run import resolve_run  # noqa: E402
+from ctrkit.train.step import TrainStep  # noqa: E402
+
+PRECISIONS = ("fp32", "tf32", "bf16")
+LR = 0.01  # the step's sections train at a constant rate (the recipe's 24 is reached after its warmup)
+
+
+def _recipe(dataset: Path, dim: int | None) -> tuple:
+    """The ``nvidia`` recipe's DLRM config and batch size on ``dataset`` (``dim``: another width)."""
+    spec = resolve_run(dataset, "dlrm", recipe="nvidia", model_config={"embedding_dim": dim} if dim else None,
+                       progress=False)  # fmt: skip
+    return spec.model_config, spec.train.batch_size
+
+
+def _batches(dataset: Path, batch_size: int, device: torch.device, count: int) -> list:
+    """``count`` batches of the training mapping on ``device``, read and fed as training reads them."""
+    train = SplitBinaryDataset(FeatureSpec.from_yaml(dataset), "train")
+    loader = BatchLoader(train, batch_size, shuffle=True, seed=0, narrow=narrow_on(device))
+    feed = DeviceFeed(device)(loader.epoch(0))
+    try:
+        return [b for _, b in zip(range(count), feed)]
+    finally:
+        feed.close()
+
+
+def _context(precision: str, device: torch.device, autocast: bool = True):
+    """What a step runs under for ``precision``: TF32 matmuls, or (``autocast``: the plain model's; ctrkit's step
+    takes its own) bf16 autocast, or nothing."""
+    if precision == "tf32":
+        return tf32_matmuls(True)
+    if precision == "bf16" and autocast:
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return nullcontext()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _ctrkit_step(model_config, device: torch.device, storage=None, precisions=("fp32",)):
+    """The model (tables where ``storage`` says, else made on ``device``) and a ``TrainStep`` of it a precision
+    (sharing its optimizers; bf16's with its autocast, as ``train --precision bf16`` runs)."""
+    torch.manual_seed(0)
+    model = create_model("dlrm", model_config, storage if storage is not None else on_device(device)).to(device)
+    optimizers = build_optimizers(model, "sgd", LR, "sgd", LR)
+    steps = {p: TrainStep(model, optimizers, device, torch.bfloat16 if p == "bf16" else None) for p in precisions}
+    return model, steps
+
+
+def _plain_step(model_config, device: torch.device):
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = PlainDLRM(model_config.cardinalities, model_config.embedding_dim, model_config.num_numerical,
+                          model_config.bottom_mlp, model_config.top_mlp)  # fmt: skip
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+
+    def step(b):
+        loss = F_LOSS(model(b.numerical, b.categorical).float(), b.labels)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    return step
+
+
+def step_section(a) -> dict:
+    """ctrkit's step against the plain DLRM on the same batches, per precision, interleaved rounds."""
+    device = torch.device(a.device)
+    model_config, batch_size = _recipe(a.dataset, a.dim)
+    batch_size = a.batch_size or batch_size
+    batches = _batches(a.dataset, batch_size, device, a.distinct)
+    precisions = [p for p in a.precisions.split(",") if p != "tf32" or device.type == "cuda"]
+    t0 = time.perf_counter()
+    _, ctrkit = _ctrkit_step(model_config, device, precisions=precisions)
+    _sync(device)
+    built = time.perf_counter() - t0
+    plain = _plain_step(model_config, device)
+    names = ("ctrkit", "plain_pytorch")
+
+    def run(name: str, p: str, count: int) -> None:
+        with _context(p, device, autocast=name != "ctrkit"):
+            step = ctrkit[p] if name == "ctrkit" else plain
+            for i in range(count):
+                step(batches[i % len(batches)])
+
+    times = {p: {n: [] for n in names} for p in precisions}
+    for p in precisions:  # warmup (autocast's and TF32's kernels chosen)
+        for name in names:
+            run(name, p, a.warmup)
+        _sync(device)
+    for r in range(a.rounds):
+        for p in precisions:
+            for name in names if r % 2 == 0 else names[::-1]:
+                _sync(device)
+                t = time.perf_counter()
+                run(name, p, a.steps)
+                _sync(device)
+                times[p][name].append((time.perf_counter() - t) / a.steps)
+    rates = {p: {n: batch_size / statistics.median(t) for n, t in by.items()} for p, by in times.items()}
+    return {
+        "section": "step",
+        "batch_size": batch_size,
+        "embedding_dim": model_config.embedding_dim,
+        "table_values": sum(model_config.cardinalities) * model_config.embedding_dim,
+        "ctrkit_build_s": built,
+        "samples_per_s": rates,
+        "ms_per_step_rounds": {p: {n: [x * 1000 for x in t] for n, t in by.items()} for p, by in times.items()},
+        "ctrkit_speedup": {p: r["ctrkit"] / r["plain_pytorch"] for p, r in rates.items()},
+    }
+
+
+def e2e_section(a) -> dict:
+    """``ctrkit train --recipe nvidia`` per precision: samples a second after the first window, the start."""
+    step = json.loads((a.out / "step.json").read_text()) if (a.out / "step.json").exists() else None
+    runs = {}
+    for p in a.precisions.split(","):
+        if p == "tf32" and a.device == "cpu":
+            continue
+        log = a.out / f"e2e_{p}.jsonl"
+        log.unlink(missing_ok=True)
+        cmd = [sys.executable, "-m", "ctrkit", "train", "--dataset", str(a.dataset), "--recipe", "nvidia",
+               "--model", "dlrm", "--device", a.device, "--max-steps", str(a.max_steps), "--precision", p,
+               "--print-freq", str(a.print_freq), "--log-path", str(log), "--no-progress"]  # fmt: skip
+        if a.dim:
+            cmd += ["--embedding-dim", str(a.dim)]
+        if a.batch_size:
+            cmd += ["--batch-size", str(a.batch_size)]
+        t = time.perf_counter()
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        wall = time.perf_counter() - t
+        if done.returncode != 0:
+            runs[p] = {"error": done.stderr.strip().splitlines()[-1:] or ["exit status " + str(done.returncode)]}
+            continue
+        records = [json.loads(line) for line in log.read_text().splitlines()]
+        windows = [r["samples_per_s"] for r in records if r["event"] == "train"]
+        first = next(r for r in records if r["event"] == "first_step")
+        rate = statistics.median(windows[1:] or windows)
+        execution = [line.strip() for line in done.stderr.splitlines() if "execution" in line]
+        run = {"samples_per_s": rate, "windows": windows, "start_to_first_step_s": first["since_start"],
+               "wall_s": wall, "plan_execution": execution}  # fmt: skip
+        if step is not None and p in step["samples_per_s"]:
+            run["of_step_alone"] = rate / step["samples_per_s"][p]["ctrkit"]
+        runs[p] = run
+    return {"section": "e2e", "max_steps": a.max_steps, "print_freq": a.print_freq, "runs": runs}
+
+
+def _train_over(step, batches, device: torch.device) -> float:
+    """Samples a second of ``step`` over ``batches`` (the first two untimed)."""
+    for b in batches[:2]:
+        step(b)
+    _sync(device)
+    t = time.perf_counter()
+    for b in batches[2:]:
+        step(b)
+    _sync(device)
+    return sum(len(b) for b in batches[2:]) / (time.perf_counter() - t)
+
+
+def host_section(a) -> dict:
+    """The tables on the GPU, then in host memory with the GPU capped below them, over the same batches."""
+    device = torch.device(a.device)
+    model_config, batch_size = _recipe(a.dataset, a.dim)
+    batch_size = a.batch_size or batch_size
+    batches = _batches(a.dataset, batch_size, device, a.steps + 2)
+    model, steps = _ctrkit_step(model_config, device)
+    table_bytes = model.embeddings.onehot.weight.nbytes
+    in_gpu = _train_over(steps["fp32"], batches, device)
+    del model, steps
+    gc.collect()
+    rows = sum(model_config.cardinalities)
+    cache_rows = max(int(rows * a.cap), batch_size * len(model_config.cardinalities))  # at least a step's rows
+    cap = None
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        total = torch.cuda.get_device_properties(device).total_memory
+        rest = torch.cuda.memory_allocated(device) + (4 << 30)  # the batches, the dense model, the step's work
+        cap = min(1.0, (rest + table_bytes * a.cap) / total)
+        torch.cuda.set_per_process_memory_fraction(cap, device)
+    model, steps = _ctrkit_step(model_config, device, in_host(cache_rows, device))
+    in_host_rate = _train_over(steps["fp32"], batches, device)
+    (tier,) = tiers(model)
+    return {
+        "section": "host",
+        "batch_size": batch_size,
+        "table_bytes": table_bytes,
+        "cache_rows": cache_rows,
+        "table_rows": rows,
+        "gpu_memory_fraction": cap,
+        "samples_per_s": {"tables_on_gpu": in_gpu, "tables_in_host_memory": in_host_rate},
+        "host_of_gpu": in_host_rate / in_gpu,
+        "cache": {
+            "hits": tier.hits,
+            "misses": tier.misses,
+            "evicted": tier.evicted,
+            "hit_rate": tier.hits / max(tier.hits + tier.misses, 1),
+        },  # fmt: skip
+    }
+
+
+def syncs_section(a) -> dict:
+    """The host synchronisations of the feed and the step over ``--steps`` batches, with where ctrkit made them."""
+    device = torch.device(a.device)
+    model_config, batch_size = _recipe(a.dataset, a.dim)
+    batch_size = a.batch_size or batch_size
+    step = _ctrkit_step(model_config, device)[1]["fp32"]
+    train = SplitBinaryDataset(FeatureSpec.from_yaml(a.dataset), "train")
+    loader = BatchLoader(train, batch_size, shuffle=True, seed=0, narrow=narrow_on(device))
+    feed = DeviceFeed(device)(loader.epoch(0))
+    loss = torch.zeros((), device=device)
+    for b in [next(feed) for _ in range(2)]:  # warmup: the first steps allocate and choose kernels
+        loss += step(b)
+    where: dict[str, int] = {}
+
+    def seen(message, category, filename, lineno, file=None, line=None) -> None:  # at the warning: its stack
+        if "synchroniz" not in str(message):
+            return
+        frames = [f for f in traceback.extract_stack() if "/ctrkit/" in f.filename]
+        key = f"{Path(frames[-1].filename).name}:{frames[-1].lineno} ({frames[-1].name})" if frames else filename
+        where[key] = where.get(key, 0) + 1
+
+    steps = 0
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = seen
+        if device.type == "cuda":
+            torch.cuda.set_sync_debug_mode("warn")
+        try:
+            for _, b in zip(range(a.steps), feed):
+                loss += step(b)  # as the trainer's window sums it: read at its records only
+                steps += 1
+        finally:
+            if device.type == "cuda":
+                torch.cuda.set_sync_debug_mode(0)
+            feed.close()
+    return {"section": "syncs", "steps": steps, "synchronizations": sum(where.values()), "where": where,
+            "per_step": sum(where.values()) / max(steps, 1), "device": str(device)}  # fmt: skip
+
+
+SECTIONS = {"step": step_section, "e2e": e2e_section, "host": host_section, "syncs": syncs_section}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("section", choices=sorted(SECTIONS))
+    p.add_argument("--dataset", type=Path, required=True, help="a split-binary dataset (run_gpu.sh makes FL15's)")
+    p.add_argument("--out", type=Path, required=True, help="the directory for <section>.json")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--precisions", default=",".join(PRECISIONS), help="comma-separated: fp32, tf32, bf16")
+    p.add_argument("--dim", type=int, default=None, help="the tables' width (default: the recipe's, 128)")
+    p.add_argument("--batch-size", type=int, default=None, help="default: the recipe's, 65,536")
+    p.add_argument("--steps", type=int, default=20, help="timed steps a round (step), steps (host, syncs)")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (step)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps a precision and implementation (step)")
+    p.add_argument("--distinct", type=int, default=8, help="distinct batches cycled through (step)")
+    p.add_argument("--max-steps", type=int, default=40, help="the training run's steps (e2e)")
+    p.add_argument("--print-freq", type=int, default=10, help="steps a log window (e2e)")
+    p.add_argument("--cap", type=float, default=0.5, help="the GPU's room for the tables, as their share (host)")
+    a = p.parse_args(argv)
+    a.out.mkdir(parents=True, exist_ok=True)
+    result = {**SECTIONS[a.section](a), "machine": machine(), "torch": torch.__version__}
+    if a.device.startswith("cuda"):
+        result["gpu"] = torch.cuda.get_device_name(0)
+    text = json.dumps(result, indent=2)
+    (a.out / f"{a.section}.json").write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""benchmarks/gpu_check.py, the GPU check's sections, run on the CPU at small sizes (so the prepared GPU check runs
+when a GPU is at hand): each writes its JSON with what it measured."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from ctrkit.data.synthetic import generate_dataset
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def gpu_check():
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks" / "gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop("compare_train", None)
+
+
+def test_each_section_runs_and_writes_what_it_measured(gpu_check, tmp_path, capsys):
+    data = tmp_path / "data"
+    generate_dataset(data, 12_000, (3_000, 40_000, 300, 7), num_numerical=13, test_fraction=0.1, seed=0,
+                     progress=False)  # fmt: skip
+    out = tmp_path / "out"
+    small = ["--dataset", str(data), "--out", str(out), "--device", "cpu", "--dim", "8", "--batch-size", "512"]
+    sections = {
+        "step": ["--steps", "2", "--rounds", "2", "--warmup", "1", "--distinct", "2", "--precisions", "fp32,tf32,bf16"],
+        "e2e": ["--max-steps", "6", "--print-freq", "2", "--precisions", "fp32"],
+        "host": ["--steps", "10", "--cap", "0.01"],
+        "syncs": ["--steps", "3"],
+    }
+    results = {}
+    for name, extra in sections.items():
+        assert gpu_check.main([name, *small, *extra]) == 0
+        results[name] = json.loads((out / f"{name}.json").read_text())
+    capsys.readouterr()
+    step = results["step"]
+    assert set(step["samples_per_s"]) == {"fp32", "bf16"}  # no TF32 on a CPU
+    assert all(len(t) == 2 for by in step["ms_per_step_rounds"].values() for t in by.values())
+    assert all(v > 0 for by in step["samples_per_s"].values() for v in by.values())
+    run = results["e2e"]["runs"]["fp32"]
+    assert run["start_to_first_step_s"] > 0 and len(run["windows"]) == 3 and run["of_step_alone"] > 0
+    assert "fp32" in run["plan_execution"][0]
+    host = results["host"]
+    assert host["cache"]["misses"] > 0 and host["cache"]["evicted"] > 0 and host["cache_rows"] < host["table_rows"]
+    assert min(host["samples_per_s"].values()) > 0
+    assert results["syncs"]["steps"] == 3 and results["syncs"]["synchronizations"] == 0  # none on a CPU
