@@ -138,6 +138,49 @@ def compare_rows(raw):
     return columns, rows
 
 
+@suite("gpu")
+def gpu_rows(raw):
+    """``benchmarks/run_gpu.sh``: the step against plain PyTorch, the run end to end against its step, the start,
+    the loader, the loop's host synchronisations and the host-memory tier, on one GPU."""
+    columns = ["check", "precision", "value", "against", "ratio", "target"]
+    parts = dict(raw)
+    rows = []
+    step = parts.get("step")
+    if step:
+        for p, r in step["samples_per_s"].items():
+            rows.append(["step: ctrkit (samples/s) against plain PyTorch", p, round(r["ctrkit"]),
+                         round(r["plain_pytorch"]), f"{r['ctrkit'] / r['plain_pytorch']:.2f}x", ""])  # fmt: skip
+    for p, run in (parts.get("e2e") or {}).get("runs", {}).items():
+        if "error" in run:
+            rows.append(["end to end: train --recipe nvidia", p, "failed: " + " ".join(run["error"]), "", "", ""])
+            continue
+        alone = step["samples_per_s"].get(p, {}).get("ctrkit") if step else None
+        rows.append(["end to end (samples/s) against the step alone", p, round(run["samples_per_s"]),
+                     round(alone) if alone else "", f"{run['samples_per_s'] / alone:.0%}" if alone else "",
+                     ">= 90%"])  # fmt: skip
+        rows.append(["start to the first step (s)", p, run["start_to_first_step_s"], "", "", "<= 10"])
+    loader = parts.get("loader")
+    if loader:
+        m = loader["median_samples_per_s"]
+        rows.append(["loader fed to the GPU (samples/s) against the loader alone", "", round(m["loader_and_copy"]),
+                     round(m["loader"]), f"{m['loader_and_copy'] / m['loader']:.0%}", ""])  # fmt: skip
+        if "wide_pageable_copy" in m:
+            rows.append(["wide batches copied from pageable memory (samples/s)", "", round(m["wide_pageable_copy"]),
+                         round(m["loader"]), f"{m['wide_pageable_copy'] / m['loader']:.0%}", ""])  # fmt: skip
+    syncs = parts.get("syncs")
+    if syncs:
+        where = "; ".join(f"{k} x{v}" for k, v in syncs["where"].items())
+        rows.append(["host synchronisations a step (feed and step)", "fp32", syncs["per_step"], where, "", "0"])
+    host = parts.get("host")
+    if host:
+        r = host["samples_per_s"]
+        rows.append([f"tables in host memory, GPU room for {host['cache_rows'] / host['table_rows']:.0%} of them "
+                     f"(samples/s; cache hit rate {host['cache']['hit_rate']:.0%}) against on the GPU", "fp32",
+                     round(r["tables_in_host_memory"]), round(r["tables_on_gpu"]), f"{host['host_of_gpu']:.2f}x",
+                     ">= 0.5x"])  # fmt: skip
+    return columns, rows
+
+
 @suite("preprocess")
 def preprocess_rows(raw):
     """``ctrkit bench preprocess``: end to end as a child process, interpreter start included."""

@@ -79,6 +79,15 @@ SUITES = {
         "`nn.EmbeddingBag` and `torch.optim`, and with TorchRec's fused FBGEMM embeddings.",
         ".venv/bin/python benchmarks/compare_train.py",
     ),
+    "gpu": (
+        "The GPU check",
+        "`benchmarks/run_gpu.sh` on one GPU, FL15 data (`ctrkit synth --tables criteo-1tb --rows 4000000`), the "
+        "`nvidia` recipe's DLRM at width 128 and batch 65,536 with SGD: ctrkit's step against a plain PyTorch DLRM "
+        "on the same batches (interleaved rounds), `ctrkit train --recipe nvidia` end to end against the step "
+        "alone and its start, the loader, the loop's host synchronisations, and the tables in host memory with "
+        "the GPU capped at half their size (`benchmarks/gpu_check.py` says how each is measured).",
+        "bash benchmarks/run_gpu.sh",
+    ),
     "train-cuda": (
         "Training throughput on a GPU",
         "`ctrkit bench train --device cuda` per model, batch and precision.",

@@ -5,39 +5,40 @@
 # nvidia` end to end in each precision, with the start to the first step; the loader alone and fed to the GPU; the
 # training loop's host synchronisations; the host-memory tier with the GPU capped at half the tables' size
 # (benchmarks/gpu_check.py says what each measures). Each part has its own time limit, and a part that fails
-# leaves the others running. Results: RESULTS (default benchmarks/results/gpu/<the GPU's kind>), one JSON a part
-# and the logs; docs/benchmarks.md quotes them.
-#   bash benchmarks/run_gpu.sh                  everything
-#   RESULTS=/tmp/gpu ROWS=1000000 bash benchmarks/run_gpu.sh   smaller data, results elsewhere
+# leaves the others running. The raw JSON of each part and its log go to RAW (default build/bench/gpu), then
+# collect.py condenses them into benchmarks/results/gpu/<the GPU's kind>.json and render.py rewrites
+# docs/benchmarks.md.
+#   bash benchmarks/run_gpu.sh                          everything
+#   RAW=/tmp/gpu ROWS=1000000 bash benchmarks/run_gpu.sh   smaller data, the raw files elsewhere
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 OMP_WAIT_POLICY=PASSIVE
 PY=${PY:-python3}
 ROWS=${ROWS:-4000000}
 DATA=${DATA:-/tmp/ctrkit-gpu/fl15_$ROWS}
-kind=$($PY -c "import torch; print(torch.cuda.get_device_name(0).lower().replace('nvidia ', 'nvidia-').split()[0])" 2>/dev/null || echo unknown)
-RESULTS=${RESULTS:-benchmarks/results/gpu/$kind}
-mkdir -p "$RESULTS"
+RAW=${RAW:-build/bench/gpu}
+mkdir -p "$RAW"
 started=$(date +%s)
 part() {  # part NAME SECONDS COMMAND...: runs it under a time limit, its output in NAME.txt
   local name=$1 limit=$2; shift 2
   echo "== $name (at $(( $(date +%s) - started )) s, limit $limit s)"
-  timeout "$limit" "$@" > "$RESULTS/$name.txt" 2>&1
+  timeout "$limit" "$@" > "$RAW/$name.txt" 2>&1
   local rc=$?
-  tail -3 "$RESULTS/$name.txt"
+  tail -3 "$RAW/$name.txt"
   [ $rc -eq 0 ] || echo "!! $name: exit status $rc"
 }
 { nvidia-smi -L; $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"; nproc; } \
-  > "$RESULTS/machine.txt" 2>&1
-cat "$RESULTS/machine.txt"
+  > "$RAW/machine.txt" 2>&1
+cat "$RAW/machine.txt"
 part cuda_tests 150 $PY -m pytest -q -p no:cacheprovider tests/distributed/test_cuda.py tests/test_precision.py \
   tests/data/test_device_feed.py tests/train/test_tiered_tables.py -k "cuda or gpu or GPU"
 [ -f "$DATA/feature_spec.yaml" ] || part data 120 $PY -m ctrkit synth --out "$DATA" --rows "$ROWS" \
   --tables criteo-1tb --seed 0 --overwrite
-part step 100 $PY benchmarks/gpu_check.py step --dataset "$DATA" --out "$RESULTS"
-part e2e 150 $PY benchmarks/gpu_check.py e2e --dataset "$DATA" --out "$RESULTS"
+part step 100 $PY benchmarks/gpu_check.py step --dataset "$DATA" --out "$RAW"
+part e2e 150 $PY benchmarks/gpu_check.py e2e --dataset "$DATA" --out "$RAW"
 part loader 45 $PY -m ctrkit bench loader --dataset "$DATA" --device cuda --batches 30 --rounds 3 \
-  --output "$RESULTS/loader.json"
-part syncs 45 $PY benchmarks/gpu_check.py syncs --dataset "$DATA" --out "$RESULTS" --steps 10
-part host 100 $PY benchmarks/gpu_check.py host --dataset "$DATA" --out "$RESULTS" --steps 20
-echo "done in $(( $(date +%s) - started )) s: $RESULTS"
+  --output "$RAW/loader.json"
+part syncs 45 $PY benchmarks/gpu_check.py syncs --dataset "$DATA" --out "$RAW" --steps 10
+part host 100 $PY benchmarks/gpu_check.py host --dataset "$DATA" --out "$RAW" --steps 20
+$PY benchmarks/collect.py gpu "$RAW" --command "bash benchmarks/run_gpu.sh" && $PY benchmarks/render.py
+echo "done in $(( $(date +%s) - started )) s: $RAW"

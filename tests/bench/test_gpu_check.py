@@ -11,16 +11,21 @@ from pathlib import Path
 import pytest
 
 from ctrkit.data.synthetic import generate_dataset
+from tests.conftest import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def gpu_check():
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks" / "gpu_check.py")
+def _module(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    yield module
+    return module
+
+
+@pytest.fixture(scope="module")
+def gpu_check():
+    yield _module("gpu_check")
     sys.modules.pop("compare_train", None)
 
 
@@ -52,3 +57,12 @@ def test_each_section_runs_and_writes_what_it_measured(gpu_check, tmp_path, caps
     assert host["cache"]["misses"] > 0 and host["cache"]["evicted"] > 0 and host["cache_rows"] < host["table_rows"]
     assert min(host["samples_per_s"].values()) > 0
     assert results["syncs"]["steps"] == 3 and results["syncs"]["synchronizations"] == 0  # none on a CPU
+    # condensed into the suite's table as run_gpu.sh does (the loader's JSON beside them)
+    code, _, _ = run_cli("bench", "loader", "--dataset", data, "--batch-size", "512", "--batches", "3", "--rounds", "1",
+                         "--device", "cpu", "--output", out / "loader.json", capsys=capsys)  # fmt: skip
+    assert code == 0
+    collect = _module("collect")
+    written = json.loads(collect.collect("gpu", out, command="test", results=tmp_path / "results").read_text())
+    checks = [row[0] for row in written["rows"]]
+    assert written["machine_kind"].startswith("cpu-") and len(checks) == 2 + 2 + 1 + 1 + 1  # no wide copy on a CPU
+    assert checks[0].startswith("step: ctrkit") and "host memory" in checks[-1]
