@@ -463,7 +463,8 @@ class Run:
     def _table_storage(self, cfg: TrainConfig) -> Any:
         """Where this run's tables live (``models.storage``): each rank of a job allocates and draws only its own
         shards; tables on disk in files with a row cache in memory; in host memory with a row cache on the device;
-        on the CPU, drawn after the warm start (less memory at once); else made and drawn on the device."""
+        else made where the run trains and drawn when training starts, unless a checkpoint wrote them first (on the
+        CPU, after the warm start too: less memory at once)."""
         from ctrkit.models.storage import DEFERRED, FILLED_LATER, in_host, on_device, on_disk
         from ctrkit.train.memory import tables_directory
 
@@ -473,7 +474,9 @@ class Run:
             return on_disk(tables_directory(self.spec.save_checkpoint), cfg.embedding_cache_rows)
         if cfg.embedding_storage == "host":
             return in_host(cfg.embedding_cache_rows, self.device)
-        return FILLED_LATER if self.device.type == "cpu" else on_device(self.device)
+        if self.device.type == "cpu":
+            return FILLED_LATER
+        return replace(on_device(self.device), fill_later=True)  # a checkpoint's tables loaded, never drawn first
 
     @property
     def num_parameters(self) -> int:
