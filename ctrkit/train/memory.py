@@ -208,10 +208,9 @@ def check_disk_room(spec: Any, memory: dict, free: int | None, tables: bool = Tr
         )
 
 
-def check_host_room(memory: dict, host: Room) -> None:
-    """Refuses (one line) a GPU run whose tables in host memory, with their optimizer state, would not fit in what
-    the CPU's memory leaves (``host``; unknown: not checked)."""
-    needed = memory["tables_in_tier"]
+def check_host_room(needed: int, host: Room) -> None:
+    """Refuses (one line) a run whose tables in host memory, with their optimizer state (and, on a CPU, the rest of
+    the run: ``needed`` bytes), would not fit in what the CPU's memory leaves (``host``; unknown: not checked)."""
     if host.bytes is not None and needed > host.bytes * USABLE:
         raise ValueError(
             f"the tables in host memory need about {gib(needed)} with their optimizer state, {host.where} has "

@@ -717,8 +717,8 @@ def _memory_plan(
     if storage in HOMES:
         best = "disk"
         _check_cache(cfg, lookups, sizes[4])
-        if storage == "host":
-            check_host_room(memory, facts.host)
+        if storage == "host":  # on a CPU, the tables' home and the rest of the run share its memory
+            check_host_room(memory["tables_in_tier"] + (memory["more"] if facts.device == "cpu" else 0), facts.host)
         check_disk_room(spec, memory, facts.disk_free, tables=storage == "disk")
     elif cfg.embedding_storage is None:
         rules.setdefault("embedding_storage", "the tables and their state fit in memory")

@@ -74,57 +74,58 @@ def _args(data, ckpt, *extra):
             *map(str, extra)]  # fmt: skip
 
 
+TABLES = (20_000, 5_000, 300, 20_000, 7)
+
+
+def _scores(ckpt, data) -> dict:
+    """``ctrkit evaluate``'s test metrics of ``ckpt``."""
+    done = subprocess.run([sys.executable, "-m", "ctrkit", "evaluate", "--checkpoint", ckpt, "--dataset", data,
+                           "--mapping", "test", "--json"], capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    return {k: v for k, v in json.loads(done.stdout).items() if k in ("auc", "logloss", "samples")}
+
+
+@pytest.fixture(scope="module")
+def in_memory(tmp_path_factory):
+    """The data, and the run with its tables in memory that each tier's runs must equal (its checkpoint)."""
+    root = tmp_path_factory.mktemp("tiers")
+    data = root / "data"
+    generate_dataset(data, 12_000, TABLES, num_numerical=4, test_fraction=0.1, seed=0, progress=False)
+    (root / "memory").mkdir()
+    ckpt = root / "memory" / "m.pt"
+    done = subprocess.run(_args(data, ckpt, "--embedding-storage", "memory"), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return data, ckpt
+
+
 @pytest.mark.parametrize("home", ["disk", "host"])
-def test_a_run_with_tiered_tables_saves_resumes_and_evaluates_as_one_in_memory(tmp_path, home):
-    data = tmp_path / "data"
-    generate_dataset(data, 12_000, (20_000, 5_000, 300, 20_000, 7), num_numerical=4, test_fraction=0.1, seed=0,
-                     progress=False)  # fmt: skip
+def test_a_run_with_tiered_tables_saves_resumes_and_evaluates_as_one_in_memory(tmp_path, home, in_memory):
+    data, memory = in_memory
     tiered = ("--embedding-storage", home, "--embedding-cache-rows", "3000")
-    for name, extra in (("memory", ("--embedding-storage", "memory")), ("whole", tiered), ("resumed", tiered)):
+    for name in ("whole", "resumed"):
         (tmp_path / name).mkdir()
-        ckpt = tmp_path / name / "m.pt"
+        ckpt, extra = tmp_path / name / "m.pt", tiered
         if name == "resumed":  # stopped at the second evaluation (step 10 of 19), then resumed to the end
             done = subprocess.run(_args(data, ckpt, *extra, "--max-steps", "10"), capture_output=True, text=True)
             assert done.returncode == 0, done.stderr[-2000:]
             extra = (*extra, "--load-checkpoint", ckpt)
         done = subprocess.run(_args(data, ckpt, *extra), capture_output=True, text=True)
         assert done.returncode == 0, done.stderr[-2000:]
-        said = "on disk (" if home == "disk" else "in host memory ("
-        assert (said in done.stderr) == (name != "memory")
+        assert ("on disk (" if home == "disk" else "in host memory (") in done.stderr
         assert sorted(p.name for p in ckpt.parent.iterdir()) == ["m.pt", "m.yaml"]
-    ref = load_checkpoint(tmp_path / "memory" / "m.pt")
+    ref = load_checkpoint(memory)
     for name in ("whole", "resumed"):
         ckpt = load_checkpoint(tmp_path / name / "m.pt")
         assert ckpt.step == ref.step and ckpt.selection == ref.selection
         for k in ref.model:
             assert torch.equal(ref.model[k], ckpt.model[k]), (name, k)
-    scores = []
-    for name in ("memory", "whole"):
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "ctrkit",
-                "evaluate",
-                "--checkpoint",
-                tmp_path / name / "m.pt",
-                "--dataset",
-                data,
-                "--mapping",
-                "test",
-                "--json",
-            ],
-            capture_output=True,
-            text=True,
-        )
-        assert done.returncode == 0, done.stderr[-2000:]
-        scores.append({k: v for k, v in json.loads(done.stdout).items() if k in ("auc", "logloss", "samples")})
-    assert scores[0] == scores[1] and scores[0]["auc"] > 0.5
+    scores = _scores(tmp_path / "whole" / "m.pt", data)
+    assert scores == _scores(memory, data) and scores["auc"] > 0.5
     # served from the memory-mapped store with a small row cache: the in-memory run's scores
     rng = np.random.default_rng(0)
     numerical = rng.normal(size=(64, 4)).astype(np.float32)
-    ids = np.stack([rng.integers(0, c, 64) for c in (20_000, 5_000, 300, 20_000, 7)], 1)
-    want = Predictor.from_checkpoint(tmp_path / "memory" / "m.pt")(numerical, ids)
+    ids = np.stack([rng.integers(0, c, 64) for c in TABLES], 1)
+    want = Predictor.from_checkpoint(memory)(numerical, ids)
     served = Predictor.from_checkpoint(tmp_path / "whole" / "m.pt", "mmap", 1000)(numerical, ids)
     np.testing.assert_array_equal(served, want)
 
