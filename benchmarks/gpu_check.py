@@ -9,7 +9,8 @@ about 8 minutes; each section also runs on the CPU at small sizes, which is how 
   seconds from the process's start to its first step (the log's ``first_step``).
 - ``host``: the same model trained over the same stream of batches with its tables on the GPU, then in host memory
   (``--embedding-storage host``) with the GPU capped (``torch.cuda.set_per_process_memory_fraction``) at
-  ``--cap`` of the tables' bytes beyond what the rest needs: samples a second of each, and the cache's hit rate.
+  ``--cap`` of the tables' bytes beyond what the rest needs: samples a second of each over ``--steps`` batches
+  after a quarter as many untimed (the cache filled from cold), and the cache's hit rate.
 - ``syncs``: the training loop's host synchronisations: the feed and the step over ``--steps`` batches under
   ``torch.cuda.set_sync_debug_mode("warn")``, each synchronising call counted with where ctrkit made it.
 
@@ -196,16 +197,16 @@ def e2e_section(a) -> dict:
     return {"section": "e2e", "max_steps": a.max_steps, "print_freq": a.print_freq, "runs": runs}
 
 
-def _train_over(step, batches, device: torch.device) -> float:
-    """Samples a second of ``step`` over ``batches`` (the first two untimed)."""
-    for b in batches[:2]:
+def _train_over(step, batches, device: torch.device, untimed: int) -> float:
+    """Samples a second of ``step`` over ``batches``, the first ``untimed`` not timed (a tier's cache filling)."""
+    for b in batches[:untimed]:
         step(b)
     _sync(device)
     t = time.perf_counter()
-    for b in batches[2:]:
+    for b in batches[untimed:]:
         step(b)
     _sync(device)
-    return sum(len(b) for b in batches[2:]) / (time.perf_counter() - t)
+    return sum(len(b) for b in batches[untimed:]) / (time.perf_counter() - t)
 
 
 def host_section(a) -> dict:
@@ -213,10 +214,11 @@ def host_section(a) -> dict:
     device = torch.device(a.device)
     model_config, batch_size = _recipe(a.dataset, a.dim)
     batch_size = a.batch_size or batch_size
-    batches = _batches(a.dataset, batch_size, device, a.steps + 2)
+    untimed = max(2, a.steps // 4)  # the cache filled from cold over the first quarter, then timed as it runs on
+    batches = _batches(a.dataset, batch_size, device, a.steps + untimed)
     model, steps = _ctrkit_step(model_config, device)
     table_bytes = model.embeddings.onehot.weight.nbytes
-    in_gpu = _train_over(steps["fp32"], batches, device)
+    in_gpu = _train_over(steps["fp32"], batches, device, untimed)
     del model, steps
     gc.collect()
     rows = sum(model_config.cardinalities)
@@ -229,13 +231,15 @@ def host_section(a) -> dict:
         cap = min(1.0, (rest + table_bytes * a.cap) / total)
         torch.cuda.set_per_process_memory_fraction(cap, device)
     model, steps = _ctrkit_step(model_config, device, in_host(cache_rows, device))
-    in_host_rate = _train_over(steps["fp32"], batches, device)
+    in_host_rate = _train_over(steps["fp32"], batches, device, untimed)
     (tier,) = tiers(model)
     return {
         "section": "host",
         "batch_size": batch_size,
         "table_bytes": table_bytes,
         "cache_rows": cache_rows,
+        "steps": a.steps,
+        "untimed_steps": untimed,
         "table_rows": rows,
         "gpu_memory_fraction": cap,
         "samples_per_s": {"tables_on_gpu": in_gpu, "tables_in_host_memory": in_host_rate},

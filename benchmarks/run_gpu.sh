@@ -39,6 +39,6 @@ part e2e 150 $PY benchmarks/gpu_check.py e2e --dataset "$DATA" --out "$RAW"
 part loader 45 $PY -m ctrkit bench loader --dataset "$DATA" --device cuda --batches 30 --rounds 3 \
   --output "$RAW/loader.json"
 part syncs 45 $PY benchmarks/gpu_check.py syncs --dataset "$DATA" --out "$RAW" --steps 10
-part host 100 $PY benchmarks/gpu_check.py host --dataset "$DATA" --out "$RAW" --steps 20
+part host 120 $PY benchmarks/gpu_check.py host --dataset "$DATA" --out "$RAW" --steps 40
 $PY benchmarks/collect.py gpu "$RAW" --command "bash benchmarks/run_gpu.sh" && $PY benchmarks/render.py
 echo "done in $(( $(date +%s) - started )) s: $RAW"
