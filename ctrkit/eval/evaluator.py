@@ -16,6 +16,7 @@ from ctrkit.calibration import calibrated
 from ctrkit.checkpoint import Checkpoint, load_checkpoint
 from ctrkit.config import ParallelConfig
 from ctrkit.data.dataset import SplitBinaryDataset
+from ctrkit.data.device_feed import DeviceFeed, narrow_on
 from ctrkit.data.feature_spec import FeatureSpec
 from ctrkit.data.loader import BatchLoader, part_bounds
 from ctrkit.distributed.env import DistEnv, gather_in_order
@@ -39,7 +40,8 @@ def predict_logits(
     """
     was_training = model.training
     model.eval()
-    loader = BatchLoader(dataset, batch_size, shuffle=False, part=env and env.part)
+    # a GPU's batches read narrow into pinned memory and copied one ahead (``DeviceFeed``), as training's
+    loader = BatchLoader(dataset, batch_size, shuffle=False, part=env and env.part, narrow=narrow_on(device))
     bounds = [loader.global_bounds(i) for i in range(len(loader))]
     if env is not None:
         bounds = [part_bounds(lo, hi, *env.part) for lo, hi in bounds]
@@ -47,11 +49,11 @@ def predict_logits(
     out = np.empty(len(positions), dtype=np.float32)
     pos = 0
     team = scoring_team(device, env)
-    batches = loader.epoch(0)
+    batches = DeviceFeed(device)(loader.epoch(0))
     try:
         for batch in tqdm(batches, total=len(loader), desc="scoring", unit="batch", disable=not progress, leave=False):
             if team is None:
-                out[pos : pos + len(batch)] = _forward(model, batch.to(device, non_blocking=True), device, amp_dtype)
+                out[pos : pos + len(batch)] = _forward(model, batch, device, amp_dtype)
             else:
                 _score_split(model, batch, amp_dtype, team, out[pos : pos + len(batch)])
             pos += len(batch)
