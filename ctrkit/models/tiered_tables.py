@@ -119,8 +119,15 @@ class TieredTable:
         return hugepages.empty(*shape, dtype=dtype).zero_()  # advised to huge pages before the first write
 
     def _read(self, home: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """Rows ``rows`` (on the cache's device, in row order) of a home tensor, on the cache's device."""
-        return home.index_select(0, rows.cpu()).to(self.device)
+        """Rows ``rows`` (on the cache's device, in row order) of a home tensor, on the cache's device: for a GPU,
+        gathered into page-locked memory and copied from there without waiting (torch's caching host allocator
+        keeps the block until the copy is done)."""
+        rows = rows.cpu()
+        if self.device.type == "cpu":
+            return home.index_select(0, rows)
+        staged = torch.empty((len(rows), *home.shape[1:]), dtype=home.dtype, pin_memory=True)
+        torch.index_select(home, 0, rows, out=staged)
+        return staged.to(self.device, non_blocking=True)
 
     def _write(self, home: torch.Tensor, rows: torch.Tensor, values: torch.Tensor) -> None:
         """Writes ``values`` (on the cache's device) to rows ``rows`` (in row order) of a home tensor."""
