@@ -9,7 +9,8 @@ lookup maps the batch's flat rows to cache slots (``slots``): a row not in the c
 free slot, with its optimizer state; when no slot is free, the least recently used quarter of the cache (never a row
 of the current step) is written back and freed. The forward gathers from the cache, the backward's sparse gradient
 names cache slots, and the optimizer updates those slots and their states in place: the same arithmetic on the same
-values as the table held whole where it trains, so the results are equal bit for bit (tests). Ids are power-law
+values as the table held whole where it trains, so the results are equal bit for bit on a CPU and to float rounding
+on a GPU, whose sparse updates sum a row's gradients in no fixed order (tests). Ids are power-law
 distributed, so a cache of a few percent of the rows holds most lookups; the hits, misses and evictions are counted.
 The slot map and the cache's bookkeeping live on the cache's device; only the rows missed and evicted cross to the
 home (in row order) and back.
