@@ -38,13 +38,15 @@ def release(state: dict[str, torch.Tensor] | None, directory: Path | None) -> No
 def copy_state(state: dict[str, torch.Tensor], into: dict[str, torch.Tensor] | None, directory: Path | None
                ) -> dict[str, torch.Tensor]:  # fmt: skip
     """A copy of ``state`` (``into``'s tensors reused where their shapes fit); with ``directory``, tensors of
-    ``ON_DISK_FROM`` bytes or more on a CPU are copied to disk (``file_tensor``), their pages dropped."""
+    ``ON_DISK_FROM`` bytes or more are copied to disk (``file_tensor``; a GPU's too: no second copy of its tables
+    in the GPU's memory), their pages dropped."""
     out = {}
     with torch.no_grad():
         for k, v in state.items():
-            big = directory is not None and v.device.type == "cpu" and v.numel() * v.element_size() >= ON_DISK_FROM
+            big = directory is not None and v.numel() * v.element_size() >= ON_DISK_FROM
             old = into.get(k) if into is not None else None
-            if old is not None and old.shape == v.shape and old.dtype == v.dtype and old.device == v.device:
+            where = torch.device("cpu") if big else v.device  # a copy on disk is in the CPU's mapping of its file
+            if old is not None and old.shape == v.shape and old.dtype == v.dtype and old.device == where:
                 target = old
             elif big:
                 target = file_tensor(v, directory)

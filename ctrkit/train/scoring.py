@@ -50,9 +50,14 @@ class Scorer:
     @contextlib.contextmanager
     def weights(self, state: dict[str, torch.Tensor]) -> Iterator[None]:
         """Inside, the model computes with ``state``'s tensors: each parameter's and buffer's data is exchanged
-        with ``state``'s (no copy of the tables) and exchanged back on the way out."""
+        with ``state``'s (no copy of the tables where they are on the model's device; a GPU model's weights kept
+        on disk are copied to it for the while) and exchanged back on the way out."""
         with torch.no_grad():
             slots = _slots(self.inner, state)
+            state = dict(state)  # the caller's dict keeps its tensors
+            for attr, store, key, full in slots:
+                if attr != "tier" and state[full].device != store[key].device:
+                    state[full] = state[full].to(store[key].device)
             swap = lambda: [_exchange(attr, store, key, state, full) for attr, store, key, full in slots]  # noqa: E731
             swap()
             try:

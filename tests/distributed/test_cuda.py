@@ -66,3 +66,31 @@ def test_two_gpus_on_nccl_train_like_one_process(tiny_dataset, tmp_path):
     done = torchrun("train", "--dataset", tiny_dataset, *FLAGS, "--save-checkpoint", tmp_path / "two.pt")
     assert "nccl" in done.stderr
     assert_same_weights(tmp_path / "one.pt", tmp_path / "two.pt", atol=1e-4)
+
+
+@CUDA
+def test_a_gpu_runs_best_tables_are_copied_to_disk_and_score_from_there(tmp_path, monkeypatch, tiny_dataset):
+    """With ``best_weights disk`` a GPU run's selected tables go to a file (no second copy in the GPU's memory), the
+    next selection reuses the file, and scoring those weights puts them on the GPU only for the while."""
+    from ctrkit.data.dataset import SplitBinaryDataset
+    from ctrkit.models.registry import create_model, make_config
+    from ctrkit.train import best_weights
+    from ctrkit.train.scoring import Scorer
+
+    monkeypatch.setattr(best_weights, "ON_DISK_FROM", 1024)
+    data = SplitBinaryDataset(tiny_dataset, "test")
+    cfg = make_config("dlrm", {"num_numerical": 4, "cardinalities": list(data.spec.cardinalities),
+                               "embedding_dim": 8, "bottom_mlp": [16, 8], "top_mlp": [16, 1]})  # fmt: skip
+    torch.manual_seed(0)
+    model = create_model("dlrm", cfg).to("cuda")
+    copy = best_weights.copy_state(model.state_dict(), None, tmp_path)
+    table = "embeddings.onehot.weight"
+    assert copy[table].device.type == "cpu" and torch.equal(copy[table], model.state_dict()[table].cpu())
+    assert best_weights.copy_state(model.state_dict(), copy, tmp_path)[table] is copy[table]  # the file reused
+    scorer = Scorer(model, model, torch.device("cuda"), 4096, None, None)
+    want = scorer.logits(data)
+    with torch.no_grad():
+        model.embeddings.onehot.weight.zero_()
+    (got,) = scorer.logits_of([copy], data)
+    assert copy[table].device.type == "cpu" and float(model.embeddings.onehot.weight.detach().abs().sum()) == 0
+    torch.testing.assert_close(torch.as_tensor(got, dtype=torch.float32), torch.as_tensor(want))
