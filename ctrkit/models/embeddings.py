@@ -369,11 +369,12 @@ class EmbeddingBagCollection(_Tables):
         b = (multi_hot.offsets.numel() - 1) // fm
         per_feature = multi_hot.offsets[::b]  # (Fm + 1,) first bag of each feature, and the end
         counts = per_feature[1:] - per_feature[:-1]  # (Fm,) ids per feature
-        rows = multi_hot.ids + torch.repeat_interleave(self.offsets, counts)  # (nnz,)
+        # (nnz,); the output's size given: a GPU need not read it back from the counts
+        rows = multi_hot.ids + torch.repeat_interleave(self.offsets, counts, output_size=multi_hot.ids.numel())
         pooled = F.embedding_bag(
             rows, self.weight, multi_hot.offsets, mode="sum", sparse=self.sparse, include_last_offset=True
         ).view(fm, b, self.dim)  # (Fm, B, D)
-        if self.is_mean.any():
+        if "mean" in self.combiners:  # known on the host: no read of a device tensor a step
             lengths = (multi_hot.offsets[1:] - multi_hot.offsets[:-1]).view(fm, b, 1).clamp_min(1)
             scale = torch.where(self.is_mean.view(fm, 1, 1), 1.0 / lengths.to(pooled.dtype), 1.0)
             pooled = pooled * scale
