@@ -8,9 +8,9 @@ about 8 minutes; each section also runs on the CPU at small sizes, which is how 
   windows after the first), against the step alone of the same precision (the ``step`` section's JSON), and the
   seconds from the process's start to its first step (the log's ``first_step``).
 - ``host``: the same model trained over the same stream of batches with its tables on the GPU, then in host memory
-  (``--embedding-storage host``) with the GPU capped (``torch.cuda.set_per_process_memory_fraction``) at
-  ``--cap`` of the tables' bytes beyond what the rest needs: samples a second of each over ``--steps`` batches
-  after a quarter as many untimed (the cache filled from cold), and the cache's hit rate.
+  (``--embedding-storage host``) with the process capped on the GPU (``torch.cuda.set_per_process_memory_fraction``)
+  at ``--cap`` of the tables' bytes, its cache what the step leaves of that: samples a second of each over
+  ``--steps`` batches after a quarter as many untimed (the cache filled from cold), and the cache's hit rate.
 - ``syncs``: the training loop's host synchronisations: the feed and the step over ``--steps`` batches under
   ``torch.cuda.set_sync_debug_mode("warn")``, each synchronising call counted with where ctrkit made it.
 
@@ -210,26 +210,33 @@ def _train_over(step, batches, device: torch.device, untimed: int) -> float:
 
 
 def host_section(a) -> dict:
-    """The tables on the GPU, then in host memory with the GPU capped below them, over the same batches."""
+    """The tables on the GPU, then in host memory with the whole process capped on the GPU at ``--cap`` of the
+    tables' bytes (the cache sized to what the step's own work leaves of it), over the same batches."""
     device = torch.device(a.device)
     model_config, batch_size = _recipe(a.dataset, a.dim)
     batch_size = a.batch_size or batch_size
     untimed = max(2, a.steps // 4)  # the cache filled from cold over the first quarter, then timed as it runs on
     batches = _batches(a.dataset, batch_size, device, a.steps + untimed)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     model, steps = _ctrkit_step(model_config, device)
     table_bytes = model.embeddings.onehot.weight.nbytes
     in_gpu = _train_over(steps["fp32"], batches, device, untimed)
     del model, steps
     gc.collect()
-    rows = sum(model_config.cardinalities)
-    cache_rows = max(int(rows * a.cap), batch_size * len(model_config.cardinalities))  # at least a step's rows
-    cap = None
-    if device.type == "cuda":
+    rows, lookups = sum(model_config.cardinalities), batch_size * len(model_config.cardinalities)
+    cap = work = None
+    if device.type == "cuda":  # the whole process held to ``cap`` of the tables' bytes: the cache gets what is left
+        work = torch.cuda.max_memory_allocated(device) - table_bytes  # the batches, the dense model, the step's work
+        room = int(a.cap * table_bytes)
+        per_row = model_config.embedding_dim * 4 + 4 + 8 + 8 + 8 + 1  # a cached row, its slot map and bookkeeping
+        cache_rows = int((room - work - rows * 4) * 0.9 / per_row)
         torch.cuda.empty_cache()
-        total = torch.cuda.get_device_properties(device).total_memory
-        rest = torch.cuda.memory_allocated(device) + (4 << 30)  # the batches, the dense model, the step's work
-        cap = min(1.0, (rest + table_bytes * a.cap) / total)
+        cap = room / torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(cap, device)
+    else:  # no cap on a CPU: the cache is ``cap`` of the rows
+        cache_rows = int(rows * a.cap)
+    cache_rows = max(cache_rows, lookups)  # at least a step's rows
     model, steps = _ctrkit_step(model_config, device, in_host(cache_rows, device))
     in_host_rate = _train_over(steps["fp32"], batches, device, untimed)
     (tier,) = tiers(model)
@@ -242,6 +249,7 @@ def host_section(a) -> dict:
         "untimed_steps": untimed,
         "table_rows": rows,
         "gpu_memory_fraction": cap,
+        "step_work_bytes": work,
         "samples_per_s": {"tables_on_gpu": in_gpu, "tables_in_host_memory": in_host_rate},
         "host_of_gpu": in_host_rate / in_gpu,
         "cache": {
