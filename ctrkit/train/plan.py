@@ -338,10 +338,11 @@ def _fit_or_refuse(
     )
 
 
-# the tables' draw on this many values a second a thread, and the first touch of fresh memory at this many bytes a
-# second: measured on the FL15 build (docs/decisions/table-draw.md), for the plan's estimate of a long build
+# the tables' draw on this many values a second a thread, and the first touch of their fresh memory (advised to huge
+# pages) at this many bytes a second: measured on the FL15 build (docs/decisions/table-draw.md), for the plan's
+# estimate of a long build
 DRAW_VALUES_PER_S = 240e6
-TOUCH_BYTES_PER_S = 1.15e9
+TOUCH_BYTES_PER_S = 2.9e9
 LONG_BUILD_S = 10.0  # the plan says how long the tables' build is expected to take from this many seconds
 
 
