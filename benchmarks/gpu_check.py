@@ -64,11 +64,16 @@ def _recipe(dataset: Path, dim: int | None) -> tuple:
     return spec.model_config, spec.train.batch_size
 
 
-def _batches(dataset: Path, batch_size: int, device: torch.device, count: int) -> list:
-    """``count`` batches of the training mapping on ``device``, read and fed as training reads them."""
+def _feed(dataset: Path, batch_size: int, device: torch.device):
+    """The training mapping's first epoch on ``device``, read and fed as training reads it."""
     train = SplitBinaryDataset(FeatureSpec.from_yaml(dataset), "train")
     loader = BatchLoader(train, batch_size, shuffle=True, seed=0, narrow=narrow_on(device))
-    feed = DeviceFeed(device)(loader.epoch(0))
+    return DeviceFeed(device)(loader.epoch(0))
+
+
+def _batches(dataset: Path, batch_size: int, device: torch.device, count: int) -> list:
+    """``count`` batches of the training mapping on ``device`` (``_feed``'s first)."""
+    feed = _feed(dataset, batch_size, device)
     try:
         return [b for _, b in zip(range(count), feed)]
     finally:
@@ -269,9 +274,7 @@ def syncs_section(a) -> dict:
     model_config, batch_size = _recipe(a.dataset, a.dim)
     batch_size = a.batch_size or batch_size
     step = _ctrkit_step(model_config, device)[1]["fp32"]
-    train = SplitBinaryDataset(FeatureSpec.from_yaml(a.dataset), "train")
-    loader = BatchLoader(train, batch_size, shuffle=True, seed=0, narrow=narrow_on(device))
-    feed = DeviceFeed(device)(loader.epoch(0))
+    feed = _feed(a.dataset, batch_size, device)
     loss = torch.zeros((), device=device)
     for b in [next(feed) for _ in range(2)]:  # warmup: the first steps allocate and choose kernels
         loss += step(b)

@@ -2,36 +2,18 @@
 `serve --dtype bf16` run in fp32 and say so in one line. CTRKIT_CPU_BF16 makes this machine act as
 either kind."""
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
 from ctrkit import device as dev
-from tests.conftest import small_model_flags
+from tests.conftest import run_process, small_model_flags
 
 
 @pytest.mark.parametrize("native", ["0", "1"])
-def test_amp_on_a_cpu_follows_its_bf16_support(tiny_dataset, tmp_path, native):
-    env = {**os.environ, "CTRKIT_CPU_BF16": native}
-    cmd = [
-        sys.executable,
-        "-m",
-        "ctrkit",
-        "train",
-        "--dataset",
-        str(tiny_dataset),
-        "--amp",
-        "--max-steps",
-        "2",
-        "--no-progress",
-        "--device",
-        "cpu",
-        *small_model_flags(),
-    ]
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+def test_amp_on_a_cpu_follows_its_bf16_support(tiny_dataset, tmp_path, native, monkeypatch):
+    monkeypatch.setenv("CTRKIT_CPU_BF16", native)
+    flags = ("--dataset", tiny_dataset, "--amp", "--max-steps", "2", "--no-progress", "--device", "cpu")
+    done = run_process("train", *flags, *small_model_flags())
     assert done.returncode == 0, done.stderr[-2000:]
     said = [line for line in done.stderr.splitlines() if line.startswith("ctrkit:") and "no native bf16" in line]
     if native == "0":  # said once (the plan's execution line says why too), and no autocast
@@ -83,24 +65,8 @@ def test_amp_on_cuda_takes_autocast_only_at_batches_where_it_pays(monkeypatch, c
 def test_amp_on_a_gpu_follows_the_batch(tiny_dataset):
     dtype = "bfloat16" if dev.cuda_native_bf16(torch.device("cuda")) else "float16"
     for batch in (2048, dev.CUDA_AMP_MIN_TRAIN_BATCH):
-        cmd = [
-            sys.executable,
-            "-m",
-            "ctrkit",
-            "train",
-            "--dataset",
-            str(tiny_dataset),
-            "--amp",
-            "--max-steps",
-            "2",
-            "--batch-size",
-            str(batch),
-            "--no-progress",
-            "--device",
-            "cuda",
-            *small_model_flags(),
-        ]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        flags = ("--dataset", tiny_dataset, "--amp", "--max-steps", "2", "--batch-size", batch, "--no-progress")
+        done = run_process("train", *flags, "--device", "cuda", *small_model_flags())
         assert done.returncode == 0, done.stderr[-2000:]
         if batch < dev.CUDA_AMP_MIN_TRAIN_BATCH:
             assert "running in fp32" in done.stderr and f"with {dtype} autocast" not in done.stderr, done.stderr[-2000:]

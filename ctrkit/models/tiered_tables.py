@@ -120,10 +120,9 @@ class TieredTable:
         return hugepages.empty(*shape, dtype=dtype).zero_()  # advised to huge pages before the first write
 
     def _read(self, home: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """Rows ``rows`` (on the cache's device, in row order) of a home tensor, on the cache's device: for a GPU,
-        gathered into page-locked memory and copied from there without waiting (torch's caching host allocator
-        keeps the block until the copy is done)."""
-        rows = rows.cpu()
+        """Rows ``rows`` (a CPU index, read once for the table and each state) of a home tensor, on the cache's
+        device: for a GPU, gathered into page-locked memory and copied from there without waiting (torch's caching
+        host allocator keeps the block until the copy is done)."""
         if self.device.type == "cpu":
             return home.index_select(0, rows)
         staged = torch.empty((len(rows), *home.shape[1:]), dtype=home.dtype, pin_memory=True)
@@ -131,8 +130,9 @@ class TieredTable:
         return staged.to(self.device, non_blocking=True)
 
     def _write(self, home: torch.Tensor, rows: torch.Tensor, values: torch.Tensor) -> None:
-        """Writes ``values`` (on the cache's device) to rows ``rows`` (in row order) of a home tensor."""
-        home.index_copy_(0, rows.cpu(), values.cpu())
+        """Writes ``values`` (on the cache's device) to rows ``rows`` (a CPU index, in row order) of a home
+        tensor."""
+        home.index_copy_(0, rows, values.cpu())
 
     # --- training lookups -------------------------------------------------------------------------------------
     def new_step(self) -> None:
@@ -160,9 +160,10 @@ class TieredTable:
                     self._evict(n - self.free_count)
                 new = self.free[self.free_count - n : self.free_count].clone()
                 self.free_count -= n
-                self.cache.index_copy_(0, new, self._read(self.table, wanted))
+                at = wanted.cpu()  # the home's index, once for the table and its states
+                self.cache.index_copy_(0, new, self._read(self.table, at))
                 for cached, stored in self.states.values():
-                    cached.index_copy_(0, new, self._read(stored, wanted))
+                    cached.index_copy_(0, new, self._read(stored, at))
                 self.slot_of[wanted] = new.to(self.slot_of.dtype)
                 self.row_of[new] = wanted
                 self.used[new] = self.clock
@@ -201,7 +202,7 @@ class TieredTable:
             self.dirty[slots] = False
         rows = self.row_of[slots]
         order = torch.argsort(rows)
-        slots, rows = slots[order], rows[order]
+        slots, rows = slots[order], rows[order].cpu()
         if weights:
             self._write(self.table, rows, self.cache.index_select(0, slots))
         if states:
@@ -227,7 +228,7 @@ class TieredTable:
         out = torch.empty(len(f), self.dim, dtype=self.cache.dtype, device=self.device)
         out[cached] = self.cache.index_select(0, found[cached])
         missing = ~cached
-        out[missing] = self._read(self.table, f[missing])  # only the rows the cache lacks are read from home
+        out[missing] = self._read(self.table, f[missing].cpu())  # only the rows the cache lacks are read from home
         return out.view(*flat.shape, self.dim)
 
     # --- whole tables: checkpoints, restores, redraws ----------------------------------------------------------
@@ -267,8 +268,7 @@ class TieredTable:
     def _write_back_state(self, cached: torch.Tensor, stored: torch.Tensor) -> None:
         occupied = self._occupied()
         if len(occupied):
-            rows = self.row_of[occupied]
-            self._write(stored, rows, cached.index_select(0, occupied))
+            self._write(stored, self.row_of[occupied].cpu(), cached.index_select(0, occupied))
 
     @torch.no_grad()
     def reset(self, fill) -> None:

@@ -20,6 +20,11 @@ from ctrkit.hugepages import file_tensor
 ON_DISK_FROM = 64 << 20  # tensors of this many bytes or more go to disk (the tables); smaller ones stay in memory
 
 
+def kept_on_disk(t: torch.Tensor, directory: Path | None) -> bool:
+    """Whether the best weights' copy of ``t`` lives on disk: with a ``directory``, from ``ON_DISK_FROM`` bytes."""
+    return directory is not None and t.numel() * t.element_size() >= ON_DISK_FROM
+
+
 def drop_resident(t: torch.Tensor) -> None:
     """Drops the whole pages of ``t`` (a file-backed shared mapping) from this process's resident memory."""
     drop_pages(t.data_ptr(), t.numel() * t.element_size())
@@ -31,7 +36,7 @@ def release(state: dict[str, torch.Tensor] | None, directory: Path | None) -> No
     if state is None or directory is None:
         return
     for v in state.values():
-        if v.device.type == "cpu" and v.numel() * v.element_size() >= ON_DISK_FROM:
+        if v.device.type == "cpu" and kept_on_disk(v, directory):
             drop_resident(v)
 
 
@@ -43,7 +48,7 @@ def copy_state(state: dict[str, torch.Tensor], into: dict[str, torch.Tensor] | N
     out = {}
     with torch.no_grad():
         for k, v in state.items():
-            big = directory is not None and v.numel() * v.element_size() >= ON_DISK_FROM
+            big = kept_on_disk(v, directory)
             old = into.get(k) if into is not None else None
             where = torch.device("cpu") if big else v.device  # a copy on disk is in the CPU's mapping of its file
             if old is not None and old.shape == v.shape and old.dtype == v.dtype and old.device == where:

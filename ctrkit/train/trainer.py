@@ -34,7 +34,7 @@ from ctrkit.models.dynamic import DynamicIds
 from ctrkit.models.embeddings import fill_pending_tables
 from ctrkit.models.registry import config_to_dict
 from ctrkit.models.tiered_tables import tiered_keys
-from ctrkit.train.best_weights import ON_DISK_FROM, copy_state
+from ctrkit.train.best_weights import copy_state, kept_on_disk
 from ctrkit.train.memory import tables_directory
 from ctrkit.train.optim import LRSchedule, build_optimizers
 from ctrkit.train.plan import resolved_train
@@ -610,8 +610,8 @@ class Trainer:
     def _best_of(self, ckpt: Checkpoint) -> dict[str, torch.Tensor]:
         """This process's part of a checkpoint's selected weights: all of them on its device, or a rank's shards."""
         if self.env is None:  # a tiered table, and a table the run keeps on disk, stays in the checkpoint's mapping
-            tiered, on_disk = tiered_keys(self.model), self.selector.best_dir is not None
-            stays = lambda k, v: k in tiered or on_disk and v.numel() * v.element_size() >= ON_DISK_FROM  # noqa: E731
+            tiered, best_dir = tiered_keys(self.model), self.selector.best_dir
+            stays = lambda k, v: k in tiered or kept_on_disk(v, best_dir)  # noqa: E731
             return {k: v if stays(k, v) else v.to(self.device) for k, v in ckpt.model.items()}
         current = self._local_state()
         self.model.load_full_state_dict(ckpt.model)
