@@ -39,6 +39,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ctrkit import splitmix
 from ctrkit.data.feature_spec import check_capacity
 
 EMPTY, USED, GONE = 0, 1, 2  # slot states (GONE: a deleted entry, skipped by lookups, reused by inserts)
@@ -50,21 +51,10 @@ BATCHED = 64
 MAX_PROBE = 64  # slots a lookup or an insert looks at, at most (at load <= 1/2 a random key set needs a handful)
 
 
-def _finalise(z: np.ndarray, scratch: np.ndarray) -> np.ndarray:
-    """SplitMix64's finaliser applied to the uint64 array ``z`` in place (``scratch``: an array of its size)."""
-    with np.errstate(over="ignore"):
-        for shift, factor in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB), (31, None)):
-            np.right_shift(z, np.uint64(shift), out=scratch)
-            z ^= scratch
-            if factor is not None:
-                z *= np.uint64(factor)
-    return z
-
-
 def mix64(ids: np.ndarray) -> np.ndarray:
     """SplitMix64's finaliser: a bijection of 64-bit integers that spreads consecutive ids over the slots."""
     z = ids.astype(np.uint64, copy=True)
-    return _finalise(z, np.empty_like(z))
+    return splitmix.finalise_numpy(z)
 
 
 def keyed_mix(ids: np.ndarray, key: np.ndarray) -> np.ndarray:
@@ -76,9 +66,9 @@ def keyed_mix(ids: np.ndarray, key: np.ndarray) -> np.ndarray:
     z = ids.astype(np.uint64, copy=True)
     scratch = np.empty_like(z)
     z ^= k0
-    _finalise(z, scratch)
+    splitmix.finalise_numpy(z, scratch)
     z ^= k1
-    return _finalise(z, scratch)
+    return splitmix.finalise_numpy(z, scratch)
 
 
 def new_key() -> torch.Tensor:

@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-import functools
-import math
-import threading
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -18,8 +13,7 @@ from ctrkit import hugepages, native
 from ctrkit.data.batch import PaddedMultiHot
 from ctrkit.models import tiered_tables
 from ctrkit.models.storage import IN_MEMORY, TableStorage
-
-INIT_BLOCK_ROWS = 1 << 16  # rows drawn from one generator when initialising a table
+from ctrkit.models.table_draw import TableInit
 
 
 def fill_pending_tables(model: nn.Module) -> None:
@@ -39,10 +33,10 @@ def tables_written(module: nn.Module) -> None:
 class _Tables(nn.Module):
     """The flat (sum of cardinalities, D) weight and its initialisation, shared by both collections.
 
-    Each table is U(-1/sqrt(cardinality), 1/sqrt(cardinality)) (zeros with ``zero_init``), drawn in
-    blocks of ``INIT_BLOCK_ROWS`` rows, each block from its own generator seeded by (``init_seed``,
-    feature, block): any block of rows can be drawn alone, whatever else is drawn or where. The seed
-    itself comes from torch's global generator, so ``torch.manual_seed`` fixes the whole model.
+    Each table is U(-1/sqrt(cardinality), 1/sqrt(cardinality)) (zeros with ``zero_init``), each value a
+    function of (``init_seed``, feature, row, column) (``table_draw``): any rows and columns can be drawn
+    alone, whatever else is drawn or where. The seed itself comes from torch's global generator, so
+    ``torch.manual_seed`` fixes the whole model.
     """
 
     cardinalities: tuple[int, ...]
@@ -78,14 +72,9 @@ class _Tables(nn.Module):
         """Draws every table's initial values into the weight (``draw`` > 0: another set of them)."""
         init = self.init
 
-        def fill(weight: torch.Tensor) -> None:  # every table's blocks at once, over the CPU's threads
-            if init.zero:
-                weight.zero_()
-                return
-            tasks = []
+        def fill(weight: torch.Tensor) -> None:
             for f, (off, card) in enumerate(zip(self.offsets.tolist(), self.cardinalities)):
-                tasks += init.block_draws(weight[off : off + card], f, 0, card, draw=draw)
-            draw_blocks(tasks)
+                init.fill(weight[off : off + card], f, 0, card, draw=draw)
 
         if self.tier is not None:  # the home's table; the cache and the optimizer state start over
             self.tier.reset(fill)
@@ -116,99 +105,6 @@ class _Tables(nn.Module):
             self._parameters["weight"] = weight
         if prefix + "weight" in unexpected:
             unexpected.remove(prefix + "weight")
-
-
-@dataclass(frozen=True)
-class TableInit:
-    """How a collection's tables are drawn: enough to redraw any block of rows of any table anywhere
-    (a hybrid-parallel rank keeps this instead of the whole tables)."""
-
-    seed: int
-    zero: bool
-    cardinalities: tuple[int, ...]
-    dim: int
-
-    def fill(
-        self,
-        out: torch.Tensor,
-        feature: int,
-        row_lo: int,
-        row_hi: int,
-        col_lo: int = 0,
-        col_hi: int | None = None,
-        draw: int = 0,
-    ) -> torch.Tensor:
-        """Writes rows [row_lo, row_hi) and columns [col_lo, col_hi) of ``feature``'s initial table into
-        ``out`` (row_hi - row_lo, col_hi - col_lo); returns it. ``draw`` 0 is the initial table, each
-        other value an independent redraw (``reinit_embeddings`` draws epoch e's tables with e)."""
-        if self.zero:
-            return out.zero_()
-        draw_blocks(self.block_draws(out, feature, row_lo, row_hi, col_lo, col_hi, draw))
-        return out
-
-    def block_draws(
-        self,
-        out: torch.Tensor,
-        feature: int,
-        row_lo: int,
-        row_hi: int,
-        col_lo: int = 0,
-        col_hi: int | None = None,
-        draw: int = 0,
-    ) -> list[Callable[[], None]]:
-        """``fill``'s work, one function a block of ``INIT_BLOCK_ROWS`` rows: each draws its block from its own
-        generator, seeded by (seed, feature, block[, draw]), so the blocks may be drawn in any order, on any thread.
-        A whole block of a float32 table on the CPU is drawn in place; a part of one (a shard's rows or columns, or
-        another device or dtype) is drawn whole and its part copied: the same values either way."""
-        col_hi = self.dim if col_hi is None else col_hi
-        card = self.cardinalities[feature]
-        bound = 1.0 / math.sqrt(card)
-        in_place = out.device.type == "cpu" and out.dtype == torch.float32 and (col_lo, col_hi) == (0, self.dim)
-
-        def one(block: int) -> None:
-            lo, hi = block * INIT_BLOCK_ROWS, min((block + 1) * INIT_BLOCK_ROWS, card)
-            key = (self.seed, feature, block) if draw == 0 else (self.seed, feature, block, draw)
-            generator = torch.Generator()
-            generator.manual_seed(hash(key) & (2**63 - 1))  # tuples of ints hash the same in every process
-            a, b = max(lo, row_lo), min(hi, row_hi)
-            with torch.no_grad():  # grad mode is a thread's own: a worker's is on
-                target = out[a - row_lo : b - row_lo]
-                if in_place and (a, b) == (lo, hi) and target.is_contiguous():
-                    target.uniform_(-bound, bound, generator=generator)
-                    return
-                values = _staging(hi - lo, self.dim).uniform_(-bound, bound, generator=generator)
-                target.copy_(values[a - lo : b - lo, col_lo:col_hi])  # to another device: a synchronous copy
-
-        blocks = range(row_lo // INIT_BLOCK_ROWS, -(-row_hi // INIT_BLOCK_ROWS))
-        return [functools.partial(one, block) for block in blocks]
-
-
-_DRAWING = threading.local()
-
-
-def _staging(rows: int, dim: int) -> torch.Tensor:
-    """A (rows, dim) float32 CPU block of this thread's, reused from block to block of one ``draw_blocks``: a table
-    drawn in parts or for another device touches one block of fresh memory a thread, not a table's worth."""
-    buffer = getattr(_DRAWING, "block", None)
-    if buffer is None or buffer.numel() < rows * dim:
-        buffer = _DRAWING.block = torch.empty(rows * dim)
-    return buffer[: rows * dim].view(rows, dim)
-
-
-def draw_blocks(tasks: list[Callable[[], None]]) -> None:
-    """Runs ``TableInit.block_draws``' functions on the CPU's threads (``torch.get_num_threads``): each draws with
-    its own generator, and torch's random fill is serial under one, so the threads draw side by side."""
-    threads = min(len(tasks), torch.get_num_threads())
-    if threads <= 1:
-        try:
-            for task in tasks:
-                task()
-        finally:
-            _DRAWING.block = None  # this thread's block is not kept after the draw (the pool's threads end)
-        return
-    with ThreadPoolExecutor(threads, thread_name_prefix="ctrkit-init") as pool:
-        for done in [pool.submit(task) for task in tasks]:
-            done.result()
 
 
 class EmbeddingCollection(_Tables):

@@ -24,14 +24,14 @@ class TableStorage:
         fill_later: allocated but not drawn: their pages stay untouched (not resident) until
             ``embeddings.fill_pending_tables``, a load or a redraw writes them. A training run builds its model so,
             so that the warm start's fit (which needs only the first-order tables) does not add to the tables'
-            memory. The values drawn later are the same: each block of rows has its own generator, seeded at
-            construction.
+            memory. The values drawn later are the same: each is a function of the seed drawn at construction and its
+            place (``table_draw``).
         tier: the one-hot tables kept whole in a larger home, a row cache where they train
             (``tiered_tables.TieredTable``): in files on disk, the cache in memory, or in the CPU's memory, the cache
             on a GPU; None: where the model is.
         device: where tables in memory are allocated and drawn (None: where the model is built, the CPU): a GPU
-            run's tables made on its GPU at once, each block drawn on the CPU's threads (the same values as on the
-            CPU) and copied there, with no copy of the tables in the CPU's memory. The rest of the model is built
+            run's tables made and drawn on its GPU (the same values as on the CPU), with no copy of them in the CPU's
+            memory. The rest of the model is built
             on the CPU and moved, so every device starts from the same weights.
     """
 

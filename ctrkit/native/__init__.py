@@ -1,5 +1,5 @@
-"""CPU kernels in C for the training steps ATen has no fused kernel for, built on first use with the machine's C
-compiler and loaded with ctypes.
+"""CPU kernels in C for the training steps ATen has no fused kernel for and for the tables' draw, built on first
+use with the machine's C compiler and loaded with ctypes.
 
 The source lies beside this file. It is compiled once per source, compiler and CPU with ``-O3 -march=native
 -fopenmp`` into ``$XDG_CACHE_HOME/ctrkit/native`` (``~/.cache/ctrkit/native``), written under a temporary name
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch  # loads torch's OpenMP runtime (libgomp.so.1) before the library that links it
 
-SOURCES = ("interaction.c", "rows.c", "mlp.c")
+SOURCES = ("interaction.c", "rows.c", "mlp.c", "draw.c")
 HEADERS = ("bf16.h",)  # included by the sources: part of the build's cache key
 # values below which a kernel runs on one thread, as ATen's grain: waking sleeping OpenMP threads costs more
 # (docs/decisions/omp-wait-policy.md)
@@ -43,12 +43,14 @@ FLAGS = (
     f"-DCTRKIT_GRAIN={GRAIN}",
 )  # fmt: skip
 _P, _I, _C, _D = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_double
+_U, _F = ctypes.c_uint64, ctypes.c_float
 SIGNATURES = {
     "ctrkit_rows_adam_f32": [*[_P] * 7, _I, _I, _I, _D, _D, _D, _D, _D],
     "ctrkit_rows_adagrad_f32": [*[_P] * 6, _I, _I, _I, _D, _D],
     "ctrkit_rows_sgd_f32": [_P, _P, _P, _I, _I, _I, _D],
     "ctrkit_gather_rows_f32": [_P, _I, _P, _P, _I, _I, _I, _P, _P],
     "ctrkit_sort_ids": [_P, _I, _I, _P, _P, _P, _P],
+    "ctrkit_draw_uniform_f32": [_P, _I, _I, _I, _U, _I, _I, _I, _F],
     "ctrkit_bias_relu_f32": [_P, _P, _I, _I],
     "ctrkit_relu_backward_bias_f32": [_P, _P, _P, _P, _I, _I],
     "ctrkit_relu_backward_bias_bf16": [_P, _P, _P, _P, _I, _I],

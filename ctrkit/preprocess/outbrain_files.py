@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from ctrkit import splitmix
 from ctrkit.data.feature_spec import check_capacity
 from ctrkit.data.split_binary import DataError
 from ctrkit.data_config import OutbrainPreprocessConfig
@@ -272,10 +273,8 @@ def positions(keys: np.ndarray, queries: np.ndarray, table: np.ndarray | None = 
 def split_draw(display: np.ndarray, seed: int) -> np.ndarray:
     """A uniform number in [0, 1) per display id, a fixed function of (id, seed) (splitmix64)."""
     with np.errstate(over="ignore"):
-        z = display.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15) * np.uint64(seed + 1)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        z = z ^ (z >> np.uint64(31))
+        z = display.astype(np.uint64) + np.uint64((splitmix.GOLDEN * (seed + 1)) & splitmix.MASK)
+    splitmix.finalise_numpy(z)
     return (z >> np.uint64(11)).astype(np.float64) / float(1 << 53)
 
 

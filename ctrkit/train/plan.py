@@ -338,23 +338,22 @@ def _fit_or_refuse(
     )
 
 
-# the tables' draw on this many values a second a thread, and the first touch of their fresh memory (advised to huge
-# pages) at this many bytes a second: measured on the FL15 build (docs/decisions/table-draw.md), for the plan's
-# estimate of a long build
-DRAW_VALUES_PER_S = 240e6
-TOUCH_BYTES_PER_S = 2.9e9
+# the CPU's draw of the tables (``table_draw``'s C kernel) at this many values a second a thread, and the first touch
+# of their fresh memory (advised to huge pages) at this many bytes a second: measured on the FL15 build
+# (docs/decisions/table-draw.md), for the plan's estimate of a long build
+DRAW_VALUES_PER_S = 2.5e9
+TOUCH_BYTES_PER_S = 4.6e9
 LONG_BUILD_S = 10.0  # the plan says how long the tables' build is expected to take from this many seconds
 
 
 def build_seconds(facts: Facts) -> float:
-    """The expected seconds to draw a fresh run's deep tables: their values over ``DRAW_VALUES_PER_S`` on each of
-    the run's threads, and on a CPU the first touch of their memory (``TOUCH_BYTES_PER_S``); a GPU's copies from
-    the threads are not counted."""
+    """The expected seconds to build a fresh CPU run's deep tables: their values over ``DRAW_VALUES_PER_S`` on each
+    of the run's threads, and the first touch of their memory (``TOUCH_BYTES_PER_S``). A GPU draws its own tables
+    in one pass over their memory: not estimated (0)."""
+    if facts.device != "cpu":
+        return 0.0
     values = facts.sizes[0] // 4 // facts.processes
-    seconds = values / (DRAW_VALUES_PER_S * max(facts.threads, 1))
-    if facts.device == "cpu":
-        seconds += facts.sizes[0] / facts.processes / TOUCH_BYTES_PER_S
-    return seconds
+    return values / (DRAW_VALUES_PER_S * max(facts.threads, 1)) + facts.sizes[0] / facts.processes / TOUCH_BYTES_PER_S
 
 
 def _build_time(facts: Facts) -> str:

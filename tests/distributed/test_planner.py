@@ -36,17 +36,17 @@ def test_deferred_tables_draw_any_shard_as_the_whole_table_holds_it():
 
     from ctrkit.distributed.planner import Shard
     from ctrkit.distributed.sharded_embeddings import ShardedEmbeddingCollection
-    from ctrkit.models.embeddings import INIT_BLOCK_ROWS, EmbeddingCollection
+    from ctrkit.models.embeddings import EmbeddingCollection
     from ctrkit.models.storage import DEFERRED
 
-    cards = (3, INIT_BLOCK_ROWS * 2 + 77, 1000)
+    cards = (3, 2 * 65_536 + 77, 1000)
     torch.manual_seed(5)
     whole = EmbeddingCollection(cards, 8)
     after_whole = torch.rand(1)
     torch.manual_seed(5)
     deferred = EmbeddingCollection(cards, 8, storage=DEFERRED)
     assert deferred.weight.is_meta and torch.equal(torch.rand(1), after_whole)  # the same RNG use
-    for s in [Shard(1, 0, 0, 5, 0, 8), Shard(1, 1, INIT_BLOCK_ROWS - 3, INIT_BLOCK_ROWS * 2 + 77, 0, 8),
+    for s in [Shard(1, 0, 0, 5, 0, 8), Shard(1, 1, 65_536 - 3, 2 * 65_536 + 77, 0, 8),
               Shard(0, 0, 0, 3, 2, 6), Shard(2, 1, 10, 900, 4, 8)]:  # fmt: skip
         got = ShardedEmbeddingCollection._initial(deferred, s)
         assert torch.equal(got, whole.table(s.feature)[s.row_lo : s.row_hi, s.col_lo : s.col_hi]), s
@@ -81,9 +81,9 @@ def test_a_redraw_of_the_shards_is_the_same_redraw_of_the_whole_tables():
     import torch
 
     from ctrkit.distributed.sharded_embeddings import ShardedEmbeddingCollection
-    from ctrkit.models.embeddings import INIT_BLOCK_ROWS, EmbeddingCollection
+    from ctrkit.models.embeddings import EmbeddingCollection
 
-    cards = (3, INIT_BLOCK_ROWS + 77, 1000)
+    cards = (3, 65_536 + 77, 1000)
     torch.manual_seed(5)
     whole = EmbeddingCollection(cards, 8)
     first = whole.weight.detach().clone()

@@ -138,45 +138,86 @@ def test_interaction_without_dense_vector_gradients():
     assert torch.autograd.gradcheck(lambda e: layer(None, e), (emb,))
 
 
-def _reference_fill(init, out, feature, row_lo, row_hi, col_lo=0, col_hi=None, draw=0):
-    """The draw as it was first written: block by block, each from its own generator, into a fresh block."""
-    import math
+def _reference_value(init, feature, row, col, draw=0):
+    """One table value from the definition (docs/decisions/table-draw.md), in Python integers: the SplitMix64
+    finaliser written out here, not taken from ctrkit, at counter row * dim + col + 1 of the table's key."""
+    mask = (1 << 64) - 1
 
-    from ctrkit.models.embeddings import INIT_BLOCK_ROWS
+    def finalise(z):
+        z &= mask
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+        return z ^ (z >> 31)
 
-    col_hi = init.dim if col_hi is None else col_hi
-    card = init.cardinalities[feature]
-    bound = 1.0 / math.sqrt(card)
-    for block in range(row_lo // INIT_BLOCK_ROWS, -(-row_hi // INIT_BLOCK_ROWS)):
-        lo, hi = block * INIT_BLOCK_ROWS, min((block + 1) * INIT_BLOCK_ROWS, card)
-        key = (init.seed, feature, block) if draw == 0 else (init.seed, feature, block, draw)
-        generator = torch.Generator().manual_seed(hash(key) & (2**63 - 1))
-        values = torch.empty(hi - lo, init.dim).uniform_(-bound, bound, generator=generator)
-        a, b = max(lo, row_lo), min(hi, row_hi)
-        out[a - row_lo : b - row_lo] = values[a - lo : b - lo, col_lo:col_hi]
-    return out
+    golden = 0x9E3779B97F4A7C15
+    key = finalise(finalise(finalise(init.seed + golden) ^ feature) ^ draw)
+    z = finalise(key + (row * init.dim + col + 1) * golden)
+    j = ((z >> 39) | 1) - (1 << 24)  # odd, in (-2**24, 2**24)
+    scale = torch.tensor(1 / math.sqrt(init.cardinalities[feature]) / (1 << 24), dtype=torch.float32)
+    return (torch.tensor(float(j), dtype=torch.float32) * scale).item()
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_tables_drawn_on_threads_in_place_equal_the_block_by_block_draw(threads):
-    from ctrkit.models.embeddings import INIT_BLOCK_ROWS
+def test_tables_drawn_by_the_kernel_equal_torch_operations_and_the_definition(threads):
+    """The C kernel (whole tables on threads, shards, column ranges, strided rows, redraws) and torch's operations
+    (where the kernel is not built, and on a GPU) draw the same bits, and each value is the definition's."""
+    import random
+
+    from ctrkit import native
 
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         torch.manual_seed(11)
-        rows = INIT_BLOCK_ROWS * 2 + 123
+        rows = 70_000
         emb = EmbeddingCollection((7, rows, 1000), 6)
         init, offsets = emb.init, emb.offsets.tolist()
-        for f, card in enumerate(emb.cardinalities):  # whole tables: drawn in place, on threads
-            want = _reference_fill(init, torch.empty(card, 6), f, 0, card)
-            assert torch.equal(emb.weight[offsets[f] : offsets[f] + card], want), f
-        for args in ((1, 5, INIT_BLOCK_ROWS + 9, 0, 6), (1, 100, rows, 2, 5), (2, 0, 1000, 0, 6, 3)):  # shards, redraws
+        assert native.library() is not None  # the kernel drew these (CI has a C compiler)
+        with native.suspended():
+            for f, card in enumerate(emb.cardinalities):  # whole tables
+                want = init.fill(torch.empty(card, 6), f, 0, card)
+                assert torch.equal(emb.weight[offsets[f] : offsets[f] + card], want), f
+        picks = random.Random(3)
+        for args in ((1, 5, 66_000, 0, 6), (1, 100, rows, 2, 5), (2, 0, 1000, 0, 6, 3), (0, 2, 7, 1, 2)):
             f, lo, hi, c0, c1, *draw = args
-            got = init.fill(torch.empty(hi - lo, c1 - c0), f, lo, hi, c0, c1, *draw)
-            assert torch.equal(got, _reference_fill(init, torch.empty(hi - lo, c1 - c0), f, lo, hi, c0, c1, *draw))
+            strided = torch.full((hi - lo, 9), float("nan"))[:, 1 : 1 + c1 - c0]  # rows 9 floats apart
+            got = init.fill(strided, f, lo, hi, c0, c1, *draw)
+            with native.suspended():
+                want = init.fill(torch.empty(hi - lo, c1 - c0), f, lo, hi, c0, c1, *draw)
+            assert torch.equal(got, want), args
+            for _ in range(20):
+                r, c = picks.randrange(lo, hi), picks.randrange(c0, c1)
+                assert got[r - lo, c - c0].item() == _reference_value(init, f, r, c, *draw), (args, r, c)
         emb.reset_tables(draw=2)
-        want = _reference_fill(init, torch.empty(rows, 6), 1, 0, rows, draw=2)
+        want = init.fill(torch.empty(rows, 6), 1, 0, rows, draw=2)
         assert torch.equal(emb.weight[offsets[1] : offsets[1] + rows], want)
     finally:
         torch.set_num_threads(before)
+
+
+def test_drawn_tables_are_uniform_and_independent():
+    """Each table is U(-b, b) (a Kolmogorov-Smirnov test on a million values), and tables of other features, other
+    draws and other seeds are uncorrelated."""
+    from scipy import stats
+
+    from ctrkit.models.table_draw import TableInit
+
+    card, dim = 15_625, 64
+    init = TableInit(seed=123, zero=False, cardinalities=(card, card), dim=dim)
+    bound = 1 / math.sqrt(card)
+    table = init.fill(torch.empty(card, dim), 0, 0, card)
+    assert table.abs().max() <= bound
+    assert stats.kstest(table.flatten().double().numpy(), stats.uniform(-bound, 2 * bound).cdf).pvalue > 1e-3
+    assert len(torch.unique(table)) > 0.9 * table.numel()
+    others = [
+        init.fill(torch.empty(card, dim), 1, 0, card),  # another feature
+        init.fill(torch.empty(card, dim), 0, 0, card, draw=1),  # a redraw
+        TableInit(124, False, (card, card), dim).fill(torch.empty(card, dim), 0, 0, card),  # another seed
+    ]
+    for other in others:
+        assert abs(torch.corrcoef(torch.stack([table.flatten(), other.flatten()]))[0, 1]) < 0.005
+    # neighbouring values of one table are uncorrelated too (the counter runs along rows)
+    flat = table.flatten()
+    assert abs(torch.corrcoef(torch.stack([flat[:-1], flat[1:]]))[0, 1]) < 0.005
+    half = init.fill(torch.empty(card, dim, dtype=torch.bfloat16), 0, 0, card)  # other dtypes: the values rounded
+    assert torch.equal(half, table.to(torch.bfloat16))
