@@ -26,8 +26,9 @@ def test_one_gpu_trains_and_scores_like_the_cpu(tiny_dataset, tmp_path):
 
 @CUDA
 def test_tables_made_on_the_gpu_are_the_tables_drawn_on_the_cpu():
-    """A GPU run's tables are allocated on the GPU and drawn block by block on the CPU's threads (no copy of the
-    tables in the CPU's memory): the same values as the model built on the CPU and moved, whatever the threads."""
+    """A GPU run's tables are allocated and drawn on the GPU, in torch's operations (no copy of the tables in the
+    CPU's memory): the same bits as the CPU's C kernel draws, the model built on the CPU and moved; a shard drawn
+    on the GPU too."""
     from ctrkit.models.registry import create_model, make_config
     from ctrkit.models.storage import on_device
 
@@ -41,6 +42,9 @@ def test_tables_made_on_the_gpu_are_the_tables_drawn_on_the_cpu():
     got = made.to("cuda").state_dict()
     for k in want:
         assert torch.equal(want[k], got[k]), k
+    init = made.embeddings.onehot.init
+    shard = init.fill(torch.empty(1000, 5, device="cuda"), 2, 70_000, 71_000, 2, 7, draw=3)
+    assert torch.equal(shard.cpu(), init.fill(torch.empty(1000, 5), 2, 70_000, 71_000, 2, 7, draw=3))
 
 
 @CUDA
