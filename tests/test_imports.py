@@ -136,3 +136,26 @@ def test_the_checks_find_what_they_look_for():
     assert lazy and all(GRAPH[m] for m in lazy)  # function-level imports are read
     assert part_of("ctrkit.data.atomic") == "data/" and part_of("ctrkit.metrics") == "metrics.py"
     assert "ctrkit.checkpoint" not in GRAPH["ctrkit.checkpoint_shards"]  # its import is annotations-only
+
+
+def test_commands_and_a_plans_models_leave_torch_dynamo_unimported():
+    """torch._dynamo takes over a second to import: the CLI, the serving and scoring modules and every model built
+    on the meta device (as the plan builds it) must not import it; torch.compile, exports and torch's optimizers
+    do, when they are used."""
+    import subprocess
+    import sys
+
+    code = """
+import sys
+import torch
+import ctrkit.cli, ctrkit.cli.train, ctrkit.cli.serve, ctrkit.serve.server, ctrkit.eval.evaluator
+from ctrkit.models.registry import create_model, list_models, make_config
+for name in list_models():
+    cfg = make_config(name, {"num_numerical": 3, "cardinalities": [5, 7], "dynamic_features": [1]})
+    with torch.device("meta"):
+        create_model(name, cfg)
+print("torch._dynamo" in sys.modules)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "False"

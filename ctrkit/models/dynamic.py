@@ -352,7 +352,7 @@ class DynamicIds(nn.Module):
         dist.broadcast(key, src=0)
         self.hash_key.copy_(key.cpu())
 
-    @torch.compiler.disable
+    @torch._disable_dynamo  # torch.compile compiles around it; torch._dynamo imported only when it is called
     def forward(self, categorical: torch.Tensor) -> torch.Tensor:
         """(B, F) ids with the dynamic columns' raw ids replaced by their rows."""
         out = categorical.clone()

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from ctrkit import native
+from ctrkit.models.mlp import normal_init
 
 _NATIVE_KINDS = {  # (dense dtype, embeddings dtype) -> the kernels' suffix (ctrkit/native/interaction.c)
     (torch.float32, torch.float32): "f32",
@@ -257,7 +258,7 @@ class CrossLayer(nn.Module):
         with torch.no_grad():  # Glorot-normal weights and zero bias, as the DCNv2 reference
             for layer in (self.down, self.up) if self.low_rank else (self.up,):
                 fan_out, fan_in = layer.weight.shape
-                layer.weight.normal_(0.0, (2.0 / (fan_in + fan_out)) ** 0.5)
+                normal_init(layer.weight, (2.0 / (fan_in + fan_out)) ** 0.5)
             self.up.bias.zero_()
 
     def forward(self, x0: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

@@ -190,6 +190,14 @@ class _LinearChainFn(torch.autograd.Function):
         return (g.to(ctx.input_dtype) if needs[0] else None), None, None, *grads
 
 
+@torch.no_grad()
+def normal_init(weight: torch.Tensor, std: float) -> None:
+    """Draws ``weight`` N(0, std) in place; a weight on the meta device (the plan's model, which has no values) is
+    left as it is: torch's meta draw is written in Python and imports torch._dynamo, a second of every start."""
+    if weight.device.type != "meta":
+        weight.normal_(0.0, std)
+
+
 class MLP(nn.Sequential):
     """Linear layers with ReLU between them.
 
@@ -210,9 +218,8 @@ class MLP(nn.Sequential):
         width = in_features
         for i, out in enumerate(sizes):
             linear = nn.Linear(width, out)
-            with torch.no_grad():
-                linear.weight.normal_(0.0, math.sqrt(2.0 / (width + out)))
-                linear.bias.normal_(0.0, math.sqrt(1.0 / out))
+            normal_init(linear.weight, math.sqrt(2.0 / (width + out)))
+            normal_init(linear.bias, math.sqrt(1.0 / out))
             layers.append(linear)
             if relu_last or i < len(sizes) - 1:
                 layers.append(nn.ReLU(inplace=True))

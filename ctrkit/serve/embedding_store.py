@@ -63,7 +63,7 @@ class CachedMmapEmbeddings(nn.Module):
         self.misses += int(miss.sum())
         return out
 
-    @torch.compiler.disable  # numpy and file reads: torch.compile compiles around it (a graph break)
+    @torch._disable_dynamo  # numpy and file reads: torch.compile compiles around it (torch._dynamo imported on a call)
     def vectors(self, rows: torch.Tensor) -> torch.Tensor:
         """Flat table ``rows`` (any shape) -> their vectors (shape + (D,))."""
         found = self.lookup(rows.cpu().numpy().reshape(-1)).reshape(*rows.shape, self.dim)
