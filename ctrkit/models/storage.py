@@ -31,8 +31,8 @@ class TableStorage:
             on a GPU; None: where the model is.
         device: where tables in memory are allocated and drawn (None: where the model is built, the CPU): a GPU
             run's tables made and drawn on its GPU (the same values as on the CPU), with no copy of them in the CPU's
-            memory. The rest of the model is built
-            on the CPU and moved, so every device starts from the same weights.
+            memory. The rest of the model is built on the CPU and moved, so every device starts from the same
+            weights.
     """
 
     deferred: bool = False

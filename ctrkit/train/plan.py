@@ -352,8 +352,13 @@ def build_seconds(facts: Facts) -> float:
     in one pass over their memory: not estimated (0)."""
     if facts.device != "cpu":
         return 0.0
-    values = facts.sizes[0] // 4 // facts.processes
-    return values / (DRAW_VALUES_PER_S * max(facts.threads, 1)) + facts.sizes[0] / facts.processes / TOUCH_BYTES_PER_S
+    draw = _drawn_values(facts) / (DRAW_VALUES_PER_S * max(facts.threads, 1))
+    return draw + facts.sizes[0] / facts.processes / TOUCH_BYTES_PER_S
+
+
+def _drawn_values(facts: Facts) -> int:
+    """The float32 values of a process's deep tables."""
+    return facts.sizes[0] // 4 // facts.processes
 
 
 def _build_time(facts: Facts) -> str:
@@ -361,7 +366,7 @@ def _build_time(facts: Facts) -> str:
     seconds = build_seconds(facts)
     if facts.continued is not None or seconds < LONG_BUILD_S:
         return ""
-    values = facts.sizes[0] // 4 // facts.processes
+    values = _drawn_values(facts)
     threads = f"{facts.threads} thread{'s' if facts.threads != 1 else ''}"
     return f", drawn in about {seconds:.0f} s ({values / 1e9:.2f}B values on {threads} of the CPU)"
 

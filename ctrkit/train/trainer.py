@@ -611,8 +611,9 @@ class Trainer:
         """This process's part of a checkpoint's selected weights: all of them on its device, or a rank's shards."""
         if self.env is None:  # a tiered table, and a table the run keeps on disk, stays in the checkpoint's mapping
             tiered, best_dir = tiered_keys(self.model), self.selector.best_dir
-            stays = lambda k, v: k in tiered or kept_on_disk(v, best_dir)  # noqa: E731
-            return {k: v if stays(k, v) else v.to(self.device) for k, v in ckpt.model.items()}
+            return {
+                k: v if k in tiered or kept_on_disk(v, best_dir) else v.to(self.device) for k, v in ckpt.model.items()
+            }
         current = self._local_state()
         self.model.load_full_state_dict(ckpt.model)
         best = self._local_state()
