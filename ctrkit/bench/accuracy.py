@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,19 +40,33 @@ def splits(path: Path, validation_fraction: float):
     return head, tail, test
 
 
-def method(model: str, epochs: int | None) -> str:
-    """A column's key: the model's name, with ``@EPOCHS`` when trained with that maximum."""
-    return model if epochs is None else f"{model}@{epochs}"
+@dataclass(frozen=True)
+class Column:
+    """One trained column of the table: a model with its defaults, or with a maximum of epochs, or in a named
+    precision. Its ``key`` names its results (the model's name alone for the defaults, as the collected results
+    read them); what the column is travels with its results as data (``model``, ``epochs``, ``precision``)."""
+
+    model: str
+    epochs: int | None = None
+    precision: str | None = None
+
+    @property
+    def key(self) -> str:
+        return self.model + (f"@{self.epochs}" if self.epochs is not None else "") + (
+            f"/{self.precision}" if self.precision else "")  # fmt: skip
+
+    @property
+    def heading(self) -> str:
+        details = [f"{self.epochs} ep." if self.epochs is not None else "", self.precision or ""]
+        details = [d for d in details if d]
+        return LABELS[self.model] + (f" ({', '.join(details)})" if details else "")
 
 
-def label(key: str) -> str:
-    """A column's heading."""
-    model, _, epochs = key.partition("@")
-    return LABELS[model] + (f" ({epochs} ep.)" if epochs else "")
-
-
-def is_model(key: str) -> bool:
-    return key.partition("@")[0] in MODELS
+def columns(
+    models: Sequence[str], epochs: Sequence[int] | None = None, precisions: Sequence[str] | None = None
+) -> list[Column]:
+    """A column per model, maximum of epochs and precision given."""
+    return [Column(m, e, p) for m in models for e in (epochs or (None,)) for p in (precisions or (None,))]
 
 
 def run_entry(
@@ -59,10 +74,11 @@ def run_entry(
     models: Sequence[str] = MODELS,
     baselines: Sequence[str] = BASELINES,
     epochs: Sequence[int] | None = None,
+    precisions: Sequence[str] | None = None,
     **train_options: Any,
 ) -> dict[str, Any]:
     """One row of the table: every baseline and model on one data set (each model once per maximum in
-    ``epochs`` when given)."""
+    ``epochs`` and precision in ``precisions`` when given)."""
     from ctrkit.eval.baselines import gradient_boosted_trees, logistic_regression
     from ctrkit.train.run import train
 
@@ -74,13 +90,21 @@ def run_entry(
     fits = {"logistic": logistic_regression, "lightgbm": gradient_boosted_trees}
     for name in baselines:
         row["results"][name] = fits[name](tr, va, te)
-    for name, max_epochs in ((m, e) for m in models for e in (epochs or (None,))):
+    for column in columns(models, epochs, precisions):
         start = time.perf_counter()
         torch.manual_seed(0)
-        options = dict(train_options, **({"epochs": max_epochs} if max_epochs is not None else {}))
-        result = train(entry.path, model=name, progress=False, **options)
+        options = dict(train_options)
+        if column.epochs is not None:
+            options["epochs"] = column.epochs
+        if column.precision is not None:
+            options["precision"] = column.precision
+        result = train(entry.path, model=column.model, progress=False, **options)
         fit = result.get("calibration") or {}
-        row["results"][method(name, max_epochs)] = {
+        row["results"][column.key] = {
+            "model": column.model,
+            "epochs": column.epochs,
+            "precision": column.precision,
+            "computed_in": result.get("precision"),  # what the run computed in (fp32 where the device lacks it)
             "auc": result["auc"],
             "logloss": result["logloss"],
             "validation_auc": result.get("validation", {}).get("auc"),
@@ -96,13 +120,14 @@ def run_entry(
     return row
 
 
-def markdown(rows: list[dict[str, Any]], methods: Sequence[str]) -> str:
-    """The table: test AUC (log loss) per data set and method, the best model in bold."""
-    head = "| data set | train / validation / test | Bayes AUC | " + " | ".join(label(m) for m in methods) + " |"
+def markdown(rows: list[dict[str, Any]], methods: Sequence[str], headings: dict[str, str]) -> str:
+    """The table: test AUC (log loss) per data set and method (``methods``' keys, under ``headings``), the best
+    model in bold."""
+    head = "| data set | train / validation / test | Bayes AUC | " + " | ".join(headings[m] for m in methods) + " |"
     lines = [head, "| --- | --- | ---: | " + " | ".join("---:" for _ in methods) + " |"]
     for row in rows:
         res = row["results"]
-        best = max((m for m in methods if is_model(m) and m in res), key=lambda m: res[m]["auc"], default=None)
+        best = max((m for m in methods if "model" in res.get(m, {})), key=lambda m: res[m]["auc"], default=None)
         cells = []
         for m in methods:
             if m not in res:
@@ -120,16 +145,18 @@ def markdown(rows: list[dict[str, Any]], methods: Sequence[str]) -> str:
 def targets(rows: list[dict[str, Any]]) -> list[str]:
     """The issue's targets, checked per row: every model >= logistic regression, the best model >=
     LightGBM, on planted data a third of the gap from logistic regression to Bayes closed, and with
-    several epoch maxima, the most epochs never worse than the fewest by more than 0.002 test AUC."""
+    several epoch maxima, the most epochs never worse than the fewest by more than 0.002 test AUC. With several
+    precisions, each one's test AUC, log loss and time against the first's (what a default precision is decided
+    on)."""
     out = []
     for row in rows:
         res = row["results"]
-        models = [m for m in res if is_model(m)]
-        if not models:
+        trained = {k: r for k, r in res.items() if "model" in r}  # the baselines' results name no model
+        if not trained:
             continue
-        best = max(res[m]["auc"] for m in models)
+        best = max(r["auc"] for r in trained.values())
         if "logistic" in res:
-            below = [m for m in models if res[m]["auc"] < res["logistic"]["auc"]]
+            below = [k for k, r in trained.items() if r["auc"] < res["logistic"]["auc"]]
             out.append(f"{row['dataset']}: every model >= logistic regression: "
                        + ("yes" if not below else f"no ({', '.join(below)})"))  # fmt: skip
         if "lightgbm" in res:
@@ -137,20 +164,39 @@ def targets(rows: list[dict[str, Any]]) -> list[str]:
         if row.get("bayes_auc") and "logistic" in res:
             closed = (best - res["logistic"]["auc"]) / (row["bayes_auc"] - res["logistic"]["auc"])
             out.append(f"{row['dataset']}: gap to Bayes closed: {closed:.0%}")
-        for model in MODELS:
-            runs = sorted((int(m.partition("@")[2]), res[m]["auc"]) for m in models if m.startswith(model + "@"))
+        for (model, precision), runs in _grouped(trained, "epochs", "precision").items():
             if len(runs) > 1:
-                (few, auc_few), (most, auc_most) = runs[0], runs[-1]
-                ok = "yes" if auc_most >= auc_few - EPOCHS_TOLERANCE else "no"
-                out.append(f"{row['dataset']}: {LABELS[model]} with {most} epochs >= with {few} - "
-                           f"{EPOCHS_TOLERANCE}: {ok} ({auc_most:.4f} vs {auc_few:.4f})")  # fmt: skip
+                few, most = min(runs, key=lambda r: r["epochs"]), max(runs, key=lambda r: r["epochs"])
+                ok = "yes" if most["auc"] >= few["auc"] - EPOCHS_TOLERANCE else "no"
+                out.append(f"{row['dataset']}: {LABELS[model]}{f' ({precision})' if precision else ''} with "
+                           f"{most['epochs']} epochs >= with {few['epochs']} - {EPOCHS_TOLERANCE}: {ok} "
+                           f"({most['auc']:.4f} vs {few['auc']:.4f})")  # fmt: skip
+        for (model, epochs), runs in _grouped(trained, "precision", "epochs").items():
+            first = runs[0]
+            for other in runs[1:]:
+                out.append(f"{row['dataset']}: {LABELS[model]}{f' ({epochs} ep.)' if epochs else ''} in "
+                           f"{other['precision']} against {first['precision']}: test AUC "
+                           f"{other['auc'] - first['auc']:+.4f}, log loss {other['logloss'] - first['logloss']:+.4f}, "
+                           f"time x{other['seconds'] / first['seconds']:.2f}")  # fmt: skip
     return out
 
 
-def write_results(rows: list[dict[str, Any]], methods: Sequence[str], out_dir: Path, extra: dict) -> Path:
+def _grouped(trained: dict[str, dict], varied: str, kept: str) -> dict[tuple, list[dict]]:
+    """The trained columns' results by (model, ``kept``), in the panel's order, where ``varied`` was given: runs of
+    one model that differ only in ``varied``."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in trained.values():
+        if r.get(varied) is not None:
+            groups.setdefault((r["model"], r.get(kept)), []).append(r)
+    return groups
+
+
+def write_results(
+    rows: list[dict[str, Any]], methods: Sequence[str], headings: dict[str, str], out_dir: Path, extra: dict
+) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     doc = {**where_it_ran(), "rows": rows, **extra}
     (out_dir / "results.json").write_text(json.dumps(doc, indent=2, sort_keys=True, default=float) + "\n")
-    text = markdown(rows, methods) + "\n" + "\n".join(f"- {t}" for t in targets(rows)) + "\n"
+    text = markdown(rows, methods, headings) + "\n" + "\n".join(f"- {t}" for t in targets(rows)) + "\n"
     (out_dir / "results.md").write_text(text)
     return out_dir / "results.md"

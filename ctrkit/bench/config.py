@@ -168,6 +168,14 @@ class AccuracyBenchConfig:
         parse="int_list",
         unset="each model's default, once",
     )
+    precisions: tuple[str, ...] | None = option(
+        None,
+        "train each model once per precision given (e.g. fp32,bf16; `train --precision`'s names) instead of once "
+        "in its default; the table gets a column per model and precision, and lists each precision's test AUC, log "
+        "loss and time against the first's",
+        parse="name_list",
+        unset="each model's default, once",
+    )
     work: Path = option(Path("build/accuracy"), "where the panel's datasets are built")
     out: Path | None = option(None, "directory to write results.json and results.md to")
 

@@ -219,8 +219,9 @@ def accuracy(args: argparse.Namespace) -> int:
     dataset given, then writes one table: test AUC (log loss) per data set and method, the best step of
     each model, wall time.
     """
-    from ctrkit.bench.accuracy import LABELS, label, method, run_entry, targets, write_results
+    from ctrkit.bench.accuracy import LABELS, columns, run_entry, targets, write_results
     from ctrkit.bench.panel import REAL, PanelEntry, build_panel
+    from ctrkit.config import PRECISIONS
 
     cfg: AccuracyBenchConfig = config_from(args, AccuracyBenchConfig)
     _threads(config_from(args, BenchRunOptions))
@@ -233,6 +234,8 @@ def accuracy(args: argparse.Namespace) -> int:
         raise ValueError(f"unknown panel entries, models or baselines: {sorted(unknown)}")
     if cfg.epochs is not None and min(cfg.epochs) < 1:
         raise ValueError(f"--epochs: expected maxima >= 1, got {','.join(map(str, cfg.epochs))}")
+    if set(cfg.precisions or ()) - set(PRECISIONS):
+        raise ValueError(f"--precisions: expected names among {', '.join(PRECISIONS)}, got {','.join(cfg.precisions)}")
     shared = cfg.shared_data or Path("..") / "shared" / "data"
     real = [n for n in REAL if n in cfg.panel]
     planted = cfg.planted_rows if "planted" in cfg.panel else ()
@@ -256,16 +259,18 @@ def accuracy(args: argparse.Namespace) -> int:
     entries += [PanelEntry(Path(d).name, Path(d), f"user dataset {d}") for d in cfg.datasets or ()]
     if not entries:
         raise ValueError(f"the panel is empty: no real samples under {shared} and no planted or user data sets")
+    trained = columns(cfg.models, cfg.epochs, cfg.precisions)
+    headings = {**{b: LABELS[b] for b in cfg.baselines}, **{c.key: c.heading for c in trained}}
+    methods = [*cfg.baselines, *(c.key for c in trained)]
     rows = []
     for entry in entries:
-        rows.append(run_entry(entry, cfg.models, cfg.baselines, cfg.epochs))
+        rows.append(run_entry(entry, cfg.models, cfg.baselines, cfg.epochs, cfg.precisions))
         res = rows[-1]["results"]
-        print(f"{entry.name}: " + ", ".join(f"{label(m)} {r['auc']:.4f}" for m, r in res.items()), flush=True)
-    methods = [*cfg.baselines, *(method(m, e) for m in cfg.models for e in (cfg.epochs or (None,)))]
+        print(f"{entry.name}: " + ", ".join(f"{headings[m]} {r['auc']:.4f}" for m, r in res.items()), flush=True)
     for line in targets(rows):
         print(line)
     if cfg.out is not None:
-        print(f"wrote {write_results(rows, methods, cfg.out, {'config': repr(cfg)})}")
+        print(f"wrote {write_results(rows, methods, headings, cfg.out, {'config': repr(cfg)})}")
     return 0
 
 

@@ -504,12 +504,13 @@ class Run:
         )
 
     def fit(self) -> dict[str, Any]:
-        """Trains; returns the last evaluation (``auc``, ``logloss``, ...) or ``{"step": ...}`` without one."""
+        """Trains; returns the last evaluation (``auc``, ``logloss``, ...) or ``{"step": ...}`` without one, and
+        ``precision``: what the run computed in (``device.precision_of``)."""
         from ctrkit.device import tf32_matmuls
 
         try:
             with tf32_matmuls(self.precision == "tf32"):
-                return self._fit()
+                return {**self._fit(), "precision": self.precision}
         finally:
             self.release()
 

@@ -113,3 +113,28 @@ def test_bench_accuracy_epoch_maxima_columns_and_check(tiny_dataset, tmp_path, c
     code, _, err = run_cli("bench", "accuracy", "--panel", "none", "--datasets", tiny_dataset, "--epochs", "0",
                            "--work", tmp_path / "work", capsys=capsys)  # fmt: skip
     assert code == 2 and "--epochs: expected maxima >= 1" in err
+
+
+def test_bench_accuracy_precision_columns(tiny_dataset, tmp_path, capsys):
+    from ctrkit.device import cpu_native_bf16
+
+    code, out, err = run_cli(
+        "bench", "accuracy", "--panel", "none", "--datasets", tiny_dataset, "--models", "dlrm", "--baselines",
+        "logistic", "--precisions", "fp32,bf16", "--work", tmp_path / "work", "--out",
+        tmp_path / "acc", capsys=capsys,
+    )  # fmt: skip
+    assert code == 0, err
+    res = json.loads((tmp_path / "acc" / "results.json").read_text())["rows"][0]["results"]
+    assert set(res) == {"logistic", "dlrm/fp32", "dlrm/bf16"}
+    assert res["dlrm/fp32"]["precision"] == "fp32" and res["dlrm/fp32"]["computed_in"] == "fp32"
+    # bf16 where this CPU computes it natively, else the run says it computed in fp32 (and trained the same)
+    native = cpu_native_bf16()
+    assert res["dlrm/bf16"]["computed_in"] == ("bf16" if native else "fp32")
+    assert (res["dlrm/bf16"]["logloss"] != res["dlrm/fp32"]["logloss"]) == native
+    table = (tmp_path / "acc" / "results.md").read_text()
+    assert "| logistic regression | DLRM (fp32) | DLRM (bf16) |" in table
+    delta = res["dlrm/bf16"]["auc"] - res["dlrm/fp32"]["auc"]
+    assert f"tiny: DLRM in bf16 against fp32: test AUC {delta:+.4f}, log loss " in table
+    code, _, err = run_cli("bench", "accuracy", "--panel", "none", "--datasets", tiny_dataset, "--precisions",
+                           "fp64", "--work", tmp_path / "work", capsys=capsys)  # fmt: skip
+    assert code == 2 and "--precisions: expected names among fp32, tf32, bf16, fp16, got fp64" in err
