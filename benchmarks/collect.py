@@ -141,7 +141,8 @@ def compare_rows(raw):
 @suite("gpu")
 def gpu_rows(raw):
     """``benchmarks/run_gpu.sh``: the step against plain PyTorch, the run end to end against its step, the start,
-    the loader, the loop's host synchronisations and the host-memory tier, on one GPU."""
+    the loader, the loop's host synchronisations and the host-memory tier, on one GPU; the accuracy panel's test AUC
+    in each precision against the first (fp32), and its training time's ratio."""
     columns = ["check", "precision", "value", "against", "ratio", "target"]
     parts = dict(raw)
     rows = []
@@ -178,6 +179,15 @@ def gpu_rows(raw):
                      f"(samples/s; cache hit rate {host['cache']['hit_rate']:.0%}) against on the GPU", "fp32",
                      round(r["tables_in_host_memory"]), round(r["tables_on_gpu"]), f"{host['host_of_gpu']:.2f}x",
                      ">= 0.5x"])  # fmt: skip
+    for row in (parts.get("accuracy") or {}).get("rows", []):
+        reference, *others = row["precisions"]  # the first precision given is the one the others are set against
+        runs = {(r["model"], r["precision"]): r for r in row["results"].values() if r.get("precision")}
+        models = dict.fromkeys(m for m, _ in runs)
+        for model, p in ((m, p) for m in models for p in others if (m, p) in runs and (m, reference) in runs):
+            r, first = runs[model, p], runs[model, reference]
+            rows.append([f"test AUC of {model} on {row['dataset']} against {reference} (time ratio)",
+                         r["computed_in"], round(r["auc"], 4), round(first["auc"], 4),
+                         f"{r['seconds'] / first['seconds']:.2f}x", ""])  # fmt: skip
     return columns, rows
 
 

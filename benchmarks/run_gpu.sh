@@ -4,7 +4,7 @@
 # ctrkit's step against plain PyTorch in fp32, TF32 and bf16 (same batches, interleaved); `ctrkit train --recipe
 # nvidia` end to end in each precision, with the start to the first step; the loader alone and fed to the GPU; the
 # training loop's host synchronisations; the host-memory tier with the GPU capped at half the tables' size
-# (benchmarks/gpu_check.py says what each measures). Each part has its own time limit, and a part that fails
+# (benchmarks/gpu_check.py says what each measures); the accuracy panel's synthetic data sets in each precision. Each part has its own time limit, and a part that fails
 # leaves the others running. The raw JSON of each part and its log go to RAW (default build/bench/gpu), then
 # collect.py condenses them into benchmarks/results/gpu/<the GPU's kind>.json and render.py rewrites
 # docs/benchmarks.md.
@@ -40,5 +40,10 @@ part loader 45 $PY -m ctrkit bench loader --dataset "$DATA" --device cuda --batc
   --output "$RAW/loader.json"
 part syncs 45 $PY benchmarks/gpu_check.py syncs --dataset "$DATA" --out "$RAW" --steps 10
 part host 120 $PY benchmarks/gpu_check.py host --dataset "$DATA" --out "$RAW" --steps 40
+# last, as what a default precision is decided on: the planted and tabular data sets (made here, with their Bayes
+# AUC) trained by each model in each precision; the panel keeps each data set it finished when the limit stops it
+part accuracy 150 $PY -m ctrkit bench accuracy --panel planted,tabular --planted-rows 120000 --tabular-rows 120000 \
+  --seeds 0 --baselines logistic --precisions fp32,tf32,bf16 --work /tmp/ctrkit-gpu/accuracy --out "$RAW/accuracy"
+[ -f "$RAW/accuracy/results.json" ] && cp "$RAW/accuracy/results.json" "$RAW/accuracy.json"
 $PY benchmarks/collect.py gpu "$RAW" --command "bash benchmarks/run_gpu.sh" && $PY benchmarks/render.py
 echo "done in $(( $(date +%s) - started )) s: $RAW"

@@ -21,6 +21,7 @@ import torch
 from ctrkit.bench.panel import PanelEntry
 from ctrkit.bench.peak import where_it_ran
 from ctrkit.config import TrainConfig
+from ctrkit.data.atomic import atomic_file
 from ctrkit.data.dataset import SplitBinaryDataset, split_tail
 
 MODELS = ("dlrm", "dcnv2", "wide_deep")
@@ -86,7 +87,7 @@ def run_entry(
     tr, va, te = splits(entry.path, fraction)
     rows = {"train": len(tr), "validation": len(va), "test": len(te)}
     row: dict[str, Any] = {"dataset": entry.name, "note": entry.note, "bayes_auc": entry.bayes_auc, "rows": rows,
-                           "results": {}}  # fmt: skip
+                           "precisions": list(precisions or ()), "results": {}}  # fmt: skip  # the first: the reference
     fits = {"logistic": logistic_regression, "lightgbm": gradient_boosted_trees}
     for name in baselines:
         row["results"][name] = fits[name](tr, va, te)
@@ -194,9 +195,13 @@ def _grouped(trained: dict[str, dict], varied: str, kept: str) -> dict[tuple, li
 def write_results(
     rows: list[dict[str, Any]], methods: Sequence[str], headings: dict[str, str], out_dir: Path, extra: dict
 ) -> Path:
+    """``results.json`` and ``results.md`` in ``out_dir``, each replaced whole (the panel writes them after each
+    data set: a panel stopped part way keeps the rows it finished)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     doc = {**where_it_ran(), "rows": rows, **extra}
-    (out_dir / "results.json").write_text(json.dumps(doc, indent=2, sort_keys=True, default=float) + "\n")
     text = markdown(rows, methods, headings) + "\n" + "\n".join(f"- {t}" for t in targets(rows)) + "\n"
-    (out_dir / "results.md").write_text(text)
+    for name, content in (("results.json", json.dumps(doc, indent=2, sort_keys=True, default=float) + "\n"),
+                          ("results.md", text)):  # fmt: skip
+        with atomic_file(out_dir / name) as tmp:
+            tmp.write_text(content)
     return out_dir / "results.md"

@@ -267,10 +267,12 @@ def accuracy(args: argparse.Namespace) -> int:
         rows.append(run_entry(entry, cfg.models, cfg.baselines, cfg.epochs, cfg.precisions))
         res = rows[-1]["results"]
         print(f"{entry.name}: " + ", ".join(f"{headings[m]} {r['auc']:.4f}" for m, r in res.items()), flush=True)
+        if cfg.out is not None:  # after each data set: a panel stopped part way keeps what it finished
+            written = write_results(rows, methods, headings, cfg.out, {"config": repr(cfg)})
     for line in targets(rows):
         print(line)
     if cfg.out is not None:
-        print(f"wrote {write_results(rows, methods, headings, cfg.out, {'config': repr(cfg)})}")
+        print(f"wrote {written}")
     return 0
 
 

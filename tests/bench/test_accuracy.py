@@ -138,3 +138,14 @@ def test_bench_accuracy_precision_columns(tiny_dataset, tmp_path, capsys):
     code, _, err = run_cli("bench", "accuracy", "--panel", "none", "--datasets", tiny_dataset, "--precisions",
                            "fp64", "--work", tmp_path / "work", capsys=capsys)  # fmt: skip
     assert code == 2 and "--precisions: expected names among fp32, tf32, bf16, fp16, got fp64" in err
+
+
+def test_bench_accuracy_keeps_the_data_sets_it_finished(tiny_dataset, tmp_path, capsys):
+    code, _, err = run_cli(
+        "bench", "accuracy", "--panel", "none", "--datasets", tiny_dataset, tmp_path / "missing", "--models", "dlrm",
+        "--baselines", "logistic", "--work", tmp_path / "work", "--out", tmp_path / "acc", capsys=capsys,
+    )  # fmt: skip
+    assert code == 2 and "missing" in err  # the second data set does not exist
+    rows = json.loads((tmp_path / "acc" / "results.json").read_text())["rows"]
+    assert [r["dataset"] for r in rows] == ["tiny"] and set(rows[0]["results"]) == {"logistic", "dlrm"}
+    assert "| tiny |" in (tmp_path / "acc" / "results.md").read_text()
