@@ -51,19 +51,24 @@ def draw_uniform(out: torch.Tensor, key: int, row0: int, col0: int, dim: int, bo
 
 @torch.no_grad()
 def _draw_with_torch(out: torch.Tensor, key: int, row0: int, col0: int, dim: int, scale: float) -> torch.Tensor:
-    """``draw_uniform`` in torch's operations on ``out``'s device, ``CHUNK_VALUES`` values at a time."""
+    """``draw_uniform`` in torch's operations on ``out``'s device, ``CHUNK_VALUES`` values at a time, in buffers
+    allocated once."""
     rows, cols = out.shape
     device = out.device
-    step = max(1, CHUNK_VALUES["cpu" if device.type == "cpu" else "other"] // cols)
+    step = min(rows, max(1, CHUNK_VALUES["cpu" if device.type == "cpu" else "other"] // cols))
     columns = torch.arange(cols, device=device, dtype=torch.int64)
     factor = torch.tensor(scale, dtype=torch.float32, device=device)
+    starts_buf = torch.empty(step, dtype=torch.int64, device=device)
+    z_buf, scratch_buf = (torch.empty(step, cols, dtype=torch.int64, device=device) for _ in range(2))
+    values_buf = torch.empty(step, cols, dtype=torch.float32, device=device)
     for lo in range(0, rows, step):
         hi = min(lo + step, rows)
-        starts = torch.arange(row0 + lo, row0 + hi, device=device, dtype=torch.int64).mul_(dim).add_(col0 + 1)
-        z = (starts.unsqueeze(1) + columns).mul_(splitmix.signed(splitmix.GOLDEN)).add_(splitmix.signed(key))
-        splitmix.finalise_torch(z)
+        starts, z, values = starts_buf[: hi - lo], z_buf[: hi - lo], values_buf[: hi - lo]
+        torch.arange(row0 + lo, row0 + hi, out=starts).mul_(dim).add_(col0 + 1)
+        torch.add(starts.unsqueeze(1), columns, out=z).mul_(splitmix.signed(splitmix.GOLDEN)).add_(splitmix.signed(key))
+        splitmix.finalise_torch(z, scratch_buf[: hi - lo])
         z.bitwise_right_shift_(39).bitwise_and_((1 << 25) - 1).bitwise_or_(1).sub_(1 << 24)
-        out[lo:hi].copy_(z.to(torch.float32).mul_(factor))
+        out[lo:hi].copy_(values.copy_(z).mul_(factor))
     return out
 
 
