@@ -228,14 +228,14 @@ class TrainConfig:
         "fp32 on a CPU); bf16 or fp16 autocast at any batch (fp16 with loss scaling; bf16 on a CPU only where it is "
         "native). --amp is the shorthand for the device's autocast",
         PRECISIONS,
-        "fp32, or --amp's autocast",
+        "--amp's autocast, else the device's default: bf16 autocast on a CPU with native bf16, fp32 elsewhere",
     )
     eval_dtype: str | None = option(
         None,
         "the precision of scoring (validation, calibration, test): bf16 autocast (a CPU with native bf16, GPUs) or "
         "fp32; bf16 scores differ from fp32 by rounding",
         ("fp32", "bf16"),
-        "the training's: its autocast dtype with --amp, else fp32",
+        "the training's autocast dtype where --amp or --precision asked for one, else fp32",
     )
     compile: bool = option(
         False, "torch.compile the model (the seeds' XLA flag); falls back to eager with a message if compiling fails"
@@ -316,6 +316,12 @@ class TrainConfig:
             raise ValueError(f"`precision` {self.precision} and `amp_dtype` {self.amp_dtype} contradict: drop one")
         if self.eval_dtype not in (None, "fp32", "bf16"):
             raise ValueError(f"`eval_dtype`: expected 'fp32' or 'bf16', got {self.eval_dtype!r}")
+
+    @property
+    def precision_asked(self) -> bool:
+        """Whether the run's precision was asked for (``precision`` or ``amp``) rather than left to its device's
+        default (``device.default_precision``)."""
+        return self.precision is not None or self.amp
 
     def resolve(self, model_name: str) -> TrainConfig:
         """This config with unset (None) fields taken from model ``model_name``'s training defaults (the

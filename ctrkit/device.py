@@ -153,12 +153,16 @@ def amp_dtype_for(
     return torch.float16 if name == "fp16" else torch.bfloat16
 
 
-def eval_dtype_for(device: torch.device, eval_dtype: str | None, amp_dtype: torch.dtype | None) -> torch.dtype | None:
-    """The autocast dtype a run scores in (``--eval-dtype``): the training's ``amp_dtype`` when unset, None for
-    fp32, and for bf16 bfloat16 on a CPU with native bf16 (else fp32, said once) or on CUDA (fp16 on GPUs
-    without bf16 tensor cores)."""
+def eval_dtype_for(
+    device: torch.device, eval_dtype: str | None, amp_dtype: torch.dtype | None, asked: bool = True
+) -> torch.dtype | None:
+    """The autocast dtype a run scores in (``--eval-dtype``). Unset: the training's ``amp_dtype`` where its
+    precision was asked for (``asked``: ``--amp`` or ``--precision``), else None: a run in its device's default
+    precision scores in fp32, as ``evaluate``, ``predict`` and ``serve`` score its checkpoint. None for fp32, and
+    for bf16 bfloat16 on a CPU with native bf16 (else fp32, said once) or on CUDA (fp16 on GPUs without bf16 tensor
+    cores)."""
     if eval_dtype is None:
-        return amp_dtype
+        return amp_dtype if asked else None
     if eval_dtype == "fp32":
         return None
     if device.type == "cpu":
@@ -171,13 +175,23 @@ def cuda_tf32(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device)[0] >= 8
 
 
+def default_precision(device: torch.device) -> str:
+    """What a run on ``device`` computes in where neither a precision nor ``--amp`` is given, as measured for each
+    kind of device (docs/decisions/precision.md): bf16 autocast on a CPU that computes bf16 natively; fp32 on
+    other CPUs (bf16 emulated) and on GPUs."""
+    return "bf16" if device.type == "cpu" and cpu_native_bf16() else "fp32"
+
+
 def precision_of(
     device: torch.device, precision: str | None, amp: bool, amp_dtype: str | None, batch: int | None = None
 ) -> tuple[str, torch.dtype | None, str]:
     """What a training run computes in, by name, its autocast dtype (None: none), and why it computes in fp32 where
     something else was asked ("" otherwise). ``precision`` named: fp32; tf32 (fp32 weights and activations, matmuls on
     TF32 tensor cores: CUDA GPUs that have them; fp32 elsewhere, said once); bf16 or fp16 autocast at any batch (as
-    ``--amp --amp-dtype``; the CPU's bf16 rule applies). Unnamed: ``--amp``'s rule (``amp_dtype_for``), else fp32."""
+    ``--amp --amp-dtype``; the CPU's bf16 rule applies). Unnamed: ``--amp``'s rule (``amp_dtype_for``), else the
+    device's default (``default_precision``)."""
+    if precision is None and not amp:
+        precision = default_precision(device)
     if precision == "fp16" and device.type == "cpu":
         raise ValueError("`precision` fp16 is not supported on CPU; use bf16")
     if precision == "tf32":
@@ -189,7 +203,7 @@ def precision_of(
             print(f"ctrkit: --precision tf32: {where} has no TF32 tensor cores; running in fp32", file=sys.stderr,
                   flush=True)  # fmt: skip
         return "fp32", None, f"{where} has no TF32 tensor cores"
-    if precision == "fp32" or not (amp or precision):
+    if precision == "fp32":
         return "fp32", None, ""
     dtype = amp_dtype_for(device, True, precision or amp_dtype, batch)
     if dtype is not None:

@@ -98,7 +98,8 @@ def test_precision_by_name_follows_the_device(monkeypatch, capsys):
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     monkeypatch.setattr(dev, "_said", set())
     monkeypatch.setenv("CTRKIT_CPU_BF16", "1")
-    assert dev.precision_of(cpu, None, False, None) == ("fp32", None, "")
+    assert dev.precision_of(cpu, None, False, None) == ("bf16", torch.bfloat16, "")  # the default where native
+    assert dev.precision_of(cpu, "fp32", False, None) == ("fp32", None, "")
     assert dev.precision_of(cpu, "bf16", False, None, 64) == ("bf16", torch.bfloat16, "")
     assert dev.precision_of(cpu, None, True, None) == ("bf16", torch.bfloat16, "")  # --amp: the shorthand
     assert dev.precision_of(cpu, "tf32", False, None) == ("fp32", None, "a CPU has no TF32 tensor cores")
@@ -107,6 +108,10 @@ def test_precision_by_name_follows_the_device(monkeypatch, capsys):
         dev.precision_of(cpu, "fp16", False, None)
     monkeypatch.setenv("CTRKIT_CPU_BF16", "0")
     assert dev.precision_of(cpu, "bf16", False, None) == ("fp32", None, "this CPU has no native bf16")
+    capsys.readouterr()
+    assert dev.precision_of(cpu, None, False, None) == ("fp32", None, "")  # the default: nothing asked, nothing said
+    assert capsys.readouterr().err == ""
+    assert dev.precision_of(cuda, None, False, None, 65_536) == ("fp32", None, "")  # a GPU's default
     for major, want in ((8, "tf32"), (7, "fp32")):  # TF32 tensor cores from Ampere on
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda _device, major=major: (major, 0))
         assert dev.precision_of(cuda, "tf32", False, None)[0] == want
@@ -143,19 +148,23 @@ def test_a_named_precision_trains_as_its_shorthand_and_is_recorded(tiny_dataset,
 
     monkeypatch.setenv("CTRKIT_CPU_BF16", "1")
     common = dict(embedding_dim=8, epochs=1, max_steps=6, batch_size=512, progress=False, seed=3)
-    for name, flags in (
-        ("amp", {"amp": True}),
-        ("bf16", {"precision": "bf16"}),
-        ("fp32", {}),
-        ("tf32", {"precision": "tf32"}),
-    ):
+    runs = {
+        "amp": {"amp": True},
+        "bf16": {"precision": "bf16"},
+        "default": {},  # a CPU with native bf16 (as CTRKIT_CPU_BF16=1 says): bf16 autocast
+        "fp32": {"precision": "fp32"},
+        "tf32": {"precision": "tf32"},
+    }
+    for name, flags in runs.items():
         train(tiny_dataset, "dlrm", save_checkpoint=tmp_path / f"{name}.pt", **common, **flags)
-    ckpt = {n: load_checkpoint(tmp_path / f"{n}.pt") for n in ("amp", "bf16", "fp32", "tf32")}
-    assert [ckpt[n].plan["precision"] for n in ("amp", "bf16", "fp32", "tf32")] == ["bf16", "bf16", "fp32", "fp32"]
+    ckpt = {n: load_checkpoint(tmp_path / f"{n}.pt") for n in runs}
+    assert [ckpt[n].plan["precision"] for n in runs] == ["bf16", "bf16", "bf16", "fp32", "fp32"]
     weights = {n: c.resume_weights for n, c in ckpt.items()}  # the last step's (the kept may be the warm start)
-    for a, b in (("amp", "bf16"), ("fp32", "tf32")):  # a named precision is its shorthand's run, bit for bit
+    for a, b in (("amp", "bf16"), ("default", "bf16"), ("fp32", "tf32")):  # the same run, bit for bit
         assert all(torch.equal(weights[a][k], weights[b][k]) for k in weights[a]), (a, b)
     assert not all(torch.equal(weights["bf16"][k], weights["fp32"][k]) for k in weights["fp32"])
-    lines = {line["topic"]: line["what"] for line in ckpt["tf32"].plan["lines"]}
-    assert "fp32 (tf32 asked: a CPU has no TF32 tensor cores)" in lines["execution"]
+    lines = {n: {line["topic"]: line["what"] for line in c.plan["lines"]} for n, c in ckpt.items()}
+    assert "fp32 (tf32 asked: a CPU has no TF32 tensor cores)" in lines["tf32"]["execution"]
+    assert "bf16 autocast (this device's default; --precision fp32 computes in fp32)" in lines["default"]["execution"]
+    assert "default" not in lines["bf16"]["execution"]
     assert ckpt["tf32"].train_config["precision"] == "tf32"  # what was asked; the plan says what ran

@@ -976,6 +976,8 @@ def _precision_text(cfg: TrainConfig, precision: str, note: str) -> str:
     """The precision the run computes in, and why where the device gave less than was asked."""
     if note:
         return f"fp32 ({cfg.precision or 'autocast'} asked: {note})"
+    if not cfg.precision_asked and precision != "fp32":
+        return f"{PRECISION_TEXT[precision]} (this device's default; --precision fp32 computes in fp32)"
     return PRECISION_TEXT[precision]
 
 

@@ -334,7 +334,7 @@ class Run:
         self.precision, self.amp_dtype, self.precision_note = precision_of(
             self.device, cfg.precision, cfg.amp, cfg.amp_dtype, local
         )
-        self.eval_amp_dtype = eval_dtype_for(self.device, cfg.eval_dtype, self.amp_dtype)
+        self.eval_amp_dtype = eval_dtype_for(self.device, cfg.eval_dtype, self.amp_dtype, cfg.precision_asked)
         if self.env is not None and self.amp_dtype == torch.float16:
             raise ValueError("hybrid-parallel training supports mixed precision with bf16 only")
         feature_spec = FeatureSpec.from_yaml(spec.dataset)

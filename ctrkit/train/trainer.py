@@ -186,7 +186,7 @@ class Trainer:
         cfg, env = self.cfg, self.env
         self.window = Window(self.device)
         self._table_ids = table_parameter_ids(self.model)
-        eval_dtype = eval_dtype_for(self.device, cfg.eval_dtype, self.amp_dtype)  # scoring's (``--eval-dtype``)
+        eval_dtype = eval_dtype_for(self.device, cfg.eval_dtype, self.amp_dtype, cfg.precision_asked)  # scoring's
         self.scorer = Scorer(self.model, self._inner, self.device, cfg.eval_batch_size, eval_dtype, env)
         rule = Selection(
             cfg.early_stopping_patience,

@@ -17,7 +17,9 @@ from ctrkit.checkpoint import load_checkpoint
 from tests.conftest import TINY_TABLES, free_port, small_model_flags
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+# fp32 whatever the machine: the ranks' weights are compared with one process's to fp32 rounding, and bf16 (a CPU's
+# default where native) rounds each rank's partial sums apart
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "CTRKIT_CPU_BF16": "0"}
 # --calibrate on: the kept model's logit scale is fitted on every rank and stored, so the runs compare it too
 TRAIN = ["--epochs", "1", "--max-steps", "12", "--batch-size", "333", "--calibrate", "on", "--no-progress",
          *small_model_flags()]  # fmt: skip
