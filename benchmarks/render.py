@@ -383,7 +383,7 @@ def readme_demo() -> str:
     d = demo_lines()
     return (
         f"prints test AUC and log loss in a line such as `{d['evaluate']}` ({d['source']}; the figures move by a few "
-        "thousandths between CPUs: float sums differ)."
+        "thousandths between CPUs: float sums differ, and a CPU without native bf16 trains in fp32)."
     )
 
 
