@@ -41,7 +41,7 @@ part loader 45 $PY -m ctrkit bench loader --dataset "$DATA" --device cuda --batc
 part syncs 45 $PY benchmarks/gpu_check.py syncs --dataset "$DATA" --out "$RAW" --steps 10
 part host 120 $PY benchmarks/gpu_check.py host --dataset "$DATA" --out "$RAW" --steps 40
 # last, as what a default precision is decided on: the planted and tabular data sets (made here, with their Bayes
-# AUC) trained by each model in each precision; the panel keeps each data set it finished when the limit stops it
+# AUC) trained by each model in each precision; the panel keeps every run it finished when the limit stops it
 part accuracy 150 $PY -m ctrkit bench accuracy --panel planted,tabular --planted-rows 120000 --tabular-rows 120000 \
   --seeds 0 --baselines logistic --precisions fp32,tf32,bf16 --work /tmp/ctrkit-gpu/accuracy --out "$RAW/accuracy"
 [ -f "$RAW/accuracy/results.json" ] && cp "$RAW/accuracy/results.json" "$RAW/accuracy.json"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,10 +76,12 @@ def run_entry(
     baselines: Sequence[str] = BASELINES,
     epochs: Sequence[int] | None = None,
     precisions: Sequence[str] | None = None,
+    done: Callable[[dict[str, Any]], None] | None = None,
     **train_options: Any,
 ) -> dict[str, Any]:
     """One row of the table: every baseline and model on one data set (each model once per maximum in
-    ``epochs`` and precision in ``precisions`` when given)."""
+    ``epochs`` and precision in ``precisions`` when given). ``done`` is called with the row as it stands after each
+    baseline and model (the panel writes its files then)."""
     from ctrkit.eval.baselines import gradient_boosted_trees, logistic_regression
     from ctrkit.train.run import train
 
@@ -91,6 +93,8 @@ def run_entry(
     fits = {"logistic": logistic_regression, "lightgbm": gradient_boosted_trees}
     for name in baselines:
         row["results"][name] = fits[name](tr, va, te)
+        if done is not None:
+            done(row)
     for column in columns(models, epochs, precisions):
         start = time.perf_counter()
         torch.manual_seed(0)
@@ -118,6 +122,8 @@ def run_entry(
             "steps": result["step"],
             "seconds": time.perf_counter() - start,
         }
+        if done is not None:
+            done(row)
     return row
 
 
@@ -196,7 +202,7 @@ def write_results(
     rows: list[dict[str, Any]], methods: Sequence[str], headings: dict[str, str], out_dir: Path, extra: dict
 ) -> Path:
     """``results.json`` and ``results.md`` in ``out_dir``, each replaced whole (the panel writes them after each
-    data set: a panel stopped part way keeps the rows it finished)."""
+    baseline and model: a panel stopped part way keeps every run it finished)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     doc = {**where_it_ran(), "rows": rows, **extra}
     text = markdown(rows, methods, headings) + "\n" + "\n".join(f"- {t}" for t in targets(rows)) + "\n"

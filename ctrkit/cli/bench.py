@@ -262,17 +262,20 @@ def accuracy(args: argparse.Namespace) -> int:
     trained = columns(cfg.models, cfg.epochs, cfg.precisions)
     headings = {**{b: LABELS[b] for b in cfg.baselines}, **{c.key: c.heading for c in trained}}
     methods = [*cfg.baselines, *(c.key for c in trained)]
-    rows = []
+    rows: list[dict] = []
+
+    def write(row: dict) -> None:  # after each run: a panel stopped part way keeps every run it finished
+        if cfg.out is not None:
+            write_results([*rows, row], methods, headings, cfg.out, {"config": repr(cfg)})
+
     for entry in entries:
-        rows.append(run_entry(entry, cfg.models, cfg.baselines, cfg.epochs, cfg.precisions))
+        rows.append(run_entry(entry, cfg.models, cfg.baselines, cfg.epochs, cfg.precisions, done=write))
         res = rows[-1]["results"]
         print(f"{entry.name}: " + ", ".join(f"{headings[m]} {r['auc']:.4f}" for m, r in res.items()), flush=True)
-        if cfg.out is not None:  # after each data set: a panel stopped part way keeps what it finished
-            written = write_results(rows, methods, headings, cfg.out, {"config": repr(cfg)})
     for line in targets(rows):
         print(line)
     if cfg.out is not None:
-        print(f"wrote {written}")
+        print(f"wrote {cfg.out / 'results.md'}")
     return 0
 
 

@@ -140,7 +140,7 @@ def test_bench_accuracy_precision_columns(tiny_dataset, tmp_path, capsys):
     assert code == 2 and "--precisions: expected names among fp32, tf32, bf16, fp16, got fp64" in err
 
 
-def test_bench_accuracy_keeps_the_data_sets_it_finished(tiny_dataset, tmp_path, capsys):
+def test_bench_accuracy_keeps_the_runs_it_finished(tiny_dataset, tmp_path, capsys):
     code, _, err = run_cli(
         "bench", "accuracy", "--panel", "none", "--datasets", tiny_dataset, tmp_path / "missing", "--models", "dlrm",
         "--baselines", "logistic", "--work", tmp_path / "work", "--out", tmp_path / "acc", capsys=capsys,
@@ -149,3 +149,11 @@ def test_bench_accuracy_keeps_the_data_sets_it_finished(tiny_dataset, tmp_path, 
     rows = json.loads((tmp_path / "acc" / "results.json").read_text())["rows"]
     assert [r["dataset"] for r in rows] == ["tiny"] and set(rows[0]["results"]) == {"logistic", "dlrm"}
     assert "| tiny |" in (tmp_path / "acc" / "results.md").read_text()
+    # the second precision fails on a CPU (no fp16 there): the baseline's and the first precision's runs are kept
+    code, _, err = run_cli(
+        "bench", "accuracy", "--panel", "none", "--datasets", tiny_dataset, "--models", "dlrm", "--baselines",
+        "logistic", "--precisions", "fp32,fp16", "--work", tmp_path / "work", "--out", tmp_path / "acc2", capsys=capsys,
+    )  # fmt: skip
+    assert code == 2 and "fp16 is not supported on CPU" in err
+    rows = json.loads((tmp_path / "acc2" / "results.json").read_text())["rows"]
+    assert len(rows) == 1 and set(rows[0]["results"]) == {"logistic", "dlrm/fp32"}
