@@ -4,8 +4,8 @@
 # ctrkit's step against plain PyTorch in fp32, TF32 and bf16 (same batches, interleaved); `ctrkit train --recipe
 # nvidia` end to end in each precision, with the start to the first step; the loader alone and fed to the GPU; the
 # training loop's host synchronisations; the host-memory tier with the GPU capped at half the tables' size
-# (benchmarks/gpu_check.py says what each measures); the accuracy panel's synthetic data sets in each precision. Each part has its own time limit, and a part that fails
-# leaves the others running. The raw JSON of each part and its log go to RAW (default build/bench/gpu), then
+# (benchmarks/gpu_check.py says what each measures); the accuracy panel's synthetic data sets in each precision.
+# Each part has its own time limit, and a part that fails leaves the others running. The raw JSON of each part and its log go to RAW (default build/bench/gpu), then
 # collect.py condenses them into benchmarks/results/gpu/<the GPU's kind>.json and render.py rewrites
 # docs/benchmarks.md.
 #   bash benchmarks/run_gpu.sh                          everything

@@ -55,7 +55,7 @@ def _draw_with_torch(out: torch.Tensor, key: int, row0: int, col0: int, dim: int
     allocated once."""
     rows, cols = out.shape
     device = out.device
-    step = min(rows, max(1, CHUNK_VALUES["cpu" if device.type == "cpu" else "other"] // cols))
+    step = max(1, min(rows, CHUNK_VALUES["cpu" if device.type == "cpu" else "other"] // max(cols, 1)))
     columns = torch.arange(cols, device=device, dtype=torch.int64)
     factor = torch.tensor(scale, dtype=torch.float32, device=device)
     starts_buf = torch.empty(step, dtype=torch.int64, device=device)
