@@ -5,9 +5,9 @@
 # nvidia` end to end in each precision, with the start to the first step; the loader alone and fed to the GPU; the
 # training loop's host synchronisations; the host-memory tier with the GPU capped at half the tables' size
 # (benchmarks/gpu_check.py says what each measures); the accuracy panel's synthetic data sets in each precision.
-# Each part has its own time limit, and a part that fails leaves the others running. The raw JSON of each part and its log go to RAW (default build/bench/gpu), then
-# collect.py condenses them into benchmarks/results/gpu/<the GPU's kind>.json and render.py rewrites
-# docs/benchmarks.md.
+# Each part has its own time limit, and a part that fails leaves the others running. The raw JSON of each part
+# and its log go to RAW (default build/bench/gpu), then collect.py condenses them into
+# benchmarks/results/gpu/<the GPU's kind>.json and render.py rewrites docs/benchmarks.md.
 #   bash benchmarks/run_gpu.sh                          everything
 #   RAW=/tmp/gpu ROWS=1000000 bash benchmarks/run_gpu.sh   smaller data, the raw files elsewhere
 set -uo pipefail
