@@ -154,7 +154,7 @@ def amp_dtype_for(
 
 
 def eval_dtype_for(
-    device: torch.device, eval_dtype: str | None, amp_dtype: torch.dtype | None, asked: bool = True
+    device: torch.device, eval_dtype: str | None, amp_dtype: torch.dtype | None, asked: bool
 ) -> torch.dtype | None:
     """The autocast dtype a run scores in (``--eval-dtype``). Unset: the training's ``amp_dtype`` where its
     precision was asked for (``asked``: ``--amp`` or ``--precision``), else None: a run in its device's default

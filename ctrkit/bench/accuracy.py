@@ -24,7 +24,6 @@ from ctrkit.config import TrainConfig
 from ctrkit.data.atomic import atomic_file
 from ctrkit.data.dataset import SplitBinaryDataset, split_tail
 
-MODELS = ("dlrm", "dcnv2", "wide_deep")
 BASELINES = ("logistic", "lightgbm")
 EPOCHS_TOLERANCE = 0.002  # the issue's: more epochs may not end worse than this
 LABELS = {"logistic": "logistic regression", "lightgbm": "LightGBM", "dlrm": "DLRM", "dcnv2": "DCNv2",
@@ -58,9 +57,8 @@ class Column:
 
     @property
     def heading(self) -> str:
-        details = [f"{self.epochs} ep." if self.epochs is not None else "", self.precision or ""]
-        details = [d for d in details if d]
-        return LABELS[self.model] + (f" ({', '.join(details)})" if details else "")
+        details = ", ".join(d for d in (f"{self.epochs} ep." if self.epochs is not None else "", self.precision) if d)
+        return LABELS[self.model] + (f" ({details})" if details else "")
 
 
 def columns(
@@ -72,16 +70,13 @@ def columns(
 
 def run_entry(
     entry: PanelEntry,
-    models: Sequence[str] = MODELS,
+    trained: Sequence[Column],
     baselines: Sequence[str] = BASELINES,
-    epochs: Sequence[int] | None = None,
-    precisions: Sequence[str] | None = None,
     done: Callable[[dict[str, Any]], None] | None = None,
     **train_options: Any,
 ) -> dict[str, Any]:
-    """One row of the table: every baseline and model on one data set (each model once per maximum in
-    ``epochs`` and precision in ``precisions`` when given). ``done`` is called with the row as it stands after each
-    baseline and model (the panel writes its files then)."""
+    """One row of the table: every baseline and every trained column (``columns``) on one data set. ``done`` is
+    called with the row as it stands after each baseline and model (the panel writes its files then)."""
     from ctrkit.eval.baselines import gradient_boosted_trees, logistic_regression
     from ctrkit.train.run import train
 
@@ -89,13 +84,14 @@ def run_entry(
     tr, va, te = splits(entry.path, fraction)
     rows = {"train": len(tr), "validation": len(va), "test": len(te)}
     row: dict[str, Any] = {"dataset": entry.name, "note": entry.note, "bayes_auc": entry.bayes_auc, "rows": rows,
-                           "precisions": list(precisions or ()), "results": {}}  # fmt: skip  # the first: the reference
+                           "precisions": list(dict.fromkeys(c.precision for c in trained if c.precision)),
+                           "results": {}}  # fmt: skip  # the first precision: the one the others are set against
     fits = {"logistic": logistic_regression, "lightgbm": gradient_boosted_trees}
     for name in baselines:
         row["results"][name] = fits[name](tr, va, te)
         if done is not None:
             done(row)
-    for column in columns(models, epochs, precisions):
+    for column in trained:
         start = time.perf_counter()
         torch.manual_seed(0)
         options = dict(train_options)

@@ -269,7 +269,7 @@ def accuracy(args: argparse.Namespace) -> int:
             write_results([*rows, row], methods, headings, cfg.out, {"config": repr(cfg)})
 
     for entry in entries:
-        rows.append(run_entry(entry, cfg.models, cfg.baselines, cfg.epochs, cfg.precisions, done=write))
+        rows.append(run_entry(entry, trained, cfg.baselines, done=write))
         res = rows[-1]["results"]
         print(f"{entry.name}: " + ", ".join(f"{headings[m]} {r['auc']:.4f}" for m, r in res.items()), flush=True)
     for line in targets(rows):

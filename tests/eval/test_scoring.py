@@ -47,6 +47,8 @@ def test_split_scoring_equals_one_forward_pass(tiny_dataset, two_threads, monkey
 
 def test_eval_dtype_rule():
     cpu = torch.device("cpu")
-    assert eval_dtype_for(cpu, None, None) is None and eval_dtype_for(cpu, None, torch.bfloat16) is torch.bfloat16
-    assert eval_dtype_for(cpu, "fp32", torch.bfloat16) is None
-    assert eval_dtype_for(cpu, "bf16", None) is (torch.bfloat16 if cpu_native_bf16() else None)
+    assert eval_dtype_for(cpu, None, None, True) is None
+    assert eval_dtype_for(cpu, None, torch.bfloat16, True) is torch.bfloat16
+    assert eval_dtype_for(cpu, None, torch.bfloat16, False) is None  # the device's default precision: scored in fp32
+    assert eval_dtype_for(cpu, "fp32", torch.bfloat16, True) is None
+    assert eval_dtype_for(cpu, "bf16", None, False) is (torch.bfloat16 if cpu_native_bf16() else None)
