@@ -237,10 +237,12 @@ def host_section(a) -> dict:
         work = torch.cuda.max_memory_allocated(device) - table_bytes  # the batches, the dense model, the step's work
         room = int(a.cap * table_bytes)
         per_row = model_config.embedding_dim * 4 + 4 + 8 + 8 + 8 + 1  # a cached row, its slot map and bookkeeping
-        cache_rows = int((room - work - rows * 4) * 0.9 / per_row)
+        # the tiered step's work is about twice the in-GPU step's (the rows it moves between the tiers, their
+        # gradients): with the cache at (room - work) * 0.9 the H200's first run ran out of memory in the step
+        cache_rows = int((room - 2 * work - rows * 4) * 0.8 / per_row)
         torch.cuda.empty_cache()
         cap = room / torch.cuda.get_device_properties(device).total_memory
-        torch.cuda.set_per_process_memory_fraction(cap, device)
+        torch.cuda.set_per_process_memory_fraction(cap, torch.cuda.current_device() if device.index is None else device)
     else:  # no cap on a CPU: the cache is ``cap`` of the rows
         cache_rows = int(rows * a.cap)
     cache_rows = max(cache_rows, lookups)  # at least a step's rows

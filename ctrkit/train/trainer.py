@@ -351,8 +351,8 @@ class Trainer:
     def _log_window(self, epoch: int, bar: tqdm) -> None:
         """Logs the window's mean loss and speed (and stops a run whose loss is no longer finite)."""
         window = self.window
-        elapsed = time.perf_counter() - window.started
         total = float(window.loss_sum) if self.env is None else all_reduce_sum(float(window.loss_sum))
+        elapsed = time.perf_counter() - window.started  # after the loss is read: the device's queue drained
         mean_loss = total / window.steps
         if not math.isfinite(mean_loss):
             raise FloatingPointError(

@@ -10,7 +10,8 @@ from tests.distributed.test_torchrun import assert_same_weights, torchrun
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 TWO_GPUS = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
-FLAGS = ["--max-steps", "12", "--batch-size", "333", "--no-progress", *small_model_flags()]
+# in fp32 on both devices, whatever each one's default precision (bf16 on a CPU with native bf16)
+FLAGS = ["--max-steps", "12", "--batch-size", "333", "--no-progress", "--precision", "fp32", *small_model_flags()]
 
 
 @CUDA

@@ -135,7 +135,9 @@ def test_a_run_with_tiered_tables_saves_resumes_and_evaluates_as_one_in_memory(t
 def test_on_a_gpu_tables_in_host_memory_train_as_the_tables_on_the_gpu(optimizer):
     """The host tier's rows cross between the CPU's memory and the GPU's cache: the weights, the optimizer state and
     the scores equal the tables held on the GPU to float rounding (a GPU's sparse updates sum a row's gradients
-    with atomics, in no fixed order, so two runs on the GPU alone are equal only to rounding too)."""
+    with atomics, in no fixed order, so two runs on the GPU alone are equal only to rounding too: on an H200, two
+    such runs under Adam differed by 1.3e-6 in one of 32,456 table values after 25 steps, Adam's normalised step
+    magnifying the rounding of a near-zero gradient; a row lost or stale between the tiers is off by the step, 0.05)."""
     device = torch.device("cuda")
     cfg = make_config("dlrm", {"num_numerical": 3, "cardinalities": CARDS, "embedding_dim": 8,
                                "bottom_mlp": [16, 8], "top_mlp": [16, 1]})  # fmt: skip
@@ -154,7 +156,7 @@ def test_on_a_gpu_tables_in_host_memory_train_as_the_tables_on_the_gpu(optimizer
         results.append((model.state_dict(), [o.state_dict() for o in opts], tiers(model), scored))
     (weights, states, _, scored), (weights_h, states_h, (tier,), scored_h) = results
     assert tier.cache.device.type == "cuda" and tier.table.device.type == "cpu" and tier.evicted > 0
-    close = {"rtol": 1e-5, "atol": 1e-6}
+    close = {"rtol": 1e-5, "atol": 1e-5}
     for k in weights:
         torch.testing.assert_close(weights_h[k].cpu(), weights[k].cpu(), **close, msg=k)
     for a, b in zip(states, states_h):
