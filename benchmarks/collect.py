@@ -170,13 +170,14 @@ def gpu_rows(raw):
                          round(m["loader"]), f"{m['wide_pageable_copy'] / m['loader']:.0%}", ""])  # fmt: skip
     syncs = parts.get("syncs")
     if syncs:
-        where = "; ".join(f"{k} x{v}" for k, v in syncs["where"].items())
+        where = "; ".join(f"{k.split('site-packages/')[-1]} x{v}" for k, v in syncs["where"].items())
         rows.append(["host synchronisations a step (feed and step)", "fp32", syncs["per_step"], where, "", "0"])
     host = parts.get("host")
     if host:
         r = host["samples_per_s"]
-        rows.append([f"tables in host memory, GPU room for {host['cache_rows'] / host['table_rows']:.0%} of them "
-                     f"(samples/s; cache hit rate {host['cache']['hit_rate']:.0%}) against on the GPU", "fp32",
+        rows.append([f"tables in host memory, the GPU capped at {host['cap_of_tables']:.0%} of their bytes (samples/s; "
+                     f"a cache of {host['cache_rows'] / host['table_rows']:.0%} of the rows, hit rate "
+                     f"{host['cache']['hit_rate']:.0%}) against on the GPU", "fp32",
                      round(r["tables_in_host_memory"]), round(r["tables_on_gpu"]), f"{host['host_of_gpu']:.2f}x",
                      ">= 0.5x"])  # fmt: skip
     for row in (parts.get("accuracy") or {}).get("rows", []):

@@ -257,6 +257,7 @@ def host_section(a) -> dict:
         "steps": a.steps,
         "untimed_steps": untimed,
         "table_rows": rows,
+        "cap_of_tables": a.cap,
         "gpu_memory_fraction": cap,
         "step_work_bytes": work,
         "samples_per_s": {"tables_on_gpu": in_gpu, "tables_in_host_memory": in_host_rate},

@@ -208,7 +208,8 @@ def render() -> str:
         "`benchmarks/results/SUITE/KIND.json` hold them. Every run names its machine, date and the commit "
         "of the code it measured. The machines are shared and their speed drifts: compare rows of one table "
         "as ratios, never figures of different tables. Kinds: `cpu-avx512` (AMD EPYC with AVX-512 and "
-        "AVX512-BF16), `cpu-amx` (Intel Xeon with AVX-512, AVX512-BF16 and AMX), `gpu-h100` (one NVIDIA H100).",
+        "AVX512-BF16), `cpu-amx` (Intel Xeon with AVX-512, AVX512-BF16 and AMX), `gpu-h100` (one NVIDIA H100), "
+        "`gpu-h200` (one NVIDIA H200).",
         "",
         "To rerun a suite, run its command after `make install`; it writes the raw files under `build/` and "
         "the condensed result with `benchmarks/collect.py`, then `python benchmarks/render.py` rewrites this "
@@ -290,6 +291,22 @@ def headline() -> str:
         f"PyTorch DLRM {sps['plain_pytorch']:,}, TorchRec's fused DLRM {sps['torchrec_fused']:,}.",
         "",
     ]
+    if list((RESULTS / "gpu").glob("*.json")):
+        gpu = _load("gpu")
+        by = {(r[0].split(" (")[0], r[1]): r for r in gpu["rows"]}
+        step = {p: by[("step: ctrkit", p)] for p in ("fp32", "tf32", "bf16")}
+        run = {p: by[("end to end", p)] for p in step}
+        start = [by[("start to the first step", p)][2] for p in step]
+        host = next(r for r in gpu["rows"] if r[0].startswith("tables in host memory"))
+        out += [
+            f"**On a GPU** (the `nvidia` recipe's DLRM at width 128, batch 65,536, SGD, on FL15 tables; "
+            f"{_source(gpu)}): ctrkit's step is {' / '.join(step[p][4] for p in step)} a plain PyTorch DLRM's in "
+            f"fp32 / TF32 / bf16; `train` end to end runs at {' / '.join(run[p][4] for p in run)} of that step "
+            f"({' / '.join(f'{run[p][2] / 1e6:.2f}M' for p in run)} samples/s), its first step {min(start):.1f}-"
+            f"{max(start):.1f} s after the process starts; with the tables in host memory and the GPU capped at half "
+            f"their size, {host[4]} the speed on the GPU. [The GPU check](docs/benchmarks.md#the-gpu-check).",
+            "",
+        ]
     inf = _load("inference")
     out += [
         f"**Serving** (the Criteo-Kaggle DLRM; {_source(inf)}):",

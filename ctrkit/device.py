@@ -175,11 +175,17 @@ def cuda_tf32(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device)[0] >= 8
 
 
-def default_precision(device: torch.device) -> str:
+def default_precision(device: torch.device, batch: int | None = None) -> str:
     """What a run on ``device`` computes in where neither a precision nor ``--amp`` is given, as measured for each
-    kind of device (docs/decisions/precision.md): bf16 autocast on a CPU that computes bf16 natively; fp32 on
-    other CPUs (bf16 emulated) and on GPUs."""
-    return "bf16" if device.type == "cpu" and cpu_native_bf16() else "fp32"
+    kind of device (docs/decisions/precision.md): bf16 autocast on a CPU that computes bf16 natively, and on a GPU
+    with bf16 tensor cores where one process's step takes ``CUDA_AMP_MIN_TRAIN_BATCH`` samples or more (``batch``;
+    None: unknown, taken as large); fp32 on other CPUs (bf16 emulated), on older GPUs and at smaller GPU steps
+    (bound by launching kernels, where autocast's casts cost more than its arithmetic saves)."""
+    if device.type == "cpu":
+        return "bf16" if cpu_native_bf16() else "fp32"
+    if device.type == "cuda" and cuda_native_bf16(device) and (batch is None or batch >= CUDA_AMP_MIN_TRAIN_BATCH):
+        return "bf16"
+    return "fp32"
 
 
 def precision_of(
@@ -191,7 +197,7 @@ def precision_of(
     ``--amp --amp-dtype``; the CPU's bf16 rule applies). Unnamed: ``--amp``'s rule (``amp_dtype_for``), else the
     device's default (``default_precision``)."""
     if precision is None and not amp:
-        precision = default_precision(device)
+        precision = default_precision(device, batch)
     if precision == "fp16" and device.type == "cpu":
         raise ValueError("`precision` fp16 is not supported on CPU; use bf16")
     if precision == "tf32":

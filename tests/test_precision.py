@@ -111,11 +111,17 @@ def test_precision_by_name_follows_the_device(monkeypatch, capsys):
     capsys.readouterr()
     assert dev.precision_of(cpu, None, False, None) == ("fp32", None, "")  # the default: nothing asked, nothing said
     assert capsys.readouterr().err == ""
-    assert dev.precision_of(cuda, None, False, None, 65_536) == ("fp32", None, "")  # a GPU's default
     for major, want in ((8, "tf32"), (7, "fp32")):  # TF32 tensor cores from Ampere on
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda _device, major=major: (major, 0))
         assert dev.precision_of(cuda, "tf32", False, None)[0] == want
-    monkeypatch.setattr(dev, "cuda_native_bf16", lambda _device: True)
+    least = dev.CUDA_AMP_MIN_TRAIN_BATCH
+    for native, want in ((False, "fp32"), (True, "bf16")):  # a GPU's default: bf16 with bf16 tensor cores ...
+        monkeypatch.setattr(dev, "cuda_native_bf16", lambda _device, native=native: native)
+        assert dev.precision_of(cuda, None, False, None, least)[0] == want
+        assert dev.precision_of(cuda, None, False, None, None)[0] == want  # the batch unknown: taken as large
+    capsys.readouterr()
+    assert dev.precision_of(cuda, None, False, None, least - 1) == ("fp32", None, "")  # ... at batches where it pays
+    assert capsys.readouterr().err == ""  # nothing was asked: nothing said
     assert dev.precision_of(cuda, "bf16", False, None, 512)[:2] == ("bf16", torch.bfloat16)  # named: any batch
     assert dev.precision_of(cuda, "fp16", False, None, 512)[:2] == ("fp16", torch.float16)
     name, dtype, note = dev.precision_of(cuda, None, True, None, 512)  # --amp's batch rule
