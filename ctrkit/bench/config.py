@@ -159,7 +159,9 @@ class AccuracyBenchConfig:
     models: tuple[str, ...] = option(
         ("dlrm", "dcnv2", "wide_deep"), "models, each with its defaults", parse="name_list"
     )
-    baselines: tuple[str, ...] = option(("logistic", "lightgbm"), "baselines", parse="name_list")
+    baselines: tuple[str, ...] = option(
+        ("logistic", "lightgbm"), "baselines, comma-separated; none trains the models alone", parse="names_or_none"
+    )
     epochs: tuple[int, ...] | None = option(
         None,
         "train each model once per maximum number of epochs given (e.g. 1,3) instead of once with its default; "

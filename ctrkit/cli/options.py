@@ -32,6 +32,11 @@ def name_list(text: str) -> tuple[str, ...]:
     return values
 
 
+def names_or_none(text: str) -> tuple[str, ...]:
+    """argparse type: comma-separated names, or ``none`` for none."""
+    return () if text.strip() == "none" else name_list(text)
+
+
 def table_sizes(text: str) -> tuple[int, ...]:
     """argparse type: comma-separated cardinalities, or the name of a preset (``TABLE_PRESETS``)."""
     from ctrkit.data.synthetic import TABLE_PRESETS
@@ -45,7 +50,7 @@ def table_sizes(text: str) -> tuple[int, ...]:
     return int_list(text)
 
 
-PARSERS = {"int_list": int_list, "name_list": name_list, "table_sizes": table_sizes}
+PARSERS = {"int_list": int_list, "name_list": name_list, "names_or_none": names_or_none, "table_sizes": table_sizes}
 
 
 def flag(name: str) -> str:
