@@ -180,6 +180,15 @@ def gpu_rows(raw):
                      f"{host['cache']['hit_rate']:.0%}) against on the GPU", "fp32",
                      round(r["tables_in_host_memory"]), round(r["tables_on_gpu"]), f"{host['host_of_gpu']:.2f}x",
                      ">= 0.5x"])  # fmt: skip
+    resume = parts.get("resume")
+    if resume:
+        if "error" in resume:
+            rows.append(["start to the first step, resumed", "", "failed: " + " ".join(resume["error"]), "", "", ""])
+        else:
+            rows.append([f"start to the first step (s), resumed from a checkpoint of "
+                         f"{resume['checkpoint_bytes'] / 2**30:.1f} GiB, against a fresh start", "default",
+                         resume["resumed"]["start_to_first_step_s"], resume["fresh"]["start_to_first_step_s"], "",
+                         "<= 10"])  # fmt: skip
     for row in (parts.get("accuracy") or {}).get("rows", []):
         reference, *others = row["precisions"]  # the first precision given is the one the others are set against
         runs = {(r["model"], r["precision"]): r for r in row["results"].values() if r.get("precision")}

@@ -1,5 +1,5 @@
 """The GPU check's measurements, one section a process (``benchmarks/run_gpu.sh`` runs them all on one GPU, in
-about 8 minutes; each section also runs on the CPU at small sizes, which is how its test keeps it working):
+about 7 minutes; each section also runs on the CPU at small sizes, which is how its test keeps it working):
 
 - ``step``: ctrkit's training step (``TrainStep``, the ``nvidia`` recipe's DLRM) against a plain PyTorch DLRM (one
   flat ``nn.Embedding(sparse=True)``, ``bmm`` interaction, ``torch.optim.SGD``) on the same batches already on the
@@ -14,6 +14,8 @@ about 8 minutes; each section also runs on the CPU at small sizes, which is how 
   ``--steps`` batches after a quarter as many untimed (the cache filled from cold), and the cache's hit rate.
 - ``syncs``: the training loop's host synchronisations: the feed and the step over ``--steps`` batches under
   ``torch.cuda.set_sync_debug_mode("warn")``, each synchronising call counted with where ctrkit made it.
+- ``resume``: ``ctrkit train --recipe nvidia`` saving its checkpoint, then resumed from it: the start to the first
+  step of each (the resumed run loads its tables instead of drawing them), and the checkpoint's size.
 
 Each section writes ``<section>.json`` into ``--out``; ``benchmarks/render.py`` does not read them (the docs'
 benchmarks page quotes them).
@@ -24,9 +26,11 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 import warnings
@@ -168,6 +172,36 @@ def step_section(a) -> dict:
     }
 
 
+def _train(
+    a, log: Path, *extra: str, steps: int | None = None
+) -> tuple[subprocess.CompletedProcess, list[dict], float]:
+    """``ctrkit train --recipe nvidia`` on ``--dataset`` for ``steps`` (default ``--max-steps``) with no validation
+    split (no model selection: the run's time is its training), logging to ``log``: the finished process, its log's
+    records (none where it failed) and its wall seconds."""
+    log.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "ctrkit", "train", "--dataset", str(a.dataset), "--recipe", "nvidia",
+           "--model", "dlrm", "--device", a.device, "--max-steps", str(steps or a.max_steps),
+           "--print-freq", str(a.print_freq), "--log-path", str(log), "--no-progress", "--validation-fraction", "0",
+           *extra]  # fmt: skip
+    if a.dim:
+        cmd += ["--embedding-dim", str(a.dim)]
+    if a.batch_size:
+        cmd += ["--batch-size", str(a.batch_size)]
+    t = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - t
+    records = [json.loads(line) for line in log.read_text().splitlines()] if done.returncode == 0 else []
+    return done, records, wall
+
+
+def _error(done: subprocess.CompletedProcess) -> list[str]:
+    return done.stderr.strip().splitlines()[-1:] or ["exit status " + str(done.returncode)]
+
+
+def _first_step(records: list[dict]) -> float:
+    return next(r for r in records if r["event"] == "first_step")["since_start"]
+
+
 def e2e_section(a) -> dict:
     """``ctrkit train --recipe nvidia`` per precision: samples a second after the first window, the start."""
     step = json.loads((a.out / "step.json").read_text()) if (a.out / "step.json").exists() else None
@@ -175,33 +209,47 @@ def e2e_section(a) -> dict:
     for p in a.precisions.split(","):
         if p == "tf32" and a.device == "cpu":
             continue
-        log = a.out / f"e2e_{p}.jsonl"
-        log.unlink(missing_ok=True)
-        cmd = [sys.executable, "-m", "ctrkit", "train", "--dataset", str(a.dataset), "--recipe", "nvidia",
-               "--model", "dlrm", "--device", a.device, "--max-steps", str(a.max_steps), "--precision", p,
-               "--print-freq", str(a.print_freq), "--log-path", str(log), "--no-progress",
-               "--validation-fraction", "0"]  # fmt: skip  # no model selection: the run's time is its training
-        if a.dim:
-            cmd += ["--embedding-dim", str(a.dim)]
-        if a.batch_size:
-            cmd += ["--batch-size", str(a.batch_size)]
-        t = time.perf_counter()
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        wall = time.perf_counter() - t
+        done, records, wall = _train(a, a.out / f"e2e_{p}.jsonl", "--precision", p)
         if done.returncode != 0:
-            runs[p] = {"error": done.stderr.strip().splitlines()[-1:] or ["exit status " + str(done.returncode)]}
+            runs[p] = {"error": _error(done)}
             continue
-        records = [json.loads(line) for line in log.read_text().splitlines()]
         windows = [r["samples_per_s"] for r in records if r["event"] == "train"]
-        first = next(r for r in records if r["event"] == "first_step")
         rate = statistics.median(windows[1:] or windows)
         execution = [line.strip() for line in done.stderr.splitlines() if "execution" in line]
-        run = {"samples_per_s": rate, "windows": windows, "start_to_first_step_s": first["since_start"],
+        run = {"samples_per_s": rate, "windows": windows, "start_to_first_step_s": _first_step(records),
                "wall_s": wall, "plan_execution": execution}  # fmt: skip
         if step is not None and p in step["samples_per_s"]:
             run["of_step_alone"] = rate / step["samples_per_s"][p]["ctrkit"]
         runs[p] = run
     return {"section": "e2e", "max_steps": a.max_steps, "print_freq": a.print_freq, "runs": runs}
+
+
+def resume_section(a) -> dict:
+    """A run in the device's default precision that saves its checkpoint at the end, then the same run resumed
+    from it for ``--print-freq`` more steps: the start to the first step of each (the resumed run's tables are
+    loaded from the memory-mapped checkpoint where the run trains, never drawn first), the checkpoint's size. The
+    checkpoint and the files beside it are deleted afterwards."""
+    a.work.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(dir=a.work))
+    saved = work / "resume.pt"
+    try:
+        done, fresh, fresh_wall = _train(a, a.out / "resume_fresh.jsonl", "--save-checkpoint", str(saved))
+        if done.returncode != 0:
+            return {"section": "resume", "error": _error(done)}
+        size = saved.stat().st_size
+        done, again, again_wall = _train(a, a.out / "resume_resumed.jsonl", "--load-checkpoint", str(saved),
+                                         steps=a.max_steps + a.print_freq)  # fmt: skip
+        if done.returncode != 0:
+            return {"section": "resume", "error": _error(done)}
+    finally:
+        shutil.rmtree(work)
+    first = next(r for r in again if r["event"] == "first_step")
+    return {
+        "section": "resume",
+        "checkpoint_bytes": size,
+        "fresh": {"start_to_first_step_s": _first_step(fresh), "wall_s": fresh_wall},
+        "resumed": {"start_to_first_step_s": first["since_start"], "from_step": first["step"], "wall_s": again_wall},
+    }
 
 
 def _train_over(step, batches, device: torch.device, untimed: int) -> float:
@@ -310,7 +358,13 @@ def syncs_section(a) -> dict:
             "per_step": sum(where.values()) / max(steps, 1), "device": str(device)}  # fmt: skip
 
 
-SECTIONS = {"step": step_section, "e2e": e2e_section, "host": host_section, "syncs": syncs_section}
+SECTIONS = {
+    "step": step_section,
+    "e2e": e2e_section,
+    "host": host_section,
+    "syncs": syncs_section,
+    "resume": resume_section,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -326,8 +380,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (step)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps a precision and implementation (step)")
     p.add_argument("--distinct", type=int, default=8, help="distinct batches cycled through (step)")
-    p.add_argument("--max-steps", type=int, default=40, help="the training run's steps (e2e)")
-    p.add_argument("--print-freq", type=int, default=10, help="steps a log window (e2e)")
+    p.add_argument("--max-steps", type=int, default=40, help="the training run's steps (e2e, resume)")
+    p.add_argument("--print-freq", type=int, default=10, help="steps a log window (e2e, resume)")
+    p.add_argument("--work", type=Path, default=Path("/tmp/ctrkit-gpu/resume"),
+                   help="where the resume section's checkpoints are written, then deleted")  # fmt: skip
     p.add_argument("--cap", type=float, default=0.5, help="the GPU's room for the tables, as their share (host)")
     a = p.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)

@@ -84,8 +84,10 @@ SUITES = {
         "`benchmarks/run_gpu.sh` on one GPU, FL15 data (`ctrkit synth --tables criteo-1tb --rows 4000000`), the "
         "`nvidia` recipe's DLRM at width 128 and batch 65,536 with SGD: ctrkit's step against a plain PyTorch DLRM "
         "on the same batches (interleaved rounds), `ctrkit train --recipe nvidia` end to end against the step "
-        "alone and its start, the loader, the loop's host synchronisations, and the tables in host memory with "
-        "the GPU capped at half their size (`benchmarks/gpu_check.py` says how each is measured).",
+        "alone and its start, the loader, the loop's host synchronisations, the tables in host memory with "
+        "the GPU capped at half their size, a run resumed from its checkpoint (from the H200's run on), and the "
+        "accuracy panel's synthetic data sets in each precision (`benchmarks/gpu_check.py` says how each is "
+        "measured).",
         "bash benchmarks/run_gpu.sh",
     ),
     "train-cuda": (

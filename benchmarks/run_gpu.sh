@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The prepared GPU check (issue 69), for one GPU with PyTorch and ctrkit's dependencies installed (no network
-# needed), in about 6 minutes: FL15 data made once (ROWS rows, `ctrkit synth --tables criteo-1tb`);
+# needed), in about 7 minutes: FL15 data made once (ROWS rows, `ctrkit synth --tables criteo-1tb`);
 # ctrkit's step against plain PyTorch in fp32, TF32 and bf16 (same batches, interleaved); `ctrkit train --recipe
 # nvidia` end to end in each precision, with the start to the first step; the loader alone and fed to the GPU; the
-# training loop's host synchronisations; the host-memory tier with the GPU capped at half the tables' size
-# (benchmarks/gpu_check.py says what each measures); the accuracy panel's synthetic data sets in each precision;
+# training loop's host synchronisations; the host-memory tier with the GPU capped at half the tables' size; a
+# run resumed from its checkpoint (benchmarks/gpu_check.py says what each measures); the accuracy panel's synthetic data sets in each precision;
 # the CUDA tests.
 # Each part has its own time limit, and a part that fails leaves the others running. The raw JSON of each part
 # and its log go to RAW (default build/bench/gpu), then collect.py condenses them into
@@ -13,8 +13,8 @@
 #   RAW=/tmp/gpu ROWS=1000000 bash benchmarks/run_gpu.sh   smaller data, the raw files elsewhere
 #   BUDGET=500 bash benchmarks/run_gpu.sh               each part's limit cut to what is left of 500 s (the parts
 #                                                       that no longer fit are skipped, so the collection still runs)
-#   PARTS="data e2e" bash benchmarks/run_gpu.sh         only the parts named (cuda_tests data step e2e loader syncs
-#                                                       host accuracy)
+#   PARTS="data e2e" bash benchmarks/run_gpu.sh         only the parts named (data step e2e loader syncs host
+#                                                       resume accuracy cuda_tests)
 #   QUICK=1 bash benchmarks/run_gpu.sh                  every part at a small size (1M rows, a few steps, one
 #                                                       model), to find what breaks before the full run
 set -uo pipefail
@@ -58,6 +58,7 @@ part loader 45 $PY -m ctrkit bench loader --dataset "$DATA" --device cuda --outp
   $(small "--batches 5 --rounds 1" "--batches 30 --rounds 3")
 part syncs 45 $PY benchmarks/gpu_check.py syncs --dataset "$DATA" --out "$RAW" --steps "$(small 3 10)"
 part host 120 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True $PY benchmarks/gpu_check.py host --dataset "$DATA" --out "$RAW" --steps "$(small 8 40)"
+part resume 120 $PY benchmarks/gpu_check.py resume --dataset "$DATA" --out "$RAW" $(small "--max-steps 4 --print-freq 2" "")
 # what a default precision is decided on: the planted and tabular data sets (made here, with their Bayes
 # AUC) trained by each model in each precision, no baseline (logistic regression took 56 s of the H200's 150);
 # the panel keeps every run it finished when the limit stops it

@@ -40,6 +40,7 @@ def test_each_section_runs_and_writes_what_it_measured(gpu_check, tmp_path, caps
         "e2e": ["--max-steps", "6", "--print-freq", "2", "--precisions", "fp32"],
         "host": ["--steps", "10", "--cap", "0.01"],
         "syncs": ["--steps", "3"],
+        "resume": ["--max-steps", "4", "--print-freq", "2", "--work", str(tmp_path / "work")],
     }
     results = {}
     for name, extra in sections.items():
@@ -57,6 +58,10 @@ def test_each_section_runs_and_writes_what_it_measured(gpu_check, tmp_path, caps
     assert host["cache"]["misses"] > 0 and host["cache"]["evicted"] > 0 and host["cache_rows"] < host["table_rows"]
     assert min(host["samples_per_s"].values()) > 0
     assert results["syncs"]["steps"] == 3 and results["syncs"]["device"] == "cpu"  # its count needs a GPU
+    resume = results["resume"]
+    assert resume["resumed"]["from_step"] == 4 and resume["checkpoint_bytes"] > 0
+    assert min(resume["fresh"]["start_to_first_step_s"], resume["resumed"]["start_to_first_step_s"]) > 0
+    assert not list((tmp_path / "work").iterdir())  # its checkpoint deleted
     # condensed into the suite's table as run_gpu.sh does (the loader's JSON beside them)
     code, _, _ = run_cli("bench", "loader", "--dataset", data, "--batch-size", "512", "--batches", "3", "--rounds", "1",
                          "--device", "cpu", "--output", out / "loader.json", capsys=capsys)  # fmt: skip
@@ -69,8 +74,8 @@ def test_each_section_runs_and_writes_what_it_measured(gpu_check, tmp_path, caps
     collect = _module("collect")
     written = json.loads(collect.collect("gpu", out, command="test", results=tmp_path / "results").read_text())
     checks = [row[0] for row in written["rows"]]
-    assert written["machine_kind"].startswith("cpu-") and len(checks) == 2 + 2 + 1 + 1 + 1 + 1  # no wide copy (CPU)
-    assert checks[0].startswith("step: ctrkit") and "host memory" in checks[-2]
+    assert written["machine_kind"].startswith("cpu-") and len(checks) == 2 + 2 + 1 + 1 + 1 + 1 + 1  # no wide copy
+    assert checks[0].startswith("step: ctrkit") and "host memory" in checks[-3] and "resumed" in checks[-2]
     auc = json.loads((out / "accuracy.json").read_text())["rows"][0]["results"]
     assert set(auc) == {"dlrm/fp32", "dlrm/bf16"}  # --baselines none, as run_gpu.sh asks: the trained columns alone
     assert checks[-1] == "test AUC of dlrm on data against fp32 (time ratio)"
