@@ -4,8 +4,8 @@
 # ctrkit's step against plain PyTorch in fp32, TF32 and bf16 (same batches, interleaved); `ctrkit train --recipe
 # nvidia` end to end in each precision, with the start to the first step; the loader alone and fed to the GPU; the
 # training loop's host synchronisations; the host-memory tier with the GPU capped at half the tables' size; a
-# run resumed from its checkpoint (benchmarks/gpu_check.py says what each measures); the accuracy panel's synthetic data sets in each precision;
-# the CUDA tests.
+# run resumed from its checkpoint (benchmarks/gpu_check.py says what each measures); the accuracy panel's
+# synthetic data sets in each precision; the CUDA tests.
 # Each part has its own time limit, and a part that fails leaves the others running. The raw JSON of each part
 # and its log go to RAW (default build/bench/gpu), then collect.py condenses them into
 # benchmarks/results/gpu/<the GPU's kind>.json and render.py rewrites docs/benchmarks.md.
@@ -57,13 +57,16 @@ part e2e 150 $PY benchmarks/gpu_check.py e2e --dataset "$DATA" --out "$RAW" $(sm
 part loader 45 $PY -m ctrkit bench loader --dataset "$DATA" --device cuda --output "$RAW/loader.json" \
   $(small "--batches 5 --rounds 1" "--batches 30 --rounds 3")
 part syncs 45 $PY benchmarks/gpu_check.py syncs --dataset "$DATA" --out "$RAW" --steps "$(small 3 10)"
-part host 120 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True $PY benchmarks/gpu_check.py host --dataset "$DATA" --out "$RAW" --steps "$(small 8 40)"
-part resume 120 $PY benchmarks/gpu_check.py resume --dataset "$DATA" --out "$RAW" $(small "--max-steps 4 --print-freq 2" "")
+part host 120 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True $PY benchmarks/gpu_check.py host \
+  --dataset "$DATA" --out "$RAW" --steps "$(small 8 40)"
+part resume 120 $PY benchmarks/gpu_check.py resume --dataset "$DATA" --out "$RAW" \
+  $(small "--max-steps 4 --print-freq 2" "")
 # what a default precision is decided on: the planted and tabular data sets (made here, with their Bayes
 # AUC) trained by each model in each precision, no baseline (logistic regression took 56 s of the H200's 150);
 # the panel keeps every run it finished when the limit stops it
 part accuracy 150 $PY -m ctrkit bench accuracy --seeds 0 \
-  $(small "--panel planted --planted-rows 20000 --models dlrm" "--panel planted,tabular --planted-rows 120000 --tabular-rows 120000") \
+  $(small "--panel planted --planted-rows 20000 --models dlrm" \
+    "--panel planted,tabular --planted-rows 120000 --tabular-rows 120000") \
   --baselines none --precisions fp32,tf32,bf16 --work /tmp/ctrkit-gpu/accuracy --out "$RAW/accuracy"
 # the CUDA tests last, so that a run cut short by its budget loses them rather than the figures
 part cuda_tests 150 $PY -m pytest -q -p no:cacheprovider tests/distributed/test_cuda.py tests/test_precision.py \
