@@ -198,8 +198,9 @@ def _error(done: subprocess.CompletedProcess) -> list[str]:
     return done.stderr.strip().splitlines()[-1:] or ["exit status " + str(done.returncode)]
 
 
-def _first_step(records: list[dict]) -> float:
-    return next(r for r in records if r["event"] == "first_step")["since_start"]
+def _first_step(records: list[dict]) -> dict:
+    """The log's ``first_step`` record: its step and the seconds since the process started (``since_start``)."""
+    return next(r for r in records if r["event"] == "first_step")
 
 
 def e2e_section(a) -> dict:
@@ -216,7 +217,7 @@ def e2e_section(a) -> dict:
         windows = [r["samples_per_s"] for r in records if r["event"] == "train"]
         rate = statistics.median(windows[1:] or windows)
         execution = [line.strip() for line in done.stderr.splitlines() if "execution" in line]
-        run = {"samples_per_s": rate, "windows": windows, "start_to_first_step_s": _first_step(records),
+        run = {"samples_per_s": rate, "windows": windows, "start_to_first_step_s": _first_step(records)["since_start"],
                "wall_s": wall, "plan_execution": execution}  # fmt: skip
         if step is not None and p in step["samples_per_s"]:
             run["of_step_alone"] = rate / step["samples_per_s"][p]["ctrkit"]
@@ -243,11 +244,11 @@ def resume_section(a) -> dict:
             return {"section": "resume", "error": _error(done)}
     finally:
         shutil.rmtree(work)
-    first = next(r for r in again if r["event"] == "first_step")
+    first = _first_step(again)
     return {
         "section": "resume",
         "checkpoint_bytes": size,
-        "fresh": {"start_to_first_step_s": _first_step(fresh), "wall_s": fresh_wall},
+        "fresh": {"start_to_first_step_s": _first_step(fresh)["since_start"], "wall_s": fresh_wall},
         "resumed": {"start_to_first_step_s": first["since_start"], "from_step": first["step"], "wall_s": again_wall},
     }
 

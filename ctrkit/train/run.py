@@ -325,7 +325,7 @@ class Run:
 
         from ctrkit.checkpoint import load_checkpoint
         from ctrkit.data.dataset import SplitBinaryDataset, one_class_problem, split_tail
-        from ctrkit.device import eval_dtype_for, precision_of, resolve_device
+        from ctrkit.device import precision_of, resolve_device
 
         cfg = spec.train
         self.device = self.env.device if self.env is not None else resolve_device(spec.device)
@@ -334,7 +334,6 @@ class Run:
         self.precision, self.amp_dtype, self.precision_note = precision_of(
             self.device, cfg.precision, cfg.amp, cfg.amp_dtype, local
         )
-        self.eval_amp_dtype = eval_dtype_for(self.device, cfg.eval_dtype, self.amp_dtype, cfg.precision_asked)
         if self.env is not None and self.amp_dtype == torch.float16:
             raise ValueError("hybrid-parallel training supports mixed precision with bf16 only")
         feature_spec = FeatureSpec.from_yaml(spec.dataset)
@@ -477,6 +476,11 @@ class Run:
         if self.device.type == "cpu":
             return FILLED_LATER
         return replace(on_device(self.device), fill_later=True)  # a checkpoint's tables loaded, never drawn first
+
+    @property
+    def eval_amp_dtype(self) -> Any:
+        """The autocast dtype the run scores in (None: fp32), as its trainer decided it (``device.eval_dtype_for``)."""
+        return self.trainer.scorer.dtype
 
     @property
     def num_parameters(self) -> int:
