@@ -62,7 +62,13 @@ class PredictConfig:
     keep: tuple[str, ...] = option(
         (), "with --input: columns of the input copied to the output (ids)", parse="name_list"
     )
-    separator: str = option(",", "with --input: the CSV field separator")
+    missing_columns: str = option(
+        "error",
+        "with --input: a column the model reads, left out of the file: error (refused, naming it) or missing (missing "
+        "in every row); columns the model does not read are ignored. ctrkit serve follows the same rule",
+        ("error", "missing"),
+    )
+    separator: str = option(",", "with --input: the CSV field separator: one byte, or 'tab' (or '\\t') for a tab")
     device: str = option("auto", "auto, cpu, cuda, cuda:N")
     mapping: str = option("test", "with --dataset: the source_spec mapping to score")
     batch_size: int = option(16384, "with --dataset: samples per forward pass; with --input: rows per block")
@@ -77,6 +83,9 @@ class PredictConfig:
             raise ValueError(f"`batch_size`: expected an integer >= 1, got {self.batch_size}")
         if self.keep and self.input is None:
             raise ValueError("`keep` applies to --input (a .npy file of a dataset holds the probabilities alone)")
+        from ctrkit.preprocess.table_reader import separator_char
+
+        separator_char(self.separator, "`separator`")
 
 
 @dataclass(frozen=True)

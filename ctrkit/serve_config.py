@@ -49,6 +49,12 @@ class ServeConfig:
         "shape wait for compilation)",
     )
     threads: int | None = option(None, "torch intra-op threads", unset="torch's choice")
+    missing_columns: str = option(
+        "error",
+        "a raw column the model reads, left out of a request: error (a 400 naming it) or missing (missing in every "
+        "row); columns the model does not read are ignored. predict --input follows the same rule",
+        ("error", "missing"),
+    )
 
     def validate(self) -> None:
         if self.max_batch_size < 1:

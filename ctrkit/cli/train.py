@@ -234,7 +234,7 @@ def _predict_rows(cfg: PredictConfig) -> int:
             "`preprocess criteo` of this version, or was synthetic): score a preprocessed dataset with --dataset"
         )
     done = score_file(predictor, predictor.transform, cfg.input, cfg.out, cfg.keep, cfg.separator, cfg.batch_size,
-                      progress=not cfg.no_progress)  # fmt: skip
+                      progress=not cfg.no_progress, missing_columns=cfg.missing_columns)  # fmt: skip
     print(f"wrote {cfg.out}: {done['rows']:,} click probabilities, mean {done['mean']:.4f} "
           f"({done['rows'] / max(done['seconds'], 1e-9):,.0f} rows/s)")  # fmt: skip
     return 0

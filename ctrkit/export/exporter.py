@@ -82,7 +82,8 @@ def triton_config(name: str, platform: str, signature: Signature, max_batch_size
     """config.pbtxt for Triton: dynamic batching, the signature's inputs (a multi-hot input's last
     dimension, the padded bag length, is variable). ``platform`` "python" is the Python-backend model
     (``triton_python_model.py``): its inputs are the raw columns and the id inputs, each optional (a request sends
-    one set or the other)."""
+    one set or the other), and its parameter ``missing_columns`` says what a raw column left out means
+    (``RowTransform.check_columns``: "error", as ``predict`` and ``ctrkit serve`` by default; edit it to "missing")."""
     python = platform == PYTHON_BACKEND
     optional = " optional: true" if python else ""
 
@@ -93,6 +94,7 @@ def triton_config(name: str, platform: str, signature: Signature, max_batch_size
 
     inputs = (signature.raw_inputs if python else ()) + signature.inputs
     where = 'backend: "python"' if python else f'platform: "{platform}"'
+    rule = 'parameters { key: "missing_columns" value: { string_value: "error" } }\n' if python else ""
     return (
         f'name: "{name}"\n'
         f"{where}\n"
@@ -100,6 +102,7 @@ def triton_config(name: str, platform: str, signature: Signature, max_batch_size
         "input [\n" + ",\n".join(tensor(t, optional) for t in inputs) + "\n]\n"
         "output [\n" + tensor(signature.output) + "\n]\n"
         "dynamic_batching { max_queue_delay_microseconds: 500 }\n"
+        f"{rule}"
         f"instance_group [ {{ kind: {'KIND_CPU' if python else 'KIND_AUTO'} }} ]\n"
     )
 

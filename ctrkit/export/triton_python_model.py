@@ -3,7 +3,8 @@ runs it, so real Triton serves raw values, as NVIDIA Merlin serves the workflow 
 of the model.
 
 A request sends either the raw columns of the training table by name (text as BYTES, numbers as INT64 or FP32, each
-of shape [B, 1]; a column left out is missing in every row) or the id inputs (``numerical``, ``categorical`` and
+of shape [B, 1]; a column left out is refused, or missing in every row where the config's parameter
+``missing_columns`` says "missing": ``predict --input``'s rule) or the id inputs (``numerical``, ``categorical`` and
 ``multi_hot``); every input is optional in the config. The raw columns go through the preprocessing in the version's
 directory (``preprocessing.json``, ``vocabularies.parquet``), then ``model.onnx`` runs in ONNX Runtime: the answer is
 ``ctrkit predict --input``'s on the same rows. The stub's Python must import ctrkit (start ``tritonserver`` with the
@@ -19,9 +20,13 @@ class TritonPythonModel:
     """Triton's Python-backend interface: ``initialize`` once per instance, ``execute`` per batch of requests."""
 
     def initialize(self, args: dict) -> None:
+        import json
+
         from ctrkit.serve.predictor import Predictor
 
         self.predictor = Predictor.from_export(Path(args["model_repository"]), version=args["model_version"])
+        parameters = json.loads(args.get("model_config") or "{}").get("parameters") or {}
+        self.missing_columns = (parameters.get("missing_columns") or {}).get("string_value", "error")
         signature = self.predictor.signature
         self.names = [t.name for t in signature.raw_inputs] + signature.input_names
 
@@ -36,7 +41,7 @@ class TritonPythonModel:
                     tensor = pb_utils.get_input_tensor_by_name(request, name)
                     if tensor is not None:
                         given[name] = tensor.as_numpy()
-                output = pb_utils.Tensor("probability", self.predictor.score_named(given))
+                output = pb_utils.Tensor("probability", self.predictor.score_named(given, self.missing_columns))
                 responses.append(pb_utils.InferenceResponse(output_tensors=[output]))
             except ValueError as e:  # bad values: the client's error, said in words
                 responses.append(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(str(e))))

@@ -43,8 +43,8 @@ from ctrkit.data.split_binary import SplitBinaryWriter
 from ctrkit.integrity import vocabulary_fingerprint
 from ctrkit.preprocess import vocabulary as vocab_mod
 from ctrkit.preprocess.criteo import MISSING_ID, RARE_ID
-from ctrkit.preprocess.csv_lines import duplicate_header_problem, has_newlines_in_fields, locate_problem, record_lines
 from ctrkit.preprocess.output import Rejects, split_bounds
+from ctrkit.preprocess.table_reader import check_output, read_table
 from ctrkit.preprocess.table_recipe import (
     AUTO,
     FILE_COL,
@@ -54,7 +54,6 @@ from ctrkit.preprocess.table_recipe import (
     Roles,
     TableRecipe,
     assign_roles,
-    field_separator,
     label_values,
     number_values,
 )
@@ -74,49 +73,14 @@ WRITE_ROWS = 1 << 18  # rows per block written
 
 
 def _read(path: Path, recipe: TableRecipe, file_index: int) -> pl.DataFrame:
-    """One input file, with the file index and the line (CSV, header = line 1) or row (Parquet) of each row."""
-    if not path.exists():
-        raise ValueError(f"{path}: input file not found")
-    if path.is_dir():
-        raise ValueError(f"{path}: is a directory; expected a CSV or Parquet file")
-    parquet = path.name.lower().endswith((".parquet", ".pq"))
-    separator = field_separator(recipe.csv_separator)
-    if not parquet:
-        problem = duplicate_header_problem(path, separator)  # Polars would rename the second one silently
-        if problem is not None:
-            raise ValueError(problem)
-    try:
-        if parquet:
-            df = pl.read_parquet(path)
-        else:
-            df = pl.read_csv(
-                path,
-                separator=separator,
-                null_values=list(recipe.null_values),
-                infer_schema_length=None,  # the whole file: a text value late in a column makes it text
-            )
-    except (pl.exceptions.PolarsError, OSError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        where = None if parquet or isinstance(e, OSError) else locate_problem(path, separator)
-        line, _, what = (where or "").partition(": ")
-        raise ValueError(f"{path}:{line}: cannot be read as CSV: {what}" if where else f"{path}: cannot be read as "
-                         f"{'Parquet' if parquet else 'CSV'}: {first}") from None  # fmt: skip
+    """One input file (``table_reader``'s rules), with the file index and the line (CSV, header = line 1) or row
+    (Parquet) of each row."""
+    df, lines = read_table(path, recipe.csv_separator, recipe.null_values)
     if not len(df.columns) or not len(df):
         raise ValueError(f"{path}: holds no rows")
     if df.columns[0] == "":  # the unnamed row index pandas and R write
         df = df.drop("")
-    nested = [c for c, t in df.schema.items() if isinstance(t, pl.List) and isinstance(t.inner, (pl.List, pl.Array))]
-    if nested or any(isinstance(t, (pl.Struct, pl.Array)) for t in df.schema.values()):
-        column = (nested or [c for c, t in df.schema.items() if isinstance(t, (pl.Struct, pl.Array))])[0]
-        raise ValueError(f"{path}: column '{column}' is {df.schema[column]}; expected numbers, text, booleans, or a "
-                         "list of ids or text (multi-hot)")  # fmt: skip
-    if parquet:
-        lines = pl.int_range(1, 1 + len(df), dtype=pl.Int64)
-    elif has_newlines_in_fields([df[c] for c, t in df.schema.items() if t == pl.String]):
-        lines = pl.Series(record_lines(path, separator))  # quoted fields span lines: count them
-    else:
-        lines = pl.int_range(2, 2 + len(df), dtype=pl.Int64)
-    return df.with_columns(pl.lit(file_index, pl.Int32).alias(FILE_COL), lines.alias(LINE_COL))
+    return df.with_columns(pl.lit(file_index, pl.Int32).alias(FILE_COL), pl.Series(LINE_COL, lines, pl.Int64))
 
 
 def _read_all(paths: Sequence[Path], recipe: TableRecipe, offset: int) -> pl.DataFrame:
@@ -250,11 +214,12 @@ def preprocess_table(
         raise ValueError(f"`test_fraction` must lie in (0, 1), got {test_fraction}")
     if validation_fraction is not None and not 0.0 < validation_fraction < 1.0:
         raise ValueError(f"`validation_fraction` must lie in (0, 1), got {validation_fraction}")
-    check_new_directory(Path(out_dir), overwrite)  # before the work, not after it
-    start = time.perf_counter()
     paths = [Path(p) for p in files]
     test_paths = [Path(p) for p in test_files] if test_files is not None else []
     all_paths = paths + test_paths
+    check_output(Path(out_dir), all_paths)
+    check_new_directory(Path(out_dir), overwrite)  # before the work, not after it
+    start = time.perf_counter()
     train_df = _read_all(paths, recipe, 0)
     test_df = _read_all(test_paths, recipe, len(paths)) if test_paths else None
     if test_df is not None and set(test_df.columns) != set(train_df.columns):

@@ -14,6 +14,7 @@ import polars as pl
 from ctrkit.config import TrainConfig
 from ctrkit.data.feature_spec import check_capacity
 from ctrkit.preprocess.criteo import BAD_ROW_POLICIES
+from ctrkit.preprocess.table_reader import separator_char
 
 FLOAT32_MAX = 3.4028234663852886e38
 FILE_COL, LINE_COL = "__ctrkit_file", "__ctrkit_line"  # where each row came from, for error messages
@@ -40,11 +41,6 @@ RAW_PREFIX = "__ctrkit_raw_"  # a numerical column as Float64 with its nulls, fo
 
 
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")  # a feature name is also a file name
-
-
-def field_separator(text: str) -> str:
-    """The CSV field separator ``text`` names: one character, or ``\\t`` / ``tab`` for a tab (as a shell passes it)."""
-    return {"\\t": "\t", "tab": "\t"}.get(text, text)
 
 
 @dataclass(frozen=True)
@@ -112,8 +108,7 @@ class TableRecipe:
             raise ValueError(f"`frequency_threshold` must be >= 1, got {self.frequency_threshold}")
         if not self.separator:
             raise ValueError("`separator` must not be empty")
-        if len(field_separator(self.csv_separator).encode()) != 1:
-            raise ValueError(f"`csv_separator` must be one byte (or '\\t' or 'tab'), got {self.csv_separator!r}")
+        separator_char(self.csv_separator, "`csv_separator`")
         if self.integers not in INTEGER_ROLES:
             raise ValueError(f"`integers` must be one of {', '.join(INTEGER_ROLES)}, got {self.integers!r}")
         if self.bad_rows not in BAD_ROW_POLICIES:

@@ -38,6 +38,9 @@ DTYPES = {"String": pl.String, "Int64": pl.Int64, "Float64": pl.Float64, "Boolea
 TEXTS = ("as_read", "number", "hex")  # how a categorical value becomes text
 ID_RULES = ("vocabulary", "xxh64", "hex_key")  # how the text becomes an id
 TRANSFORMS = ("none", "criteo_log")
+# what a column the model reads means when a file or a request leaves it out: refused, naming it ("error"), or
+# missing in every row ("missing"); a column the model does not read is ignored either way (``check_columns``)
+MISSING_COLUMNS = ("error", "missing")
 # values a model carries at most, over all its vocabularies; a dataset's larger vocabularies are carried without the
 # values rarer than its frequency threshold (they would be most of them: Criteo's long tail)
 MAX_CARRIED_VALUES = 20_000_000
@@ -45,7 +48,13 @@ _HASH_SEEDS = (0x5EED, 0xC0FFEE)  # Polars' hashes of a value, only ever compare
 
 
 class RowError(ValueError):
-    """A raw row that cannot be scored: the message names the column, the row and what was expected."""
+    """A raw row that cannot be scored: ``what`` names the column and what was expected, ``row`` the row's index
+    among those given (None: not one row's fault); the message numbers the row from 1. A file's reader names the
+    row's line instead (``row`` is carried as data for that)."""
+
+    def __init__(self, what: str, row: int | None = None):
+        super().__init__(what if row is None else f"row {row + 1}: {what}")
+        self.what, self.row = what, row
 
 
 @dataclass(frozen=True)
@@ -216,14 +225,30 @@ class RowTransform:
     def column_names(self) -> list[str]:
         return [c.name for c in self.columns]
 
-    def _raw_frame(self, values: Mapping[str, Any], rows: int) -> pl.DataFrame:
-        """The columns given, as sent (a column left out is added as missing by ``_typed_exprs``)."""
-        unknown = [k for k in values if k not in self.column_names]
-        if unknown:
-            raise RowError(f"unknown column '{unknown[0]}'; this model reads {', '.join(self.column_names)}")
+    def check_columns(self, given: Sequence[str], missing_columns: str = "error") -> None:
+        """The one column rule of ``predict --input``, ``ctrkit serve`` and the Triton Python-backend model: a column
+        this model does not read is ignored (the label, ids to keep); a column it reads that ``given`` lacks is
+        refused, naming it, unless ``missing_columns`` is "missing" (then it is missing in every row); none of them
+        at all is refused either way."""
+        if missing_columns not in MISSING_COLUMNS:
+            raise ValueError(f"`missing_columns` must be one of {', '.join(MISSING_COLUMNS)}, got {missing_columns!r}")
+        absent = [c for c in self.column_names if c not in given]
+        if len(absent) == len(self.column_names):
+            raise RowError(f"none of the columns the model reads ({', '.join(self.column_names)})")
+        if absent and missing_columns == "error":
+            raise RowError(
+                f"no column {', '.join(repr(c) for c in absent)}; the model reads {', '.join(self.column_names)} (the "
+                "label is not needed, other columns are ignored; --missing-columns missing scores a column left out as "
+                "missing in every row)"
+            )
+
+    def _raw_frame(self, values: Mapping[str, Any], rows: int, missing_columns: str) -> pl.DataFrame:
+        """The columns given that the model reads, as sent (a column left out is added as missing by
+        ``_typed_exprs``, where ``check_columns`` lets it be)."""
+        self.check_columns([k for k, v in values.items() if v is not None], missing_columns)
         series = []
         for name, given in values.items():
-            if given is None:
+            if given is None or name not in self.column_names:
                 continue
             s = _series(name, given, self._null_set)
             if len(s) != rows:
@@ -231,18 +256,21 @@ class RowTransform:
             series.append(s)
         return pl.DataFrame(series) if series else pl.DataFrame({"__rows": [None] * rows})
 
-    def from_request(self, values: Mapping[str, Any], rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    def from_request(
+        self, values: Mapping[str, Any], rows: int, missing_columns: str = "error"
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """The model's inputs of ``rows`` rows given as ``values`` (column -> a sequence of ``rows`` values: text,
-        bytes, numbers, None for missing; a column left out is missing in every row), each cast to the type it was
-        read as when the dataset was made (a value that does not parse as that type is missing), in one query."""
-        raw = self._raw_frame(values, rows)  # null values already made missing
-        return self._inputs(raw, self._plan(raw.schema, typed=False, nulls_done=True), 0)
+        bytes, numbers, None for missing; columns left out and extra ones as ``check_columns`` says), each cast to
+        the type it was read as when the dataset was made (a value that does not parse as that type is missing), in
+        one query."""
+        raw = self._raw_frame(values, rows, missing_columns)  # null values already made missing
+        return self._inputs(raw, self._plan(raw.schema, typed=False, nulls_done=True))
 
-    def raw_rows(self, df: pl.DataFrame, first_row: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    def raw_rows(self, df: pl.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """The model's inputs of raw rows as a file holds them (CSV text read with the ``null_values``, as
         preprocessing read it; Parquet's types, whose texts preprocessing took as they are): ``typed`` and the
-        transform in one query; ``first_row`` numbers the rows in error messages."""
-        return self._inputs(df, self._plan(df.schema, typed=False, nulls_done=True), first_row)
+        transform in one query."""
+        return self._inputs(df, self._plan(df.schema, typed=False, nulls_done=True))
 
     def typed(self, df: pl.DataFrame) -> pl.DataFrame:
         """``df``'s raw columns as the types they were read as (text that is one of ``null_values`` is missing;
@@ -277,11 +305,10 @@ class RowTransform:
 
     # ---- the transform ----
 
-    def __call__(self, df: pl.DataFrame, first_row: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    def __call__(self, df: pl.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """numerical (B, N) float32, categorical (B, F) int64 and multi-hot (B, Fm, L) int64 (-1 padded; None
-        without multi-hot features) of the raw rows ``df`` (``typed`` first); ``first_row`` numbers the rows in
-        error messages."""
-        return self._inputs(df, self._plan(df.schema, typed=True), first_row)
+        without multi-hot features) of the raw rows ``df`` (``typed`` first)."""
+        return self._inputs(df, self._plan(df.schema, typed=True))
 
     def _plan(self, schema: Mapping[str, pl.DataType], typed: bool, nulls_done: bool = False) -> list[pl.Expr]:
         """The query of the transform on a frame of ``schema``: of typed columns, or of raw ones (typed in the same
@@ -319,9 +346,7 @@ class RowTransform:
                 exprs.append(text.alias(f"t{j}"))
         return exprs + [col[f.column].alias(f"m{j}") for j, f in enumerate(self.multi_hot)]
 
-    def _inputs(
-        self, rows: pl.DataFrame, plan: list[pl.Expr], first_row: int
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    def _inputs(self, rows: pl.DataFrame, plan: list[pl.Expr]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """The transform as one eager Polars query (a lazy one's planning costs more than a one-row request's
         work), then NumPy on each kind's columns at once."""
         out = rows.select(plan)
@@ -336,8 +361,8 @@ class RowTransform:
             if bad.any():
                 i, j = (int(k) for k in np.argwhere(bad)[0])
                 column = self.numerical[j].column
-                raise RowError(f"row {first_row + i + 1}: column '{column}' holds '{rows[column][i]}'; expected a "
-                               "number (or nothing, for a missing value)")  # fmt: skip
+                raise RowError(f"column '{column}' holds '{rows[column][i]}'; expected a number (or nothing, for a "
+                               "missing value)", row=i)  # fmt: skip
             logged = [j for j, f in enumerate(self.numerical) if f.transform == "criteo_log"]
             plain = [j for j, f in enumerate(self.numerical) if f.transform != "criteo_log"]
             if plain:

@@ -55,10 +55,11 @@ class Predictor:
         # views of a request body: torch wants memory it may write
         return self._run(*(a if a.flags.writeable else a.copy() for a in arrays))
 
-    def score_named(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
+    def score_named(self, inputs: dict[str, np.ndarray], missing_columns: str = "error") -> np.ndarray:
         """(B, 1) float32 probabilities of inputs by name: the id inputs (``numerical``, ``categorical``,
         ``multi_hot``), or the raw columns of a model that carries its preprocessing (each (B,) or (B, 1); text as
-        str or UTF-8 bytes, numbers; a column left out is missing in every row)."""
+        str or UTF-8 bytes, numbers; a column left out or an extra one as ``RowTransform.check_columns`` says with
+        ``missing_columns``)."""
         ids = self.signature.input_names
         if any(name in inputs for name in ids):
             missing = [n for n in ids if n not in inputs]
@@ -73,7 +74,7 @@ class Predictor:
         rows = {len(v) for v in columns.values()}
         if len(rows) > 1:
             raise ValueError(f"the inputs disagree on the batch size: {sorted(rows)}")
-        return self(*self.transform.from_request(columns, rows.pop()))
+        return self(*self.transform.from_request(columns, rows.pop(), missing_columns))
 
     @classmethod
     def from_checkpoint(

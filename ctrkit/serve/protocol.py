@@ -188,9 +188,6 @@ def parse_request(body: bytes, header_length: str | None, signature: Signature) 
                 raise RequestError(f"inputs[{i}] must be an object with a 'name'")
             if name in raw:
                 raise RequestError(f"input '{name}' is given more than once")
-            if name not in raw_names:
-                raise RequestError(f"unknown input '{name}'; this model takes the raw columns {', '.join(raw_names)} "
-                                   f"(or the id inputs {', '.join(expect)})")  # fmt: skip
             raw[name], count, used = _raw_values(name, item, binary, offset)
             offset += used
             rows.add(count)

@@ -30,12 +30,15 @@ def create_app(
     max_body: int = DEFAULT_MAX_BODY,
     repository: ModelRepository | None = None,
     body_timeout_s: float = BODY_TIMEOUT_S,
+    missing_columns: str = "error",
 ) -> FastAPI:
     """The FastAPI application serving ``predictor`` as model ``name`` (version 1), or, with ``repository``,
     every model of a Triton-layout model repository (each version; the newest where a request names none),
     with the repository extension's index, load and unload. A request body that has not arrived whole after
-    ``body_timeout_s`` seconds is answered 408 and its connection closed."""
-    state = ServerState(predictor, name, Limits(window_ms, max_batch_size, max_body, body_timeout_s), repository)
+    ``body_timeout_s`` seconds is answered 408 and its connection closed. A raw-value request's columns follow
+    ``RowTransform.check_columns`` with ``missing_columns``."""
+    limits = Limits(window_ms, max_batch_size, max_body, body_timeout_s, missing_columns)
+    state = ServerState(predictor, name, limits, repository)
 
     @asynccontextmanager
     async def lifespan(app):
@@ -112,13 +115,14 @@ def serve(
     sock: socket.socket | None = None,
     repository: ModelRepository | None = None,
     body_timeout_s: float = BODY_TIMEOUT_S,
+    missing_columns: str = "error",
 ) -> None:
     """Runs the server until interrupted (uvicorn with uvloop and httptools when installed), on ``sock``
     when given (see ``bind``), else on a socket bound to ``host``:``port`` now; ``repository`` instead
     of ``predictor`` serves a model repository."""
     import uvicorn
 
-    app = create_app(predictor, name, window_ms, max_batch_size, max_body, repository, body_timeout_s)
+    app = create_app(predictor, name, window_ms, max_batch_size, max_body, repository, body_timeout_s, missing_columns)
     sock = sock if sock is not None else bind(host, port)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
     server.run(sockets=[sock])

@@ -62,12 +62,13 @@ def newest(versions: dict[str, Served]) -> str:
 class Limits:
     """How the server batches and what it accepts: ``window_ms`` a request waits for others to batch with,
     ``max_batch_size`` samples a model call, ``max_body`` bytes a request, ``body_timeout_s`` for a body to
-    arrive."""
+    arrive; ``missing_columns`` what a raw column left out of a request means (``RowTransform.check_columns``)."""
 
     window_ms: float = 1.0
     max_batch_size: int = 8192
     max_body: int = DEFAULT_MAX_BODY
     body_timeout_s: float = BODY_TIMEOUT_S
+    missing_columns: str = "error"
 
 
 class ServerState:
@@ -246,7 +247,9 @@ class ServerState:
                 raise Problem(503, "the model's batching loop has stopped; restart the server")
             if parsed.raw is not None:  # here, not awaited: the ids must be this version's, and it must not change
                 try:
-                    parsed = parsed.with_inputs(*served.predictor.transform.from_request(parsed.raw, parsed.rows))
+                    parsed = parsed.with_inputs(
+                        *served.predictor.transform.from_request(parsed.raw, parsed.rows, self.limits.missing_columns)
+                    )
                 except RowError as e:
                     raise Problem(400, str(e)) from None
             try:  # no await between the lookup above and the request joining that batcher's queue

@@ -29,7 +29,8 @@ def preprocess(src, out, *extra):
     [
         ("quoted newline before", None, ("bad.csv:13:", "'zz'")),  # the newline inside quotes counts as a line
         ("not utf-8", b"0,1.5,b\xff\xfe", ("bad.csv:12:", "not UTF-8")),
-        ("more fields", "0,1.5,b,extra", ("bad.csv:12:", "4 fields, the header has 3")),
+        ("more fields", "0,1.5,b,extra", ("bad.csv:12:", "4 comma-separated fields, the header has 3")),
+        ("fewer fields", "0,1.5", ("bad.csv:12:", "2 comma-separated fields, the header has 3")),
         ("beyond float32", "0,1e300,b", ("bad.csv:12:", "beyond float32")),
     ],
 )
@@ -67,11 +68,13 @@ def test_a_parquet_list_of_lists_is_refused_naming_the_column(tmp_path):
     one_line_error(proc.stderr, "preprocess", "n.pq", "column 'tags'", "List(List(Int64))")
 
 
-def test_a_short_row_reads_its_missing_fields_as_missing(tmp_path):
-    """Intended (as pandas and Polars read CSV): fields a row lacks are missing values, not a bad row."""
-    rows = list(ROWS)
-    rows[10] = "0,1.5"
-    assert preprocess(csv(tmp_path / "short.csv", rows), tmp_path / "out", "--categorical", "kind").returncode == 0
+def test_preprocess_out_never_holds_its_input(tmp_path, monkeypatch):
+    """`--out . --overwrite` in the input's directory is refused before anything is deleted."""
+    src = csv(tmp_path / "t.csv", ROWS)
+    monkeypatch.chdir(tmp_path)
+    proc = preprocess("t.csv", ".", "--overwrite")
+    assert proc.returncode == 2 and src.exists()
+    one_line_error(proc.stderr, "preprocess", "holds the input t.csv", "would destroy the input")
 
 
 def test_training_on_labels_of_one_class_is_refused(tmp_path):

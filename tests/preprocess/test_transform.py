@@ -107,14 +107,17 @@ def test_unseen_missing_and_bad_values():
     assert bags is None
     np.testing.assert_array_equal(categorical, [[3, 3], [0, 2], [0, 0], [0, 0], [1, 2]])
     np.testing.assert_array_equal(numerical[:, 0], [1.5, 0.0, 2.0, 3.0, 4.0])
-    _, categorical, _ = t.from_request({"country": ["BR"]}, 1)  # the columns left out: missing
+    # the one column rule: a column left out refused, naming it, or (asked for) missing; an extra one ignored
+    with pytest.raises(RowError, match="no column 'age', 'price'; the model reads country, age, price"):
+        t.from_request({"country": ["BR"]}, 1)
+    _, categorical, _ = t.from_request({"country": ["BR"], "clicked": [1]}, 1, missing_columns="missing")
     np.testing.assert_array_equal(categorical, [[2, 0]])
+    with pytest.raises(RowError, match="none of the columns the model reads"):
+        t.from_request({"clicked": [1]}, 1, missing_columns="missing")
     with pytest.raises(RowError, match="row 2: column 'price' holds 'abc'; expected a number"):
-        t.from_request({"price": ["1", "abc"]}, 2)
-    with pytest.raises(RowError, match="unknown column 'clicked'"):
-        t.from_request({"clicked": [1]}, 1)
+        t.from_request({"price": ["1", "abc"]}, 2, missing_columns="missing")
     with pytest.raises(RowError, match="column 'country' holds 2 values, expected 3"):
-        t.from_request({"country": ["a", "b"]}, 3)
+        t.from_request({"country": ["a", "b"]}, 3, missing_columns="missing")
 
 
 def test_value_index_agrees_with_a_join_and_stored_forms_round_trip():

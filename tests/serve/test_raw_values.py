@@ -83,12 +83,48 @@ def test_predict_input_refuses_what_it_cannot_score(trained, tmp_path, capsys):
     test_rows.drop("price").write_csv(tmp_path / "a.csv")
     code, _, err = run_cli("predict", "--checkpoint", ckpt, "--input", tmp_path / "a.csv", "--out", tmp_path / "o.csv",
                            capsys=capsys)  # fmt: skip
-    assert code == 2 and "has no column 'price'" in err and "Traceback" not in err
+    assert code == 2 and "no column 'price'; the model reads" in err and "Traceback" not in err
     test_rows.with_columns(pl.lit("cheap").alias("price")).write_csv(tmp_path / "b.csv")
     code, _, err = run_cli("predict", "--checkpoint", ckpt, "--input", tmp_path / "b.csv", "--out", tmp_path / "o.csv",
                            capsys=capsys)  # fmt: skip
-    assert code == 2 and "row 1: column 'price' holds 'cheap'; expected a number" in err
+    assert code == 2 and "b.csv:2: column 'price' holds 'cheap'; expected a number" in err
     assert not (tmp_path / "o.csv").exists()  # nothing written
+
+
+def test_predict_input_reads_files_by_preprocess_rules(trained, tmp_path, capsys):
+    """The one table reader under predict: a record with an unquoted comma is refused naming its line (nothing
+    written, nothing scored out of line); blank lines are no records (the output keeps one row a record, aligned);
+    a tab separator by any of its names; the output may not be the input; a Parquet list where text is due."""
+    work, _, ckpt, test_rows = trained
+    rows = test_rows.head(40)
+    want = predict_rows(trained, rows, ".csv", "--keep", "ts")
+    lines = (work / "new.csv").read_text().splitlines()
+
+    def predict(path, *flags):
+        return run_cli("predict", "--checkpoint", ckpt, "--input", path, "--out", tmp_path / "o.csv", *flags,
+                       capsys=capsys)  # fmt: skip
+
+    shifted = lines[:5] + [lines[5].replace(",", ",x,", 1)] + lines[6:]  # 9 fields under an 8-field header
+    (tmp_path / "bad.csv").write_text("\n".join(shifted) + "\n")
+    code, _, err = predict(tmp_path / "bad.csv")
+    assert code == 2 and "bad.csv:6: 9 comma-separated fields, the header has 8" in err and "Traceback" not in err
+    assert not (tmp_path / "o.csv").exists()
+    (tmp_path / "blank.csv").write_text("\n".join(lines[:3] + ["", "\r"] + lines[3:] + ["", ""]) + "\n")
+    assert predict(tmp_path / "blank.csv", "--keep", "ts")[0] == 0
+    assert pl.read_csv(tmp_path / "o.csv").equals(want)
+    rows.write_csv(tmp_path / "t.tsv", separator="\t")
+    for name in ("tab", "\\t"):
+        assert predict(tmp_path / "t.tsv", "--separator", name, "--keep", "ts")[0] == 0
+        assert pl.read_csv(tmp_path / "o.csv").equals(want)
+    before = (tmp_path / "t.tsv").read_bytes()
+    code, _, err = run_cli("predict", "--checkpoint", ckpt, "--input", tmp_path / "t.tsv", "--out", tmp_path / "t.tsv",
+                           "--separator", "tab", capsys=capsys)  # fmt: skip
+    assert code == 2 and "would destroy the input" in err and (tmp_path / "t.tsv").read_bytes() == before
+    rows.with_columns(pl.col("country").map_elements(lambda v: [v], return_dtype=pl.List(pl.String))).write_parquet(
+        tmp_path / "l.parquet"
+    )
+    code, _, err = predict(tmp_path / "l.parquet")
+    assert code == 2 and "column 'country' is List(String), a list, where the model reads one value" in err
 
 
 def _raw_request(rows: pl.DataFrame, binary: bool) -> list:
@@ -133,7 +169,7 @@ def served(trained):
     assert "leaked" not in rest and "Traceback" not in rest, rest  # a clean stop
 
 
-def test_ctrkit_serve_takes_raw_values(trained, served):
+def test_ctrkit_serve_takes_raw_values(trained, served, capsys):
     work, _, ckpt, test_rows = trained
     rows = _unusual_rows(test_rows)
     want = predict_rows(trained, rows)["probability"].to_numpy()
@@ -151,23 +187,39 @@ def test_ctrkit_serve_takes_raw_values(trained, served):
         for binary in (False, True):
             got = client.infer(model, _raw_request(rows, binary)).as_numpy("probability")[:, 0]
             np.testing.assert_allclose(got, want, atol=1e-6, err_msg=f"{model} binary={binary}")
-    # JSON as curl sends it: null for a missing value, a column left out is missing in every row
+    # JSON as curl sends it, null for a missing value, under predict's column rule: a column the model reads left
+    # out is refused naming it (--missing-columns missing: missing in every row); one it does not read is ignored
     body = {"inputs": [{"name": "country", "datatype": "BYTES", "shape": [2, 1], "data": ["ZZ", None]},
-                       {"name": "price", "datatype": "FP32", "shape": [2], "data": [None, 12.5]}]}  # fmt: skip
+                       {"name": "price", "datatype": "FP32", "shape": [2], "data": [None, 12.5]},
+                       {"name": "clicks", "datatype": "INT64", "shape": [2], "data": [0, 1]}]}  # fmt: skip
     status, answer = server.post(json.dumps(body).encode(), model="ctr_onnx")
-    partial = pl.DataFrame({c: [None, None] for c in COLUMNS}).with_columns(
-        pl.Series("country", ["ZZ", None]), pl.Series("price", [None, 12.5])
-    )
+    assert status == 400 and "no column 'device', 'ad_id'" in json.loads(answer)["error"], answer
+    code, _, err = run_cli("predict", "--checkpoint", trained[2], "--input", _csv(work / "partial.csv", body),
+                           "--out", work / "p.csv", capsys=capsys)  # fmt: skip
+    assert code == 2 and "no column 'device', 'ad_id'" in err
+    lenient = Server("--model-repository", work / "repository", "--missing-columns", "missing")
+    try:
+        status, answer = lenient.post(json.dumps(body).encode(), model="ctr_onnx")
+        for bad, message in (
+            ({"name": "price", "datatype": "BYTES", "shape": [1], "data": ["cheap"]}, "holds 'cheap'"),
+            ({"name": "clicks", "datatype": "FP32", "shape": [1], "data": [1]}, "none of the columns the model reads"),
+            ({"name": "price", "datatype": "FP32", "shape": [1], "data": [True]}, "must hold numbers"),
+        ):
+            code, said = lenient.post(json.dumps({"inputs": [bad]}).encode(), model="ctr_onnx")
+            assert code == 400 and message in json.loads(said)["error"], said
+    finally:
+        lenient.stop()
     assert status == 200
-    np.testing.assert_allclose(json.loads(answer)["outputs"][0]["data"], predict_rows(trained, partial)[
-        "probability"].to_numpy(), atol=1e-6)  # fmt: skip
-    for bad, message in (
-        ({"name": "price", "datatype": "BYTES", "shape": [1], "data": ["cheap"]}, "holds 'cheap'"),
-        ({"name": "clicks", "datatype": "FP32", "shape": [1], "data": [1]}, "unknown input 'clicks'"),
-        ({"name": "price", "datatype": "FP32", "shape": [1], "data": [True]}, "must hold numbers"),
-    ):
-        status, answer = server.post(json.dumps({"inputs": [bad]}).encode(), model="ctr_onnx")
-        assert status == 400 and message in json.loads(answer)["error"], answer
+    partial = pl.read_csv(work / "partial.csv")
+    np.testing.assert_allclose(json.loads(answer)["outputs"][0]["data"], predict_rows(trained, partial, ".csv",
+                               "--missing-columns", "missing")["probability"].to_numpy(), atol=1e-6)  # fmt: skip
+
+
+def _csv(path: Path, body: dict) -> Path:
+    """The JSON request's columns as a CSV file."""
+    columns = {i["name"]: [v[0] if isinstance(v, list) else v for v in i["data"]] for i in body["inputs"]}
+    pl.DataFrame(columns).write_csv(path)
+    return path
 
 
 def _triton_ready(port: int) -> bool:
@@ -211,10 +263,12 @@ def test_real_triton_serves_the_exported_repository(trained):
         price.set_data_from_numpy(np.array([["cheap"]], dtype=object))
         with pytest.raises(Exception, match="price"):
             client.infer("ctr", [country, price])
-        price = httpclient.InferInput("price", [1, 1], "FP32")  # the model's own refusal, in words
-        price.set_data_from_numpy(np.array([[np.inf]], np.float32))
-        with pytest.raises(Exception, match="column 'price' holds 'inf'; expected a number"):
+        price = httpclient.InferInput("price", [1, 1], "FP32")  # the model's own refusals, in words
+        price.set_data_from_numpy(np.array([[12.5]], np.float32))
+        with pytest.raises(Exception, match="no column 'device', 'ad_id'"):  # predict's column rule
             client.infer("ctr", [country, price])
+        with pytest.raises(Exception, match="column 'price' holds 'inf'; expected a number"):
+            client.infer("ctr", _raw_request(rows.head(1).with_columns(price=pl.lit(float("inf"))), False))
         assert client.is_server_live()
     finally:
         proc.terminate()
@@ -246,8 +300,9 @@ def test_the_serving_pages_raw_value_examples_run(trained, served, tmp_path, mon
     monkeypatch.chdir(tmp_path)
     rows.write_csv(tmp_path / "new.csv")
     curl_rows = pl.DataFrame({"country": ["BR", None], "device": ["mobile", "tablet"],
-                              "ad_id": ["ad_0004", "an_ad_never_seen"], "price": [12.5, None]})  # fmt: skip
-    curl_rows = curl_rows.with_columns(pl.lit(None).alias(c) for c in COLUMNS if c not in curl_rows.columns)
+                              "ad_id": ["ad_0004", "an_ad_never_seen"], "category": ["books", None],
+                              "age": [34, None], "price": [12.5, None], "position": [1, 3]})  # fmt: skip
+    assert set(curl_rows.columns) == set(COLUMNS)
     want_rows, want_curl = predict_rows(trained, rows), predict_rows(trained, curl_rows)["probability"].to_numpy()
     server = served[0]
     status, answer = server.post(body.encode(), model="ctr")
@@ -279,25 +334,6 @@ def test_raw_id_columns_score_through_the_carried_hash(trained, tmp_path):
     exported = Predictor.from_export(tmp_path / "onnx")
     got = exported.score_named({c: test_rows[c].to_list() for c in COLUMNS})
     np.testing.assert_allclose(got[:, 0], want, atol=1e-5)
-
-
-def test_csv_pieces_cut_only_at_record_ends(tmp_path, monkeypatch):
-    """A CSV read a few bytes at a time, with quoted fields holding newlines, separators and quotes, gives the rows
-    a whole-file read gives, in order."""
-    from ctrkit.serve import score_file
-
-    rng = np.random.default_rng(0)
-    texts = ["plain", "two\nlines", "a,comma", 'say "hi"', "", 'x"\n"y']
-    frame = pl.DataFrame({"id": [str(i) for i in range(300)], "text": [texts[i] for i in rng.integers(0, 6, 300)]})
-    frame.write_csv(tmp_path / "t.csv")
-    monkeypatch.setattr(score_file, "CSV_CHUNK_BYTES", 37)
-    pieces = list(score_file._csv_pieces(tmp_path / "t.csv", ["id", "text"], ",", ()))
-    assert len(pieces) > 20
-    got = pl.concat(pieces)
-    want = pl.read_csv(tmp_path / "t.csv", infer_schema=False)
-    assert got.rows() == want.rows()
-    blocks = list(score_file._blocks(tmp_path / "t.csv", ["text", "id"], ",", (), rows=7))
-    assert max(len(b) for b in blocks) <= 7 and pl.concat(blocks)["id"].to_list() == want["id"].to_list()
 
 
 def test_generated_bodies_get_an_answer_in_words_and_the_server_stays_up(trained, served):

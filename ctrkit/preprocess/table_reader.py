@@ -1,0 +1,354 @@
+"""Reading a user's table: one set of rules for every command that reads a CSV or Parquet file of rows
+(``preprocess table``, ``predict --input``).
+
+CSV, as RFC 4180 writes it, with a header:
+
+* the separator is one byte, named as itself or as ``tab`` / ``\\t`` (``separator_char``);
+* the header names each column once (a name given twice is refused; an unnamed first column, the row index pandas
+  and R write, is allowed); a UTF-8 byte-order mark before it is dropped;
+* every record has as many fields as the header: one with more or fewer is refused, naming its physical line
+  (a value holding the separator must be quoted);
+* a quote opens a value only at its start, and closes it only at its end (a quote inside a quoted value is
+  doubled); any other quote is refused, naming its line, and so is a quote that never closes;
+* a blank line (nothing, or a lone carriage return) is no record: it is skipped, everywhere;
+* text is UTF-8: other bytes are refused, naming their line.
+
+Parquet: a column of lists is a multi-hot column's; lists where a single value is due, structs, fixed arrays and
+lists of lists are refused, naming the column.
+
+The records are checked in one vectorised pass over the bytes (NumPy), a piece of ``CHUNK_BYTES`` at a time, cut
+at a record's end; Polars then parses pieces that are known to be well formed. Every error is one line naming the
+file and the physical line (header = line 1).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+CHUNK_BYTES = 16 << 20  # a CSV is checked and parsed this much at a time, cut at a record's end
+PARQUET_SUFFIXES = (".parquet", ".pq")
+PARQUET_READ_ROWS = 1 << 18  # a Parquet file is read this many rows at a time (Polars' row group size)
+_QUOTE, _NEWLINE, _CR = ord('"'), ord("\n"), ord("\r")
+_BOM = b"\xef\xbb\xbf"
+_SEPARATOR_NAMES = {"tab": "\t", "\\t": "\t"}
+
+
+def separator_char(text: str, what: str = "the CSV separator") -> str:
+    """The CSV field separator ``text`` names: one single-byte character, or ``tab`` / ``\\t`` for a tab (as a
+    shell passes it). Raises ValueError for anything else, naming the setting ``what``."""
+    char = _SEPARATOR_NAMES.get(text, text)
+    if len(char.encode("utf-8")) != 1 or char in ('"', "\n", "\r"):
+        raise ValueError(f"{what} must be one byte other than a quote or a line end (or 'tab' or '\\t'), got "
+                         f"{text!r}")  # fmt: skip
+    return char
+
+
+def is_parquet(path: Path) -> bool:
+    return path.suffix.lower() in PARQUET_SUFFIXES
+
+
+def check_output(out: Path, inputs: Iterable[Path]) -> None:
+    """Raises ValueError where writing ``out`` (a file, or a directory a command replaces) would overwrite or
+    delete one of ``inputs``: the same file, or a directory that holds it."""
+    target = Path(os.path.abspath(out))
+    for given in inputs:
+        source = Path(os.path.abspath(given))
+        same = source == target or (out.exists() and source.exists() and os.path.samefile(source, out))
+        if same or target in source.parents:
+            what = "is" if same else "holds"
+            raise ValueError(f"{out}: the output {what} the input {given}; writing it would destroy the input: "
+                             "choose another output path")  # fmt: skip
+
+
+def header_names(path: Path, separator: str) -> list[str]:
+    """The header's column names, checked (UTF-8, no name twice)."""
+    with open(path, "rb") as f:
+        return _header(path, _first_record(f), separator)
+
+
+def _first_record(f) -> bytes:
+    """The first record of a binary file, its newline included (lines joined while a quote is open)."""
+    line = f.readline()
+    while line.count(b'"') % 2 and (more := f.readline()):
+        line += more
+    return line
+
+
+def _header(path: Path, record: bytes, separator: str) -> list[str]:
+    record = record.removeprefix(_BOM)
+    try:
+        text = record.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}:1: the header holds bytes that are not UTF-8 ({record[e.start : e.start + 4]!r} "
+                         f"at byte {e.start + 1})") from None  # fmt: skip
+    if not text.strip("\r\n"):
+        raise ValueError(f"{path}: holds no header (expected a first line naming the columns)")
+    names = next(csv.reader([text.rstrip("\r\n")], delimiter=separator))
+    seen: dict[str, int] = {}
+    for i, name in enumerate(names, start=1):
+        if name in seen and name != "":
+            raise ValueError(f"{path}:1: column '{name}' appears twice in the header (fields {seen[name]} and {i}); "
+                             "rename one of them")  # fmt: skip
+        seen.setdefault(name, i)
+    return names
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Whole, checked records of a CSV: their bytes (blank lines left out; each record ends in a newline) and the
+    physical line each starts on."""
+
+    data: bytes
+    lines: np.ndarray
+    starts: np.ndarray  # the byte each record starts at in ``data``
+
+
+class CsvRecords:
+    """A CSV file's records, checked against the rules above a piece at a time (``pieces``)."""
+
+    def __init__(self, path: Path, separator: str, chunk_bytes: int | None = None):
+        self.path = Path(path)
+        self.separator = separator_char(separator)
+        self.chunk_bytes = chunk_bytes or CHUNK_BYTES
+        with open(self.path, "rb") as f:
+            first = _first_record(f)
+        self.names = _header(self.path, first, self.separator)
+        self.header = first.removeprefix(_BOM)
+        self.header_bytes = len(first)
+        self.header_lines = first.count(b"\n")
+
+    def pieces(self) -> Iterator[Piece]:
+        sep = ord(self.separator)
+        line = 1 + self.header_lines
+        with open(self.path, "rb") as f:
+            f.seek(self.header_bytes)
+            carry = b""
+            while True:
+                chunk = f.read(self.chunk_bytes)
+                data = carry + chunk
+                if not data:
+                    return
+                piece, used, lines_used = self._check(data, sep, line, final=not chunk)
+                if piece is not None:
+                    yield piece
+                carry, line = data[used:], line + lines_used
+                if not chunk:
+                    return
+
+    def _problem(self, line: int, what: str) -> ValueError:
+        return ValueError(f"{self.path}:{line}: {what}")
+
+    def _check(self, data: bytes, sep: int, line0: int, final: bool) -> tuple[Piece | None, int, int]:
+        """The whole records at the start of ``data`` (the file's lines from ``line0``): the piece, the bytes it
+        took and the newlines in them. ``final``: ``data`` runs to the file's end."""
+        a = np.frombuffer(data, np.uint8)
+        newlines = np.flatnonzero(a == _NEWLINE)
+        quotes = a == _QUOTE
+        outside = None  # the quote state before each byte: separators and newlines count outside quotes only
+        if quotes.any():
+            outside = ((np.cumsum(quotes, dtype=np.uint8) - quotes) & 1) == 0
+            ends = newlines[outside[newlines]]
+            seps = np.flatnonzero((a == sep) & outside)
+        else:
+            ends = newlines
+            seps = np.flatnonzero(a == sep)
+        if final and (not len(ends) or ends[-1] != len(a) - 1):  # the last record, without its newline
+            if outside is not None and np.count_nonzero(quotes) % 2:
+                self._check_quotes(a, quotes, outside, sep, newlines, line0)  # a stray quote, else one left open
+                start = int(ends[-1]) + 1 if len(ends) else 0
+                where = line0 + int(np.searchsorted(newlines, start))
+                raise self._problem(where, 'a quoted value is never closed (a quote inside a value is doubled: "")')
+            data += b"\n"
+            a = np.frombuffer(data, np.uint8)
+            newlines = np.append(newlines, len(a) - 1)
+            ends = np.append(ends, len(a) - 1)
+            if outside is not None:
+                quotes, outside = np.append(quotes, False), np.append(outside, True)
+        if not len(ends):
+            return None, 0, 0  # a record longer than the piece: read on
+        cut = int(ends[-1]) + 1
+        if outside is not None:
+            self._check_quotes(a[:cut], quotes[:cut], outside[:cut], sep, newlines, line0)
+        starts = np.concatenate([[0], ends[:-1] + 1])
+        lines = line0 + np.searchsorted(newlines, starts)
+        fields = np.searchsorted(seps, ends) - np.searchsorted(seps, starts) + 1
+        lengths = ends - starts
+        blank = (lengths == 0) | ((lengths == 1) & (a[starts] == _CR))
+        wrong = np.flatnonzero((fields != len(self.names)) & ~blank)
+        if len(wrong):
+            i = int(wrong[0])
+            name = {"\t": "tab", ",": "comma", ";": "semicolon", "|": "bar"}.get(self.separator, repr(self.separator))
+            raise self._problem(int(lines[i]), f"{int(fields[i])} {name}-separated fields, the header has "
+                                f"{len(self.names)} (a value holding the separator must be quoted)")  # fmt: skip
+        body = data[:cut]
+        if blank.any():
+            keep = ~blank
+            body = b"".join(data[s : e + 1] for s, e in zip(starts[keep].tolist(), ends[keep].tolist()))
+            lines, starts = lines[keep], np.concatenate([[0], np.cumsum(lengths[keep] + 1)[:-1]])
+        piece = Piece(body, lines, starts) if len(lines) else None
+        return piece, cut, int(np.searchsorted(newlines, cut))
+
+    def _check_quotes(
+        self, a: np.ndarray, quotes: np.ndarray, outside: np.ndarray, sep: int, newlines: np.ndarray, line0: int
+    ) -> None:
+        """Refuses a quote that opens a value anywhere but at its start, or closes one anywhere but at its end."""
+        at = np.flatnonzero(quotes)
+        opening, closing = at[outside[at]], at[~outside[at]]
+        before = a[np.maximum(opening - 1, 0)]
+        bad_open = opening[(opening > 0) & (before != sep) & (before != _NEWLINE) & (before != _QUOTE)]
+        after = a[np.minimum(closing + 1, len(a) - 1)]
+        bad_close = closing[(closing + 1 < len(a)) & (after != sep) & (after != _NEWLINE) & (after != _CR)
+                            & (after != _QUOTE)]  # fmt: skip
+        bad = np.concatenate([bad_open, bad_close])
+        if len(bad):
+            where = line0 + int(np.searchsorted(newlines, int(bad.min())))
+            raise self._problem(
+                where,
+                "a quote inside an unquoted value, or text after a quoted value's closing "
+                'quote (a value holding quotes is quoted whole, its quotes doubled: "a ""b""")',
+            )
+
+    def utf8_problem(self, piece: Piece) -> ValueError | None:
+        """The first line of ``piece`` that is not UTF-8, as an error; None where all of it is."""
+        try:
+            piece.data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            record = int(np.searchsorted(piece.starts, e.start, side="right")) - 1
+            line = int(piece.lines[record]) + piece.data.count(b"\n", int(piece.starts[record]), e.start)
+            return self._problem(line, f"bytes that are not UTF-8 ({piece.data[e.start : e.start + 4]!r})")
+        return None
+
+    def parse(self, piece: Piece, null_values: Sequence[str], columns: Sequence[str] | None = None,
+              infer: bool = False) -> pl.DataFrame:  # fmt: skip
+        """``piece``'s records as a frame: text (``infer`` False) or the types Polars infers over all of them."""
+        try:
+            frame = pl.read_csv(
+                io.BytesIO(self.header + piece.data),
+                separator=self.separator,
+                null_values=list(null_values) or None,
+                columns=list(columns) if columns is not None else None,
+                **({"infer_schema_length": None} if infer else {"infer_schema": False}),
+            )
+        except pl.exceptions.PolarsError as e:
+            raise self.utf8_problem(piece) or ValueError(
+                f"{self.path}:{int(piece.lines[0])}..: cannot be read as CSV: {str(e).strip().splitlines()[0]}"
+            ) from None
+        if len(frame) != len(piece.lines):  # the rules above and Polars' parser part ways
+            raise ValueError(f"{self.path}:{int(piece.lines[0])}..: {len(frame):,} records parsed where "
+                             f"{len(piece.lines):,} were found; check the quotes")  # fmt: skip
+        return frame
+
+
+def read_table(path: Path, separator: str, null_values: Sequence[str]) -> tuple[pl.DataFrame, np.ndarray]:
+    """A whole table (types inferred over all its rows, as Polars infers them) and the physical line (CSV) or row
+    (Parquet) of each of its rows."""
+    path = Path(path)
+    if not path.exists():
+        raise ValueError(f"{path}: input file not found")
+    if path.is_dir():
+        raise ValueError(f"{path}: is a directory; expected a CSV or Parquet file")
+    if is_parquet(path):
+        try:
+            frame = pl.read_parquet(path)
+        except (pl.exceptions.PolarsError, OSError) as e:
+            raise ValueError(f"{path}: cannot be read as Parquet: {str(e).strip().splitlines()[0]}") from None
+        check_parquet_types(path, frame.schema)
+        return frame, np.arange(1, 1 + len(frame), dtype=np.int64)
+    records = CsvRecords(path, separator)
+    lines, kept = [], 0
+    for piece in records.pieces():  # the checks, a piece at a time
+        lines.append(piece.lines)
+        kept += len(piece.data)
+    if not lines:
+        return pl.DataFrame(schema={n: pl.String for n in records.names}), np.zeros(0, np.int64)
+    lines = np.concatenate(lines)
+    if kept - (path.stat().st_size - records.header_bytes) in (0, 1):  # no blank line left out: Polars maps the file
+        try:
+            frame = pl.read_csv(path, separator=records.separator, null_values=list(null_values) or None,
+                                infer_schema_length=None)  # fmt: skip
+        except pl.exceptions.PolarsError:
+            frame = None  # the pieces say where
+        if frame is not None and len(frame) == len(lines):
+            return frame, lines
+    pieces = list(records.pieces())
+    offsets = np.cumsum([0] + [len(p.data) for p in pieces[:-1]])
+    whole = Piece(b"".join(p.data for p in pieces), lines,
+                  np.concatenate([p.starts + o for p, o in zip(pieces, offsets)]))  # fmt: skip
+    del pieces
+    return records.parse(whole, null_values, infer=True), lines
+
+
+def check_parquet_types(path: Path, schema: Mapping[str, pl.DataType], lists: Iterable[str] | None = None) -> None:
+    """Refuses a Parquet column of a type no column role takes: structs, fixed arrays, lists of lists, and (with
+    ``lists``, the columns that may hold lists) a list where one value is due."""
+    allowed = None if lists is None else set(lists)
+    for name, dtype in schema.items():
+        nested = isinstance(dtype, pl.List) and isinstance(dtype.inner, (pl.List, pl.Array, pl.Struct))
+        if nested or isinstance(dtype, (pl.Struct, pl.Array)):
+            raise ValueError(f"{path}: column '{name}' is {dtype}; expected numbers, text, booleans, or a list of ids "
+                             "or text (multi-hot)")  # fmt: skip
+        if isinstance(dtype, pl.List) and allowed is not None and name not in allowed:
+            raise ValueError(f"{path}: column '{name}' is {dtype}, a list, where the model reads one value a row "
+                             "(only a multi-hot column holds lists)")  # fmt: skip
+
+
+def table_blocks(
+    path: Path, columns: Sequence[str], separator: str, null_values: Sequence[str], rows: int,
+    lists: Iterable[str] = (),
+) -> Iterator[tuple[pl.DataFrame, np.ndarray]]:  # fmt: skip
+    """The file's ``columns`` in blocks of at most ``rows`` rows, in file order, each with the physical line (CSV,
+    values as text) or row (Parquet, its types) of its rows. Read a piece at a time, never ahead of the blocks asked
+    for, so memory does not grow with the file. ``lists``: the columns that may be Parquet lists."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: input file not found")
+    if is_parquet(path):
+        frame = pl.scan_parquet(path)
+        try:
+            schema = frame.collect_schema()
+        except (OSError, pl.exceptions.PolarsError) as e:
+            raise ValueError(f"{path}: not a readable Parquet file: {str(e).strip().splitlines()[0]}") from None
+        _check_columns(path, list(schema.names()), columns)
+        check_parquet_types(path, {c: schema[c] for c in columns}, lists)
+        start = 0
+        while True:
+            piece = frame.select(columns).slice(start, PARQUET_READ_ROWS).collect()
+            if not len(piece):
+                return
+            lines = np.arange(start + 1, start + 1 + len(piece), dtype=np.int64)
+            for a in range(0, len(piece), rows):
+                yield piece.slice(a, rows), lines[a : a + rows]
+            start += len(piece)
+    records = CsvRecords(path, separator)
+    _check_columns(path, records.names, columns)
+    for piece in records.pieces():
+        frame = records.parse(piece, null_values, columns)
+        for a in range(0, len(frame), rows):
+            yield frame.slice(a, rows), piece.lines[a : a + rows]
+
+
+def table_columns(path: Path, separator: str) -> list[str]:
+    """The names of a CSV file's header (checked) or of a Parquet file's columns."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: input file not found")
+    if not is_parquet(path):
+        return CsvRecords(path, separator).names
+    try:
+        return list(pl.scan_parquet(path).collect_schema().names())
+    except (OSError, pl.exceptions.PolarsError) as e:
+        raise ValueError(f"{path}: not a readable Parquet file: {str(e).strip().splitlines()[0]}") from None
+
+
+def _check_columns(path: Path, header: Sequence[str], columns: Sequence[str]) -> None:
+    missing = [c for c in columns if c not in header]
+    if missing:
+        raise ValueError(f"{path}: has no column {', '.join(repr(c) for c in missing)} (columns: {', '.join(header)})")
