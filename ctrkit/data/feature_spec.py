@@ -67,7 +67,7 @@ def check_capacity(capacity: int | None, where: str = "`capacity`") -> None:
 
 INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8")
 FLOAT_DTYPES = ("float16", "float32", "float64")
-DTYPES = INT_DTYPES + FLOAT_DTYPES + ("bool",)
+FILE_DTYPES = INT_DTYPES + FLOAT_DTYPES + ("bool",)  # NumPy's names of a feature's values in its binary file
 AUTO = "auto"
 # what made a dataset, as the model carries it (``preprocess/transform.py`` writes and reads it)
 PREPROCESSING_FILE = "preprocessing.json"
@@ -87,8 +87,8 @@ def normalize_dtype(dtype: Any, where: str) -> str:
     for prefix in ("torch.", "np.", "numpy."):
         if name.startswith(prefix):
             name = name[len(prefix) :]
-    if name not in DTYPES:
-        raise SpecError(f"{where}: unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
+    if name not in FILE_DTYPES:
+        raise SpecError(f"{where}: unknown dtype {dtype!r}; expected one of {', '.join(FILE_DTYPES)}")
     return name
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from ctrkit.columns import label_of
 from ctrkit.data.atomic import atomic_directory
 from ctrkit.data.feature_spec import (
     AUTO,
@@ -134,9 +135,9 @@ class _Stats:
         if self.group is not None and self.group in df.columns and df[self.group].null_count():
             row = offset + int(df[self.group].is_null().arg_max())
             raise DataError(f"map-channel feature '{self.group}': empty value in mapping '{mapping}' row {row}")
-        bad = df.filter(~pl.col(label).is_in([0.0, 1.0]) | pl.col(label).is_null())
-        if len(bad):
-            raise DataError(f"mapping '{mapping}': label '{label}' must be 0 or 1, found {bad[label][0]}")
+        problems = df.select(label_of(pl.col(label), f"mapping '{mapping}': label '{label}'")[1]).to_series()
+        if problems.null_count() != len(problems):
+            raise DataError(problems.drop_nulls()[0])
 
 
 def transcode(

@@ -25,7 +25,7 @@ from ctrkit.integrity import seal_files
 from ctrkit.models.dynamic import DYNAMIC_FILE, frozen_arrays
 from ctrkit.models.signature import MULTI_HOT, PROBABILITY, InferenceModel, Signature
 from ctrkit.preprocess.transform import RECORD_FILE
-from ctrkit.serve.names import MAX_VERSION, check_name, inside
+from ctrkit.serve.names import MAX_VERSION, check_name, inside, version_dirs
 
 ONNX_OPSET = 18
 PYTHON_BACKEND = "python"  # a Triton export whose model is triton_python_model.py: raw values in, as Merlin serves
@@ -333,7 +333,7 @@ def _triton_version_dir(model_dir: Path, config: str, version: int | None, overw
                 f"{config_file}: this model's versions take other inputs or another platform than "
                 f"this export (a model's versions share one config); export it under another --name"
             )
-        existing = sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
+        existing = list(version_dirs(model_dir))
     number = version or (existing[-1] + 1 if existing else 1)
     if number > MAX_VERSION:
         raise ValueError(

@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from ctrkit.columns import label_of
 from ctrkit.data.atomic import atomic_directory
 from ctrkit.data.feature_spec import Feature, FeatureSpec
 from ctrkit.data.split_binary import DataError, SplitBinaryWriter
@@ -117,10 +118,11 @@ def _read_clicks(path: Path, display: np.ndarray, rejects: Rejects, block_rows: 
             typed, kept = checked(path, batch.drop("line"), schema, rejects, batch["line"])
             lines = batch["line"] if kept is None else batch["line"].filter(pl.Series(kept))
             label = typed["clicked"].to_numpy()
-            bad = (label != 0) & (label != 1)
+            problem = typed.select(label_of(pl.col("clicked"), "clicked")[1]).to_series()
+            bad = problem.is_not_null().to_numpy()
             if bad.any():
                 bad_rows = np.flatnonzero(bad)
-                shown = [(int(lines[int(i)]), f"clicked: expected 0 or 1, got {label[i]}",
+                shown = [(int(lines[int(i)]), problem[int(i)],
                           ",".join(str(v) for v in typed.row(int(i)))) for i in bad_rows[:50]]  # fmt: skip
                 rejects.add(str(path), shown)
                 rejects.count += max(len(bad_rows) - 50, 0)

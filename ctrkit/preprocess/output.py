@@ -16,6 +16,7 @@ from contextlib import ExitStack
 import numpy as np
 import polars as pl
 
+from ctrkit.columns import Role
 from ctrkit.data.atomic import atomic_directory
 from ctrkit.data.feature_spec import Feature, FeatureSpec
 from ctrkit.data.spec_builders import criteo_like_spec
@@ -79,7 +80,7 @@ def criteo_transform(recipe: CriteoRecipe, vocabularies: Sequence[pl.DataFrame])
     raw = set(recipe.raw_ids)
     return RowTransform(
         "ctrkit preprocess criteo",
-        [Column(c, "Int64", "numerical") for c in numerical] + [Column(c, "String", "categorical") for c in cats],
+        [Column(c, "Int64", Role.NUMERICAL) for c in numerical] + [Column(c, "String", Role.CATEGORICAL) for c in cats],
         [NumericalInput(f"num_{i}", c, "criteo_log") for i, c in enumerate(numerical)],
         [CategoricalInput(f"cat_{i}.bin", c, "hex", "hex_key" if c in raw else "vocabulary")
          for i, c in enumerate(cats)],

@@ -24,6 +24,7 @@ import numpy as np
 import polars as pl
 from tqdm import tqdm
 
+from ctrkit.columns import label_of
 from ctrkit.data.prefetch import prefetched
 from ctrkit.preprocess import vocabulary as vocab_mod
 from ctrkit.preprocess.criteo import CriteoRecipe, check_arguments, numerical_transform
@@ -174,9 +175,7 @@ class _Parser:
             pl.when(pl.col("_n") != self.recipe.num_fields).then(
                 pl.format(f"expected {self.recipe.num_fields} tab-separated fields, found {{}}", pl.col("_n"))
             ),
-            pl.when(~pl.col("label").is_in(["0", "1"])).then(
-                pl.format("label must be 0 or 1, got '{}'", pl.col("label"))
-            ),
+            label_of(pl.col("label"), "label")[1],
         ]
         for n in self.nums:
             bad = (pl.col(n) != "") & pl.col(n).cast(pl.Int64, strict=False).is_null()
@@ -193,7 +192,7 @@ class _Parser:
             self.rejects.add(str(path), bad.select("line_no", "problem", "line").rows())
         good = df.filter(pl.col("problem").is_null())
         return good.select(
-            pl.col("label").cast(pl.UInt8),
+            label_of(pl.col("label"), "label")[0].alias("label"),
             *[pl.col(n).cast(pl.Int64, strict=False) for n in self.nums],
             *[pl.col(f"_key_{c}").alias(c) for c in self.cats],
         )

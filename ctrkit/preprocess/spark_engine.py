@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from ctrkit.columns import CLICKS, LABEL_PROBLEM, NON_CLICKS
 from ctrkit.data.split_binary import DataError
 from ctrkit.preprocess import vocabulary as vocab_mod
 from ctrkit.preprocess.criteo import CriteoRecipe, check_arguments, numerical_transform
@@ -97,7 +98,10 @@ def _parse(df, recipe: CriteoRecipe):
             F.col("_n") != recipe.num_fields,
             F.format_string(f"expected {recipe.num_fields} tab-separated fields, found %d", F.col("_n")),
         ),
-        F.when(~F.col("label").isin("0", "1"), F.format_string("label must be 0 or 1, got '%s'", F.col("label"))),
+        F.when(F.col("label").isNull(), F.lit("label: missing label")).when(
+            ~F.lower(F.col("label")).isin(*CLICKS, *NON_CLICKS),
+            F.format_string(LABEL_PROBLEM.format(name="label", value="%s"), F.col("label")),
+        ),
     ]
     for n in nums:
         bad = (F.col(n) != "") & ~F.col(n).rlike(r"^[+-]?[0-9]{1,18}$")
@@ -119,7 +123,7 @@ def _parse(df, recipe: CriteoRecipe):
         "line_no",
         "line",
         F.coalesce(*checks).alias("problem"),
-        F.col("label").cast("byte").alias("label"),
+        F.lower(F.col("label")).isin(*CLICKS).cast("byte").alias("label"),
         *[F.coalesce(F.col(n).cast("long"), F.lit(-2).cast("long")).alias(n) for n in nums],
         *[key[c].alias(c) for c in cats],
     )

@@ -36,6 +36,7 @@ import numpy as np
 import polars as pl
 from tqdm import tqdm
 
+from ctrkit.columns import Role
 from ctrkit.data.atomic import atomic_directory, check_new_directory
 from ctrkit.data.feature_spec import Feature, FeatureSpec, smallest_int_dtype
 from ctrkit.data.spec_builders import split_binary_spec
@@ -55,7 +56,7 @@ from ctrkit.preprocess.table_recipe import (
     TableRecipe,
     assign_roles,
     label_values,
-    number_values,
+    number_problems,
 )
 from ctrkit.preprocess.transform import (
     CategoricalInput,
@@ -63,9 +64,10 @@ from ctrkit.preprocess.transform import (
     MultiHotInput,
     NumericalInput,
     RowTransform,
+    category_text,
+    multi_hot_lists,
     vocabulary_frame,
     write_record,
-    xxh64_ids,
 )
 from ctrkit.preprocess.value_ids import value_id_tests
 
@@ -123,24 +125,27 @@ def _vocabulary(train_values: pl.Series, threshold: int) -> pl.DataFrame:
     return vocab_mod.assign_ids(counts, threshold, "value").select("value", "count", "id")
 
 
-def _ids(values: pl.Series, vocab: pl.DataFrame) -> np.ndarray:
-    """Ids of text ``values`` under ``vocab``; missing and unseen values get MISSING_ID."""
-    joined = values.alias("value").to_frame().join(vocab, on="value", how="left", maintain_order="left")
-    return joined["id"].fill_null(MISSING_ID).to_numpy().astype(np.int64)
+def _derived(schema: dict[str, pl.DataType], roles: Roles) -> dict[str, str]:
+    """The numbers identified by value: feature ``<column>_id`` -> its numerical column."""
+    return {f"{c}_id": c for c in roles.numerical if f"{c}_id" in roles.categorical and f"{c}_id" not in schema}
 
 
-def _as_lists(df: pl.DataFrame, name: str, separator: str) -> pl.Series:
-    """A multi-hot column as lists of text values (empty values left out; missing -> an empty list)."""
-    col = df[name]
-    if isinstance(col.dtype, pl.List):
-        lists = col.cast(pl.List(pl.String))
-    else:
-        lists = col.cast(pl.String).str.split(separator)
-    return lists.fill_null([]).list.eval(pl.element().filter(pl.element().is_not_null() & (pl.element() != "")))
+def _fit(
+    table: pl.DataFrame, feature: str, roles: Roles, schema: dict[str, pl.DataType], recipe: TableRecipe, n_fit: int
+) -> pl.DataFrame:
+    """A feature's vocabulary, counted over the rows [0, ``n_fit``) in the texts the transform looks up
+    (``category_text``: a number identified by value as a float's text, so that 2 and 2.0 are one value;
+    ``multi_hot_lists``: a multi-hot column's values)."""
+    if feature in roles.multi_hot:
+        lists = multi_hot_lists(table[feature][:n_fit], recipe.separator)
+        return _vocabulary(lists.explode().drop_nulls(), recipe.frequency_threshold)  # an empty list: one null
+    base = _derived(schema, roles).get(feature)
+    text = table[:n_fit].select(category_text(pl.col(base or feature), "number" if base else "as_read")).to_series()
+    return _vocabulary(text, recipe.frequency_threshold)
 
 
 def _dtype_name(dtype: pl.DataType) -> str:
-    """The type a raw column was read as, as the carried preprocessing records it (``transform.DTYPES``)."""
+    """The type a raw column was read as, as the carried preprocessing records it (``transform.RAW_TYPES``)."""
     if dtype.is_integer():
         return "Int64"
     if dtype.is_float():
@@ -154,10 +159,10 @@ def _row_transform(
     """What this recipe did to each column, for the model to carry (``preprocess/transform.py``): the raw columns
     with the types they were read as, and each feature's rule; numbers identified by value (``<column>_id``) come
     from their numerical column."""
-    derived = {f"{c}_id": c for c in roles.numerical if f"{c}_id" in roles.categorical and f"{c}_id" not in schema}
-    columns = [Column(c, _dtype_name(schema[c]), "categorical") for c in roles.categorical if c not in derived]
-    columns += [Column(c, _dtype_name(schema[c]), "numerical") for c in roles.numerical]
-    columns += [Column(c, "String", "multi_hot") for c in roles.multi_hot]
+    derived = _derived(schema, roles)
+    columns = [Column(c, _dtype_name(schema[c]), Role.CATEGORICAL) for c in roles.categorical if c not in derived]
+    columns += [Column(c, _dtype_name(schema[c]), Role.NUMERICAL) for c in roles.numerical]
+    columns += [Column(c, "String", Role.MULTI_HOT) for c in roles.multi_hot]
     columns.sort(key=lambda c: list(schema).index(c.name))  # as the table holds them
     categorical = [
         CategoricalInput(c, derived.get(c, c), "number" if c in derived else "as_read",
@@ -229,25 +234,23 @@ def preprocess_table(
 
     rejects = Rejects(recipe.bad_rows)
     label_expr, label_problem = label_values(recipe)
-    num_values, num_problems = number_values(roles.numerical)
+    num_problems = number_problems(roles.numerical)
     auto = recipe.also_categorical == AUTO
-    explicit_ids = () if auto else recipe.also_categorical
     candidates = [c for c in roles.numerical if f"{c}_id" not in train_df.columns] if auto else []
 
     def clean(df: pl.DataFrame) -> pl.DataFrame:
-        """The good rows, ordered as the recipe says, with the label as 0/1 and numbers as Float64."""
+        """The good rows, ordered as the recipe says, with the label as 0/1 (the raw columns kept as read: the
+        fitted transform reads them)."""
         df = df.with_columns(
             pl.coalesce([label_problem, *num_problems]).alias("__problem"),
-            *[pl.col(c).cast(pl.Float64, strict=False).cast(pl.String).alias(f"{c}_id") for c in explicit_ids],
             *[pl.col(c).cast(pl.Float64, strict=False).alias(RAW_PREFIX + c) for c in candidates],
-        )  # the ids of a number: its text as a float, so that 2 and 2.0 are one value
+        )
         bad = df.filter(pl.col("__problem").is_not_null())
         if len(bad):
             for f, part in bad.group_by(FILE_COL, maintain_order=True):
                 rows = part.select(LINE_COL, "__problem").rows()
                 rejects.add(str(all_paths[f[0]]), [(line, problem, "") for line, problem in rows])
-        df = df.filter(pl.col("__problem").is_null()).with_columns(label_expr.cast(pl.UInt8).alias("__label"),
-                                                                   *num_values)  # fmt: skip
+        df = df.filter(pl.col("__problem").is_null()).with_columns(label_expr.cast(pl.UInt8).alias("__label"))
         if recipe.order_by is not None:
             df = df.sort(recipe.order_by, maintain_order=True, nulls_last=True)
         elif recipe.shuffle_seed is not None:
@@ -266,40 +269,38 @@ def preprocess_table(
     bounds = split_bounds(len(table), n_train, validation_fraction)
     n_fit = bounds[0][2]
 
-    vocabularies: dict[str, pl.DataFrame] = {}
-    ids: dict[str, np.ndarray] = {}
-    bags: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    columns = tqdm(roles.categorical + roles.multi_hot, desc="preprocess vocabularies", disable=not progress)
-    for c in columns:
-        if c in roles.categorical:
-            text = table[c].cast(pl.String)
-            vocabularies[c] = _vocabulary(text[:n_fit], recipe.frequency_threshold)
-            ids[c] = _ids(text, vocabularies[c])
-        else:
-            lists = _as_lists(table, c, recipe.separator)
-            lengths = lists.list.len().to_numpy().astype(np.int64)
-            flat = lists.explode().drop_nulls()  # empty lists explode to one null
-            n_fit_values = int(lengths[:n_fit].sum())
-            vocabularies[c] = _vocabulary(flat[:n_fit_values], recipe.frequency_threshold)
-            bags[c] = (_ids(flat, vocabularies[c]), lengths)
-    id_tests = {}
-    if candidates:
-        id_tests = _test_value_ids(table, candidates, ids, vocabularies, n_fit,
-                                   n_train if validation_fraction else None, recipe.frequency_threshold)  # fmt: skip
-        chosen = [f"{c}_id" for c in candidates if id_tests[c].chosen]
-        for c in chosen:
-            text = table[RAW_PREFIX + c.removesuffix("_id")].cast(pl.String)
-            vocabularies[c] = _vocabulary(text[:n_fit], recipe.frequency_threshold)
-            ids[c] = _ids(text, vocabularies[c])
-        roles = replace(roles, categorical=roles.categorical + tuple(chosen))
     unknown = [c for c in recipe.raw_ids if c not in roles.categorical]
     if unknown:
         raise ValueError(f"`raw_ids`: '{unknown[0]}' is not a categorical column (categorical: "
                          f"{', '.join(roles.categorical)})")  # fmt: skip
+    # the fit: each feature's vocabulary of the texts the transform looks up, counted over the fitting rows
+    vocabularies: dict[str, pl.DataFrame] = {}
+    columns = tqdm(roles.categorical + roles.multi_hot, desc="preprocess vocabularies", disable=not progress)
+    for c in columns:
+        vocabularies[c] = _fit(table, c, roles, raw_schema, recipe, n_fit)
+    # the transform: the fitted object's, the only code that turns values into ids (as predict and serve do)
+    transform = _row_transform(raw_schema, roles, recipe, vocabularies)
+    numerical, categorical, lists = transform.encode(table)
+    id_tests = {}
+    if candidates:
+        by_value = categorical
+        if recipe.raw_ids:  # the test reads raw-id columns by their vocabularies' ids, as it reads the others
+            by_value = _row_transform(raw_schema, roles, replace(recipe, raw_ids=()), vocabularies).encode(table)[1]
+        ids = {c: by_value[:, j] for j, c in enumerate(roles.categorical)}
+        id_tests = _test_value_ids(table, candidates, ids, vocabularies, n_fit,
+                                   n_train if validation_fraction else None, recipe.frequency_threshold)  # fmt: skip
+        chosen = [f"{c}_id" for c in candidates if id_tests[c].chosen]
+        if chosen:
+            roles = replace(roles, categorical=roles.categorical + tuple(chosen))
+            for c in chosen:
+                vocabularies[c] = _fit(table, c, roles, raw_schema, recipe, n_fit)
+            transform = _row_transform(raw_schema, roles, recipe, vocabularies)
+            numerical, categorical, lists = transform.encode(table)
+    ids = {c: categorical[:, j] for j, c in enumerate(roles.categorical)}
+    bags = dict(zip(roles.multi_hot, lists))
     cards = {c: vocab_mod.cardinality(v) for c, v in vocabularies.items()}
     features = {c: Feature(smallest_int_dtype(cards[c]), cards[c]) for c in roles.categorical}
     for c in recipe.raw_ids:  # the value's hash as a raw id; the table's capacity as its cardinality
-        ids[c] = xxh64_ids(table[c].cast(pl.String))
         features[c] = Feature("int64", max(2, recipe.capacity or cards[c]), {"dynamic": True})
     for c in roles.multi_hot:
         features[c] = Feature(smallest_int_dtype(cards[c]), cards[c], {"multi_hot": True, "combiner": "mean"})
@@ -318,7 +319,7 @@ def preprocess_table(
         ),
         **({"raw_ids": "XXH64 of the value's UTF-8 text, seed 0, as int64; missing: 0"} if recipe.raw_ids else {}),
     }
-    numerical = table.select(roles.numerical).to_numpy().astype(np.float32) if roles.numerical else None
+    numerical = numerical if roles.numerical else None
     labels = table["__label"].to_numpy()
     groups = None
     if recipe.group is not None:  # one id per distinct value: its rank among the values as text
@@ -343,7 +344,6 @@ def preprocess_table(
                                   stored)  # fmt: skip
                     steps.update(b - a)
         spec.to_yaml(tmp / "feature_spec.yaml")
-        transform = _row_transform(raw_schema, roles, recipe, vocabularies)
         transform.check_features(spec.summary(), str(out_dir))
         write_record(tmp, transform, {c: c for c in transform.vocabularies})
         (tmp / "vocab").mkdir()

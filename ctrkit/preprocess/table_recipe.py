@@ -11,6 +11,7 @@ from pathlib import Path
 
 import polars as pl
 
+from ctrkit.columns import label_of
 from ctrkit.config import TrainConfig
 from ctrkit.data.feature_spec import check_capacity
 from ctrkit.preprocess.criteo import BAD_ROW_POLICIES
@@ -238,27 +239,13 @@ def label_values(recipe: TableRecipe) -> tuple[pl.Expr, pl.Expr]:
             .then(pl.format(f"{name}: '{{}}' is not a number (label_threshold compares numbers)", col.cast(pl.String)))
         )
         return number >= recipe.label_threshold, problem
-    text = col.cast(pl.String).str.to_lowercase()
-    ones, zeros = ["1", "1.0", "true"], ["0", "0.0", "false"]
-    problem = (
-        pl.when(col.is_null())
-        .then(pl.lit(f"{name}: missing label"))
-        .when(~text.is_in(ones + zeros))
-        .then(
-            pl.format(
-                f"{name}: expected a label of 0 or 1, got '{{}}' (`positive` or `label_threshold` turn other values "
-                "into clicks)",
-                col.cast(pl.String),
-            )
-        )
-    )
-    return text.is_in(ones), problem
+    return label_of(col, name, " (`positive` or `label_threshold` turn other values into clicks)")
 
 
-def number_values(names: Sequence[str]) -> tuple[list[pl.Expr], list[pl.Expr]]:
-    """Each numerical column as Float64 (missing -> 0) and the problems: text that is no number, infinity, a
-    magnitude float32 (the dataset's type) cannot hold."""
-    values, problems = [], []
+def number_problems(names: Sequence[str]) -> list[pl.Expr]:
+    """Each numerical column's problem (null where fine): text that is no number, infinity, a magnitude float32
+    (the dataset's type) cannot hold. The numbers themselves are the fitted transform's (missing -> 0)."""
+    problems = []
     for n in names:
         col = pl.col(n)
         number = col.cast(pl.Float64, strict=False)
@@ -270,5 +257,4 @@ def number_values(names: Sequence[str]) -> tuple[list[pl.Expr], list[pl.Expr]]:
             .when(number.abs() > FLOAT32_MAX)  # stored as float32: it would become infinite
             .then(pl.format(f"{n}: {{}} is beyond float32's range (magnitude at most 3.4e38)", col.cast(pl.String)))
         )
-        values.append(number.fill_nan(None).fill_null(0.0).alias(n))
-    return values, problems
+    return problems

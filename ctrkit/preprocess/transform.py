@@ -29,12 +29,14 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from ctrkit.columns import Role
 from ctrkit.data.feature_spec import PREPROCESSING_FILE
 from ctrkit.preprocess.criteo import FIRST_ID, MISSING_ID
 
 RECORD_FILE = PREPROCESSING_FILE
 FORMAT = 1
-DTYPES = {"String": pl.String, "Int64": pl.Int64, "Float64": pl.Float64, "Boolean": pl.Boolean}
+# Polars' names of the types a raw column is read as (a ``Column``'s ``dtype``) -> the types
+RAW_TYPES = {"String": pl.String, "Int64": pl.Int64, "Float64": pl.Float64, "Boolean": pl.Boolean}
 TEXTS = ("as_read", "number", "hex")  # how a categorical value becomes text
 ID_RULES = ("vocabulary", "xxh64", "hex_key")  # how the text becomes an id
 TRANSFORMS = ("none", "criteo_log")
@@ -59,12 +61,18 @@ class RowError(ValueError):
 
 @dataclass(frozen=True)
 class Column:
-    """A raw column: its name, the type it was read as (a key of ``DTYPES``), its role (categorical,
-    numerical or multi_hot)."""
+    """A raw column: its name, the type it was read as (a key of ``RAW_TYPES``), its ``Role``."""
 
     name: str
     dtype: str
-    role: str
+    role: Role
+
+    def __post_init__(self):
+        try:
+            object.__setattr__(self, "role", Role(self.role))
+        except ValueError:
+            raise ValueError(f"column '{self.name}': role {self.role!r} is not one of "
+                             f"{', '.join(r.value for r in Role)}") from None  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -195,8 +203,8 @@ class RowTransform:
     def validate(self) -> None:
         names = [c.name for c in self.columns]
         for c in self.columns:
-            if c.dtype not in DTYPES:
-                raise ValueError(f"column '{c.name}': type '{c.dtype}' is not one of {', '.join(DTYPES)}")
+            if c.dtype not in RAW_TYPES:
+                raise ValueError(f"column '{c.name}': type '{c.dtype}' is not one of {', '.join(RAW_TYPES)}")
         for f in (*self.numerical, *self.categorical, *self.multi_hot):
             if f.column not in names:
                 raise ValueError(f"feature '{f.feature}': column '{f.column}' is not among the columns {names}")
@@ -217,8 +225,8 @@ class RowTransform:
         server's metadata list)."""
         out = []
         for c in self.columns:  # numbers as FP32 (NaN: missing), integer ids as INT64, other values as text
-            kind = "FP32" if c.role == "numerical" else "INT64" if c.dtype == "Int64" else "BYTES"
-            out.append({"name": c.name, "datatype": kind, "role": c.role})
+            kind = "FP32" if c.role == Role.NUMERICAL else "INT64" if c.dtype == "Int64" else "BYTES"
+            out.append({"name": c.name, "datatype": kind, "role": c.role.value})
         return out
 
     @property
@@ -284,23 +292,23 @@ class RowTransform:
         exprs = {}
         for c in self.columns:
             if c.name not in schema:
-                exprs[c.name] = pl.lit(None, DTYPES[c.dtype])
+                exprs[c.name] = pl.lit(None, RAW_TYPES[c.dtype])
                 continue
             col = pl.col(c.name)
             if schema[c.name] == pl.String and self.null_values and not nulls_done:
                 col = pl.when(col.is_in(list(self.null_values))).then(None).otherwise(col)
-            if c.role == "multi_hot" and isinstance(schema[c.name], pl.List):
+            if c.role == Role.MULTI_HOT and isinstance(schema[c.name], pl.List):
                 exprs[c.name] = col.cast(pl.List(pl.String))
-            elif c.role == "multi_hot":
+            elif c.role == Role.MULTI_HOT:
                 exprs[c.name] = col.cast(pl.String)
-            elif c.role == "numerical" and c.dtype != "String":
+            elif c.role == Role.NUMERICAL and c.dtype != "String":
                 exprs[c.name] = col  # numbers are read by the transform, which refuses text that is none
             elif c.dtype == "Boolean" and schema[c.name] == pl.String:
                 low = col.str.to_lowercase()
                 exprs[c.name] = pl.when(low.is_in(["true", "1"])).then(True).when(low.is_in(["false", "0"]))
                 exprs[c.name] = exprs[c.name].then(False).otherwise(None)
             else:
-                exprs[c.name] = col.cast(DTYPES[c.dtype], strict=False)
+                exprs[c.name] = col.cast(RAW_TYPES[c.dtype], strict=False)
         return exprs
 
     # ---- the transform ----
@@ -338,7 +346,7 @@ class RowTransform:
                 number = number.fill_null(-2).cast(pl.Int64, strict=False).fill_null(-2)
             exprs += [number.fill_null(0.0).alias(f"n{j}"), bad.alias(f"b{j}")]
         for j, f in enumerate(self.categorical):
-            text = _text_expr(col[f.column], f.text)
+            text = category_text(col[f.column], f.text)
             if f.ids == "vocabulary" and self._index(f.feature).join is None:
                 first, second = _hash_exprs(text)
                 exprs += [first.alias(f"h{j}"), second.alias(f"g{j}"), text.is_null().alias(f"z{j}")]
@@ -346,9 +354,31 @@ class RowTransform:
                 exprs.append(text.alias(f"t{j}"))
         return exprs + [col[f.column].alias(f"m{j}") for j, f in enumerate(self.multi_hot)]
 
+    def encode(self, df: pl.DataFrame) -> tuple[np.ndarray, np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
+        """The model's inputs of raw rows as a file holds them (``raw_rows``), multi-hot features as each one's
+        flat ids and values a row (the dataset's form): what ``preprocess table`` writes."""
+        return self._encode(df, self._plan(df.schema, typed=False, nulls_done=True))
+
     def _inputs(self, rows: pl.DataFrame, plan: list[pl.Expr]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """``_encode``, multi-hot features as (B, Fm, L) ids padded with -1."""
+        numerical, categorical, lists = self._encode(rows, plan)
+        n = len(categorical)
+        bags = None
+        if self.multi_hot:
+            width = max(1, max((int(lengths.max()) if len(lengths) else 0) for _, lengths in lists))
+            bags = np.full((n, len(self.multi_hot), width), -1, np.int64)
+            for j, (flat, lengths) in enumerate(lists):
+                rows_of = np.repeat(np.arange(n), lengths)
+                starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]) if n else np.zeros(0, np.int64)
+                place = np.arange(len(flat)) - np.repeat(starts, lengths)
+                bags[rows_of, j, place] = flat
+        return numerical, categorical, bags
+
+    def _encode(
+        self, rows: pl.DataFrame, plan: list[pl.Expr]
+    ) -> tuple[np.ndarray, np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
         """The transform as one eager Polars query (a lazy one's planning costs more than a one-row request's
-        work), then NumPy on each kind's columns at once."""
+        work), then NumPy on each kind's columns at once; multi-hot features as (flat ids, values a row)."""
         out = rows.select(plan)
         n = int(out["rows"][0]) if len(out) else 0
 
@@ -381,17 +411,7 @@ class RowTransform:
         for j, f in enumerate(self.categorical):
             if j not in hashed:
                 categorical[:, j] = self._ids(f, out[f"t{j}"])
-        bags = None
-        if self.multi_hot:
-            lists = [self._bag_ids(f, out[f"m{j}"]) for j, f in enumerate(self.multi_hot)]
-            width = max(1, max((int(lengths.max()) if len(lengths) else 0) for _, lengths in lists))
-            bags = np.full((n, len(self.multi_hot), width), -1, np.int64)
-            for j, (flat, lengths) in enumerate(lists):
-                rows_of = np.repeat(np.arange(n), lengths)
-                starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]) if n else np.zeros(0, np.int64)
-                place = np.arange(len(flat)) - np.repeat(starts, lengths)
-                bags[rows_of, j, place] = flat
-        return numerical, categorical, bags
+        return numerical, categorical, [self._bag_ids(f, out[f"m{j}"]) for j, f in enumerate(self.multi_hot)]
 
     def _index(self, feature: str) -> ValueIndex:
         if feature not in self._indexes:
@@ -411,8 +431,7 @@ class RowTransform:
 
     def _bag_ids(self, f: MultiHotInput, values: pl.Series) -> tuple[np.ndarray, np.ndarray]:
         """The ids of each row's values (empty values left out) and the number of values a row holds."""
-        lists = values if isinstance(values.dtype, pl.List) else values.str.split(f.separator)
-        lists = lists.fill_null([]).list.eval(pl.element().filter(pl.element().is_not_null() & (pl.element() != "")))
+        lists = multi_hot_lists(values, f.separator)
         lengths = lists.list.len().to_numpy().astype(np.int64)
         flat = lists.explode().drop_nulls()
         return self._ids(f, flat.cast(pl.String)), lengths
@@ -426,7 +445,7 @@ class RowTransform:
             "source": self.source,
             "label": self.label,
             "null_values": list(self.null_values),
-            "columns": [asdict(c) for c in self.columns],
+            "columns": [{**asdict(c), "role": c.role.value} for c in self.columns],  # plain values: JSON, torch
             "numerical": [asdict(f) for f in self.numerical],
             "categorical": [asdict(f) for f in self.categorical],
             "multi_hot": [asdict(f) for f in self.multi_hot],
@@ -542,7 +561,16 @@ def write_record(directory: Path, transform: RowTransform, vocab_files: Mapping[
     (directory / RECORD_FILE).write_text(json.dumps(doc, indent=2) + "\n")
 
 
-def _text_expr(values: pl.Expr, how: str) -> pl.Expr:
+def multi_hot_lists(values: pl.Series, separator: str) -> pl.Series:
+    """A multi-hot column as lists of text values: text split at ``separator`` (or a list column's values as text),
+    empty and missing values left out, a missing row an empty list. What the vocabulary is fitted on, and what
+    the transform looks up."""
+    lists = values.cast(pl.List(pl.String)) if isinstance(values.dtype, pl.List) else values.cast(pl.String)
+    lists = lists if isinstance(lists.dtype, pl.List) else lists.str.split(separator)
+    return lists.fill_null([]).list.eval(pl.element().filter(pl.element().is_not_null() & (pl.element() != "")))
+
+
+def category_text(values: pl.Expr, how: str) -> pl.Expr:
     """A categorical value as the text its vocabulary holds: as read, a number's text as a float (so that 2 and
     2.0 are one value: ``--also-categorical``), or Criteo's lowercase hexadecimal."""
     if how == "number":

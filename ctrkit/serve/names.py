@@ -1,8 +1,10 @@
 """The names of a Triton-layout model repository, checked where export writes and serve reads: a model name, a
 version and an export's file name are single path components (Triton's rule): no ``/`` or ``\\``, not ``.`` or
-``..``, no NUL or other control character, no double quote (``config.pbtxt`` quotes a name); a version is digits, at
-most Triton's int64. Every file read or written is resolved and must lie inside the repository, so neither a request
-nor a file in the repository reaches outside it.
+``..``, no NUL or other control character, no double quote (``config.pbtxt`` quotes a name); a version is a number
+from 1 to Triton's largest int64, spelled one way: its decimal digits without leading zeros (``version_number``, the
+one parser of version names: a directory ``01`` is no version, a request for ``01`` is refused). Every file read or
+written is resolved and must lie inside the repository, so neither a request nor a file in the repository reaches
+outside it.
 """
 
 from __future__ import annotations
@@ -27,13 +29,31 @@ def check_name(name: str, what: str = "model name") -> str:
     return name
 
 
+def version_number(name: str) -> int | None:
+    """The version a name spells (a directory's, a request's), or None where it spells none: decimal digits
+    without leading zeros, from 1 to Triton's largest (an int64)."""
+    if not name.isascii() or not name.isdigit() or name[0] == "0" or len(name) > len(str(MAX_VERSION)):
+        return None
+    number = int(name)
+    return number if number <= MAX_VERSION else None
+
+
 def check_version(version: str) -> str:
-    """``version`` when it is a version number (digits, at most Triton's int64), else a one-line ValueError."""
-    if not version.isascii() or not version.isdigit():
-        raise ValueError(f"model version {version!r} is not a version number (expected digits, such as '1')")
-    if int(version) > MAX_VERSION:
-        raise ValueError(f"model version {version} is beyond Triton's largest ({MAX_VERSION}, an int64)")
+    """``version`` when it spells a version (``version_number``), else a one-line ValueError."""
+    if version_number(version) is None:
+        raise ValueError(f"model version {version!r} is not a version number (expected 1 to {MAX_VERSION} in digits "
+                         "without leading zeros, such as '1')")  # fmt: skip
     return version
+
+
+def version_dirs(folder: Path) -> dict[int, Path]:
+    """A model directory's versions: number -> directory, for the subdirectories whose names spell one."""
+    found = {}
+    for p in folder.iterdir():
+        number = version_number(p.name)
+        if number is not None and p.is_dir():
+            found[number] = p
+    return dict(sorted(found.items()))
 
 
 def inside(root: Path, path: Path) -> Path:

@@ -16,8 +16,9 @@ import numpy as np
 from ctrkit.models.signature import CATEGORICAL, MULTI_HOT, NUMERICAL, OUTPUT, Signature, TensorSpec
 
 HEADER_LENGTH = "inference-header-content-length"
-DTYPES = {"FP32": np.float32, "FP64": np.float64, "INT64": np.int64, "INT32": np.int32}
-RAW_DTYPES = (*DTYPES, "BYTES")  # what a raw input may be sent as, whatever the column's own type
+# KServe v2 tensor datatypes (the protocol's names) -> NumPy's; a raw input may also be BYTES, whatever its column
+TENSOR_DATATYPES = {"FP32": np.float32, "FP64": np.float64, "INT64": np.int64, "INT32": np.int32}
+RAW_TENSOR_DATATYPES = (*TENSOR_DATATYPES, "BYTES")
 
 
 class RequestError(ValueError):
@@ -103,8 +104,8 @@ def _raw_values(name: str, item: dict, binary: memoryview, offset: int) -> tuple
     BYTES as text (a binary BYTES tensor holds each element as a 4-byte little-endian length and its bytes),
     numbers as an array; JSON null is a missing value."""
     datatype, shape = item.get("datatype"), item.get("shape")
-    if not isinstance(datatype, str) or datatype not in RAW_DTYPES:
-        raise RequestError(f"input '{name}': datatype '{datatype}' is not one of {', '.join(RAW_DTYPES)}")
+    if not isinstance(datatype, str) or datatype not in RAW_TENSOR_DATATYPES:
+        raise RequestError(f"input '{name}': datatype '{datatype}' is not one of {', '.join(RAW_TENSOR_DATATYPES)}")
     if not (_shape_fits(shape, ()) or _shape_fits(shape, (1,))):
         raise RequestError(f"input '{name}' (a raw column) must have shape [B] or [B, 1], got {shape}")
     count = shape[0]
@@ -114,7 +115,7 @@ def _raw_values(name: str, item: dict, binary: memoryview, offset: int) -> tuple
             raise RequestError(f"input '{name}': binary_data_size {size!r} does not fit the body's binary bytes")
         chunk = binary[offset : offset + size]
         if datatype != "BYTES":
-            dtype = np.dtype(DTYPES[datatype])
+            dtype = np.dtype(TENSOR_DATATYPES[datatype])
             if size != count * dtype.itemsize:
                 raise RequestError(f"input '{name}': binary_data_size {size}, expected {count * dtype.itemsize} bytes")
             return np.frombuffer(chunk, dtype=dtype), count, size
@@ -209,13 +210,15 @@ def parse_request(body: bytes, header_length: str | None, signature: Signature) 
             raw_too = f" (or the raw columns {', '.join(raw_names)})" if raw_names else ""
             raise RequestError(f"unknown input '{name}'; this model takes {', '.join(expect)}{raw_too}")
         datatype, shape = item.get("datatype"), item.get("shape")
-        if not isinstance(datatype, str) or datatype not in DTYPES:
-            raise RequestError(f"{_expected(name, expect)}; datatype '{datatype}' is not one of {', '.join(DTYPES)}")
+        if not isinstance(datatype, str) or datatype not in TENSOR_DATATYPES:
+            raise RequestError(
+                f"{_expected(name, expect)}; datatype '{datatype}' is not one of {', '.join(TENSOR_DATATYPES)}"
+            )
         if datatype != expect[name].datatype:
             raise RequestError(f"{_expected(name, expect)}, got datatype {datatype}")
         if not _shape_fits(shape, expect[name].dims):
             raise RequestError(f"{_expected(name, expect)}, got shape {shape}")
-        dtype = np.dtype(DTYPES[datatype])
+        dtype = np.dtype(TENSOR_DATATYPES[datatype])
         count = math.prod(shape)  # exact: numpy's int64 product wraps for absurd shapes
         size = _check_object(item.get("parameters"), f"input '{name}': 'parameters'").get("binary_data_size")
         if size is not None:

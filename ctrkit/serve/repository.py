@@ -8,7 +8,7 @@ import os
 import re
 from pathlib import Path
 
-from ctrkit.serve.names import MAX_VERSION, check_name, inside
+from ctrkit.serve.names import check_name, inside, version_dirs
 
 log = logging.getLogger("ctrkit.serve")
 PLATFORMS = ("onnxruntime_onnx", "pytorch_libtorch", "python")
@@ -61,8 +61,7 @@ class ModelRepository:
 
     def versions(self, model: str) -> list[str]:
         folder = self.folder(model)
-        found = (p.name for p in folder.iterdir() if p.is_dir() and p.name.isascii() and p.name.isdigit())
-        return sorted((v for v in found if int(v) <= MAX_VERSION), key=int)
+        return [p.name for p in version_dirs(folder).values()]
 
     def load(self, model: str) -> dict:
         """Every version of ``model`` that loads, as Predictors (a ValueError naming what is wrong when none

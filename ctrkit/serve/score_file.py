@@ -19,6 +19,7 @@ import numpy as np
 import polars as pl
 from tqdm.auto import tqdm
 
+from ctrkit.columns import Role
 from ctrkit.data.atomic import atomic_file
 from ctrkit.preprocess.table_reader import check_output, is_parquet, separator_char, table_blocks, table_columns
 from ctrkit.preprocess.transform import RowError, RowTransform
@@ -67,7 +68,7 @@ def score_file(
         parts = Path(tempfile.mkdtemp(dir=tmp.parent, prefix=f".{out.name}.parts-")) if parquet else None
         try:
             with open(tmp, "wb") as sink:
-                lists = [c.name for c in transform.columns if c.role == "multi_hot"]
+                lists = [c.name for c in transform.columns if c.role == Role.MULTI_HOT]
                 blocks = table_blocks(source, columns, separator, transform.null_values, block_rows, lists)
                 for block, lines in blocks:
                     try:

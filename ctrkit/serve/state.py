@@ -18,7 +18,7 @@ from ctrkit.preprocess.transform import RowError
 from ctrkit.serve.batcher import Batcher
 from ctrkit.serve.large_body import LARGE_BODY, LargeBodyParser
 from ctrkit.serve.metrics import ServerMetrics
-from ctrkit.serve.names import check_name, check_version
+from ctrkit.serve.names import check_name, check_version, version_number
 from ctrkit.serve.predictor import Predictor
 from ctrkit.serve.protocol import HEADER_LENGTH, RequestError, encode_response, parse_request
 from ctrkit.serve.repository import ModelRepository
@@ -48,9 +48,9 @@ class Served:
     batcher: Batcher
 
 
-def version_order(version: str) -> tuple[int, str]:
-    """Sort key of version names: numbered versions by their number (so "10" comes after "2")."""
-    return (int(version) if version.isdigit() else -1, version)
+def version_order(version: str) -> int:
+    """Sort key of version names: by their number (so "10" comes after "2")."""
+    return version_number(version) or 0
 
 
 def newest(versions: dict[str, Served]) -> str:

@@ -104,7 +104,7 @@ def test_bad_inputs(csv_dataset, tmp_path):
     with pytest.raises(DataError, match=r"train_data_1.csv: cannot read the columns \['user_id', 'item_id', 'label'\]"):
         transcode(csv_dataset, tmp_path / "a")
     rewrite(csv_dataset / "train_data_1.csv", lambda ls: ls[:-1] + ["1,1,2"])
-    with pytest.raises(DataError, match="label 'label' must be 0 or 1, found 2"):
+    with pytest.raises(DataError, match="label 'label': expected a label of 0 or 1 .*got '2.0'"):
         transcode(csv_dataset, tmp_path / "a")
     (csv_dataset / "test_data.csv").unlink()
     with pytest.raises(DataError, match="test_data.csv: file named in the feature spec's source_spec not found"):

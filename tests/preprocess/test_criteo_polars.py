@@ -114,7 +114,7 @@ def test_gzip_input_gives_identical_files(tmp_path):
     "line, message",
     [
         ("1\t5\t2\taa", "expected 5 tab-separated fields, found 4"),
-        ("2\t5\t2\taa\t0f", "label must be 0 or 1, got '2'"),
+        ("2\t5\t2\taa\t0f", "label: expected a label of 0 or 1 \\(or 1.0/0.0, true/false\\), got '2'"),
         ("1\t5\tx\taa\t0f", "I2: 'x' is not an integer"),
         ("1\t5\t2\tzz\t0f", "C1: 'zz' is not a hexadecimal category \\(1 to 15 digits\\)"),
         ("1\t5\t2\t+a\t0f", "C1: '\\+a' is not a hexadecimal category"),

@@ -45,6 +45,11 @@ def test_engines_write_identical_files_with_bad_rows_and_gzip(tmp_path):
     lines[10] = lines[10].replace("\t", "\tx", 1)  # label 'x...'
     lines[500] = "\t".join(lines[500].split("\t")[:-1])  # a field short
     lines[2999] = lines[2999] + "\tzz"  # a field too many
+    meant = {}
+    for k, (one, zero) in zip(range(20, 24), [("true", "false"), ("1.0", "0.0"), ("TRUE", "FALSE"), ("1", "0")]):
+        label, rest = lines[k].split("\t", 1)  # the one label rule's spellings, on both engines
+        meant[k] = int(label)
+        lines[k] = f"{one if label == '1' else zero}\t{rest}"
     with gzip.open(tmp_path / "day2.tsv.gz", "wt") as f:
         f.write("\n".join(lines[:1500]) + "\n")
     (tmp_path / "day3.tsv").write_text("\n".join(lines[1500:]))  # no trailing newline
@@ -63,6 +68,8 @@ def test_engines_write_identical_files_with_bad_rows_and_gzip(tmp_path):
     ids = SplitBinaryDataset(spec, "train").slice(0, 100).categorical[:, 3].numpy()
     expected = [0 if v == "" else (int(v, 16) + (len(v) << 60) + 2**63) % 2**64 - 2**63 for v in values[:100]]
     assert np.array_equal(ids, np.array(expected, np.int64)) and spec.cardinalities[1] < 500
+    labels = SplitBinaryDataset(spec, "train").slice(19, 23).labels.numpy()  # lines 20-23, after the bad line 10
+    assert labels.tolist() == [meant[k] for k in range(20, 24)]
     assert (
         len([f for f in files if f.suffix == ".bin"]) == 2 * (26 + 2)
         and (tmp_path / "spark" / "rejects.jsonl").exists()

@@ -252,7 +252,11 @@ def test_bad_clicks_rows_are_named_by_line_in_any_block(raw, tmp_path, capsys):
     lines[2500] = ",".join(fields)
     (bad / "clicks_train.csv").write_text("\n".join(lines) + "\n")
     code, _, err = run_cli("preprocess", "outbrain", bad, "--out", tmp_path / "d", "--no-progress", capsys=capsys)
-    assert code == 2 and "clicks_train.csv:3001: clicked: expected 0 or 1, got 2" in err and "Traceback" not in err
+    assert (
+        code == 2
+        and "clicks_train.csv:3001: clicked: expected a label of 0 or 1 (or 1.0/0.0, true/false), got '2'" in err
+        and "Traceback" not in err
+    )
     lines[3000] = ",".join(lines[3000].split(",")[:2] + ["0"])
     (bad / "clicks_train.csv").write_text("\n".join(lines) + "\n")
     with pytest.raises(Exception, match=r"clicks_train.csv:4001: display_id 99999999 is not in events.csv"):

@@ -136,8 +136,8 @@ def test_order_shuffle_thresholds_and_test_files(csv_file, tmp_path):
     [
         (None, ["--categorical", "nope"], "--categorical: {csv} has no column 'nope' (columns: ts, user"),
         (None, [], "{csv}: columns 'ts', 'item' hold integers; name each in --categorical"),
-        (("click", 5, "2"), ["--categorical", "item", "--drop", "ts"], "{csv}:7: click: expected a label of 0 or 1, "
-         "got '2'"),
+        (("click", 5, "2"), ["--categorical", "item", "--drop", "ts"], "{csv}:7: click: expected a label of 0 or 1 "
+         "(or 1.0/0.0, true/false), got '2'"),
         (("price", 9, "cheap"), ["--categorical", "item", "--drop", "ts", "--numerical", "price"],
          "{csv}:11: price: 'cheap' is not a number"),
         (("price", 9, "cheap"), ["--categorical", "item", "--drop", "ts"], "{csv}:11: column 'price' holds text, but "

@@ -3,6 +3,7 @@ versions, served by the real server on 127.0.0.1 and queried with the real trito
 extension's index/load/unload, and a version loaded under a bounded concurrent load."""
 
 import json
+import shutil
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
@@ -58,6 +59,7 @@ def test_repository_serves_models_and_versions(models):
     export(ckpts["v1"], repo, "ranker", "onnx", "1")
     export(ckpts["v2"], repo, "ranker", "onnx", "2")
     export(ckpts["v1"], repo, "other", "torchscript", "1")
+    shutil.copytree(repo / "ranker" / "1", repo / "ranker" / "01")  # a version spelled two ways: one parser, one
     server = Server("--model-repository", repo)
     try:
         url = server.url
@@ -81,6 +83,8 @@ def test_repository_serves_models_and_versions(models):
         for path, version in (("/v2/models/ranker/infer", "2"), ("/v2/models/ranker/versions/1/infer", "1")):
             status, answer = server.post(body, path=path)
             assert status == 200 and json.loads(answer)["model_version"] == version, answer
+        status, answer = server.post(body, path="/v2/models/ranker/versions/01/infer")  # not a version's spelling
+        assert status == 400 and "not a version number" in json.loads(answer)["error"], answer
         for bad in (b"xyz", b"[1]", b"5", b"null"):  # an index request that is no JSON object: a 400 in words
             status, answer = server.post(bad, path="/v2/repository/index")
             assert status == 400 and "JSON object" in json.loads(answer)["error"], answer
