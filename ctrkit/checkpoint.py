@@ -203,28 +203,51 @@ class Checkpoint:
         model.load_state_dict(state, assign=True)
         return _checked_buffers(model)
 
-    def check_spec(self, spec_summary: dict[str, Any], where: str, allow_other_vocabulary: bool = False) -> None:
+    def extended_by(self, spec_summary: dict[str, Any]) -> bool:
+        """Whether a dataset's vocabularies extend this model's (``preprocess table --like``): each of its values
+        keeps its id, and values it has not seen have ids after its tables' rows."""
+        ours = self.spec.get("vocabulary")
+        return bool(ours) and ours in spec_summary.get("extends", [])
+
+    def check_spec(
+        self, spec_summary: dict[str, Any], where: str, allow_other_vocabulary: bool = False, growing: bool = False
+    ) -> None:
         """Raises CheckpointError when a dataset's features differ from those the model was trained on, or
         (unless ``allow_other_vocabulary``) its vocabularies do: where both record a fingerprint, ids that
-        differ mean other values, and the model's scores would mean nothing."""
+        differ mean other values, and the model's scores would mean nothing. ``growing`` (a run that continues
+        from the model): a dataset whose vocabularies extend the model's passes with more rows per feature."""
+        extended = self.extended_by(spec_summary)
         for key in SPEC_KEYS:
             a, b = list(self.spec.get(key, [])), list(spec_summary.get(key, []))
             if a == b:
                 continue
+            grown = key in ("cardinalities", "multi_hot_cardinalities") and len(a) == len(b)
+            if growing and extended and grown and all(y >= x for x, y in zip(a, b)):
+                continue
+            if extended and grown:
+                raise CheckpointError(
+                    f"{where} extends the checkpoint's vocabularies (values it has not seen have ids beyond its "
+                    "tables): continue training on it (train --continue-from), or score its raw rows with "
+                    "predict --input"
+                )
             if key == "cardinalities" and len(a) == len(b):
                 i, x, y = next((i, x, y) for i, (x, y) in enumerate(zip(a, b)) if x != y)
                 name = self.spec["categorical_features"][i]
                 detail = f"feature '{name}' has cardinality {y} in {where} but {x} in the checkpoint"
             else:
                 detail = f"{key}: checkpoint has {a}, {where} has {b}"
+            ours, theirs = self.spec.get("vocabulary"), spec_summary.get("vocabulary")
+            if ours and theirs and ours != theirs:
+                detail += (" (its vocabularies are other than the checkpoint's: write it with the model's, "
+                           "`preprocess table --like CHECKPOINT`)")  # fmt: skip
             raise CheckpointError(f"the checkpoint was trained on a different feature spec: {detail}")
         ours, theirs = self.spec.get("vocabulary"), spec_summary.get("vocabulary")
-        if ours and theirs and ours != theirs and not allow_other_vocabulary:
+        if ours and theirs and ours != theirs and not allow_other_vocabulary and not extended:
             raise CheckpointError(
                 f"{where} was preprocessed with other vocabularies than the checkpoint's training data (fingerprint "
                 f"{theirs}, the checkpoint's {ours}): the same id means another value there, so scores would be "
-                "meaningless; preprocess it with the training data (one `ctrkit preprocess` run), or pass "
-                "`allow_other_vocabulary` to score it anyway"
+                "meaningless; preprocess it with the training data (one `ctrkit preprocess` run) or with this model's "
+                "vocabularies (`preprocess table --like CHECKPOINT`), or pass `allow_other_vocabulary` to use it anyway"
             )
 
     def to_dict(self) -> dict[str, Any]:

@@ -231,6 +231,13 @@ class TablePreprocessConfig:
         "--eviction): XXH64 of the value's text (seed 0) as int64; missing 0"
     )
     capacity: int | None = capacity_option()
+    like: Path | None = option(
+        None, "a checkpoint (or a dataset directory) whose carried preprocessing writes this table: its columns, "
+        "roles, types, null values and vocabularies (no role flags then); values it has not seen get new ids after "
+        "its own (where seen --frequency-threshold times in the train split), so its values keep their ids and "
+        "`train --continue-from` it grows its tables for the new ones: a later day of the same log",
+        unset="fit the preprocessing on this table",
+    )  # fmt: skip
     null_values: tuple[str, ...] = option(
         ("NA", "NaN", "nan", "null", "NULL"), "comma-separated texts a CSV field reads as missing, besides the empty "
         "field", parse="name_list",

@@ -186,6 +186,34 @@ def preprocess_outbrain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _like(path):
+    """``--like``: the preprocessing a checkpoint (a file) or a dataset (a directory) carries, with its vocabularies'
+    fingerprint, those it extends, and its features' table rows (``preprocess.table.Like``)."""
+    from pathlib import Path
+
+    from ctrkit.preprocess.table import Like
+
+    path = Path(path)
+    if path.is_dir():
+        from ctrkit.data.feature_spec import FeatureSpec
+        from ctrkit.preprocess.transform import from_dataset
+
+        transform, summary = from_dataset(path), FeatureSpec.from_yaml(path).summary()
+    elif path.is_file():
+        from ctrkit.checkpoint import load_checkpoint
+
+        ckpt = load_checkpoint(path, mmap=True, assemble=False)
+        transform, summary = ckpt.row_transform(), ckpt.spec
+    else:
+        raise ValueError(f"--like {path}: no such checkpoint or dataset directory")
+    if transform is None:
+        raise ValueError(f"--like {path}: carries no preprocessing record (made by `ctrkit preprocess table` of this "
+                         "version)")  # fmt: skip
+    rows = dict(zip(summary.get("categorical_features", []), summary.get("cardinalities", [])))
+    rows.update(zip(summary.get("multi_hot_features", []), summary.get("multi_hot_cardinalities", [])))
+    return Like(transform, str(summary.get("vocabulary") or ""), tuple(summary.get("extends", [])), rows, str(path))
+
+
 def preprocess_table(args: argparse.Namespace) -> int:
     """a CSV or Parquet table with a header, one row per impression -> a dataset
 
@@ -215,7 +243,7 @@ def preprocess_table(args: argparse.Namespace) -> int:
     test_fraction = None if cfg.test_files is not None else (0.1 if cfg.test_fraction is None else cfg.test_fraction)
     summary = run(cfg.raw, cfg.out, recipe, test_files=cfg.test_files, test_fraction=test_fraction,
                   validation_fraction=cfg.validation_fraction, overwrite=cfg.overwrite,
-                  progress=not cfg.no_progress)  # fmt: skip
+                  progress=not cfg.no_progress, like=_like(cfg.like) if cfg.like is not None else None)  # fmt: skip
     roles = [
         ("label", [summary["label"]]),
         ("order", [summary.get("order_by")]),

@@ -454,6 +454,8 @@ class FeatureSpec:
         }
         if self.metadata.get("vocabulary_fingerprint"):  # what the ids mean (``integrity.vocabulary_fingerprint``)
             out["vocabulary"] = str(self.metadata["vocabulary_fingerprint"])
+        if self.metadata.get("extends_vocabulary"):  # the vocabularies these extend (``preprocess table --like``)
+            out["extends"] = [str(f) for f in self.metadata["extends_vocabulary"]]
         if self.dynamic_features:
             out["dynamic_features"] = list(self.dynamic_features)
         if self.multi_hot_features:

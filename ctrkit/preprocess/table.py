@@ -29,7 +29,7 @@ import json
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -43,7 +43,7 @@ from ctrkit.data.spec_builders import split_binary_spec
 from ctrkit.data.split_binary import SplitBinaryWriter
 from ctrkit.integrity import vocabulary_fingerprint
 from ctrkit.preprocess import vocabulary as vocab_mod
-from ctrkit.preprocess.criteo import MISSING_ID, RARE_ID
+from ctrkit.preprocess.criteo import FIRST_ID, MISSING_ID, RARE_ID
 from ctrkit.preprocess.output import Rejects, split_bounds
 from ctrkit.preprocess.table_reader import check_output, read_table
 from ctrkit.preprocess.table_recipe import (
@@ -182,6 +182,61 @@ def _row_transform(
     )
 
 
+@dataclass(frozen=True)
+class Like:
+    """A trained model's (or a dataset's) carried preprocessing, to write a later day's table with
+    (``preprocess table --like``): its columns, roles, types and vocabularies, extended by the values it has not
+    seen; ``fingerprint`` is its vocabularies' (``integrity.vocabulary_fingerprint``; empty where every column is
+    a raw id), ``extends`` those that one extends in turn, ``cardinalities`` its features' table rows (a raw-id
+    feature keeps its table's)."""
+
+    transform: RowTransform
+    fingerprint: str
+    extends: tuple[str, ...]
+    cardinalities: dict[str, int]
+    where: str
+
+    def recipe(self, asked: TableRecipe) -> TableRecipe:
+        """``asked`` (the label, its rule, the order, the split, the frequency threshold, bad rows) with the
+        columns' roles and readings the model's: other role flags are refused."""
+        t = self.transform
+        if t.source != "ctrkit preprocess table" or t.rare_values != "rare":
+            raise ValueError(f"{self.where}: carries the preprocessing of `{t.source}`"
+                             + ("" if t.rare_values == "rare" else " without its rare values")
+                             + "; --like extends a `ctrkit preprocess table` model's whole vocabularies")  # fmt: skip
+        given = [f"--{k.replace('_', '-')}" for k in ("categorical", "numerical", "multi_hot", "drop", "raw_ids")
+                 if getattr(asked, k)] + (["--capacity"] if asked.capacity is not None else [])  # fmt: skip
+        if given:
+            raise ValueError(f"{', '.join(given)}: with --like the columns' roles are {self.where}'s; leave them out")
+        separators = {f.separator for f in t.multi_hot}
+        return replace(
+            asked, also_categorical=(), null_values=t.null_values, raw_ids=tuple(
+                f.feature for f in t.categorical if f.ids == "xxh64"),
+            separator=separators.pop() if separators else asked.separator,
+        )  # fmt: skip
+
+    def roles(self) -> Roles:
+        t = self.transform
+        return Roles(tuple(f.feature for f in t.categorical), tuple(f.feature for f in t.numerical),
+                     tuple(f.feature for f in t.multi_hot))  # fmt: skip
+
+
+def _extend(old: pl.DataFrame, fresh: pl.DataFrame, threshold: int) -> pl.DataFrame:
+    """A model's vocabulary ``old`` (value, id) extended by ``fresh`` (value, count, id: the new day's fitting rows):
+    its values keep their ids (learned rows keep their meaning); a value it lacks gets the next id after its last,
+    by descending count (ties by value), where seen at least ``threshold`` times, else the shared rare id."""
+    counts = fresh.select("value", "count")
+    kept = old.join(counts, on="value", how="left", maintain_order="left").with_columns(
+        pl.col("count").fill_null(0).cast(pl.Int64)
+    )
+    new = counts.join(old.select("value"), on="value", how="anti")
+    grown = vocab_mod.assign_ids(new, threshold, "value")
+    first = vocab_mod.cardinality(old)  # the next row after the model's last
+    grown = grown.with_columns(pl.when(pl.col("id") >= FIRST_ID).then(pl.col("id") - FIRST_ID + first)
+                               .otherwise(pl.col("id")).alias("id"))  # fmt: skip
+    return pl.concat([kept.select("value", "count", "id"), grown.select("value", "count", "id")])
+
+
 def preprocess_table(
     files: Sequence[str | os.PathLike],
     out_dir: str | os.PathLike,
@@ -191,6 +246,7 @@ def preprocess_table(
     validation_fraction: float | None = None,
     overwrite: bool = False,
     progress: bool = False,
+    like: Like | None = None,
 ) -> dict:
     """CSV or Parquet tables -> a split-binary dataset (train, optionally validation, test).
 
@@ -204,6 +260,8 @@ def preprocess_table(
             counted into the vocabularies); None: none (training then holds out its own tail).
         overwrite: replace an existing dataset directory.
         progress: show progress bars.
+        like: write the table with a model's carried preprocessing, extended by the values it has not seen
+            (``Like``), instead of fitting one.
 
     Returns:
         The summary also written to ``summary.json``: rows per mapping, bad rows, roles, cardinalities.
@@ -212,6 +270,8 @@ def preprocess_table(
         >>> recipe = TableRecipe(label="rating", label_threshold=4, categorical=("user", "item"))
         >>> preprocess_table(["ratings.csv"], "data/ratings", recipe)  # doctest: +SKIP
     """
+    if like is not None:
+        recipe = like.recipe(recipe)
     recipe.validate()
     if not files:
         raise ValueError("no input files given")
@@ -229,7 +289,16 @@ def preprocess_table(
     test_df = _read_all(test_paths, recipe, len(paths)) if test_paths else None
     if test_df is not None and set(test_df.columns) != set(train_df.columns):
         raise ValueError(f"{test_paths[0]}: columns differ from {paths[0]}'s")
-    roles = assign_roles(train_df, recipe, paths[0])
+    if like is None:
+        roles = assign_roles(train_df, recipe, paths[0])
+    else:  # the model's columns, read as the model reads them (as predict and the server do)
+        try:
+            like.transform.check_columns(train_df.columns)
+        except ValueError as e:
+            raise ValueError(f"{paths[0]}: {e}") from None
+        roles = like.roles()
+        typed = lambda df: df.with_columns(like.transform.typed(df).get_columns())  # noqa: E731
+        train_df, test_df = typed(train_df), typed(test_df) if test_df is not None else None
     raw_schema = dict(train_df.schema)
 
     rejects = Rejects(recipe.bad_rows)
@@ -278,8 +347,16 @@ def preprocess_table(
     columns = tqdm(roles.categorical + roles.multi_hot, desc="preprocess vocabularies", disable=not progress)
     for c in columns:
         vocabularies[c] = _fit(table, c, roles, raw_schema, recipe, n_fit)
+        if like is not None and c in like.transform.vocabularies:
+            vocabularies[c] = _extend(like.transform.vocabularies[c], vocabularies[c], recipe.frequency_threshold)
     # the transform: the fitted object's, the only code that turns values into ids (as predict and serve do)
-    transform = _row_transform(raw_schema, roles, recipe, vocabularies)
+    if like is None:
+        transform = _row_transform(raw_schema, roles, recipe, vocabularies)
+    else:
+        t = like.transform
+        grown = {c: vocabulary_frame(v["value"], v["id"]) for c, v in vocabularies.items() if c in t.vocabularies}
+        transform = RowTransform(t.source, t.columns, t.numerical, t.categorical, t.multi_hot, grown, t.null_values,
+                                 t.label)  # fmt: skip
     numerical, categorical, lists = transform.encode(table)
     id_tests = {}
     if candidates:
@@ -301,7 +378,8 @@ def preprocess_table(
     cards = {c: vocab_mod.cardinality(v) for c, v in vocabularies.items()}
     features = {c: Feature(smallest_int_dtype(cards[c]), cards[c]) for c in roles.categorical}
     for c in recipe.raw_ids:  # the value's hash as a raw id; the table's capacity as its cardinality
-        features[c] = Feature("int64", max(2, recipe.capacity or cards[c]), {"dynamic": True})
+        rows = like.cardinalities[c] if like is not None else max(2, recipe.capacity or cards[c])
+        features[c] = Feature("int64", rows, {"dynamic": True})
     for c in roles.multi_hot:
         features[c] = Feature(smallest_int_dtype(cards[c]), cards[c], {"multi_hot": True, "combiner": "mean"})
     metadata = {
@@ -318,6 +396,7 @@ def preprocess_table(
             else {}
         ),
         **({"raw_ids": "XXH64 of the value's UTF-8 text, seed 0, as int64; missing: 0"} if recipe.raw_ids else {}),
+        **({"extends_vocabulary": [like.fingerprint, *like.extends]} if like is not None and like.fingerprint else {}),
     }
     numerical = numerical if roles.numerical else None
     labels = table["__label"].to_numpy()
@@ -373,6 +452,17 @@ def preprocess_table(
             ],
             **({"value_id_tests": {c: t.as_dict() for c, t in id_tests.items()}} if id_tests else {}),
             "cardinalities": cards,
+            **(
+                {
+                    "like": like.where,
+                    "new_ids": {
+                        c: cards[c] - vocab_mod.cardinality(like.transform.vocabularies[c])
+                        for c in like.transform.vocabularies
+                    },
+                }
+                if like is not None
+                else {}
+            ),
             "clicks": {name: int(labels[lo:hi].sum()) for name, lo, hi in bounds},
             "seconds": round(time.perf_counter() - start, 3),
         }

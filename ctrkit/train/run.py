@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -204,7 +205,8 @@ def resolve_run(
         raise ValueError("no dataset: name a dataset directory (or a run config naming one)")
     spec = FeatureSpec.from_yaml(Path(dataset))
     if ckpt is not None:
-        model_cfg = _checkpoint_model_config(source, ckpt, name, spec, {**file_layer, **(model_config or {})})
+        grow = load_checkpoint is None  # a new run from the model: its tables grow for a vocabulary extending its
+        model_cfg = _checkpoint_model_config(source, ckpt, name, spec, {**file_layer, **(model_config or {})}, grow)
     else:
         model_cfg = resolve_model_config(name, spec, *(layer.model for layer in layers[1:]))
     sources = sources_of(layers)
@@ -227,13 +229,21 @@ def resolve_run(
     )
 
 
-def _checkpoint_model_config(source: Any, ckpt: Any, name: str, spec: FeatureSpec, asked: dict[str, Any]) -> Any:
+def _checkpoint_model_config(
+    source: Any, ckpt: Any, name: str, spec: FeatureSpec, asked: dict[str, Any], grow: bool = False
+) -> Any:
     """The model config of a run from checkpoint ``ckpt`` (read from ``source``): the checkpoint's, of model
-    ``name``; model settings ``asked`` for that would change it are refused (``_refuse_other_shape``)."""
+    ``name``; model settings ``asked`` for that would change it are refused (``_refuse_other_shape``). ``grow``
+    (a new run continuing the model): on a dataset whose vocabularies extend the model's (``preprocess table
+    --like``), the tables have the dataset's rows (the trainer copies the model's rows into them)."""
     if ckpt.model_name != name:
         raise ValueError(f"{source}: checkpoint holds a '{ckpt.model_name}' model, not '{name}'")
     _refuse_other_shape(source, name, spec, ckpt.model_config, asked)
-    return make_config(name, ckpt.model_config)
+    cfg = make_config(name, ckpt.model_config)
+    if grow and ckpt.extended_by(spec.summary()):
+        cfg = replace(cfg, cardinalities=tuple(spec.cardinalities),
+                      multi_hot_cardinalities=tuple(spec.multi_hot_cardinalities))  # fmt: skip
+    return cfg
 
 
 def _refuse_other_shape(source: Any, name: str, spec: FeatureSpec, theirs: dict[str, Any], asked: dict[str, Any]
@@ -363,7 +373,13 @@ class Run:
         self.continued = None  # the checkpoint a new run continues from (``--continue-from``)
         if spec.continue_from is not None:
             self.continued = load_checkpoint(spec.continue_from, mmap=True, assemble=self.env is None)
-            self.continued.check_spec(feature_spec.summary(), str(feature_spec.base_dir), spec.allow_other_vocabulary)
+            summary = feature_spec.summary()
+            self.continued.check_spec(summary, str(feature_spec.base_dir), spec.allow_other_vocabulary, growing=True)
+            theirs, ours = summary.get("vocabulary"), self.continued.spec.get("vocabulary")
+            if theirs and ours and theirs != ours and not self.continued.extended_by(summary):  # never in silence
+                print(f"warning: {feature_spec.base_dir} has other vocabularies than {spec.continue_from}'s data "
+                      "(--allow-other-vocabulary): each learned row now stands for whatever value has its id there; "
+                      "`preprocess table --like` keeps their meanings", file=sys.stderr)  # fmt: skip
         self.is_main = self.env is None or self.env.is_main
         self.feature_spec, self.test_set, self.validation_set = feature_spec, test_set, validation_set
         self.preprocessing = carried_preprocessing(feature_spec)

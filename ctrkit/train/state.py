@@ -146,6 +146,55 @@ def continued_weights(ckpt: Checkpoint) -> tuple[dict[str, torch.Tensor], bool]:
     return ckpt.members[kept]["models"][0], kept == len(ckpt.members) - 1
 
 
+def continued_tables(model: nn.Module, ckpt: Checkpoint) -> tuple[dict[str, torch.Tensor], dict, bool]:
+    """``continued_weights`` for ``model``, whose tables may have more rows a feature than the checkpoint's
+    (``--continue-from`` on data preprocessed ``--like`` it: ``models/growth.py``); also each grown table's
+    (rows before, rows after) and whether the optimizer states are the model's."""
+    from ctrkit.models.embeddings import fill_pending_tables
+    from ctrkit.models.growth import grown_weights, table_rows
+    from ctrkit.models.registry import create_model, make_config
+    from ctrkit.models.storage import DEFERRED
+
+    weights, own = continued_weights(ckpt)
+    before = table_rows(create_model(ckpt.model_name, make_config(ckpt.model_name, ckpt.model_config), DEFERRED))
+    if before == table_rows(model):
+        return weights, {}, own
+    fill_pending_tables(model)  # the new rows: the model's own initial values
+    grown, changed = grown_weights(weights, before, model)
+    return grown, changed, own
+
+
+def grown_optimizer_states(optimizers: list, states: list, model: nn.Module, changed: dict) -> list:
+    """The optimizers' ``states`` with each grown table's per-row states grown as its rows (``continued_tables``):
+    the learned rows' states kept, the new rows' at the optimizer's initial values (``optimizers.KINDS``; 0 for
+    others)."""
+    from ctrkit.models.growth import grown
+
+    names = {id(p): name for name, p in model.named_parameters()}
+    out = []
+    for opt, state in zip(optimizers, states):
+        if state is None:
+            out.append(None)
+            continue
+        record = getattr(opt, "record", None)
+        initial = dict(record.value_state + record.row_state) if record is not None else {}
+        params = [p for group in opt.param_groups for p in group["params"]]
+        entries = dict(state["state"])
+        for index, p in enumerate(params):
+            if names.get(id(p)) not in changed or index not in entries:
+                continue
+            old_rows, new_rows = changed[names[id(p)]]
+            entry = dict(entries[index])
+            for key, value in entry.items():
+                if torch.is_tensor(value) and value.dim() and value.shape[0] == sum(old_rows):
+                    fill = torch.full((sum(new_rows), *value.shape[1:]), float(initial.get(key, 0.0)),
+                                      dtype=value.dtype)  # fmt: skip
+                    entry[key] = grown(value, fill, old_rows, new_rows)
+            entries[index] = entry
+        out.append({**state, "state": entries})
+    return out
+
+
 def load_optimizer_states(optimizers: list, states: list, keep_settings: bool = False) -> None:
     """Loads each optimizer's state (None: left as it is); ``keep_settings``: the rates and other settings stay the
     optimizer's own, only the per-parameter state is taken."""

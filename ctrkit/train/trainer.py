@@ -48,7 +48,8 @@ from ctrkit.train.state import (
     check_continuable,
     check_finite,
     check_resumable,
-    continued_weights,
+    continued_tables,
+    grown_optimizer_states,
     load_optimizer_states,
 )
 from ctrkit.train.step import TrainStep
@@ -643,7 +644,10 @@ class Trainer:
         learning rates and other optimizer settings are this run's; steps, schedule and model selection start
         over."""
         check_continuable(ckpt, self.cfg, len(self.optimizers), self.env is not None, where)
-        weights, own = continued_weights(ckpt)
+        weights, grown, own = continued_tables(self.model, ckpt)  # tables grown for an extended vocabulary
         self.model.load_state_dict(weights)
         self.continued = True
-        load_optimizer_states(self.optimizers, ckpt.optimizers if own else [], keep_settings=True)
+        states = ckpt.optimizers if own else []
+        if grown:
+            states = grown_optimizer_states(self.optimizers, states, self.model, grown)
+        load_optimizer_states(self.optimizers, states, keep_settings=True)

@@ -1,0 +1,149 @@
+"""Day by day on a drifting table of text columns (``ctrkit bench table-stream``): each day a CSV file as a log
+holds it, preprocessed with ``preprocess table`` and trained three ways, each scored on the next day's raw rows as
+``predict --input`` scores them.
+
+* ``like``: day 1 preprocessed and trained; each later day preprocessed ``--like`` the previous day's model (its
+  values keep their ids, new values get new ones) and trained ``--continue-from`` it (its tables grown).
+* ``raw_ids``: every categorical column as raw 64-bit ids in dynamic tables (``--raw-ids``), continued day by day.
+* ``retrain``: each day, the preprocessing fitted on days 1..k and a model trained from scratch on all of them.
+
+The days are ``synthetic_stream.DriftingStream``'s (ids born and fading every day, drifting effects), each id
+written as text (its hexadecimal name), so every categorical column is an ordinary text column.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from ctrkit.data.synthetic_stream import MAPPINGS, DriftingStream
+from ctrkit.metrics import log_loss_from_logits, roc_auc
+
+METHODS = ("like", "raw_ids", "retrain")
+LABEL = "clicked"
+
+
+def write_text_days(out: Path, days: int, rows: int, vocabularies: Sequence[int], seed: int = 0,
+                    num_numerical: int = 4) -> list[Path]:  # fmt: skip
+    """``days`` CSV files of ``rows`` rows each under ``out`` (``day_1.csv`` ...): text columns ``cat0``.. (each id's
+    hexadecimal name), numbers ``num0``.., the label; the last 10% of each day's rows are its test rows."""
+    model = DriftingStream(vocabularies, days, seed, num_numerical=num_numerical)
+    rng = np.random.default_rng([seed, 58])
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for day in range(1, days + 1):
+        numerical, ids, labels, _ = model.sample(day, rows, rng)
+        text = {f"cat{f}": [f"{v & (2**64 - 1):x}" for v in ids[:, f].tolist()] for f in range(ids.shape[1])}
+        numbers = [pl.Series(f"num{j}", numerical[:, j]) for j in range(numerical.shape[1])]
+        frame = pl.DataFrame(text).with_columns(*numbers, pl.Series(LABEL, labels.astype(np.int64)))
+        paths.append(out / f"day_{day}.csv")
+        frame.write_csv(paths[-1])
+    return paths
+
+
+def _split() -> tuple[float, float]:
+    """``preprocess table``'s test and validation fractions for the stream's shares (80/10/10)."""
+    shares = dict(MAPPINGS)
+    return shares["test"], shares["validation"] / (1 - shares["test"])
+
+
+def _preprocess(files: Sequence[Path], out: Path, like: Path | None, raw_ids: Sequence[str], capacity: int | None
+                ) -> None:  # fmt: skip
+    from ctrkit.cli import main
+
+    test, validation = _split()
+    args = ["preprocess", "table", *map(str, files), "--out", str(out), "--label", LABEL, "--overwrite",
+            "--no-progress", "--validation-fraction", str(validation), "--test-fraction", str(test)]  # fmt: skip
+    if like is not None:
+        args += ["--like", str(like)]
+    else:
+        columns = pl.read_csv(files[0], n_rows=1).columns
+        args += [
+            "--categorical",
+            ",".join(c for c in columns if c.startswith("cat")),
+            "--numerical",
+            ",".join(c for c in columns if c.startswith("num")),
+            "--also-categorical",
+            "none",
+        ]
+        if raw_ids:
+            args += ["--raw-ids", ",".join(raw_ids), "--capacity", str(capacity)]
+    if main(args) != 0:
+        raise RuntimeError(f"preprocess table failed: {' '.join(args)}")
+
+
+def _train(dataset: Path, checkpoint: Path, options: dict[str, Any], continue_from: Path | None = None) -> float:
+    from ctrkit.train.run import train
+
+    extra = {"continue_from": continue_from} if continue_from is not None else {}
+    started = time.perf_counter()
+    train(dataset, progress=False, save_checkpoint=checkpoint, **options, **extra)
+    return time.perf_counter() - started
+
+
+def _score(checkpoint: Path, day: Path, work: Path) -> dict[str, float]:
+    """Next-day test AUC and log loss: the day's test rows (its last 10%) scored from their raw values, as
+    ``predict --input`` scores them."""
+    from ctrkit.serve.predictor import Predictor
+    from ctrkit.serve.score_file import score_file
+
+    frame = pl.read_csv(day, infer_schema=False)
+    test = frame.tail(int(round(len(frame) * _split()[0])))
+    test.drop(LABEL).write_csv(work / "next.csv")
+    predictor = Predictor.from_checkpoint(checkpoint)
+    score_file(predictor, predictor.transform, work / "next.csv", work / "scores.csv")
+    p = np.clip(pl.read_csv(work / "scores.csv")["probability"].to_numpy().astype(np.float64), 1e-7, 1 - 1e-7)
+    y = test[LABEL].cast(pl.Int64).to_numpy()
+    return {"auc": round(roc_auc(y, p), 5), "logloss": round(log_loss_from_logits(y, np.log(p / (1 - p))), 5)}
+
+
+def run_table_stream(days: Sequence[Path], work: Path, options: dict[str, Any], methods: Sequence[str] = METHODS,
+                     capacity: float = 1.5, log=print) -> list[dict[str, Any]]:  # fmt: skip
+    """Trains on days 1..k and scores day k+1 for k = 1..N-1, each of ``methods``; one record a test day: per method,
+    next-day AUC and log loss, the day's training seconds (preprocessing included) and the tables' rows."""
+    from ctrkit.data.feature_spec import FeatureSpec
+
+    work.mkdir(parents=True, exist_ok=True)
+    categorical = [c for c in pl.read_csv(days[0], n_rows=1).columns if c.startswith("cat")]
+    distinct = pl.read_csv(days[0], infer_schema=False).select(pl.col(categorical).n_unique()).row(0)
+    rows = max(2, int(capacity * max(distinct)))  # each raw-id table: room for a day's ids and more
+    previous: dict[str, Path | None] = {m: None for m in methods}
+    records = []
+    for k in range(1, len(days)):
+        row: dict[str, Any] = {"test_day": k + 1}
+        for method in methods:
+            data, ckpt = work / f"{method}_{k}", work / f"{method}_{k}.pt"
+            started = time.perf_counter()
+            if method == "retrain":
+                _preprocess(days[:k], data, None, (), None)
+                _train(data, ckpt, options)
+            else:
+                raw = categorical if method == "raw_ids" else ()
+                _preprocess([days[k - 1]], data, previous[method], raw, rows)
+                _train(data, ckpt, options, continue_from=previous[method])
+            seconds = time.perf_counter() - started
+            spec = FeatureSpec.from_yaml(data)
+            row[method] = {**_score(ckpt, days[k], work), "train_seconds": round(seconds, 2),
+                           "table_rows": int(sum(spec.cardinalities) + sum(spec.multi_hot_cardinalities))}  # fmt: skip
+            previous[method] = ckpt
+        records.append(row)
+        log(" ".join(f"{m} AUC {row[m]['auc']:.4f}" for m in methods) + f" (test day {k + 1})")
+    return records
+
+
+def summary(records: list[dict[str, Any]], methods: Sequence[str] = METHODS) -> dict[str, Any]:
+    """Each method's mean next-day AUC and log loss over the test days, and its seconds in all."""
+    out = {}
+    for m in methods:
+        rows = [r[m] for r in records if m in r]
+        if rows:
+            out[m] = {"mean_auc": round(float(np.mean([r["auc"] for r in rows])), 5),
+                      "mean_logloss": round(float(np.mean([r["logloss"] for r in rows])), 5),
+                      "seconds": round(float(sum(r["train_seconds"] for r in rows)), 2),
+                      "most_table_rows": max(r["table_rows"] for r in rows)}  # fmt: skip
+    return out
