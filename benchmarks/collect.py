@@ -404,6 +404,24 @@ def stream_rows(raw):
     return columns, rows
 
 
+@suite("table-stream")
+def table_stream_rows(raw):
+    """``ctrkit bench table-stream``: per test day and method, next-day AUC and log loss from the raw rows, seconds
+    (preprocessing and training), table rows; then the means over the test days."""
+    columns = ["test day", "method", "next-day AUC", "next-day log loss", "seconds", "table rows"]
+    rows = []
+    for _, data in raw:
+        for day in data["days"]:
+            for method in ("like", "raw_ids", "retrain"):
+                if method in day:
+                    r = day[method]
+                    rows.append([day["test_day"], method, r["auc"], r["logloss"], r["train_seconds"], r["table_rows"]])
+        for method, s in data["summary"].items():
+            rows.append([f"mean of days 2-{len(data['days']) + 1} (seconds: sum)", method, s["mean_auc"],
+                         s["mean_logloss"], s["seconds"], s["most_table_rows"]])  # fmt: skip
+    return columns, rows
+
+
 @suite("raw-rows")
 def raw_rows_rows(raw):
     """``ctrkit bench raw-rows``: `predict --input` of a CSV of new rows end to end in a child process (median of

@@ -130,6 +130,13 @@ class Checkpoint:
             problem = f"{type(e).__name__}: {e}"
             raise CheckpointError(f"the checkpoint's preprocessing record is unreadable ({problem})") from None
 
+    def like(self, where: str):
+        """The model's preprocessing for a later day's table (``preprocess table --like``: ``preprocess.table.Like``),
+        ``where`` naming the checkpoint in messages."""
+        from ctrkit.preprocess.table import Like
+
+        return Like.of(self.row_transform(), self.spec, where)
+
     @property
     def models_averaged(self) -> int:
         """How many models' logits the kept model averages (1: a single model)."""

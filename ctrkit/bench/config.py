@@ -278,6 +278,25 @@ class StreamBenchConfig:
 
 
 @dataclass(frozen=True)
+class TableStreamBenchConfig:
+    """``ctrkit bench table-stream``: day by day on a drifting table of text columns, three ways."""
+
+    days: int = option(6, "days of the table; test days 2..N")
+    rows: int = option(100_000, "rows a day (the last 10% its test rows)")
+    vocabularies: tuple[int, ...] = option(
+        (1000, 40000, 300, 24, 8000, 20000, 3, 10000), "ids alive on a day per text column (churning above 200)",
+        parse="int_list",
+    )  # fmt: skip
+    seed: int = option(0, "the table's seed")
+    model: str = option("dlrm", "model to train")
+    methods: tuple[str, ...] = option(
+        ("like", "raw_ids", "retrain"), "comma-separated of like, raw_ids, retrain", parse="name_list"
+    )
+    max_steps: int | None = option(None, "each training's most steps", unset="train's default")
+    work: Path = option(Path("build/bench/table-stream"), "directory for the days, the datasets and the checkpoints")
+
+
+@dataclass(frozen=True)
 class RawRowsBenchConfig:
     """``ctrkit bench raw-rows``: `predict --input` on a CSV of new rows, and one-row raw-value server requests."""
 

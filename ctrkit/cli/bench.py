@@ -19,6 +19,7 @@ from ctrkit.bench.config import (
     RawRowsBenchConfig,
     ScaleBenchOptions,
     StreamBenchConfig,
+    TableStreamBenchConfig,
     TrainBenchConfig,
 )
 from ctrkit.cli.options import add_command, config_from, write_result
@@ -44,6 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_command(bsub, "loader", loader, (LoaderBenchConfig, BenchRunOptions))
     add_command(bsub, "epoch", epoch, (EpochBenchConfig, BenchRunOptions), ("device", "threads"))
     add_command(bsub, "stream", stream, (StreamBenchConfig, BenchRunOptions), ("device",))
+    add_command(bsub, "table-stream", table_stream, (TableStreamBenchConfig, BenchRunOptions), ("device",))
     add_command(bsub, "raw-rows", raw_rows, (RawRowsBenchConfig, BenchRunOptions), ("device", "threads"))
 
 
@@ -448,6 +450,40 @@ def stream(args: argparse.Namespace) -> int:
     for method, s in result["summary"].items():
         print(f"{method}: mean test AUC {s['mean_auc']:.4f}, log loss {s['mean_logloss']:.4f}, "
               f"{s['train_seconds']:,.0f} s of training, tables of at most {s['most_table_rows']:,} rows")  # fmt: skip
+    write_result(result, run.output)
+    return 0
+
+
+def table_stream(args: argparse.Namespace) -> int:
+    """day by day on a drifting table of text columns: --like continued, raw ids continued, retraining on all days
+
+    Writes --days CSV files of --rows rows (text columns of ids born and fading every day, numbers, a click) in
+    --work, then for each test day k+1 (2..N): like: day k preprocessed `--like` day k-1's model and trained
+    `--continue-from` it (day 1 preprocessed and trained alone); raw_ids: every text column as raw ids in dynamic
+    tables, continued likewise; retrain: days 1..k preprocessed together and trained from scratch. Each is scored
+    on day k+1's raw test rows as `predict --input` scores them: next-day AUC and log loss, seconds (preprocessing
+    included) and table rows per day, and their means over the test days.
+    """
+    from ctrkit.bench.peak import machine
+    from ctrkit.bench.table_stream import METHODS, run_table_stream, summary, write_text_days
+
+    cfg: TableStreamBenchConfig = config_from(args, TableStreamBenchConfig)
+    run = config_from(args, BenchRunOptions)
+    _threads(run)
+    unknown = [m for m in cfg.methods if m not in METHODS]
+    if unknown:
+        raise ValueError(f"--methods: unknown '{unknown[0]}'; expected some of {', '.join(METHODS)}")
+    if cfg.days < 2 or cfg.rows < 100:
+        raise ValueError(f"a table stream needs at least 2 days of 100 rows, got {cfg.days} days of {cfg.rows}")
+    days = write_text_days(cfg.work / "days", cfg.days, cfg.rows, cfg.vocabularies, cfg.seed)
+    options = {"model": cfg.model, **({"max_steps": cfg.max_steps} if cfg.max_steps is not None else {})}
+    records = run_table_stream(days, cfg.work / "runs", options, cfg.methods)
+    result = {"machine": machine(), "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in
+                                               vars(cfg).items()}, "days": records,
+              "summary": summary(records, cfg.methods)}  # fmt: skip
+    for method, s in result["summary"].items():
+        print(f"{method}: mean next-day AUC {s['mean_auc']:.4f}, log loss {s['mean_logloss']:.4f}, "
+              f"{s['seconds']:,.0f} s, tables of at most {s['most_table_rows']:,} rows")  # fmt: skip
     write_result(result, run.output)
     return 0
 

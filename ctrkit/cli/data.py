@@ -187,31 +187,19 @@ def preprocess_outbrain(args: argparse.Namespace) -> int:
 
 
 def _like(path):
-    """``--like``: the preprocessing a checkpoint (a file) or a dataset (a directory) carries, with its vocabularies'
-    fingerprint, those it extends, and its features' table rows (``preprocess.table.Like``)."""
+    """``--like``: the preprocessing a checkpoint (a file) or a dataset (a directory) carries (``Like``)."""
     from pathlib import Path
-
-    from ctrkit.preprocess.table import Like
 
     path = Path(path)
     if path.is_dir():
-        from ctrkit.data.feature_spec import FeatureSpec
-        from ctrkit.preprocess.transform import from_dataset
+        from ctrkit.preprocess.table import Like
 
-        transform, summary = from_dataset(path), FeatureSpec.from_yaml(path).summary()
-    elif path.is_file():
-        from ctrkit.checkpoint import load_checkpoint
-
-        ckpt = load_checkpoint(path, mmap=True, assemble=False)
-        transform, summary = ckpt.row_transform(), ckpt.spec
-    else:
+        return Like.of_dataset(path)
+    if not path.is_file():
         raise ValueError(f"--like {path}: no such checkpoint or dataset directory")
-    if transform is None:
-        raise ValueError(f"--like {path}: carries no preprocessing record (made by `ctrkit preprocess table` of this "
-                         "version)")  # fmt: skip
-    rows = dict(zip(summary.get("categorical_features", []), summary.get("cardinalities", [])))
-    rows.update(zip(summary.get("multi_hot_features", []), summary.get("multi_hot_cardinalities", [])))
-    return Like(transform, str(summary.get("vocabulary") or ""), tuple(summary.get("extends", [])), rows, str(path))
+    from ctrkit.checkpoint import load_checkpoint
+
+    return load_checkpoint(path, mmap=True, assemble=False).like(str(path))
 
 
 def preprocess_table(args: argparse.Namespace) -> int:

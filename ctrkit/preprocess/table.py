@@ -215,6 +215,23 @@ class Like:
             separator=separators.pop() if separators else asked.separator,
         )  # fmt: skip
 
+    @classmethod
+    def of(cls, transform: RowTransform | None, summary: dict, where: str) -> Like:
+        """The ``Like`` of a model or dataset: its carried ``transform`` and its feature spec's ``summary``."""
+        if transform is None:
+            raise ValueError(f"--like {where}: carries no preprocessing record (made by `ctrkit preprocess table` of "
+                             "this version)")  # fmt: skip
+        rows = dict(zip(summary.get("categorical_features", []), summary.get("cardinalities", [])))
+        rows.update(zip(summary.get("multi_hot_features", []), summary.get("multi_hot_cardinalities", [])))
+        return cls(transform, str(summary.get("vocabulary") or ""), tuple(summary.get("extends", [])), rows, where)
+
+    @classmethod
+    def of_dataset(cls, directory: str | os.PathLike) -> Like:
+        """The ``Like`` of a dataset directory written by ``preprocess table``."""
+        from ctrkit.preprocess.transform import from_dataset
+
+        return cls.of(from_dataset(directory), FeatureSpec.from_yaml(Path(directory)).summary(), str(directory))
+
     def roles(self) -> Roles:
         t = self.transform
         return Roles(tuple(f.feature for f in t.categorical), tuple(f.feature for f in t.numerical),
