@@ -240,18 +240,23 @@ class Like:
 
 def _extend(old: pl.DataFrame, fresh: pl.DataFrame, threshold: int) -> pl.DataFrame:
     """A model's vocabulary ``old`` (value, id) extended by ``fresh`` (value, count, id: the new day's fitting rows):
-    its values keep their ids (learned rows keep their meaning); a value it lacks gets the next id after its last,
-    by descending count (ties by value), where seen at least ``threshold`` times, else the shared rare id."""
+    each value with a row of its own keeps its id (its learned row keeps its meaning); a value without one (new, or
+    rare so far: it shared the rare row) gets the next id after the model's last, by descending count (ties by
+    value), where seen at least ``threshold`` times, else the shared rare id."""
     counts = fresh.select("value", "count")
-    kept = old.join(counts, on="value", how="left", maintain_order="left").with_columns(
+    own = old.filter(pl.col("id") >= FIRST_ID)
+    kept = own.join(counts, on="value", how="left", maintain_order="left").with_columns(
         pl.col("count").fill_null(0).cast(pl.Int64)
     )
-    new = counts.join(old.select("value"), on="value", how="anti")
-    grown = vocab_mod.assign_ids(new, threshold, "value")
+    candidates = counts.join(own.select("value"), on="value", how="anti")
+    grown = vocab_mod.assign_ids(candidates, threshold, "value")
     first = vocab_mod.cardinality(old)  # the next row after the model's last
     grown = grown.with_columns(pl.when(pl.col("id") >= FIRST_ID).then(pl.col("id") - FIRST_ID + first)
                                .otherwise(pl.col("id")).alias("id"))  # fmt: skip
-    return pl.concat([kept.select("value", "count", "id"), grown.select("value", "count", "id")])
+    still_rare = old.filter(pl.col("id") < FIRST_ID).join(candidates.select("value"), on="value", how="anti")
+    still_rare = still_rare.with_columns(pl.lit(0, pl.Int64).alias("count"))
+    return pl.concat([kept.select("value", "count", "id"), grown.select("value", "count", "id"),
+                      still_rare.select("value", "count", "id")])  # fmt: skip
 
 
 def preprocess_table(
