@@ -418,7 +418,7 @@ def table_stream_rows(raw):
                     rows.append([day["test_day"], method, r["auc"], r["logloss"], r["train_seconds"], r["table_rows"]])
         for method, s in data["summary"].items():
             rows.append([f"mean of days 2-{len(data['days']) + 1} (seconds: sum)", method, s["mean_auc"],
-                         s["mean_logloss"], s["seconds"], s["most_table_rows"]])  # fmt: skip
+                         s["mean_logloss"], s["train_seconds"], s["most_table_rows"]])  # fmt: skip
     return columns, rows
 
 

@@ -133,16 +133,3 @@ def run_table_stream(days: Sequence[Path], work: Path, options: dict[str, Any], 
         records.append(row)
         log(" ".join(f"{m} AUC {row[m]['auc']:.4f}" for m in methods) + f" (test day {k + 1})")
     return records
-
-
-def summary(records: list[dict[str, Any]], methods: Sequence[str] = METHODS) -> dict[str, Any]:
-    """Each method's mean next-day AUC and log loss over the test days, and its seconds in all."""
-    out = {}
-    for m in methods:
-        rows = [r[m] for r in records if m in r]
-        if rows:
-            out[m] = {"mean_auc": round(float(np.mean([r["auc"] for r in rows])), 5),
-                      "mean_logloss": round(float(np.mean([r["logloss"] for r in rows])), 5),
-                      "seconds": round(float(sum(r["train_seconds"] for r in rows)), 2),
-                      "most_table_rows": max(r["table_rows"] for r in rows)}  # fmt: skip
-    return out

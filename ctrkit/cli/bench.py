@@ -427,7 +427,6 @@ def stream(args: argparse.Namespace) -> int:
     and is scored on day k+1's test rows: test AUC and log loss, training seconds and table rows per day, and
     their means over the test days.
     """
-    from ctrkit.bench.peak import machine
     from ctrkit.bench.stream_bench import METHODS, run_stream, summary
     from ctrkit.data.synthetic_stream import write_stream
 
@@ -444,14 +443,19 @@ def stream(args: argparse.Namespace) -> int:
         if getattr(cfg, name) is not None:
             options[name] = getattr(cfg, name)
     records = run_stream(days, cfg.work / "runs", options, cfg.methods)
-    result = {"machine": machine(), "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in
-                                               vars(cfg).items()}, "days": records,
-              "summary": summary(records, cfg.methods)}  # fmt: skip
-    for method, s in result["summary"].items():
-        print(f"{method}: mean test AUC {s['mean_auc']:.4f}, log loss {s['mean_logloss']:.4f}, "
-              f"{s['train_seconds']:,.0f} s of training, tables of at most {s['most_table_rows']:,} rows")  # fmt: skip
-    write_result(result, run.output)
+    write_result(_days_result(cfg, records, summary(records, cfg.methods), "test AUC"), run.output)
     return 0
+
+
+def _days_result(cfg, records: list, means: dict, what: str) -> dict:
+    """A day-by-day benchmark's result (the machine, the config, each test day, the means), its means printed."""
+    from ctrkit.bench.peak import machine
+
+    for method, s in means.items():
+        print(f"{method}: mean {what} {s['mean_auc']:.4f}, log loss {s['mean_logloss']:.4f}, "
+              f"{s['train_seconds']:,.0f} s of training, tables of at most {s['most_table_rows']:,} rows")  # fmt: skip
+    config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(cfg).items()}
+    return {"machine": machine(), "config": config, "days": records, "summary": means}
 
 
 def table_stream(args: argparse.Namespace) -> int:
@@ -464,8 +468,8 @@ def table_stream(args: argparse.Namespace) -> int:
     on day k+1's raw test rows as `predict --input` scores them: next-day AUC and log loss, seconds (preprocessing
     included) and table rows per day, and their means over the test days.
     """
-    from ctrkit.bench.peak import machine
-    from ctrkit.bench.table_stream import METHODS, run_table_stream, summary, write_text_days
+    from ctrkit.bench.stream_bench import summary
+    from ctrkit.bench.table_stream import METHODS, run_table_stream, write_text_days
 
     cfg: TableStreamBenchConfig = config_from(args, TableStreamBenchConfig)
     run = config_from(args, BenchRunOptions)
@@ -478,13 +482,7 @@ def table_stream(args: argparse.Namespace) -> int:
     days = write_text_days(cfg.work / "days", cfg.days, cfg.rows, cfg.vocabularies, cfg.seed)
     options = {"model": cfg.model, **({"max_steps": cfg.max_steps} if cfg.max_steps is not None else {})}
     records = run_table_stream(days, cfg.work / "runs", options, cfg.methods)
-    result = {"machine": machine(), "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in
-                                               vars(cfg).items()}, "days": records,
-              "summary": summary(records, cfg.methods)}  # fmt: skip
-    for method, s in result["summary"].items():
-        print(f"{method}: mean next-day AUC {s['mean_auc']:.4f}, log loss {s['mean_logloss']:.4f}, "
-              f"{s['seconds']:,.0f} s, tables of at most {s['most_table_rows']:,} rows")  # fmt: skip
-    write_result(result, run.output)
+    write_result(_days_result(cfg, records, summary(records, cfg.methods), "next-day AUC"), run.output)
     return 0
 
 

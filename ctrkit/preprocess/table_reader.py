@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-CHUNK_BYTES = 16 << 20  # a CSV is checked and parsed this much at a time, cut at a record's end
+CHUNK_BYTES = 8 << 20  # a CSV is checked and parsed this much at a time, cut at a record's end
 PARQUET_SUFFIXES = (".parquet", ".pq")
 PARQUET_READ_ROWS = 1 << 18  # a Parquet file is read this many rows at a time (Polars' row group size)
 _QUOTE, _NEWLINE, _CR = ord('"'), ord("\n"), ord("\r")
@@ -133,14 +133,17 @@ class CsvRecords:
             carry = b""
             while True:
                 chunk = f.read(self.chunk_bytes)
+                final = not chunk
                 data = carry + chunk
                 if not data:
                     return
-                piece, used, lines_used = self._check(data, sep, line, final=not chunk)
+                piece, used, lines_used = self._check(data, sep, line, final)
+                carry, line = data[used:], line + lines_used
+                del data, chunk  # only the piece is held while it is parsed
                 if piece is not None:
                     yield piece
-                carry, line = data[used:], line + lines_used
-                if not chunk:
+                    piece = None
+                if final:
                     return
 
     def _problem(self, line: int, what: str) -> ValueError:
@@ -156,10 +159,8 @@ class CsvRecords:
         if quotes.any():
             outside = ((np.cumsum(quotes, dtype=np.uint8) - quotes) & 1) == 0
             ends = newlines[outside[newlines]]
-            seps = np.flatnonzero((a == sep) & outside)
         else:
-            ends = newlines
-            seps = np.flatnonzero(a == sep)
+            quotes, ends = None, newlines  # (no byte array held that says nothing)
         if final and (not len(ends) or ends[-1] != len(a) - 1):  # the last record, without its newline
             if outside is not None and np.count_nonzero(quotes) % 2:
                 self._check_quotes(a, quotes, outside, sep, newlines, line0)  # a stray quote, else one left open
@@ -179,6 +180,9 @@ class CsvRecords:
             self._check_quotes(a[:cut], quotes[:cut], outside[:cut], sep, newlines, line0)
         starts = np.concatenate([[0], ends[:-1] + 1])
         lines = line0 + np.searchsorted(newlines, starts)
+        seps = np.flatnonzero(a[:cut] == sep)
+        if outside is not None:
+            seps = seps[outside[seps]]
         fields = np.searchsorted(seps, ends) - np.searchsorted(seps, starts) + 1
         lengths = ends - starts
         blank = (lengths == 0) | ((lengths == 1) & (a[starts] == _CR))
@@ -228,14 +232,22 @@ class CsvRecords:
 
     def parse(self, piece: Piece, null_values: Sequence[str], columns: Sequence[str] | None = None,
               infer: bool = False) -> pl.DataFrame:  # fmt: skip
-        """``piece``'s records as a frame: text (``infer`` False) or the types Polars infers over all of them."""
+        """``piece``'s records as a frame: text (``infer`` False) or the types Polars infers over all of them (the
+        header parsed with them, as Polars names columns)."""
+        if infer:
+            source, named = io.BytesIO(self.header + piece.data), {"infer_schema_length": None}
+            chosen = list(columns) if columns is not None else None
+        else:  # the names given: no copy of the piece behind a header
+            labels = [n or f"__ctrkit_unnamed_{i}" for i, n in enumerate(self.names)]
+            source, named = piece.data, {"infer_schema": False, "has_header": False, "new_columns": labels}
+            chosen = [self.names.index(c) for c in columns] if columns is not None else None
         try:
             frame = pl.read_csv(
-                io.BytesIO(self.header + piece.data),
+                source,
                 separator=self.separator,
                 null_values=list(null_values) or None,
-                columns=list(columns) if columns is not None else None,
-                **({"infer_schema_length": None} if infer else {"infer_schema": False}),
+                columns=chosen,
+                **named,
             )
         except pl.exceptions.PolarsError as e:
             raise self.utf8_problem(piece) or ValueError(
@@ -330,9 +342,10 @@ def table_blocks(
     records = CsvRecords(path, separator)
     _check_columns(path, records.names, columns)
     for piece in records.pieces():
-        frame = records.parse(piece, null_values, columns)
+        frame, lines = records.parse(piece, null_values, columns), piece.lines
+        piece = None  # its bytes, freed before the blocks are scored
         for a in range(0, len(frame), rows):
-            yield frame.slice(a, rows), piece.lines[a : a + rows]
+            yield frame.slice(a, rows), lines[a : a + rows]
 
 
 def table_columns(path: Path, separator: str) -> list[str]:

@@ -47,6 +47,9 @@ MISSING_COLUMNS = ("error", "missing")
 # values rarer than its frequency threshold (they would be most of them: Criteo's long tail)
 MAX_CARRIED_VALUES = 20_000_000
 _HASH_SEEDS = (0x5EED, 0xC0FFEE)  # Polars' hashes of a value, only ever compared within one process (``ValueIndex``)
+# values looked up at once from which a vocabulary is joined (Polars' hash join builds a table of the vocabulary each
+# time) rather than searched by hash pairs: at least JOIN_MIN and JOIN_RATIO x the vocabulary's values
+JOIN_MIN, JOIN_RATIO = 8192, 2
 
 
 class RowError(ValueError):
@@ -110,6 +113,7 @@ class ValueIndex:
     and must match both (a chance match of two independent 64-bit hashes: about one lookup in 2^128 per value)."""
 
     def __init__(self, vocabulary: pl.DataFrame):
+        self.vocabulary = vocabulary.select("value", "id")
         values = vocabulary["value"]
         first, second = _hashes(values)
         order = np.argsort(first, kind="stable")
@@ -127,10 +131,16 @@ class ValueIndex:
         hit = (self.first[place] == first) & (self.second[place] == second) & ~missing
         return np.where(hit, self.ids[place], MISSING_ID).astype(np.int64)
 
+    def by_join(self, n: int) -> bool:
+        """Whether ``n`` values are looked up by a join: where the index has two values of one first hash, or ``n``
+        is large beside the vocabulary (``JOIN_MIN``, ``JOIN_RATIO``)."""
+        return self.join is not None or (n >= JOIN_MIN and n >= JOIN_RATIO * len(self.ids))
+
     def __call__(self, text: pl.Series) -> np.ndarray:
         """(n,) int64 ids of ``text`` (String): the vocabulary's, else ``MISSING_ID`` (missing, unseen)."""
-        if self.join is not None:
-            joined = text.alias("value").to_frame().join(self.join, on="value", how="left", maintain_order="left")
+        if self.by_join(len(text)):
+            joined = text.alias("value").to_frame().join(self.vocabulary, on="value", how="left",
+                                                         maintain_order="left")  # fmt: skip
             return joined["id"].fill_null(MISSING_ID).to_numpy().astype(np.int64)
         first, second = _hashes(text)
         return self.lookup(first, second, text.is_null().to_numpy())
@@ -272,13 +282,13 @@ class RowTransform:
         the type it was read as when the dataset was made (a value that does not parse as that type is missing), in
         one query."""
         raw = self._raw_frame(values, rows, missing_columns)  # null values already made missing
-        return self._inputs(raw, self._plan(raw.schema, typed=False, nulls_done=True))
+        return self._inputs(raw, self._plan(raw.schema, typed=False, nulls_done=True, rows=raw.height))
 
     def raw_rows(self, df: pl.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """The model's inputs of raw rows as a file holds them (CSV text read with the ``null_values``, as
         preprocessing read it; Parquet's types, whose texts preprocessing took as they are): ``typed`` and the
         transform in one query."""
-        return self._inputs(df, self._plan(df.schema, typed=False, nulls_done=True))
+        return self._inputs(df, self._plan(df.schema, typed=False, nulls_done=True, rows=df.height))
 
     def typed(self, df: pl.DataFrame) -> pl.DataFrame:
         """``df``'s raw columns as the types they were read as (text that is one of ``null_values`` is missing;
@@ -316,13 +326,17 @@ class RowTransform:
     def __call__(self, df: pl.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """numerical (B, N) float32, categorical (B, F) int64 and multi-hot (B, Fm, L) int64 (-1 padded; None
         without multi-hot features) of the raw rows ``df`` (``typed`` first)."""
-        return self._inputs(df, self._plan(df.schema, typed=True))
+        return self._inputs(df, self._plan(df.schema, typed=True, rows=df.height))
 
-    def _plan(self, schema: Mapping[str, pl.DataType], typed: bool, nulls_done: bool = False) -> list[pl.Expr]:
+    def _plan(
+        self, schema: Mapping[str, pl.DataType], typed: bool, nulls_done: bool = False, rows: int = 0
+    ) -> list[pl.Expr]:
         """The query of the transform on a frame of ``schema``: of typed columns, or of raw ones (typed in the same
-        query; ``nulls_done``: their texts among ``null_values`` are missing already). Kept per schema: building
-        the expressions costs as much as running them on one row."""
-        key = (typed, nulls_done, tuple(schema.items()))
+        query; ``nulls_done``: their texts among ``null_values`` are missing already), of ``rows`` rows (which
+        vocabularies are joined: ``ValueIndex.by_join``). Kept per schema: building the expressions costs as much as
+        running them on one row."""
+        joins = tuple(f.ids == "vocabulary" and self._index(f.feature).by_join(rows) for f in self.categorical)
+        key = (typed, nulls_done, joins, tuple(schema.items()))
         if key not in self._plans:
             if len(self._plans) >= 64:
                 self._plans.clear()
@@ -330,13 +344,14 @@ class RowTransform:
                 exprs = {c.name: pl.col(c.name) for c in self.columns}
             else:
                 exprs = self._typed_exprs(schema, nulls_done)
-            self._plans[key] = self._feature_exprs(exprs)
+            self._plans[key] = self._feature_exprs(exprs, joins)
         return self._plans[key]
 
-    def _feature_exprs(self, col: Mapping[str, pl.Expr]) -> list[pl.Expr]:
+    def _feature_exprs(self, col: Mapping[str, pl.Expr], joins: Sequence[bool]) -> list[pl.Expr]:
         """Per numerical feature its filled number (n) and whether the value was no number (b); per categorical
-        feature with a vocabulary its text's two hashes (h, g) and whether it is missing (z), else its text (t); per
-        multi-hot feature its values (m); ``col`` gives each typed column."""
+        feature with a vocabulary its text's two hashes (h, g) and whether it is missing (z) (where ``joins`` says
+        so, its text, joined with the vocabulary), else its text (t); per multi-hot feature its values (m); ``col``
+        gives each typed column."""
         exprs = [pl.len().alias("rows")]
         for j, f in enumerate(self.numerical):
             number = col[f.column].cast(pl.Float64, strict=False)
@@ -347,7 +362,7 @@ class RowTransform:
             exprs += [number.fill_null(0.0).alias(f"n{j}"), bad.alias(f"b{j}")]
         for j, f in enumerate(self.categorical):
             text = category_text(col[f.column], f.text)
-            if f.ids == "vocabulary" and self._index(f.feature).join is None:
+            if f.ids == "vocabulary" and not joins[j]:
                 first, second = _hash_exprs(text)
                 exprs += [first.alias(f"h{j}"), second.alias(f"g{j}"), text.is_null().alias(f"z{j}")]
             else:
@@ -357,7 +372,7 @@ class RowTransform:
     def encode(self, df: pl.DataFrame) -> tuple[np.ndarray, np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
         """The model's inputs of raw rows as a file holds them (``raw_rows``), multi-hot features as each one's
         flat ids and values a row (the dataset's form): what ``preprocess table`` writes."""
-        return self._encode(df, self._plan(df.schema, typed=False, nulls_done=True))
+        return self._encode(df, self._plan(df.schema, typed=False, nulls_done=True, rows=df.height))
 
     def _inputs(self, rows: pl.DataFrame, plan: list[pl.Expr]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """``_encode``, multi-hot features as (B, Fm, L) ids padded with -1."""

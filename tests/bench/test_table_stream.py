@@ -32,4 +32,4 @@ def test_five_days_of_text_columns_keep_their_ids_and_score_each_next_day(tmp_pa
         rows.append(result["days"][k - 1]["like"]["table_rows"])
     assert rows == sorted(rows) and rows[-1] > rows[0]  # the tables grew for the new ads
     summary = result["summary"]
-    assert set(summary) == {"like", "raw_ids", "retrain"} and all(s["seconds"] > 0 for s in summary.values())
+    assert set(summary) == {"like", "raw_ids", "retrain"} and all(s["train_seconds"] > 0 for s in summary.values())

@@ -196,7 +196,9 @@ def test_value_index_agrees_with_a_join_and_stored_forms_round_trip():
     index = ValueIndex(vocab)
     joined = wanted.alias("value").to_frame().join(vocab, on="value", how="left", maintain_order="left")
     want = joined["id"].fill_null(0).to_numpy()
-    np.testing.assert_array_equal(index(wanted), want)
+    for lo, hi in ((0, 9000), (9000, len(wanted))):  # hash pairs searched (fewer than 2 x 5000), then joined
+        assert index.by_join(hi - lo) == (hi - lo >= 10000)
+        np.testing.assert_array_equal(index(wanted[lo:hi]), want[lo:hi])
     index.join = vocab  # the path taken when two values share a hash
     np.testing.assert_array_equal(index(wanted), want)
     for text in (values, pl.Series(["", "x"]), pl.Series([], dtype=pl.String), pl.Series(["ab", "c"])):
