@@ -242,7 +242,7 @@ class TablePreprocessConfig:
         ("NA", "NaN", "nan", "null", "NULL"), "comma-separated texts a CSV field reads as missing, besides the empty "
         "field", parse="name_list",
     )  # fmt: skip
-    csv_separator: str = option(",", "the CSV field separator: one character, or '\\t' or 'tab' for a tab")
+    csv_separator: str = option(",", "the CSV field separator: one byte, or 'tab' (or '\\t') for a tab")
     bad_rows: str = option(
         "error",
         "error: stop at the first row with a bad label or number, naming file and line; skip: drop and count them",

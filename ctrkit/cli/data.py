@@ -213,7 +213,10 @@ def preprocess_table(args: argparse.Namespace) -> int:
     values predict the label on held-out training rows beyond what the table's other columns say (a
     household's repeated amounts) are also given as ids, <column>_id (--also-categorical). The rows keep the
     files' order (taken as time order) unless --order-by or --shuffle-seed; the test split is the last
-    --test-fraction of them or --test-files. The table is held in memory.
+    --test-fraction of them or --test-files. The table is held in memory. A CSV record with more or fewer fields
+    than the header, a stray quote or bytes that are not UTF-8 is refused naming its line; blank lines are skipped.
+    With --like CHECKPOINT, a later day is written with the model's preprocessing instead: its values keep their
+    ids, new values get ids after them, and `train --continue-from CHECKPOINT` grows the tables for them.
     """
     from ctrkit.preprocess.table import preprocess_table as run
     from ctrkit.preprocess.table_recipe import TableRecipe
