@@ -37,7 +37,6 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from ctrkit.columns import label_of
 from ctrkit.data.atomic import atomic_directory
 from ctrkit.data.feature_spec import Feature, FeatureSpec
 from ctrkit.data.split_binary import DataError, SplitBinaryWriter
@@ -117,25 +116,17 @@ def _read_clicks(path: Path, display: np.ndarray, rejects: Rejects, block_rows: 
             read += len(batch)
             typed, kept = checked(path, batch.drop("line"), schema, rejects, batch["line"])
             lines = batch["line"] if kept is None else batch["line"].filter(pl.Series(kept))
-            label = typed["clicked"].to_numpy()
-            problem = typed.select(label_of(pl.col("clicked"), "clicked")[1]).to_series()
-            bad = problem.is_not_null().to_numpy()
-            if bad.any():
-                bad_rows = np.flatnonzero(bad)
-                shown = [(int(lines[int(i)]), problem[int(i)],
-                          ",".join(str(v) for v in typed.row(int(i)))) for i in bad_rows[:50]]  # fmt: skip
-                rejects.add(str(path), shown)
-                rejects.count += max(len(bad_rows) - 50, 0)
+            label = typed["clicked"].to_numpy()  # 0/1: ``checked`` applied the label rule
             ids = typed["display_id"].to_numpy()
             at, found = positions(display, ids)
-            orphan = ~found & ~bad
+            orphan = ~found
             if orphan.any():  # clicks rows whose display is not in events.csv
                 i = int(np.flatnonzero(orphan)[0])
                 if rejects.policy == "error":
                     raise DataError(f"{path}:{int(lines[i])}: display_id {ids[i]} is not in events.csv "
                                     "(set `bad_rows` to skip to drop bad rows)")  # fmt: skip
                 rejects.count += int(orphan.sum())
-            keep = found & ~bad
+            keep = found
             events.append(at[keep].astype(np.int32))
             ad = typed["ad_id"].to_numpy()[keep]
             narrow = not len(ad) or (ad.min() > np.iinfo(np.int32).min and ad.max() <= np.iinfo(np.int32).max)

@@ -10,6 +10,7 @@ import numpy as np
 import polars as pl
 
 from ctrkit import splitmix
+from ctrkit.columns import label_of
 from ctrkit.data.feature_spec import check_capacity
 from ctrkit.data.split_binary import DataError
 from ctrkit.data_config import OutbrainPreprocessConfig
@@ -57,7 +58,7 @@ BAG = 3  # ids per multi-hot feature (highest confidence first)
 
 # file -> (column, type, required); type: int, float, str
 SCHEMAS = {
-    "clicks_train": (("display_id", "int", True), ("ad_id", "int", True), ("clicked", "int", True)),
+    "clicks_train": (("display_id", "int", True), ("ad_id", "int", True), ("clicked", "label", True)),
     "events": (("display_id", "int", True), ("document_id", "int", True),
                ("timestamp", "int", True), ("platform", "int", False), ("geo_location", "str", False)),
     "promoted_content": (("ad_id", "int", True), ("document_id", "int", True), ("campaign_id", "int", False),
@@ -176,11 +177,19 @@ def checked(path: Path, raw: pl.DataFrame, schema: tuple, rejects: Rejects, line
     or a required one is missing; those go to ``rejects`` (``lines``: each row's line number).
     Returns the typed frame and which rows of ``raw`` it kept (None: all)."""
     casts = {"int": pl.Int64, "float": pl.Float64, "str": pl.Utf8}
-    typed = raw.select([pl.col(c).cast(casts[t], strict=False).alias(c) for c, t, _ in schema])
+    typed = raw.select([label_of(pl.col(c), c)[0].alias(c) if t == "label" else
+                        pl.col(c).cast(casts[t], strict=False).alias(c) for c, t, _ in schema])  # fmt: skip
     bad_any = np.zeros(len(raw), bool)
     first_problem: dict[int, str] = {}
     for c, t, required in schema:
         value = raw[c]
+        if t == "label":  # the one label rule (``columns.label_of``), its words
+            problems = raw.select(label_of(pl.col(c), c)[1]).to_series()
+            bad = problems.is_not_null().to_numpy()
+            for i in np.flatnonzero(bad & ~bad_any)[:50]:
+                first_problem[int(i)] = problems[int(i)]
+            bad_any |= bad
+            continue
         bad = (value.is_not_null() & typed[c].is_null()).to_numpy() if t != "str" else np.zeros(len(raw), bool)
         if required:
             bad |= value.is_null().to_numpy()
