@@ -319,7 +319,7 @@ def preprocess_table(
         except ValueError as e:
             raise ValueError(f"{paths[0]}: {e}") from None
         roles = like.roles()
-        typed = lambda df: df.with_columns(like.transform.typed(df).get_columns())  # noqa: E731
+        typed = lambda df: df.with_columns(like.transform.typed(df, nulls_done=True).get_columns())  # noqa: E731
         train_df, test_df = typed(train_df), typed(test_df) if test_df is not None else None
     raw_schema = dict(train_df.schema)
 

@@ -290,10 +290,11 @@ class RowTransform:
         transform in one query."""
         return self._inputs(df, self._plan(df.schema, typed=False, nulls_done=True, rows=df.height))
 
-    def typed(self, df: pl.DataFrame) -> pl.DataFrame:
-        """``df``'s raw columns as the types they were read as (text that is one of ``null_values`` is missing;
-        a value that does not parse is missing)."""
-        typed = self._typed_exprs(df.schema)
+    def typed(self, df: pl.DataFrame, nulls_done: bool = False) -> pl.DataFrame:
+        """``df``'s raw columns as the types they were read as (text that is one of ``null_values`` is missing,
+        unless ``nulls_done``: rows as a file holds them, its reader's business; a value that does not parse is
+        missing)."""
+        typed = self._typed_exprs(df.schema, nulls_done)
         return df.select(typed[c.name].alias(c.name) for c in self.columns)
 
     def _typed_exprs(self, schema: Mapping[str, pl.DataType], nulls_done: bool = False) -> dict[str, pl.Expr]:

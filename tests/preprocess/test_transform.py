@@ -108,17 +108,36 @@ TABLES = {  # every kind of table the suite makes: (frame, file suffix, flags)
 
 
 @pytest.mark.parametrize("table", list(TABLES))
-def test_every_table_written_equals_its_transform_bit_for_bit(tmp_path, table):
+@pytest.mark.parametrize("day", ["fitted", "like"])
+def test_every_table_written_equals_its_transform_bit_for_bit(tmp_path, table, day):
     """The dataset `preprocess table` writes equals, bit for bit, the carried transform (read back from the dataset's
-    files) applied to the raw rows as `predict --input` reads them (the one table reader, in blocks)."""
+    files) applied to the raw rows as `predict --input` reads them (the one table reader, in blocks): a table fitted
+    on its own, and a second day written `--like` the first day's dataset (every value of the first day keeping its
+    id)."""
     from ctrkit.preprocess.table_reader import table_blocks
 
     make, suffix, flags = TABLES[table]
     frame = make()
+    write = lambda f, p: f.write_parquet(p) if suffix == ".parquet" else f.write_csv(p)  # noqa: E731
     path = tmp_path / f"t{suffix}"
-    frame.write_parquet(path) if suffix == ".parquet" else frame.write_csv(path)
     out = tmp_path / "ds"
-    assert run_cli("preprocess", "table", path, "--out", out, "--label", "click", "--no-progress", *flags)[0] == 0
+    if day == "fitted":
+        write(frame, path)
+        assert run_cli("preprocess", "table", path, "--out", out, "--label", "click", "--no-progress", *flags)[0] == 0
+    else:
+        half = len(frame) // 2
+        write(frame[:half], tmp_path / f"first{suffix}")
+        first = tmp_path / "first"
+        assert run_cli("preprocess", "table", tmp_path / f"first{suffix}", "--out", first, "--label", "click",
+                       "--no-progress", *flags)[0] == 0  # fmt: skip
+        frame = frame[half:]
+        write(frame, path)
+        assert run_cli("preprocess", "table", path, "--out", out, "--label", "click", "--like", first,
+                       "--no-progress")[0] == 0  # fmt: skip
+        old, new = from_dataset(first).vocabularies, from_dataset(out).vocabularies
+        for feature, vocab in old.items():
+            kept = vocab.filter(pl.col("id") >= 2).join(new[feature], on="value", how="left", suffix="_new")
+            assert (kept["id"] == kept["id_new"]).all(), feature  # learned rows keep their meaning
     transform = from_dataset(out)
     spec = FeatureSpec.from_yaml(out)
     lists = [c.name for c in transform.columns if c.role == "multi_hot"]
