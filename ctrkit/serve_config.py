@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,12 +60,14 @@ class ServeConfig:
     def validate(self) -> None:
         if self.max_batch_size < 1:
             raise ValueError(f"`max_batch_size`: expected an integer >= 1, got {self.max_batch_size}")
-        if self.batch_window_ms < 0:
-            raise ValueError(f"`batch_window_ms`: expected a number >= 0, got {self.batch_window_ms}")
-        if not self.body_timeout_s > 0:
-            raise ValueError(f"`body_timeout_s`: expected a positive number of seconds, got {self.body_timeout_s}")
-        if not self.max_body_mb > 0:
-            raise ValueError(f"`max_body_mb`: expected a positive size, got {self.max_body_mb}")
+        if not 0 <= self.batch_window_ms < math.inf:  # NaN and infinity too: a batching loop that never runs
+            raise ValueError(f"`batch_window_ms`: expected a finite number >= 0, got {self.batch_window_ms}")
+        if not 0 < self.body_timeout_s < math.inf:
+            raise ValueError(
+                f"`body_timeout_s`: expected a finite positive number of seconds, got {self.body_timeout_s}"
+            )
+        if not 0 < self.max_body_mb < math.inf:
+            raise ValueError(f"`max_body_mb`: expected a finite positive size, got {self.max_body_mb}")
         if self.cache_rows < 0:
             raise ValueError(f"`cache_rows`: expected an integer >= 0, got {self.cache_rows}")
         if not 0 <= self.port <= 65535:

@@ -103,6 +103,10 @@ def check_new_directory(out: Path, overwrite: bool) -> None:
     a long write checks before its work, and ``atomic_directory`` again at its start."""
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
         raise ValueError(f"{out}: directory exists and is not empty; set `overwrite` to replace it")
+    here, target = Path.cwd().resolve(), out.resolve()
+    if out.exists() and (target == here or target in here.parents):
+        raise ValueError(f"{out}: is the current directory or holds it; replacing it would delete it (and whatever "
+                         "else it holds): name a new directory")  # fmt: skip
 
 
 @contextmanager

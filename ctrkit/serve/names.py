@@ -26,6 +26,9 @@ def check_name(name: str, what: str = "model name") -> str:
         raise ValueError(f"{what} {name!r} is not one path component (no '/', '\\', '.' or '..')")
     if '"' in name:
         raise ValueError(f"{what} {name!r} holds a double quote, which config.pbtxt's quoted name cannot hold")
+    if name.startswith("."):
+        raise ValueError(f"{what} {name!r} starts with '.': a hidden name, and the form ctrkit's temporary files take "
+                         "(a stale one is removed); name it without the dot")  # fmt: skip
     return name
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from tests.conftest import run_process, small_model_flags
+from tests.conftest import run_cli, run_process, small_model_flags
 from tests.faults.conftest import one_line_error
 
 ROWS = [f"{i % 2},{i * 0.5},k{i % 5}" for i in range(60)]
@@ -91,6 +91,29 @@ def test_a_port_out_of_range_is_one_line(tiny_checkpoint, port):
     proc = run_process("serve", "--checkpoint", tiny_checkpoint, "--port", port)
     assert proc.returncode == 2
     one_line_error(proc.stderr, "serve", "--port", "0 to 65535")
+
+
+@pytest.mark.parametrize(
+    "flag, value, said",
+    [("--batch-window-ms", "nan", "a finite number >= 0"), ("--batch-window-ms", "inf", "a finite number >= 0"),
+     ("--max-body-mb", "inf", "a finite positive size"), ("--body-timeout-s", "inf", "a finite positive number")],
+)  # fmt: skip
+def test_a_server_setting_that_would_hang_or_crash_it_is_refused(tiny_checkpoint, flag, value, said, capsys):
+    code, _, err = run_cli("serve", "--checkpoint", tiny_checkpoint, flag, value, capsys=capsys)
+    assert code == 2 and said in err and "Traceback" not in err
+
+
+def test_export_never_deletes_the_current_directory_nor_a_model_named_like_a_temporary(
+    tiny_checkpoint, tmp_path, monkeypatch, capsys
+):
+    (tmp_path / "keep.txt").write_text("mine")
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli("export", "--checkpoint", tiny_checkpoint, "--format", "onnx", "--out", ".", "--overwrite",
+                           capsys=capsys)  # fmt: skip
+    assert code == 2 and "is the current directory" in err and (tmp_path / "keep.txt").read_text() == "mine"
+    code, _, err = run_cli("export", "--checkpoint", tiny_checkpoint, "--format", "triton", "--out", tmp_path / "repo",
+                           "--name", ".ctr.tmp-999999-prod", capsys=capsys)  # fmt: skip
+    assert code == 2 and "starts with '.'" in err
 
 
 def test_predict_writes_the_path_it_names(tiny_dataset, tiny_checkpoint, tmp_path):
