@@ -216,6 +216,12 @@ class Checkpoint:
         ours = self.spec.get("vocabulary")
         return bool(ours) and ours in spec_summary.get("extends", [])
 
+    def other_vocabulary(self, spec_summary: dict[str, Any]) -> bool:
+        """Whether a dataset's ids mean other values than this model's: both record vocabularies, they differ, and
+        the dataset's do not extend the model's (``extended_by``)."""
+        ours, theirs = self.spec.get("vocabulary"), spec_summary.get("vocabulary")
+        return bool(ours and theirs and ours != theirs) and not self.extended_by(spec_summary)
+
     def check_spec(
         self, spec_summary: dict[str, Any], where: str, allow_other_vocabulary: bool = False, growing: bool = False
     ) -> None:
@@ -243,13 +249,12 @@ class Checkpoint:
                 detail = f"feature '{name}' has cardinality {y} in {where} but {x} in the checkpoint"
             else:
                 detail = f"{key}: checkpoint has {a}, {where} has {b}"
-            ours, theirs = self.spec.get("vocabulary"), spec_summary.get("vocabulary")
-            if ours and theirs and ours != theirs:
+            if self.other_vocabulary(spec_summary):
                 detail += (" (its vocabularies are other than the checkpoint's: write it with the model's, "
                            "`preprocess table --like CHECKPOINT`)")  # fmt: skip
             raise CheckpointError(f"the checkpoint was trained on a different feature spec: {detail}")
-        ours, theirs = self.spec.get("vocabulary"), spec_summary.get("vocabulary")
-        if ours and theirs and ours != theirs and not allow_other_vocabulary and not extended:
+        if self.other_vocabulary(spec_summary) and not allow_other_vocabulary:
+            ours, theirs = self.spec.get("vocabulary"), spec_summary.get("vocabulary")
             raise CheckpointError(
                 f"{where} was preprocessed with other vocabularies than the checkpoint's training data (fingerprint "
                 f"{theirs}, the checkpoint's {ours}): the same id means another value there, so scores would be "

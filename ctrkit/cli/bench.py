@@ -49,6 +49,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_command(bsub, "raw-rows", raw_rows, (RawRowsBenchConfig, BenchRunOptions), ("device", "threads"))
 
 
+def _check_methods(asked, known) -> None:
+    unknown = [m for m in asked if m not in known]
+    if unknown:
+        raise ValueError(f"--methods: unknown '{unknown[0]}'; expected some of {', '.join(known)}")
+
+
 def _threads(run: BenchRunOptions) -> None:
     if run.threads:
         import torch
@@ -433,9 +439,7 @@ def stream(args: argparse.Namespace) -> int:
     cfg: StreamBenchConfig = config_from(args, StreamBenchConfig)
     run = config_from(args, BenchRunOptions)
     _threads(run)
-    unknown = [m for m in cfg.methods if m not in METHODS]
-    if unknown:
-        raise ValueError(f"--methods: unknown '{unknown[0]}'; expected some of {', '.join(METHODS)}")
+    _check_methods(cfg.methods, METHODS)
     days = write_stream(cfg.work / "stream", cfg.days, cfg.rows, capacity=cfg.capacity, seed=cfg.seed,
                         overwrite=True)  # fmt: skip
     options = {"model": cfg.model}
@@ -474,9 +478,7 @@ def table_stream(args: argparse.Namespace) -> int:
     cfg: TableStreamBenchConfig = config_from(args, TableStreamBenchConfig)
     run = config_from(args, BenchRunOptions)
     _threads(run)
-    unknown = [m for m in cfg.methods if m not in METHODS]
-    if unknown:
-        raise ValueError(f"--methods: unknown '{unknown[0]}'; expected some of {', '.join(METHODS)}")
+    _check_methods(cfg.methods, METHODS)
     if cfg.days < 2 or cfg.rows < 100:
         raise ValueError(f"a table stream needs at least 2 days of 100 rows, got {cfg.days} days of {cfg.rows}")
     days = write_text_days(cfg.work / "days", cfg.days, cfg.rows, cfg.vocabularies, cfg.seed)

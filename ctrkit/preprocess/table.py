@@ -65,6 +65,7 @@ from ctrkit.preprocess.transform import (
     NumericalInput,
     RowTransform,
     category_text,
+    from_dataset,
     multi_hot_lists,
     vocabulary_frame,
     write_record,
@@ -228,8 +229,6 @@ class Like:
     @classmethod
     def of_dataset(cls, directory: str | os.PathLike) -> Like:
         """The ``Like`` of a dataset directory written by ``preprocess table``."""
-        from ctrkit.preprocess.transform import from_dataset
-
         return cls.of(from_dataset(directory), FeatureSpec.from_yaml(Path(directory)).summary(), str(directory))
 
     def roles(self) -> Roles:

@@ -119,8 +119,8 @@ class ValueIndex:
         order = np.argsort(first, kind="stable")
         self.first, self.second = first[order], second[order]
         self.ids = vocabulary["id"].to_numpy().astype(np.int64)[order]
-        # two values of one first hash (about one vocabulary of 2^32 values in two): a join instead
-        self.join = vocabulary if len(self.first) > 1 and (np.diff(self.first) == 0).any() else None
+        # two values of one first hash (about one vocabulary of 2^32 values in two): always a join instead
+        self.collides = bool(len(self.first) > 1 and (np.diff(self.first) == 0).any())
 
     def lookup(self, first: np.ndarray, second: np.ndarray, missing: np.ndarray) -> np.ndarray:
         """(n,) int64 ids of the values whose hashes (``_hashes``) are ``first`` and ``second``; ``MISSING_ID`` for
@@ -134,7 +134,7 @@ class ValueIndex:
     def by_join(self, n: int) -> bool:
         """Whether ``n`` values are looked up by a join: where the index has two values of one first hash, or ``n``
         is large beside the vocabulary (``JOIN_MIN``, ``JOIN_RATIO``)."""
-        return self.join is not None or (n >= JOIN_MIN and n >= JOIN_RATIO * len(self.ids))
+        return self.collides or (n >= JOIN_MIN and n >= JOIN_RATIO * len(self.ids))
 
     def __call__(self, text: pl.Series) -> np.ndarray:
         """(n,) int64 ids of ``text`` (String): the vocabulary's, else ``MISSING_ID`` (missing, unseen)."""

@@ -205,7 +205,7 @@ def resolve_run(
         raise ValueError("no dataset: name a dataset directory (or a run config naming one)")
     spec = FeatureSpec.from_yaml(Path(dataset))
     if ckpt is not None:
-        grow = load_checkpoint is None  # a new run from the model: its tables grow for a vocabulary extending its
+        grow = load_checkpoint is None  # a new run from the model (not a resume): its tables may grow
         model_cfg = _checkpoint_model_config(source, ckpt, name, spec, {**file_layer, **(model_config or {})}, grow)
     else:
         model_cfg = resolve_model_config(name, spec, *(layer.model for layer in layers[1:]))
@@ -375,8 +375,7 @@ class Run:
             self.continued = load_checkpoint(spec.continue_from, mmap=True, assemble=self.env is None)
             summary = feature_spec.summary()
             self.continued.check_spec(summary, str(feature_spec.base_dir), spec.allow_other_vocabulary, growing=True)
-            theirs, ours = summary.get("vocabulary"), self.continued.spec.get("vocabulary")
-            if theirs and ours and theirs != ours and not self.continued.extended_by(summary):  # never in silence
+            if self.continued.other_vocabulary(summary):  # allowed (--allow-other-vocabulary), never in silence
                 print(f"warning: {feature_spec.base_dir} has other vocabularies than {spec.continue_from}'s data "
                       "(--allow-other-vocabulary): each learned row now stands for whatever value has its id there; "
                       "`preprocess table --like` keeps their meanings", file=sys.stderr)  # fmt: skip
