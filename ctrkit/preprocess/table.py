@@ -30,9 +30,9 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
-import numpy as np
 import polars as pl
 from tqdm import tqdm
 
@@ -45,7 +45,7 @@ from ctrkit.integrity import vocabulary_fingerprint
 from ctrkit.preprocess import vocabulary as vocab_mod
 from ctrkit.preprocess.criteo import FIRST_ID, MISSING_ID, RARE_ID
 from ctrkit.preprocess.output import Rejects, split_bounds
-from ctrkit.preprocess.table_reader import check_output, read_table
+from ctrkit.preprocess.table_reader import check_output
 from ctrkit.preprocess.table_recipe import (
     AUTO,
     FILE_COL,
@@ -58,91 +58,51 @@ from ctrkit.preprocess.table_recipe import (
     label_values,
     number_problems,
 )
+from ctrkit.preprocess.table_rows import PolarsRows, Steps, derived_columns, feature_texts
 from ctrkit.preprocess.transform import (
     CategoricalInput,
     Column,
     MultiHotInput,
     NumericalInput,
     RowTransform,
-    category_text,
     from_dataset,
-    multi_hot_lists,
     vocabulary_frame,
     write_record,
 )
 from ctrkit.preprocess.value_ids import value_id_tests
 
-WRITE_ROWS = 1 << 18  # rows per block written
-
-
-def _read(path: Path, recipe: TableRecipe, file_index: int) -> pl.DataFrame:
-    """One input file (``table_reader``'s rules), with the file index and the line (CSV, header = line 1) or row
-    (Parquet) of each row."""
-    df, lines = read_table(path, recipe.csv_separator, recipe.null_values)
-    if not len(df.columns) or not len(df):
-        raise ValueError(f"{path}: holds no rows")
-    if df.columns[0] == "":  # the unnamed row index pandas and R write
-        df = df.drop("")
-    return df.with_columns(pl.lit(file_index, pl.Int32).alias(FILE_COL), pl.Series(LINE_COL, lines, pl.Int64))
-
-
-def _read_all(paths: Sequence[Path], recipe: TableRecipe, offset: int) -> pl.DataFrame:
-    frames = [_read(p, recipe, offset + i) for i, p in enumerate(paths)]
-    for p, f in zip(paths[1:], frames[1:]):
-        if set(f.columns) != set(frames[0].columns):
-            missing = sorted(set(frames[0].columns) - set(f.columns))
-            extra = sorted(set(f.columns) - set(frames[0].columns))
-            raise ValueError(f"{p}: columns differ from {paths[0]}'s (missing {missing}, extra {extra})")
-    try:
-        return pl.concat([f.select(frames[0].columns) for f in frames], how="vertical_relaxed")
-    except pl.exceptions.PolarsError as e:
-        raise ValueError(f"{paths[0]}..: the files' column types do not agree: {str(e).splitlines()[0]}") from None
-
 
 def _test_value_ids(
-    table: pl.DataFrame, columns: Sequence[str], ids: dict[str, np.ndarray], vocabularies: dict[str, pl.DataFrame],
-    n_fit: int, n_train: int | None, frequency_threshold: int,
+    rows, candidates: Sequence[str], categorical: Sequence[str], vocabularies: dict[str, pl.DataFrame], n_fit: int,
+    n_train: int | None, frequency_threshold: int,
 ) -> dict:  # fmt: skip
-    """``value_id_tests`` of ``columns`` beside the categorical features ``ids``: fitted on rows [0, n_fit)
-    and held out on the validation rows [n_fit, n_train), or, without a validation mapping, on the tail of
-    the training rows that ``train`` holds out by default (its ``validation_fraction``)."""
+    """``value_id_tests`` of the numerical ``candidates`` beside the ``categorical`` features: fitted on rows
+    [0, n_fit) and held out on the validation rows [n_fit, n_train), or, without a validation mapping, on the tail
+    of the training rows that ``train`` holds out by default (its ``validation_fraction``)."""
     if n_train is None:
         n_train = n_fit
         n_fit = n_train - int(round(n_train * TRAIN_VALIDATION_FRACTION))
-    labels = table["__label"].to_numpy().astype(np.float64)
-    numerical = {}
-    for c in columns:
-        x = table[RAW_PREFIX + c].to_numpy().astype(np.float64)  # nulls: NaN
-        numerical[c] = (x[:n_fit], x[n_fit:n_train])
-    categorical = [(i[:n_fit], i[n_fit:n_train], vocab_mod.cardinality(vocabularies[c])) for c, i in ids.items()]
-    return value_id_tests(numerical, categorical, labels[:n_fit], labels[n_fit:n_train], frequency_threshold)
+    labels, numbers, by_value = rows.test_inputs(candidates, n_train)
+    numerical = {c: (x[:n_fit], x[n_fit:n_train]) for c, x in numbers.items()}
+    ids = [(by_value[:n_fit, j], by_value[n_fit:n_train, j], vocab_mod.cardinality(vocabularies[c]))
+           for j, c in enumerate(categorical)]  # fmt: skip
+    return value_id_tests(numerical, ids, labels[:n_fit], labels[n_fit:n_train], frequency_threshold)
 
 
-def _vocabulary(train_values: pl.Series, threshold: int) -> pl.DataFrame:
-    """(value, count, id) of the train split's text values, ids as ``vocabulary.assign_ids`` gives them."""
-    counts = (
-        train_values.drop_nulls().alias("value").value_counts(name="count").with_columns(pl.col("count").cast(pl.Int64))
-    )
+def _vocabulary(counts: pl.DataFrame, threshold: int) -> pl.DataFrame:
+    """(value, count, id) of the fitting rows' text values counted (``counts``: value, count), ids as
+    ``vocabulary.assign_ids`` gives them."""
     return vocab_mod.assign_ids(counts, threshold, "value").select("value", "count", "id")
 
 
-def _derived(schema: dict[str, pl.DataType], roles: Roles) -> dict[str, str]:
-    """The numbers identified by value: feature ``<column>_id`` -> its numerical column."""
-    return {f"{c}_id": c for c in roles.numerical if f"{c}_id" in roles.categorical and f"{c}_id" not in schema}
-
-
 def _fit(
-    table: pl.DataFrame, feature: str, roles: Roles, schema: dict[str, pl.DataType], recipe: TableRecipe, n_fit: int
-) -> pl.DataFrame:
-    """A feature's vocabulary, counted over the rows [0, ``n_fit``) in the texts the transform looks up
-    (``category_text``: a number identified by value as a float's text, so that 2 and 2.0 are one value;
-    ``multi_hot_lists``: a multi-hot column's values)."""
-    if feature in roles.multi_hot:
-        lists = multi_hot_lists(table[feature][:n_fit], recipe.separator)
-        return _vocabulary(lists.explode().drop_nulls(), recipe.frequency_threshold)  # an empty list: one null
-    base = _derived(schema, roles).get(feature)
-    text = table[:n_fit].select(category_text(pl.col(base or feature), "number" if base else "as_read")).to_series()
-    return _vocabulary(text, recipe.frequency_threshold)
+    rows, features: Sequence[str], roles: Roles, schema: dict[str, pl.DataType], recipe: TableRecipe, n_fit: int
+) -> dict[str, pl.DataFrame]:
+    """The ``features``' vocabularies, counted over the rows [0, ``n_fit``) in the texts the transform looks up
+    (``table_rows.feature_texts``)."""
+    texts = partial(feature_texts, features=list(features), roles=roles, schema=schema, separator=recipe.separator)
+    counts = rows.counts(features, n_fit, texts)
+    return {c: _vocabulary(counts[c], recipe.frequency_threshold) for c in features}
 
 
 def _dtype_name(dtype: pl.DataType) -> str:
@@ -160,7 +120,7 @@ def _row_transform(
     """What this recipe did to each column, for the model to carry (``preprocess/transform.py``): the raw columns
     with the types they were read as, and each feature's rule; numbers identified by value (``<column>_id``) come
     from their numerical column."""
-    derived = _derived(schema, roles)
+    derived = derived_columns(schema, roles)
     columns = [Column(c, _dtype_name(schema[c]), Role.CATEGORICAL) for c in roles.categorical if c not in derived]
     columns += [Column(c, _dtype_name(schema[c]), Role.NUMERICAL) for c in roles.numerical]
     columns += [Column(c, "String", Role.MULTI_HOT) for c in roles.multi_hot]
@@ -268,6 +228,8 @@ def preprocess_table(
     overwrite: bool = False,
     progress: bool = False,
     like: Like | None = None,
+    engine: str = "polars",
+    master: str = "local[*]",
 ) -> dict:
     """CSV or Parquet tables -> a split-binary dataset (train, optionally validation, test).
 
@@ -283,6 +245,10 @@ def preprocess_table(
         progress: show progress bars.
         like: write the table with a model's carried preprocessing, extended by the values it has not seen
             (``Like``), instead of fitting one.
+        engine: "polars" holds the table in this process's memory; "spark" keeps it in Apache Spark's parts
+            (``table_spark``: every file read, the fit counted and the transform applied in Spark's tasks), its
+            scratch files beside ``out_dir``. Both write the same dataset, byte for byte.
+        master: the Spark master URL for the spark engine (``local[*]``: every core of this machine).
 
     Returns:
         The summary also written to ``summary.json``: rows per mapping, bad rows, roles, cardinalities.
@@ -306,57 +272,47 @@ def preprocess_table(
     check_output(Path(out_dir), all_paths)
     check_new_directory(Path(out_dir), overwrite)  # before the work, not after it
     start = time.perf_counter()
-    train_df = _read_all(paths, recipe, 0)
-    test_df = _read_all(test_paths, recipe, len(paths)) if test_paths else None
-    if test_df is not None and set(test_df.columns) != set(train_df.columns):
-        raise ValueError(f"{test_paths[0]}: columns differ from {paths[0]}'s")
+    rows = _rows(engine, master, Path(out_dir))
+    try:
+        return _preprocess(rows, paths, all_paths, Path(out_dir), recipe, test_fraction, validation_fraction,
+                           overwrite, progress, like, start)  # fmt: skip
+    finally:
+        rows.close()
+
+
+def _rows(engine: str, master: str, out_dir: Path):
+    """The engine that holds the rows (``table_rows``): this process's memory, or Spark's parts (its scratch files
+    beside ``out_dir``)."""
+    if engine == "polars":
+        return PolarsRows()
+    if engine != "spark":
+        raise ValueError(f"`engine`: expected polars or spark, got {engine!r}")
+    from ctrkit.preprocess.table_spark import SparkRows
+
+    return SparkRows(master, out_dir)
+
+
+def _preprocess(
+    rows, paths: list[Path], all_paths: list[Path], out_dir: Path, recipe: TableRecipe, test_fraction: float | None,
+    validation_fraction: float | None, overwrite: bool, progress: bool, like: Like | None, start: float,
+) -> dict:  # fmt: skip
+    raw_schema = dict(rows.read(all_paths, len(paths), recipe, like.transform if like is not None else None))
     if like is None:
-        roles = assign_roles(train_df, recipe, paths[0])
+        roles = assign_roles(raw_schema, recipe, all_paths, rows.facts)
     else:  # the model's columns, read as the model reads them (as predict and the server do)
-        try:
-            like.transform.check_columns(train_df.columns)
-        except ValueError as e:
-            raise ValueError(f"{paths[0]}: {e}") from None
         roles = like.roles()
-        typed = lambda df: df.with_columns(like.transform.typed(df, nulls_done=True).get_columns())  # noqa: E731
-        train_df, test_df = typed(train_df), typed(test_df) if test_df is not None else None
-    raw_schema = dict(train_df.schema)
 
     rejects = Rejects(recipe.bad_rows)
     label_expr, label_problem = label_values(recipe)
-    num_problems = number_problems(roles.numerical)
     auto = recipe.also_categorical == AUTO
-    candidates = [c for c in roles.numerical if f"{c}_id" not in train_df.columns] if auto else []
-
-    def clean(df: pl.DataFrame) -> pl.DataFrame:
-        """The good rows, ordered as the recipe says, with the label as 0/1 (the raw columns kept as read: the
-        fitted transform reads them)."""
-        df = df.with_columns(
-            pl.coalesce([label_problem, *num_problems]).alias("__problem"),
-            *[pl.col(c).cast(pl.Float64, strict=False).alias(RAW_PREFIX + c) for c in candidates],
-        )
-        bad = df.filter(pl.col("__problem").is_not_null())
-        if len(bad):
-            for f, part in bad.group_by(FILE_COL, maintain_order=True):
-                rows = part.select(LINE_COL, "__problem").rows()
-                rejects.add(str(all_paths[f[0]]), [(line, problem, "") for line, problem in rows])
-        df = df.filter(pl.col("__problem").is_null()).with_columns(label_expr.cast(pl.UInt8).alias("__label"))
-        if recipe.order_by is not None:
-            df = df.sort(recipe.order_by, maintain_order=True, nulls_last=True)
-        elif recipe.shuffle_seed is not None:
-            df = df.sample(fraction=1.0, shuffle=True, seed=recipe.shuffle_seed)
-        return df
-
-    train_df = clean(train_df)
-    if test_df is not None:
-        test_df = clean(test_df)
-        n_train = len(train_df)
-        table = pl.concat([train_df, test_df.select(train_df.columns)], how="vertical_relaxed")
-    else:
-        table = train_df
-        n_train = len(table) - int(round(len(table) * test_fraction))
-    del train_df, test_df
-    bounds = split_bounds(len(table), n_train, validation_fraction)
+    candidates = [c for c in roles.numerical if f"{c}_id" not in raw_schema] if auto else []
+    steps = Steps(pl.coalesce([label_problem, *number_problems(roles.numerical)]), label_expr,
+                  tuple(pl.col(c).cast(pl.Float64, strict=False).alias(RAW_PREFIX + c) for c in candidates),
+                  recipe.order_by, recipe.shuffle_seed)  # fmt: skip
+    total, n_train = rows.clean(steps, rejects, all_paths)
+    if len(all_paths) == len(paths):  # no test files: the last fraction of the rows
+        n_train = total - int(round(total * test_fraction))
+    bounds = split_bounds(total, n_train, validation_fraction)
     n_fit = bounds[0][2]
 
     unknown = [c for c in recipe.raw_ids if c not in roles.categorical]
@@ -364,11 +320,12 @@ def preprocess_table(
         raise ValueError(f"`raw_ids`: '{unknown[0]}' is not a categorical column (categorical: "
                          f"{', '.join(roles.categorical)})")  # fmt: skip
     # the fit: each feature's vocabulary of the texts the transform looks up, counted over the fitting rows
-    vocabularies: dict[str, pl.DataFrame] = {}
-    columns = tqdm(roles.categorical + roles.multi_hot, desc="preprocess vocabularies", disable=not progress)
-    for c in columns:
-        vocabularies[c] = _fit(table, c, roles, raw_schema, recipe, n_fit)
-        if like is not None and c in like.transform.vocabularies:
+    features = list(roles.categorical + roles.multi_hot)
+    with tqdm(total=1, desc="preprocess vocabularies", disable=not progress) as bar:
+        vocabularies = _fit(rows, features, roles, raw_schema, recipe, n_fit)
+        bar.update()
+    if like is not None:
+        for c in like.transform.vocabularies:
             vocabularies[c] = _extend(like.transform.vocabularies[c], vocabularies[c], recipe.frequency_threshold)
     # the transform: the fitted object's, the only code that turns values into ids (as predict and serve do)
     if like is None:
@@ -378,29 +335,25 @@ def preprocess_table(
         grown = {c: vocabulary_frame(v["value"], v["id"]) for c, v in vocabularies.items() if c in t.vocabularies}
         transform = RowTransform(t.source, t.columns, t.numerical, t.categorical, t.multi_hot, grown, t.null_values,
                                  t.label)  # fmt: skip
-    numerical, categorical, lists = transform.encode(table)
+    # the test reads raw-id columns by their vocabularies' ids, as it reads the others
+    by_value = _row_transform(raw_schema, roles, replace(recipe, raw_ids=()), vocabularies) if (
+        candidates and recipe.raw_ids) else None  # fmt: skip
+    rows.encode(transform, by_value, recipe.group)
     id_tests = {}
     if candidates:
-        by_value = categorical
-        if recipe.raw_ids:  # the test reads raw-id columns by their vocabularies' ids, as it reads the others
-            by_value = _row_transform(raw_schema, roles, replace(recipe, raw_ids=()), vocabularies).encode(table)[1]
-        ids = {c: by_value[:, j] for j, c in enumerate(roles.categorical)}
-        id_tests = _test_value_ids(table, candidates, ids, vocabularies, n_fit,
+        id_tests = _test_value_ids(rows, candidates, roles.categorical, vocabularies, n_fit,
                                    n_train if validation_fraction else None, recipe.frequency_threshold)  # fmt: skip
         chosen = [f"{c}_id" for c in candidates if id_tests[c].chosen]
         if chosen:
             roles = replace(roles, categorical=roles.categorical + tuple(chosen))
-            for c in chosen:
-                vocabularies[c] = _fit(table, c, roles, raw_schema, recipe, n_fit)
+            vocabularies.update(_fit(rows, chosen, roles, raw_schema, recipe, n_fit))
             transform = _row_transform(raw_schema, roles, recipe, vocabularies)
-            numerical, categorical, lists = transform.encode(table)
-    ids = {c: categorical[:, j] for j, c in enumerate(roles.categorical)}
-    bags = dict(zip(roles.multi_hot, lists))
+            rows.encode(transform, None, recipe.group)
     cards = {c: vocab_mod.cardinality(v) for c, v in vocabularies.items()}
     features = {c: Feature(smallest_int_dtype(cards[c]), cards[c]) for c in roles.categorical}
     for c in recipe.raw_ids:  # the value's hash as a raw id; the table's capacity as its cardinality
-        rows = like.cardinalities[c] if like is not None else max(2, recipe.capacity or cards[c])
-        features[c] = Feature("int64", rows, {"dynamic": True})
+        rows_of = like.cardinalities[c] if like is not None else max(2, recipe.capacity or cards[c])
+        features[c] = Feature("int64", rows_of, {"dynamic": True})
     for c in roles.multi_hot:
         features[c] = Feature(smallest_int_dtype(cards[c]), cards[c], {"multi_hot": True, "combiner": "mean"})
     metadata = {
@@ -419,30 +372,24 @@ def preprocess_table(
         **({"raw_ids": "XXH64 of the value's UTF-8 text, seed 0, as int64; missing: 0"} if recipe.raw_ids else {}),
         **({"extends_vocabulary": [like.fingerprint, *like.extends]} if like is not None and like.fingerprint else {}),
     }
-    numerical = numerical if roles.numerical else None
-    labels = table["__label"].to_numpy()
-    groups = None
-    if recipe.group is not None:  # one id per distinct value: its rank among the values as text
-        groups = table[recipe.group].cast(pl.String).fill_null("").rank("dense").to_numpy().astype(np.int64)
-    offsets = {c: np.concatenate([[0], np.cumsum(lengths)]) for c, (_, lengths) in bags.items()}
+    clicks = {}
     with atomic_directory(out_dir, overwrite) as tmp:
         group_spec = None
-        if groups is not None:
+        if recipe.group is not None:
             group_spec = (recipe.group, Feature("int64"), [m for m, _, _ in bounds if m != "train"])
         base = split_binary_spec(features, roles.numerical, recipe.label, [m for m, _, _ in bounds], metadata,
                                  numerical_dtype="float32", group=group_spec)  # fmt: skip
         spec = FeatureSpec(base.feature_spec, base.source_spec, base.channel_spec, base.metadata, tmp)
         for mapping, lo, hi in bounds:
-            steps = tqdm(total=hi - lo, unit="row", desc=f"preprocess write {mapping}", disable=not progress)
-            with SplitBinaryWriter(spec, mapping) as writer, steps:
-                for a in range(lo, hi, WRITE_ROWS):
-                    b = min(hi, a + WRITE_ROWS)
-                    multi = [(bags[c][0][offsets[c][a] : offsets[c][b]], bags[c][1][a:b]) for c in roles.multi_hot]
-                    stored = groups[a:b] if groups is not None and mapping != "train" else None
-                    writer.append(None if numerical is None else numerical[a:b],
-                                  [ids[c][a:b] for c in roles.categorical], labels[a:b], multi or None,
-                                  stored)  # fmt: skip
-                    steps.update(b - a)
+            steps_bar = tqdm(total=hi - lo, unit="row", desc=f"preprocess write {mapping}", disable=not progress)
+            clicks[mapping] = 0
+            with SplitBinaryWriter(spec, mapping) as writer, steps_bar:
+                for block in rows.blocks(lo, hi):
+                    stored = block.groups if mapping != "train" else None
+                    writer.append(block.numerical if roles.numerical else None, block.ids, block.labels,
+                                  block.multi_hot or None, stored)  # fmt: skip
+                    clicks[mapping] += int(block.labels.sum())
+                    steps_bar.update(block.hi - block.lo)
         spec.to_yaml(tmp / "feature_spec.yaml")
         transform.check_features(spec.summary(), str(out_dir))
         write_record(tmp, transform, {c: c for c in transform.vocabularies})
@@ -484,7 +431,8 @@ def preprocess_table(
                 if like is not None
                 else {}
             ),
-            "clicks": {name: int(labels[lo:hi].sum()) for name, lo, hi in bounds},
+            "clicks": clicks,
+            "engine": rows.engine,
             "seconds": round(time.perf_counter() - start, 3),
         }
         (tmp / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

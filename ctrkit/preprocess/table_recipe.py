@@ -5,7 +5,7 @@ columns read and checked."""
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -135,9 +135,51 @@ class Roles:
     multi_hot: tuple[str, ...]
 
 
-def assign_roles(df: pl.DataFrame, recipe: TableRecipe, where: Path) -> Roles:
-    """Checks that every named column exists and gives the others a role by their type."""
-    columns = [c for c in df.columns if c not in (FILE_COL, LINE_COL)]
+@dataclass(frozen=True)
+class ColumnFacts:
+    """What the roles read of a column's training values (``assign_roles``): ``values`` not missing; for a text
+    column, how many of them are numbers, the first that is not one as (file index, line, value), the first value,
+    and the distinct values (counted where ``values`` >= DISTINCT_MIN_ROWS, else 0)."""
+
+    values: int
+    numbers: int = 0
+    other: tuple[int, int, str] | None = None
+    first: str | None = None
+    distinct: int = 0
+
+    @classmethod
+    def of(cls, df: pl.DataFrame, column: str, distinct: bool = True) -> ColumnFacts:
+        """The facts of ``column`` in ``df`` (rows in file order, with FILE_COL and LINE_COL); ``distinct``: count
+        the distinct values (an engine that counts them over all its parts says False)."""
+        values = df.select(pl.col(column), pl.col(FILE_COL), pl.col(LINE_COL)).drop_nulls(column)
+        if df.schema[column] != pl.String or not len(values):
+            return cls(len(values))
+        numbers = values[column].cast(pl.Float64, strict=False).is_not_null()
+        others = values.filter(~numbers)
+        other = None
+        if len(others):
+            value, file, line = others.row(0)
+            other = (int(file), int(line), value)
+        n = len(values)
+        count = values[column].n_unique() if distinct and n >= DISTINCT_MIN_ROWS else 0
+        return cls(n, int(numbers.sum()), other, values[column][0], count)
+
+    @classmethod
+    def merge(cls, parts: Sequence[ColumnFacts], distinct: int) -> ColumnFacts:
+        """The facts of parts read in file order, with the ``distinct`` values counted over all of them."""
+        given = [p for p in parts if p.values]
+        others = [p.other for p in given if p.other is not None]
+        return cls(sum(p.values for p in given), sum(p.numbers for p in given), min(others) if others else None,
+                   given[0].first if given else None, distinct)  # fmt: skip
+
+
+def assign_roles(
+    schema: Mapping[str, pl.DataType], recipe: TableRecipe, paths: Sequence[Path], facts: Callable[[str], ColumnFacts]
+) -> Roles:
+    """Checks that every named column of the table (``schema``, the columns of ``paths``) exists and gives the
+    others a role by their type and ``facts`` of their training values."""
+    where = paths[0]
+    columns = [c for c in schema if c not in (FILE_COL, LINE_COL)]
     named = {"label": (recipe.label,), "categorical": recipe.categorical, "numerical": recipe.numerical,
              "multi_hot": recipe.multi_hot, "drop": recipe.drop,
              "order_by": (recipe.order_by,) if recipe.order_by else (),
@@ -152,11 +194,12 @@ def assign_roles(df: pl.DataFrame, recipe: TableRecipe, where: Path) -> Roles:
     for c in columns:
         if c in taken:
             continue
-        dtype = df.schema[c]
+        dtype = schema[c]
         if dtype == pl.String:
-            _check_not_numbers(df, c, where)
+            known = facts(c)
+            _check_not_numbers(known, c, paths)
             if c not in recipe.raw_ids:
-                _check_not_distinct(df, c, where)
+                _check_not_distinct(known, c, where)
             cats.append(c)
         elif dtype in (pl.Boolean, pl.Categorical) or isinstance(dtype, pl.Enum):
             cats.append(c)
@@ -166,7 +209,7 @@ def assign_roles(df: pl.DataFrame, recipe: TableRecipe, where: Path) -> Roles:
             multi.append(c)
         elif dtype.is_integer():
             integers.append(c)
-        elif df[c].null_count() == len(df):
+        elif dtype == pl.Null or not facts(c).values:
             continue  # an empty column carries nothing
         else:
             raise ValueError(f"{where}: column '{c}' holds {dtype}: give it a role (`drop` it, or `order_by` it)")
@@ -196,28 +239,27 @@ def assign_roles(df: pl.DataFrame, recipe: TableRecipe, where: Path) -> Roles:
     return Roles(tuple(cats), tuple(nums), tuple(multi))
 
 
-def _check_not_numbers(df: pl.DataFrame, column: str, where: Path) -> None:
+def _check_not_numbers(facts: ColumnFacts, column: str, paths: Sequence[Path]) -> None:
     """Refuses a text column whose values are nearly all numbers: a numerical column with a few bad values,
     which taken as categorical would silently give every number its own id."""
-    values = df.select(pl.col(column), pl.col(LINE_COL)).drop_nulls(column)
-    numbers = values[column].cast(pl.Float64, strict=False)
-    if len(values) and numbers.is_not_null().mean() >= NUMERIC_TEXT_FRACTION:
-        line, value = values.filter(numbers.is_null()).row(0)[::-1]
+    if facts.values and facts.numbers / facts.values >= NUMERIC_TEXT_FRACTION:
+        where, here = str(paths[0]), ""
+        if facts.other is not None:
+            file, line, value = facts.other
+            where, here = f"{paths[file]}:{line}", f" (here '{value}')"
         raise ValueError(
-            f"{where}:{line}: column '{column}' holds text, but {numbers.is_not_null().sum():,} of its "
-            f"{len(values):,} values are numbers (here '{value}'): name it in `numerical` (its other values then "
-            "are bad rows) or in `categorical`"
+            f"{where}: column '{column}' holds text, but {facts.numbers:,} of its {facts.values:,} values are "
+            f"numbers{here}: name it in `numerical` (its other values then are bad rows) or in `categorical`"
         )
 
 
-def _check_not_distinct(df: pl.DataFrame, column: str, where: Path) -> None:
+def _check_not_distinct(facts: ColumnFacts, column: str, where: Path) -> None:
     """Refuses an unnamed text column whose values are nearly all distinct (a timestamp, a request id): as a
     categorical feature every value is seen once, so every id is the rare one and no test row shares it."""
-    values = df[column].drop_nulls()
-    if len(values) >= DISTINCT_MIN_ROWS and (distinct := values.n_unique()) >= DISTINCT_FRACTION * len(values):
+    if facts.values >= DISTINCT_MIN_ROWS and facts.distinct >= DISTINCT_FRACTION * facts.values:
         raise ValueError(
-            f"{where}: column '{column}' holds {distinct:,} distinct values in {len(values):,} rows (such as "
-            f"'{values[0]}'): a time or an id of each row, which a model cannot learn from; name it in `order_by` "
+            f"{where}: column '{column}' holds {facts.distinct:,} distinct values in {facts.values:,} rows (such as "
+            f"'{facts.first}'): a time or an id of each row, which a model cannot learn from; name it in `order_by` "
             "(a time), `drop` it, or name it in `categorical` to keep it"
         )
 
