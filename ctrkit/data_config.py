@@ -248,6 +248,15 @@ class TablePreprocessConfig:
         "error: stop at the first row with a bad label or number, naming file and line; skip: drop and count them",
         ("error", "skip"),
     )
+    engine: str = option(
+        "polars",
+        "polars: the table held in this process's memory; spark: kept in Apache Spark's parts, each file read, the "
+        "vocabularies counted and the transform applied in Spark's tasks (pip install 'ctrkit[spark]'), for tables "
+        "that outgrow one machine's memory (scratch files beside --out, which on a cluster must be a shared file "
+        "system). Both write byte-identical datasets",
+        ("polars", "spark"),
+    )
+    spark_master: str = spark_master_option()
     overwrite: bool = option(False, "replace an existing dataset directory")
     no_progress: bool = option(False, "no progress bars")
 

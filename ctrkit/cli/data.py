@@ -213,7 +213,8 @@ def preprocess_table(args: argparse.Namespace) -> int:
     values predict the label on held-out training rows beyond what the table's other columns say (a
     household's repeated amounts) are also given as ids, <column>_id (--also-categorical). The rows keep the
     files' order (taken as time order) unless --order-by or --shuffle-seed; the test split is the last
-    --test-fraction of them or --test-files. The table is held in memory. A CSV record with more or fewer fields
+    --test-fraction of them or --test-files. The table is held in memory, or with --engine spark in Apache
+    Spark's parts (the same dataset, byte for byte). A CSV record with more or fewer fields
     than the header, a stray quote or bytes that are not UTF-8 is refused naming its line; blank lines are skipped.
     With --like CHECKPOINT, a later day is written with the model's preprocessing instead: its values keep their
     ids, new values get ids after them, and `train --continue-from CHECKPOINT` grows the tables for them.
@@ -234,7 +235,8 @@ def preprocess_table(args: argparse.Namespace) -> int:
     test_fraction = None if cfg.test_files is not None else (0.1 if cfg.test_fraction is None else cfg.test_fraction)
     summary = run(cfg.raw, cfg.out, recipe, test_files=cfg.test_files, test_fraction=test_fraction,
                   validation_fraction=cfg.validation_fraction, overwrite=cfg.overwrite,
-                  progress=not cfg.no_progress, like=_like(cfg.like) if cfg.like is not None else None)  # fmt: skip
+                  progress=not cfg.no_progress, like=_like(cfg.like) if cfg.like is not None else None,
+                  engine=cfg.engine, master=cfg.spark_master)  # fmt: skip
     roles = [
         ("label", [summary["label"]]),
         ("order", [summary.get("order_by")]),
