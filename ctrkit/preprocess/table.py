@@ -20,7 +20,8 @@ Rows keep the files' order, which is taken as time order, or are sorted by ``ord
 shuffled with ``shuffle_seed`` where the order means nothing; the test split is the last
 ``test_fraction`` of them, or the rows of ``test_files``; validation the last
 ``validation_fraction`` of train. The table is held in memory in Polars' columnar form, so memory
-grows with the data (the Criteo recipe streams; this one trades that for generality).
+grows with the data, or (``engine="spark"``) in Apache Spark's parts, each step run in Spark's tasks
+(``table_spark``); both engines run the steps of ``table_rows`` and write the same bytes.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ from ctrkit.preprocess.transform import (
     vocabulary_frame,
     write_record,
 )
-from ctrkit.preprocess.value_ids import value_id_tests
+from ctrkit.preprocess.value_ids import MAX_FIT_ROWS, value_id_tests
 
 
 def _test_value_ids(
@@ -82,11 +83,13 @@ def _test_value_ids(
     if n_train is None:
         n_train = n_fit
         n_fit = n_train - int(round(n_train * TRAIN_VALIDATION_FRACTION))
-    labels, numbers, by_value = rows.test_inputs(candidates, n_train)
-    numerical = {c: (x[:n_fit], x[n_fit:n_train]) for c, x in numbers.items()}
-    ids = [(by_value[:n_fit, j], by_value[n_fit:n_train, j], vocab_mod.cardinality(vocabularies[c]))
+    first = max(0, n_fit - MAX_FIT_ROWS)  # the rows the test fits on: no more are read
+    labels, numbers, by_value = rows.test_inputs(candidates, first, n_train)
+    fit = n_fit - first
+    numerical = {c: (x[:fit], x[fit:]) for c, x in numbers.items()}
+    ids = [(by_value[:fit, j], by_value[fit:, j], vocab_mod.cardinality(vocabularies[c]))
            for j, c in enumerate(categorical)]  # fmt: skip
-    return value_id_tests(numerical, ids, labels[:n_fit], labels[n_fit:n_train], frequency_threshold)
+    return value_id_tests(numerical, ids, labels[:fit], labels[fit:], frequency_threshold)
 
 
 def _vocabulary(counts: pl.DataFrame, threshold: int) -> pl.DataFrame:

@@ -9,7 +9,8 @@ order, through the same functions of one frame of rows (this module's), so that 
    sorted by a column, stable, or shuffled; train rows before test rows);
 4. ``counts``: each feature's texts counted over the fitting rows (``feature_texts``), for its vocabulary;
 5. ``encode``: the fitted ``RowTransform`` applied to every row (its ``encode``, the only code that writes ids);
-6. ``test_inputs`` and ``blocks``: what the value-id test and the dataset writer read, in row order.
+6. ``test_inputs`` and ``blocks``: what the value-id test (rows ``lo``..``hi``) and the dataset writer read, in
+   row order.
 """
 
 from __future__ import annotations
@@ -206,10 +207,12 @@ class PolarsRows:
         if group is not None:  # one id per distinct value: its rank among the values as text
             self.groups = group_text(self.table[group]).rank("dense").to_numpy().astype(np.int64)
 
-    def test_inputs(self, candidates: Sequence[str], n: int) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray]:
-        labels = self.table[LABEL][:n].to_numpy().astype(np.float64)
-        numbers = {c: self.table[RAW_PREFIX + c][:n].to_numpy().astype(np.float64) for c in candidates}  # nulls: NaN
-        return labels, numbers, self.by_value[:n]
+    def test_inputs(self, candidates: Sequence[str], lo: int, hi: int
+                    ) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray]:  # fmt: skip
+        rows = self.table[lo:hi]
+        labels = rows[LABEL].to_numpy().astype(np.float64)
+        numbers = {c: rows[RAW_PREFIX + c].to_numpy().astype(np.float64) for c in candidates}  # nulls: NaN
+        return labels, numbers, self.by_value[lo:hi]
 
     def blocks(self, lo: int, hi: int) -> Iterator[Block]:
         numerical, categorical, lists = self.encoded

@@ -220,9 +220,8 @@ class SparkRows:
         if steps.order_by is not None:  # a stable sort, train rows before test rows
             key = (F.col(IDX) >= n_train).alias("__test")
             order = rows.select(IDX, key, F.col(f"`{steps.order_by}`").alias("__key"))
-            order = order.orderBy("__test", F.col("__key").asc_nulls_last(), IDX).select(IDX)
-            numbered = order.rdd.zipWithIndex().map(lambda r: (r[0][0], r[1]))
-            rows = self._renumber(rows, self.spark.createDataFrame(numbered, "__old long, __new long"))
+            order = order.orderBy("__test", F.col("__key").asc_nulls_last(), IDX)
+            rows = self._renumber(rows, self._positions(order.select(F.col(IDX).alias("__old"))))
         elif steps.shuffle_seed is not None:  # the permutation Polars draws for so many rows (train, then test)
             new = np.empty(total, np.int64)
             for lo, hi in ((0, n_train), (n_train, total)):
@@ -233,6 +232,20 @@ class SparkRows:
             rows = self._renumber(rows, self.spark.read.parquet(str(path)))
         self.rows = rows
         return total, n_train
+
+    def _positions(self, ordered):
+        """(__old, __new) of a sorted frame: each row's place in the order. A sorted frame's partitions are ranges
+        in order, and a row's ``monotonically_increasing_id`` is its partition's number and its place there: stored
+        once (so no second evaluation may draw other ranges), then the partitions' sizes give their offsets."""
+        _, _, F = _spark_modules()
+        path = str(self.scratch / "order")
+        ordered.select("__old", F.monotonically_increasing_id().alias("__m")).write.parquet(path)
+        stored = self.spark.read.parquet(path).select("__old", F.shiftright(F.col("__m"), 33).alias("__p"),
+                                                      (F.col("__m") % (1 << 33)).alias("__i"))  # fmt: skip
+        sizes = sorted((r["__p"], r["n"]) for r in stored.groupBy("__p").agg(F.count("*").alias("n")).collect())
+        bases = np.concatenate([[0], np.cumsum([n for _, n in sizes])[:-1]]).astype(np.int64).tolist()
+        table = self.spark.createDataFrame([(p, b) for (p, _), b in zip(sizes, bases)], "__p long, __base long")
+        return stored.join(F.broadcast(table), "__p").select("__old", (F.col("__base") + F.col("__i")).alias("__new"))
 
     def _renumber(self, rows, numbers):
         """``rows`` with their row number IDX replaced by ``numbers``' (__old -> __new), stored once."""
@@ -312,8 +325,9 @@ class SparkRows:
         if expected != hi:
             raise DataError(f"{self.scratch}: Spark returned rows up to {expected}, expected {hi}")
 
-    def test_inputs(self, candidates: Sequence[str], n: int) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray]:
-        rows = pl.concat(list(self._rows_in(0, n)))
+    def test_inputs(self, candidates: Sequence[str], lo: int, hi: int
+                    ) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray]:  # fmt: skip
+        rows = pl.concat(list(self._rows_in(lo, hi)))
         ids = "v" if "v0" in rows.columns else "c"
         columns = sorted((c for c in rows.columns if c[0] == ids and c[1:].isdigit()), key=lambda c: int(c[1:]))
         numbers = {c: rows[f"r{j}"].to_numpy().astype(np.float64) for j, c in enumerate(candidates)}
