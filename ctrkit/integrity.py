@@ -81,6 +81,8 @@ def tensor_digest(obj: Any, covers: str = ALGORITHM) -> str:
         if x.is_meta:
             continue
         t = x.detach().cpu().contiguous().reshape(-1)
+        if t.numel() and t.stride(-1) != 1:  # one value may carry any stride (a damaged file's): "contiguous"
+            t = t.clone(memory_format=torch.contiguous_format)
         h.update(f"{where}:{t.dtype}:{tuple(x.shape)}\0".encode())
         if t.numel():
             data = memoryview(t.view(torch.uint8).numpy())

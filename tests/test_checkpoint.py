@@ -231,3 +231,14 @@ def test_digest_covers_values_as_well_as_tensors(tmp_path):
     assert load_checkpoint(tmp_path / "old.pt").calibration == 1.094
     _flip_value(tmp_path / "old.pt", good, bad)
     assert load_checkpoint(tmp_path / "old.pt").calibration == 0.547  # what the old digest could not see
+
+
+def test_a_one_value_tensor_of_any_stride_is_digested_as_its_value():
+    """A damaged checkpoint can give a one-value tensor any stride (the stride bytes of data.pkl): its digest is its
+    value's, never a traceback (``view`` of a tensor whose last stride is not 1 raised before)."""
+    from ctrkit import integrity
+
+    odd = torch.empty_strided((1,), (7,)).fill_(2.5)
+    plain = torch.tensor([2.5])
+    assert integrity.tensor_digest({"w": odd}) == integrity.tensor_digest({"w": plain})
+    assert integrity.tensor_digest({"w": odd}) != integrity.tensor_digest({"w": torch.tensor([2.0])})

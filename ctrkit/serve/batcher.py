@@ -36,6 +36,7 @@ class Batcher:
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="ctrkit-model")
         self.calls = 0
         self._busy = False  # a batch taken off the queue and not yet answered
+        self._taken: list = []  # the requests taken off the queue and not yet answered (failed if the loop dies)
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
@@ -47,10 +48,13 @@ class Batcher:
         """The loop ended (stopped, or died of a bug): log why and fail every queued request."""
         if not task.cancelled() and task.exception() is not None:
             log.error("the batching loop stopped: %r; the server now answers 503", task.exception())
+        left = list(self._taken)
         while self.queue is not None and not self.queue.empty():
-            _, fut, _ = self.queue.get_nowait()
+            left.append(self.queue.get_nowait())
+        for _, fut, _ in left:
             if not fut.done():
                 fut.set_exception(RuntimeError("the batching loop has stopped"))
+        self._taken = []
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -84,7 +88,8 @@ class Batcher:
         while True:
             first = held if held is not None else await self.queue.get()
             self._busy, held = True, None
-            items, size = [first], len(first[0][0])
+            items = self._taken = [first]
+            size = len(first[0][0])
             deadline = time.monotonic() + self.window
             while size < self.max_batch_size:
                 left = deadline - time.monotonic()
@@ -94,10 +99,12 @@ class Batcher:
                     item = await asyncio.wait_for(self.queue.get(), left)
                 except asyncio.TimeoutError:
                     break
+                self._taken = [*items, item]
                 if not _fits(items, item):
                     held = item
                     break
                 items.append(item)
+                self._taken = items
                 size += len(item[0][0])
             try:  # whatever fails (padding, the model) fails these requests, never the loop
                 inputs = first[0] if len(items) == 1 else _concatenate([arrays for arrays, _, _ in items])
@@ -112,14 +119,14 @@ class Batcher:
                 for _, fut, _ in items:
                     if not fut.done():
                         fut.set_exception(e)
-                self._busy = held is not None
+                self._busy, self._taken = held is not None, [held] if held is not None else []
                 continue
             start = 0
             for arrays, fut, _ in items:
                 if not fut.done():
                     fut.set_result(probs[start : start + len(arrays[0])])
                 start += len(arrays[0])
-            self._busy = held is not None
+            self._busy, self._taken = held is not None, [held] if held is not None else []
 
 
 def _concatenate(requests: list[tuple[np.ndarray, ...]]) -> tuple[np.ndarray, ...]:

@@ -104,6 +104,9 @@ def create_app(
     return app
 
 
+SHUTDOWN_S = 10.0  # SIGTERM: requests still open this long after it are dropped, so the process always stops
+
+
 def serve(
     predictor: Predictor | None,
     name: str,
@@ -124,7 +127,8 @@ def serve(
 
     app = create_app(predictor, name, window_ms, max_batch_size, max_body, repository, body_timeout_s, missing_columns)
     sock = sock if sock is not None else bind(host, port)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,
+                                           timeout_graceful_shutdown=SHUTDOWN_S))  # fmt: skip
     server.run(sockets=[sock])
 
 

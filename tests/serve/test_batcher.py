@@ -67,3 +67,25 @@ def test_multi_hot_requests_of_different_bag_lengths_are_padded_together():
     for b, got in zip(bags, results):
         np.testing.assert_array_equal(got[:, 0], b.sum((1, 2)))  # -1 padding added nothing
         assert (got[:, 1] == 4).all()  # one batch, padded to the longest bag
+
+
+def test_a_dead_loop_answers_the_requests_it_held():
+    """A batching loop that dies of a bug outside the model call (here: arrays it cannot measure) answers the request
+    it had taken off the queue, and the ones queued behind it, instead of leaving them waiting for ever."""
+
+    async def run():
+        batcher = Batcher(Echo(), window_ms=50.0, max_batch_size=1000)
+        batcher.start()
+        held = asyncio.ensure_future(batcher.score(None, None))  # len(None): the loop's own step fails
+        await asyncio.sleep(0)
+        behind = asyncio.ensure_future(batcher.score(np.zeros((1, 2), np.float32), np.zeros((1, 1), np.int64)))
+        done, pending = await asyncio.wait([held, behind], timeout=5)
+        for f in pending:
+            f.cancel()
+        alive = batcher.alive
+        await batcher.stop()
+        return [f.exception() if f in done else None for f in (held, behind)], alive
+
+    errors, alive = asyncio.run(run())
+    assert not alive
+    assert all(isinstance(e, RuntimeError) and "batching loop has stopped" in str(e) for e in errors), errors
