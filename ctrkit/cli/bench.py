@@ -182,8 +182,10 @@ def train(args: argparse.Namespace) -> int:
     run: BenchRunOptions = config_from(args, BenchRunOptions)
     _threads(run)
     result = run_train_bench(cfg, resolve_device(run.device))
+    precision = f"amp {result['amp_dtype']}" if result["amp_dtype"] else "fp32" + (
+        " (--amp: autocast does not run here, as `train --amp` would not)" if cfg.amp else "")  # fmt: skip
     print(
-        f"{cfg.model} train, batch {cfg.batch_size}, {'amp ' + result['amp_dtype'] if cfg.amp else 'fp32'}, "
+        f"{cfg.model} train, batch {cfg.batch_size}, {precision}, "
         f"optimizers {result['optimizers']['dense']}/{result['optimizers']['embedding']}, "
         f"{result['machine']['threads']} threads"
         + (f" (the batch split over {result['split_threads']})" if result["split_threads"] > 1 else "")

@@ -181,3 +181,24 @@ def test_flops_per_sample_follow_the_layer_shapes():
     flops = dense_flops_per_sample(dlrm, batch)
     assert flops["forward"] == linear + interaction
     assert all(p.grad is None for p in dlrm.parameters())  # counting leaves no gradients behind
+
+
+@pytest.mark.parametrize("native_bf16", ["1", "0"])
+def test_bench_train_with_each_precision_flag(tmp_path, capsys, monkeypatch, native_bf16):
+    """Every precision flag of `bench train` on tiny data, on a CPU with native bf16 and on one without (where `--amp`
+    runs fp32, as `train --amp` does: its result printed, not a TypeError): a result, or a one-line refusal (exit 2)."""
+    monkeypatch.setenv("CTRKIT_CPU_BF16", native_bf16)
+    tiny = ["--batch-size", "64", "--table-rows", "1000", "--num-tables", "4", "--warmup", "1", "--steps", "2",
+            "--repeats", "1", "--split-batch", "off"]  # fmt: skip
+    for flags, want in [((), None), (("--amp",), "bfloat16"), (("--amp", "--amp-dtype", "bf16"), "bfloat16"),
+                        (("--amp", "--amp-dtype", "fp16"), "refused")]:  # fmt: skip
+        out = tmp_path / "r.json"
+        out.unlink(missing_ok=True)
+        code, stdout, stderr = run_cli("bench", "train", *tiny, *flags, "--output", out, capsys=capsys)
+        if want == "refused":
+            assert code == 2 and "fp16 is not supported on CPU" in stderr and "Traceback" not in stderr
+            continue
+        assert code == 0, stderr
+        amp = json.loads(out.read_text())["amp_dtype"]
+        assert amp == (want if native_bf16 == "1" else None), flags
+        assert ("amp bfloat16" in stdout) == (amp is not None) and "samples/s" in stdout
