@@ -43,6 +43,8 @@ class TritonPythonModel:
                         given[name] = tensor.as_numpy()
                 output = pb_utils.Tensor("probability", self.predictor.score_named(given, self.missing_columns))
                 responses.append(pb_utils.InferenceResponse(output_tensors=[output]))
-            except ValueError as e:  # bad values: the client's error, said in words
-                responses.append(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(str(e))))
+            except ValueError as e:  # bad values: the client's error (invalid-argument: HTTP 400), said in words
+                code = getattr(pb_utils.TritonError, "INVALID_ARG", None)  # (Triton before 23.05: no codes, a 500)
+                error = pb_utils.TritonError(str(e)) if code is None else pb_utils.TritonError(str(e), code)
+                responses.append(pb_utils.InferenceResponse(output_tensors=[], error=error))
         return responses

@@ -15,12 +15,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
 from ctrkit.data.batch import PaddedMultiHot
 
 NUMERICAL, CATEGORICAL, MULTI_HOT, PROBABILITY = "numerical", "categorical", "multi_hot", "probability"
+
+
+def finite_numerical(values: Any) -> np.ndarray:
+    """The ``numerical`` input as float32; NaN, infinities and numbers float32 cannot hold (1e300) are refused, as
+    every server of ctrkit's refuses them (ValueError)."""
+    with np.errstate(over="ignore"):
+        array = np.asarray(values, np.float32)
+    if not np.isfinite(array).all():
+        raise ValueError(f"input '{NUMERICAL}' holds NaN or infinite values (or numbers beyond float32's range)")
+    return array
 
 
 @dataclass(frozen=True)

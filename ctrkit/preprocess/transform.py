@@ -499,6 +499,25 @@ class RowTransform:
             if theirs != ours:
                 raise ValueError(f"{where}: the preprocessing record makes {key} {ours}, the model reads {theirs}")
 
+    def check_tables(self, num_numerical: int, cardinalities: Sequence[int], multi_hot_cardinalities: Sequence[int],
+                     where: str) -> None:  # fmt: skip
+        """Raises ValueError when the ids this transform makes do not fit a model's inputs (an export's metadata):
+        as many numerical, categorical and multi-hot features, and every vocabulary's ids inside its table."""
+        for kind, ours, theirs in (("numerical", len(self.numerical), num_numerical),
+                                   ("categorical", len(self.categorical), len(cardinalities)),
+                                   ("multi-hot", len(self.multi_hot), len(multi_hot_cardinalities))):  # fmt: skip
+            if ours != theirs:
+                raise ValueError(f"{where}: the preprocessing makes {ours} {kind} features, the model reads {theirs}: "
+                                 "they were not exported together")  # fmt: skip
+        tables = [*zip(self.categorical, cardinalities), *zip(self.multi_hot, multi_hot_cardinalities)]
+        for f, rows in tables:
+            vocab = self.vocabularies.get(f.feature)
+            if getattr(f, "ids", "vocabulary") == "vocabulary" and vocab is not None and len(vocab):
+                top = int(vocab["id"].max())
+                if top >= rows:
+                    raise ValueError(f"{where}: the preprocessing gives feature '{f.feature}' ids up to {top}, the "
+                                     f"model's table has {rows} rows: they were not exported together")  # fmt: skip
+
     def to_state(self) -> dict[str, Any]:
         """The checkpoint's form: the description and each vocabulary as tensors (UTF-8 bytes, offsets, ids)."""
         import torch

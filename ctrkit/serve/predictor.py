@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ctrkit.models.signature import PROBABILITY, InferenceModel, Signature
+from ctrkit.models.signature import NUMERICAL, PROBABILITY, InferenceModel, Signature, finite_numerical
 
 log = logging.getLogger("ctrkit.serve")
 
@@ -65,7 +65,11 @@ class Predictor:
             missing = [n for n in ids if n not in inputs]
             if missing:
                 raise ValueError(f"missing input(s) {', '.join(missing)}: send every id input or the raw columns")
-            return self(*(inputs[n] for n in ids))
+            others = [n for n in inputs if n not in ids]
+            if others:
+                raise ValueError(f"input(s) {', '.join(others)} beside the id inputs: send the id inputs or the raw "
+                                 "columns, not both")  # fmt: skip
+            return self(*(finite_numerical(inputs[n]) if n == NUMERICAL else inputs[n] for n in ids))
         if self.transform is None:
             raise ValueError(f"this model carries no preprocessing: send the id inputs {', '.join(ids)}")
         if not inputs:
@@ -174,7 +178,10 @@ class Predictor:
             for file in (RECORD_FILE, "vocabularies.parquet"):
                 if repository is not None:
                     inside(repository, path.parent / file)
-            predictor.carry(RowTransform.read(path.parent))
+            transform = RowTransform.read(path.parent)
+            multi = meta.get("multi_hot_cardinalities", [])
+            transform.check_tables(meta["num_numerical"], meta["cardinalities"], multi, str(path.parent))
+            predictor.carry(transform)
         if meta.get("dynamic_ids"):  # raw ids: the exported id -> row maps, applied before the graph
             from ctrkit.models.dynamic import FrozenIds
 

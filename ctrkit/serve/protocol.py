@@ -13,7 +13,15 @@ from itertools import chain
 
 import numpy as np
 
-from ctrkit.models.signature import CATEGORICAL, MULTI_HOT, NUMERICAL, OUTPUT, Signature, TensorSpec
+from ctrkit.models.signature import (
+    CATEGORICAL,
+    MULTI_HOT,
+    NUMERICAL,
+    OUTPUT,
+    Signature,
+    TensorSpec,
+    finite_numerical,
+)
 
 HEADER_LENGTH = "inference-header-content-length"
 # KServe v2 tensor datatypes (the protocol's names) -> NumPy's; a raw input may also be BYTES, whatever its column
@@ -243,11 +251,13 @@ def parse_request(body: bytes, header_length: str | None, signature: Signature) 
         raise RequestError(f"inputs disagree on the batch size: {sizes}")
     if arrays[NUMERICAL].shape[0] == 0:
         raise RequestError("the batch is empty")
-    if not np.isfinite(arrays[NUMERICAL]).all():
-        raise RequestError(f"input '{NUMERICAL}' holds NaN or infinite values")
+    try:
+        numerical = finite_numerical(arrays[NUMERICAL])
+    except ValueError as e:
+        raise RequestError(str(e)) from None
     return InferRequest(
         _request_id(doc),
-        np.asarray(arrays[NUMERICAL], np.float32),
+        numerical,
         np.asarray(arrays[CATEGORICAL], np.int64),
         _binary_output(doc),
         np.asarray(arrays[MULTI_HOT], np.int64) if MULTI_HOT in arrays else None,

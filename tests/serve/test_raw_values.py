@@ -15,6 +15,7 @@ import numpy as np
 import polars as pl
 import pytest
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from ctrkit.data.synthetic_clicks import COLUMNS as RAW_COLUMNS
 from ctrkit.data.synthetic_clicks import click_log
@@ -263,12 +264,27 @@ def test_real_triton_serves_the_exported_repository(trained):
         price.set_data_from_numpy(np.array([["cheap"]], dtype=object))
         with pytest.raises(Exception, match="price"):
             client.infer("ctr", [country, price])
-        price = httpclient.InferInput("price", [1, 1], "FP32")  # the model's own refusals, in words
+        price = httpclient.InferInput("price", [1, 1], "FP32")  # the model's own refusals, in words, as a 400
+
+        def refused(inputs, match):  # the client's error: Triton's invalid-argument, HTTP 400 (not a 500)
+            with pytest.raises(InferenceServerException, match=match) as e:
+                client.infer("ctr", inputs)
+            assert str(e.value.status()) == "400", (e.value.status(), match)
+
         price.set_data_from_numpy(np.array([[12.5]], np.float32))
-        with pytest.raises(Exception, match="no column 'device', 'ad_id'"):  # predict's column rule
-            client.infer("ctr", [country, price])
-        with pytest.raises(Exception, match="column 'price' holds 'inf'; expected a number"):
-            client.infer("ctr", _raw_request(rows.head(1).with_columns(price=pl.lit(float("inf"))), False))
+        refused([country, price], "no column 'device', 'ad_id'")  # predict's column rule
+        refused(_raw_request(rows.head(1).with_columns(price=pl.lit(float("inf"))), False),
+                "column 'price' holds 'inf'; expected a number")  # fmt: skip
+        bad = batch.numerical.numpy().copy()
+        for value in (np.nan, np.inf):  # (1e300 arrives as float32's inf)
+            bad[3, 0] = value
+            ids[0].set_data_from_numpy(bad)
+            refused(ids, "input 'numerical' holds NaN or infinite values")  # ctrkit's server: the same 400
+        ids[0].set_data_from_numpy(batch.numerical.numpy())
+        refused(ids[:1], "missing input.s. categorical")
+        one = httpclient.InferInput("country", list(batch.categorical.shape[:1]) + [1], "BYTES")
+        one.set_data_from_numpy(np.array([["BR"]] * len(batch.categorical), dtype=object))
+        refused([*ids, one], "beside the id inputs")
         assert client.is_server_live()
     finally:
         proc.terminate()
@@ -403,3 +419,33 @@ def _json_columns(rows: pl.DataFrame) -> list[tuple[str, str, list]]:
         kind = "FP32" if name == "price" else "INT64" if name in ("age", "position") else "BYTES"
         out.append((name, kind, values))
     return out
+
+
+def test_an_export_whose_preprocessing_does_not_fit_its_model_is_refused_at_load(trained, tmp_path, capsys):
+    """An export sealed with a preprocessing that is not its model's (ids past a table's rows; a feature fewer) is
+    refused when loaded, naming the export, instead of being READY and answering every request with a 500."""
+
+    from ctrkit.integrity import seal_files
+    from ctrkit.preprocess.transform import RowTransform
+    from ctrkit.serve.predictor import Predictor
+
+    _, _, ckpt, _ = trained
+    out = tmp_path / "onnx"
+    assert run_cli("export", "--checkpoint", ckpt, "--format", "onnx", "--out", out)[0] == 0
+    Predictor.from_export(out)  # as exported: it fits
+    transform = RowTransform.read(out)
+    feature = next(iter(transform.vocabularies))
+    grown = transform.vocabularies[feature].with_columns(pl.col("id") + 10_000)
+    vocabularies = {**transform.vocabularies, feature: grown}
+    RowTransform(transform.source, transform.columns, transform.numerical, transform.categorical, transform.multi_hot,
+                 vocabularies, transform.null_values, transform.label).write(out)  # fmt: skip
+    seal_files(out)
+    with pytest.raises(ValueError, match=f"gives feature '{feature}' ids up to .* not exported together"):
+        Predictor.from_export(out)
+    RowTransform(transform.source, transform.columns, [], transform.categorical, transform.multi_hot,
+                 transform.vocabularies, transform.null_values, transform.label).write(out)  # fmt: skip
+    seal_files(out)
+    with pytest.raises(ValueError, match="makes 0 numerical features, the model reads 1"):
+        Predictor.from_export(out)
+    code, _, err = run_cli("serve", "--model-dir", out, "--port", "0", capsys=capsys)
+    assert code == 2 and "not exported together" in err and "Traceback" not in err
