@@ -20,12 +20,13 @@ from ctrkit.serve.large_body import LARGE_BODY, LargeBodyParser
 from ctrkit.serve.metrics import ServerMetrics
 from ctrkit.serve.names import check_name, check_version, version_number
 from ctrkit.serve.predictor import Predictor
-from ctrkit.serve.protocol import HEADER_LENGTH, RequestError, encode_response, parse_request
+from ctrkit.serve.protocol import HEADER_LENGTH, InferRequest, RequestError, encode_response, parse_request
 from ctrkit.serve.repository import ModelRepository
 
 DEFAULT_MAX_BODY = 64 << 20
 BODY_TIMEOUT_S = 30.0  # a body that takes longer to arrive gets a 408 (a client that sends half a request and waits)
 MAX_INDEX_BODY = 1 << 20  # a repository index request is a small JSON object
+INLINE_ROWS = 256  # raw rows transformed on the event loop; a larger request's rows go to a thread
 log = logging.getLogger("ctrkit.serve")
 
 
@@ -85,6 +86,8 @@ class ServerState:
         self.metrics = ServerMetrics()
         self.models: dict[str, dict[str, Served]] = {}
         self.encoder = ThreadPoolExecutor(2, thread_name_prefix="ctrkit-parse")  # responses out
+        # raw rows -> ids, off the event loop (Polars releases the GIL): a large request never stalls other clients
+        self.transformer = ThreadPoolExecutor(2, thread_name_prefix="ctrkit-transform")
         self.large: dict = {}  # signature -> its LargeBodyParser, started with the first version that has it
         self.retiring: set[asyncio.Task] = set()
 
@@ -140,6 +143,7 @@ class ServerState:
             for served in versions.values():
                 await served.batcher.stop()
         self.encoder.shutdown(wait=False)
+        self.transformer.shutdown(wait=False)
         for worker in self.large.values():
             worker.shutdown(wait=True)
 
@@ -245,14 +249,9 @@ class ServerState:
         try:
             if not served.batcher.alive:
                 raise Problem(503, "the model's batching loop has stopped; restart the server")
-            if parsed.raw is not None:  # here, not awaited: the ids must be this version's, and it must not change
-                try:
-                    parsed = parsed.with_inputs(
-                        *served.predictor.transform.from_request(parsed.raw, parsed.rows, self.limits.missing_columns)
-                    )
-                except RowError as e:
-                    raise Problem(400, str(e)) from None
-            try:  # no await between the lookup above and the request joining that batcher's queue
+            if parsed.raw is not None:
+                parsed, served = await self._transform(model, version, served, parsed)
+            try:  # no await between the transform's version check and the request joining that batcher's queue
                 probs = await served.batcher.score(parsed.numerical, parsed.categorical, parsed.multi_hot)
             except MemoryError:
                 raise Problem(503, "not enough memory to score this request; send fewer or shorter rows") from None
@@ -264,6 +263,30 @@ class ServerState:
             self.encoder, encode_response, model, parsed, probs, served.batcher.key[1]
         )
         return Response(content=content, headers=headers, media_type=headers["content-type"]), served
+
+    async def _transform(self, model: str, version: str | None, served: Served, parsed: InferRequest
+                         ) -> tuple[InferRequest, Served]:  # fmt: skip
+        """``parsed``'s raw rows as ``served``'s inputs: up to INLINE_ROWS rows here (a one-row request's transform
+        takes less than a hand-off to a thread), more in a thread, so that the event loop serves other clients
+        meanwhile. The ids must be those of the version that scores them: should it stop while its thread ran (a
+        version loaded in its place), the current version's transform runs instead."""
+        loop = asyncio.get_running_loop()
+        for _ in range(3):
+            transform = served.predictor.transform
+            try:
+                if parsed.rows <= INLINE_ROWS:
+                    inputs = transform.from_request(parsed.raw, parsed.rows, self.limits.missing_columns)
+                else:
+                    inputs = await loop.run_in_executor(self.transformer, transform.from_request, parsed.raw,
+                                                        parsed.rows, self.limits.missing_columns)  # fmt: skip
+            except RowError as e:
+                raise Problem(400, str(e)) from None
+            if served.batcher.alive:
+                return parsed.with_inputs(*inputs), served
+            served = self.lookup(model, version)  # (a Problem where none is served now)
+            if served.predictor.transform is None:
+                break
+        raise Problem(503, "the model's versions changed while this request was read; send it again")
 
     # the repository extension
 

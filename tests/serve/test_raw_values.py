@@ -449,3 +449,49 @@ def test_an_export_whose_preprocessing_does_not_fit_its_model_is_refused_at_load
         Predictor.from_export(out)
     code, _, err = run_cli("serve", "--model-dir", out, "--port", "0", capsys=capsys)
     assert code == 2 and "not exported together" in err and "Traceback" not in err
+
+
+def test_large_raw_requests_are_transformed_off_the_event_loop(trained, monkeypatch):
+    """Raw rows become ids on the event loop up to INLINE_ROWS rows (a one-row request's transform is cheaper than a
+    hand-off), and in a thread beyond, so that a large request never holds the loop other clients are served on;
+    both give the ids the model's transform gives."""
+    import asyncio
+    import threading
+
+    from ctrkit.preprocess.transform import RowTransform
+    from ctrkit.serve.predictor import Predictor
+    from ctrkit.serve.protocol import parse_request
+    from ctrkit.serve.state import INLINE_ROWS, Limits, ServerState
+
+    work, _, _, test_rows = trained
+    predictor = Predictor.from_export(work / "repository" / "ctr_onnx")
+    threads, real = [], RowTransform.from_request
+
+    def recorded(self, *args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(RowTransform, "from_request", recorded)
+    sizes = [1, INLINE_ROWS + 1]
+
+    async def run():
+        state = ServerState(predictor, "ctr", Limits(), None)
+        await state.startup()
+        served, out = state.lookup("ctr", None), []
+        for n in sizes:
+            rows = pl.concat([test_rows] * (n // len(test_rows) + 1)).head(n)
+            body = {"inputs": [{"name": c, "datatype": k, "shape": [n, 1], "data": [[None if v is None else v]
+                                                                                    for v in values]}
+                               for c, k, values in _json_columns(rows)]}  # fmt: skip
+            parsed = parse_request(json.dumps(body).encode(), None, served.predictor.signature)
+            done, _ = await state._transform("ctr", None, served, parsed)
+            out.append((rows, done))
+        await state.shutdown()
+        return out
+
+    out = asyncio.run(run())
+    assert threads[0] == threading.main_thread().name and threads[1].startswith("ctrkit-transform"), threads
+    for rows, done in out:
+        numerical, categorical, _ = real(predictor.transform, {c: rows[c].to_list() for c in COLUMNS}, len(rows))
+        np.testing.assert_array_equal(done.categorical, categorical)
+        np.testing.assert_array_equal(done.numerical, numerical)
