@@ -32,6 +32,12 @@ class ServeConfig:
     body_timeout_s: float = option(
         30.0, "seconds a request's body may take to arrive whole; a slower one gets a 408 and its connection is closed"
     )
+    header_timeout_s: float = option(
+        10.0,
+        "seconds a connection may take to send a request's headers whole (the first, or the next on a kept-alive "
+        "connection); a slower one is closed unanswered, so connections that never finish a header cannot hold the "
+        "server",
+    )
     embedding_store: str = option(
         "memory",
         "memory: tables in RAM; mmap: tables stay in the memory-mapped checkpoint and only cache_rows hot rows are "
@@ -65,6 +71,10 @@ class ServeConfig:
         if not 0 < self.body_timeout_s < math.inf:
             raise ValueError(
                 f"`body_timeout_s`: expected a finite positive number of seconds, got {self.body_timeout_s}"
+            )
+        if not 0 < self.header_timeout_s < math.inf:
+            raise ValueError(
+                f"`header_timeout_s`: expected a finite positive number of seconds, got {self.header_timeout_s}"
             )
         if not 0 < self.max_body_mb < math.inf:
             raise ValueError(f"`max_body_mb`: expected a finite positive size, got {self.max_body_mb}")

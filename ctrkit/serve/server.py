@@ -104,6 +104,7 @@ def create_app(
     return app
 
 
+HEADER_TIMEOUT_S = 10.0  # a request's headers must arrive whole within this (`serve --header-timeout-s`)
 SHUTDOWN_S = 10.0  # SIGTERM: requests still open this long after it are dropped, so the process always stops
 
 
@@ -119,17 +120,54 @@ def serve(
     repository: ModelRepository | None = None,
     body_timeout_s: float = BODY_TIMEOUT_S,
     missing_columns: str = "error",
+    header_timeout_s: float = HEADER_TIMEOUT_S,
 ) -> None:
     """Runs the server until interrupted (uvicorn with uvloop and httptools when installed), on ``sock``
     when given (see ``bind``), else on a socket bound to ``host``:``port`` now; ``repository`` instead
-    of ``predictor`` serves a model repository."""
+    of ``predictor`` serves a model repository. A connection that takes longer than ``header_timeout_s`` to send a
+    request's headers is closed (``header_timeout``)."""
     import uvicorn
 
     app = create_app(predictor, name, window_ms, max_batch_size, max_body, repository, body_timeout_s, missing_columns)
     sock = sock if sock is not None else bind(host, port)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,
-                                           timeout_graceful_shutdown=SHUTDOWN_S))  # fmt: skip
-    server.run(sockets=[sock])
+    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=SHUTDOWN_S)
+    config.load()  # (what uvicorn chooses: httptools where installed, else h11)
+    config.http_protocol_class = header_timeout(config.http_protocol_class, header_timeout_s)
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+def header_timeout(protocol: type, seconds: float) -> type:
+    """``protocol`` (uvicorn's HTTP protocol class) that closes a connection whose request headers do not arrive
+    whole within ``seconds``: after it opens, and after each response (a kept-alive connection's next request);
+    uvicorn's own timeouts start once a request's headers are in."""
+
+    class HeaderTimeout(protocol):
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._arm_header_timer()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm_header_timer()
+
+        def connection_lost(self, exc) -> None:
+            timer = getattr(self, "_header_timer", None)
+            if timer is not None:
+                timer.cancel()
+            super().connection_lost(exc)
+
+        def _arm_header_timer(self) -> None:
+            timer = getattr(self, "_header_timer", None)
+            if timer is not None:
+                timer.cancel()
+            self._header_timer = self.loop.call_later(seconds, self._header_deadline, self.cycle)
+
+        def _header_deadline(self, cycle) -> None:
+            waiting = self.cycle is cycle and (cycle is None or cycle.response_complete)  # no request began since
+            if waiting and not self.transport.is_closing():
+                self.transport.close()
+
+    return HeaderTimeout
 
 
 def bind(host: str, port: int) -> socket.socket:

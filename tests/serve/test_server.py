@@ -187,3 +187,40 @@ def test_bounded_load_has_no_failures(server, rows, predicted):
     with ThreadPoolExecutor(8) as pool:
         done = sum(pool.map(client_run, range(8)))
     assert done == 8 * per_client and server.healthy()
+
+
+def test_unfinished_headers_are_closed_after_the_header_timeout(tiny_checkpoint):
+    """Connections that never finish a request's headers (the first request's, or the next one's on a kept-alive
+    connection) are closed after --header-timeout-s, unanswered, and hold no one meanwhile: a normal client is
+    answered while they wait."""
+    import socket
+
+    s = Server("--checkpoint", tiny_checkpoint, "--header-timeout-s", "1")
+    held = []
+    try:
+        for _ in range(200):
+            c = socket.create_connection(("127.0.0.1", s.port), timeout=15)
+            c.sendall(b"POST /v2/models/dlrm/infer HTTP/1.1\r\nHost: x\r\nContent-")
+            held.append(c)
+        assert s.healthy()
+        kept = socket.create_connection(("127.0.0.1", s.port), timeout=15)
+        held.append(kept)
+        kept.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            answer += kept.recv(4096)
+        head, body = answer.split(b"\r\n\r\n", 1)
+        length = int(
+            next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
+        )
+        while len(body) < length:
+            body += kept.recv(4096)
+        assert head.startswith(b"HTTP/1.1 200")
+        kept.sendall(b"GET /v2/health/live HTTP/1.1\r\nHo")  # the next request's headers, never finished
+        for c in held:
+            assert c.recv(4096) == b""  # closed by the server, unanswered (a socket.timeout before: held for ever)
+        assert s.healthy()
+    finally:
+        for c in held:
+            c.close()
+        s.stop()
