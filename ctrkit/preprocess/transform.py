@@ -314,6 +314,8 @@ class RowTransform:
                 exprs[c.name] = col.cast(pl.String)
             elif c.role == Role.NUMERICAL and c.dtype != "String":
                 exprs[c.name] = col  # numbers are read by the transform, which refuses text that is none
+            elif c.dtype == "Int64" and schema[c.name].is_float():  # 30.0 is 30; 30.9 is no integer: missing
+                exprs[c.name] = pl.when(col.round(0) == col).then(col).cast(pl.Int64, strict=False)
             elif c.dtype == "Boolean" and schema[c.name] == pl.String:
                 low = col.str.to_lowercase()
                 exprs[c.name] = pl.when(low.is_in(["true", "1"])).then(True).when(low.is_in(["false", "0"]))

@@ -151,6 +151,8 @@ def _raw_values(name: str, item: dict, binary: memoryview, offset: int) -> tuple
         if datatype != "BYTES" and (isinstance(v, bool) or not (v is None or isinstance(v, (int, float)))):
             raise RequestError(f"input '{name}': {datatype} 'data' must hold numbers (or null), got "
                                f"{json.dumps(v)[:40]}")  # fmt: skip
+        if datatype != "BYTES" and isinstance(v, int) and not -(2**63) <= v < 2**63:  # (read as missing before)
+            raise RequestError(f"input '{name}': {str(v)[:20]}... ({len(str(v))} digits) is beyond a 64-bit number")
     return flat, count, 0
 
 

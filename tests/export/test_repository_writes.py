@@ -154,3 +154,18 @@ def test_names_and_versions_stay_within_what_triton_reads(tiny_checkpoint, tmp_p
         ModelRepository(repo).load("ctr")
     with pytest.raises(ValueError, match="outside the model repository"):
         export_checkpoint(tiny_checkpoint, repo, "triton", name="ctr")
+
+
+def test_digests_linked_to_outside_the_repository_are_not_read(tiny_checkpoint, tmp_path):
+    """A version's digests.json that is a link out of the repository is refused, naming it, before it is read (the
+    other files were checked that way; the digests file was read wherever it led)."""
+    repo = tmp_path / "repo"
+    export_checkpoint(tiny_checkpoint, repo, "triton", name="ctr", version=1)
+    ModelRepository(repo).load("ctr")  # as exported
+    digests = repo / "ctr" / "1" / "digests.json"
+    outside = tmp_path / "digests.json"
+    outside.write_text(digests.read_text())
+    digests.unlink()
+    os.symlink(outside, digests)
+    with pytest.raises(ValueError, match="digests.json: resolves to .* outside the model repository"):
+        ModelRepository(repo).load("ctr")

@@ -495,3 +495,28 @@ def test_large_raw_requests_are_transformed_off_the_event_loop(trained, monkeypa
         numerical, categorical, _ = real(predictor.transform, {c: rows[c].to_list() for c in COLUMNS}, len(rows))
         np.testing.assert_array_equal(done.categorical, categorical)
         np.testing.assert_array_equal(done.numerical, numerical)
+
+
+def test_numbers_a_column_cannot_hold_are_refused_or_missing_never_changed(trained, served):
+    """A JSON integer of 400 digits is refused (it was read as a missing value); a number with a fraction sent for an
+    integer column is no value of it, so missing, as the CSV text "30.9" is (it was truncated to 30); 30.0 is 30."""
+    _, _, _, test_rows = trained
+    server, _ = served
+    row = test_rows.head(1)
+
+    def body(**changed):
+        inputs = []
+        for name, kind, values in _json_columns(row):
+            kind, values = changed.get(name, (kind, values))
+            inputs.append({"name": name, "datatype": kind, "shape": [1, 1], "data": [values]})
+        return json.dumps({"inputs": inputs}).encode()
+
+    def score(**changed):
+        status, answer = server.post(body(**changed), model="ctr_onnx")
+        assert status == 200, answer
+        return json.loads(answer)["outputs"][0]["data"][0]
+
+    status, answer = server.post(body(price=("FP32", [int("9" * 400)])), model="ctr_onnx")
+    assert status == 400 and "input 'price'" in json.loads(answer)["error"] and "beyond a 64-bit" in answer.decode()
+    assert score(age=("FP32", [30.9])) == score(age=("INT64", [None])) != score(age=("INT64", [30]))
+    assert score(age=("FP32", [30.0])) == score(age=("INT64", [30]))
