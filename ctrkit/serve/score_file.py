@@ -20,7 +20,7 @@ import polars as pl
 from tqdm.auto import tqdm
 
 from ctrkit.columns import Role
-from ctrkit.data.atomic import atomic_file
+from ctrkit.data.atomic import atomic_file, temporary_prefix
 from ctrkit.preprocess.table_reader import check_output, is_parquet, separator_char, table_blocks, table_columns
 from ctrkit.preprocess.transform import RowError, RowTransform
 from ctrkit.serve.predictor import Predictor
@@ -65,7 +65,8 @@ def score_file(
     parquet = is_parquet(out)
     bar = tqdm(unit="row", desc="predict", disable=not progress)
     with atomic_file(out) as tmp, bar:
-        parts = Path(tempfile.mkdtemp(dir=tmp.parent, prefix=f".{out.name}.parts-")) if parquet else None
+        # named as the output's temporaries, so that a later run removes it should this process be killed
+        parts = Path(tempfile.mkdtemp(dir=tmp.parent, prefix=temporary_prefix(out) + "parts-")) if parquet else None
         try:
             with open(tmp, "wb") as sink:
                 lists = [c.name for c in transform.columns if c.role == Role.MULTI_HOT]

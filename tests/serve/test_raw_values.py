@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -520,3 +521,27 @@ def test_numbers_a_column_cannot_hold_are_refused_or_missing_never_changed(train
     assert status == 400 and "input 'price'" in json.loads(answer)["error"] and "beyond a 64-bit" in answer.decode()
     assert score(age=("FP32", [30.9])) == score(age=("INT64", [None])) != score(age=("INT64", [30]))
     assert score(age=("FP32", [30.0])) == score(age=("INT64", [30]))
+
+
+def test_a_killed_parquet_predict_leaves_nothing_behind_the_next_run(trained, tmp_path):
+    """`predict --input ... --out x.parquet` killed while it writes its parts: the next run to the same output
+    removes what the killed one left (its parts directory was kept for good before), and writes the whole file."""
+    import signal
+
+    work, _, ckpt, test_rows = trained
+    big = pl.concat([test_rows] * 80)
+    big.write_csv(tmp_path / "new.csv")
+    out = tmp_path / "scores.parquet"
+    cmd = [sys.executable, "-m", "ctrkit", "predict", "--checkpoint", str(ckpt), "--input", str(tmp_path / "new.csv"),
+           "--out", str(out), "--no-progress"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not any(p.name.startswith(f".{out.name}.") and "parts" in p.name for p in tmp_path.iterdir()):
+        assert proc.poll() is None and time.monotonic() < deadline, "predict ended before it wrote parts"
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert [p for p in tmp_path.iterdir() if "parts" in p.name]  # what the killed run left
+    assert run_cli("predict", "--checkpoint", ckpt, "--input", tmp_path / "new.csv", "--out", out)[0] == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new.csv", "scores.parquet"]
+    assert len(pl.read_parquet(out)) == len(big)
