@@ -156,6 +156,8 @@ def atomic_file(path: str | os.PathLike, needs: int | None = None) -> Iterator[P
     ``path`` (mode 0644). On failure the temporary file is removed and ``path`` is untouched; a full,
     read-only or forbidden disk is a ``DiskError`` as for ``atomic_directory``."""
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{path}: is a directory; expected the path of a file to write")
     check_room(path, needs)
 
     def make() -> Path:
@@ -194,8 +196,23 @@ def append_text(path: str | os.PathLike, text: str) -> None:
         raise
 
 
+NAME_BYTES = 255  # the longest file name the file systems take
+TEMPORARY_BYTES = 48  # what a temporary's name adds around its target's: ".", ".tmp-PID-", the random part, "parts-"
+
+
+def check_target_name(target: Path) -> None:
+    """Refuses a target whose temporaries' names could not be made (a name of more than NAME_BYTES -
+    TEMPORARY_BYTES bytes), in words naming it, rather than an error naming a temporary."""
+    size = len(target.name.encode("utf-8", "surrogateescape"))
+    if size > NAME_BYTES - TEMPORARY_BYTES:
+        raise ValueError(f"{target}: its name is {size} bytes; at most {NAME_BYTES - TEMPORARY_BYTES} are taken (its "
+                         f"temporary's name, {TEMPORARY_BYTES} bytes longer, must fit the file system's "
+                         f"{NAME_BYTES}): choose a shorter name")  # fmt: skip
+
+
 def _temporary(target: Path, make) -> Path:
     """``make()``'s temporary beside ``target`` (its parent created), a disk's refusal as a DiskError."""
+    check_target_name(target)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         remove_stale_temporaries(target)

@@ -20,7 +20,13 @@ import torch
 from ctrkit.checkpoint import load_checkpoint
 from ctrkit.config import EXPORT_FORMATS as FORMATS
 from ctrkit.config import QUANTIZATIONS
-from ctrkit.data.atomic import atomic_directory, disk_error, remove_stale_temporaries, temporary_prefix
+from ctrkit.data.atomic import (
+    atomic_directory,
+    check_target_name,
+    disk_error,
+    remove_stale_temporaries,
+    temporary_prefix,
+)
 from ctrkit.integrity import seal_files
 from ctrkit.models.dynamic import DYNAMIC_FILE, frozen_arrays
 from ctrkit.models.signature import MULTI_HOT, PROBABILITY, InferenceModel, Signature
@@ -240,6 +246,7 @@ def _model_file(kind: str) -> str:
 def _temporary(out: Path, name: str) -> Path:
     """A new empty directory in repository ``out``, named as a temporary of model ``name`` (a later export removes it
     if this process dies)."""
+    check_target_name(out / name)
     return Path(tempfile.mkdtemp(dir=out, prefix=temporary_prefix(out / name)))
 
 

@@ -169,3 +169,20 @@ def test_digests_linked_to_outside_the_repository_are_not_read(tiny_checkpoint, 
     os.symlink(outside, digests)
     with pytest.raises(ValueError, match="digests.json: resolves to .* outside the model repository"):
         ModelRepository(repo).load("ctr")
+
+
+def test_names_too_long_for_their_temporaries_and_directories_as_files_are_refused_in_words(tiny_checkpoint, tmp_path):
+    """A model name or output file whose temporary's name would pass the file system's 255 bytes is refused naming
+    it (the error named the internal temporary path before); `predict --out DIR` is refused as a directory."""
+    from ctrkit.data.atomic import atomic_file
+
+    with pytest.raises(ValueError, match="its name is 240 bytes; at most 207"):
+        export_checkpoint(tiny_checkpoint, tmp_path / "repo", "triton", name="m" * 240)
+    export_checkpoint(tiny_checkpoint, tmp_path / "repo", "triton", name="m" * 207)  # the longest taken
+    with pytest.raises(ValueError, match="its name is 250 bytes"):
+        with atomic_file(tmp_path / ("p" * 250)):
+            pass
+    with pytest.raises(ValueError, match="is a directory; expected the path of a file"):
+        with atomic_file(tmp_path):
+            pass
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["repo"]  # no temporary left
