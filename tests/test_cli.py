@@ -2,6 +2,8 @@
 
 import json
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -382,3 +384,31 @@ def test_library_errors_name_the_flag_on_the_command_line(tmp_path, capsys):
     code, _, err = run_cli("transcode", "--input", tmp_path, "--output", tmp_path / "out", "--chunk-size", "0",
                            capsys=capsys)  # fmt: skip
     assert code == 2 and "--chunk-size must be >= 1, got 0" in err and "`" not in err
+
+
+def test_progress_is_a_line_now_and_then_where_the_output_is_not_a_terminal(tmp_path):
+    """A log file or pipe gets whole lines (the first and the last state, and one every LOG_INTERVAL_S seconds),
+    never a bar redrawn with carriage returns; a terminal still gets tqdm's bar."""
+    import io
+
+    from ctrkit.progress import LOG_INTERVAL_S, tqdm
+
+    proc = subprocess.run([sys.executable, "-m", "ctrkit", "synth", "--out", str(tmp_path / "d"), "--rows", "30000"],
+                          capture_output=True, timeout=300)  # fmt: skip
+    err = proc.stderr.decode()  # as bytes: text mode would turn carriage returns into newlines
+    assert proc.returncode == 0, err
+    lines = [line for line in err.split("\n") if line.startswith("synth")]
+    assert "\r" not in err and 1 <= len(lines) <= 3 and "100%" in lines[-1], err
+    log = io.StringIO()
+    for _ in tqdm(range(1000), file=log, desc="x"):
+        pass
+    assert "\r" not in log.getvalue() and log.getvalue().count("\n") <= 3 and LOG_INTERVAL_S >= 10
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    screen = Terminal()
+    for _ in tqdm(range(3), file=screen, desc="x", mininterval=0):
+        pass
+    assert "\r" in screen.getvalue()  # the bar, redrawn in place

@@ -47,8 +47,11 @@ def serve(args: argparse.Namespace) -> int:
     extension's index, load and unload) over the KServe v2 HTTP protocol as Triton does: /v2/health/live,
     /v2/health/ready, /v2/models/NAME[/versions/V], .../ready, POST .../infer with JSON tensors or the
     binary-tensor extension (the faster choice for clients), with the signature `ctrkit export`
-    describes; GET /metrics in Prometheus format with Triton's metric names. Concurrent requests are
-    batched dynamically.
+    describes; GET /metrics in Prometheus format with Triton's metric names. A model that carries its
+    preprocessing (trained on a `preprocess table` dataset) takes the raw values of the training table's
+    columns by name (text as BYTES, numbers as INT64 or FP32, one [B, 1] input a column; --missing-columns
+    says what a column left out means), as `predict --input` reads a file; any model takes the id inputs
+    (numerical, categorical, multi_hot). Concurrent requests are batched dynamically.
     """
     import torch
 

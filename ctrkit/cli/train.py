@@ -10,21 +10,33 @@ from ctrkit.cli.options import add_command, add_config_flags, config_from, confi
 from ctrkit.config import ParallelConfig, RunOptions, TrainConfig
 from ctrkit.eval_config import ConvertConfig, EvalConfig, PredictConfig, ReportConfig
 
-PARALLEL_TEXT = (
-    "Launched by torchrun (torchrun --nproc-per-node N -m ctrkit train ...; --nnodes/--node-rank/--rdzv-endpoint "
-    "for several machines), embedding tables are sharded over the ranks and the dense part is data-parallel; gloo "
-    "on CPU, NCCL on CUDA. Without torchrun these flags only shape --print-sharding-plan."
-)
+
+def parallel_text(command: str, what: str) -> str:
+    """The help of a command's hybrid-parallel flags: how torchrun launches ``command``, and ``what`` the ranks do."""
+    return (
+        f"Launched by torchrun (torchrun --nproc-per-node N -m ctrkit {command} ...; --nnodes/--node-rank/"
+        f"--rdzv-endpoint for several machines), {what}; gloo on CPU, NCCL on CUDA. Without torchrun these flags only "
+        "shape --print-sharding-plan."
+    )
+
+
+SHARDED_SCORING = "the checkpoint's embedding tables are sharded over the ranks, which score the samples together"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = add_command(sub, "train", train, (RunOptions,))
     add_config_flags(p, TrainConfig, suppress=True)  # flags not given come from --config, then the defaults
-    add_config_flags(p.add_argument_group("hybrid parallel", PARALLEL_TEXT), ParallelConfig)
+    train_text = parallel_text(
+        "train", "embedding tables are sharded over the ranks and the dense part is data-parallel"
+    )
+    add_config_flags(p.add_argument_group("hybrid parallel", train_text), ParallelConfig)
     p = add_command(sub, "evaluate", evaluate, (EvalConfig,), ("out",))
-    add_config_flags(p.add_argument_group("hybrid parallel", PARALLEL_TEXT), ParallelConfig)
+    add_config_flags(
+        p.add_argument_group("hybrid parallel", parallel_text("evaluate", SHARDED_SCORING)), ParallelConfig
+    )
     p = add_command(sub, "predict", predict, (PredictConfig,))
-    add_config_flags(p.add_argument_group("hybrid parallel", PARALLEL_TEXT), ParallelConfig)
+    text = parallel_text("predict", f"with --dataset, {SHARDED_SCORING} (--input scores in this process)")
+    add_config_flags(p.add_argument_group("hybrid parallel", text), ParallelConfig)
     p = add_command(sub, "report", report, (ReportConfig,))
     p.add_argument("checkpoint", metavar="CHECKPOINT", help="checkpoint written by `ctrkit train`")
     add_command(sub, "models", models, ())

@@ -21,12 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from ctrkit.data.atomic import atomic_directory, atomic_file
 from ctrkit.data.feature_spec import FeatureSpec
 from ctrkit.data.spec_builders import criteo_like_spec
 from ctrkit.data.split_binary import SplitBinaryWriter
+from ctrkit.progress import tqdm
 
 # Criteo Kaggle's 26 table sizes, with the huge ones capped near 10^5 so the default model fits
 # a laptop; from 3 to 200,000 rows.

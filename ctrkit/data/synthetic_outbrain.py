@@ -15,12 +15,12 @@ import os
 from pathlib import Path
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from ctrkit.data.atomic import atomic_directory
 from ctrkit.data.feature_spec import Chunk, Feature, FeatureSpec, smallest_int_dtype
 from ctrkit.data.split_binary import SplitBinaryWriter
 from ctrkit.data.synthetic import power_law_ids
+from ctrkit.progress import tqdm
 
 # one-hot features: request level, then item level
 ONEHOT = {

@@ -27,13 +27,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from ctrkit.data.atomic import atomic_directory
 from ctrkit.data.feature_spec import FeatureSpec
 from ctrkit.data.spec_builders import criteo_like_spec
 from ctrkit.data.split_binary import SplitBinaryWriter
 from ctrkit.data.synthetic import Block, bias_for_ctr, power_law_ids
+from ctrkit.progress import tqdm
 
 PLANTED_CARDINALITIES = (5, 12, 40, 100, 300, 800, 2_000, 5_000, 10_000, 20_000, 50_000, 100_000, 200_000, 30, 3_000,
                          60_000, 7, 500, 15_000, 150_000)  # fmt: skip

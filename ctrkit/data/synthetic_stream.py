@@ -21,13 +21,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from ctrkit.data.atomic import atomic_directory
 from ctrkit.data.feature_spec import Feature, FeatureSpec, check_capacity
 from ctrkit.data.spec_builders import split_binary_spec
 from ctrkit.data.split_binary import SplitBinaryWriter
 from ctrkit.metrics import roc_auc
+from ctrkit.progress import tqdm
 
 # ids alive on a day per feature: a Criteo-like mix of small and large vocabularies
 STREAM_VOCABULARIES = (1000, 500, 40000, 30000, 300, 24, 8000, 600, 3, 20000, 4000, 36000, 2000, 27, 10000, 32000,

@@ -10,7 +10,6 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from ctrkit.calibration import calibrated
 from ctrkit.checkpoint import Checkpoint, load_checkpoint
@@ -21,6 +20,7 @@ from ctrkit.data.feature_spec import FeatureSpec
 from ctrkit.data.loader import BatchLoader, part_bounds
 from ctrkit.distributed.env import DistEnv, gather_in_order
 from ctrkit.metrics import log_loss_from_logits, mean_average_precision, roc_auc, sigmoid
+from ctrkit.progress import tqdm
 
 
 @torch.no_grad()

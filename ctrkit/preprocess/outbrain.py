@@ -159,7 +159,7 @@ def preprocess_outbrain(
 
     ``engine`` "spark" counts ``page_views.csv`` (the real data's 2 billion rows) on Spark (``master``);
     the other files are read here with the same code, so both engines write byte-identical datasets."""
-    from tqdm.auto import tqdm
+    from ctrkit.progress import tqdm
 
     started = time.perf_counter()
     raw_dir = Path(raw_dir)

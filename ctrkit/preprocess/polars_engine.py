@@ -22,7 +22,6 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
-from tqdm import tqdm
 
 from ctrkit.columns import label_of
 from ctrkit.data.prefetch import prefetched
@@ -30,6 +29,7 @@ from ctrkit.preprocess import vocabulary as vocab_mod
 from ctrkit.preprocess.criteo import CriteoRecipe, check_arguments, numerical_transform
 from ctrkit.preprocess.key_index import KeyIndex
 from ctrkit.preprocess.output import DatasetOutput, Rejects
+from ctrkit.progress import tqdm
 
 BLOCK_BYTES = 24 << 20  # under glibc's mmap threshold, so block buffers are reused, not page-faulted anew
 PASS2_ROWS = 1 << 18  # rows per pass-2 block

@@ -35,7 +35,6 @@ from functools import partial
 from pathlib import Path
 
 import polars as pl
-from tqdm import tqdm
 
 from ctrkit.columns import Role
 from ctrkit.data.atomic import atomic_directory, check_new_directory
@@ -71,6 +70,7 @@ from ctrkit.preprocess.transform import (
     write_record,
 )
 from ctrkit.preprocess.value_ids import MAX_FIT_ROWS, value_id_tests
+from ctrkit.progress import tqdm
 
 
 def _test_value_ids(

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
-from tqdm.auto import tqdm
 
 from ctrkit.columns import Role
 from ctrkit.data.atomic import atomic_file, temporary_prefix
 from ctrkit.preprocess.table_reader import check_output, is_parquet, separator_char, table_blocks, table_columns
 from ctrkit.preprocess.transform import RowError, RowTransform
+from ctrkit.progress import tqdm
 from ctrkit.serve.predictor import Predictor
 
 BLOCK_ROWS = 1 << 16

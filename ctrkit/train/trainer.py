@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from ctrkit.calibration import choose_calibration
 from ctrkit.checkpoint import Checkpoint, rng_state, set_rng_state
@@ -34,6 +33,7 @@ from ctrkit.models.dynamic import DynamicIds
 from ctrkit.models.embeddings import fill_pending_tables
 from ctrkit.models.registry import config_to_dict
 from ctrkit.models.tiered_tables import tiered_keys
+from ctrkit.progress import tqdm
 from ctrkit.train.best_weights import copy_state, kept_on_disk
 from ctrkit.train.memory import tables_directory
 from ctrkit.train.optim import LRSchedule, build_optimizers
