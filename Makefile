@@ -10,7 +10,7 @@ DEMO   := build/demo
 
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: install triton demo test lint docs bench clean
+.PHONY: install triton demo test lint docs serve-docs bench clean
 
 install: $(STAMP)
 
@@ -52,6 +52,10 @@ docs: install
 	$(BIN)/python -m ctrkit.cli.reference docs
 	$(BIN)/python benchmarks/render.py
 	$(BIN)/mkdocs build --strict --site-dir build/site
+
+# the site on http://127.0.0.1:8001 (search needs it served: browsers run no search worker for a page opened from disk)
+serve-docs: docs
+	$(BIN)/python -m http.server --bind 127.0.0.1 --directory build/site 8001
 
 # the tests in one process a core (pytest-xdist), each test file in one process (its module fixtures built once)
 test: install triton lint

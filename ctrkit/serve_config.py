@@ -101,8 +101,10 @@ class ExportConfig:
     )
     backend: str = option(
         "onnx",
-        "the model of a Triton repository: onnx (ONNX Runtime), torchscript (LibTorch), or python (Triton's Python "
-        "backend running the ONNX model behind the preprocessing the checkpoint carries: raw values in)",
+        "the model of a Triton repository: onnx (ONNX Runtime: what NVIDIA's Triton containers serve, no Python in "
+        "the serving path), torchscript (LibTorch), or python (Triton's Python backend running the ONNX model behind "
+        "the preprocessing the checkpoint carries: raw values in; the one a Triton without the onnxruntime backend, "
+        "such as `make triton`'s CPU build, serves)",
         ("onnx", "torchscript", "python"),
     )
     quantize: str = option(

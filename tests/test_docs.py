@@ -153,6 +153,9 @@ def test_site_opened_from_disk_links_to_pages_and_fits_its_tables(site):
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 900})
             page.goto((site / "index.html").as_uri())
+            cells = page.evaluate("""Array.from(document.querySelectorAll('table tr td:first-child')).map(td => {
+                const r = document.createRange(); r.selectNodeContents(td); return [td.textContent,
+                r.getClientRects().length]; })""")  # the lines each first-column cell of the home page takes
             page.click("nav a[href='training.html']")
             page.wait_for_load_state()
             landed = page.evaluate(
@@ -168,6 +171,8 @@ def test_site_opened_from_disk_links_to_pages_and_fits_its_tables(site):
                 )
         finally:
             browser.close()
+    words = [(text, lines) for text, lines in cells if " " not in text.strip()]
+    assert words and all(lines == 1 for _, lines in words), words  # no word cut ("preproce ssing")
     assert landed[0].endswith("/training.html") and landed[1] and landed[1].strip().startswith("Training"), landed
     for name, (column, tables) in widths.items():
         assert column >= 900, (name, column)  # 1280 less the 300 px navigation, not the theme's 800

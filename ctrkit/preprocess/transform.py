@@ -46,6 +46,7 @@ MISSING_COLUMNS = ("error", "missing")
 # values a model carries at most, over all its vocabularies; a dataset's larger vocabularies are carried without the
 # values rarer than its frequency threshold (they would be most of them: Criteo's long tail)
 MAX_CARRIED_VALUES = 20_000_000
+MISSING_INT64 = -(2**63)  # a missing value in a raw INT64 tensor (a binary tensor holds no null): INT64's minimum
 _HASH_SEEDS = (0x5EED, 0xC0FFEE)  # Polars' hashes of a value, only ever compared within one process (``ValueIndex``)
 # values looked up at once from which a vocabulary is joined (Polars' hash join builds a table of the vocabulary each
 # time) rather than searched by hash pairs: at least JOIN_MIN and JOIN_RATIO x the vocabulary's values
@@ -618,11 +619,12 @@ def category_text(values: pl.Expr, how: str) -> pl.Expr:
 
 def _series(name: str, given: Any, null_values: frozenset[str]) -> pl.Series:
     """A column's request values as a Series: text (bytes decoded as UTF-8; one of ``null_values``: missing),
-    numbers, or lists."""
+    numbers (MISSING_INT64 in an integer tensor: missing), or lists."""
     if isinstance(given, pl.Series):
         return given.alias(name)
     if isinstance(given, np.ndarray) and given.dtype.kind in "fiub":
-        return pl.Series(name, given)
+        series = pl.Series(name, given)
+        return series.set(series == MISSING_INT64, None) if given.dtype == np.int64 else series
     values = list(given.tolist() if isinstance(given, np.ndarray) else given)
     try:
         values = [

@@ -6,6 +6,7 @@ on the exported repository, each against `predict --input` on the same rows."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -233,7 +234,7 @@ def _triton_ready(port: int) -> bool:
 
 
 @pytest.mark.skipif(not (ROOT / ".venv-triton" / "bin" / "python").exists(), reason="no Triton here: `make triton`")
-def test_real_triton_serves_the_exported_repository(trained):
+def test_real_triton_serves_the_exported_repository(trained, tmp_path, monkeypatch):
     work, data, ckpt, test_rows = trained
     rows = _unusual_rows(test_rows)
     want = predict_rows(trained, rows)["probability"].to_numpy()
@@ -250,6 +251,15 @@ def test_real_triton_serves_the_exported_repository(trained):
         # raw values, and the id inputs, through the Python-backend model
         got = client.infer("ctr", _raw_request(rows, True)).as_numpy("probability")[:, 0]
         np.testing.assert_allclose(got, want, atol=1e-6)
+        # the serving page's Python client, as written, every datatype (missing integer ids included)
+        page = (ROOT / "docs" / "serving.md").read_text()
+        doc_client = next(b for b in re.findall(r"```python\n(.*?)```", page, re.S) if "read_csv" in b)
+        monkeypatch.chdir(tmp_path)
+        rows.write_csv(tmp_path / "new.csv")
+        assert rows["age"].null_count() and rows["position"].null_count() < len(rows)
+        scope: dict = {}
+        exec(doc_client.replace("127.0.0.1:8000", f"127.0.0.1:{port}"), scope)  # noqa: S102 - our own documentation
+        np.testing.assert_allclose(scope["probability"][:, 0], want, atol=1e-6)
         from ctrkit.data.dataset import SplitBinaryDataset
 
         batch = SplitBinaryDataset(data, "test").slice(0, 12)
