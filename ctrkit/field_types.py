@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import types
 import typing
 from functools import cache
@@ -34,8 +35,8 @@ def conforms(value: Any, hint: Any) -> bool:
         return isinstance(value, bool)
     if hint is int:
         return isinstance(value, int) and not isinstance(value, bool)
-    if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is float:  # a finite number: no field means NaN or the infinities
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     if hint is str:
         return isinstance(value, str)
     if hint is Path:
@@ -59,13 +60,15 @@ def describe(hint: Any) -> str:
         return " or ".join(kinds) + (" or nothing (null)" if type(None) in args else "")
     if origin in (tuple, list) and args:
         return f"a list of {_plural(describe(args[0]))}"
-    names = {bool: "true or false", int: "an integer", float: "a number", str: "text", Path: "a path",
+    names = {bool: "true or false", int: "an integer", float: "a finite number", str: "text", Path: "a path",
              dict: "a mapping", tuple: "a list", list: "a list"}  # fmt: skip
     return names.get(hint, getattr(hint, "__name__", str(hint)))
 
 
 def _plural(kind: str) -> str:
-    return {"an integer": "integers", "a number": "numbers", "text": "texts", "a path": "paths"}.get(kind, kind)
+    return {"an integer": "integers", "a finite number": "finite numbers", "text": "texts", "a path": "paths"}.get(
+        kind, kind
+    )
 
 
 def check_fields(cls: type, values: dict[str, Any], where: str) -> None:

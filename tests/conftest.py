@@ -45,8 +45,11 @@ def small_model_flags() -> list[str]:
 
 
 def run_cli(*args: str, capsys=None) -> tuple[int, str, str]:
-    """Runs ``ctrkit`` in this process; returns (exit code, stdout, stderr)."""
-    code = main([str(a) for a in args])
+    """Runs ``ctrkit`` in this process; returns (exit code, stdout, stderr) (argparse's refusals exit: their code)."""
+    try:
+        code = main([str(a) for a in args])
+    except SystemExit as e:
+        code = e.code
     out, err = capsys.readouterr() if capsys is not None else ("", "")
     return code, out, err
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import math
 import typing
 from dataclasses import MISSING, fields
 from pathlib import Path
@@ -68,6 +69,15 @@ def _scalar_type(hint: Any) -> type:
     raise TypeError(f"no command-line type for {hint!r}")
 
 
+def finite_number(text: str) -> float:
+    """Every float flag's value: a finite number. NaN and the infinities are refused here, for every flag at once (no
+    flag means them; a window or timeout of NaN hung the server)."""
+    value = float(text)  # a ValueError: argparse's "invalid finite_number value"
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
 def _said(value: Any) -> str:
     return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
 
@@ -99,7 +109,7 @@ def add_config_flags(
         if kind is bool:  # on by default: --name / --no-name
             kwargs["action"] = argparse.BooleanOptionalAction if default is True else "store_true"
         else:
-            kwargs["type"] = kind
+            kwargs["type"] = finite_number if kind is float else kind
             if meta.get("choices"):
                 kwargs["choices"] = meta["choices"]
             if meta.get("nargs"):

@@ -12,8 +12,8 @@ from tests.faults.conftest import one_line_error
 @pytest.mark.parametrize(
     "yaml_text, needles",
     [
-        ("train_config:\n  lr: abc\n", ("'lr' holds \"abc\"", "expected a number")),
-        ("train_config:\n  lr: [1, 2]\n", ("'lr' holds [1, 2]", "expected a number")),
+        ("train_config:\n  lr: abc\n", ("'lr' holds \"abc\"", "expected a finite number")),
+        ("train_config:\n  lr: [1, 2]\n", ("'lr' holds [1, 2]", "expected a finite number")),
         ("train_config:\n  lr: 1e-3\n", ("'lr' holds \"1e-3\"", "write 1.0e-3")),
         ("model_config:\n  embedding_dim: x\n", ("'embedding_dim' holds \"x\"", "expected an integer")),
         ("model: [dlrm]\n", ("'model' holds ['dlrm']", "expected text")),
@@ -90,3 +90,17 @@ def test_continued_runs_keep_their_settings_or_refuse(tiny_dataset, tmp_path, ca
                            "--bottom-mlp", "16,4", "--save-checkpoint", tmp_path / "x.pt", capsys=capsys)  # fmt: skip
     assert code == 2
     one_line_error(err, "train", "cannot apply bottom_mlp [16, 4] (the checkpoint's: [32, 8]), embedding_dim 4 (the")
+
+
+def test_every_number_flag_and_field_refuses_nan_and_the_infinities(tmp_path, capsys):
+    """One rule for every float flag (the option machinery's) and every float field of a YAML config: NaN, inf and
+    numbers beyond a float refused in one line, whatever the command."""
+    cases = [["train", "--dataset", tmp_path, "--lr", "nan"], ["serve", "--checkpoint", "x", "--max-body-mb", "inf"],
+             ["preprocess", "table", "t.csv", "--out", tmp_path / "o", "--label", "click", "--test-fraction", "1e999"],
+             ["serve", "--checkpoint", "x", "--header-timeout-s=-inf"]]  # fmt: skip
+    for args in cases:
+        code, _, err = run_cli(*args, capsys=capsys)
+        assert code == 2 and "expected a finite number" in err and "Traceback" not in err, (args, err)
+    (tmp_path / "run.yaml").write_text("train_config:\n  lr: .nan\n")
+    code, _, err = run_cli("train", "--config", tmp_path / "run.yaml", "--dataset", tmp_path, capsys=capsys)
+    assert code == 2 and "'lr' holds NaN; expected a finite number" in err, err
