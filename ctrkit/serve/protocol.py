@@ -184,7 +184,13 @@ def parse_request(body: bytes, header_length: str | None, signature: Signature) 
     if outputs is not None and not (isinstance(outputs, list) and all(isinstance(o, dict) for o in outputs)):
         raise RequestError(f"'outputs' must be a list of objects, got {json.dumps(outputs)[:40]}")
     for i, o in enumerate(outputs or []):
-        _check_object(o.get("parameters"), f"outputs[{i}]: 'parameters'")
+        params = _check_object(o.get("parameters"), f"outputs[{i}]: 'parameters'")
+        if o.get("name") != OUTPUT.name:  # (Triton: an unknown output is a 400, never left out in silence)
+            raise RequestError(f"outputs[{i}]: unknown output {json.dumps(o.get('name'))[:40]}; the model's output is "
+                               f"'{OUTPUT.name}'")  # fmt: skip
+        if params.get("classification") or params.get("class_count"):
+            raise RequestError(f"outputs[{i}]: class_count (the classification extension) is not served; the output is "
+                               "each sample's click probability")  # fmt: skip
     arrays: dict[str, np.ndarray] = {}
     seen: set[str] = set()
     offset = 0

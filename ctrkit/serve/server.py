@@ -11,7 +11,9 @@ import socket
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
-from fastapi.responses import Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ctrkit import __version__
 from ctrkit.serve.metrics import CONTENT_TYPE
@@ -75,10 +77,56 @@ def create_app(
     async def model_ready(model: str, version: str | None = None):
         return Response(status_code=200 if state.lookup(model, version).batcher.alive else 503)
 
+    @app.get("/v2/models/stats")
+    @app.get("/v2/models/{model}/stats")
+    @app.get("/v2/models/{model}/versions/{version}/stats")
+    async def statistics(model: str | None = None, version: str | None = None):
+        return state.statistics(model, version)
+
+    @app.get("/v2/models/{model}/config")
+    @app.get("/v2/models/{model}/versions/{version}/config")
+    async def model_config(model: str, version: str | None = None):
+        return state.config(model, version)
+
     @app.get("/v2/models/{model}")
     @app.get("/v2/models/{model}/versions/{version}")
     async def model_metadata(model: str, version: str | None = None):
         return state.metadata(model, version)
+
+    # what ctrkit's server does not take, answered in Triton's error shape (tritonclient raises it in words)
+    @app.get("/v2/systemsharedmemory/status")
+    @app.get("/v2/systemsharedmemory/region/{region}/status")
+    @app.get("/v2/cudasharedmemory/status")
+    @app.get("/v2/cudasharedmemory/region/{region}/status")
+    async def shared_memory_status(region: str | None = None):
+        return []  # no region is ever registered
+
+    @app.post("/v2/systemsharedmemory/unregister")
+    @app.post("/v2/systemsharedmemory/region/{region}/unregister")
+    @app.post("/v2/cudasharedmemory/unregister")
+    @app.post("/v2/cudasharedmemory/region/{region}/unregister")
+    async def shared_memory_unregister(region: str | None = None):
+        return Response(status_code=200)  # nothing registered: nothing to unregister
+
+    @app.post("/v2/systemsharedmemory/region/{region}/register")
+    @app.post("/v2/cudasharedmemory/region/{region}/register")
+    async def shared_memory_register(region: str):
+        raise Problem(400, "shared memory is not taken by ctrkit's server: send the tensors in the request body "
+                           "(the binary tensor extension is the fast way)")  # fmt: skip
+
+    @app.get("/v2/trace/setting")
+    @app.post("/v2/trace/setting")
+    @app.get("/v2/models/{model}/trace/setting")
+    @app.post("/v2/models/{model}/trace/setting")
+    async def trace_setting(model: str | None = None):
+        raise Problem(400, "ctrkit's server does not trace requests: GET /metrics has each model's request, queue "
+                           "and compute times")  # fmt: skip
+
+    @app.get("/v2/logging")
+    @app.post("/v2/logging")
+    async def log_settings():
+        raise Problem(400, "ctrkit's server has no log settings to read or change: it logs warnings and errors to "
+                           "stderr")  # fmt: skip
 
     @app.post("/v2/models/{model}/infer")
     @app.post("/v2/models/{model}/versions/{version}/infer")
@@ -92,14 +140,37 @@ def create_app(
             return await state.index(request)
 
         @app.post("/v2/repository/models/{model}/load")
-        async def repository_load(model: str):
-            await state.load_model(model)
+        async def repository_load(model: str, request: Request):
+            await state.load_model(model, request)
             return Response(status_code=200)
 
         @app.post("/v2/repository/models/{model}/unload")
         async def repository_unload(model: str):
             state.unload_model(model)
             return Response(status_code=200)
+
+    else:
+
+        @app.post("/v2/repository/index")
+        async def one_model_index():
+            return [{"name": name, "version": "1", "state": "READY" if state.ready else "UNAVAILABLE"}]
+
+        @app.post("/v2/repository/models/{model}/load")
+        @app.post("/v2/repository/models/{model}/unload")
+        async def one_model(model: str):
+            raise Problem(400, "this server serves one model (--checkpoint or --model-dir): start it with "
+                               "--model-repository to load and unload models")  # fmt: skip
+
+    @app.exception_handler(StarletteHTTPException)
+    async def no_route(request: Request, e: StarletteHTTPException):  # FastAPI's {"detail": ...}, as Triton says it
+        what = "no such route" if e.status_code == 404 else str(e.detail)
+        return JSONResponse({"error": f"{request.method} {request.url.path}: {what} on ctrkit's server"},
+                            status_code=e.status_code)  # fmt: skip
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_route_values(request: Request, e: RequestValidationError):
+        return JSONResponse({"error": f"{request.method} {request.url.path}: {e.errors()[0].get('msg', e)}"},
+                            status_code=400)  # fmt: skip
 
     return app
 

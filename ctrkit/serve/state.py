@@ -7,6 +7,7 @@ import asyncio
 import json
 import logging
 import time
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -181,6 +182,58 @@ class ServerState:
             "outputs": tensors([signature.output]),
         }
 
+    def config(self, model: str, version: str | None) -> dict:
+        """The model configuration extension: the version's inputs, output and batching as a Triton config says them
+        (as JSON); the raw columns and the id inputs are each optional where a model takes both."""
+        served = self.lookup(model, version)
+        signature = served.predictor.signature
+        optional = bool(signature.raw_inputs)
+
+        def tensor(t, is_input: bool) -> dict:
+            kind = "TYPE_STRING" if t.datatype == "BYTES" else f"TYPE_{t.datatype}"
+            return {"name": t.name, "data_type": kind, "dims": t.shape()[1:],
+                    **({"optional": True} if is_input and optional else {})}  # fmt: skip
+
+        return {
+            "name": model,
+            "platform": f"ctrkit_{served.predictor.backend}",
+            "max_batch_size": self.limits.max_batch_size,
+            "input": [tensor(t, True) for t in signature.raw_inputs + signature.inputs],
+            "output": [tensor(signature.output, False)],
+            "dynamic_batching": {"max_queue_delay_microseconds": round(self.limits.window_ms * 1000)},
+            "version_policy": {"all": {}},
+        }
+
+    def statistics(self, model: str | None, version: str | None) -> dict:
+        """The statistics extension: each served version's requests and model calls, counted as /metrics counts
+        them (all models, one model's versions, or one version)."""
+        if model:
+            keys = [self.lookup(model, version).batcher.key] if version else [(model, v) for v in self.models[model]]
+            self.lookup(model, None)  # an unknown model: its 400
+        else:
+            keys = [(m, v) for m, versions in self.models.items() for v in versions]
+        count = lambda name, key: self.metrics.counters[name].get(key, 0.0)  # noqa: E731
+        stats = []
+        for key in sorted(keys, key=lambda k: (k[0], version_order(k[1]))):
+            calls = int(count("nv_inference_exec_count", key))
+            pair = lambda n, us: {"count": n, "ns": round(us * 1000)}  # noqa: E731
+            stats.append({
+                "name": key[0], "version": key[1], "last_inference": 0,
+                "inference_count": int(count("nv_inference_count", key)), "execution_count": calls,
+                "inference_stats": {
+                    "success": pair(int(count("nv_inference_request_success", key)),
+                                    count("nv_inference_request_duration_us", key)),
+                    "fail": pair(int(count("nv_inference_request_failure", key)), 0.0),
+                    "queue": pair(calls, count("nv_inference_queue_duration_us", key)),
+                    "compute_input": pair(0, 0.0),
+                    "compute_infer": pair(calls, count("nv_inference_compute_infer_duration_us", key)),
+                    "compute_output": pair(0, 0.0),
+                    "cache_hit": pair(0, 0.0), "cache_miss": pair(0, 0.0),
+                },
+                "batch_stats": [],
+            })  # fmt: skip
+        return {"model_stats": stats}
+
     # requests
 
     async def read_body(self, request: Request, limit: int) -> tuple[bytes, int]:
@@ -222,6 +275,7 @@ class ServerState:
         body, seen = await self.read_body(request, limit)
         if seen > limit:
             raise Problem(400, f"the request body of {seen} bytes exceeds the limit of {limit} bytes")
+        body = _decoded(body, request.headers.get("content-encoding"), limit)
         try:
             if len(body) < LARGE_BODY:
                 parsed = parse_request(bytes(body), request.headers.get(HEADER_LENGTH), signature)
@@ -319,10 +373,20 @@ class ServerState:
                 out.append({"name": model, "state": "UNAVAILABLE", "reason": failed.get(model, "unloaded")})
         return out
 
-    async def load_model(self, model: str) -> None:
+    async def load_model(self, model: str, request: Request) -> None:
         """The repository extension's load: the model's versions (re)loaded; where that fails, the running
-        versions stay and the request gets a 400 saying why."""
+        versions stay and the request gets a 400 saying why. A load that brings a config or files of its own is
+        refused (ctrkit loads the repository's files as they are)."""
         _checked(model)
+        body, seen = await self.read_body(request, MAX_INDEX_BODY)
+        try:
+            given = (json.loads(body) if body.strip() else {}).get("parameters") or {}
+        except (ValueError, UnicodeDecodeError, RecursionError, AttributeError):
+            raise Problem(400, "the load request must be a JSON object or empty") from None
+        extra = sorted(k for k in given if k == "config" or k.startswith("file:")) if isinstance(given, dict) else []
+        if seen > MAX_INDEX_BODY or extra:
+            raise Problem(400, f"a load with {', '.join(extra) or 'a body this large'} is not taken: ctrkit loads the "
+                               "model repository's files as they are (write them there, then load)")  # fmt: skip
         try:
             await self.load(model)
         except Exception as e:  # a missing or corrupt model file
@@ -335,6 +399,26 @@ class ServerState:
         if model not in self.repository.names() and model not in self.models:
             raise Problem(400, f"unknown model '{model}'")
         self.swap(model, None)
+
+
+def _decoded(body: bytes, encoding: str | None, limit: int) -> bytes:
+    """A request body as sent with ``Content-Encoding`` gzip or deflate (tritonclient's request compression),
+    decompressed up to ``limit`` bytes; other encodings are refused."""
+    encoding = (encoding or "identity").strip().lower()
+    if encoding == "identity":
+        return body
+    if encoding not in ("gzip", "deflate"):
+        raise Problem(400, f"Content-Encoding '{encoding}' is not taken: send gzip, deflate or none")
+    stream = zlib.decompressobj(wbits=31 if encoding == "gzip" else 15)
+    try:
+        out = stream.decompress(body, limit + 1)
+    except zlib.error as e:
+        raise Problem(400, f"the {encoding} body does not decompress: {e}") from None
+    if len(out) > limit:
+        raise Problem(400, f"the request body decompresses to more than the limit of {limit} bytes")
+    if not stream.eof:
+        raise Problem(400, f"the {encoding} body is cut off")
+    return out
 
 
 def _checked(model: str) -> None:

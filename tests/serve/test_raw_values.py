@@ -555,3 +555,23 @@ def test_a_killed_parquet_predict_leaves_nothing_behind_the_next_run(trained, tm
     assert run_cli("predict", "--checkpoint", ckpt, "--input", tmp_path / "new.csv", "--out", out)[0] == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["new.csv", "scores.parquet"]
     assert len(pl.read_parquet(out)) == len(big)
+
+
+def test_a_repository_server_answers_the_configuration_statistics_and_load_extensions(trained, served):
+    """With a model repository: each model's config (raw columns and id inputs, each optional), every version's
+    statistics, and a load that brings a config of its own refused in words (it was ignored in silence)."""
+    from tritonclient.utils import InferenceServerException
+
+    server, _ = served
+    client = httpclient.InferenceServerClient(server.url)
+    config = client.get_model_config("ctr_onnx")
+    kinds = {i["name"]: (i["data_type"], i.get("optional")) for i in config["input"]}
+    assert kinds["country"] == ("TYPE_STRING", True) and kinds["price"] == ("TYPE_FP32", True)
+    assert kinds["categorical"] == ("TYPE_INT64", True) and config["output"][0]["name"] == "probability"
+    names = {s["name"] for s in client.get_inference_statistics()["model_stats"]}
+    assert {"ctr", "ctr_onnx", "ctr_python"} <= names
+    with pytest.raises(InferenceServerException, match="config is not taken"):
+        client.load_model("ctr", config='{"max_batch_size": 4}')
+    client.load_model("ctr")  # as the repository holds it
+    assert client.is_model_ready("ctr")
+    client.close()

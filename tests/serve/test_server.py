@@ -224,3 +224,88 @@ def test_unfinished_headers_are_closed_after_the_header_timeout(tiny_checkpoint)
         for c in held:
             c.close()
         s.stop()
+
+
+def test_every_tritonclient_method_works_or_is_refused_in_words(tiny_checkpoint, rows):
+    """Each method of tritonclient.http.InferenceServerClient against ctrkit's server: it works as Triton answers it
+    (configuration, statistics, compressed requests, the shared-memory status), or the client raises Triton's error
+    shape with a message (never FastAPI's {"detail": "Not Found"}, which it cannot decode, and nothing ignored in
+    silence: an unknown output, class_count, a load with a config of its own)."""
+    from tritonclient.utils import InferenceServerException
+
+    numerical, categorical = rows
+    s = Server("--checkpoint", tiny_checkpoint)
+    client = httpclient.InferenceServerClient(s.url)
+    try:
+        want = infer(client, numerical, categorical, True)
+
+        def inputs():
+            a = httpclient.InferInput("numerical", list(numerical.shape), "FP32")
+            a.set_data_from_numpy(numerical, binary_data=True)
+            b = httpclient.InferInput("categorical", list(categorical.shape), "INT64")
+            b.set_data_from_numpy(categorical, binary_data=True)
+            return [a, b]
+
+        def scores(**kwargs):
+            return client.infer("dlrm", inputs(), **kwargs).as_numpy("probability")
+
+        class Headers:  # a client plugin: adds a header to every request
+            def __call__(self, request):
+                request.headers["x-ctrkit-test"] = "1"
+
+        def refused(call, *words):
+            with pytest.raises(InferenceServerException) as e:
+                call()
+            said = str(e.value)
+            assert all(w in said for w in words) and "Not Found" not in said and "detail" not in said, said
+            return said
+
+        calls = {
+            "is_server_live": lambda: client.is_server_live() is True,
+            "is_server_ready": lambda: client.is_server_ready() is True,
+            "is_model_ready": lambda: client.is_model_ready("dlrm") is True,
+            "get_server_metadata": lambda: client.get_server_metadata()["name"] == "ctrkit",
+            "get_model_metadata": lambda: client.get_model_metadata("dlrm")["name"] == "dlrm",
+            "get_model_config": lambda: [(i["name"], i["data_type"]) for i in client.get_model_config("dlrm")["input"]]
+            == [("numerical", "TYPE_FP32"), ("categorical", "TYPE_INT64")],
+            "get_model_repository_index": lambda: client.get_model_repository_index()[0]["name"] == "dlrm",
+            "get_inference_statistics": lambda: client.get_inference_statistics("dlrm")["model_stats"][0][
+                "inference_stats"]["success"]["count"] >= 1,
+            "get_system_shared_memory_status": lambda: client.get_system_shared_memory_status() == [],
+            "get_cuda_shared_memory_status": lambda: client.get_cuda_shared_memory_status() == [],
+            "unregister_system_shared_memory": lambda: client.unregister_system_shared_memory() is None,
+            "unregister_cuda_shared_memory": lambda: client.unregister_cuda_shared_memory() is None,
+            "register_system_shared_memory": lambda: refused(
+                lambda: client.register_system_shared_memory("r", "/k", 64), "shared memory is not taken"),
+            "register_cuda_shared_memory": lambda: refused(
+                lambda: client.register_cuda_shared_memory("r", b"handle", 0, 64), "shared memory is not taken"),
+            "get_trace_settings": lambda: refused(client.get_trace_settings, "does not trace"),
+            "update_trace_settings": lambda: refused(lambda: client.update_trace_settings(settings={"trace_rate": "1"}),
+                                                     "does not trace"),
+            "get_log_settings": lambda: refused(client.get_log_settings, "no log settings"),
+            "update_log_settings": lambda: refused(lambda: client.update_log_settings({"log_info": True}),
+                                                   "no log settings"),
+            "load_model": lambda: refused(lambda: client.load_model("dlrm", config="{}"), "serves one model"),
+            "unload_model": lambda: refused(lambda: client.unload_model("dlrm"), "serves one model"),
+            "infer": lambda: np.allclose(scores(), want, atol=1e-7)
+            and np.allclose(scores(request_compression_algorithm="gzip"), want, atol=1e-7)
+            and np.allclose(scores(request_compression_algorithm="deflate"), want, atol=1e-7)
+            and bool(refused(lambda: scores(outputs=[httpclient.InferRequestedOutput("logit")]), "unknown output"))
+            and bool(refused(lambda: scores(outputs=[httpclient.InferRequestedOutput("probability", class_count=1)]),
+                             "class_count")),
+            "async_infer": lambda: np.allclose(client.async_infer("dlrm", inputs()).get_result().as_numpy(
+                "probability"), want, atol=1e-7),
+            "generate_request_body": lambda: len(client.generate_request_body(inputs())[0]) > 0,
+            "parse_response_body": lambda: callable(client.parse_response_body),  # (the client's own: no request)
+            "register_plugin": lambda: client.register_plugin(Headers()) is None,  # (the client's own: headers added)
+            "plugin": lambda: isinstance(client.plugin(), Headers) and np.allclose(scores(), want, atol=1e-7),
+            "unregister_plugin": lambda: client.unregister_plugin() is None and client.plugin() is None,
+        }  # fmt: skip
+        methods = {n for n in dir(httpclient.InferenceServerClient) if not n.startswith("_") and n != "close"}
+        assert methods == set(calls), sorted(methods ^ set(calls))  # every method the client has, none left out
+        for name, call in calls.items():
+            assert call(), name
+        assert s.healthy()
+    finally:
+        client.close()
+        s.stop()
