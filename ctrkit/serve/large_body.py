@@ -13,7 +13,7 @@ from concurrent.futures.process import BrokenProcessPool
 
 from ctrkit.serve.protocol import parse_request
 
-LARGE_BODY = 1 << 20  # bodies from this size on are parsed in a worker process
+LARGE_BODY = 1 << 18  # bodies from this size on are parsed in a worker process (docs/decisions/serving-stalls.md)
 
 _signature = None  # the served model's signature, in a LargeBodyParser's worker process
 
