@@ -1,8 +1,11 @@
-"""Dynamic batching: concurrent requests to one model joined into one forward pass, within bounds on padding."""
+"""Dynamic batching: concurrent requests to one model joined into one forward pass, within bounds on padding; a request
+of more than ``call_rows`` rows is scored in calls of that many, and requests of at most that many go before them, so
+a one-row request never waits behind a large request's whole model call (docs/decisions/serving-stalls.md)."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -15,6 +18,7 @@ from ctrkit.serve.predictor import Predictor
 log = logging.getLogger("ctrkit.serve")
 
 PADDING_SLACK = 1 << 16  # padding elements always allowed in a batch
+CALL_ROWS = 1024  # a larger request is scored in model calls of this many rows, requests of at most this many first
 
 
 class Batcher:
@@ -27,12 +31,16 @@ class Batcher:
         max_batch_size: int = 8192,
         metrics: ServerMetrics | None = None,
         key: tuple[str, str] = ("model", "1"),
+        call_rows: int = CALL_ROWS,
     ):
         self.predictor = predictor
         self.metrics, self.key = metrics, key
         self.window = window_ms / 1e3
         self.max_batch_size = max_batch_size
-        self.queue: asyncio.Queue | None = None
+        self.call_rows = max(1, min(call_rows, max_batch_size))
+        # (0: a request of at most call_rows rows, 1: a part of a larger one; arrival order; the request)
+        self.queue: asyncio.PriorityQueue | None = None
+        self._order = itertools.count()
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="ctrkit-model")
         self.calls = 0
         self._busy = False  # a batch taken off the queue and not yet answered
@@ -40,7 +48,7 @@ class Batcher:
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
-        self.queue = asyncio.Queue()
+        self.queue = asyncio.PriorityQueue()
         self._task = asyncio.get_running_loop().create_task(self._loop())
         self._task.add_done_callback(self._ended)
 
@@ -50,7 +58,7 @@ class Batcher:
             log.error("the batching loop stopped: %r; the server now answers 503", task.exception())
         left = list(self._taken)
         while self.queue is not None and not self.queue.empty():
-            left.append(self.queue.get_nowait())
+            left.append(self.queue.get_nowait()[2])
         for _, fut, _ in left:
             if not fut.done():
                 fut.set_exception(RuntimeError("the batching loop has stopped"))
@@ -66,10 +74,21 @@ class Batcher:
     ) -> np.ndarray:
         if not self.alive:
             raise RuntimeError("the batching loop has stopped")
-        future = asyncio.get_running_loop().create_future()
+        loop, now = asyncio.get_running_loop(), time.monotonic()
         arrays = (numerical, categorical) + (() if multi_hot is None else (multi_hot,))
-        await self.queue.put((arrays, future, time.monotonic()))
-        return await future
+        rows = len(numerical)
+        futures = []
+        for a in range(0, max(rows, 1), self.call_rows):  # a large request: parts of call_rows rows, after the small
+            futures.append(loop.create_future())
+            part = arrays if rows <= self.call_rows else tuple(x[a : a + self.call_rows] for x in arrays)
+            self.queue.put_nowait((int(rows > self.call_rows), next(self._order), (part, futures[-1], now)))
+        if len(futures) == 1:
+            return await futures[0]
+        parts = await asyncio.gather(*futures, return_exceptions=True)  # (every part's exception retrieved)
+        failed = next((p for p in parts if isinstance(p, BaseException)), None)
+        if failed is not None:
+            raise failed
+        return np.concatenate(parts)
 
     async def drain(self) -> None:
         """Stops once every request already queued has been answered (a replaced or unloaded version)."""
@@ -84,10 +103,10 @@ class Batcher:
 
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
-        held = None  # a request kept for the next batch because padding it into this one costs too much
         while True:
-            first = held if held is not None else await self.queue.get()
-            self._busy, held = True, None
+            entry = await self.queue.get()
+            self._busy = True
+            first = entry[2]
             items = self._taken = [first]
             size = len(first[0][0])
             deadline = time.monotonic() + self.window
@@ -96,16 +115,25 @@ class Batcher:
                 if left <= 0:
                     break
                 try:
-                    item = await asyncio.wait_for(self.queue.get(), left)
+                    entry = await asyncio.wait_for(self.queue.get(), left)
                 except asyncio.TimeoutError:
                     break
+                item = entry[2]
                 self._taken = [*items, item]
-                if not _fits(items, item):
-                    held = item
+                rows = len(item[0][0])
+                # a large request's part never makes a call longer than call_rows rows; padding never more than
+                # doubles a multi-hot batch: such a request goes back to the queue, at its place, for the next call
+                if (
+                    (entry[0] and size + rows > self.call_rows)
+                    or size + rows > self.max_batch_size
+                    or not _fits(items, item)
+                ):
+                    self.queue.put_nowait(entry)
+                    self._taken = items
                     break
                 items.append(item)
                 self._taken = items
-                size += len(item[0][0])
+                size += rows
             try:  # whatever fails (padding, the model) fails these requests, never the loop
                 inputs = first[0] if len(items) == 1 else _concatenate([arrays for arrays, _, _ in items])
                 began = time.monotonic()
@@ -119,14 +147,14 @@ class Batcher:
                 for _, fut, _ in items:
                     if not fut.done():
                         fut.set_exception(e)
-                self._busy, self._taken = held is not None, [held] if held is not None else []
+                self._busy, self._taken = False, []
                 continue
             start = 0
             for arrays, fut, _ in items:
                 if not fut.done():
                     fut.set_result(probs[start : start + len(arrays[0])])
                 start += len(arrays[0])
-            self._busy, self._taken = held is not None, [held] if held is not None else []
+            self._busy, self._taken = False, []
 
 
 def _concatenate(requests: list[tuple[np.ndarray, ...]]) -> tuple[np.ndarray, ...]:

@@ -69,23 +69,59 @@ def test_multi_hot_requests_of_different_bag_lengths_are_padded_together():
         assert (got[:, 1] == 4).all()  # one batch, padded to the longest bag
 
 
-def test_a_dead_loop_answers_the_requests_it_held():
-    """A batching loop that dies of a bug outside the model call (here: arrays it cannot measure) answers the request
-    it had taken off the queue, and the ones queued behind it, instead of leaving them waiting for ever."""
+def test_a_dead_loop_answers_the_requests_it_held(monkeypatch):
+    """A batching loop that dies of a bug outside the model call (here: in its batch assembly) answers the requests it
+    had taken off the queue, and the ones queued behind them, instead of leaving them waiting for ever."""
+    from ctrkit.serve import batcher as batcher_module
+
+    def broken(items, item):
+        raise TypeError("a bug in the batch assembly")
+
+    monkeypatch.setattr(batcher_module, "_fits", broken)
 
     async def run():
-        batcher = Batcher(Echo(), window_ms=50.0, max_batch_size=1000)
+        batcher = Batcher(Echo(), window_ms=200.0, max_batch_size=1000)
         batcher.start()
-        held = asyncio.ensure_future(batcher.score(None, None))  # len(None): the loop's own step fails
-        await asyncio.sleep(0)
-        behind = asyncio.ensure_future(batcher.score(np.zeros((1, 2), np.float32), np.zeros((1, 1), np.int64)))
-        done, pending = await asyncio.wait([held, behind], timeout=5)
+        one = lambda: batcher.score(np.zeros((1, 2), np.float32), np.zeros((1, 1), np.int64))  # noqa: E731
+        first = asyncio.ensure_future(one())  # taken off the queue first
+        await asyncio.sleep(0.01)
+        second = asyncio.ensure_future(one())  # taken while the first waits for company: the assembly dies
+        done, pending = await asyncio.wait([first, second], timeout=5)
         for f in pending:
             f.cancel()
         alive = batcher.alive
         await batcher.stop()
-        return [f.exception() if f in done else None for f in (held, behind)], alive
+        return [f.exception() if f in done else None for f in (first, second)], alive
 
     errors, alive = asyncio.run(run())
     assert not alive
     assert all(isinstance(e, RuntimeError) and "batching loop has stopped" in str(e) for e in errors), errors
+
+
+def test_a_large_request_never_holds_a_small_one_for_its_whole_model_call():
+    """A request of more than call_rows rows is scored in calls of call_rows rows, and a small request that arrives
+    meanwhile goes before its remaining parts; each request still gets exactly its own rows, in order."""
+    calls = []
+
+    class Recording(Echo):
+        def __call__(self, numerical, categorical):
+            calls.append(len(numerical))
+            return super().__call__(numerical, categorical)
+
+    async def run():
+        batcher = Batcher(Recording(), window_ms=0.0, max_batch_size=1000, call_rows=10)
+        batcher.start()
+        big = np.arange(95, dtype=np.float32).reshape(-1, 1).repeat(2, 1)
+        small = np.full((1, 2), -7.0, np.float32)
+        large = asyncio.ensure_future(batcher.score(big, np.zeros((95, 1), np.int64)))
+        await asyncio.sleep(0)
+        got_small = await batcher.score(small, np.zeros((1, 1), np.int64))
+        small_done, got_large = len(calls), await large
+        await batcher.stop()
+        return got_large, got_small, small_done
+
+    got_large, got_small, small_done = asyncio.run(run())
+    np.testing.assert_array_equal(got_large[:, 0], np.arange(95, dtype=np.float32))
+    assert got_small[0, 0] == -7.0
+    assert max(calls) <= 10 and sum(calls) == 96  # parts of at most 10 rows
+    assert small_done < len(calls)  # answered before the large request's last part was scored
