@@ -257,6 +257,15 @@ def _auc(cell: list[float]) -> float:
     return cell[0]
 
 
+def _means(suite: str, methods: tuple[str, ...]) -> tuple[dict | None, dict | None]:
+    """A day-by-day suite's result and its mean row per method, where it has results for every one of ``methods``."""
+    if not list((RESULTS / suite).glob("*.json")):
+        return None, None
+    result = _load(suite)
+    mean = {r[1]: r for r in result["rows"] if str(r[0]).startswith("mean")}
+    return result, mean if set(methods) <= set(mean) else None
+
+
 def _source(r: dict) -> str:
     return f"`{r['machine_kind']}`, {r['date']}, commit `{r['commit']}`"
 
@@ -359,32 +368,28 @@ def headline() -> str:
             f"Criteo 1TB epoch (4.2 billion rows) at that rate: {4.2e9 / rate / 3600:,.1f} h. "
             "[One epoch at scale](docs/benchmarks.md#one-epoch-at-scale).",
         ]
-    if list((RESULTS / "stream").glob("*.json")):
-        st = _load("stream")
-        mean = {r[1]: r for r in st["rows"] if str(r[0]).startswith("mean")}
-        if {"fixed", "retrain", "dynamic"} <= set(mean):
-            f, r, d = mean["fixed"], mean["retrain"], mean["dynamic"]
-            out += [
-                "",
-                f"**Day by day** (DLRM on a drifting stream of raw ids, tested on each next day; {_source(st)}): "
-                f"dynamic tables continued day by day reach a mean test AUC of {d[2]:.4f}, against {f[2]:.4f} for a "
-                f"vocabulary fixed on day 1 and {r[2]:.4f} for retraining from scratch on all days every day, in "
-                f"{d[4] / r[4]:.2f}x the training time of retraining. "
-                "[Dynamic tables](docs/dynamic-tables.md).",
-            ]
-    if list((RESULTS / "table-stream").glob("*.json")):
-        ts = _load("table-stream")
-        mean = {r[1]: r for r in ts["rows"] if str(r[0]).startswith("mean")}
-        if {"like", "raw_ids", "retrain"} <= set(mean):
-            lk, raw, r = mean["like"], mean["raw_ids"], mean["retrain"]
-            out += [
-                "",
-                f"**Day by day on text columns** (DLRM on a drifting CSV table, scored on each next day's raw rows; "
-                f"{_source(ts)}): each day written `--like` the last model and continued reaches a mean AUC of "
-                f"{lk[2]:.4f}, against {raw[2]:.4f} for raw ids in dynamic tables and {r[2]:.4f} for retraining on "
-                f"all days, in {lk[4] / raw[4]:.2f}x the time of the raw ids. "
-                "[A vocabulary that grows](docs/dynamic-tables.md#a-vocabulary-that-grows-preprocess-table-like).",
-            ]
+    st, mean = _means("stream", ("fixed", "retrain", "dynamic"))
+    if mean:
+        f, r, d = mean["fixed"], mean["retrain"], mean["dynamic"]
+        out += [
+            "",
+            f"**Day by day** (DLRM on a drifting stream of raw ids, tested on each next day; {_source(st)}): "
+            f"dynamic tables continued day by day reach a mean test AUC of {d[2]:.4f}, against {f[2]:.4f} for a "
+            f"vocabulary fixed on day 1 and {r[2]:.4f} for retraining from scratch on all days every day, in "
+            f"{d[4] / r[4]:.2f}x the training time of retraining. "
+            "[Dynamic tables](docs/dynamic-tables.md).",
+        ]
+    ts, mean = _means("table-stream", ("like", "raw_ids", "retrain"))
+    if mean:
+        lk, raw, r = mean["like"], mean["raw_ids"], mean["retrain"]
+        out += [
+            "",
+            f"**Day by day on text columns** (DLRM on a drifting CSV table, scored on each next day's raw rows; "
+            f"{_source(ts)}): each day written `--like` the last model and continued reaches a mean AUC of "
+            f"{lk[2]:.4f}, against {raw[2]:.4f} for raw ids in dynamic tables and {r[2]:.4f} for retraining on "
+            f"all days, in {lk[4] / raw[4]:.2f}x the time of the raw ids. "
+            "[A vocabulary that grows](docs/dynamic-tables.md#a-vocabulary-that-grows-preprocess-table-like).",
+        ]
     if list((RESULTS / "raw-rows").glob("*.json")):
         rr = _load("raw-rows")
         predict = sorted((r for r in rr["rows"] if r[0].startswith("predict")), key=lambda r: r[1])

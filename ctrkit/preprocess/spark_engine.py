@@ -29,7 +29,7 @@ from ctrkit.preprocess.output import REJECTS_KEPT, DatasetOutput, Rejects
 WRITE_ROWS = 1 << 18
 
 
-def _spark_modules():
+def spark_modules():
     try:
         from pyspark.sql import SparkSession, Window
         from pyspark.sql import functions as F
@@ -40,7 +40,7 @@ def _spark_modules():
 
 def start_session(master: str = "local[*]"):
     """A SparkSession for preprocessing (UI off, ANSI casts off so bad values become nulls we name)."""
-    SparkSession, _, _ = _spark_modules()
+    SparkSession, _, _ = spark_modules()
     spark = (
         SparkSession.builder.master(master)
         .appName("ctrkit-preprocess")
@@ -57,7 +57,7 @@ def start_session(master: str = "local[*]"):
 
 def _lines(spark, paths: Sequence[Path], first_file: int):
     """(file, line_no, line) of every line of ``paths``; line numbers from per-block offsets."""
-    _, _, F = _spark_modules()
+    _, _, F = spark_modules()
     frames = []
     for i, path in enumerate(paths):
         raw = spark.read.text(str(path)).select(
@@ -87,7 +87,7 @@ def _lines(spark, paths: Sequence[Path], first_file: int):
 
 def _parse(df, recipe: CriteoRecipe):
     """Adds the typed fields (label, numerical as long with missing -> -2, category keys) and ``problem``."""
-    _, _, F = _spark_modules()
+    _, _, F = spark_modules()
     names = [recipe.field_name(i) for i in range(recipe.num_fields)]
     nums, cats = names[1 : 1 + recipe.num_numerical], names[1 + recipe.num_numerical :]
     fields = F.split(F.col("line"), "\t", -1)
@@ -131,7 +131,7 @@ def _parse(df, recipe: CriteoRecipe):
 
 def _rejects(parsed, files: Sequence[Path], rejects: Rejects) -> None:
     """Raises on the first bad row (``error``) or counts them and keeps the first few (``skip``)."""
-    _, _, F = _spark_modules()
+    _, _, F = spark_modules()
     bad = parsed.filter(F.col("problem").isNotNull())
     first = bad.orderBy("file", "line_no").select("file", "line_no", "problem", "line").limit(REJECTS_KEPT).collect()
     if not first:
@@ -146,7 +146,7 @@ def _rejects(parsed, files: Sequence[Path], rejects: Rejects) -> None:
 
 def _number_good_rows(good, spark):
     """Adds ``idx``: the 0-based position of each good row in input order."""
-    _, Window, F = _spark_modules()
+    _, Window, F = spark_modules()
     sizes = good.groupBy("file", "block").count().collect()
     base, offsets = 0, []
     for r in sorted(sizes, key=lambda r: (r["file"], r["block"])):
@@ -160,7 +160,7 @@ def _number_good_rows(good, spark):
 
 def _train_counts(train, cats: Sequence[str]) -> list[pl.DataFrame]:
     """(key, count) per category over the train rows, all columns in one Spark job."""
-    _, _, F = _spark_modules()
+    _, _, F = spark_modules()
     pairs = ", ".join(f"{j}, `{c}`" for j, c in enumerate(cats))
     stacked = train.select(F.expr(f"stack({len(cats)}, {pairs}) as (col, key)"))
     rows = stacked.groupBy("col", "key").count().collect()
@@ -190,7 +190,7 @@ def preprocess_criteo_spark(
     """
     recipe = recipe or CriteoRecipe()
     check_arguments(recipe, raw_files, test_files, test_fraction, bad_rows, validation_fraction)
-    _, _, F = _spark_modules()
+    _, _, F = spark_modules()
     start = time.perf_counter()
     train_paths = [Path(p) for p in raw_files]
     test_paths = [Path(p) for p in test_files] if test_files is not None else []
@@ -270,7 +270,7 @@ def page_view_counts_spark(path: Path, rejects: Rejects, spark) -> pl.DataFrame:
     not an integer makes the row bad (the error names the file and line; with ``skip`` it is counted).
     One pass over the file counts the good and the bad rows alike; only an error reads it again, numbering
     its lines to name the first bad one."""
-    _, _, F = _spark_modules()
+    _, _, F = spark_modules()
     with gzip.open(path, "rt") if path.suffix == ".gz" else path.open() as f:
         header = f.readline().rstrip("\r\n").split(",")
     if "document_id" not in header:

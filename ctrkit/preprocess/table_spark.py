@@ -30,7 +30,7 @@ import polars as pl
 
 from ctrkit.data.split_binary import DataError
 from ctrkit.preprocess.output import REJECTS_KEPT, Rejects
-from ctrkit.preprocess.spark_engine import _spark_modules, start_session
+from ctrkit.preprocess.spark_engine import spark_modules, start_session
 from ctrkit.preprocess.table_recipe import (
     DISTINCT_MIN_ROWS,
     FILE_COL,
@@ -198,14 +198,14 @@ class SparkRows:
         found = ColumnFacts.merge(parts, 0)
         if self.schema[column] != pl.String or found.values < DISTINCT_MIN_ROWS:
             return found
-        _, _, F = _spark_modules()
+        _, _, F = spark_modules()
         table = self.spark.read.parquet(str(self.scratch / "table"))
         train = table.filter(F.col(FILE_COL) < self.n_train_files)
         distinct = train.select(F.countDistinct(F.col(f"`{column}`"))).collect()[0][0]
         return ColumnFacts.merge(parts, int(distinct))
 
     def clean(self, steps: Steps, rejects: Rejects, paths: Sequence[Path]) -> tuple[int, int]:
-        _, _, F = _spark_modules()
+        _, _, F = spark_modules()
         results = sorted(self._run(range(len(paths)), partial(_clean_task, steps=steps, scratch=str(self.scratch))),
                          key=lambda r: r[0])  # fmt: skip
         listed = pl.concat([bad for _, bad, _, _ in results])
@@ -237,7 +237,7 @@ class SparkRows:
         """(__old, __new) of a sorted frame: each row's place in the order. A sorted frame's partitions are ranges
         in order, and a row's ``monotonically_increasing_id`` is its partition's number and its place there: stored
         once (so no second evaluation may draw other ranges), then the partitions' sizes give their offsets."""
-        _, _, F = _spark_modules()
+        _, _, F = spark_modules()
         path = str(self.scratch / "order")
         ordered.select("__old", F.monotonically_increasing_id().alias("__m")).write.parquet(path)
         stored = self.spark.read.parquet(path).select("__old", F.shiftright(F.col("__m"), 33).alias("__p"),
@@ -256,7 +256,7 @@ class SparkRows:
     def counts(self, features: Sequence[str], n_fit: int, texts: Callable[[pl.DataFrame], dict[str, pl.Series]]
                ) -> dict[str, pl.DataFrame]:  # fmt: skip
         pa = _arrow()
-        _, _, F = _spark_modules()
+        _, _, F = spark_modules()
         schema = pa.schema([("feature", pa.string()), ("value", pa.string()), ("count", pa.int64())])
         fitting = self.rows.filter(F.col(IDX) < n_fit)
         counted = fitting.mapInArrow(partial(_count_task, texts=texts, schema=schema),
@@ -269,7 +269,7 @@ class SparkRows:
 
     def encode(self, transform: RowTransform, by_value: RowTransform | None, group: str | None) -> None:
         pa = _arrow()
-        _, _, F = _spark_modules()
+        _, _, F = spark_modules()
         sc = self.spark.sparkContext
         candidates = [c[len(RAW_PREFIX) :] for c in self.rows.columns if c.startswith(RAW_PREFIX)]
         ranks = None

@@ -168,9 +168,7 @@ class Predictor:
         path = inside(repository, files[0]) if repository is not None else files[0]
         if repository is not None:
             inside(repository, meta_file)
-            if (path.parent / FILES).is_symlink() or (
-                path.parent / FILES
-            ).exists():  # the digests too: a link out of the repository is not read
+            if os.path.lexists(path.parent / FILES):  # the digests too: a link out of the repository is not read
                 inside(repository, path.parent / FILES)
         if not check_files(path.parent):  # every exported file against digests.json, before any is used
             log.warning("%s: no %s (exported before ctrkit sealed exports): its files are not checked", path.parent,

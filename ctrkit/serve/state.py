@@ -208,8 +208,8 @@ class ServerState:
         """The statistics extension: each served version's requests and model calls, counted as /metrics counts
         them (all models, one model's versions, or one version)."""
         if model:
-            keys = [self.lookup(model, version).batcher.key] if version else [(model, v) for v in self.models[model]]
-            self.lookup(model, None)  # an unknown model: its 400
+            served = self.lookup(model, version)  # (an unknown model or version: its Problem)
+            keys = [served.batcher.key] if version else [(model, v) for v in self.models[model]]
         else:
             keys = [(m, v) for m, versions in self.models.items() for v in versions]
         count = lambda name, key: self.metrics.counters[name].get(key, 0.0)  # noqa: E731
@@ -217,20 +217,16 @@ class ServerState:
         for key in sorted(keys, key=lambda k: (k[0], version_order(k[1]))):
             calls = int(count("nv_inference_exec_count", key))
             pair = lambda n, us: {"count": n, "ns": round(us * 1000)}  # noqa: E731
-            stats.append({
-                "name": key[0], "version": key[1], "last_inference": 0,
+            stats.append({  # (only what the metrics count: no last-inference time, input or output phases, cache)
+                "name": key[0], "version": key[1],
                 "inference_count": int(count("nv_inference_count", key)), "execution_count": calls,
                 "inference_stats": {
                     "success": pair(int(count("nv_inference_request_success", key)),
                                     count("nv_inference_request_duration_us", key)),
                     "fail": pair(int(count("nv_inference_request_failure", key)), 0.0),
                     "queue": pair(calls, count("nv_inference_queue_duration_us", key)),
-                    "compute_input": pair(0, 0.0),
                     "compute_infer": pair(calls, count("nv_inference_compute_infer_duration_us", key)),
-                    "compute_output": pair(0, 0.0),
-                    "cache_hit": pair(0, 0.0), "cache_miss": pair(0, 0.0),
                 },
-                "batch_stats": [],
             })  # fmt: skip
         return {"model_stats": stats}
 
@@ -344,18 +340,23 @@ class ServerState:
 
     # the repository extension
 
-    async def index(self, request: Request) -> list[dict]:
-        """The repository's models: each loaded version READY (a version that failed UNAVAILABLE, with why), each
-        model not loaded UNAVAILABLE (``{"ready": true}``: the ready ones only)."""
+    async def _small_object(self, request: Request, what: str, example: str) -> dict:
+        """A repository request's body: a JSON object of at most MAX_INDEX_BODY bytes, or nothing ({})."""
         body, seen = await self.read_body(request, MAX_INDEX_BODY)
         if seen > MAX_INDEX_BODY:
-            raise Problem(400, f"the index request of {seen} bytes exceeds the limit of {MAX_INDEX_BODY} bytes")
+            raise Problem(400, f"the {what} request of {seen} bytes exceeds the limit of {MAX_INDEX_BODY} bytes")
         try:
             doc = json.loads(body) if body.strip() else {}
         except (ValueError, UnicodeDecodeError, RecursionError):
-            raise Problem(400, 'the index request must be a JSON object (such as {"ready": true}) or empty') from None
+            raise Problem(400, f"the {what} request must be a JSON object (such as {example}) or empty") from None
         if not isinstance(doc, dict):
-            raise Problem(400, f"the index request must be a JSON object, got {json.dumps(doc)[:40]}")
+            raise Problem(400, f"the {what} request must be a JSON object, got {json.dumps(doc)[:40]}")
+        return doc
+
+    async def index(self, request: Request) -> list[dict]:
+        """The repository's models: each loaded version READY (a version that failed UNAVAILABLE, with why), each
+        model not loaded UNAVAILABLE (``{"ready": true}``: the ready ones only)."""
+        doc = await self._small_object(request, "index", '{"ready": true}')
         only_ready, failed = bool(doc.get("ready", False)), self.repository.failed
         out = []
         for model in self.repository.names():
@@ -378,15 +379,11 @@ class ServerState:
         versions stay and the request gets a 400 saying why. A load that brings a config or files of its own is
         refused (ctrkit loads the repository's files as they are)."""
         _checked(model)
-        body, seen = await self.read_body(request, MAX_INDEX_BODY)
-        try:
-            given = (json.loads(body) if body.strip() else {}).get("parameters") or {}
-        except (ValueError, UnicodeDecodeError, RecursionError, AttributeError):
-            raise Problem(400, "the load request must be a JSON object or empty") from None
+        given = (await self._small_object(request, "load", '{"parameters": {}}')).get("parameters") or {}
         extra = sorted(k for k in given if k == "config" or k.startswith("file:")) if isinstance(given, dict) else []
-        if seen > MAX_INDEX_BODY or extra:
-            raise Problem(400, f"a load with {', '.join(extra) or 'a body this large'} is not taken: ctrkit loads the "
-                               "model repository's files as they are (write them there, then load)")  # fmt: skip
+        if extra:
+            raise Problem(400, f"a load with {', '.join(extra)} is not taken: ctrkit loads the model repository's "
+                               "files as they are (write them there, then load)")  # fmt: skip
         try:
             await self.load(model)
         except Exception as e:  # a missing or corrupt model file

@@ -249,6 +249,15 @@ def test_every_tritonclient_method_works_or_is_refused_in_words(tiny_checkpoint,
         def scores(**kwargs):
             return client.infer("dlrm", inputs(), **kwargs).as_numpy("probability")
 
+        def round_trip():  # a body made by generate_request_body, posted, its answer read by parse_response_body
+            body, json_size = client.generate_request_body(inputs())
+            headers = {"Inference-Header-Content-Length": str(json_size)} if json_size is not None else {}
+            request = urllib.request.Request(f"http://{s.url}/v2/models/dlrm/infer", data=body, headers=headers)
+            with urllib.request.urlopen(request, timeout=10) as r:
+                answer, length = r.read(), r.headers.get("Inference-Header-Content-Length")
+            parsed = client.parse_response_body(answer, header_length=int(length) if length else None)
+            return parsed.as_numpy("probability")
+
         class Headers:  # a client plugin: adds a header to every request
             def __call__(self, request):
                 request.headers["x-ctrkit-test"] = "1"
@@ -295,8 +304,8 @@ def test_every_tritonclient_method_works_or_is_refused_in_words(tiny_checkpoint,
                              "class_count")),
             "async_infer": lambda: np.allclose(client.async_infer("dlrm", inputs()).get_result().as_numpy(
                 "probability"), want, atol=1e-7),
-            "generate_request_body": lambda: len(client.generate_request_body(inputs())[0]) > 0,
-            "parse_response_body": lambda: callable(client.parse_response_body),  # (the client's own: no request)
+            "generate_request_body": lambda: np.allclose(round_trip(), want, atol=1e-7),
+            "parse_response_body": lambda: np.allclose(round_trip(), want, atol=1e-7),  # a body the client made
             "register_plugin": lambda: client.register_plugin(Headers()) is None,  # (the client's own: headers added)
             "plugin": lambda: isinstance(client.plugin(), Headers) and np.allclose(scores(), want, atol=1e-7),
             "unregister_plugin": lambda: client.unregister_plugin() is None and client.plugin() is None,
