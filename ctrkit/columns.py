@@ -23,6 +23,7 @@ class Role(StrEnum):
     CATEGORICAL = "categorical"
     NUMERICAL = "numerical"
     MULTI_HOT = "multi_hot"
+    TIME = "time"  # a timestamp, read as parts of time (``preprocess/time_parts.py``)
 
 
 def label_of(values: pl.Expr, name: str, hint: str = "") -> tuple[pl.Expr, pl.Expr]:

@@ -210,9 +210,26 @@ class TablePreprocessConfig:
         shown="auto",
     )  # fmt: skip
     separator: str = option("|", "what separates the values of a multi-hot text column")
+    time: tuple[str, ...] = option(
+        ("auto",), "comma-separated timestamp columns read as parts of time, each part a categorical feature "
+        "<column>_<part> (hour of day, day of week: what clicks depend on), which predict and the server derive "
+        "from the raw timestamp too; 'auto': each text, date or datetime column named nowhere else (the --order-by "
+        "column too) whose first value is a timestamp (ISO 8601 and its kin: %Y-%m-%dT%H:%M:%S, %Y-%m-%d %H:%M, "
+        "%Y/%m/%d %H:%M:%S; an offset or Z at the end is left out: the hour is the writer's); 'none': no column",
+        parse="name_list", shown="auto",
+    )  # fmt: skip
+    time_parts: tuple[str, ...] = option(
+        ("hour", "weekday"), "comma-separated parts read of each timestamp: hour (0-23), weekday (1 Monday - 7), "
+        "hour_of_week (0-167), day (of the month), month", parse="name_list", shown="hour,weekday",
+    )  # fmt: skip
+    time_format: str | None = option(
+        None, "the timestamps' format: a strftime pattern (e.g. '%d/%m/%Y %H:%M'), or unix / unix_ms for integer "
+        "seconds / milliseconds since 1970 (a value of another format is a bad row)",
+        unset="the first of the formats tried that reads a column's first value",
+    )  # fmt: skip
     order_by: str | None = option(
-        None, "sort the rows by this column (e.g. a timestamp; stable) before splitting; not a feature unless named",
-        unset="the files' order", exclusive="order",
+        None, "sort the rows by this column (e.g. a timestamp; stable) before splitting; not a feature unless named "
+        "(a timestamp is read as parts of time: --time)", unset="the files' order", exclusive="order",
     )  # fmt: skip
     shuffle_seed: int | None = option(
         None, "shuffle the rows with this seed before splitting, for data whose order means nothing",

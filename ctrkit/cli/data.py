@@ -211,7 +211,8 @@ def preprocess_table(args: argparse.Namespace) -> int:
     missing or unseen in train, 1 rarer than --frequency-threshold in train, 2.. by descending train count);
     numerical values are kept as float32 (missing -> 0; the models standardise them), and those whose exact
     values predict the label on held-out training rows beyond what the table's other columns say (a
-    household's repeated amounts) are also given as ids, <column>_id (--also-categorical). The rows keep the
+    household's repeated amounts) are also given as ids, <column>_id (--also-categorical); a timestamp is read as
+    the hour of the day and the day of the week, <column>_hour and <column>_weekday (--time). The rows keep the
     files' order (taken as time order) unless --order-by or --shuffle-seed; the test split is the last
     --test-fraction of them or --test-files. The table is held in memory, or with --engine spark in Apache
     Spark's parts (the same dataset, byte for byte). A CSV record with more or fewer fields
@@ -225,12 +226,13 @@ def preprocess_table(args: argparse.Namespace) -> int:
     cfg: TablePreprocessConfig = config_from(args, TablePreprocessConfig)
     recipe = TableRecipe(
         label=cfg.label, categorical=cfg.categorical, numerical=cfg.numerical, multi_hot=cfg.multi_hot,
-        drop=cfg.drop, also_categorical=_also_categorical(cfg.also_categorical), positive=cfg.positive,
-        label_threshold=cfg.label_threshold, separator=cfg.separator,
+        drop=cfg.drop, also_categorical=_auto_or_names(cfg.also_categorical, "--also-categorical"),
+        positive=cfg.positive, label_threshold=cfg.label_threshold, separator=cfg.separator,
         frequency_threshold=cfg.frequency_threshold, order_by=cfg.order_by, shuffle_seed=cfg.shuffle_seed,
         group=cfg.group, integers=cfg.integers,
         null_values=cfg.null_values, csv_separator=cfg.csv_separator, bad_rows=cfg.bad_rows,
-        raw_ids=cfg.raw_ids, capacity=cfg.capacity,
+        raw_ids=cfg.raw_ids, capacity=cfg.capacity, time=_auto_or_names(cfg.time, "--time"),
+        time_parts=cfg.time_parts, time_format=cfg.time_format or "",
     )  # fmt: skip
     test_fraction = None if cfg.test_files is not None else (0.1 if cfg.test_fraction is None else cfg.test_fraction)
     summary = run(cfg.raw, cfg.out, recipe, test_files=cfg.test_files, test_fraction=test_fraction,
@@ -240,6 +242,7 @@ def preprocess_table(args: argparse.Namespace) -> int:
     roles = [
         ("label", [summary["label"]]),
         ("order", [summary.get("order_by")]),
+        ("time", [f"{c} ({', '.join(t['parts'])})" for c, t in summary.get("time", {}).items()]),
         ("group", [summary.get("group")]),
         ("categorical", summary["categorical"]),
         ("raw ids", summary["raw_ids"]),
@@ -264,11 +267,12 @@ def preprocess_table(args: argparse.Namespace) -> int:
     return 0
 
 
-def _also_categorical(names: tuple[str, ...]) -> tuple[str, ...] | str:
-    """--also-categorical as the recipe takes it: 'auto' alone, 'none' alone (no column), or column names."""
+def _auto_or_names(names: tuple[str, ...], flag: str) -> tuple[str, ...] | str:
+    """--also-categorical or --time as the recipe takes it: 'auto' alone, 'none' alone (no column), or column
+    names."""
     words = {"auto", "none"} & set(names)
     if words and len(names) > 1:
-        raise ValueError(f"--also-categorical: '{sorted(words)[0]}' stands alone, not beside column names")
+        raise ValueError(f"{flag}: '{sorted(words)[0]}' stands alone, not beside column names")
     return "auto" if names == ("auto",) else () if names == ("none",) else names
 
 

@@ -52,14 +52,17 @@ from ctrkit.preprocess.table_recipe import (
     LINE_COL,
     RAW_PREFIX,
     TRAIN_VALIDATION_FRACTION,
+    Derived,
     Roles,
     TableRecipe,
     assign_roles,
     label_values,
     number_problems,
 )
-from ctrkit.preprocess.table_rows import PolarsRows, Steps, derived_columns, feature_texts
+from ctrkit.preprocess.table_rows import PolarsRows, Steps, feature_texts
+from ctrkit.preprocess.time_parts import problems as time_problems
 from ctrkit.preprocess.transform import (
+    DERIVED_TEXTS,
     CategoricalInput,
     Column,
     MultiHotInput,
@@ -103,7 +106,7 @@ def _fit(
 ) -> dict[str, pl.DataFrame]:
     """The ``features``' vocabularies, counted over the rows [0, ``n_fit``) in the texts the transform looks up
     (``table_rows.feature_texts``)."""
-    texts = partial(feature_texts, features=list(features), roles=roles, schema=schema, separator=recipe.separator)
+    texts = partial(feature_texts, features=list(features), roles=roles, separator=recipe.separator)
     counts = rows.counts(features, n_fit, texts)
     return {c: _vocabulary(counts[c], recipe.frequency_threshold) for c in features}
 
@@ -122,15 +125,17 @@ def _row_transform(
 ) -> RowTransform:
     """What this recipe did to each column, for the model to carry (``preprocess/transform.py``): the raw columns
     with the types they were read as, and each feature's rule; numbers identified by value (``<column>_id``) come
-    from their numerical column."""
-    derived = derived_columns(schema, roles)
+    from their numerical column, parts of time (``<column>_<part>``) from their timestamp column."""
+    derived = roles.derived_by_feature()
     columns = [Column(c, _dtype_name(schema[c]), Role.CATEGORICAL) for c in roles.categorical if c not in derived]
     columns += [Column(c, _dtype_name(schema[c]), Role.NUMERICAL) for c in roles.numerical]
     columns += [Column(c, "String", Role.MULTI_HOT) for c in roles.multi_hot]
+    columns += [Column(c, _dtype_name(schema[c]), Role.TIME) for c in roles.time]
     columns.sort(key=lambda c: list(schema).index(c.name))  # as the table holds them
+    ids = {c: "xxh64" if c in recipe.raw_ids else "vocabulary" for c in roles.categorical}
     categorical = [
-        CategoricalInput(c, derived.get(c, c), "number" if c in derived else "as_read",
-                         "xxh64" if c in recipe.raw_ids else "vocabulary")
+        CategoricalInput(c, derived[c].column, derived[c].text, ids[c], derived[c].time_format) if c in derived
+        else CategoricalInput(c, c, "as_read", ids[c])
         for c in roles.categorical
     ]  # fmt: skip
     vocab = {c: vocabulary_frame(v["value"], v["id"]) for c, v in vocabularies.items() if c not in recipe.raw_ids}
@@ -196,8 +201,10 @@ class Like:
 
     def roles(self) -> Roles:
         t = self.transform
+        derived = tuple(Derived(f.feature, f.column, f.text, f.time_format) for f in t.categorical
+                        if f.text in DERIVED_TEXTS)  # fmt: skip
         return Roles(tuple(f.feature for f in t.categorical), tuple(f.feature for f in t.numerical),
-                     tuple(f.feature for f in t.multi_hot))  # fmt: skip
+                     tuple(f.feature for f in t.multi_hot), derived)  # fmt: skip
 
 
 def _extend(old: pl.DataFrame, fresh: pl.DataFrame, threshold: int) -> pl.DataFrame:
@@ -309,7 +316,8 @@ def _preprocess(
     label_expr, label_problem = label_values(recipe)
     auto = recipe.also_categorical == AUTO
     candidates = [c for c in roles.numerical if f"{c}_id" not in raw_schema] if auto else []
-    steps = Steps(pl.coalesce([label_problem, *number_problems(roles.numerical)]), label_expr,
+    problems = [label_problem, *number_problems(roles.numerical), *(time_problems(c, f) for c, f in roles.time.items())]
+    steps = Steps(pl.coalesce(problems), label_expr,
                   tuple(pl.col(c).cast(pl.Float64, strict=False).alias(RAW_PREFIX + c) for c in candidates),
                   recipe.order_by, recipe.shuffle_seed)  # fmt: skip
     total, n_train = rows.clean(steps, rejects, all_paths)
@@ -346,10 +354,11 @@ def _preprocess(
     if candidates:
         id_tests = _test_value_ids(rows, candidates, roles.categorical, vocabularies, n_fit,
                                    n_train if validation_fraction else None, recipe.frequency_threshold)  # fmt: skip
-        chosen = [f"{c}_id" for c in candidates if id_tests[c].chosen]
+        chosen = [Derived(f"{c}_id", c, "number") for c in candidates if id_tests[c].chosen]
         if chosen:
-            roles = replace(roles, categorical=roles.categorical + tuple(chosen))
-            vocabularies.update(_fit(rows, chosen, roles, raw_schema, recipe, n_fit))
+            roles = replace(roles, categorical=roles.categorical + tuple(d.feature for d in chosen),
+                            derived=roles.derived + tuple(chosen))  # fmt: skip
+            vocabularies.update(_fit(rows, [d.feature for d in chosen], roles, raw_schema, recipe, n_fit))
             transform = _row_transform(raw_schema, roles, recipe, vocabularies)
             rows.encode(transform, None, recipe.group)
     cards = {c: vocab_mod.cardinality(v) for c, v in vocabularies.items()}
@@ -412,6 +421,16 @@ def _preprocess(
             "numerical": list(roles.numerical),
             "label": recipe.label,
             **({"order_by": recipe.order_by} if recipe.order_by else {}),
+            **(
+                {
+                    "time": {
+                        c: {"format": f, "parts": [d.text for d in roles.derived if d.column == c]}
+                        for c, f in roles.time.items()
+                    }
+                }
+                if roles.time
+                else {}
+            ),  # fmt: skip
             **({"group": recipe.group} if recipe.group else {}),
             "raw_ids": list(recipe.raw_ids),
             "dropped": [

@@ -16,6 +16,7 @@ from ctrkit.config import TrainConfig
 from ctrkit.data.feature_spec import check_capacity
 from ctrkit.preprocess.criteo import BAD_ROW_POLICIES
 from ctrkit.preprocess.table_reader import separator_char
+from ctrkit.preprocess.time_parts import DEFAULT_PARTS, PARTS, check_format, choose_format, reads
 
 FLOAT32_MAX = 3.4028234663852886e38
 FILE_COL, LINE_COL = "__ctrkit_file", "__ctrkit_line"  # where each row came from, for error messages
@@ -35,7 +36,7 @@ INTEGER_ROLES = ("error", "categorical", "numerical")
 RESERVED = ("label", "numerical")  # the dataset's own file names
 
 
-AUTO = "auto"  # TableRecipe.also_categorical: chosen by the held-out test of ``value_ids``
+AUTO = "auto"  # TableRecipe.also_categorical: chosen by the held-out test of ``value_ids``; .time: timestamps
 
 
 RAW_PREFIX = "__ctrkit_raw_"  # a numerical column as Float64 with its nulls, for the ids ``auto`` adds
@@ -64,7 +65,14 @@ class TableRecipe:
         raw_ids: categorical columns kept as raw 64-bit ids (dynamic features, ``models/dynamic.py``): XXH64 of the
             value's UTF-8 text (seed 0) as int64, 0 for a missing value (``table.raw_ids``).
         capacity: rows of each raw-id column's table (None: its vocabulary's cardinality at ``frequency_threshold``).
-        order_by: sort the rows by this column (stable) before splitting; it is not a feature unless named.
+        order_by: sort the rows by this column (stable) before splitting; it is not a feature unless named (or, as a
+            timestamp, read as parts of time: ``time``).
+        time: timestamp columns read as parts of time (``time_parts``), each part a categorical feature
+            ``<column>_<part>``; "auto" (the default): every text, date or datetime column named nowhere else (the
+            ``order_by`` column too) whose first value is a timestamp of one of ``time_parts.FORMATS``; () for none.
+        time_parts: the parts of each timestamp read (``time_parts.PARTS``).
+        time_format: the timestamps' format (a strftime pattern, or "unix"/"unix_ms" for integer columns); "": the
+            first of ``time_parts.FORMATS`` that reads a column's first value.
         integers: the role of integer columns named nowhere: "error" (refused: an integer may be an id
             or an amount), "categorical" or "numerical".
         group: the column whose equal values are ranked together (a display or session id): stored as the
@@ -94,6 +102,9 @@ class TableRecipe:
     bad_rows: str = "error"
     raw_ids: tuple[str, ...] = ()
     capacity: int | None = None
+    time: tuple[str, ...] | str = AUTO
+    time_parts: tuple[str, ...] = DEFAULT_PARTS
+    time_format: str = ""
 
     def validate(self) -> None:
         if not self.label:
@@ -105,6 +116,13 @@ class TableRecipe:
             raise ValueError("give at most one of `order_by` and `shuffle_seed`")
         if isinstance(self.also_categorical, str) and self.also_categorical != AUTO:
             raise ValueError(f"`also_categorical`: expected columns or '{AUTO}', got {self.also_categorical!r}")
+        if isinstance(self.time, str) and self.time != AUTO:
+            raise ValueError(f"`time`: expected columns or '{AUTO}', got {self.time!r}")
+        unknown = [p for p in self.time_parts if p not in PARTS]
+        if unknown or not self.time_parts or len(set(self.time_parts)) < len(self.time_parts):
+            raise ValueError(f"`time_parts`: expected distinct parts of {', '.join(PARTS)}, got "
+                             f"{', '.join(self.time_parts) or 'none'}")  # fmt: skip
+        check_format(self.time_format)
         if self.frequency_threshold < 1:
             raise ValueError(f"`frequency_threshold` must be >= 1, got {self.frequency_threshold}")
         if not self.separator:
@@ -116,7 +134,8 @@ class TableRecipe:
             raise ValueError(f"`bad_rows` must be one of {', '.join(BAD_ROW_POLICIES)}, got {self.bad_rows!r}")
         roles = [("label", (self.label,)), ("categorical", self.categorical), ("numerical", self.numerical),
                  ("multi_hot", self.multi_hot), ("drop", self.drop),
-                 ("group", (self.group,) if self.group else ())]  # fmt: skip
+                 ("group", (self.group,) if self.group else ()),
+                 ("time", () if self.time == AUTO else self.time)]  # fmt: skip
         seen: dict[str, str] = {}
         for role, names in roles:
             for name in names:
@@ -126,13 +145,35 @@ class TableRecipe:
 
 
 @dataclass(frozen=True)
+class Derived:
+    """A categorical feature read from another column: ``column``'s values as text by ``text`` (``transform``'s
+    rule: "number" for a number identified by value, ``<column>_id``; a time part, ``<column>_<part>``, of a
+    timestamp of ``time_format``)."""
+
+    feature: str
+    column: str
+    text: str
+    time_format: str = ""
+
+
+@dataclass(frozen=True)
 class Roles:
     """The columns of each role: the named ones in the order given, then the others in table order (integer
-    columns, under `integers`, last)."""
+    columns, under `integers`, last); ``derived``: the categorical features read from another column (their
+    columns are numerical, or timestamps, ``time``)."""
 
     categorical: tuple[str, ...]
     numerical: tuple[str, ...]
     multi_hot: tuple[str, ...]
+    derived: tuple[Derived, ...] = ()
+
+    @property
+    def time(self) -> dict[str, str]:
+        """The timestamp columns, in order, each with its format."""
+        return {d.column: d.time_format for d in self.derived if d.time_format}
+
+    def derived_by_feature(self) -> dict[str, Derived]:
+        return {d.feature: d for d in self.derived}
 
 
 @dataclass(frozen=True)
@@ -183,12 +224,15 @@ def assign_roles(
     named = {"label": (recipe.label,), "categorical": recipe.categorical, "numerical": recipe.numerical,
              "multi_hot": recipe.multi_hot, "drop": recipe.drop,
              "order_by": (recipe.order_by,) if recipe.order_by else (),
-             "group": (recipe.group,) if recipe.group else ()}  # fmt: skip
+             "group": (recipe.group,) if recipe.group else (),
+             "time": () if recipe.time == AUTO else recipe.time}  # fmt: skip
     for role, names in named.items():
         for name in names:
             if name not in columns:
                 raise ValueError(f"`{role}`: {where} has no column '{name}' (columns: {', '.join(columns)})")
     taken = {n for names in named.values() for n in names}
+    times = _time_columns(schema, columns, recipe, taken, facts, where)
+    taken |= set(times)
     cats, nums, multi = list(recipe.categorical), list(recipe.numerical), list(recipe.multi_hot)
     integers = []
     for c in columns:
@@ -228,15 +272,52 @@ def assign_roles(
                 f"column '{c}': a feature name must be letters, digits, '_', '.' or '-', and not "
                 f"{' or '.join(RESERVED)} or end with '.offsets' (it names a file); rename the column"
             )
+    derived = []
     for c in () if recipe.also_categorical == AUTO else recipe.also_categorical:
         if c not in nums:
             raise ValueError(f"`also_categorical`: '{c}' is not a numerical column (numerical: {', '.join(nums)})")
         if f"{c}_id" in columns:
             raise ValueError(f"`also_categorical`: '{c}_id' is a column already; rename it")
-        cats.append(f"{c}_id")
+        derived.append(Derived(f"{c}_id", c, "number"))
+    for c, time_format in times.items():
+        for part in recipe.time_parts:
+            if f"{c}_{part}" in columns or f"{c}_{part}" in cats:
+                raise ValueError(f"`time`: '{c}_{part}' (the {part} of '{c}') is a column already; rename it")
+            derived.append(Derived(f"{c}_{part}", c, part, time_format))
+    cats += [d.feature for d in derived]
     if not cats and not multi:
         raise ValueError(f"{where}: no categorical column; the models need at least one")
-    return Roles(tuple(cats), tuple(nums), tuple(multi))
+    return Roles(tuple(cats), tuple(nums), tuple(multi), tuple(derived))
+
+
+def _time_columns(schema: Mapping[str, pl.DataType], columns: Sequence[str], recipe: TableRecipe, taken: set[str],
+                  facts: Callable[[str], ColumnFacts], where: Path) -> dict[str, str]:  # fmt: skip
+    """The timestamp columns read as parts of time, each with its format: the named ones (refused where their first
+    value is no timestamp), or under "auto" every text, date or datetime column named nowhere else, the ``order_by``
+    column too, whose first value is one."""
+    if recipe.time != AUTO:
+        out = {}
+        for c in recipe.time:
+            dtype = schema[c]
+            first = facts(c).first if dtype == pl.String else None
+            found = choose_format(first, dtype, recipe.time_format)
+            if found is None:
+                how = ("an integer column needs --time-format unix or unix_ms" if dtype.is_integer()
+                       else f"its first value {first!r} is none of the formats tried; give --time-format")  # fmt: skip
+                raise ValueError(f"`time`: {where}: column '{c}' is not a timestamp: {how}")
+            out[c] = found
+        return out
+    out = {}
+    for c in columns:
+        dtype = schema[c]
+        timelike = dtype in (pl.String, pl.Date) or isinstance(dtype, pl.Datetime)
+        if (c in taken and c != recipe.order_by) or not timelike:
+            continue
+        first = facts(c).first if dtype == pl.String else None
+        found = choose_format(first, dtype, recipe.time_format)
+        if found is not None and (dtype != pl.String or (first is not None and reads(first, found))):
+            out[c] = found
+    return out
 
 
 def _check_not_numbers(facts: ColumnFacts, column: str, paths: Sequence[Path]) -> None:

@@ -112,25 +112,20 @@ def add_rejects(rejects: Rejects, bad: pl.DataFrame, paths: Sequence[Path], more
     rejects.count += more
 
 
-def derived_columns(schema: Mapping[str, pl.DataType], roles: Roles) -> dict[str, str]:
-    """The numbers identified by value: feature ``<column>_id`` -> its numerical column."""
-    return {f"{c}_id": c for c in roles.numerical if f"{c}_id" in roles.categorical and f"{c}_id" not in schema}
-
-
-def feature_texts(
-    df: pl.DataFrame, features: Sequence[str], roles: Roles, schema: Mapping[str, pl.DataType], separator: str
-) -> dict[str, pl.Series]:
+def feature_texts(df: pl.DataFrame, features: Sequence[str], roles: Roles, separator: str) -> dict[str, pl.Series]:
     """Each feature's texts in ``df`` as the transform looks them up, missing ones left out: a categorical column's
-    (``category_text``: a number identified by value as a float's text, so that 2 and 2.0 are one value), a
-    multi-hot column's values (``multi_hot_lists``)."""
-    derived = derived_columns(schema, roles)
+    (``category_text``: a number identified by value as a float's text, so that 2 and 2.0 are one value; a part of a
+    timestamp), a multi-hot column's values (``multi_hot_lists``)."""
+    derived = roles.derived_by_feature()
     texts = {}
     for c in features:
         if c in roles.multi_hot:
             texts[c] = multi_hot_lists(df[c], separator).explode().drop_nulls()  # an empty list: one null
+        elif c in derived:
+            d = derived[c]
+            texts[c] = df.select(category_text(pl.col(d.column), d.text, d.time_format)).to_series()
         else:
-            base = derived.get(c)
-            texts[c] = df.select(category_text(pl.col(base or c), "number" if base else "as_read")).to_series()
+            texts[c] = df.select(category_text(pl.col(c), "as_read")).to_series()
         texts[c] = texts[c].drop_nulls().alias("value")
     return texts
 

@@ -8,8 +8,9 @@ to new rows. A ``RowTransform`` holds:
 * the raw columns a row needs, each with the type it was read as when the dataset was made (text, integers,
   floats, booleans) and its role;
 * per categorical feature of the model, in the model's order: its column, how the value becomes text (as read;
-  a number's text as a float, for ``--also-categorical`` ids; Criteo's lowercase hexadecimal) and how the text
-  becomes an id (the vocabulary, or a raw 64-bit id: XXH64 of the UTF-8 text, or Criteo's key);
+  a number's text as a float, for ``--also-categorical`` ids; Criteo's lowercase hexadecimal; a part of a
+  timestamp in its format, ``time_parts``) and how the text becomes an id (the vocabulary, or a raw 64-bit id:
+  XXH64 of the UTF-8 text, or Criteo's key);
 * per numerical feature: its column and its transform (none, or Criteo's log), missing -> 0;
 * per multi-hot feature: its column and the separator of its values.
 
@@ -32,12 +33,14 @@ import polars as pl
 from ctrkit.columns import Role
 from ctrkit.data.feature_spec import PREPROCESSING_FILE
 from ctrkit.preprocess.criteo import FIRST_ID, MISSING_ID
+from ctrkit.preprocess.time_parts import PARTS, part_text
 
 RECORD_FILE = PREPROCESSING_FILE
 FORMAT = 1
 # Polars' names of the types a raw column is read as (a ``Column``'s ``dtype``) -> the types
 RAW_TYPES = {"String": pl.String, "Int64": pl.Int64, "Float64": pl.Float64, "Boolean": pl.Boolean}
-TEXTS = ("as_read", "number", "hex")  # how a categorical value becomes text
+TEXTS = ("as_read", "number", "hex", *PARTS)  # how a categorical value becomes text (a part of a timestamp: PARTS)
+DERIVED_TEXTS = ("number", *PARTS)  # the texts of features read from another column (a number's, a timestamp's)
 ID_RULES = ("vocabulary", "xxh64", "hex_key")  # how the text becomes an id
 TRANSFORMS = ("none", "criteo_log")
 # what a column the model reads means when a file or a request leaves it out: refused, naming it ("error"), or
@@ -87,6 +90,7 @@ class CategoricalInput:
     column: str
     text: str = "as_read"
     ids: str = "vocabulary"
+    time_format: str = ""  # a time part's (``text`` in ``time_parts.PARTS``): its column's format
 
 
 @dataclass(frozen=True)
@@ -222,6 +226,8 @@ class RowTransform:
         for f in self.categorical:
             if f.text not in TEXTS or f.ids not in ID_RULES:
                 raise ValueError(f"feature '{f.feature}': text '{f.text}' / ids '{f.ids}' unknown")
+            if (f.text in PARTS) != bool(f.time_format):
+                raise ValueError(f"feature '{f.feature}': a time part needs its column's format, and only it has one")
         for f in (*[c for c in self.categorical if c.ids == "vocabulary"], *self.multi_hot):
             if f.feature not in self.vocabularies:
                 raise ValueError(f"feature '{f.feature}': no vocabulary")
@@ -365,7 +371,7 @@ class RowTransform:
                 number = number.fill_null(-2).cast(pl.Int64, strict=False).fill_null(-2)
             exprs += [number.fill_null(0.0).alias(f"n{j}"), bad.alias(f"b{j}")]
         for j, f in enumerate(self.categorical):
-            text = category_text(col[f.column], f.text)
+            text = category_text(col[f.column], f.text, f.time_format)
             if f.ids == "vocabulary" and not joins[j]:
                 first, second = _hash_exprs(text)
                 exprs += [first.alias(f"h{j}"), second.alias(f"g{j}"), text.is_null().alias(f"z{j}")]
@@ -466,7 +472,7 @@ class RowTransform:
             "null_values": list(self.null_values),
             "columns": [{**asdict(c), "role": c.role.value} for c in self.columns],  # plain values: JSON, torch
             "numerical": [asdict(f) for f in self.numerical],
-            "categorical": [asdict(f) for f in self.categorical],
+            "categorical": [{k: v for k, v in asdict(f).items() if k != "time_format" or v} for f in self.categorical],
             "multi_hot": [asdict(f) for f in self.multi_hot],
             "rare_values": self.rare_values,
         }
@@ -608,9 +614,12 @@ def multi_hot_lists(values: pl.Series, separator: str) -> pl.Series:
     return lists.fill_null([]).list.eval(pl.element().filter(pl.element().is_not_null() & (pl.element() != "")))
 
 
-def category_text(values: pl.Expr, how: str) -> pl.Expr:
+def category_text(values: pl.Expr, how: str, time_format: str = "") -> pl.Expr:
     """A categorical value as the text its vocabulary holds: as read, a number's text as a float (so that 2 and
-    2.0 are one value: ``--also-categorical``), or Criteo's lowercase hexadecimal."""
+    2.0 are one value: ``--also-categorical``), Criteo's lowercase hexadecimal, or a part of a timestamp of
+    ``time_format`` (``time_parts``: the hour's "18")."""
+    if how in PARTS:
+        return part_text(values, how, time_format)
     if how == "number":
         return values.cast(pl.Float64, strict=False).fill_nan(None).cast(pl.String)
     text = values.cast(pl.String)

@@ -24,7 +24,8 @@ from tests.preprocess.test_criteo_spark import MASTER, assert_same_output  # noq
 FLAGS = {  # the CLI flags of TABLES, as the recipe's fields
     "--multi-hot": ("multi_hot", tuple), "--integers": ("integers", str), "--also-categorical": ("also_categorical",
     tuple), "--categorical": ("categorical", tuple), "--raw-ids": ("raw_ids", tuple), "--frequency-threshold":
-    ("frequency_threshold", int),
+    ("frequency_threshold", int), "--time": ("time", tuple), "--time-parts": ("time_parts", tuple),
+    "--time-format": ("time_format", str),
 }  # fmt: skip
 
 

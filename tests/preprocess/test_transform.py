@@ -96,7 +96,33 @@ def _unicode_table(rows: int = 900, seed: int = 1) -> pl.DataFrame:
     )
 
 
+def _timed_table(rows: int = 900, seed: int = 2) -> pl.DataFrame:
+    """A click log with a timestamp (ISO text, some with an offset or Z, a few missing), a shop and an amount."""
+    rng = np.random.default_rng(seed)
+    seconds = np.sort(rng.integers(0, 21 * 86400, rows))
+    ts = (pl.Series(seconds * 1_000_000).cast(pl.Datetime("us")).dt.offset_by("56y2mo1d")).dt.strftime(
+        "%Y-%m-%dT%H:%M:%S"
+    )
+    ends = rng.choice(["", "", "Z", "+02:00", "-0530"], rows)
+    return pl.DataFrame({
+        "ts": [None if m else t + e for t, e, m in zip(ts, ends, rng.random(rows) < 0.03)],
+        "shop": [f"s{i}" for i in rng.integers(0, 40, rows)],
+        "price": np.round(rng.gamma(2, 3, rows), 2),
+        "click": rng.integers(0, 2, rows),
+    })  # fmt: skip
+
+
+def _unix_table() -> pl.DataFrame:
+    frame = _timed_table()
+    stamp = frame["ts"].str.slice(0, 19).str.strptime(pl.Datetime("us"), "%Y-%m-%dT%H:%M:%S")
+    return frame.with_columns(ts=stamp.dt.epoch("s"))
+
+
 TABLES = {  # every kind of table the suite makes: (frame, file suffix, flags)
+    "timestamps": (_timed_table, ".csv", ["--time-parts", "hour,weekday,hour_of_week,day,month"]),
+    "parquet datetimes": (lambda: _timed_table().with_columns(pl.col("ts").str.slice(0, 19).str.strptime(
+        pl.Datetime("us"), "%Y-%m-%dT%H:%M:%S")), ".parquet", []),
+    "unix seconds": (_unix_table, ".csv", ["--time", "ts", "--time-format", "unix", "--time-parts", "hour_of_week"]),
     "unicode, missing, multi-hot": (_unicode_table, ".csv", ["--multi-hot", "tags"]),
     "numbers as ids": (lambda: _table().drop("ts"), ".csv", ["--integers", "categorical", "--multi-hot", "genres",
                                                               "--also-categorical", "price"]),
