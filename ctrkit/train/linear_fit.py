@@ -4,16 +4,20 @@ An SGD-trained first-order term stops far from a converged, L2-regularised logis
 model that leans on it loses to that baseline on small real data (docs/decisions/warm-start.md). So training can start
 from the converged fit: the model's first-order term (one weight per id, a linear map of the numerical features, a
 weight per numerical bucket, a bias) is fitted by full-batch L-BFGS (diagonally preconditioned, closed-form gradients
-over CSR matrices) on (at most ``max_rows`` of the last) training rows, with the L2 strength C chosen on the
-validation AUC of (at most ``max_rows`` of the first) validation rows as the scikit-learn baseline chooses it
-(numerical features standardised inside the fit, as there), or, where validation holds few clicks, on the mean AUC
-over validation and four blocks of the training rows; the deep part's output layer is zeroed, so the model starts as
-exactly that regression, and model selection keeps it unless training improves validation AUC."""
+over CSR matrices, on one thread where the design is small, stopped at a preconditioned gradient of ``TOLERANCE``:
+measured faster than scikit-learn's solver on the same design at the same AUC, docs/decisions/first-order-solver.md)
+on (at most ``max_rows`` of the last) training rows, with the L2 strength C chosen on the validation AUC of (at most
+``max_rows`` of the first) validation rows as the scikit-learn baseline chooses it (numerical features standardised
+inside the fit, as there), or, where validation holds few clicks, on the mean AUC over validation and four blocks of
+the training rows; the deep part's output layer is zeroed, so the model starts as exactly that regression, and model
+selection keeps it unless training improves validation AUC."""
 
 from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -27,6 +31,10 @@ CS = (0.01, 0.03, 0.1, 0.3, 1.0)  # inverse L2 strengths tried, strongest first 
 CV_FOLDS = 4  # training blocks that also score each C where validation holds few rows of the rarer label
 CV_BELOW_RARER = 1000  # "few": AUC's standard error is then about 0.01 or more, the size of C's effect
 CV_MAX_ROWS = 250_000  # and the training rows at most this many
+# designs of fewer entries are fitted on one intra-op thread (``_threads``); L-BFGS stops where no preconditioned
+# gradient entry exceeds TOLERANCE: docs/decisions/first-order-solver.md
+ONE_THREAD_ENTRIES = 4_000_000
+TOLERANCE = 1e-4
 
 
 # the modules whose weights the fit sets: first-order tables, bucket weights, the deep output layer (zeroed)
@@ -182,7 +190,13 @@ def _write_tables(model: nn.Module, weights: torch.Tensor) -> None:
 
 
 def fit_first_order(
-    model: nn.Module, train, validation, max_rows: int = WARM_START_ROWS, cs: tuple[float, ...] = CS, max_iter: int = 50
+    model: nn.Module,
+    train,
+    validation,
+    max_rows: int = WARM_START_ROWS,
+    cs: tuple[float, ...] = CS,
+    max_iter: int = 50,
+    tolerance: float = TOLERANCE,
 ) -> dict[str, Any]:
     """Fits ``model``'s first-order term as an L2-regularised logistic regression and zeroes its deep
     output layer (see the module docstring). ``model`` is the single-process model or a rank's sharded
@@ -194,8 +208,9 @@ def fit_first_order(
     """
     start_time = time.perf_counter()
     inner = getattr(model, "model", model)  # a HybridModel wraps the model
-    problem = _Regression(inner, train, validation, max_rows, max_iter)
-    c, theta, auc, folds = problem.choose_c(cs)
+    problem = _Regression(inner, train, validation, max_rows, max_iter, tolerance)
+    with _threads(int(problem.x_tr.rows.values().numel())):
+        c, theta, auc, folds = problem.choose_c(cs)
     problem.write(inner, theta)
     return {
         "validation_auc": auc,
@@ -206,12 +221,26 @@ def fit_first_order(
     }
 
 
+@contextmanager
+def _threads(entries: int) -> Iterator[None]:
+    """The solver on one intra-op thread where the design holds fewer than ONE_THREAD_ENTRIES entries: its products
+    and vector work are then too small to gain from a second thread, whose wake-ups cost more than they share, and
+    threads that wait by spinning (OpenMP's default) lose most of their time when another process holds a core."""
+    threads = torch.get_num_threads()
+    if entries < ONE_THREAD_ENTRIES:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 class _Regression:
     """The first-order term's regression: the design matrices of the last ``max_rows`` training rows and the first
     ``max_rows`` validation rows (ids, their numerical buckets, and the numerical inputs standardised), the
     solver, and the choice of C."""
 
-    def __init__(self, inner: nn.Module, train, validation, max_rows: int, max_iter: int):
+    def __init__(self, inner: nn.Module, train, validation, max_rows: int, max_iter: int, tolerance: float = TOLERANCE):
         start = max(0, len(train) - max_rows)
         tr, va = train.slice(start, len(train)), validation.slice(0, min(len(validation), max_rows))  # bounded
         dynamic = inner.dynamic_ids
@@ -222,7 +251,7 @@ class _Regression:
         bags = inner.wide_embeddings.bags
         self.means = tuple(bool(m) for m in bags.is_mean) if bags is not None and hasattr(bags, "is_mean") else ()
         self.dense, self.buckets = inner.wide_dense, inner.wide_buckets
-        self.max_iter = max_iter
+        self.max_iter, self.tolerance = max_iter, tolerance
         self.x_tr = self._design(tr, transpose=True)
         tr.categorical, tr.multi_hot = None, None  # in the matrix now: not held twice
         self.x_va = self._design(va, transpose=False, columns=self.x_tr.columns)  # the training rows' ids
@@ -276,7 +305,7 @@ class _Regression:
             max_iter=self.max_iter,
             history_size=10,
             line_search_fn="strong_wolfe",
-            tolerance_grad=1e-7,
+            tolerance_grad=self.tolerance,
             tolerance_change=1e-10,
         )
 

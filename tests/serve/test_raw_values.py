@@ -26,7 +26,7 @@ from tests.serve.test_server import Server
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS = 6000
-COLUMNS = RAW_COLUMNS[1:-1]  # the model's inputs: not the time, not the click
+COLUMNS = RAW_COLUMNS[:-1]  # the model's inputs: the time (read as its hour and weekday) and the others, not the click
 
 
 @pytest.fixture(scope="module")
@@ -184,7 +184,7 @@ def test_ctrkit_serve_takes_raw_values(trained, served, capsys):
         assert r.status == 200 and json.loads(r.read())["name"] == "ctr"
     client = httpclient.InferenceServerClient(server.url)
     meta = client.get_model_metadata("ctr_onnx")
-    assert [i["name"] for i in meta["inputs"]][:7] == list(COLUMNS)
+    assert [i["name"] for i in meta["inputs"]][: len(COLUMNS)] == list(COLUMNS)
     assert {i["name"]: i["datatype"] for i in meta["inputs"]}["price"] == "FP32"
     for model in ("ctr_onnx", "ctr_python"):
         for binary in (False, True):
@@ -196,10 +196,10 @@ def test_ctrkit_serve_takes_raw_values(trained, served, capsys):
                        {"name": "price", "datatype": "FP32", "shape": [2], "data": [None, 12.5]},
                        {"name": "clicks", "datatype": "INT64", "shape": [2], "data": [0, 1]}]}  # fmt: skip
     status, answer = server.post(json.dumps(body).encode(), model="ctr_onnx")
-    assert status == 400 and "no column 'device', 'ad_id'" in json.loads(answer)["error"], answer
+    assert status == 400 and "no column 'ts', 'device', 'ad_id'" in json.loads(answer)["error"], answer
     code, _, err = run_cli("predict", "--checkpoint", trained[2], "--input", _csv(work / "partial.csv", body),
                            "--out", work / "p.csv", capsys=capsys)  # fmt: skip
-    assert code == 2 and "no column 'device', 'ad_id'" in err
+    assert code == 2 and "no column 'ts', 'device', 'ad_id'" in err
     lenient = Server("--model-repository", work / "repository", "--missing-columns", "missing")
     try:
         status, answer = lenient.post(json.dumps(body).encode(), model="ctr_onnx")
@@ -283,7 +283,7 @@ def test_real_triton_serves_the_exported_repository(trained, tmp_path, monkeypat
             assert str(e.value.status()) == "400", (e.value.status(), match)
 
         price.set_data_from_numpy(np.array([[12.5]], np.float32))
-        refused([country, price], "no column 'device', 'ad_id'")  # predict's column rule
+        refused([country, price], "no column 'ts', 'device', 'ad_id'")  # predict's column rule
         refused(_raw_request(rows.head(1).with_columns(price=pl.lit(float("inf"))), False),
                 "column 'price' holds 'inf'; expected a number")  # fmt: skip
         bad = batch.numerical.numpy().copy()
@@ -326,9 +326,10 @@ def test_the_serving_pages_raw_value_examples_run(trained, served, tmp_path, mon
     rows = test_rows.head(20)
     monkeypatch.chdir(tmp_path)
     rows.write_csv(tmp_path / "new.csv")
-    curl_rows = pl.DataFrame({"country": ["BR", None], "device": ["mobile", "tablet"],
-                              "ad_id": ["ad_0004", "an_ad_never_seen"], "category": ["books", None],
-                              "age": [34, None], "price": [12.5, None], "position": [1, 3]})  # fmt: skip
+    curl_rows = pl.DataFrame({"ts": ["2026-03-02T19:30:00", None], "country": ["BR", None],
+                              "device": ["mobile", "tablet"], "ad_id": ["ad_0004", "an_ad_never_seen"],
+                              "category": ["books", None], "age": [34, None], "price": [12.5, None],
+                              "position": [1, 3]})  # fmt: skip
     assert set(curl_rows.columns) == set(COLUMNS)
     want_rows, want_curl = predict_rows(trained, rows), predict_rows(trained, curl_rows)["probability"].to_numpy()
     server = served[0]
