@@ -135,7 +135,7 @@ class Checkpoint:
         ``where`` naming the checkpoint in messages."""
         from ctrkit.preprocess.table import Like
 
-        return Like.of(self.row_transform(), self.spec, where)
+        return Like.of(self.row_transform(), self.spec, where, self.model_config.get("multi_hot_combiners"))
 
     @property
     def models_averaged(self) -> int:

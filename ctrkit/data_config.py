@@ -210,6 +210,13 @@ class TablePreprocessConfig:
         shown="auto",
     )  # fmt: skip
     separator: str = option("|", "what separates the values of a multi-hot text column")
+    combiner: str = option(
+        "auto", "how each multi-hot column's values are pooled in the models, written to the feature spec (train "
+        "--combiner overrides it): sum (the clicks add the values' effects, however many there are), mean (they "
+        "average them), or auto: the one whose additive logistic regression predicts held-out training rows (the "
+        "tail train holds out, or the validation rows) better (summary.json keeps each column's test)",
+        ("auto", "sum", "mean"),
+    )  # fmt: skip
     time: tuple[str, ...] = option(
         ("auto",), "comma-separated timestamp columns read as parts of time, each part a categorical feature "
         "<column>_<part> (hour of day, day of week: what clicks depend on), which predict and the server derive "

@@ -232,7 +232,7 @@ def preprocess_table(args: argparse.Namespace) -> int:
         group=cfg.group, integers=cfg.integers,
         null_values=cfg.null_values, csv_separator=cfg.csv_separator, bad_rows=cfg.bad_rows,
         raw_ids=cfg.raw_ids, capacity=cfg.capacity, time=_auto_or_names(cfg.time, "--time"),
-        time_parts=cfg.time_parts, time_format=cfg.time_format or "",
+        time_parts=cfg.time_parts, time_format=cfg.time_format or "", combiner=cfg.combiner,
     )  # fmt: skip
     test_fraction = None if cfg.test_files is not None else (0.1 if cfg.test_fraction is None else cfg.test_fraction)
     summary = run(cfg.raw, cfg.out, recipe, test_files=cfg.test_files, test_fraction=test_fraction,
@@ -252,6 +252,11 @@ def preprocess_table(args: argparse.Namespace) -> int:
     ]
     print("columns: " + "; ".join(f"{role} {', '.join(c for c in names if c)}" for role, names in roles
                                   if any(names)))  # fmt: skip
+    pooled = summary.get("pooling_tests", {})
+    if pooled:
+        print("multi-hot pooling (--combiner auto): " + ", ".join(
+            f"{c} {t['chosen']} (held-out log loss sum {t['sum']:.4f}, mean {t['mean']:.4f})"
+            for c, t in pooled.items()))  # fmt: skip
     tests = summary.get("value_id_tests", {})
     if tests:
         chosen = [f"{c} (-{t['gain']:.4f} log loss)" for c, t in tests.items() if t["chosen"]]

@@ -30,10 +30,11 @@ import json
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 
 from ctrkit.columns import Role
@@ -45,6 +46,8 @@ from ctrkit.integrity import vocabulary_fingerprint
 from ctrkit.preprocess import vocabulary as vocab_mod
 from ctrkit.preprocess.criteo import FIRST_ID, MISSING_ID, RARE_ID
 from ctrkit.preprocess.output import Rejects, split_bounds
+from ctrkit.preprocess.pooling import DEFAULT as DEFAULT_COMBINER
+from ctrkit.preprocess.pooling import Bags, PoolingTest, pooling_tests
 from ctrkit.preprocess.table_reader import check_output
 from ctrkit.preprocess.table_recipe import (
     AUTO,
@@ -93,6 +96,37 @@ def _test_value_ids(
     ids = [(by_value[:fit, j], by_value[fit:, j], vocab_mod.cardinality(vocabularies[c]))
            for j, c in enumerate(categorical)]  # fmt: skip
     return value_id_tests(numerical, ids, labels[:fit], labels[fit:], frequency_threshold)
+
+
+def _test_pooling(
+    rows, roles: Roles, cards: dict[str, int], raw_ids: Sequence[str], n_fit: int, n_train: int | None
+) -> dict[str, PoolingTest]:
+    """``pooling_tests`` of the multi-hot features, on the encoded rows: fitted on rows [0, n_fit) and held out as
+    ``_test_value_ids`` holds out (the validation rows, or the tail ``train`` holds out); raw-id features (hashes,
+    not rows of a vocabulary) are left out of model A."""
+    if n_train is None:
+        n_train = n_fit
+        n_fit = n_train - int(round(n_train * TRAIN_VALIDATION_FRACTION))
+    first = max(0, n_fit - MAX_FIT_ROWS)
+    blocks = list(rows.blocks(first, n_train))
+    fit = n_fit - first
+    labels = np.concatenate([b.labels for b in blocks]).astype(np.float64)
+    categorical = []
+    for j, c in enumerate(roles.categorical):
+        if c not in raw_ids:
+            ids = np.concatenate([b.ids[j] for b in blocks]).astype(np.int64)
+            categorical.append((ids[:fit], ids[fit:], cards[c]))
+    numerical = []
+    if roles.numerical:
+        values = np.concatenate([b.numerical for b in blocks]).astype(np.float64)
+        numerical = [(values[:fit, j], values[fit:, j]) for j in range(values.shape[1])]
+    multi_hot = {}
+    for j, c in enumerate(roles.multi_hot):
+        ids = np.concatenate([b.multi_hot[j][0] for b in blocks]).astype(np.int64)
+        lengths = np.concatenate([b.multi_hot[j][1] for b in blocks]).astype(np.int64)
+        cut = int(lengths[:fit].sum())
+        multi_hot[c] = (Bags(ids[:cut], lengths[:fit]), Bags(ids[cut:], lengths[fit:]), cards[c])
+    return pooling_tests(categorical, numerical, multi_hot, labels[:fit], labels[fit:])
 
 
 def _vocabulary(counts: pl.DataFrame, threshold: int) -> pl.DataFrame:
@@ -157,13 +191,14 @@ class Like:
     (``preprocess table --like``): its columns, roles, types and vocabularies, extended by the values it has not
     seen; ``fingerprint`` is its vocabularies' (``integrity.vocabulary_fingerprint``; empty where every column is
     a raw id), ``extends`` those that one extends in turn, ``cardinalities`` its features' table rows (a raw-id
-    feature keeps its table's)."""
+    feature keeps its table's), ``combiners`` its multi-hot features' pooling."""
 
     transform: RowTransform
     fingerprint: str
     extends: tuple[str, ...]
     cardinalities: dict[str, int]
     where: str
+    combiners: dict[str, str] = field(default_factory=dict)
 
     def recipe(self, asked: TableRecipe) -> TableRecipe:
         """``asked`` (the label, its rule, the order, the split, the frequency threshold, bad rows) with the
@@ -185,14 +220,19 @@ class Like:
         )  # fmt: skip
 
     @classmethod
-    def of(cls, transform: RowTransform | None, summary: dict, where: str) -> Like:
-        """The ``Like`` of a model or dataset: its carried ``transform`` and its feature spec's ``summary``."""
+    def of(cls, transform: RowTransform | None, summary: dict, where: str, combiners: Sequence[str] | None = None
+           ) -> Like:  # fmt: skip
+        """The ``Like`` of a model or dataset: its carried ``transform``, its feature spec's ``summary`` and its
+        multi-hot features' pooling (a model's ``combiners``; a dataset's are its spec's)."""
         if transform is None:
             raise ValueError(f"--like {where}: carries no preprocessing record (made by `ctrkit preprocess table` of "
                              "this version)")  # fmt: skip
         rows = dict(zip(summary.get("categorical_features", []), summary.get("cardinalities", [])))
         rows.update(zip(summary.get("multi_hot_features", []), summary.get("multi_hot_cardinalities", [])))
-        return cls(transform, str(summary.get("vocabulary") or ""), tuple(summary.get("extends", [])), rows, where)
+        multi = summary.get("multi_hot_features", [])
+        pooled = dict(zip(multi, combiners if combiners is not None else summary.get("multi_hot_combiners", [])))
+        return cls(transform, str(summary.get("vocabulary") or ""), tuple(summary.get("extends", [])), rows, where,
+                   pooled)  # fmt: skip
 
     @classmethod
     def of_dataset(cls, directory: str | os.PathLike) -> Like:
@@ -362,12 +402,20 @@ def _preprocess(
             transform = _row_transform(raw_schema, roles, recipe, vocabularies)
             rows.encode(transform, None, recipe.group)
     cards = {c: vocab_mod.cardinality(v) for c, v in vocabularies.items()}
+    if like is not None:  # the model's pooling
+        combiners = {c: like.combiners.get(c, DEFAULT_COMBINER) for c in roles.multi_hot}
+        pooling = {}
+    elif recipe.combiner == AUTO:
+        pooling = _test_pooling(rows, roles, cards, recipe.raw_ids, n_fit, n_train if validation_fraction else None)
+        combiners = {c: t.chosen for c, t in pooling.items()}
+    else:
+        combiners, pooling = dict.fromkeys(roles.multi_hot, recipe.combiner), {}
     features = {c: Feature(smallest_int_dtype(cards[c]), cards[c]) for c in roles.categorical}
     for c in recipe.raw_ids:  # the value's hash as a raw id; the table's capacity as its cardinality
         rows_of = like.cardinalities[c] if like is not None else max(2, recipe.capacity or cards[c])
         features[c] = Feature("int64", rows_of, {"dynamic": True})
     for c in roles.multi_hot:
-        features[c] = Feature(smallest_int_dtype(cards[c]), cards[c], {"multi_hot": True, "combiner": "mean"})
+        features[c] = Feature(smallest_int_dtype(cards[c]), cards[c], {"multi_hot": True, "combiner": combiners[c]})
     metadata = {
         "preprocessed_by": "ctrkit preprocess table",
         "label": recipe.label,
@@ -441,6 +489,8 @@ def _preprocess(
                 and c not in (recipe.label, recipe.order_by, recipe.group)
             ],
             **({"value_id_tests": {c: t.as_dict() for c, t in id_tests.items()}} if id_tests else {}),
+            **({"pooling_tests": {c: t.as_dict() for c, t in pooling.items()}} if pooling else {}),
+            **({"combiners": combiners} if combiners else {}),
             "cardinalities": cards,
             **(
                 {

@@ -15,6 +15,7 @@ from ctrkit.columns import label_of
 from ctrkit.config import TrainConfig
 from ctrkit.data.feature_spec import check_capacity
 from ctrkit.preprocess.criteo import BAD_ROW_POLICIES
+from ctrkit.preprocess.pooling import COMBINERS
 from ctrkit.preprocess.table_reader import separator_char
 from ctrkit.preprocess.time_parts import DEFAULT_PARTS, PARTS, check_format, choose_format, reads
 
@@ -71,6 +72,9 @@ class TableRecipe:
             ``<column>_<part>``; "auto" (the default): every text, date or datetime column named nowhere else (the
             ``order_by`` column too) whose first value is a timestamp of one of ``time_parts.FORMATS``; () for none.
         time_parts: the parts of each timestamp read (``time_parts.PARTS``).
+        combiner: how each multi-hot feature's values are pooled in the models, written to the feature spec:
+            "sum", "mean", or "auto" (the default): the one whose additive logistic regression predicts held-out
+            training rows better (``pooling``).
         time_format: the timestamps' format (a strftime pattern, or "unix"/"unix_ms" for integer columns); "": the
             first of ``time_parts.FORMATS`` that reads a column's first value.
         integers: the role of integer columns named nowhere: "error" (refused: an integer may be an id
@@ -105,6 +109,7 @@ class TableRecipe:
     time: tuple[str, ...] | str = AUTO
     time_parts: tuple[str, ...] = DEFAULT_PARTS
     time_format: str = ""
+    combiner: str = AUTO
 
     def validate(self) -> None:
         if not self.label:
@@ -123,6 +128,8 @@ class TableRecipe:
             raise ValueError(f"`time_parts`: expected distinct parts of {', '.join(PARTS)}, got "
                              f"{', '.join(self.time_parts) or 'none'}")  # fmt: skip
         check_format(self.time_format)
+        if self.combiner not in (AUTO, *COMBINERS):
+            raise ValueError(f"`combiner` must be one of {AUTO}, {', '.join(COMBINERS)}, got {self.combiner!r}")
         if self.frequency_threshold < 1:
             raise ValueError(f"`frequency_threshold` must be >= 1, got {self.frequency_threshold}")
         if not self.separator:

@@ -76,7 +76,7 @@ def fit_offsets(
     return offsets
 
 
-def _log_loss(z: np.ndarray, y: np.ndarray) -> np.ndarray:
+def row_log_loss(z: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.logaddexp(0.0, z) - y * z
 
 
@@ -131,7 +131,7 @@ def value_id_tests(
     blocks = [(np.asarray(f[start:], np.int64), np.asarray(h, np.int64), k) for f, h, k in categorical]
     blocks += [bucket_index(x, h) for x, h in numerical.values()]
     z_fit, z_held = additive_logits(blocks, y_fit)
-    base = _log_loss(z_held, y_held)
+    base = row_log_loss(z_held, y_held)
     out = {}
     for c, (x_fit, x_held) in numerical.items():
         key_fit, key_held = _keys(x_fit), _keys(x_held)
@@ -141,7 +141,7 @@ def value_id_tests(
         offsets[~kept] = 0.0
         place = np.clip(np.searchsorted(values, key_held), 0, len(values) - 1)
         hit = (values[place] == key_held) & kept[place]
-        diff = base - _log_loss(z_held + np.where(hit, offsets[place], 0.0), y_held)
+        diff = base - row_log_loss(z_held + np.where(hit, offsets[place], 0.0), y_held)
         out[c] = ValueIdTest(float(diff.mean()), float(diff.std() / np.sqrt(len(diff))), int(kept.sum()),
                              float(hit.mean()))  # fmt: skip
     return out
