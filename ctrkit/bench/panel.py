@@ -11,6 +11,8 @@ redistribution, so nothing here copies them anywhere but the benchmark's scratch
 * ``planted-<rows>-s<seed>``: ``synthetic_planted`` data with its Bayes-optimal test AUC;
 * ``tabular-<rows>-s<seed>``: the same module's tabular family (nonlinear numerical effects);
 * ``amounts-<rows>-s<seed>``: the tabular family's data with its numerical features as raw amounts;
+* ``shop-<sum|mean>-<rows>-s<seed>``: ``synthetic_shop`` e-commerce logs (a timestamp, users, tags whose effects add
+  or average) as CSV through ``ctrkit preprocess table`` with its defaults, the last tenth as test;
 * ``outbrain-<rows>-s<seed>``: ``ctrkit synth outbrain-raw`` files (``<rows>`` clicks rows) through
   ``ctrkit preprocess outbrain``: one-hot, multi-hot and CTR features, the evaluation days as test.
 
@@ -202,6 +204,25 @@ def build_outbrain(out: Path, rows: int, seed: int) -> PanelEntry:
     return PanelEntry(out.name, out, note)
 
 
+def build_shop(out: Path, rows: int, seed: int, tags: str) -> PanelEntry:
+    """Draws a shop log into ``<out>.csv`` (left there to look at) and preprocesses it into ``out`` as a user would:
+    the tags named multi-hot, the rows ordered by their timestamp, the integer position a number."""
+    from ctrkit.data.synthetic_shop import shop_log
+    from ctrkit.metrics import roc_auc
+    from ctrkit.preprocess.table import preprocess_table
+    from ctrkit.preprocess.table_recipe import TableRecipe
+
+    frame, logit = shop_log(rows, seed, tags)
+    csv = out.with_name(out.name + ".csv")
+    frame.write_csv(csv)
+    recipe = TableRecipe(label="clicked", multi_hot=("tags",), order_by="ts", integers="numerical")
+    summary = preprocess_table([csv], out, recipe, overwrite=True)
+    n_test = summary["test_rows"]  # the log is in time order: the test rows are its last
+    bayes = roc_auc(frame["clicked"].to_numpy()[-n_test:], logit[-n_test:])
+    return PanelEntry(out.name, out, f"synthetic shop log, tags' effects {'added' if tags == 'sum' else 'averaged'}, "
+                      f"{summary['train_rows']:,} train rows, seed {seed}", bayes)  # fmt: skip
+
+
 def build_panel(
     work: Path,
     shared: Path | None,
@@ -211,6 +232,7 @@ def build_panel(
     tabular_rows: Sequence[int] = (),
     amounts_rows: Sequence[int] = (),
     outbrain_rows: Sequence[int] = (),
+    shop_rows: Sequence[int] = (),
 ) -> list[PanelEntry]:
     """Builds the panel's datasets under ``work`` (real ones only where ``shared`` holds them)."""
     work.mkdir(parents=True, exist_ok=True)
@@ -232,4 +254,8 @@ def build_panel(
     for rows in outbrain_rows:
         for seed in seeds:
             entries.append(build_outbrain(work / f"outbrain-{rows // 1000}k-s{seed}", rows, seed))
+    for rows in shop_rows:
+        for seed in seeds:
+            for tags in ("sum", "mean"):
+                entries.append(build_shop(work / f"shop-{tags}-{rows // 1000}k-s{seed}", rows, seed, tags))
     return entries

@@ -252,8 +252,9 @@ def accuracy(args: argparse.Namespace) -> int:
     tabular = cfg.tabular_rows if "tabular" in cfg.panel else ()
     amounts = cfg.amounts_rows if "amounts" in cfg.panel else ()
     outbrain = cfg.outbrain_rows if "outbrain" in cfg.panel else ()
+    shop = cfg.shop_rows if "shop" in cfg.panel else ()
     entries = build_panel(cfg.work, shared if shared.exists() else None, real, planted, cfg.seeds, tabular, amounts,
-                          outbrain)  # fmt: skip
+                          outbrain, shop)  # fmt: skip
     if "independent" in cfg.panel:
         from ctrkit.bench.independent import TABLES, build_independent, fetch_tables, missing_tables
 
