@@ -195,17 +195,17 @@ def grown_optimizer_states(optimizers: list, states: list, model: nn.Module, cha
     return out
 
 
-def load_optimizer_states(optimizers: list, states: list, keep_settings: bool = False) -> None:
-    """Loads each optimizer's state (None: left as it is); ``keep_settings``: the rates and other settings stay the
-    optimizer's own, only the per-parameter state is taken."""
+def load_optimizer_states(optimizers: list, states: list) -> None:
+    """Loads each optimizer's per-parameter state (None: left as it is); the rates and other settings stay the
+    optimizer's own, this run's: a resumed run applies the rates it is given (``--lr``, ``--embedding-lr``, ...), as
+    a continued one does, and with the same settings continues exactly as the run would have."""
     for opt, state in zip(optimizers, states):
         if state is None:
             continue
         settings = [{k: v for k, v in group.items() if k != "params"} for group in opt.param_groups]
         opt.load_state_dict(state)
-        if keep_settings:
-            for group, mine in zip(opt.param_groups, settings):
-                group.update(mine)
+        for group, mine in zip(opt.param_groups, settings):
+            group.update(mine)
 
 
 def check_finite(

@@ -650,4 +650,4 @@ class Trainer:
         states = ckpt.optimizers if own else []
         if grown:
             states = grown_optimizer_states(self.optimizers, states, self.model, grown)
-        load_optimizer_states(self.optimizers, states, keep_settings=True)
+        load_optimizer_states(self.optimizers, states)
