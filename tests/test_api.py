@@ -28,3 +28,18 @@ def test_python_api_example_runs_and_agrees_with_sklearn(tmp_path, capsys):
     assert abs(roc_auc_score(test.labels(), probabilities) - metrics["auc"]) < 1e-9
     assert metrics["auc"] > 0.6
     assert f"AUC {metrics['auc']:.4f}" in capsys.readouterr().out
+
+
+def test_train_takes_every_keyword_of_resolve_run(tiny_dataset, monkeypatch):
+    """``train()``'s run keywords are ``resolve_run``'s own, read from its signature (issue #81: a second list lacked
+    ``allow_other_vocabulary``); each reaches the resolved run."""
+    import inspect
+    from types import SimpleNamespace
+
+    from ctrkit.train import run as run_mod
+
+    monkeypatch.setattr(run_mod, "Run", lambda spec: SimpleNamespace(fit=lambda: spec))
+    spec = run_mod.train(tiny_dataset, allow_other_vocabulary=True, progress=False, device="cpu", max_steps=3)
+    assert spec.allow_other_vocabulary is True and spec.progress is False and spec.train.max_steps == 3
+    keywords = set(inspect.signature(run_mod.resolve_run).parameters) - {"dataset", "model", "train", "model_config"}
+    assert {"allow_other_vocabulary", "continue_from", "load_checkpoint", "recipe"} <= keywords

@@ -149,6 +149,7 @@ class SparseRowOptimizer(torch.optim.Optimizer):
         eps: float | None = None,
         betas: tuple[float, float] = (0.9, 0.999),
         tiers: dict[int, TieredTable] | None = None,
+        sort_cache: SortCache | None = None,
     ):
         stateful = [k.name for k in KINDS.values() if k.tables and (k.value_state or k.row_state)]
         if kind not in stateful:
@@ -163,6 +164,7 @@ class SparseRowOptimizer(torch.optim.Optimizer):
         self.fused_on_cpu = True  # Adam and Adagrad by torch's fused kernels on the CPU (_fused_cpu_step)
         self.native_on_cpu = True  # ... and on sparse gradients by ctrkit/native's kernels where built (_native_step)
         self._deferred: list | None = None  # the C kernels' row updates, collected by step_deferring_rows
+        self.sort_cache = sort_cache if sort_cache is not None else SortCache()  # shared by a run's optimizers
 
     def step_deferring_rows(self) -> list:
         """``step()``, except that the C kernels' row updates are returned instead of run: functions of (part,
@@ -237,7 +239,7 @@ class SparseRowOptimizer(torch.optim.Optimizer):
                 if fused and g.is_sparse and self._native_step(group, p, state, g):
                     continue
                 if g.is_sparse:
-                    rows, values = _summed_rows(g)  # (U,), (U, D)
+                    rows, values = _summed_rows(g, self.sort_cache)  # (U,), (U, D)
                     values = values.to(p.dtype)
                 elif fused:
                     rows, values = None, g  # every row, in place: no index of the whole table
@@ -294,7 +296,7 @@ class SparseRowOptimizer(torch.optim.Optimizer):
             rows = ids.contiguous()
         else:
             with one_thread_where_threads_sleep(ids.device):
-                order, rows, starts = _sorted_ids(ids, p.shape[0])  # (nnz,), (U,), (U,) int64
+                order, rows, starts = self.sort_cache.sorted_ids(ids, p.shape[0])  # (nnz,), (U,), (U,) int64
         if rows[0] < 0 or rows[-1] >= p.shape[0]:  # ascending: the ends bound them (C would write past the table)
             raise IndexError(f"row ids {int(rows[0])}..{int(rows[-1])} outside a table of {p.shape[0]} rows")
         if self.kind == "adam":
@@ -361,11 +363,11 @@ def _add_to_rows(p: torch.Tensor, rows: torch.Tensor, update: torch.Tensor, alph
         p.index_copy_(0, rows, p.index_select(0, rows).add_(update.to(p.dtype), alpha=alpha))
 
 
-def _summed_rows(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _summed_rows(g: torch.Tensor, cache: SortCache | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """A sparse row gradient's distinct rows (ascending) and each one's summed gradient, as ``coalesce``
     gives them. The ids are sorted (stably, so each row's gradients are summed in the batch's order) and
     each distinct id's gradients summed as one bag of ``embedding_bag``: faster on the CPU than ``unique`` +
-    ``index_add_``, itself faster than ``coalesce``."""
+    ``index_add_``, itself faster than ``coalesce``. ``cache``: the sorts to reuse (None: a sort of its own)."""
     if g.is_coalesced():
         return g.indices()[0], g.values()
     ids, values = g._indices()[0], g._values()
@@ -375,34 +377,41 @@ def _summed_rows(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     # one thread where idle threads sleep: the sort's passes and the sums are short parallel regions, each
     # paying for a wake-up (docs/decisions/omp-wait-policy.md)
     with one_thread_where_threads_sleep(ids.device):
-        order, rows, starts = _sorted_ids(ids, g.shape[0])
+        order, rows, starts = (cache if cache is not None else SortCache()).sorted_ids(ids, g.shape[0])
         return rows, F.embedding_bag(order, values.contiguous(), starts, mode="sum")  # (U, D)
 
 
-_LAST_SORT: list[tuple] = []  # [(ids, order, rows, starts)]: the last ids sorted and their sort, one tuple so
-# that a thread reads one consistent entry while another replaces it (a split step's optimizers run on two threads)
+class SortCache:
+    """The last ids a table update sorted, with their sort, reused for equal ids: a model's first-order tables look
+    up the same rows as its embeddings, so their gradients share one sort. One per run's optimizers
+    (``build_optimizers``), shared by its row optimizers and by nothing else; the entry is one tuple, so that a thread
+    reads a consistent one while another replaces it (a split step's optimizers run on two threads)."""
 
+    def __init__(self) -> None:
+        self.last: tuple | None = None  # (ids, order, rows, starts)
+        self.sorts = 0  # sorts done (the others were reused)
 
-def _sorted_ids(ids: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(nnz,) ids of a table of ``num_rows`` rows -> the stable sort's permutation (nnz,), the distinct ids
-    (U,) and where each one's run starts in the permutation (U,). Ids are sorted as int32 where they fit
-    (faster than int64 on the CPU). The last result is kept and reused for equal ids: a model's
-    first-order tables look up the same rows as its embeddings, so their gradients share one sort."""
-    last = _LAST_SORT[0] if _LAST_SORT else None
-    if last is not None and last[0].shape == ids.shape and last[0].device == ids.device and torch.equal(last[0], ids):
-        return last[1], last[2], last[3]
-    sorted_ = _native_sort(ids, num_rows)
-    if sorted_ is None:
-        keys = ids.to(torch.int32) if num_rows <= 2**31 - 1 else ids
-        ordered, order = torch.sort(keys, stable=True)
-        rows, counts = torch.unique_consecutive(ordered, return_counts=True)
-        sorted_ = order, rows.to(torch.int64), torch.cumsum(counts, 0) - counts
-    _LAST_SORT[:] = [(ids, *sorted_)]
-    return sorted_
+    def sorted_ids(self, ids: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(nnz,) ids of a table of ``num_rows`` rows -> the stable sort's permutation (nnz,), the distinct ids
+        (U,) and where each one's run starts in the permutation (U,). Ids are sorted as int32 where they fit
+        (faster than int64 on the CPU)."""
+        last = self.last
+        if last is not None and last[0].shape == ids.shape and last[0].device == ids.device and torch.equal(
+                last[0], ids):  # fmt: skip
+            return last[1], last[2], last[3]
+        sorted_ = _native_sort(ids, num_rows)
+        if sorted_ is None:
+            keys = ids.to(torch.int32) if num_rows <= 2**31 - 1 else ids
+            ordered, order = torch.sort(keys, stable=True)
+            rows, counts = torch.unique_consecutive(ordered, return_counts=True)
+            sorted_ = order, rows.to(torch.int64), torch.cumsum(counts, 0) - counts
+        self.last = (ids, *sorted_)
+        self.sorts += 1
+        return sorted_
 
 
 def _native_sort(ids: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """``_sorted_ids`` by ctrkit/native/rows.c's radix sort (the same three tensors), or None where it does not
+    """``SortCache.sorted_ids`` by ctrkit/native/rows.c's radix sort (the same three tensors), or None where it does not
     apply: other devices or dtypes, tables or batches of 2^32 and more, ids outside the table (the callers' sort
     and checks then run), or no kernels built."""
     lib = native.library() if ids.device.type == "cpu" and ids.dtype == torch.int64 and ids.dim() == 1 else None
@@ -420,7 +429,12 @@ def _native_sort(ids: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, torch.
 
 
 def make_optimizer(
-    kind: str, params: list[torch.nn.Parameter], lr: float, sparse: bool, tiers: dict[int, TieredTable] | None = None
+    kind: str,
+    params: list[torch.nn.Parameter],
+    lr: float,
+    sparse: bool,
+    tiers: dict[int, TieredTable] | None = None,
+    sort_cache: SortCache | None = None,
 ) -> torch.optim.Optimizer:
     """Builds optimizer ``kind`` for ``params``.
 
@@ -431,6 +445,7 @@ def make_optimizer(
         sparse: the parameters are embedding tables that receive sparse gradients.
         tiers: the tiered tables among ``params`` (parameter id -> ``TieredTable``): their state is kept in their
             home too.
+        sort_cache: the sorts a row optimizer shares with the run's others (None: its own).
     """
     optimizer_kind(kind)  # a known name
     if kind == "sgd":
@@ -441,7 +456,7 @@ def make_optimizer(
                              "use adam, adagrad, rowwise_adagrad, ftrl or sgd for embedding tables")  # fmt: skip
         return torch.optim.RMSprop(params, lr=lr, foreach=True)
     if sparse or kind == "ftrl":  # FTRL on dense parameters: every row, every step
-        return SparseRowOptimizer(params, kind, lr, tiers=tiers)
+        return SparseRowOptimizer(params, kind, lr, tiers=tiers, sort_cache=sort_cache)
     if kind == "adagrad":  # torch's fused Adagrad: one kernel instead of several passes (CPU only)
         fused = all(p.device.type == "cpu" for p in params)
         return (
@@ -487,11 +502,12 @@ def build_optimizers(
     parts.append((embedding_optimizer, [p for p in rest if id(p) in tables], embedding_lr, True, False))
     parts.append((optimizer, [p for p in rest if id(p) not in tables], lr, False, False))
     out = []
+    sorts = SortCache()  # the run's: its row optimizers share their sorts of equal ids
     for kind, params, part_lr, is_table, is_wide in parts:
         if not params:
             continue
         sparse = is_table and all(tables[id(p)].sparse for p in params)
-        opt = make_optimizer(kind, params, part_lr, sparse=sparse, tiers=tiers)
+        opt = make_optimizer(kind, params, part_lr, sparse=sparse, tiers=tiers, sort_cache=sorts)
         for group in opt.param_groups:
             group["base_lr"] = group["lr"]
         opt.is_table_optimizer = is_table  # its state is per table row (sharded in hybrid-parallel runs)

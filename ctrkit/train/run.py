@@ -11,6 +11,7 @@ Example:
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import sys
@@ -575,8 +576,8 @@ def train(dataset: str | os.PathLike, model: str = DEFAULT_MODEL, **options: Any
     """
     train_fields = {f.name for f in fields(TrainConfig)}
     model_fields = set(config_class(model).__dataclass_fields__) | {"embedding_sizes", "combiner"}
-    run_keys = {"recipe", "config", "model_config_file", "parallel", "device", "save_checkpoint", "load_checkpoint",
-                "log_path", "progress", "tensorboard", "continue_from"}  # fmt: skip
+    # resolve_run's own keywords, from its signature (the settings' mappings are built here)
+    run_keys = set(inspect.signature(resolve_run).parameters) - {"dataset", "model", "train", "model_config"}
     unknown = set(options) - train_fields - model_fields - run_keys
     if unknown:
         raise ValueError(f"unknown option(s) {sorted(unknown)}: expected training, model or run settings")

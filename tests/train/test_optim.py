@@ -238,19 +238,39 @@ def test_summed_rows_equal_coalesce(dim, dtype):
 def test_summed_rows_reuse_a_sort_only_for_equal_ids():
     """The sort is shared by gradients with equal ids (embeddings and first-order tables), and redone for
     other ids of the same length."""
-    from ctrkit.train.optim import _summed_rows
+    from ctrkit.train.optim import SortCache, _summed_rows
 
     gen = torch.Generator().manual_seed(1)
     a = torch.randint(0, 50, (400,), generator=gen)
     b = a.flip(0) + 1  # same length, other ids
+    cache = SortCache()
     for ids, dim in ((a, 4), (a.clone(), 1), (b, 4), (a, 4)):
         g = torch.sparse_coo_tensor(
             ids.unsqueeze(0), torch.randn(400, dim, generator=gen), (60, dim), check_invariants=True
         )
-        rows, sums = _summed_rows(g)
+        rows, sums = _summed_rows(g, cache)
         ref = g.coalesce()
         torch.testing.assert_close(rows, ref.indices()[0], rtol=0, atol=0)
         torch.testing.assert_close(sums, ref.values())
+    assert cache.sorts == 3  # a, then b, then a again: the equal copy of a reused the first
+
+
+def test_a_runs_row_optimizers_share_one_sort_cache_and_another_run_has_its_own():
+    """No state shared between runs' optimizers (issue #81: a module-level cache was): the row optimizers of one
+    ``build_optimizers`` share one cache (the embeddings' and the first-order tables' equal ids sorted once a step),
+    those of another model get another."""
+    from ctrkit.models.registry import create_model, make_config
+    from ctrkit.train.optim import SparseRowOptimizer, build_optimizers
+
+    def caches():
+        shape = {"num_numerical": 2, "cardinalities": (30, 40), "embedding_dim": 4, "bottom_mlp": (8, 4),
+                 "top_mlp": (8, 1)}  # fmt: skip
+        model = create_model("dlrm", make_config("dlrm", shape))
+        opts = build_optimizers(model, "adam", 1e-3, "adam", 1e-2, "adagrad", 1e-2)
+        return {id(o.sort_cache): o.sort_cache for o in opts if isinstance(o, SparseRowOptimizer)}
+
+    one, two = caches(), caches()
+    assert len(one) == 1 and len(two) == 1 and set(one).isdisjoint(two)
 
 
 def test_sums_on_one_thread_where_idle_threads_sleep(monkeypatch):
@@ -269,13 +289,13 @@ def test_sums_on_one_thread_where_idle_threads_sleep(monkeypatch):
         ids.unsqueeze(0), torch.randn(60_000, 4, generator=gen), (40_000, 4), check_invariants=True
     )
     seen = []
-    sort = optim._sorted_ids
+    sort = optim.SortCache.sorted_ids
 
     def spy(*args):
         seen.append(torch.get_num_threads())
         return sort(*args)
 
-    monkeypatch.setattr(optim, "_sorted_ids", spy)
+    monkeypatch.setattr(optim.SortCache, "sorted_ids", spy)
     results = {}
     for policy, spin in (("PASSIVE", None), ("PASSIVE", "3000"), ("ACTIVE", None), (None, None)):
         for name, value in (("OMP_WAIT_POLICY", policy), ("GOMP_SPINCOUNT", spin)):
@@ -283,8 +303,7 @@ def test_sums_on_one_thread_where_idle_threads_sleep(monkeypatch):
                 monkeypatch.delenv(name, raising=False)
             else:
                 monkeypatch.setenv(name, value)
-        optim._LAST_SORT.clear()
-        results[(policy, spin)] = optim._summed_rows(g)
+        results[(policy, spin)] = optim._summed_rows(g, optim.SortCache())
         assert torch.get_num_threads() == threads
     assert seen == [1, threads, threads, threads]
     for rows, sums in list(results.values())[1:]:
