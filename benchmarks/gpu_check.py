@@ -16,6 +16,11 @@ about 7 minutes; each section also runs on the CPU at small sizes, which is how 
   ``torch.cuda.set_sync_debug_mode("warn")``, each synchronising call counted with where ctrkit made it.
 - ``resume``: ``ctrkit train --recipe nvidia`` saving its checkpoint, then resumed from it: the start to the first
   step of each (the resumed run loads its tables instead of drawing them), and the checkpoint's size.
+- ``profile``: where the step's time goes (issue #82): ``--steps`` steps of ctrkit's step in bf16 (fp32 on a CPU)
+  under ``torch.profiler``, each operator's device time (CPU time on a CPU) put in one of ``PROFILE_PARTS`` (table
+  lookups, the table update, the dense layers, the interaction, the optimizer, copies, the rest), beside each part's
+  bound on this device: the bytes it must move at the bandwidth a large copy reaches here, the FLOPs at the rate a
+  large matrix product reaches here.
 
 Each section writes ``<section>.json`` into ``--out``; ``benchmarks/render.py`` does not read them (the docs'
 benchmarks page quotes them).
@@ -99,13 +104,15 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _ctrkit_step(model_config, device: torch.device, storage=None, precisions=("fp32",)):
+def _ctrkit_step(model_config, device: torch.device, storage=None, precisions=("fp32",), split: str = "auto"):
     """The model (tables where ``storage`` says, else made on ``device``) and a ``TrainStep`` of it a precision
-    (sharing its optimizers; bf16's with its autocast, as ``train --precision bf16`` runs)."""
+    (sharing its optimizers; bf16's with its autocast, as ``train --precision bf16`` runs; ``split``: TrainStep's,
+    a CPU step's batch over threads)."""
     torch.manual_seed(0)
     model = create_model("dlrm", model_config, storage if storage is not None else on_device(device)).to(device)
     optimizers = build_optimizers(model, "sgd", LR, "sgd", LR)
-    steps = {p: TrainStep(model, optimizers, device, torch.bfloat16 if p == "bf16" else None) for p in precisions}
+    steps = {p: TrainStep(model, optimizers, device, torch.bfloat16 if p == "bf16" else None, split=split)
+             for p in precisions}  # fmt: skip
     return model, steps
 
 
@@ -359,12 +366,114 @@ def syncs_section(a) -> dict:
             "per_step": sum(where.values()) / max(steps, 1), "device": str(device)}  # fmt: skip
 
 
+# the profile's parts: an operator belongs to the first whose words its name holds (lower case)
+PROFILE_PARTS = (
+    ("table update", ("embedding_bag_backward", "embedding_dense_backward", "embedding_backward", "index_add",
+                      "index_put", "scatter", "sort", "unique", "coalesce", "sparse", "segment", "radix")),
+    ("table lookup", ("embedding_bag", "embedding", "index_select", "gather", "take")),
+    ("interaction", ("bmm", "baddbmm", "tril", "triu", "dot_interaction", "ctrkit_dot")),
+    ("dense layers", ("addmm", "mm", "matmul", "gemm", "linear", "cublas", "cutlass", "sm90", "sm80", "relu",
+                      "threshold", "dropout")),
+    ("optimizer", ("sgd", "adam", "adagrad", "_foreach", "fused", "lerp", "addcdiv", "addcmul")),
+    ("copies", ("copy", "memcpy", "memset", "to_copy", "_to", "cat", "contiguous", "clone", "fill")),
+)  # fmt: skip
+
+
+def _part_of(name: str) -> str:
+    low = name.lower()
+    return next((part for part, words in PROFILE_PARTS if any(w in low for w in words)), "rest")
+
+
+def _bandwidth(device: torch.device) -> float:
+    """Bytes a second a large copy (256 MiB read and written) reaches here: the median of 5."""
+    src = torch.empty(64 << 20, dtype=torch.float32, device=device).fill_(1.0)
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(6):
+        _sync(device)
+        t = time.perf_counter()
+        dst.copy_(src)
+        _sync(device)
+        times.append(time.perf_counter() - t)
+    return 2 * src.numel() * 4 / statistics.median(times[1:])
+
+
+def _flops(device: torch.device, dtype: torch.dtype) -> float:
+    """FLOPs a second a large matrix product (4096 square; 1024 on a CPU) reaches here in ``dtype``: the median of
+    5."""
+    n = 4096 if device.type == "cuda" else 1024
+    a = torch.randn(n, n, device=device).to(dtype)
+    times = []
+    for _ in range(6):
+        _sync(device)
+        t = time.perf_counter()
+        a @ a
+        _sync(device)
+        times.append(time.perf_counter() - t)
+    return 2 * n**3 / statistics.median(times[1:])
+
+
+def profile_section(a) -> dict:
+    """Where a step's time goes, by part, against each part's bound here (the module's docstring)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    device = torch.device(a.device)
+    model_config, batch_size = _recipe(a.dataset, a.dim)
+    batch_size = a.batch_size or batch_size
+    batches = _batches(a.dataset, batch_size, device, a.distinct)
+    precision = "bf16" if device.type == "cuda" else "fp32"
+    # a CPU step unsplit: the profiler records the calling thread's operators (a GPU step is never split)
+    model, steps = _ctrkit_step(model_config, device, precisions=(precision,), split="off")
+    step = steps[precision]
+    with _context(precision, device, autocast=False):
+        for i in range(a.warmup):
+            step(batches[i % len(batches)])
+    _sync(device)
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
+    t = time.perf_counter()
+    with profile(activities=activities) as prof, _context(precision, device, autocast=False):
+        for i in range(a.steps):
+            step(batches[i % len(batches)])
+        _sync(device)
+    wall = (time.perf_counter() - t) / a.steps
+    parts: dict[str, float] = {}
+    for e in prof.key_averages():
+        own = (e.self_device_time_total if cuda else e.self_cpu_time_total) / 1000 / a.steps  # ms a step
+        if own > 0 and not e.key.startswith("ProfilerStep"):
+            parts[_part_of(e.key)] = parts.get(_part_of(e.key), 0.0) + own
+    tables = len(model_config.cardinalities)
+    width, value = model_config.embedding_dim, 2 if precision == "bf16" else 4
+    dense = sum(p.numel() for n, p in model.named_parameters() if "embedding" not in n)
+    bandwidth, rate = _bandwidth(device), _flops(device, torch.bfloat16 if precision == "bf16" else torch.float32)
+    moved = {  # bytes a step must move: rows read; rows read and written by the update (fp32 tables)
+        "table lookup": batch_size * tables * width * 4,
+        "table update": 2 * batch_size * tables * width * 4,
+    }
+    work = {"dense layers": 6 * dense * batch_size}  # forward and backward: 2 + 4 FLOPs a weight and sample
+    bounds = {**{k: v / bandwidth * 1000 for k, v in moved.items()}, **{k: v / rate * 1000 for k, v in work.items()}}
+    return {
+        "section": "profile",
+        "precision": precision,
+        "batch_size": batch_size,
+        "steps": a.steps,
+        "ms_per_step": wall * 1000,
+        "samples_per_s": batch_size / wall,
+        "ms_by_part": dict(sorted(parts.items(), key=lambda kv: -kv[1])),
+        "bound_ms": bounds,
+        "bandwidth_gb_s": bandwidth / 1e9,
+        "matmul_tflops": rate / 1e12,
+        "value_bytes": value,
+    }
+
+
 SECTIONS = {
     "step": step_section,
     "e2e": e2e_section,
     "host": host_section,
     "syncs": syncs_section,
     "resume": resume_section,
+    "profile": profile_section,
 }
 
 

@@ -2,7 +2,8 @@
 # The prepared GPU check (issue 69), for one GPU with PyTorch and ctrkit's dependencies installed (no network
 # needed), in about 7 minutes: FL15 data made once (ROWS rows, `ctrkit synth --tables criteo-1tb`);
 # ctrkit's step against plain PyTorch in fp32, TF32 and bf16 (same batches, interleaved); `ctrkit train --recipe
-# nvidia` end to end in each precision, with the start to the first step; the loader alone and fed to the GPU; the
+# nvidia` end to end in each precision, with the start to the first step; where the bf16 step's time goes
+# (profile); the loader alone and fed to the GPU; the
 # training loop's host synchronisations; the host-memory tier with the GPU capped at half the tables' size; a
 # run resumed from its checkpoint (benchmarks/gpu_check.py says what each measures); the accuracy panel's
 # synthetic data sets in each precision; the CUDA tests.
@@ -13,8 +14,8 @@
 #   RAW=/tmp/gpu ROWS=1000000 bash benchmarks/run_gpu.sh   smaller data, the raw files elsewhere
 #   BUDGET=500 bash benchmarks/run_gpu.sh               each part's limit cut to what is left of 500 s (the parts
 #                                                       that no longer fit are skipped, so the collection still runs)
-#   PARTS="data e2e" bash benchmarks/run_gpu.sh         only the parts named (data step e2e loader syncs host
-#                                                       resume accuracy cuda_tests)
+#   PARTS="data e2e" bash benchmarks/run_gpu.sh         only the parts named (data step profile e2e loader syncs
+#                                                       host resume accuracy cuda_tests)
 #   QUICK=1 bash benchmarks/run_gpu.sh                  every part at a small size (1M rows, a few steps, one
 #                                                       model), to find what breaks before the full run
 set -uo pipefail
@@ -53,6 +54,7 @@ cat "$RAW/machine.txt"
   --tables criteo-1tb --seed 0 --overwrite
 part step 100 $PY benchmarks/gpu_check.py step --dataset "$DATA" --out "$RAW" \
   $(small "--steps 3 --rounds 1 --warmup 1" "")
+part profile 60 $PY benchmarks/gpu_check.py profile --dataset "$DATA" --out "$RAW" $(small "--steps 2 --warmup 1" "--steps 10")
 part e2e 150 $PY benchmarks/gpu_check.py e2e --dataset "$DATA" --out "$RAW" $(small "--max-steps 8 --print-freq 2" "")
 part loader 45 $PY -m ctrkit bench loader --dataset "$DATA" --device cuda --output "$RAW/loader.json" \
   $(small "--batches 5 --rounds 1" "--batches 30 --rounds 3")

@@ -41,6 +41,7 @@ def test_each_section_runs_and_writes_what_it_measured(gpu_check, tmp_path, caps
         "host": ["--steps", "10", "--cap", "0.01"],
         "syncs": ["--steps", "3"],
         "resume": ["--max-steps", "4", "--print-freq", "2", "--work", str(tmp_path / "work")],
+        "profile": ["--steps", "3", "--warmup", "1", "--distinct", "2"],
     }
     results = {}
     for name, extra in sections.items():
@@ -58,6 +59,10 @@ def test_each_section_runs_and_writes_what_it_measured(gpu_check, tmp_path, caps
     assert host["cache"]["misses"] > 0 and host["cache"]["evicted"] > 0 and host["cache_rows"] < host["table_rows"]
     assert min(host["samples_per_s"].values()) > 0
     assert results["syncs"]["steps"] == 3 and results["syncs"]["device"] == "cpu"  # its count needs a GPU
+    profiled = results["profile"]  # where the step's time goes: every part a name, the lookups and update among them
+    assert {"table lookup", "table update", "dense layers"} <= set(profiled["ms_by_part"])
+    assert 0 < sum(profiled["ms_by_part"].values()) and profiled["ms_per_step"] > 0
+    assert min(profiled["bound_ms"].values()) > 0 and profiled["bandwidth_gb_s"] > 0
     resume = results["resume"]
     assert resume["resumed"]["from_step"] == 4 and resume["checkpoint_bytes"] > 0
     assert min(resume["fresh"]["start_to_first_step_s"], resume["resumed"]["start_to_first_step_s"]) > 0
