@@ -29,11 +29,11 @@ def _resumed(stopped, name: str, *flags: str) -> dict[str, torch.Tensor]:
     code = run_cli(*base, "--max-steps", "12", "--load-checkpoint", work / "part.pt", "--save-checkpoint", out,
                    *flags)[0]  # fmt: skip
     assert code == 0
-    return load_checkpoint(out).model
+    return load_checkpoint(out).resume_weights
 
 
 def test_a_plain_resume_lands_where_the_run_that_never_stopped_does(stopped):
-    whole = load_checkpoint(stopped[0] / "whole.pt").model
+    whole = load_checkpoint(stopped[0] / "whole.pt").resume_weights
     resumed = _resumed(stopped, "plain")
     assert all(torch.equal(whole[k], resumed[k]) for k in whole)
 
@@ -41,7 +41,7 @@ def test_a_plain_resume_lands_where_the_run_that_never_stopped_does(stopped):
 @pytest.mark.parametrize(("flag", "value"), [("--lr", "0.05"), ("--embedding-lr", "0.5"), ("--wide-lr", "0.5"),
                                              ("--weight-decay", "0.01")])  # fmt: skip
 def test_a_resume_applies_the_rates_it_is_given(stopped, flag, value):
-    plain = load_checkpoint(stopped[0] / "whole.pt").model
+    plain = load_checkpoint(stopped[0] / "whole.pt").resume_weights
     changed = _resumed(stopped, flag.strip("-"), flag, value)
     differ = [k for k in plain if not torch.equal(plain[k], changed[k])]
     assert differ, f"{flag} {value} left every weight as a plain resume's"
