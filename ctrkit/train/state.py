@@ -101,9 +101,23 @@ def _optimizer_kinds(ckpt: Checkpoint, cfg: TrainConfig) -> tuple[list, list]:
     return [(ckpt.train_config or {}).get(k) for k in OPTIMIZER_KINDS], [getattr(cfg, k) for k in OPTIMIZER_KINDS]
 
 
+# settings a resumed run cannot apply: each acted before the checkpoint's step (the start's fit and its test, the
+# seed of every epoch's batch order), so a resume with another value would be neither run
+RESUME_FIXED = ("seed", "linear_warm_start", "warm_start_z", "warm_start_logloss")
+
+
 def check_resumable(ckpt: Checkpoint, cfg: TrainConfig, steps_per_epoch: int, optimizers: int) -> None:
     """Raises ValueError where this run cannot resume ``ckpt``'s: other batches per epoch, no optimizer state, other
-    optimizers."""
+    optimizers, another value of a ``RESUME_FIXED`` setting than the checkpoint's run had (both as the trainer
+    resolved them)."""
+    theirs = ckpt.train_config or {}
+    changed = [f for f in RESUME_FIXED if f in theirs and theirs[f] != getattr(cfg, f)]
+    if changed:
+        said = ", ".join(f"{f} {getattr(cfg, f)} (the checkpoint's: {theirs[f]})" for f in changed)
+        raise ValueError(
+            f"a resumed run continues the run it was taken from and cannot apply {said}: resume with the same "
+            "settings, or start a new run from its weights with --continue-from"
+        )
     if ckpt.steps_per_epoch not in (None, steps_per_epoch):
         raise ValueError(
             f"the checkpoint's run had {ckpt.steps_per_epoch} batches per epoch, this one "

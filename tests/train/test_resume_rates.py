@@ -52,3 +52,18 @@ def test_a_resume_with_another_optimizer_is_refused_in_one_line(stopped, capsys)
     code, _, err = run_cli(*base, "--max-steps", "12", "--load-checkpoint", work / "part.pt", "--optimizer", "sgd",
                            "--save-checkpoint", work / "sgd.pt", capsys=capsys)  # fmt: skip
     assert code == 2 and len(err.strip().splitlines()) == 1 and "resume with the same optimizer" in err
+
+
+@pytest.mark.parametrize(("flag", "value", "field"), [("--seed", "4", "seed"), ("--no-linear-warm-start", None,
+                         "linear_warm_start"), ("--warm-start-z", "1", "warm_start_z"),
+                         ("--warm-start-logloss", None, "warm_start_logloss")])  # fmt: skip
+def test_a_resume_refuses_what_acted_before_its_step(stopped, capsys, flag, value, field):
+    """The start's fit, its test and the seed of the batch order acted before the checkpoint's step: a resume that
+    changes one would be neither run (with another seed it trained on a third data order), so it is refused."""
+    work, base = stopped
+    given = [flag] if value is None else [flag, value]
+    code, _, err = run_cli(*base, "--max-steps", "12", "--load-checkpoint", work / "part.pt", *given,
+                           "--save-checkpoint", work / f"{field}.pt", capsys=capsys)  # fmt: skip
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"cannot apply {field} " in err and "--continue-from" in err
+    assert not (work / f"{field}.pt").exists()
