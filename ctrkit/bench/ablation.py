@@ -119,7 +119,7 @@ def run_ablation(
                 run_log = out / "logs" / f"{entry.name}-s{seed}-{name}.jsonl"
                 run_log.parent.mkdir(parents=True, exist_ok=True)
                 run_log.unlink(missing_ok=True)
-                off = {**mech.off_train, **mech.off_model} if mech is not None else {}
+                off = {**mech.toggle_train, **mech.toggle_model} if mech is not None else {}
                 result = train(entry.path, model=model, progress=False, seed=seed, recipe=recipe,
                                log_path=run_log, **off)  # fmt: skip
                 record.update(result=_scores(result), seconds=time.perf_counter() - start)

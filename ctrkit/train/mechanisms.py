@@ -1,4 +1,4 @@
-"""The mechanisms a recipe may add to a published model, each named once, here, with the settings that turn it off.
+"""The mechanisms a recipe may add to a published model, each named once, here, with the settings that toggle it.
 
 The plan (``train/plan.py``) says which of them a run uses; ``ctrkit bench ablation`` switches each off alone
 to measure what it earns (docs/decisions/ablation.md). A mechanism whose effect is read from the same run
@@ -21,16 +21,17 @@ class Mechanism:
     Attributes:
         name: its name in the plan and the ablation table.
         summary: what it does, in a few words.
-        off_train: TrainConfig fields that turn it off.
-        off_model: model config fields that turn it off.
+        toggle_train: TrainConfig fields that switch it from its state in the default recipe: off, or, for an
+            ``opt_in`` mechanism, on (what the ablation runs to measure it).
+        toggle_model: the same of the model config's fields.
         derived: the key of the run's test result that holds the model's scores without it (no run of its own).
-        opt_in: off in the default recipe: ``off_train`` and ``off_model`` hold the settings that turn it on.
+        opt_in: off in the default recipe (``toggle_train`` and ``toggle_model`` turn it on).
     """
 
     name: str
     summary: str
-    off_train: dict[str, Any] = field(default_factory=dict)
-    off_model: dict[str, Any] = field(default_factory=dict)
+    toggle_train: dict[str, Any] = field(default_factory=dict)
+    toggle_model: dict[str, Any] = field(default_factory=dict)
     derived: str | None = None
     opt_in: bool = False
 
@@ -38,51 +39,51 @@ class Mechanism:
 MECHANISMS: dict[str, Mechanism] = {
     m.name: m
     for m in (
-        Mechanism("first_order", "a first-order (logistic) term beside the deep part", off_model={"linear": False}),
+        Mechanism("first_order", "a first-order (logistic) term beside the deep part", toggle_model={"linear": False}),
         Mechanism(
             "buckets",
             "quantile buckets of the numericals in the first-order term",
-            off_model={"numerical_buckets": 16},
+            toggle_model={"numerical_buckets": 16},
             opt_in=True,
         ),
         Mechanism(
             "warm_start",
             "start from a fitted logistic regression that the model must beat",
-            off_train={"linear_warm_start": False},
+            toggle_train={"linear_warm_start": False},
         ),
         Mechanism(
             "warm_start_logloss",
             "a model is kept only when its log loss beats the regression's",
-            off_train={"warm_start_logloss": True},
+            toggle_train={"warm_start_logloss": True},
             opt_in=True,
         ),
         Mechanism(
             "redraws",
             "redraw the tables once a second pass over the data overfits",
-            off_train={"reinit_embeddings": "off"},
+            toggle_train={"reinit_embeddings": "off"},
         ),
-        Mechanism("plateau", "halve the learning rates on a validation plateau", off_train={"plateau_patience": 0}),
+        Mechanism("plateau", "halve the learning rates on a validation plateau", toggle_train={"plateau_patience": 0}),
         Mechanism(
             "decay",
             "polynomial decay over the last half of the planned steps",
-            off_train={"decay_steps": None},
+            toggle_train={"decay_steps": None},
             opt_in=True,
         ),
         Mechanism(
             "small_batch",
             "on small data, also train at a smaller batch and keep the better",
-            off_train={"small_batch": 0},
+            toggle_train={"small_batch": 0},
         ),
         Mechanism(
             "calibration",
             "temperature scaling of the kept model's logit",
-            off_train={"calibrate": "off"},
+            toggle_train={"calibrate": "off"},
             derived="uncalibrated",
         ),
         Mechanism(
             "ensembles",
             "keep a mean of snapshot or seed models where validation prefers it (N models a request)",
-            off_train={"snapshot_ensemble": 3, "seed_ensemble": 3},
+            toggle_train={"snapshot_ensemble": 3, "seed_ensemble": 3},
             opt_in=True,
         ),
     )  # fmt: skip
