@@ -63,7 +63,7 @@ def _optimizer_label(opt: torch.optim.Optimizer) -> str:
     kind = getattr(opt, "kind", None)
     name = type(opt).__name__ + (f"({kind})" if kind else "")
     part = "first-order " if getattr(opt, "is_wide", False) else ""
-    return f"{name} on {part}{'tables' if getattr(opt, 'is_table_optimizer', False) else 'dense weights'}"
+    return f"{name} on {part}{'tables' if opt.is_table_optimizer else 'dense weights'}"
 
 
 def step_breakdown(step: TrainStep, batches: list[Batch], steps: int, sync) -> dict:

@@ -113,7 +113,7 @@ def optimizer_states_for_rank(
     regions = _target_regions(model)
     out: list[dict | None] = []
     for k, (opt, state) in enumerate(zip(optimizers, saved)):
-        if not getattr(opt, "is_table_optimizer", False):
+        if not opt.is_table_optimizer:
             out.append(state)
             continue
         pieces = []

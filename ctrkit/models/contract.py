@@ -56,6 +56,29 @@ class CTRModel(Protocol):
     def wide_parameters(self) -> list[nn.Parameter]: ...
 
 
+@runtime_checkable
+class TableCollection(Protocol):
+    """An embedding collection (one-hot or multi-hot, deep or first-order, plain, tiered or sharded): what training
+    asks of a model's tables.
+
+    Methods:
+        table_parameters(): its tables, as the parameters that the row optimizers update.
+    """
+
+    def table_parameters(self) -> list[nn.Parameter]: ...
+
+
+@runtime_checkable
+class RedrawnTables(TableCollection, Protocol):
+    """A collection that ``reinit_embeddings`` can redraw (a single process's, in memory or tiered).
+
+    Methods:
+        reset_tables(draw): draws its tables again (draw ``draw``: the same values at any world size).
+    """
+
+    def reset_tables(self, draw: int) -> None: ...
+
+
 def contract_problems(model: nn.Module) -> list[str]:
     """What ``model`` lacks of ``CTRModel``, in words ([] where it is one)."""
     problems = [f"no attribute '{name}' (None where the model has none)" for name in PARTS if not hasattr(model, name)]
@@ -75,8 +98,8 @@ def tables_by_id(model: nn.Module) -> dict[int, nn.Module]:
 
 def table_modules(model: nn.Module) -> list[nn.Module]:
     """The embedding collections of ``model`` (one-hot and multi-hot, deep and first-order, plain, on disk or
-    sharded): the modules that name their tables with ``table_parameters()``."""
-    return [m for m in model.modules() if hasattr(m, "table_parameters")]
+    sharded): its ``TableCollection`` modules."""
+    return [m for m in model.modules() if isinstance(m, TableCollection)]
 
 
 def table_parameters(model: nn.Module) -> list[nn.Parameter]:
@@ -97,7 +120,7 @@ def redraw_tables(model: nn.Module, draw: int) -> list[nn.Parameter] | None:
         return None
     params = []
     for collection in table_modules(tables):
-        if hasattr(collection, "reset_tables"):
+        if isinstance(collection, RedrawnTables):
             collection.reset_tables(draw=draw)
             params += collection.table_parameters()
     return params

@@ -12,12 +12,14 @@ from torch import nn
 
 from ctrkit import hugepages, thread_split
 from ctrkit.data.batch import Batch
+from ctrkit.distributed.hybrid import HybridModel
 from ctrkit.models import tiered_tables
 from ctrkit.models.contract import table_parameter_ids
 from ctrkit.models.dynamic import DynamicIds
 from ctrkit.models.embeddings import CategoricalEmbeddings
 from ctrkit.models.mlp import Dropout, dropout_generator
 from ctrkit.train.dynamic_rows import reset_table_rows
+from ctrkit.train.optim import SparseRowOptimizer
 
 
 class TrainStep:
@@ -27,8 +29,9 @@ class TrainStep:
 
     Args:
         model: maps (dense, sparse) to logits (B,).
-        optimizers: the optimizers of the parameter sets (see build_optimizers); each group's
-            ``base_lr`` is scaled by the schedule factor passed to each call.
+        optimizers: the optimizers ``build_optimizers`` returns, each with its ``is_wide`` (the first-order part's)
+            and ``is_table_optimizer``; each group's ``base_lr`` is scaled by the schedule factor passed to each
+            call.
         device: where batches are moved before the forward pass.
         amp_dtype: autocast dtype, or None for full precision. fp16 enables loss scaling.
         compile: run the forward (and its backward) through ``torch.compile``; if compiling fails
@@ -89,7 +92,7 @@ class TrainStep:
             why = "the model is compiled"
         elif self.scaler is not None:
             why = "fp16 loss scaling steps the optimizers itself"
-        elif getattr(self.model, "sync_gradients", None) is not None:
+        elif isinstance(self.model, HybridModel):
             why = "a hybrid-parallel job splits the batch over processes"
         elif torch.get_num_threads() < 2:
             why = "torch runs one thread"
@@ -121,7 +124,7 @@ class TrainStep:
         only part of it (the loss is then this part's sum over ``global_size``). ``wide_scale``: the
         factor of the wide part's optimizers when it differs from ``scale``."""
         for opt in self.optimizers:
-            factor = wide_scale if wide_scale is not None and getattr(opt, "is_wide", False) else scale
+            factor = wide_scale if wide_scale is not None and opt.is_wide else scale
             for group in opt.param_groups:
                 group["lr"] = group["base_lr"] * factor
         batch = batch.to(self.device, non_blocking=True)
@@ -147,7 +150,8 @@ class TrainStep:
         loss = self._penalties(loss, looked_up, global_size or len(batch), True)
         for opt in self.optimizers:
             opt.zero_grad(set_to_none=True)
-        sync = getattr(self.model, "sync_gradients", None)  # hybrid parallel: replicated tables' gradients
+        # hybrid parallel: the replicated tables' gradients summed over ranks
+        sync = self.model.sync_gradients if isinstance(self.model, HybridModel) else None
         if self.scaler is not None:
             self.scaler.scale(loss).backward()
             if sync is not None:
@@ -218,7 +222,7 @@ class TrainStep:
             opt.zero_grad(set_to_none=True)
         # the optimizers dealt to the workers; the tables' row updates come back unrun, in pieces that every worker
         # takes once its own optimizers are done (one meeting: a worker does not wait for the others to start on rows)
-        deferring = [hasattr(opt, "step_deferring_rows") for opt in self.optimizers]
+        deferring = [isinstance(opt, SparseRowOptimizer) for opt in self.optimizers]
         costs = [thread_split.optimizer_cost(opt, grads, d) for opt, d in zip(self.optimizers, deferring)]
         rows = thread_split.RowWork(sum(deferring), parts=2 * n)
 

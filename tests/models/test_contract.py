@@ -13,7 +13,16 @@ from ctrkit.data.dataset import SplitBinaryDataset
 from ctrkit.data.feature_spec import FeatureSpec
 from ctrkit.data.loader import BatchLoader
 from ctrkit.eval.evaluator import Scoring
-from ctrkit.models.contract import CTRModel, contract_problems, redraw_tables, table_parameter_ids, table_parameters
+from ctrkit.models.contract import (
+    CTRModel,
+    RedrawnTables,
+    TableCollection,
+    contract_problems,
+    redraw_tables,
+    table_modules,
+    table_parameter_ids,
+    table_parameters,
+)
 from ctrkit.models.registry import config_to_dict, create_model, list_models, make_config
 from ctrkit.train.optim import build_optimizers
 from ctrkit.train.run import resolve_run, train
@@ -68,6 +77,20 @@ def test_tables_first_order_and_optimizers_cover_every_parameter_once(name, tiny
         ids = {id(p) for group in opt.param_groups for p in group["params"]}
         assert ids <= wide if opt.is_wide else not ids & wide
         assert ids <= tables if opt.is_table_optimizer else not ids & tables
+    # the tables are reached through the declared protocols (``contract.TableCollection``), the deep ones redrawable
+    assert table_modules(model) and all(isinstance(m, TableCollection) for m in table_modules(model))
+    assert all(isinstance(m, RedrawnTables) for m in table_modules(model.embeddings))
+
+
+def test_the_step_reaches_models_and_optimizers_through_declared_interfaces():
+    """Issue #81: no attribute probes on models or optimizers in the training step (``getattr``/``hasattr`` of a
+    name that a model or optimizer may or may not have); it asks the declared types instead."""
+    import re
+    from pathlib import Path
+
+    source = (Path(__file__).resolve().parents[2] / "ctrkit" / "train" / "step.py").read_text()
+    probes = re.findall(r"(?:getattr|hasattr)\((?:self\.model|model|opt|self\.optimizers\[\w+\])\b", source)
+    assert probes == []
 
 
 @pytest.mark.parametrize("name", MODELS)
