@@ -8,6 +8,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from ctrkit.distributed.sharded_embeddings import ShardedEmbeddingCollection
+from ctrkit.models.embeddings import EmbeddingCollection
 from ctrkit.train.optim import SparseRowOptimizer
 
 
@@ -20,10 +22,12 @@ def reset_table_rows(
     if not fresh:
         return
     for m in model.modules():
-        columns = [c for c in sorted(fresh) if c in getattr(m, "features", ())]
-        if not columns or not hasattr(m, "table_parameters"):
+        if not isinstance(m, (EmbeddingCollection, ShardedEmbeddingCollection)):  # the one-hot tables (``features``)
             continue
-        if hasattr(m, "admitted_rows"):  # a ShardedEmbeddingCollection: (parameter, its rows, their values)
+        columns = [c for c in sorted(fresh) if c in m.features]
+        if not columns:
+            continue
+        if isinstance(m, ShardedEmbeddingCollection):  # (parameter, its rows, their values) of this rank's shards
             pieces = m.admitted_rows({m.features.index(c): fresh[c] for c in columns})
         else:  # an EmbeddingCollection: the flat table
             pieces = []

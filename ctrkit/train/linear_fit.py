@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ctrkit.distributed.hybrid import HybridModel
+from ctrkit.distributed.sharded_embeddings import ShardedEmbeddingCollection
 from ctrkit.metrics import roc_auc
 from ctrkit.train.memory import WARM_START_ROWS
 
@@ -181,7 +183,7 @@ def _write_tables(model: nn.Module, weights: torch.Tensor) -> None:
         size = sum(coll.cardinalities)
         flat = weights[start : start + size].to(torch.float32).unsqueeze(1)  # (ids, 1)
         start += size
-        if hasattr(coll, "shards"):  # sharded: each local shard takes its rows
+        if isinstance(coll, ShardedEmbeddingCollection):  # sharded: each local shard takes its rows
             offsets = [sum(coll.cardinalities[:f]) for f in range(len(coll.cardinalities))]
             for s, w in zip(coll.local, coll.shards):
                 w.copy_(flat[offsets[s.feature] + s.row_lo : offsets[s.feature] + s.row_hi, s.col_lo : s.col_hi])
@@ -207,7 +209,7 @@ def fit_first_order(
         each C besides the validation data; 0 where validation alone did).
     """
     start_time = time.perf_counter()
-    inner = getattr(model, "model", model)  # a HybridModel wraps the model
+    inner = model.model if isinstance(model, HybridModel) else model  # a HybridModel wraps the model
     problem = _Regression(inner, train, validation, max_rows, max_iter, tolerance)
     with _threads(int(problem.x_tr.rows.values().numel())):
         c, theta, auc, folds = problem.choose_c(cs)
@@ -249,7 +251,7 @@ class _Regression:
             tr.categorical, va.categorical = dynamic(tr.categorical), dynamic(va.categorical)
         self.cards = [tuple(c.cardinalities) for c in _collections(inner)]
         bags = inner.wide_embeddings.bags
-        self.means = tuple(bool(m) for m in bags.is_mean) if bags is not None and hasattr(bags, "is_mean") else ()
+        self.means = tuple(bool(m) for m in bags.is_mean) if bags is not None else ()  # plain or sharded bags
         self.dense, self.buckets = inner.wide_dense, inner.wide_buckets
         self.max_iter, self.tolerance = max_iter, tolerance
         self.x_tr = self._design(tr, transpose=True)

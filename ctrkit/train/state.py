@@ -19,6 +19,7 @@ from ctrkit.checkpoint_shards import rank_file_name, write_rank_file
 from ctrkit.config import TrainConfig
 from ctrkit.data.atomic import atomic_file
 from ctrkit.distributed.env import DistEnv, all_reduce_sum
+from ctrkit.train.optim import SparseRowOptimizer
 from ctrkit.train.run_log import RunLog
 
 NO_OPTIMIZER_STATE = (
@@ -190,7 +191,7 @@ def grown_optimizer_states(optimizers: list, states: list, model: nn.Module, cha
         if state is None:
             out.append(None)
             continue
-        record = getattr(opt, "record", None)
+        record = opt.record if isinstance(opt, SparseRowOptimizer) else None
         initial = dict(record.value_state + record.row_state) if record is not None else {}
         params = [p for group in opt.param_groups for p in group["params"]]
         entries = dict(state["state"])
