@@ -44,6 +44,8 @@ class ShardedEmbeddingCollection(nn.Module):
     Shapes: ids (B_r, F) int64 (this rank's samples) -> (B_r, F, D).
     """
 
+    tier = None  # shards live on their rank's device, in no storage tier (``contract.TableCollection``)
+
     def __init__(self, source: EmbeddingCollection, plan: ShardingPlan, rank: int):
         super().__init__()
         if tuple(source.cardinalities) != plan.cardinalities or source.dim != plan.dim:

@@ -61,9 +61,15 @@ class TableCollection(Protocol):
     """An embedding collection (one-hot or multi-hot, deep or first-order, plain, tiered or sharded): what training
     asks of a model's tables.
 
+    Attributes:
+        tier: the ``models.tiered_tables.TieredTable`` keeping its tables in host memory or on disk (its ``weight``
+            their row cache), or None.
+
     Methods:
         table_parameters(): its tables, as the parameters that the row optimizers update.
     """
+
+    tier: Any
 
     def table_parameters(self) -> list[nn.Parameter]: ...
 

@@ -489,7 +489,7 @@ def build_optimizers(
     group remembers its ``base_lr``; the schedule scales it (see TrainStep).
     """
     tables = tables_by_id(model)  # embedding collections, single-process or sharded (``models.contract``)
-    tiers = {i: m.tier for i, m in tables.items() if getattr(m, "tier", None) is not None}  # tiered tables
+    tiers = {i: m.tier for i, m in tables.items() if m.tier is not None}  # tiered tables
     wide = model.wide_parameters()
     wide_ids = {id(p) for p in wide}
     parts: list[tuple[str, list[torch.nn.Parameter], float, bool, bool]] = []

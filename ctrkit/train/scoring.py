@@ -15,6 +15,7 @@ from torch import nn
 from ctrkit.calibration import calibrated
 from ctrkit.distributed.env import DistEnv
 from ctrkit.eval.evaluator import metrics_of, predict_logits
+from ctrkit.models.contract import TableCollection
 
 
 class Scorer:
@@ -71,12 +72,13 @@ def _slots(inner: nn.Module, state: dict[str, torch.Tensor]) -> list[tuple[str, 
     slots = []
     for name, module in inner.named_modules():
         prefix = f"{name}." if name else ""
-        if getattr(module, "tier", None) is not None and f"{prefix}weight" in state:
+        tiered = isinstance(module, TableCollection) and module.tier is not None
+        if tiered and f"{prefix}weight" in state:
             slots.append(("tier", module.tier, "weight", f"{prefix}weight"))
         for attr, store in (("param", module._parameters), ("buffer", module._buffers)):
             for key, t in store.items():
                 full = prefix + key
-                if attr == "param" and key == "weight" and getattr(module, "tier", None) is not None:
+                if attr == "param" and key == "weight" and tiered:
                     continue  # its cache: the tier's slot above reads the table
                 if t is None or full not in state or state[full].shape != t.shape:
                     continue

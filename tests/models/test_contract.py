@@ -82,15 +82,18 @@ def test_tables_first_order_and_optimizers_cover_every_parameter_once(name, tiny
     assert all(isinstance(m, RedrawnTables) for m in table_modules(model.embeddings))
 
 
-def test_the_step_reaches_models_and_optimizers_through_declared_interfaces():
-    """Issue #81: no attribute probes on models or optimizers in the training step (``getattr``/``hasattr`` of a
-    name that a model or optimizer may or may not have); it asks the declared types instead."""
+def test_training_reaches_models_and_optimizers_through_declared_interfaces():
+    """Issue #81: no attribute probes on models, their tables or optimizers in training (``getattr``/``hasattr`` of
+    a name that one may or may not have): the step, the optimizers, the first-order fit, the dynamic rows, the
+    states and the scoring ask the declared types and protocols instead."""
     import re
     from pathlib import Path
 
-    source = (Path(__file__).resolve().parents[2] / "ctrkit" / "train" / "step.py").read_text()
-    probes = re.findall(r"(?:getattr|hasattr)\((?:self\.model|model|opt|self\.optimizers\[\w+\])\b", source)
-    assert probes == []
+    train = Path(__file__).resolve().parents[2] / "ctrkit" / "train"
+    pattern = r"(?:getattr|hasattr)\((?:self\.model|model|opt|m|module|coll|collection|bags|self\.optimizers\[\w+\])\b"
+    files = ("step.py", "optim.py", "linear_fit.py", "dynamic_rows.py", "state.py", "scoring.py")
+    probes = {f: re.findall(pattern, (train / f).read_text()) for f in files}
+    assert {f: p for f, p in probes.items() if p} == {}
 
 
 @pytest.mark.parametrize("name", MODELS)
