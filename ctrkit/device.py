@@ -85,12 +85,11 @@ def openmp_threads_sleep() -> bool:
 
 
 @contextmanager
-def one_thread_where_threads_sleep(device: torch.device) -> Iterator[None]:
-    """Runs the block on one thread when ``device`` is the CPU and idle threads sleep (``openmp_threads_sleep``):
-    for short work made of parallel regions that each wake the other threads, such as the sort of a batch's
-    ids (a radix sort of several passes). Elsewhere it changes nothing."""
+def one_thread(when: bool = True) -> Iterator[None]:
+    """Runs the block on one intra-op thread where ``when`` holds, the process's count back afterwards (also after
+    an error); otherwise it changes nothing."""
     threads = torch.get_num_threads()
-    if device.type != "cpu" or threads == 1 or not openmp_threads_sleep():
+    if not when or threads == 1:
         yield
         return
     torch.set_num_threads(1)
@@ -98,6 +97,13 @@ def one_thread_where_threads_sleep(device: torch.device) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(threads)
+
+
+def one_thread_where_threads_sleep(device: torch.device):
+    """``one_thread`` when ``device`` is the CPU and idle threads sleep (``openmp_threads_sleep``): for short work
+    made of parallel regions that each wake the other threads, such as the sort of a batch's ids (a radix sort of
+    several passes). Elsewhere it changes nothing."""
+    return one_thread(device.type == "cpu" and openmp_threads_sleep())
 
 
 def resolve_device(name: str | None = None) -> torch.device:

@@ -22,7 +22,7 @@ from ctrkit.models.inputs import BottomTopConfig
 from ctrkit.models.registry import config_class, config_to_dict, create_model, make_config, train_defaults
 from ctrkit.models.storage import in_host, on_disk
 from ctrkit.models.tiered_tables import tiers
-from ctrkit.train.optim import build_optimizers
+from ctrkit.train.optim import SparseRowOptimizer, build_optimizers
 from ctrkit.train.step import TrainStep
 
 
@@ -60,9 +60,8 @@ MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::lin
 
 
 def _optimizer_label(opt: torch.optim.Optimizer) -> str:
-    kind = getattr(opt, "kind", None)
-    name = type(opt).__name__ + (f"({kind})" if kind else "")
-    part = "first-order " if getattr(opt, "is_wide", False) else ""
+    name = type(opt).__name__ + (f"({opt.kind})" if isinstance(opt, SparseRowOptimizer) else "")
+    part = "first-order " if opt.is_wide else ""
     return f"{name} on {part}{'tables' if opt.is_table_optimizer else 'dense weights'}"
 
 

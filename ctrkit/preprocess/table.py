@@ -79,6 +79,16 @@ from ctrkit.preprocess.value_ids import MAX_FIT_ROWS, value_id_tests
 from ctrkit.progress import tqdm
 
 
+def _held_out(n_fit: int, n_train: int | None) -> tuple[int, int, int]:
+    """The rows a preprocessing test fits on, [first, n_fit), and holds out, [n_fit, n_train): the validation rows,
+    or, without a validation mapping (``n_train`` None), the tail of the training rows that ``train`` holds out by
+    default (its ``validation_fraction``); at most ``value_ids.MAX_FIT_ROWS`` fitted, no more read."""
+    if n_train is None:
+        n_train = n_fit
+        n_fit = n_train - int(round(n_train * TRAIN_VALIDATION_FRACTION))
+    return max(0, n_fit - MAX_FIT_ROWS), n_fit, n_train
+
+
 def _test_value_ids(
     rows, candidates: Sequence[str], categorical: Sequence[str], vocabularies: dict[str, pl.DataFrame], n_fit: int,
     n_train: int | None, frequency_threshold: int,
@@ -86,10 +96,7 @@ def _test_value_ids(
     """``value_id_tests`` of the numerical ``candidates`` beside the ``categorical`` features: fitted on rows
     [0, n_fit) and held out on the validation rows [n_fit, n_train), or, without a validation mapping, on the tail
     of the training rows that ``train`` holds out by default (its ``validation_fraction``)."""
-    if n_train is None:
-        n_train = n_fit
-        n_fit = n_train - int(round(n_train * TRAIN_VALIDATION_FRACTION))
-    first = max(0, n_fit - MAX_FIT_ROWS)  # the rows the test fits on: no more are read
+    first, n_fit, n_train = _held_out(n_fit, n_train)
     labels, numbers, by_value = rows.test_inputs(candidates, first, n_train)
     fit = n_fit - first
     numerical = {c: (x[:fit], x[fit:]) for c, x in numbers.items()}
@@ -101,13 +108,9 @@ def _test_value_ids(
 def _test_pooling(
     rows, roles: Roles, cards: dict[str, int], raw_ids: Sequence[str], n_fit: int, n_train: int | None
 ) -> dict[str, PoolingTest]:
-    """``pooling_tests`` of the multi-hot features, on the encoded rows: fitted on rows [0, n_fit) and held out as
-    ``_test_value_ids`` holds out (the validation rows, or the tail ``train`` holds out); raw-id features (hashes,
-    not rows of a vocabulary) are left out of model A."""
-    if n_train is None:
-        n_train = n_fit
-        n_fit = n_train - int(round(n_train * TRAIN_VALIDATION_FRACTION))
-    first = max(0, n_fit - MAX_FIT_ROWS)
+    """``pooling_tests`` of the multi-hot features, on the encoded rows fitted and held out as ``_held_out`` says;
+    raw-id features (hashes, not rows of a vocabulary) are left out of model A."""
+    first, n_fit, n_train = _held_out(n_fit, n_train)
     blocks = list(rows.blocks(first, n_train))
     fit = n_fit - first
     labels = np.concatenate([b.labels for b in blocks]).astype(np.float64)

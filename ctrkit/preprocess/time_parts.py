@@ -60,8 +60,7 @@ def problems(column: str, time_format: str) -> pl.Expr:
     col = pl.col(column)
     return pl.when(col.is_not_null() & parse(col, time_format).is_null()).then(
         pl.format(
-            f"{column}: '{{}}' is not a timestamp of the format {time_format!r} (its first value's; give "
-            "--time-format)",
+            f"{column}: '{{}}' is not a timestamp of the column's format {time_format!r} (--time-format names another)",
             col.cast(pl.String),
         )  # fmt: skip
     )

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ctrkit.device import one_thread
 from ctrkit.distributed.hybrid import HybridModel
 from ctrkit.distributed.sharded_embeddings import ShardedEmbeddingCollection
 from ctrkit.metrics import roc_auc
@@ -33,8 +32,10 @@ CS = (0.01, 0.03, 0.1, 0.3, 1.0)  # inverse L2 strengths tried, strongest first 
 CV_FOLDS = 4  # training blocks that also score each C where validation holds few rows of the rarer label
 CV_BELOW_RARER = 1000  # "few": AUC's standard error is then about 0.01 or more, the size of C's effect
 CV_MAX_ROWS = 250_000  # and the training rows at most this many
-# designs of fewer entries are fitted on one intra-op thread (``_threads``); L-BFGS stops where no preconditioned
-# gradient entry exceeds TOLERANCE: docs/decisions/first-order-solver.md
+# designs of fewer entries are fitted on one intra-op thread: the solver's products and vector work are then too small
+# to gain from a second thread, whose wake-ups cost more than they share, and threads that wait by spinning
+# (OpenMP's default) lose most of their time when another process holds a core; L-BFGS stops where no
+# preconditioned gradient entry exceeds TOLERANCE: docs/decisions/first-order-solver.md
 ONE_THREAD_ENTRIES = 4_000_000
 TOLERANCE = 1e-4
 
@@ -211,7 +212,7 @@ def fit_first_order(
     start_time = time.perf_counter()
     inner = model.model if isinstance(model, HybridModel) else model  # a HybridModel wraps the model
     problem = _Regression(inner, train, validation, max_rows, max_iter, tolerance)
-    with _threads(int(problem.x_tr.rows.values().numel())):
+    with one_thread(int(problem.x_tr.rows.values().numel()) < ONE_THREAD_ENTRIES):
         c, theta, auc, folds = problem.choose_c(cs)
     problem.write(inner, theta)
     return {
@@ -221,20 +222,6 @@ def fit_first_order(
         "folds": folds,
         "seconds": time.perf_counter() - start_time,
     }
-
-
-@contextmanager
-def _threads(entries: int) -> Iterator[None]:
-    """The solver on one intra-op thread where the design holds fewer than ONE_THREAD_ENTRIES entries: its products
-    and vector work are then too small to gain from a second thread, whose wake-ups cost more than they share, and
-    threads that wait by spinning (OpenMP's default) lose most of their time when another process holds a core."""
-    threads = torch.get_num_threads()
-    if entries < ONE_THREAD_ENTRIES:
-        torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 class _Regression:
