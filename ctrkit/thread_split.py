@@ -19,6 +19,7 @@ count again); the calling thread's count is restored after.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import queue
 import threading
@@ -31,6 +32,8 @@ MIN_ROWS = 64  # the fewest samples a slice may hold for ``auto`` to split (smal
 # an optimizer's work in ns: per sparse gradient row (the ids' sort and the rows' update) and per element; with the
 # rows' update deferred, per row (the sort) and per element (the gradients' concatenation)
 _SPARSE_ROW_COST, _ELEMENT_COST, _SORT_COST, _COPY_COST = 40.0, 3.0, 15.0, 0.3
+_STOP = object()  # a worker's last job
+EXIT_WAIT = 10.0  # seconds the process's exit waits for a worker still in a job
 
 
 class _Worker:
@@ -46,6 +49,8 @@ class _Worker:
         self.results.put(None)  # ready
         while True:
             job = self.jobs.get()
+            if job is _STOP:
+                return
             try:
                 self.results.put((True, job()))
             except BaseException as e:  # raised again in the calling thread
@@ -77,6 +82,13 @@ class ThreadTeam:
             if not ok:
                 raise value
         return [value for _, value in outcomes]
+
+    def stop(self, wait: float) -> None:
+        """Ends the workers once each has finished its job, waiting up to ``wait`` seconds for each."""
+        for w in self.workers:
+            w.jobs.put(_STOP)
+        for w in self.workers:
+            w.thread.join(wait)
 
 
 class RowWork:
@@ -122,11 +134,25 @@ _teams_lock = threading.Lock()
 
 
 def team(n: int) -> ThreadTeam:
-    """The process's team of ``n`` workers, started on first use and kept (idle threads wait on a queue)."""
+    """The process's team of ``n`` workers, started on first use and kept (idle threads wait on a queue) until the
+    process exits (``_stop_teams``)."""
     with _teams_lock:
+        if not _teams:
+            atexit.register(_stop_teams)
         if n not in _teams:
             _teams[n] = ThreadTeam(n)
         return _teams[n]
+
+
+def _stop_teams() -> None:
+    """Ends every team's workers before the interpreter finalizes. Why: a daemon thread still alive then is ended
+    by the interpreter inside whatever it runs, and one ended inside torch's C++ aborts the process ("terminate
+    called without an active exception", exit status -6) after its work is done and its output written."""
+    with _teams_lock:
+        teams = list(_teams.values())
+        _teams.clear()
+    for t in teams:
+        t.stop(EXIT_WAIT)
 
 
 def slices(size: int, n: int) -> list[slice]:

@@ -1,5 +1,7 @@
 """The training step split over threads (ctrkit/thread_split.py) against the unsplit step."""
 
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -338,3 +340,22 @@ def test_a_failing_optimizer_in_the_split_step_is_raised_and_nothing_hangs(two_t
     assert not caller.is_alive() and len(raised) == 1 and "row 99" in str(raised[0])
     del table_opt.step_deferring_rows
     assert torch.isfinite(step(batch))  # the team and the step still work
+
+
+def test_the_workers_end_before_the_interpreter_finalizes():
+    """A process that used a team exits with its workers ended (joined at exit, not left as daemon threads for the
+    interpreter to kill inside torch's C++, which aborts the process). The probe is an exit handler registered
+    before the team's, so it runs after it."""
+    code = (
+        "import atexit, threading, sys\n"
+        "import torch\n"
+        "torch.set_num_threads(2)\n"
+        "names = lambda: sorted(t.name for t in threading.enumerate() if t.name.startswith('ctrkit-'))\n"
+        "atexit.register(lambda: print(names()))\n"
+        "from ctrkit import thread_split\n"
+        "team = thread_split.team(2)\n"
+        "print(team.run([lambda: torch.ones(3).sum().item(), lambda: torch.ones(4).sum().item()]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[:2] == ["[3.0, 4.0]", "[]"]
