@@ -179,7 +179,8 @@ class TrainConfig:
     admit_after: int = option(
         1,
         "dynamic features (raw ids): sightings in training before an id gets its own row of the table; until then "
-        "it shares the feature's rare row (row 0) with every id not admitted",
+        "it shares the feature's rare row (row 0) with every id not admitted; this and the next two are refused on "
+        "a dataset without dynamic features",
     )
     eviction: str = option(
         "lfu",
@@ -456,7 +457,8 @@ class RunOptions:
     top_mlp: tuple[int, ...] | None = option(None, "top MLP widths, last = 1", unset="512,256,1", parse="int_list")
     combiner: str | None = option(
         None,
-        "how every multi-hot feature's embeddings are pooled (the seed's Wide & Deep sums)",
+        "how every multi-hot feature's embeddings are pooled (the seed's Wide & Deep sums); refused on a dataset "
+        "without multi-hot features",
         ("sum", "mean"),
         "each feature's 'combiner' in the feature spec, else mean",
     )

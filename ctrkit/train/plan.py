@@ -529,6 +529,7 @@ def plan_run(spec: Any, facts: Facts) -> Plan:
     cfg, resolved, rules = _schedule(spec.train, sources, facts)
     resolved, batches, configs = _batches(cfg, resolved, facts, rules)
     _check_storage(cfg, facts)
+    _check_dynamic(sources, facts)
     memory, cfg, budget = _memory_plan(spec, cfg, sources, facts, cfg.seed_ensemble * len(batches), rules)
     storage = cfg.embedding_storage
     chosen = {
@@ -649,6 +650,21 @@ def _check_storage(cfg: TrainConfig, facts: Facts) -> None:
         raise ValueError(
             f"--embedding-storage {home}: tiered tables train in one process {trains}, not {where}; "
             "set --embedding-storage memory"
+        )
+
+
+DYNAMIC_SETTINGS = ("admit_after", "eviction", "count_half_life")  # what only dynamic features (raw ids) act on
+
+
+def _check_dynamic(sources: dict, facts: Facts) -> None:
+    """Refuses a flag among ``DYNAMIC_SETTINGS`` where the dataset has no dynamic features: it would act on
+    nothing."""
+    given = [k for k in DYNAMIC_SETTINGS if source(sources, k).layer is Layer.FLAG]
+    if given and not facts.dynamic:
+        flags = ", ".join("--" + k.replace("_", "-") for k in given)
+        raise ValueError(
+            f"{flags}: admission and eviction act on dynamic features (raw ids), and this dataset has none "
+            "(`preprocess table --raw-ids` makes them); drop the flag"
         )
 
 

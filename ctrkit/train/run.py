@@ -205,6 +205,9 @@ def resolve_run(
     if dataset is None:
         raise ValueError("no dataset: name a dataset directory (or a run config naming one)")
     spec = FeatureSpec.from_yaml(Path(dataset))
+    asked = (model_config or {}).get("combiner")
+    if asked and not spec.multi_hot_features:  # the user's flag; a recipe's pooling is for data that has bags
+        raise ValueError(f"--combiner {asked}: pools multi-hot features, and this dataset has none; drop it")
     if ckpt is not None:
         grow = load_checkpoint is None  # a new run from the model (not a resume): its tables may grow
         model_cfg = _checkpoint_model_config(source, ckpt, name, spec, {**file_layer, **(model_config or {})}, grow)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -173,11 +173,20 @@ class Selection:
     def state(self) -> dict[str, Any]:
         return asdict(self)
 
+    def resumed(self, state: dict[str, Any]) -> Selection:
+        """A checkpoint's selection ``state`` under this run's rule: the settings (``SETTINGS``) stay this run's, so
+        a resume applies the patience, plateau and ``min_delta`` it is given from its step on."""
+        return replace(Selection.from_state(state), **{k: getattr(self, k) for k in SETTINGS})
+
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> Selection:
         if "peak_score" not in state:  # written before the baseline rule: the peak was the selected score
             state = {**state, "peak_score": state.get("best_score", -math.inf)}
         return cls(**state)
+
+
+# the rule's settings (a run's flags); the other fields are the state a checkpoint carries over
+SETTINGS = ("patience", "plateau_patience", "plateau_factor", "min_delta", "baseline_z", "baseline_logloss")
 
 
 class Selector:
@@ -272,6 +281,6 @@ class Selector:
         weights (``best()``; ``owned``: a copy of this run's own, not the checkpoint's tensors)."""
         if state is None:
             return
-        self.selection = Selection.from_state(state)
+        self.selection = self.selection.resumed(state)
         if self.selection.best_step is not None:
             self.best_state, self.owned = best(), owned
