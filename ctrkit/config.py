@@ -221,7 +221,7 @@ class TrainConfig:
         "runs slower; --amp-dtype takes it at any batch)",
     )
     amp_dtype: str | None = option(
-        None, "the mixed-precision dtype, taken at any batch (with --amp)", ("bf16", "fp16"), "the --amp rule"
+        None, "the mixed-precision dtype, taken at any batch (--amp implied)", ("bf16", "fp16"), "the --amp rule"
     )
     precision: str | None = option(
         None,
@@ -321,9 +321,9 @@ class TrainConfig:
 
     @property
     def precision_asked(self) -> bool:
-        """Whether the run's precision was asked for (``precision`` or ``amp``) rather than left to its device's
-        default (``device.default_precision``)."""
-        return self.precision is not None or self.amp
+        """Whether the run's precision was asked for (``precision``, ``amp`` or ``amp_dtype``) rather than left to its
+        device's default (``device.default_precision``)."""
+        return self.precision is not None or self.amp or self.amp_dtype is not None
 
     def resolve(self, model_name: str) -> TrainConfig:
         """This config with unset (None) fields taken from model ``model_name``'s training defaults (the

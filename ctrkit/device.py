@@ -200,9 +200,9 @@ def precision_of(
     """What a training run computes in, by name, its autocast dtype (None: none), and why it computes in fp32 where
     something else was asked ("" otherwise). ``precision`` named: fp32; tf32 (fp32 weights and activations, matmuls on
     TF32 tensor cores: CUDA GPUs that have them; fp32 elsewhere, said once); bf16 or fp16 autocast at any batch (as
-    ``--amp --amp-dtype``; the CPU's bf16 rule applies). Unnamed: ``--amp``'s rule (``amp_dtype_for``), else the
-    device's default (``default_precision``)."""
-    if precision is None and not amp:
+    ``--amp --amp-dtype``; the CPU's bf16 rule applies). Unnamed: ``amp_dtype`` at any batch where it is named (with
+    or without ``amp``), ``--amp``'s rule (``amp_dtype_for``), else the device's default (``default_precision``)."""
+    if precision is None and not amp and amp_dtype is None:
         precision = default_precision(device, batch)
     if precision == "fp16" and device.type == "cpu":
         raise ValueError("`precision` fp16 is not supported on CPU; use bf16")

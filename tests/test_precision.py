@@ -52,6 +52,10 @@ def test_amp_on_cuda_takes_autocast_only_at_batches_where_it_pays(monkeypatch, c
     assert dev.amp_dtype_for(cuda, True, "bf16", 512) == torch.bfloat16  # a named dtype is taken as asked
     assert dev.amp_dtype_for(cuda, True, "fp16", 512) == torch.float16
     assert dev.amp_dtype_for(cuda, True, None) == torch.bfloat16  # no batch given: the dtype rule alone
+    # --amp-dtype named without --amp is taken at any batch too (it was left to the device's default)
+    assert dev.precision_of(cuda, None, False, "bf16", 512)[:2] == ("bf16", torch.bfloat16)
+    monkeypatch.setattr(dev, "default_precision", lambda _device, _batch=None: "fp32")
+    assert dev.precision_of(cuda, None, False, "fp16", 512)[:2] == ("fp16", torch.float16)
     said = capsys.readouterr().err.splitlines()
     assert len(said) == 2, said  # once for training, once for scoring
     assert "16,384" in said[0] and "running in fp32" in said[0] and "--amp-dtype" in said[0]

@@ -118,7 +118,7 @@ ELSEWHERE = {
     "--dry-run": "prints the plan and trains nothing",
     "--eval-batch-size": "rows a scoring pass holds; the scores are the same",
     "--amp": "on a CPU the default precision already is what --amp picks; --precision is tested above",
-    "--amp-dtype": "the dtype --amp takes on CUDA (a CPU's is bf16)",
+    "--amp-dtype": "the autocast dtype (--amp implied): on a CPU bf16, its default precision, and fp16 is refused",
     "--compile": "compiles the same step (float rounding apart)",
     "--split-batch": "splits the same step over threads (tests/train/test_split.py)",
     "--best-weights": "where the kept weights wait: memory or disk",
