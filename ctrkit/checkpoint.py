@@ -2,15 +2,16 @@
 
 Written by training, read by evaluation, export and serving (none of which imports ``train/``). The
 file holds plain containers and tensors only, so reading it needs no pickle of arbitrary objects
-(``torch.load(..., weights_only=True)``). Its ``format`` names the layout version: version 2 is
-this dataclass's fields; version 1 files (written before the typed checkpoint) load through
-``_from_v1``; any other version is refused with a message naming it.
+(``torch.load(..., weights_only=True)``). Its ``format`` names the layout version: version 3 is
+this dataclass's fields; version 2 files (the kept model told by which of ``ensemble`` and ``member_ensemble`` was
+set) load through ``_from_v2``, version 1 files (written before the typed checkpoint) through ``_from_v1`` then
+``_from_v2``; any other version is refused with a message naming it.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +24,24 @@ from ctrkit.checkpoint_shards import assemble_shards, read_rank_file, table_pref
 from ctrkit.models.registry import create_model, make_config
 
 FORMAT = "ctrkit-checkpoint"
-VERSION = 2
+VERSION = 3
 _V1 = "ctrkit-checkpoint-v1"
+
+# what a checkpoint's kept model is (``Checkpoint.kept["kind"]``): one model (``model``); the mean of the logits of
+# the snapshots at ``kept["steps"]`` (from ``snapshots``); the mean of the kept models of the seed-ensemble members
+# ``kept["members"]`` (from ``members``, each one model or its snapshots' mean)
+SINGLE, SNAPSHOT_MEAN, SEED_MEAN = "single", "snapshot_mean", "seed_mean"
+KEPT_KINDS = (SINGLE, SNAPSHOT_MEAN, SEED_MEAN)
+
+
+def kept_model(snapshot_steps: list[int] | None = None, members: list[int] | None = None) -> dict[str, Any]:
+    """The ``kept`` record of a checkpoint whose kept model is the mean of the snapshots at ``snapshot_steps``, or
+    of the seed-ensemble ``members`` (their indices), or (neither) one model."""
+    if members is not None:
+        return {"kind": SEED_MEAN, "members": [int(i) for i in members]}
+    if snapshot_steps:
+        return {"kind": SNAPSHOT_MEAN, "steps": [int(s) for s in snapshot_steps]}
+    return {"kind": SINGLE}
 
 # the spec summary's fields a model depends on (see FeatureSpec.summary)
 SPEC_KEYS = (
@@ -68,18 +85,18 @@ class Checkpoint:
             one file per rank (these names, relative to the manifest's directory, in rank order) holding
             that rank's weights (``model``, ``resume_model``: its shards and the replicated weights) and
             its ``optimizers``; ``load_checkpoint`` assembles them (see ``assemble_shards``). None: one file.
+        kept: which model the checkpoint keeps (what ``build_model`` builds): ``{"kind": "single"}`` (``model``),
+            ``{"kind": "snapshot_mean", "steps": [...]}`` (the mean of the logits of those steps' ``snapshots``) or
+            ``{"kind": "seed_mean", "members": [...]}`` (the mean of those ``members``' kept models: all of them, or
+            the best one alone); ``kept_model`` makes it.
         snapshots: a single-process run's snapshot pool (``TrainConfig.snapshot_ensemble``): the best
             evaluations of its best epochs, each ``{"epoch", "step", "score", "model"}`` (``model``: a state
             dict); None: no pool.
-        ensemble: the steps of the snapshots whose logits, averaged, are the model the run selected (what
-            ``build_model`` builds, an ``Ensemble``); None: ``model`` alone.
         members: a seed ensemble's trained members (``TrainConfig.seed_ensemble``), in seed order, each
             ``{"seed", "best_step", "steps", "validation", "models"}`` (``models``: the state dicts of the model
             that member kept, several for a snapshot ensemble); None: a run of one model.
         member: the index of the member whose training this checkpoint's weights, optimizers and selection
             belong to (the earlier ones are in ``members``); None: a run of one model.
-        member_ensemble: in a finished seed ensemble, the members whose models' logits, averaged, are the
-            kept model (all of them, or the best one alone): what ``build_model`` builds; None otherwise.
         calibration: the positive scale the kept model's logit is multiplied by before the sigmoid
             (``TrainConfig.calibrate``; fitted on validation at the end of training): ``Scoring``, ``Predictor``
             and exports apply it, ``build_model`` does not (the model's own logits); None: no scale.
@@ -107,11 +124,10 @@ class Checkpoint:
     selection: dict[str, Any] | None = None
     resume_model: dict[str, torch.Tensor] | None = None
     shard_files: list[str] | None = None
+    kept: dict[str, Any] = field(default_factory=kept_model)
     snapshots: list[dict[str, Any]] | None = None
-    ensemble: list[int] | None = None
     members: list[dict[str, Any]] | None = None
     member: int | None = None
-    member_ensemble: list[int] | None = None
     calibration: float | None = None
     plan: dict[str, Any] | None = None
     shard_records: list[dict[str, Any]] | None = None
@@ -138,11 +154,22 @@ class Checkpoint:
         return Like.of(self.row_transform(), self.spec, where, self.model_config.get("multi_hot_combiners"))
 
     @property
+    def ensemble(self) -> list[int] | None:
+        """The steps of the snapshots whose mean is the kept model (``kept``), else None."""
+        return list(self.kept["steps"]) if self.kept["kind"] == SNAPSHOT_MEAN else None
+
+    @property
+    def member_ensemble(self) -> list[int] | None:
+        """The seed-ensemble members whose mean is the kept model (``kept``), else None."""
+        return list(self.kept["members"]) if self.kept["kind"] == SEED_MEAN else None
+
+    @property
     def models_averaged(self) -> int:
         """How many models' logits the kept model averages (1: a single model)."""
-        if self.member_ensemble is not None:
-            return sum(len(self.members[i]["models"]) for i in self.member_ensemble)
-        return len(self.ensemble) if self.ensemble else 1
+        kind = self.kept["kind"]
+        if kind == SEED_MEAN:
+            return sum(len(self.members[i]["models"]) for i in self.kept["members"])
+        return len(self.kept["steps"]) if kind == SNAPSHOT_MEAN else 1
 
     @property
     def kept_step(self) -> int:
@@ -174,10 +201,11 @@ class Checkpoint:
         ``Ensemble``.
         """
         config = make_config(self.model_name, self.model_config)
-        if self.member_ensemble is not None:  # a seed ensemble: each member's kept model, one or a snapshot mean
-            return member_model([self.members[i] for i in self.member_ensemble],
+        kind = self.kept["kind"]
+        if kind == SEED_MEAN:  # each member's kept model, one or a snapshot mean
+            return member_model([self.members[i] for i in self.kept["members"]],
                                 lambda state: self._build_one(config, state, assign))  # fmt: skip
-        if self.ensemble:
+        if kind == SNAPSHOT_MEAN:
             from ctrkit.models.ensemble import Ensemble
 
             return Ensemble([self._build_one(config, state, assign) for state in self.ensemble_states()])
@@ -271,13 +299,15 @@ class Checkpoint:
         if not isinstance(data, dict):
             raise CheckpointError(f"{where}: not a ctrkit checkpoint (expected a mapping)")
         if data.get("format") == _V1:
-            data = _from_v1(data)
+            data = _from_v2(_from_v1(data))
         elif data.get("format") != FORMAT:
             raise CheckpointError(f"{where}: not a ctrkit checkpoint (format {data.get('format')!r})")
+        elif data.get("version") == 2:
+            data = _from_v2(data)
         elif data.get("version") != VERSION:
             raise CheckpointError(
                 f"{where}: checkpoint format version {data.get('version')!r} is not readable by this ctrkit "
-                f"(it reads version {VERSION} and {_V1})"
+                f"(it reads versions 2 and {VERSION}, and {_V1})"
             )
         missing = {"model_name", "model_config", "model"} - set(data)
         if missing:
@@ -288,6 +318,7 @@ class Checkpoint:
             data["calibration"] = check_scale(data.get("calibration"), where)
         except ValueError as e:
             raise CheckpointError(str(e)) from None
+        _check_kept(data, where)
         return cls(**{"spec": {}, **{k: v for k, v in data.items() if k in known}})
 
 
@@ -331,7 +362,31 @@ def _from_v1(data: dict[str, Any]) -> dict[str, Any]:
     out = {k: v for k, v in data.items() if k not in ("format", "epoch", "batch_in_epoch")}
     out["model_config"] = _renamed(data.get("model_config", {}))
     out["spec"] = _renamed(data.get("spec", {}))
-    return {"format": FORMAT, "version": VERSION, **out}
+    return {"format": FORMAT, "version": 2, **out}
+
+
+def _from_v2(data: dict[str, Any]) -> dict[str, Any]:
+    """A version-2 checkpoint in version 3's layout: its kept model, told by which of ``member_ensemble`` (a seed
+    ensemble's kept members) and ``ensemble`` (a snapshot mean's steps) was set, as ``kept``."""
+    out = {k: v for k, v in data.items() if k not in ("ensemble", "member_ensemble")}
+    out["kept"] = kept_model(data.get("ensemble"), data.get("member_ensemble"))
+    return {**out, "version": VERSION}
+
+
+def _check_kept(data: dict[str, Any], where: str) -> None:
+    """Refuses a ``kept`` record of an unknown kind or naming snapshots or members the checkpoint lacks."""
+    kept = data.get("kept", {"kind": SINGLE})
+    kind = kept.get("kind") if isinstance(kept, dict) else None
+    if kind not in KEPT_KINDS:
+        raise CheckpointError(f"{where}: its kept model is of kind {kind!r}; expected one of {', '.join(KEPT_KINDS)}")
+    if kind == SEED_MEAN:
+        held = len(data.get("members") or [])
+        if not kept.get("members") or any(not 0 <= int(i) < held for i in kept["members"]):
+            raise CheckpointError(f"{where}: its kept model names members {kept.get('members')} of the {held} it holds")
+    if kind == SNAPSHOT_MEAN:
+        held = {int(s["step"]) for s in data.get("snapshots") or []}
+        if not kept.get("steps") or not set(map(int, kept["steps"])) <= held:
+            raise CheckpointError(f"{where}: its kept model names snapshots {kept.get('steps')} it does not hold")
 
 
 def save_checkpoint(path: str | os.PathLike, ckpt: Checkpoint) -> None:

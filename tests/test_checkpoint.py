@@ -49,6 +49,60 @@ def test_version_1_checkpoints_load(tmp_path):
         assert torch.equal(rebuilt.state_dict()[k], v)
 
 
+def _v2(model_state, **fields) -> dict:
+    """A checkpoint file's contents as version 2 wrote them (``ensemble`` / ``member_ensemble`` said the kept
+    model)."""
+    cfg = config_to_dict(multi_hot_config())
+    return {"format": "ctrkit-checkpoint", "version": 2, "model_name": "dlrm", "model_config": cfg,
+            "spec": {"cardinalities": [5, 7]}, "model": model_state, "step": 8, **fields}  # fmt: skip
+
+
+def test_version_2_checkpoints_load_with_their_kept_model_named(tmp_path):
+    """Version 2 told the kept model by which of ``ensemble`` and ``member_ensemble`` was set; version 3 names it in
+    ``kept``, and each loads as the same model."""
+    torch.manual_seed(0)
+    states = [create_model("dlrm", multi_hot_config()).state_dict() for _ in range(3)]
+    snapshots = [{"epoch": i, "step": 4 * (i + 1), "score": 0.7, "model": s} for i, s in enumerate(states)]
+    members = [
+        {"seed": 3 + i, "best_step": 8, "steps": 8, "validation": {}, "models": [s]} for i, s in enumerate(states)
+    ]
+    cases = {
+        "single": ({}, {"kind": "single"}, [0]),
+        "snapshots": ({"snapshots": snapshots, "ensemble": [8, 4]}, {"kind": "snapshot_mean", "steps": [8, 4]}, [1, 0]),
+        "members": ({"members": members, "member": 2, "member_ensemble": [0, 2]},
+                    {"kind": "seed_mean", "members": [0, 2]}, [0, 2]),
+        "a member in training": ({"members": members[:1], "member": 1, "member_ensemble": None}, {"kind": "single"},
+                                 [0]),
+    }  # fmt: skip
+    x = (torch.randn(4, 2), torch.tensor([[0, 1], [4, 6], [2, 3], [1, 1]]))
+    bags = torch.tensor([[0, 5], [1, 2], [3, 3], [4, 0]]).view(4, 1, 2)
+    from ctrkit.data.batch import PaddedMultiHot
+
+    def logits(model):
+        with torch.no_grad():
+            return model.eval()(*x, PaddedMultiHot(bags))
+
+    one = [create_model("dlrm", multi_hot_config()) for _ in states]
+    for model, state in zip(one, states):
+        model.load_state_dict(state)
+    for name, (fields, kept, which) in cases.items():
+        torch.save(_v2(states[0], **fields), tmp_path / "v2.pt")
+        ckpt = load_checkpoint(tmp_path / "v2.pt")
+        assert ckpt.kept == kept and ckpt.models_averaged == len(which), name
+        want = torch.stack([logits(one[i]) for i in which]).mean(0)
+        torch.testing.assert_close(logits(ckpt.build_model()), want, rtol=0, atol=1e-6)
+        save_checkpoint(tmp_path / "v3.pt", ckpt)  # written as version 3: the same model back
+        again = load_checkpoint(tmp_path / "v3.pt")
+        assert torch.load(tmp_path / "v3.pt", weights_only=True)["version"] == 3 and again.kept == kept
+        assert torch.equal(logits(again.build_model()), logits(ckpt.build_model())), name
+    torch.save(_v2(states[0], snapshots=snapshots, ensemble=[8, 16]), tmp_path / "bad.pt")
+    with pytest.raises(CheckpointError, match=r"bad.pt: its kept model names snapshots \[8, 16\] it does not hold"):
+        load_checkpoint(tmp_path / "bad.pt")
+    torch.save({**_v2(states[0]), "version": 3, "kept": {"kind": "median"}}, tmp_path / "kind.pt")
+    with pytest.raises(CheckpointError, match="kind.pt: its kept model is of kind 'median'"):
+        load_checkpoint(tmp_path / "kind.pt")
+
+
 def test_other_versions_and_incomplete_files_are_refused(tmp_path):
     torch.save({"format": "ctrkit-checkpoint", "version": 9, "model_name": "dlrm"}, tmp_path / "v9.pt")
     with pytest.raises(CheckpointError, match="v9.pt: checkpoint format version 9 is not readable"):

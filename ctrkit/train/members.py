@@ -146,7 +146,7 @@ class SeedEnsemble:
         Saved (``member_ensemble``, ``calibration``), then the test scored once: each kept member's logits,
         averaged and scaled as on validation."""
         from ctrkit.calibration import choose_calibration
-        from ctrkit.checkpoint import save_checkpoint
+        from ctrkit.checkpoint import kept_model, save_checkpoint
         from ctrkit.train.selection import score
 
         trainer, members, batches = self.trainer, self.members_done, self.batches
@@ -170,7 +170,7 @@ class SeedEnsemble:
                 model=first["models"][0],
                 members=members,
                 member=len(members) - 1,
-                member_ensemble=kept,
+                kept=kept_model(members=kept),
                 calibration=scale,
             )
             save_checkpoint(trainer.save_path, final)

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from ctrkit.calibration import choose_calibration
-from ctrkit.checkpoint import Checkpoint, rng_state, set_rng_state
+from ctrkit.checkpoint import Checkpoint, kept_model, rng_state, set_rng_state
 from ctrkit.checkpoint_shards import MappedSource, read_rank_file
 from ctrkit.config import TrainConfig
 from ctrkit.data.dataset import SplitBinaryDataset, split_tail
@@ -562,7 +562,7 @@ class Trainer:
             resume_model=resume,
             optimizers=[opt.state_dict() for opt in self.optimizers],
             snapshots=list(self.pool.snapshots) if self.pool.size > 1 else None,
-            ensemble=self.pool.ensemble,
+            kept=kept_model(self.pool.ensemble),
             members=list(self.members_done) if self.member is not None else None,
             member=self.member,
         )

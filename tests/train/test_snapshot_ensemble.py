@@ -11,7 +11,7 @@ import pytest
 import torch
 from sklearn.metrics import roc_auc_score
 
-from ctrkit.checkpoint import load_checkpoint
+from ctrkit.checkpoint import kept_model, load_checkpoint
 from ctrkit.config import TrainConfig
 from ctrkit.data.dataset import SplitBinaryDataset, split_tail
 from ctrkit.models.ensemble import Ensemble
@@ -103,12 +103,12 @@ def test_the_ensemble_is_selected_on_validation_and_scores_as_its_members_mean(r
 
 def member_logits_all(ckpt, dataset) -> np.ndarray:
     """Every snapshot of the pool scored on its own, in pool order."""
-    steps = ckpt.ensemble
-    ckpt.ensemble = [s["step"] for s in ckpt.snapshots]
+    kept = ckpt.kept
+    ckpt.kept = kept_model([s["step"] for s in ckpt.snapshots])
     try:
         return member_logits(ckpt, dataset)
     finally:
-        ckpt.ensemble = steps
+        ckpt.kept = kept
 
 
 def test_resume_gives_the_uninterrupted_ensemble(run, tiny_dataset, tmp_path):
