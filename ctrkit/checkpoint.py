@@ -43,6 +43,7 @@ def kept_model(snapshot_steps: list[int] | None = None, members: list[int] | Non
         return {"kind": SNAPSHOT_MEAN, "steps": [int(s) for s in snapshot_steps]}
     return {"kind": SINGLE}
 
+
 # the spec summary's fields a model depends on (see FeatureSpec.summary)
 SPEC_KEYS = (
     "numerical_features",
