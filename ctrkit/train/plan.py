@@ -158,8 +158,26 @@ class Plan:
         }
 
 
-def _size(model: Any) -> tuple[int, int, int, int]:
-    """(deep table, wide, dense, buffer) bytes of ``model`` (built on the meta device: nothing allocated)."""
+@dataclass(frozen=True)
+class ModelSizes:
+    """A model's bytes by part and its deep tables' rows (``sizes_of``).
+
+    Attributes:
+        tables: the deep tables' bytes; ``table_rows``: their rows (the first-order tables not counted).
+        first_order: the first-order (wide) term's bytes.
+        dense: every other parameter's bytes.
+        buffers: the buffers' bytes.
+    """
+
+    tables: int
+    first_order: int
+    dense: int
+    buffers: int
+    table_rows: int
+
+
+def sizes_of(model: Any) -> ModelSizes:
+    """``model``'s sizes (built on the meta device: nothing allocated)."""
     tables = table_parameter_ids(model)
     wide = {id(p) for p in model.wide_parameters()}
     deep = side = dense = 0
@@ -171,19 +189,14 @@ def _size(model: Any) -> tuple[int, int, int, int]:
             deep += n
         else:
             dense += n
-    return deep, side, dense, sum(b.numel() * b.element_size() for b in model.buffers())
-
-
-def _table_rows(model: Any) -> int:
-    """Rows of the deep tables of ``model`` (built on the meta device; the first-order tables not counted)."""
-    wide = {id(p) for p in model.wide_parameters()}
-    return sum(p.shape[0] for p in table_parameters(model) if id(p) not in wide)
+    rows = sum(p.shape[0] for p in table_parameters(model) if id(p) not in wide)
+    return ModelSizes(deep, side, dense, sum(b.numel() * b.element_size() for b in model.buffers()), rows)
 
 
 def _memory(
     cfg: Any,
     table_optimizer: str,
-    sizes: tuple,
+    sizes: ModelSizes,
     model_config: Any,
     train_rows: int,
     validation: bool,
@@ -200,7 +213,7 @@ def _memory(
     allocates beyond what it holds now; ``cache_rows``: the tables tiered (on disk, or in the CPU's memory for a
     GPU run) with a cache of this many rows (their bytes and their state's in the home: ``tables_in_tier``);
     ``fit_first``: deep tables drawn after the warm start; ``now``: what the process holds now."""
-    deep, side, dense, buffers, rows = sizes
+    deep, side, dense, buffers, rows = sizes.tables, sizes.first_order, sizes.dense, sizes.buffers, sizes.table_rows
     deep, rows = deep // processes, rows // processes  # a job's tables are split over its processes, about evenly
     stored = 0
     if cache_rows is not None and rows:  # in memory: the cached rows, their slots, and each row's slot
@@ -253,12 +266,12 @@ MIN_CACHE_BATCHES = 2  # ... and at least this many batches' lookups (a step's r
 
 
 def cache_rows_for(
-    cfg: Any, need: Any, budget: Room, usable: int | None, sizes: tuple, lookups: int
+    cfg: Any, need: Any, budget: Room, usable: int | None, sizes: ModelSizes, lookups: int
 ) -> tuple[int, str]:
     """The cache rows of tables on disk, and why: ``embedding_cache_rows`` if set; else ``CACHE_SHARE`` of what the
     rest of the run leaves of ``usable`` (every row where that is unknown), at least ``MIN_CACHE_BATCHES`` x
     ``lookups`` (a batch's ids), at most every row. ``need(cache_rows)``: the estimate with that cache."""
-    rows = max(sizes[4], 1)
+    rows = max(sizes.table_rows, 1)
     if cfg.embedding_cache_rows is not None:
         return cfg.embedding_cache_rows, "embedding_cache_rows"
     if usable is None:
@@ -353,12 +366,12 @@ def build_seconds(facts: Facts) -> float:
     if facts.device != "cpu":
         return 0.0
     draw = _drawn_values(facts) / (DRAW_VALUES_PER_S * max(facts.threads, 1))
-    return draw + facts.sizes[0] / facts.processes / TOUCH_BYTES_PER_S
+    return draw + facts.sizes.tables / facts.processes / TOUCH_BYTES_PER_S
 
 
 def _drawn_values(facts: Facts) -> int:
     """The float32 values of a process's deep tables."""
-    return facts.sizes[0] // 4 // facts.processes
+    return facts.sizes.tables // 4 // facts.processes
 
 
 def _build_time(facts: Facts) -> str:
@@ -405,11 +418,11 @@ class Facts:
 
     Attributes:
         train_rows, validation_rows: the data's rows; ``validation_source`` says where the validation rows come from.
-        processes: the job's processes; ``distributed``: a torchrun job (even of one process).
+        processes: the job's processes; ``distributed``: more than one (a one-rank torchrun job plans as one process,
+            as it trains the same weights).
         device: ``cpu`` or ``cuda``.
         steps: batches an epoch at the run's batch size.
-        sizes: (deep table, first-order, dense, buffer) bytes and the deep tables' rows, of the model built on the
-            meta device.
+        sizes: the bytes and table rows of the model built on the meta device.
         linear: the model has a first-order term; ``buckets``: its numerical buckets.
         dynamic: the features of raw ids (dynamic tables).
         continued: the checkpoint a continued run starts from, as given (None: a fresh run).
@@ -432,7 +445,7 @@ class Facts:
     distributed: bool
     device: str
     steps: int
-    sizes: tuple[int, int, int, int, int]
+    sizes: ModelSizes
     linear: bool
     buckets: bool
     dynamic: tuple[int, ...]
@@ -477,26 +490,27 @@ def facts_of(
     with torch.device("meta"):
         model = create_model(spec.model, spec.model_config)
     return Facts(
-        train_rows,
-        validation_rows,
-        validation_source,
-        processes,
-        processes > 1 or getattr(spec, "distributed", False),
-        device,
-        -(-train_rows // spec.train.batch_size),
-        _size(model) + (_table_rows(model),),
-        model.wide_embeddings is not None,
-        model.wide_buckets is not None,
-        tuple(getattr(spec.model_config, "dynamic_features", ()) or ()),
-        getattr(spec, "continue_from", None),
-        getattr(spec.model_config, "sparse_gradients", True),
-        room(device),
-        process_rss(),
-        free_bytes(tables_directory(spec.save_checkpoint)),
-        preprocessing,
-        *precision,
-        room("cpu") if device != "cpu" else None,
-        torch.get_num_threads(),
+        train_rows=train_rows,
+        validation_rows=validation_rows,
+        validation_source=validation_source,
+        processes=processes,
+        distributed=processes > 1,
+        device=device,
+        steps=-(-train_rows // spec.train.batch_size),
+        sizes=sizes_of(model),
+        linear=model.wide_embeddings is not None,
+        buckets=model.wide_buckets is not None,
+        dynamic=tuple(spec.model_config.dynamic_features),
+        continued=spec.continue_from,
+        sparse=spec.model_config.sparse_gradients,
+        room=room(device),
+        process_bytes=process_rss(),
+        disk_free=free_bytes(tables_directory(spec.save_checkpoint)),
+        preprocessing=preprocessing,
+        precision=precision[0],
+        precision_note=precision[1],
+        host_room=room("cpu") if device != "cpu" else None,
+        threads=torch.get_num_threads(),
     )
 
 
@@ -626,7 +640,7 @@ def _tier_possible(facts: Facts, home: str) -> bool:
     """Whether a run's tables can be tiered in ``home``: one process, sparse gradients, no dynamic tables; on disk
     on the CPU, in host memory on a GPU or (the cache's logic alone) on the CPU."""
     where = facts.device == "cpu" if home == "disk" else facts.device in ("cpu", "cuda")
-    return where and not facts.distributed and facts.sizes[4] > 0 and facts.sparse and not facts.dynamic
+    return where and not facts.distributed and facts.sizes.table_rows > 0 and facts.sparse and not facts.dynamic
 
 
 def _check_storage(cfg: TrainConfig, facts: Facts) -> None:
@@ -643,7 +657,7 @@ def _check_storage(cfg: TrainConfig, facts: Facts) -> None:
         where = (
             "a distributed (torchrun) run"
             if facts.distributed
-            else (f"a run on {facts.device}" if facts.sizes[4] else "no tables")
+            else (f"a run on {facts.device}" if facts.sizes.table_rows else "no tables")
         )
         where = where if facts.sparse else "a model with dense embedding gradients (sparse_gradients false)"
         trains = "on the CPU" if home == "disk" else "on a GPU or the CPU"
@@ -678,9 +692,9 @@ def _memory_plan(
     processes, validation, sizes = facts.processes, facts.validation, facts.sizes
     warm = cfg.linear_warm_start and facts.linear and validation and facts.continued is None
     best_left = source(sources, "best_weights").layer is Layer.DEFAULT
-    best = cfg.best_weights or ("disk" if validation and sizes[0] // processes >= BEST_ON_DISK_TABLES else "memory")
+    best = cfg.best_weights or ("disk" if validation and sizes.tables // processes >= BEST_ON_DISK_TABLES else "memory")
     if cfg.best_weights is None and best == "disk":
-        rules["best_weights"] = f"{gib(sizes[0] // processes)} of tables, from {gib(BEST_ON_DISK_TABLES)} on disk"
+        rules["best_weights"] = f"{gib(sizes.tables // processes)} of tables, from {gib(BEST_ON_DISK_TABLES)} on disk"
     home = cfg.embedding_storage if cfg.embedding_storage in HOMES else _tier_home(facts.device)
     can_tier = _tier_possible(facts, home)
 
@@ -705,7 +719,7 @@ def _memory_plan(
 
     budget = facts.room
     usable = None if budget.bytes is None else int(budget.bytes * USABLE)
-    lookups = cfg.batch_size * len(getattr(spec.model_config, "cardinalities", ()) or (1,))
+    lookups = cfg.batch_size * max(len(spec.model_config.cardinalities), 1)
 
     def tiered(optimizer: str) -> tuple[dict, int, str]:
         rows, rule = cache_rows_for(cfg, lambda c: need(optimizer, cache=c), budget, usable, sizes, lookups)
@@ -737,7 +751,7 @@ def _memory_plan(
     storage = cfg.embedding_storage or "memory"
     if storage in HOMES:
         best = "disk"
-        _check_cache(cfg, lookups, sizes[4])
+        _check_cache(cfg, lookups, sizes.table_rows)
         if storage == "host":  # on a CPU, the tables' home and the rest of the run share its memory
             check_host_room(memory["tables_in_tier"] + (memory["more"] if facts.device == "cpu" else 0), facts.host)
         check_disk_room(spec, memory, facts.disk_free, tables=storage == "disk")
@@ -774,7 +788,7 @@ def _training_lines(
     why,
 ) -> list[tuple[str, str, str]]:
     """The plan's lines on the data and the training: epochs, stopping, optimizers, schedule and plateau."""
-    validation, best, side = facts.validation, cfg.best_weights, facts.sizes[1]
+    validation, best, side = facts.validation, cfg.best_weights, facts.sizes.first_order
     held = (
         f"{facts.validation_rows:,} validation rows ({facts.validation_source})" if validation else "no validation data"
     )
@@ -835,7 +849,7 @@ def _mechanism_lines(
         lines.append(
             ("first order", "on: a logistic term beside the deep part" if facts.linear else "off", why("linear"))
         )
-    buckets = getattr(spec.model_config, "numerical_buckets", 0) if facts.buckets else 0
+    buckets = spec.model_config.numerical_buckets if facts.buckets else 0
     lines.append(
         (
             "buckets",

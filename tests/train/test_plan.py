@@ -270,7 +270,7 @@ def test_a_gpu_run_whose_tables_do_not_fit_the_gpu_keeps_them_in_host_memory(tin
     gpu = Room(int(whole["more"] * 0.9 / plan_module.USABLE), "the GPU's free memory", per_process=True)
     on_gpu = replace(facts, device="cuda", room=gpu, host_room=host)
     plan = plan_module.plan_run(spec, on_gpu)
-    rows = facts.sizes[4]
+    rows = facts.sizes.table_rows
     assert plan.train.embedding_storage == "host"
     assert 0 < plan.train.embedding_cache_rows < rows
     assert plan.memory["more"] <= gpu.bytes * plan_module.USABLE  # what the GPU holds: the cache, not the tables
@@ -298,9 +298,9 @@ def test_the_plan_says_how_long_a_long_table_build_takes(tiny_dataset):
     facts = replace(plan_module.facts_of(spec, 19_440, 2_160, "the last 10%", 1, "cpu"), threads=2)
     assert "drawn in" not in topics(plan_module.plan_run(spec, facts))["tables"][0]
     fl15 = 4_190_000_000 * 4  # FL15 at width 128: the tables' bytes, built in under LONG_BUILD_S
-    assert plan_module.build_seconds(replace(facts, sizes=(fl15, *facts.sizes[1:]))) < plan_module.LONG_BUILD_S
+    assert plan_module.build_seconds(replace(facts, sizes=replace(facts.sizes, tables=fl15))) < plan_module.LONG_BUILD_S
     big = 4 * fl15  # the room below holds them
-    roomy = replace(facts, sizes=(big, *facts.sizes[1:]), room=Room(1 << 40, "a given room"))
+    roomy = replace(facts, sizes=replace(facts.sizes, tables=big), room=Room(1 << 40, "a given room"))
     expected = plan_module.build_seconds(roomy)
     assert expected == pytest.approx(
         16.76e9 / (2 * plan_module.DRAW_VALUES_PER_S) + big / plan_module.TOUCH_BYTES_PER_S, rel=1e-3
