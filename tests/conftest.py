@@ -86,17 +86,17 @@ class Interrupted(Exception):
 
 @contextmanager
 def stop_after_save(member: int, step: int):
-    """Within: ``Trainer.save`` raises ``Interrupted`` once it has written the checkpoint of seed-ensemble member
-    ``member`` at step ``step`` or later."""
-    from ctrkit.train import trainer as trainer_module
+    """Within: ``RunStore.save`` (a trainer's checkpoint) raises ``Interrupted`` once it has written the checkpoint
+    of seed-ensemble member ``member`` at step ``step`` or later."""
+    from ctrkit.train.persistence import RunStore
 
-    real_save = trainer_module.Trainer.save
+    real_save = RunStore.save
 
     def save_then_stop(self):
         real_save(self)
-        if self.member == member and self.step >= step:
+        if self.trainer.log.member == member and self.trainer.step >= step:
             raise Interrupted
 
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(trainer_module.Trainer, "save", save_then_stop)
+        m.setattr(RunStore, "save", save_then_stop)
         yield

@@ -11,6 +11,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ctrkit.train.finish import kept_states
+
 
 def _mean(logits: list[np.ndarray]) -> np.ndarray:
     """The mean of several models' logits (float64 sum, float32 out), as ``Ensemble`` averages them."""
@@ -72,7 +74,7 @@ class SeedEnsemble:
                 self.member = len(self.members_done)
                 self.trainer = self.build_trainer(self.member)
             trainer = self.trainer
-            trainer.member, trainer.members_done, trainer.test_set = self.member, self.members_done, None
+            trainer.log.member, trainer.members_done, trainer.test_set = self.member, self.members_done, None
             batch = trainer.cfg.batch_size
             self._member_board(
                 trainer, f"seed{trainer.cfg.seed}" + (f"-batch{batch}" if self.member % len(self.batches) else "")
@@ -87,7 +89,7 @@ class SeedEnsemble:
                     "steps": trainer.step,
                     "stopped_early": result["stopped_early"],
                     "validation": result.get("validation"),
-                    "models": trainer.kept_states(),
+                    "models": kept_states(trainer),
                 },
             ]
         return self._form_members(test_set)
@@ -155,7 +157,7 @@ class SeedEnsemble:
         formed = [self._group_model(indices, validation) for indices in groups]
         chosen = max(range(len(formed)), key=lambda g: (score(formed[g]["validation"]), -g))
         kept, first = formed[chosen]["kept"], members[groups[chosen][0]]
-        trainer.member = None  # the run's own records from here on
+        trainer.log.member = None  # the run's own records from here on
         self._member_board(trainer, None)
         trainer.log.write(self._ensemble_record(formed, chosen))
         self.member_ensemble = kept
@@ -164,16 +166,16 @@ class SeedEnsemble:
             logits = formed[chosen]["logits"]
             scale, fit = choose_calibration(logits, validation.labels(), self.spec.train.calibrate)
             trainer.log.write({"event": "calibration", "step": trainer.step, **fit})
-        if trainer.save_path is not None and trainer.main:  # ``model``: the kept batch's first member's weights
+        if trainer.checkpoints.save_path is not None and trainer.main:  # ``model``: the kept batch's first weights
             final = replace(
-                trainer.checkpoint(),
+                trainer.store.checkpoint(),
                 model=first["models"][0],
                 members=members,
                 member=len(members) - 1,
                 kept=kept_model(members=kept),
                 calibration=scale,
             )
-            save_checkpoint(trainer.save_path, final)
+            save_checkpoint(trainer.checkpoints.save_path, final)
         result = self._members_result(formed[chosen], first, batches[chosen], fit)
         if test_set is not None and len(test_set):
             result.update(self._members_test(test_set, formed[chosen], scale, result, batches[chosen]))

@@ -468,9 +468,9 @@ class Run:
         if self.env is None:  # a seed ensemble's members share the data, so their first-order fits are one
             self.trainer.warm_start_cache = self.warm_start_cache
         if ckpt is not None:
-            self.trainer.restore(ckpt)
+            self.trainer.store.restore(ckpt)
         elif self.continued is not None:
-            self.trainer.continue_from(self.continued, str(spec.continue_from))
+            self.trainer.store.continue_from(self.continued, str(spec.continue_from))
 
     def _member_trainer(self, member: int) -> Any:
         """The trainer of seed-ensemble member ``member``, its model fresh."""

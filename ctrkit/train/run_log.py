@@ -47,6 +47,14 @@ class RunLog:
         """The wall-clock time the log was made (its records' time 0)."""
         return time.time() - self.seconds()
 
+    def start(self, **fields: Any) -> None:
+        """The run's ``start`` record: ``fields`` (its step, total steps, samples, model, config, device), with the
+        wall-clock time of the log's start and the process's threads."""
+        import torch
+
+        self.write({"event": "start", "unix_time": round(self.unix_start(), 3), **fields,
+                    "threads": torch.get_num_threads()})  # fmt: skip
+
     def write(self, record: dict[str, Any]) -> None:
         record = {**record, "time": round(self.seconds(), 3)}
         if self.member is not None:

@@ -118,7 +118,7 @@ def test_resume_past_the_best_step_gives_the_uninterrupted_result(tiny_dataset, 
     resumed = build(tiny_dataset, cfg)
     planted = PlantedValidation(resumed, curve)
     planted.calls = sum(1 for s in resumed.eval_steps() if s <= 60)
-    resumed.restore(ckpt)
+    resumed.store.restore(ckpt)
     got = resumed.fit()
     assert (got["step"], got["best_step"], got["auc"]) == (want["step"], want["best_step"], want["auc"])
     assert got["calibration"] == want["calibration"] and got["logloss"] == want["logloss"]  # the same scale, refitted
@@ -244,7 +244,7 @@ def test_warm_start_z_keeps_the_regression_unless_a_model_beats_it_significantly
                                  save=tmp_path / "mid.pt")  # fmt: skip
     mid.fit()
     resumed = build_with_linear_term(tiny_dataset, TrainConfig(**base, warm_start_z=1e6), log=tmp_path / "c.jsonl")
-    resumed.restore(load_checkpoint(tmp_path / "mid.pt"))
+    resumed.store.restore(load_checkpoint(tmp_path / "mid.pt"))
     again = resumed.fit()
     assert (again["best_step"], again["auc"]) == (0, kept["auc"])
     after = {r["step"]: r["baseline_z"] for r in eval_records(tmp_path / "c.jsonl")}

@@ -119,7 +119,7 @@ def test_resume_gives_the_uninterrupted_ensemble(run, tiny_dataset, tmp_path):
     mid = load_checkpoint(tmp_path / "mid.pt")
     assert mid.step == 95 and 95 in [s["step"] for s in mid.snapshots]  # epoch 2's best so far
     resumed = build(tiny_dataset, TrainConfig(**CFG), save=tmp_path / "end.pt")
-    resumed.restore(mid)
+    resumed.store.restore(mid)
     got = resumed.fit()
     assert (got["ensemble"], got["auc"], got["validation"]) == (result["ensemble"], result["auc"], result["validation"])
     end, want = load_checkpoint(tmp_path / "end.pt"), load_checkpoint(path)

@@ -253,7 +253,7 @@ def test_a_resumed_split_run_with_dropout_equals_the_uninterrupted_one(tiny_data
     assert straight.step_fn.split_threads == 2
     build(TrainConfig(**{**cfg.to_dict(), "max_steps": 5}), save=tmp_path / "mid.pt").fit()
     resumed = build(cfg)
-    resumed.restore(load_checkpoint(tmp_path / "mid.pt"))
+    resumed.store.restore(load_checkpoint(tmp_path / "mid.pt"))
     resumed.fit()
     for k, v in straight.model.state_dict().items():
         torch.testing.assert_close(resumed.model.state_dict()[k], v, rtol=0, atol=0, msg=k)

@@ -88,7 +88,7 @@ def test_resuming_reaches_the_same_parameters(tiny_dataset, tmp_path):
     assert (ckpt.step, ckpt.epoch, ckpt.batch_in_epoch) == (60, 1, 60 - straight.steps_per_epoch)
 
     resumed = build(tiny_dataset, cfg)
-    resumed.restore(ckpt)
+    resumed.store.restore(ckpt)
     resumed.fit()
     assert resumed.step == straight.step == 2 * straight.steps_per_epoch
     for k, v in params(straight.model).items():
@@ -216,13 +216,13 @@ def test_other_optimizers_train_and_resume_exactly(tiny_dataset, tmp_path, dense
     first = build(tiny_dataset, TrainConfig(**{**cfg.to_dict(), "max_steps": 13}), save=tmp_path / "c.pt")
     first.fit()
     resumed = build(tiny_dataset, cfg)
-    resumed.restore(load_checkpoint(tmp_path / "c.pt"))
+    resumed.store.restore(load_checkpoint(tmp_path / "c.pt"))
     resumed.fit()
     for k, v in params(straight.model).items():
         torch.testing.assert_close(params(resumed.model)[k], v, rtol=0, atol=0, msg=k)
     other = build(tiny_dataset, TrainConfig(**{**cfg.to_dict(), "embedding_optimizer": "sgd"}))
     with pytest.raises(ValueError, match="resume with the same optimizer, embedding_optimizer and wide_optimizer"):
-        other.restore(load_checkpoint(tmp_path / "c.pt"))
+        other.store.restore(load_checkpoint(tmp_path / "c.pt"))
 
 
 def _tiny_step(compile: bool):
@@ -377,7 +377,7 @@ def test_resuming_at_an_epoch_boundary_redraws_the_tables_as_the_uninterrupted_r
     ckpt = load_checkpoint(tmp_path / "epoch1.pt")
     assert (ckpt.step, ckpt.epoch, ckpt.batch_in_epoch) == (spe, 1, 0)
     resumed = build(tiny_dataset, cfg)
-    resumed.restore(ckpt)
+    resumed.store.restore(ckpt)
     resumed.fit()
     for k, v in params(straight.model).items():
         torch.testing.assert_close(params(resumed.model)[k], v, rtol=0, atol=0, msg=k)
