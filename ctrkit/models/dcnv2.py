@@ -85,9 +85,7 @@ class DCNv2(WideParameters, nn.Module):
         return self.top_mlp[-1]
 
     def forward(self, numerical: torch.Tensor | None, categorical: torch.Tensor, multi_hot=None) -> torch.Tensor:
-        if self.dynamic_ids is not None:
-            categorical = self.dynamic_ids(categorical)
-        raw, numerical = numerical, self.numerical_norm(numerical)  # (B, N) standardised (NumericalNormalizer)
+        categorical, numerical, raw = self.model_inputs(numerical, categorical)
         emb = self.embeddings(categorical, multi_hot).flatten(1)  # (B, F*D; the sum of the widths)
         if self.bottom_mlp is None:
             x0 = emb  # (B, d)

@@ -73,9 +73,7 @@ class DLRM(WideParameters, nn.Module):
         return self.top_mlp[-1]
 
     def forward(self, numerical: torch.Tensor | None, categorical: torch.Tensor, multi_hot=None) -> torch.Tensor:
-        if self.dynamic_ids is not None:
-            categorical = self.dynamic_ids(categorical)
-        raw, numerical = numerical, self.numerical_norm(numerical)  # (B, N) standardised (NumericalNormalizer)
+        categorical, numerical, raw = self.model_inputs(numerical, categorical)
         emb = self.embeddings(categorical, multi_hot)  # (B, F, D), F counting multi-hot features
         bottom = self.bottom_mlp(numerical) if self.bottom_mlp is not None else None  # (B, D)
         logits = self.top_mlp(self.interaction(bottom, emb)).squeeze(1)  # (B,)

@@ -17,6 +17,7 @@ from ctrkit.models.numerical import (
     MAX_BUCKETS,
     NUMERICAL_BUCKETS,
     NumericalBuckets,
+    NumericalNormalizer,
 )
 from ctrkit.models.storage import IN_MEMORY, TableStorage
 
@@ -290,11 +291,20 @@ class LinearTerm(nn.Module):
 class WideParameters:
     """Mixin of models with a first-order part in ``wide_embeddings``/``wide_dense``/``wide_buckets``
     (None: none): ``wide_parameters`` hands them to their own optimizer (see
-    ``train/optim.build_optimizers``)."""
+    ``train/optim.build_optimizers``); and the start every model's forward pass shares (``model_inputs``)."""
 
     wide_embeddings: CategoricalEmbeddings | None
     wide_dense: nn.Linear | None
     wide_buckets: NumericalBuckets | None  # set by each model (a class default would hide the module)
+    dynamic_ids: nn.Module | None  # raw ids -> rows of the dynamic features (``dynamic_ids``; None: none)
+    numerical_norm: NumericalNormalizer
+
+    def model_inputs(self, numerical, categorical) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """(categorical, numerical, raw): the categorical ids with the dynamic features' raw ids as their rows, the
+        numerical features standardised (``NumericalNormalizer``, (B, N)), and as given (the buckets read them)."""
+        if self.dynamic_ids is not None:
+            categorical = self.dynamic_ids(categorical)
+        return categorical, self.numerical_norm(numerical), numerical
 
     def wide_parameters(self) -> list[nn.Parameter]:
         if self.wide_embeddings is None:

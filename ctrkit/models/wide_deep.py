@@ -71,9 +71,7 @@ class WideDeep(WideParameters, nn.Module):
         return self.deep[-1]
 
     def forward(self, numerical: torch.Tensor | None, categorical: torch.Tensor, multi_hot=None) -> torch.Tensor:
-        if self.dynamic_ids is not None:
-            categorical = self.dynamic_ids(categorical)
-        raw, numerical = numerical, self.numerical_norm(numerical)  # (B, N) standardised (NumericalNormalizer)
+        categorical, numerical, raw = self.model_inputs(numerical, categorical)
         wide = self.wide_logit(numerical, categorical, multi_hot, raw)  # (B,)
         emb = self.embeddings(categorical, multi_hot).flatten(1)  # (B, F*D; the sum of the widths)
         if numerical is not None and self.config.num_numerical:
