@@ -11,7 +11,7 @@ set) load through ``_from_v2``, version 1 files (written before the typed checkp
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,8 @@ _V1 = "ctrkit-checkpoint-v1"
 # ``kept["members"]`` (from ``members``, each one model or its snapshots' mean)
 SINGLE, SNAPSHOT_MEAN, SEED_MEAN = "single", "snapshot_mean", "seed_mean"
 KEPT_KINDS = (SINGLE, SNAPSHOT_MEAN, SEED_MEAN)
+# what ``Checkpoint.resume`` holds (version 2 held each as a field of its own, the weights as ``resume_model``)
+RESUME_KEYS = ("optimizers", "steps_per_epoch", "rng", "rank_optimizers", "selection", "model", "member")
 
 
 def kept_model(snapshot_steps: list[int] | None = None, members: list[int] | None = None) -> dict[str, Any]:
@@ -72,16 +74,17 @@ class Checkpoint:
         model: the single-process model's state dict (whole tables, whatever the world size): the
             weights the run selected (its best validation evaluation), else its last ones.
         train_config: the resolved TrainConfig as a dict (None for a model saved without a run).
-        optimizers: the optimizers' state dicts in TrainConfig's order (dense, embedding, wide).
         step: optimizer steps taken.
-        steps_per_epoch: batches per epoch of the run (to resume at the same place).
-        rng: torch's CPU (and CUDA) generator states.
+        resume: what a resumed run continues from, beside ``model`` (empty: a model alone), each key read as the
+            property of its name: ``optimizers`` (the optimizers' state dicts in TrainConfig's order: dense,
+            embedding, wide), ``steps_per_epoch`` (batches per epoch of the run: to resume at the same place),
+            ``rng`` (torch's CPU and CUDA generator states), ``rank_optimizers`` (a hybrid-parallel run's optimizer
+            states per rank), ``selection`` (model selection on validation data: the best step, its metrics, the
+            plateau and early-stopping counters; None: a run without validation), ``model`` (the weights at
+            ``step`` where they differ from ``model``, a run checkpointed past its best evaluation: read as
+            ``resume_model``) and ``member`` (in a seed ensemble, the member whose training the weights,
+            optimizers and selection belong to; the earlier ones are in ``members``).
         sharding: a hybrid-parallel run's shard placement (None: single process).
-        rank_optimizers: a hybrid-parallel run's optimizer states per rank.
-        selection: model selection on validation data: the best step, its metrics, and the
-            plateau/early-stopping counters (None: a run without validation).
-        resume_model: the weights at ``step`` when they differ from ``model`` (a run checkpointed past
-            its best evaluation), to resume from; None otherwise.
         shard_files: a hybrid-parallel run's checkpoint is this file (the manifest, written last) plus
             one file per rank (these names, relative to the manifest's directory, in rank order) holding
             that rank's weights (``model``, ``resume_model``: its shards and the replicated weights) and
@@ -96,8 +99,6 @@ class Checkpoint:
         members: a seed ensemble's trained members (``TrainConfig.seed_ensemble``), in seed order, each
             ``{"seed", "best_step", "steps", "validation", "models"}`` (``models``: the state dicts of the model
             that member kept, several for a snapshot ensemble); None: a run of one model.
-        member: the index of the member whose training this checkpoint's weights, optimizers and selection
-            belong to (the earlier ones are in ``members``); None: a run of one model.
         calibration: the positive scale the kept model's logit is multiplied by before the sigmoid
             (``TrainConfig.calibrate``; fitted on validation at the end of training): ``Scoring``, ``Predictor``
             and exports apply it, ``build_model`` does not (the model's own logits); None: no scale.
@@ -116,19 +117,13 @@ class Checkpoint:
     spec: dict[str, Any]
     model: dict[str, torch.Tensor]
     train_config: dict[str, Any] | None = None
-    optimizers: list[dict] | None = None
     step: int = 0
-    steps_per_epoch: int | None = None
-    rng: dict[str, Any] | None = None
+    resume: dict[str, Any] = field(default_factory=dict)
     sharding: dict[str, list] | None = None
-    rank_optimizers: list | None = None
-    selection: dict[str, Any] | None = None
-    resume_model: dict[str, torch.Tensor] | None = None
     shard_files: list[str] | None = None
     kept: dict[str, Any] = field(default_factory=kept_model)
     snapshots: list[dict[str, Any]] | None = None
     members: list[dict[str, Any]] | None = None
-    member: int | None = None
     calibration: float | None = None
     plan: dict[str, Any] | None = None
     shard_records: list[dict[str, Any]] | None = None
@@ -153,6 +148,41 @@ class Checkpoint:
         from ctrkit.preprocess.table import Like
 
         return Like.of(self.row_transform(), self.spec, where, self.model_config.get("multi_hot_combiners"))
+
+    @property
+    def optimizers(self) -> list[dict] | None:
+        return self.resume.get("optimizers")
+
+    @property
+    def rank_optimizers(self) -> list | None:
+        return self.resume.get("rank_optimizers")
+
+    @property
+    def steps_per_epoch(self) -> int | None:
+        return self.resume.get("steps_per_epoch")
+
+    @property
+    def rng(self) -> dict[str, Any] | None:
+        return self.resume.get("rng")
+
+    @property
+    def selection(self) -> dict[str, Any] | None:
+        return self.resume.get("selection")
+
+    @property
+    def resume_model(self) -> dict[str, torch.Tensor] | None:
+        return self.resume.get("model")
+
+    @property
+    def member(self) -> int | None:
+        return self.resume.get("member")
+
+    def resuming(self, **changes: Any) -> Checkpoint:
+        """A copy whose ``resume`` takes ``changes`` (keys of ``RESUME_KEYS``)."""
+        unknown = set(changes) - set(RESUME_KEYS)
+        if unknown:
+            raise ValueError(f"not resume state: {sorted(unknown)}")
+        return replace(self, resume={**self.resume, **changes})
 
     @property
     def ensemble(self) -> list[int] | None:
@@ -368,9 +398,12 @@ def _from_v1(data: dict[str, Any]) -> dict[str, Any]:
 
 def _from_v2(data: dict[str, Any]) -> dict[str, Any]:
     """A version-2 checkpoint in version 3's layout: its kept model, told by which of ``member_ensemble`` (a seed
-    ensemble's kept members) and ``ensemble`` (a snapshot mean's steps) was set, as ``kept``."""
-    out = {k: v for k, v in data.items() if k not in ("ensemble", "member_ensemble")}
+    ensemble's kept members) and ``ensemble`` (a snapshot mean's steps) was set, as ``kept``; its resume state, a
+    field each, as ``resume``."""
+    v2_names = {k: "resume_model" if k == "model" else k for k in RESUME_KEYS}
+    out = {k: v for k, v in data.items() if k not in ("ensemble", "member_ensemble", *v2_names.values())}
     out["kept"] = kept_model(data.get("ensemble"), data.get("member_ensemble"))
+    out["resume"] = {k: data[old] for k, old in v2_names.items() if data.get(old) is not None}
     return {**out, "version": VERSION}
 
 

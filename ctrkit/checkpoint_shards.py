@@ -175,14 +175,10 @@ def assemble_shards(ckpt: Manifest, lazy: bool = False) -> Manifest:
             state[f"{prefix}.weight"] = flat
         return state
 
+    resume_model = whole("resume_model") if parts[0].get("resume_model") is not None else None
+    optimizers = {"optimizers": parts[0]["optimizers"], "rank_optimizers": [p["optimizers"] for p in parts]}
     return replace(
-        ckpt,
-        model=whole("model"),
-        resume_model=whole("resume_model") if parts[0].get("resume_model") is not None else None,
-        optimizers=parts[0]["optimizers"],
-        rank_optimizers=[p["optimizers"] for p in parts],
-        shard_files=None,
-        shard_records=None,
+        ckpt.resuming(model=resume_model, **optimizers), model=whole("model"), shard_files=None, shard_records=None
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ctrkit.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
+from ctrkit.checkpoint import RESUME_KEYS, Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
 from ctrkit.models import create_model
 from ctrkit.models.registry import config_to_dict, make_config
 
@@ -22,7 +22,7 @@ def test_round_trip(tmp_path):
     cfg = multi_hot_config()
     model = create_model("dlrm", cfg)
     ckpt = Checkpoint("dlrm", config_to_dict(cfg), {"cardinalities": [5, 7]}, model.state_dict(), step=12,
-                      steps_per_epoch=5)  # fmt: skip
+                      resume={"steps_per_epoch": 5})  # fmt: skip
     save_checkpoint(tmp_path / "c.pt", ckpt)
     back = load_checkpoint(tmp_path / "c.pt")
     assert (back.step, back.epoch, back.batch_in_epoch) == (12, 2, 2)
@@ -58,8 +58,9 @@ def _v2(model_state, **fields) -> dict:
 
 
 def test_version_2_checkpoints_load_with_their_kept_model_named(tmp_path):
-    """Version 2 told the kept model by which of ``ensemble`` and ``member_ensemble`` was set; version 3 names it in
-    ``kept``, and each loads as the same model."""
+    """Version 2 told the kept model by which of ``ensemble`` and ``member_ensemble`` was set, and kept each part of
+    the resume state as a field; version 3 names the kept model in ``kept`` and groups the resume state in
+    ``resume``; each loads as the same model and the same state."""
     torch.manual_seed(0)
     states = [create_model("dlrm", multi_hot_config()).state_dict() for _ in range(3)]
     snapshots = [{"epoch": i, "step": 4 * (i + 1), "score": 0.7, "model": s} for i, s in enumerate(states)]
@@ -85,10 +86,15 @@ def test_version_2_checkpoints_load_with_their_kept_model_named(tmp_path):
     one = [create_model("dlrm", multi_hot_config()) for _ in states]
     for model, state in zip(one, states):
         model.load_state_dict(state)
+    resume = {"optimizers": [{"state": {}, "param_groups": []}], "steps_per_epoch": 4, "rng": {"torch": torch.ones(3)},
+              "selection": {"best_step": 4}, "resume_model": states[2]}  # fmt: skip
     for name, (fields, kept, which) in cases.items():
-        torch.save(_v2(states[0], **fields), tmp_path / "v2.pt")
+        torch.save(_v2(states[0], **fields, **resume), tmp_path / "v2.pt")
         ckpt = load_checkpoint(tmp_path / "v2.pt")
         assert ckpt.kept == kept and ckpt.models_averaged == len(which), name
+        assert ckpt.optimizers == resume["optimizers"] and ckpt.steps_per_epoch == 4 and ckpt.kept_step == 4
+        assert ckpt.resume_model is states[2] or all(torch.equal(ckpt.resume_model[k], v) for k, v in states[2].items())
+        assert ckpt.member == fields.get("member") and set(ckpt.resume) <= set(RESUME_KEYS)
         want = torch.stack([logits(one[i]) for i in which]).mean(0)
         torch.testing.assert_close(logits(ckpt.build_model()), want, rtol=0, atol=1e-6)
         save_checkpoint(tmp_path / "v3.pt", ckpt)  # written as version 3: the same model back

@@ -324,7 +324,7 @@ def convert_checkpoint(args: argparse.Namespace) -> int:
             whole = create_model(ckpt.model_name, make_config(ckpt.model_name, ckpt.model_config), DEFERRED)
             states = converted_optimizer_states(ckpt, whole, None)
             if states is not None:
-                ckpt = replace(ckpt, optimizers=states, rank_optimizers=None, sharding=None)
+                ckpt = replace(ckpt.resuming(optimizers=states, rank_optimizers=None), sharding=None)
         save_checkpoint(cfg.out, replace(ckpt, shard_files=None, shard_records=None))
         print(f"wrote {cfg.out} (step {ckpt.step}, {len(ckpt.model)} tensors)")
         return 0

@@ -76,11 +76,8 @@ def write_sharded_checkpoint(ckpt, path, world_size: int, parallel) -> list[int]
         records.append(write_rank_file(path.parent / names[rank], part, run, whole.step, rank))
         del model, part
     manifest = replace(
-        whole,
+        whole.resuming(model=None, optimizers=[], rank_optimizers=None),
         model={},
-        resume_model=None,
-        optimizers=[],
-        rank_optimizers=None,
         sharding={name: plan.key() for name, plan in plans.items()},
         shard_files=names,
         shard_records=records,

@@ -168,10 +168,9 @@ class SeedEnsemble:
             trainer.log.write({"event": "calibration", "step": trainer.step, **fit})
         if trainer.checkpoints.save_path is not None and trainer.main:  # ``model``: the kept batch's first weights
             final = replace(
-                trainer.store.checkpoint(),
+                trainer.store.checkpoint().resuming(member=len(members) - 1),
                 model=first["models"][0],
                 members=members,
-                member=len(members) - 1,
                 kept=kept_model(members=kept),
                 calibration=scale,
             )

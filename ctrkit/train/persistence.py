@@ -64,28 +64,29 @@ class RunStore:
             spec=t.info.spec_summary,
             train_config=t.cfg.to_dict(),
             step=t.step,
-            steps_per_epoch=t.steps_per_epoch,
-            rng=rng_state(),
-            selection=t.selection.state(),
             calibration=t.calibration,
             plan=(t.checkpoints.run_record or {}).get("plan"),
             preprocessing=t.info.preprocessing,
         )
+
+    def _resume_state(self) -> dict[str, Any]:
+        """What every checkpoint of this run records to resume from besides weights and optimizer states."""
+        t = self.trainer
+        return {"steps_per_epoch": t.steps_per_epoch, "rng": rng_state(), "selection": t.selection.state()}
 
     def checkpoint(self) -> Checkpoint:
         """The checkpoint of a single-process run. Its current weights are the model's own tensors, not a copy:
         write it before training goes on."""
         t = self.trainer
         model, resume = self._weights_to_save()
+        optimizers = [opt.state_dict() for opt in t.optimizers]
         return Checkpoint(
             **self._checkpoint_fields(),
             model=model,
-            resume_model=resume,
-            optimizers=[opt.state_dict() for opt in t.optimizers],
+            resume={**self._resume_state(), "model": resume, "optimizers": optimizers, "member": t.log.member},
             snapshots=list(t.pool.snapshots) if t.pool.size > 1 else None,
             kept=kept_model(t.pool.ensemble),
             members=list(t.members_done) if t.log.member is not None else None,
-            member=t.log.member,
         )
 
     def _sharded_checkpoint(self) -> Checkpoint | None:
@@ -101,6 +102,7 @@ class RunStore:
         return Checkpoint(
             **self._checkpoint_fields(),
             model={},
+            resume=self._resume_state(),
             sharding=t.model.sharding_key(),
             shard_files=names,
             shard_records=records,

@@ -272,10 +272,10 @@ def test_converted_checkpoints_carry_optimizer_states(tiny_dataset, tmp_path):
              "--save-checkpoint", tmp_path / "b.pt")  # fmt: skip
     single("convert-checkpoint", "--checkpoint", tmp_path / "b.pt", "--out", tmp_path / "one.pt")
     one = torch.load(tmp_path / "one.pt", weights_only=True)
-    assert one["sharding"] is None and one["rank_optimizers"] is None
+    assert one["sharding"] is None and one["resume"]["rank_optimizers"] is None
     tables = one["model"]["embeddings.onehot.weight"]
     assert any(s.get("exp_avg") is not None and s["exp_avg"].shape == tables.shape
-               for opt in one["optimizers"] for s in opt["state"].values())  # fmt: skip
+               for opt in one["resume"]["optimizers"] for s in opt["state"].values())  # fmt: skip
     single("train", *flags, "--max-steps", "8", "--load-checkpoint", tmp_path / "one.pt",
            "--save-checkpoint", tmp_path / "resumed.pt")  # fmt: skip
     assert_same_weights(tmp_path / "straight.pt", tmp_path / "resumed.pt")
