@@ -430,7 +430,7 @@ class Run:
         from ctrkit.checkpoint_shards import assemble_shards
         from ctrkit.distributed.hybrid import shard_for_job
         from ctrkit.models.registry import create_model
-        from ctrkit.train.trainer import RunInfo, Trainer
+        from ctrkit.train.trainer import Placement, RunInfo, RunOutputs, TrainData, Trainer
 
         par, feature_spec = spec.parallel, self.feature_spec
         group, offset = self.member % len(self.batches), self.member // len(self.batches)
@@ -449,21 +449,14 @@ class Run:
             ckpt = assemble_shards(ckpt, lazy=True)
             self.model.load_full_state_dict(ckpt.resume_weights)
         model = self.model
+        record = {**spec.run_yaml(), "plan": self.plan.to_dict()}
         self.trainer = Trainer(
             model,
             RunInfo(spec.model, spec.model_config, feature_spec.summary(), self.preprocessing),
-            self.train_set,
-            self.test_set,
+            TrainData(self.train_set, self.test_set, self.validation_set),
             cfg,
-            self.device,
-            self.amp_dtype,
-            spec.save_checkpoint,
-            spec.log_path,
-            progress=spec.progress,
-            env=self.env,
-            validation_set=self.validation_set,
-            run_record={**spec.run_yaml(), "plan": self.plan.to_dict()},
-            tensorboard_dir=spec.tensorboard,
+            Placement(self.device, self.amp_dtype, self.env),
+            RunOutputs(spec.save_checkpoint, spec.log_path, spec.tensorboard, record, spec.progress),
         )
         if self.env is None:  # a seed ensemble's members share the data, so their first-order fits are one
             self.trainer.warm_start_cache = self.warm_start_cache

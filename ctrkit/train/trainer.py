@@ -68,6 +68,43 @@ class RunInfo:
     preprocessing: dict[str, Any] | None = None  # the dataset's raw rows -> inputs (``RowTransform.to_state``)
 
 
+@dataclass(frozen=True)
+class TrainData:
+    """A run's mappings: ``train``; ``test``, scored once at the end with the kept weights (None: not scored);
+    ``validation`` (None: the last ``TrainConfig.validation_fraction`` of ``train`` is held out instead; none at 0:
+    no model selection, the last weights are kept)."""
+
+    train: SplitBinaryDataset
+    test: SplitBinaryDataset | None = None
+    validation: SplitBinaryDataset | None = None
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a run computes: ``device``; ``amp_dtype``, its autocast dtype (None: none); ``env``, this rank's place
+    in a hybrid-parallel job (the model is then a HybridModel: every rank reads its share of each global batch, rank
+    0 logs, shows progress and writes checkpoints, which every rank helps assemble), None in one process."""
+
+    device: torch.device
+    amp_dtype: torch.dtype | None = None
+    env: DistEnv | None = None
+
+
+@dataclass(frozen=True)
+class RunOutputs:
+    """What a run writes: checkpoints to ``save_path`` (at each evaluation, every ``checkpoint_every`` steps and at
+    the end; None: none), the JSON-lines log to ``log_path``, its scalars as TensorBoard events to
+    ``tensorboard_dir``, the resolved run ``run_record`` as YAML beside the checkpoint (``save_path`` with suffix
+    ``.yaml``) when the run first saves, never before (a run that saves nothing leaves what is there untouched), and
+    a progress bar with ``progress``."""
+
+    save_path: str | os.PathLike | None = None
+    log_path: str | os.PathLike | None = None
+    tensorboard_dir: str | os.PathLike | None = None
+    run_record: dict[str, Any] | None = None
+    progress: bool = True
+
+
 class Window:
     """The losses and samples since the last log record (the loss summed on the device, read at records only)."""
 
@@ -91,26 +128,12 @@ class Trainer:
     """Trains a model on a split-binary dataset.
 
     Args:
-        model: the model (already on ``device``).
+        model: the model (already on ``where.device``).
         info: model name/config and the dataset's spec summary, stored in checkpoints.
-        train_set: the training mapping.
-        test_set: the test mapping, scored once at the end with the selected weights (None: not scored).
+        data: the mappings it trains on, selects on and scores (``TrainData``).
         cfg: TrainConfig.
-        device: the device to train on.
-        amp_dtype: autocast dtype or None.
-        save_path: where to write checkpoints (at each evaluation, every ``checkpoint_every`` steps
-            and at the end), or None.
-        log_path: JSON-lines log file, or None.
-        tensorboard_dir: also write the log's scalars as TensorBoard event files here, or None.
-        progress: show a progress bar.
-        env: this rank's place in a hybrid-parallel job (``model`` is then a HybridModel), or None.
-            Every rank reads its share of each global batch; rank 0 logs, shows progress and writes
-            checkpoints, which every rank helps assemble (whole tables).
-        validation_set: the validation mapping; None holds out the last ``cfg.validation_fraction`` of
-            ``train_set`` instead (none at 0: no model selection, the last weights are kept).
-        run_record: the resolved run, written as YAML beside the checkpoint (``save_path`` with suffix
-            ``.yaml``) when this run first saves, never before: a run that saves nothing leaves what is
-            there untouched.
+        where: the device, autocast dtype and hybrid-parallel place (``Placement``).
+        outputs: the checkpoints, log and progress it writes (``RunOutputs``).
 
     Evaluations during training score the validation data only. The run keeps the weights of the best
     validation AUC, multiplies the learning rates by ``plateau_factor`` on a plateau and stops after
@@ -122,24 +145,18 @@ class Trainer:
         self,
         model: nn.Module,
         info: RunInfo,
-        train_set: SplitBinaryDataset,
-        test_set: SplitBinaryDataset | None,
+        data: TrainData,
         cfg: TrainConfig,
-        device: torch.device,
-        amp_dtype: torch.dtype | None = None,
-        save_path: str | os.PathLike | None = None,
-        log_path: str | os.PathLike | None = None,
-        progress: bool = True,
-        env: DistEnv | None = None,
-        validation_set: SplitBinaryDataset | None = None,
-        run_record: dict[str, Any] | None = None,
-        tensorboard_dir: str | os.PathLike | None = None,
+        where: Placement,
+        outputs: RunOutputs = RunOutputs(),
     ):
+        train_set, test_set, validation_set = data.train, data.test, data.validation
+        device, amp_dtype, env = where.device, where.amp_dtype, where.env
         cfg = cfg.resolve(info.model_name)
         if len(train_set) == 0:  # before anything is made (the log's TensorBoard directory)
             raise ValueError(f"the training mapping '{train_set.mapping}' holds no samples")
         self.env, self.main = env, env is None or env.is_main
-        self.log = RunLog(log_path, tensorboard_dir, self.main)
+        self.log = RunLog(outputs.log_path, outputs.tensorboard_dir, self.main)
         if validation_set is None and cfg.validation_fraction > 0:
             train_set, validation_set = split_tail(train_set, cfg.validation_fraction)
         self.model, self.info, self.device, self.amp_dtype = model, info, device, amp_dtype
@@ -156,7 +173,7 @@ class Trainer:
         for m in model.modules():  # raw ids: admission and eviction as the run says
             if isinstance(m, DynamicIds):
                 m.configure(cfg.admit_after, cfg.eviction, cfg.count_half_life)
-        self.progress = progress and self.main
+        self.progress = outputs.progress and self.main
         self.epochs = cfg.epochs
         planned = self.epochs * self.steps_per_epoch
         self.total_steps = min(planned, cfg.max_steps) if cfg.max_steps else planned
@@ -168,7 +185,7 @@ class Trainer:
             model, self.optimizers, device, amp_dtype, cfg.compile, cfg.embedding_l2, cfg.weight_decay, cfg.split_batch
         )
         self.step = 0
-        self._build_parts(save_path, run_record)
+        self._build_parts(outputs.save_path, outputs.run_record)
 
     def _build_parts(self, save_path, run_record: dict[str, Any] | None) -> None:
         """The scorer, selection, snapshot pool and checkpoints, and the run's state besides the weights."""

@@ -8,7 +8,7 @@ from ctrkit.data.synthetic_outbrain import generate_outbrain
 from ctrkit.metrics import mean_average_precision
 from ctrkit.models import create_model
 from ctrkit.models.registry import make_config
-from ctrkit.train.trainer import RunInfo, Trainer
+from ctrkit.train.trainer import Placement, RunInfo, RunOutputs, TrainData, Trainer
 from tests.conftest import run_cli
 
 
@@ -52,11 +52,10 @@ def test_a_model_ranks_displays_better_than_chance(outbrain):
     result = Trainer(
         model,
         RunInfo("dlrm", config, spec.summary()),
-        train,
-        test,
+        TrainData(train, test),
         TrainConfig(epochs=10, evals_per_epoch=2),  # the defaults: the best of up to 10 epochs
-        torch.device("cpu"),
-        progress=False,
+        Placement(torch.device("cpu")),
+        RunOutputs(progress=False),
     ).fit()
     chance, groups = mean_average_precision(test.groups(), test.labels(), np.random.default_rng(0).random(len(test)))
     assert result["map_groups"] == groups > 1000

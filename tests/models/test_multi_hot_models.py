@@ -9,7 +9,7 @@ from ctrkit.data.dataset import SplitBinaryDataset
 from ctrkit.data.split_binary import SplitBinaryWriter
 from ctrkit.models import create_model
 from ctrkit.models.registry import make_config
-from ctrkit.train.trainer import RunInfo, Trainer
+from ctrkit.train.trainer import Placement, RunInfo, RunOutputs, TrainData, Trainer
 from tests.data.test_multi_hot import multi_hot_spec
 
 SHAPES = {
@@ -82,11 +82,10 @@ def test_models_learn_a_signal_carried_only_by_multi_hot_ids(tag_data, name):
     trainer = Trainer(
         model,
         RunInfo(name, config, train.spec.summary()),
-        train,
-        test,
+        TrainData(train, test),
         TrainConfig(epochs=3, batch_size=256, evals_per_epoch=0),
-        torch.device("cpu"),
-        progress=False,
+        Placement(torch.device("cpu")),
+        RunOutputs(progress=False),
     )
     assert trainer.fit()["auc"] > 0.72  # the planted odds rank the test rows at 0.788
 

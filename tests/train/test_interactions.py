@@ -12,7 +12,7 @@ from ctrkit.data.dataset import SplitBinaryDataset
 from ctrkit.data.synthetic import SyntheticCTR, generate_dataset
 from ctrkit.models import create_model
 from ctrkit.models.registry import make_config
-from ctrkit.train.trainer import RunInfo, Trainer
+from ctrkit.train.trainer import Placement, RunInfo, RunOutputs, TrainData, Trainer
 
 
 @pytest.fixture(scope="module")
@@ -59,11 +59,10 @@ def test_model_beats_logistic_regression_on_interactions(interaction_data, name)
     trainer = Trainer(
         model,
         RunInfo(name, config, spec.summary()),
-        train,
-        test,
+        TrainData(train, test),
         TrainConfig(epochs=10, batch_size=BATCH.get(name), evals_per_epoch=2),  # best of up to 10 epochs
-        torch.device("cpu"),
-        progress=False,
+        Placement(torch.device("cpu")),
+        RunOutputs(progress=False),
     )
     result = trainer.fit()  # each model with its own default optimizers
     assert 0.6 < baseline < 0.72  # the linear model sees only the marginal effect of each id

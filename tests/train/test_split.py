@@ -233,7 +233,7 @@ def test_a_resumed_split_run_with_dropout_equals_the_uninterrupted_one(tiny_data
     from ctrkit.config import TrainConfig
     from ctrkit.data.dataset import SplitBinaryDataset
     from ctrkit.data.feature_spec import FeatureSpec
-    from ctrkit.train.trainer import RunInfo, Trainer
+    from ctrkit.train.trainer import Placement, RunInfo, RunOutputs, TrainData, Trainer
 
     spec = FeatureSpec.from_yaml(tiny_dataset)
     shape = dict(num_numerical=len(spec.numerical_features), cardinalities=tuple(spec.cardinalities),
@@ -246,7 +246,7 @@ def test_a_resumed_split_run_with_dropout_equals_the_uninterrupted_one(tiny_data
         model = create_model("wide_deep", model_cfg)
         train, test = SplitBinaryDataset(spec, "train"), SplitBinaryDataset(spec, "test")
         info = RunInfo("wide_deep", model_cfg, spec.summary())
-        return Trainer(model, info, train, test, run, CPU, None, save, None, progress=False)
+        return Trainer(model, info, TrainData(train, test), run, Placement(CPU), RunOutputs(save, progress=False))
 
     straight = build(cfg)
     straight.fit()

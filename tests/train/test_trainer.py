@@ -14,7 +14,7 @@ from ctrkit.eval.evaluator import evaluate
 from ctrkit.metrics import roc_auc
 from ctrkit.models import DLRMConfig, create_model
 from ctrkit.train.plan import resolved_train
-from ctrkit.train.trainer import RunInfo, Trainer, schedule_of
+from ctrkit.train.trainer import Placement, RunInfo, RunOutputs, TrainData, Trainer, schedule_of
 
 CPU = torch.device("cpu")
 
@@ -36,14 +36,10 @@ def build(
     return Trainer(
         model,
         RunInfo("dlrm", model_cfg, spec.summary()),
-        SplitBinaryDataset(spec, "train"),
-        SplitBinaryDataset(spec, "test"),
+        TrainData(SplitBinaryDataset(spec, "train"), SplitBinaryDataset(spec, "test")),
         cfg,
-        CPU,
-        amp_dtype,
-        save,
-        log,
-        progress=False,
+        Placement(CPU, amp_dtype),
+        RunOutputs(save, log, progress=False),
     )
 
 
@@ -324,12 +320,10 @@ def test_every_model_round_trips_through_a_checkpoint(tiny_dataset, tmp_path, na
     trainer = Trainer(
         model,
         RunInfo(name, config, spec.summary()),
-        SplitBinaryDataset(spec, "train"),
-        None,
+        TrainData(SplitBinaryDataset(spec, "train")),
         TrainConfig(max_steps=5, evals_per_epoch=0),
-        CPU,
-        save_path=tmp_path / "m.pt",
-        progress=False,
+        Placement(CPU),
+        RunOutputs(save_path=tmp_path / "m.pt", progress=False),
     )
     trainer.fit()
     loaded = load_checkpoint(tmp_path / "m.pt").build_model()
