@@ -100,3 +100,12 @@ def stop_after_save(member: int, step: int):
     with pytest.MonkeyPatch.context() as m:
         m.setattr(RunStore, "save", save_then_stop)
         yield
+
+
+def trainer_of(model, info, data, cfg, where, outputs=None):
+    """A Trainer built by hand, its settings decided as a Run's plan decides them (``run.settled``)."""
+    from ctrkit.train.run import settled
+    from ctrkit.train.trainer import RunOutputs, Trainer
+
+    cfg, data = settled(cfg, info.model_name, data)
+    return Trainer(model, info, data, cfg, where, outputs if outputs is not None else RunOutputs())

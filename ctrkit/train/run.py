@@ -563,6 +563,23 @@ def carried_preprocessing(feature_spec: FeatureSpec) -> dict[str, Any] | None:
     return transform.to_state()
 
 
+def settled(cfg: TrainConfig, model_name: str, data: Any) -> tuple[TrainConfig, Any]:
+    """For a ``Trainer`` built by hand (a Run's plan does this for its own): ``cfg`` with the model's training
+    defaults and what the data decide (``plan.resolved_train`` on the batches an epoch), and ``data``
+    (``trainer.TrainData``) with the last ``validation_fraction`` of its training rows held out where it names no
+    validation mapping."""
+    from dataclasses import replace as replace_data
+
+    from ctrkit.data.dataset import split_tail
+    from ctrkit.train.plan import resolved_train
+
+    cfg = cfg.resolve(model_name)
+    if data.validation is None and cfg.validation_fraction > 0 and len(data.train) >= 2:
+        train, validation = split_tail(data.train, cfg.validation_fraction)
+        data = replace_data(data, train=train, validation=validation)
+    return resolved_train(cfg, -(-len(data.train) // cfg.batch_size))[0], data
+
+
 def train(dataset: str | os.PathLike, model: str = DEFAULT_MODEL, **options: Any) -> dict[str, Any]:
     """Trains ``model`` on ``dataset`` in a few lines from Python; returns the final metrics.
 

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from ctrkit.config import TrainConfig
-from ctrkit.data.dataset import SplitBinaryDataset, split_tail
+from ctrkit.data.dataset import SplitBinaryDataset
 from ctrkit.data.device_feed import DeviceFeed, narrow_on
 from ctrkit.data.loader import BatchLoader
 from ctrkit.device import eval_dtype_for
@@ -34,7 +34,6 @@ from ctrkit.train.finish import finish
 from ctrkit.train.memory import tables_directory
 from ctrkit.train.optim import LRSchedule, build_optimizers
 from ctrkit.train.persistence import RunStore
-from ctrkit.train.plan import resolved_train
 from ctrkit.train.run_log import RunLog, process_seconds
 from ctrkit.train.scoring import Scorer
 from ctrkit.train.selection import Selection, Selector
@@ -124,8 +123,17 @@ class Window:
         self.started = time.perf_counter()
 
 
+# the settings a Trainer needs decided (by a Run's plan, or ``run.settled``): the model's training defaults, and what
+# the data decide (``plan.resolved_train``)
+DECIDED = (
+    "optimizer", "lr", "embedding_optimizer", "embedding_lr", "batch_size", "wide_optimizer", "wide_lr", "epochs",
+    "early_stopping_patience", "plateau_patience", "warmup_steps", "decay_steps", "decay_start_step",
+)  # fmt: skip
+
+
 class Trainer:
-    """Trains a model on a split-binary dataset.
+    """Trains a model on a split-binary dataset, with settings already decided (``DECIDED``; a Run's plan decides
+    them, ``run.settled`` for a Trainer built by hand) and the mappings as given.
 
     Args:
         model: the model (already on ``where.device``).
@@ -152,13 +160,16 @@ class Trainer:
     ):
         train_set, test_set, validation_set = data.train, data.test, data.validation
         device, amp_dtype, env = where.device, where.amp_dtype, where.env
-        cfg = cfg.resolve(info.model_name)
+        undecided = [k for k in DECIDED if getattr(cfg, k) is None]
+        if undecided:
+            raise ValueError(
+                f"a Trainer trains settings already decided, and {', '.join(undecided)} are not: a Run's plan decides "
+                "them (ctrkit.train.run.settled for a Trainer built by hand)"
+            )
         if len(train_set) == 0:  # before anything is made (the log's TensorBoard directory)
             raise ValueError(f"the training mapping '{train_set.mapping}' holds no samples")
         self.env, self.main = env, env is None or env.is_main
         self.log = RunLog(outputs.log_path, outputs.tensorboard_dir, self.main)
-        if validation_set is None and cfg.validation_fraction > 0:
-            train_set, validation_set = split_tail(train_set, cfg.validation_fraction)
         self.model, self.info, self.device, self.amp_dtype = model, info, device, amp_dtype
         self.train_set, self.validation_set, self.test_set = train_set, validation_set, test_set
         narrow = narrow_on(device)  # a GPU's batches: read narrow and pinned, copied ahead on a side stream
@@ -168,7 +179,6 @@ class Trainer:
         self.feed = DeviceFeed(device)
         self.started = False  # the first step of this process taken (logged once)
         self.steps_per_epoch = len(self.loader)
-        cfg, _ = resolved_train(cfg, self.steps_per_epoch)  # the plan's values (a run's plan has set them all)
         self.cfg = cfg
         for m in model.modules():  # raw ids: admission and eviction as the run says
             if isinstance(m, DynamicIds):

@@ -8,8 +8,8 @@ from ctrkit.data.synthetic_outbrain import generate_outbrain
 from ctrkit.metrics import mean_average_precision
 from ctrkit.models import create_model
 from ctrkit.models.registry import make_config
-from ctrkit.train.trainer import Placement, RunInfo, RunOutputs, TrainData, Trainer
-from tests.conftest import run_cli
+from ctrkit.train.trainer import Placement, RunInfo, RunOutputs, TrainData
+from tests.conftest import run_cli, trainer_of
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +49,7 @@ def test_a_model_ranks_displays_better_than_chance(outbrain):
     )
     torch.manual_seed(0)
     model = create_model("dlrm", config)
-    result = Trainer(
+    result = trainer_of(
         model,
         RunInfo("dlrm", config, spec.summary()),
         TrainData(train, test),

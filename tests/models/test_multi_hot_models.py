@@ -9,7 +9,8 @@ from ctrkit.data.dataset import SplitBinaryDataset
 from ctrkit.data.split_binary import SplitBinaryWriter
 from ctrkit.models import create_model
 from ctrkit.models.registry import make_config
-from ctrkit.train.trainer import Placement, RunInfo, RunOutputs, TrainData, Trainer
+from ctrkit.train.trainer import Placement, RunInfo, RunOutputs, TrainData
+from tests.conftest import trainer_of
 from tests.data.test_multi_hot import multi_hot_spec
 
 SHAPES = {
@@ -79,7 +80,7 @@ def test_forward_backward_with_multi_hot(tag_data, name):
 def test_models_learn_a_signal_carried_only_by_multi_hot_ids(tag_data, name):
     train, test = SplitBinaryDataset(tag_data, "train"), SplitBinaryDataset(tag_data, "test")
     config, model = build(name, train.spec)
-    trainer = Trainer(
+    trainer = trainer_of(
         model,
         RunInfo(name, config, train.spec.summary()),
         TrainData(train, test),

@@ -12,7 +12,8 @@ from ctrkit.data.dataset import SplitBinaryDataset
 from ctrkit.data.synthetic import SyntheticCTR, generate_dataset
 from ctrkit.models import create_model
 from ctrkit.models.registry import make_config
-from ctrkit.train.trainer import Placement, RunInfo, RunOutputs, TrainData, Trainer
+from ctrkit.train.trainer import Placement, RunInfo, RunOutputs, TrainData
+from tests.conftest import trainer_of
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +57,7 @@ def test_model_beats_logistic_regression_on_interactions(interaction_data, name)
     config = make_config(name, values)
     torch.manual_seed(0)
     model = create_model(name, config)
-    trainer = Trainer(
+    trainer = trainer_of(
         model,
         RunInfo(name, config, spec.summary()),
         TrainData(train, test),

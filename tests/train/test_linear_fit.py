@@ -141,7 +141,8 @@ def test_the_fit_with_numerical_buckets_is_scikit_learns_on_bucket_indicators(ti
 
 
 def test_training_starts_from_the_fit_and_selection_may_keep_it(tiny_dataset, tmp_path):
-    from ctrkit.train.trainer import Placement, RunInfo, RunOutputs, TrainData, Trainer
+    from ctrkit.train.trainer import Placement, RunInfo, RunOutputs, TrainData
+    from tests.conftest import trainer_of
 
     torch.manual_seed(0)
     model = tiny_model(tiny_dataset, "wide_deep")
@@ -149,7 +150,7 @@ def test_training_starts_from_the_fit_and_selection_may_keep_it(tiny_dataset, tm
     cfg = TrainConfig(epochs=1, batch_size=512, evals_per_epoch=2)
     info, data = RunInfo("wide_deep", model.config, spec.summary()), TrainData(SplitBinaryDataset(tiny_dataset))
     outputs = RunOutputs(log_path=tmp_path / "log.jsonl", progress=False)
-    trainer = Trainer(model, info, data, cfg, Placement(torch.device("cpu")), outputs)
+    trainer = trainer_of(model, info, data, cfg, Placement(torch.device("cpu")), outputs)
     result = trainer.fit()
     events = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
     kinds = [e["event"] for e in events]
@@ -163,14 +164,16 @@ def test_training_starts_from_the_fit_and_selection_may_keep_it(tiny_dataset, tm
 
 
 def test_no_warm_start_without_validation_or_when_off(tiny_dataset, tmp_path):
-    from ctrkit.train.trainer import Placement, RunInfo, RunOutputs, TrainData, Trainer
+    from ctrkit.train.trainer import Placement, RunInfo, RunOutputs, TrainData
+    from tests.conftest import trainer_of
 
     spec = SplitBinaryDataset(tiny_dataset, "train").spec
     for cfg in (TrainConfig(max_steps=3, validation_fraction=0.0), TrainConfig(max_steps=3, linear_warm_start=False)):
         model = tiny_model(tiny_dataset)
         log = tmp_path / f"{cfg.validation_fraction}.jsonl"
         info, data = RunInfo("dlrm", model.config, spec.summary()), TrainData(SplitBinaryDataset(tiny_dataset))
-        Trainer(model, info, data, cfg, Placement(torch.device("cpu")), RunOutputs(log_path=log, progress=False)).fit()
+        outputs = RunOutputs(log_path=log, progress=False)
+        trainer_of(model, info, data, cfg, Placement(torch.device("cpu")), outputs).fit()
         assert "warm_start" not in [json.loads(line)["event"] for line in log.read_text().splitlines()]
 
 

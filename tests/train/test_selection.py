@@ -200,13 +200,14 @@ def test_trainer_keeps_the_regression_when_a_gain_comes_with_a_worse_log_loss(ti
 def build_with_linear_term(dataset, cfg, save=None, log=None):
     from ctrkit.data.feature_spec import FeatureSpec
     from ctrkit.models import DLRMConfig, create_model
-    from ctrkit.train.trainer import Placement, RunInfo, RunOutputs, TrainData, Trainer
+    from ctrkit.train.trainer import Placement, RunInfo, RunOutputs, TrainData
+    from tests.conftest import trainer_of
 
     spec = FeatureSpec.from_yaml(dataset)
     model_cfg = DLRMConfig(len(spec.numerical_features), tuple(spec.cardinalities), embedding_dim=8,
                            bottom_mlp=(32, 8), top_mlp=(32, 1))  # fmt: skip
     torch.manual_seed(cfg.seed)
-    return Trainer(create_model("dlrm", model_cfg), RunInfo("dlrm", model_cfg, spec.summary()),
+    return trainer_of(create_model("dlrm", model_cfg), RunInfo("dlrm", model_cfg, spec.summary()),
                    TrainData(SplitBinaryDataset(spec, "train"), SplitBinaryDataset(spec, "test")), cfg,
                    Placement(torch.device("cpu")), RunOutputs(save, log, progress=False))  # fmt: skip
 

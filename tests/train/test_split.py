@@ -234,6 +234,7 @@ def test_a_resumed_split_run_with_dropout_equals_the_uninterrupted_one(tiny_data
     from ctrkit.data.dataset import SplitBinaryDataset
     from ctrkit.data.feature_spec import FeatureSpec
     from ctrkit.train.trainer import Placement, RunInfo, RunOutputs, TrainData, Trainer
+    from tests.conftest import trainer_of
 
     spec = FeatureSpec.from_yaml(tiny_dataset)
     shape = dict(num_numerical=len(spec.numerical_features), cardinalities=tuple(spec.cardinalities),
@@ -246,7 +247,7 @@ def test_a_resumed_split_run_with_dropout_equals_the_uninterrupted_one(tiny_data
         model = create_model("wide_deep", model_cfg)
         train, test = SplitBinaryDataset(spec, "train"), SplitBinaryDataset(spec, "test")
         info = RunInfo("wide_deep", model_cfg, spec.summary())
-        return Trainer(model, info, TrainData(train, test), run, Placement(CPU), RunOutputs(save, progress=False))
+        return trainer_of(model, info, TrainData(train, test), run, Placement(CPU), RunOutputs(save, progress=False))
 
     straight = build(cfg)
     straight.fit()

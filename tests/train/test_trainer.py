@@ -14,7 +14,9 @@ from ctrkit.eval.evaluator import evaluate
 from ctrkit.metrics import roc_auc
 from ctrkit.models import DLRMConfig, create_model
 from ctrkit.train.plan import resolved_train
-from ctrkit.train.trainer import Placement, RunInfo, RunOutputs, TrainData, Trainer, schedule_of
+from ctrkit.train.run import settled
+from ctrkit.train.trainer import DECIDED, Placement, RunInfo, RunOutputs, TrainData, Trainer, schedule_of
+from tests.conftest import trainer_of
 
 CPU = torch.device("cpu")
 
@@ -33,7 +35,7 @@ def build(
     )
     torch.manual_seed(cfg.seed)
     model = create_model("dlrm", model_cfg)
-    return Trainer(
+    return trainer_of(
         model,
         RunInfo("dlrm", model_cfg, spec.summary()),
         TrainData(SplitBinaryDataset(spec, "train"), SplitBinaryDataset(spec, "test")),
@@ -317,7 +319,7 @@ def test_every_model_round_trips_through_a_checkpoint(tiny_dataset, tmp_path, na
     config = make_config(name, {"num_numerical": 4, "cardinalities": spec.cardinalities, "embedding_dim": 8, **shape})
     torch.manual_seed(0)
     model = create_model(name, config)
-    trainer = Trainer(
+    trainer = trainer_of(
         model,
         RunInfo(name, config, spec.summary()),
         TrainData(SplitBinaryDataset(spec, "train")),
@@ -418,3 +420,18 @@ def test_auto_reinit_starts_when_validation_falls_after_the_first_epoch(tiny_dat
         card = tables.cardinalities[f]
         want = tables.init.fill(torch.empty(card, tables.dim), f, 0, card, draw=0 if fall_at is None else 2)
         torch.testing.assert_close(tables.table(f).detach()[rows], want[rows], rtol=0, atol=0)
+
+
+def test_a_trainer_trains_decided_settings_and_decides_none(tiny_dataset):
+    """The plan decides a run's settings (``run.settled`` for a Trainer built by hand); a Trainer given undecided
+    ones refuses them, naming them, rather than deciding them a second time."""
+    spec = FeatureSpec.from_yaml(tiny_dataset)
+    model_cfg = DLRMConfig(4, tuple(spec.cardinalities), embedding_dim=8, bottom_mlp=(32, 8), top_mlp=(32, 1))
+    model, info = create_model("dlrm", model_cfg), RunInfo("dlrm", model_cfg, spec.summary())
+    data = TrainData(SplitBinaryDataset(spec, "train"))
+    with pytest.raises(ValueError, match="lr, embedding_optimizer, embedding_lr, batch_size.*are not: a Run's plan"):
+        Trainer(model, info, data, TrainConfig(optimizer="adam"), Placement(CPU))
+    cfg, held = settled(TrainConfig(max_steps=2), "dlrm", data)
+    assert all(getattr(cfg, k) is not None for k in DECIDED)
+    assert len(held.validation) + len(held.train) == len(data.train)  # the validation rows held out of train
+    assert Trainer(model, info, held, cfg, Placement(CPU), RunOutputs(progress=False)).fit()["step"] == 2
