@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from ctrkit.config import TrainConfig
 from ctrkit.models.contract import table_parameter_ids, table_parameters
@@ -412,6 +413,20 @@ def fit_warnings(cfg: TrainConfig, train_rows: int) -> list[str]:
     return out
 
 
+class RunSettings(Protocol):
+    """What a plan reads of a run's resolved settings (``run.RunSpec``): the model and its config, the training
+    settings and the layer each came from, the recipe, where the checkpoint goes and the checkpoint a continued run
+    starts from."""
+
+    model: str
+    model_config: Any
+    train: TrainConfig
+    sources: dict
+    recipe: str
+    save_checkpoint: Path | None
+    continue_from: Path | None
+
+
 @dataclass(frozen=True)
 class Facts:
     """What a plan is made from besides the settings: the data, the job and the model's sizes.
@@ -471,7 +486,7 @@ class Facts:
 
 
 def facts_of(
-    spec: Any,
+    spec: RunSettings,
     train_rows: int,
     validation_rows: int,
     validation_source: str,
@@ -515,7 +530,7 @@ def facts_of(
 
 
 def make_plan(
-    spec: Any,
+    spec: RunSettings,
     train_rows: int,
     validation_rows: int,
     validation_source: str,
@@ -532,7 +547,7 @@ def make_plan(
     return plan_run(spec, facts)
 
 
-def plan_run(spec: Any, facts: Facts) -> Plan:
+def plan_run(spec: RunSettings, facts: Facts) -> Plan:
     """The plan of the resolved settings ``spec`` (``run.resolve_run``: flags, run YAML, recipe and the model's
     defaults in their layers) on ``facts`` (the data's size, the job, the device, the memory room, a continued
     checkpoint): every default and rule the data, the room or the device decides, applied here and only here; a
@@ -683,7 +698,7 @@ def _check_dynamic(sources: dict, facts: Facts) -> None:
 
 
 def _memory_plan(
-    spec: Any, cfg: TrainConfig, sources: dict, facts: Facts, members: int, rules: dict[str, str]
+    spec: RunSettings, cfg: TrainConfig, sources: dict, facts: Facts, members: int, rules: dict[str, str]
 ) -> tuple[dict, TrainConfig, Room]:
     """The memory estimate, and the settings it changes: the best weights' tables on disk where they are large or
     a second copy would not fit, row-wise Adagrad or the tables on disk where the run would not fit (else a
@@ -840,7 +855,7 @@ def _training_lines(
 
 
 def _mechanism_lines(
-    spec: Any, cfg: TrainConfig, facts: Facts, batches: tuple[int, ...], why
+    spec: RunSettings, cfg: TrainConfig, facts: Facts, batches: tuple[int, ...], why
 ) -> list[tuple[str, str, str]]:
     """The plan's lines on the mechanisms: the first-order term, the warm start, redraws, batches, ensembles and
     calibration."""
@@ -926,7 +941,7 @@ def _warm_start_text(cfg: TrainConfig, facts: Facts) -> str:
 
 
 def _resource_lines(
-    spec: Any, cfg: TrainConfig, facts: Facts, memory: dict, budget: Room, why, rules: dict[str, str]
+    spec: RunSettings, cfg: TrainConfig, facts: Facts, memory: dict, budget: Room, why, rules: dict[str, str]
 ) -> list[tuple[str, str, str]]:
     """The plan's lines on how and where the run executes: processes and device, the tables, dynamic ids, a
     continued model, memory and scoring."""
