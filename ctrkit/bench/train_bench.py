@@ -96,7 +96,8 @@ def step_breakdown(step: TrainStep, batches: list[Batch], steps: int, sync) -> d
         for h in hooks:
             h.remove()
     out = {k: statistics.median(v) * 1000 for k, v in times.items()}
-    return {"ms": out, "total_ms": sum(out.values()), "matmul_ms": _matmul_ms(step, batches, steps)}
+    matmul, profiled = _matmul_ms(step, batches, steps)
+    return {"ms": out, "total_ms": sum(out.values()), "matmul_ms": matmul, "profiled_step_ms": profiled}
 
 
 @contextmanager
@@ -125,14 +126,18 @@ def _timed_optimizers(optimizers: list, labels: list[str], times: dict[str, list
             del opt.step  # the class's step again
 
 
-def _matmul_ms(step: TrainStep, batches: list[Batch], steps: int) -> float:
-    """The matrix multiplies' self time per step, summed over threads, from a profiled pass of ``steps`` steps."""
+def _matmul_ms(step: TrainStep, batches: list[Batch], steps: int) -> tuple[float, float]:
+    """The matrix multiplies' self time per step, summed over threads, from a profiled pass of ``steps`` steps, and
+    that pass's wall time per step (profiled: slower than the timed steps, and the bound the matmuls' time lies
+    within, times the threads)."""
     from torch.profiler import ProfilerActivity, profile
 
+    started = time.perf_counter()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for i in range(steps):
             step(batches[i % len(batches)])
-    return sum(e.self_cpu_time_total for e in prof.key_averages() if e.key in MATMUL_OPS) / 1000 / steps
+    wall = (time.perf_counter() - started) * 1000 / steps
+    return sum(e.self_cpu_time_total for e in prof.key_averages() if e.key in MATMUL_OPS) / 1000 / steps, wall
 
 
 def _split_breakdown(step: TrainStep, batches: list[Batch], steps: int) -> dict:
@@ -175,7 +180,7 @@ def _split_breakdown(step: TrainStep, batches: list[Batch], steps: int) -> dict:
         ),
     }
     # torch's profiler records the thread that starts it (and autograd's), not these workers: no matmul time
-    return {"ms": out, "total_ms": sum(out.values()), "matmul_ms": None,
+    return {"ms": out, "total_ms": sum(out.values()), "matmul_ms": None, "profiled_step_ms": None,
             "optimizer_ms": {k: ms(v) for k, v in own.items() if v}}  # fmt: skip
 
 

@@ -90,7 +90,9 @@ def test_bench_train_breakdown_names_each_part(tmp_path, capsys):
         "Adam on dense weights",
     }
     assert all(ms > 0 for ms in b["ms"].values()) and b["total_ms"] == pytest.approx(sum(b["ms"].values()))
-    assert 0 < b["matmul_ms"] < 3 * (b["ms"]["forward"] + b["ms"]["backward"])
+    # per step, within the profiled pass's own wall time per step (the step's ops run on the calling thread); the
+    # timed parts come from other passes, which a busy machine slows by other amounts
+    assert 0 < b["matmul_ms"] <= b["profiled_step_ms"]
 
 
 def test_bench_train_breakdown_of_a_split_step(tmp_path, capsys):
