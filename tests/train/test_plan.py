@@ -11,6 +11,7 @@ import yaml
 from ctrkit.checkpoint import load_checkpoint
 from ctrkit.config import TrainConfig
 from ctrkit.train import plan as plan_module
+from ctrkit.train import plan_facts, plan_text
 from ctrkit.train.run import Run, resolve_run
 from tests.conftest import run_cli, small_model_flags
 from tests.distributed.test_torchrun import torchrun
@@ -225,7 +226,7 @@ def test_the_plan_is_a_function_of_the_settings_and_the_facts(tiny_dataset):
         )
 
     spec = spec_of()
-    facts = plan_module.facts_of(spec, 19_440, 2_160, "the last 10%", 1, "cpu")
+    facts = plan_facts.facts_of(spec, 19_440, 2_160, "the last 10%", 1, "cpu")
     roomy = replace(facts, room=Room(64 << 30, "a given room"))
     assert plan_module.plan_run(spec, roomy) == plan_module.plan_run(spec, roomy)
     assert plan_module.plan_run(spec, roomy).train.embedding_optimizer == "adam"  # dlrm's own
@@ -264,7 +265,7 @@ def test_a_gpu_run_whose_tables_do_not_fit_the_gpu_keeps_them_in_host_memory(tin
         },  # fmt: skip
         progress=False,
     )
-    facts = plan_module.facts_of(spec, 19_440, 2_160, "the last 10%", 1, "cpu")
+    facts = plan_facts.facts_of(spec, 19_440, 2_160, "the last 10%", 1, "cpu")
     host = Room(64 << 30, "the host's room")
     whole = plan_module.plan_run(spec, replace(facts, device="cuda", room=host, host_room=host)).memory
     gpu = Room(int(whole["more"] * 0.9 / plan_module.USABLE), "the GPU's free memory", per_process=True)
@@ -295,18 +296,18 @@ def test_the_plan_says_how_long_a_long_table_build_takes(tiny_dataset):
     from ctrkit.train.memory import Room
 
     spec = resolve_run(tiny_dataset, "dlrm", train={"batch_size": 512}, progress=False)
-    facts = replace(plan_module.facts_of(spec, 19_440, 2_160, "the last 10%", 1, "cpu"), threads=2)
+    facts = replace(plan_facts.facts_of(spec, 19_440, 2_160, "the last 10%", 1, "cpu"), threads=2)
     assert "drawn in" not in topics(plan_module.plan_run(spec, facts))["tables"][0]
     fl15 = 4_190_000_000 * 4  # FL15 at width 128: the tables' bytes, built in under LONG_BUILD_S
-    assert plan_module.build_seconds(replace(facts, sizes=replace(facts.sizes, tables=fl15))) < plan_module.LONG_BUILD_S
+    assert plan_text.build_seconds(replace(facts, sizes=replace(facts.sizes, tables=fl15))) < plan_text.LONG_BUILD_S
     big = 4 * fl15  # the room below holds them
     roomy = replace(facts, sizes=replace(facts.sizes, tables=big), room=Room(1 << 40, "a given room"))
-    expected = plan_module.build_seconds(roomy)
+    expected = plan_text.build_seconds(roomy)
     assert expected == pytest.approx(
-        16.76e9 / (2 * plan_module.DRAW_VALUES_PER_S) + big / plan_module.TOUCH_BYTES_PER_S, rel=1e-3
+        16.76e9 / (2 * plan_text.DRAW_VALUES_PER_S) + big / plan_text.TOUCH_BYTES_PER_S, rel=1e-3
     )
     what = topics(plan_module.plan_run(spec, roomy))["tables"][0]
     assert what == f"in memory, drawn in about {expected:.0f} s (16.76B values on 2 threads of the CPU)"
     on_gpu = replace(roomy, device="cuda", threads=16, host_room=roomy.room)  # drawn on the GPU: not estimated
-    assert plan_module.build_seconds(on_gpu) == 0
+    assert plan_text.build_seconds(on_gpu) == 0
     assert topics(plan_module.plan_run(spec, on_gpu))["tables"][0] == "on cuda"
