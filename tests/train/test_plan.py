@@ -11,7 +11,7 @@ import yaml
 from ctrkit.checkpoint import load_checkpoint
 from ctrkit.config import TrainConfig
 from ctrkit.train import plan as plan_module
-from ctrkit.train import plan_facts, plan_text
+from ctrkit.train import plan_facts, plan_memory, plan_text
 from ctrkit.train.run import Run, resolve_run
 from tests.conftest import run_cli, small_model_flags
 from tests.distributed.test_torchrun import torchrun
@@ -234,11 +234,11 @@ def test_the_plan_is_a_function_of_the_settings_and_the_facts(tiny_dataset):
     rowwise = plan_module.plan_run(spec_of(embedding_optimizer="rowwise_adagrad"), roomy).memory["more"]
     assert rowwise < adam
     # room for the tables with row-wise Adagrad's state (one value a row), not Adam's (two a value)
-    between = replace(facts, room=Room(int((adam + rowwise) / 2 / plan_module.USABLE), "a given room"))
+    between = replace(facts, room=Room(int((adam + rowwise) / 2 / plan_memory.USABLE), "a given room"))
     plan = plan_module.plan_run(spec, between)
     assert (plan.train.embedding_optimizer, plan.train.embedding_lr) == (
         "rowwise_adagrad",
-        plan_module.ROWWISE_ADAGRAD_LR,
+        plan_memory.ROWWISE_ADAGRAD_LR,
     )
     assert "memory: adam's state would need" in topics(plan)["optimizers"][1]
     with pytest.raises(ValueError, match="needs a peak of about"):
@@ -268,13 +268,13 @@ def test_a_gpu_run_whose_tables_do_not_fit_the_gpu_keeps_them_in_host_memory(tin
     facts = plan_facts.facts_of(spec, 19_440, 2_160, "the last 10%", 1, "cpu")
     host = Room(64 << 30, "the host's room")
     whole = plan_module.plan_run(spec, replace(facts, device="cuda", room=host, host_room=host)).memory
-    gpu = Room(int(whole["more"] * 0.9 / plan_module.USABLE), "the GPU's free memory", per_process=True)
+    gpu = Room(int(whole["more"] * 0.9 / plan_memory.USABLE), "the GPU's free memory", per_process=True)
     on_gpu = replace(facts, device="cuda", room=gpu, host_room=host)
     plan = plan_module.plan_run(spec, on_gpu)
     rows = facts.sizes.table_rows
     assert plan.train.embedding_storage == "host"
     assert 0 < plan.train.embedding_cache_rows < rows
-    assert plan.memory["more"] <= gpu.bytes * plan_module.USABLE  # what the GPU holds: the cache, not the tables
+    assert plan.memory["more"] <= gpu.bytes * plan_memory.USABLE  # what the GPU holds: the cache, not the tables
     assert plan.memory["tables_in_tier"] >= whole["weights"] - plan.memory["weights"]
     what, why = topics(plan)["tables"]
     assert what.startswith("in host memory (") and "cached on cuda" in what and "the GPU's free memory" in why
