@@ -15,7 +15,7 @@ from typing import Any
 
 from ctrkit.config import TrainConfig
 from ctrkit.train.mechanisms import continued_settings
-from ctrkit.train.plan_facts import Facts, RunSettings, facts_of
+from ctrkit.train.plan_facts import Facts, RunSettings, epoch_steps, facts_of
 from ctrkit.train.plan_memory import check_storage, memory_plan
 from ctrkit.train.plan_text import fit_warnings, mechanism_lines, preprocessing_line, resource_lines, training_lines
 from ctrkit.train.sources import Layer, source
@@ -252,7 +252,7 @@ def _batches(
         patience = {k: getattr(resolved, k) for k in ("early_stopping_patience", "plateau_patience")}
         configs.append(
             resolved_train(
-                replace(cfg, batch_size=small, small_batch=small, **patience), -(-facts.train_rows // small)
+                replace(cfg, batch_size=small, small_batch=small, **patience), epoch_steps(facts.train_rows, small)
             )[0]
         )
     return resolved, (cfg.batch_size, small) if small else (cfg.batch_size,), configs

@@ -120,6 +120,11 @@ class Facts:
         return self.host_room if self.host_room is not None else self.room
 
 
+def epoch_steps(train_rows: int, batch_size: int) -> int:
+    """Batches an epoch of ``train_rows`` rows at ``batch_size`` (the last one partial)."""
+    return -(-train_rows // batch_size)
+
+
 def facts_of(
     spec: RunSettings,
     train_rows: int,
@@ -146,7 +151,7 @@ def facts_of(
         processes=processes,
         distributed=processes > 1,
         device=device,
-        steps=-(-train_rows // spec.train.batch_size),
+        steps=epoch_steps(train_rows, spec.train.batch_size),
         sizes=sizes_of(model),
         linear=model.wide_embeddings is not None,
         buckets=model.wide_buckets is not None,

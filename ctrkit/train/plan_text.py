@@ -8,7 +8,7 @@ from typing import Any
 
 from ctrkit.config import TrainConfig
 from ctrkit.train.memory import Room, gib, tables_directory
-from ctrkit.train.plan_facts import Facts, RunSettings
+from ctrkit.train.plan_facts import Facts, RunSettings, epoch_steps
 
 # the CPU's draw of the tables (``table_draw``'s C kernel) at this many values a second a thread, and the first touch
 # of their fresh memory (advised to huge pages) at this many bytes a second: measured on the FL15 build
@@ -49,7 +49,7 @@ FEW_STEPS = 20  # a run planning fewer steps than this is warned about
 def fit_warnings(cfg: TrainConfig, train_rows: int) -> list[str]:
     """What in the resolved ``cfg`` the data cannot carry out as meant: a batch larger than the training rows, a
     warmup as long as the run, a run of a few steps."""
-    steps = -(-train_rows // cfg.batch_size)
+    steps = epoch_steps(train_rows, cfg.batch_size)
     planned = min(cfg.epochs * steps, cfg.max_steps) if cfg.max_steps else cfg.epochs * steps
     out = []
     if cfg.batch_size > train_rows:

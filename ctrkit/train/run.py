@@ -338,7 +338,7 @@ class Run:
         import torch
 
         from ctrkit.checkpoint import load_checkpoint
-        from ctrkit.data.dataset import SplitBinaryDataset, one_class_problem, split_tail
+        from ctrkit.data.dataset import SplitBinaryDataset, one_class_problem
         from ctrkit.device import precision_of, resolve_device
 
         cfg = spec.train
@@ -355,9 +355,8 @@ class Run:
         test_set = SplitBinaryDataset(feature_spec, "test") if "test" in feature_spec.source_spec else None
         mappings = feature_spec.source_spec
         validation_set = SplitBinaryDataset(feature_spec, "validation") if "validation" in mappings else None
-        if validation_set is None and cfg.validation_fraction > 0 and len(self.train_set) >= 2:
-            # the held-out tail, once for every member (the Trainer splits only what it is given unsplit)
-            self.train_set, validation_set = split_tail(self.train_set, cfg.validation_fraction)
+        # the held-out tail, once for every member
+        self.train_set, validation_set = held_out(self.train_set, validation_set, cfg.validation_fraction)
         problem = one_class_problem(self.train_set, str(spec.dataset))
         if problem is not None:
             raise ValueError(problem)
@@ -570,14 +569,23 @@ def settled(cfg: TrainConfig, model_name: str, data: Any) -> tuple[TrainConfig, 
     validation mapping."""
     from dataclasses import replace as replace_data
 
-    from ctrkit.data.dataset import split_tail
     from ctrkit.train.plan import resolved_train
+    from ctrkit.train.plan_facts import epoch_steps
 
     cfg = cfg.resolve(model_name)
-    if data.validation is None and cfg.validation_fraction > 0 and len(data.train) >= 2:
-        train, validation = split_tail(data.train, cfg.validation_fraction)
-        data = replace_data(data, train=train, validation=validation)
-    return resolved_train(cfg, -(-len(data.train) // cfg.batch_size))[0], data
+    train, validation = held_out(data.train, data.validation, cfg.validation_fraction)
+    data = replace_data(data, train=train, validation=validation)
+    return resolved_train(cfg, epoch_steps(len(train), cfg.batch_size))[0], data
+
+
+def held_out(train: Any, validation: Any, fraction: float) -> tuple[Any, Any]:
+    """(train, validation): where there is no validation mapping, the last ``fraction`` of the training rows held out
+    as one (``split_tail``; none at 0, or from fewer than 2 rows)."""
+    from ctrkit.data.dataset import split_tail
+
+    if validation is None and fraction > 0 and len(train) >= 2:
+        return split_tail(train, fraction)
+    return train, validation
 
 
 def train(dataset: str | os.PathLike, model: str = DEFAULT_MODEL, **options: Any) -> dict[str, Any]:
