@@ -78,40 +78,51 @@ def test_the_advice_is_taken_on_this_kernel():
     assert hugepages.advise_huge_pages(torch.empty(4_000_000))  # 16 MB
 
 
-RETAIN_PROBE = """
-import resource, sys, torch, numpy as np
+KEPT_PROBE = """
+import ctypes, sys, torch
 from ctrkit import hugepages
 if sys.argv[1] == "default":
     hugepages.retain_freed_memory = lambda: False  # TrainStep calls it on the CPU
-from ctrkit.bench.config import TrainBenchConfig
-from ctrkit.bench.train_bench import make_batches
 from ctrkit.models.registry import create_model, make_config
 from ctrkit.train.optim import build_optimizers
 from ctrkit.train.step import TrainStep
-torch.set_num_threads(2)
-shape = dict(num_numerical=13, cardinalities=(1000,) * 8, embedding_dim=16, bottom_mlp=(512, 256, 16))
+shape = dict(num_numerical=13, cardinalities=(1000,) * 8, embedding_dim=16, bottom_mlp=(64, 16))
 model = create_model("dlrm", make_config("dlrm", shape))
-step = TrainStep(model, build_optimizers(model, "sgd", 0.01, "sgd", 0.01, "sgd", 0.01), torch.device("cpu"))
-batches = make_batches(TrainBenchConfig(batch_size=2048, table_rows=1000, num_tables=8, distinct_batches=2),
-                       np.random.default_rng(0))
-for i in range(5):
-    step(batches[i % 2])
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for i in range(20):
-    step(batches[i % 2])
-print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 20)
+TrainStep(model, build_optimizers(model, "sgd", 0.01, "sgd", 0.01, "sgd", 0.01), torch.device("cpu"))
+
+class Info(ctypes.Structure):  # glibc's struct mallinfo2
+    names = "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost"
+    _fields_ = [(name, ctypes.c_size_t) for name in names.split()]
+libc = ctypes.CDLL(None)
+libc.mallinfo2.restype = Info
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, (ctypes.c_size_t,)
+libc.free.argtypes = (ctypes.c_void_p,)
+def held():  # bytes malloc holds from the kernel: its heap and its mapped blocks
+    info = libc.mallinfo2()
+    return info.arena + info.hblkhd
+base = held()
+blocks = [libc.malloc(24 << 20) for _ in range(8)]
+for block in reversed(blocks):
+    libc.free(block)
+print((held() - base) >> 20)
 """
 
 
-@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc")
-def test_training_steps_reuse_freed_memory_under_glibc():
-    """TrainStep on the CPU calls retain_freed_memory: each step's activations reuse the pages the last one freed
-    instead of faulting in fresh ones. Minor page faults a DLRM step at batch 2,048, in child processes, with and
-    without it (here: 945-2,014 a step without, 0.7-129 with, over four runs of each; since the chained MLP and the
-    split step allocate less, 215-918 without and 52-129 with, so the bound is half)."""
-    counts = {}
+def glibc_version() -> tuple[int, ...]:
+    name, version = platform.libc_ver()
+    return tuple(int(part) for part in version.split(".")) if name == "glibc" else ()
+
+
+@pytest.mark.skipif(glibc_version() < (2, 33), reason="glibc's mallinfo2 (2.33 on)")
+def test_a_training_process_keeps_the_memory_it_frees_under_glibc():
+    """TrainStep on the CPU calls retain_freed_memory: glibc's malloc then serves blocks under 32 MiB from its heap
+    and keeps what is freed for the next allocation, where by default it maps such blocks fresh or trims the heap
+    beyond twice its mmap threshold (at most 32 MiB), so a step's activations fault their pages in again (the faults
+    a step are measured in docs/decisions/memory-pages.md). Counted in malloc's own books (mallinfo2), in child
+    processes with and without the call: 192 MiB of 24 MiB blocks freed."""
+    kept = {}
     for mode in ("default", "retain"):
-        done = subprocess.run([sys.executable, "-c", RETAIN_PROBE, mode], capture_output=True, text=True, timeout=300)
+        done = subprocess.run([sys.executable, "-c", KEPT_PROBE, mode], capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-2000:]
-        counts[mode] = float(done.stdout.split()[-1])
-    assert counts["retain"] * 2 < counts["default"], counts
+        kept[mode] = int(done.stdout.split()[-1])
+    assert kept["retain"] >= 160 and kept["default"] <= 96, kept
