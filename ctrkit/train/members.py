@@ -56,11 +56,6 @@ class SeedEnsemble:
         mean of their logits kept where validation prefers it to the first member (``_form_members``), and the
         test scored once.
         """
-        if len(self.members_done) > count:
-            raise ValueError(
-                f"the checkpoint holds {len(self.members_done)} trained members; this run asks for {count} "
-                "(--seed-ensemble, --small-batch): resume with the same settings"
-            )
         test_set = self.test_set
         trainer = self.trainer
         if self.member_ensemble is not None and not trainer.selection.stopped and trainer.step < trainer.total_steps:

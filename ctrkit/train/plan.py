@@ -100,9 +100,13 @@ class Plan:
             selection and ensembles) and ``total``.
         models_per_request: models that scoring the kept model runs on each request (at most).
         batches: the batch sizes trained (the run's, and a smaller one where ``small_batch`` applies).
-        members: models trained one after another (``seed_ensemble`` x batch sizes).
-        configs: the TrainConfig of each batch size (``train`` first); a smaller batch's has its own epochs and
-            schedule, and the run's batch's patience.
+        members: the TrainConfig of each model trained, one after another (``seed_ensemble`` x batch sizes; one
+            for a plain run, ``train``), every setting decided: member m trains at ``batches[m % len(batches)]``
+            with seed ``seed + m // len(batches)``; a smaller batch's has its own epochs and schedule, and the
+            run's batch's patience. None is left only where it means none (``max_steps``: the epochs' steps,
+            ``checkpoint_every``: at evaluations, ``embedding_cache_rows``: tables in memory) or where it means the
+            device's default, which the plan's ``precision`` names (``precision``, ``amp_dtype``: what was asked is
+            kept; ``eval_dtype``: the Run's ``device.eval_dtype_for``).
         precision: what the run computes in: fp32, tf32, bf16 or fp16 (``device.precision_of``).
         continued_from: the checkpoint a continued run (``--continue-from``) started from, as given; None for a
             fresh run. Its checkpoints carry it, so that resuming one keeps the continued run's settings.
@@ -115,8 +119,7 @@ class Plan:
     memory: dict[str, int]
     models_per_request: int
     batches: tuple[int, ...]
-    members: int
-    configs: tuple[TrainConfig, ...] = ()
+    members: tuple[TrainConfig, ...]
     continued_from: str | None = None
     precision: str = "fp32"
 
@@ -136,7 +139,7 @@ class Plan:
             "memory_bytes": dict(self.memory),
             "models_per_request": self.models_per_request,
             "batches": list(self.batches),
-            "members": self.members,
+            "members": len(self.members),
             "continued_from": self.continued_from,
             "precision": self.precision,
         }
@@ -151,13 +154,15 @@ def make_plan(
     device: str = "cpu",
     preprocessing: dict[str, Any] | None = None,
     precision: tuple[str, str] = ("fp32", ""),
+    trained_batches: tuple[int | None, ...] = (),
 ) -> Plan:
     """The plan of RunSpec ``spec`` on ``train_rows`` training and ``validation_rows`` validation rows (held out
     as ``validation_source`` says) in a job of ``processes`` processes on ``device`` computing in ``precision``
-    (``device.precision_of``'s name and why it is fp32 where more was asked),
-    with the memory room measured now (``facts_of``, then ``plan_run``)."""
-    facts = facts_of(spec, train_rows, validation_rows, validation_source, processes, device, preprocessing, precision)
-    return plan_run(spec, facts)
+    (``device.precision_of``'s name and why it is fp32 where more was asked), resuming a seed ensemble whose
+    members were trained at ``trained_batches``, with the memory room measured now (``facts_of``, then
+    ``plan_run``)."""
+    job = (processes, device, preprocessing, precision, trained_batches)
+    return plan_run(spec, facts_of(spec, train_rows, validation_rows, validation_source, *job))
 
 
 def plan_run(spec: RunSettings, facts: Facts) -> Plan:
@@ -195,6 +200,15 @@ def plan_run(spec: RunSettings, facts: Facts) -> Plan:
     if facts.preprocessing is not None:
         lines.append(preprocessing_line(facts.preprocessing))
     models = cfg.snapshot_ensemble * cfg.seed_ensemble
+    members = tuple(
+        replace(configs[m % len(batches)], seed=cfg.seed + m // len(batches))
+        for m in range(cfg.seed_ensemble * len(batches))
+    )
+    if len(facts.trained_batches) > len(members):
+        raise ValueError(
+            f"the checkpoint holds {len(facts.trained_batches)} trained members; this run asks for {len(members)} "
+            "(--seed-ensemble, --small-batch): resume with the same settings"
+        )
     return Plan(
         spec.recipe,
         spec.model,
@@ -203,8 +217,7 @@ def plan_run(spec: RunSettings, facts: Facts) -> Plan:
         memory,
         models,
         batches,
-        cfg.seed_ensemble * len(batches),
-        tuple(configs),
+        members,
         None if facts.continued is None else str(facts.continued),
         facts.precision,
     )
@@ -224,9 +237,13 @@ def _batches(
     cfg: TrainConfig, resolved: TrainConfig, facts: Facts, rules: dict[str, str]
 ) -> tuple[TrainConfig, tuple[int, ...], list[TrainConfig]]:
     """The batch sizes trained (the run's, and on small data a smaller one: ``small_batch``) and the settings at
-    each; a second batch or an ensemble a run cannot plan is refused."""
-    small = cfg.small_batch
-    if small is None:
+    each; a second batch or an ensemble a run cannot plan is refused, as is a resume whose checkpoint's members were
+    trained at other batch sizes."""
+    small, trained = cfg.small_batch, facts.trained_batches
+    if small is None and trained and all(b is None for b in trained):
+        small = 0  # members saved before they recorded their batch: trained before --small-batch, at one
+        rules["small_batch"] = "the checkpoint's members were trained at one batch size"
+    elif small is None:
         small = (
             default_small_batch(facts.train_rows)
             if (facts.steps < SMALL_EPOCH and facts.validation and not facts.distributed)
@@ -255,7 +272,13 @@ def _batches(
                 replace(cfg, batch_size=small, small_batch=small, **patience), epoch_steps(facts.train_rows, small)
             )[0]
         )
-    return resolved, (cfg.batch_size, small) if small else (cfg.batch_size,), configs
+    batches = (cfg.batch_size, small) if small else (cfg.batch_size,)
+    if any(b is not None and b != batches[i % len(batches)] for i, b in enumerate(trained)):
+        raise ValueError(
+            f"the checkpoint's members were trained at batch sizes {list(trained)}, this run takes turns over "
+            f"{list(batches)} (--batch-size, --small-batch): resume with the same settings"
+        )
+    return resolved, batches, configs
 
 
 DYNAMIC_SETTINGS = ("admit_after", "eviction", "count_half_life")  # what only dynamic features (raw ids) act on

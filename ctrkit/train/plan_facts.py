@@ -86,6 +86,8 @@ class Facts:
         preprocessing: the preprocessing the dataset carries (``RowTransform.to_state``), or None.
         precision: what the run computes in on its device (``device.precision_of``: the hardware's rule);
             ``precision_note``: why it is fp32 where more was asked ("" otherwise).
+        trained_batches: the batch size of each seed-ensemble member a resumed checkpoint trained already (None
+            where its checkpoint did not record one); () for a fresh run.
     """
 
     train_rows: int
@@ -109,6 +111,7 @@ class Facts:
     precision_note: str = ""
     host_room: Room | None = None
     threads: int = 1
+    trained_batches: tuple[int | None, ...] = ()
 
     @property
     def validation(self) -> bool:
@@ -134,6 +137,7 @@ def facts_of(
     device: str,
     preprocessing: dict[str, Any] | None = None,
     precision: tuple[str, str] = ("fp32", ""),
+    trained_batches: tuple[int | None, ...] = (),
 ) -> Facts:
     """The facts of RunSpec ``spec``'s run: its model built on the meta device (nothing allocated), the memory and
     disk room measured now."""
@@ -166,4 +170,5 @@ def facts_of(
         precision_note=precision[1],
         host_room=room("cpu") if device != "cpu" else None,
         threads=torch.get_num_threads(),
+        trained_batches=tuple(trained_batches),
     )

@@ -339,7 +339,7 @@ class Run:
 
         from ctrkit.checkpoint import load_checkpoint
         from ctrkit.data.dataset import SplitBinaryDataset, one_class_problem
-        from ctrkit.device import precision_of, resolve_device
+        from ctrkit.device import eval_dtype_for, precision_of, resolve_device
 
         cfg = spec.train
         self.device = self.env.device if self.env is not None else resolve_device(spec.device)
@@ -348,6 +348,8 @@ class Run:
         self.precision, self.amp_dtype, self.precision_note = precision_of(
             self.device, cfg.precision, cfg.amp, cfg.amp_dtype, local
         )
+        # the autocast dtype evaluations score in (``--eval-dtype``; unset: fp32, or the training's where asked for)
+        self.eval_amp_dtype = eval_dtype_for(self.device, cfg.eval_dtype, self.amp_dtype, cfg.precision_asked)
         if self.env is not None and self.amp_dtype == torch.float16:
             raise ValueError("hybrid-parallel training supports mixed precision with bf16 only")
         feature_spec = FeatureSpec.from_yaml(spec.dataset)
@@ -390,6 +392,10 @@ class Run:
         held = 0 if validation_set is None else len(validation_set)
         source = "the validation mapping" if "validation" in mappings else f"the last {cfg.validation_fraction:.0%}"
         processes = self.env.world_size if self.env else 1
+        # a seed ensemble (``fit``) resumes with the member its checkpoint was taken in, after those done
+        self.member = ckpt.member if ckpt is not None and ckpt.member is not None else 0
+        self.members_done = list(ckpt.members or []) if ckpt is not None and ckpt.member is not None else []
+        self.member_ensemble = ckpt.member_ensemble if ckpt is not None else None
         self.plan = make_plan(
             spec,
             len(self.train_set),
@@ -399,20 +405,14 @@ class Run:
             self.device.type,
             self.preprocessing,
             (self.precision, self.precision_note),
+            tuple(m.get("batch_size") for m in self.members_done),
         )
-        # a seed ensemble (``fit``) resumes with the member its checkpoint was taken in, after those done
-        self.member = ckpt.member if ckpt is not None and ckpt.member is not None else 0
-        self.members_done = list(ckpt.members or []) if ckpt is not None and ckpt.member is not None else []
-        self.member_ensemble = ckpt.member_ensemble if ckpt is not None else None
         self.batches = list(self.plan.batches)
-        done = [m.get("batch_size") for m in self.members_done]
-        if done and all(b is None for b in done) and spec.train.small_batch is None:
-            self.batches = self.batches[:1]  # a seed ensemble saved before --small-batch existed: one batch
-        self.members = spec.train.seed_ensemble * len(self.batches)  # trained one after another (``fit``)
-        if any(b is not None and b != self.batches[i % len(self.batches)] for i, b in enumerate(done)):
+        self.members = len(self.plan.members)  # trained one after another (``fit``)
+        if self.member >= self.members:
             raise ValueError(
-                f"the checkpoint's members were trained at batch sizes {done}, this run takes turns over "
-                f"{self.batches} (--batch-size, --small-batch): resume with the same settings"
+                f"the checkpoint was taken in member {self.member + 1} of a seed ensemble; this run asks for "
+                f"{self.members} (--seed-ensemble, --small-batch): resume with the same settings"
             )
         if self.dry_run:
             return
@@ -421,9 +421,8 @@ class Run:
         self._build_trainer(spec, ckpt)
 
     def _build_trainer(self, spec: RunSpec, ckpt) -> None:
-        """The model and Trainer of member ``self.member``, resumed from ``ckpt``: with one batch size, seed
-        ``seed + member``; with several (``small_batch``), members take turns over ``self.batches`` (member m at
-        batch ``batches[m % B]`` with seed ``seed + m // B``), the smaller batch with the run's batch's patience."""
+        """The model and Trainer of member ``self.member`` with its settings in the plan (``Plan.members``), resumed
+        from ``ckpt``."""
         import torch
 
         from ctrkit.checkpoint_shards import assemble_shards
@@ -432,10 +431,7 @@ class Run:
         from ctrkit.train.trainer import Placement, RunInfo, RunOutputs, TrainData, Trainer
 
         par, feature_spec = spec.parallel, self.feature_spec
-        group, offset = self.member % len(self.batches), self.member // len(self.batches)
-        cfg = self.plan.configs[group]  # the plan's settings at this member's batch size
-        if offset:
-            cfg = replace(cfg, seed=cfg.seed + offset)
+        cfg = self.plan.members[self.member]
         torch.manual_seed(cfg.seed)
         storage = self._table_storage(cfg)
         model = create_model(spec.model, spec.model_config, storage)
@@ -454,7 +450,7 @@ class Run:
             RunInfo(spec.model, spec.model_config, feature_spec.summary(), self.preprocessing),
             TrainData(self.train_set, self.test_set, self.validation_set),
             cfg,
-            Placement(self.device, self.amp_dtype, self.env),
+            Placement(self.device, self.amp_dtype, self.env, self.eval_amp_dtype),
             RunOutputs(spec.save_checkpoint, spec.log_path, spec.tensorboard, record, spec.progress),
         )
         if self.env is None:  # a seed ensemble's members share the data, so their first-order fits are one
@@ -487,11 +483,6 @@ class Run:
         if self.device.type == "cpu":
             return FILLED_LATER
         return replace(on_device(self.device), fill_later=True)  # a checkpoint's tables loaded, never drawn first
-
-    @property
-    def eval_amp_dtype(self) -> Any:
-        """The autocast dtype the run scores in (None: fp32), as its trainer decided it (``device.eval_dtype_for``)."""
-        return self.trainer.scorer.dtype
 
     @property
     def num_parameters(self) -> int:

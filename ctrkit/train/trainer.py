@@ -23,7 +23,6 @@ from ctrkit.config import TrainConfig
 from ctrkit.data.dataset import SplitBinaryDataset
 from ctrkit.data.device_feed import DeviceFeed, narrow_on
 from ctrkit.data.loader import BatchLoader
-from ctrkit.device import eval_dtype_for
 from ctrkit.distributed.env import DistEnv, all_reduce_sum
 from ctrkit.models.contract import redraw_tables, table_parameter_ids
 from ctrkit.models.dynamic import DynamicIds
@@ -82,11 +81,14 @@ class TrainData:
 class Placement:
     """Where a run computes: ``device``; ``amp_dtype``, its autocast dtype (None: none); ``env``, this rank's place
     in a hybrid-parallel job (the model is then a HybridModel: every rank reads its share of each global batch, rank
-    0 logs, shows progress and writes checkpoints, which every rank helps assemble), None in one process."""
+    0 logs, shows progress and writes checkpoints, which every rank helps assemble), None in one process;
+    ``eval_dtype``, the autocast dtype its evaluations score in (None: fp32; a Run decides it with
+    ``device.eval_dtype_for``)."""
 
     device: torch.device
     amp_dtype: torch.dtype | None = None
     env: DistEnv | None = None
+    eval_dtype: torch.dtype | None = None
 
 
 @dataclass(frozen=True)
@@ -195,14 +197,13 @@ class Trainer:
             model, self.optimizers, device, amp_dtype, cfg.compile, cfg.embedding_l2, cfg.weight_decay, cfg.split_batch
         )
         self.step = 0
-        self._build_parts(outputs.save_path, outputs.run_record)
+        self._build_parts(outputs.save_path, outputs.run_record, where.eval_dtype)
 
-    def _build_parts(self, save_path, run_record: dict[str, Any] | None) -> None:
+    def _build_parts(self, save_path, run_record: dict[str, Any] | None, eval_dtype: torch.dtype | None) -> None:
         """The scorer, selection, snapshot pool and checkpoints, and the run's state besides the weights."""
         cfg, env = self.cfg, self.env
         self.window = Window(self.device)
         self.table_ids = table_parameter_ids(self.model)
-        eval_dtype = eval_dtype_for(self.device, cfg.eval_dtype, self.amp_dtype, cfg.precision_asked)  # scoring's
         self.scorer = Scorer(self.model, self.inner, self.device, cfg.eval_batch_size, eval_dtype, env)
         rule = Selection(
             cfg.early_stopping_patience,
@@ -212,12 +213,11 @@ class Trainer:
             cfg.warm_start_z,
             cfg.warm_start_logloss,
         )
-        disk = cfg.best_weights == "disk" and self.device.type == "cpu"
-        best_dir = tables_directory(save_path) if disk else None
+        best_dir = tables_directory(save_path) if cfg.best_weights == "disk" else None  # as planned, on any device
         self.selector = Selector(rule, self.validation_set, self.scorer, self.local_state, best_dir)
-        # the snapshot pool (``snapshot_ensemble``); none where there is nothing to select on (the plan refuses it)
-        pool = 1 if env is not None or not self.selector.active else cfg.snapshot_ensemble
-        self.pool = SnapshotPool(pool, self.steps_per_epoch)
+        if cfg.snapshot_ensemble > 1 and (env is not None or not self.selector.active):  # the plan refuses it too
+            raise ValueError("a snapshot ensemble needs validation data and one process")
+        self.pool = SnapshotPool(cfg.snapshot_ensemble, self.steps_per_epoch)
         self.checkpoints = Checkpointer(save_path, env, run_record, self.log)
         self.store = RunStore(self)  # the run's checkpoints: save, restore, continue from another run's
         self.members_done: list[dict[str, Any]] = []  # in a seed ensemble (train/run.py): the members trained before

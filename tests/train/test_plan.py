@@ -4,6 +4,7 @@ checkpoint, executed as recorded; the same under torchrun, or a one-line refusal
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import yaml
@@ -34,7 +35,7 @@ def test_the_plan_resolves_every_data_dependent_setting_with_its_rule(tiny_datas
     cfg = plan.train
     assert (cfg.epochs, cfg.early_stopping_patience, cfg.plateau_patience) == (10, *plan_module.PATIENCE)
     assert (cfg.warmup_steps, cfg.decay_steps) == (2, 0)  # 5% of the first epoch's 38; tuned plans no decay
-    assert cfg.small_batch == 0 and plan.batches == (512,) and plan.members == 1 and plan.models_per_request == 1
+    assert cfg.small_batch == 0 and plan.batches == (512,) and plan.members == (cfg,) and plan.models_per_request == 1
     lines = topics(plan)
     assert lines["epochs"] == ("at most 10", "the default maximum, 10")
     assert lines["schedule"] == ("warmup 2 steps, no decay", "recipe tuned")
@@ -46,10 +47,22 @@ def test_the_plan_resolves_every_data_dependent_setting_with_its_rule(tiny_datas
     assert lines["first order"][0].startswith("on") and lines["warm start"][0].startswith("on")
     small = plan_of(tiny_dataset, batch_size=4096)  # 5 batches an epoch: small data
     assert small.train.epochs == 20 and small.train.early_stopping_patience == 20  # 100 steps; longer patience
-    assert small.batches == (4096, 512) and small.members == 2
-    assert small.configs[1].batch_size == 512 and small.configs[1].epochs == 10  # its own epochs and schedule
-    assert small.configs[1].early_stopping_patience == 20  # ... the run's batch's patience
+    assert small.batches == (4096, 512) and len(small.members) == 2
+    assert small.members[1].batch_size == 512 and small.members[1].epochs == 10  # its own epochs and schedule
+    assert small.members[1].early_stopping_patience == 20  # ... the run's batch's patience
     assert topics(small)["epochs"][1] == "fewer than 10 batches an epoch: as many as make 100 steps"
+
+
+def test_each_member_of_the_plan_is_decided_whole(tiny_dataset):
+    """Plan.members: every member's settings, its seed and batch included; None only where it means none, or the
+    device's default precision (which the plan names)."""
+    plan = plan_of(tiny_dataset, batch_size=4096, seed=5, seed_ensemble=2)  # small data: two batch sizes
+    assert [(m.batch_size, m.seed) for m in plan.members] == [(4096, 5), (512, 5), (4096, 6), (512, 6)]
+    meaning_none = {"max_steps", "checkpoint_every", "embedding_cache_rows", "precision", "amp_dtype", "eval_dtype"}
+    for member in plan.members:
+        assert {k for k, v in member.to_dict().items() if v is None} <= meaning_none
+    assert plan.precision in ("fp32", "bf16")
+    assert plan.members[2] == replace(plan.members[0], seed=6) and plan.members[3] == replace(plan.members[1], seed=6)
 
 
 def test_given_values_and_recipes_are_kept_and_named(tiny_dataset):
