@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -86,7 +85,6 @@ def test_in_a_small_cgroup_the_default_picks_row_wise_adagrad_and_an_explicit_ad
     ckpt = load_checkpoint(tmp_path / "a.pt")
     assert ckpt.train_config["embedding_optimizer"] == "rowwise_adagrad"  # what the run used
 
-    start = time.monotonic()
     refused = group.run(
         train_args(
             wide_tables,
@@ -99,8 +97,7 @@ def test_in_a_small_cgroup_the_default_picks_row_wise_adagrad_and_an_explicit_ad
             "memory",
         )
     )
-    assert refused.returncode == 2, refused.stderr[-3000:]
-    assert time.monotonic() - start < 10
+    assert refused.returncode == 2, refused.stderr[-3000:]  # refused in words, not killed by the cgroup
     one_line_error(refused.stderr, "train", "needs a peak of about", "--embedding-optimizer rowwise_adagrad",
                    "memory cgroup")  # fmt: skip
     assert not (tmp_path / "b.pt").exists()
