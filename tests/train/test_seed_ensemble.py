@@ -141,6 +141,8 @@ def test_resume_inside_the_second_member_gives_the_uninterrupted_result(runs, ti
     mid = load_checkpoint(path)
     assert mid.member == 1 and [m["seed"] for m in mid.members] == [3] and mid.member_ensemble is None
     assert 5 <= mid.step < together["members"][1]["steps"]
+    with pytest.raises(ValueError, match="taken in member 2 of a seed ensemble; this run asks for 1"):
+        train(tiny_dataset, "dlrm", seed=3, seed_ensemble=1, load_checkpoint=path, **SMALL)
     resumed = train(tiny_dataset, "dlrm", seed=3, seed_ensemble=2, load_checkpoint=path, save_checkpoint=path,
                     checkpoint_every=5, **SMALL)  # fmt: skip
     for key in ("auc", "logloss", "best_step", "member_ensemble", "members", "calibration"):  # the same scale refitted
