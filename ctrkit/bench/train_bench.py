@@ -96,7 +96,7 @@ def step_breakdown(step: TrainStep, batches: list[Batch], steps: int, sync) -> d
         for h in hooks:
             h.remove()
     out = {k: statistics.median(v) * 1000 for k, v in times.items()}
-    matmul, profiled = _matmul_ms(step, batches, steps)
+    matmul, profiled = _profiled_pass(step, batches, steps)
     return {"ms": out, "total_ms": sum(out.values()), "matmul_ms": matmul, "profiled_step_ms": profiled}
 
 
@@ -126,7 +126,7 @@ def _timed_optimizers(optimizers: list, labels: list[str], times: dict[str, list
             del opt.step  # the class's step again
 
 
-def _matmul_ms(step: TrainStep, batches: list[Batch], steps: int) -> tuple[float, float]:
+def _profiled_pass(step: TrainStep, batches: list[Batch], steps: int) -> tuple[float, float]:
     """The matrix multiplies' self time per step, summed over threads, from a profiled pass of ``steps`` steps, and
     that pass's wall time per step (profiled: slower than the timed steps, and the bound the matmuls' time lies
     within, times the threads)."""

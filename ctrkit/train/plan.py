@@ -155,14 +155,26 @@ def make_plan(
     preprocessing: dict[str, Any] | None = None,
     precision: tuple[str, str] = ("fp32", ""),
     trained_batches: tuple[int | None, ...] = (),
+    resumed_member: int = 0,
 ) -> Plan:
     """The plan of RunSpec ``spec`` on ``train_rows`` training and ``validation_rows`` validation rows (held out
     as ``validation_source`` says) in a job of ``processes`` processes on ``device`` computing in ``precision``
     (``device.precision_of``'s name and why it is fp32 where more was asked), resuming a seed ensemble whose
-    members were trained at ``trained_batches``, with the memory room measured now (``facts_of``, then
-    ``plan_run``)."""
-    job = (processes, device, preprocessing, precision, trained_batches)
-    return plan_run(spec, facts_of(spec, train_rows, validation_rows, validation_source, *job))
+    members were trained at ``trained_batches`` from a checkpoint taken in member ``resumed_member``, with the
+    memory room measured now (``facts_of``, then ``plan_run``)."""
+    facts = facts_of(
+        spec,
+        train_rows,
+        validation_rows,
+        validation_source,
+        processes,
+        device,
+        preprocessing,
+        precision,
+        trained_batches=trained_batches,
+        resumed_member=resumed_member,
+    )
+    return plan_run(spec, facts)
 
 
 def plan_run(spec: RunSettings, facts: Facts) -> Plan:
@@ -176,7 +188,7 @@ def plan_run(spec: RunSettings, facts: Facts) -> Plan:
     cfg, resolved, rules = _schedule(spec.train, sources, facts)
     resolved, batches, configs = _batches(cfg, resolved, facts, rules)
     check_storage(cfg, facts)
-    _check_dynamic(sources, facts)
+    _check_features(sources, facts)
     memory, cfg, budget = memory_plan(spec, cfg, sources, facts, cfg.seed_ensemble * len(batches), rules)
     storage = cfg.embedding_storage
     chosen = {
@@ -208,6 +220,11 @@ def plan_run(spec: RunSettings, facts: Facts) -> Plan:
         raise ValueError(
             f"the checkpoint holds {len(facts.trained_batches)} trained members; this run asks for {len(members)} "
             "(--seed-ensemble, --small-batch): resume with the same settings"
+        )
+    if facts.resumed_member >= len(members):
+        raise ValueError(
+            f"the checkpoint was taken in member {facts.resumed_member + 1} of a seed ensemble; this run asks for "
+            f"{len(members)} (--seed-ensemble, --small-batch): resume with the same settings"
         )
     return Plan(
         spec.recipe,
@@ -281,16 +298,20 @@ def _batches(
     return resolved, batches, configs
 
 
-DYNAMIC_SETTINGS = ("admit_after", "eviction", "count_half_life")  # what only dynamic features (raw ids) act on
+# settings that act only on features a dataset may lack: (the settings, the fact that says it has them, what they act
+# on, what makes such features)
+FEATURE_SETTINGS = (
+    (("admit_after", "eviction", "count_half_life"), "dynamic", "admission and eviction act on dynamic features "
+     "(raw ids)", "`preprocess table --raw-ids` makes them"),
+    (("combiner",), "multi_hot", "pooling acts on multi-hot features", "`preprocess table --multi-hot` makes them"),
+)  # fmt: skip
 
 
-def _check_dynamic(sources: dict, facts: Facts) -> None:
-    """Refuses a flag among ``DYNAMIC_SETTINGS`` where the dataset has no dynamic features: it would act on
+def _check_features(sources: dict, facts: Facts) -> None:
+    """Refuses a flag among ``FEATURE_SETTINGS`` where the dataset lacks the features it acts on: it would act on
     nothing."""
-    given = [k for k in DYNAMIC_SETTINGS if source(sources, k).layer is Layer.FLAG]
-    if given and not facts.dynamic:
-        flags = ", ".join("--" + k.replace("_", "-") for k in given)
-        raise ValueError(
-            f"{flags}: admission and eviction act on dynamic features (raw ids), and this dataset has none "
-            "(`preprocess table --raw-ids` makes them); drop the flag"
-        )
+    for names, fact, what, made in FEATURE_SETTINGS:
+        given = [k for k in names if source(sources, k).layer is Layer.FLAG]
+        if given and not getattr(facts, fact):
+            flags = ", ".join("--" + k.replace("_", "-") for k in given)
+            raise ValueError(f"{flags}: {what}, and this dataset has none ({made}); drop the flag")

@@ -74,7 +74,7 @@ class Facts:
         steps: batches an epoch at the run's batch size.
         sizes: the bytes and table rows of the model built on the meta device.
         linear: the model has a first-order term; ``buckets``: its numerical buckets.
-        dynamic: the features of raw ids (dynamic tables).
+        dynamic: the features of raw ids (dynamic tables); ``multi_hot``: the dataset has multi-hot features.
         continued: the checkpoint a continued run starts from, as given (None: a fresh run).
         sparse: the tables get sparse gradients (a dense gradient updates every row each step).
         room: what the process may still allocate where it trains (``memory.room``, measured).
@@ -87,7 +87,8 @@ class Facts:
         precision: what the run computes in on its device (``device.precision_of``: the hardware's rule);
             ``precision_note``: why it is fp32 where more was asked ("" otherwise).
         trained_batches: the batch size of each seed-ensemble member a resumed checkpoint trained already (None
-            where its checkpoint did not record one); () for a fresh run.
+            where its checkpoint did not record one); () for a fresh run. ``resumed_member``: the member whose
+            training the checkpoint was taken in (0 for a fresh run, or a run of one model).
     """
 
     train_rows: int
@@ -101,6 +102,7 @@ class Facts:
     linear: bool
     buckets: bool
     dynamic: tuple[int, ...]
+    multi_hot: bool
     continued: Any
     sparse: bool
     room: Room
@@ -112,6 +114,7 @@ class Facts:
     host_room: Room | None = None
     threads: int = 1
     trained_batches: tuple[int | None, ...] = ()
+    resumed_member: int = 0
 
     @property
     def validation(self) -> bool:
@@ -138,6 +141,7 @@ def facts_of(
     preprocessing: dict[str, Any] | None = None,
     precision: tuple[str, str] = ("fp32", ""),
     trained_batches: tuple[int | None, ...] = (),
+    resumed_member: int = 0,
 ) -> Facts:
     """The facts of RunSpec ``spec``'s run: its model built on the meta device (nothing allocated), the memory and
     disk room measured now."""
@@ -160,6 +164,7 @@ def facts_of(
         linear=model.wide_embeddings is not None,
         buckets=model.wide_buckets is not None,
         dynamic=tuple(spec.model_config.dynamic_features),
+        multi_hot=bool(spec.model_config.multi_hot_cardinalities),
         continued=spec.continue_from,
         sparse=spec.model_config.sparse_gradients,
         room=room(device),
@@ -171,4 +176,5 @@ def facts_of(
         host_room=room("cpu") if device != "cpu" else None,
         threads=torch.get_num_threads(),
         trained_batches=tuple(trained_batches),
+        resumed_member=resumed_member,
     )

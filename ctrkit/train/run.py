@@ -205,9 +205,6 @@ def resolve_run(
     if dataset is None:
         raise ValueError("no dataset: name a dataset directory (or a run config naming one)")
     spec = FeatureSpec.from_yaml(Path(dataset))
-    asked = (model_config or {}).get("combiner")
-    if asked and not spec.multi_hot_features:  # the user's flag; a recipe's pooling is for data that has bags
-        raise ValueError(f"--combiner {asked}: pools multi-hot features, and this dataset has none; drop it")
     if ckpt is not None:
         grow = load_checkpoint is None  # a new run from the model (not a resume): its tables may grow
         model_cfg = _checkpoint_model_config(source, ckpt, name, spec, {**file_layer, **(model_config or {})}, grow)
@@ -406,14 +403,10 @@ class Run:
             self.preprocessing,
             (self.precision, self.precision_note),
             tuple(m.get("batch_size") for m in self.members_done),
+            self.member,
         )
         self.batches = list(self.plan.batches)
         self.members = len(self.plan.members)  # trained one after another (``fit``)
-        if self.member >= self.members:
-            raise ValueError(
-                f"the checkpoint was taken in member {self.member + 1} of a seed ensemble; this run asks for "
-                f"{self.members} (--seed-ensemble, --small-batch): resume with the same settings"
-            )
         if self.dry_run:
             return
         # the warm start's first-order regression, fitted once for every member (``Trainer._warm_start``)
@@ -558,14 +551,12 @@ def settled(cfg: TrainConfig, model_name: str, data: Any) -> tuple[TrainConfig, 
     defaults and what the data decide (``plan.resolved_train`` on the batches an epoch), and ``data``
     (``trainer.TrainData``) with the last ``validation_fraction`` of its training rows held out where it names no
     validation mapping."""
-    from dataclasses import replace as replace_data
-
     from ctrkit.train.plan import resolved_train
     from ctrkit.train.plan_facts import epoch_steps
 
     cfg = cfg.resolve(model_name)
     train, validation = held_out(data.train, data.validation, cfg.validation_fraction)
-    data = replace_data(data, train=train, validation=validation)
+    data = replace(data, train=train, validation=validation)
     return resolved_train(cfg, epoch_steps(len(train), cfg.batch_size))[0], data
 
 

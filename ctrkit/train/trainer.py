@@ -215,9 +215,7 @@ class Trainer:
         )
         best_dir = tables_directory(save_path) if cfg.best_weights == "disk" else None  # as planned, on any device
         self.selector = Selector(rule, self.validation_set, self.scorer, self.local_state, best_dir)
-        if cfg.snapshot_ensemble > 1 and (env is not None or not self.selector.active):  # the plan refuses it too
-            raise ValueError("a snapshot ensemble needs validation data and one process")
-        self.pool = SnapshotPool(cfg.snapshot_ensemble, self.steps_per_epoch)
+        self.pool = SnapshotPool(cfg.snapshot_ensemble, self.steps_per_epoch)  # as planned (``plan._batches``)
         self.checkpoints = Checkpointer(save_path, env, run_record, self.log)
         self.store = RunStore(self)  # the run's checkpoints: save, restore, continue from another run's
         self.members_done: list[dict[str, Any]] = []  # in a seed ensemble (train/run.py): the members trained before

@@ -324,3 +324,14 @@ def test_the_plan_says_how_long_a_long_table_build_takes(tiny_dataset):
     on_gpu = replace(roomy, device="cuda", threads=16, host_room=roomy.room)  # drawn on the GPU: not estimated
     assert plan_text.build_seconds(on_gpu) == 0
     assert topics(plan_module.plan_run(spec, on_gpu))["tables"][0] == "on cuda"
+
+
+def test_a_flag_for_features_the_data_lacks_is_refused(tiny_dataset):
+    """``--combiner`` pools multi-hot features and ``--admit-after`` admits raw ids: on data without them each is
+    refused by the plan in one line naming the flag, where a recipe's or a default's value is left alone."""
+    cases = (({"combiner": "sum"}, {}, "--combiner"), ({}, {"admit_after": 3}, "--admit-after"))
+    for model_config, train, flag in cases:
+        spec = resolve_run(tiny_dataset, "dlrm", model_config={**SMALL, **model_config}, train=train, progress=False)
+        with pytest.raises(ValueError, match=f"^{flag}: .* this dataset has none .*; drop the flag$"):
+            Run(spec, dry_run=True)
+    assert plan_of(tiny_dataset).members  # the defaults of both, unset
