@@ -83,7 +83,8 @@ def run_entry(
     fraction = train_options.get("validation_fraction", TrainConfig().validation_fraction)
     tr, va, te = splits(entry.path, fraction)
     rows = {"train": len(tr), "validation": len(va), "test": len(te)}
-    row: dict[str, Any] = {"dataset": entry.name, "note": entry.note, "bayes_auc": entry.bayes_auc, "rows": rows,
+    row: dict[str, Any] = {"dataset": entry.name, "note": entry.note, "bayes_auc": entry.bayes_auc,
+                           "observable_auc": entry.observable_auc, "rows": rows,
                            "precisions": list(dict.fromkeys(c.precision for c in trained if c.precision)),
                            "results": {}}  # fmt: skip  # the first precision: the one the others are set against
     fits = {"logistic": logistic_regression, "lightgbm": gradient_boosted_trees}
@@ -147,7 +148,8 @@ def markdown(rows: list[dict[str, Any]], methods: Sequence[str], headings: dict[
 
 def targets(rows: list[dict[str, Any]]) -> list[str]:
     """The issue's targets, checked per row: every model >= logistic regression, the best model >=
-    LightGBM, on planted data a third of the gap from logistic regression to Bayes closed, and with
+    LightGBM, on planted data the share of the gap from logistic regression to Bayes closed (and to the best
+    any model of the columns can reach, where the data set records it), and with
     several epoch maxima, the most epochs never worse than the fewest by more than 0.002 test AUC. With several
     precisions, each one's test AUC, log loss and time against the first's (what a default precision is decided
     on)."""
@@ -167,6 +169,9 @@ def targets(rows: list[dict[str, Any]]) -> list[str]:
         if row.get("bayes_auc") and "logistic" in res:
             closed = (best - res["logistic"]["auc"]) / (row["bayes_auc"] - res["logistic"]["auc"])
             out.append(f"{row['dataset']}: gap to Bayes closed: {closed:.0%}")
+        if row.get("observable_auc") and "logistic" in res:
+            closed = (best - res["logistic"]["auc"]) / (row["observable_auc"] - res["logistic"]["auc"])
+            out.append(f"{row['dataset']}: gap to the best any model of the columns can reach closed: {closed:.0%}")
         for (model, precision), runs in _grouped(trained, "epochs", "precision").items():
             if len(runs) > 1:
                 few, most = min(runs, key=lambda r: r["epochs"]), max(runs, key=lambda r: r["epochs"])

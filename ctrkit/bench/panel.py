@@ -40,12 +40,15 @@ REAL = ("criteo", "avazu", "movielens")
 
 @dataclass(frozen=True)
 class PanelEntry:
-    """One data set of the panel: its name, dataset directory and what is known of it."""
+    """One data set of the panel: its name, dataset directory and what is known of it: the test AUC of the true
+    click odds (``bayes_auc``) and, where the columns show only part of them, the best test AUC any model of the
+    columns can reach (``observable_auc``)."""
 
     name: str
     path: Path
     note: str
     bayes_auc: float | None = None
+    observable_auc: float | None = None
 
 
 def _ids(train: pl.Series, others: Sequence[pl.Series], threshold: int) -> tuple[list[np.ndarray], int]:
@@ -188,7 +191,7 @@ def build_planted(out: Path, rows: int, seed: int, family: str = "interactions")
     what = {"interactions": "planted interactions", "tabular": "planted nonlinear numerical effects",
             "amounts": "planted nonlinear effects of raw amounts"}[family]  # fmt: skip
     return PanelEntry(out.name, out, f"{what}, {rows - n_test:,} train rows, seed {seed}",
-                      spec.metadata["bayes_test_auc"])  # fmt: skip
+                      spec.metadata["bayes_test_auc"], spec.metadata.get("observable_test_auc"))  # fmt: skip
 
 
 def build_outbrain(out: Path, rows: int, seed: int) -> PanelEntry:

@@ -74,8 +74,10 @@ def synth(args: argparse.Namespace) -> int:
         family = {kind: family for family, kind in GENERATORS.items()}[cfg.kind]
         spec = generate_planted(cfg.out, cfg.rows, cfg.test_fraction, cfg.seed, cfg.overwrite, family=family)
         sizes = [len(SplitBinaryDataset(spec, m, check_ids=False)) for m in ("train", "test")]
+        observable = spec.metadata.get("observable_test_auc")
+        best = "" if observable is None else f", the best any model of the columns can at {observable:.4f}"
         print(f"wrote {cfg.out}: {sizes[0]} train + {sizes[1]} test samples; the true click odds rank the test "
-              f"rows at AUC {spec.metadata['bayes_test_auc']:.4f}")  # fmt: skip
+              f"rows at AUC {spec.metadata['bayes_test_auc']:.4f}{best}")  # fmt: skip
         return 0
     if cfg.kind == "outbrain-raw":
         from ctrkit.data.synthetic_outbrain_raw import generate_outbrain_raw

@@ -10,7 +10,9 @@ are). The click log-odds are a sum of
 * a nonlinear function of a hidden state that a few numerical features observe with noise,
 
 shifted to a 20% click rate. Labels are Bernoulli draws, so the true log-odds rank the test rows at
-the Bayes-optimal AUC, which the dataset's metadata records (``bayes_test_auc``).
+the Bayes-optimal AUC, which the dataset's metadata records (``bayes_test_auc``). The hidden state is seen only
+through noisy counts, so no model of the columns reaches that AUC: the metadata also records the best any can
+(``observable_test_auc``), each row's click probability given what it holds, with every effect known.
 
 ``PlantedTabular`` is a second family, where the signal is mostly in the numerical features, as in
 tabular logs with prices, positions or times: standard-normal features whose log-odds terms are a
@@ -54,6 +56,10 @@ class PlantedCTR:
         ctr: target click rate.
     """
 
+    # numerical feature j is log(count_j + 3), count_j = floor(exp(COUNT_SHIFT + COUNT_SCALE * (hidden_j + noise_j))),
+    # noise_j ~ N(0, COUNT_NOISE^2)
+    COUNT_SHIFT, COUNT_SCALE, COUNT_NOISE = 1.5, 0.8, 0.4
+
     def __init__(
         self,
         cardinalities: Sequence[int] = PLANTED_CARDINALITIES,
@@ -91,19 +97,60 @@ class PlantedCTR:
     def sample(self, rng: np.random.Generator, n: int, labels: bool = True) -> Block:
         """Draws n rows (the true log-odds in ``logits``)."""
         cats = np.empty((n, len(self.cardinalities)), dtype=np.int64)  # (n, F)
-        logits = np.full(n, self.bias, dtype=np.float64)
         for f, card in enumerate(self.cardinalities):
             cats[:, f] = power_law_ids(rng, card, n, self.exponents[f])
-            logits += self.effects[f][cats[:, f]]
-        for f, g in self.pairs:
-            logits += self.pair_weight * np.einsum("nk,nk->n", self.latents[f][cats[:, f]], self.latents[g][cats[:, g]])
+        logits = self.id_logits(cats)
         hidden = rng.normal(0.0, 1.0, (n, self.num_numerical))  # (n, N)
         if self.num_numerical:
-            logits += hidden @ self.num_weight + 0.5 * np.tanh(2.0 * hidden[:, 0]) * hidden[:, -1]
-        counts = np.floor(np.exp(1.5 + 0.8 * (hidden + rng.normal(0.0, 0.4, hidden.shape)))).astype(np.int64)
+            logits += self._hidden_effect(hidden)
+        seen = hidden + rng.normal(0.0, self.COUNT_NOISE, hidden.shape)
+        counts = np.floor(np.exp(self.COUNT_SHIFT + self.COUNT_SCALE * seen)).astype(np.int64)
         numerical = np.log(counts + 3.0).astype(np.float32)  # as the Criteo recipe transforms counts
         y = (rng.random(n) < 1 / (1 + np.exp(-logits))).astype(np.uint8) if labels else np.zeros(n, np.uint8)
         return Block(numerical, cats, logits, y, counts, np.zeros_like(counts, dtype=bool))
+
+    def id_logits(self, cats: np.ndarray) -> np.ndarray:
+        """The bias plus the ids' log-odds terms (per-id effects, the pairs' latent products), (n, F) -> (n,)."""
+        logits = np.full(len(cats), self.bias, dtype=np.float64)
+        for f in range(len(self.cardinalities)):
+            logits += self.effects[f][cats[:, f]]
+        for f, g in self.pairs:
+            logits += self.pair_weight * np.einsum("nk,nk->n", self.latents[f][cats[:, f]], self.latents[g][cats[:, g]])
+        return logits
+
+    def _hidden_effect(self, hidden: np.ndarray) -> np.ndarray:
+        """The log-odds term of the hidden state, (..., N) -> (...)."""
+        return hidden @ self.num_weight + 0.5 * np.tanh(2.0 * hidden[..., 0]) * hidden[..., -1]
+
+    def observable_probability(self, block: Block, rng: np.random.Generator, draws: int = 256) -> np.ndarray:
+        """Each row's click probability given what it holds (ids and counts), every effect of the model known: the
+        best prediction any model of the columns can make. The hidden state is integrated over its posterior
+        given the counts by Monte Carlo (``draws`` a row): a count fixes an interval of hidden + noise, drawn
+        from its truncated normal, then the hidden state given that sum."""
+        import torch
+
+        n = len(block.labels)
+        known = self.id_logits(block.categorical)
+        if not self.num_numerical:
+            return 1.0 / (1.0 + np.exp(-known))
+        seen_var = 1.0 + self.COUNT_NOISE**2  # hidden ~ N(0, 1), seen = hidden + noise
+        sd = np.sqrt(seen_var)
+        counts = torch.from_numpy(block.counts.astype(np.float64))  # (n, N)
+        # the count's interval of hidden + noise, as the normal CDF of hidden + noise at its ends
+        first = torch.where(counts > 0, (counts.log() - self.COUNT_SHIFT) / self.COUNT_SCALE, -torch.inf)
+        past = ((counts + 1.0).log() - self.COUNT_SHIFT) / self.COUNT_SCALE
+        cdf_low, cdf_high = torch.special.ndtr(first / sd).numpy(), torch.special.ndtr(past / sd).numpy()
+        out = np.empty(n)
+        chunk = max(1, (1 << 21) // (self.num_numerical * draws))
+        for lo in range(0, n, chunk):
+            part = slice(lo, lo + chunk)
+            low, high = cdf_low[part, :, None], cdf_high[part, :, None]
+            u = np.clip(low + (high - low) * rng.random((len(out[part]), self.num_numerical, draws)), 1e-300, 1 - 1e-16)
+            seen = sd * torch.special.ndtri(torch.from_numpy(u)).numpy()  # (n, N, draws), within each count's interval
+            hidden = seen / seen_var + np.sqrt(1.0 - 1.0 / seen_var) * rng.standard_normal(seen.shape)
+            logits = known[part, None] + self._hidden_effect(np.moveaxis(hidden, 1, -1))  # (n, draws)
+            out[part] = (1.0 / (1.0 + np.exp(-logits))).mean(1)
+        return out
 
 
 TABULAR_CARDINALITIES = (1_000, 200, 50, 10)
@@ -192,7 +239,10 @@ def generate_planted(
             model.cardinalities, model.num_numerical, numerical_dtype=getattr(model, "numerical_dtype", "float16")
         )
         spec = FeatureSpec(base.feature_spec, base.source_spec, base.channel_spec, {}, tmp)
-        test_labels, test_logits = [], []
+        test_labels, test_logits, test_observable = [], [], []
+        # where the columns show only part of the click model: the best AUC of any model of them
+        observable = getattr(model, "observable_probability", None)
+        observable_rng = np.random.default_rng([seed, 104])  # its own draws: the rows stay those of the seed
         with tqdm(
             total=rows, desc=f"synth {GENERATORS[family]}", unit="row", unit_scale=True, disable=not progress
         ) as bar:
@@ -204,14 +254,18 @@ def generate_planted(
                         if mapping == "test":
                             test_labels.append(block.labels)
                             test_logits.append(block.logits)
+                            if observable is not None:
+                                test_observable.append(observable(block, observable_rng))
                         bar.update(len(block.labels))
-        bayes = roc_auc(np.concatenate(test_labels), np.concatenate(test_logits))
+        labels = np.concatenate(test_labels)
         meta = {
             "generator": f"ctrkit synth {GENERATORS[family]}",
             "seed": seed,
             "rows": rows,
-            "bayes_test_auc": round(bayes, 6),
+            "bayes_test_auc": round(roc_auc(labels, np.concatenate(test_logits)), 6),
         }
+        if observable is not None:
+            meta["observable_test_auc"] = round(roc_auc(labels, np.concatenate(test_observable)), 6)
         spec = FeatureSpec(spec.feature_spec, spec.source_spec, spec.channel_spec, meta, tmp)
         spec.to_yaml(tmp / "feature_spec.yaml")
     return FeatureSpec.from_yaml(Path(out_dir) / "feature_spec.yaml")

@@ -78,6 +78,8 @@ def test_panel_builds_each_planted_family(tmp_path):
         train, test = (SplitBinaryDataset(entry.path, m) for m in ("train", "test"))
         assert (len(train), len(test)) == (2000, 400)
         assert 0.5 < entry.bayes_auc < 1.0 and "2,000 train rows" in entry.note
+    # only the interactions family's columns show part of its odds (a hidden state through noisy counts)
+    assert entries[0].observable_auc < entries[0].bayes_auc and entries[1].observable_auc is None
     generators = {SplitBinaryDataset(e.path, "train").spec.metadata["generator"] for e in entries}
     assert len(generators) == 3, generators
 
@@ -175,3 +177,16 @@ def test_bench_accuracy_keeps_the_runs_it_finished(tiny_dataset, tmp_path, capsy
     assert code == 2 and "fp16 is not supported on CPU" in err
     rows = json.loads((tmp_path / "acc2" / "results.json").read_text())["rows"]
     assert len(rows) == 1 and set(rows[0]["results"]) == {"logistic", "dlrm/fp32"}
+
+
+def test_targets_measure_the_gap_to_bayes_and_to_what_the_columns_allow():
+    """The targets line each share of the gap from logistic regression closed by the best model: to the Bayes AUC,
+    and to the best AUC of any model of the columns where the data set records it."""
+    from ctrkit.bench.accuracy import targets
+
+    results = {"logistic": {"auc": 0.70}, "dlrm": {"auc": 0.76, "model": "dlrm"}}
+    row = {"dataset": "p", "bayes_auc": 0.80, "observable_auc": 0.78, "results": results}
+    lines = targets([row, {**row, "dataset": "q", "observable_auc": None}])
+    assert "p: gap to Bayes closed: 60%" in lines and "q: gap to Bayes closed: 60%" in lines
+    assert "p: gap to the best any model of the columns can reach closed: 75%" in lines
+    assert not any(line.startswith("q: gap to the best") for line in lines)

@@ -134,3 +134,39 @@ def test_planted_amounts_are_the_tabular_rows_as_raw_amounts(tmp_path, capsys):
     assert x.min() > 0 and np.quantile(x[:, 5], 0.999) > 1e6  # heavy-tailed amounts
     back = np.log(x / 10.0 ** np.arange(x.shape[1])) / 1.5  # the standard-normal values again
     np.testing.assert_allclose(back, a.numerical.numpy(), atol=2e-3)  # tabular stores them as float16
+
+
+def test_planted_records_the_best_auc_a_model_of_its_columns_can_reach(tmp_path, capsys):
+    """The planted click odds hold a hidden state the rows show only through noisy counts. Each test row's click
+    probability given what it holds, every effect known (the hidden state integrated over its posterior), is the
+    best prediction of the columns: calibrated, with a lower log loss than scikit-learn's gradient boosting given
+    the same ids' true odds and the numerical features, and a lower AUC than the true odds. `synth planted`
+    records its test AUC beside the Bayes AUC."""
+    from sklearn.ensemble import HistGradientBoostingClassifier
+    from sklearn.metrics import log_loss
+
+    from ctrkit.data.synthetic_planted import PlantedCTR
+    from tests.conftest import run_cli
+
+    model = PlantedCTR(seed=3)
+    rng = np.random.default_rng(5)
+    train, test = model.sample(rng, 30_000), model.sample(rng, 30_000)
+    best = model.observable_probability(test, np.random.default_rng(1))
+    y = test.labels
+    trees = HistGradientBoostingClassifier(random_state=0).fit(
+        np.column_stack([model.id_logits(train.categorical), train.numerical]), train.labels
+    )
+    learned = trees.predict_proba(np.column_stack([model.id_logits(test.categorical), test.numerical]))[:, 1]
+    true = 1.0 / (1.0 + np.exp(-test.logits))
+    assert log_loss(y, true) < log_loss(y, best) < log_loss(y, learned) - 0.002
+    assert roc_auc(y, learned) < roc_auc(y, best) < roc_auc(y, true) - 0.005
+    for part in np.array_split(np.argsort(best), 5):  # calibrated: each fifth's clicks as predicted
+        expected = best[part].sum()
+        assert abs(y[part].sum() - expected) < 3.5 * np.sqrt((best[part] * (1 - best[part])).sum()) + 1, part.size
+
+    code, stdout, err = run_cli("synth", "planted", "--out", tmp_path / "p", "--rows", 12_000, "--seed", 3,
+                                capsys=capsys)  # fmt: skip
+    assert code == 0, err
+    meta = SplitBinaryDataset(tmp_path / "p", "test").spec.metadata
+    assert 0.6 < meta["observable_test_auc"] < meta["bayes_test_auc"]
+    assert f"the best any model of the columns can at {meta['observable_test_auc']:.4f}" in stdout
