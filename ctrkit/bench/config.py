@@ -122,12 +122,17 @@ class PreprocessBenchConfig:
     repeats: int = option(1, "runs to take the median time of")
 
 
+# the accuracy panel's families (``bench/panel.py`` builds them), each a name of ``--panel``
+PANEL_FAMILIES = ("criteo", "avazu", "movielens", "planted", "tabular", "amounts", "shop", "outbrain", "independent")
+ABLATION_FAMILIES = ("criteo", "avazu", "movielens", "planted", "tabular")  # those `bench ablation` builds
+
+
 @dataclass(frozen=True)
 class AccuracyBenchConfig:
     """``ctrkit bench accuracy``: the panel of data sets, the models and the baselines."""
 
     panel: tuple[str, ...] = option(
-        ("criteo", "avazu", "movielens", "planted", "tabular", "amounts", "shop", "outbrain", "independent"),
+        PANEL_FAMILIES,
         "data sets: criteo, avazu, movielens (the real samples in --shared-data), planted (synthetic: pairwise "
         "interactions of ids), tabular (synthetic: nonlinear numerical effects) and amounts (tabular's data with "
         "its numerical features as raw heavy-tailed amounts), shop (synthetic e-commerce click logs through "
@@ -191,7 +196,7 @@ class AblationBenchConfig:
     """``ctrkit bench ablation``: the data sets, the model, the mechanisms and the training seeds."""
 
     panel: tuple[str, ...] = option(
-        ("criteo", "avazu", "movielens", "planted", "tabular"),
+        ABLATION_FAMILIES,
         "data sets, as `bench accuracy --panel` names them (none: only --datasets)",
         parse="name_list",
     )

@@ -8,6 +8,8 @@ import tempfile
 from pathlib import Path
 
 from ctrkit.bench.config import (
+    ABLATION_FAMILIES,
+    PANEL_FAMILIES,
     AblationBenchConfig,
     AccuracyBenchConfig,
     BenchRunOptions,
@@ -236,9 +238,7 @@ def accuracy(args: argparse.Namespace) -> int:
     cfg: AccuracyBenchConfig = config_from(args, AccuracyBenchConfig)
     _threads(config_from(args, BenchRunOptions))
     unknown = (
-        set(cfg.panel) - {*REAL, "planted", "tabular", "amounts", "outbrain", "independent", "none"}
-        | set(cfg.models) - set(LABELS)
-        | set(cfg.baselines) - set(LABELS)
+        set(cfg.panel) - {*PANEL_FAMILIES, "none"} | set(cfg.models) - set(LABELS) | set(cfg.baselines) - set(LABELS)
     )
     if unknown:
         raise ValueError(f"unknown panel entries, models or baselines: {sorted(unknown)}")
@@ -310,7 +310,7 @@ def ablation(args: argparse.Namespace) -> int:
     _threads(config_from(args, BenchRunOptions))
     recipe(cfg.recipe)  # an unknown name: the one-line error
     mechanisms = cfg.mechanisms or tuple(MECHANISMS)
-    unknown = set(mechanisms) - set(MECHANISMS) | set(cfg.panel) - {*REAL, "planted", "tabular", "none"}
+    unknown = set(mechanisms) - set(MECHANISMS) | set(cfg.panel) - {*ABLATION_FAMILIES, "none"}
     if unknown:
         raise ValueError(f"unknown mechanisms or panel entries: {sorted(unknown)}; mechanisms: {', '.join(MECHANISMS)}")
     shared = cfg.shared_data or Path("..") / "shared" / "data"

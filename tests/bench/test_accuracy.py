@@ -190,3 +190,22 @@ def test_targets_measure_the_gap_to_bayes_and_to_what_the_columns_allow():
     assert "p: gap to Bayes closed: 60%" in lines and "q: gap to Bayes closed: 60%" in lines
     assert "p: gap to the best any model of the columns can reach closed: 75%" in lines
     assert not any(line.startswith("q: gap to the best") for line in lines)
+
+
+def test_bench_accuracy_takes_every_family_its_help_names(tmp_path, capsys):
+    """Every family of the default panel is a name `--panel` takes: the shop logs train through the command (it
+    refused `--panel shop`, and so its own default panel)."""
+    from ctrkit.bench.config import AccuracyBenchConfig
+
+    code, out, err = run_cli(
+        "bench", "accuracy", "--panel", "shop", "--shop-rows", "6000", "--seeds", "0", "--models", "dlrm",
+        "--baselines", "logistic", "--work", tmp_path / "work", "--out", tmp_path / "acc", capsys=capsys,
+    )  # fmt: skip
+    assert code == 0, err
+    doc = json.loads((tmp_path / "acc" / "results.json").read_text())
+    assert [r["dataset"] for r in doc["rows"]] == ["shop-sum-6k-s0", "shop-mean-6k-s0"]
+    for row in doc["rows"]:
+        assert set(row["results"]) == {"logistic", "dlrm"} and row["results"]["dlrm"]["auc"] < row["bayes_auc"]
+    code, out, err = run_cli("bench", "accuracy", "--panel", ",".join(AccuracyBenchConfig().panel), "--models", "x",
+                             capsys=capsys)  # fmt: skip
+    assert code == 2 and "['x']" in err  # the default panel's names pass the check; the unknown model does not
