@@ -124,7 +124,7 @@ class PreprocessBenchConfig:
 
 # the accuracy panel's families (``bench/panel.py`` builds them), each a name of ``--panel``
 PANEL_FAMILIES = ("criteo", "avazu", "movielens", "planted", "tabular", "amounts", "shop", "outbrain", "independent")
-ABLATION_FAMILIES = ("criteo", "avazu", "movielens", "planted", "tabular")  # those `bench ablation` builds
+ABLATION_FAMILIES = ("criteo", "avazu", "movielens", "planted", "tabular", "shop")  # those `bench ablation` builds
 
 
 @dataclass(frozen=True)
@@ -205,6 +205,9 @@ class AblationBenchConfig:
     )
     planted_rows: tuple[int, ...] = option((360_000,), "rows of each planted data set", parse="int_list")
     tabular_rows: tuple[int, ...] = option((120_000,), "rows of each tabular data set", parse="int_list")
+    shop_rows: tuple[int, ...] = option(
+        (60_000,), "rows of each pair of shop logs (tags' effects added, averaged)", parse="int_list"
+    )
     data_seeds: tuple[int, ...] = option((0,), "seeds of the synthetic data sets", parse="int_list")
     datasets: tuple[Path, ...] | None = option(
         None, "more dataset directories (train and test mappings), e.g. planted data of millions of rows", nargs="+"

@@ -317,7 +317,9 @@ def ablation(args: argparse.Namespace) -> int:
     real = [n for n in REAL if n in cfg.panel]
     planted = cfg.planted_rows if "planted" in cfg.panel else ()
     tabular = cfg.tabular_rows if "tabular" in cfg.panel else ()
-    entries = build_panel(cfg.work, shared if shared.exists() else None, real, planted, cfg.data_seeds, tabular)
+    shop = cfg.shop_rows if "shop" in cfg.panel else ()
+    entries = build_panel(cfg.work, shared if shared.exists() else None, real, planted, cfg.data_seeds, tabular,
+                          shop_rows=shop)  # fmt: skip
     entries += [PanelEntry(Path(d).name, Path(d), f"user dataset {d}") for d in cfg.datasets or ()]
     if not entries:
         raise ValueError(f"no data sets: no real samples under {shared} and no planted or user data sets")

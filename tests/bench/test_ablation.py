@@ -89,3 +89,17 @@ def test_bench_ablation_runs_resumes_and_collects(tiny_dataset, tmp_path, capsys
     rows = {(r[0], r[1]): r for r in written["rows"]}
     assert set(rows) == {(m, "tiny") for m in ("buckets", "calibration", "redraws", "epochs_1")}
     assert rows[("epochs_1", "tiny")][-1] == "(a setting)" and rows[("buckets", "tiny")][2] == 2
+
+
+def test_bench_ablation_switches_mechanisms_on_the_shop_logs(tmp_path, capsys):
+    """`--panel shop`: the ablation runs on both shop logs (tags' effects added, averaged) as the accuracy panel
+    builds them, each with its Bayes AUC."""
+    out = tmp_path / "abl"
+    code, _, err = run_cli("bench", "ablation", "--panel", "shop", "--shop-rows", "4000", "--mechanisms", "calibration",
+                           "--train-seeds", "0", "--max-epochs", "1", "--work", tmp_path / "work", "--out", out,
+                           capsys=capsys)  # fmt: skip
+    assert code == 0, err
+    records = json.loads((out / "results.json").read_text())
+    assert sorted({r["dataset"] for r in records}) == ["shop-mean-4k-s0", "shop-sum-4k-s0"]
+    base = [r for r in records if r["variant"] == BASE]
+    assert len(base) == 2 and all(0.5 < r["result"]["auc"] < r["bayes_auc"] < 1 for r in base)

@@ -198,12 +198,12 @@ def test_bench_accuracy_takes_every_family_its_help_names(tmp_path, capsys):
     from ctrkit.bench.config import AccuracyBenchConfig
 
     code, out, err = run_cli(
-        "bench", "accuracy", "--panel", "shop", "--shop-rows", "6000", "--seeds", "0", "--models", "dlrm",
+        "bench", "accuracy", "--panel", "shop", "--shop-rows", "4000", "--seeds", "0", "--models", "dlrm",
         "--baselines", "logistic", "--work", tmp_path / "work", "--out", tmp_path / "acc", capsys=capsys,
     )  # fmt: skip
     assert code == 0, err
     doc = json.loads((tmp_path / "acc" / "results.json").read_text())
-    assert [r["dataset"] for r in doc["rows"]] == ["shop-sum-6k-s0", "shop-mean-6k-s0"]
+    assert [r["dataset"] for r in doc["rows"]] == ["shop-sum-4k-s0", "shop-mean-4k-s0"]
     for row in doc["rows"]:
         assert set(row["results"]) == {"logistic", "dlrm"} and row["results"]["dlrm"]["auc"] < row["bayes_auc"]
     code, out, err = run_cli("bench", "accuracy", "--panel", ",".join(AccuracyBenchConfig().panel), "--models", "x",
