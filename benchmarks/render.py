@@ -40,6 +40,13 @@ SUITES = {
         "[Accuracy](accuracy.md) for the tables' labels and splits.",
         "ctrkit bench accuracy --panel criteo,avazu,independent --threads 1 --out build/accuracy-independent",
     ),
+    "accuracy-large": (
+        "Accuracy: the synthetic families at 2,000,000 rows",
+        "The same comparison on the panel's synthetic data at 2,000,000 rows (a sixth of them test; the shop logs' "
+        "last tenth): planted id interactions, nonlinear numerical effects (`tabular`) and the shop logs, whose "
+        "tags' effects add (`shop-sum`) or average (`shop-mean`).",
+        "bash benchmarks/run_accuracy_large.sh",
+    ),
     "ablation": (
         "What each mechanism of the default earns",
         "DLRM with the `tuned` recipe, and with each of its mechanisms switched alone (off; `ensembles`, which is "
