@@ -279,7 +279,7 @@ def _cell(res: dict | None) -> list[float] | None:
 
 @suite("accuracy")
 @suite("accuracy-independent")
-@suite("accuracy-large")
+@suite("accuracy-sizes")
 def accuracy_rows(raw):
     """``ctrkit bench accuracy``: test AUC (log loss) of each model with its defaults and of the baselines;
     a cell is ``[auc, logloss]`` at full precision."""

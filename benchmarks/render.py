@@ -40,12 +40,12 @@ SUITES = {
         "[Accuracy](accuracy.md) for the tables' labels and splits.",
         "ctrkit bench accuracy --panel criteo,avazu,independent --threads 1 --out build/accuracy-independent",
     ),
-    "accuracy-large": (
-        "Accuracy: the synthetic families at 2,000,000 rows",
-        "The same comparison on the panel's synthetic data at 2,000,000 rows (a sixth of them test; the shop logs' "
-        "last tenth): planted id interactions, nonlinear numerical effects (`tabular`) and the shop logs, whose "
-        "tags' effects add (`shop-sum`) or average (`shop-mean`).",
-        "bash benchmarks/run_accuracy_large.sh",
+    "accuracy-sizes": (
+        "Accuracy: the synthetic families at 50,000 and 2,000,000 rows",
+        "The same comparison on the panel's synthetic data at 50,000 and 2,000,000 rows (a sixth of them test; the "
+        "shop logs' last tenth): planted id interactions, nonlinear numerical effects (`tabular`) and the shop "
+        "logs, whose tags' effects add (`shop-sum`) or average (`shop-mean`).",
+        "bash benchmarks/run_accuracy_sizes.sh",
     ),
     "ablation": (
         "What each mechanism of the default earns",
