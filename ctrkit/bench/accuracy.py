@@ -166,12 +166,10 @@ def targets(rows: list[dict[str, Any]]) -> list[str]:
                        + ("yes" if not below else f"no ({', '.join(below)})"))  # fmt: skip
         if "lightgbm" in res:
             out.append(f"{row['dataset']}: best model >= LightGBM: {'yes' if best >= res['lightgbm']['auc'] else 'no'}")
-        if row.get("bayes_auc") and "logistic" in res:
-            closed = (best - res["logistic"]["auc"]) / (row["bayes_auc"] - res["logistic"]["auc"])
-            out.append(f"{row['dataset']}: gap to Bayes closed: {closed:.0%}")
-        if row.get("observable_auc") and "logistic" in res:
-            closed = (best - res["logistic"]["auc"]) / (row["observable_auc"] - res["logistic"]["auc"])
-            out.append(f"{row['dataset']}: gap to the best any model of the columns can reach closed: {closed:.0%}")
+        for bound, what in (("bayes_auc", "Bayes"), ("observable_auc", "the best any model of the columns can reach")):
+            if row.get(bound) and "logistic" in res:
+                closed = (best - res["logistic"]["auc"]) / (row[bound] - res["logistic"]["auc"])
+                out.append(f"{row['dataset']}: gap to {what} closed: {closed:.0%}")
         for (model, precision), runs in _grouped(trained, "epochs", "precision").items():
             if len(runs) > 1:
                 few, most = min(runs, key=lambda r: r["epochs"]), max(runs, key=lambda r: r["epochs"])

@@ -122,9 +122,10 @@ class PreprocessBenchConfig:
     repeats: int = option(1, "runs to take the median time of")
 
 
-# the accuracy panel's families (``bench/panel.py`` builds them), each a name of ``--panel``
-PANEL_FAMILIES = ("criteo", "avazu", "movielens", "planted", "tabular", "amounts", "shop", "outbrain", "independent")
-ABLATION_FAMILIES = ("criteo", "avazu", "movielens", "planted", "tabular", "shop")  # those `bench ablation` builds
+# the accuracy panel's families (``bench/panel.py`` builds them), each a name of ``--panel``: the real samples first
+REAL_SAMPLES = ("criteo", "avazu", "movielens")
+PANEL_FAMILIES = (*REAL_SAMPLES, "planted", "tabular", "amounts", "shop", "outbrain", "independent")
+ABLATION_FAMILIES = (*REAL_SAMPLES, "planted", "tabular", "shop")  # those `bench ablation` builds
 
 
 @dataclass(frozen=True)

@@ -30,12 +30,11 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from ctrkit.bench.config import REAL_SAMPLES
 from ctrkit.data.atomic import atomic_directory
 from ctrkit.data.feature_spec import Feature, FeatureSpec, smallest_int_dtype
 from ctrkit.data.spec_builders import split_binary_spec
 from ctrkit.data.split_binary import SplitBinaryWriter
-
-REAL = ("criteo", "avazu", "movielens")
 
 
 @dataclass(frozen=True)
@@ -229,7 +228,7 @@ def build_shop(out: Path, rows: int, seed: int, tags: str) -> PanelEntry:
 def build_panel(
     work: Path,
     shared: Path | None,
-    real: Sequence[str] = REAL,
+    real: Sequence[str] = REAL_SAMPLES,
     planted_rows: Sequence[int] = (),
     seeds=(0,),
     tabular_rows: Sequence[int] = (),

@@ -10,6 +10,7 @@ from pathlib import Path
 from ctrkit.bench.config import (
     ABLATION_FAMILIES,
     PANEL_FAMILIES,
+    REAL_SAMPLES,
     AblationBenchConfig,
     AccuracyBenchConfig,
     BenchRunOptions,
@@ -232,7 +233,7 @@ def accuracy(args: argparse.Namespace) -> int:
     each model, wall time.
     """
     from ctrkit.bench.accuracy import LABELS, columns, run_entry, targets, write_results
-    from ctrkit.bench.panel import REAL, PanelEntry, build_panel
+    from ctrkit.bench.panel import PanelEntry, build_panel
     from ctrkit.config import PRECISIONS
 
     cfg: AccuracyBenchConfig = config_from(args, AccuracyBenchConfig)
@@ -247,7 +248,7 @@ def accuracy(args: argparse.Namespace) -> int:
     if set(cfg.precisions or ()) - set(PRECISIONS):
         raise ValueError(f"--precisions: expected names among {', '.join(PRECISIONS)}, got {','.join(cfg.precisions)}")
     shared = cfg.shared_data or Path("..") / "shared" / "data"
-    real = [n for n in REAL if n in cfg.panel]
+    real = [n for n in REAL_SAMPLES if n in cfg.panel]
     planted = cfg.planted_rows if "planted" in cfg.panel else ()
     tabular = cfg.tabular_rows if "tabular" in cfg.panel else ()
     amounts = cfg.amounts_rows if "amounts" in cfg.panel else ()
@@ -302,7 +303,7 @@ def ablation(args: argparse.Namespace) -> int:
     gains on the mean somewhere and loses nowhere by more than the seed spread).
     """
     from ctrkit.bench.ablation import markdown, run_ablation, summarize
-    from ctrkit.bench.panel import REAL, PanelEntry, build_panel
+    from ctrkit.bench.panel import PanelEntry, build_panel
     from ctrkit.train.mechanisms import MECHANISMS
     from ctrkit.train.recipes import recipe
 
@@ -314,7 +315,7 @@ def ablation(args: argparse.Namespace) -> int:
     if unknown:
         raise ValueError(f"unknown mechanisms or panel entries: {sorted(unknown)}; mechanisms: {', '.join(MECHANISMS)}")
     shared = cfg.shared_data or Path("..") / "shared" / "data"
-    real = [n for n in REAL if n in cfg.panel]
+    real = [n for n in REAL_SAMPLES if n in cfg.panel]
     planted = cfg.planted_rows if "planted" in cfg.panel else ()
     tabular = cfg.tabular_rows if "tabular" in cfg.panel else ()
     shop = cfg.shop_rows if "shop" in cfg.panel else ()
