@@ -334,4 +334,5 @@ def test_a_flag_for_features_the_data_lacks_is_refused(tiny_dataset):
         spec = resolve_run(tiny_dataset, "dlrm", model_config={**SMALL, **model_config}, train=train, progress=False)
         with pytest.raises(ValueError, match=f"^{flag}: .* this dataset has none .*; drop the flag$"):
             Run(spec, dry_run=True)
-    assert plan_of(tiny_dataset).members  # the defaults of both, unset
+    plan = plan_of(tiny_dataset)  # both unset: no refusal, and the default left as it is
+    assert plan.train.admit_after == TrainConfig().admit_after
