@@ -10,6 +10,7 @@ once per method.
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -83,8 +84,8 @@ def run_entry(
     fraction = train_options.get("validation_fraction", TrainConfig().validation_fraction)
     tr, va, te = splits(entry.path, fraction)
     rows = {"train": len(tr), "validation": len(va), "test": len(te)}
-    row: dict[str, Any] = {"dataset": entry.name, "note": entry.note, "bayes_auc": entry.bayes_auc,
-                           "observable_auc": entry.observable_auc, "rows": rows,
+    row: dict[str, Any] = {"dataset": entry.name, "group": entry.group, "note": entry.note,
+                           "bayes_auc": entry.bayes_auc, "observable_auc": entry.observable_auc, "rows": rows,
                            "precisions": list(dict.fromkeys(c.precision for c in trained if c.precision)),
                            "results": {}}  # fmt: skip  # the first precision: the one the others are set against
     fits = {"logistic": logistic_regression, "lightgbm": gradient_boosted_trees}
@@ -152,7 +153,8 @@ def targets(rows: list[dict[str, Any]]) -> list[str]:
     any model of the columns can reach, where the data set records it), and with
     several epoch maxima, the most epochs never worse than the fewest by more than 0.002 test AUC. With several
     precisions, each one's test AUC, log loss and time against the first's (what a default precision is decided
-    on)."""
+    on). Then, per group of data sets drawn with two or more seeds, each model against logistic regression over
+    the seeds (``across_seeds``)."""
     out = []
     for row in rows:
         res = row["results"]
@@ -184,6 +186,30 @@ def targets(rows: list[dict[str, Any]]) -> list[str]:
                            f"{other['precision']} against {first['precision']}: test AUC "
                            f"{other['auc'] - first['auc']:+.4f}, log loss {other['logloss'] - first['logloss']:+.4f}, "
                            f"time x{other['seconds'] / first['seconds']:.2f}")  # fmt: skip
+    return out + across_seeds(rows)
+
+
+def across_seeds(rows: list[dict[str, Any]]) -> list[str]:
+    """Per ``group`` of rows (a generated family at one size) with two or more seeds: each trained column's test AUC
+    minus logistic regression's on each seed, as their median, the seeds where it is below and their standard
+    deviation (the seed spread). The target, every model at or above the regression within the seed spread, reads
+    as a median difference of at least 0."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        if row.get("group") and "logistic" in row["results"]:
+            groups.setdefault(row["group"], []).append(row)
+    out = []
+    for group, members in groups.items():
+        columns = {k: r for row in members for k, r in row["results"].items() if "model" in r}
+        for key, r in columns.items():
+            diffs = [m["results"][key]["auc"] - m["results"]["logistic"]["auc"] for m in members if key in m["results"]]
+            if len(diffs) < 2:
+                continue
+            median = statistics.median(diffs)
+            out.append(f"{group}, {len(diffs)} seeds: {Column(r['model'], r['epochs'], r['precision']).heading} - "
+                       f"logistic regression: median {median:+.4f}, below on {sum(d < 0 for d in diffs)}, "
+                       f"seed spread (sd) {statistics.stdev(diffs):.4f}; median >= 0: "
+                       f"{'yes' if median >= 0 else 'no'}")  # fmt: skip
     return out
 
 

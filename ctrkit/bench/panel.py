@@ -23,8 +23,9 @@ than ``threshold`` times in train, 2.. by descending train frequency (ties by va
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -41,13 +42,15 @@ from ctrkit.data.split_binary import SplitBinaryWriter
 class PanelEntry:
     """One data set of the panel: its name, dataset directory and what is known of it: the test AUC of the true
     click odds (``bayes_auc``) and, where the columns show only part of them, the best test AUC any model of the
-    columns can reach (``observable_auc``)."""
+    columns can reach (``observable_auc``). ``group``: a generated data set's family at its size, the name of the
+    data sets its other seeds draw (None for one drawn once)."""
 
     name: str
     path: Path
     note: str
     bayes_auc: float | None = None
     observable_auc: float | None = None
+    group: str | None = None
 
 
 def _ids(train: pl.Series, others: Sequence[pl.Series], threshold: int) -> tuple[list[np.ndarray], int]:
@@ -246,18 +249,27 @@ def build_panel(
         entries.append(builders[name](shared, work / name))
     for rows in planted_rows:
         for seed in seeds:
-            entries.append(build_planted(work / f"planted-{rows // 1000}k-s{seed}", rows, seed))
+            entries.append(_seeded(work, f"planted-{rows // 1000}k", seed, partial(build_planted, rows=rows)))
     for rows in tabular_rows:
         for seed in seeds:
-            entries.append(build_planted(work / f"tabular-{rows // 1000}k-s{seed}", rows, seed, "tabular"))
+            entries.append(_seeded(work, f"tabular-{rows // 1000}k", seed,
+                                   partial(build_planted, rows=rows, family="tabular")))  # fmt: skip
     for rows in amounts_rows:
         for seed in seeds:
-            entries.append(build_planted(work / f"amounts-{rows // 1000}k-s{seed}", rows, seed, "amounts"))
+            entries.append(_seeded(work, f"amounts-{rows // 1000}k", seed,
+                                   partial(build_planted, rows=rows, family="amounts")))  # fmt: skip
     for rows in outbrain_rows:
         for seed in seeds:
-            entries.append(build_outbrain(work / f"outbrain-{rows // 1000}k-s{seed}", rows, seed))
+            entries.append(_seeded(work, f"outbrain-{rows // 1000}k", seed, partial(build_outbrain, rows=rows)))
     for rows in shop_rows:
         for seed in seeds:
             for tags in ("sum", "mean"):
-                entries.append(build_shop(work / f"shop-{tags}-{rows // 1000}k-s{seed}", rows, seed, tags))
+                entries.append(_seeded(work, f"shop-{tags}-{rows // 1000}k", seed,
+                                       partial(build_shop, rows=rows, tags=tags)))  # fmt: skip
     return entries
+
+
+def _seeded(work: Path, group: str, seed: int, build: Callable[[Path, int], PanelEntry]) -> PanelEntry:
+    """One seed's data set of ``group`` (a family at one size), built by ``build(directory, seed=seed)`` into
+    ``<work>/<group>-s<seed>``."""
+    return replace(build(work / f"{group}-s{seed}", seed=seed), group=group)

@@ -192,6 +192,32 @@ def test_targets_measure_the_gap_to_bayes_and_to_what_the_columns_allow():
     assert not any(line.startswith("q: gap to the best") for line in lines)
 
 
+def test_targets_read_each_model_against_the_regression_over_a_groups_seeds():
+    """Where a family at one size was drawn with several seeds, the targets give each model's test AUC minus the
+    regression's over them: the median, the seeds below and the spread; the target holds where the median is at
+    least 0. A data set drawn once gives no such line."""
+    import statistics
+
+    from ctrkit.bench.accuracy import targets
+
+    def row(name, group, lr, dlrm, dcnv2):
+        results = {"logistic": {"auc": lr}, "dlrm": {"auc": dlrm, "model": "dlrm", "epochs": None, "precision": None},
+                   "dcnv2": {"auc": dcnv2, "model": "dcnv2", "epochs": None, "precision": None}}  # fmt: skip
+        return {"dataset": name, "group": group, "results": results}
+
+    rows = [row("s-s0", "s", 0.70, 0.71, 0.69), row("s-s1", "s", 0.75, 0.748, 0.747),
+            row("s-s2", "s", 0.72, 0.724, 0.721), row("t-s0", "t", 0.70, 0.60, 0.60),
+            row("criteo", None, 0.70, 0.60, 0.60)]  # fmt: skip
+    lines = [line for line in targets(rows) if " seeds: " in line]
+    spread = statistics.stdev([0.01, -0.002, 0.004])
+    assert lines == [
+        f"s, 3 seeds: DLRM - logistic regression: median +0.0040, below on 1, seed spread (sd) {spread:.4f}; "
+        "median >= 0: yes",
+        f"s, 3 seeds: DCNv2 - logistic regression: median -0.0030, below on 2, seed spread (sd) "
+        f"{statistics.stdev([-0.01, -0.003, 0.001]):.4f}; median >= 0: no",
+    ]
+
+
 def test_bench_accuracy_takes_every_family_its_help_names(tmp_path, capsys):
     """Every family of the default panel is a name `--panel` takes: the shop logs train through the command (it
     refused `--panel shop`, and so its own default panel)."""
@@ -204,6 +230,7 @@ def test_bench_accuracy_takes_every_family_its_help_names(tmp_path, capsys):
     assert code == 0, err
     doc = json.loads((tmp_path / "acc" / "results.json").read_text())
     assert [r["dataset"] for r in doc["rows"]] == ["shop-sum-4k-s0", "shop-mean-4k-s0"]
+    assert [r["group"] for r in doc["rows"]] == ["shop-sum-4k", "shop-mean-4k"]  # what the targets read seeds by
     for row in doc["rows"]:
         assert set(row["results"]) == {"logistic", "dlrm"} and row["results"]["dlrm"]["auc"] < row["bayes_auc"]
     code, out, err = run_cli("bench", "accuracy", "--panel", ",".join(AccuracyBenchConfig().panel), "--models", "x",
