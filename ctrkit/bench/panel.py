@@ -269,7 +269,7 @@ def build_panel(
     return entries
 
 
-def _seeded(work: Path, group: str, seed: int, build: Callable[[Path, int], PanelEntry]) -> PanelEntry:
+def _seeded(work: Path, group: str, seed: int, build: Callable[..., PanelEntry]) -> PanelEntry:
     """One seed's data set of ``group`` (a family at one size), built by ``build(directory, seed=seed)`` into
     ``<work>/<group>-s<seed>``."""
     return replace(build(work / f"{group}-s{seed}", seed=seed), group=group)
