@@ -23,7 +23,7 @@ than ``threshold`` times in train, 2.. by descending train frequency (ties by va
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -228,44 +228,44 @@ def build_shop(out: Path, rows: int, seed: int, tags: str) -> PanelEntry:
                       f"{summary['train_rows']:,} train rows, seed {seed}", bayes)  # fmt: skip
 
 
+# Each generated family: the data sets it draws at a size (``rows``), as (group, build) where ``group`` names the family
+# at that size and ``build(directory, seed=seed)`` writes one seed's data set.
+GENERATED: dict[str, Callable[[int], list[tuple[str, Callable[..., PanelEntry]]]]] = {
+    "planted": lambda rows: [(f"planted-{rows // 1000}k", partial(build_planted, rows=rows))],
+    "tabular": lambda rows: [(f"tabular-{rows // 1000}k", partial(build_planted, rows=rows, family="tabular"))],
+    "amounts": lambda rows: [(f"amounts-{rows // 1000}k", partial(build_planted, rows=rows, family="amounts"))],
+    "outbrain": lambda rows: [(f"outbrain-{rows // 1000}k", partial(build_outbrain, rows=rows))],
+    "shop": lambda rows: [
+        (f"shop-{tags}-{rows // 1000}k", partial(build_shop, rows=rows, tags=tags)) for tags in ("sum", "mean")
+    ],  # fmt: skip
+}
+REAL_BUILDERS: dict[str, Callable[[Path, Path], PanelEntry]] = {
+    "criteo": build_criteo, "avazu": build_avazu, "movielens": build_movielens}  # fmt: skip
+
+
 def build_panel(
     work: Path,
     shared: Path | None,
-    real: Sequence[str] = REAL_SAMPLES,
-    planted_rows: Sequence[int] = (),
-    seeds=(0,),
-    tabular_rows: Sequence[int] = (),
-    amounts_rows: Sequence[int] = (),
-    outbrain_rows: Sequence[int] = (),
-    shop_rows: Sequence[int] = (),
+    families: Sequence[str],
+    rows: Mapping[str, Sequence[int]] | None = None,
+    seeds: Sequence[int] = (0,),
 ) -> list[PanelEntry]:
-    """Builds the panel's datasets under ``work`` (real ones only where ``shared`` holds them)."""
+    """Builds the data sets of ``families`` under ``work``: each real sample (``REAL_SAMPLES``) where ``shared``
+    holds it, and each generated family (``GENERATED``) at each of its sizes in ``rows`` (family -> rows; a family
+    without sizes builds nothing), once per seed. Families named but neither real nor generated (``independent``,
+    ``none``) are left to the caller. The order is ``REAL_SAMPLES``' then ``GENERATED``'s, whatever ``families``'."""
     work.mkdir(parents=True, exist_ok=True)
-    builders = {"criteo": build_criteo, "avazu": build_avazu, "movielens": build_movielens}
     entries = []
-    for name in real:
-        if shared is None or not (shared / {"criteo": "criteo_kaggle"}.get(name, name)).exists():
+    for name in REAL_SAMPLES:
+        source = None if shared is None else shared / {"criteo": "criteo_kaggle"}.get(name, name)
+        if name in families and source is not None and source.exists():
+            entries.append(REAL_BUILDERS[name](shared, work / name))
+    for family, draws in GENERATED.items():
+        if family not in families:
             continue
-        entries.append(builders[name](shared, work / name))
-    for rows in planted_rows:
-        for seed in seeds:
-            entries.append(_seeded(work, f"planted-{rows // 1000}k", seed, partial(build_planted, rows=rows)))
-    for rows in tabular_rows:
-        for seed in seeds:
-            entries.append(_seeded(work, f"tabular-{rows // 1000}k", seed,
-                                   partial(build_planted, rows=rows, family="tabular")))  # fmt: skip
-    for rows in amounts_rows:
-        for seed in seeds:
-            entries.append(_seeded(work, f"amounts-{rows // 1000}k", seed,
-                                   partial(build_planted, rows=rows, family="amounts")))  # fmt: skip
-    for rows in outbrain_rows:
-        for seed in seeds:
-            entries.append(_seeded(work, f"outbrain-{rows // 1000}k", seed, partial(build_outbrain, rows=rows)))
-    for rows in shop_rows:
-        for seed in seeds:
-            for tags in ("sum", "mean"):
-                entries.append(_seeded(work, f"shop-{tags}-{rows // 1000}k", seed,
-                                       partial(build_shop, rows=rows, tags=tags)))  # fmt: skip
+        for size in (rows or {}).get(family, ()):
+            for seed in seeds:
+                entries.extend(_seeded(work, group, seed, build) for group, build in draws(size))
     return entries
 
 

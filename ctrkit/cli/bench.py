@@ -10,7 +10,6 @@ from pathlib import Path
 from ctrkit.bench.config import (
     ABLATION_FAMILIES,
     PANEL_FAMILIES,
-    REAL_SAMPLES,
     AblationBenchConfig,
     AccuracyBenchConfig,
     BenchRunOptions,
@@ -248,14 +247,9 @@ def accuracy(args: argparse.Namespace) -> int:
     if set(cfg.precisions or ()) - set(PRECISIONS):
         raise ValueError(f"--precisions: expected names among {', '.join(PRECISIONS)}, got {','.join(cfg.precisions)}")
     shared = cfg.shared_data or Path("..") / "shared" / "data"
-    real = [n for n in REAL_SAMPLES if n in cfg.panel]
-    planted = cfg.planted_rows if "planted" in cfg.panel else ()
-    tabular = cfg.tabular_rows if "tabular" in cfg.panel else ()
-    amounts = cfg.amounts_rows if "amounts" in cfg.panel else ()
-    outbrain = cfg.outbrain_rows if "outbrain" in cfg.panel else ()
-    shop = cfg.shop_rows if "shop" in cfg.panel else ()
-    entries = build_panel(cfg.work, shared if shared.exists() else None, real, planted, cfg.seeds, tabular, amounts,
-                          outbrain, shop)  # fmt: skip
+    rows = {"planted": cfg.planted_rows, "tabular": cfg.tabular_rows, "amounts": cfg.amounts_rows,
+            "outbrain": cfg.outbrain_rows, "shop": cfg.shop_rows}  # fmt: skip
+    entries = build_panel(cfg.work, shared if shared.exists() else None, cfg.panel, rows, cfg.seeds)
     if "independent" in cfg.panel:
         from ctrkit.bench.independent import TABLES, build_independent, fetch_tables, missing_tables
 
@@ -315,12 +309,8 @@ def ablation(args: argparse.Namespace) -> int:
     if unknown:
         raise ValueError(f"unknown mechanisms or panel entries: {sorted(unknown)}; mechanisms: {', '.join(MECHANISMS)}")
     shared = cfg.shared_data or Path("..") / "shared" / "data"
-    real = [n for n in REAL_SAMPLES if n in cfg.panel]
-    planted = cfg.planted_rows if "planted" in cfg.panel else ()
-    tabular = cfg.tabular_rows if "tabular" in cfg.panel else ()
-    shop = cfg.shop_rows if "shop" in cfg.panel else ()
-    entries = build_panel(cfg.work, shared if shared.exists() else None, real, planted, cfg.data_seeds, tabular,
-                          shop_rows=shop)  # fmt: skip
+    rows = {"planted": cfg.planted_rows, "tabular": cfg.tabular_rows, "shop": cfg.shop_rows}
+    entries = build_panel(cfg.work, shared if shared.exists() else None, cfg.panel, rows, cfg.data_seeds)
     entries += [PanelEntry(Path(d).name, Path(d), f"user dataset {d}") for d in cfg.datasets or ()]
     if not entries:
         raise ValueError(f"no data sets: no real samples under {shared} and no planted or user data sets")

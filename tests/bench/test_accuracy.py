@@ -72,7 +72,8 @@ def test_panel_builds_each_planted_family(tmp_path):
     Bayes AUC; training on them is the previous test's (the tabular family) and the accuracy benchmark's."""
     from ctrkit.bench.panel import build_panel
 
-    entries = build_panel(tmp_path, None, real=(), planted_rows=[2400], tabular_rows=[2400], amounts_rows=[2400])
+    families = ("criteo", "planted", "tabular", "amounts", "shop")  # no shared data; shop at no size: neither built
+    entries = build_panel(tmp_path, None, families, {"planted": [2400], "tabular": [2400], "amounts": [2400]})
     assert [e.name for e in entries] == ["planted-2k-s0", "tabular-2k-s0", "amounts-2k-s0"]
     for entry in entries:
         train, test = (SplitBinaryDataset(entry.path, m) for m in ("train", "test"))
@@ -91,7 +92,7 @@ def test_panel_builds_shop_logs_through_preprocess_table(tmp_path):
     from ctrkit.bench.panel import build_panel
     from ctrkit.data.feature_spec import FeatureSpec
 
-    entries = build_panel(tmp_path, None, real=(), shop_rows=[20_000])
+    entries = build_panel(tmp_path, None, ("shop",), {"shop": [20_000], "planted": [2400]})  # planted: not named
     assert [e.name for e in entries] == ["shop-sum-20k-s0", "shop-mean-20k-s0"]
     for entry, tags in zip(entries, ("sum", "mean")):
         assert (len(SplitBinaryDataset(entry.path, "train")), len(SplitBinaryDataset(entry.path, "test"))) == (
@@ -216,6 +217,19 @@ def test_targets_read_each_model_against_the_regression_over_a_groups_seeds():
         f"s, 3 seeds: DCNv2 - logistic regression: median -0.0030, below on 2, seed spread (sd) "
         f"{statistics.stdev([-0.01, -0.003, 0.001]):.4f}; median >= 0: no",
     ]
+
+
+def test_every_family_a_panel_names_is_one_the_panel_builds():
+    """The names `--panel` takes are the families `build_panel` builds, real and generated, and the independent
+    tables the command adds; `bench ablation`'s are among them and each has its rows option."""
+    from ctrkit.bench.config import ABLATION_FAMILIES, PANEL_FAMILIES, REAL_SAMPLES, AblationBenchConfig
+    from ctrkit.bench.panel import GENERATED, REAL_BUILDERS
+
+    assert set(REAL_BUILDERS) == set(REAL_SAMPLES)
+    assert sorted(PANEL_FAMILIES) == sorted({*REAL_SAMPLES, *GENERATED, "independent"})
+    assert set(ABLATION_FAMILIES) <= set(PANEL_FAMILIES)
+    for family in set(ABLATION_FAMILIES) & set(GENERATED):
+        assert hasattr(AblationBenchConfig(), f"{family}_rows"), family
 
 
 def test_bench_accuracy_takes_every_family_its_help_names(tmp_path, capsys):
