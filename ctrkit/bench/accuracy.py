@@ -192,8 +192,8 @@ def targets(rows: list[dict[str, Any]]) -> list[str]:
 def across_seeds(rows: list[dict[str, Any]]) -> list[str]:
     """Per ``group`` of rows (a generated family at one size) with two or more seeds: each trained column's test AUC
     minus logistic regression's on each seed, as their median, the seeds where it is below and their standard
-    deviation (the seed spread). The target, every model at or above the regression within the seed spread, reads
-    as a median difference of at least 0."""
+    deviation over the data seeds (not ``bench ablation``'s seed spread, a range over training seeds). The target,
+    every model at or above the regression within the seed spread, reads as a median difference of at least 0."""
     groups: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
         if row.get("group") and "logistic" in row["results"]:
@@ -208,7 +208,7 @@ def across_seeds(rows: list[dict[str, Any]]) -> list[str]:
             median = statistics.median(diffs)
             out.append(f"{group}, {len(diffs)} seeds: {Column(r['model'], r['epochs'], r['precision']).heading} - "
                        f"logistic regression: median {median:+.4f}, below on {sum(d < 0 for d in diffs)}, "
-                       f"seed spread (sd) {statistics.stdev(diffs):.4f}; median >= 0: "
+                       f"sd over the data seeds {statistics.stdev(diffs):.4f}; median >= 0: "
                        f"{'yes' if median >= 0 else 'no'}")  # fmt: skip
     return out
 

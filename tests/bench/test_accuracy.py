@@ -212,9 +212,9 @@ def test_targets_read_each_model_against_the_regression_over_a_groups_seeds():
     lines = [line for line in targets(rows) if " seeds: " in line]
     spread = statistics.stdev([0.01, -0.002, 0.004])
     assert lines == [
-        f"s, 3 seeds: DLRM - logistic regression: median +0.0040, below on 1, seed spread (sd) {spread:.4f}; "
+        f"s, 3 seeds: DLRM - logistic regression: median +0.0040, below on 1, sd over the data seeds {spread:.4f}; "
         "median >= 0: yes",
-        f"s, 3 seeds: DCNv2 - logistic regression: median -0.0030, below on 2, seed spread (sd) "
+        f"s, 3 seeds: DCNv2 - logistic regression: median -0.0030, below on 2, sd over the data seeds "
         f"{statistics.stdev([-0.01, -0.003, 0.001]):.4f}; median >= 0: no",
     ]
 
