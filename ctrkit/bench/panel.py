@@ -117,11 +117,11 @@ def write_tabular(
     return FeatureSpec.from_yaml(Path(out) / "feature_spec.yaml")
 
 
-def build_criteo(shared: Path, out: Path) -> PanelEntry:
+def build_criteo(src: Path, out: Path) -> PanelEntry:
+    """The Criteo sample from ``src`` (``shared/data/criteo_kaggle``)."""
     from ctrkit.preprocess.criteo import CriteoRecipe
     from ctrkit.preprocess.polars_engine import preprocess_criteo
 
-    src = shared / "criteo_kaggle"
     late = pl.read_csv(src / "sample_late_va.rx.csv", infer_schema_length=0)  # every column as text
     tsv = out.parent / f"{out.name}.late.tsv"
     late.drop("Id").write_csv(tsv, separator="\t", include_header=False, null_value="")
@@ -131,8 +131,9 @@ def build_criteo(shared: Path, out: Path) -> PanelEntry:
     return PanelEntry("criteo", out, "Criteo Kaggle: first 10,000 rows -> 1,999 rows of a later day")
 
 
-def build_avazu(shared: Path, out: Path) -> PanelEntry:
-    frame = pl.read_csv(shared / "avazu" / "train_head_10k.csv", infer_schema_length=0)
+def build_avazu(src: Path, out: Path) -> PanelEntry:
+    """The Avazu sample from ``src`` (``shared/data/avazu``)."""
+    frame = pl.read_csv(src / "train_head_10k.csv", infer_schema_length=0)
     cut = int(round(len(frame) * 0.8))
     cats = [c for c in frame.columns if c not in ("id", "click", "hour")]
     frame = frame.with_columns(pl.col("click").cast(pl.Int64))
@@ -140,8 +141,9 @@ def build_avazu(shared: Path, out: Path) -> PanelEntry:
     return PanelEntry("avazu", out, "Avazu: first 9,999 rows in file order, the last 20% as test")
 
 
-def build_movielens(shared: Path, out: Path) -> PanelEntry:
-    src = shared / "movielens" / "ml-100k"
+def build_movielens(src: Path, out: Path) -> PanelEntry:
+    """MovieLens 100k from ``src`` (``shared/data/movielens``)."""
+    src = src / "ml-100k"
     ratings = pl.read_csv(src / "u.data", separator="\t", has_header=False,
                           new_columns=["user", "item", "rating", "time"])  # fmt: skip
     users = pl.read_csv(src / "u.user", separator="|", has_header=False,
@@ -239,31 +241,37 @@ GENERATED: dict[str, Callable[[int], list[tuple[str, Callable[..., PanelEntry]]]
         (f"shop-{tags}-{rows // 1000}k", partial(build_shop, rows=rows, tags=tags)) for tags in ("sum", "mean")
     ],  # fmt: skip
 }
-REAL_BUILDERS: dict[str, Callable[[Path, Path], PanelEntry]] = {
-    "criteo": build_criteo, "avazu": build_avazu, "movielens": build_movielens}  # fmt: skip
+# Each real sample: its directory under the shared data, and the builder that reads it (``build(directory, out)``).
+REAL_BUILDERS: dict[str, tuple[str, Callable[[Path, Path], PanelEntry]]] = {
+    "criteo": ("criteo_kaggle", build_criteo), "avazu": ("avazu", build_avazu),
+    "movielens": ("movielens", build_movielens)}  # fmt: skip
 
 
 def build_panel(
     work: Path,
     shared: Path | None,
     families: Sequence[str],
-    rows: Mapping[str, Sequence[int]] | None = None,
+    rows: Mapping[str, Sequence[int]],
     seeds: Sequence[int] = (0,),
 ) -> list[PanelEntry]:
     """Builds the data sets of ``families`` under ``work``: each real sample (``REAL_SAMPLES``) where ``shared``
-    holds it, and each generated family (``GENERATED``) at each of its sizes in ``rows`` (family -> rows; a family
-    without sizes builds nothing), once per seed. Families named but neither real nor generated (``independent``,
-    ``none``) are left to the caller. The order is ``REAL_SAMPLES``' then ``GENERATED``'s, whatever ``families``'."""
+    holds its directory, and each generated family (``GENERATED``) at each of its sizes in ``rows`` (family -> rows,
+    for every generated family named; a ValueError names one left out), once per seed. Families named but neither
+    real nor generated (``independent``, ``none``) are left to the caller. The order is ``REAL_SAMPLES``' then
+    ``GENERATED``'s, whatever ``families``'."""
+    unsized = [f for f in GENERATED if f in families and f not in rows]
+    if unsized:
+        raise ValueError(f"build_panel: no rows given for the generated families {unsized}")
     work.mkdir(parents=True, exist_ok=True)
     entries = []
     for name in REAL_SAMPLES:
-        source = None if shared is None else shared / {"criteo": "criteo_kaggle"}.get(name, name)
-        if name in families and source is not None and source.exists():
-            entries.append(REAL_BUILDERS[name](shared, work / name))
+        directory, build = REAL_BUILDERS[name]
+        if name in families and shared is not None and (shared / directory).exists():
+            entries.append(build(shared / directory, work / name))
     for family, draws in GENERATED.items():
         if family not in families:
             continue
-        for size in (rows or {}).get(family, ()):
+        for size in rows[family]:
             for seed in seeds:
                 entries.extend(_seeded(work, group, seed, build) for group, build in draws(size))
     return entries

@@ -249,7 +249,7 @@ def accuracy(args: argparse.Namespace) -> int:
     shared = cfg.shared_data or Path("..") / "shared" / "data"
     rows = {"planted": cfg.planted_rows, "tabular": cfg.tabular_rows, "amounts": cfg.amounts_rows,
             "outbrain": cfg.outbrain_rows, "shop": cfg.shop_rows}  # fmt: skip
-    entries = build_panel(cfg.work, shared if shared.exists() else None, cfg.panel, rows, cfg.seeds)
+    entries = build_panel(cfg.work, shared, cfg.panel, rows, cfg.seeds)
     if "independent" in cfg.panel:
         from ctrkit.bench.independent import TABLES, build_independent, fetch_tables, missing_tables
 
@@ -310,7 +310,7 @@ def ablation(args: argparse.Namespace) -> int:
         raise ValueError(f"unknown mechanisms or panel entries: {sorted(unknown)}; mechanisms: {', '.join(MECHANISMS)}")
     shared = cfg.shared_data or Path("..") / "shared" / "data"
     rows = {"planted": cfg.planted_rows, "tabular": cfg.tabular_rows, "shop": cfg.shop_rows}
-    entries = build_panel(cfg.work, shared if shared.exists() else None, cfg.panel, rows, cfg.data_seeds)
+    entries = build_panel(cfg.work, shared, cfg.panel, rows, cfg.data_seeds)
     entries += [PanelEntry(Path(d).name, Path(d), f"user dataset {d}") for d in cfg.datasets or ()]
     if not entries:
         raise ValueError(f"no data sets: no real samples under {shared} and no planted or user data sets")

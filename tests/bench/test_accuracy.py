@@ -73,7 +73,10 @@ def test_panel_builds_each_planted_family(tmp_path):
     from ctrkit.bench.panel import build_panel
 
     families = ("criteo", "planted", "tabular", "amounts", "shop")  # no shared data; shop at no size: neither built
-    entries = build_panel(tmp_path, None, families, {"planted": [2400], "tabular": [2400], "amounts": [2400]})
+    sizes = {"planted": [2400], "tabular": [2400], "amounts": [2400]}
+    with pytest.raises(ValueError, match=r"no rows given for the generated families \['shop'\]"):
+        build_panel(tmp_path, None, families, sizes)  # a family named without its rows is a caller's slip
+    entries = build_panel(tmp_path, None, families, {**sizes, "shop": []})
     assert [e.name for e in entries] == ["planted-2k-s0", "tabular-2k-s0", "amounts-2k-s0"]
     for entry in entries:
         train, test = (SplitBinaryDataset(entry.path, m) for m in ("train", "test"))
@@ -107,9 +110,9 @@ def test_panel_builds_shop_logs_through_preprocess_table(tmp_path):
 def test_real_panel_builders(tmp_path):
     from ctrkit.bench.panel import build_avazu, build_movielens
 
-    avazu = build_avazu(SHARED_DATA, tmp_path / "avazu")
+    avazu = build_avazu(SHARED_DATA / "avazu", tmp_path / "avazu")
     assert [len(SplitBinaryDataset(avazu.path, m)) for m in ("train", "test")] == [7999, 2000]
-    ml = build_movielens(SHARED_DATA, tmp_path / "ml")
+    ml = build_movielens(SHARED_DATA / "movielens", tmp_path / "ml")
     train, validation, test = (SplitBinaryDataset(ml.path, m) for m in ("train", "validation", "test"))
     assert len(train) + len(validation) + len(test) == 100_000 and train.spec.multi_hot_cardinalities == [19]
     assert 0.09 < len(validation) / 100_000 < 0.11 and 0.19 < len(test) / 100_000 < 0.21
@@ -221,15 +224,13 @@ def test_targets_read_each_model_against_the_regression_over_a_groups_seeds():
 
 def test_every_family_a_panel_names_is_one_the_panel_builds():
     """The names `--panel` takes are the families `build_panel` builds, real and generated, and the independent
-    tables the command adds; `bench ablation`'s are among them and each has its rows option."""
-    from ctrkit.bench.config import ABLATION_FAMILIES, PANEL_FAMILIES, REAL_SAMPLES, AblationBenchConfig
+    tables the command adds; `bench ablation`'s are among them."""
+    from ctrkit.bench.config import ABLATION_FAMILIES, PANEL_FAMILIES, REAL_SAMPLES
     from ctrkit.bench.panel import GENERATED, REAL_BUILDERS
 
     assert set(REAL_BUILDERS) == set(REAL_SAMPLES)
     assert sorted(PANEL_FAMILIES) == sorted({*REAL_SAMPLES, *GENERATED, "independent"})
     assert set(ABLATION_FAMILIES) <= set(PANEL_FAMILIES)
-    for family in set(ABLATION_FAMILIES) & set(GENERATED):
-        assert hasattr(AblationBenchConfig(), f"{family}_rows"), family
 
 
 def test_bench_accuracy_takes_every_family_its_help_names(tmp_path, capsys):

@@ -337,7 +337,7 @@ def test_a_flag_for_features_the_data_lacks_is_refused(tiny_dataset):
             Run(spec, dry_run=True)
     plan = plan_of(tiny_dataset)  # both unset: no refusal, and the default left as it is
     assert plan.train.admit_after == TrainConfig().admit_after
-    # a recipe's pooling (NVIDIA's Wide & Deep sums its bags) on the same data: no refusal, the value kept
+    # a recipe's pooling (NVIDIA's Wide & Deep sums its bags) on the same data: from the recipe, not refused
     spec = resolve_run(tiny_dataset, "wide_deep", recipe="nvidia", model_config={"deep_mlp": (16,)}, progress=False)
     assert source(spec.sources, "combiner").layer is Layer.RECIPE
     assert Run(spec, dry_run=True).plan.recipe == "nvidia"
