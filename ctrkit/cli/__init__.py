@@ -13,7 +13,7 @@ import re
 import sys
 
 from ctrkit import __version__
-from ctrkit.cli import bench, data, serve, train
+from ctrkit.cli import bench, data, refresh, serve, train
 
 EXIT_USER_ERROR = 2
 
@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"ctrkit {__version__}")
     parser.add_argument("--traceback", action="store_true", help="show the full traceback of errors")
     sub = parser.add_subparsers(dest="command", required=True, help="what to do")
-    for group in (data, train, serve, bench):
+    for group in (data, train, serve, refresh, bench):
         group.register(sub)
     _list_subcommands(parser)
     return parser

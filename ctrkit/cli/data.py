@@ -223,19 +223,10 @@ def preprocess_table(args: argparse.Namespace) -> int:
     ids, new values get ids after them, and `train --continue-from CHECKPOINT` grows the tables for them.
     """
     from ctrkit.preprocess.table import preprocess_table as run
-    from ctrkit.preprocess.table_recipe import TableRecipe
+    from ctrkit.preprocess.table_recipe import recipe_of
 
     cfg: TablePreprocessConfig = config_from(args, TablePreprocessConfig)
-    recipe = TableRecipe(
-        label=cfg.label, categorical=cfg.categorical, numerical=cfg.numerical, multi_hot=cfg.multi_hot,
-        drop=cfg.drop, also_categorical=_auto_or_names(cfg.also_categorical, "--also-categorical"),
-        positive=cfg.positive, label_threshold=cfg.label_threshold, separator=cfg.separator,
-        frequency_threshold=cfg.frequency_threshold, order_by=cfg.order_by, shuffle_seed=cfg.shuffle_seed,
-        group=cfg.group, integers=cfg.integers,
-        null_values=cfg.null_values, csv_separator=cfg.csv_separator, bad_rows=cfg.bad_rows,
-        raw_ids=cfg.raw_ids, capacity=cfg.capacity, time=_auto_or_names(cfg.time, "--time"),
-        time_parts=cfg.time_parts, time_format=cfg.time_format or "", combiner=cfg.combiner,
-    )  # fmt: skip
+    recipe = recipe_of(cfg)
     test_fraction = None if cfg.test_files is not None else (0.1 if cfg.test_fraction is None else cfg.test_fraction)
     summary = run(cfg.raw, cfg.out, recipe, test_files=cfg.test_files, test_fraction=test_fraction,
                   validation_fraction=cfg.validation_fraction, overwrite=cfg.overwrite,
@@ -272,15 +263,6 @@ def preprocess_table(args: argparse.Namespace) -> int:
         f"{summary['seconds']:.1f} s"
     )
     return 0
-
-
-def _auto_or_names(names: tuple[str, ...], flag: str) -> tuple[str, ...] | str:
-    """--also-categorical or --time as the recipe takes it: 'auto' alone, 'none' alone (no column), or column
-    names."""
-    words = {"auto", "none"} & set(names)
-    if words and len(names) > 1:
-        raise ValueError(f"{flag}: '{sorted(words)[0]}' stands alone, not beside column names")
-    return "auto" if names == ("auto",) else () if names == ("none",) else names
 
 
 def transcode(args: argparse.Namespace) -> int:

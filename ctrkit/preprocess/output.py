@@ -58,13 +58,15 @@ class Rejects:
             self.kept.append({"file": file, "line_no": line_no, "problem": problem, "line": line})
 
 
-def split_bounds(total: int, n_train: int, validation_fraction: float | None) -> list[tuple[str, int, int]]:
+def split_bounds(total: int, n_train: int, validation_fraction: float | None, held_out: str = "test"
+                 ) -> list[tuple[str, int, int]]:  # fmt: skip
     """The mappings of ``total`` rows, the first ``n_train`` of them training, as (name, first row, end row):
-    train, then (with ``validation_fraction``) the last fraction of the training rows as validation, then
-    test; each must hold at least one row."""
+    train, then (with ``validation_fraction``) the last fraction of the training rows as validation, then the rest
+    as ``held_out`` (test, or validation where the held-out rows were given as such); each must hold at least one
+    row."""
     n_fit = n_train - int(round(n_train * validation_fraction)) if validation_fraction else n_train
     bounds = [("train", 0, n_fit)] + ([("validation", n_fit, n_train)] if validation_fraction else [])
-    bounds.append(("test", n_train, total))
+    bounds.append((held_out, n_train, total))
     if any(hi <= lo for _, lo, hi in bounds):
         sizes = ", ".join(f"{hi - lo} {name}" for name, lo, hi in bounds)
         raise ValueError(f"the split left {sizes} rows; each needs at least one")

@@ -283,6 +283,7 @@ def preprocess_table(
     like: Like | None = None,
     engine: str = "polars",
     master: str = "local[*]",
+    validation_files: Sequence[str | os.PathLike] | None = None,
 ) -> dict:
     """CSV or Parquet tables -> a split-binary dataset (train, optionally validation, test).
 
@@ -302,6 +303,8 @@ def preprocess_table(
             (``table_spark``: every file read, the fit counted and the transform applied in Spark's tasks), its
             scratch files beside ``out_dir``. Both write the same dataset, byte for byte.
         master: the Spark master URL for the spark engine (``local[*]``: every core of this machine).
+        validation_files: files whose rows are the ``validation`` mapping (not counted into the vocabularies), with
+            no test mapping: every other row is trained on (``refresh``'s day: its held-out tail).
 
     Returns:
         The summary also written to ``summary.json``: rows per mapping, bad rows, roles, cardinalities.
@@ -315,20 +318,26 @@ def preprocess_table(
     recipe.validate()
     if not files:
         raise ValueError("no input files given")
-    if test_files is None and (test_fraction is None or not 0.0 < test_fraction < 1.0):
+    if validation_files is not None and (test_files is not None or validation_fraction is not None):
+        raise ValueError(
+            "`validation_files` are the held-out rows: give no test files or validation fraction with them"
+        )
+    if validation_files is None and test_files is None and (test_fraction is None or not 0.0 < test_fraction < 1.0):
         raise ValueError(f"`test_fraction` must lie in (0, 1), got {test_fraction}")
     if validation_fraction is not None and not 0.0 < validation_fraction < 1.0:
         raise ValueError(f"`validation_fraction` must lie in (0, 1), got {validation_fraction}")
     paths = [Path(p) for p in files]
-    test_paths = [Path(p) for p in test_files] if test_files is not None else []
+    held = validation_files if validation_files is not None else test_files
+    test_paths = [Path(p) for p in held] if held is not None else []
     all_paths = paths + test_paths
     check_output(Path(out_dir), all_paths)
     check_new_directory(Path(out_dir), overwrite)  # before the work, not after it
     start = time.perf_counter()
     rows = _rows(engine, master, Path(out_dir))
+    held_out = "validation" if validation_files is not None else "test"
     try:
         return _preprocess(rows, paths, all_paths, Path(out_dir), recipe, test_fraction, validation_fraction,
-                           overwrite, progress, like, start)  # fmt: skip
+                           overwrite, progress, like, start, held_out)  # fmt: skip
     finally:
         rows.close()
 
@@ -348,6 +357,7 @@ def _rows(engine: str, master: str, out_dir: Path):
 def _preprocess(
     rows, paths: list[Path], all_paths: list[Path], out_dir: Path, recipe: TableRecipe, test_fraction: float | None,
     validation_fraction: float | None, overwrite: bool, progress: bool, like: Like | None, start: float,
+    held_out: str = "test",
 ) -> dict:  # fmt: skip
     raw_schema = dict(rows.read(all_paths, len(paths), recipe, like.transform if like is not None else None))
     if like is None:
@@ -366,7 +376,7 @@ def _preprocess(
     total, n_train = rows.clean(steps, rejects, all_paths)
     if len(all_paths) == len(paths):  # no test files: the last fraction of the rows
         n_train = total - int(round(total * test_fraction))
-    bounds = split_bounds(total, n_train, validation_fraction)
+    bounds = split_bounds(total, n_train, validation_fraction, held_out)
     n_fit = bounds[0][2]
 
     unknown = [c for c in recipe.raw_ids if c not in roles.categorical]

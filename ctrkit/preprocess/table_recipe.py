@@ -8,6 +8,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 
@@ -388,3 +389,27 @@ def number_problems(names: Sequence[str]) -> list[pl.Expr]:
             .then(pl.format(f"{n}: {{}} is beyond float32's range (magnitude at most 3.4e38)", col.cast(pl.String)))
         )
     return problems
+
+
+def recipe_of(cfg: Any) -> TableRecipe:
+    """The recipe of ``preprocess table``'s flags (a ``data_config.TablePreprocessConfig``), as ``preprocess table``
+    and ``refresh`` take them."""
+    return TableRecipe(
+        label=cfg.label, categorical=cfg.categorical, numerical=cfg.numerical, multi_hot=cfg.multi_hot,
+        drop=cfg.drop, also_categorical=auto_or_names(cfg.also_categorical, "--also-categorical"),
+        positive=cfg.positive, label_threshold=cfg.label_threshold, separator=cfg.separator,
+        frequency_threshold=cfg.frequency_threshold, order_by=cfg.order_by, shuffle_seed=cfg.shuffle_seed,
+        group=cfg.group, integers=cfg.integers,
+        null_values=cfg.null_values, csv_separator=cfg.csv_separator, bad_rows=cfg.bad_rows,
+        raw_ids=cfg.raw_ids, capacity=cfg.capacity, time=auto_or_names(cfg.time, "--time"),
+        time_parts=cfg.time_parts, time_format=cfg.time_format or "", combiner=cfg.combiner,
+    )  # fmt: skip
+
+
+def auto_or_names(names: tuple[str, ...], flag: str) -> tuple[str, ...] | str:
+    """--also-categorical or --time as the recipe takes it: 'auto' alone, 'none' alone (no column), or column
+    names."""
+    words = {"auto", "none"} & set(names)
+    if words and len(names) > 1:
+        raise ValueError(f"{flag}: '{sorted(words)[0]}' stands alone, not beside column names")
+    return "auto" if names == ("auto",) else () if names == ("none",) else names

@@ -1,0 +1,118 @@
+"""A day of a click log as ``refresh`` reads it: every file read by ``table_reader``'s rules (the one reader of a
+user's file), the rows ordered by the table's rule (``table_rows.ordered``), their labels by the recipe's rule
+(``table_recipe.label_values``), split into the rows trained on today and the held-out tail, and scored by a model
+from their raw values as ``predict --input`` and the server score them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from ctrkit.preprocess.table_reader import read_table
+from ctrkit.preprocess.table_recipe import FILE_COL, LINE_COL, TableRecipe, label_values
+from ctrkit.preprocess.table_rows import merged_schema, ordered
+from ctrkit.preprocess.transform import RowError, RowTransform
+
+SCORE_ROWS = 1 << 16  # raw rows scored at a time
+
+
+@dataclass(frozen=True)
+class Day:
+    """A day's rows in time order with where each came from (``FILE_COL``, ``LINE_COL``) and its 0/1 ``labels``
+    (int8), and the files they were read from."""
+
+    rows: pl.DataFrame
+    labels: np.ndarray
+    files: tuple[Path, ...]
+
+    def __len__(self) -> int:
+        return self.rows.height
+
+    @property
+    def columns(self) -> list[str]:
+        """The log's own columns (where each row came from left out)."""
+        return [c for c in self.rows.columns if c not in (FILE_COL, LINE_COL)]
+
+    def where(self, row: int) -> str:
+        """``file:line`` of row ``row``."""
+        f, line = self.rows.row(row, named=True)[FILE_COL], self.rows.row(row, named=True)[LINE_COL]
+        return f"{self.files[f]}:{line}"
+
+    def split(self, fraction: float) -> tuple[Day, Day]:
+        """(the rows before the held-out tail, the tail): the last ``fraction`` of the rows, at least one row of
+        each where the day has two."""
+        n = len(self)
+        tail = min(n - 1, max(1, int(round(n * fraction)))) if n >= 2 else 0
+        cut = n - tail
+        return (Day(self.rows[:cut], self.labels[:cut], self.files),
+                Day(self.rows[cut:], self.labels[cut:], self.files))  # fmt: skip
+
+    def raw(self) -> pl.DataFrame:
+        """The rows as the log holds them (no bookkeeping columns), for a file the preprocessing reads."""
+        return self.rows.select(self.columns)
+
+    def clicks(self) -> int:
+        return int(self.labels.sum())
+
+
+def read_day(files: Sequence[str | Path], recipe: TableRecipe, carried: pl.DataFrame | None = None) -> Day:
+    """The day of ``files`` (CSV or Parquet, in order), after the rows ``carried`` over from an earlier day (as
+    ``Day.raw`` gave them), ordered by ``recipe``'s rule, each row's label by its label rule (a row whose label is
+    not one: a ValueError naming its file and line, or dropped with ``bad_rows`` skip)."""
+    paths = [Path(p) for p in files]
+    if not paths:
+        raise ValueError("no day files given")
+    frames = []
+    for i, path in enumerate(paths):
+        df, lines = read_table(path, recipe.csv_separator, recipe.null_values)
+        if not len(df.columns) or not len(df):
+            raise ValueError(f"{path}: holds no rows")
+        if df.columns[0] == "":  # the unnamed row index pandas and R write
+            df = df.drop("")
+        frames.append(df.with_columns(pl.lit(i, pl.Int32).alias(FILE_COL), pl.Series(LINE_COL, lines, pl.Int64)))
+    schema = merged_schema([f.schema for f in frames], paths, len(paths))
+    rows = pl.concat([f.select(list(schema)) for f in frames], how="vertical_relaxed")
+    if recipe.label not in rows.columns:
+        raise ValueError(f"{paths[0]}: has no label column '{recipe.label}' (columns: "
+                         f"{', '.join(c for c in rows.columns if c not in (FILE_COL, LINE_COL))})")  # fmt: skip
+    rows = ordered(rows, recipe.order_by, recipe.shuffle_seed)
+    if carried is not None and carried.height:  # yesterday's held-out tail, before today's rows
+        carried = carried.with_columns(pl.lit(-1, pl.Int32).alias(FILE_COL), pl.lit(0, pl.Int64).alias(LINE_COL))
+        try:
+            rows = pl.concat([carried.select(rows.columns), rows], how="vertical_relaxed")
+        except (pl.exceptions.PolarsError, pl.exceptions.ColumnNotFoundError) as e:
+            raise ValueError(f"{paths[0]}: its columns differ from the earlier day's held-out rows "
+                             f"({str(e).splitlines()[0]})") from None  # fmt: skip
+    label, problem = label_values(recipe)
+    judged = rows.select(label.cast(pl.Int8).alias("label"), problem.alias("problem"))
+    bad = judged["problem"].is_not_null().to_numpy()
+    if bad.any():
+        first = int(np.flatnonzero(bad)[0])
+        if recipe.bad_rows == "error":
+            f, line = rows[FILE_COL][first], rows[LINE_COL][first]
+            where = f"{paths[f]}:{line}" if f >= 0 else "the carried rows"
+            raise ValueError(f"{where}: {judged['problem'][first]} ({int(bad.sum()):,} such rows; --bad-rows skip "
+                             "drops them)")  # fmt: skip
+        rows, judged = rows.filter(~pl.Series(bad)), judged.filter(~pl.Series(bad))
+    return Day(rows, judged["label"].to_numpy().astype(np.int8), tuple(paths))
+
+
+def score_day(predictor, transform: RowTransform, day: Day, block_rows: int = SCORE_ROWS) -> np.ndarray:
+    """(N,) float64 click probabilities of ``day``'s rows from their raw values, as the server scores them (the
+    model's carried preprocessing, then the model); a value the model cannot read is a ValueError naming its file
+    and line."""
+    out = np.empty(len(day), np.float64)
+    columns = [c for c in transform.column_names if c in day.rows.columns]
+    for lo in range(0, len(day), block_rows):
+        block = day.rows[lo : lo + block_rows]
+        try:
+            inputs = transform.raw_rows(block.select(columns))
+        except RowError as e:
+            where = day.where(lo + e.row) if e.row is not None else str(day.files[0])
+            raise ValueError(f"{where}: {e.what if e.row is not None else e}") from None
+        out[lo : lo + len(block)] = np.asarray(predictor(*inputs), np.float64).reshape(-1)
+    return out
