@@ -29,14 +29,6 @@ class CheckThresholds:
     )
     min_rows: int = option(100, "rows a day must hold")
 
-    def thresholds(self):
-        from ctrkit.refresh.checks import Thresholds
-
-        t = Thresholds(self.max_missing_rise, self.min_seen_kept, self.max_psi, self.max_ctr_ratio, self.min_lift_kept,
-                       self.min_rows)  # fmt: skip
-        t.validate()
-        return t
-
 
 @dataclass(frozen=True)
 class RefreshConfig:

@@ -23,6 +23,12 @@ class ServeConfig:
         "with the repository extension's index, load and unload",
         exclusive="source",
     )
+    poll_s: float = option(
+        0.0,
+        "with --model-repository: every this many seconds, load the versions placed in the repository (or "
+        "removed) since, the old versions answering until the new ones serve (Triton's POLL mode; 0: never, load on "
+        "request only)",
+    )
     host: str = option("127.0.0.1", "address to bind (127.0.0.1: this machine only)")
     port: int = option(8000, "TCP port, 0 to 65535 (0: any free one)")
     name: str | None = option(None, "model name in the URLs", unset="the model type, e.g. dlrm")
@@ -78,6 +84,10 @@ class ServeConfig:
             )
         if not 0 < self.max_body_mb < math.inf:
             raise ValueError(f"`max_body_mb`: expected a finite positive size, got {self.max_body_mb}")
+        if not 0 <= self.poll_s <= 86400:
+            raise ValueError(f"`poll_s`: expected seconds from 0 (never) to 86400, got {self.poll_s}")
+        if self.poll_s and self.model_repository is None:
+            raise ValueError("`poll_s` applies to a --model-repository")
         if self.cache_rows < 0:
             raise ValueError(f"`cache_rows`: expected an integer >= 0, got {self.cache_rows}")
         if not 0 <= self.port <= 65535:

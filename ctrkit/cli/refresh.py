@@ -34,6 +34,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_command(sub, "check", check, (CheckConfig, CheckThresholds))
 
 
+def _thresholds(args: argparse.Namespace):
+    """The checks' thresholds of the flags (``refresh.checks.Thresholds``), validated."""
+    from ctrkit.refresh.checks import Thresholds
+
+    c: CheckThresholds = config_from(args, CheckThresholds)
+    t = Thresholds(c.max_missing_rise, c.min_seen_kept, c.max_psi, c.max_ctr_ratio, c.min_lift_kept, c.min_rows)
+    t.validate()
+    return t
+
+
 def _table_flags(args: argparse.Namespace) -> dict:
     """The table flags given on the command line (those left out are absent)."""
     names = [f for f in config_values(args, TablePreprocessConfig) if f not in NOT_TABLE_FLAGS or f == "label"]
@@ -58,12 +68,11 @@ def refresh(args: argparse.Namespace) -> int:
     from ctrkit.refresh.loop import Refresh, RefreshSettings, Refused, rollback
 
     cfg: RefreshConfig = config_from(args, RefreshConfig)
-    limits: CheckThresholds = config_from(args, CheckThresholds)
     options = {k: v for k, v in (("epochs", cfg.epochs), ("max_steps", cfg.max_steps), ("seed", cfg.seed))
                if v is not None}  # fmt: skip
     settings = RefreshSettings(
         cfg.repository, cfg.name, cfg.state_dir, cfg.model, cfg.holdout_fraction, cfg.backend, cfg.keep_versions,
-        limits.thresholds(), cfg.auc_tolerance, cfg.logloss_tolerance, cfg.bootstrap_rounds, cfg.force, options,
+        _thresholds(args), cfg.auc_tolerance, cfg.logloss_tolerance, cfg.bootstrap_rounds, cfg.force, options,
         cfg.nproc_per_node, cfg.notify, not cfg.no_progress,
     )  # fmt: skip
     say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
@@ -106,7 +115,7 @@ def check(args: argparse.Namespace) -> int:
     from ctrkit.refresh.store import RefreshStore
 
     cfg: CheckConfig = config_from(args, CheckConfig)
-    limits = config_from(args, CheckThresholds).thresholds()
+    limits = _thresholds(args)
     history: list = []
     if cfg.repository is not None:
         store = RefreshStore(cfg.repository, cfg.name, cfg.state_dir)

@@ -7,6 +7,7 @@ thin: what is served and what a request does with it is a ``state.ServerState``.
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from contextlib import asynccontextmanager
 
@@ -33,19 +34,24 @@ def create_app(
     repository: ModelRepository | None = None,
     body_timeout_s: float = BODY_TIMEOUT_S,
     missing_columns: str = "error",
+    poll_s: float = 0.0,
 ) -> FastAPI:
     """The FastAPI application serving ``predictor`` as model ``name`` (version 1), or, with ``repository``,
     every model of a Triton-layout model repository (each version; the newest where a request names none),
     with the repository extension's index, load and unload. A request body that has not arrived whole after
     ``body_timeout_s`` seconds is answered 408 and its connection closed. A raw-value request's columns follow
-    ``RowTransform.check_columns`` with ``missing_columns``."""
+    ``RowTransform.check_columns`` with ``missing_columns``. With ``poll_s`` > 0 the repository is polled every
+    ``poll_s`` seconds for versions placed or removed (``ServerState.poll``)."""
     limits = Limits(window_ms, max_batch_size, max_body, body_timeout_s, missing_columns)
     state = ServerState(predictor, name, limits, repository)
 
     @asynccontextmanager
     async def lifespan(app):
         await state.startup()
+        poller = asyncio.get_running_loop().create_task(state.poll(poll_s)) if repository and poll_s > 0 else None
         yield
+        if poller is not None:
+            poller.cancel()
         await state.shutdown()
 
     app = FastAPI(title="ctrkit", lifespan=lifespan)
@@ -192,6 +198,7 @@ def serve(
     body_timeout_s: float = BODY_TIMEOUT_S,
     missing_columns: str = "error",
     header_timeout_s: float = HEADER_TIMEOUT_S,
+    poll_s: float = 0.0,
 ) -> None:
     """Runs the server until interrupted (uvicorn with uvloop and httptools when installed), on ``sock``
     when given (see ``bind``), else on a socket bound to ``host``:``port`` now; ``repository`` instead
@@ -199,7 +206,8 @@ def serve(
     request's headers is closed (``header_timeout``)."""
     import uvicorn
 
-    app = create_app(predictor, name, window_ms, max_batch_size, max_body, repository, body_timeout_s, missing_columns)
+    app = create_app(predictor, name, window_ms, max_batch_size, max_body, repository, body_timeout_s, missing_columns,
+                     poll_s)  # fmt: skip
     sock = sock if sock is not None else bind(host, port)
     config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=SHUTDOWN_S)
     config.load()  # (what uvicorn chooses: httptools where installed, else h11)

@@ -139,6 +139,37 @@ class ServerState:
                 log.error("model '%s' not loaded: %s", model, e)
                 self.repository.failed[model] = str(e)
 
+    async def poll(self, seconds: float) -> None:
+        """Every ``seconds``, the repository's version directories read: a model whose versions changed (one placed,
+        whole, by an export's rename; one removed) is reloaded, a new model loaded, a model whose directory went
+        unloaded. The versions serving answer until the new ones serve; a load that fails leaves them serving, its
+        reason in the index (Triton's POLL mode)."""
+        seen = {m: self.repository.versions(m) for m in self.models}
+        while True:
+            await asyncio.sleep(seconds)
+            try:
+                names = self.repository.names()
+            except OSError:
+                continue
+            for model in names:
+                try:
+                    versions = self.repository.versions(model)
+                except (OSError, ValueError):
+                    continue
+                if seen.get(model) == versions or not versions:
+                    continue
+                seen[model] = versions
+                try:
+                    await self.load(model)
+                    self.repository.failed.pop(model, None)
+                    log.info("model '%s' reloaded from the repository: versions %s", model, ", ".join(versions))
+                except Exception as e:  # a missing or corrupt file: the versions serving stay
+                    log.error("model '%s' not reloaded: %s", model, e)
+                    self.repository.failed[model] = str(e)
+            for model in set(seen) - set(names):
+                del seen[model]
+                self.swap(model, None)
+
     async def shutdown(self) -> None:
         for versions in list(self.models.values()):
             for served in versions.values():

@@ -1,0 +1,322 @@
+"""``ctrkit refresh`` and ``ctrkit check`` on a drifting day-by-day CSV log (new ids every day): clean days published,
+broken days refused with nothing published, the same flags every day, one refresh at a time, a refresh killed
+mid-way finished or dropped by the next, rollback, the version policy, and a real `ctrkit serve` polling the
+repository through a swap with concurrent `tritonclient` clients and no failed request. Scores are checked against
+scikit-learn, the served versions against `predict` of their checkpoints."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+import tritonclient.http as httpclient
+from sklearn.metrics import log_loss, roc_auc_score
+
+from ctrkit.bench.table_stream import write_text_days
+from ctrkit.refresh.checks import Profile, Thresholds, check_day, profile, psi
+from ctrkit.refresh.gate import compare
+from ctrkit.refresh.store import RefreshStore
+from tests.conftest import run_cli
+from tests.serve.test_server import Server
+
+ROWS = 12_000
+FLAGS = ("--label", "clicked", "--max-steps", "120", "--no-progress", "--bootstrap-rounds", "50")
+ROLES = ("--categorical", "cat0,cat1,cat2,cat3", "--numerical", "num0,num1")
+
+
+@pytest.fixture(scope="module")
+def days(tmp_path_factory) -> list[Path]:
+    out = tmp_path_factory.mktemp("days")
+    return write_text_days(out, 5, ROWS, (200, 2000, 50, 24), seed=0, num_numerical=2)
+
+
+def refresh(repo: Path, *args, capsys=None):
+    return run_cli("refresh", *args, "--repository", repo, "--name", "ctr", *FLAGS, capsys=capsys)
+
+
+@pytest.fixture(scope="module")
+def published(days, tmp_path_factory):
+    """A repository after days 1 and 2, both published."""
+    work = tmp_path_factory.mktemp("refresh")
+    repo = work / "repo"
+    assert refresh(repo, days[0], *ROLES)[0] == 0
+    assert refresh(repo, days[1])[0] == 0
+    return work, repo
+
+
+def copy_of(published, tmp_path) -> tuple[Path, RefreshStore]:
+    """A copy of the published repository and its state, for a test that changes them."""
+    work, repo = published
+    shutil.copytree(work / "repo", tmp_path / "repo")
+    shutil.copytree(work / "repo.refresh", tmp_path / "repo.refresh")
+    return tmp_path / "repo", RefreshStore(tmp_path / "repo", "ctr")
+
+
+def raw_scores(predictor, rows: pl.DataFrame) -> np.ndarray:
+    return np.asarray(predictor(*predictor.transform.raw_rows(rows)), np.float64).reshape(-1)
+
+
+def test_clean_days_are_published_each_trained_on_the_last_days_held_out_rows(published, days):
+    _, repo = published
+    store = RefreshStore(repo, "ctr")
+    history = store.history()
+    assert [r["verdict"] for r in history] == ["published", "published"]
+    assert store.versions() == [1, 2] and store.read().served.number == 2
+    day2 = history[1]
+    tail = round(ROWS * 0.1)
+    # day 1's held-out tail trained on with day 2; day 2's tail carried to day 3
+    assert day2["trained_rows"] == {"carried": tail, "day": ROWS - tail, "held_out": tail}
+    assert store.carried().height == tail
+    # the progressive figures are the served version 1's on day 2's raw rows, as scikit-learn computes them
+    from ctrkit.serve.predictor import Predictor
+
+    v1 = Predictor.from_checkpoint(store.checkpoint("v1.pt"))
+    rows = pl.read_csv(days[1])
+    p = raw_scores(v1, rows.drop("clicked"))
+    y = rows["clicked"].to_numpy()
+    assert day2["progressive"]["auc"] == pytest.approx(roc_auc_score(y, p), abs=1e-6)
+    assert day2["progressive"]["logloss"] == pytest.approx(log_loss(y, np.clip(p, 1e-7, 1 - 1e-7)), abs=1e-5)
+    assert all(c["passed"] for c in day2["checks"]) and day2["gate"]["blessed"]
+    page = (store.root / "history.html").read_text()
+    assert page.count("<tr>") == 3 and "published" in page
+
+
+def test_the_served_version_scores_as_predict_of_its_checkpoint(published, days, tmp_path):
+    from ctrkit.serve.predictor import Predictor
+
+    _, repo = published
+    store = RefreshStore(repo, "ctr")
+    rows = pl.read_csv(days[2]).head(2000)
+    rows.write_csv(tmp_path / "rows.csv")
+    code, _, _ = run_cli("predict", "--checkpoint", store.checkpoint("v2.pt"), "--input", tmp_path / "rows.csv",
+                         "--out", tmp_path / "scores.csv", "--no-progress")  # fmt: skip
+    assert code == 0
+    expected = pl.read_csv(tmp_path / "scores.csv")["probability"].to_numpy()
+    served = Predictor.from_export(repo / "ctr", "2", repository=repo)
+    got = raw_scores(served, pl.read_csv(tmp_path / "rows.csv", infer_schema=False).drop("clicked"))
+    assert np.abs(got - expected).max() <= 1e-6
+
+
+def _broken(day: Path, out: Path, how: str) -> Path:
+    rows = pl.read_csv(day, infer_schema=False)
+    if how == "shuffled":
+        rows = rows.with_columns(pl.Series("clicked", np.random.default_rng(0).permutation(rows["clicked"])))
+    elif how == "renamed":
+        rows = rows.rename({"cat1": "category_1"})
+    elif how == "missing":
+        rows = rows.with_columns(pl.lit(None, pl.String).alias("num0"))
+    rows.write_csv(out)
+    return out
+
+
+@pytest.mark.parametrize("how, failed", [("shuffled", "served model's AUC on the day"), ("renamed", "columns"),
+                                         ("missing", "missing share of num0")])  # fmt: skip
+def test_a_broken_day_is_refused_and_nothing_is_published(published, days, tmp_path, how, failed, capsys):
+    repo, store = copy_of(published, tmp_path)
+    before = (store.read(), store.carried_file.read_bytes())
+    code, out, _ = refresh(repo, _broken(days[2], tmp_path / "day.csv", how), capsys=capsys)
+    assert code == 3 and "refused, nothing published" in out
+    record = store.history()[-1]
+    assert record["verdict"] == "refused" and record["served_after"] == 2
+    assert any(c["name"].startswith(failed) and not c["passed"] for c in record["checks"])
+    assert store.versions() == [1, 2] and store.read().served == before[0].served
+    assert store.carried_file.read_bytes() == before[1]
+    assert not [p for p in store.root.iterdir() if p.name.startswith("work-")]
+    if how == "missing":  # --force takes it anyway, and says so
+        assert refresh(repo, tmp_path / "day.csv", "--force")[0] == 0
+        assert store.history()[-1]["forced"] and store.read().served.number == 3
+
+
+def test_a_table_flag_is_taken_again_only_with_the_first_days_value(published, days, tmp_path, capsys):
+    repo, store = copy_of(published, tmp_path)
+    code, _, err = refresh(repo, days[2], "--frequency-threshold", "5", capsys=capsys)
+    assert code == 2 and "--frequency-threshold: 5 differs from the model's (3" in err
+    assert refresh(repo, days[2], "--categorical", "cat0,cat1,cat2,cat3")[0] == 0  # the first day's value: taken
+    assert store.read().served.number == 3
+
+
+def test_one_refresh_at_a_time(published, days, tmp_path, capsys):
+    repo, store = copy_of(published, tmp_path)
+    holder = subprocess.Popen(["sleep", "30"])
+    try:
+        (store.root / "refresh.lock").write_text(str(holder.pid))
+        code, _, err = refresh(repo, days[2], capsys=capsys)
+        assert code == 2 and f"another live process (pid {holder.pid})" in err
+    finally:
+        holder.kill()
+        holder.wait()
+    assert refresh(repo, days[2])[0] == 0  # its holder gone: taken over
+
+
+def test_a_refresh_stopped_after_placing_its_version_is_finished_by_the_next(published, days, tmp_path, monkeypatch):
+    repo, store = copy_of(published, tmp_path)
+
+    def killed(self, state):
+        raise KeyboardInterrupt  # as a kill just after the version was placed, before the state was written
+
+    monkeypatch.setattr(RefreshStore, "write", killed)
+    assert refresh(repo, days[2])[0] == 130
+    monkeypatch.undo()
+    assert store.versions() == [1, 2, 3] and store.read().served.number == 2 and store.pending() is not None
+    assert refresh(repo, days[3])[0] == 0
+    assert [r["verdict"] for r in store.history()][-2:] == ["published", "published"]
+    assert [r.get("version") for r in store.history()][-2:] == [3, 4] and store.read().served.number == 4
+    assert store.pending() is None
+
+
+def test_a_refresh_stopped_before_placing_its_version_leaves_the_served_one(published, days, tmp_path, monkeypatch):
+    import ctrkit.export.exporter as exporter
+
+    repo, store = copy_of(published, tmp_path)
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(exporter, "export_checkpoint", killed)
+    assert refresh(repo, days[2])[0] == 130
+    monkeypatch.undo()
+    assert store.versions() == [1, 2] and store.read().served.number == 2
+    assert refresh(repo, days[2])[0] == 0
+    assert store.read().served.number == 3 and store.versions() == [1, 2, 3]
+    assert [r["day"] for r in store.history()] == [1, 2, 3]  # the stopped day left no record
+
+
+def test_rollback_serves_the_version_before_as_the_next_and_old_versions_go(published, days, tmp_path):
+    from ctrkit.serve.predictor import Predictor
+
+    repo, store = copy_of(published, tmp_path)
+    assert run_cli("refresh", "--rollback", "--repository", repo, "--name", "ctr", "--keep-versions", "2")[0] == 0
+    assert store.versions() == [2, 3] and store.read().served.checkpoint == "v1.pt"
+    rows = pl.read_csv(days[2], infer_schema=False).head(500).drop("clicked")
+    v3 = Predictor.from_export(repo / "ctr", "3", repository=repo)
+    v1 = Predictor.from_checkpoint(store.checkpoint("v1.pt"))
+    assert np.abs(raw_scores(v3, rows) - raw_scores(v1, rows)).max() <= 1e-6
+    assert store.history()[-1]["verdict"] == "rolled back"
+
+
+def test_check_prints_the_days_checks_against_a_model(published, days, tmp_path, capsys):
+    _, repo = published
+    code, out, _ = run_cli("check", days[2], "--repository", repo, "--name", "ctr", capsys=capsys)
+    assert code == 0 and "served model's AUC on the day" in out and "checks passed" in out
+    ckpt = RefreshStore(repo, "ctr").checkpoint("v2.pt")
+    shuffled = _broken(days[2], tmp_path / "day.csv", "shuffled")
+    code, out, _ = run_cli("check", shuffled, "--checkpoint", ckpt, "--against", days[1], capsys=capsys)
+    assert code == 0 and "PSI of num0" in out  # no recent days given: the AUC is printed, not judged
+    code, out, _ = run_cli("check", shuffled, "--repository", repo, "--name", "ctr", capsys=capsys)
+    assert code == 3 and "FAILED" in out and "the day would be refused" in out
+
+
+def test_ctrkit_serve_polls_the_repository_and_answers_through_a_swap(published, days, tmp_path):
+    """4 clients send raw-value requests while a refresh publishes: no request fails, and the new version answers
+    once loaded."""
+    repo, store = copy_of(published, tmp_path)
+    server = Server("--model-repository", repo, "--poll-s", "0.2")
+    rows = pl.read_csv(days[3], infer_schema=False).head(8)
+    failures, versions, stop = [], [], threading.Event()
+
+    def client():
+        c = httpclient.InferenceServerClient(server.url)
+        inputs = []
+        for name in ("cat0", "cat1", "cat2", "cat3", "num0", "num1"):
+            t = httpclient.InferInput(name, [len(rows), 1], "BYTES")
+            t.set_data_from_numpy(np.asarray(rows[name].to_list(), dtype=object).reshape(-1, 1))
+            inputs.append(t)
+        for _ in range(600):  # bounded
+            if stop.is_set():
+                break
+            try:
+                answer = c.infer("ctr", inputs)
+                versions.append(int(answer.get_response()["model_version"]))
+            except Exception as e:  # noqa: BLE001 - every failure counts
+                failures.append(repr(e))
+        c.close()
+
+    threads = [threading.Thread(target=client) for _ in range(4)]
+    try:
+        for t in threads:
+            t.start()
+        assert refresh(repo, days[2])[0] == 0
+        deadline = time.monotonic() + 60
+        while 3 not in versions[-20:] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        stop.set()
+        for t in threads:
+            t.join()
+    finally:
+        stop.set()
+        server.stop()
+    assert failures == []
+    assert versions[0] == 2 and versions[-1] == 3
+
+
+def test_the_gate_against_scikit_learn_and_its_verdicts():
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 2, 4000)
+    good = np.clip(0.3 + 0.3 * y + rng.normal(0, 0.15, y.size), 0.01, 0.99)
+    noise = rng.uniform(0.01, 0.99, y.size)
+    gate = compare(y, good, good, 0.002, 0.002, rounds=50)
+    assert gate.blessed and gate.auc_gain == 0 and gate.served.auc == pytest.approx(roc_auc_score(y, good), abs=1e-6)
+    worse = compare(y, good, noise, 0.002, 0.002, rounds=50)
+    assert not worse.blessed and "worse on the held-out rows" in worse.reason
+    assert worse.candidate.logloss == pytest.approx(log_loss(y, noise), abs=1e-6)
+    assert worse.auc_interval[0] <= worse.auc_gain <= worse.auc_interval[1] < 0
+    assert compare(y, noise, good, 0.002, 0.002, rounds=50).blessed
+
+
+def test_profile_and_psi_against_direct_counts(days):
+    from ctrkit.checkpoint import load_checkpoint  # noqa: F401 (the model's transform comes through a checkpoint)
+    from ctrkit.columns import Role
+    from ctrkit.preprocess.transform import CategoricalInput, Column, NumericalInput, RowTransform, vocabulary_frame
+
+    rows = pl.read_csv(days[0], infer_schema=False).head(3000)
+    rows = rows.with_columns(
+        pl.when(pl.int_range(pl.len()) % 4 == 0).then(None).otherwise(pl.col("num0")).alias("num0")
+    )
+    known = rows["cat0"].head(1000).unique()
+    vocab = vocabulary_frame(known, np.arange(2, 2 + len(known)))
+    transform = RowTransform("ctrkit preprocess table", [Column("cat0", "String", Role.CATEGORICAL),
+                             Column("num0", "Float64", Role.NUMERICAL)], [NumericalInput("num0", "num0")],
+                             [CategoricalInput("cat0", "cat0")], [], {"cat0": vocab}, ("NA",), "clicked")  # fmt: skip
+    labels = rows["clicked"].cast(pl.Int8).to_numpy()
+    p = profile(rows.select("cat0", "num0"), labels, transform)
+    assert p.missing["num0"] == pytest.approx(0.25) and p.missing["cat0"] == 0
+    assert p.unseen["cat0"] == pytest.approx(float((~rows["cat0"].is_in(set(known.to_list()))).mean()))
+    assert p.click_rate == pytest.approx(labels.mean())
+    # PSI by its formula on the reference's own deciles: sum (a - e) ln(a / e)
+    e, a = np.array([0.5, 0.3, 0.2]), np.array([0.2, 0.3, 0.5])
+    assert psi(e, a) == pytest.approx(float(np.sum((a - e) * np.log(a / e))))
+    same = check_day(p, p, Thresholds())
+    assert all(c.passed for c in same)
+    empty = Profile(p.rows, p.click_rate, {**p.missing, "num0": 1.0}, p.unseen, p.cuts, p.shares)
+    assert [c.name for c in check_day(empty, p, Thresholds()) if not c.passed] == ["missing share of num0"]
+
+
+def test_preprocess_table_validation_files_hold_out_rows_without_a_test_mapping(days, tmp_path):
+    from ctrkit.data.feature_spec import FeatureSpec
+    from ctrkit.preprocess.table import preprocess_table
+    from ctrkit.preprocess.table_recipe import TableRecipe
+
+    rows = pl.read_csv(days[0])
+    rows.head(9000).write_csv(tmp_path / "train.csv")
+    rows.tail(3000).write_csv(tmp_path / "held.csv")
+    recipe = TableRecipe(label="clicked", categorical=("cat0", "cat1"), numerical=("num0",), also_categorical=(),
+                         frequency_threshold=1)  # fmt: skip
+    summary = preprocess_table([tmp_path / "train.csv"], tmp_path / "data", recipe,
+                               validation_files=[tmp_path / "held.csv"])  # fmt: skip
+    spec = FeatureSpec.from_yaml(tmp_path / "data")
+    assert set(spec.source_spec) == {"train", "validation"}
+    assert summary["train_rows"] == 9000 and summary["validation_rows"] == 3000
+    # the vocabularies counted the training rows only: 2 ids below the first value's, one a distinct training value
+    assert summary["cardinalities"]["cat1"] == 2 + rows.head(9000)["cat1"].n_unique()
+    assert json.loads((tmp_path / "data" / "summary.json").read_text())["clicks"]["validation"] == int(
+        rows.tail(3000)["clicked"].sum()
+    )
+    assert os.path.isdir(tmp_path / "data")
