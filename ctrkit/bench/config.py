@@ -310,6 +310,21 @@ class TableStreamBenchConfig:
 
 
 @dataclass(frozen=True)
+class RefreshBenchConfig:
+    """``ctrkit bench refresh``: `ctrkit refresh` day by day on clean drifting streams and one with broken days."""
+
+    days: int = option(7, "days of each stream (the broken stream breaks days 4, 5 and 6)")
+    rows: int = option(30_000, "rows a day")
+    vocabularies: tuple[int, ...] = option(
+        (1000, 20000, 300, 24, 8000), "ids alive on a day per text column (churning above 200)", parse="int_list"
+    )
+    clean_seeds: tuple[int, ...] = option((0, 1), "seeds of the clean streams", parse="int_list")
+    broken_seed: int = option(2, "seed of the stream with broken days")
+    max_steps: int | None = option(None, "each day's most training steps", unset="train's default")
+    work: Path = option(Path("build/bench/refresh"), "directory for the days, repositories and states")
+
+
+@dataclass(frozen=True)
 class RawRowsBenchConfig:
     """``ctrkit bench raw-rows``: `predict --input` on a CSV of new rows, and one-row raw-value server requests."""
 

@@ -19,6 +19,7 @@ from ctrkit.bench.config import (
     LoaderBenchConfig,
     PreprocessBenchConfig,
     RawRowsBenchConfig,
+    RefreshBenchConfig,
     ScaleBenchOptions,
     StreamBenchConfig,
     TableStreamBenchConfig,
@@ -49,6 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_command(bsub, "stream", stream, (StreamBenchConfig, BenchRunOptions), ("device",))
     add_command(bsub, "table-stream", table_stream, (TableStreamBenchConfig, BenchRunOptions), ("device",))
     add_command(bsub, "raw-rows", raw_rows, (RawRowsBenchConfig, BenchRunOptions), ("device", "threads"))
+    add_command(bsub, "refresh", refresh, (RefreshBenchConfig, BenchRunOptions), ("device",))
 
 
 def _check_methods(asked, known) -> None:
@@ -507,4 +509,33 @@ def raw_rows(args: argparse.Namespace) -> int:
     for name, m in result["requests"].items():
         print(f"one-row {name} requests: p50 {m['p50_ms']:.2f} ms, p99 {m['p99_ms']:.2f} ms over {m['requests']:,}")
     write_result(result, run.output)
+    return 0
+
+
+def refresh(args: argparse.Namespace) -> int:
+    """`ctrkit refresh` day by day: false refusals on clean streams, catches on broken days
+
+    Writes --days CSV files of --rows rows per stream (text columns of ids born and fading every day, numbers, a
+    click) in --work: one stream per --clean-seeds and one (--broken-seed) whose days 4, 5 and 6 have shuffled
+    labels, a renamed column and a numerical column all missing. Each stream is refreshed day by day into its own
+    repository with refresh's defaults. Reports each day's verdict, the served model's AUC on the day before
+    training on it and the seconds; the summary counts the refusals of clean days and the broken days refused.
+    """
+    from ctrkit.bench.peak import machine
+    from ctrkit.bench.refresh_bench import run_refresh_bench
+
+    cfg: RefreshBenchConfig = config_from(args, RefreshBenchConfig)
+    run = config_from(args, BenchRunOptions)
+    _threads(run)
+    options = {"max_steps": cfg.max_steps} if cfg.max_steps is not None else {}
+    result = run_refresh_bench(cfg.work, cfg.days, cfg.rows, cfg.vocabularies, cfg.clean_seeds, cfg.broken_seed,
+                               options)  # fmt: skip
+    s = result["summary"]
+    print(
+        f"clean days: {s['clean_days']}, refused {s['false_refusals']}, kept by the gate {s['clean_kept']}; broken "
+        f"days: {s['broken_days']}, refused {s['broken_refused']}, published {s['broken_published']}; mean "
+        f"progressive AUC on clean days {s['mean_progressive_auc_clean']}, {s['mean_day_seconds']} s a day"
+    )
+    write_result({"machine": machine(), "config": {k: str(v) if isinstance(v, Path) else v
+                                                   for k, v in vars(cfg).items()}, **result}, run.output)  # fmt: skip
     return 0
