@@ -423,6 +423,29 @@ def table_stream_rows(raw):
     return columns, rows
 
 
+@suite("refresh")
+def refresh_rows(raw):
+    """``ctrkit bench refresh``: per stream and day, `ctrkit refresh`'s verdict, the served model's AUC on the day
+    before training on it (progressive), the gate's served and candidate AUC on the held-out rows, the day's seconds;
+    then the counts the targets read."""
+    columns = ["stream", "day", "verdict", "progressive AUC", "served AUC (held out)", "candidate AUC (held out)",
+               "seconds"]  # fmt: skip
+    rows = []
+    for _, data in raw:
+        for name, days in data["streams"].items():
+            for d in days:
+                gate = d.get("gate") or {}
+                rows.append([name, d["day"], d["verdict"], (d.get("progressive") or {}).get("auc"),
+                             (gate.get("served") or {}).get("auc"), (gate.get("candidate") or {}).get("auc"),
+                             d["seconds"]])  # fmt: skip
+        s = data["summary"]
+        rows.append(["clean days refused / kept", s["clean_days"], f"{s['false_refusals']} / {s['clean_kept']}",
+                     s["mean_progressive_auc_clean"], None, None, s["mean_day_seconds"]])  # fmt: skip
+        rows.append(["broken days refused / published", s["broken_days"],
+                     f"{s['broken_refused']} / {s['broken_published']}", None, None, None, None])  # fmt: skip
+    return columns, rows
+
+
 @suite("raw-rows")
 def raw_rows_rows(raw):
     """``ctrkit bench raw-rows``: `predict --input` of a CSV of new rows end to end in a child process (median of

@@ -167,6 +167,15 @@ SUITES = {
         "[Decision](decisions/table-like.md).",
         "bash benchmarks/run_table_stream.sh",
     ),
+    "refresh": (
+        "A model's day: `ctrkit refresh`",
+        "`ctrkit refresh` with its defaults, day by day, on drifting CSV logs (`ctrkit bench refresh`: 7 days of "
+        "30,000 rows, 5 text columns of ids born and fading every day, 4 numbers, a click): two clean streams, where "
+        "every day should be published, and one whose days 4, 5 and 6 have shuffled labels, a renamed column and a "
+        "numerical column all missing. Progressive AUC: the served model on the new day's rows before training on "
+        "them. [Decision](decisions/refresh-gate.md).",
+        "bash benchmarks/run_refresh.sh",
+    ),
     "raw-rows": (
         "Raw rows in, clicks out",
         "`ctrkit predict --input` of a CSV of new raw rows (no click column) end to end, in a child process that "

@@ -3,11 +3,14 @@
 # triton` (`--backend python` for raw values): the tritonserver binary and Python backend of the nvidia-pytriton
 # wheel (installed into .venv by `make triton`), the backend's stub running in .venv-triton, an environment with
 # ctrkit and NumPy < 2 (the stub's BYTES tensors are built for NumPy 1's array layout: under NumPy 2 every string
-# input arrives garbled). Usage: scripts/tritonserver.sh MODEL_REPOSITORY [HTTP_PORT]; HTTP on 127.0.0.1 only.
+# input arrives garbled). Usage: scripts/tritonserver.sh MODEL_REPOSITORY [HTTP_PORT [TRITON_FLAGS...]]; HTTP on
+# 127.0.0.1 only; TRITON_FLAGS go to tritonserver as they are (e.g. --model-control-mode=poll
+# --repository-poll-secs=5, which `ctrkit refresh` publishes to).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 REPO="$(cd "${1:?usage: scripts/tritonserver.sh MODEL_REPOSITORY [HTTP_PORT]}" && pwd)"
 PORT="${2:-8000}"
+shift $(( $# < 2 ? $# : 2 ))
 SITE="$("$ROOT/.venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 TRITON="$SITE/pytriton/tritonserver"
 STUB_ENV="$ROOT/.venv-triton"
@@ -24,7 +27,7 @@ cp "$TRITON/backends/python/libtriton_python.so" "$TRITON/backends/python/triton
 # the stub's Python finds its environment through the first python3 on PATH
 PATH="$STUB_ENV/bin:$PATH" LD_LIBRARY_PATH="$SITE/nvidia_pytriton.libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
   "$TRITON/bin/tritonserver" --model-repository "$REPO" --backend-directory "$BACKENDS" \
-  --http-address 127.0.0.1 --http-port "$PORT" --allow-grpc false --allow-metrics false --exit-timeout-secs 5 &
+  --http-address 127.0.0.1 --http-port "$PORT" --allow-grpc false --allow-metrics false --exit-timeout-secs 5 "$@" &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null; rm -rf "$BACKENDS"' EXIT INT TERM
 wait $SERVER

@@ -6,6 +6,7 @@ all missing: each should be refused). Per day: the verdict, the served model's A
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -35,9 +36,11 @@ def broken_day(day: Path, out: Path, how: str, seed: int = 0) -> Path:
     return out
 
 
-def run_stream(files: Sequence[Path], work: Path, options: dict[str, Any], log: Callable[[str], None] = print
-               ) -> list[dict[str, Any]]:  # fmt: skip
-    """``ctrkit refresh`` of each day of ``files`` in turn into a new repository in ``work``; the day records."""
+def run_stream(files: Sequence[Path], work: Path, options: dict[str, Any], log: Callable[[str], None] = print,
+               compare: bool = False) -> list[dict[str, Any]]:  # fmt: skip
+    """``ctrkit refresh`` of each day of ``files`` in turn into a new repository in ``work``; the day records. With
+    ``compare``, each later day also gets the seconds of its steps run by hand (``by_hand``, on the checkpoint served
+    before it) and the baselines' AUCs on it (``baselines``)."""
     from ctrkit.refresh.loop import Refresh, RefreshSettings, Refused
 
     columns = pl.read_csv(files[0], n_rows=1).columns
@@ -46,16 +49,67 @@ def run_stream(files: Sequence[Path], work: Path, options: dict[str, Any], log: 
     settings = RefreshSettings(work / "repo", "ctr", train_options=options)
     records = []
     for i, f in enumerate(files):
+        store = Refresh(settings, {}, lambda line: None).store
+        state = store.read()
+        served = store.checkpoint(state.served.checkpoint) if state is not None and state.served else None
+        if compare and served is not None:  # before the refresh: its checkpoint may be pruned after
+            shutil.copyfile(served, work / "served-before.pt")
         try:
             record = Refresh(settings, flags if i == 0 else {}, lambda line: None).run([f])
         except Refused:
             record = Refresh(settings, {}, lambda line: None).store.history()[-1]
         keep = ("day", "verdict", "reason", "progressive", "gate", "seconds", "version")
         records.append({k: record.get(k) for k in keep})
+        if compare and served is not None:
+            hand = by_hand(f, work / "served-before.pt", work / "hand", options)
+            records[-1].update(hand_seconds=round(hand, 3), **baselines(files, i + 1, work, options))
         auc = (record.get("progressive") or {}).get("auc")
         log(f"day {record['day']}: {record['verdict']}" + (f", progressive AUC {auc:.4f}" if auc else "")
             + f" ({record['seconds']:.1f} s)")  # fmt: skip
     return records
+
+
+def by_hand(day: Path, served: Path, work: Path, options: dict[str, Any]) -> float:
+    """Seconds of the day's steps run by hand as the README's by-hand flow runs them: `preprocess table --like` the
+    served checkpoint (its last 10% as test), `train --continue-from` it, `export` into a repository."""
+    import time
+
+    from ctrkit.checkpoint import load_checkpoint
+    from ctrkit.export.exporter import export_checkpoint
+    from ctrkit.preprocess.table import preprocess_table
+    from ctrkit.preprocess.table_recipe import TableRecipe
+    from ctrkit.train.run import train
+
+    started = time.perf_counter()
+    like = load_checkpoint(served, mmap=True, assemble=False).like(str(served))
+    preprocess_table([day], work / "data", TableRecipe(label=LABEL), like=like, overwrite=True)
+    train(work / "data", progress=False, save_checkpoint=work / "hand.pt", continue_from=served, **options)
+    export_checkpoint(work / "hand.pt", work / "repo", "triton", "ctr")
+    return time.perf_counter() - started
+
+
+def baselines(files: Sequence[Path], k: int, work: Path, options: dict[str, Any]) -> dict[str, float]:
+    """Day ``k``'s (1-based) rows scored by a model retrained from scratch on days 1..k-1 (the preprocessing fitted
+    on them, their last 10% its validation rows) and by a logistic regression on the same dataset (C tuned on the
+    validation rows): the test AUCs."""
+    from ctrkit.data.dataset import SplitBinaryDataset
+    from ctrkit.data.feature_spec import FeatureSpec
+    from ctrkit.eval.baselines import logistic_regression
+    from ctrkit.eval.evaluator import Scoring
+    from ctrkit.preprocess.table import preprocess_table
+    from ctrkit.preprocess.table_recipe import TableRecipe
+    from ctrkit.train.run import train
+
+    columns = pl.read_csv(files[0], n_rows=1).columns
+    recipe = TableRecipe(label=LABEL, categorical=tuple(c for c in columns if c.startswith("cat")),
+                         numerical=tuple(c for c in columns if c.startswith("num")))  # fmt: skip
+    data = work / f"retrain-{k}"
+    preprocess_table(files[: k - 1], data, recipe, test_files=[files[k - 1]], validation_fraction=0.1, overwrite=True)
+    train(data, progress=False, save_checkpoint=work / f"retrain-{k}.pt", **options)
+    retrain = Scoring.load(work / f"retrain-{k}.pt", data, mapping="test").evaluate()["auc"]
+    spec = FeatureSpec.from_yaml(data)
+    lr = logistic_regression(*(SplitBinaryDataset(spec, m) for m in ("train", "validation", "test")))["auc"]
+    return {"retrain_auc": round(float(retrain), 5), "logistic_auc": round(float(lr), 5)}
 
 
 def run_refresh_bench(work: Path, days: int, rows: int, vocabularies: Sequence[int], clean_seeds: Sequence[int],
@@ -69,7 +123,7 @@ def run_refresh_bench(work: Path, days: int, rows: int, vocabularies: Sequence[i
     for seed in clean_seeds:
         files = write_text_days(work / f"clean-{seed}" / "days", days, rows, vocabularies, seed)
         log(f"clean stream, seed {seed}")
-        streams[f"clean-{seed}"] = run_stream(files, work / f"clean-{seed}", options, log)
+        streams[f"clean-{seed}"] = run_stream(files, work / f"clean-{seed}", options, log, compare=True)
     files = write_text_days(work / f"broken-{broken_seed}" / "days", days, rows, vocabularies, broken_seed)
     breaks = {4: "shuffled", 5: "renamed", 6: "missing"}
     files = [broken_day(f, f.with_name(f"{breaks[i]}_{f.name}"), breaks[i], broken_seed) if i in breaks else f
@@ -86,7 +140,20 @@ def run_refresh_bench(work: Path, days: int, rows: int, vocabularies: Sequence[i
         "broken_days": len(broken),
         "broken_refused": sum(r["verdict"] == "refused" for r in broken),
         "broken_published": sum(r["verdict"] == "published" for r in broken),
+        "clean_after_breaks": [r["verdict"] for r in streams[f"broken-{broken_seed}"] if r["day"] > max(breaks)],
         "mean_progressive_auc_clean": round(float(np.mean(aucs)), 5) if aucs else None,
         "mean_day_seconds": round(float(np.mean([r["seconds"] for r in clean])), 2),
+        "mean_retrain_auc": _mean([r.get("retrain_auc") for r in clean]),
+        "mean_logistic_auc": _mean([r.get("logistic_auc") for r in clean]),
+        "median_time_ratio": round(
+            float(np.median([r["seconds"] / r["hand_seconds"] for r in clean if r.get("hand_seconds")])), 3
+        )
+        if any(r.get("hand_seconds") for r in clean)
+        else None,
     }
     return {"streams": streams, "breaks": {str(k): v for k, v in breaks.items()}, "summary": summary}
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return round(float(np.mean(known)), 5) if known else None

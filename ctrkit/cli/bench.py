@@ -534,7 +534,9 @@ def refresh(args: argparse.Namespace) -> int:
     print(
         f"clean days: {s['clean_days']}, refused {s['false_refusals']}, kept by the gate {s['clean_kept']}; broken "
         f"days: {s['broken_days']}, refused {s['broken_refused']}, published {s['broken_published']}; mean "
-        f"progressive AUC on clean days {s['mean_progressive_auc_clean']}, {s['mean_day_seconds']} s a day"
+        f"progressive AUC on clean days {s['mean_progressive_auc_clean']} (retraining on all days so far "
+        f"{s['mean_retrain_auc']}, logistic regression {s['mean_logistic_auc']}), {s['mean_day_seconds']} s a day "
+        f"({s['median_time_ratio']}x its steps by hand)"
     )
     write_result({"machine": machine(), "config": {k: str(v) if isinstance(v, Path) else v
                                                    for k, v in vars(cfg).items()}, **result}, run.output)  # fmt: skip

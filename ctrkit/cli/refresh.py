@@ -124,9 +124,9 @@ def check(args: argparse.Namespace) -> int:
             raise ValueError(f"{store.state_file}: no model refreshed there yet (ctrkit refresh makes one)")
         checkpoint = store.checkpoint(state.served.checkpoint)
         recipe, _ = table_recipe(state.flags, like=True)
-        reference, history = reference_of(state), store.history()
+        reference, history, age = reference_of(state), store.history(), state.days + 1 - state.served.day
     else:
-        checkpoint, reference = cfg.checkpoint, None
+        checkpoint, reference, age = cfg.checkpoint, None, 1
     predictor, transform = _predictor(checkpoint)
     if cfg.repository is None:
         label = cfg.label or transform.label
@@ -141,7 +141,7 @@ def check(args: argparse.Namespace) -> int:
         earlier = read_day(cfg.against, recipe)
         reference = profile(earlier.rows, earlier.labels, transform)
     day = read_day(cfg.days, recipe)
-    judged = judge_day(day, predictor, transform, reference, limits, history)
+    judged = judge_day(day, predictor, transform, reference, limits, history, age)
     print(table(judged.checks))
     if judged.progressive is not None:
         p = judged.progressive

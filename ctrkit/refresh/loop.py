@@ -205,7 +205,8 @@ class Refresh:
         day = read_day(files, recipe)
         record = self._record(state.days + 1, files, [])
         record["served_before"] = state.served.number
-        judged = judge_day(day, predictor, transform, reference_of(state), s.thresholds, self.store.history())
+        age = state.days + 1 - state.served.day
+        judged = judge_day(day, predictor, transform, reference_of(state), s.thresholds, self.store.history(), age)
         checks = judged.checks
         record["checks"] = [_check_dict(c) for c in checks]
         if judged.progressive is None:  # the model's columns are not all there: nothing to score
@@ -406,11 +407,13 @@ def reference_of(state: State) -> Profile | None:
 
 
 def judge_day(day: Day, predictor, transform, reference: Profile | None, thresholds: Thresholds,
-              history: Sequence[dict[str, Any]]) -> Judged:  # fmt: skip
+              history: Sequence[dict[str, Any]], served_age: int = 1) -> Judged:  # fmt: skip
     """``day`` checked against the served model (``predictor`` and its ``transform``): its columns, then every row
     scored before any training (progressive validation), the day's profile against ``reference`` (the rows the
     model last trained on), and its AUC and unseen shares against the recent days of ``history`` (``refresh``'s
-    records, oldest first; where none has met a day yet, the served version's held-out AUC)."""
+    records, oldest first; where none has met a day yet, the served version's held-out AUC). The seen shares are
+    judged only where the served version was published the day before (``served_age`` 1), as the recent days'
+    were: an older model knows fewer of a churning log's values without anything being wrong with the day."""
     columns = check_columns(day.columns, transform, str(day.files[0]))
     if not columns.passed:
         return Judged([columns])
@@ -426,7 +429,7 @@ def judge_day(day: Day, predictor, transform, reference: Profile | None, thresho
         for f, share in ((r.get("profile") or {}).get("unseen") or {}).items():
             unseen.setdefault(f, []).append(share)
     auc = progressive.auc if np.isfinite(progressive.auc) else None
-    checks = [columns, *check_day(today, reference, thresholds, auc, aucs, unseen)]
+    checks = [columns, *check_day(today, reference, thresholds, auc, aucs, unseen if served_age <= 1 else None)]
     return Judged(checks, p, progressive, today)
 
 

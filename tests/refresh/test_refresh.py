@@ -320,3 +320,75 @@ def test_preprocess_table_validation_files_hold_out_rows_without_a_test_mapping(
         rows.tail(3000)["clicked"].sum()
     )
     assert os.path.isdir(tmp_path / "data")
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _inputs(rows: pl.DataFrame, specs: list[dict]) -> list:
+    """The raw rows as typed inputs, one [B, 1] tensor a column, as the model's config declares them."""
+    out = []
+    for s in specs:
+        t = httpclient.InferInput(s["name"], [len(rows), 1], s["datatype"])
+        if s["datatype"] == "FP32":
+            t.set_data_from_numpy(rows[s["name"]].cast(pl.Float32).to_numpy().reshape(-1, 1))
+        else:
+            t.set_data_from_numpy(np.asarray(rows[s["name"]].cast(pl.String).to_list(), dtype=object).reshape(-1, 1))
+        out.append(t)
+    return out
+
+
+@pytest.mark.skipif(not (ROOT / ".venv-triton" / "bin" / "python").exists(), reason="no Triton here: `make triton`")
+def test_real_triton_in_poll_mode_serves_each_published_version_with_no_request_lost(days, tmp_path):
+    from ctrkit.serve.predictor import Predictor
+    from tests.conftest import free_port
+    from tests.serve.test_raw_values import _triton_ready
+
+    repo = tmp_path / "repo"
+    assert refresh(repo, days[0], *ROLES, "--backend", "python")[0] == 0
+    store = RefreshStore(repo, "ctr")
+    specs = Predictor.from_checkpoint(store.checkpoint("v1.pt")).transform.input_specs()
+    rows = pl.read_csv(days[3], infer_schema=False).head(8)
+    port = free_port()
+    proc = subprocess.Popen([str(ROOT / "scripts" / "tritonserver.sh"), str(repo), str(port),
+                             "--model-control-mode=poll", "--repository-poll-secs=1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    failures, versions, stop = [], [], threading.Event()
+
+    def client():
+        c = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
+        for _ in range(1500):  # bounded
+            if stop.is_set():
+                break
+            try:
+                versions.append(int(c.infer("ctr", _inputs(rows, specs)).get_response()["model_version"]))
+            except Exception as e:  # noqa: BLE001 - every failure counts
+                failures.append(repr(e))
+        c.close()
+
+    threads = [threading.Thread(target=client) for _ in range(4)]
+    try:
+        deadline = time.monotonic() + 90
+        while not _triton_ready(port):
+            assert proc.poll() is None, proc.stdout.read()[-3000:]
+            assert time.monotonic() < deadline, "Triton did not become ready"
+            time.sleep(0.5)
+        for t in threads:
+            t.start()
+        assert refresh(repo, days[1], "--backend", "python")[0] == 0
+        deadline = time.monotonic() + 90
+        while 2 not in versions[-20:] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        stop.set()
+        for t in threads:
+            t.join()
+        answer = httpclient.InferenceServerClient(f"127.0.0.1:{port}").infer("ctr", _inputs(rows, specs))
+        got = answer.as_numpy("probability")[:, 0]
+    finally:
+        stop.set()
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert failures == []
+    assert versions[0] == 1 and versions[-1] == 2
+    want = raw_scores(Predictor.from_checkpoint(store.checkpoint("v2.pt")), rows.drop("clicked"))
+    assert np.abs(got - want).max() <= 1e-6
