@@ -112,11 +112,44 @@ def baselines(files: Sequence[Path], k: int, work: Path, options: dict[str, Any]
     return {"retrain_auc": round(float(retrain), 5), "logistic_auc": round(float(lr), 5)}
 
 
+def swaps(stream: Path, day: Path, work: Path, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """The versions a stream's refresh kept (``stream``'s state), exported for each server and placed one after
+    another in a repository that ``ctrkit serve --poll-s`` and, where installed, real Triton in POLL mode serve to 4
+    clients (``swap_latency.run_swaps``); per server its result."""
+    from ctrkit.bench.swap_latency import run_swaps, triton_available
+    from ctrkit.export.exporter import export_checkpoint
+    from ctrkit.refresh.store import RefreshStore
+    from ctrkit.serve.predictor import Predictor
+
+    store = RefreshStore(stream / "repo", "ctr")
+    state = store.read()
+    kept = [store.checkpoint(v.checkpoint) for v in (*state.earlier, state.served)]
+    kept = [c for c in kept if c.is_file()]
+    specs = Predictor.from_checkpoint(kept[-1]).transform.input_specs()
+    rows = pl.read_csv(day, infer_schema=False).head(8)
+    out = {}
+    for backend, server in (("onnx", "ctrkit"), ("python", "triton")):
+        if server == "triton" and not triton_available():
+            out[server] = {"skipped": "no Triton here: `make triton`"}
+            continue
+        staging = work / f"staging-{backend}"
+        shutil.rmtree(staging, ignore_errors=True)
+        for i, c in enumerate(kept, start=1):
+            export_checkpoint(c, staging, "triton", "ctr", backend, version=i)
+        versions = [staging / "ctr" / str(i) for i in range(1, len(kept) + 1)]
+        out[server] = run_swaps(versions, staging / "ctr" / "config.pbtxt", rows, specs, work, server)
+        r = out[server]
+        log(f"{server}: {r['swaps']} swaps, {r['failed']} failed requests, p99 {r['steady'].get('p99_ms')} ms steady, "
+            f"{r['swap'].get('p99_ms')} ms around the swaps")  # fmt: skip
+    return out
+
+
 def run_refresh_bench(work: Path, days: int, rows: int, vocabularies: Sequence[int], clean_seeds: Sequence[int],
-                      broken_seed: int, options: dict[str, Any], log: Callable[[str], None] = print
-                      ) -> dict[str, Any]:  # fmt: skip
+                      broken_seed: int, options: dict[str, Any], log: Callable[[str], None] = print,
+                      serve_swaps: bool = True) -> dict[str, Any]:  # fmt: skip
     """Clean streams of ``clean_seeds`` and a stream of ``broken_seed`` whose days 4, 5 and 6 are broken (``BREAKS``);
-    each ``days`` days of ``rows`` rows. Returns each stream's day records and the counts the targets read."""
+    each ``days`` days of ``rows`` rows. Returns each stream's day records and the counts the targets read, and
+    with ``serve_swaps`` the first clean stream's versions served across swaps (``swaps``)."""
     if days < 6:
         raise ValueError(f"`days`: the broken stream breaks days 4 to 6; expected at least 6, got {days}")
     streams: dict[str, Any] = {}
@@ -151,7 +184,12 @@ def run_refresh_bench(work: Path, days: int, rows: int, vocabularies: Sequence[i
         if any(r.get("hand_seconds") for r in clean)
         else None,
     }
-    return {"streams": streams, "breaks": {str(k): v for k, v in breaks.items()}, "summary": summary}
+    result = {"streams": streams, "breaks": {str(k): v for k, v in breaks.items()}, "summary": summary}
+    if serve_swaps:
+        first = clean_seeds[0]
+        result["swaps"] = swaps(work / f"clean-{first}", work / f"clean-{first}" / "days" / f"day_{days}.csv",
+                                work / "swaps", log)  # fmt: skip
+    return result
 
 
 def _mean(values: Sequence[float | None]) -> float | None:

@@ -519,7 +519,11 @@ def refresh(args: argparse.Namespace) -> int:
     click) in --work: one stream per --clean-seeds and one (--broken-seed) whose days 4, 5 and 6 have shuffled
     labels, a renamed column and a numerical column all missing. Each stream is refreshed day by day into its own
     repository with refresh's defaults. Reports each day's verdict, the served model's AUC on the day before
-    training on it and the seconds; the summary counts the refusals of clean days and the broken days refused.
+    training on it and the seconds; the summary counts the refusals of clean days and the broken days refused. The
+    clean days also get a model retrained from scratch on all days so far and a tuned logistic regression, scored on
+    the same day, and the seconds of the day's steps run by hand. Then the first clean stream's versions are placed
+    one by one in a repository that `ctrkit serve --poll-s` and real Triton in POLL mode (where `make triton`
+    installed it) serve to 4 clients: failed requests and latency p99 around the swaps against the steady state.
     """
     from ctrkit.bench.peak import machine
     from ctrkit.bench.refresh_bench import run_refresh_bench
@@ -529,7 +533,7 @@ def refresh(args: argparse.Namespace) -> int:
     _threads(run)
     options = {"max_steps": cfg.max_steps} if cfg.max_steps is not None else {}
     result = run_refresh_bench(cfg.work, cfg.days, cfg.rows, cfg.vocabularies, cfg.clean_seeds, cfg.broken_seed,
-                               options)  # fmt: skip
+                               options, serve_swaps=not cfg.no_swaps)  # fmt: skip
     s = result["summary"]
     print(
         f"clean days: {s['clean_days']}, refused {s['false_refusals']}, kept by the gate {s['clean_kept']}; broken "

@@ -63,9 +63,16 @@ class ModelRepository:
         folder = self.folder(model)
         return [p.name for p in version_dirs(folder).values()]
 
-    def load(self, model: str) -> dict:
-        """Every version of ``model`` that loads, as Predictors (a ValueError naming what is wrong when none
-        does); the versions that fail are recorded in ``failed`` under ``model/version``."""
+    def stamps(self, model: str) -> dict[str, int]:
+        """Each version directory of ``model`` with its inode: a version placed anew under the same number (a
+        rename of a new directory) has another."""
+        folder = self.folder(model)
+        return {v: (folder / v).stat().st_ino for v in self.versions(model)}
+
+    def load(self, model: str, only: list[str] | None = None) -> dict:
+        """Every version of ``model`` that loads (``only``: those of these versions), as Predictors (a ValueError
+        naming what is wrong when none does); the versions that fail are recorded in ``failed`` under
+        ``model/version``."""
         from ctrkit.serve.predictor import Predictor
 
         folder = self.folder(model)
@@ -75,7 +82,9 @@ class ModelRepository:
         versions = self.versions(model)
         if not versions:
             raise ValueError(f"{folder}: no numbered version directories")
-        for key in [k for k in self.failed if k.startswith(f"{model}/")]:
+        if only is not None:
+            versions = [v for v in versions if v in only]
+        for key in [k for k in self.failed if k.startswith(f"{model}/") and k.split("/", 1)[1] in versions]:
             del self.failed[key]
         loaded, errors = {}, {}
         for v in versions:
@@ -83,7 +92,7 @@ class ModelRepository:
                 loaded[v] = Predictor.from_export(folder, v, repository=self.root)
             except Exception as e:  # a corrupt or missing file: this version is left out, its reason kept
                 errors[v] = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        if not loaded:
+        if not loaded and versions:
             raise ValueError(f"{folder}: no version loads ({'; '.join(f'{v}: {e}' for v, e in errors.items())})")
         for v, e in errors.items():
             log.error("model '%s' version %s not loaded: %s", model, v, e)

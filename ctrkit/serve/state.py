@@ -140,11 +140,12 @@ class ServerState:
                 self.repository.failed[model] = str(e)
 
     async def poll(self, seconds: float) -> None:
-        """Every ``seconds``, the repository's version directories read: a model whose versions changed (one placed,
-        whole, by an export's rename; one removed) is reloaded, a new model loaded, a model whose directory went
-        unloaded. The versions serving answer until the new ones serve; a load that fails leaves them serving, its
-        reason in the index (Triton's POLL mode)."""
-        seen = {m: self.repository.versions(m) for m in self.models}
+        """Every ``seconds``, the repository's version directories read (Triton's POLL mode): a version placed (whole,
+        by an export's rename) is loaded and joins the versions serving, which answer meanwhile and are not
+        reloaded; a version removed stops once its queued requests are answered; a new model is loaded, a model
+        whose directory went unloaded. A version that fails to load leaves the others serving, its reason in the
+        index."""
+        seen = {m: self.repository.stamps(m) for m in self.models}
         while True:
             await asyncio.sleep(seconds)
             try:
@@ -153,22 +154,40 @@ class ServerState:
                 continue
             for model in names:
                 try:
-                    versions = self.repository.versions(model)
+                    stamps = self.repository.stamps(model)
                 except (OSError, ValueError):
                     continue
-                if seen.get(model) == versions or not versions:
+                if seen.get(model) == stamps or not stamps:
                     continue
-                seen[model] = versions
+                before, seen[model] = seen.get(model, {}), stamps
                 try:
-                    await self.load(model)
+                    await self._follow(model, [v for v, ino in stamps.items() if before.get(v) != ino])
                     self.repository.failed.pop(model, None)
-                    log.info("model '%s' reloaded from the repository: versions %s", model, ", ".join(versions))
+                    log.info("model '%s' follows the repository: versions %s", model, ", ".join(stamps))
                 except Exception as e:  # a missing or corrupt file: the versions serving stay
                     log.error("model '%s' not reloaded: %s", model, e)
                     self.repository.failed[model] = str(e)
             for model in set(seen) - set(names):
                 del seen[model]
                 self.swap(model, None)
+
+    async def _follow(self, model: str, changed: list[str]) -> None:
+        """``model``'s served versions made the repository's: the ``changed`` ones (new, or placed anew) loaded off
+        the event loop and started, the unchanged ones kept as they serve, the ones gone retired."""
+        loaded = await asyncio.get_running_loop().run_in_executor(None, self.repository.load, model, changed)
+        on_disk = set(self.repository.versions(model))
+        current = self.models.get(model, {})
+        started = {v: self._start(model, v, p) for v, p in loaded.items()}
+        versions = {**{v: s for v, s in current.items() if v in on_disk and v not in started}, **started}
+        gone = {v: s for v, s in current.items() if v not in versions or versions[v] is not s}
+        if versions:
+            self.models[model] = versions
+        else:
+            self.models.pop(model, None)
+        if gone:
+            task = asyncio.get_running_loop().create_task(self._retire(gone))
+            self.retiring.add(task)
+            task.add_done_callback(self.retiring.discard)
 
     async def shutdown(self) -> None:
         for versions in list(self.models.values()):
