@@ -73,7 +73,8 @@ def time_predict(paths: dict[str, Path], rounds: int) -> list[dict[str, Any]]:
     return runs
 
 
-def _ready(url: str) -> bool:
+def server_ready(url: str) -> bool:
+    """Whether the server at ``url`` (HOST:PORT) answers its readiness route."""
     try:
         with urllib.request.urlopen(f"http://{url}/v2/health/ready", timeout=2) as r:
             return r.status == 200
@@ -97,7 +98,7 @@ def time_requests(paths: dict[str, Path], requests: int, port: int, warm_up: flo
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     try:
         deadline = time.monotonic() + 120
-        while not _ready(url):
+        while not server_ready(url):
             if server.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("ctrkit serve did not become ready")
             time.sleep(0.2)

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -20,20 +19,14 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from ctrkit.bench.raw_rows_bench import server_ready
+
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 AFTER_S = 1.0  # a swap's window lasts this long after the new version first answers
 
 
 def triton_available() -> bool:
     return (SCRIPTS / "tritonserver.sh").is_file() and (SCRIPTS.parent / ".venv-triton" / "bin" / "python").is_file()
-
-
-def _ready(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://{url}/v2/health/ready", timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False
 
 
 def _free_port() -> int:
@@ -53,7 +46,7 @@ def _start(server: str, repository: Path, port: int, poll_s: float) -> subproces
                f"--repository-poll-secs={max(1, round(poll_s))}"]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
-    while not _ready(f"127.0.0.1:{port}"):
+    while not server_ready(f"127.0.0.1:{port}"):
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
             raise RuntimeError(f"{server} did not start: {proc.stderr.read().decode()[-2000:]}")
@@ -61,7 +54,9 @@ def _start(server: str, repository: Path, port: int, poll_s: float) -> subproces
     return proc
 
 
-def _inputs(rows: pl.DataFrame, specs: Sequence[dict[str, Any]]) -> list:
+def raw_inputs(rows: pl.DataFrame, specs: Sequence[dict[str, Any]]) -> list:
+    """``rows``' columns as ``tritonclient`` inputs, one [B, 1] tensor a column, typed as ``specs`` (a model's
+    ``RowTransform.input_specs``) declare them."""
     import tritonclient.http as httpclient
 
     out = []
@@ -121,7 +116,7 @@ def run_swaps(versions: Sequence[Path], model_config: Path, rows: pl.DataFrame, 
 
     def client() -> None:
         c = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
-        inputs = _inputs(rows, specs)
+        inputs = raw_inputs(rows, specs)
         while not stop.is_set():
             sent = time.perf_counter()
             try:

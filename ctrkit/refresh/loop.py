@@ -46,6 +46,7 @@ from ctrkit.refresh.day import Day, read_day, score_day
 from ctrkit.refresh.gate import Scores, compare
 from ctrkit.refresh.store import RefreshStore, State, Version
 
+CHECKPOINT = "model.pt"  # each version's checkpoint: checkpoints/vN/model.pt
 RECENT_DAYS = 7  # the days whose scores and unseen shares a new day is set beside
 CARRY_DAYS = 3  # at most this many days' rows carried while the gate keeps the served version
 PUBLISHED, KEPT, REFUSED, ROLLED_BACK = "published", "kept", "refused", "rolled back"
@@ -245,8 +246,7 @@ class Refresh:
         record["gate"] = gate.as_dict()
         record["holdout"] = gate.candidate.as_dict()
         self._timed("gate", started)
-        if not gate.blessed:
-            candidate.unlink(missing_ok=True)
+        if not gate.blessed:  # (the candidate goes with the work directory)
             kept_rows = pl.concat([train_rows, tail.raw()], how="vertical_relaxed")
             limit = CARRY_DAYS * len(day)
             self.store.carry(kept_rows.tail(limit) if kept_rows.height > limit else kept_rows)
@@ -273,7 +273,8 @@ class Refresh:
         """The candidate's checkpoint in ``work``: ``model`` trained on ``data`` (continuing ``continue_from``), in
         this process or under torchrun (``nproc_per_node``)."""
         s = self.settings
-        out = work / "candidate.pt"
+        (work / "candidate").mkdir()
+        out = work / "candidate" / CHECKPOINT  # (under torchrun: with its rank files beside it)
         options = dict(s.train_options)
         if s.nproc_per_node > 1:
             command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -303,9 +304,9 @@ class Refresh:
         s = self.settings
         started = time.perf_counter()
         number = max([*self.store.versions(), *(v.number for v in (state.served, *state.earlier) if v)], default=0) + 1
-        checkpoint = f"v{number}.pt"
-        self.store.checkpoint(checkpoint).parent.mkdir(parents=True, exist_ok=True)
-        os.replace(candidate, self.store.checkpoint(checkpoint))
+        checkpoint = f"v{number}/{CHECKPOINT}"
+        self.store.checkpoint(checkpoint).parent.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(candidate.parent, self.store.checkpoint(checkpoint).parent)  # its directory: rank files and all
         carry_next = self.store.root / "carried.next.parquet"
         carry.write_parquet(carry_next)
         record.update(verdict=PUBLISHED, reason=why, version=number, served_after=number)

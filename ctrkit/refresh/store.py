@@ -4,7 +4,8 @@ Triton polls a model's directory and would reload it for any change there):
 * ``state.json``: the table flags the model was made with, the served version (its number and checkpoint), the
   versions published before it (for ``--rollback``), the reference profile of the rows it last trained on, and the
   days seen; replaced atomically, after the repository's version is whole;
-* ``checkpoints/``: each published version's checkpoint, named by the version;
+* ``checkpoints/vN/``: each published version's checkpoint (``model.pt``, and its rank files where trained under
+  torchrun);
 * ``carried.parquet``: the raw rows the served model has not trained on yet (the last published day's held-out
   tail), trained on with the next day;
 * ``history.jsonl``: a JSON line a day (the checks, the scores, the gate, the verdict, the versions, the times), and
@@ -36,7 +37,7 @@ STATE_FORMAT = 1
 
 @dataclass(frozen=True)
 class Version:
-    """A published version: its ``number`` in the repository, its ``checkpoint`` (a name in ``checkpoints/``) and
+    """A published version: its ``number`` in the repository, its ``checkpoint`` (a path in ``checkpoints/``) and
     the ``day`` it was published on."""
 
     number: int
@@ -175,12 +176,12 @@ class RefreshStore:
             aside = folder.parent / f".{self.name}.{v}.removed.{os.getpid()}"
             os.replace(target, aside)  # gone from the model's directory in one step
             shutil.rmtree(aside, ignore_errors=True)
-        kept = {v.checkpoint for v in (state.served, *state.earlier[-keep:]) if v is not None}
+        kept = {Path(v.checkpoint).parts[0] for v in (state.served, *state.earlier[-keep:]) if v is not None}
         folder = self.root / "checkpoints"
         if folder.is_dir():
             for p in folder.iterdir():
                 if p.name not in kept:
-                    p.unlink(missing_ok=True)
+                    shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
         return gone
 
     def begin(self, pending: dict[str, Any]) -> None:

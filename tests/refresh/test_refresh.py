@@ -20,6 +20,7 @@ import pytest
 import tritonclient.http as httpclient
 from sklearn.metrics import log_loss, roc_auc_score
 
+from ctrkit.bench.swap_latency import raw_inputs
 from ctrkit.bench.table_stream import write_text_days
 from ctrkit.refresh.checks import Profile, Thresholds, check_day, profile, psi
 from ctrkit.refresh.gate import compare
@@ -78,7 +79,7 @@ def test_clean_days_are_published_each_trained_on_the_last_days_held_out_rows(pu
     # the progressive figures are the served version 1's on day 2's raw rows, as scikit-learn computes them
     from ctrkit.serve.predictor import Predictor
 
-    v1 = Predictor.from_checkpoint(store.checkpoint("v1.pt"))
+    v1 = Predictor.from_checkpoint(store.checkpoint("v1/model.pt"))
     rows = pl.read_csv(days[1])
     p = raw_scores(v1, rows.drop("clicked"))
     y = rows["clicked"].to_numpy()
@@ -96,7 +97,7 @@ def test_the_served_version_scores_as_predict_of_its_checkpoint(published, days,
     store = RefreshStore(repo, "ctr")
     rows = pl.read_csv(days[2]).head(2000)
     rows.write_csv(tmp_path / "rows.csv")
-    code, _, _ = run_cli("predict", "--checkpoint", store.checkpoint("v2.pt"), "--input", tmp_path / "rows.csv",
+    code, _, _ = run_cli("predict", "--checkpoint", store.checkpoint("v2/model.pt"), "--input", tmp_path / "rows.csv",
                          "--out", tmp_path / "scores.csv", "--no-progress")  # fmt: skip
     assert code == 0
     expected = pl.read_csv(tmp_path / "scores.csv")["probability"].to_numpy()
@@ -194,10 +195,10 @@ def test_rollback_serves_the_version_before_as_the_next_and_old_versions_go(publ
 
     repo, store = copy_of(published, tmp_path)
     assert run_cli("refresh", "--rollback", "--repository", repo, "--name", "ctr", "--keep-versions", "2")[0] == 0
-    assert store.versions() == [2, 3] and store.read().served.checkpoint == "v1.pt"
+    assert store.versions() == [2, 3] and store.read().served.checkpoint == "v1/model.pt"
     rows = pl.read_csv(days[2], infer_schema=False).head(500).drop("clicked")
     v3 = Predictor.from_export(repo / "ctr", "3", repository=repo)
-    v1 = Predictor.from_checkpoint(store.checkpoint("v1.pt"))
+    v1 = Predictor.from_checkpoint(store.checkpoint("v1/model.pt"))
     assert np.abs(raw_scores(v3, rows) - raw_scores(v1, rows)).max() <= 1e-6
     assert store.history()[-1]["verdict"] == "rolled back"
 
@@ -206,7 +207,7 @@ def test_check_prints_the_days_checks_against_a_model(published, days, tmp_path,
     _, repo = published
     code, out, _ = run_cli("check", days[2], "--repository", repo, "--name", "ctr", capsys=capsys)
     assert code == 0 and "served model's AUC on the day" in out and "checks passed" in out
-    ckpt = RefreshStore(repo, "ctr").checkpoint("v2.pt")
+    ckpt = RefreshStore(repo, "ctr").checkpoint("v2/model.pt")
     shuffled = _broken(days[2], tmp_path / "day.csv", "shuffled")
     code, out, _ = run_cli("check", shuffled, "--checkpoint", ckpt, "--against", days[1], capsys=capsys)
     assert code == 0 and "PSI of num0" in out  # no recent days given: the AUC is printed, not judged
@@ -325,19 +326,6 @@ def test_preprocess_table_validation_files_hold_out_rows_without_a_test_mapping(
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _inputs(rows: pl.DataFrame, specs: list[dict]) -> list:
-    """The raw rows as typed inputs, one [B, 1] tensor a column, as the model's config declares them."""
-    out = []
-    for s in specs:
-        t = httpclient.InferInput(s["name"], [len(rows), 1], s["datatype"])
-        if s["datatype"] == "FP32":
-            t.set_data_from_numpy(rows[s["name"]].cast(pl.Float32).to_numpy().reshape(-1, 1))
-        else:
-            t.set_data_from_numpy(np.asarray(rows[s["name"]].cast(pl.String).to_list(), dtype=object).reshape(-1, 1))
-        out.append(t)
-    return out
-
-
 @pytest.mark.skipif(not (ROOT / ".venv-triton" / "bin" / "python").exists(), reason="no Triton here: `make triton`")
 def test_real_triton_in_poll_mode_serves_each_published_version_with_no_request_lost(days, tmp_path):
     from ctrkit.serve.predictor import Predictor
@@ -347,7 +335,7 @@ def test_real_triton_in_poll_mode_serves_each_published_version_with_no_request_
     repo = tmp_path / "repo"
     assert refresh(repo, days[0], *ROLES, "--backend", "python")[0] == 0
     store = RefreshStore(repo, "ctr")
-    specs = Predictor.from_checkpoint(store.checkpoint("v1.pt")).transform.input_specs()
+    specs = Predictor.from_checkpoint(store.checkpoint("v1/model.pt")).transform.input_specs()
     rows = pl.read_csv(days[3], infer_schema=False).head(8)
     port = free_port()
     proc = subprocess.Popen([str(ROOT / "scripts" / "tritonserver.sh"), str(repo), str(port),
@@ -361,7 +349,7 @@ def test_real_triton_in_poll_mode_serves_each_published_version_with_no_request_
             if stop.is_set():
                 break
             try:
-                versions.append(int(c.infer("ctr", _inputs(rows, specs)).get_response()["model_version"]))
+                versions.append(int(c.infer("ctr", raw_inputs(rows, specs)).get_response()["model_version"]))
             except Exception as e:  # noqa: BLE001 - every failure counts
                 failures.append(repr(e))
         c.close()
@@ -382,7 +370,7 @@ def test_real_triton_in_poll_mode_serves_each_published_version_with_no_request_
         stop.set()
         for t in threads:
             t.join()
-        answer = httpclient.InferenceServerClient(f"127.0.0.1:{port}").infer("ctr", _inputs(rows, specs))
+        answer = httpclient.InferenceServerClient(f"127.0.0.1:{port}").infer("ctr", raw_inputs(rows, specs))
         got = answer.as_numpy("probability")[:, 0]
     finally:
         stop.set()
@@ -390,5 +378,38 @@ def test_real_triton_in_poll_mode_serves_each_published_version_with_no_request_
         proc.wait(timeout=30)
     assert failures == []
     assert versions[0] == 1 and versions[-1] == 2
-    want = raw_scores(Predictor.from_checkpoint(store.checkpoint("v2.pt")), rows.drop("clicked"))
+    want = raw_scores(Predictor.from_checkpoint(store.checkpoint("v2/model.pt")), rows.drop("clicked"))
     assert np.abs(got - want).max() <= 1e-6
+
+
+def _v2_scores(repo: Path, rows: pl.DataFrame) -> np.ndarray:
+    from ctrkit.serve.predictor import Predictor
+
+    return raw_scores(Predictor.from_checkpoint(RefreshStore(repo, "ctr").checkpoint("v2/model.pt")), rows)
+
+
+@pytest.mark.parametrize("engine", ["spark", "torchrun"])
+def test_spark_preprocessing_and_torchrun_training_refresh_as_one_process_does(published, days, tmp_path, engine):
+    """The same two days refreshed with the preprocessing on Spark, or the training under torchrun (2 processes):
+    the served version scores as the one-process, Polars refresh's does."""
+    if engine == "spark":
+        pytest.importorskip("pyspark")
+    extra = ("--engine", "spark", "--spark-master", "local[1]") if engine == "spark" else ("--nproc-per-node", "2")
+    repo = tmp_path / "repo"
+    assert refresh(repo, days[0], *ROLES, *extra)[0] == 0
+    assert refresh(repo, days[1], *extra)[0] == 0
+    rows = pl.read_csv(days[2], infer_schema=False).head(2000).drop("clicked")
+    got, want = _v2_scores(repo, rows), _v2_scores(published[1], rows)
+    assert np.abs(got - want).max() <= (1e-6 if engine == "spark" else 1e-4)
+
+
+def test_raw_id_columns_go_through_the_same_loop(days, tmp_path):
+    from ctrkit.checkpoint import load_checkpoint
+
+    repo = tmp_path / "repo"
+    assert refresh(repo, days[0], *ROLES, "--raw-ids", "cat1", "--capacity", "4000")[0] == 0
+    assert refresh(repo, days[1])[0] == 0
+    store = RefreshStore(repo, "ctr")
+    assert [r["verdict"] for r in store.history()] == ["published", "published"]
+    spec = load_checkpoint(store.checkpoint("v2/model.pt")).spec
+    assert spec["dynamic_features"] == ["cat1"] and spec["cardinalities"][1] == 4000  # a table of raw ids, its rows
