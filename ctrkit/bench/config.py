@@ -313,11 +313,16 @@ class TableStreamBenchConfig:
 class RefreshBenchConfig:
     """``ctrkit bench refresh``: `ctrkit refresh` day by day on clean drifting streams and one with broken days."""
 
-    days: int = option(7, "days of each stream (the broken stream breaks days 4, 5 and 6)")
-    rows: int = option(30_000, "rows a day")
+    family: str = option(
+        "stream", "the logs: stream (text columns of ids born and fading every day, drifting effects) or shop (an "
+        "e-commerce log: a timestamp, tags, users returning by a power law; a day is 4,320 rows)", ("stream", "shop"),
+    )  # fmt: skip
+    days: int = option(7, "days of each log (the broken log breaks days 4, 5 and 6)")
+    rows: int = option(30_000, "rows a day (shop: 4,320 are a day of its timestamps)")
     vocabularies: tuple[int, ...] = option(
-        (1000, 20000, 300, 24, 8000), "ids alive on a day per text column (churning above 200)", parse="int_list"
-    )
+        (1000, 20000, 300, 24, 8000), "stream: ids alive on a day per text column (churning above 200)",
+        parse="int_list",
+    )  # fmt: skip
     clean_seeds: tuple[int, ...] = option((0, 1), "seeds of the clean streams", parse="int_list")
     broken_seed: int = option(2, "seed of the stream with broken days")
     no_swaps: bool = option(False, "leave out serving the first clean stream's versions across swaps")

@@ -526,14 +526,15 @@ def refresh(args: argparse.Namespace) -> int:
     installed it) serve to 4 clients: failed requests and latency p99 around the swaps against the steady state.
     """
     from ctrkit.bench.peak import machine
-    from ctrkit.bench.refresh_bench import run_refresh_bench
+    from ctrkit.bench.refresh_bench import SHOP, run_refresh_bench, stream_family
 
     cfg: RefreshBenchConfig = config_from(args, RefreshBenchConfig)
     run = config_from(args, BenchRunOptions)
     _threads(run)
     options = {"max_steps": cfg.max_steps} if cfg.max_steps is not None else {}
-    result = run_refresh_bench(cfg.work, cfg.days, cfg.rows, cfg.vocabularies, cfg.clean_seeds, cfg.broken_seed,
-                               options, serve_swaps=not cfg.no_swaps)  # fmt: skip
+    family = SHOP if cfg.family == "shop" else stream_family(cfg.vocabularies)
+    result = run_refresh_bench(cfg.work, family, cfg.days, cfg.rows, cfg.clean_seeds, cfg.broken_seed, options,
+                               serve_swaps=not cfg.no_swaps)  # fmt: skip
     s = result["summary"]
     print(
         f"clean days: {s['clean_days']}, refused {s['false_refusals']}, kept by the gate {s['clean_kept']}; broken "

@@ -140,6 +140,7 @@ class Refresh:
         self.settings, self.flags, self.log = settings, flags, log
         self.store = RefreshStore(settings.repository, settings.name, settings.state_dir)
         self.times: dict[str, float] = {}
+        self.notes: list[str] = []  # what the day did otherwise than asked, and why (in its record)
         self.started = time.perf_counter()
 
     def _timed(self, step: str, started: float) -> None:
@@ -276,7 +277,11 @@ class Refresh:
         (work / "candidate").mkdir()
         out = work / "candidate" / CHECKPOINT  # (under torchrun: with its rank files beside it)
         options = dict(s.train_options)
-        if s.nproc_per_node > 1:
+        if s.nproc_per_node > 1 and continue_from is not None:
+            self.log(f"warning: --nproc-per-node {s.nproc_per_node}: a continued day trains in one process (train "
+                     "--continue-from starts one process from a one-file checkpoint)")  # fmt: skip
+            self.notes.append("trained in one process: train --continue-from runs one process")
+        if s.nproc_per_node > 1 and continue_from is None:
             command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                        f"--nproc-per-node={s.nproc_per_node}", "-m", "ctrkit", "train", "--dataset", str(data),
                        "--model", s.model, "--save-checkpoint", str(out), "--no-progress"]  # fmt: skip
@@ -285,9 +290,18 @@ class Refresh:
             for k, v in options.items():
                 command += ["--" + k.replace("_", "-"), str(v)]
             done = subprocess.run(command, capture_output=True, text=True)
+            if done.returncode != 0:  # the ranks' own one-line error, else the last line torchrun printed
+                lines = done.stderr.strip().splitlines() or ["(no output)"]
+                said = next((line for line in lines if line.startswith("ctrkit train: error:")), lines[-1])
+                raise ValueError(f"training under torchrun ({s.nproc_per_node} processes) failed: {said}")
+            # its rank files as one file with whole tables, which the next day continues in one process
+            whole = work / "candidate" / "whole.pt"
+            done = subprocess.run([sys.executable, "-m", "ctrkit", "convert-checkpoint", "--checkpoint", str(out),
+                                   "--out", str(whole)], capture_output=True, text=True)  # fmt: skip
             if done.returncode != 0:
-                last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-                raise ValueError(f"training under torchrun ({s.nproc_per_node} processes) failed: {last}")
+                raise ValueError(f"the torchrun checkpoint {out} did not convert to one file: {done.stderr.strip()}")
+            os.replace(whole, out)
+            shutil.rmtree(out.with_name(out.name + ".shards"), ignore_errors=True)
             return out
         from ctrkit.train.run import train
 
@@ -306,6 +320,7 @@ class Refresh:
         number = max([*self.store.versions(), *(v.number for v in (state.served, *state.earlier) if v)], default=0) + 1
         checkpoint = f"v{number}/{CHECKPOINT}"
         self.store.checkpoint(checkpoint).parent.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(self.store.checkpoint(checkpoint).parent, ignore_errors=True)  # a stopped refresh's, unserved
         os.replace(candidate.parent, self.store.checkpoint(checkpoint).parent)  # its directory: rank files and all
         carry_next = self.store.root / "carried.next.parquet"
         carry.write_parquet(carry_next)
@@ -340,6 +355,8 @@ class Refresh:
         if state is not None:
             self.store.write(state)
         record.setdefault("times", dict(self.times))
+        if self.notes:
+            record["notes"] = list(self.notes)
         record["seconds"] = round(time.perf_counter() - self.started, 3)  # the day's whole wall time
         self.store.record(record)
         from ctrkit.refresh.history_page import write_page
@@ -373,21 +390,19 @@ class Refresh:
                 "checks": [_check_dict(c) for c in checks]}  # fmt: skip
 
     def recover(self) -> None:
-        """Finishes a refresh killed between placing a version and writing the state (the version is whole in the
-        repository: it becomes the served one), or drops one killed before (nothing of it is served)."""
+        """Finishes a refresh stopped between placing a version and writing the state (the version is whole in the
+        repository: it becomes the served one, and its day is recorded), or drops one stopped before placing it
+        (nothing of it is served: its checkpoint and carried rows go)."""
         pending = self.store.pending()
-        if pending is None:
-            (self.store.root / "carried.next.parquet").unlink(missing_ok=True)
-            self.store.done()
-            return
-        state = self.store.read()
-        if pending["version"] in self.store.versions() and state is not None or (
-                state is None and pending["version"] in self.store.versions()):  # fmt: skip
+        if pending is not None and pending["version"] in self.store.versions():
+            state = self.store.read()
             base = state if state is not None else State(flags=_jsonable(self.flags))
             self.log(f"finishing the refresh that placed version {pending['version']} before it was stopped")
             self._commit(base, pending["version"], pending["checkpoint"], pending["day"], pending["reference"],
                          pending["record"])  # fmt: skip
             return
+        if pending is not None:
+            shutil.rmtree(self.store.checkpoint(pending["checkpoint"]).parent, ignore_errors=True)
         (self.store.root / "carried.next.parquet").unlink(missing_ok=True)
         self.store.done()
 

@@ -190,7 +190,9 @@ def _same(a, b) -> bool:
 
 
 @pytest.mark.parametrize("flag", sorted(APPLIED))
-def test_a_resume_applies_the_flag_it_is_given(stopped, flag):
+def test_a_resume_applies_the_flag_it_is_given(stopped, flag, monkeypatch):
+    if flag in ("--precision", "--eval-dtype"):  # bf16 on a CPU without it runs fp32: computed in bf16 all the same
+        monkeypatch.setenv("CTRKIT_CPU_BF16", "1")
     given, reference, what = APPLIED[flag]
     changed = _shown(*_resumed(stopped, flag.strip("-"), *given), what)
     plain = _shown(*_resumed(stopped, flag.strip("-") + "-ref", *(reference or [])), what)
