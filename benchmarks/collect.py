@@ -428,21 +428,33 @@ def refresh_rows(raw):
     """``ctrkit bench refresh``: per stream and day, `ctrkit refresh`'s verdict, the served model's AUC on the day
     before training on it (progressive), the gate's served and candidate AUC on the held-out rows, the day's seconds;
     then the counts the targets read."""
-    columns = ["stream", "day", "verdict", "progressive AUC", "served AUC (held out)", "candidate AUC (held out)",
-               "seconds"]  # fmt: skip
+    columns = ["log", "day", "verdict", "progressive AUC", "retrained AUC", "logistic regression AUC",
+               "gate: served / candidate AUC (held out)", "seconds (by hand)"]  # fmt: skip
     rows = []
-    for _, data in raw:
+    for _, data in sorted(raw, key=lambda r: r[1]["config"]["family"], reverse=True):
+        family = data["config"]["family"]
         for name, days in data["streams"].items():
             for d in days:
                 gate = d.get("gate") or {}
-                rows.append([name, d["day"], d["verdict"], (d.get("progressive") or {}).get("auc"),
-                             (gate.get("served") or {}).get("auc"), (gate.get("candidate") or {}).get("auc"),
-                             d["seconds"]])  # fmt: skip
+                both = f"{gate['served']['auc']:.4f} / {gate['candidate']['auc']:.4f}" if gate else None
+                hand = f" ({d['hand_seconds']:.1f})" if d.get("hand_seconds") else ""
+                progressive = (d.get("progressive") or {}).get("auc")
+                rows.append([f"{family} {name}", d["day"], d["verdict"], progressive, d.get("retrain_auc"),
+                             d.get("logistic_auc"), both, f"{d['seconds']:.1f}{hand}"])  # fmt: skip
         s = data["summary"]
-        rows.append(["clean days refused / kept", s["clean_days"], f"{s['false_refusals']} / {s['clean_kept']}",
-                     s["mean_progressive_auc_clean"], None, None, s["mean_day_seconds"]])  # fmt: skip
-        rows.append(["broken days refused / published", s["broken_days"],
-                     f"{s['broken_refused']} / {s['broken_published']}", None, None, None, None])  # fmt: skip
+        rows.append([f"{family}: clean days, mean", s["clean_days"],
+                     f"refused {s['false_refusals']}, kept {s['clean_kept']}", s["mean_progressive_auc_clean"],
+                     s["mean_retrain_auc"], s["mean_logistic_auc"], None,
+                     f"{s['mean_day_seconds']} ({s['median_time_ratio']}x by hand, median)"])  # fmt: skip
+        rows.append([f"{family}: broken days", s["broken_days"],
+                     f"refused {s['broken_refused']}, published {s['broken_published']}", None, None, None, None,
+                     None])  # fmt: skip
+        for server, r in (data.get("swaps") or {}).items():
+            if "skipped" in r:
+                continue
+            rows.append([f"{family}: {server} across {r['swaps']} swaps, 4 clients", r["failed"], "failed requests",
+                         None, None, None, f"p99 {r['steady']['p99_ms']} ms steady, {r['swap']['p99_ms']} ms around "
+                         f"swaps ({r['p99_ratio']}x)", None])  # fmt: skip
     return columns, rows
 
 

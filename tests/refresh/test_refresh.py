@@ -426,3 +426,35 @@ def test_raw_id_columns_go_through_the_same_loop(days, tmp_path):
     assert [r["verdict"] for r in store.history()] == ["published", "published"]
     spec = load_checkpoint(store.checkpoint("v2/model.pt")).spec
     assert spec["dynamic_features"] == ["cat1"] and spec["cardinalities"][1] == 4000  # a table of raw ids, its rows
+
+
+CHROMIUM = next((p for p in (shutil.which("chromium"), shutil.which("chromium-browser")) if p), None)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium installed (apt-get install chromium); CI installs it")
+def test_the_history_page_renders_every_day_in_a_headless_browser(published, days, tmp_path):
+    """history.html in a real browser: a row a day, a point per figure in the chart, nothing from the network."""
+    sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
+    repo, store = copy_of(published, tmp_path)
+    assert refresh(repo, _broken(days[2], tmp_path / "day.csv", "renamed"))[0] == 3
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            page = browser.new_page()
+            requests = []
+            page.on("request", lambda r: requests.append(r.url))
+            page.goto((store.root / "history.html").as_uri())
+            rows = page.evaluate("Array.from(document.querySelectorAll('#days tr')).map(r => r.innerText)")
+            points = page.evaluate("document.querySelectorAll('svg circle').length")
+            box = page.evaluate("(() => { const b = document.querySelector('svg').getBoundingClientRect(); "
+                                "return [b.width, b.height]; })()")  # fmt: skip
+        finally:
+            browser.close()
+    history = store.history()
+    assert len(rows) == 1 + len(history) == 4
+    assert "published" in rows[1] and "published" in rows[2] and "refused" in rows[3] and "lacks cat1" in rows[3]
+    figures = sum(r.get(k) is not None for r in history for k in ("progressive", "gate")) + sum(
+        1 for r in history if r.get("gate")
+    )  # progressive, and the gate's served and candidate AUC
+    assert points == figures and box[0] > 300 and box[1] > 100
+    assert all(u.startswith(("file:", "data:")) for u in requests), requests
