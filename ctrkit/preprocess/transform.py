@@ -438,6 +438,12 @@ class RowTransform:
                 categorical[:, j] = self._ids(f, out[f"t{j}"])
         return numerical, categorical, [self._bag_ids(f, out[f"m{j}"]) for j, f in enumerate(self.multi_hot)]
 
+    def index_vocabularies(self) -> None:
+        """Builds every vocabulary's lookup index now (each is otherwise built on its first lookup)."""
+        for f in [*self.categorical, *self.multi_hot]:
+            if getattr(f, "ids", "vocabulary") == "vocabulary":
+                self._index(f.feature)
+
     def _index(self, feature: str) -> ValueIndex:
         if feature not in self._indexes:
             self._indexes[feature] = ValueIndex(self.vocabularies[feature])

@@ -49,6 +49,7 @@ from ctrkit.refresh.store import RefreshStore, State, Version
 CHECKPOINT = "model.pt"  # each version's checkpoint: checkpoints/vN/model.pt
 RECENT_DAYS = 7  # the days whose scores and unseen shares a new day is set beside
 CARRY_DAYS = 3  # at most this many days' rows carried while the gate keeps the served version
+DAY_COLUMN = "__ctrkit_day"  # the day a carried row came from
 PUBLISHED, KEPT, REFUSED, ROLLED_BACK = "published", "kept", "refused", "rolled back"
 # the table flags that say how a model reads its log (refused when changed later); the engine's are free to change
 ENGINE_FLAGS = ("engine", "spark_master", "no_progress")
@@ -73,6 +74,7 @@ class RefreshSettings:
     auc_tolerance: float = 0.002
     logloss_tolerance: float = 0.002
     bootstrap_rounds: int = 200
+    replay_days: int = 0
     force: bool = False
     train_options: dict[str, Any] = field(default_factory=dict)
     nproc_per_node: int = 1
@@ -88,6 +90,8 @@ class RefreshSettings:
             raise ValueError("`auc_tolerance` and `logloss_tolerance`: expected small numbers >= 0")
         if self.bootstrap_rounds < 20:
             raise ValueError(f"`bootstrap_rounds`: expected at least 20, got {self.bootstrap_rounds}")
+        if not 0 <= self.replay_days <= 365:
+            raise ValueError(f"`replay_days`: expected 0 to 365 days, got {self.replay_days}")
         if self.nproc_per_node < 1:
             raise ValueError(f"`nproc_per_node`: expected an integer >= 1, got {self.nproc_per_node}")
         self.thresholds.validate()
@@ -190,7 +194,8 @@ class Refresh:
         record["profile"] = {"click_rate": float(tail.labels.mean())}
         reference = profile(day.rows, day.labels, transform)
         state = State(flags=_jsonable(self.flags), days=0)
-        return self._publish(state, candidate, record, reference, tail.raw(), f"the first day of '{s.name}'")
+        carry = carry_rows(None, head if s.replay_days else None, tail, 1, s.replay_days)
+        return self._publish(state, candidate, record, reference, carry, f"the first day of '{s.name}'")
 
     # -- a later day --
 
@@ -228,8 +233,8 @@ class Refresh:
             record["forced"] = reason(checks)
         head, tail = day.split(s.holdout_fraction)
         carried = self.store.carried()
-        train_rows = head.raw() if carried is None else pl.concat([carried.select(head.columns), head.raw()],
-                                                                  how="vertical_relaxed")  # fmt: skip
+        before = None if carried is None else carried.drop(DAY_COLUMN).select(head.columns)
+        train_rows = head.raw() if before is None else pl.concat([before, head.raw()], how="vertical_relaxed")
         record["trained_rows"] = {"carried": 0 if carried is None else carried.height, "day": len(head),
                                   "held_out": len(tail)}  # fmt: skip
         started = time.perf_counter()
@@ -248,13 +253,13 @@ class Refresh:
         record["holdout"] = gate.candidate.as_dict()
         self._timed("gate", started)
         if not gate.blessed:  # (the candidate goes with the work directory)
-            kept_rows = pl.concat([train_rows, tail.raw()], how="vertical_relaxed")
-            limit = CARRY_DAYS * len(day)
-            self.store.carry(kept_rows.tail(limit) if kept_rows.height > limit else kept_rows)
+            # the served model has learnt none of the day: all of it carried, with the rows carried already
+            self.store.carry(carry_rows(carried, None, day, record["day"], max(CARRY_DAYS, s.replay_days)))
             record.update(verdict=KEPT, reason=gate.reason, served_after=state.served.number)
             return self._finish(record, replace_days(state, record["day"]))
         new_reference = profile(day.rows, day.labels, cand_transform)
-        return self._publish(state, candidate, record, new_reference, tail.raw(), gate.reason)
+        carry = carry_rows(carried, head if s.replay_days else None, tail, record["day"], s.replay_days)
+        return self._publish(state, candidate, record, new_reference, carry, gate.reason)
 
     # -- the steps --
 
@@ -447,6 +452,19 @@ def judge_day(day: Day, predictor, transform, reference: Profile | None, thresho
     auc = progressive.auc if np.isfinite(progressive.auc) else None
     checks = [columns, *check_day(today, reference, thresholds, auc, aucs, unseen if served_age <= 1 else None)]
     return Judged(checks, p, progressive, today)
+
+
+def carry_rows(carried: pl.DataFrame | None, trained: Day | None, held: Day, day: int, days: int) -> pl.DataFrame:
+    """The rows the next day trains on before its own: day ``day``'s ``trained`` rows (None: none) and ``held`` rows,
+    after the rows ``carried`` (with their ``DAY_COLUMN``) of the last ``days`` days (``day`` included; 0: none of
+    them). With ``replay_days`` 0: the day's held-out tail alone (every row trained on once); R: the last R days'
+    rows, trained on again."""
+    parts = [] if carried is None else [carried.filter(pl.col(DAY_COLUMN) > day - days)]
+    for rows in (trained, held):
+        if rows is not None:
+            parts.append(rows.raw().with_columns(pl.lit(day, pl.Int32).alias(DAY_COLUMN)))
+    columns = parts[-1].columns
+    return pl.concat([p.select(columns) for p in parts], how="vertical_relaxed")
 
 
 def replace_days(state: State, day: int) -> State:

@@ -110,6 +110,17 @@ class ServerState:
         for served in old.values():
             await served.batcher.drain()
 
+    def _loaded(self, model: str, only: list[str] | None) -> dict[str, Predictor]:
+        """``model``'s versions (``only``: those) loaded from the repository and warmed (``Predictor.warm``), in a
+        thread: ready to answer at their steady speed when swapped in."""
+        loaded = self.repository.load(model, only)
+        for version, p in loaded.items():
+            try:
+                p.warm()
+            except Exception as e:  # a model that cannot score a row of missing values still serves requests
+                log.warning("model '%s' version %s not warmed: %s", model, version, e)
+        return loaded
+
     def swap(self, model: str, versions: dict[str, Served] | None) -> None:
         """Serves ``versions`` as ``model`` (None: unloads it); the versions replaced retire once answered."""
         old = self.models.pop(model, None)
@@ -123,7 +134,7 @@ class ServerState:
     async def load(self, model: str) -> None:
         """(Re)loads every version of ``model`` from the repository, off the event loop; the versions it replaces
         keep answering until the new ones serve."""
-        loaded = await asyncio.get_running_loop().run_in_executor(None, self.repository.load, model)
+        loaded = await asyncio.get_running_loop().run_in_executor(None, self._loaded, model, None)
         self.swap(model, {v: self._start(model, v, p) for v, p in loaded.items()})
 
     async def startup(self) -> None:
@@ -174,7 +185,7 @@ class ServerState:
     async def _follow(self, model: str, changed: list[str]) -> None:
         """``model``'s served versions made the repository's: the ``changed`` ones (new, or placed anew) loaded off
         the event loop and started, the unchanged ones kept as they serve, the ones gone retired."""
-        loaded = await asyncio.get_running_loop().run_in_executor(None, self.repository.load, model, changed)
+        loaded = await asyncio.get_running_loop().run_in_executor(None, self._loaded, model, changed)
         on_disk = set(self.repository.versions(model))
         current = self.models.get(model, {})
         started = {v: self._start(model, v, p) for v, p in loaded.items()}

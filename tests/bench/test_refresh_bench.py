@@ -37,5 +37,6 @@ def test_bench_refresh_counts_its_days_and_collects(tmp_path, capsys):
         sys.path.pop(0)
     written = json.loads(collect.collect("refresh", out, kind="cpu-test", command="test",
                                          results=tmp_path / "results").read_text())  # fmt: skip
-    logs = [r for r in written["rows"] if r[0].startswith("shop clean-0")]
-    assert [r[2] for r in logs] == [d["verdict"] for d in clean]
+    logs = [r for r in written["rows"] if r[0] == "shop clean-0"]
+    assert [(r[1], r[2], r[3]) for r in logs] == [(d["day"], d["verdict"], (d["progressive"] or {}).get("auc"))
+                                                  for d in clean]  # fmt: skip

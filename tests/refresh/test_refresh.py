@@ -458,3 +458,36 @@ def test_the_history_page_renders_every_day_in_a_headless_browser(published, day
     )  # progressive, and the gate's served and candidate AUC
     assert points == figures and box[0] > 300 and box[1] > 100
     assert all(u.startswith(("file:", "data:")) for u in requests), requests
+
+
+def test_a_candidate_the_gate_keeps_out_leaves_the_served_version_and_carries_the_day(published, days, tmp_path,
+                                                                                       monkeypatch):  # fmt: skip
+    import dataclasses
+
+    import ctrkit.refresh.loop as loop
+
+    repo, store = copy_of(published, tmp_path)
+    real = loop.compare
+
+    def worse(*args, **kwargs):
+        return dataclasses.replace(real(*args, **kwargs), blessed=False, reason="worse (as the test says)")
+
+    monkeypatch.setattr(loop, "compare", worse)
+    assert refresh(repo, days[2])[0] == 0
+    monkeypatch.undo()
+    tail = round(ROWS * 0.1)
+    assert store.history()[-1]["verdict"] == "kept" and store.versions() == [1, 2] and store.read().served.number == 2
+    assert store.carried().height == tail + ROWS  # day 2's tail, and all of day 3: the served model learnt neither
+    assert refresh(repo, days[3])[0] == 0
+    assert store.history()[-1]["trained_rows"]["carried"] == tail + ROWS and store.read().served.number == 3
+    assert store.carried().height == tail  # day 4's tail alone
+
+
+def test_replay_days_trains_the_last_days_again(published, days, tmp_path):
+    repo, store = copy_of(published, tmp_path)
+    tail = round(ROWS * 0.1)
+    assert refresh(repo, days[2], "--replay-days", "1")[0] == 0
+    assert store.history()[-1]["trained_rows"]["carried"] == tail  # what day 2 carried
+    assert store.carried().height == ROWS  # all of day 3, to train on again
+    assert refresh(repo, days[3], "--replay-days", "2")[0] == 0
+    assert store.history()[-1]["trained_rows"]["carried"] == ROWS and store.carried().height == 2 * ROWS
