@@ -63,11 +63,6 @@ class RefreshConfig:
         0.002, "... or its log loss higher by more than this even at the bottom of its interval"
     )
     bootstrap_rounds: int = option(200, "paired bootstrap resamples of the held-out rows for the gate's intervals")
-    replay_days: int = option(
-        0,
-        "the last this many days' rows are trained on again with each new day (0: only the rows not trained on yet, "
-        "the last day's held-out tail)",
-    )
     force: bool = option(False, "take a day whose checks fail (the record says which)")
     epochs: int | None = option(None, "training's most epochs a day", unset="train's default")
     max_steps: int | None = option(None, "training's most steps a day", unset="train's default")

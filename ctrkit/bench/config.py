@@ -326,7 +326,6 @@ class RefreshBenchConfig:
     clean_seeds: tuple[int, ...] = option((0, 1), "seeds of the clean streams", parse="int_list")
     broken_seed: int = option(2, "seed of the stream with broken days")
     no_swaps: bool = option(False, "leave out serving the first clean stream's versions across swaps")
-    replay_days: int = option(0, "refresh --replay-days: the last days' rows trained on again with each new day")
     max_steps: int | None = option(None, "each day's most training steps", unset="train's default")
     work: Path = option(Path("build/bench/refresh"), "directory for the days, repositories and states")
 

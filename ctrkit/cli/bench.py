@@ -534,7 +534,7 @@ def refresh(args: argparse.Namespace) -> int:
     options = {"max_steps": cfg.max_steps} if cfg.max_steps is not None else {}
     family = SHOP if cfg.family == "shop" else stream_family(cfg.vocabularies)
     result = run_refresh_bench(cfg.work, family, cfg.days, cfg.rows, cfg.clean_seeds, cfg.broken_seed, options,
-                               serve_swaps=not cfg.no_swaps, replay_days=cfg.replay_days)  # fmt: skip
+                               serve_swaps=not cfg.no_swaps)  # fmt: skip
     s = result["summary"]
     print(
         f"clean days: {s['clean_days']}, refused {s['false_refusals']}, kept by the gate {s['clean_kept']}; broken "

@@ -72,9 +72,8 @@ def refresh(args: argparse.Namespace) -> int:
                if v is not None}  # fmt: skip
     settings = RefreshSettings(
         cfg.repository, cfg.name, cfg.state_dir, cfg.model, cfg.holdout_fraction, cfg.backend, cfg.keep_versions,
-        _thresholds(args), cfg.auc_tolerance, cfg.logloss_tolerance, cfg.bootstrap_rounds, replay_days=cfg.replay_days,
-        force=cfg.force, train_options=options, nproc_per_node=cfg.nproc_per_node, notify=cfg.notify,
-        progress=not cfg.no_progress,
+        _thresholds(args), cfg.auc_tolerance, cfg.logloss_tolerance, cfg.bootstrap_rounds, cfg.force, options,
+        cfg.nproc_per_node, cfg.notify, not cfg.no_progress,
     )  # fmt: skip
     say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     if cfg.rollback:

@@ -74,7 +74,6 @@ class RefreshSettings:
     auc_tolerance: float = 0.002
     logloss_tolerance: float = 0.002
     bootstrap_rounds: int = 200
-    replay_days: int = 0
     force: bool = False
     train_options: dict[str, Any] = field(default_factory=dict)
     nproc_per_node: int = 1
@@ -90,8 +89,6 @@ class RefreshSettings:
             raise ValueError("`auc_tolerance` and `logloss_tolerance`: expected small numbers >= 0")
         if self.bootstrap_rounds < 20:
             raise ValueError(f"`bootstrap_rounds`: expected at least 20, got {self.bootstrap_rounds}")
-        if not 0 <= self.replay_days <= 365:
-            raise ValueError(f"`replay_days`: expected 0 to 365 days, got {self.replay_days}")
         if self.nproc_per_node < 1:
             raise ValueError(f"`nproc_per_node`: expected an integer >= 1, got {self.nproc_per_node}")
         self.thresholds.validate()
@@ -194,7 +191,7 @@ class Refresh:
         record["profile"] = {"click_rate": float(tail.labels.mean())}
         reference = profile(day.rows, day.labels, transform)
         state = State(flags=_jsonable(self.flags), days=0)
-        carry = carry_rows(None, head if s.replay_days else None, tail, 1, s.replay_days)
+        carry = carry_rows(None, tail, 1, 0)
         return self._publish(state, candidate, record, reference, carry, f"the first day of '{s.name}'")
 
     # -- a later day --
@@ -254,11 +251,11 @@ class Refresh:
         self._timed("gate", started)
         if not gate.blessed:  # (the candidate goes with the work directory)
             # the served model has learnt none of the day: all of it carried, with the rows carried already
-            self.store.carry(carry_rows(carried, None, day, record["day"], max(CARRY_DAYS, s.replay_days)))
+            self.store.carry(carry_rows(carried, day, record["day"], CARRY_DAYS))
             record.update(verdict=KEPT, reason=gate.reason, served_after=state.served.number)
             return self._finish(record, replace_days(state, record["day"]))
         new_reference = profile(day.rows, day.labels, cand_transform)
-        carry = carry_rows(carried, head if s.replay_days else None, tail, record["day"], s.replay_days)
+        carry = carry_rows(None, tail, record["day"], 0)
         return self._publish(state, candidate, record, new_reference, carry, gate.reason)
 
     # -- the steps --
@@ -454,17 +451,13 @@ def judge_day(day: Day, predictor, transform, reference: Profile | None, thresho
     return Judged(checks, p, progressive, today)
 
 
-def carry_rows(carried: pl.DataFrame | None, trained: Day | None, held: Day, day: int, days: int) -> pl.DataFrame:
-    """The rows the next day trains on before its own: day ``day``'s ``trained`` rows (None: none) and ``held`` rows,
-    after the rows ``carried`` (with their ``DAY_COLUMN``) of the last ``days`` days (``day`` included; 0: none of
-    them). With ``replay_days`` 0: the day's held-out tail alone (every row trained on once); R: the last R days'
-    rows, trained on again."""
+def carry_rows(carried: pl.DataFrame | None, rows: Day, day: int, days: int) -> pl.DataFrame:
+    """The rows the next day trains on before its own: day ``day``'s ``rows`` (its held-out tail once published; all of
+    it where the gate kept the served model, which learnt none of it), after the rows ``carried`` (with their
+    ``DAY_COLUMN``) of the last ``days`` days (``day`` included; 0: none of them)."""
     parts = [] if carried is None else [carried.filter(pl.col(DAY_COLUMN) > day - days)]
-    for rows in (trained, held):
-        if rows is not None:
-            parts.append(rows.raw().with_columns(pl.lit(day, pl.Int32).alias(DAY_COLUMN)))
-    columns = parts[-1].columns
-    return pl.concat([p.select(columns) for p in parts], how="vertical_relaxed")
+    parts.append(rows.raw().with_columns(pl.lit(day, pl.Int32).alias(DAY_COLUMN)))
+    return pl.concat([p.select(parts[-1].columns) for p in parts], how="vertical_relaxed")
 
 
 def replace_days(state: State, day: int) -> State:

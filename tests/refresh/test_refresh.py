@@ -481,13 +481,3 @@ def test_a_candidate_the_gate_keeps_out_leaves_the_served_version_and_carries_th
     assert refresh(repo, days[3])[0] == 0
     assert store.history()[-1]["trained_rows"]["carried"] == tail + ROWS and store.read().served.number == 3
     assert store.carried().height == tail  # day 4's tail alone
-
-
-def test_replay_days_trains_the_last_days_again(published, days, tmp_path):
-    repo, store = copy_of(published, tmp_path)
-    tail = round(ROWS * 0.1)
-    assert refresh(repo, days[2], "--replay-days", "1")[0] == 0
-    assert store.history()[-1]["trained_rows"]["carried"] == tail  # what day 2 carried
-    assert store.carried().height == ROWS  # all of day 3, to train on again
-    assert refresh(repo, days[3], "--replay-days", "2")[0] == 0
-    assert store.history()[-1]["trained_rows"]["carried"] == ROWS and store.carried().height == 2 * ROWS
