@@ -111,7 +111,7 @@ def check(args: argparse.Namespace) -> int:
     from ctrkit.preprocess.table_recipe import TableRecipe
     from ctrkit.refresh.checks import profile, table
     from ctrkit.refresh.day import read_day
-    from ctrkit.refresh.loop import _predictor, judge_day, reference_of, table_recipe
+    from ctrkit.refresh.loop import judge_day, model_reading, predictor_of, reference_of, table_recipe
     from ctrkit.refresh.store import RefreshStore
 
     cfg: CheckConfig = config_from(args, CheckConfig)
@@ -127,16 +127,14 @@ def check(args: argparse.Namespace) -> int:
         reference, history, age = reference_of(state), store.history(), state.days + 1 - state.served.day
     else:
         checkpoint, reference, age = cfg.checkpoint, None, 1
-    predictor, transform = _predictor(checkpoint)
+    predictor, transform = predictor_of(checkpoint)
     if cfg.repository is None:
         label = cfg.label or transform.label
         if not label:
             raise ValueError(f"`label`: {checkpoint} names no label column; give --label")
         recipe = TableRecipe(label=label, positive=cfg.positive, label_threshold=cfg.label_threshold,
                              csv_separator=cfg.csv_separator)  # fmt: skip
-    from dataclasses import replace
-
-    recipe = replace(recipe, null_values=tuple(transform.null_values))
+    recipe = model_reading(recipe, transform)
     if cfg.against:
         earlier = read_day(cfg.against, recipe)
         reference = profile(earlier.rows, earlier.labels, transform)

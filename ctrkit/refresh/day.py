@@ -38,9 +38,9 @@ class Day:
         return [c for c in self.rows.columns if c not in (FILE_COL, LINE_COL)]
 
     def where(self, row: int) -> str:
-        """``file:line`` of row ``row``."""
-        f, line = self.rows.row(row, named=True)[FILE_COL], self.rows.row(row, named=True)[LINE_COL]
-        return f"{self.files[f]}:{line}"
+        """``file:line`` of row ``row`` (a row carried from an earlier day: said so)."""
+        f, line = self.rows[FILE_COL][row], self.rows[LINE_COL][row]
+        return f"{self.files[f]}:{line}" if f >= 0 else "a row carried from an earlier day"
 
     def split(self, fraction: float) -> tuple[Day, Day]:
         """(the rows before the held-out tail, the tail): the last ``fraction`` of the rows, at least one row of
@@ -54,9 +54,6 @@ class Day:
     def raw(self) -> pl.DataFrame:
         """The rows as the log holds them (no bookkeeping columns), for a file the preprocessing reads."""
         return self.rows.select(self.columns)
-
-    def clicks(self) -> int:
-        return int(self.labels.sum())
 
 
 def read_day(files: Sequence[str | Path], recipe: TableRecipe, carried: pl.DataFrame | None = None) -> Day:

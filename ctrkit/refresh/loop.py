@@ -184,7 +184,7 @@ class Refresh:
         started = time.perf_counter()
         candidate = self._train(data, None, work)
         self._timed("train", started)
-        predictor, transform = _predictor(candidate)
+        predictor, transform = predictor_of(candidate)
         held = Scores.of(tail.labels, score_day(predictor, transform, tail))
         record["holdout"] = held.as_dict()
         # (no seen shares: within a day nearly every value is seen; a day's next-day shares are the reference)
@@ -204,8 +204,8 @@ class Refresh:
         served_path = self.store.checkpoint(state.served.checkpoint)
         started = time.perf_counter()
         recipe, cfg = table_recipe(state.flags, like=True)
-        predictor, transform = _predictor(served_path)
-        recipe = _with_model_reading(recipe, transform)
+        predictor, transform = predictor_of(served_path)
+        recipe = model_reading(recipe, transform)
         day = read_day(files, recipe)
         record = self._record(state.days + 1, files, [])
         record["served_before"] = state.served.number
@@ -242,7 +242,7 @@ class Refresh:
         candidate = self._train(data, served_path, work)
         self._timed("train", started)
         started = time.perf_counter()
-        cand_predictor, cand_transform = _predictor(candidate)
+        cand_predictor, cand_transform = predictor_of(candidate)
         cut = len(head)
         gate = compare(tail.labels, p[cut:], score_day(cand_predictor, cand_transform, tail), s.auc_tolerance,
                        s.logloss_tolerance, s.bootstrap_rounds)  # fmt: skip
@@ -500,7 +500,8 @@ def rollback(settings: RefreshSettings, log: Callable[[str], None] = print) -> d
         return record
 
 
-def _predictor(checkpoint: Path):
+def predictor_of(checkpoint: Path):
+    """The checkpoint's model as the server runs it, and the preprocessing it carries (a model without one: refused)."""
     from ctrkit.serve.predictor import Predictor
 
     predictor = Predictor.from_checkpoint(checkpoint)
@@ -515,8 +516,8 @@ def _like(checkpoint: Path):
     return load_checkpoint(checkpoint, mmap=True, assemble=False).like(str(checkpoint))
 
 
-def _with_model_reading(recipe, transform):
-    """``recipe`` reading the file as the model does (its null values)."""
+def model_reading(recipe, transform):
+    """``recipe`` reading a day's files as the model reads them (its null values)."""
     from dataclasses import replace
 
     return replace(recipe, null_values=tuple(transform.null_values))
