@@ -80,7 +80,7 @@ class RefreshConfig:
         if self.rollback and self.days:
             raise ValueError("`rollback` takes no day files")
         if not self.rollback and not self.days:
-            raise ValueError("`days`: give the day's raw files (or --rollback)")
+            raise ValueError("no day files given: ctrkit refresh DAY_FILES... --repository R --name N (or --rollback)")
 
 
 @dataclass(frozen=True)

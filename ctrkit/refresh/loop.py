@@ -167,7 +167,7 @@ class Refresh:
     def _first_day(self, files: list[Path], work: Path) -> dict[str, Any]:
         s = self.settings
         if "label" not in self.flags or not self.flags["label"]:
-            raise ValueError("`label`: the model's first day needs its label column (--label)")
+            raise ValueError("`label`: the model's first day names its label column")
         started = time.perf_counter()
         recipe, cfg = table_recipe(self.flags, like=False)
         day = read_day(files, recipe)

@@ -481,3 +481,15 @@ def test_a_candidate_the_gate_keeps_out_leaves_the_served_version_and_carries_th
     assert refresh(repo, days[3])[0] == 0
     assert store.history()[-1]["trained_rows"]["carried"] == tail + ROWS and store.read().served.number == 3
     assert store.carried().height == tail  # day 4's tail alone
+
+
+def test_refresh_refuses_in_one_line_what_it_cannot_take(tmp_path, capsys):
+    repo, missing = tmp_path / "repo", tmp_path / "none.csv"
+    cases = [((), "no day files given"), (("--rollback",), "no earlier version to roll back to"),
+             ((missing,), "--label: the model's first day names its label column"),
+             ((missing, "--label", "clicked"), "none.csv: input file not found"),
+             ((missing, "--holdout-fraction", "0.7"), "expected a share in (0, 0.5)")]  # fmt: skip
+    for args, said in cases:
+        code, _, err = run_cli("refresh", *args, "--repository", repo, "--name", "ctr", capsys=capsys)
+        assert code == 2 and said in err and len(err.strip().splitlines()) == 1, (args, err)
+    assert not repo.exists()
