@@ -110,33 +110,57 @@ def _bin_shares(values: np.ndarray, cuts: Sequence[float]) -> list[float]:
     return (counts / max(1, len(values))).tolist()
 
 
-def profile(rows: pl.DataFrame, labels: np.ndarray, transform: RowTransform, reference: Profile | None = None,
-            block_rows: int = 1 << 16) -> Profile:  # fmt: skip
-    """The ``Profile`` of raw ``rows`` (a log's columns as read) with 0/1 ``labels``, through ``transform``; a number's
-    shares are taken on ``reference``'s cuts where given (else on this day's own deciles). A column the model reads
-    and the rows lack is missing in every row; a value the model cannot read is a ``RowError``."""
-    n = rows.height
-    names = [c.name for c in transform.columns]
-    typed = transform.typed(rows.select([c for c in names if c in rows.columns]), nulls_done=True)
-    missing = {c: float(typed[c].null_count() / max(1, n)) for c in names}
-    unseen_rows = {f.feature: 0 for f in transform.categorical if f.ids == "vocabulary"}
-    bag_values = {f.feature: [0, 0] for f in transform.multi_hot}
-    columns = [c for c in names if c in rows.columns]
-    for lo in range(0, n, block_rows):
-        block = rows[lo : lo + block_rows].select(columns)
-        _, ids, bags = transform.raw_rows(block)
-        present = typed[lo : lo + block_rows]
-        for j, f in enumerate(transform.categorical):
-            if f.feature in unseen_rows:
-                seen_value = present[f.column].is_not_null().to_numpy()
-                unseen_rows[f.feature] += int(((ids[:, j] == 0) & seen_value).sum())
+class UnseenCount:
+    """Counts, block by block of a day's rows through a model's preprocessing, the rows whose categorical value the
+    vocabulary lacks (present, yet id 0) and the multi-hot values it lacks; ``shares`` once every row was added."""
+
+    def __init__(self, transform: RowTransform):
+        self.transform = transform
+        self.rows = 0
+        self.features = {f.feature: 0 for f in transform.categorical if f.ids == "vocabulary"}
+        self.bags = {f.feature: [0, 0] for f in transform.multi_hot}
+
+    def add(self, typed: pl.DataFrame, ids: np.ndarray, bags: np.ndarray | None) -> None:
+        """A block: its raw columns as ``RowTransform.typed`` reads them, and its (B, F) ids and (B, Fm, L) bags."""
+        self.rows += typed.height
+        for j, f in enumerate(self.transform.categorical):
+            if f.feature in self.features:
+                present = typed[f.column].is_not_null().to_numpy()
+                self.features[f.feature] += int(((ids[:, j] == 0) & present).sum())
         if bags is not None:
-            for j, f in enumerate(transform.multi_hot):
+            for j, f in enumerate(self.transform.multi_hot):
                 values = bags[:, j, :]
-                bag_values[f.feature][0] += int((values == 0).sum())
-                bag_values[f.feature][1] += int((values >= 0).sum())
-    unseen = {k: v / max(1, n) for k, v in unseen_rows.items()}
-    unseen.update({k: u / t for k, (u, t) in bag_values.items() if t})
+                self.bags[f.feature][0] += int((values == 0).sum())
+                self.bags[f.feature][1] += int((values >= 0).sum())
+
+    def shares(self) -> dict[str, float]:
+        out = {k: v / max(1, self.rows) for k, v in self.features.items()}
+        out.update({k: u / t for k, (u, t) in self.bags.items() if t})
+        return out
+
+
+def typed_rows(rows: pl.DataFrame, transform: RowTransform) -> pl.DataFrame:
+    """``rows``' columns the model reads, as it reads them (a column the rows lack: missing in every row)."""
+    return transform.typed(rows.select([c for c in transform.column_names if c in rows.columns]), nulls_done=True)
+
+
+def profile(rows: pl.DataFrame, labels: np.ndarray, transform: RowTransform, reference: Profile | None = None,
+            unseen: dict[str, float] | None = None, block_rows: int = 1 << 16) -> Profile:  # fmt: skip
+    """The ``Profile`` of raw ``rows`` (a log's columns as read) with 0/1 ``labels``, through ``transform``; a number's
+    shares are taken on ``reference``'s cuts where given (else on this day's own deciles). The unseen shares are
+    ``unseen`` where given (``UnseenCount``'s, counted while the rows were scored), else counted here. A column the
+    model reads and the rows lack is missing in every row; a value the model cannot read is a ``RowError``."""
+    n = rows.height
+    typed = typed_rows(rows, transform)
+    missing = {c: float(typed[c].null_count() / max(1, n)) if c in typed.columns else 1.0
+               for c in transform.column_names}  # fmt: skip
+    if unseen is None:
+        count = UnseenCount(transform)
+        columns = [c for c in transform.column_names if c in rows.columns]
+        for lo in range(0, n, block_rows):
+            _, ids, bags = transform.raw_rows(rows[lo : lo + block_rows].select(columns))
+            count.add(typed[lo : lo + block_rows], ids, bags)
+        unseen = count.shares()
     cuts, shares = {}, {}
     for c, values in _numbers(rows, transform).items():
         if reference is not None and c in reference.cuts:

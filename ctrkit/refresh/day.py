@@ -5,7 +5,7 @@ from their raw values as ``predict --input`` and the server score them."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,10 +98,12 @@ def read_day(files: Sequence[str | Path], recipe: TableRecipe, carried: pl.DataF
     return Day(rows, judged["label"].to_numpy().astype(np.int8), tuple(paths))
 
 
-def score_day(predictor, transform: RowTransform, day: Day, block_rows: int = SCORE_ROWS) -> np.ndarray:
+def score_day(predictor, transform: RowTransform, day: Day, block_rows: int = SCORE_ROWS,
+              each: Callable[[int, tuple], None] | None = None) -> np.ndarray:  # fmt: skip
     """(N,) float64 click probabilities of ``day``'s rows from their raw values, as the server scores them (the
     model's carried preprocessing, then the model); a value the model cannot read is a ValueError naming its file
-    and line."""
+    and line. ``each(first_row, inputs)`` sees every block's inputs (the day's profile counts its unseen values from
+    them: one pass of the preprocessing)."""
     out = np.empty(len(day), np.float64)
     columns = [c for c in transform.column_names if c in day.rows.columns]
     for lo in range(0, len(day), block_rows):
@@ -111,5 +113,7 @@ def score_day(predictor, transform: RowTransform, day: Day, block_rows: int = SC
         except RowError as e:
             where = day.where(lo + e.row) if e.row is not None else str(day.files[0])
             raise ValueError(f"{where}: {e.what if e.row is not None else e}") from None
+        if each is not None:
+            each(lo, inputs)
         out[lo : lo + len(block)] = np.asarray(predictor(*inputs), np.float64).reshape(-1)
     return out

@@ -41,7 +41,17 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from ctrkit.refresh.checks import Check, Profile, Thresholds, check_columns, check_day, profile, reason
+from ctrkit.refresh.checks import (
+    Check,
+    Profile,
+    Thresholds,
+    UnseenCount,
+    check_columns,
+    check_day,
+    profile,
+    reason,
+    typed_rows,
+)
 from ctrkit.refresh.day import Day, read_day, score_day
 from ctrkit.refresh.gate import Scores, compare
 from ctrkit.refresh.store import RefreshStore, State, Version
@@ -189,7 +199,7 @@ class Refresh:
         record["holdout"] = held.as_dict()
         # (no seen shares: within a day nearly every value is seen; a day's next-day shares are the reference)
         record["profile"] = {"click_rate": float(tail.labels.mean())}
-        reference = profile(day.rows, day.labels, transform)
+        reference = profile(day.rows, day.labels, transform, unseen={})  # (a reference's are read nowhere)
         state = State(flags=_jsonable(self.flags), days=0)
         carry = carry_rows(None, tail, 1, 0)
         return self._publish(state, candidate, record, reference, carry, f"the first day of '{s.name}'")
@@ -254,7 +264,7 @@ class Refresh:
             self.store.carry(carry_rows(carried, day, record["day"], CARRY_DAYS))
             record.update(verdict=KEPT, reason=gate.reason, served_after=state.served.number)
             return self._finish(record, replace_days(state, record["day"]))
-        new_reference = profile(day.rows, day.labels, cand_transform)
+        new_reference = profile(day.rows, day.labels, cand_transform, unseen={})  # (a reference's are read nowhere)
         carry = carry_rows(None, tail, record["day"], 0)
         return self._publish(state, candidate, record, new_reference, carry, gate.reason)
 
@@ -435,9 +445,10 @@ def judge_day(day: Day, predictor, transform, reference: Profile | None, thresho
     columns = check_columns(day.columns, transform, str(day.files[0]))
     if not columns.passed:
         return Judged([columns])
-    p = score_day(predictor, transform, day)
+    count, typed = UnseenCount(transform), typed_rows(day.rows, transform)
+    p = score_day(predictor, transform, day, each=lambda lo, x: count.add(typed[lo : lo + len(x[0])], x[1], x[2]))
     progressive = Scores.of(day.labels, p)
-    today = profile(day.rows, day.labels, transform, reference)
+    today = profile(day.rows, day.labels, transform, reference, count.shares())
     recent = [r for r in history if r.get("verdict") in (PUBLISHED, KEPT)][-RECENT_DAYS:]
     aucs = [r["progressive"]["auc"] for r in recent if (r.get("progressive") or {}).get("auc") is not None]
     if not aucs and recent and (recent[-1].get("holdout") or {}).get("auc") is not None:
