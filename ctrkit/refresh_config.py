@@ -44,7 +44,8 @@ class RefreshConfig:
         None, "where refresh keeps the model's checkpoints, history and held-out rows (outside the repository: "
         "Triton reloads a model whose directory changes)", unset="REPOSITORY.refresh/NAME beside the repository",
     )  # fmt: skip
-    model: str = option("dlrm", "the model trained on the first day (later days continue it)")
+    model: str | None = option(None, "the model trained on the first day; later days continue it (another name is "
+                                     "refused)", unset="dlrm on the first day, then the served model")  # fmt: skip
     holdout_fraction: float = option(
         0.1,
         "the day's last share of rows (in time order) held out for selection and the gate; they are trained on "

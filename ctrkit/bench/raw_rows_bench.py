@@ -106,7 +106,8 @@ def time_requests(paths: dict[str, Path], requests: int, port: int, warm_up: flo
         rows = pl.read_csv(paths["new"], n_rows=requests + 50)
         transform = from_dataset(paths["data"])
         meta = {i["name"]: i["datatype"] for i in client.get_model_metadata("dlrm")["inputs"]}
-        built = [(_raw_inputs(rows[i], transform.column_names, meta), _id_inputs(rows[i], transform))
+        specs = [{"name": c, "datatype": meta[c]} for c in transform.column_names]
+        built = [(raw_inputs(rows[i], specs), _id_inputs(rows[i], transform))
                  for i in range(requests + 50)]  # fmt: skip  # every request built before the clock runs
         output = [httpclient.InferRequestedOutput("probability", binary_data=True)]
         latencies: dict[str, list[float]] = {"raw": [], "ids": []}
@@ -138,20 +139,22 @@ def time_requests(paths: dict[str, Path], requests: int, port: int, warm_up: flo
     return out
 
 
-def _raw_inputs(row: pl.DataFrame, columns: list[str], meta: dict[str, str]) -> list:
-    """One row's raw values as binary tensors of the datatypes the server lists (a missing value: "" or NaN)."""
+def raw_inputs(rows: pl.DataFrame, specs: list[dict[str, Any]]) -> list:
+    """``rows``' raw values as binary tensors, one [B, 1] input a column, of the datatypes ``specs`` (a model's
+    ``RowTransform.input_specs``: name, datatype) declare; a missing value: "" (BYTES), NaN (FP32) or -1 (INT64)."""
     import tritonclient.http as httpclient
 
     inputs = []
-    for column in columns:
-        value, kind = row[column][0], meta[column]
+    for spec in specs:
+        name, kind = spec["name"], spec["datatype"]
+        values = rows[name].to_list()
         if kind == "BYTES":
-            array = np.array([["" if value is None else str(value)]], dtype=object)
+            array = np.array([["" if v is None else str(v)] for v in values], dtype=object)
         elif kind == "INT64":
-            array = np.array([[-1 if value is None else value]], np.int64)
+            array = np.array([[-1 if v is None else int(v)] for v in values], np.int64)
         else:
-            array = np.array([[np.nan if value is None else value]], np.float32)
-        item = httpclient.InferInput(column, [1, 1], kind)
+            array = np.array([[np.nan if v is None else float(v)] for v in values], np.float32)
+        item = httpclient.InferInput(name, [len(values), 1], kind)
         item.set_data_from_numpy(array, binary_data=True)
         inputs.append(item)
     return inputs

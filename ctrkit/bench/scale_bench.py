@@ -157,7 +157,7 @@ def run_scale_bench(cfg: ScaleBenchConfig, world_sizes: list[int]) -> list[dict]
                 cmd = [sys.executable, *worker]
             else:
                 cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world)]
-                cmd += ["--master-addr", "127.0.0.1", "--master-port", str(_free_port()), *worker]
+                cmd += ["--master-addr", "127.0.0.1", "--master-port", str(free_port()), *worker]
             env = {**os.environ, "OMP_NUM_THREADS": str(max(1, cores // world))}
             done = subprocess.run(cmd, capture_output=True, text=True, env=env)
             if done.returncode != 0:
@@ -176,7 +176,7 @@ def _flags(cfg: ScaleBenchConfig) -> list[str]:
     ]  # fmt: skip
 
 
-def _free_port() -> int:
+def free_port() -> int:
     import socket
 
     with socket.socket() as s:

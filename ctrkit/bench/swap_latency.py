@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from ctrkit.bench.raw_rows_bench import server_ready
+from ctrkit.bench.raw_rows_bench import raw_inputs, server_ready
+from ctrkit.bench.scale_bench import free_port
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 AFTER_S = 1.0  # a swap's window lasts this long after the new version first answers
@@ -27,14 +28,6 @@ AFTER_S = 1.0  # a swap's window lasts this long after the new version first ans
 
 def triton_available() -> bool:
     return (SCRIPTS / "tritonserver.sh").is_file() and (SCRIPTS.parent / ".venv-triton" / "bin" / "python").is_file()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _start(server: str, repository: Path, port: int, poll_s: float) -> subprocess.Popen:
@@ -52,22 +45,6 @@ def _start(server: str, repository: Path, port: int, poll_s: float) -> subproces
             raise RuntimeError(f"{server} did not start: {proc.stderr.read().decode()[-2000:]}")
         time.sleep(0.3)
     return proc
-
-
-def raw_inputs(rows: pl.DataFrame, specs: Sequence[dict[str, Any]]) -> list:
-    """``rows``' columns as ``tritonclient`` inputs, one [B, 1] tensor a column, typed as ``specs`` (a model's
-    ``RowTransform.input_specs``) declare them."""
-    import tritonclient.http as httpclient
-
-    out = []
-    for s in specs:
-        t = httpclient.InferInput(s["name"], [len(rows), 1], s["datatype"])
-        if s["datatype"] == "FP32":
-            t.set_data_from_numpy(rows[s["name"]].cast(pl.Float32).to_numpy().reshape(-1, 1))
-        else:
-            t.set_data_from_numpy(np.asarray(rows[s["name"]].cast(pl.String).to_list(), dtype=object).reshape(-1, 1))
-        out.append(t)
-    return out
 
 
 def _place(staged: Path, model_dir: Path, number: int, keep: int) -> None:
@@ -107,7 +84,7 @@ def run_swaps(versions: Sequence[Path], model_config: Path, rows: pl.DataFrame, 
     shutil.copyfile(model_config, model_dir / "config.pbtxt")
     shutil.copyfile(versions[0] / "ctrkit_model.json", model_dir / "ctrkit_model.json")
     shutil.copytree(versions[0], model_dir / "1")
-    port = _free_port()
+    port = free_port()
     proc = _start(server, repository, port, poll_s)
     samples: list[tuple[float, float, int]] = []  # (sent at, seconds, version)
     failures: list[str] = []

@@ -328,8 +328,7 @@ def preprocess_table(
         raise ValueError(f"`validation_fraction` must lie in (0, 1), got {validation_fraction}")
     paths = [Path(p) for p in files]
     held = validation_files if validation_files is not None else test_files
-    test_paths = [Path(p) for p in held] if held is not None else []
-    all_paths = paths + test_paths
+    all_paths = paths + ([Path(p) for p in held] if held is not None else [])
     check_output(Path(out_dir), all_paths)
     check_new_directory(Path(out_dir), overwrite)  # before the work, not after it
     start = time.perf_counter()

@@ -141,17 +141,12 @@ def group_text(values: pl.Series) -> pl.Series:
 
 
 def order_rows(df: pl.DataFrame, steps: Steps) -> pl.DataFrame:
-    """One part's rows (train, or test) in the order the recipe says (``ordered``)."""
-    return ordered(df, steps.order_by, steps.shuffle_seed)
-
-
-def ordered(df: pl.DataFrame, order_by: str | None, shuffle_seed: int | None) -> pl.DataFrame:
-    """``df``'s rows as given, sorted by ``order_by`` (stable, missing last), or shuffled with ``shuffle_seed``: the
-    one rule of a table's row order (``preprocess table`` and ``refresh``'s held-out tail)."""
-    if order_by is not None:
-        return df.sort(order_by, maintain_order=True, nulls_last=True)
-    if shuffle_seed is not None:
-        return df.sample(fraction=1.0, shuffle=True, seed=shuffle_seed)
+    """One part's rows (train, or test; a day of ``refresh``) in the order the recipe says: as given, sorted by
+    ``order_by`` (stable, missing last), or shuffled with ``shuffle_seed``."""
+    if steps.order_by is not None:
+        return df.sort(steps.order_by, maintain_order=True, nulls_last=True)
+    if steps.shuffle_seed is not None:
+        return df.sample(fraction=1.0, shuffle=True, seed=steps.shuffle_seed)
     return df
 
 

@@ -152,8 +152,7 @@ def profile(rows: pl.DataFrame, labels: np.ndarray, transform: RowTransform, ref
     model reads and the rows lack is missing in every row; a value the model cannot read is a ``RowError``."""
     n = rows.height
     typed = typed_rows(rows, transform)
-    missing = {c: float(typed[c].null_count() / max(1, n)) if c in typed.columns else 1.0
-               for c in transform.column_names}  # fmt: skip
+    missing = {c: float(typed[c].null_count() / max(1, n)) for c in transform.column_names}
     if unseen is None:
         count = UnseenCount(transform)
         columns = [c for c in transform.column_names if c in rows.columns]

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from ctrkit.preprocess.table_reader import read_table
+from ctrkit.preprocess.output import Rejects
 from ctrkit.preprocess.table_recipe import FILE_COL, LINE_COL, TableRecipe, label_values
-from ctrkit.preprocess.table_rows import merged_schema, ordered
+from ctrkit.preprocess.table_rows import LABEL, Steps, add_rejects, clean_frame, merged_schema, order_rows, read_file
 from ctrkit.preprocess.transform import RowError, RowTransform
 
 SCORE_ROWS = 1 << 16  # raw rows scored at a time
@@ -38,9 +38,8 @@ class Day:
         return [c for c in self.rows.columns if c not in (FILE_COL, LINE_COL)]
 
     def where(self, row: int) -> str:
-        """``file:line`` of row ``row`` (a row carried from an earlier day: said so)."""
-        f, line = self.rows[FILE_COL][row], self.rows[LINE_COL][row]
-        return f"{self.files[f]}:{line}" if f >= 0 else "a row carried from an earlier day"
+        """``file:line`` of row ``row``."""
+        return f"{self.files[self.rows[FILE_COL][row]]}:{self.rows[LINE_COL][row]}"
 
     def split(self, fraction: float) -> tuple[Day, Day]:
         """(the rows before the held-out tail, the tail): the last ``fraction`` of the rows, at least one row of
@@ -56,46 +55,26 @@ class Day:
         return self.rows.select(self.columns)
 
 
-def read_day(files: Sequence[str | Path], recipe: TableRecipe, carried: pl.DataFrame | None = None) -> Day:
-    """The day of ``files`` (CSV or Parquet, in order), after the rows ``carried`` over from an earlier day (as
-    ``Day.raw`` gave them), ordered by ``recipe``'s rule, each row's label by its label rule (a row whose label is
-    not one: a ValueError naming its file and line, or dropped with ``bad_rows`` skip)."""
+def read_day(files: Sequence[str | Path], recipe: TableRecipe) -> Day:
+    """The day of ``files`` (CSV or Parquet, in order), each read as ``preprocess table`` reads a file
+    (``table_rows.read_file``), ordered by ``recipe``'s rule, each row's label by its label rule; a row whose label
+    is not one is refused naming its file and line, or dropped with ``bad_rows`` skip (``clean_frame``, as
+    ``preprocess table`` does)."""
     paths = [Path(p) for p in files]
     if not paths:
         raise ValueError("no day files given")
-    frames = []
-    for i, path in enumerate(paths):
-        df, lines = read_table(path, recipe.csv_separator, recipe.null_values)
-        if not len(df.columns) or not len(df):
-            raise ValueError(f"{path}: holds no rows")
-        if df.columns[0] == "":  # the unnamed row index pandas and R write
-            df = df.drop("")
-        frames.append(df.with_columns(pl.lit(i, pl.Int32).alias(FILE_COL), pl.Series(LINE_COL, lines, pl.Int64)))
+    frames = [read_file(path, recipe, i) for i, path in enumerate(paths)]
     schema = merged_schema([f.schema for f in frames], paths, len(paths))
     rows = pl.concat([f.select(list(schema)) for f in frames], how="vertical_relaxed")
     if recipe.label not in rows.columns:
         raise ValueError(f"{paths[0]}: has no label column '{recipe.label}' (columns: "
                          f"{', '.join(c for c in rows.columns if c not in (FILE_COL, LINE_COL))})")  # fmt: skip
-    rows = ordered(rows, recipe.order_by, recipe.shuffle_seed)
-    if carried is not None and carried.height:  # yesterday's held-out tail, before today's rows
-        carried = carried.with_columns(pl.lit(-1, pl.Int32).alias(FILE_COL), pl.lit(0, pl.Int64).alias(LINE_COL))
-        try:
-            rows = pl.concat([carried.select(rows.columns), rows], how="vertical_relaxed")
-        except (pl.exceptions.PolarsError, pl.exceptions.ColumnNotFoundError) as e:
-            raise ValueError(f"{paths[0]}: its columns differ from the earlier day's held-out rows "
-                             f"({str(e).splitlines()[0]})") from None  # fmt: skip
     label, problem = label_values(recipe)
-    judged = rows.select(label.cast(pl.Int8).alias("label"), problem.alias("problem"))
-    bad = judged["problem"].is_not_null().to_numpy()
-    if bad.any():
-        first = int(np.flatnonzero(bad)[0])
-        if recipe.bad_rows == "error":
-            f, line = rows[FILE_COL][first], rows[LINE_COL][first]
-            where = f"{paths[f]}:{line}" if f >= 0 else "the carried rows"
-            raise ValueError(f"{where}: {judged['problem'][first]} ({int(bad.sum()):,} such rows; --bad-rows skip "
-                             "drops them)")  # fmt: skip
-        rows, judged = rows.filter(~pl.Series(bad)), judged.filter(~pl.Series(bad))
-    return Day(rows, judged["label"].to_numpy().astype(np.int8), tuple(paths))
+    steps = Steps(problem, label, (), recipe.order_by, recipe.shuffle_seed)
+    good, bad = clean_frame(rows, steps)
+    add_rejects(Rejects(recipe.bad_rows), bad, paths)  # (the first bad row raises, unless skipped)
+    good = order_rows(good, steps)
+    return Day(good.drop(LABEL), good[LABEL].to_numpy().astype(np.int8), tuple(paths))
 
 
 def score_day(predictor, transform: RowTransform, day: Day, block_rows: int = SCORE_ROWS,

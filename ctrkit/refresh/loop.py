@@ -56,13 +56,14 @@ from ctrkit.refresh.day import Day, read_day, score_day
 from ctrkit.refresh.gate import Scores, compare
 from ctrkit.refresh.store import RefreshStore, State, Version
 
+FIRST_MODEL = "dlrm"  # the model a first day trains where --model names none
 CHECKPOINT = "model.pt"  # each version's checkpoint: checkpoints/vN/model.pt
 RECENT_DAYS = 7  # the days whose scores and unseen shares a new day is set beside
 CARRY_DAYS = 3  # at most this many days' rows carried while the gate keeps the served version
 DAY_COLUMN = "__ctrkit_day"  # the day a carried row came from
 PUBLISHED, KEPT, REFUSED, ROLLED_BACK = "published", "kept", "refused", "rolled back"
 # the table flags that say how a model reads its log (refused when changed later); the engine's are free to change
-ENGINE_FLAGS = ("engine", "spark_master", "no_progress")
+ENGINE_FLAGS = ("engine", "spark_master")
 
 
 class Refused(ValueError):
@@ -76,7 +77,7 @@ class RefreshSettings:
     repository: Path
     name: str
     state_dir: Path | None = None
-    model: str = "dlrm"
+    model: str | None = None
     holdout_fraction: float = 0.1
     backend: str = "onnx"
     keep_versions: int = 3
@@ -114,7 +115,7 @@ def table_recipe(flags: dict[str, Any], like: bool):
     values = {k: v for k, v in flags.items() if k in names}
     if like:
         keep = ("label", "positive", "label_threshold", "order_by", "shuffle_seed", "frequency_threshold", "bad_rows",
-                "csv_separator", "null_values", "separator")  # fmt: skip
+                "csv_separator", "null_values", "separator", *ENGINE_FLAGS)  # fmt: skip
         values = {k: v for k, v in values.items() if k in keep}
     cfg = TablePreprocessConfig(raw=(), out=Path("."), **values)
     return recipe_of(cfg), cfg
@@ -189,10 +190,10 @@ class Refresh:
         if not all(c.passed for c in checks) and not s.force:
             return self._refuse(record, checks)
         started = time.perf_counter()
-        data = self._preprocess(head.raw(), tail.raw(), work, recipe, cfg, None)
+        data = self._preprocess(head.raw(), tail.raw(), work, recipe, cfg, None, record)
         self._timed("preprocess", started)
         started = time.perf_counter()
-        candidate = self._train(data, None, work)
+        candidate = self._train(data, s.model or FIRST_MODEL, None, work)
         self._timed("train", started)
         predictor, transform = predictor_of(candidate)
         held = Scores.of(tail.labels, score_day(predictor, transform, tail))
@@ -213,8 +214,13 @@ class Refresh:
             raise ValueError(f"{self.store.state_file}: no served version; publish a first day again")
         served_path = self.store.checkpoint(state.served.checkpoint)
         started = time.perf_counter()
-        recipe, cfg = table_recipe(state.flags, like=True)
+        engine = {k: v for k, v in self.flags.items() if k in ENGINE_FLAGS}  # this day's, where given
+        recipe, cfg = table_recipe({**state.flags, **engine}, like=True)
         predictor, transform = predictor_of(served_path)
+        served_model = predictor.meta["model_name"]
+        if s.model is not None and s.model != served_model:
+            raise ValueError(f"`model`: {s.model}, where the served model is {served_model} (later days continue it); "
+                             "leave --model out or give its name")  # fmt: skip
         recipe = model_reading(recipe, transform)
         day = read_day(files, recipe)
         record = self._record(state.days + 1, files, [])
@@ -246,10 +252,10 @@ class Refresh:
                                   "held_out": len(tail)}  # fmt: skip
         started = time.perf_counter()
         like = _like(served_path)
-        data = self._preprocess(train_rows, tail.raw(), work, recipe, cfg, like)
+        data = self._preprocess(train_rows, tail.raw(), work, recipe, cfg, like, record)
         self._timed("preprocess", started)
         started = time.perf_counter()
-        candidate = self._train(data, served_path, work)
+        candidate = self._train(data, served_model, served_path, work)
         self._timed("train", started)
         started = time.perf_counter()
         cand_predictor, cand_transform = predictor_of(candidate)
@@ -270,19 +276,22 @@ class Refresh:
 
     # -- the steps --
 
-    def _preprocess(self, train_rows: pl.DataFrame, held: pl.DataFrame, work: Path, recipe, cfg, like) -> Path:
+    def _preprocess(self, train_rows: pl.DataFrame, held: pl.DataFrame, work: Path, recipe, cfg, like,
+                    record: dict[str, Any]) -> Path:  # fmt: skip
         """The day's dataset: ``train_rows`` trained on, ``held`` its validation rows; fitted with the table flags,
-        or written ``like`` the served model."""
+        or written ``like`` the served model; the engine that wrote it goes into ``record``."""
         from ctrkit.preprocess.table import preprocess_table
 
         train_file, held_file, out = work / "train.parquet", work / "held.parquet", work / "data"
         train_rows.write_parquet(train_file)
         held.write_parquet(held_file)
-        preprocess_table([train_file], out, recipe, validation_files=[held_file], like=like,
-                         progress=self.settings.progress, engine=cfg.engine, master=cfg.spark_master)  # fmt: skip
+        summary = preprocess_table([train_file], out, recipe, validation_files=[held_file], like=like,
+                                   progress=self.settings.progress, engine=cfg.engine,
+                                   master=cfg.spark_master)  # fmt: skip
+        record["engine"] = summary["engine"]
         return out
 
-    def _train(self, data: Path, continue_from: Path | None, work: Path) -> Path:
+    def _train(self, data: Path, model: str, continue_from: Path | None, work: Path) -> Path:
         """The candidate's checkpoint in ``work``: ``model`` trained on ``data`` (continuing ``continue_from``), in
         this process or under torchrun (``nproc_per_node``)."""
         s = self.settings
@@ -296,9 +305,7 @@ class Refresh:
         if s.nproc_per_node > 1 and continue_from is None:
             command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                        f"--nproc-per-node={s.nproc_per_node}", "-m", "ctrkit", "train", "--dataset", str(data),
-                       "--model", s.model, "--save-checkpoint", str(out), "--no-progress"]  # fmt: skip
-            if continue_from is not None:
-                command += ["--continue-from", str(continue_from)]
+                       "--model", model, "--save-checkpoint", str(out), "--no-progress"]  # fmt: skip
             for k, v in options.items():
                 command += ["--" + k.replace("_", "-"), str(v)]
             done = subprocess.run(command, capture_output=True, text=True)
@@ -318,7 +325,7 @@ class Refresh:
         from ctrkit.train.run import train
 
         extra = {"continue_from": continue_from} if continue_from is not None else {}
-        train(data, s.model, save_checkpoint=out, progress=s.progress, **options, **extra)
+        train(data, model, save_checkpoint=out, progress=s.progress, **options, **extra)
         return out
 
     def _publish(self, state: State, candidate: Path, record: dict[str, Any], reference: Profile,
@@ -337,7 +344,7 @@ class Refresh:
         carry_next = self.store.root / "carried.next.parquet"
         carry.write_parquet(carry_next)
         record.update(verdict=PUBLISHED, reason=why, version=number, served_after=number)
-        self.store.begin({"version": number, "checkpoint": checkpoint, "day": record["day"],
+        self.store.begin({"version": number, "checkpoint": checkpoint, "day": record["day"], "flags": state.flags,
                           "reference": reference.as_dict(), "record": record})  # fmt: skip
         export_checkpoint(self.store.checkpoint(checkpoint), s.repository, "triton", s.name, s.backend,
                           version=number)  # fmt: skip
@@ -408,7 +415,7 @@ class Refresh:
         pending = self.store.pending()
         if pending is not None and pending["version"] in self.store.versions():
             state = self.store.read()
-            base = state if state is not None else State(flags=_jsonable(self.flags))
+            base = state if state is not None else State(flags=pending["flags"])  # a first day's
             self.log(f"finishing the refresh that placed version {pending['version']} before it was stopped")
             self._commit(base, pending["version"], pending["checkpoint"], pending["day"], pending["reference"],
                          pending["record"])  # fmt: skip

@@ -127,9 +127,13 @@ class ServerState:
         if versions:
             self.models[model] = versions
         if old:
-            task = asyncio.get_running_loop().create_task(self._retire(old))
-            self.retiring.add(task)
-            task.add_done_callback(self.retiring.discard)
+            self._retire_later(old)
+
+    def _retire_later(self, old: dict[str, Served]) -> None:
+        """Stops ``old`` versions once the requests already queued on them are answered, off this call."""
+        task = asyncio.get_running_loop().create_task(self._retire(old))
+        self.retiring.add(task)
+        task.add_done_callback(self.retiring.discard)
 
     async def load(self, model: str) -> None:
         """(Re)loads every version of ``model`` from the repository, off the event loop; the versions it replaces
@@ -196,9 +200,7 @@ class ServerState:
         else:
             self.models.pop(model, None)
         if gone:
-            task = asyncio.get_running_loop().create_task(self._retire(gone))
-            self.retiring.add(task)
-            task.add_done_callback(self.retiring.discard)
+            self._retire_later(gone)
 
     async def shutdown(self) -> None:
         for versions in list(self.models.values()):

@@ -20,7 +20,7 @@ import pytest
 import tritonclient.http as httpclient
 from sklearn.metrics import log_loss, roc_auc_score
 
-from ctrkit.bench.swap_latency import raw_inputs
+from ctrkit.bench.raw_rows_bench import raw_inputs
 from ctrkit.bench.table_stream import write_text_days
 from ctrkit.refresh.checks import Profile, Thresholds, check_day, profile, psi
 from ctrkit.refresh.gate import compare
@@ -140,6 +140,8 @@ def test_a_table_flag_is_taken_again_only_with_the_first_days_value(published, d
     repo, store = copy_of(published, tmp_path)
     code, _, err = refresh(repo, days[2], "--frequency-threshold", "5", capsys=capsys)
     assert code == 2 and "--frequency-threshold: 5 differs from the model's (3" in err
+    code, _, err = refresh(repo, days[2], "--model", "dcnv2", capsys=capsys)
+    assert code == 2 and "--model: dcnv2, where the served model is dlrm" in err
     assert refresh(repo, days[2], "--categorical", "cat0,cat1,cat2,cat3")[0] == 0  # the first day's value: taken
     assert store.read().served.number == 3
 
@@ -396,6 +398,7 @@ def test_spark_preprocessing_refreshes_as_polars_does(published, days, tmp_path)
     repo = tmp_path / "repo"
     assert refresh(repo, days[0], *ROLES, *extra)[0] == 0
     assert refresh(repo, days[1], *extra)[0] == 0
+    assert [r["engine"] for r in RefreshStore(repo, "ctr").history()] == ["spark", "spark"]  # each day's, applied
     rows = pl.read_csv(days[2], infer_schema=False).head(2000).drop("clicked")
     assert np.abs(_scores(repo, 2, rows) - _scores(published[1], 2, rows)).max() <= 1e-6
 
@@ -489,6 +492,9 @@ def test_refresh_refuses_in_one_line_what_it_cannot_take(tmp_path, capsys):
              ((missing,), "--label: the model's first day names its label column"),
              ((missing, "--label", "clicked"), "none.csv: input file not found"),
              ((missing, "--holdout-fraction", "0.7"), "expected a share in (0, 0.5)")]  # fmt: skip
+    bad = tmp_path / "bad.csv"
+    bad.write_text("cat0,num0,clicked\na,1.0,0\nb,2.0,maybe\n")
+    cases.append(((bad, "--label", "clicked"), "bad.csv:3: clicked"))  # the label rule preprocess applies
     for args, said in cases:
         code, _, err = run_cli("refresh", *args, "--repository", repo, "--name", "ctr", capsys=capsys)
         assert code == 2 and said in err and len(err.strip().splitlines()) == 1, (args, err)
