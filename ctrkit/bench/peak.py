@@ -39,11 +39,28 @@ def machine() -> dict[str, Any]:
 
 def matmul_gflops(dtype: torch.dtype = torch.float32, n: int = 2048, seconds: float = 0.3, rounds: int = 3,
                   device: torch.device | None = None) -> float:  # fmt: skip
-    """GFLOP/s of (n x n) @ (n x n) in ``dtype``: the median of ``rounds`` rounds of ``seconds`` each."""
+    """GFLOP/s of (m x m) @ (m x m) in ``dtype``: the median of ``rounds`` rounds of ``seconds`` each. ``m`` is
+    ``n`` unless one multiply at ``n`` would outlast a round: then the largest power of two from 256 up whose
+    multiply fits (a dtype the hardware only emulates, bf16 on a CPU without it, runs ~100x slower, and one
+    2048-square multiply would take minutes)."""
     device = device or torch.device("cpu")
-    a = torch.randn(n, n, device=device).to(dtype)
-    b = torch.randn(n, n, device=device).to(dtype)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    def square(m: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.randn(m, m, device=device).to(dtype), torch.randn(m, m, device=device).to(dtype)
+
+    m = min(256, n)
+    while m < n:  # doubling m takes 8x the time: grow while the next size's multiply still fits a round
+        a, b = square(m)
+        a @ b  # (the first multiply of a size pays for its setup)
+        sync()
+        start = time.perf_counter()
+        a @ b
+        sync()
+        if 8 * (time.perf_counter() - start) > seconds:
+            break
+        m *= 2
+    a, b = square(m)
     for _ in range(2):
         a @ b
     sync()
@@ -54,7 +71,7 @@ def matmul_gflops(dtype: torch.dtype = torch.float32, n: int = 2048, seconds: fl
             a @ b
             sync()
             count += 1
-        rates.append(2 * n**3 * count / elapsed / 1e9)
+        rates.append(2 * m**3 * count / elapsed / 1e9)
     return statistics.median(rates)
 
 

@@ -137,7 +137,7 @@ def check(args: argparse.Namespace) -> int:
     recipe = model_reading(recipe, transform)
     if cfg.against:
         earlier = read_day(cfg.against, recipe)
-        reference = profile(earlier.rows, earlier.labels, transform)
+        reference = profile(earlier.rows, earlier.labels, transform, unseen={})  # (a reference's are read nowhere)
     day = read_day(cfg.days, recipe)
     judged = judge_day(day, predictor, transform, reference, limits, history, age)
     print(table(judged.checks))

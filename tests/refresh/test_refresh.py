@@ -275,7 +275,6 @@ def test_the_gate_against_scikit_learn_and_its_verdicts():
 
 
 def test_profile_and_psi_against_direct_counts(days):
-    from ctrkit.checkpoint import load_checkpoint  # noqa: F401 (the model's transform comes through a checkpoint)
     from ctrkit.columns import Role
     from ctrkit.preprocess.transform import CategoricalInput, Column, NumericalInput, RowTransform, vocabulary_frame
 
