@@ -17,6 +17,9 @@ __all__ = ["DENSE_OPTIMIZERS", "TABLE_OPTIMIZERS"]  # the optimizers' names, def
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")  # what training may compute in (``device.precision_of``)
 EXPORT_FORMATS = ("onnx", "torchscript", "triton")
 QUANTIZATIONS = ("none", "int8")
+# what a scorer of raw rows does with a value preprocessing refuses (``preprocess.values``): refuse it, naming row and
+# column, or score it as missing and count it
+BAD_VALUES = ("error", "missing")
 RECIPES = ("tuned", "plain", "nvidia")  # defined in train/recipes.py
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ctrkit.config import option
+from ctrkit.config import BAD_VALUES, option
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,13 @@ class PredictConfig:
         "with --input: a column the model reads, left out of the file: error (refused, naming it) or missing (missing "
         "in every row); columns the model does not read are ignored. ctrkit serve follows the same rule",
         ("error", "missing"),
+    )
+    bad_values: str = option(
+        "error",
+        "with --input: a value preprocessing refuses (text in a numerical column, a number beyond float32, a "
+        "timestamp not of the column's format): error (refused, naming its line and column) or missing (scored as "
+        "missing, counted in the summary). ctrkit serve follows the same rule",
+        BAD_VALUES,
     )
     separator: str = option(",", "with --input: the CSV field separator: one byte, or 'tab' (or '\\t') for a tab")
     device: str = option("auto", "auto, cpu, cuda, cuda:N")

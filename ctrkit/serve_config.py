@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from ctrkit.config import EXPORT_FORMATS, QUANTIZATIONS, option
+from ctrkit.config import BAD_VALUES, EXPORT_FORMATS, QUANTIZATIONS, option
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,13 @@ class ServeConfig:
         "a raw column the model reads, left out of a request: error (a 400 naming it) or missing (missing in every "
         "row); columns the model does not read are ignored. predict --input follows the same rule",
         ("error", "missing"),
+    )
+    bad_values: str = option(
+        "error",
+        "a raw value preprocessing refuses (text for a number, a number beyond float32, a timestamp not of the "
+        "column's format): error (a 400 naming its row and column) or missing (scored as missing; the response's "
+        "parameter bad_values_missing counts them). predict --input follows the same rule",
+        BAD_VALUES,
     )
 
     def validate(self) -> None:

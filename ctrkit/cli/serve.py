@@ -81,7 +81,7 @@ def serve(args: argparse.Namespace) -> int:
         run_server(None, "", cfg.host, cfg.port, cfg.batch_window_ms, cfg.max_batch_size,
                    int(cfg.max_body_mb * 2**20), sock=sock, repository=repository,
                    body_timeout_s=cfg.body_timeout_s, missing_columns=cfg.missing_columns,
-                   header_timeout_s=cfg.header_timeout_s, poll_s=cfg.poll_s)  # fmt: skip
+                   header_timeout_s=cfg.header_timeout_s, poll_s=cfg.poll_s, bad_values=cfg.bad_values)  # fmt: skip
         return 0
     predictor = load_predictor(cfg.checkpoint, cfg.model_dir, cfg.embedding_store, cfg.cache_rows, cfg.dtype,
                                cfg.compile)  # fmt: skip
@@ -91,5 +91,6 @@ def serve(args: argparse.Namespace) -> int:
     print(f"serving {name} ({predictor.backend}): POST {url}/infer; its inputs: GET {url}", file=sys.stderr, flush=True)
     run_server(predictor, name, cfg.host, cfg.port, cfg.batch_window_ms, cfg.max_batch_size,
                int(cfg.max_body_mb * 2**20), sock=sock, body_timeout_s=cfg.body_timeout_s,
-               missing_columns=cfg.missing_columns, header_timeout_s=cfg.header_timeout_s)  # fmt: skip
+               missing_columns=cfg.missing_columns, header_timeout_s=cfg.header_timeout_s,
+               bad_values=cfg.bad_values)  # fmt: skip
     return 0

@@ -234,6 +234,7 @@ def predict(args: argparse.Namespace) -> int:
 
 
 def _predict_rows(cfg: PredictConfig) -> int:
+    from ctrkit.preprocess.values import BadValues
     from ctrkit.serve.predictor import Predictor
     from ctrkit.serve.score_file import score_file
 
@@ -245,10 +246,13 @@ def _predict_rows(cfg: PredictConfig) -> int:
             f"{cfg.checkpoint}: carries no preprocessing (its dataset was not made by `ctrkit preprocess table` or "
             "`preprocess criteo` of this version, or was synthetic): score a preprocessed dataset with --dataset"
         )
+    bad = BadValues(cfg.bad_values)
     done = score_file(predictor, predictor.transform, cfg.input, cfg.out, cfg.keep, cfg.separator, cfg.batch_size,
-                      progress=not cfg.no_progress, missing_columns=cfg.missing_columns)  # fmt: skip
+                      progress=not cfg.no_progress, missing_columns=cfg.missing_columns, bad=bad)  # fmt: skip
     print(f"wrote {cfg.out}: {done['rows']:,} click probabilities, mean {done['mean']:.4f} "
           f"({done['rows'] / max(done['seconds'], 1e-9):,.0f} rows/s)")  # fmt: skip
+    if bad.count:
+        print(bad.summary())
     return 0
 
 

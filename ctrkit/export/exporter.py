@@ -88,8 +88,9 @@ def triton_config(name: str, platform: str, signature: Signature, max_batch_size
     """config.pbtxt for Triton: dynamic batching, the signature's inputs (a multi-hot input's last
     dimension, the padded bag length, is variable). ``platform`` "python" is the Python-backend model
     (``triton_python_model.py``): its inputs are the raw columns and the id inputs, each optional (a request sends
-    one set or the other), and its parameter ``missing_columns`` says what a raw column left out means
-    (``RowTransform.check_columns``: "error", as ``predict`` and ``ctrkit serve`` by default; edit it to "missing")."""
+    one set or the other), its parameter ``missing_columns`` says what a raw column left out means
+    (``RowTransform.check_columns``: "error", as ``predict`` and ``ctrkit serve`` by default; edit it to "missing"),
+    and ``bad_values`` what a raw value preprocessing refuses means (``values.BadValues``: "error", or "missing")."""
     python = platform == PYTHON_BACKEND
     optional = " optional: true" if python else ""
 
@@ -100,7 +101,8 @@ def triton_config(name: str, platform: str, signature: Signature, max_batch_size
 
     inputs = (signature.raw_inputs if python else ()) + signature.inputs
     where = 'backend: "python"' if python else f'platform: "{platform}"'
-    rule = 'parameters { key: "missing_columns" value: { string_value: "error" } }\n' if python else ""
+    rule = ('parameters { key: "missing_columns" value: { string_value: "error" } }\n'
+            'parameters { key: "bad_values" value: { string_value: "error" } }\n') if python else ""  # fmt: skip
     return (
         f'name: "{name}"\n'
         f"{where}\n"

@@ -27,11 +27,14 @@ class TritonPythonModel:
         self.predictor = Predictor.from_export(Path(args["model_repository"]), version=args["model_version"])
         parameters = json.loads(args.get("model_config") or "{}").get("parameters") or {}
         self.missing_columns = (parameters.get("missing_columns") or {}).get("string_value", "error")
+        self.bad_values = (parameters.get("bad_values") or {}).get("string_value", "error")
         signature = self.predictor.signature
         self.names = [t.name for t in signature.raw_inputs] + signature.input_names
 
     def execute(self, requests: list) -> list:
         import triton_python_backend_utils as pb_utils
+
+        from ctrkit.preprocess.values import BadValues
 
         responses = []
         for request in requests:  # one answer per request, each its own inputs (raw or ids)
@@ -41,10 +44,24 @@ class TritonPythonModel:
                     tensor = pb_utils.get_input_tensor_by_name(request, name)
                     if tensor is not None:
                         given[name] = tensor.as_numpy()
-                output = pb_utils.Tensor("probability", self.predictor.score_named(given, self.missing_columns))
-                responses.append(pb_utils.InferenceResponse(output_tensors=[output]))
+                bad = BadValues(self.bad_values)
+                output = pb_utils.Tensor("probability", self.predictor.score_named(given, self.missing_columns, bad))
+                responses.append(_response(pb_utils, output, bad.count))
             except ValueError as e:  # bad values: the client's error (invalid-argument: HTTP 400), said in words
                 code = getattr(pb_utils.TritonError, "INVALID_ARG", None)  # (Triton before 23.05: no codes, a 500)
                 error = pb_utils.TritonError(str(e)) if code is None else pb_utils.TritonError(str(e), code)
                 responses.append(pb_utils.InferenceResponse(output_tensors=[], error=error))
         return responses
+
+
+def _response(pb_utils, output, bad_values_missing: int):
+    """The answer: ``output``, and the count of raw values scored as missing as the response's parameter
+    ``bad_values_missing`` (as ``ctrkit serve`` says it) where this Triton's Python backend takes response
+    parameters."""
+    if bad_values_missing:
+        try:
+            return pb_utils.InferenceResponse(output_tensors=[output],
+                                              parameters={"bad_values_missing": bad_values_missing})  # fmt: skip
+        except TypeError:  # (a Python backend without response parameters)
+            pass
+    return pb_utils.InferenceResponse(output_tensors=[output])

@@ -63,7 +63,6 @@ from ctrkit.preprocess.table_recipe import (
     number_problems,
 )
 from ctrkit.preprocess.table_rows import PolarsRows, Steps, feature_texts
-from ctrkit.preprocess.time_parts import problems as time_problems
 from ctrkit.preprocess.transform import (
     DERIVED_TEXTS,
     CategoricalInput,
@@ -76,6 +75,7 @@ from ctrkit.preprocess.transform import (
     write_record,
 )
 from ctrkit.preprocess.value_ids import MAX_FIT_ROWS, value_id_tests
+from ctrkit.preprocess.values import timestamp_problem
 from ctrkit.progress import tqdm
 
 
@@ -368,7 +368,8 @@ def _preprocess(
     label_expr, label_problem = label_values(recipe)
     auto = recipe.also_categorical == AUTO
     candidates = [c for c in roles.numerical if f"{c}_id" not in raw_schema] if auto else []
-    problems = [label_problem, *number_problems(roles.numerical), *(time_problems(c, f) for c, f in roles.time.items())]
+    times = [timestamp_problem(pl.col(c), c, f) for c, f in roles.time.items()]
+    problems = [label_problem, *number_problems(roles.numerical), *times]
     steps = Steps(pl.coalesce(problems), label_expr,
                   tuple(pl.col(c).cast(pl.Float64, strict=False).alias(RAW_PREFIX + c) for c in candidates),
                   recipe.order_by, recipe.shuffle_seed)  # fmt: skip

@@ -10,7 +10,8 @@ CSV, as RFC 4180 writes it, with a header:
   (a value holding the separator must be quoted);
 * a quote opens a value only at its start, and closes it only at its end (a quote inside a quoted value is
   doubled); any other quote is refused, naming its line, and so is a quote that never closes;
-* a blank line (nothing, or a lone carriage return) is no record: it is skipped, everywhere;
+* a blank line (nothing, or a lone carriage return) is no record: it is skipped, everywhere; lines that end in a
+  lone carriage return (classic Mac OS) are refused, naming the conversion;
 * text is UTF-8: other bytes are refused, naming their line.
 
 Parquet: a column of lists is a multi-hot column's; lists where a single value is due, structs, fixed arrays and
@@ -91,7 +92,14 @@ def _header(path: Path, record: bytes, separator: str) -> list[str]:
                          f"at byte {e.start + 1})") from None  # fmt: skip
     if not text.strip("\r\n"):
         raise ValueError(f"{path}: holds no header (expected a first line naming the columns)")
-    names = next(csv.reader([text.rstrip("\r\n")], delimiter=separator))
+    line = text.rstrip("\r\n")
+    if "\r" in line and line.count('"') % 2 == 0 and '"' not in line.split("\r", 1)[0]:
+        raise ValueError(f"{path}:1: lines end in a lone carriage return (\\r, as classic Mac OS wrote them); expected "
+                         f"\\n or \\r\\n: convert the file, e.g. tr '\\r' '\\n' < {path.name} > fixed.csv")  # fmt: skip
+    try:
+        names = next(csv.reader([line], delimiter=separator))
+    except csv.Error as e:
+        raise ValueError(f"{path}:1: the header cannot be read as CSV ({e})") from None
     seen: dict[str, int] = {}
     for i, name in enumerate(names, start=1):
         if name in seen and name != "":

@@ -18,15 +18,27 @@ from ctrkit.data.feature_spec import check_capacity
 from ctrkit.preprocess.criteo import BAD_ROW_POLICIES
 from ctrkit.preprocess.pooling import COMBINERS
 from ctrkit.preprocess.table_reader import separator_char
-from ctrkit.preprocess.time_parts import DEFAULT_PARTS, PARTS, check_format, choose_format, reads
+from ctrkit.preprocess.time_parts import (
+    DEFAULT_PARTS,
+    INTEGER_FORMATS,
+    PARTS,
+    UNIX_FORMATS,
+    check_format,
+    choose_format,
+    formats_seen,
+    reads,
+    unit_problem,
+)
+from ctrkit.preprocess.values import number_problem
 
-FLOAT32_MAX = 3.4028234663852886e38
 FILE_COL, LINE_COL = "__ctrkit_file", "__ctrkit_line"  # where each row came from, for error messages
 TRAIN_VALIDATION_FRACTION = TrainConfig().validation_fraction  # the tail `train` holds out by default
 
 
 NUMERIC_TEXT_FRACTION = 0.9  # a text column this often numeric is refused unless named
 DISTINCT_FRACTION, DISTINCT_MIN_ROWS = 0.9, 1000  # an unnamed text column this distinct (in as many rows) is refused
+# an unnamed text column whose values hold LIST_SEPARATOR this often is a list of values, refused unless named
+LIST_SEPARATOR, LISTED_FRACTION = "|", 0.2
 
 
 DEFAULT_NULL_VALUES = ("NA", "NaN", "nan", "null", "NULL")
@@ -96,7 +108,7 @@ class TableRecipe:
     also_categorical: tuple[str, ...] | str = AUTO
     positive: str | None = None
     label_threshold: float | None = None
-    separator: str = "|"
+    separator: str = LIST_SEPARATOR
     frequency_threshold: int = 3
     order_by: str | None = None
     group: str | None = None
@@ -186,23 +198,28 @@ class Roles:
 
 @dataclass(frozen=True)
 class ColumnFacts:
-    """What the roles read of a column's training values (``assign_roles``): ``values`` not missing; for a text
-    column, how many of them are numbers, the first that is not one as (file index, line, value), the first value,
-    and the distinct values (counted where ``values`` >= DISTINCT_MIN_ROWS, else 0)."""
+    """What the roles read of a column's training values (``assign_roles``): ``values`` not missing; the first value
+    (as text); for a text column, how many of them are numbers, the first that is not one as (file index, line,
+    value), the distinct values (counted where ``values`` >= DISTINCT_MIN_ROWS, else 0), and how many hold
+    ``LIST_SEPARATOR`` (a list of values, as a multi-hot column's are) with the first of them."""
 
     values: int
     numbers: int = 0
     other: tuple[int, int, str] | None = None
     first: str | None = None
     distinct: int = 0
+    listed: int = 0
+    first_listed: str | None = None
 
     @classmethod
     def of(cls, df: pl.DataFrame, column: str, distinct: bool = True) -> ColumnFacts:
         """The facts of ``column`` in ``df`` (rows in file order, with FILE_COL and LINE_COL); ``distinct``: count
         the distinct values (an engine that counts them over all its parts says False)."""
         values = df.select(pl.col(column), pl.col(FILE_COL), pl.col(LINE_COL)).drop_nulls(column)
-        if df.schema[column] != pl.String or not len(values):
-            return cls(len(values))
+        if not len(values):
+            return cls(0)
+        if df.schema[column] != pl.String:
+            return cls(len(values), first=str(values[column][0]))
         numbers = values[column].cast(pl.Float64, strict=False).is_not_null()
         others = values.filter(~numbers)
         other = None
@@ -211,15 +228,19 @@ class ColumnFacts:
             other = (int(file), int(line), value)
         n = len(values)
         count = values[column].n_unique() if distinct and n >= DISTINCT_MIN_ROWS else 0
-        return cls(n, int(numbers.sum()), other, values[column][0], count)
+        listed = values[column].filter(values[column].str.contains(LIST_SEPARATOR, literal=True))
+        return cls(n, int(numbers.sum()), other, values[column][0], count, len(listed),
+                   listed[0] if len(listed) else None)  # fmt: skip
 
     @classmethod
     def merge(cls, parts: Sequence[ColumnFacts], distinct: int) -> ColumnFacts:
         """The facts of parts read in file order, with the ``distinct`` values counted over all of them."""
         given = [p for p in parts if p.values]
         others = [p.other for p in given if p.other is not None]
+        listed = [p.first_listed for p in given if p.first_listed is not None]
         return cls(sum(p.values for p in given), sum(p.numbers for p in given), min(others) if others else None,
-                   given[0].first if given else None, distinct)  # fmt: skip
+                   given[0].first if given else None, distinct, sum(p.listed for p in given),
+                   listed[0] if listed else None)  # fmt: skip
 
 
 def assign_roles(
@@ -250,6 +271,7 @@ def assign_roles(
         if dtype == pl.String:
             known = facts(c)
             _check_not_numbers(known, c, paths)
+            _check_not_lists(known, c, where)
             if c not in recipe.raw_ids:
                 _check_not_distinct(known, c, where)
             cats.append(c)
@@ -302,17 +324,19 @@ def _time_columns(schema: Mapping[str, pl.DataType], columns: Sequence[str], rec
                   facts: Callable[[str], ColumnFacts], where: Path) -> dict[str, str]:  # fmt: skip
     """The timestamp columns read as parts of time, each with its format: the named ones (refused where their first
     value is no timestamp), or under "auto" every text, date or datetime column named nowhere else, the ``order_by``
-    column too, whose first value is one."""
+    column too, whose first value is one. Under "auto" a text column whose first value looks like a date of none of
+    the formats tried is refused, naming the formats it looks like (at any size of table: as text, each of its values
+    would be an id of its own)."""
     if recipe.time != AUTO:
         out = {}
         for c in recipe.time:
             dtype = schema[c]
-            first = facts(c).first if dtype == pl.String else None
+            first = facts(c).first if dtype == pl.String or dtype.is_integer() else None
             found = choose_format(first, dtype, recipe.time_format)
             if found is None:
-                how = ("an integer column needs --time-format unix or unix_ms" if dtype.is_integer()
-                       else f"its first value {first!r} is none of the formats tried; give --time-format")  # fmt: skip
-                raise ValueError(f"`time`: {where}: column '{c}' is not a timestamp: {how}")
+                raise ValueError(f"`time`: {where}: column '{c}' is not a timestamp: {_no_format(first, dtype)}")
+            if found in UNIX_FORMATS and (problem := unit_problem(first, found)) is not None:
+                raise ValueError(f"`time`: {where}: column '{c}': {problem}")
             out[c] = found
         return out
     out = {}
@@ -325,7 +349,23 @@ def _time_columns(schema: Mapping[str, pl.DataType], columns: Sequence[str], rec
         found = choose_format(first, dtype, recipe.time_format)
         if found is not None and (dtype != pl.String or (first is not None and reads(first, found))):
             out[c] = found
+        elif dtype == pl.String and first is not None and formats_seen(first):
+            raise ValueError(f"{where}: column '{c}' holds dates such as '{first}' in none of the formats tried: "
+                             f"{_no_format(first, dtype)}, or name it in `drop` or `categorical`")  # fmt: skip
     return out
+
+
+def _no_format(first: object, dtype: pl.DataType) -> str:
+    """What a message says of a timestamp column whose first value ``first`` no format reads."""
+    if dtype.is_integer():
+        return (
+            f"its first value {first!r} is an integer: give --time-format unix (seconds since 1970), unix_ms "
+            f"(milliseconds), or a pattern of its digits such as {' or '.join(map(repr, INTEGER_FORMATS))}"
+        )
+    seen = formats_seen(str(first)) if first is not None else []
+    if seen:
+        return f"its first value {first!r} looks like {' or '.join(map(repr, seen))}: give --time-format"
+    return f"its first value {first!r} is none of the formats tried; give --time-format"
 
 
 def _check_not_numbers(facts: ColumnFacts, column: str, paths: Sequence[Path]) -> None:
@@ -339,6 +379,17 @@ def _check_not_numbers(facts: ColumnFacts, column: str, paths: Sequence[Path]) -
         raise ValueError(
             f"{where}: column '{column}' holds text, but {facts.numbers:,} of its {facts.values:,} values are "
             f"numbers{here}: name it in `numerical` (its other values then are bad rows) or in `categorical`"
+        )
+
+
+def _check_not_lists(facts: ColumnFacts, column: str, where: Path) -> None:
+    """Refuses an unnamed text column whose values are often lists (``LIST_SEPARATOR``): as one categorical feature
+    each combination of values would be an id of its own, and no value would be learnt apart from the others."""
+    if facts.values and facts.listed >= LISTED_FRACTION * facts.values:
+        raise ValueError(
+            f"{where}: column '{column}' holds lists of values such as '{facts.first_listed}' ({facts.listed:,} of "
+            f"{facts.values:,} values hold '{LIST_SEPARATOR}'): name it in --multi-hot (each value an id, "
+            "--separator splits them) or in --categorical (each combination one value)"
         )
 
 
@@ -374,21 +425,9 @@ def label_values(recipe: TableRecipe) -> tuple[pl.Expr, pl.Expr]:
 
 
 def number_problems(names: Sequence[str]) -> list[pl.Expr]:
-    """Each numerical column's problem (null where fine): text that is no number, infinity, a magnitude float32
-    (the dataset's type) cannot hold. The numbers themselves are the fitted transform's (missing -> 0)."""
-    problems = []
-    for n in names:
-        col = pl.col(n)
-        number = col.cast(pl.Float64, strict=False)
-        problems.append(
-            pl.when(col.is_not_null() & number.is_null())
-            .then(pl.format(f"{n}: '{{}}' is not a number", col.cast(pl.String)))
-            .when(number.is_infinite())
-            .then(pl.format(f"{n}: {{}} is not finite", number))
-            .when(number.abs() > FLOAT32_MAX)  # stored as float32: it would become infinite
-            .then(pl.format(f"{n}: {{}} is beyond float32's range (magnitude at most 3.4e38)", col.cast(pl.String)))
-        )
-    return problems
+    """Each numerical column's problem (null where fine: ``values.number_problem``). The numbers themselves are the
+    fitted transform's (missing -> 0)."""
+    return [number_problem(pl.col(n), n) for n in names]
 
 
 def recipe_of(cfg: Any) -> TableRecipe:

@@ -11,6 +11,8 @@ since a click depends on its viewer's evening, not on UTC's."""
 
 from __future__ import annotations
 
+import re
+
 import polars as pl
 
 # part -> its value (an integer) of a datetime expression
@@ -34,6 +36,13 @@ FORMATS = (
     "%Y-%m-%d",
 )
 UNIX_FORMATS = {"unix": "s", "unix_ms": "ms"}  # integer columns: seconds or milliseconds since 1970-01-01 UTC
+# a count beyond this is no timestamp of its unit (the year 5138): milliseconds read as seconds would be in the year
+# 57,000, and are refused, not read
+UNIX_LIMITS = {"unix": 10**11, "unix_ms": 10**14}
+# formats of integers (a table's reader reads 20260302180405 as one), tried on a named ``time`` column's first value
+INTEGER_FORMATS = {"%Y%m%d%H%M%S": 14, "%Y%m%d": 8}  # format -> its digits
+# a value that looks like a date (digits, a separator, digits, the same separator, digits) in none of the formats
+_DATE_LIKE = re.compile(r"^(\d{1,4})([/.\-])(\d{1,2})\2(\d{1,4})(?:([ T])(\d{1,2}):(\d\d)(:\d\d)?)?")
 _OFFSET = r"^(.*\d:\d\d(?::\d\d(?:\.\d+)?)?)\s*(?:Z|[+-]\d\d(?::?\d\d)?)$"  # a zone after a time of day
 
 
@@ -42,6 +51,7 @@ def parse(values: pl.Expr, time_format: str) -> pl.Expr:
     not a timestamp of ``time_format``."""
     if time_format in UNIX_FORMATS:
         number = values.cast(pl.Int64, strict=False)
+        number = pl.when(number.abs() < UNIX_LIMITS[time_format]).then(number)
         return pl.from_epoch(number, time_unit=UNIX_FORMATS[time_format])
     text = values.cast(pl.String).str.strip_chars().str.replace(_OFFSET, "${1}")
     if "%H" not in time_format:  # a date alone (chrono reads no datetime without a time)
@@ -54,31 +64,55 @@ def part_text(values: pl.Expr, part: str, time_format: str) -> pl.Expr:
     return PARTS[part](parse(values, time_format)).cast(pl.String)
 
 
-def problems(column: str, time_format: str) -> pl.Expr:
-    """The problem of a row whose ``column`` holds something that is not a timestamp of ``time_format`` (null where
-    fine or missing): a bad row of the table, as a number that is none is."""
-    col = pl.col(column)
-    return pl.when(col.is_not_null() & parse(col, time_format).is_null()).then(
-        pl.format(
-            f"{column}: '{{}}' is not a timestamp of the column's format {time_format!r} (--time-format names another)",
-            col.cast(pl.String),
-        )  # fmt: skip
-    )
-
-
 def choose_format(first: object, dtype: pl.DataType, given: str = "") -> str | None:
     """The format of a column whose first value is ``first`` (read as ``dtype``): ``given`` where the user named one;
-    a Parquet date's or datetime's text; else the first of ``FORMATS`` that reads a text ``first``; None where none
-    does (an integer column needs a ``UNIX_FORMATS`` format named)."""
+    a Parquet date's or datetime's text; else the first of ``FORMATS`` (of ``INTEGER_FORMATS`` for an integer) that
+    reads ``first``; None where none does (an integer column of seconds or milliseconds needs its unit named)."""
     if given:
         return given
     if dtype == pl.Date:
         return "%Y-%m-%d"
     if isinstance(dtype, pl.Datetime):  # its text: 2026-03-02 18:04:05.000000
         return "%Y-%m-%d %H:%M:%S%.f"
-    if dtype != pl.String or first is None:
+    if first is None:
+        return None
+    if dtype.is_integer():
+        digits = str(first)
+        return next((f for f, n in INTEGER_FORMATS.items() if len(digits) == n and reads(digits, f)), None)
+    if dtype != pl.String:
         return None
     return next((fmt for fmt in FORMATS if reads(first, fmt)), None)
+
+
+def unit_problem(first: object, time_format: str) -> str | None:
+    """Why an integer column whose first value is ``first`` is no count of ``time_format``'s unit (None where it is
+    one): milliseconds named as seconds are refused, not read in the year 57,000."""
+    try:
+        value = int(str(first))
+    except ValueError:
+        return f"its first value {first!r} is no integer count since 1970"
+    if abs(value) >= UNIX_LIMITS[time_format]:
+        longer = "milliseconds: --time-format unix_ms" if time_format == "unix" else "not milliseconds"
+        return f"its first value {value} is beyond the year 5000 as a count of {time_format!r} ({longer})"
+    return None
+
+
+def formats_seen(value: str) -> list[str]:
+    """The formats that read ``value``, a date of none of ``FORMATS`` (a day and month given by number, either way
+    round where both are at most 12): what a message offers for ``--time-format``; [] where it looks like no date or
+    no such format reads it."""
+    m = _DATE_LIKE.match(value.strip())
+    if m is None:
+        return []
+    a, sep, b, c = m.group(1), m.group(2), m.group(3), m.group(4)
+    clock = "" if m.group(5) is None else m.group(5) + "%H:%M" + (":%S" if m.group(8) else "")
+    if len(a) == 4:
+        orders = [f"%Y{sep}%m{sep}%d"]
+    elif len(c) == 4:
+        orders = [o for o, ok in ((f"%d{sep}%m{sep}%Y", int(b) <= 12), (f"%m{sep}%d{sep}%Y", int(a) <= 12)) if ok]
+    else:
+        return []
+    return [o + clock for o in orders if reads(value, o + clock)]
 
 
 def reads(value: object, time_format: str) -> bool:

@@ -34,6 +34,15 @@ from ctrkit.columns import Role
 from ctrkit.data.feature_spec import PREPROCESSING_FILE
 from ctrkit.preprocess.criteo import FIRST_ID, MISSING_ID
 from ctrkit.preprocess.time_parts import PARTS, part_text
+from ctrkit.preprocess.values import (
+    FLOAT32_MAX,
+    BadValues,
+    number,
+    number_bad,
+    number_problem,
+    timestamp_bad,
+    timestamp_problem,
+)
 
 RECORD_FILE = PREPROCESSING_FILE
 FORMAT = 1
@@ -282,20 +291,22 @@ class RowTransform:
         return pl.DataFrame(series) if series else pl.DataFrame({"__rows": [None] * rows})
 
     def from_request(
-        self, values: Mapping[str, Any], rows: int, missing_columns: str = "error"
+        self, values: Mapping[str, Any], rows: int, missing_columns: str = "error", bad: BadValues | None = None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """The model's inputs of ``rows`` rows given as ``values`` (column -> a sequence of ``rows`` values: text,
         bytes, numbers, None for missing; columns left out and extra ones as ``check_columns`` says), each cast to
-        the type it was read as when the dataset was made (a value that does not parse as that type is missing), in
-        one query."""
+        the type it was read as when the dataset was made, in one query. A bad value (``values``: a number or a
+        timestamp that preprocessing refuses) is refused, or scored as missing and counted in ``bad``."""
         raw = self._raw_frame(values, rows, missing_columns)  # null values already made missing
-        return self._inputs(raw, self._plan(raw.schema, typed=False, nulls_done=True, rows=raw.height))
+        return self._inputs(raw, self._plan(raw.schema, typed=False, nulls_done=True, rows=raw.height), bad)
 
-    def raw_rows(self, df: pl.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    def raw_rows(
+        self, df: pl.DataFrame, bad: BadValues | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """The model's inputs of raw rows as a file holds them (CSV text read with the ``null_values``, as
         preprocessing read it; Parquet's types, whose texts preprocessing took as they are): ``typed`` and the
-        transform in one query."""
-        return self._inputs(df, self._plan(df.schema, typed=False, nulls_done=True, rows=df.height))
+        transform in one query. Bad values as ``from_request`` says."""
+        return self._inputs(df, self._plan(df.schema, typed=False, nulls_done=True, rows=df.height), bad)
 
     def typed(self, df: pl.DataFrame, nulls_done: bool = False) -> pl.DataFrame:
         """``df``'s raw columns as the types they were read as (text that is one of ``null_values`` is missing,
@@ -336,7 +347,7 @@ class RowTransform:
     def __call__(self, df: pl.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """numerical (B, N) float32, categorical (B, F) int64 and multi-hot (B, Fm, L) int64 (-1 padded; None
         without multi-hot features) of the raw rows ``df`` (``typed`` first)."""
-        return self._inputs(df, self._plan(df.schema, typed=True, rows=df.height))
+        return self._inputs(df, self._plan(df.schema, typed=True, rows=df.height), None)
 
     def _plan(
         self, schema: Mapping[str, pl.DataType], typed: bool, nulls_done: bool = False, rows: int = 0
@@ -358,18 +369,19 @@ class RowTransform:
         return self._plans[key]
 
     def _feature_exprs(self, col: Mapping[str, pl.Expr], joins: Sequence[bool]) -> list[pl.Expr]:
-        """Per numerical feature its filled number (n) and whether the value was no number (b); per categorical
+        """Per numerical feature its filled number (n) and whether the value was bad (b); per timestamp column
+        whether its value was bad (q); per categorical
         feature with a vocabulary its text's two hashes (h, g) and whether it is missing (z) (where ``joins`` says
         so, its text, joined with the vocabulary), else its text (t); per multi-hot feature its values (m); ``col``
         gives each typed column."""
         exprs = [pl.len().alias("rows")]
         for j, f in enumerate(self.numerical):
-            number = col[f.column].cast(pl.Float64, strict=False)
-            bad = (col[f.column].is_not_null() & number.is_null()) | number.is_infinite().fill_null(False)
-            number = number.fill_nan(None)
+            value = number(col[f.column]).clip(-FLOAT32_MAX, FLOAT32_MAX)  # (beyond: a bad value, not a float32)
             if f.transform == "criteo_log":  # log(max(x, -2) + 3) of the integer, missing as -2 (-> 0)
-                number = number.fill_null(-2).cast(pl.Int64, strict=False).fill_null(-2)
-            exprs += [number.fill_null(0.0).alias(f"n{j}"), bad.alias(f"b{j}")]
+                value = value.fill_null(-2).cast(pl.Int64, strict=False).fill_null(-2)
+            exprs += [value.fill_null(0.0).alias(f"n{j}"), number_bad(col[f.column]).alias(f"b{j}")]
+        for k, (column, time_format) in enumerate(self._timestamps()):
+            exprs.append(timestamp_bad(col[column], time_format).alias(f"q{k}"))
         for j, f in enumerate(self.categorical):
             text = category_text(col[f.column], f.text, f.time_format)
             if f.ids == "vocabulary" and not joins[j]:
@@ -381,12 +393,17 @@ class RowTransform:
 
     def encode(self, df: pl.DataFrame) -> tuple[np.ndarray, np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
         """The model's inputs of raw rows as a file holds them (``raw_rows``), multi-hot features as each one's
-        flat ids and values a row (the dataset's form): what ``preprocess table`` writes."""
-        return self._encode(df, self._plan(df.schema, typed=False, nulls_done=True, rows=df.height))
+        flat ids and values a row (the dataset's form): what ``preprocess table`` writes (its bad rows dropped)."""
+        return self._encode(df, self._plan(df.schema, typed=False, nulls_done=True, rows=df.height), None)
 
-    def _inputs(self, rows: pl.DataFrame, plan: list[pl.Expr]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    def _timestamps(self) -> list[tuple[str, str]]:
+        """The timestamp columns (column, format) whose parts are categorical features, in the features' order."""
+        return list(dict.fromkeys((f.column, f.time_format) for f in self.categorical if f.text in PARTS))
+
+    def _inputs(self, rows: pl.DataFrame, plan: list[pl.Expr], bad: BadValues | None
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:  # fmt: skip
         """``_encode``, multi-hot features as (B, Fm, L) ids padded with -1."""
-        numerical, categorical, lists = self._encode(rows, plan)
+        numerical, categorical, lists = self._encode(rows, plan, bad)
         n = len(categorical)
         bags = None
         if self.multi_hot:
@@ -400,24 +417,20 @@ class RowTransform:
         return numerical, categorical, bags
 
     def _encode(
-        self, rows: pl.DataFrame, plan: list[pl.Expr]
+        self, rows: pl.DataFrame, plan: list[pl.Expr], bad: BadValues | None
     ) -> tuple[np.ndarray, np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
         """The transform as one eager Polars query (a lazy one's planning costs more than a one-row request's
-        work), then NumPy on each kind's columns at once; multi-hot features as (flat ids, values a row)."""
+        work), then NumPy on each kind's columns at once; multi-hot features as (flat ids, values a row). Bad values
+        are refused, naming the first (row and column), or (``bad``'s rule "missing") scored as missing, counted."""
         out = rows.select(plan)
         n = int(out["rows"][0]) if len(out) else 0
 
         def block(prefix: str, indices) -> np.ndarray:
             return np.column_stack([out[f"{prefix}{j}"].to_numpy() for j in indices])
 
+        found = self._bad_values(rows, out, bad)
         numerical = np.zeros((n, len(self.numerical)), np.float32)
         if self.numerical:
-            bad = block("b", range(len(self.numerical)))
-            if bad.any():
-                i, j = (int(k) for k in np.argwhere(bad)[0])
-                column = self.numerical[j].column
-                raise RowError(f"column '{column}' holds '{rows[column][i]}'; expected a number (or nothing, for a "
-                               "missing value)", row=i)  # fmt: skip
             logged = [j for j, f in enumerate(self.numerical) if f.transform == "criteo_log"]
             plain = [j for j, f in enumerate(self.numerical) if f.transform != "criteo_log"]
             if plain:
@@ -436,7 +449,51 @@ class RowTransform:
         for j, f in enumerate(self.categorical):
             if j not in hashed:
                 categorical[:, j] = self._ids(f, out[f"t{j}"])
+        for mask, numbers, features in found:  # scored as missing: a number 0, a feature's id the missing one
+            numerical[np.ix_(mask, numbers)] = 0.0
+            categorical[np.ix_(mask, features)] = MISSING_ID
         return numerical, categorical, [self._bag_ids(f, out[f"m{j}"]) for j, f in enumerate(self.multi_hot)]
+
+    def _bad_values(self, rows: pl.DataFrame, out: pl.DataFrame, bad: BadValues | None
+                    ) -> list[tuple[np.ndarray, list[int], list[int]]]:  # fmt: skip
+        """The bad values ``_feature_exprs`` found (b: numbers, q: timestamps), as (rows, numerical features,
+        categorical features) to score as missing; raises ``RowError`` for the first (the earliest row, then the
+        model's order) unless ``bad`` says "missing", which counts them."""
+        checks = []  # (mask, the problem's expression on the raw rows, numerical features, categorical features)
+        for j, f in enumerate(self.numerical):
+            checks.append(
+                (
+                    f"b{j}",
+                    number_problem(pl.col(f.column), f.column),
+                    [j],
+                    [k for k, c in enumerate(self.categorical) if c.text == "number" and c.column == f.column],
+                )
+            )
+        for k, (column, time_format) in enumerate(self._timestamps()):
+            checks.append(
+                (
+                    f"q{k}",
+                    timestamp_problem(pl.col(column), column, time_format),
+                    [],
+                    [i for i, c in enumerate(self.categorical) if c.text in PARTS and c.column == column],
+                )
+            )
+        found, first = [], None
+        for name, problem, numbers, features in checks:
+            mask = out[name].to_numpy()
+            if mask.any():
+                i = int(np.argmax(mask))
+                if first is None or i < first[0]:
+                    first = (i, problem)
+                found.append((mask, numbers, features))
+        if first is None:
+            return []
+        i, problem = first
+        text = rows[i : i + 1].select(problem).item()
+        if bad is None or bad.rule == "error":
+            raise RowError(f"{text} (--bad-values missing scores a bad value as missing)", row=i)
+        bad.add(sum(int(mask.sum()) for mask, _, _ in found), text, row=i)
+        return found
 
     def index_vocabularies(self) -> None:
         """Builds every vocabulary's lookup index now (each is otherwise built on its first lookup)."""

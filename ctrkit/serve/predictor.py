@@ -10,11 +10,15 @@ import json
 import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from ctrkit.models.signature import NUMERICAL, PROBABILITY, InferenceModel, Signature, finite_numerical
+
+if TYPE_CHECKING:
+    from ctrkit.preprocess.values import BadValues
 
 log = logging.getLogger("ctrkit.serve")
 
@@ -68,11 +72,12 @@ class Predictor:
             return
         self(*(x.numpy() for x in self.signature.example_inputs(1)))
 
-    def score_named(self, inputs: dict[str, np.ndarray], missing_columns: str = "error") -> np.ndarray:
+    def score_named(self, inputs: dict[str, np.ndarray], missing_columns: str = "error",
+                    bad: BadValues | None = None) -> np.ndarray:  # fmt: skip
         """(B, 1) float32 probabilities of inputs by name: the id inputs (``numerical``, ``categorical``,
         ``multi_hot``), or the raw columns of a model that carries its preprocessing (each (B,) or (B, 1); text as
         str or UTF-8 bytes, numbers; a column left out or an extra one as ``RowTransform.check_columns`` says with
-        ``missing_columns``)."""
+        ``missing_columns``; a bad value refused, or scored as missing and counted in ``bad``)."""
         ids = self.signature.input_names
         if any(name in inputs for name in ids):
             missing = [n for n in ids if n not in inputs]
@@ -91,7 +96,7 @@ class Predictor:
         rows = {len(v) for v in columns.values()}
         if len(rows) > 1:
             raise ValueError(f"the inputs disagree on the batch size: {sorted(rows)}")
-        return self(*self.transform.from_request(columns, rows.pop(), missing_columns))
+        return self(*self.transform.from_request(columns, rows.pop(), missing_columns, bad))
 
     @classmethod
     def from_checkpoint(

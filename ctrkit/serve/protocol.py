@@ -44,10 +44,14 @@ class InferRequest:
     multi_hot: np.ndarray | None = None  # (B, Fm, L) int64, -1 padding; models with multi-hot features only
     raw: dict[str, list | np.ndarray] | None = None  # column -> B raw values (None for missing ones)
     rows: int = 0  # B
+    bad_values_missing: int = 0  # raw values scored as missing (``--bad-values missing``), said in the response
 
-    def with_inputs(self, numerical: np.ndarray, categorical: np.ndarray, multi_hot: np.ndarray | None) -> InferRequest:
-        """This request with the model's inputs made from its raw values."""
-        return replace(self, numerical=numerical, categorical=categorical, multi_hot=multi_hot, raw=None)
+    def with_inputs(self, numerical: np.ndarray, categorical: np.ndarray, multi_hot: np.ndarray | None,
+                    bad_values_missing: int = 0) -> InferRequest:  # fmt: skip
+        """This request with the model's inputs made from its raw values (``bad_values_missing`` of them scored as
+        missing)."""
+        return replace(self, numerical=numerical, categorical=categorical, multi_hot=multi_hot, raw=None,
+                       bad_values_missing=bad_values_missing)  # fmt: skip
 
 
 def _expected(name: str, expect: dict[str, TensorSpec]) -> str:
@@ -296,6 +300,8 @@ def encode_response(
     doc: dict = {"model_name": model_name, "model_version": str(version), "outputs": [out]}
     if request.id is not None:
         doc["id"] = request.id
+    if request.bad_values_missing:  # the count of raw values scored as missing (``--bad-values missing``)
+        doc["parameters"] = {"bad_values_missing": request.bad_values_missing}
     if request.binary_output:
         raw = np.ascontiguousarray(probability, np.float32).tobytes()
         out["parameters"] = {"binary_data_size": len(raw)}

@@ -22,6 +22,7 @@ from ctrkit.columns import Role
 from ctrkit.data.atomic import atomic_file, temporary_prefix
 from ctrkit.preprocess.table_reader import check_output, is_parquet, separator_char, table_blocks, table_columns
 from ctrkit.preprocess.transform import RowError, RowTransform
+from ctrkit.preprocess.values import BadValues
 from ctrkit.progress import tqdm
 from ctrkit.serve.predictor import Predictor
 
@@ -39,10 +40,13 @@ def score_file(
     block_rows: int = BLOCK_ROWS,
     progress: bool = False,
     missing_columns: str = "error",
+    bad: BadValues | None = None,
 ) -> dict:
     """Scores every row of ``source`` (CSV with a header, or Parquet) into ``out`` (CSV, or Parquet by its
     suffix): the ``keep`` columns as they were read, then ``probability``, one row per record. The file is read by
-    ``table_reader``'s rules; its columns follow ``RowTransform.check_columns`` with ``missing_columns``.
+    ``table_reader``'s rules; its columns follow ``RowTransform.check_columns`` with ``missing_columns``; a bad value
+    (``values``) is refused, naming its line and column, or under ``bad``'s rule "missing" scored as missing and
+    counted there (the first named by its line).
 
     Returns:
         rows scored, mean probability, seconds.
@@ -72,12 +76,15 @@ def score_file(
                 lists = [c.name for c in transform.columns if c.role == Role.MULTI_HOT]
                 blocks = table_blocks(source, columns, separator, transform.null_values, block_rows, lists)
                 for block, lines in blocks:
+                    found = BadValues(bad.rule) if bad is not None else None
                     try:
-                        inputs = transform.raw_rows(block)
+                        inputs = transform.raw_rows(block, found)
                     except RowError as e:
                         if e.row is None:
                             raise RowError(f"{source}: {e}") from None
                         raise RowError(f"{source}:{int(lines[e.row])}: {e.what}") from None
+                    if found is not None and found.count:  # the first named by its line
+                        bad.add(found.count, found.text, where=f"{source}:{int(lines[found.row])}")
                     probability = predictor(*inputs).reshape(-1)
                     scored = pl.DataFrame([*(block[c] for c in keep), pl.Series(PROBABILITY_COLUMN, probability)])
                     if parquet:

@@ -35,14 +35,16 @@ def create_app(
     body_timeout_s: float = BODY_TIMEOUT_S,
     missing_columns: str = "error",
     poll_s: float = 0.0,
+    bad_values: str = "error",
 ) -> FastAPI:
     """The FastAPI application serving ``predictor`` as model ``name`` (version 1), or, with ``repository``,
     every model of a Triton-layout model repository (each version; the newest where a request names none),
     with the repository extension's index, load and unload. A request body that has not arrived whole after
     ``body_timeout_s`` seconds is answered 408 and its connection closed. A raw-value request's columns follow
-    ``RowTransform.check_columns`` with ``missing_columns``. With ``poll_s`` > 0 the repository is polled every
-    ``poll_s`` seconds for versions placed or removed (``ServerState.poll``)."""
-    limits = Limits(window_ms, max_batch_size, max_body, body_timeout_s, missing_columns)
+    ``RowTransform.check_columns`` with ``missing_columns``, its bad values ``bad_values`` (``values.BadValues``).
+    With ``poll_s`` > 0 the repository is polled every ``poll_s`` seconds for versions placed or removed
+    (``ServerState.poll``)."""
+    limits = Limits(window_ms, max_batch_size, max_body, body_timeout_s, missing_columns, bad_values)
     state = ServerState(predictor, name, limits, repository)
 
     @asynccontextmanager
@@ -199,6 +201,7 @@ def serve(
     missing_columns: str = "error",
     header_timeout_s: float = HEADER_TIMEOUT_S,
     poll_s: float = 0.0,
+    bad_values: str = "error",
 ) -> None:
     """Runs the server until interrupted (uvicorn with uvloop and httptools when installed), on ``sock``
     when given (see ``bind``), else on a socket bound to ``host``:``port`` now; ``repository`` instead
@@ -207,7 +210,7 @@ def serve(
     import uvicorn
 
     app = create_app(predictor, name, window_ms, max_batch_size, max_body, repository, body_timeout_s, missing_columns,
-                     poll_s)  # fmt: skip
+                     poll_s, bad_values)  # fmt: skip
     sock = sock if sock is not None else bind(host, port)
     config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=SHUTDOWN_S)
     config.load()  # (what uvicorn chooses: httptools where installed, else h11)

@@ -16,6 +16,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from ctrkit.preprocess.transform import RowError
+from ctrkit.preprocess.values import BadValues
 from ctrkit.serve.batcher import Batcher
 from ctrkit.serve.large_body import LARGE_BODY, LargeBodyParser
 from ctrkit.serve.metrics import ServerMetrics
@@ -64,13 +65,15 @@ def newest(versions: dict[str, Served]) -> str:
 class Limits:
     """How the server batches and what it accepts: ``window_ms`` a request waits for others to batch with,
     ``max_batch_size`` samples a model call, ``max_body`` bytes a request, ``body_timeout_s`` for a body to
-    arrive; ``missing_columns`` what a raw column left out of a request means (``RowTransform.check_columns``)."""
+    arrive; ``missing_columns`` what a raw column left out of a request means (``RowTransform.check_columns``);
+    ``bad_values`` what a raw value preprocessing refuses means (``values.BadValues``)."""
 
     window_ms: float = 1.0
     max_batch_size: int = 8192
     max_body: int = DEFAULT_MAX_BODY
     body_timeout_s: float = BODY_TIMEOUT_S
     missing_columns: str = "error"
+    bad_values: str = "error"
 
 
 class ServerState:
@@ -386,16 +389,17 @@ class ServerState:
         loop = asyncio.get_running_loop()
         for _ in range(3):
             transform = served.predictor.transform
+            bad = BadValues(self.limits.bad_values)
             try:
                 if parsed.rows <= INLINE_ROWS:
-                    inputs = transform.from_request(parsed.raw, parsed.rows, self.limits.missing_columns)
+                    inputs = transform.from_request(parsed.raw, parsed.rows, self.limits.missing_columns, bad)
                 else:
                     inputs = await loop.run_in_executor(self.transformer, transform.from_request, parsed.raw,
-                                                        parsed.rows, self.limits.missing_columns)  # fmt: skip
+                                                        parsed.rows, self.limits.missing_columns, bad)  # fmt: skip
             except RowError as e:
                 raise Problem(400, str(e)) from None
             if served.batcher.alive:
-                return parsed.with_inputs(*inputs), served
+                return parsed.with_inputs(*inputs, bad_values_missing=bad.count), served
             served = self.lookup(model, version)  # (a Problem where none is served now)
             if served.predictor.transform is None:
                 break

@@ -139,7 +139,7 @@ def test_order_shuffle_thresholds_and_test_files(csv_file, tmp_path):
         (("click", 5, "2"), ["--categorical", "item", "--drop", "ts"], "{csv}:7: click: expected a label of 0 or 1 "
          "(or 1.0/0.0, true/false), got '2'"),
         (("price", 9, "cheap"), ["--categorical", "item", "--drop", "ts", "--numerical", "price"],
-         "{csv}:11: price: 'cheap' is not a number"),
+         "{csv}:11: column 'price' holds 'cheap'; expected a number"),
         (("price", 9, "cheap"), ["--categorical", "item", "--drop", "ts"], "{csv}:11: column 'price' holds text, but "
          "599 of its 600 values are numbers (here 'cheap'): name it in --numerical"),
         (None, ["--categorical", "item", "--numerical", "item"], "column 'item' is given two roles"),
@@ -270,8 +270,8 @@ def test_raw_id_columns_hold_the_xxh64_of_their_text(csv_file, tmp_path, capsys)
 
     out = tmp_path / "raw"
     code, stdout, _ = run_cli("preprocess", "table", csv_file, "--out", out, "--label", "click", "--categorical",
-                              "item", "--drop", "ts", "--raw-ids", "user,item", "--capacity", "30", "--no-progress",
-                              capsys=capsys)  # fmt: skip
+                              "item", "--multi-hot", "genres", "--drop", "ts", "--raw-ids", "user,item", "--capacity",
+                              "30", "--no-progress", capsys=capsys)  # fmt: skip
     assert code == 0, stdout
     spec = FeatureSpec.from_yaml(out)
     assert spec.dynamic_features == ("item", "user") and spec.feature_spec["user"].cardinality == 30
@@ -283,7 +283,7 @@ def test_raw_id_columns_hold_the_xxh64_of_their_text(csv_file, tmp_path, capsys)
         got = np.asarray(train.categorical[spec.onehot_features.index(name)])
         np.testing.assert_array_equal(got.view(np.uint64), np.array(want, np.uint64))
     code, _, err = run_cli("preprocess", "table", csv_file, "--out", tmp_path / "bad", "--label", "click",
-                           "--categorical", "item", "--drop", "ts", "--raw-ids", "price", "--no-progress",
+                           "--categorical", "item", "--drop", "ts,genres", "--raw-ids", "price", "--no-progress",
                            capsys=capsys)  # fmt: skip
     assert code == 2 and "'price' is not a categorical column" in err
 

@@ -99,7 +99,11 @@ def test_the_same_refusals_naming_file_and_line(tmp_path):
     (tmp_path / "fields.csv").write_text("\n".join(lines[:30] + [lines[30] + ",x"] + lines[31:]) + "\n")
     recipe = TableRecipe(label="click", categorical=("item",), numerical=("price",), multi_hot=("genres",))
     cases = [
-        ([tmp_path / "good.csv", tmp_path / "bad.csv"], DataError, "bad.csv:43: price: 'cheap' is not a number"),
+        (
+            [tmp_path / "good.csv", tmp_path / "bad.csv"],
+            DataError,
+            "bad.csv:43: column 'price' holds 'cheap'; expected a number",
+        ),
         ([tmp_path / "good.csv", tmp_path / "fields.csv"], ValueError, "fields.csv:31: 7 comma-separated fields"),
     ]
     for files, kind, message in cases:

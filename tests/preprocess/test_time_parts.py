@@ -60,7 +60,8 @@ def test_a_timestamp_becomes_hour_and_weekday_ids_as_datetime_reads_them(tmp_pat
 @pytest.mark.parametrize(
     ("flags", "expected"),
     [
-        ([], "log.csv:5: ts: 'yesterday' is not a timestamp of the column's format '%Y-%m-%dT%H:%M:%S%.f'"),
+        ([], "log.csv:5: column 'ts' holds 'yesterday'; expected a timestamp of the column's format "
+             "'%Y-%m-%dT%H:%M:%S%.f'"),
         (["--time", "shop"], "--time: {csv}: column 'shop' is not a timestamp: its first value 's"),
         (["--time", "price"], "column 'price' is not a timestamp"),
         (["--time-parts", "hour,second"], "--time-parts: expected distinct parts of hour, weekday"),

@@ -285,7 +285,7 @@ def test_real_triton_serves_the_exported_repository(trained, tmp_path, monkeypat
         price.set_data_from_numpy(np.array([[12.5]], np.float32))
         refused([country, price], "no column 'ts', 'device', 'ad_id'")  # predict's column rule
         refused(_raw_request(rows.head(1).with_columns(price=pl.lit(float("inf"))), False),
-                "column 'price' holds 'inf'; expected a number")  # fmt: skip
+                "column 'price' holds 'inf'; expected a finite number")  # fmt: skip
         bad = batch.numerical.numpy().copy()
         for value in (np.nan, np.inf):  # (1e300 arrives as float32's inf)
             bad[3, 0] = value
