@@ -166,6 +166,13 @@ class CriteoPreprocessConfig:
         ("polars", "spark"),
     )
     spark_master: str = spark_master_option()
+    like: Path | None = option(
+        None, "a checkpoint (or a dataset directory) made from Criteo days whose vocabularies write these days: its "
+        "values keep their ids, values it has not seen get new ids after its own (where seen --frequency-threshold "
+        "times in the train split), raw-id columns stay raw with its tables' rows, and `train --continue-from` it "
+        "grows its tables for the new values: the next day of the log (Polars engine)",
+        unset="fit the vocabularies on these days",
+    )  # fmt: skip
     overwrite: bool = option(False, "replace an existing dataset directory")
     no_progress: bool = option(False, "no progress bars")
 

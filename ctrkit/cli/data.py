@@ -123,7 +123,9 @@ def preprocess(args: argparse.Namespace) -> int:
     Criteo recipe: integers x -> log(max(x, -2) + 3), missing -> 0; categories seen fewer than
     --frequency-threshold times in the train split share the rare id 1, the others get ids from 2 by
     descending frequency (ties by value), id 0 is missing/unseen; the test split uses the train
-    vocabulary. Categories are hexadecimal numbers of 1 to 15 digits (case does not matter).
+    vocabulary. Categories are hexadecimal numbers of 1 to 15 digits (case does not matter). With --like
+    CHECKPOINT, the next day is written on the model's vocabularies (extended by its new values) for
+    `train --continue-from CHECKPOINT`.
     """
     from ctrkit.preprocess.criteo import CriteoRecipe
 
@@ -138,6 +140,13 @@ def preprocess(args: argparse.Namespace) -> int:
     )
     raw_ids = tuple(f"C{i}" for i in range(1, 27)) if cfg.raw_ids == ("all",) else cfg.raw_ids
     recipe = CriteoRecipe(frequency_threshold=cfg.frequency_threshold, raw_ids=raw_ids, capacity=cfg.capacity)
+    if cfg.like is not None:
+        if cfg.engine == "spark":
+            raise ValueError("`like`: a Criteo day is written --like a model on --engine polars")
+        if cfg.raw_ids or cfg.capacity is not None:
+            raise ValueError("--raw-ids, --capacity: with --like the raw-id columns and their tables are the model's; "
+                             "leave them out")  # fmt: skip
+        kwargs["like"] = _like(cfg.like)
     if cfg.engine == "spark":
         from ctrkit.preprocess.spark_engine import preprocess_criteo_spark
 

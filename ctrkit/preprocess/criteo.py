@@ -20,6 +20,9 @@ import numpy as np
 
 from ctrkit.data.feature_spec import check_capacity
 
+CRITEO_SOURCE = "ctrkit preprocess criteo"  # what made a dataset, as its preprocessing record names it
+# the columns of Criteo's day files (tab-separated, no header; a test day's records leave the label out)
+CRITEO_FILE_COLUMNS = ("label", *(f"I{i}" for i in range(1, 14)), *(f"C{i}" for i in range(1, 27)))
 MISSING_ID = 0  # an empty field, or a value the train split never had
 RARE_ID = 1  # a value seen fewer than frequency_threshold times in the train split
 FIRST_ID = 2  # the most frequent value

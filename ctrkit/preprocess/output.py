@@ -22,7 +22,7 @@ from ctrkit.data.feature_spec import Feature, FeatureSpec
 from ctrkit.data.spec_builders import criteo_like_spec
 from ctrkit.data.split_binary import DataError, SplitBinaryWriter
 from ctrkit.integrity import vocabulary_fingerprint
-from ctrkit.preprocess.criteo import MISSING_ID, RARE_ID, CriteoRecipe
+from ctrkit.preprocess.criteo import CRITEO_SOURCE, MISSING_ID, RARE_ID, CriteoRecipe
 from ctrkit.preprocess.transform import (
     CategoricalInput,
     Column,
@@ -81,7 +81,7 @@ def criteo_transform(recipe: CriteoRecipe, vocabularies: Sequence[pl.DataFrame])
     cats = [recipe.field_name(i) for i in range(1 + recipe.num_numerical, recipe.num_fields)]
     raw = set(recipe.raw_ids)
     return RowTransform(
-        "ctrkit preprocess criteo",
+        CRITEO_SOURCE,
         [Column(c, "Int64", Role.NUMERICAL) for c in numerical] + [Column(c, "String", Role.CATEGORICAL) for c in cats],
         [NumericalInput(f"num_{i}", c, "criteo_log") for i, c in enumerate(numerical)],
         [CategoricalInput(f"cat_{i}.bin", c, "hex", "hex_key" if c in raw else "vocabulary")
@@ -90,6 +90,8 @@ def criteo_transform(recipe: CriteoRecipe, vocabularies: Sequence[pl.DataFrame])
         {f"cat_{i}.bin": vocabulary_frame(v["value"], v["id"]) for i, (c, v) in enumerate(zip(cats, vocabularies))
          if c not in raw},
         label="label",
+        file_columns=[recipe.field_name(i) for i in range(recipe.num_fields)],
+        file_separator="\t",
     )  # fmt: skip
 
 
@@ -100,8 +102,9 @@ class DatasetOutput:
     → ``finish(...)``.
     """
 
-    def __init__(self, out_dir: str | os.PathLike, recipe: CriteoRecipe, overwrite: bool):
+    def __init__(self, out_dir: str | os.PathLike, recipe: CriteoRecipe, overwrite: bool, like=None):
         self.recipe = recipe
+        self.like = like  # a model's ``preprocess.table.Like``: its raw-id tables' rows, the vocabularies extended
         self.cats = [recipe.field_name(i) for i in range(1 + recipe.num_numerical, recipe.num_fields)]
         self._atomic = atomic_directory(out_dir, overwrite)
         self._stack = ExitStack()
@@ -137,9 +140,10 @@ class DatasetOutput:
         """Writes the spec and vocabularies and opens the split-binary writers."""
         raw = set(self.recipe.raw_ids)
         self.cardinalities = [
-            max(2, self.recipe.capacity or cardinality(v)) if c in raw else cardinality(v)
-            for c, v in zip(self.cats, vocabularies)
-        ]
+            (self.like.cardinalities[f"cat_{i}.bin"] if self.like is not None
+             else max(2, self.recipe.capacity or cardinality(v))) if c in raw else cardinality(v)
+            for i, (c, v) in enumerate(zip(self.cats, vocabularies))
+        ]  # fmt: skip
         base = criteo_like_spec(self.cardinalities, self.recipe.num_numerical, [m for m, _, _ in self.bounds])
         features = dict(base.feature_spec)
         for i, c in enumerate(self.cats):
@@ -153,7 +157,9 @@ class DatasetOutput:
             "rare_id": RARE_ID,
             **({"vocabulary_fingerprint": vocabulary_fingerprint(fixed)} if fixed else {}),
             **({"raw_ids": RAW_ID_RULE} if raw else {}),
-        }
+            **({"extends_vocabulary": [self.like.fingerprint, *self.like.extends]}
+               if self.like is not None and self.like.fingerprint else {}),
+        }  # fmt: skip
         self.spec = FeatureSpec(features, base.source_spec, base.channel_spec, meta, self.dir)
         self.spec.to_yaml(self.dir / "feature_spec.yaml")
         transform = criteo_transform(self.recipe, vocabularies)

@@ -19,6 +19,7 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import polars as pl
@@ -30,6 +31,9 @@ from ctrkit.preprocess.criteo import CriteoRecipe, check_arguments, numerical_tr
 from ctrkit.preprocess.key_index import KeyIndex
 from ctrkit.preprocess.output import DatasetOutput, Rejects
 from ctrkit.progress import tqdm
+
+if TYPE_CHECKING:
+    from ctrkit.preprocess.table import Like
 
 BLOCK_BYTES = 24 << 20  # under glibc's mmap threshold, so block buffers are reused, not page-faulted anew
 PASS2_ROWS = 1 << 18  # rows per pass-2 block
@@ -269,6 +273,18 @@ def _vocabulary(index: KeyIndex, counts: np.ndarray, frequency_threshold: int) -
     return vocab, vocab_mod.ids_of_keys(index.keys, vocab)
 
 
+def _extended(old: pl.DataFrame | None, fresh: pl.DataFrame, index: KeyIndex, frequency_threshold: int
+              ) -> tuple[pl.DataFrame, np.ndarray] | None:  # fmt: skip
+    """A model's vocabulary ``old`` (None for a raw-id column: nothing to extend) extended by the day's ``fresh``
+    counts, and the id of each code."""
+    if old is None:
+        return None
+    grown = vocab_mod.extend(old, fresh, frequency_threshold)
+    keyed = grown.with_columns(pl.col("value").alias("_v")).select(
+        "value", "count", "id", vocab_mod.key_expr("_v").alias("key"))  # fmt: skip
+    return keyed.select("value", "count", "id"), vocab_mod.ids_of_keys(index.keys, keyed)
+
+
 def preprocess_criteo(
     raw_files: Sequence[str | os.PathLike],
     out_dir: str | os.PathLike,
@@ -279,6 +295,7 @@ def preprocess_criteo(
     bad_rows: str = "error",
     overwrite: bool = False,
     progress: bool = False,
+    like: Like | None = None,
 ) -> dict:
     """Raw Criteo TSV -> a split-binary dataset with ``train`` and ``test`` mappings, on Polars.
 
@@ -295,11 +312,15 @@ def preprocess_criteo(
             (drop, count, and keep the first 20 in ``rejects.jsonl``).
         overwrite: replace an existing dataset directory.
         progress: show a progress bar over the input bytes.
+        like: a model's carried preprocessing (``preprocess.table.Like``) to write a later day with: its
+            vocabularies extended by the day's values (``vocabulary.extend``), its raw-id columns and their tables.
 
     Returns:
         The summary also written to ``summary.json``: rows per split, bad rows, cardinalities, seconds.
     """
     recipe = recipe or CriteoRecipe()
+    if like is not None:
+        recipe = like.criteo_recipe(recipe)
     check_arguments(recipe, raw_files, test_files, test_fraction, bad_rows, validation_fraction)
     start = time.perf_counter()
     train_paths = [Path(p) for p in raw_files]
@@ -311,7 +332,7 @@ def preprocess_criteo(
     parser = _Parser(recipe, rejects)
     _keep_freed_memory()
     with (
-        DatasetOutput(out_dir, recipe, overwrite) as out,
+        DatasetOutput(out_dir, recipe, overwrite, like) as out,
         ThreadPoolExecutor(os.cpu_count() or 1) as pool,
     ):
         columns = _ColumnFiles(out.scratch, recipe, pool)
@@ -331,6 +352,11 @@ def preprocess_criteo(
             columns.counts(0, bounds[0][2]),  # the train mapping's rows
         )
         vocabularies, id_of_code = zip(*built)
+        if like is not None:  # the model's vocabularies, extended by the values it has not seen
+            grown = [_extended(like.transform.vocabularies.get(f"cat_{i}.bin"), v, index, recipe.frequency_threshold)
+                     for i, (v, index) in enumerate(zip(vocabularies, columns.indexes))]  # fmt: skip
+            vocabularies = [v if g is None else g[0] for v, g in zip(vocabularies, grown)]
+            id_of_code = [ids if g is None else g[1] for ids, g in zip(id_of_code, grown)]
         raw = set(recipe.raw_ids)  # raw-id columns: a code's id is its value's key
         id_of_code = [index.keys if c in raw else ids for c, index, ids in zip(out.cats, columns.indexes, id_of_code)]
         out.start(vocabularies)

@@ -44,7 +44,7 @@ from ctrkit.data.spec_builders import split_binary_spec
 from ctrkit.data.split_binary import SplitBinaryWriter
 from ctrkit.integrity import vocabulary_fingerprint
 from ctrkit.preprocess import vocabulary as vocab_mod
-from ctrkit.preprocess.criteo import FIRST_ID, MISSING_ID, RARE_ID
+from ctrkit.preprocess.criteo import CRITEO_SOURCE, MISSING_ID, RARE_ID, CriteoRecipe
 from ctrkit.preprocess.output import Rejects, split_bounds
 from ctrkit.preprocess.pooling import DEFAULT as DEFAULT_COMBINER
 from ctrkit.preprocess.pooling import Bags, PoolingTest, pooling_tests
@@ -222,6 +222,15 @@ class Like:
             separator=separators.pop() if separators else asked.separator,
         )  # fmt: skip
 
+    def criteo_recipe(self, asked: CriteoRecipe) -> CriteoRecipe:
+        """``asked`` (its frequency threshold) with the model's raw-id columns: refused where the model was not made
+        from Criteo days."""
+        t = self.transform
+        if t.source != CRITEO_SOURCE:
+            raise ValueError(f"{self.where}: carries the preprocessing of `{t.source}`; `preprocess criteo --like` "
+                             "takes a model made from Criteo days (a table's: `preprocess table --like`)")  # fmt: skip
+        return replace(asked, raw_ids=tuple(f.column for f in t.categorical if f.ids == "hex_key"))
+
     @classmethod
     def of(cls, transform: RowTransform | None, summary: dict, where: str, combiners: Sequence[str] | None = None
            ) -> Like:  # fmt: skip
@@ -248,27 +257,6 @@ class Like:
                         if f.text in DERIVED_TEXTS)  # fmt: skip
         return Roles(tuple(f.feature for f in t.categorical), tuple(f.feature for f in t.numerical),
                      tuple(f.feature for f in t.multi_hot), derived)  # fmt: skip
-
-
-def _extend(old: pl.DataFrame, fresh: pl.DataFrame, threshold: int) -> pl.DataFrame:
-    """A model's vocabulary ``old`` (value, id) extended by ``fresh`` (value, count, id: the new day's fitting rows):
-    each value with a row of its own keeps its id (its learned row keeps its meaning); a value without one (new, or
-    rare so far: it shared the rare row) gets the next id after the model's last, by descending count (ties by
-    value), where seen at least ``threshold`` times, else the shared rare id."""
-    counts = fresh.select("value", "count")
-    own = old.filter(pl.col("id") >= FIRST_ID)
-    kept = own.join(counts, on="value", how="left", maintain_order="left").with_columns(
-        pl.col("count").fill_null(0).cast(pl.Int64)
-    )
-    candidates = counts.join(own.select("value"), on="value", how="anti")
-    grown = vocab_mod.assign_ids(candidates, threshold, "value")
-    first = vocab_mod.cardinality(old)  # the next row after the model's last
-    grown = grown.with_columns(pl.when(pl.col("id") >= FIRST_ID).then(pl.col("id") - FIRST_ID + first)
-                               .otherwise(pl.col("id")).alias("id"))  # fmt: skip
-    still_rare = old.filter(pl.col("id") < FIRST_ID).join(candidates.select("value"), on="value", how="anti")
-    still_rare = still_rare.with_columns(pl.lit(0, pl.Int64).alias("count"))
-    return pl.concat([kept.select("value", "count", "id"), grown.select("value", "count", "id"),
-                      still_rare.select("value", "count", "id")])  # fmt: skip
 
 
 def preprocess_table(
@@ -389,8 +377,8 @@ def _preprocess(
         vocabularies = _fit(rows, features, roles, raw_schema, recipe, n_fit)
         bar.update()
     if like is not None:
-        for c in like.transform.vocabularies:
-            vocabularies[c] = _extend(like.transform.vocabularies[c], vocabularies[c], recipe.frequency_threshold)
+        for c, old in like.transform.vocabularies.items():
+            vocabularies[c] = vocab_mod.extend(old, vocabularies[c], recipe.frequency_threshold)
     # the transform: the fitted object's, the only code that turns values into ids (as predict and serve do)
     if like is None:
         transform = _row_transform(raw_schema, roles, recipe, vocabularies)

@@ -1,7 +1,8 @@
 """Reading a user's table: one set of rules for every command that reads a CSV or Parquet file of rows
 (``preprocess table``, ``predict --input``).
 
-CSV, as RFC 4180 writes it, with a header:
+CSV, as RFC 4180 writes it, plain or gzip, with a header (or, for a source whose files have none, Criteo's days, the
+columns it names: ``CsvRecords``'s ``names``):
 
 * the separator is one byte, named as itself or as ``tab`` / ``\\t`` (``separator_char``);
 * the header names each column once (a name given twice is refused; an unnamed first column, the row index pandas
@@ -25,6 +26,7 @@ file and the physical line (header = line 1).
 from __future__ import annotations
 
 import csv
+import gzip
 import io
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -71,8 +73,15 @@ def check_output(out: Path, inputs: Iterable[Path]) -> None:
 
 def header_names(path: Path, separator: str) -> list[str]:
     """The header's column names, checked (UTF-8, no name twice)."""
-    with open(path, "rb") as f:
+    with open_bytes(path) as f:
         return _header(path, _first_record(f), separator)
+
+
+def open_bytes(path: Path):
+    """``path`` as a binary file, decompressed where it is gzip (by its first bytes, whatever its name)."""
+    with open(path, "rb") as f:
+        gz = f.read(2) == b"\x1f\x8b"
+    return gzip.open(path, "rb") if gz else open(path, "rb")
 
 
 def _first_record(f) -> bytes:
@@ -109,6 +118,21 @@ def _header(path: Path, record: bytes, separator: str) -> list[str]:
     return names
 
 
+def _headerless(path: Path, record: bytes, separator: str, names: Sequence[str]) -> list[str]:
+    """The columns of a file without a header whose first record is ``record``: ``names``, or ``names`` but the
+    first where the record holds one field fewer."""
+    if not record.strip(b"\r\n"):
+        raise ValueError(f"{path}: holds no rows")
+    fields = record.rstrip(b"\r\n").count(separator.encode()) + 1
+    if fields == len(names):
+        return list(names)
+    if fields == len(names) - 1:
+        return list(names[1:])
+    name = {"\t": "tab", ",": "comma"}.get(separator, repr(separator))
+    raise ValueError(f"{path}:1: {fields} {name}-separated fields; expected {len(names)} ({', '.join(names[:3])}, ..., "
+                     f"{names[-1]}) or {len(names) - 1} (without {names[0]})")  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Piece:
     """Whole, checked records of a CSV: their bytes (blank lines left out; each record ends in a newline) and the
@@ -120,23 +144,30 @@ class Piece:
 
 
 class CsvRecords:
-    """A CSV file's records, checked against the rules above a piece at a time (``pieces``)."""
+    """A CSV file's records, checked against the rules above a piece at a time (``pieces``). ``names``: the
+    columns of a file without a header (Criteo's days), whose records hold them all or all but the first (a log's
+    unlabeled rows, as Criteo's test days are); None: the first record is the header."""
 
-    def __init__(self, path: Path, separator: str, chunk_bytes: int | None = None):
+    def __init__(self, path: Path, separator: str, chunk_bytes: int | None = None,
+                 names: Sequence[str] | None = None):  # fmt: skip
         self.path = Path(path)
         self.separator = separator_char(separator)
         self.chunk_bytes = chunk_bytes or CHUNK_BYTES
-        with open(self.path, "rb") as f:
+        with open_bytes(self.path) as f:
             first = _first_record(f)
-        self.names = _header(self.path, first, self.separator)
-        self.header = first.removeprefix(_BOM)
-        self.header_bytes = len(first)
-        self.header_lines = first.count(b"\n")
+        if names is None:
+            self.names = _header(self.path, first, self.separator)
+            self.header = first.removeprefix(_BOM)
+            self.header_bytes = len(first)
+            self.header_lines = first.count(b"\n")
+        else:
+            self.names = _headerless(self.path, first, self.separator, names)
+            self.header, self.header_bytes, self.header_lines = b"", 0, 0
 
     def pieces(self) -> Iterator[Piece]:
         sep = ord(self.separator)
         line = 1 + self.header_lines
-        with open(self.path, "rb") as f:
+        with open_bytes(self.path) as f:
             f.seek(self.header_bytes)
             carry = b""
             while True:
@@ -242,12 +273,13 @@ class CsvRecords:
               infer: bool = False) -> pl.DataFrame:  # fmt: skip
         """``piece``'s records as a frame: text (``infer`` False) or the types Polars infers over all of them (the
         header parsed with them, as Polars names columns)."""
-        if infer:
+        if infer and self.header:
             source, named = io.BytesIO(self.header + piece.data), {"infer_schema_length": None}
             chosen = list(columns) if columns is not None else None
         else:  # the names given: no copy of the piece behind a header
             labels = [n or f"__ctrkit_unnamed_{i}" for i, n in enumerate(self.names)]
-            source, named = piece.data, {"infer_schema": False, "has_header": False, "new_columns": labels}
+            typed = {"infer_schema_length": None} if infer else {"infer_schema": False}
+            source, named = piece.data, {**typed, "has_header": False, "new_columns": labels}
             chosen = [self.names.index(c) for c in columns] if columns is not None else None
         try:
             frame = pl.read_csv(
@@ -267,9 +299,10 @@ class CsvRecords:
         return frame
 
 
-def read_table(path: Path, separator: str, null_values: Sequence[str]) -> tuple[pl.DataFrame, np.ndarray]:
+def read_table(path: Path, separator: str, null_values: Sequence[str], names: Sequence[str] | None = None
+               ) -> tuple[pl.DataFrame, np.ndarray]:  # fmt: skip
     """A whole table (types inferred over all its rows, as Polars infers them) and the physical line (CSV) or row
-    (Parquet) of each of its rows."""
+    (Parquet) of each of its rows; ``names``: a headerless file's columns (``CsvRecords``)."""
     path = Path(path)
     if not path.exists():
         raise ValueError(f"{path}: input file not found")
@@ -282,7 +315,7 @@ def read_table(path: Path, separator: str, null_values: Sequence[str]) -> tuple[
             raise ValueError(f"{path}: cannot be read as Parquet: {str(e).strip().splitlines()[0]}") from None
         check_parquet_types(path, frame.schema)
         return frame, np.arange(1, 1 + len(frame), dtype=np.int64)
-    records = CsvRecords(path, separator)
+    records = CsvRecords(path, separator, names=names)
     lines, kept = [], 0
     for piece in records.pieces():  # the checks, a piece at a time
         lines.append(piece.lines)
@@ -290,7 +323,8 @@ def read_table(path: Path, separator: str, null_values: Sequence[str]) -> tuple[
     if not lines:
         return pl.DataFrame(schema={n: pl.String for n in records.names}), np.zeros(0, np.int64)
     lines = np.concatenate(lines)
-    if kept - (path.stat().st_size - records.header_bytes) in (0, 1):  # no blank line left out: Polars maps the file
+    mapped = names is None and kept - (path.stat().st_size - records.header_bytes) in (0, 1)
+    if mapped:  # a plain file with a header and no blank line left out: Polars maps the file
         try:
             frame = pl.read_csv(path, separator=records.separator, null_values=list(null_values) or None,
                                 infer_schema_length=None)  # fmt: skip
@@ -322,11 +356,12 @@ def check_parquet_types(path: Path, schema: Mapping[str, pl.DataType], lists: It
 
 def table_blocks(
     path: Path, columns: Sequence[str], separator: str, null_values: Sequence[str], rows: int,
-    lists: Iterable[str] = (),
+    lists: Iterable[str] = (), names: Sequence[str] | None = None,
 ) -> Iterator[tuple[pl.DataFrame, np.ndarray]]:  # fmt: skip
     """The file's ``columns`` in blocks of at most ``rows`` rows, in file order, each with the physical line (CSV,
     values as text) or row (Parquet, its types) of its rows. Read a piece at a time, never ahead of the blocks asked
-    for, so memory does not grow with the file. ``lists``: the columns that may be Parquet lists."""
+    for, so memory does not grow with the file. ``lists``: the columns that may be Parquet lists; ``names``: a
+    headerless CSV's columns (``CsvRecords``)."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"{path}: input file not found")
@@ -347,7 +382,7 @@ def table_blocks(
             for a in range(0, len(piece), rows):
                 yield piece.slice(a, rows), lines[a : a + rows]
             start += len(piece)
-    records = CsvRecords(path, separator)
+    records = CsvRecords(path, separator, names=names)
     _check_columns(path, records.names, columns)
     for piece in records.pieces():
         frame, lines = records.parse(piece, null_values, columns), piece.lines
@@ -356,13 +391,14 @@ def table_blocks(
             yield frame.slice(a, rows), lines[a : a + rows]
 
 
-def table_columns(path: Path, separator: str) -> list[str]:
-    """The names of a CSV file's header (checked) or of a Parquet file's columns."""
+def table_columns(path: Path, separator: str, names: Sequence[str] | None = None) -> list[str]:
+    """The names of a CSV file's header (checked), of a headerless CSV's records (``names``: ``CsvRecords``) or of
+    a Parquet file's columns."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"{path}: input file not found")
     if not is_parquet(path):
-        return CsvRecords(path, separator).names
+        return CsvRecords(path, separator, names=names).names
     try:
         return list(pl.scan_parquet(path).collect_schema().names())
     except (OSError, pl.exceptions.PolarsError) as e:

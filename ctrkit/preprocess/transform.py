@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +33,15 @@ import polars as pl
 
 from ctrkit.columns import Role
 from ctrkit.data.feature_spec import PREPROCESSING_FILE
-from ctrkit.preprocess.criteo import FIRST_ID, MISSING_ID
+from ctrkit.preprocess.criteo import CRITEO_FILE_COLUMNS, CRITEO_SOURCE, FIRST_ID, MISSING_ID
 from ctrkit.preprocess.time_parts import PARTS, part_text
 from ctrkit.preprocess.values import (
     FLOAT32_MAX,
     BadValues,
+    hex_bad,
+    hex_problem,
+    integer_bad,
+    integer_problem,
     number,
     number_bad,
     number_problem,
@@ -196,6 +201,9 @@ class RowTransform:
             shared rare id, as the dataset's rows), "missing" where a dataset's vocabularies were too large to carry
             whole (``MAX_CARRIED_VALUES``): only the values with a row of their own are carried, and a rare value is
             scored as an unseen one (the missing id 0).
+        file_columns, file_separator: the columns of the source's files where they have no header (Criteo's days:
+            label, I1..I13, C1..C26, tab-separated; a record may leave the label out), and their separator; ():
+            files with a header.
     """
 
     def __init__(
@@ -209,6 +217,8 @@ class RowTransform:
         null_values: Sequence[str] = (),
         label: str | None = None,
         rare_values: str = "rare",
+        file_columns: Sequence[str] = (),
+        file_separator: str = ",",
     ):
         self.source = source
         self.columns = tuple(columns)
@@ -219,8 +229,10 @@ class RowTransform:
         self.null_values = tuple(null_values)
         self.label = label
         self.rare_values = rare_values  # "rare": carried, scored as the rare id; "missing": left out, scored as 0
+        self.file_columns, self.file_separator = tuple(file_columns), file_separator
         self._indexes: dict[str, ValueIndex] = {}
         self._plans: dict[tuple, list[pl.Expr]] = {}  # the transform's query per frame schema (``_plan``)
+        self._checks: list | None = None  # ``_value_checks``, made once
         self._null_set = frozenset(self.null_values)
         self.validate()
 
@@ -370,7 +382,7 @@ class RowTransform:
 
     def _feature_exprs(self, col: Mapping[str, pl.Expr], joins: Sequence[bool]) -> list[pl.Expr]:
         """Per numerical feature its filled number (n) and whether the value was bad (b); per timestamp column
-        whether its value was bad (q); per categorical
+        whether its value was bad (q), per hexadecimal category too (x); per categorical
         feature with a vocabulary its text's two hashes (h, g) and whether it is missing (z) (where ``joins`` says
         so, its text, joined with the vocabulary), else its text (t); per multi-hot feature its values (m); ``col``
         gives each typed column."""
@@ -379,9 +391,15 @@ class RowTransform:
             value = number(col[f.column]).clip(-FLOAT32_MAX, FLOAT32_MAX)  # (beyond: a bad value, not a float32)
             if f.transform == "criteo_log":  # log(max(x, -2) + 3) of the integer, missing as -2 (-> 0)
                 value = value.fill_null(-2).cast(pl.Int64, strict=False).fill_null(-2)
-            exprs += [value.fill_null(0.0).alias(f"n{j}"), number_bad(col[f.column]).alias(f"b{j}")]
+            bad = number_bad(col[f.column])
+            if f.transform == "criteo_log":  # Criteo's integers
+                bad = bad | integer_bad(col[f.column])
+            exprs += [value.fill_null(0.0).alias(f"n{j}"), bad.alias(f"b{j}")]
         for k, (column, time_format) in enumerate(self._timestamps()):
             exprs.append(timestamp_bad(col[column], time_format).alias(f"q{k}"))
+        for j, f in enumerate(self.categorical):
+            if f.text == "hex":  # Criteo's categories
+                exprs.append(hex_bad(col[f.column]).alias(f"x{j}"))
         for j, f in enumerate(self.categorical):
             text = category_text(col[f.column], f.text, f.time_format)
             if f.ids == "vocabulary" and not joins[j]:
@@ -459,29 +477,13 @@ class RowTransform:
         """The bad values ``_feature_exprs`` found (b: numbers, q: timestamps), as (rows, numerical features,
         categorical features) to score as missing; raises ``RowError`` for the first (the earliest row, then the
         model's order) unless ``bad`` says "missing", which counts them."""
-        checks = []  # (mask, the problem's expression on the raw rows, numerical features, categorical features)
-        for j, f in enumerate(self.numerical):
-            checks.append(
-                (
-                    f"b{j}",
-                    number_problem(pl.col(f.column), f.column),
-                    [j],
-                    [k for k, c in enumerate(self.categorical) if c.text == "number" and c.column == f.column],
-                )
-            )
-        for k, (column, time_format) in enumerate(self._timestamps()):
-            checks.append(
-                (
-                    f"q{k}",
-                    timestamp_problem(pl.col(column), column, time_format),
-                    [],
-                    [i for i, c in enumerate(self.categorical) if c.text in PARTS and c.column == column],
-                )
-            )
+        if self._checks is None:
+            self._checks = self._value_checks()
         found, first = [], None
-        for name, problem, numbers, features in checks:
-            mask = out[name].to_numpy()
-            if mask.any():
+        for name, problem, numbers, features in self._checks:
+            series = out[name]
+            if series.any():
+                mask = series.to_numpy()
                 i = int(np.argmax(mask))
                 if first is None or i < first[0]:
                     first = (i, problem)
@@ -489,11 +491,32 @@ class RowTransform:
         if first is None:
             return []
         i, problem = first
-        text = rows[i : i + 1].select(problem).item()
+        text = rows[i : i + 1].select(problem()).item()
         if bad is None or bad.rule == "error":
             raise RowError(f"{text} (--bad-values missing scores a bad value as missing)", row=i)
         bad.add(sum(int(mask.sum()) for mask, _, _ in found), text, row=i)
         return found
+
+    def _value_checks(self) -> list[tuple[str, Callable[[], pl.Expr], list[int], list[int]]]:
+        """Each check of ``_feature_exprs`` as (its mask column, its problem's expression on the raw rows, made only
+        where a value is bad, the numerical and categorical features a bad value is missing in)."""
+        checks = []
+        for j, f in enumerate(self.numerical):
+            by_value = [k for k, c in enumerate(self.categorical) if c.text == "number" and c.column == f.column]
+            if f.transform == "criteo_log":  # Criteo's integers
+                problem = partial(lambda c: pl.coalesce(number_problem(pl.col(c), c), integer_problem(pl.col(c), c)),
+                                  f.column)  # fmt: skip
+            else:
+                problem = partial(lambda c: number_problem(pl.col(c), c), f.column)
+            checks.append((f"b{j}", problem, [j], by_value))
+        for k, (column, time_format) in enumerate(self._timestamps()):
+            parts = [i for i, c in enumerate(self.categorical) if c.text in PARTS and c.column == column]
+            checks.append((f"q{k}", partial(lambda c, t: timestamp_problem(pl.col(c), c, t), column, time_format), [],
+                           parts))  # fmt: skip
+        for j, f in enumerate(self.categorical):
+            if f.text == "hex":  # Criteo's categories
+                checks.append((f"x{j}", partial(lambda c: hex_problem(pl.col(c), c), f.column), [], [j]))
+        return checks
 
     def index_vocabularies(self) -> None:
         """Builds every vocabulary's lookup index now (each is otherwise built on its first lookup)."""
@@ -538,7 +561,9 @@ class RowTransform:
             "categorical": [{k: v for k, v in asdict(f).items() if k != "time_format" or v} for f in self.categorical],
             "multi_hot": [asdict(f) for f in self.multi_hot],
             "rare_values": self.rare_values,
-        }
+            **({"file_columns": list(self.file_columns), "file_separator": self.file_separator}
+               if self.file_columns else {}),
+        }  # fmt: skip
 
     @classmethod
     def from_description(cls, doc: Mapping[str, Any], vocabularies: Mapping[str, pl.DataFrame]) -> RowTransform:
@@ -554,7 +579,9 @@ class RowTransform:
             doc.get("null_values") or (),
             doc.get("label"),
             doc.get("rare_values", "rare"),
-        )
+            doc.get("file_columns") or (CRITEO_FILE_COLUMNS if doc["source"] == CRITEO_SOURCE else ()),
+            doc.get("file_separator", "\t" if doc["source"] == CRITEO_SOURCE else ","),
+        )  # (a Criteo model's record before file_columns: its files' layout is Criteo's)
 
     def features(self) -> dict[str, list[str]]:
         """The model's features of each kind, in order (compared with a checkpoint's spec summary)."""

@@ -3,10 +3,13 @@ rows these problems make) and for scoring (the fitted ``RowTransform`` that ``pr
 the Triton Python-backend model apply), so that a value refused when the table was fitted is never scored silently.
 
 A number is a finite number whose magnitude float32 (the dataset's type) holds; NaN is a missing value (Parquet
-writers and pandas write it for one), as the empty text and the null texts are. A timestamp is a value of its
-column's format (``time_parts.parse``). Anything else in a numerical or timestamp column is a bad value: a bad row
-when fitting, and when scoring refused, naming the row and column, unless the scorer is told ``--bad-values missing``
-(then it is scored as missing and counted: ``BadValues``).
+writers and pandas write it for one), as the empty text and the null texts are; an integer column's (Criteo's
+I1..I13) number has no fraction. A timestamp is a value of its column's format (``time_parts.parse``). A
+hexadecimal category (Criteo's C1..C26) is 1 to 15 hexadecimal digits. Anything else in a numerical, timestamp or
+hexadecimal column is a bad value: a bad row when fitting, and when scoring refused, naming the row and column,
+unless the scorer is told ``--bad-values missing`` (then it is scored as missing and counted: ``BadValues``).
+Criteo's engines check its integers and categories by their own rules (Spark's in Spark SQL); these are the same
+verdicts, for the scorers.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import polars as pl
 
 from ctrkit.config import BAD_VALUES
 from ctrkit.preprocess.time_parts import parse
+from ctrkit.preprocess.vocabulary import key_of
 
 FLOAT32_MAX = 3.4028234663852886e38
 
@@ -52,6 +56,35 @@ def number_problem(values: pl.Expr, column: str) -> pl.Expr:
         .when(beyond)
         .then(pl.format(f"column '{column}' holds '{{}}', beyond float32's range (magnitude at most 3.4e38)", shown))
     )
+
+
+def integer_bad(values: pl.Expr) -> pl.Expr:
+    """Whether a value of an integer column (Criteo's I1..I13) is bad: neither an integer's text nor a number with
+    no fraction (Criteo's recipe refuses such a row when fitting); false where missing."""
+    as_int = values.cast(pl.String).cast(pl.Int64, strict=False)
+    as_float = values.cast(pl.Float64, strict=False)
+    integral = as_int.is_not_null() | (as_float == as_float.round(0)).fill_null(False)
+    return (values.is_not_null() & ~integral).fill_null(False)
+
+
+def integer_problem(values: pl.Expr, column: str) -> pl.Expr:
+    """The problem of a value of the integer ``column`` (null where fine, or missing)."""
+    return pl.when(integer_bad(values)).then(
+        pl.format(f"column '{column}' holds '{{}}'; expected an integer", values.cast(pl.String))
+    )
+
+
+def hex_bad(values: pl.Expr) -> pl.Expr:
+    """Whether a value of a hexadecimal category (Criteo's C1..C26: 1 to 15 hexadecimal digits, no sign) is bad;
+    false where missing."""
+    return (values.is_not_null() & key_of(values.cast(pl.String)).is_null()).fill_null(False)
+
+
+def hex_problem(values: pl.Expr, column: str) -> pl.Expr:
+    """The problem of a value of the hexadecimal category ``column`` (null where fine, or missing)."""
+    return pl.when(hex_bad(values)).then(
+        pl.format(f"column '{column}' holds '{{}}'; expected a hexadecimal category (1 to 15 digits)",
+                  values.cast(pl.String)))  # fmt: skip
 
 
 def timestamp_bad(values: pl.Expr, time_format: str) -> pl.Expr:

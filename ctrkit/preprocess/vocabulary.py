@@ -1,4 +1,5 @@
-"""Categorical vocabularies of the Criteo recipe: value keys, id order, lookup, and their Parquet form.
+"""Categorical vocabularies: the one id rule (``assign_ids``) and a later day's extension of a model's vocabulary
+(``extend``), for every recipe; the Criteo recipe's value keys, lookup, and the Parquet form.
 
 A category is a hexadecimal number written with a given number of digits, so ``"0a"`` and ``"a"`` are
 different values while ``"A1"`` and ``"a1"`` are the same one. Every value is held as one int64
@@ -26,7 +27,11 @@ def key_expr(column: str) -> pl.Expr:
 
     Valid: empty (missing, key 0) or 1 to 15 hexadecimal digits without a sign.
     """
-    value = pl.col(column)
+    return key_of(pl.col(column))
+
+
+def key_of(value: pl.Expr) -> pl.Expr:
+    """``key_expr`` of the string values ``value``."""
     length = value.str.len_bytes().cast(pl.Int64)
     number = value.str.to_integer(base=16, strict=False)
     signed = value.str.starts_with("+") | value.str.starts_with("-")
@@ -79,6 +84,28 @@ def assign_ids(counts: pl.DataFrame, frequency_threshold: int, order: str) -> pl
         .with_columns(pl.lit(RARE_ID, pl.Int64).alias("id"))
     )
     return pl.concat([frequent, rare.select(frequent.columns)])
+
+
+def extend(old: pl.DataFrame, fresh: pl.DataFrame, threshold: int) -> pl.DataFrame:
+    """A model's vocabulary ``old`` (value, id) extended by ``fresh`` (value, count, id: the new day's fitting rows),
+    as (value, count, id): each value with a row of its own keeps its id (its learned row keeps its meaning); a
+    value without one (new, or rare so far: it shared the rare row) gets the next id after the model's last, by
+    descending count (ties by value), where seen at least ``threshold`` times, else the shared rare id. What a later
+    day written ``--like`` a model holds, a table's or Criteo's."""
+    counts = fresh.select("value", "count")
+    own = old.filter(pl.col("id") >= FIRST_ID)
+    kept = own.join(counts, on="value", how="left", maintain_order="left").with_columns(
+        pl.col("count").fill_null(0).cast(pl.Int64)
+    )
+    candidates = counts.join(own.select("value"), on="value", how="anti")
+    grown = assign_ids(candidates, threshold, "value")
+    first = cardinality(old)  # the next row after the model's last
+    grown = grown.with_columns(pl.when(pl.col("id") >= FIRST_ID).then(pl.col("id") - FIRST_ID + first)
+                               .otherwise(pl.col("id")).alias("id"))  # fmt: skip
+    still_rare = old.filter(pl.col("id") < FIRST_ID).join(candidates.select("value"), on="value", how="anti")
+    still_rare = still_rare.with_columns(pl.lit(0, pl.Int64).alias("count"))
+    return pl.concat([kept.select("value", "count", "id"), grown.select("value", "count", "id"),
+                      still_rare.select("value", "count", "id")])  # fmt: skip
 
 
 def cardinality(vocab: pl.DataFrame) -> int:

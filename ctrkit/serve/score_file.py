@@ -44,9 +44,10 @@ def score_file(
 ) -> dict:
     """Scores every row of ``source`` (CSV with a header, or Parquet) into ``out`` (CSV, or Parquet by its
     suffix): the ``keep`` columns as they were read, then ``probability``, one row per record. The file is read by
-    ``table_reader``'s rules; its columns follow ``RowTransform.check_columns`` with ``missing_columns``; a bad value
-    (``values``) is refused, naming its line and column, or under ``bad``'s rule "missing" scored as missing and
-    counted there (the first named by its line).
+    ``table_reader``'s rules (a source's files without a header, Criteo's days, in the transform's
+    ``file_columns`` and ``file_separator``); its columns follow ``RowTransform.check_columns`` with
+    ``missing_columns``; a bad value (``values``) is refused, naming its line and column, or under ``bad``'s rule
+    "missing" scored as missing and counted there (the first named by its line).
 
     Returns:
         rows scored, mean probability, seconds.
@@ -55,10 +56,11 @@ def score_file(
     if not source.is_file():
         raise ValueError(f"{source}: input file not found")
     check_output(out, [source])
-    separator = separator_char(separator)
+    names = transform.file_columns or None  # a source whose files have no header (Criteo's days): its layout
+    separator = transform.file_separator if names and not is_parquet(source) else separator_char(separator)
     if PROBABILITY_COLUMN in keep:
         raise ValueError(f"`keep`: '{PROBABILITY_COLUMN}' is the output's own column")
-    header = table_columns(source, separator)
+    header = table_columns(source, separator, names)
     try:
         transform.check_columns(header, missing_columns)
     except RowError as e:
@@ -74,7 +76,7 @@ def score_file(
         try:
             with open(tmp, "wb") as sink:
                 lists = [c.name for c in transform.columns if c.role == Role.MULTI_HOT]
-                blocks = table_blocks(source, columns, separator, transform.null_values, block_rows, lists)
+                blocks = table_blocks(source, columns, separator, transform.null_values, block_rows, lists, names)
                 for block, lines in blocks:
                     found = BadValues(bad.rule) if bad is not None else None
                     try:
