@@ -36,16 +36,12 @@ from ctrkit.data.feature_spec import PREPROCESSING_FILE
 from ctrkit.preprocess.criteo import CRITEO_FILE_COLUMNS, CRITEO_SOURCE, FIRST_ID, MISSING_ID
 from ctrkit.preprocess.time_parts import PARTS, part_text
 from ctrkit.preprocess.values import (
-    FLOAT32_MAX,
     BadValues,
+    bad_numbers,
     hex_bad,
     hex_problem,
-    integer_bad,
     integer_problem,
-    number,
-    number_bad,
     number_problem,
-    timestamp_bad,
     timestamp_problem,
 )
 
@@ -381,25 +377,18 @@ class RowTransform:
         return self._plans[key]
 
     def _feature_exprs(self, col: Mapping[str, pl.Expr], joins: Sequence[bool]) -> list[pl.Expr]:
-        """Per numerical feature its filled number (n) and whether the value was bad (b); per timestamp column
-        whether its value was bad (q), per hexadecimal category too (x); per categorical
-        feature with a vocabulary its text's two hashes (h, g) and whether it is missing (z) (where ``joins`` says
-        so, its text, joined with the vocabulary), else its text (t); per multi-hot feature its values (m); ``col``
-        gives each typed column."""
+        """Per numerical feature its number (r, null where missing or unreadable) and whether it was missing (u); per
+        timestamp column whether it was missing (v); per categorical feature with a vocabulary its text's two hashes
+        (h, g) and whether it is missing (z) (where ``joins`` says so, its text, joined with the vocabulary), else its
+        text (t); per multi-hot feature its values (m); ``col`` gives each typed column."""
         exprs = [pl.len().alias("rows")]
-        for j, f in enumerate(self.numerical):
-            value = number(col[f.column]).clip(-FLOAT32_MAX, FLOAT32_MAX)  # (beyond: a bad value, not a float32)
-            if f.transform == "criteo_log":  # log(max(x, -2) + 3) of the integer, missing as -2 (-> 0)
-                value = value.fill_null(-2).cast(pl.Int64, strict=False).fill_null(-2)
-            bad = number_bad(col[f.column])
-            if f.transform == "criteo_log":  # Criteo's integers
-                bad = bad | integer_bad(col[f.column])
-            exprs += [value.fill_null(0.0).alias(f"n{j}"), bad.alias(f"b{j}")]
-        for k, (column, time_format) in enumerate(self._timestamps()):
-            exprs.append(timestamp_bad(col[column], time_format).alias(f"q{k}"))
-        for j, f in enumerate(self.categorical):
-            if f.text == "hex":  # Criteo's categories
-                exprs.append(hex_bad(col[f.column]).alias(f"x{j}"))
+        for j, f in enumerate(self.numerical):  # checked and filled in NumPy (``values.bad_numbers``)
+            exprs += [
+                col[f.column].cast(pl.Float64, strict=False).alias(f"r{j}"),
+                col[f.column].is_null().alias(f"u{j}"),
+            ]
+        for k, (column, _) in enumerate(self._timestamps()):  # given, where a part's text is missing: unreadable
+            exprs.append(col[column].is_null().alias(f"v{k}"))
         for j, f in enumerate(self.categorical):
             text = category_text(col[f.column], f.text, f.time_format)
             if f.ids == "vocabulary" and not joins[j]:
@@ -446,44 +435,68 @@ class RowTransform:
         def block(prefix: str, indices) -> np.ndarray:
             return np.column_stack([out[f"{prefix}{j}"].to_numpy() for j in indices])
 
-        found = self._bad_values(rows, out, bad)
         numerical = np.zeros((n, len(self.numerical)), np.float32)
+        checked: list[np.ndarray] = []  # per check of ``_value_checks``, its rows
         if self.numerical:
+            every = range(len(self.numerical))
+            as_float = block("r", every).astype(np.float64)  # (nulls: NaN)
+            unreadable = np.column_stack([out[f"r{j}"].is_null().to_numpy() & ~out[f"u{j}"].to_numpy() for j in every])
+            integer = np.array([f.transform == "criteo_log" for f in self.numerical])
+            bad_number = bad_numbers(as_float, unreadable, integer)
+            checked += list(bad_number.T)
+            as_float[bad_number] = np.nan  # (a bad value scored at all: as missing)
             logged = [j for j, f in enumerate(self.numerical) if f.transform == "criteo_log"]
             plain = [j for j, f in enumerate(self.numerical) if f.transform != "criteo_log"]
             if plain:
-                numerical[:, plain] = block("n", plain)
-            if logged:
+                numerical[:, plain] = np.nan_to_num(as_float[:, plain], nan=0.0)
+            if logged:  # log(max(x, -2) + 3) of the integer, missing as -2 (-> 0)
                 from ctrkit.preprocess.criteo import numerical_transform
 
-                numerical[:, logged] = numerical_transform(block("n", logged).astype(np.int64))
+                numerical[:, logged] = numerical_transform(np.nan_to_num(as_float[:, logged], nan=-2).astype(np.int64))
         categorical = np.zeros((n, len(self.categorical)), np.int64)
         hashed = [j for j in range(len(self.categorical)) if f"h{j}" in out.columns]
+        text_missing = {}
         if hashed:
             first, second, missing = block("h", hashed), block("g", hashed), block("z", hashed)
             for k, j in enumerate(hashed):
                 index = self._index(self.categorical[j].feature)
                 categorical[:, j] = index.lookup(first[:, k], second[:, k], missing[:, k])
+                text_missing[j] = missing[:, k]
         for j, f in enumerate(self.categorical):
             if j not in hashed:
                 categorical[:, j] = self._ids(f, out[f"t{j}"])
-        for mask, numbers, features in found:  # scored as missing: a number 0, a feature's id the missing one
-            numerical[np.ix_(mask, numbers)] = 0.0
+                text_missing[j] = out[f"t{j}"].is_null().to_numpy()
+        for k, (column, _) in enumerate(self._timestamps()):  # given, and no part read from it
+            part = next(j for j, f in enumerate(self.categorical) if f.text in PARTS and f.column == column)
+            checked.append(text_missing[part] & ~out[f"v{k}"].to_numpy())
+        for j, f in enumerate(self.categorical):
+            if f.text == "hex":  # only a value no vocabulary holds can be no category: those are checked
+                checked.append(self._bad_hex(rows, f.column, (categorical[:, j] == MISSING_ID) & ~text_missing[j]))
+        for mask, numbers, features in self._bad_values(rows, checked, bad):
+            numerical[np.ix_(mask, numbers)] = 0.0  # scored as missing: a number 0, a feature's id the missing one
             categorical[np.ix_(mask, features)] = MISSING_ID
         return numerical, categorical, [self._bag_ids(f, out[f"m{j}"]) for j, f in enumerate(self.multi_hot)]
 
-    def _bad_values(self, rows: pl.DataFrame, out: pl.DataFrame, bad: BadValues | None
+    @staticmethod
+    def _bad_hex(rows: pl.DataFrame, column: str, candidates: np.ndarray) -> np.ndarray:
+        """Which rows' ``column`` holds no hexadecimal category (``values.hex_bad``), of the ``candidates``."""
+        mask = np.zeros(len(candidates), bool)
+        at = np.flatnonzero(candidates)
+        if len(at) and column in rows.columns:
+            given = rows[column].gather(at).alias("v").to_frame()
+            mask[at] = given.select(hex_bad(pl.col("v"))).to_series().to_numpy()
+        return mask
+
+    def _bad_values(self, rows: pl.DataFrame, checked: Sequence[np.ndarray], bad: BadValues | None
                     ) -> list[tuple[np.ndarray, list[int], list[int]]]:  # fmt: skip
-        """The bad values ``_feature_exprs`` found (b: numbers, q: timestamps), as (rows, numerical features,
-        categorical features) to score as missing; raises ``RowError`` for the first (the earliest row, then the
-        model's order) unless ``bad`` says "missing", which counts them."""
+        """The bad values found (``checked``: per check of ``_value_checks``, its rows), as (rows, numerical
+        features, categorical features) to score as missing; raises ``RowError`` for the first (the earliest row,
+        then the model's order) unless ``bad`` says "missing", which counts them."""
         if self._checks is None:
             self._checks = self._value_checks()
         found, first = [], None
-        for name, problem, numbers, features in self._checks:
-            series = out[name]
-            if series.any():
-                mask = series.to_numpy()
+        for mask, (problem, numbers, features) in zip(checked, self._checks):
+            if mask.any():
                 i = int(np.argmax(mask))
                 if first is None or i < first[0]:
                     first = (i, problem)
@@ -497,9 +510,9 @@ class RowTransform:
         bad.add(sum(int(mask.sum()) for mask, _, _ in found), text, row=i)
         return found
 
-    def _value_checks(self) -> list[tuple[str, Callable[[], pl.Expr], list[int], list[int]]]:
-        """Each check of ``_feature_exprs`` as (its mask column, its problem's expression on the raw rows, made only
-        where a value is bad, the numerical and categorical features a bad value is missing in)."""
+    def _value_checks(self) -> list[tuple[Callable[[], pl.Expr], list[int], list[int]]]:
+        """Each check ``_encode`` makes, in its order, as (its problem's expression on the raw rows, made only where
+        a value is bad; the numerical and categorical features a bad value is missing in)."""
         checks = []
         for j, f in enumerate(self.numerical):
             by_value = [k for k, c in enumerate(self.categorical) if c.text == "number" and c.column == f.column]
@@ -508,14 +521,13 @@ class RowTransform:
                                   f.column)  # fmt: skip
             else:
                 problem = partial(lambda c: number_problem(pl.col(c), c), f.column)
-            checks.append((f"b{j}", problem, [j], by_value))
-        for k, (column, time_format) in enumerate(self._timestamps()):
+            checks.append((problem, [j], by_value))
+        for column, time_format in self._timestamps():
             parts = [i for i, c in enumerate(self.categorical) if c.text in PARTS and c.column == column]
-            checks.append((f"q{k}", partial(lambda c, t: timestamp_problem(pl.col(c), c, t), column, time_format), [],
-                           parts))  # fmt: skip
+            checks.append((partial(lambda c, t: timestamp_problem(pl.col(c), c, t), column, time_format), [], parts))
         for j, f in enumerate(self.categorical):
             if f.text == "hex":  # Criteo's categories
-                checks.append((f"x{j}", partial(lambda c: hex_problem(pl.col(c), c), f.column), [], [j]))
+                checks.append((partial(lambda c: hex_problem(pl.col(c), c), f.column), [], [j]))
         return checks
 
     def index_vocabularies(self) -> None:

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import polars as pl
 
 from ctrkit.config import BAD_VALUES
 from ctrkit.preprocess.time_parts import parse
-from ctrkit.preprocess.vocabulary import key_of
 
 FLOAT32_MAX = 3.4028234663852886e38
 
@@ -37,11 +37,28 @@ def _number_conditions(values: pl.Expr) -> tuple[pl.Expr, pl.Expr, pl.Expr]:
             as_float.fill_nan(None).abs() > FLOAT32_MAX)  # fmt: skip
 
 
-def number_bad(values: pl.Expr) -> pl.Expr:
-    """Whether a value of a numerical column is bad (``number_problem`` says why): false where it is a number or
-    missing, NaN included."""
-    text, infinite, beyond = _number_conditions(values)
-    return (text | infinite.fill_null(False) | beyond.fill_null(False)).fill_null(False)
+def number_bad(values: pl.Expr, dtype: pl.DataType = pl.String) -> pl.Expr:
+    """Whether a value of a numerical column, arriving as ``dtype``, is bad (``number_problem`` says why): false
+    where it is a number or missing, NaN included. Only the checks ``dtype`` can fail are made (an integer is always
+    a number float32 holds)."""
+    if dtype.is_integer() or dtype in (pl.Boolean, pl.Null):
+        return pl.lit(False)
+    as_float = values if dtype.is_float() else values.cast(pl.Float64, strict=False)
+    beyond = (as_float.fill_nan(None).abs() > FLOAT32_MAX).fill_null(False)  # infinities too
+    if dtype.is_float():
+        return beyond
+    return (values.is_not_null() & as_float.is_null()).fill_null(False) | beyond
+
+
+def bad_numbers(as_float: np.ndarray, unreadable: np.ndarray, integer: np.ndarray) -> np.ndarray:
+    """``number_bad`` (and, for the columns where ``integer`` is true, ``integer_bad``) of values already cast:
+    ``as_float`` (n, k) float64 (NaN where missing, NaN or unreadable), ``unreadable`` (n, k) true where a value
+    given was no number; what a scorer checks with one cast a column."""
+    with np.errstate(invalid="ignore"):
+        bad = unreadable | (np.abs(as_float) > FLOAT32_MAX)
+        if integer.any():
+            bad |= integer & np.isfinite(as_float) & (np.round(as_float) != as_float)
+    return bad
 
 
 def number_problem(values: pl.Expr, column: str) -> pl.Expr:
@@ -58,13 +75,15 @@ def number_problem(values: pl.Expr, column: str) -> pl.Expr:
     )
 
 
-def integer_bad(values: pl.Expr) -> pl.Expr:
-    """Whether a value of an integer column (Criteo's I1..I13) is bad: neither an integer's text nor a number with
-    no fraction (Criteo's recipe refuses such a row when fitting); false where missing."""
-    as_int = values.cast(pl.String).cast(pl.Int64, strict=False)
-    as_float = values.cast(pl.Float64, strict=False)
-    integral = as_int.is_not_null() | (as_float == as_float.round(0)).fill_null(False)
-    return (values.is_not_null() & ~integral).fill_null(False)
+def integer_bad(values: pl.Expr, dtype: pl.DataType = pl.String) -> pl.Expr:
+    """Whether a value of an integer column (Criteo's I1..I13), arriving as ``dtype``, is bad: text that is no
+    integer of at most 18 digits, a number with a fraction (Criteo's recipe refuses such a row when fitting); false
+    where missing."""
+    if dtype.is_integer() or dtype in (pl.Boolean, pl.Null):
+        return pl.lit(False)
+    if dtype.is_float():
+        return (values.round(0) != values).fill_null(False)  # (NaN and infinities: ``number_bad``'s)
+    return (values.is_not_null() & ~values.cast(pl.String).str.contains(r"^[+-]?[0-9]{1,18}$")).fill_null(False)
 
 
 def integer_problem(values: pl.Expr, column: str) -> pl.Expr:
@@ -76,8 +95,8 @@ def integer_problem(values: pl.Expr, column: str) -> pl.Expr:
 
 def hex_bad(values: pl.Expr) -> pl.Expr:
     """Whether a value of a hexadecimal category (Criteo's C1..C26: 1 to 15 hexadecimal digits, no sign) is bad;
-    false where missing."""
-    return (values.is_not_null() & key_of(values.cast(pl.String)).is_null()).fill_null(False)
+    false where missing (``vocabulary.key_of``'s rule)."""
+    return (values.is_not_null() & ~values.cast(pl.String).str.contains(r"^[0-9a-fA-F]{1,15}$")).fill_null(False)
 
 
 def hex_problem(values: pl.Expr, column: str) -> pl.Expr:
