@@ -258,8 +258,8 @@ class RowTransform:
         """The raw inputs, one per column: name, KServe v2 datatype, role (what ``ctrkit_model.json`` and the
         server's metadata list)."""
         out = []
-        for c in self.columns:  # numbers as FP32 (NaN: missing), integer ids as INT64, other values as text
-            kind = "FP32" if c.role == Role.NUMERICAL else "INT64" if c.dtype == "Int64" else "BYTES"
+        for c in self.columns:  # integers as INT64 (ids, Criteo's counts), other numbers as FP32 (NaN: missing), text
+            kind = "INT64" if c.dtype == "Int64" else "FP32" if c.role == Role.NUMERICAL else "BYTES"
             out.append({"name": c.name, "datatype": kind, "role": c.role.value})
         return out
 
@@ -729,7 +729,7 @@ def category_text(values: pl.Expr, how: str, time_format: str = "") -> pl.Expr:
 
 
 def _series(name: str, given: Any, null_values: frozenset[str]) -> pl.Series:
-    """A column's request values as a Series: text (bytes decoded as UTF-8; one of ``null_values``: missing),
+    """A column's request values as a Series: text (bytes decoded as UTF-8; empty or one of ``null_values``: missing),
     numbers (MISSING_INT64 in an integer tensor: missing), or lists."""
     if isinstance(given, pl.Series):
         return given.alias(name)
@@ -739,7 +739,7 @@ def _series(name: str, given: Any, null_values: frozenset[str]) -> pl.Series:
     values = list(given.tolist() if isinstance(given, np.ndarray) else given)
     try:
         values = [
-            None if v in null_values else v
+            None if v in null_values or v == "" else v  # (an empty text: missing, as a file's empty field)
             for v in (v.decode("utf-8") if isinstance(v, (bytes, bytearray)) else v for v in values)
         ]
     except UnicodeDecodeError:

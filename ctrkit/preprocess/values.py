@@ -95,8 +95,8 @@ def integer_problem(values: pl.Expr, column: str) -> pl.Expr:
 
 def hex_bad(values: pl.Expr) -> pl.Expr:
     """Whether a value of a hexadecimal category (Criteo's C1..C26: 1 to 15 hexadecimal digits, no sign) is bad;
-    false where missing (``vocabulary.key_of``'s rule)."""
-    return (values.is_not_null() & ~values.cast(pl.String).str.contains(r"^[0-9a-fA-F]{1,15}$")).fill_null(False)
+    false where missing or empty (``vocabulary.key_of``'s rule)."""
+    return (values.is_not_null() & ~values.cast(pl.String).str.contains(r"^[0-9a-fA-F]{0,15}$")).fill_null(False)
 
 
 def hex_problem(values: pl.Expr, column: str) -> pl.Expr:
