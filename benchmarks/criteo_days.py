@@ -123,8 +123,18 @@ def main(argv: list[str] | None = None) -> int:
                             work, train_flags))  # fmt: skip
     where = machine()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
-    doc = {"benchmark": "criteo-days", "command": "OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/criteo_days.py",
-           "commit": commit.stdout.strip(), "machine": where, "train_flags": train_flags, "logs": logs}  # fmt: skip
+    rows = []  # the page's table (``benchmarks/render.py``): each day scored, then each way's means
+    for log in logs:
+        for way, done in log["ways"].items():
+            rows += [[log["log"], r["day"], way, round(r["auc"], 5), round(r["logloss"], 5), r["table_rows"],
+                      r["seconds"]] for r in done["per_day"]]  # fmt: skip
+        rows += [[log["log"], "mean", way, round(done["mean_auc"], 5), round(done["mean_logloss"], 5), "", ""]
+                 for way, done in log["ways"].items()]  # fmt: skip
+    doc = {"suite": "criteo-days", "machine_kind": machine_kind(where), "machine": where,
+           "date": time.strftime("%Y-%m-%d"), "commit": commit.stdout.strip(),
+           "command": "OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/criteo_days.py",
+           "columns": ["log", "day scored", "vocabulary", "AUC", "log loss", "table rows", "seconds"], "rows": rows,
+           "train_flags": train_flags, "logs": logs}  # fmt: skip
     output = args.output or ROOT / "benchmarks" / "results" / "criteo-days" / f"{machine_kind(where)}.json"
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(doc, indent=2) + "\n")

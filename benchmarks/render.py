@@ -168,6 +168,15 @@ SUITES = {
         "[Decision](decisions/table-like.md).",
         "bash benchmarks/run_table_stream.sh",
     ),
+    "criteo-days": (
+        "Criteo one day at a time",
+        "Each later day of a Criteo log scored raw (`predict --input` of the day file) by the model continued so far, "
+        "then written `--like` it and trained on for one epoch (`train --continue-from`): the vocabulary extended "
+        "each day (`like`) against one fixed on day 0 (`fixed`: every new value the rare id). Logs: a generated one "
+        "(6 days of 60,000 rows) and the shared Kaggle sample (4 days of 2,500 rows). Table rows: the day's tables "
+        "in all. [Decision](decisions/criteo-like-days.md).",
+        "OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/criteo_days.py",
+    ),
     "refresh": (
         "A model's day: `ctrkit refresh`",
         "`ctrkit refresh` with its defaults, day by day, on drifting CSV logs (`ctrkit bench refresh`: 7 days of "
