@@ -5,6 +5,8 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -78,6 +80,38 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+ROOT = Path(__file__).resolve().parents[1]
+HAS_TRITON = (ROOT / ".venv-triton" / "bin" / "python").exists()  # `make triton`
+
+
+def triton_ready(port: int) -> bool:
+    """Whether a server on 127.0.0.1:``port`` answers its readiness route."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+@contextmanager
+def triton_server(repository: Path, *flags: str):
+    """Real Triton (``scripts/tritonserver.sh``) serving ``repository`` on a free loopback port, ready; yields the
+    port, and stops it on leaving."""
+    port = free_port()
+    proc = subprocess.Popen([str(ROOT / "scripts" / "tritonserver.sh"), str(repository), str(port), *flags],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 90
+        while not triton_ready(port):
+            assert proc.poll() is None, proc.stdout.read()[-3000:]
+            assert time.monotonic() < deadline, "Triton did not become ready"
+            time.sleep(0.5)
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
 
 
 class Interrupted(Exception):

@@ -6,19 +6,14 @@ preprocessing wrote."""
 from __future__ import annotations
 
 import gzip
-import subprocess
-import time
-import urllib.request
-from pathlib import Path
 
 import numpy as np
 import polars as pl
 import pytest
 
 from ctrkit.data.synthetic import write_criteo_tsv
-from tests.conftest import free_port, run_cli, small_model_flags
+from tests.conftest import HAS_TRITON, run_cli, small_model_flags, triton_server
 
-ROOT = Path(__file__).resolve().parents[2]
 NAMES = ["label", *(f"I{i}" for i in range(1, 14)), *(f"C{i}" for i in range(1, 27))]
 CARDINALITIES = (3, 8, 30, 60, 120, 250, 500, 900) * 3 + (40, 700)
 
@@ -119,14 +114,6 @@ def test_like_refuses_what_it_cannot_keep(days, tmp_path, capsys):
     assert code == 2 and "carries the preprocessing of `ctrkit preprocess table`; `preprocess criteo --like`" in err
 
 
-def _ready(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False
-
-
 def test_servers_score_raw_criteo_columns_as_predict_does(days, tmp_path):
     """A Criteo model's raw columns by name (I1..I13 as INT64, C1..C26 as BYTES) to `ctrkit serve` and to real
     Triton's Python-backend model: `predict --input`'s scores on the same rows."""
@@ -162,19 +149,8 @@ def test_servers_score_raw_criteo_columns_as_predict_does(days, tmp_path):
         np.testing.assert_allclose(got, want, atol=1e-6)
     finally:
         server.stop()
-    if not (ROOT / ".venv-triton" / "bin" / "python").exists():
+    if not HAS_TRITON:
         pytest.skip("no Triton here: `make triton`")
-    port = free_port()
-    proc = subprocess.Popen([str(ROOT / "scripts" / "tritonserver.sh"), str(repo), str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
-    try:
-        deadline = time.monotonic() + 90
-        while not _ready(port):
-            assert proc.poll() is None, proc.stdout.read()[-3000:]
-            assert time.monotonic() < deadline, "Triton did not become ready"
-            time.sleep(0.5)
+    with triton_server(repo) as port:
         got = httpclient.InferenceServerClient(f"127.0.0.1:{port}").infer("criteo", request())
         np.testing.assert_allclose(got.as_numpy("probability")[:, 0], want, atol=1e-6)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)

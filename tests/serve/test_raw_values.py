@@ -21,7 +21,7 @@ from tritonclient.utils import InferenceServerException
 
 from ctrkit.data.synthetic_clicks import COLUMNS as RAW_COLUMNS
 from ctrkit.data.synthetic_clicks import click_log
-from tests.conftest import free_port, run_cli, small_model_flags
+from tests.conftest import free_port, run_cli, small_model_flags, triton_ready
 from tests.serve.test_server import Server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -225,14 +225,6 @@ def _csv(path: Path, body: dict) -> Path:
     return path
 
 
-def _triton_ready(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False
-
-
 @pytest.mark.skipif(not (ROOT / ".venv-triton" / "bin" / "python").exists(), reason="no Triton here: `make triton`")
 def test_real_triton_serves_the_exported_repository(trained, tmp_path, monkeypatch):
     work, data, ckpt, test_rows = trained
@@ -243,7 +235,7 @@ def test_real_triton_serves_the_exported_repository(trained, tmp_path, monkeypat
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     try:
         deadline = time.monotonic() + 90
-        while not _triton_ready(port):
+        while not triton_ready(port):
             assert proc.poll() is None, proc.stdout.read()[-3000:]
             assert time.monotonic() < deadline, "Triton did not become ready"
             time.sleep(0.5)

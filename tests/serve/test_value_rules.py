@@ -7,9 +7,7 @@ missing one does."""
 from __future__ import annotations
 
 import re
-import subprocess
-import time
-import urllib.request
+from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
@@ -19,12 +17,10 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from ctrkit.data.synthetic_clicks import click_log
-from tests.conftest import free_port, run_cli, small_model_flags
+from tests.conftest import HAS_TRITON, run_cli, small_model_flags, triton_server
 from tests.serve.test_server import Server
 
-ROOT = Path(__file__).resolve().parents[2]
 ROWS, ROW = 2000, 7  # the bad value's row among the scored rows (0-based): its line in a CSV is ROW + 2
-HAS_TRITON = (ROOT / ".venv-triton" / "bin" / "python").exists()
 
 
 def _tables() -> dict[str, pl.DataFrame]:
@@ -59,33 +55,11 @@ def served(tmp_path_factory):
     config.write_text(text.replace('key: "bad_values" value: { string_value: "error" }',
                                    'key: "bad_values" value: { string_value: "missing" }'))  # fmt: skip
     servers = [Server("--model-repository", repo), Server("--model-repository", repo, "--bad-values", "missing")]
-    triton = None
-    if HAS_TRITON:
-        port = free_port()
-        proc = subprocess.Popen([str(ROOT / "scripts" / "tritonserver.sh"), str(repo), str(port)],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
-        triton = (proc, port)
-        deadline = time.monotonic() + 90
-        while not _ready(port):
-            assert proc.poll() is None, proc.stdout.read()[-3000:]
-            assert time.monotonic() < deadline, "Triton did not become ready"
-            time.sleep(0.5)
-    try:
-        yield work, servers, triton
-    finally:
-        for s in servers:
-            s.stop()
-        if triton is not None:
-            triton[0].terminate()
-            triton[0].wait(timeout=60)
-
-
-def _ready(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False
+    with ExitStack() as stack:
+        for server in servers:
+            stack.callback(server.stop)
+        port = stack.enter_context(triton_server(repo)) if HAS_TRITON else None
+        yield work, servers, port
 
 
 def _rows(model: str, value) -> pl.DataFrame:
@@ -125,7 +99,7 @@ def _clients(served, model: str):
            ("ctrkit serve --bad-values missing", httpclient.InferenceServerClient(servers[1].url), model,
             "missing")]  # fmt: skip
     if triton is not None:
-        client = httpclient.InferenceServerClient(f"127.0.0.1:{triton[1]}")
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{triton}")
         out.append(("Triton", client, model, "error"))
         if model == "iso":
             out.append(("Triton bad_values missing", client, "iso_missing", "missing"))
