@@ -21,7 +21,7 @@ from tritonclient.utils import InferenceServerException
 
 from ctrkit.data.synthetic_clicks import COLUMNS as RAW_COLUMNS
 from ctrkit.data.synthetic_clicks import click_log
-from tests.conftest import free_port, run_cli, small_model_flags, triton_ready
+from tests.conftest import run_cli, small_model_flags, triton_server
 from tests.serve.test_server import Server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -230,15 +230,7 @@ def test_real_triton_serves_the_exported_repository(trained, tmp_path, monkeypat
     work, data, ckpt, test_rows = trained
     rows = _unusual_rows(test_rows)
     want = predict_rows(trained, rows)["probability"].to_numpy()
-    port = free_port()
-    proc = subprocess.Popen([str(ROOT / "scripts" / "tritonserver.sh"), str(work / "triton_repository"), str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
-    try:
-        deadline = time.monotonic() + 90
-        while not triton_ready(port):
-            assert proc.poll() is None, proc.stdout.read()[-3000:]
-            assert time.monotonic() < deadline, "Triton did not become ready"
-            time.sleep(0.5)
+    with triton_server(work / "triton_repository") as port:
         client = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
         # raw values, and the id inputs, through the Python-backend model
         got = client.infer("ctr", _raw_request(rows, True)).as_numpy("probability")[:, 0]
@@ -289,9 +281,6 @@ def test_real_triton_serves_the_exported_repository(trained, tmp_path, monkeypat
         one.set_data_from_numpy(np.array([["BR"]] * len(batch.categorical), dtype=object))
         refused([*ids, one], "beside the id inputs")
         assert client.is_server_live()
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
 
 
 def test_evaluate_and_report_name_the_kept_step(trained, capsys):
