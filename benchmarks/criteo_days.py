@@ -17,6 +17,8 @@ project's shared data holds it, the first 10,000 rows of Criteo's Kaggle trainin
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import subprocess
 import sys
@@ -34,6 +36,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from collect import machine_kind  # noqa: E402
 
 from ctrkit.bench.peak import machine  # noqa: E402
+from ctrkit.cli import main as cli_main  # noqa: E402
 from ctrkit.data.synthetic import write_criteo_tsv  # noqa: E402
 
 REAL = ROOT.parent / "shared" / "data" / "criteo_kaggle" / "train_head_10k.txt"
@@ -42,11 +45,13 @@ GENERATED = (1460, 583, 30000, 20000, 305, 24, 12517, 633, 3, 9300, 5683, 25000,
              2173, 4, 25000, 18, 15, 28600, 105, 14200)  # fmt: skip
 
 
-def ctrkit(*args) -> str:
-    done = subprocess.run([sys.executable, "-m", "ctrkit", *map(str, args)], capture_output=True, text=True)
-    if done.returncode:
-        raise SystemExit(f"ctrkit {' '.join(map(str, args))}: {done.stderr.strip()[-2000:]}")
-    return done.stdout
+def ctrkit(*args) -> None:
+    """Runs a ctrkit command in this process (its output kept back); a failure stops the benchmark, saying why."""
+    said, errors = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(said), contextlib.redirect_stderr(errors):
+        code = cli_main([str(a) for a in args])
+    if code:
+        raise SystemExit(f"ctrkit {' '.join(map(str, args))}: {errors.getvalue().strip()[-2000:]}")
 
 
 def cut_days(lines: list[bytes], days: int, work: Path) -> list[Path]:

@@ -17,6 +17,9 @@ __all__ = ["DENSE_OPTIMIZERS", "TABLE_OPTIMIZERS"]  # the optimizers' names, def
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")  # what training may compute in (``device.precision_of``)
 EXPORT_FORMATS = ("onnx", "torchscript", "triton")
 QUANTIZATIONS = ("none", "int8")
+# the last fraction of 'train' that `train` holds out for validation by default (preprocessing's held-out tests fit
+# on the rows before it)
+VALIDATION_FRACTION = 0.1
 # what a scorer of raw rows does with a value preprocessing refuses (``preprocess.values``): refuse it, naming row and
 # column, or score it as missing and count it
 BAD_VALUES = ("error", "missing")
@@ -95,7 +98,7 @@ class TrainConfig:
     seed: int = option(0, "seed of weights, batch order and every torch random source")
     evals_per_epoch: int = option(4, "validation evaluations per epoch, 0 for only at the end")
     validation_fraction: float = option(
-        0.1,
+        VALIDATION_FRACTION,
         "when the dataset has no 'validation' mapping, hold out this last fraction of 'train' (the most recent "
         "rows of a time-ordered log) for validation; 0 for none (no model selection)",
     )

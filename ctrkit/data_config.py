@@ -170,7 +170,7 @@ class CriteoPreprocessConfig:
         None, "a checkpoint (or a dataset directory) made from Criteo days whose vocabularies write these days: its "
         "values keep their ids, values it has not seen get new ids after its own (where seen --frequency-threshold "
         "times in the train split), raw-id columns stay raw with its tables' rows, and `train --continue-from` it "
-        "grows its tables for the new values: the next day of the log (Polars engine)",
+        "grows its tables for the new values: the next day of the log (either engine, the same bytes)",
         unset="fit the vocabularies on these days",
     )  # fmt: skip
     overwrite: bool = option(False, "replace an existing dataset directory")

@@ -141,8 +141,6 @@ def preprocess(args: argparse.Namespace) -> int:
     raw_ids = tuple(f"C{i}" for i in range(1, 27)) if cfg.raw_ids == ("all",) else cfg.raw_ids
     recipe = CriteoRecipe(frequency_threshold=cfg.frequency_threshold, raw_ids=raw_ids, capacity=cfg.capacity)
     if cfg.like is not None:
-        if cfg.engine == "spark":
-            raise ValueError("`like`: a Criteo day is written --like a model on --engine polars")
         if cfg.raw_ids or cfg.capacity is not None:
             raise ValueError("--raw-ids, --capacity: with --like the raw-id columns and their tables are the model's; "
                              "leave them out")  # fmt: skip

@@ -276,13 +276,11 @@ def _vocabulary(index: KeyIndex, counts: np.ndarray, frequency_threshold: int) -
 def _extended(old: pl.DataFrame | None, fresh: pl.DataFrame, index: KeyIndex, frequency_threshold: int
               ) -> tuple[pl.DataFrame, np.ndarray] | None:  # fmt: skip
     """A model's vocabulary ``old`` (None for a raw-id column: nothing to extend) extended by the day's ``fresh``
-    counts, and the id of each code."""
+    counts (``vocabulary.extend_keyed``), and the id of each code."""
     if old is None:
         return None
-    grown = vocab_mod.extend(old, fresh, frequency_threshold)
-    keyed = grown.with_columns(pl.col("value").alias("_v")).select(
-        "value", "count", "id", vocab_mod.key_expr("_v").alias("key"))  # fmt: skip
-    return keyed.select("value", "count", "id"), vocab_mod.ids_of_keys(index.keys, keyed)
+    grown = vocab_mod.extend_keyed(old, fresh, frequency_threshold)
+    return grown, vocab_mod.ids_of_keys(index.keys, grown)
 
 
 def preprocess_criteo(

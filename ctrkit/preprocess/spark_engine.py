@@ -15,6 +15,7 @@ import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import polars as pl
@@ -25,6 +26,9 @@ from ctrkit.preprocess import vocabulary as vocab_mod
 from ctrkit.preprocess.criteo import CriteoRecipe, check_arguments, numerical_transform
 from ctrkit.preprocess.outbrain_files import NULLS
 from ctrkit.preprocess.output import REJECTS_KEPT, DatasetOutput, Rejects
+
+if TYPE_CHECKING:
+    from ctrkit.preprocess.table import Like
 
 WRITE_ROWS = 1 << 18
 
@@ -182,6 +186,7 @@ def preprocess_criteo_spark(
     overwrite: bool = False,
     progress: bool = False,
     master: str = "local[*]",
+    like: Like | None = None,
 ) -> dict:
     """Raw Criteo TSV -> a split-binary dataset on Spark; arguments and result as ``preprocess_criteo``.
 
@@ -189,6 +194,8 @@ def preprocess_criteo_spark(
         master: Spark master URL (``local[*]``: every core of this machine; ``spark://host:7077``, ...).
     """
     recipe = recipe or CriteoRecipe()
+    if like is not None:
+        recipe = like.criteo_recipe(recipe)
     check_arguments(recipe, raw_files, test_files, test_fraction, bad_rows, validation_fraction)
     _, _, F = spark_modules()
     start = time.perf_counter()
@@ -204,7 +211,7 @@ def preprocess_criteo_spark(
     nums, cats = names[1 : 1 + recipe.num_numerical], names[1 + recipe.num_numerical :]
     rejects = Rejects(bad_rows)
     spark = start_session(master)
-    with DatasetOutput(out_dir, recipe, overwrite) as out:
+    with DatasetOutput(out_dir, recipe, overwrite, like) as out:
         parsed = _parse(_lines(spark, paths, 0), recipe).cache()
         _rejects(parsed, paths, rejects)
         good, total = _number_good_rows(parsed.filter(F.col("problem").isNull()), spark)
@@ -216,6 +223,10 @@ def preprocess_criteo_spark(
         good = good.select("idx", "label", *nums, *cats).cache()
         train = good.filter(F.col("idx") < bounds[0][2])  # the train mapping's rows make the vocabularies
         vocabularies = [vocab_mod.vocabulary(c, recipe.frequency_threshold) for c in _train_counts(train, cats)]
+        if like is not None:  # the model's vocabularies, extended by the values it has not seen
+            carried, threshold = like.transform.vocabularies, recipe.frequency_threshold
+            vocabularies = [v if c in recipe.raw_ids else vocab_mod.extend_keyed(carried[f"cat_{i}.bin"], v, threshold)
+                            for i, (c, v) in enumerate(zip(cats, vocabularies))]  # fmt: skip
         encoded = good
         for c, v in zip(cats, vocabularies):
             if c in recipe.raw_ids:  # the value's key is the raw id

@@ -13,7 +13,7 @@ from typing import Any
 import polars as pl
 
 from ctrkit.columns import label_of
-from ctrkit.config import TrainConfig
+from ctrkit.config import VALIDATION_FRACTION
 from ctrkit.data.feature_spec import check_capacity
 from ctrkit.preprocess.criteo import BAD_ROW_POLICIES
 from ctrkit.preprocess.pooling import COMBINERS
@@ -32,7 +32,7 @@ from ctrkit.preprocess.time_parts import (
 from ctrkit.preprocess.values import number_problem
 
 FILE_COL, LINE_COL = "__ctrkit_file", "__ctrkit_line"  # where each row came from, for error messages
-TRAIN_VALIDATION_FRACTION = TrainConfig().validation_fraction  # the tail `train` holds out by default
+TRAIN_VALIDATION_FRACTION = VALIDATION_FRACTION  # the tail `train` holds out by default
 
 
 NUMERIC_TEXT_FRACTION = 0.9  # a text column this often numeric is refused unless named

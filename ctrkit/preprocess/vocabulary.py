@@ -108,6 +108,13 @@ def extend(old: pl.DataFrame, fresh: pl.DataFrame, threshold: int) -> pl.DataFra
                       still_rare.select("value", "count", "id")])  # fmt: skip
 
 
+def extend_keyed(old: pl.DataFrame, fresh: pl.DataFrame, threshold: int) -> pl.DataFrame:
+    """``extend`` of a Criteo vocabulary, in ``vocabulary``'s form (key, count, id, value): what both Criteo engines
+    write for a day ``--like`` a model."""
+    grown = extend(old, fresh, threshold).with_columns(pl.col("value").alias("_v"))
+    return grown.select(key_expr("_v").alias("key"), pl.col("count").cast(pl.Int64), "id", "value")
+
+
 def cardinality(vocab: pl.DataFrame) -> int:
     """Rows of the embedding table the column needs: missing, rare, and one per frequent value."""
     return FIRST_ID + int((vocab["id"] >= FIRST_ID).sum())

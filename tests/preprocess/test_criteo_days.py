@@ -100,7 +100,6 @@ def test_like_refuses_what_it_cannot_keep(days, tmp_path, capsys):
     day = days / "day_1.tsv"
     cases = [
         (["--like", days / "m0.pt", "--raw-ids", "C1"], "with --like the raw-id columns and their tables are"),
-        (["--like", days / "m0.pt", "--engine", "spark"], "a Criteo day is written --like a model on --engine polars"),
         (["--like", tmp_path / "none.pt"], "no such checkpoint or dataset directory"),
     ]
     for flags, said in cases:
@@ -154,3 +153,14 @@ def test_servers_score_raw_criteo_columns_as_predict_does(days, tmp_path):
     with triton_server(repo) as port:
         got = httpclient.InferenceServerClient(f"127.0.0.1:{port}").infer("criteo", request())
         np.testing.assert_allclose(got.as_numpy("probability")[:, 0], want, atol=1e-6)
+
+
+def test_spark_writes_a_day_like_a_model_as_polars_does(days, tmp_path, capsys):
+    pytest.importorskip("pyspark")
+    from tests.preprocess.test_criteo_spark import MASTER, assert_same_output
+
+    code, _, err = run_cli("preprocess", "criteo", days / "day_1.tsv", "--like", days / "m0.pt", "--out",
+                           tmp_path / "spark", "--engine", "spark", "--spark-master", MASTER, "--no-progress",
+                           capsys=capsys)  # fmt: skip
+    assert code == 0, err
+    assert len(assert_same_output(days / "d1", tmp_path / "spark")) > 30
