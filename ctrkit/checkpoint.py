@@ -143,9 +143,9 @@ class Checkpoint:
             raise CheckpointError(f"the checkpoint's preprocessing record is unreadable ({problem})") from None
 
     def like(self, where: str):
-        """The model's preprocessing for a later day's table (``preprocess table --like``: ``preprocess.table.Like``),
+        """The model's preprocessing for a later day's table (``preprocess table --like``: ``preprocess.like.Like``),
         ``where`` naming the checkpoint in messages."""
-        from ctrkit.preprocess.table import Like
+        from ctrkit.preprocess.like import Like
 
         return Like.of(self.row_transform(), self.spec, where, self.model_config.get("multi_hot_combiners"))
 

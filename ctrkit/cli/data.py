@@ -201,7 +201,7 @@ def _like(path):
 
     path = Path(path)
     if path.is_dir():
-        from ctrkit.preprocess.table import Like
+        from ctrkit.preprocess.like import Like
 
         return Like.of_dataset(path)
     if not path.is_file():

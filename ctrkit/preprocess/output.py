@@ -104,7 +104,7 @@ class DatasetOutput:
 
     def __init__(self, out_dir: str | os.PathLike, recipe: CriteoRecipe, overwrite: bool, like=None):
         self.recipe = recipe
-        self.like = like  # a model's ``preprocess.table.Like``: its raw-id tables' rows, the vocabularies extended
+        self.like = like  # a model's ``preprocess.like.Like``: its raw-id tables' rows, the vocabularies extended
         self.cats = [recipe.field_name(i) for i in range(1 + recipe.num_numerical, recipe.num_fields)]
         self._atomic = atomic_directory(out_dir, overwrite)
         self._stack = ExitStack()

@@ -33,7 +33,7 @@ from ctrkit.preprocess.output import DatasetOutput, Rejects
 from ctrkit.progress import tqdm
 
 if TYPE_CHECKING:
-    from ctrkit.preprocess.table import Like
+    from ctrkit.preprocess.like import Like
 
 BLOCK_BYTES = 24 << 20  # under glibc's mmap threshold, so block buffers are reused, not page-faulted anew
 PASS2_ROWS = 1 << 18  # rows per pass-2 block
@@ -310,7 +310,7 @@ def preprocess_criteo(
             (drop, count, and keep the first 20 in ``rejects.jsonl``).
         overwrite: replace an existing dataset directory.
         progress: show a progress bar over the input bytes.
-        like: a model's carried preprocessing (``preprocess.table.Like``) to write a later day with: its
+        like: a model's carried preprocessing (``preprocess.like.Like``) to write a later day with: its
             vocabularies extended by the day's values (``vocabulary.extend``), its raw-id columns and their tables.
 
     Returns:

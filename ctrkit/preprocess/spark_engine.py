@@ -28,7 +28,7 @@ from ctrkit.preprocess.outbrain_files import NULLS
 from ctrkit.preprocess.output import REJECTS_KEPT, DatasetOutput, Rejects
 
 if TYPE_CHECKING:
-    from ctrkit.preprocess.table import Like
+    from ctrkit.preprocess.like import Like
 
 WRITE_ROWS = 1 << 18
 

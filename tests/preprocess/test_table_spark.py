@@ -12,7 +12,8 @@ import polars as pl
 import pytest
 
 from ctrkit.data.split_binary import DataError
-from ctrkit.preprocess.table import Like, preprocess_table
+from ctrkit.preprocess.like import Like
+from ctrkit.preprocess.table import preprocess_table
 from ctrkit.preprocess.table_recipe import TableRecipe
 from tests.preprocess.test_transform import TABLES, _table
 from tests.preprocess.test_value_ids import _household_table
