@@ -6,13 +6,13 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import torch
 
+from ctrkit.bench.raw_rows_bench import server_ready
 from ctrkit.cli import main
 from ctrkit.data.synthetic import generate_dataset
 
@@ -86,15 +86,6 @@ ROOT = Path(__file__).resolve().parents[1]
 HAS_TRITON = (ROOT / ".venv-triton" / "bin" / "python").exists()  # `make triton`
 
 
-def triton_ready(port: int) -> bool:
-    """Whether a server on 127.0.0.1:``port`` answers its readiness route."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False
-
-
 @contextmanager
 def triton_server(repository: Path, *flags: str):
     """Real Triton (``scripts/tritonserver.sh``) serving ``repository`` on a free loopback port, ready; yields the
@@ -104,7 +95,7 @@ def triton_server(repository: Path, *flags: str):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     try:
         deadline = time.monotonic() + 90
-        while not triton_ready(port):
+        while not server_ready(f"127.0.0.1:{port}"):
             assert proc.poll() is None, proc.stdout.read()[-3000:]
             assert time.monotonic() < deadline, "Triton did not become ready"
             time.sleep(0.5)

@@ -25,11 +25,6 @@ from ctrkit.preprocess.time_parts import parse
 FLOAT32_MAX = 3.4028234663852886e38
 
 
-def number(values: pl.Expr) -> pl.Expr:
-    """``values`` as Float64 numbers: null where missing, NaN or not a number (``number_problem`` says which)."""
-    return values.cast(pl.Float64, strict=False).fill_nan(None)
-
-
 def _number_conditions(values: pl.Expr) -> tuple[pl.Expr, pl.Expr, pl.Expr]:
     """Text that is no number, an infinity, a magnitude float32 cannot hold (it would become infinite)."""
     as_float = values.cast(pl.Float64, strict=False)
@@ -37,21 +32,9 @@ def _number_conditions(values: pl.Expr) -> tuple[pl.Expr, pl.Expr, pl.Expr]:
             as_float.fill_nan(None).abs() > FLOAT32_MAX)  # fmt: skip
 
 
-def number_bad(values: pl.Expr, dtype: pl.DataType = pl.String) -> pl.Expr:
-    """Whether a value of a numerical column, arriving as ``dtype``, is bad (``number_problem`` says why): false
-    where it is a number or missing, NaN included. Only the checks ``dtype`` can fail are made (an integer is always
-    a number float32 holds)."""
-    if dtype.is_integer() or dtype in (pl.Boolean, pl.Null):
-        return pl.lit(False)
-    as_float = values if dtype.is_float() else values.cast(pl.Float64, strict=False)
-    beyond = (as_float.fill_nan(None).abs() > FLOAT32_MAX).fill_null(False)  # infinities too
-    if dtype.is_float():
-        return beyond
-    return (values.is_not_null() & as_float.is_null()).fill_null(False) | beyond
-
-
 def bad_numbers(as_float: np.ndarray, unreadable: np.ndarray, integer: np.ndarray) -> np.ndarray:
-    """``number_bad`` (and, for the columns where ``integer`` is true, ``integer_bad``) of values already cast:
+    """Which values ``number_problem`` (and, for the columns where ``integer`` is true, ``integer_problem``) finds
+    bad, of values already cast:
     ``as_float`` (n, k) float64 (NaN where missing, NaN or unreadable), ``unreadable`` (n, k) true where a value
     given was no number; what a scorer checks with one cast a column."""
     with np.errstate(invalid="ignore"):
@@ -75,14 +58,9 @@ def number_problem(values: pl.Expr, column: str) -> pl.Expr:
     )
 
 
-def integer_bad(values: pl.Expr, dtype: pl.DataType = pl.String) -> pl.Expr:
-    """Whether a value of an integer column (Criteo's I1..I13), arriving as ``dtype``, is bad: text that is no
-    integer of at most 18 digits, a number with a fraction (Criteo's recipe refuses such a row when fitting); false
-    where missing."""
-    if dtype.is_integer() or dtype in (pl.Boolean, pl.Null):
-        return pl.lit(False)
-    if dtype.is_float():
-        return (values.round(0) != values).fill_null(False)  # (NaN and infinities: ``number_bad``'s)
+def integer_bad(values: pl.Expr) -> pl.Expr:
+    """Whether a value of an integer column (Criteo's I1..I13) is bad: its text no integer of at most 18 digits
+    (Criteo's recipe refuses such a row when fitting); false where missing."""
     return (values.is_not_null() & ~values.cast(pl.String).str.contains(r"^[+-]?[0-9]{1,18}$")).fill_null(False)
 
 

@@ -329,8 +329,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.skipif(not (ROOT / ".venv-triton" / "bin" / "python").exists(), reason="no Triton here: `make triton`")
 def test_real_triton_in_poll_mode_serves_each_published_version_with_no_request_lost(days, tmp_path):
+    from ctrkit.bench.raw_rows_bench import server_ready
     from ctrkit.serve.predictor import Predictor
-    from tests.conftest import free_port, triton_ready
+    from tests.conftest import free_port
 
     repo = tmp_path / "repo"
     assert refresh(repo, days[0], *ROLES, "--backend", "python")[0] == 0
@@ -357,7 +358,7 @@ def test_real_triton_in_poll_mode_serves_each_published_version_with_no_request_
     threads = [threading.Thread(target=client) for _ in range(4)]
     try:
         deadline = time.monotonic() + 90
-        while not triton_ready(port):
+        while not server_ready(f"127.0.0.1:{port}"):
             assert proc.poll() is None, proc.stdout.read()[-3000:]
             assert time.monotonic() < deadline, "Triton did not become ready"
             time.sleep(0.5)
