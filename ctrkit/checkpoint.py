@@ -106,8 +106,9 @@ class Checkpoint:
             "rank", "digest"}`` (the run that wrote it, its step, its rank, its tensors' digest); a rank file
             from another run, step or rank is refused naming it. None: one file, or written before these.
         preprocessing: what turned the training data's raw rows into the model's inputs (feature names, value -> id
-            maps, raw-id hashing, numerical transforms and fills: ``RowTransform.to_state``), so raw rows can be
-            scored without the dataset; None: the dataset had no record of it.
+            maps, raw-id hashing, numerical transforms and fills: ``RowTransform.to_state``; Outbrain's lookups and
+            statistics: ``OutbrainTransform.to_state``), so raw rows can be scored without the dataset; None: the
+            dataset had no record of it.
         plan: the run's plan (``train/plan.py``: every mechanism on or off and why, the memory estimate, the models
             a request runs) as plain values; None: saved without one.
     """
@@ -130,14 +131,15 @@ class Checkpoint:
     preprocessing: dict[str, Any] | None = None
 
     def row_transform(self):
-        """The preprocessing that made the training data, to apply to raw rows (``preprocess.transform.RowTransform``);
-        None where the checkpoint carries none (a dataset made without a record: synthetic, Outbrain, NVIDIA's)."""
+        """The preprocessing that made the training data, to apply to raw rows (``preprocess.carried``);
+        None where the checkpoint carries none (a dataset made without a record: synthetic, NVIDIA's, an older
+        ctrkit's)."""
         if self.preprocessing is None:
             return None
-        from ctrkit.preprocess.transform import RowTransform
+        from ctrkit.preprocess import carried
 
         try:
-            return RowTransform.from_state(self.preprocessing)
+            return carried.from_state(self.preprocessing)
         except (KeyError, TypeError, ValueError) as e:
             problem = f"{type(e).__name__}: {e}"
             raise CheckpointError(f"the checkpoint's preprocessing record is unreadable ({problem})") from None

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ctrkit.data.feature_spec import FeatureSpec
+from ctrkit.preprocess.carried import Carried
 from ctrkit.preprocess.criteo import CRITEO_SOURCE, CriteoRecipe
 from ctrkit.preprocess.table_recipe import Derived, Roles, TableRecipe
 from ctrkit.preprocess.transform import DERIVED_TEXTS, RowTransform, from_dataset
@@ -59,13 +60,17 @@ class Like:
         return replace(asked, raw_ids=tuple(f.column for f in t.categorical if f.ids == "hex_key"))
 
     @classmethod
-    def of(cls, transform: RowTransform | None, summary: dict, where: str, combiners: Sequence[str] | None = None
+    def of(cls, transform: Carried | None, summary: dict, where: str, combiners: Sequence[str] | None = None
            ) -> Like:  # fmt: skip
         """The ``Like`` of a model or dataset: its carried ``transform``, its feature spec's ``summary`` and its
         multi-hot features' pooling (a model's ``combiners``; a dataset's are its spec's)."""
         if transform is None:
             raise ValueError(f"--like {where}: carries no preprocessing record (made by `ctrkit preprocess table` of "
                              "this version)")  # fmt: skip
+        if not isinstance(transform, RowTransform):
+            raise ValueError(f"--like {where}: carries the preprocessing of `{transform.source}`, which a later day "
+                             "cannot extend; `--like` takes a model made by `preprocess table` or `preprocess criteo`"
+                             )  # fmt: skip
         rows = dict(zip(summary.get("categorical_features", []), summary.get("cardinalities", [])))
         rows.update(zip(summary.get("multi_hot_features", []), summary.get("multi_hot_cardinalities", [])))
         multi = summary.get("multi_hot_features", [])

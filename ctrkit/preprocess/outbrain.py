@@ -45,7 +45,6 @@ from ctrkit.integrity import vocabulary_fingerprint
 from ctrkit.preprocess.outbrain_files import (
     BLOCK_ROWS,
     CTR_MIN_COUNT,
-    DAY_MS,
     ITEM,
     KINDS,
     MAX_DAYS,
@@ -58,9 +57,7 @@ from ctrkit.preprocess.outbrain_files import (
     SCHEMAS,
     OutbrainRecipe,
     checked,
-    document_pairs,
     find_file,
-    locate,
     lookup,
     page_view_counts,
     positions,
@@ -68,7 +65,8 @@ from ctrkit.preprocess.outbrain_files import (
     require_columns,
     wrong_field_counts,
 )
-from ctrkit.preprocess.outbrain_tables import Tables, Tally, median_of_counts, similarity, standardisation
+from ctrkit.preprocess.outbrain_tables import Tables, Tally, median_of_counts, standardisation
+from ctrkit.preprocess.outbrain_transform import OutbrainTransform, days_since, features
 from ctrkit.preprocess.output import Rejects
 
 
@@ -87,14 +85,6 @@ def outbrain_spec(cardinalities: dict[str, int], base: Path | None = None, metad
 
 
 assert ONEHOT == (*REQUEST, "ad_id", *ITEM)
-
-
-def _days_since(when: np.ndarray, published: np.ndarray) -> np.ndarray:
-    """Whole days from publication to the event, 0 outside 0..MAX_DAYS, -1 where the publish time is missing."""
-    known = published != NULL
-    delta = when - np.where(known, published, 0)
-    days = np.where(delta >= 0, delta // DAY_MS, 0)
-    return np.where(known, np.where(days <= MAX_DAYS, days, 0), -1)
 
 
 def _read_clicks(path: Path, display: np.ndarray, rejects: Rejects, block_rows: int, bar) -> tuple:
@@ -214,7 +204,7 @@ def preprocess_outbrain(
             v = values[:, ONEHOT.index(name)]
             tally.add(np.where(v != NULL, v * folds + fold, NULL), clicked)
         for side, hist in day_counts.items():
-            days = _days_since(cols["when"][train], cols[side][train])
+            days = days_since(cols["when"][train], cols[side][train])
             hist += np.bincount(days[days >= 0], minlength=MAX_DAYS + 1)
     onehot_counts = [tally.result() for tally in counts]
     vocabs = [keys[sums[0] >= recipe.frequency_threshold] for keys, sums in onehot_counts]
@@ -255,7 +245,7 @@ def preprocess_outbrain(
         with SplitBinaryWriter(spec, "train") as train_out, SplitBinaryWriter(spec, "test") as test_out:
             for ev, ads, y in blocks("features"):
                 cols = tables.block(ev, ads)
-                onehot, numerical, bags = _features(cols, tables, vocabs, ctr_stats, standard, medians,
+                onehot, numerical, bags = features(cols, tables, vocabs, ctr_stats, standard, medians,
                                                     recipe.raw_ids)  # fmt: skip
                 train = cols["fold"] >= 0
                 for mapping, writer, idx in (("train", train_out, np.flatnonzero(train)),
@@ -271,6 +261,8 @@ def preprocess_outbrain(
                                   cols["display"][idx] if mapping == "test" else None)  # fmt: skip
                     written[mapping] += len(idx)
         spec.to_yaml(tmp / "feature_spec.yaml")
+        # what the fit learned, for raw rows: the record a model carries (``OutbrainTransform``)
+        OutbrainTransform(tables.lookups(), vocabs, ctr_stats, standard, medians, recipe.raw_ids).write(tmp)
         seconds = time.perf_counter() - started
         summary = {
             "engine": engine,
@@ -285,67 +277,3 @@ def preprocess_outbrain(
         }
         (tmp / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary
-
-
-def _features(cols: dict, tables: Tables, vocabs: list, ctr_stats: dict, standard: dict, medians: dict,
-              raw_ids: tuple[str, ...] = ()) -> tuple:  # fmt: skip
-    """A block's one-hot ids (n, 13) int32 (int64 with ``raw_ids``: those columns' values as they are, missing 0),
-    numerical features (n, 15) float32 and padded multi-hot bags (name -> (n, BAG) int32, -1 past a bag's end),
-    from the first pass's vocabularies and statistics."""
-    raw = cols["onehot"]
-    n = len(raw)
-    onehot = np.empty((n, len(ONEHOT)), np.int64 if raw_ids else np.int32)
-    for f, vocab in enumerate(vocabs):
-        if ONEHOT[f] in raw_ids:
-            onehot[:, f] = np.where(raw[:, f] == NULL, 0, raw[:, f])
-            continue
-        at, found = locate(vocab, raw[:, f])
-        onehot[:, f] = np.where(found, at + 1, 0)
-    # NaN until put: the writer refuses those, so a feature left unset cannot pass silently
-    numerical = np.full((n, len(NUMERICAL)), np.nan, np.float32)
-
-    def put(name: str, values) -> None:
-        numerical[:, NUMERICAL.index(name)] = np.asarray(values, dtype=np.float32)
-
-    fold = cols["fold"]
-    train = fold >= 0
-    for name, minimum in CTR_MIN_COUNT.items():
-        distinct, total, per_fold = ctr_stats[name]
-        at, found = locate(distinct, raw[:, ONEHOT.index(name)])
-        if len(distinct):
-            shown = np.where(found, total[0, at], 0)
-            clicks = np.where(found, total[1, at], 0)
-            # a training row's CTR leaves out its own fold's rows (its display's, its own click included)
-            mine = found & train
-            own = np.where(mine, fold, 0)
-            shown_seen = shown - np.where(mine, per_fold[0, at, own], 0)
-            clicks_seen = clicks - np.where(mine, per_fold[1, at, own], 0)
-        else:  # no training row has a value
-            shown = clicks = shown_seen = clicks_seen = np.zeros(n, np.int64)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            put(f"{name}_ctr", np.where(shown_seen >= minimum, clicks_seen / np.maximum(shown_seen, 1), 0.0))
-        if name in ("ad_id", "document_id_promo"):
-            mean, std = standard[f"{name}_count"]
-            put(f"{name}_count", (np.log1p(shown.astype(np.float64)) - mean) / std)
-    for col, side in (("publish_time_days_since_published", "published"),
-                      ("publish_time_promo_days_since_published", "published_promo")):  # fmt: skip
-        days = _days_since(cols["when"], cols[side]).astype(np.float64)
-        put(col, np.log1p(np.where(days < 0, medians[side], days)))
-    for name in ("document_id", "document_id_promo"):
-        seen = np.maximum(lookup(tables.views_doc, tables.views, raw[:, ONEHOT.index(name)]), 0)
-        mean, std = standard[f"{name}_views"]
-        put(f"{name}_views", (np.log1p(seen.astype(np.float64)) - mean) / std)
-    # multi-hot: each document's 3 most confident terms, gathered by document; the similarities are computed
-    # once per distinct (page document, ad document) pair
-    doc_ids = {"": raw[:, ONEHOT.index("document_id")],
-               "_promo": raw[:, ONEHOT.index("document_id_promo")]}  # fmt: skip
-    doc_ids = {side: np.where(d == NULL, -1, d) for side, d in doc_ids.items()}
-    pairs, pair_of_row = document_pairs(doc_ids[""], doc_ids["_promo"])
-    bags = {}
-    for kind, plural, _ in KINDS:
-        with_bag, padded, _ = tables.bags[kind]
-        for suffix, docs_of_row in doc_ids.items():
-            at, found = locate(with_bag, docs_of_row)
-            bags[f"{kind}_id_list{suffix}"] = padded[np.where(found, at, len(with_bag))]  # the last row: no terms
-        put(f"document_id_document_id_promo_sim_{plural}", similarity(tables.terms[plural], pairs)[pair_of_row])
-    return onehot, numerical, bags

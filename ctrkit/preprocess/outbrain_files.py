@@ -76,6 +76,15 @@ SCHEMAS = {
 NULLS = ("", "\\N")
 
 
+# a raw row to score (``outbrain_transform.OutbrainTransform``): an event of ``events.csv`` and an ad, as their
+# files' schemas read them
+REQUEST_SCHEMA = (("ad_id", "int", True), ("document_id", "int", True), ("timestamp", "int", True),
+                  ("platform", "int", False), ("geo_location", "str", False))  # fmt: skip
+
+
+CASTS = {"int": pl.Int64, "float": pl.Float64, "str": pl.Utf8}
+
+
 @dataclass(frozen=True)
 class OutbrainRecipe:
     frequency_threshold: int = 2
@@ -111,7 +120,6 @@ def find_file(raw_dir: Path, name: str) -> Path:
 def read_checked(path: Path, schema: tuple, rejects: Rejects) -> pl.DataFrame:
     """The file's columns cast to their types; rows with a value that does not parse, a required value missing,
     or another number of fields than the header's go to ``rejects`` (line numbers count the header as line 1)."""
-    casts = {"int": pl.Int64, "float": pl.Float64, "str": pl.Utf8}
     header = read_header(path)
     require_columns(path, header, schema)
     wrong = wrong_field_counts(path, header, rejects)
@@ -119,7 +127,7 @@ def read_checked(path: Path, schema: tuple, rejects: Rejects) -> pl.DataFrame:
     read = dict(columns=[c for c in header if c in names], null_values=list(NULLS), row_index_name="line",
                 row_index_offset=2, truncate_ragged_lines=True)  # fmt: skip
     try:  # the fast path: every value parses (then only required columns need a look)
-        typed = pl.read_csv(path, schema_overrides={c: casts[t] for c, t, _ in schema}, **read)
+        typed = pl.read_csv(path, schema_overrides={c: CASTS[t] for c, t, _ in schema}, **read)
         typed = without_lines(typed, wrong).select([c for c, _, _ in schema])
         if not any(typed[c].null_count() for c, _, required in schema if required):
             return typed
@@ -172,13 +180,18 @@ def without_lines(frame: pl.DataFrame, lines: np.ndarray) -> pl.DataFrame:
     return frame.filter(~pl.col("line").is_in(pl.Series(lines, dtype=pl.UInt32).implode())) if len(lines) else frame
 
 
+def value_bad(values: pl.Series, kind: str) -> np.ndarray:
+    """Which values of a column of ``kind`` (int, float) are given and do not parse: the one rule for a raw Outbrain
+    value, of the fit (``checked``) and of a scorer (``OutbrainTransform``)."""
+    return (values.is_not_null() & values.cast(CASTS[kind], strict=False).is_null()).to_numpy()
+
+
 def checked(path: Path, raw: pl.DataFrame, schema: tuple, rejects: Rejects, lines: pl.Series) -> tuple:
     """``raw``'s (text) columns of ``schema`` cast to their types, without the rows where a value does not parse
     or a required one is missing; those go to ``rejects`` (``lines``: each row's line number).
     Returns the typed frame and which rows of ``raw`` it kept (None: all)."""
-    casts = {"int": pl.Int64, "float": pl.Float64, "str": pl.Utf8}
     typed = raw.select([label_of(pl.col(c), c)[0].alias(c) if t == "label" else
-                        pl.col(c).cast(casts[t], strict=False).alias(c) for c, t, _ in schema])  # fmt: skip
+                        pl.col(c).cast(CASTS[t], strict=False).alias(c) for c, t, _ in schema])  # fmt: skip
     bad_any = np.zeros(len(raw), bool)
     first_problem: dict[int, str] = {}
     for c, t, required in schema:
@@ -190,7 +203,7 @@ def checked(path: Path, raw: pl.DataFrame, schema: tuple, rejects: Rejects, line
                 first_problem[int(i)] = problems[int(i)]
             bad_any |= bad
             continue
-        bad = (value.is_not_null() & typed[c].is_null()).to_numpy() if t != "str" else np.zeros(len(raw), bool)
+        bad = value_bad(value, t) if t != "str" else np.zeros(len(raw), bool)
         if required:
             bad |= value.is_null().to_numpy()
         for i in np.flatnonzero(bad & ~bad_any)[:50]:

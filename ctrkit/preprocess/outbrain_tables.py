@@ -3,7 +3,8 @@ the training rows' tallies (CTRs, counts, medians), and every small file held as
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +31,7 @@ from ctrkit.preprocess.outbrain_files import (
     positions,
     read_checked,
     split_draw,
+    vocabulary_ids,
 )
 from ctrkit.preprocess.output import Rejects
 
@@ -164,18 +166,13 @@ def median_of_counts(counts: np.ndarray) -> float:
 
 
 @dataclass
-class Tables:
-    """The files other than clicks and page views, as sorted keys and columns for lookups: events by
-    display, promoted content by ad, documents by id, and per kind of document term the bags and tf-idf
-    vectors. Their size follows the events and documents, not the clicks rows."""
+class Lookups:
+    """What a display event and an ad are looked up in: promoted content by ad, documents by id, per kind of document
+    term the bags and tf-idf vectors, page views by document, and the geo locations' texts. Their size follows the
+    documents and ads, not the clicks rows; the fitted Outbrain preprocessing carries them
+    (``outbrain_transform.OutbrainTransform``)."""
 
-    display: np.ndarray  # events, sorted by display_id
-    ev_doc: np.ndarray
-    ev_when: np.ndarray  # ms since 1970
-    ev_platform: np.ndarray
-    ev_geo: np.ndarray  # codes of geo_location
-    ev_fold: np.ndarray  # int8: the CTR fold of a training display, -1 for an evaluation one
-    geo_parts: np.ndarray  # per geo code: its code, its country's and its state's (3, codes)
+    geo_names: tuple[pl.Series, ...]  # the sorted texts the codes of geo, country and state stand for
     promo_ad: np.ndarray  # promoted content, sorted by ad_id
     promo: dict[str, np.ndarray]
     meta_doc: np.ndarray  # documents, sorted by document_id
@@ -184,6 +181,89 @@ class Tables:
     terms: dict[str, TermRows]  # plural -> term_weights' table
     views_doc: np.ndarray
     views: np.ndarray
+
+    def columns(self, doc: np.ndarray, platform: np.ndarray, geo: Sequence[np.ndarray], when: np.ndarray,
+                ad: np.ndarray) -> dict[str, np.ndarray]:  # fmt: skip
+        """The columns of display events (the page's document, platform, the codes of the geo location, its country
+        and its state, the time in ms since 1970) each with an ad, ``NULL`` where missing: the 13 one-hot features'
+        raw values (n, 13) int64 (``NULL`` for missing), the event time and the two documents' publish times."""
+        page = locate(self.meta_doc, doc)  # the page's document's row of documents_meta (looked up once)
+        item = locate(self.promo_ad, ad)  # the ad's row of promoted_content
+
+        def of(columns: dict, name: str, where: tuple) -> np.ndarray:
+            at, found = where
+            return np.where(found, columns[name][at], NULL) if found.any() else np.full(len(at), NULL, np.int64)
+
+        def of_page(name):
+            return of(self.meta, name, page)
+
+        def of_ad(name):
+            return of(self.promo, name, item)
+
+        values = np.stack([doc, of_page("source_id"), of_page("publisher_id"), platform, *geo,
+                           ad, *(of_ad(name) for name in ITEM)], axis=1)  # fmt: skip
+        return {"onehot": values, "when": when, "published": of_page("published"),
+                "published_promo": of_ad("published_promo")}  # fmt: skip
+
+    def geo_codes(self, text: pl.Series) -> list[np.ndarray]:
+        """The codes of geo locations given as text (``NULL`` where missing or a text the events never held): the
+        location's, its country's (first 2 characters) and its state's (first 5), as the events' were coded."""
+        out = []
+        for width, names in zip((None, 2, 5), self.geo_names):
+            part = text if width is None else text.str.slice(0, width)
+            ids = vocabulary_ids(part, names).astype(np.int64)
+            out.append(np.where(ids > 0, ids - 1, NULL))
+        return out
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Every table as named arrays (texts as their UTF-8 bytes and offsets): ``from_arrays`` reads them back."""
+        out = {"promo_ad": self.promo_ad, "meta_doc": self.meta_doc, "views_doc": self.views_doc, "views": self.views}
+        out.update({f"promo/{k}": v for k, v in self.promo.items()})
+        out.update({f"meta/{k}": v for k, v in self.meta.items()})
+        for k, (docs, padded, _) in self.bags.items():
+            out[f"bags/{k}/docs"], out[f"bags/{k}/padded"] = docs, padded
+        for k, rows in self.terms.items():
+            out.update({f"terms/{k}/{c}": rows.frame[c].to_numpy() for c in rows.frame.columns})
+        for k, names in enumerate(self.geo_names):
+            data = names.cast(pl.String).str.join("\n").item().encode("utf-8") if len(names) else b""
+            out[f"geo/{k}"] = np.frombuffer(data, np.uint8).copy()
+        return out
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray], bag_sizes: dict[str, int]) -> Lookups:
+        """The tables ``arrays`` wrote (``bag_sizes``: each kind's vocabulary size, the bags' third member)."""
+
+        def under(prefix: str) -> dict[str, np.ndarray]:
+            return {k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)}
+
+        geo = []
+        for k in range(3):
+            text = bytes(arrays[f"geo/{k}"]).decode("utf-8")
+            geo.append(pl.Series(text.split("\n") if text else [], dtype=pl.String))
+        bags = {kind: (arrays[f"bags/{kind}/docs"], arrays[f"bags/{kind}/padded"], int(bag_sizes[kind]))
+                for kind, _, _ in KINDS}  # fmt: skip
+        terms = {plural: TermRows(pl.DataFrame({c: arrays[f"terms/{plural}/{c}"] for c in ("document_id", "vid", "u")}))
+                 for _, plural, _ in KINDS}  # fmt: skip
+        return cls(tuple(geo), arrays["promo_ad"], under("promo/"), arrays["meta_doc"], under("meta/"), bags, terms,
+                   arrays["views_doc"], arrays["views"])  # fmt: skip
+
+
+@dataclass
+class Tables(Lookups):
+    """The files other than clicks and page views, as sorted keys and columns for lookups: the ``Lookups`` and the
+    events by display. Their size follows the events and documents, not the clicks rows."""
+
+    display: np.ndarray  # events, sorted by display_id
+    ev_doc: np.ndarray
+    ev_when: np.ndarray  # ms since 1970
+    ev_platform: np.ndarray
+    ev_geo: np.ndarray  # codes of geo_location
+    ev_fold: np.ndarray  # int8: the CTR fold of a training display, -1 for an evaluation one
+    geo_parts: np.ndarray  # per geo code: its code, its country's and its state's (3, codes)
+
+    def lookups(self) -> Lookups:
+        """The tables without the events."""
+        return Lookups(**{f.name: getattr(self, f.name) for f in fields(Lookups)})
 
     @classmethod
     def load(cls, raw_dir: Path, recipe: OutbrainRecipe, rejects: Rejects) -> Tables:
@@ -199,13 +279,15 @@ class Tables:
         folds = recipe.ctr_folds
         fold = np.minimum(((draw - EVAL_SHARE) / (1 - EVAL_SHARE) * folds).astype(np.int64), folds - 1)
         geo, geo_names = codes(events["geo_location"])
-        parts = [np.arange(len(geo_names), dtype=np.int64)]
+        parts, names = [np.arange(len(geo_names), dtype=np.int64)], [geo_names]
         for width in (2, 5):  # country, state: the first characters, coded in their own sorted order
-            parts.append(codes(geo_names.str.slice(0, width))[0])
+            code, name = codes(geo_names.str.slice(0, width))
+            parts.append(code)
+            names.append(name)
         tables = dict(
             display=display, ev_doc=ints(events["document_id"]), ev_when=stamp + TIMESTAMP_EPOCH_MS,
             ev_platform=ints(events["platform"]), ev_geo=geo,
-            ev_fold=np.where(train, fold, -1).astype(np.int8), geo_parts=np.stack(parts),
+            ev_fold=np.where(train, fold, -1).astype(np.int8), geo_parts=np.stack(parts), geo_names=tuple(names),
         )  # fmt: skip
         del events, stamp, draw, train, fold
         meta = t.pop("documents_meta").unique("document_id", keep="first", maintain_order=True).sort("document_id")
@@ -246,30 +328,11 @@ class Tables:
         self.views = views["views"].to_numpy().astype(np.int64)
 
     def block(self, event: np.ndarray, ad: np.ndarray) -> dict[str, np.ndarray]:
-        """The columns of a block of clicks rows (their events' positions, their ads): the 13 one-hot features'
-        raw values (n, 13) int64 (``NULL`` for missing), and the rows' fold, display, event time and the
-        two documents' publish times."""
-        doc = self.ev_doc[event]
-        page = locate(self.meta_doc, doc)  # the page's document's row of documents_meta (looked up once)
-        item = locate(self.promo_ad, ad)  # the ad's row of promoted_content
-
-        def of(columns: dict, name: str, where: tuple) -> np.ndarray:
-            at, found = where
-            return np.where(found, columns[name][at], NULL) if found.any() else np.full(len(at), NULL, np.int64)
-
-        def of_page(name):
-            return of(self.meta, name, page)
-
-        def of_ad(name):
-            return of(self.promo, name, item)
-
+        """The columns of a block of clicks rows (their events' positions, their ads): ``columns`` of their events'
+        values, with the rows' fold and display."""
         geo = self.ev_geo[event]
         known = geo != NULL
         geo_part = [np.where(known, part[np.where(known, geo, 0)], NULL) if len(part) else geo
                     for part in self.geo_parts]  # fmt: skip
-
-        values = np.stack([doc, of_page("source_id"), of_page("publisher_id"), self.ev_platform[event], *geo_part,
-                           ad, *(of_ad(name) for name in ITEM)], axis=1)  # fmt: skip
-        return {"onehot": values, "fold": self.ev_fold[event].astype(np.int64), "display": self.display[event],
-                "when": self.ev_when[event], "published": of_page("published"),
-                "published_promo": of_ad("published_promo")}  # fmt: skip
+        cols = self.columns(self.ev_doc[event], self.ev_platform[event], geo_part, self.ev_when[event], ad)
+        return {**cols, "fold": self.ev_fold[event].astype(np.int64), "display": self.display[event]}

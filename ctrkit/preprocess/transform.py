@@ -182,7 +182,60 @@ def xxh64_ids(text: pl.Series) -> np.ndarray:
     return joined["raw"].fill_null(0).to_numpy().view(np.int64)
 
 
-class RowTransform:
+class RawColumns:
+    """The raw columns a fitted preprocessing reads (``columns``: ``Column``, ``null_values``: texts that mean a
+    missing value) and the one rule for a request's or a file's columns, shared by every source's preprocessing
+    (``RowTransform``; ``outbrain_transform.OutbrainTransform``)."""
+
+    columns: tuple[Column, ...]
+    null_values: tuple[str, ...]
+
+    def input_specs(self) -> list[dict[str, Any]]:
+        """The raw inputs, one per column: name, KServe v2 datatype, role (what ``ctrkit_model.json`` and the
+        server's metadata list)."""
+        out = []
+        for c in self.columns:  # integers as INT64 (ids, Criteo's counts), other numbers as FP32 (NaN: missing), text
+            kind = "INT64" if c.dtype == "Int64" else "FP32" if c.role == Role.NUMERICAL else "BYTES"
+            out.append({"name": c.name, "datatype": kind, "role": c.role.value})
+        return out
+
+    @property
+    def column_names(self) -> list[str]:
+        return [c.name for c in self.columns]
+
+    def check_columns(self, given: Sequence[str], missing_columns: str = "error") -> None:
+        """The one column rule of ``predict --input``, ``ctrkit serve`` and the Triton Python-backend model: a column
+        this model does not read is ignored (the label, ids to keep); a column it reads that ``given`` lacks is
+        refused, naming it, unless ``missing_columns`` is "missing" (then it is missing in every row); none of them
+        at all is refused either way."""
+        if missing_columns not in MISSING_COLUMNS:
+            raise ValueError(f"`missing_columns` must be one of {', '.join(MISSING_COLUMNS)}, got {missing_columns!r}")
+        absent = [c for c in self.column_names if c not in given]
+        if len(absent) == len(self.column_names):
+            raise RowError(f"none of the columns the model reads ({', '.join(self.column_names)})")
+        if absent and missing_columns == "error":
+            raise RowError(
+                f"no column {', '.join(repr(c) for c in absent)}; the model reads {', '.join(self.column_names)} (the "
+                "label is not needed, other columns are ignored; --missing-columns missing scores a column left out as "
+                "missing in every row)"
+            )
+
+    def _raw_frame(self, values: Mapping[str, Any], rows: int, missing_columns: str) -> pl.DataFrame:
+        """The columns given that the model reads, as sent (a column left out is added as missing by
+        ``_typed_exprs``, where ``check_columns`` lets it be)."""
+        self.check_columns([k for k, v in values.items() if v is not None], missing_columns)
+        series = []
+        for name, given in values.items():
+            if given is None or name not in self.column_names:
+                continue
+            s = _series(name, given, frozenset(self.null_values))
+            if len(s) != rows:
+                raise RowError(f"column '{name}' holds {len(s)} values, expected {rows} (one a row)")
+            series.append(s)
+        return pl.DataFrame(series) if series else pl.DataFrame({"__rows": [None] * rows})
+
+
+class RowTransform(RawColumns):
     """Raw rows (a Polars DataFrame of the raw columns) -> the model's numerical, categorical and multi-hot
     inputs, as the dataset the model was trained on made them.
 
@@ -229,7 +282,6 @@ class RowTransform:
         self._indexes: dict[str, ValueIndex] = {}
         self._plans: dict[tuple, list[pl.Expr]] = {}  # the transform's query per frame schema (``_plan``)
         self._checks: list | None = None  # ``_value_checks``, made once
-        self._null_set = frozenset(self.null_values)
         self.validate()
 
     def validate(self) -> None:
@@ -251,52 +303,6 @@ class RowTransform:
         for f in self.numerical:
             if f.transform not in TRANSFORMS:
                 raise ValueError(f"feature '{f.feature}': transform '{f.transform}' is not one of {TRANSFORMS}")
-
-    # ---- what a request sends ----
-
-    def input_specs(self) -> list[dict[str, Any]]:
-        """The raw inputs, one per column: name, KServe v2 datatype, role (what ``ctrkit_model.json`` and the
-        server's metadata list)."""
-        out = []
-        for c in self.columns:  # integers as INT64 (ids, Criteo's counts), other numbers as FP32 (NaN: missing), text
-            kind = "INT64" if c.dtype == "Int64" else "FP32" if c.role == Role.NUMERICAL else "BYTES"
-            out.append({"name": c.name, "datatype": kind, "role": c.role.value})
-        return out
-
-    @property
-    def column_names(self) -> list[str]:
-        return [c.name for c in self.columns]
-
-    def check_columns(self, given: Sequence[str], missing_columns: str = "error") -> None:
-        """The one column rule of ``predict --input``, ``ctrkit serve`` and the Triton Python-backend model: a column
-        this model does not read is ignored (the label, ids to keep); a column it reads that ``given`` lacks is
-        refused, naming it, unless ``missing_columns`` is "missing" (then it is missing in every row); none of them
-        at all is refused either way."""
-        if missing_columns not in MISSING_COLUMNS:
-            raise ValueError(f"`missing_columns` must be one of {', '.join(MISSING_COLUMNS)}, got {missing_columns!r}")
-        absent = [c for c in self.column_names if c not in given]
-        if len(absent) == len(self.column_names):
-            raise RowError(f"none of the columns the model reads ({', '.join(self.column_names)})")
-        if absent and missing_columns == "error":
-            raise RowError(
-                f"no column {', '.join(repr(c) for c in absent)}; the model reads {', '.join(self.column_names)} (the "
-                "label is not needed, other columns are ignored; --missing-columns missing scores a column left out as "
-                "missing in every row)"
-            )
-
-    def _raw_frame(self, values: Mapping[str, Any], rows: int, missing_columns: str) -> pl.DataFrame:
-        """The columns given that the model reads, as sent (a column left out is added as missing by
-        ``_typed_exprs``, where ``check_columns`` lets it be)."""
-        self.check_columns([k for k, v in values.items() if v is not None], missing_columns)
-        series = []
-        for name, given in values.items():
-            if given is None or name not in self.column_names:
-                continue
-            s = _series(name, given, self._null_set)
-            if len(s) != rows:
-                raise RowError(f"column '{name}' holds {len(s)} values, expected {rows} (one a row)")
-            series.append(s)
-        return pl.DataFrame(series) if series else pl.DataFrame({"__rows": [None] * rows})
 
     def from_request(
         self, values: Mapping[str, Any], rows: int, missing_columns: str = "error", bad: BadValues | None = None

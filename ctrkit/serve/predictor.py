@@ -40,7 +40,8 @@ class Predictor:
         self.transform = None  # the preprocessing the model carries (raw rows -> inputs), None if it carries none
 
     def carry(self, transform) -> None:
-        """Serves the raw inputs of ``transform`` (``preprocess.transform.RowTransform``; None: the id inputs only)."""
+        """Serves the raw inputs of ``transform`` (``preprocess.carried``: a ``RowTransform`` or an
+        ``OutbrainTransform``; None: the id inputs only)."""
         self.transform = transform
         if transform is not None:
             features = transform.input_specs()
@@ -193,12 +194,14 @@ class Predictor:
                         FILES)  # fmt: skip
         predictor = cls._from_file(meta, path)
         if meta.get("preprocessing"):  # the raw rows' preprocessing, beside the model file
-            from ctrkit.preprocess.transform import RECORD_FILE, RowTransform
+            from ctrkit.preprocess import carried
+            from ctrkit.preprocess.transform import RECORD_FILE
 
-            for file in (RECORD_FILE, "vocabularies.parquet"):
-                if repository is not None:
+            if repository is not None:
+                inside(repository, path.parent / RECORD_FILE)
+                for file in carried.files(path.parent):
                     inside(repository, path.parent / file)
-            transform = RowTransform.read(path.parent)
+            transform = carried.read(path.parent)
             multi = meta.get("multi_hot_cardinalities", [])
             transform.check_tables(meta["num_numerical"], meta["cardinalities"], multi, str(path.parent))
             predictor.carry(transform)

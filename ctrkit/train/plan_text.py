@@ -185,7 +185,10 @@ def mechanism_lines(
 def preprocessing_line(preprocessing: dict[str, Any]) -> tuple[str, str, str]:
     """The plan's line on the preprocessing the checkpoint carries to score raw rows."""
     described = preprocessing["description"]
-    values = sum(int(v["ids"].numel()) for v in preprocessing["vocabularies"].values())
+    if "vocabularies" in preprocessing:  # a table's or Criteo's
+        values = sum(int(v["ids"].numel()) for v in preprocessing["vocabularies"].values())
+    else:  # Outbrain's: its vocabularies' values are counted in its description
+        values = int(described.get("values", 0))
     rare = (
         "; values rarer than the frequency threshold are left out and score as unseen ones (id 0)"
         if described.get("rare_values") == "missing"

@@ -539,7 +539,7 @@ def carried_preprocessing(feature_spec: FeatureSpec) -> dict[str, Any] | None:
 
     if not (feature_spec.base_dir / PREPROCESSING_FILE).is_file():  # synthetic data: no Polars imported for nothing
         return None
-    from ctrkit.preprocess.transform import from_dataset
+    from ctrkit.preprocess.carried import from_dataset
 
     transform = from_dataset(feature_spec.base_dir)
     transform.check_features(feature_spec.summary(), str(feature_spec.base_dir))
