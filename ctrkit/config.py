@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ctrkit.field_types import check_fields
+from ctrkit.field_types import COUNT, NON_NEGATIVE, SECONDS, SEED, THREADS, Range, check_fields, check_ranges
 from ctrkit.optimizers import DENSE_OPTIMIZERS, TABLE_OPTIMIZERS
 
 __all__ = ["DENSE_OPTIMIZERS", "TABLE_OPTIMIZERS"]  # the optimizers' names, defined with their records
@@ -37,7 +37,11 @@ def option(default: Any, help: str, choices: tuple | None = None, unset: str | N
         command_line: how the flag is spelled beyond the defaults: ``parse`` ("int_list", "name_list", "table_sizes"),
             ``required``, ``positional``, ``nargs``, ``exclusive`` (a group name: at most one of the group,
             exactly one if a member is ``required``), ``hidden``, ``shown`` (the default as the help says
-            it), ``suppress`` (absent from the parsed arguments unless given).
+            it), ``suppress`` (absent from the parsed arguments unless given), ``bounds`` (a numeric setting's
+            ``field_types.Range``: the flag refuses a value outside it, and so does ``field_types.check_ranges``),
+            ``writes`` (a path the command writes: "file", or "directory" where it replaces the whole directory;
+            refused when it names one of the command's inputs; "over": an input its file outputs may write over, as
+            a resumed run saves over the checkpoint it resumed from).
     """
     return field(default=default, metadata={"help": help, "choices": choices, "unset": unset, **command_line})
 
@@ -53,37 +57,52 @@ class TrainConfig:
 
     epochs: int | None = option(
         None, "the most passes over the training data (training stops earlier on a plateau)",
-        unset="the plan's: 10, more on data of a few batches an epoch",
+        unset="the plan's: 10, more on data of a few batches an epoch", bounds=Range(1, 1_000_000)
     )  # fmt: skip
-    max_steps: int | None = option(None, "stop after this many steps in total", unset="all epochs")
-    batch_size: int | None = option(None, "samples per step", unset="the model's")
-    eval_batch_size: int = option(16384, "samples per forward pass in evaluation")
-    lr: float | None = option(None, "peak learning rate of the dense part", unset="the model's")
+    max_steps: int | None = option(None, "stop after this many steps in total", unset="all epochs", bounds=COUNT)
+    batch_size: int | None = option(None, "samples per step", unset="the model's", bounds=Range(1, 2**31 - 1))
+    eval_batch_size: int = option(16384, "samples per forward pass in evaluation", bounds=Range(1, 2**31 - 1))
+    lr: float | None = option(
+        None, "peak learning rate of the dense part", unset="the model's", bounds=Range(0, 3.4e38, lo_open=True)
+    )
     optimizer: str | None = option(None, "optimizer of the dense part", DENSE_OPTIMIZERS, "the model's")
     embedding_optimizer: str | None = option(
         None, "optimizer of the embedding tables, always with sparse row updates", TABLE_OPTIMIZERS, "the model's"
     )
     embedding_lr: float | None = option(
-        None, "peak learning rate of the embeddings", unset="the model's, else the dense part's"
+        None,
+        "peak learning rate of the embeddings",
+        unset="the model's, else the dense part's",
+        bounds=Range(0, 3.4e38, lo_open=True),
     )
     wide_optimizer: str | None = option(
         None, "optimizer of a model's wide (linear) part, e.g. wide_deep's", TABLE_OPTIMIZERS, "the model's"
     )
-    wide_lr: float | None = option(None, "peak learning rate of the wide part", unset="the model's")
+    wide_lr: float | None = option(
+        None, "peak learning rate of the wide part", unset="the model's", bounds=Range(0, 3.4e38, lo_open=True)
+    )
     embedding_l2: float = option(
         0.0,
         "L2 penalty on the embedding vectors each sample looks up (only those rows get its gradient, as sparse "
         "updates), added to the mean loss",
+        bounds=Range(0, 1e6),
     )
-    weight_decay: float = option(0.0, "L2 penalty on the dense part's weights, added to the mean loss")
-    warmup_steps: int | None = option(None, "linear warmup steps", unset="the plan's: 5% of the first epoch")
+    weight_decay: float = option(
+        0.0, "L2 penalty on the dense part's weights, added to the mean loss", bounds=Range(0, 1e6)
+    )
+    warmup_steps: int | None = option(
+        None, "linear warmup steps", unset="the plan's: 5% of the first epoch", bounds=NON_NEGATIVE
+    )
     decay_start_step: int | None = option(
-        None, "step where polynomial decay begins", unset="the plan's: where the decay ends with the planned steps"
+        None,
+        "step where polynomial decay begins",
+        unset="the plan's: where the decay ends with the planned steps",
+        bounds=NON_NEGATIVE,
     )
     decay_steps: int | None = option(None, "length of the decay (0: none)", unset="the plan's: the last half of the "
-                                     "planned steps (epochs x batches an epoch)")  # fmt: skip
-    decay_power: float = option(2.0, "power of the polynomial decay")
-    end_lr: float = option(0.0, "learning rate after the decay")
+                                     "planned steps (epochs x batches an epoch)", bounds=NON_NEGATIVE)  # fmt: skip
+    decay_power: float = option(2.0, "power of the polynomial decay", bounds=Range(0, 1000, lo_open=True))
+    end_lr: float = option(0.0, "learning rate after the decay", bounds=Range(0, 1e6))
     lr_schedule: str = option(
         "poly",
         "after the warmup: poly holds the peak lr, then decays it polynomially (the DLRM seed's); step runs at a "
@@ -95,12 +114,15 @@ class TrainConfig:
         "the warmup and decay also apply to a wide (first-order) part; off: it keeps its lr throughout, as the "
         "Wide & Deep seed's linear model",
     )
-    seed: int = option(0, "seed of weights, batch order and every torch random source")
-    evals_per_epoch: int = option(4, "validation evaluations per epoch, 0 for only at the end")
+    seed: int = option(0, "seed of weights, batch order and every torch random source", bounds=SEED)
+    evals_per_epoch: int = option(
+        4, "validation evaluations per epoch, 0 for only at the end", bounds=Range(0, 1_000_000)
+    )
     validation_fraction: float = option(
         VALIDATION_FRACTION,
         "when the dataset has no 'validation' mapping, hold out this last fraction of 'train' (the most recent "
         "rows of a time-ordered log) for validation; 0 for none (no model selection)",
+        bounds=Range(0.0, 1.0, hi_open=True),
     )
     linear_warm_start: bool = option(
         True,
@@ -114,6 +136,7 @@ class TrainConfig:
         "after the linear warm start, a trained model replaces the fitted regression as the selected model only "
         "when its validation AUC is higher by at least this many standard errors of the paired difference "
         "(DeLong); 0: any gain",
+        bounds=Range(0, 1000),
     )
     warm_start_logloss: bool = option(
         False,
@@ -131,7 +154,9 @@ class TrainConfig:
         "redrawn at each epoch; off: never",
         ("auto", "on", "off"),
     )
-    reinit_drop: float = option(0.01, "the validation AUC fall below the best that turns auto reinit_embeddings on")
+    reinit_drop: float = option(
+        0.01, "the validation AUC fall below the best that turns auto reinit_embeddings on", bounds=Range(0, 1)
+    )
     snapshot_ensemble: int = option(
         1,
         "keep the best evaluation of each of the N epochs with the best validation AUC (N copies of the weights, "
@@ -139,6 +164,7 @@ class TrainConfig:
         "selected model when its validation AUC is higher by min_delta and it passes the warm-start rules: the "
         "kept model is then that ensemble, whose every member is run on each request. 1: one model. "
         "Single-process runs only",
+        bounds=Range(1, 1000),
     )
     seed_ensemble: int = option(
         1,
@@ -147,6 +173,7 @@ class TrainConfig:
         "validation AUC is higher by min_delta and its log loss lower than the warm start's: the kept model is "
         "then that ensemble, whose every member is run on each request. 1: one model. Single-process runs with "
         "validation data only",
+        bounds=Range(1, 1000),
     )
     small_batch: int | None = option(
         None,
@@ -155,6 +182,7 @@ class TrainConfig:
         "0: only the run's batch. Single-process runs with validation data only",
         unset="the plan's: on data of fewer than 10 batches an epoch, the largest power of two at most the training "
         "rows / 32, at least 32; else 0",
+        bounds=Range(0, 2**31 - 1),
     )
     best_weights: str | None = option(
         None,
@@ -181,12 +209,14 @@ class TrainConfig:
         None,
         "with embedding_storage disk or host: rows of each table collection's cache (in memory, or on the GPU)",
         unset="the plan's: as many as half the memory left after the rest of the run holds, at most every row",
+        bounds=Range(1, 2**62),
     )
     admit_after: int = option(
         1,
         "dynamic features (raw ids): sightings in training before an id gets its own row of the table; until then "
         "it shares the feature's rare row (row 0) with every id not admitted; this and the next two are refused on "
         "a dataset without dynamic features",
+        bounds=Range(1, 2**31 - 1),
     )
     eviction: str = option(
         "lfu",
@@ -198,6 +228,7 @@ class TrainConfig:
         0,
         "dynamic features: training batches in which an id's count of sightings halves (0: counts never decay; "
         "unset in a --continue-from run: 2 epochs of its data)",
+        bounds=NON_NEGATIVE,
     )
     calibrate: str = option(
         "auto",
@@ -211,15 +242,19 @@ class TrainConfig:
         None,
         "stop after this many validation evaluations without improvement (0: never stop early)",
         unset="the plan's: 8, or 20 on data of fewer than 10 batches an epoch",
+        bounds=Range(0, 1_000_000),
     )
     plateau_patience: int | None = option(
         None,
         "multiply the learning rates by plateau_factor after this many evaluations without improvement (0: never)",
         unset="the plan's: 4, or 10 on data of fewer than 10 batches an epoch",
+        bounds=Range(0, 1_000_000),
     )
-    plateau_factor: float = option(0.5, "the learning-rate multiplier on a validation plateau")
-    min_delta: float = option(1e-4, "the validation AUC gain that counts as an improvement")
-    print_freq: int = option(50, "steps between log records")
+    plateau_factor: float = option(
+        0.5, "the learning-rate multiplier on a validation plateau", bounds=Range(0, 1, lo_open=True)
+    )
+    min_delta: float = option(1e-4, "the validation AUC gain that counts as an improvement", bounds=Range(0, 1))
+    print_freq: int = option(50, "steps between log records", bounds=COUNT)
     amp: bool = option(
         False,
         "mixed precision: bf16 autocast on a CPU with native bf16 (fp32 elsewhere) and on GPUs with bf16 tensor cores, "
@@ -256,37 +291,13 @@ class TrainConfig:
         "fp16 or torchrun; on: any batch there; off: every operation spread over the threads",
         ("auto", "on", "off"),
     )
-    checkpoint_every: int | None = option(None, "also checkpoint every N steps", unset="at evaluations and the end")
+    checkpoint_every: int | None = option(
+        None, "also checkpoint every N steps", unset="at evaluations and the end", bounds=COUNT
+    )
 
     def validate(self) -> None:
-        def positive(name: str, allow_none: bool = False, allow_zero: bool = False) -> None:
-            v = getattr(self, name)
-            if v is None and allow_none:
-                return
-            if not isinstance(v, int) or isinstance(v, bool) or v < (0 if allow_zero else 1):
-                bound = ">= 0" if allow_zero else ">= 1"
-                raise ValueError(f"`{name}`: expected an integer {bound}, got {v!r}")
-
-        positive("epochs", allow_none=True)
-        positive("max_steps", allow_none=True)
-        positive("batch_size", allow_none=True)
-        positive("eval_batch_size")
-        positive("warmup_steps", allow_none=True, allow_zero=True)
-        positive("decay_start_step", allow_none=True, allow_zero=True)
-        positive("decay_steps", allow_none=True, allow_zero=True)
-        positive("evals_per_epoch", allow_zero=True)
-        positive("print_freq")
-        positive("checkpoint_every", allow_none=True)
-        positive("snapshot_ensemble")
-        positive("seed_ensemble")
-        positive("small_batch", allow_none=True, allow_zero=True)
-        positive("admit_after")
-        positive("count_half_life", allow_zero=True)
-        for name in ("lr", "embedding_lr", "wide_lr"):
-            value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise ValueError(f"`{name}`: expected a positive learning rate, got {value}")
-        if self.end_lr < 0 or (self.lr is not None and self.end_lr > self.lr):
+        check_ranges(self)  # each number within its field's bounds
+        if self.lr is not None and self.end_lr > self.lr:
             raise ValueError(f"`end_lr`: expected 0 <= end_lr <= lr ({self.lr}), got {self.end_lr}")
         for name, allowed in (
             ("optimizer", DENSE_OPTIMIZERS),
@@ -298,24 +309,6 @@ class TrainConfig:
             value = getattr(self, name)
             if value is not None and value not in allowed:
                 raise ValueError(f"`{name}`: expected one of {', '.join(allowed)}, got {value!r}")
-        positive("early_stopping_patience", allow_none=True, allow_zero=True)
-        positive("plateau_patience", allow_none=True, allow_zero=True)
-        if not 0.0 <= self.validation_fraction < 1.0:
-            raise ValueError(f"`validation_fraction`: expected a fraction in [0, 1), got {self.validation_fraction}")
-        if not self.reinit_drop >= 0:
-            raise ValueError(f"`reinit_drop`: expected an AUC difference >= 0, got {self.reinit_drop}")
-        if not 0.0 < self.plateau_factor <= 1.0:
-            raise ValueError(f"`plateau_factor`: expected a multiplier in (0, 1], got {self.plateau_factor}")
-        if self.embedding_l2 < 0 or self.weight_decay < 0:
-            raise ValueError(
-                f"`embedding_l2` and `weight_decay` must be >= 0, got {self.embedding_l2}, {self.weight_decay}"
-            )
-        if self.min_delta < 0:
-            raise ValueError(f"`min_delta`: expected a number >= 0, got {self.min_delta}")
-        if not self.warm_start_z >= 0:
-            raise ValueError(f"`warm_start_z`: expected a number >= 0, got {self.warm_start_z}")
-        if self.decay_power <= 0:
-            raise ValueError(f"`decay_power`: expected a positive power, got {self.decay_power}")
         if self.amp_dtype not in (None, "bf16", "fp16"):
             raise ValueError(f"`amp_dtype`: expected 'bf16' or 'fp16', got {self.amp_dtype!r}")
         if self.precision in ("fp32", "tf32") and self.amp:
@@ -376,34 +369,34 @@ class ParallelConfig:
         ("auto", "table", "column", "row"),
     )
     column_split_dim: int | None = option(
-        None, "under auto, split tables wider than this into column blocks this wide", unset="never"
+        None,
+        "under auto, split tables wider than this into column blocks this wide",
+        unset="never",
+        bounds=Range(1, 65536),
     )
     row_budget_mb: float | None = option(
         None,
         "under auto, split a table larger than this many MB (fp32) by rows over every rank, so a table larger than "
         "one worker's memory still trains",
         unset="a quarter of the memory a rank has: host memory shared by the node's ranks on CPU, the GPU's on CUDA",
+        bounds=Range(0, 2**40, lo_open=True, unit="MB"),
     )
     replicate_below_kb: float = option(
         256.0,
         "under auto, keep every one-hot table of at most this many KiB (fp32) whole on every rank and train it "
         "data-parallel (its gradient summed over ranks each step) instead of sending its ids and vectors between "
         "ranks; 0: never",
+        bounds=Range(0, 2**40, unit="KB"),
     )
     print_sharding_plan: bool = option(False, "print where every table lives (rank 0)")
     dist_timeout: float = option(
-        120.0, "seconds a rank waits in a collective before failing (a dead peer ends the job, not hangs it)"
+        120.0,
+        "seconds a rank waits in a collective before failing (a dead peer ends the job, not hangs it)",
+        bounds=SECONDS,
     )
 
     def validate(self) -> None:
-        if self.column_split_dim is not None and self.column_split_dim < 1:
-            raise ValueError(f"`column_split_dim`: expected an integer >= 1, got {self.column_split_dim}")
-        if self.row_budget_mb is not None and not self.row_budget_mb > 0:
-            raise ValueError(f"`row_budget_mb`: expected a positive size, got {self.row_budget_mb}")
-        if not self.replicate_below_kb >= 0:
-            raise ValueError(f"`replicate_below_kb`: expected a size >= 0, got {self.replicate_below_kb}")
-        if not self.dist_timeout > 0:
-            raise ValueError(f"`dist_timeout`: expected a positive number of seconds, got {self.dist_timeout}")
+        check_ranges(self)
 
     @property
     def row_budget_bytes(self) -> int | None:
@@ -446,7 +439,9 @@ class RunOptions:
     )
     dataset: Path | None = option(None, "dataset directory holding feature_spec.yaml", suppress=True)
     model_config: Path | None = option(None, "YAML file of model config fields (e.g. embedding_dim, bottom_mlp)")
-    embedding_dim: int | None = option(None, "embedding width D", unset="the model's: DLRM 64, the others 16")
+    embedding_dim: int | None = option(
+        None, "embedding width D", unset="the model's: DLRM 64, the others 16", bounds=Range(1, 65536)
+    )
     embedding_sizes: str | None = option(
         None,
         "a width per categorical feature, for dcnv2 and wide_deep (DLRM's dot needs one width): a JSON file "
@@ -473,10 +468,13 @@ class RunOptions:
         "quantile buckets of each numerical feature in the first-order term (at most this many, fewer where clicks "
         "are few; 0: none)",
         unset="the recipe's: none in tuned, plain and nvidia",
+        bounds=Range(0, 65536),
     )
-    save_checkpoint: Path | None = option(None, "checkpoint file, written atomically at each evaluation and at the end")
+    save_checkpoint: Path | None = option(
+        None, "checkpoint file, written atomically at each evaluation and at the end", writes="file"
+    )
     load_checkpoint: Path | None = option(
-        None, "resume from this checkpoint (weights, optimizer, step, RNG; same data and batch size)"
+        None, "resume from this checkpoint (weights, optimizer, step, RNG; same data and batch size)", writes="over"
     )
     continue_from: Path | None = option(
         None,
@@ -485,17 +483,19 @@ class RunOptions:
         "selection on the new data's validation; rates and count half-life left unset take the continued run's "
         "defaults (half the dense and table rates, four times the first-order rate, counts halving every 2 epochs; the "
         "plan shows them); --load-checkpoint, if given too, resumes this run instead",
+        writes="over",
     )
     allow_other_vocabulary: bool = option(
         False,
         "continue from --load-checkpoint on a dataset preprocessed with other vocabularies (refused by default: "
         "the same id means another value there, so the learned rows no longer match their values)",
     )
-    log_path: Path | None = option(None, "append JSON-lines records (loss, lr, samples/s, eval)")
+    log_path: Path | None = option(None, "append JSON-lines records (loss, lr, samples/s, eval)", writes="file")
     tensorboard: Path | None = option(
         None,
         "also write the log's scalars (training loss, lr, samples/s; validation and test AUC and log loss) as "
         "TensorBoard event files in this directory (needs tensorboard: pip install 'ctrkit[tensorboard]')",
+        writes="file",
     )
     device: str = option("auto", "auto (CUDA if present, else CPU), cpu, cuda, cuda:N")
     threads: int | None = option(
@@ -504,6 +504,7 @@ class RunOptions:
         "spin a while before sleeping, fastest on a machine of your own; PASSIVE: they sleep, safer where other "
         "work shares the cores)",
         unset="torch's choice",
+        bounds=THREADS,
     )
     no_progress: bool = option(False, "no progress bar")
     dry_run: bool = option(

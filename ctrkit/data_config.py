@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from ctrkit.config import option
+from ctrkit.data.feature_spec import MAX_CAPACITY
+from ctrkit.field_types import COUNT, FRACTION, SEED, Range
 
 
 @dataclass(frozen=True)
@@ -43,8 +45,10 @@ class SynthConfig:
         ),
         positional=True,
     )
-    out: Path | None = option(None, "dataset directory to create (a file for criteo)", required=True)
-    rows: int = option(300_000, "about this many samples, train + test")
+    out: Path | None = option(
+        None, "dataset directory to create (a file for criteo)", required=True, writes="directory"
+    )
+    rows: int = option(300_000, "about this many samples, train + test", bounds=COUNT)
     tables: tuple[int, ...] | None = option(
         None,
         "comma-separated cardinalities of the categorical features, or a preset: criteo-kaggle-like (26 tables of 3 "
@@ -53,19 +57,21 @@ class SynthConfig:
         unset="criteo-kaggle-like",
         parse="table_sizes",
     )
-    num_numerical: int = option(13, "numerical features")
-    test_fraction: float = option(0.1, "share of rows in test/")
-    seed: int = option(0, "random seed of the click model and samples")
+    num_numerical: int = option(13, "numerical features", bounds=Range(0, 100_000))
+    test_fraction: float = option(0.1, "share of rows in test/", bounds=FRACTION)
+    seed: int = option(0, "random seed of the click model and samples", bounds=SEED)
     overwrite: bool = option(False, "replace an existing dataset directory")
-    days: int = option(7, "stream: days to write")
+    days: int = option(7, "stream: days to write", bounds=Range(1, 100_000))
     capacity: float = option(
-        1.0, "stream: rows of each dynamic table, as a share of the ids its feature has on one day (plus the rare row)"
+        1.0,
+        "stream: rows of each dynamic table, as a share of the ids its feature has on one day (plus the rare row)",
+        bounds=Range(0, 1000, lo_open=True),
     )
 
 
 def test_fraction_option() -> Any:
     """The ``--test-fraction`` option of the preprocessing recipes (exclusive with their ``--test-files``)."""
-    return option(None, "last fraction of the rows as the test split", unset="0.1", exclusive="split")
+    return option(None, "last fraction of the rows as the test split", unset="0.1", exclusive="split", bounds=FRACTION)
 
 
 def validation_fraction_option() -> Any:
@@ -75,6 +81,7 @@ def validation_fraction_option() -> Any:
         "the last fraction of the train split becomes a 'validation' mapping (scored with the train vocabulary, "
         "as test is), for model selection during training",
         unset="none: training holds out the tail of train itself",
+        bounds=Range(0.0, 1.0, hi_open=True),
     )
 
 
@@ -86,7 +93,8 @@ def raw_ids_option(columns: str) -> Any:
 def capacity_option() -> Any:
     """The ``--capacity`` option of the preprocessing recipes (rows of each raw-id column's table)."""
     return option(None, "rows of each --raw-ids column's table (row 0 the rare row)",
-                  unset="the rows its vocabulary would have at --frequency-threshold")  # fmt: skip
+                  unset="the rows its vocabulary would have at --frequency-threshold",
+                  bounds=Range(2, MAX_CAPACITY))  # fmt: skip
 
 
 def spark_master_option() -> Any:
@@ -99,21 +107,24 @@ class OutbrainPreprocessConfig:
     """``ctrkit preprocess outbrain``: the raw Kaggle Outbrain directory, the recipe's threshold and seed."""
 
     raw: Path | None = option(None, "directory of the raw Kaggle Outbrain CSV files (plain or .gz)", positional=True)
-    out: Path | None = option(None, "dataset directory to create", required=True)
+    out: Path | None = option(None, "dataset directory to create", required=True, writes="directory")
     frequency_threshold: int = option(
-        2, "one-hot ids seen fewer times than this in the training rows share id 0 with missing values"
+        2,
+        "one-hot ids seen fewer times than this in the training rows share id 0 with missing values",
+        bounds=Range(1, 2**31 - 1),
     )
     raw_ids: tuple[str, ...] = raw_ids_option(
         "comma-separated one-hot id columns (ad_id, document_id, ...; not geo_location*) kept as raw 64-bit ids "
         "for dynamic tables (train --admit-after, --eviction): the files' integer ids; missing 0"
     )
     capacity: int | None = capacity_option()
-    seed: int = option(0, "seed of the per-display draw that puts 20% of days 0-10 in the evaluation set")
+    seed: int = option(0, "seed of the per-display draw that puts 20% of days 0-10 in the evaluation set", bounds=SEED)
     ctr_folds: int = option(
         10,
         "the training displays are split into this many folds, and a training row's CTR features are computed "
         "over the other folds' rows, so that no training row's feature counts its own click (evaluation rows: "
         "over all training rows)",
+        bounds=Range(2, 1000),
     )
     bad_rows: str = option(
         "error",
@@ -124,6 +135,7 @@ class OutbrainPreprocessConfig:
         1 << 17,
         "clicks_train.csv's rows are worked on this many at a time (twice: tallies, then features); memory grows "
         "with the block while it is worked on (about 0.7 KB a row), and the dataset does not depend on the block size",
+        bounds=Range(1, 2**31 - 1),
     )
     engine: str = option(
         "polars",
@@ -143,11 +155,11 @@ class CriteoPreprocessConfig:
     raw: tuple[Path, ...] = option(
         (), "raw TSV files (plain or .gz) of the train split, in order", positional=True, nargs="+"
     )
-    out: Path | None = option(None, "dataset directory to create", required=True)
+    out: Path | None = option(None, "dataset directory to create", required=True, writes="directory")
     test_files: tuple[Path, ...] | None = option(None, "raw files of the test split", nargs="+", exclusive="split")
     test_fraction: float | None = test_fraction_option()
     validation_fraction: float | None = validation_fraction_option()
-    frequency_threshold: int = option(3, "FL: rarer categories share one id")
+    frequency_threshold: int = option(3, "FL: rarer categories share one id", bounds=Range(1, 2**31 - 1))
     raw_ids: tuple[str, ...] = raw_ids_option(
         "comma-separated categorical columns (C1..C26, or 'all') kept as raw 64-bit ids for dynamic tables "
         "(train --admit-after, --eviction): each value's exact key, int(value, 16) + (digits << 60); missing 0"
@@ -185,12 +197,14 @@ class TablePreprocessConfig:
         (), "CSV or Parquet files (.parquet/.pq) of the train split, with a header, in order", positional=True,
         nargs="+",
     )  # fmt: skip
-    out: Path | None = option(None, "dataset directory to create", required=True)
+    out: Path | None = option(None, "dataset directory to create", required=True, writes="directory")
     label: str | None = option(None, "the label column (0/1 or true/false unless --positive or --label-threshold)",
                                required=True)  # fmt: skip
     positive: str | None = option(None, "the label is 1 where the label column equals this value (as text), else 0")
     label_threshold: float | None = option(
-        None, "the label is 1 where the label column is at least this number, else 0 (e.g. 4 for ratings 1-5)"
+        None,
+        "the label is 1 where the label column is at least this number, else 0 (e.g. 4 for ratings 1-5)",
+        bounds=Range(-3.4e38, 3.4e38),
     )
     categorical: tuple[str, ...] = option(
         (), "comma-separated categorical columns (ids, codes); text and boolean columns are categorical unless named "
@@ -248,7 +262,7 @@ class TablePreprocessConfig:
     )  # fmt: skip
     shuffle_seed: int | None = option(
         None, "shuffle the rows with this seed before splitting, for data whose order means nothing",
-        exclusive="order",
+        exclusive="order", bounds=SEED
     )  # fmt: skip
     group: str | None = option(
         None, "the column whose equal values are ranked together (a display or session id): the map channel of the "
@@ -257,7 +271,9 @@ class TablePreprocessConfig:
     test_files: tuple[Path, ...] | None = option(None, "files of the test split", nargs="+", exclusive="split")
     test_fraction: float | None = test_fraction_option()
     validation_fraction: float | None = validation_fraction_option()
-    frequency_threshold: int = option(3, "categorical values seen fewer times in the train split share one id")
+    frequency_threshold: int = option(
+        3, "categorical values seen fewer times in the train split share one id", bounds=Range(1, 2**31 - 1)
+    )
     raw_ids: tuple[str, ...] = raw_ids_option(
         "comma-separated categorical columns kept as raw 64-bit ids for dynamic tables (train --admit-after, "
         "--eviction): XXH64 of the value's text (seed 0) as int64; missing 0"
@@ -298,9 +314,13 @@ class TranscodeConfig:
     """``ctrkit transcode``: CSV/Parquet chunks in, split binary out."""
 
     input: Path | None = option(None, "directory holding feature_spec.yaml and the data", required=True)
-    output: Path | None = option(None, "dataset directory to create", required=True)
+    output: Path | None = option(None, "dataset directory to create", required=True, writes="directory")
     overwrite: bool = option(False, "replace an existing output directory")
-    chunk_size: int = option(1 << 20, "rows read and written at a time; memory stays bounded by it, not by the data")
+    chunk_size: int = option(
+        1 << 20,
+        "rows read and written at a time; memory stays bounded by it, not by the data",
+        bounds=Range(1, 2**31 - 1),
+    )
 
 
 @dataclass(frozen=True)
@@ -308,6 +328,6 @@ class GenCsvConfig:
     """``ctrkit gen-csv``: random CSV files for a CSV-type feature spec."""
 
     feature_spec: Path | None = option(None, "a feature_spec.yaml with csv chunks", required=True)
-    out: Path | None = option(None, "directory for the CSV files and the spec", required=True)
-    rows: int = option(1000, "rows per mapping")
-    seed: int = option(0, "random seed")
+    out: Path | None = option(None, "directory for the CSV files and the spec", required=True, writes="directory")
+    rows: int = option(1000, "rows per mapping", bounds=COUNT)
+    seed: int = option(0, "random seed", bounds=SEED)

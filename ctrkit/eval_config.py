@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ctrkit.config import BAD_VALUES, option
+from ctrkit.field_types import Range, check_ranges
 
 
 @dataclass(frozen=True)
@@ -15,11 +16,13 @@ class EvalConfig:
 
     checkpoint: Path | None = option(None, "checkpoint written by `ctrkit train`", required=True)
     dataset: Path | None = option(None, "dataset directory holding feature_spec.yaml", required=True)
-    out: Path | None = option(None, "output file: NumPy .npy format, written at exactly this path", required=True)
+    out: Path | None = option(
+        None, "output file: NumPy .npy format, written at exactly this path", required=True, writes="file"
+    )
     json: bool = option(False, "print one JSON object instead of a text line")
     device: str = option("auto", "auto, cpu, cuda, cuda:N")
     mapping: str = option("test", "source_spec mapping to score")
-    batch_size: int = option(16384, "samples per forward pass")
+    batch_size: int = option(16384, "samples per forward pass", bounds=Range(1, 2**31 - 1))
     allow_other_vocabulary: bool = option(
         False,
         "score a dataset preprocessed with other vocabularies than the checkpoint's training data (refused by "
@@ -33,8 +36,7 @@ class EvalConfig:
     no_progress: bool = option(False, "no progress bar")
 
     def validate(self) -> None:
-        if self.batch_size < 1:
-            raise ValueError(f"`batch_size`: expected an integer >= 1, got {self.batch_size}")
+        check_ranges(self)
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,7 @@ class PredictConfig:
         "output file: with --dataset, NumPy .npy at exactly this path; with --input, a table (.csv, or .parquet/.pq) "
         "of the --keep columns and 'probability', one row per input row",
         required=True,
+        writes="file",
     )
     keep: tuple[str, ...] = option(
         (), "with --input: columns of the input copied to the output (ids)", parse="name_list"
@@ -78,7 +81,9 @@ class PredictConfig:
     separator: str = option(",", "with --input: the CSV field separator: one byte, or 'tab' (or '\\t') for a tab")
     device: str = option("auto", "auto, cpu, cuda, cuda:N")
     mapping: str = option("test", "with --dataset: the source_spec mapping to score")
-    batch_size: int = option(16384, "with --dataset: samples per forward pass; with --input: rows per block")
+    batch_size: int = option(
+        16384, "with --dataset: samples per forward pass; with --input: rows per block", bounds=Range(1, 2**31 - 1)
+    )
     allow_other_vocabulary: bool = option(
         False,
         "with --dataset: score a dataset preprocessed with other vocabularies than the checkpoint's training data",
@@ -86,8 +91,7 @@ class PredictConfig:
     no_progress: bool = option(False, "no progress bar")
 
     def validate(self) -> None:
-        if self.batch_size < 1:
-            raise ValueError(f"`batch_size`: expected an integer >= 1, got {self.batch_size}")
+        check_ranges(self)
         if self.keep and self.input is None:
             raise ValueError("`keep` applies to --input (a .npy file of a dataset holds the probabilities alone)")
         from ctrkit.preprocess.table_reader import separator_char
@@ -99,7 +103,7 @@ class PredictConfig:
 class ReportConfig:
     """``ctrkit report``: what the page is about and where it goes (the checkpoint is positional)."""
 
-    out: Path = option(Path("report.html"), "the HTML file to write (self-contained: images embedded)")
+    out: Path = option(Path("report.html"), "the HTML file to write (self-contained: images embedded)", writes="file")
     dataset: Path | None = option(None, "dataset directory", unset="the run's, from the YAML beside the checkpoint")
     mapping: str = option("test", "source_spec mapping to score for the final metrics and the calibration")
     log_path: Path | None = option(None, "the run's JSON-lines log", unset="the run's --log-path, if it had one")
@@ -112,11 +116,12 @@ class ConvertConfig:
     """``ctrkit convert-checkpoint``: a checkpoint between the one-file and the sharded forms."""
 
     checkpoint: Path | None = option(None, "checkpoint written by `ctrkit train` (sharded or not)", required=True)
-    out: Path | None = option(None, "the checkpoint to write", required=True)
+    out: Path | None = option(None, "the checkpoint to write", required=True, writes="file")
     world_size: int | None = option(
         None,
         "write the sharded form a run of this many ranks writes (a manifest and a file per rank, tables placed by "
         "--sharding and its size options), without optimizer state",
         unset="one file with whole tables",
+        bounds=Range(1, 65536),
     )
     overwrite: bool = option(False, "replace an existing output file")

@@ -12,6 +12,7 @@ import json
 import math
 import types
 import typing
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -72,10 +73,11 @@ def _plural(kind: str) -> str:
 
 
 def check_fields(cls: type, values: dict[str, Any], where: str) -> None:
-    """A one-line ValueError for the first of ``values`` that is not of its field's type in dataclass ``cls``
-    (unknown keys are left to the caller)."""
+    """A one-line ValueError for the first of ``values`` that is not of its field's type in dataclass ``cls``, or
+    outside its stated ``bounds`` (``Range``; unknown keys are left to the caller)."""
     hints = _hints(cls)
-    known = {f.name for f in dataclasses.fields(cls)}
+    fields_of = {f.name: f for f in dataclasses.fields(cls)}
+    known = set(fields_of)
     for key, value in values.items():
         if key in known and not conforms(value, hints[key]):
             note = ""
@@ -86,6 +88,11 @@ def check_fields(cls: type, values: dict[str, Any], where: str) -> None:
                 except ValueError:
                     pass
             raise ValueError(f"{where}: '{key}' holds {_shown(value)}; expected {describe(hints[key])}{note}")
+        bounds = fields_of[key].metadata.get("bounds") if key in known else None
+        if bounds is not None and isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not bounds.holds(value):
+                integer = isinstance(value, int) and not conforms(1.5, hints[key])
+                raise ValueError(f"{where}: '{key}' holds {_shown(value)}; expected {bounds.words(integer)}")
 
 
 def _shown(value: Any) -> str:
@@ -94,3 +101,67 @@ def _shown(value: Any) -> str:
     except (TypeError, ValueError):
         text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+INT64_MAX = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric setting may take, stated beside its field (``config.option``'s ``bounds``): from ``lo`` to
+    ``hi``, each end included unless ``lo_open`` / ``hi_open``. The command line's flags (``cli/options.py``) and
+    every config's ``check_ranges`` read it, so a range is stated once."""
+
+    lo: float
+    hi: float
+    lo_open: bool = False
+    hi_open: bool = False
+    unit: str = ""  # what a value counts, said in the refusal ("seconds", "MB")
+
+    def holds(self, value: float) -> bool:
+        above = value > self.lo if self.lo_open else value >= self.lo
+        below = value < self.hi if self.hi_open else value <= self.hi
+        return bool(above and below)
+
+    def words(self, integer: bool) -> str:
+        """The range in words: "an integer from 1 to 4096", "a number above 0 and at most 86400 (seconds)"."""
+        kind = "an integer" if integer else "a number"
+        low = f"above {_number(self.lo)}" if self.lo_open else f"from {_number(self.lo)}"
+        high = f"below {_number(self.hi)}" if self.hi_open else f"to {_number(self.hi)}"
+        if self.lo_open and not self.hi_open:
+            high = f"and at most {_number(self.hi)}"
+        elif self.hi_open and self.lo_open:
+            high = f"and below {_number(self.hi)}"
+        return f"{kind} {low} {high}" + (f" ({self.unit})" if self.unit else "")
+
+
+def _number(value: float) -> str:
+    if value == INT64_MAX:
+        return "2^63-1"
+    if float(value).is_integer() and abs(value) < 1e16:
+        return f"{int(value)}"
+    return f"{value:g}"
+
+
+# ranges shared by many settings
+COUNT = Range(1, INT64_MAX)  # a number of rows, steps, items: at least one, as many as an int64 holds
+NON_NEGATIVE = Range(0, INT64_MAX)
+SEED = Range(0, 2**32 - 1)  # every generator ctrkit seeds takes these
+FRACTION = Range(0.0, 1.0, lo_open=True, hi_open=True)  # a share strictly between none and all
+SHARE = Range(0.0, 1.0)  # a share, none and all included
+THREADS = Range(1, 4096)
+SECONDS = Range(0.0, 7 * 86400.0, lo_open=True, unit="seconds")  # a timeout: above 0, at most a week
+
+
+def check_ranges(config: Any) -> None:
+    """A one-line ValueError for the first numeric field of the config dataclass ``config`` outside its stated
+    ``bounds`` (None: unset, not checked)."""
+    for f in dataclasses.fields(config):
+        bounds = f.metadata.get("bounds")
+        value = getattr(config, f.name)
+        if bounds is None or value is None:
+            continue
+        integer = not conforms(1.5, _hints(type(config))[f.name])
+        number = isinstance(value, int) if integer else isinstance(value, (int, float))
+        if isinstance(value, bool) or not number or not (math.isfinite(value) and bounds.holds(value)):
+            raise ValueError(f"`{f.name}`: expected {bounds.words(integer)}, got {value!r}")

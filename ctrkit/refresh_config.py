@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ctrkit.config import option
+from ctrkit.field_types import COUNT, FRACTION, SEED, SHARE, Range
 
 
 @dataclass(frozen=True)
@@ -14,20 +15,26 @@ class CheckThresholds:
     """When a day's checks refuse it: the flags of ``refresh`` and ``check`` alike (``refresh.checks.Thresholds``)."""
 
     max_missing_rise: float = option(0.3, "a column's share of missing values may rise this much over the reference "
-                                           "day's (a share, 0-1)")  # fmt: skip
+                                           "day's (a share, 0-1)", bounds=SHARE)  # fmt: skip
     min_seen_kept: float = option(
         0.5,
         "a categorical feature's share of rows whose value the model knows must keep at least this share of its "
         "recent days' (features under 10% there, ids new every day, are not judged)",
+        bounds=SHARE,
     )
-    max_psi: float = option(0.25, "a number's population stability index on the reference day's deciles")
-    max_ctr_ratio: float = option(2.0, "the click rate may be this many times the reference day's, or that share of it")
+    max_psi: float = option(
+        0.25, "a number's population stability index on the reference day's deciles", bounds=Range(0, 1000)
+    )
+    max_ctr_ratio: float = option(
+        2.0, "the click rate may be this many times the reference day's, or that share of it", bounds=Range(1, 1e6)
+    )
     min_lift_kept: float = option(
         0.5,
         "the served model's AUC on the new day, before training on it, must keep at least this share of its "
         "recent days' lift over 0.5 (0.5: chance, what shuffled labels give)",
+        bounds=SHARE,
     )
-    min_rows: int = option(100, "rows a day must hold")
+    min_rows: int = option(100, "rows a day must hold", bounds=COUNT)
 
 
 @dataclass(frozen=True)
@@ -50,25 +57,33 @@ class RefreshConfig:
         0.1,
         "the day's last share of rows (in time order) held out for selection and the gate; they are trained on "
         "with the next day",
+        bounds=FRACTION,
     )
     backend: str = option("onnx", "the Triton backend of each version (export --backend)", ("onnx", "torchscript",
                                                                                            "python"))  # fmt: skip
     keep_versions: int = option(3, "versions left in the repository (the oldest removed), and checkpoints kept for "
-                                   "--rollback")  # fmt: skip
+                                   "--rollback", bounds=Range(1, 1_000_000))  # fmt: skip
     auc_tolerance: float = option(
         0.002,
         "the gate keeps the served model when the candidate's AUC on the held-out rows is lower by more than "
         "this even at the top of its 95% bootstrap interval",
+        bounds=SHARE,
     )
     logloss_tolerance: float = option(
-        0.002, "... or its log loss higher by more than this even at the bottom of its interval"
+        0.002, "... or its log loss higher by more than this even at the bottom of its interval", bounds=Range(0, 1000)
     )
-    bootstrap_rounds: int = option(200, "paired bootstrap resamples of the held-out rows for the gate's intervals")
+    bootstrap_rounds: int = option(
+        200, "paired bootstrap resamples of the held-out rows for the gate's intervals", bounds=Range(10, 1_000_000)
+    )
     force: bool = option(False, "take a day whose checks fail (the record says which)")
-    epochs: int | None = option(None, "training's most epochs a day", unset="train's default")
-    max_steps: int | None = option(None, "training's most steps a day", unset="train's default")
-    seed: int | None = option(None, "training's seed", unset="train's default")
-    nproc_per_node: int = option(1, "train under torchrun with this many processes (hybrid parallel; 1: this process)")
+    epochs: int | None = option(
+        None, "training's most epochs a day", unset="train's default", bounds=Range(1, 1_000_000)
+    )
+    max_steps: int | None = option(None, "training's most steps a day", unset="train's default", bounds=COUNT)
+    seed: int | None = option(None, "training's seed", unset="train's default", bounds=SEED)
+    nproc_per_node: int = option(
+        1, "train under torchrun with this many processes (hybrid parallel; 1: this process)", bounds=Range(1, 1024)
+    )
     notify: str | None = option(
         None, "the URL of a running server (http://HOST:PORT) told to load the model after a version is published "
         "(the repository extension's load: `ctrkit serve`, Triton in EXPLICIT mode)", unset="none: servers poll",
@@ -101,7 +116,9 @@ class CheckConfig:
     )  # fmt: skip
     label: str | None = option(None, "the label column", unset="the model's")
     positive: str | None = option(None, "the label is 1 where the label column equals this value (as text)")
-    label_threshold: float | None = option(None, "the label is 1 where the label column is at least this number")
+    label_threshold: float | None = option(
+        None, "the label is 1 where the label column is at least this number", bounds=Range(-3.4e38, 3.4e38)
+    )
     csv_separator: str = option(",", "the CSV field separator: one byte, or 'tab'")
 
     def validate(self) -> None:

@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from ctrkit.config import BAD_VALUES, EXPORT_FORMATS, QUANTIZATIONS, option
+from ctrkit.field_types import SECONDS, THREADS, Range, check_ranges
 
 
 @dataclass(frozen=True)
@@ -28,21 +28,33 @@ class ServeConfig:
         "with --model-repository: every this many seconds, load the versions placed in the repository (or "
         "removed) since, the old versions answering until the new ones serve (Triton's POLL mode; 0: never, load on "
         "request only)",
+        bounds=Range(0, 86400, unit="seconds; 0: never"),
     )
     host: str = option("127.0.0.1", "address to bind (127.0.0.1: this machine only)")
-    port: int = option(8000, "TCP port, 0 to 65535 (0: any free one)")
+    port: int = option(8000, "TCP port, 0 to 65535 (0: any free one)", bounds=Range(0, 65535))
     name: str | None = option(None, "model name in the URLs", unset="the model type, e.g. dlrm")
-    batch_window_ms: float = option(1.0, "how long a request may wait for others to be scored with it")
-    max_batch_size: int = option(8192, "samples per model call and request")
-    max_body_mb: float = option(64.0, "largest request body accepted, in MB")
+    batch_window_ms: float = option(
+        1.0,
+        "how long a request may wait for others to be scored with it",
+        bounds=Range(0, 1000, unit="milliseconds"),
+    )
+    max_batch_size: int = option(8192, "samples per model call and request", bounds=Range(1, 2**31 - 1))
+    max_body_mb: float = option(
+        64.0,
+        "largest request body accepted, in MB",
+        bounds=Range(0, 65536, lo_open=True, unit="MB"),
+    )
     body_timeout_s: float = option(
-        30.0, "seconds a request's body may take to arrive whole; a slower one gets a 408 and its connection is closed"
+        30.0,
+        "seconds a request's body may take to arrive whole; a slower one gets a 408 and its connection is closed",
+        bounds=SECONDS,
     )
     header_timeout_s: float = option(
         10.0,
         "seconds a connection may take to send a request's headers whole (the first, or the next on a kept-alive "
         "connection); a slower one is closed unanswered, so connections that never finish a header cannot hold the "
         "server",
+        bounds=SECONDS,
     )
     embedding_store: str = option(
         "memory",
@@ -50,7 +62,7 @@ class ServeConfig:
         "kept in memory, so tables larger than RAM can be served (checkpoints only)",
         ("memory", "mmap"),
     )
-    cache_rows: int = option(1 << 20, "rows of each mmap store cache, one per table collection")
+    cache_rows: int = option(1 << 20, "rows of each mmap store cache, one per table collection", bounds=Range(0, 2**62))
     dtype: str = option(
         "fp32",
         "weights of a checkpoint's model: fp32, or bf16 (fast where the CPU has native bf16 instructions)",
@@ -61,7 +73,7 @@ class ServeConfig:
         "run a checkpoint's model through torch.compile with weight freezing (the first requests of each new "
         "shape wait for compilation)",
     )
-    threads: int | None = option(None, "torch intra-op threads", unset="torch's choice")
+    threads: int | None = option(None, "torch intra-op threads", unset="torch's choice", bounds=THREADS)
     missing_columns: str = option(
         "error",
         "a raw column the model reads, left out of a request: error (a 400 naming it) or missing (missing in every "
@@ -77,28 +89,9 @@ class ServeConfig:
     )
 
     def validate(self) -> None:
-        if self.max_batch_size < 1:
-            raise ValueError(f"`max_batch_size`: expected an integer >= 1, got {self.max_batch_size}")
-        if not 0 <= self.batch_window_ms < math.inf:  # NaN and infinity too: a batching loop that never runs
-            raise ValueError(f"`batch_window_ms`: expected a finite number >= 0, got {self.batch_window_ms}")
-        if not 0 < self.body_timeout_s < math.inf:
-            raise ValueError(
-                f"`body_timeout_s`: expected a finite positive number of seconds, got {self.body_timeout_s}"
-            )
-        if not 0 < self.header_timeout_s < math.inf:
-            raise ValueError(
-                f"`header_timeout_s`: expected a finite positive number of seconds, got {self.header_timeout_s}"
-            )
-        if not 0 < self.max_body_mb < math.inf:
-            raise ValueError(f"`max_body_mb`: expected a finite positive size, got {self.max_body_mb}")
-        if not 0 <= self.poll_s <= 86400:
-            raise ValueError(f"`poll_s`: expected seconds from 0 (never) to 86400, got {self.poll_s}")
+        check_ranges(self)
         if self.poll_s and self.model_repository is None:
             raise ValueError("`poll_s` applies to a --model-repository")
-        if self.cache_rows < 0:
-            raise ValueError(f"`cache_rows`: expected an integer >= 0, got {self.cache_rows}")
-        if not 0 <= self.port <= 65535:
-            raise ValueError(f"`port`: expected a TCP port, 0 to 65535 (0: any free one), got {self.port}")
 
 
 @dataclass(frozen=True)
@@ -108,13 +101,17 @@ class ExportConfig:
     checkpoint: Path | None = option(None, "checkpoint written by `ctrkit train`", required=True)
     format: str | None = option(None, "what to write", EXPORT_FORMATS, required=True)
     out: Path | None = option(
-        None, "directory to create; for triton, the model repository to create or add a version to", required=True
+        None,
+        "directory to create; for triton, the model repository to create or add a version to",
+        required=True,
+        writes="file",
     )
     name: str | None = option(None, "model name in a Triton repository", unset="the model type")
     version: int | None = option(
         None,
         "triton: the version to write; an existing one is replaced only with --overwrite",
         unset="one after the model's newest version in the repository (1 for a new model)",
+        bounds=Range(1, 2**63 - 1),
     )
     backend: str = option(
         "onnx",

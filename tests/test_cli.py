@@ -381,9 +381,9 @@ def test_library_errors_name_the_flag_on_the_command_line(tmp_path, capsys):
 
     with pytest.raises(ValueError, match="`chunk_size` must be >= 1"):  # Python: the parameter
         transcode(tmp_path, tmp_path / "out", chunk_size=0)
-    code, _, err = run_cli("transcode", "--input", tmp_path, "--output", tmp_path / "out", "--chunk-size", "0",
-                           capsys=capsys)  # fmt: skip
-    assert code == 2 and "--chunk-size must be >= 1, got 0" in err and "`" not in err
+    code, _, err = run_cli("predict", "--checkpoint", tmp_path / "m.pt", "--input", tmp_path / "in.csv", "--out",
+                           tmp_path / "out.csv", "--separator", "ab", capsys=capsys)  # fmt: skip
+    assert code == 2 and "--separator" in err and "`" not in err, err  # the library's `separator`, as the flag
 
 
 def test_progress_is_a_line_now_and_then_where_the_output_is_not_a_terminal(tmp_path):

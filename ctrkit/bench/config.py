@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ctrkit.config import DENSE_OPTIMIZERS, TABLE_OPTIMIZERS, option
+from ctrkit.field_types import COUNT, NON_NEGATIVE, SEED, THREADS, Range
 
 INFERENCE_RUNTIMES = ("torch", "torch-bf16", "torch-bf16-compiled", "onnx", "onnx-int8", "torchscript")
 
@@ -15,16 +16,16 @@ class TrainBenchConfig:
     """Benchmark shape; the defaults are the Criteo-Kaggle DLRM."""
 
     model: str = option("dlrm", "registered model name")
-    batch_size: int = option(2048, "samples per step")
-    num_tables: int = option(26, "categorical features")
-    table_rows: int = option(100_000, "rows per table")
-    embedding_dim: int = option(16, "embedding width")
-    num_numerical: int = option(13, "numerical features")
+    batch_size: int = option(2048, "samples per step", bounds=Range(1, 2**31 - 1))
+    num_tables: int = option(26, "categorical features", bounds=Range(1, 100_000))
+    table_rows: int = option(100_000, "rows per table", bounds=Range(1, 2**40))
+    embedding_dim: int = option(16, "embedding width", bounds=Range(1, 65536))
+    num_numerical: int = option(13, "numerical features", bounds=Range(0, 100_000))
     bottom_mlp: tuple[int, ...] | None = option(None, "bottom MLP widths", unset="the model's", parse="int_list")
     top_mlp: tuple[int, ...] | None = option(None, "top MLP widths", unset="the model's", parse="int_list")
-    warmup: int = option(10, "untimed steps first")
-    steps: int = option(50, "timed steps per repeat")
-    repeats: int = option(5, "timed repeats; the median is reported")
+    warmup: int = option(10, "untimed steps first", bounds=NON_NEGATIVE)
+    steps: int = option(50, "timed steps per repeat", bounds=COUNT)
+    repeats: int = option(5, "timed repeats; the median is reported", bounds=Range(1, 10_000))
     amp: bool = option(
         False,
         "autocast as `train --amp` takes it: bf16 (CPU with native bf16; CUDA with bf16 tensor cores) or fp16 (older "
@@ -46,8 +47,8 @@ class TrainBenchConfig:
         "each optimizer's step, and the rest of the step (the loss and the backward pass), and the matrix "
         "multiplies' time from the profiler",
     )
-    seed: int = option(0, "seed")
-    distinct_batches: int = option(16, "distinct random batches cycled through")
+    seed: int = option(0, "seed", bounds=SEED)
+    distinct_batches: int = option(16, "distinct random batches cycled through", bounds=Range(1, 1_000_000))
     embedding_storage: str = option(
         "memory",
         "the tables in memory, on disk with a row cache in memory, or in host memory with a row cache on the device "
@@ -55,7 +56,7 @@ class TrainBenchConfig:
         ("memory", "disk", "host"),
     )
     embedding_cache_rows: int | None = option(
-        None, "with --embedding-storage disk or host: rows of the cache", unset="every row"
+        None, "with --embedding-storage disk or host: rows of the cache", unset="every row", bounds=Range(1, 2**62)
     )
 
 
@@ -63,9 +64,9 @@ class TrainBenchConfig:
 class BenchRunOptions:
     """Where any benchmark runs and what it writes."""
 
-    threads: int | None = option(None, "torch intra-op threads", unset="torch's choice")
+    threads: int | None = option(None, "torch intra-op threads", unset="torch's choice", bounds=THREADS)
     device: str = option("auto", "auto, cpu, cuda, cuda:N")
-    output: Path | None = option(None, "write the results as JSON here")
+    output: Path | None = option(None, "write the results as JSON here", writes="file")
 
 
 @dataclass(frozen=True)
@@ -88,10 +89,14 @@ class InferenceBenchConfig:
         parse="name_list",
         shown="all",
     )
-    seconds: float = option(2.0, "in process: time per batch size")
-    repeats: int = option(1, "in process: rounds over all runtimes; the median is reported")
-    requests: int = option(2000, "server: requests per batch size")
-    concurrency: int = option(8, "server: concurrent clients")
+    seconds: float = option(
+        2.0,
+        "in process: time per batch size",
+        bounds=Range(0, 86400, lo_open=True, unit="seconds"),
+    )
+    repeats: int = option(1, "in process: rounds over all runtimes; the median is reported", bounds=Range(1, 10_000))
+    requests: int = option(2000, "server: requests per batch size", bounds=Range(1, 10_000_000))
+    concurrency: int = option(8, "server: concurrent clients", bounds=Range(1, 4096))
 
 
 @dataclass(frozen=True)
@@ -99,14 +104,14 @@ class ScaleBenchOptions:
     """``ctrkit bench scale``: which synthetic models at which world sizes (one ScaleBenchConfig each)."""
 
     models: tuple[str, ...] = option(("tiny", "small"), "comma-separated synthetic models", parse="name_list")
-    scale: float = option(1024.0, "divide every model's size by this")
+    scale: float = option(1024.0, "divide every model's size by this", bounds=Range(1, 1e12))
     world_sizes: tuple[int, ...] = option((1, 2), "comma-separated world sizes", parse="int_list")
-    embedding_dim: int = option(32, "embedding width")
-    batch_size: int = option(4096, "global samples per step")
-    warmup: int = option(3, "untimed steps")
-    steps: int = option(15, "timed steps; the median is reported")
+    embedding_dim: int = option(32, "embedding width", bounds=Range(1, 65536))
+    batch_size: int = option(4096, "global samples per step", bounds=Range(1, 2**31 - 1))
+    warmup: int = option(3, "untimed steps", bounds=NON_NEGATIVE)
+    steps: int = option(15, "timed steps; the median is reported", bounds=COUNT)
     sharding: str = option("auto", "table placement", ("auto", "table", "column", "row"))
-    seed: int = option(0, "seed of the synthetic batches")
+    seed: int = option(0, "seed of the synthetic batches", bounds=SEED)
     worker_output: Path | None = option(None, "set for each job of the benchmark", hidden=True)
 
 
@@ -114,12 +119,12 @@ class ScaleBenchOptions:
 class PreprocessBenchConfig:
     """``ctrkit bench preprocess``: rows/s and peak RSS of one engine."""
 
-    rows: int = option(2_000_000, "raw rows to generate")
+    rows: int = option(2_000_000, "raw rows to generate", bounds=COUNT)
     input: Path | None = option(None, "use this raw file instead of generating one")
     engine: str = option("polars", "preprocessing engine", ("polars", "spark"))
     spark_master: str = option("local[*]", "Spark master URL for --engine spark")
-    seed: int = option(0, "seed of the generated file")
-    repeats: int = option(1, "runs to take the median time of")
+    seed: int = option(0, "seed of the generated file", bounds=SEED)
+    repeats: int = option(1, "runs to take the median time of", bounds=Range(1, 10_000))
 
 
 # the accuracy panel's families (``bench/panel.py`` builds them), each a name of ``--panel``: the real samples first
@@ -189,7 +194,7 @@ class AccuracyBenchConfig:
         unset="each model's default, once",
     )
     work: Path = option(Path("build/accuracy"), "where the panel's datasets are built")
-    out: Path | None = option(None, "directory to write results.json and results.md to")
+    out: Path | None = option(None, "directory to write results.json and results.md to", writes="file")
 
 
 @dataclass(frozen=True)
@@ -229,15 +234,21 @@ class AblationBenchConfig:
     )
     work: Path = option(Path("build/accuracy"), "where the panel's datasets are built")
     out: Path = option(Path("build/bench/ablation"), "directory for results.json (appended run by run), logs/, "
-                       "results.md")  # fmt: skip
+                       "results.md", writes="file")  # fmt: skip
 
 
 @dataclass(frozen=True)
 class CheckpointBenchConfig:
     """What the digest of a checkpoint's tensors costs its save and its load."""
 
-    size_mb: int = option(1024, "tensor data of the checkpoint, in MiB (one embedding table and a small MLP)")
-    rounds: int = option(5, "interleaved rounds (with and without the digest take turns); medians are reported")
+    size_mb: int = option(
+        1024,
+        "tensor data of the checkpoint, in MiB (one embedding table and a small MLP)",
+        bounds=Range(1, 2**20, unit="MiB"),
+    )
+    rounds: int = option(
+        5, "interleaved rounds (with and without the digest take turns); medians are reported", bounds=Range(1, 10_000)
+    )
     work: Path = option(Path("build/bench/checkpoint"), "directory the checkpoints are written to")
 
 
@@ -246,13 +257,15 @@ class LoaderBenchConfig:
     """The input pipeline alone: batches read from a split-binary dataset, and read and copied to the device."""
 
     dataset: Path | None = option(None, "dataset to read", unset="one made with `ctrkit synth` in --work")
-    rows: int = option(1_000_000, "rows of the synthetic dataset where --dataset is not given")
+    rows: int = option(1_000_000, "rows of the synthetic dataset where --dataset is not given", bounds=COUNT)
     tables: tuple[int, ...] | None = option(
         None, "cardinalities or a preset of `ctrkit synth --tables`", unset="criteo-1tb", parse="table_sizes"
     )
-    batch_size: int = option(65536, "samples a batch")
-    batches: int = option(30, "batches a measurement reads")
-    rounds: int = option(3, "interleaved rounds (read alone, then read and copied); medians are reported")
+    batch_size: int = option(65536, "samples a batch", bounds=Range(1, 2**31 - 1))
+    batches: int = option(30, "batches a measurement reads", bounds=COUNT)
+    rounds: int = option(
+        3, "interleaved rounds (read alone, then read and copied); medians are reported", bounds=Range(1, 10_000)
+    )
     work: Path = option(Path("build/bench/loader"), "directory for the synthetic dataset")
 
 
@@ -261,14 +274,16 @@ class EpochBenchConfig:
     """One epoch of DLRM over a Criteo-1TB-shaped dataset, measured from a real ``ctrkit train`` process."""
 
     dataset: Path | None = option(None, "dataset to train on", unset="one made with `ctrkit synth` in --work")
-    rows: int = option(100_000_000, "rows of the synthetic dataset (train + 1% test) where --dataset is not given")
+    rows: int = option(
+        100_000_000, "rows of the synthetic dataset (train + 1% test) where --dataset is not given", bounds=COUNT
+    )
     tables: tuple[int, ...] | None = option(
         None, "cardinalities or a preset of `ctrkit synth --tables`", unset="criteo-1tb", parse="table_sizes"
     )
     work: Path = option(Path("build/bench/epoch"), "directory for the dataset, the log and the checkpoint")
-    embedding_dim: int | None = option(None, "embedding width", unset="the model's")
+    embedding_dim: int | None = option(None, "embedding width", unset="the model's", bounds=Range(1, 65536))
     embedding_optimizer: str | None = option(None, "table optimizer", TABLE_OPTIMIZERS, "the plan's")
-    batch_size: int | None = option(None, "samples per step", unset="the model's")
+    batch_size: int | None = option(None, "samples per step", unset="the model's", bounds=Range(1, 2**31 - 1))
     eval_dtype: str | None = option(None, "the precision of scoring", ("fp32", "bf16"), "train's")
 
 
@@ -276,17 +291,25 @@ class EpochBenchConfig:
 class StreamBenchConfig:
     """``ctrkit bench stream``: day by day on a drifting stream of raw ids, three ways."""
 
-    days: int = option(8, "days of the stream (`ctrkit synth stream`); test days 2..N")
-    rows: int = option(200_000, "rows a day (80% train, 10% validation, 10% test)")
-    capacity: float = option(1.0, "rows of each dynamic table, as a share of its feature's ids on one day")
-    seed: int = option(0, "the stream's seed")
+    days: int = option(8, "days of the stream (`ctrkit synth stream`); test days 2..N", bounds=Range(2, 10_000))
+    rows: int = option(200_000, "rows a day (80% train, 10% validation, 10% test)", bounds=COUNT)
+    capacity: float = option(
+        1.0,
+        "rows of each dynamic table, as a share of its feature's ids on one day",
+        bounds=Range(0, 1000, lo_open=True),
+    )
+    seed: int = option(0, "the stream's seed", bounds=SEED)
     model: str = option("dlrm", "model to train")
     methods: tuple[str, ...] = option(
         ("fixed", "retrain", "dynamic"), "comma-separated of fixed, retrain, dynamic", parse="name_list"
     )
-    admit_after: int | None = option(None, "dynamic: sightings before an id gets a row", unset="train's default")
-    count_half_life: int | None = option(None, "dynamic: batches in which a count halves", unset="train's default")
-    max_steps: int | None = option(None, "each training's most steps", unset="train's default")
+    admit_after: int | None = option(
+        None, "dynamic: sightings before an id gets a row", unset="train's default", bounds=Range(1, 2**31 - 1)
+    )
+    count_half_life: int | None = option(
+        None, "dynamic: batches in which a count halves", unset="train's default", bounds=NON_NEGATIVE
+    )
+    max_steps: int | None = option(None, "each training's most steps", unset="train's default", bounds=COUNT)
     work: Path = option(Path("build/bench/stream"), "directory for the stream, the datasets and the checkpoints")
 
 
@@ -294,18 +317,18 @@ class StreamBenchConfig:
 class TableStreamBenchConfig:
     """``ctrkit bench table-stream``: day by day on a drifting table of text columns, three ways."""
 
-    days: int = option(6, "days of the table; test days 2..N")
-    rows: int = option(100_000, "rows a day (the last 10% its test rows)")
+    days: int = option(6, "days of the table; test days 2..N", bounds=Range(2, 10_000))
+    rows: int = option(100_000, "rows a day (the last 10% its test rows)", bounds=COUNT)
     vocabularies: tuple[int, ...] = option(
         (1000, 40000, 300, 24, 8000, 20000, 3, 10000), "ids alive on a day per text column (churning above 200)",
         parse="int_list",
     )  # fmt: skip
-    seed: int = option(0, "the table's seed")
+    seed: int = option(0, "the table's seed", bounds=SEED)
     model: str = option("dlrm", "model to train")
     methods: tuple[str, ...] = option(
         ("like", "raw_ids", "retrain"), "comma-separated of like, raw_ids, retrain", parse="name_list"
     )
-    max_steps: int | None = option(None, "each training's most steps", unset="train's default")
+    max_steps: int | None = option(None, "each training's most steps", unset="train's default", bounds=COUNT)
     work: Path = option(Path("build/bench/table-stream"), "directory for the days, the datasets and the checkpoints")
 
 
@@ -317,16 +340,16 @@ class RefreshBenchConfig:
         "stream", "the logs: stream (text columns of ids born and fading every day, drifting effects) or shop (an "
         "e-commerce log: a timestamp, tags, users returning by a power law; a day is 4,320 rows)", ("stream", "shop"),
     )  # fmt: skip
-    days: int = option(7, "days of each log (the broken log breaks days 4, 5 and 6)")
-    rows: int = option(30_000, "rows a day (shop: 4,320 are a day of its timestamps)")
+    days: int = option(7, "days of each log (the broken log breaks days 4, 5 and 6)", bounds=Range(2, 10_000))
+    rows: int = option(30_000, "rows a day (shop: 4,320 are a day of its timestamps)", bounds=COUNT)
     vocabularies: tuple[int, ...] = option(
         (1000, 20000, 300, 24, 8000), "stream: ids alive on a day per text column (churning above 200)",
         parse="int_list",
     )  # fmt: skip
     clean_seeds: tuple[int, ...] = option((0, 1), "seeds of the clean streams", parse="int_list")
-    broken_seed: int = option(2, "seed of the stream with broken days")
+    broken_seed: int = option(2, "seed of the stream with broken days", bounds=SEED)
     no_swaps: bool = option(False, "leave out serving the first clean stream's versions across swaps")
-    max_steps: int | None = option(None, "each day's most training steps", unset="train's default")
+    max_steps: int | None = option(None, "each day's most training steps", unset="train's default", bounds=COUNT)
     work: Path = option(Path("build/bench/refresh"), "directory for the days, repositories and states")
 
 
@@ -334,11 +357,17 @@ class RefreshBenchConfig:
 class RawRowsBenchConfig:
     """``ctrkit bench raw-rows``: `predict --input` on a CSV of new rows, and one-row raw-value server requests."""
 
-    rows: int = option(1_000_000, "new rows to score (a file of twice as many is scored too)")
-    rounds: int = option(3, "interleaved rounds of the two files")
-    requests: int = option(2000, "one-row requests of each kind (raw values, ids) to the server")
-    port: int = option(8317, "loopback port of the server")
-    train_rows: int = option(200_000, "rows of the click log the model is trained on")
-    steps: int = option(300, "training steps (the benchmark times scoring, not accuracy)")
-    warm_up_seconds: float = option(8.0, "seconds of requests before the latency is measured (the steady state)")
+    rows: int = option(1_000_000, "new rows to score (a file of twice as many is scored too)", bounds=COUNT)
+    rounds: int = option(3, "interleaved rounds of the two files", bounds=Range(1, 10_000))
+    requests: int = option(
+        2000, "one-row requests of each kind (raw values, ids) to the server", bounds=Range(1, 10_000_000)
+    )
+    port: int = option(8317, "loopback port of the server", bounds=Range(0, 65535))
+    train_rows: int = option(200_000, "rows of the click log the model is trained on", bounds=COUNT)
+    steps: int = option(300, "training steps (the benchmark times scoring, not accuracy)", bounds=COUNT)
+    warm_up_seconds: float = option(
+        8.0,
+        "seconds of requests before the latency is measured (the steady state)",
+        bounds=Range(0, 86400, unit="seconds"),
+    )
     work: Path = option(Path("build/bench/raw-rows"), "directory for the log, the dataset, the model and the scores")

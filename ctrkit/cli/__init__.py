@@ -14,6 +14,7 @@ import sys
 
 from ctrkit import __version__
 from ctrkit.cli import bench, data, refresh, serve, train
+from ctrkit.cli.options import check_paths
 
 EXIT_USER_ERROR = 2
 
@@ -45,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        check_paths(args)
         code = args.handler(args) or 0
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -13,6 +13,7 @@ from ctrkit.data_config import (
     TablePreprocessConfig,
     TranscodeConfig,
 )
+from ctrkit.preprocess.value_ids import MIN_HELD_OUT
 
 # heavy modules (torch above all, ~1.2 s) are imported by the handlers that use them, so that
 # `ctrkit preprocess` and `ctrkit --help` start quickly
@@ -255,7 +256,8 @@ def preprocess_table(args: argparse.Namespace) -> int:
     pooled = summary.get("pooling_tests", {})
     if pooled:
         print("multi-hot pooling (--combiner auto): " + ", ".join(
-            f"{c} {t['chosen']} (held-out log loss sum {t['sum']:.4f}, mean {t['mean']:.4f})"
+            f"{c} {t['chosen']} (held-out log loss sum {t['sum']:.4f}, mean {t['mean']:.4f})" if t.get("tested", True)
+            else f"{c} {t['chosen']} (not tested: {t['held_out']:,} held-out rows, the test needs {MIN_HELD_OUT})"
             for c, t in pooled.items()))  # fmt: skip
     tests = summary.get("value_id_tests", {})
     if tests:

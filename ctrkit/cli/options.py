@@ -11,6 +11,8 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
 
+from ctrkit.field_types import Range, check_ranges
+
 SUPPRESS = argparse.SUPPRESS
 
 
@@ -78,6 +80,24 @@ def finite_number(text: str) -> float:
     return value
 
 
+def bounded(kind: type, bounds: Range) -> Any:
+    """argparse type: an integer (``kind`` int) or a finite number within ``bounds``, refused in one line saying the
+    range (the field's ``bounds``, ``config.option``)."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = int(text) if kind is int else finite_number(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {bounds.words(kind is int)}, got {text!r}") from None
+        if not bounds.holds(value):
+            raise argparse.ArgumentTypeError(f"expected {bounds.words(kind is int)}, got {text!r}")
+        return value
+
+    parse.__name__ = "int" if kind is int else "number"
+    parse.bounds = bounds  # type: ignore[attr-defined]  (read by the test that every numeric flag has a range)
+    return parse
+
+
 def _said(value: Any) -> str:
     return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
 
@@ -94,12 +114,15 @@ def add_config_flags(
     config can supply it before the default applies)."""
     hints = typing.get_type_hints(cls)
     groups: dict[str, Any] = {}
+    paths = dict(parser.get_default(PATHS) or {})  # dest -> what the command does with the path (``check_paths``)
     for f in fields(cls):
         if f.name in exclude:
             continue
         meta = f.metadata
         default = None if f.default is MISSING else f.default
         kind = PARSERS[meta["parse"]] if "parse" in meta else _scalar_type(hints[f.name])
+        if kind is Path:
+            paths[f.name] = meta.get("writes") or "reads"
         said = meta.get("shown") or (meta.get("unset") if default is None else None)
         if said is None and default not in (None, ()) and kind is not bool and not meta.get("required"):
             said = _said(default)
@@ -110,6 +133,8 @@ def add_config_flags(
             kwargs["action"] = argparse.BooleanOptionalAction if default is True else "store_true"
         else:
             kwargs["type"] = finite_number if kind is float else kind
+            if meta.get("bounds") is not None and kind in (int, float):
+                kwargs["type"] = bounded(kind, meta["bounds"])
             if meta.get("choices"):
                 kwargs["choices"] = meta["choices"]
             if meta.get("nargs"):
@@ -130,11 +155,40 @@ def add_config_flags(
             target.add_argument(f.name, **kwargs)
         else:
             target.add_argument(flag(f.name), dest=f.name, **kwargs)
+    parser.set_defaults(**{PATHS: paths})
+
+
+PATHS = "_paths"  # the parsed arguments' record of each path flag's role
+
+
+def check_paths(args: argparse.Namespace) -> None:
+    """Refuses, in one line, a path the command writes (a field's ``writes``) that names one of its inputs: the same
+    file, or a directory an input lies in (``atomic.check_output``); a resumed run may save over the checkpoint it
+    resumed from (an input whose field ``writes`` "over")."""
+    from ctrkit.data.atomic import check_output
+
+    roles: dict[str, str] = getattr(args, PATHS, None) or {}
+
+    def given(dest: str) -> list[Path]:
+        value = getattr(args, dest, None)
+        values = value if isinstance(value, (tuple, list)) else [value]
+        return [Path(v) for v in values if isinstance(v, (str, Path))]
+
+    for dest, role in roles.items():
+        if role in ("file", "directory"):
+            inputs = [p for name, kind in roles.items() if kind == "reads" or kind == "over" and role == "directory"
+                      for p in given(name)]  # fmt: skip
+            for out in given(dest):
+                try:
+                    check_output(out, inputs)
+                except ValueError as e:
+                    raise ValueError(f"`{dest}` {e}") from None
 
 
 def config_from(args: argparse.Namespace, cls: type) -> Any:
     """The config ``cls`` of the parsed arguments (fields not given keep their defaults), validated."""
     cfg = cls(**config_values(args, cls))
+    check_ranges(cfg)
     if hasattr(cfg, "validate"):
         cfg.validate()
     return cfg

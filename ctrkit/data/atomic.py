@@ -14,7 +14,7 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -101,7 +101,10 @@ def check_room(target: Path, needs: int | None) -> None:
 def check_new_directory(out: Path, overwrite: bool) -> None:
     """Refuses an output directory that exists and is not empty unless ``overwrite`` (a ValueError naming it): what
     a long write checks before its work, and ``atomic_directory`` again at its start."""
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
+    if out.exists() and not out.is_dir() and not overwrite:
+        raise ValueError(f"{out}: is a file, not a directory; name a directory to create (or set `overwrite` to "
+                         "replace the file)")  # fmt: skip
+    if out.exists() and out.is_dir() and any(out.iterdir()) and not overwrite:
         raise ValueError(f"{out}: directory exists and is not empty; set `overwrite` to replace it")
     here, target = Path.cwd().resolve(), out.resolve()
     if out.exists() and (target == here or target in here.parents):
@@ -325,3 +328,16 @@ class PathLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def check_output(out: Path, inputs: Iterable[Path]) -> None:
+    """Raises ValueError where writing ``out`` (a file, or a directory a command replaces) would overwrite or
+    delete one of ``inputs``: the same file, or a directory that holds it."""
+    target = Path(os.path.abspath(out))
+    for given in inputs:
+        source = Path(os.path.abspath(given))
+        same = source == target or (out.exists() and source.exists() and os.path.samefile(source, out))
+        if same or target in source.parents:
+            what = "is" if same else "holds"
+            raise ValueError(f"{out}: the output {what} the input {given}; writing it would destroy the input: "
+                             "choose another output path")  # fmt: skip

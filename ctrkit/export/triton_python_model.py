@@ -34,6 +34,7 @@ class TritonPythonModel:
     def execute(self, requests: list) -> list:
         import triton_python_backend_utils as pb_utils
 
+        from ctrkit.preprocess.transform import TRITON_SETTINGS, RowError
         from ctrkit.preprocess.values import BadValues
 
         responses = []
@@ -48,8 +49,9 @@ class TritonPythonModel:
                 output = pb_utils.Tensor("probability", self.predictor.score_named(given, self.missing_columns, bad))
                 responses.append(_response(pb_utils, output, bad.count))
             except ValueError as e:  # bad values: the client's error (invalid-argument: HTTP 400), said in words
+                text = e.said(TRITON_SETTINGS) if isinstance(e, RowError) else str(e)  # this config's parameters
                 code = getattr(pb_utils.TritonError, "INVALID_ARG", None)  # (Triton before 23.05: no codes, a 500)
-                error = pb_utils.TritonError(str(e)) if code is None else pb_utils.TritonError(str(e), code)
+                error = pb_utils.TritonError(text) if code is None else pb_utils.TritonError(text, code)
                 responses.append(pb_utils.InferenceResponse(output_tensors=[], error=error))
         return responses
 

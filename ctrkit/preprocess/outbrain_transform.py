@@ -222,7 +222,7 @@ class OutbrainTransform(RawColumns):
         text = (f"column '{name}' holds {'nothing' if shown is None else repr(str(shown))}; expected an integer"
                 f"{' (a value every row needs)' if shown is None else ''}")  # fmt: skip
         if bad is None or bad.rule == "error":
-            raise RowError(f"{text} (--bad-values missing scores a bad value as missing)", row=i)
+            raise RowError(text, row=i, setting="bad_values")
         bad.add(sum(int(w.sum()) for _, w, _ in found), text, row=i)
 
     def index_vocabularies(self) -> None:

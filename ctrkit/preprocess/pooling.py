@@ -35,16 +35,22 @@ TOLERANCE = 1e-6  # ... until no weight moves by more
 @dataclass(frozen=True)
 class PoolingTest:
     """One multi-hot feature's result: the mean held-out log loss under each pooling (nats per row), its standard
-    error of the per-row differences, and the pooling chosen."""
+    error of the per-row differences, the pooling chosen and the held-out rows it was tested on (fewer than
+    ``MIN_HELD_OUT``: not tested, ``DEFAULT`` kept, no losses)."""
 
     sum: float
     mean: float
     stderr: float
     chosen: str
+    held_out: int
+
+    @property
+    def tested(self) -> bool:
+        return self.held_out >= MIN_HELD_OUT
 
     def as_dict(self) -> dict:
         return {"sum": round(self.sum, 6), "mean": round(self.mean, 6), "stderr": round(self.stderr, 6),
-                "chosen": self.chosen}  # fmt: skip
+                "chosen": self.chosen, "held_out": self.held_out, "tested": self.tested}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -92,7 +98,7 @@ def pooling_tests(
     and held-out rows); see the module's docstring."""
     y_fit, y_held = np.asarray(y_fit, np.float64), np.asarray(y_held, np.float64)
     if len(y_held) < MIN_HELD_OUT or len(y_fit) == 0:
-        return {f: PoolingTest(0.0, 0.0, 0.0, DEFAULT) for f in multi_hot}
+        return {f: PoolingTest(0.0, 0.0, 0.0, DEFAULT, len(y_held)) for f in multi_hot}
     blocks = [(np.asarray(f, np.int64), np.asarray(h, np.int64), k) for f, h, k in categorical]
     blocks += [bucket_index(np.asarray(x, np.float64), np.asarray(h, np.float64)) for x, h in numerical]
     z_fit, z_held = additive_logits(blocks, y_fit)
@@ -106,5 +112,5 @@ def pooling_tests(
         diff = losses["mean"] - losses["sum"]  # > 0: the sum predicts the held-out rows better
         chosen = "sum" if diff.mean() > 0 else "mean"
         out[name] = PoolingTest(float(losses["sum"].mean()), float(losses["mean"].mean()),
-                                float(diff.std() / np.sqrt(len(diff))), chosen)  # fmt: skip
+                                float(diff.std() / np.sqrt(len(diff))), chosen, len(y_held))  # fmt: skip
     return out

@@ -38,7 +38,7 @@ import numpy as np
 import polars as pl
 
 from ctrkit.columns import Role
-from ctrkit.data.atomic import atomic_directory, check_new_directory
+from ctrkit.data.atomic import atomic_directory, check_new_directory, check_output
 from ctrkit.data.feature_spec import Feature, FeatureSpec, smallest_int_dtype
 from ctrkit.data.spec_builders import split_binary_spec
 from ctrkit.data.split_binary import SplitBinaryWriter
@@ -49,7 +49,6 @@ from ctrkit.preprocess.like import Like
 from ctrkit.preprocess.output import Rejects, split_bounds
 from ctrkit.preprocess.pooling import DEFAULT as DEFAULT_COMBINER
 from ctrkit.preprocess.pooling import Bags, PoolingTest, pooling_tests
-from ctrkit.preprocess.table_reader import check_output
 from ctrkit.preprocess.table_recipe import (
     AUTO,
     FILE_COL,

@@ -28,7 +28,6 @@ from __future__ import annotations
 import csv
 import gzip
 import io
-import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,19 +55,6 @@ def separator_char(text: str, what: str = "the CSV separator") -> str:
 
 def is_parquet(path: Path) -> bool:
     return path.suffix.lower() in PARQUET_SUFFIXES
-
-
-def check_output(out: Path, inputs: Iterable[Path]) -> None:
-    """Raises ValueError where writing ``out`` (a file, or a directory a command replaces) would overwrite or
-    delete one of ``inputs``: the same file, or a directory that holds it."""
-    target = Path(os.path.abspath(out))
-    for given in inputs:
-        source = Path(os.path.abspath(given))
-        same = source == target or (out.exists() and source.exists() and os.path.samefile(source, out))
-        if same or target in source.parents:
-            what = "is" if same else "holds"
-            raise ValueError(f"{out}: the output {what} the input {given}; writing it would destroy the input: "
-                             "choose another output path")  # fmt: skip
 
 
 def header_names(path: Path, separator: str) -> list[str]:

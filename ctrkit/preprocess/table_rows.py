@@ -25,7 +25,7 @@ import polars as pl
 from ctrkit.preprocess.output import Rejects
 from ctrkit.preprocess.table_reader import read_table
 from ctrkit.preprocess.table_recipe import FILE_COL, LINE_COL, RAW_PREFIX, ColumnFacts, Roles, TableRecipe
-from ctrkit.preprocess.transform import RowTransform, category_text, multi_hot_lists
+from ctrkit.preprocess.transform import RowError, RowTransform, category_text, multi_hot_lists
 
 LABEL, PROBLEM = "__label", "__problem"  # a clean row's 0/1 label; a row's problem (null where fine)
 WRITE_ROWS = 1 << 18  # rows per block written
@@ -172,8 +172,10 @@ class PolarsRows:
         if like is not None:
             try:
                 like.check_columns(list(schema))
-            except ValueError as e:
-                raise ValueError(f"{paths[0]}: {e}") from None
+            except RowError as e:  # (preprocess has no --missing-columns: a later day holds the model's columns)
+                raise ValueError(
+                    f"{paths[0]}: {e.said({})}; a day written --like a model holds every column it reads"
+                ) from None
         self.n_train_rows = sum(len(f) for f in frames[:n_train_files])
         self.n_train_files = n_train_files
         self.table = as_merged(pl.concat([f.select(list(schema)) for f in frames], how="vertical_relaxed"), schema,

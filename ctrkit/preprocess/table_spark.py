@@ -53,7 +53,7 @@ from ctrkit.preprocess.table_rows import (
     value_counts,
     write_blocks,
 )
-from ctrkit.preprocess.transform import RowTransform
+from ctrkit.preprocess.transform import RowError, RowTransform
 
 POS, IDX, GROUP = "__ctrkit_pos", "__ctrkit_idx", "__ctrkit_group"  # a good row's place in its file; in the table
 BATCH_ROWS = 1 << 16  # rows a task's Arrow batch holds
@@ -184,8 +184,10 @@ class SparkRows:
         if like is not None:
             try:
                 like.check_columns(list(schema))
-            except ValueError as e:
-                raise ValueError(f"{paths[0]}: {e}") from None
+            except RowError as e:  # (preprocess has no --missing-columns: a later day holds the model's columns)
+                raise ValueError(
+                    f"{paths[0]}: {e.said({})}; a day written --like a model holds every column it reads"
+                ) from None
         shared = self.spark.sparkContext.broadcast(like) if like is not None else None
         merge = partial(_merge_task, schema=schema, like=shared, scratch=str(self.scratch))
         self.facts_of = {i: f for i, f in self._run(range(len(paths)), lambda i: merge(i, facts=i < n_train_files))

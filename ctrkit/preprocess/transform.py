@@ -66,14 +66,32 @@ _HASH_SEEDS = (0x5EED, 0xC0FFEE)  # Polars' hashes of a value, only ever compare
 JOIN_MIN, JOIN_RATIO = 8192, 2
 
 
+# how each scorer names the setting that scores what a ``RowError`` refuses as missing: the commands' flags
+# (``predict``, ``ctrkit serve``), and the parameters of the Triton model's config
+CLI_SETTINGS = {"missing_columns": "--missing-columns missing", "bad_values": "--bad-values missing"}
+TRITON_SETTINGS = {"missing_columns": 'the config parameter missing_columns "missing"',
+                   "bad_values": 'the config parameter bad_values "missing"'}  # fmt: skip
+_SETTING_DOES = {"missing_columns": "scores a column left out as missing in every row",
+                 "bad_values": "scores a bad value as missing"}  # fmt: skip
+
+
 class RowError(ValueError):
     """A raw row that cannot be scored: ``what`` names the column and what was expected, ``row`` the row's index
-    among those given (None: not one row's fault); the message numbers the row from 1. A file's reader names the
-    row's line instead (``row`` is carried as data for that)."""
+    among those given (None: not one row's fault), ``setting`` the scorer's setting that would score it as missing
+    instead (a key of ``CLI_SETTINGS``; None: none). The message numbers the row from 1 and names the setting as the
+    commands spell it; ``said`` as another scorer does. A file's reader names the row's line instead (``row`` is
+    carried as data for that)."""
 
-    def __init__(self, what: str, row: int | None = None):
-        super().__init__(what if row is None else f"row {row + 1}: {what}")
-        self.what, self.row = what, row
+    def __init__(self, what: str, row: int | None = None, setting: str | None = None):
+        self.what, self.row, self.setting = what, row, setting
+        super().__init__(self.said(CLI_SETTINGS))
+
+    def said(self, settings: Mapping[str, str]) -> str:
+        """The message, the setting spelled as ``settings`` spells it (left out where it has none)."""
+        text = self.what if self.row is None else f"row {self.row + 1}: {self.what}"
+        if self.setting in settings:
+            text += f" ({settings[self.setting]} {_SETTING_DOES[self.setting]})"
+        return text
 
 
 @dataclass(frozen=True)
@@ -216,8 +234,8 @@ class RawColumns:
         if absent and missing_columns == "error":
             raise RowError(
                 f"no column {', '.join(repr(c) for c in absent)}; the model reads {', '.join(self.column_names)} (the "
-                "label is not needed, other columns are ignored; --missing-columns missing scores a column left out as "
-                "missing in every row)"
+                "label is not needed, other columns are ignored)",
+                setting="missing_columns",
             )
 
     def _raw_frame(self, values: Mapping[str, Any], rows: int, missing_columns: str) -> pl.DataFrame:
@@ -512,7 +530,7 @@ class RowTransform(RawColumns):
         i, problem = first
         text = rows[i : i + 1].select(problem()).item()
         if bad is None or bad.rule == "error":
-            raise RowError(f"{text} (--bad-values missing scores a bad value as missing)", row=i)
+            raise RowError(text, row=i, setting="bad_values")
         bad.add(sum(int(mask.sum()) for mask, _, _ in found), text, row=i)
         return found
 

@@ -19,8 +19,8 @@ import numpy as np
 import polars as pl
 
 from ctrkit.columns import Role
-from ctrkit.data.atomic import atomic_file, temporary_prefix
-from ctrkit.preprocess.table_reader import check_output, is_parquet, separator_char, table_blocks, table_columns
+from ctrkit.data.atomic import atomic_file, check_output, temporary_prefix
+from ctrkit.preprocess.table_reader import is_parquet, separator_char, table_blocks, table_columns
 from ctrkit.preprocess.transform import RowError, RowTransform
 from ctrkit.preprocess.values import BadValues
 from ctrkit.progress import tqdm
@@ -64,7 +64,7 @@ def score_file(
     try:
         transform.check_columns(header, missing_columns)
     except RowError as e:
-        raise RowError(f"{source}: {e}") from None
+        raise RowError(f"{source}: {e.what}", setting=e.setting) from None
     columns = list(dict.fromkeys([*(c for c in transform.column_names if c in header), *keep]))
     start = time.perf_counter()
     rows, total = 0, 0.0
@@ -82,9 +82,8 @@ def score_file(
                     try:
                         inputs = transform.raw_rows(block, found)
                     except RowError as e:
-                        if e.row is None:
-                            raise RowError(f"{source}: {e}") from None
-                        raise RowError(f"{source}:{int(lines[e.row])}: {e.what}") from None
+                        where = source if e.row is None else f"{source}:{int(lines[e.row])}"
+                        raise RowError(f"{where}: {e.what}", setting=e.setting) from None
                     if found is not None and found.count:  # the first named by its line
                         bad.add(found.count, found.text, where=f"{source}:{int(lines[found.row])}")
                     probability = predictor(*inputs).reshape(-1)

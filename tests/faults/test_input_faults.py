@@ -97,7 +97,8 @@ def test_a_port_out_of_range_is_one_line(tiny_checkpoint, port):
     "flag, value, said",
     [("--batch-window-ms", "nan", "expected a finite number"), ("--batch-window-ms", "inf", "expected a finite number"),
      ("--max-body-mb", "inf", "expected a finite number"), ("--body-timeout-s", "1e999", "expected a finite number"),
-     ("--header-timeout-s", "nan", "expected a finite number"), ("--batch-window-ms", "-1", "a finite number >= 0")],
+     ("--header-timeout-s", "nan", "expected a finite number"),
+     ("--batch-window-ms", "-1", "expected a number from 0")],
 )  # fmt: skip
 def test_a_server_setting_that_would_hang_or_crash_it_is_refused(tiny_checkpoint, flag, value, said, capsys):
     code, _, err = run_cli("serve", "--checkpoint", tiny_checkpoint, flag, value, capsys=capsys)

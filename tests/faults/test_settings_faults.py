@@ -44,7 +44,7 @@ def test_capacities_are_checked_where_they_are_given(tmp_path, capsys):
                            "--raw-ids", "user", "--capacity", "99999999999999999999", "--no-progress",
                            capsys=capsys)  # fmt: skip
     assert code == 2
-    one_line_error(err, "preprocess", "--capacity must be from 2 rows", "2,147,483,647")
+    one_line_error(err, "preprocess table", "--capacity: expected an integer from 2 to 2147483647")
     for capacity in ("1e30", "inf"):
         code, _, err = run_cli("synth", "stream", "--out", tmp_path / "s", "--rows", "100", "--days", "1",
                                "--capacity", capacity, capsys=capsys)  # fmt: skip

@@ -37,7 +37,7 @@ def test_auto_chooses_the_pooling_the_clicks_were_drawn_with(tmp_path, capsys, t
     assert test["chosen"] == tags and test[tags] < test[other] - 2 * test["stderr"]  # clearly, not by noise
 
 
-def test_a_named_pooling_a_later_day_and_too_few_rows(tmp_path):
+def test_a_named_pooling_a_later_day_and_too_few_rows(tmp_path, capsys):
     frame = shop_log(12_000, seed=8, tags="sum")[0]
     named, _ = _preprocess(tmp_path, frame, "named", "--combiner", "mean")
     assert FeatureSpec.from_yaml(named).multi_hot_combiners == ["mean"]
@@ -49,9 +49,12 @@ def test_a_named_pooling_a_later_day_and_too_few_rows(tmp_path):
     assert run_cli("preprocess", "table", tmp_path / "second.csv", "--out", tmp_path / "second", "--label", "clicked",
                    "--order-by", "ts", "--like", first, "--no-progress")[0] == 0  # fmt: skip
     assert FeatureSpec.from_yaml(tmp_path / "second").multi_hot_combiners == chosen  # the model's pooling
-    small, _ = _preprocess(tmp_path, frame[:1000], "small")  # 90 held-out rows: no power, the default
+    capsys.readouterr()  # (the runs before)
+    small, said = _preprocess(tmp_path, frame[:1000], "small", capsys=capsys)  # 90 held-out rows: no power, the default
     assert json.loads((small / "summary.json").read_text())["pooling_tests"]["tags"] == {
-        "sum": 0.0, "mean": 0.0, "stderr": 0.0, "chosen": "mean"}  # fmt: skip
+        "sum": 0.0, "mean": 0.0, "stderr": 0.0, "chosen": "mean", "held_out": 90, "tested": False}  # fmt: skip
+    assert "tags mean (not tested: 90 held-out rows, the test needs 200)" in said  # not a log loss of 0.0000
+    assert "log loss sum" not in said
 
 
 @pytest.mark.parametrize("pooling", ["sum", "mean"])

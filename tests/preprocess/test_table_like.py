@@ -139,3 +139,12 @@ def test_other_vocabularies_are_never_used_in_silence(monday, capsys):
                            "--optimizer", "adam", "--allow-other-vocabulary", "--no-progress",
                            capsys=capsys)  # fmt: skip
     assert code == 0 and "warning:" in err and "each learned row now stands for whatever value" in err
+
+
+def test_a_later_day_without_a_column_the_model_reads_names_it_and_no_flag_preprocess_lacks(monday, capsys):
+    work, tue = monday
+    pl.read_csv(tue).drop("country").write_csv(work / "no_country.csv")
+    code, _, err = run_cli("preprocess", "table", work / "no_country.csv", "--out", work / "no_country", "--like",
+                           work / "mon.pt", *FLAGS, capsys=capsys)  # fmt: skip
+    assert code == 2 and "no column 'country'" in err and "holds every column it reads" in err, err
+    assert "--missing-columns" not in err  # a flag of predict and serve, not of preprocess

@@ -8,9 +8,9 @@ import numpy as np
 import polars as pl
 import pytest
 
+from ctrkit.data.atomic import check_output
 from ctrkit.preprocess.table_reader import (
     CsvRecords,
-    check_output,
     read_table,
     separator_char,
     table_blocks,

@@ -168,7 +168,7 @@ def test_default_schedule_is_derived_from_the_run_length():
 
 
 def test_train_config_validation():
-    with pytest.raises(ValueError, match="`batch_size`: expected an integer >= 1, got 0"):
+    with pytest.raises(ValueError, match="`batch_size`: expected an integer from 1 to 2147483647, got 0"):
         TrainConfig(batch_size=0).validate()
     with pytest.raises(ValueError, match="end_lr"):
         TrainConfig(lr=1.0, end_lr=2.0).validate()
