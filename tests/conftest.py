@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -11,10 +12,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import settings
 
 from ctrkit.bench.raw_rows_bench import server_ready
 from ctrkit.cli import main
 from ctrkit.data.synthetic import generate_dataset
+
+# hypothesis' profiles: the suite's (make test), and a longer one for a nightly run (HYPOTHESIS_PROFILE=nightly); a
+# test that states its own number of examples keeps it
+settings.register_profile("default", max_examples=50, derandomize=True, database=None)
+settings.register_profile("nightly", max_examples=1000)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 TINY_TABLES = (3, 10, 50, 120, 400, 2000, 7, 900)
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
