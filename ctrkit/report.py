@@ -130,16 +130,7 @@ def _plots(series, calib, labels, probs, best_step: int | None) -> dict[str, str
     out = {}
     if not series["train"]["step"]:  # no log: no curves to draw
         return {"calibration": _calibration_plot(plt, calib, labels, probs)}
-    fig, ax = plt.subplots(figsize=(7, 3.2))
-    ax.plot(series["train"]["step"], series["train"]["loss"], color="tab:blue", label="training loss")
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss (mean over the log window)")
-    lr_ax = ax.twinx()
-    lr_ax.plot(series["train"]["step"], series["train"]["lr"], color="tab:orange", label="learning rate")
-    lr_ax.set_ylabel("learning rate")
-    fig.legend(loc="upper center", ncol=2, bbox_to_anchor=(0.5, 0.0))
-    ax.set_title("Training loss and learning rate")
-    out["training"] = _png(fig)
+    out["training"] = _png(training_figure(plt, series["train"]))
 
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.2))
     for name, style in (("validation", "o-"), ("test", "s")):
@@ -158,6 +149,22 @@ def _plots(series, calib, labels, probs, best_step: int | None) -> dict[str, str
 
     out["calibration"] = _calibration_plot(plt, calib, labels, probs)
     return out
+
+
+def training_figure(plt, train: dict[str, list]):
+    """The training loss and learning rate over steps (``train``: step, loss, lr); each record a marker where the log
+    holds few (a short run's one or two records draw no line)."""
+    marker = "o" if len(train["step"]) < 20 else None
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    ax.plot(train["step"], train["loss"], color="tab:blue", marker=marker, label="training loss")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (mean over the log window)")
+    lr_ax = ax.twinx()
+    lr_ax.plot(train["step"], train["lr"], color="tab:orange", marker=marker, label="learning rate")
+    lr_ax.set_ylabel("learning rate")
+    fig.legend(loc="upper center", ncol=2, bbox_to_anchor=(0.5, 0.0))
+    ax.set_title("Training loss and learning rate")
+    return fig
 
 
 def _calibration_plot(plt, calib, labels, probs) -> str:

@@ -143,6 +143,34 @@ def test_site_renders_in_a_headless_browser(site):
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="no Chromium installed (apt-get install chromium); CI installs it")
+def test_the_search_finds_a_flag_and_a_stop_word(site):
+    """The site's search, in a real browser: `--like` (a query lunr would parse as operators) and `like` (a word
+    lunr's stop words drop) both list the pages that say it."""
+    sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
+    handler = functools.partial(_QuietHandler, directory=str(site))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    found = {}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            page = browser.new_page()
+            for query in ("--like", "like"):
+                page.goto(f"{url}/search.html?q={query}")
+                page.wait_for_function("document.querySelectorAll('#mkdocs-search-results a').length > 0 || "
+                                       "document.querySelector('#mkdocs-search-results').innerText.includes('No ')",
+                                       timeout=20_000)  # fmt: skip
+                found[query] = page.evaluate("Array.from(document.querySelectorAll('#mkdocs-search-results a'))"
+                                             ".map(a => a.getAttribute('href'))")  # fmt: skip
+        finally:
+            browser.close()
+            server.shutdown()
+    for query, links in found.items():
+        assert any("dynamic-tables" in link or "preprocessing" in link for link in links), (query, links)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium installed (apt-get install chromium); CI installs it")
 def test_site_opened_from_disk_links_to_pages_and_fits_its_tables(site):
     """Opened as files (file://), as `make docs` says to: a link leads to a page, not a directory listing; in a
     1280 px window the text column takes the width beside the navigation and no table of the CLI reference or the

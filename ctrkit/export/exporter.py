@@ -103,8 +103,12 @@ def triton_config(name: str, platform: str, signature: Signature, max_batch_size
     where = 'backend: "python"' if python else f'platform: "{platform}"'
     rule = ('parameters { key: "missing_columns" value: { string_value: "error" } }\n'
             'parameters { key: "bad_values" value: { string_value: "error" } }\n') if python else ""  # fmt: skip
+    note = ("# inputs are optional: a request sends the raw columns or the id inputs; a raw column left out is\n"
+            '# refused unless missing_columns is "missing", a value preprocessing refuses unless bad_values is\n'
+            '# "missing"\n'
+            ) if python else ""  # fmt: skip
     return (
-        f'name: "{name}"\n'
+        note + f'name: "{name}"\n'
         f"{where}\n"
         f"max_batch_size: {max_batch_size}\n"
         "input [\n" + ",\n".join(tensor(t, optional) for t in inputs) + "\n]\n"

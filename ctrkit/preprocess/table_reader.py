@@ -95,6 +95,13 @@ def _header(path: Path, record: bytes, separator: str) -> list[str]:
         names = next(csv.reader([line], delimiter=separator))
     except csv.Error as e:
         raise ValueError(f"{path}:1: the header cannot be read as CSV ({e})") from None
+    if len(names) == 1:  # one column: maybe a file of another separator
+        for other in (";", "\t", "|", ","):
+            if other != separator and len(next(csv.reader([line], delimiter=other))) > 1:
+                shown = "tab" if other == "\t" else other
+                raise ValueError(f"{path}:1: the header is one column, '{line[:60]}', of names separated by '{shown}': "
+                                 f"read the file with the separator '{shown}' (preprocess table --csv-separator "
+                                 f"'{shown}', predict --separator '{shown}')")  # fmt: skip
     seen: dict[str, int] = {}
     for i, name in enumerate(names, start=1):
         if name in seen and name != "":

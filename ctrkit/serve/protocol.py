@@ -24,7 +24,8 @@ from ctrkit.models.signature import (
 )
 
 HEADER_LENGTH = "inference-header-content-length"
-# KServe v2 tensor datatypes (the protocol's names) -> NumPy's; a raw input may also be BYTES, whatever its column
+# KServe v2 tensor datatypes (the protocol's names) -> NumPy's; a raw input is read in any of them and BYTES, then held
+# to the datatype the model declares for it (as Triton holds a request to its config)
 TENSOR_DATATYPES = {"FP32": np.float32, "FP64": np.float64, "INT64": np.int64, "INT32": np.int32}
 RAW_TENSOR_DATATYPES = (*TENSOR_DATATYPES, "BYTES")
 
@@ -165,6 +166,7 @@ def parse_request(body: bytes, header_length: str | None, signature: Signature) 
     inputs, or (for a model that carries its preprocessing) raw values by column, in ``InferRequest.raw``."""
     expect = {t.name: t for t in signature.inputs}
     raw_names = [t.name for t in signature.raw_inputs]
+    raw_types = {t.name: t.datatype for t in signature.raw_inputs}
     if header_length is not None:
         try:
             n = int(header_length)
@@ -210,6 +212,10 @@ def parse_request(body: bytes, header_length: str | None, signature: Signature) 
             if name in raw:
                 raise RequestError(f"input '{name}' is given more than once")
             raw[name], count, used = _raw_values(name, item, binary, offset)
+            declared = raw_types.get(name)
+            if declared is not None and item.get("datatype") != declared:  # Triton's rule: the config's datatype
+                raise RequestError(f"input '{name}': datatype {item.get('datatype')}, the model declares {declared} "
+                                   "(its metadata and Triton config; Triton refuses any other)")  # fmt: skip
             offset += used
             rows.add(count)
         if offset != len(binary):

@@ -124,3 +124,13 @@ def test_parquet_types_are_checked_by_column(tmp_path):
     pl.DataFrame({"s": [{"a": 1}], "label": [1]}).write_parquet(tmp_path / "s.parquet")
     with pytest.raises(ValueError, match="column 's' is Struct"):
         read_table(tmp_path / "s.parquet", ",", ())
+
+
+def test_a_file_of_another_separator_is_named_with_the_flag_that_reads_it(tmp_path, capsys):
+    (tmp_path / "semi.csv").write_text("ts;user_id;clicked\n2026-01-01 00:00:00;u1;0\n2026-01-01 00:01:00;u2;1\n")
+    code, _, err = run_cli("preprocess", "table", tmp_path / "semi.csv", "--out", tmp_path / "out", "--label",
+                           "clicked", "--no-progress", capsys=capsys)  # fmt: skip
+    assert code == 2 and "semi.csv:1: the header is one column" in err and "--csv-separator ';'" in err, err
+    code, _, err = run_cli("preprocess", "table", tmp_path / "semi.csv", "--out", tmp_path / "out", "--label",
+                           "clicked", "--csv-separator", ";", "--no-progress", capsys=capsys)  # fmt: skip
+    assert "the header is one column" not in err  # read with its separator, the header names three columns

@@ -58,9 +58,23 @@ class ModelLife(RuleBasedStateMachine):
         before, self.day = self.day, self.day + 1
         self._write_day(self.day, rows)
         data = self.work / f"data{self.day}"
-        assert run_cli("preprocess", "table", self.work / f"day{self.day}.csv", "--test-files",
-                       self.work / f"day{self.day}_test.csv", "--out", data, "--like", self.work / f"m{before}.pt",
-                       "--label", "clicked", "--no-progress")[0] == 0  # fmt: skip (the roles: the model's)
+        assert (
+            run_cli(
+                "preprocess",
+                "table",
+                self.work / f"day{self.day}.csv",
+                "--test-files",
+                self.work / f"day{self.day}_test.csv",
+                "--out",
+                data,
+                "--like",
+                self.work / f"m{before}.pt",
+                "--label",
+                "clicked",
+                "--no-progress",
+            )[0]
+            == 0
+        )  # fmt: skip (the roles: the model's)
         assert run_cli("train", "--dataset", data, "--continue-from", self.work / f"m{before}.pt", "--max-steps", steps,
                        "--save-checkpoint", self.work / f"m{self.day}.pt", *MODEL)[0] == 0  # fmt: skip
 

@@ -13,7 +13,7 @@ goes through
 Every one gives the same scores (1e-6) or refuses the same row naming one of its bad columns. Profiles:
 ``HYPOTHESIS_PROFILE=nightly`` draws many more rows (tests/conftest.py).
 
-Planted faults the property catches (`test_a_planted_fault_is_caught`): `values.bad_numbers` no longer refusing
+Planted fault the property catches (`test_a_planted_fault_is_caught`): `values.bad_numbers` no longer refusing
 numbers beyond float32 (predict scored them, preprocess refused them), and the transform reading a numerical
 column's text as 0 where it is missing's fill (a mutation of `RowTransform._encode`).
 """

@@ -87,3 +87,19 @@ def test_every_image_renders_in_a_headless_browser(report):
     assert len(images) == 3  # training curves, evaluations, calibration + histograms
     assert all(done and w > 100 and h > 100 for done, w, h in images), images
     assert all(u.startswith(("file:", "data:")) for u in requests), requests  # nothing from the network
+
+
+def test_a_short_runs_loss_is_drawn_as_points():
+    """A 60-step run logs one loss record (every 50 steps): a line through one point draws nothing, a marker does."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ctrkit.report import training_figure
+
+    few = training_figure(plt, {"step": [50], "loss": [0.41], "lr": [0.001]})
+    assert [line.get_marker() for line in few.axes[0].lines + few.axes[1].lines] == ["o", "o"]
+    many = training_figure(plt, {"step": list(range(0, 1000, 10)), "loss": [0.4] * 100, "lr": [0.001] * 100})
+    assert many.axes[0].lines[0].get_marker() in (None, "None", "")
+    plt.close("all")

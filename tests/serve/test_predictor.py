@@ -53,7 +53,7 @@ def test_bench_inference_in_process_and_through_a_server(tiny_checkpoint, tmp_pa
     assert {"load_average_1min", "load_average_1min_before"} <= written["environment"].keys()
     assert "load average (1 min) before" in stdout
     code, _, err = run_cli("bench", "inference", "--kaggle-shape", "--repeats", "0", capsys=capsys)
-    assert code != 0 and "--repeats must be >= 1, got 0" in err
+    assert code != 0 and "--repeats: expected an integer from 1 to 10000, got '0'" in err
     from tests.serve.test_server import Server  # the real server, on a free loopback port
 
     server = Server("--checkpoint", tiny_checkpoint)

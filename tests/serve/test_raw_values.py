@@ -204,7 +204,10 @@ def test_ctrkit_serve_takes_raw_values(trained, served, capsys):
     try:
         status, answer = lenient.post(json.dumps(body).encode(), model="ctr_onnx")
         for bad, message in (
-            ({"name": "price", "datatype": "BYTES", "shape": [1], "data": ["cheap"]}, "holds 'cheap'"),
+            (
+                {"name": "price", "datatype": "BYTES", "shape": [1], "data": ["cheap"]},
+                "datatype BYTES, the model declares FP32",
+            ),  # (Triton's rule: the config's datatype)
             ({"name": "clicks", "datatype": "FP32", "shape": [1], "data": [1]}, "none of the columns the model reads"),
             ({"name": "price", "datatype": "FP32", "shape": [1], "data": [True]}, "must hold numbers"),
         ):
@@ -491,8 +494,8 @@ def test_large_raw_requests_are_transformed_off_the_event_loop(trained, monkeypa
 
 
 def test_numbers_a_column_cannot_hold_are_refused_or_missing_never_changed(trained, served):
-    """A JSON integer of 400 digits is refused (it was read as a missing value); a number with a fraction sent for an
-    integer column is no value of it, so missing, as the CSV text "30.9" is (it was truncated to 30); 30.0 is 30."""
+    """A JSON integer of 400 digits is refused (it was read as a missing value); a number sent in another datatype
+    than the column's is refused (Triton's rule)."""
     _, _, _, test_rows = trained
     server, _ = served
     row = test_rows.head(1)
@@ -511,8 +514,12 @@ def test_numbers_a_column_cannot_hold_are_refused_or_missing_never_changed(train
 
     status, answer = server.post(body(price=("FP32", [int("9" * 400)])), model="ctr_onnx")
     assert status == 400 and "input 'price'" in json.loads(answer)["error"] and "beyond a 64-bit" in answer.decode()
-    assert score(age=("FP32", [30.9])) == score(age=("INT64", [None])) != score(age=("INT64", [30]))
-    assert score(age=("FP32", [30.0])) == score(age=("INT64", [30]))
+    # another datatype than the model declares is refused, as Triton refuses it (a file's "30.9" is missing, its
+    # "30.0" is 30: tests/serve/test_value_rules.py)
+    for kind, value in (("FP32", 30.9), ("FP32", 30.0), ("INT32", 30), ("BYTES", "30")):
+        status, answer = server.post(body(age=(kind, [value])), model="ctr_onnx")
+        assert status == 400 and f"datatype {kind}, the model declares INT64" in answer.decode(), answer
+    assert score(age=("INT64", [None])) != score(age=("INT64", [30]))
 
 
 def test_a_killed_parquet_predict_leaves_nothing_behind_the_next_run(trained, tmp_path):
