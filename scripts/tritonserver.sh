@@ -5,7 +5,8 @@
 # ctrkit and NumPy < 2 (the stub's BYTES tensors are built for NumPy 1's array layout: under NumPy 2 every string
 # input arrives garbled). Usage: scripts/tritonserver.sh MODEL_REPOSITORY [HTTP_PORT [TRITON_FLAGS...]]; HTTP on
 # 127.0.0.1 only; TRITON_FLAGS go to tritonserver as they are (e.g. --model-control-mode=poll
-# --repository-poll-secs=5, which `ctrkit refresh` publishes to).
+# --repository-poll-secs=5, which `ctrkit refresh` publishes to). Without a --model-control-mode, the models are
+# loaded at start in explicit mode, so a client may unload and load them (tritonclient's load_model, unload_model).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 REPO="$(cd "${1:?usage: scripts/tritonserver.sh MODEL_REPOSITORY [HTTP_PORT]}" && pwd)"
@@ -25,9 +26,13 @@ mkdir "$BACKENDS/python"
 cp "$TRITON/backends/python/libtriton_python.so" "$TRITON/backends/python/triton_python_backend_utils.py" \
   "$TRITON/python_backend_stubs/$VERSION/triton_python_backend_stub" "$BACKENDS/python/"
 # the stub's Python finds its environment through the first python3 on PATH
+MODE=(--model-control-mode=explicit "--load-model=*")
+for flag in "$@"; do
+  case "$flag" in --model-control-mode*) MODE=() ;; esac
+done
 PATH="$STUB_ENV/bin:$PATH" LD_LIBRARY_PATH="$SITE/nvidia_pytriton.libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
   "$TRITON/bin/tritonserver" --model-repository "$REPO" --backend-directory "$BACKENDS" \
-  --http-address 127.0.0.1 --http-port "$PORT" --allow-grpc false --allow-metrics false --exit-timeout-secs 5 "$@" &
+  --http-address 127.0.0.1 --http-port "$PORT" --allow-grpc false --allow-metrics false --exit-timeout-secs 5 ${MODE[@]+"${MODE[@]}"} "$@" &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null; rm -rf "$BACKENDS"' EXIT INT TERM
 wait $SERVER

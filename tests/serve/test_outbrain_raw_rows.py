@@ -141,3 +141,18 @@ def test_like_refuses_an_outbrain_model(made, tmp_path, capsys):
     code, _, err = run_cli("preprocess", "table", tmp_path / "day.csv", "--out", tmp_path / "out", "--label",
                            "clicked", "--like", work / "wd.pt", "--no-progress", capsys=capsys)  # fmt: skip
     assert code == 2 and "preprocess outbrain" in err and "cannot extend" in err, err
+
+
+def test_triton_unloads_and_loads_the_model_on_request(made):
+    """tritonclient's model control against scripts/tritonserver.sh (explicit mode, every model loaded at start)."""
+    work, rows, _, _, triton = made
+    if triton is None:
+        pytest.skip("no Triton here (make triton)")
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{triton}")
+    assert client.is_model_ready("wd")
+    client.unload_model("wd")
+    assert not client.is_model_ready("wd")
+    client.load_model("wd")
+    assert client.is_model_ready("wd")
+    assert [m["name"] for m in client.get_model_repository_index()] == ["wd"]
+    assert len(_infer(f"127.0.0.1:{triton}", rows.head(3))) == 3
