@@ -136,7 +136,7 @@ class TrainConfig:
         "after the linear warm start, a trained model replaces the fitted regression as the selected model only "
         "when its validation AUC is higher by at least this many standard errors of the paired difference "
         "(DeLong); 0: any gain",
-        bounds=Range(0, 1000),
+        bounds=Range(0, 1e12),
     )
     warm_start_logloss: bool = option(
         False,

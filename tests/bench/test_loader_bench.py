@@ -19,4 +19,4 @@ def test_bench_loader_reads_the_batches_asked_alone_and_with_the_copy(tmp_path, 
     made = list((tmp_path / "work").iterdir())
     assert run_cli(*args, capsys=capsys)[0] == 0 and list((tmp_path / "work").iterdir()) == made  # made once
     code, _, err = run_cli(*args[:-2], "--batches", "0", capsys=capsys)
-    assert code == 2 and "must be at least 1" in err
+    assert code == 2 and "--batches: expected an integer from 1" in err

@@ -199,7 +199,7 @@ def test_a_training_rows_ctr_features_do_not_see_its_displays_labels(raw, datase
 def test_ctr_folds_below_two_is_refused(raw, tmp_path, capsys):
     code, _, err = run_cli("preprocess", "outbrain", raw, "--out", tmp_path / "d", "--ctr-folds", "1",
                            "--no-progress", capsys=capsys)  # fmt: skip
-    assert code == 2 and "--ctr-folds: expected at least 2 folds, got 1" in err and "Traceback" not in err
+    assert code == 2 and "--ctr-folds: expected an integer from 2 to 1000, got '1'" in err and "Traceback" not in err
     assert not (tmp_path / "d").exists()
 
 

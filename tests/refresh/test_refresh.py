@@ -228,9 +228,13 @@ def test_ctrkit_serve_polls_the_repository_and_answers_through_a_swap(published,
     def client():
         c = httpclient.InferenceServerClient(server.url)
         inputs = []
-        for name in ("cat0", "cat1", "cat2", "cat3", "num0", "num1"):
-            t = httpclient.InferInput(name, [len(rows), 1], "BYTES")
-            t.set_data_from_numpy(np.asarray(rows[name].to_list(), dtype=object).reshape(-1, 1))
+        for name in ("cat0", "cat1", "cat2", "cat3", "num0", "num1"):  # each in the datatype the model declares
+            if name.startswith("num"):
+                t = httpclient.InferInput(name, [len(rows), 1], "FP32")
+                t.set_data_from_numpy(rows[name].cast(pl.Float32).fill_null(float("nan")).to_numpy().reshape(-1, 1))
+            else:
+                t = httpclient.InferInput(name, [len(rows), 1], "BYTES")
+                t.set_data_from_numpy(np.asarray(rows[name].to_list(), dtype=object).reshape(-1, 1))
             inputs.append(t)
         for _ in range(600):  # bounded
             if stop.is_set():
