@@ -131,3 +131,11 @@ def test_a_resumed_run_may_save_over_its_checkpoint_and_a_file_is_not_a_director
     code, _, err = run_cli("preprocess", "table", tmp_path / "in.csv", "--out", tmp_path / "plain", "--label", "a",
                            capsys=capsys)  # fmt: skip
     assert code == 2 and "is a file, not a directory" in err, err
+
+
+def test_a_count_no_disk_holds_is_refused_before_anything_is_written(tmp_path, capsys):
+    """`synth --rows` at its range's top (int64's maximum): refused at once naming the space it needs, not written
+    until the disk fills."""
+    code, _, err = run_cli("synth", "--out", tmp_path / "big", "--rows", str(2**63 - 1), capsys=capsys)
+    assert code == 2 and "not enough space" in err and "Traceback" not in err, err
+    assert not (tmp_path / "big").exists()
