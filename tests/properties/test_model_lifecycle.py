@@ -6,12 +6,16 @@ version in one repository) and loads of the newest version keeps two invariants:
   (`predict --dataset`), to 1e-6;
 - the newest export, loaded as a server loads it (`Predictor.from_export`), scores those raw rows as the
   checkpoint it was exported from.
+
+Planted fault the machine catches (`test_a_planted_fault_is_caught`): an export writing its vocabularies without
+their last value (a one-line mutation of `RowTransform.write`).
 """
 
 from __future__ import annotations
 
 import numpy as np
 import polars as pl
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -120,3 +124,31 @@ ModelLife.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )  # fmt: skip
 test_a_model_life_keeps_raw_rows_and_exports_scoring_as_its_data = ModelLife.TestCase
+
+
+def test_a_planted_fault_is_caught(monkeypatch):
+    """A one-line mutation of the export (its vocabularies written without their last value): the loaded version no
+    longer scores as its checkpoint, and the machine's rule says so."""
+    from ctrkit.preprocess import transform
+
+    life = ModelLife()
+    try:
+        life.fit_day_zero()
+        life.export()
+        life.load_the_newest_version()  # the property holds
+        real = transform.RowTransform.write
+
+        def dropping_a_value(self, directory):
+            vocabularies = self.vocabularies
+            self.vocabularies = {f: v.head(len(v) - 1) if len(v) > 2 else v for f, v in vocabularies.items()}
+            try:
+                return real(self, directory)
+            finally:
+                self.vocabularies = vocabularies
+
+        monkeypatch.setattr(transform.RowTransform, "write", dropping_a_value)
+        life.export()
+        with pytest.raises(AssertionError):
+            life.load_the_newest_version()
+    finally:
+        life.teardown()
