@@ -10,7 +10,7 @@ DEMO   := build/demo
 
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: help install triton demo test test-properties lint docs serve-docs bench clean
+.PHONY: help install triton demo test test-fast test-properties lint docs serve-docs bench clean
 
 help:  ## this list
 	@grep -E '^[a-z-]+:.*## ' Makefile | sed -E 's/:.*## /\t/' | expand -t 18
@@ -63,6 +63,10 @@ serve-docs: docs  ## the site on http://127.0.0.1:8001
 # the tests in one process a core (pytest-xdist), each test file in one process (its module fixtures built once)
 test: install triton lint  ## lint and the whole suite
 	$(BIN)/python -m pytest -q -n auto --dist loadfile --durations=20
+
+# the suite without its slow parts, Spark, the browser and CUDA (markers: tests/conftest.py)
+test-fast: install  ## the suite without its slow parts, Spark, the browser and CUDA
+	$(BIN)/python -m pytest -q -n auto --dist loadfile -m "not slow and not spark and not browser and not cuda"
 
 # the property-based suite with the nightly profile (many more generated rows, tables and model lives)
 test-properties: install triton  ## the property-based suite, nightly profile (about 8 minutes on 2 cores)

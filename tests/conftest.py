@@ -142,3 +142,52 @@ def trainer_of(model, info, data, cfg, where, outputs=None):
 
     cfg, data = settled(cfg, info.model_name, data)
     return Trainer(model, info, data, cfg, where, outputs if outputs is not None else RunOutputs())
+
+
+# `make test-fast` leaves out the tests these markers name; `make test` runs them all. A marker follows where a test
+# lives (a part of the suite, a file) or what its name says it needs.
+SLOW_PARTS = ("bench", "distributed", "refresh", "faults", "properties")
+SLOW_FILES = (
+    "test_memory_plan.py",
+    "test_raw_values.py",
+    "test_tiered_tables.py",
+    "test_server.py",
+    "test_dynamic_training.py",
+    "test_native.py",
+    "test_outbrain_raw_rows.py",
+    "test_value_rules.py",
+    "test_precision.py",
+    "test_interactions.py",
+    "test_embedding_store.py",
+    "test_criteo_days.py",
+    "test_linear_fit.py",
+    "test_repository_writes.py",
+    "test_predictor.py",
+)  # fmt: skip (over 10 s of work each)
+MARKERS = {
+    "slow": "a part of the suite that starts processes, servers or whole runs (bench, distributed, refresh, faults, "
+    "properties), or a file of over 10 s of work",
+    "spark": "starts a local Spark session",
+    "browser": "drives a headless Chromium",
+    "cuda": "needs a CUDA device (skips without one)",
+}
+
+
+def pytest_configure(config):
+    for name, what in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {what}")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        path = Path(str(item.fspath)).resolve()
+        parts = path.relative_to(ROOT / "tests").parts if ROOT / "tests" in path.parents else ()
+        name = item.name.lower()
+        if parts and parts[0] in SLOW_PARTS or path.name in SLOW_FILES:
+            item.add_marker("slow")
+        if "spark" in path.name or "spark" in name:
+            item.add_marker("spark")
+        if any(word in name for word in ("browser", "headless", "search_finds", "opened_from_disk")):
+            item.add_marker("browser")
+        if "cuda" in path.name or "cuda" in name or "gpu" in name:
+            item.add_marker("cuda")
