@@ -69,7 +69,7 @@ test-fast: install  ## the suite without its slow parts, Spark, the browser and 
 	$(BIN)/python -m pytest -q -n auto --dist loadfile -m "not slow and not spark and not browser and not cuda"
 
 # the property-based suite with the nightly profile (many more generated rows, tables and model lives)
-test-properties: install triton  ## the property-based suite, nightly profile (about 8 minutes on 2 cores)
+test-properties: install triton  ## the property-based suite, nightly profile (about 6 minutes on 2 cores)
 	HYPOTHESIS_PROFILE=nightly $(BIN)/python -m pytest -q tests/properties
 
 bench: install  ## the maintained benchmarks of this machine

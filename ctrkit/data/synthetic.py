@@ -222,11 +222,10 @@ def generate_dataset(
         raise ValueError(f"`test_fraction` must lie in (0, 1), got {test_fraction}")
     # the files' bytes a row, at most (float16 numbers, a label byte, ids of at most 4 bytes): checked against the free
     # space before anything is written, so a count of rows no disk holds is refused at once
-    row_bytes = 2 * (click_model.num_numerical if click_model else num_numerical) + 1 + 4 * len(
-        click_model.cardinalities if click_model else cardinalities)  # fmt: skip
+    model = click_model or SyntheticCTR(cardinalities, num_numerical, seed)
+    num_numerical = model.num_numerical
+    row_bytes = 2 * num_numerical + 1 + 4 * len(model.cardinalities)
     with atomic_directory(out_dir, overwrite, needs=rows * row_bytes) as tmp:
-        model = click_model or SyntheticCTR(cardinalities, num_numerical, seed)
-        num_numerical = model.num_numerical
         spec = criteo_like_spec(model.cardinalities, num_numerical)
         spec = FeatureSpec(
             spec.feature_spec,

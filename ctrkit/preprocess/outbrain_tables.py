@@ -34,6 +34,7 @@ from ctrkit.preprocess.outbrain_files import (
     vocabulary_ids,
 )
 from ctrkit.preprocess.output import Rejects
+from ctrkit.preprocess.transform import strings, utf8
 
 
 def doc_lists(docs: pl.DataFrame, id_col: str) -> pl.DataFrame:
@@ -225,8 +226,7 @@ class Lookups:
         for k, rows in self.terms.items():
             out.update({f"terms/{k}/{c}": rows.frame[c].to_numpy() for c in rows.frame.columns})
         for k, names in enumerate(self.geo_names):
-            data = names.cast(pl.String).str.join("\n").item().encode("utf-8") if len(names) else b""
-            out[f"geo/{k}"] = np.frombuffer(data, np.uint8).copy()
+            out[f"geo/{k}/bytes"], out[f"geo/{k}/offsets"] = utf8(names.cast(pl.String))
         return out
 
     @classmethod
@@ -236,10 +236,7 @@ class Lookups:
         def under(prefix: str) -> dict[str, np.ndarray]:
             return {k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)}
 
-        geo = []
-        for k in range(3):
-            text = bytes(arrays[f"geo/{k}"]).decode("utf-8")
-            geo.append(pl.Series(text.split("\n") if text else [], dtype=pl.String))
+        geo = [strings(arrays[f"geo/{k}/bytes"], arrays[f"geo/{k}/offsets"]) for k in range(3)]
         bags = {kind: (arrays[f"bags/{kind}/docs"], arrays[f"bags/{kind}/padded"], int(bag_sizes[kind]))
                 for kind, _, _ in KINDS}  # fmt: skip
         terms = {plural: TermRows(pl.DataFrame({c: arrays[f"terms/{plural}/{c}"] for c in ("document_id", "vid", "u")}))

@@ -234,13 +234,6 @@ class OutbrainTransform(RawColumns):
         return {"numerical_features": list(NUMERICAL), "categorical_features": list(ONEHOT),
                 "multi_hot_features": list(MULTI_HOT)}  # fmt: skip
 
-    def check_features(self, summary: Mapping[str, Any], where: str) -> None:
-        """Raises ValueError when the model's features (a spec summary) are not those this transform makes."""
-        for key, ours in self.features().items():
-            if list(summary.get(key, [])) != ours:
-                raise ValueError(f"{where}: the preprocessing record makes {key} {ours}, the model reads "
-                                 f"{list(summary.get(key, []))}")  # fmt: skip
-
     def check_tables(self, num_numerical: int, cardinalities: Sequence[int], multi_hot_cardinalities: Sequence[int],
                      where: str) -> None:  # fmt: skip
         """Raises ValueError when the ids this transform makes do not fit a model's tables (an export's metadata)."""

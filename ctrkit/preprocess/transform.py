@@ -252,6 +252,17 @@ class RawColumns:
             series.append(s)
         return pl.DataFrame(series) if series else pl.DataFrame({"__rows": [None] * rows})
 
+    def features(self) -> dict[str, list[str]]:
+        """The model's features of each kind, in order (compared with a checkpoint's spec summary)."""
+        raise NotImplementedError
+
+    def check_features(self, summary: Mapping[str, Any], where: str) -> None:
+        """Raises ValueError when the model's features (a spec summary) are not those this transform makes."""
+        for key, ours in self.features().items():
+            theirs = list(summary.get(key, []))
+            if theirs != ours:
+                raise ValueError(f"{where}: the preprocessing record makes {key} {ours}, the model reads {theirs}")
+
 
 class RowTransform(RawColumns):
     """Raw rows (a Polars DataFrame of the raw columns) -> the model's numerical, categorical and multi-hot
@@ -627,13 +638,6 @@ class RowTransform(RawColumns):
             "multi_hot_features": [f.feature for f in self.multi_hot],
         }
 
-    def check_features(self, summary: Mapping[str, Any], where: str) -> None:
-        """Raises ValueError when the model's features (a spec summary) are not those this transform makes."""
-        for key, ours in self.features().items():
-            theirs = list(summary.get(key, []))
-            if theirs != ours:
-                raise ValueError(f"{where}: the preprocessing record makes {key} {ours}, the model reads {theirs}")
-
     def check_tables(self, num_numerical: int, cardinalities: Sequence[int], multi_hot_cardinalities: Sequence[int],
                      where: str) -> None:  # fmt: skip
         """Raises ValueError when the ids this transform makes do not fit a model's inputs (an export's metadata):
@@ -659,7 +663,7 @@ class RowTransform(RawColumns):
 
         vocab = {}
         for feature, v in self.vocabularies.items():
-            data, offsets = _utf8(v["value"])
+            data, offsets = utf8(v["value"])
             vocab[feature] = {"bytes": torch.from_numpy(data), "offsets": torch.from_numpy(offsets),
                               "ids": torch.from_numpy(v["id"].to_numpy().astype(np.int64))}  # fmt: skip
         return {"description": self.description(), "vocabularies": vocab}
@@ -667,7 +671,7 @@ class RowTransform(RawColumns):
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> RowTransform:
         vocab = {
-            feature: vocabulary_frame(_strings(v["bytes"].numpy(), v["offsets"].numpy()), v["ids"].numpy())
+            feature: vocabulary_frame(strings(v["bytes"].numpy(), v["offsets"].numpy()), v["ids"].numpy())
             for feature, v in state["vocabularies"].items()
         }
         return cls.from_description(state["description"], vocab)
@@ -776,7 +780,7 @@ def _series(name: str, given: Any, null_values: frozenset[str]) -> pl.Series:
         return pl.Series(name, [None if v is None else str(v) for v in values], dtype=pl.String)
 
 
-def _utf8(values: pl.Series) -> tuple[np.ndarray, np.ndarray]:
+def utf8(values: pl.Series) -> tuple[np.ndarray, np.ndarray]:
     """A String Series as its UTF-8 bytes (uint8) and the (n + 1,) int64 offsets of each value."""
     text = values.fill_null("")
     lengths = text.str.len_bytes().to_numpy().astype(np.int64)
@@ -785,8 +789,8 @@ def _utf8(values: pl.Series) -> tuple[np.ndarray, np.ndarray]:
     return np.frombuffer(data, np.uint8).copy(), offsets
 
 
-def _strings(data: np.ndarray, offsets: np.ndarray) -> pl.Series:
-    """The String Series ``_utf8`` encoded."""
+def strings(data: np.ndarray, offsets: np.ndarray) -> pl.Series:
+    """The String Series ``utf8`` encoded."""
     raw = data.tobytes()
     if b"\0" not in raw and len(offsets) > 1:  # split in Polars: NUL-separated, every value's end a NUL
         ends = np.asarray(offsets[1:], np.int64)

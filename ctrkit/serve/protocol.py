@@ -211,11 +211,11 @@ def parse_request(body: bytes, header_length: str | None, signature: Signature) 
                 raise RequestError(f"inputs[{i}] must be an object with a 'name'")
             if name in raw:
                 raise RequestError(f"input '{name}' is given more than once")
-            raw[name], count, used = _raw_values(name, item, binary, offset)
             declared = raw_types.get(name)
             if declared is not None and item.get("datatype") != declared:  # Triton's rule: the config's datatype
                 raise RequestError(f"input '{name}': datatype {item.get('datatype')}, the model declares {declared} "
                                    "(its metadata and Triton config; Triton refuses any other)")  # fmt: skip
+            raw[name], count, used = _raw_values(name, item, binary, offset)
             offset += used
             rows.add(count)
         if offset != len(binary):

@@ -18,9 +18,9 @@ from ctrkit.preprocess.transform import (
     RowError,
     RowTransform,
     ValueIndex,
-    _strings,
-    _utf8,
     from_dataset,
+    strings,
+    utf8,
 )
 from tests.conftest import run_cli
 from tests.preprocess.test_criteo_polars import SMALL, TEST, TRAIN, write
@@ -247,7 +247,7 @@ def test_value_index_agrees_with_a_join_and_stored_forms_round_trip():
     index.collides = True  # the path taken when two values share a hash
     np.testing.assert_array_equal(index(wanted), want)
     for text in (values, pl.Series(["", "x"]), pl.Series([], dtype=pl.String), pl.Series(["ab", "c"])):
-        assert _strings(*_utf8(text)).to_list() == text.to_list()
+        assert strings(*utf8(text)).to_list() == text.to_list()
 
 
 def test_vocabularies_too_large_to_carry_leave_their_rare_values_out(tmp_path, monkeypatch):
