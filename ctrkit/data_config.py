@@ -9,7 +9,7 @@ from typing import Any
 
 from ctrkit.config import option
 from ctrkit.data.feature_spec import MAX_CAPACITY
-from ctrkit.field_types import COUNT, FRACTION, SEED, Range
+from ctrkit.field_types import COUNT, CTR_FOLDS, FRACTION, FREQUENCY_THRESHOLD, ROW_BLOCK, SEED, Range
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,7 @@ class OutbrainPreprocessConfig:
     frequency_threshold: int = option(
         2,
         "one-hot ids seen fewer times than this in the training rows share id 0 with missing values",
-        bounds=Range(1, 2**31 - 1),
+        bounds=FREQUENCY_THRESHOLD,
     )
     raw_ids: tuple[str, ...] = raw_ids_option(
         "comma-separated one-hot id columns (ad_id, document_id, ...; not geo_location*) kept as raw 64-bit ids "
@@ -124,7 +124,7 @@ class OutbrainPreprocessConfig:
         "the training displays are split into this many folds, and a training row's CTR features are computed "
         "over the other folds' rows, so that no training row's feature counts its own click (evaluation rows: "
         "over all training rows)",
-        bounds=Range(2, 1000),
+        bounds=CTR_FOLDS,
     )
     bad_rows: str = option(
         "error",
@@ -135,7 +135,7 @@ class OutbrainPreprocessConfig:
         1 << 17,
         "clicks_train.csv's rows are worked on this many at a time (twice: tallies, then features); memory grows "
         "with the block while it is worked on (about 0.7 KB a row), and the dataset does not depend on the block size",
-        bounds=Range(1, 2**31 - 1),
+        bounds=ROW_BLOCK,
     )
     engine: str = option(
         "polars",
@@ -159,7 +159,7 @@ class CriteoPreprocessConfig:
     test_files: tuple[Path, ...] | None = option(None, "raw files of the test split", nargs="+", exclusive="split")
     test_fraction: float | None = test_fraction_option()
     validation_fraction: float | None = validation_fraction_option()
-    frequency_threshold: int = option(3, "FL: rarer categories share one id", bounds=Range(1, 2**31 - 1))
+    frequency_threshold: int = option(3, "FL: rarer categories share one id", bounds=FREQUENCY_THRESHOLD)
     raw_ids: tuple[str, ...] = raw_ids_option(
         "comma-separated categorical columns (C1..C26, or 'all') kept as raw 64-bit ids for dynamic tables "
         "(train --admit-after, --eviction): each value's exact key, int(value, 16) + (digits << 60); missing 0"
@@ -272,7 +272,7 @@ class TablePreprocessConfig:
     test_fraction: float | None = test_fraction_option()
     validation_fraction: float | None = validation_fraction_option()
     frequency_threshold: int = option(
-        3, "categorical values seen fewer times in the train split share one id", bounds=Range(1, 2**31 - 1)
+        3, "categorical values seen fewer times in the train split share one id", bounds=FREQUENCY_THRESHOLD
     )
     raw_ids: tuple[str, ...] = raw_ids_option(
         "comma-separated categorical columns kept as raw 64-bit ids for dynamic tables (train --admit-after, "
@@ -319,7 +319,7 @@ class TranscodeConfig:
     chunk_size: int = option(
         1 << 20,
         "rows read and written at a time; memory stays bounded by it, not by the data",
-        bounds=Range(1, 2**31 - 1),
+        bounds=ROW_BLOCK,
     )
 
 

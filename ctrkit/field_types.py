@@ -134,6 +134,13 @@ class Range:
             high = f"and below {_number(self.hi)}"
         return f"{kind} {low} {high}" + (f" ({self.unit})" if self.unit else "")
 
+    def check(self, name: str, value: float, integer: bool = True) -> None:
+        """A one-line ValueError where ``value`` of the setting ``name`` lies outside the range (the words of
+        ``check_ranges``): for a library function or recipe that a caller may reach without a config."""
+        number = isinstance(value, int) if integer else isinstance(value, (int, float))
+        if isinstance(value, bool) or not number or not (math.isfinite(value) and self.holds(value)):
+            raise ValueError(f"`{name}`: expected {self.words(integer)}, got {value!r}")
+
 
 def _number(value: float) -> str:
     if value == INT64_MAX:
@@ -151,6 +158,9 @@ FRACTION = Range(0.0, 1.0, lo_open=True, hi_open=True)  # a share strictly betwe
 SHARE = Range(0.0, 1.0)  # a share, none and all included
 THREADS = Range(1, 4096)
 SECONDS = Range(0.0, 7 * 86400.0, lo_open=True, unit="seconds")  # a timeout: above 0, at most a week
+FREQUENCY_THRESHOLD = Range(1, 2**31 - 1)  # a recipe's FL: rarer values share one id (every source's recipe)
+CTR_FOLDS = Range(2, 1000)  # Outbrain's CTR statistics: the training displays' folds
+ROW_BLOCK = Range(1, 2**31 - 1)  # rows worked on at a time (a block's row index fits an int32)
 
 
 def check_ranges(config: Any) -> None:

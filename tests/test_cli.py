@@ -379,7 +379,7 @@ def test_flags_come_from_the_config_dataclasses():
 def test_library_errors_name_the_flag_on_the_command_line(tmp_path, capsys):
     from ctrkit.data.transcode import transcode
 
-    with pytest.raises(ValueError, match="`chunk_size` must be >= 1"):  # Python: the parameter
+    with pytest.raises(ValueError, match="`chunk_size`: expected an integer from 1"):  # Python: the parameter
         transcode(tmp_path, tmp_path / "out", chunk_size=0)
     code, _, err = run_cli("predict", "--checkpoint", tmp_path / "m.pt", "--input", tmp_path / "in.csv", "--out",
                            tmp_path / "out.csv", "--separator", "ab", capsys=capsys)  # fmt: skip

@@ -139,3 +139,29 @@ def test_a_count_no_disk_holds_is_refused_before_anything_is_written(tmp_path, c
     code, _, err = run_cli("synth", "--out", tmp_path / "big", "--rows", str(2**63 - 1), capsys=capsys)
     assert code == 2 and "not enough space" in err and "Traceback" not in err, err
     assert not (tmp_path / "big").exists()
+
+
+def test_the_library_reads_the_flags_ranges(tmp_path):
+    """A recipe or function that Python reaches without a config refuses what the flag refuses, in the same words:
+    the range is one object, read by both."""
+    from ctrkit import data_config
+    from ctrkit.data.synthetic import generate_dataset
+    from ctrkit.field_types import CTR_FOLDS, FRACTION, FREQUENCY_THRESHOLD
+    from ctrkit.preprocess.criteo import CriteoRecipe
+    from ctrkit.preprocess.outbrain_files import OutbrainRecipe
+    from ctrkit.preprocess.table_recipe import TableRecipe
+
+    configs = (data_config.CriteoPreprocessConfig, data_config.TablePreprocessConfig,
+               data_config.OutbrainPreprocessConfig)  # fmt: skip
+    flags = {f.name: f.metadata["bounds"] for cls in configs for f in dataclasses.fields(cls) if "bounds" in f.metadata}
+    assert flags["frequency_threshold"] is FREQUENCY_THRESHOLD and flags["ctr_folds"] is CTR_FOLDS
+    words = FREQUENCY_THRESHOLD.words(True)
+    for make in (lambda: CriteoRecipe(frequency_threshold=0).validate(),
+                 lambda: TableRecipe(label="y", frequency_threshold=2**31).validate(),
+                 lambda: OutbrainRecipe(frequency_threshold=0)):  # fmt: skip
+        with pytest.raises(ValueError, match=f"`frequency_threshold`: expected {words}"):
+            make()
+    with pytest.raises(ValueError, match=f"`ctr_folds`: expected {CTR_FOLDS.words(True)}, got 1"):
+        OutbrainRecipe(ctr_folds=1)
+    with pytest.raises(ValueError, match=f"`test_fraction`: expected {FRACTION.words(False)}"):
+        generate_dataset(tmp_path / "d", rows=10, test_fraction=1.0)

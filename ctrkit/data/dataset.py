@@ -11,6 +11,7 @@ import torch
 from ctrkit.data.batch import Batch, MultiHot
 from ctrkit.data.feature_spec import FeatureSpec
 from ctrkit.data.split_binary import open_mapping
+from ctrkit.field_types import FRACTION
 
 
 class SplitBinaryDataset:
@@ -148,8 +149,7 @@ def split_tail(dataset: SplitBinaryDataset, fraction: float) -> tuple[DatasetRan
     score once deployed. Deterministic: the same dataset and fraction give the same split.
     """
     n = len(dataset)
-    if not 0.0 < fraction < 1.0:
-        raise ValueError(f"`validation_fraction` must lie in (0, 1), got {fraction}")
+    FRACTION.check("validation_fraction", fraction, integer=False)
     if n < 2:
         raise ValueError(f"'{dataset.mapping}' holds {n} samples: too few to hold some out for validation")
     cut = min(max(n - int(round(n * fraction)), 1), n - 1)

@@ -26,6 +26,7 @@ from ctrkit.data.atomic import atomic_directory, atomic_file
 from ctrkit.data.feature_spec import FeatureSpec
 from ctrkit.data.spec_builders import criteo_like_spec
 from ctrkit.data.split_binary import SplitBinaryWriter
+from ctrkit.field_types import FRACTION
 from ctrkit.progress import tqdm
 
 # Criteo Kaggle's 26 table sizes, with the huge ones capped near 10^5 so the default model fits
@@ -218,8 +219,7 @@ def generate_dataset(
     """
     if rows < 2:
         raise ValueError(f"`rows` must be at least 2, got {rows}")
-    if not 0.0 < test_fraction < 1.0:
-        raise ValueError(f"`test_fraction` must lie in (0, 1), got {test_fraction}")
+    FRACTION.check("test_fraction", test_fraction, integer=False)
     # the files' bytes a row, at most (float16 numbers, a label byte, ids of at most 4 bytes): checked against the free
     # space before anything is written, so a count of rows no disk holds is refused at once
     model = click_model or SyntheticCTR(cardinalities, num_numerical, seed)

@@ -20,6 +20,7 @@ from ctrkit.data.atomic import atomic_directory
 from ctrkit.data.feature_spec import Chunk, Feature, FeatureSpec, smallest_int_dtype
 from ctrkit.data.split_binary import SplitBinaryWriter
 from ctrkit.data.synthetic import power_law_ids
+from ctrkit.field_types import FRACTION
 from ctrkit.progress import tqdm
 
 # one-hot features: request level, then item level
@@ -156,8 +157,7 @@ def generate_outbrain(
     """
     if rows < 20:
         raise ValueError(f"`rows` must be at least 20 for displays of 2-12 ads, got {rows}")
-    if not 0.0 < test_fraction < 1.0:
-        raise ValueError(f"`test_fraction` must lie in (0, 1), got {test_fraction}")
+    FRACTION.check("test_fraction", test_fraction, integer=False)
     with atomic_directory(out_dir, overwrite) as tmp:
         model = SyntheticOutbrain(seed)
         base = outbrain_spec()

@@ -35,6 +35,7 @@ from ctrkit.data.feature_spec import FeatureSpec
 from ctrkit.data.spec_builders import criteo_like_spec
 from ctrkit.data.split_binary import SplitBinaryWriter
 from ctrkit.data.synthetic import Block, bias_for_ctr, power_law_ids
+from ctrkit.field_types import FRACTION
 from ctrkit.progress import tqdm
 
 PLANTED_CARDINALITIES = (5, 12, 40, 100, 300, 800, 2_000, 5_000, 10_000, 20_000, 50_000, 100_000, 200_000, 30, 3_000,
@@ -227,8 +228,7 @@ def generate_planted(
 
     if rows < 2:
         raise ValueError(f"`rows` must be at least 2, got {rows}")
-    if not 0.0 < test_fraction < 1.0:
-        raise ValueError(f"`test_fraction` must lie in (0, 1), got {test_fraction}")
+    FRACTION.check("test_fraction", test_fraction, integer=False)
     if family not in FAMILIES:
         raise ValueError(f"`family`: expected {' or '.join(FAMILIES)}, got {family!r}")
     model = FAMILIES[family](seed=seed, **model_options)

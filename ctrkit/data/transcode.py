@@ -23,6 +23,7 @@ from ctrkit.data.feature_spec import (
 )
 from ctrkit.data.spec_builders import split_binary_spec
 from ctrkit.data.split_binary import DataError, SplitBinaryWriter
+from ctrkit.field_types import ROW_BLOCK
 
 READABLE_CHANNELS = (CATEGORICAL_CHANNEL, NUMERICAL_CHANNEL, LABEL_CHANNEL, MAP_CHANNEL)
 DEFAULT_CHUNK_ROWS = 1 << 20
@@ -154,8 +155,7 @@ def transcode(
     (ranges, then writing), ``chunk_size`` rows at a time, so memory does not grow with the data.
     The output directory (split binary files and a new feature_spec.yaml) appears only when complete.
     """
-    if chunk_size < 1:
-        raise ValueError(f"`chunk_size` must be >= 1, got {chunk_size}")
+    ROW_BLOCK.check("chunk_size", chunk_size)
     spec = FeatureSpec.from_yaml(input_dir)
     extra = set(spec.channel_spec) - set(READABLE_CHANNELS)
     if extra:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ctrkit.data.feature_spec import check_capacity
+from ctrkit.field_types import FRACTION, FREQUENCY_THRESHOLD
 
 CRITEO_SOURCE = "ctrkit preprocess criteo"  # what made a dataset, as its preprocessing record names it
 # the columns of Criteo's day files (tab-separated, no header; a test day's records leave the label out)
@@ -60,8 +61,7 @@ class CriteoRecipe:
                 f"expected >= 0 numerical and >= 1 categorical columns, got {self.num_numerical} and "
                 f"{self.num_categorical}"
             )
-        if self.frequency_threshold < 1:
-            raise ValueError(f"`frequency_threshold` must be >= 1, got {self.frequency_threshold}")
+        FREQUENCY_THRESHOLD.check("frequency_threshold", self.frequency_threshold)
 
     @property
     def num_fields(self) -> int:
@@ -95,10 +95,10 @@ def check_arguments(
         raise ValueError("no input files given")
     if (test_files is None) == (test_fraction is None):
         raise ValueError("give exactly one of `test_files` and `test_fraction`")
-    if test_fraction is not None and not 0.0 < test_fraction < 1.0:
-        raise ValueError(f"`test_fraction` must lie in (0, 1), got {test_fraction}")
-    if validation_fraction is not None and not 0.0 < validation_fraction < 1.0:
-        raise ValueError(f"`validation_fraction` must lie in (0, 1), got {validation_fraction}")
+    if test_fraction is not None:
+        FRACTION.check("test_fraction", test_fraction, integer=False)
+    if validation_fraction is not None:
+        FRACTION.check("validation_fraction", validation_fraction, integer=False)
 
 
 def _log_transform(ints: np.ndarray) -> np.ndarray:

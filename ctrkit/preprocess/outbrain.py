@@ -41,6 +41,7 @@ from ctrkit.data.atomic import atomic_directory
 from ctrkit.data.feature_spec import Feature, FeatureSpec
 from ctrkit.data.split_binary import DataError, SplitBinaryWriter
 from ctrkit.data.synthetic_outbrain import display_spec
+from ctrkit.field_types import ROW_BLOCK
 from ctrkit.integrity import vocabulary_fingerprint
 from ctrkit.preprocess.outbrain_files import (
     BLOCK_ROWS,
@@ -158,10 +159,7 @@ def preprocess_outbrain(
     if engine not in ("polars", "spark"):
         raise ValueError(f"`engine`: expected polars or spark, got {engine!r}")
     recipe = recipe if recipe is not None else OutbrainRecipe()
-    if recipe.frequency_threshold < 1:
-        raise ValueError(f"`frequency_threshold`: expected an integer >= 1, got {recipe.frequency_threshold}")
-    if block_rows < 1:
-        raise ValueError(f"`block_rows`: expected an integer >= 1, got {block_rows}")
+    ROW_BLOCK.check("block_rows", block_rows)
     rejects = Rejects(recipe.bad_rows)
     for name in (*SCHEMAS, "page_views"):  # every file is there before any is read
         find_file(raw_dir, name)

@@ -14,6 +14,7 @@ from ctrkit.columns import label_of
 from ctrkit.data.feature_spec import check_capacity
 from ctrkit.data.split_binary import DataError
 from ctrkit.data_config import OutbrainPreprocessConfig
+from ctrkit.field_types import CTR_FOLDS, FREQUENCY_THRESHOLD, SEED
 from ctrkit.preprocess.output import Rejects
 
 TIMESTAMP_EPOCH_MS = 1465876799998
@@ -95,8 +96,9 @@ class OutbrainRecipe:
     capacity: int | None = None  # rows of each raw-id column's table (None: its vocabulary's)
 
     def __post_init__(self):
-        if self.ctr_folds < 2:
-            raise ValueError(f"`ctr_folds`: expected at least 2 folds, got {self.ctr_folds}")
+        FREQUENCY_THRESHOLD.check("frequency_threshold", self.frequency_threshold)
+        CTR_FOLDS.check("ctr_folds", self.ctr_folds)
+        SEED.check("seed", self.seed)
         allowed = [c for c in ONEHOT if not c.startswith("geo_location")]
         bad = [c for c in self.raw_ids if c not in allowed]
         if bad:

@@ -15,6 +15,7 @@ import polars as pl
 from ctrkit.columns import label_of
 from ctrkit.config import VALIDATION_FRACTION
 from ctrkit.data.feature_spec import check_capacity
+from ctrkit.field_types import FREQUENCY_THRESHOLD
 from ctrkit.preprocess.criteo import BAD_ROW_POLICIES
 from ctrkit.preprocess.pooling import COMBINERS
 from ctrkit.preprocess.table_reader import separator_char
@@ -143,8 +144,7 @@ class TableRecipe:
         check_format(self.time_format)
         if self.combiner not in (AUTO, *COMBINERS):
             raise ValueError(f"`combiner` must be one of {AUTO}, {', '.join(COMBINERS)}, got {self.combiner!r}")
-        if self.frequency_threshold < 1:
-            raise ValueError(f"`frequency_threshold` must be >= 1, got {self.frequency_threshold}")
+        FREQUENCY_THRESHOLD.check("frequency_threshold", self.frequency_threshold)
         if not self.separator:
             raise ValueError("`separator` must not be empty")
         separator_char(self.csv_separator, "`csv_separator`")

@@ -23,7 +23,8 @@ class CachedMmapEmbeddings(nn.Module):
 
     Args:
         source: the collection (its ``weight`` memory-mapped, from ``load_checkpoint(..., mmap=True)``).
-        cache_rows: rows the cache holds (0 disables it).
+        cache_rows: rows the cache holds (0 disables it); at most the table's rows (slot r mod ``cache_rows``: a
+            larger cache would hold slots no row maps to).
         table: where the rows are read instead of ``source.weight`` (a sharded checkpoint's
             ``ShardedTableView``: rows indexed by a 1-D array).
 
@@ -38,7 +39,7 @@ class CachedMmapEmbeddings(nn.Module):
         self.offsets = source.offsets.numpy()
         self.cardinalities = source.cardinalities
         self.dim = source.dim
-        self.cache_rows = cache_rows
+        self.cache_rows = cache_rows = min(cache_rows, len(self.table))
         self.tags = np.full(cache_rows, -1, dtype=np.int64)  # which row each slot holds
         self.cache = np.zeros((cache_rows, self.dim), dtype=self.table.dtype)
         self.hits = self.misses = 0

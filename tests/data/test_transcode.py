@@ -144,5 +144,5 @@ def test_small_chunks_give_the_same_files(csv_dataset, tmp_path, capsys):
     assert len(files) == 2 * 5
     for rel in files:
         assert (tmp_path / "whole" / rel).read_bytes() == (tmp_path / "small" / rel).read_bytes(), rel
-    with pytest.raises(ValueError, match="`chunk_size` must be >= 1"):
+    with pytest.raises(ValueError, match="`chunk_size`: expected an integer from 1"):
         transcode(csv_dataset, tmp_path / "zero", chunk_size=0)

@@ -20,7 +20,7 @@ def inputs(meta, n, seed):
     return numerical, cats.astype(np.int64)
 
 
-@pytest.mark.parametrize("cache_rows", [0, 7, 100_000])
+@pytest.mark.parametrize("cache_rows", [0, 7, 100_000, 2**62])  # 2**62: --cache-rows' top, capped at the rows
 def test_mmap_store_predicts_like_the_in_memory_model(tiny_checkpoint, cache_rows):
     memory = Predictor.from_checkpoint(tiny_checkpoint)
     mmap = Predictor.from_checkpoint(tiny_checkpoint, "mmap", cache_rows)
@@ -30,7 +30,9 @@ def test_mmap_store_predicts_like_the_in_memory_model(tiny_checkpoint, cache_row
     store = mmap.stores[0]
     assert store.hits + store.misses == 3 * 700 * len(memory.meta["cardinalities"])
     assert (store.hits > 0) == (cache_rows > 0)
-    assert store.cache.nbytes == cache_rows * store.dim * 4  # the only table memory the store owns
+    rows = len(store.table)
+    assert store.cache_rows == min(cache_rows, rows)
+    assert store.cache.nbytes == min(cache_rows, rows) * store.dim * 4  # the only table memory the store owns
 
 
 def test_mmap_store_compiles_around_its_lookups(tiny_checkpoint, recwarn):

@@ -26,7 +26,7 @@ def test_validation_split_is_deterministic_disjoint_and_the_tail(tiny_dataset):
     np.testing.assert_array_equal(np.concatenate([head.labels(), tail.labels()]), train.labels())
     whole = train.slice(len(train) - 100, len(train))
     np.testing.assert_array_equal(tail.slice(len(tail) - 100, len(tail)).categorical, whole.categorical)
-    with pytest.raises(ValueError, match="`validation_fraction` must lie in"):
+    with pytest.raises(ValueError, match="`validation_fraction`: expected a number above 0"):
         split_tail(train, 1.0)
 
 
