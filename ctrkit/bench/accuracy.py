@@ -25,10 +25,10 @@ from ctrkit.config import TrainConfig
 from ctrkit.data.atomic import atomic_file
 from ctrkit.data.dataset import SplitBinaryDataset, split_tail
 
-BASELINES = ("logistic", "lightgbm")
+BASELINES = ("logistic", "lightgbm", "reference")  # the reference: planted data sets only (``bench.reference``)
 EPOCHS_TOLERANCE = 0.002  # the issue's: more epochs may not end worse than this
-LABELS = {"logistic": "logistic regression", "lightgbm": "LightGBM", "dlrm": "DLRM", "dcnv2": "DCNv2",
-          "wide_deep": "Wide & Deep"}  # fmt: skip
+LABELS = {"logistic": "logistic regression", "lightgbm": "LightGBM", "reference": "planted form, fitted",
+          "dlrm": "DLRM", "dcnv2": "DCNv2", "wide_deep": "Wide & Deep"}  # fmt: skip
 
 
 def splits(path: Path, validation_fraction: float):
@@ -78,6 +78,7 @@ def run_entry(
 ) -> dict[str, Any]:
     """One row of the table: every baseline and every trained column (``columns``) on one data set. ``done`` is
     called with the row as it stands after each baseline and model (the panel writes its files then)."""
+    from ctrkit.bench.reference import fitted_reference
     from ctrkit.eval.baselines import gradient_boosted_trees, logistic_regression
     from ctrkit.train.run import train
 
@@ -88,9 +89,12 @@ def run_entry(
                            "bayes_auc": entry.bayes_auc, "observable_auc": entry.observable_auc, "rows": rows,
                            "precisions": list(dict.fromkeys(c.precision for c in trained if c.precision)),
                            "results": {}}  # fmt: skip  # the first precision: the one the others are set against
-    fits = {"logistic": logistic_regression, "lightgbm": gradient_boosted_trees}
+    fits = {"logistic": logistic_regression, "lightgbm": gradient_boosted_trees, "reference": fitted_reference}
     for name in baselines:
-        row["results"][name] = fits[name](tr, va, te)
+        result = fits[name](tr, va, te)
+        if result is None:  # the reference, on a data set of no planted structure
+            continue
+        row["results"][name] = result
         if done is not None:
             done(row)
     for column in trained:
@@ -172,6 +176,12 @@ def targets(rows: list[dict[str, Any]]) -> list[str]:
             if row.get(bound) and "logistic" in res:
                 closed = (best - res["logistic"]["auc"]) / (row[bound] - res["logistic"]["auc"])
                 out.append(f"{row['dataset']}: gap to {what} closed: {closed:.0%}")
+        if "reference" in res and "logistic" in res:  # the reachable target: each model's share of this gap
+            gap = res["reference"]["auc"] - res["logistic"]["auc"]
+            shares = ", ".join(f"{LABELS[r['model']]} {(r['auc'] - res['logistic']['auc']) / gap:.0%}"
+                               for r in trained.values())  # fmt: skip
+            out.append(f"{row['dataset']}: share of the logistic regression -> fitted planted form gap "
+                       f"({res['logistic']['auc']:.4f} -> {res['reference']['auc']:.4f}): {shares}")  # fmt: skip
         for (model, precision), runs in _grouped(trained, "epochs", "precision").items():
             if len(runs) > 1:
                 few, most = min(runs, key=lambda r: r["epochs"]), max(runs, key=lambda r: r["epochs"])

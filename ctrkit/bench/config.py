@@ -175,7 +175,10 @@ class AccuracyBenchConfig:
         ("dlrm", "dcnv2", "wide_deep"), "models, each with its defaults", parse="name_list"
     )
     baselines: tuple[str, ...] = option(
-        ("logistic", "lightgbm"), "baselines, comma-separated; none trains the models alone", parse="names_or_none"
+        ("logistic", "lightgbm", "reference"),
+        "baselines, comma-separated: logistic, lightgbm, reference (the planted data sets' own model form, told which "
+        "pairs interact, fitted on the same rows: the reachable target); none trains the models alone",
+        parse="names_or_none",
     )
     epochs: tuple[int, ...] | None = option(
         None,

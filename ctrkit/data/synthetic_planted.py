@@ -266,6 +266,9 @@ def generate_planted(
         }
         if observable is not None:
             meta["observable_test_auc"] = round(roc_auc(labels, np.concatenate(test_observable)), 6)
+        if hasattr(model, "pairs"):  # the form's structure, for the fitted reference (``bench.reference``)
+            meta["pairs"] = [list(p) for p in model.pairs]
+            meta["latent_dim"] = int(model.latents[0].shape[1])
         spec = FeatureSpec(spec.feature_spec, spec.source_spec, spec.channel_spec, meta, tmp)
         spec.to_yaml(tmp / "feature_spec.yaml")
     return FeatureSpec.from_yaml(Path(out_dir) / "feature_spec.yaml")
