@@ -96,6 +96,8 @@ def pooling_tests(
     """Tests each feature of ``multi_hot`` (name -> its fit rows' and held-out rows' bags, cardinality) on top of
     model A of ``categorical`` (ids of the fit and held-out rows, cardinality) and ``numerical`` (values of the fit
     and held-out rows); see the module's docstring."""
+    if not multi_hot:  # nothing to decide: model A is not fitted
+        return {}
     y_fit, y_held = np.asarray(y_fit, np.float64), np.asarray(y_held, np.float64)
     if len(y_held) < MIN_HELD_OUT or len(y_fit) == 0:
         return {f: PoolingTest(0.0, 0.0, 0.0, DEFAULT, len(y_held)) for f in multi_hot}

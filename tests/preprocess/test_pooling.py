@@ -82,3 +82,17 @@ def test_bag_weights_reach_the_penalised_optimum(pooling):
     for _ in range(5):
         assert loss(w) <= loss(w + rng.normal(0, 0.01, k))
     assert np.corrcoef(w, truth)[0, 1] > 0.8
+
+
+def test_a_table_without_multi_hot_columns_fits_no_pooling_model(monkeypatch):
+    """With no multi-hot feature there is nothing to decide: model A (seconds a million rows) is not fitted."""
+    from ctrkit.preprocess import pooling
+
+    def fitted(*_args, **_kwargs):
+        raise AssertionError("model A fitted with no multi-hot feature to test")
+
+    monkeypatch.setattr(pooling, "additive_logits", fitted)
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 5, 1000)
+    labels = rng.random(1000) < 0.3
+    assert pooling.pooling_tests([(ids[:600], ids[600:], 5)], [], {}, labels[:600], labels[600:]) == {}
