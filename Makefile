@@ -45,9 +45,10 @@ demo: install  ## the main job end to end on built-in data (synth, train, evalua
 	$(BIN)/ctrkit evaluate --checkpoint $(DEMO)/dlrm.pt --dataset $(DEMO)/data --mapping test
 	$(BIN)/ctrkit report $(DEMO)/dlrm.pt --out $(DEMO)/report.html
 
-lint: install  ## ruff check and format
+lint: install  ## ruff check and format, mypy (pyproject.toml's [tool.mypy])
 	$(BIN)/ruff check ctrkit tests benchmarks scripts
 	$(BIN)/ruff format --check ctrkit tests benchmarks scripts
+	$(BIN)/python -m mypy
 
 # The documentation site: the generated pages (command-line reference, benchmarks) rewritten from the code
 # and the result files, then built with warnings as errors (broken links and anchors included) into build/site.

@@ -36,7 +36,7 @@ def write_sealed(path: str | os.PathLike, data: dict[str, Any]) -> str:
 def torch_save(obj: Any, path: str | os.PathLike) -> None:
     """``torch.save`` without the zip records' CRC-32: ``torch.load`` does not check it (a test: changed bytes
     load without error), and computing it took half of a checkpoint's save time (docs/decisions/checkpoint-crc.md)."""
-    with serialization_config.patch({"save.compute_crc32": False}):
+    with serialization_config.patch({"save.compute_crc32": False}):  # type: ignore[attr-defined]  # (made at runtime)
         torch.save(obj, path)
 
 

@@ -171,7 +171,7 @@ def check_ranges(config: Any) -> None:
         value = getattr(config, f.name)
         if bounds is None or value is None:
             continue
-        integer = not conforms(1.5, _hints(type(config))[f.name])
+        integer = not conforms(1.5, _hints(type(config))[f.name])  # type: ignore[arg-type]  # (a class is hashable)
         number = isinstance(value, int) if integer else isinstance(value, (int, float))
         if isinstance(value, bool) or not number or not (math.isfinite(value) and bounds.holds(value)):
             raise ValueError(f"`{f.name}`: expected {bounds.words(integer)}, got {value!r}")

@@ -85,7 +85,7 @@ def tensor_digest(obj: Any, covers: str = ALGORITHM) -> str:
             t = t.clone(memory_format=torch.contiguous_format)
         h.update(f"{where}:{t.dtype}:{tuple(x.shape)}\0".encode())
         if t.numel():
-            data = memoryview(t.view(torch.uint8).numpy())
+            data = t.view(torch.uint8).numpy().data  # (a memoryview of the bytes)
             pieces = [data[i : i + CHUNK] for i in range(0, len(data), CHUNK)]
             hashes = (
                 _pool().map(xxhash.xxh3_64_intdigest, pieces)

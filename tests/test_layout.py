@@ -18,3 +18,16 @@ def test_config_modules_hold_dataclasses_not_policy():
         assert functions <= helpers, (name, functions - helpers)  # a rule of what to do belongs in train/plan.py
         for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
             assert any(ast.unparse(d).startswith("dataclass") for d in cls.decorator_list), (name, cls.name)
+
+
+def test_the_type_checkers_list_of_unclean_modules_names_modules_that_exist():
+    """pyproject.toml's list of modules the type checker does not yet hold to 0 errors names only modules of ctrkit
+    (a module renamed or removed leaves it), each once, in order."""
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mypy"]
+    unclean = next(o["module"] for o in config["overrides"] if o.get("ignore_errors"))
+    for module in unclean:
+        path = ROOT / Path(*module.split("."))
+        assert path.with_suffix(".py").is_file() or (path / "__init__.py").is_file(), module
+    assert len(unclean) == len(set(unclean)) and unclean == sorted(unclean)

@@ -89,7 +89,8 @@ def run_entry(
                            "bayes_auc": entry.bayes_auc, "observable_auc": entry.observable_auc, "rows": rows,
                            "precisions": list(dict.fromkeys(c.precision for c in trained if c.precision)),
                            "results": {}}  # fmt: skip  # the first precision: the one the others are set against
-    fits = {"logistic": logistic_regression, "lightgbm": gradient_boosted_trees, "reference": fitted_reference}
+    fits: dict[str, Callable[..., dict[str, Any] | None]] = {
+        "logistic": logistic_regression, "lightgbm": gradient_boosted_trees, "reference": fitted_reference}  # fmt: skip
     for name in baselines:
         result = fits[name](tr, va, te)
         if result is None:  # the reference, on a data set of no planted structure

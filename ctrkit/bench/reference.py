@@ -15,7 +15,8 @@ every effect's value. What a learner that knows the structure reaches from the r
   validation AUC (evaluated each epoch, stopped after ``PATIENCE`` epochs without a gain, at most ``EPOCHS``);
 * the L2 strength chosen from ``L2_GRID`` by validation AUC; the test rows scored once, by the chosen fit.
 
-Its budget: ``len(L2_GRID)`` fits of at most ``EPOCHS`` epochs each. The accuracy panel reads a model's test AUC as its share of the gap from logistic regression to this fit.
+Its budget: ``len(L2_GRID)`` fits of at most ``EPOCHS`` epochs each. The accuracy panel reads a model's test AUC as
+its share of the gap from logistic regression to this fit.
 """
 
 from __future__ import annotations

@@ -52,7 +52,8 @@ def _flag(action: argparse.Action) -> str:
 
 
 def _section(path: str, parser: argparse.ArgumentParser, level: int) -> list[str]:
-    formatter = parser.formatter_class(prog=parser.prog, width=100)  # not the terminal's: the same page anywhere
+    # not the terminal's width: the same page anywhere (argparse's stub types the class by ``prog`` alone)
+    formatter = parser.formatter_class(prog=parser.prog, width=100)  # type: ignore[call-arg]
     formatter.add_usage(parser.usage, parser._actions, parser._mutually_exclusive_groups)
     usage = formatter.format_help().strip()
     out = [f"{'#' * level} `{path}`", ""]

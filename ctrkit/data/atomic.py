@@ -247,7 +247,7 @@ def pid_alive(pid: int) -> bool:
 
 def remove_stale_temporaries(target: Path) -> list[Path]:
     """Removes the temporaries that writers of ``target`` left when they were killed; returns them."""
-    removed = []
+    removed: list[Path] = []
     pattern = re.compile(re.escape(f".{target.name}.tmp-") + r"(\d+)-")
     try:
         siblings = list(target.parent.iterdir())

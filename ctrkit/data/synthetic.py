@@ -150,7 +150,7 @@ class SyntheticCTR:
         self.latents = [
             rng.normal(0.0, 1.0 / np.sqrt(latent_dim), (c, latent_dim)).astype(np.float32) for c in self.cardinalities
         ]
-        pairs = set()
+        pairs: set[tuple[int, int]] = set()
         while nf > 1 and len(pairs) < min(num_pairs, nf * (nf - 1) // 2):
             f, g = rng.choice(nf, 2, replace=False)
             pairs.add((int(min(f, g)), int(max(f, g))))

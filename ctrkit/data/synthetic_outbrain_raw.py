@@ -153,7 +153,7 @@ def generate_outbrain_raw(
             np.datetime64("2016-06-14T04:00:00")
             - (doc_age_days * 86400).astype("timedelta64[s]")
         ).astype("datetime64[s]")  # fmt: skip
-        publish_text = [str(p).replace("T", " ") for p in published]
+        publish_text: list[str | None] = [str(p).replace("T", " ") for p in published]
         publish_text = [p if gen.random() > 0.05 else None for p in publish_text]
         publisher = source_publisher[doc_source].astype(object)
         publisher[gen.random(n_docs) < 0.03] = None

@@ -132,7 +132,7 @@ def plan_sharding(
             continue
         if strategy == "column" or (strategy == "auto" and column_split_dim is not None and dim > column_split_dim):
             kinds[f] = "column"
-            blocks = world_size if strategy == "column" else -(-dim // column_split_dim)
+            blocks = world_size if strategy == "column" or column_split_dim is None else -(-dim // column_split_dim)
             cols = [dim * b // blocks for b in range(blocks + 1)]
             for b in range(blocks):
                 r = min(range(world_size), key=lambda i: (load[i], i))

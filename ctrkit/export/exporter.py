@@ -13,6 +13,7 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -221,7 +222,8 @@ def export_checkpoint(
         else:
             export_torchscript(wrapper, signature, model_file)
         if dynamic is not None:
-            np.savez(where / DYNAMIC_FILE, **frozen_arrays(dynamic))
+            # (numpy's stub types any keyword of savez as its allow_pickle)
+            np.savez(where / DYNAMIC_FILE, **cast(dict[str, Any], frozen_arrays(dynamic)))
         if transform is not None:
             transform.write(where)
         if platform == PYTHON_BACKEND:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import nn
@@ -70,7 +71,7 @@ class DLRM(WideParameters, nn.Module):
     @property
     def output_layer(self) -> nn.Linear:
         """The last linear layer (to the logit) of the deep part."""
-        return self.top_mlp[-1]
+        return cast(nn.Linear, self.top_mlp[-1])
 
     def forward(self, numerical: torch.Tensor | None, categorical: torch.Tensor, multi_hot=None) -> torch.Tensor:
         categorical, numerical, raw = self.model_inputs(numerical, categorical)

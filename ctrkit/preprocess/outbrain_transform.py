@@ -25,7 +25,7 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import polars as pl
@@ -293,7 +293,7 @@ class OutbrainTransform(RawColumns):
 
     def write(self, directory: Path) -> list[str]:
         """Writes ``preprocessing.json`` and the arrays (``TABLES_FILE``) into ``directory``; returns their names."""
-        np.savez(directory / TABLES_FILE, **self.arrays())
+        np.savez(directory / TABLES_FILE, **cast(dict[str, Any], self.arrays()))  # (numpy's stub: any kwarg a bool)
         (directory / RECORD_FILE).write_text(json.dumps(self.description(), indent=2) + "\n")
         return [RECORD_FILE, TABLES_FILE]
 

@@ -174,7 +174,8 @@ class DatasetOutput:
         for mapping, _, _ in self.bounds:
             self._writers[mapping] = self._stack.enter_context(SplitBinaryWriter(self.spec, mapping))
 
-    def append(self, mapping: str, numerical: np.ndarray, ids: Sequence[np.ndarray], labels: np.ndarray) -> None:
+    def append(self, mapping: str, numerical: np.ndarray | None, ids: Sequence[np.ndarray], labels: np.ndarray
+               ) -> None:  # fmt: skip
         self._writers[mapping].append(numerical if self.recipe.num_numerical else None, list(ids), labels)
 
     def finish(self, engine: str, rejects: Rejects, seconds: float) -> dict:

@@ -410,8 +410,7 @@ def label_values(recipe: TableRecipe) -> tuple[pl.Expr, pl.Expr]:
     name = recipe.label
     if recipe.positive is not None:
         label = col.cast(pl.String) == recipe.positive
-        problem = pl.when(col.is_null()).then(pl.lit(f"{name}: missing label"))
-        return label, problem
+        return label, pl.when(col.is_null()).then(pl.lit(f"{name}: missing label"))
     if recipe.label_threshold is not None:
         number = col.cast(pl.Float64, strict=False)
         problem = (

@@ -12,6 +12,7 @@ since a click depends on its viewer's evening, not on UTC's."""
 from __future__ import annotations
 
 import re
+from typing import Literal
 
 import polars as pl
 
@@ -35,7 +36,8 @@ FORMATS = (
     "%Y%m%d%H%M%S",
     "%Y-%m-%d",
 )
-UNIX_FORMATS = {"unix": "s", "unix_ms": "ms"}  # integer columns: seconds or milliseconds since 1970-01-01 UTC
+# integer columns: seconds or milliseconds since 1970-01-01 UTC
+UNIX_FORMATS: dict[str, Literal["s", "ms"]] = {"unix": "s", "unix_ms": "ms"}
 # a count beyond this is no timestamp of its unit (the year 5138): milliseconds read as seconds would be in the year
 # 57,000, and are refused, not read
 UNIX_LIMITS = {"unix": 10**11, "unix_ms": 10**14}

@@ -40,7 +40,7 @@ class Scores:
     def of(cls, labels: np.ndarray, p: np.ndarray) -> Scores:
         return cls(roc_auc(labels, p), log_loss(labels, p), calibration(labels, p))
 
-    def as_dict(self) -> dict[str, float]:
+    def as_dict(self) -> dict[str, float | None]:
         return {k: (round(v, 6) if math.isfinite(v) else None) for k, v in asdict(self).items()}
 
 

@@ -11,11 +11,12 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
+from ctrkit.models.signature import Signature
 from ctrkit.serve.protocol import parse_request
 
 LARGE_BODY = 1 << 18  # bodies from this size on are parsed in a worker process (docs/decisions/serving-stalls.md)
 
-_signature = None  # the served model's signature, in a LargeBodyParser's worker process
+_signature: Signature | None = None  # the served model's signature, in a LargeBodyParser's worker process
 
 
 def _init_worker(signature, parent: int) -> None:
@@ -32,6 +33,8 @@ def _exit_with_parent(parent: int) -> None:
 
 
 def _parse_in_worker(body: bytes, header_length: str | None):
+    if _signature is None:
+        raise RuntimeError("a parser worker started without the model's signature")
     return parse_request(body, header_length, _signature)
 
 

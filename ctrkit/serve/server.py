@@ -212,7 +212,7 @@ def serve(
     app = create_app(predictor, name, window_ms, max_batch_size, max_body, repository, body_timeout_s, missing_columns,
                      poll_s, bad_values)  # fmt: skip
     sock = sock if sock is not None else bind(host, port)
-    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=SHUTDOWN_S)
+    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=int(SHUTDOWN_S))
     config.load()  # (what uvicorn chooses: httptools where installed, else h11)
     config.http_protocol_class = header_timeout(config.http_protocol_class, header_timeout_s)
     uvicorn.Server(config).run(sockets=[sock])

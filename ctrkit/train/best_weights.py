@@ -53,7 +53,7 @@ def copy_state(state: dict[str, torch.Tensor], into: dict[str, torch.Tensor] | N
             where = torch.device("cpu") if big else v.device  # a copy on disk is in the CPU's mapping of its file
             if old is not None and old.shape == v.shape and old.dtype == v.dtype and old.device == where:
                 target = old
-            elif big:
+            elif big and directory is not None:  # (``kept_on_disk`` is true only with a directory)
                 target = file_tensor(v, directory)
             else:
                 out[k] = v.detach().clone()

@@ -32,7 +32,7 @@ def reset_table_rows(
         else:  # an EmbeddingCollection: the flat table
             pieces = []
             for c in columns:
-                base = int(m.offsets[m.features.index(c)])
+                base = int(m.offsets[m.features.index(c)])  # type: ignore[index]  # (a buffer: a Tensor)
                 flat = torch.from_numpy(fresh[c] + base).to(m.weight.device)
                 pieces.append((m.weight, flat, m.weight[base].clone()))
         for weight, rows, values in pieces:
