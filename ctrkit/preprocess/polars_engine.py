@@ -30,6 +30,7 @@ from ctrkit.preprocess import vocabulary as vocab_mod
 from ctrkit.preprocess.criteo import CriteoRecipe, check_arguments, numerical_transform
 from ctrkit.preprocess.key_index import KeyIndex
 from ctrkit.preprocess.output import DatasetOutput, Rejects
+from ctrkit.preprocess.table_reader import open_bytes
 from ctrkit.progress import tqdm
 
 if TYPE_CHECKING:
@@ -46,9 +47,7 @@ def _open(path: Path):
         raise ValueError(f"{path}: input file not found")
     if path.is_dir():
         raise ValueError(f"{path}: is a directory; expected a Criteo TSV file (plain or .gz)")
-    with open(path, "rb") as f:
-        gz = f.read(2) == b"\x1f\x8b"
-    return gzip.open(path, "rb") if gz else open(path, "rb")
+    return open_bytes(path)
 
 
 def read_blocks(path: Path, block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[bytes, int, int]]:

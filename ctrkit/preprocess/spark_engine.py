@@ -10,7 +10,6 @@ sort of the raw data.
 
 from __future__ import annotations
 
-import gzip
 import os
 import time
 from collections.abc import Sequence
@@ -26,6 +25,7 @@ from ctrkit.preprocess import vocabulary as vocab_mod
 from ctrkit.preprocess.criteo import CriteoRecipe, check_arguments, numerical_transform
 from ctrkit.preprocess.outbrain_files import NULLS
 from ctrkit.preprocess.output import REJECTS_KEPT, DatasetOutput, Rejects
+from ctrkit.preprocess.table_reader import header_names
 
 if TYPE_CHECKING:
     from ctrkit.preprocess.like import Like
@@ -282,8 +282,7 @@ def page_view_counts_spark(path: Path, rejects: Rejects, spark) -> pl.DataFrame:
     One pass over the file counts the good and the bad rows alike; only an error reads it again, numbering
     its lines to name the first bad one."""
     _, _, F = spark_modules()
-    with gzip.open(path, "rt") if path.suffix == ".gz" else path.open() as f:
-        header = f.readline().rstrip("\r\n").split(",")
+    header = header_names(path, ",")
     if "document_id" not in header:
         raise DataError(f"{path}: lacks the column document_id (header: {header})")
 
