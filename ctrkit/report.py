@@ -46,12 +46,17 @@ def read_log(path: str | os.PathLike) -> list[dict[str, Any]]:
 
 
 def curves(records: list[dict[str, Any]]) -> dict[str, dict[str, list[float]]]:
-    """The log's series: ``train`` (step, loss, lr), ``validation`` and ``test`` (step, auc, logloss).
+    """The log's series: ``train`` (step, loss, lr), ``validation`` and ``test`` (step, auc, logloss), ``redraws``
+    (step: where ``--reinit-embeddings`` redrew the tables, after the start; the validation AUC falls there and
+    climbs back, docs/decisions/epoch-start-dip.md).
 
     A resumed run appends to its log: a step logged again replaces the earlier point."""
     out: dict[str, dict[int, dict[str, float]]] = {"train": {}, "validation": {}, "test": {}}
+    redraws: set[int] = set()
     for r in records:
-        if r.get("event") == "train":
+        if r.get("event") == "reinit_embeddings" and r.get("step"):
+            redraws.add(int(r["step"]))
+        elif r.get("event") == "train":
             out["train"][r["step"]] = {"loss": r["loss"], "lr": r["lr"]}
         elif r.get("event") in ("eval", "test") and r.get("mapping") in ("validation", "test"):
             out[r["mapping"]][r["step"]] = {"auc": r["auc"], "logloss": r["logloss"]}
@@ -60,6 +65,7 @@ def curves(records: list[dict[str, Any]]) -> dict[str, dict[str, list[float]]]:
         steps = sorted(points)
         keys = ("loss", "lr") if name == "train" else ("auc", "logloss")
         series[name] = {"step": steps, **{k: [points[s][k] for s in steps] for k in keys}}
+    series["redraws"] = {"step": sorted(redraws)}
     return series
 
 
@@ -143,6 +149,8 @@ def _plots(series, calib, labels, probs, best_step: int | None) -> dict[str, str
     for a in (a1, a2):
         if best_step is not None:
             a.axvline(best_step, color="grey", linestyle="--", linewidth=1, label=f"kept (step {best_step})")
+        for i, step in enumerate(series.get("redraws", {}).get("step", [])):
+            a.axvline(step, color="tab:red", linestyle=":", linewidth=1, label="tables redrawn" if i == 0 else None)
         a.set_xlabel("step")
         a.legend()
     out["evaluations"] = _png(fig)

@@ -103,3 +103,18 @@ def test_a_short_runs_loss_is_drawn_as_points():
     many = training_figure(plt, {"step": list(range(0, 1000, 10)), "loss": [0.4] * 100, "lr": [0.001] * 100})
     assert many.axes[0].lines[0].get_marker() in (None, "None", "")
     plt.close("all")
+
+
+def test_the_curves_mark_where_the_tables_were_redrawn():
+    """A redraw of the tables (``--reinit-embeddings``) is where the validation AUC falls at an epoch's start: the
+    curves carry its steps (the draw logged at the start is none), so the page can mark them."""
+    from ctrkit.report import curves
+
+    records = [{"event": "reinit_embeddings", "step": 0, "epoch": 0},
+               {"event": "eval", "mapping": "validation", "step": 285, "auc": 0.80, "logloss": 0.41},
+               {"event": "reinit_embeddings", "step": 357, "epoch": 1},
+               {"event": "eval", "mapping": "validation", "step": 357, "auc": 0.77, "logloss": 0.43},
+               {"event": "reinit_embeddings", "step": 570, "epoch": 2}]  # fmt: skip
+    series = curves(records)
+    assert series["redraws"]["step"] == [357, 570]
+    assert series["validation"]["step"] == [285, 357]
