@@ -134,3 +134,44 @@ def test_a_file_of_another_separator_is_named_with_the_flag_that_reads_it(tmp_pa
     code, _, err = run_cli("preprocess", "table", tmp_path / "semi.csv", "--out", tmp_path / "out", "--label",
                            "clicked", "--csv-separator", ";", "--no-progress", capsys=capsys)  # fmt: skip
     assert "the header is one column" not in err  # read with its separator, the header names three columns
+
+
+# values whose type Polars' reader infers in every way it can: integers (signs, spaces, zeros, one beyond int64),
+# floats (exponents, inf, NaN, a bare point), booleans in any case, text, the empty value and a null spelling
+TOKENS = ["1", "-2", "+5", " 5", "05", "9223372036854775807", "9223372036854775808", "1.5", ".5", "5.", "-0.0",
+          "1e3", "1E-3", "inf", "-inf", "NaN", "nan", "1e400", "true", "False", "TRUE", "abc", "1,5", "0x10", "",
+          "NA", "1_000", "12:00"]  # fmt: skip
+
+
+def _same_as_the_reader(path, pools, rows: int, seed: int) -> None:
+    """A table of ``rows`` rows whose column j draws its values from ``pools[j]``, read by ``read_table`` and by
+    Polars' reader inferring over every row (the reference): the same frame, types and values."""
+    from ctrkit.preprocess.table_reader import read_table
+
+    rng = np.random.default_rng(seed)
+    cell = lambda v: f'"{v}"' if "," in v else v  # noqa: E731
+    body = "\n".join(",".join(cell(pool[rng.integers(len(pool))]) for pool in pools) for _ in range(rows))
+    path.write_text(",".join(f"c{i}" for i in range(len(pools))) + "\n" + body + "\n")
+    frame, _ = read_table(path, ",", ("NA",))
+    reference = pl.read_csv(path, null_values=["NA"], infer_schema_length=None)
+    assert frame.schema == reference.schema
+    assert frame.equals(reference), (frame, reference)
+
+
+def test_types_are_those_the_reader_infers_over_every_row(tmp_path):
+    """``read_table`` decides each column's type on its distinct values (``inferred_types``); the frame is the one
+    Polars' own reader gives inferring over every row, whatever the values: each token in a column of its own and
+    beside each other, then generated tables. (Two columns at least: a row of one empty value is a blank line, which
+    the reader counts as no record.) A planted fault, floats cast through float32, fails it."""
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    alone = [[t] for t in TOKENS if t] + [[a, b] for a in TOKENS for b in ("1", "1.5", "true", "abc")]
+    _same_as_the_reader(tmp_path / "fixed.csv", [["x"], *alone], 30, 0)
+    columns = st.lists(st.sampled_from(TOKENS), min_size=1, max_size=4)  # a column draws from a few of the tokens
+
+    @given(st.lists(columns, min_size=2, max_size=4), st.integers(1, 40), st.integers(0, 2**32 - 1))
+    def check(pools, rows, seed):
+        _same_as_the_reader(tmp_path / "t.csv", pools, rows, seed)
+
+    check()
