@@ -366,7 +366,7 @@ def inferred_types(text: pl.DataFrame) -> pl.DataFrame | None:
                 return None
         except pl.exceptions.PolarsError:
             return None
-    return pl.DataFrame(columns)
+    return text.with_columns(columns)  # (a new frame of the columns would rename one with no name)
 
 
 def check_parquet_types(path: Path, schema: Mapping[str, pl.DataType], lists: Iterable[str] | None = None) -> None:

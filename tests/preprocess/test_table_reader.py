@@ -151,7 +151,7 @@ def _same_as_the_reader(path, pools, rows: int, seed: int) -> None:
     rng = np.random.default_rng(seed)
     cell = lambda v: f'"{v}"' if "," in v else v  # noqa: E731
     body = "\n".join(",".join(cell(pool[rng.integers(len(pool))]) for pool in pools) for _ in range(rows))
-    path.write_text(",".join(f"c{i}" for i in range(len(pools))) + "\n" + body + "\n")
+    path.write_text(",".join(f"c{i}" if i else "" for i in range(len(pools))) + "\n" + body + "\n")  # R's unnamed
     frame, _ = read_table(path, ",", ("NA",))
     reference = pl.read_csv(path, null_values=["NA"], infer_schema_length=None)
     assert frame.schema == reference.schema
@@ -160,7 +160,8 @@ def _same_as_the_reader(path, pools, rows: int, seed: int) -> None:
 
 def test_types_are_those_the_reader_infers_over_every_row(tmp_path):
     """``read_table`` decides each column's type on its distinct values (``inferred_types``); the frame is the one
-    Polars' own reader gives inferring over every row, whatever the values: each token in a column of its own and
+    Polars' own reader gives inferring over every row (names too: the first column has none, as R writes a table),
+    whatever the values: each token in a column of its own and
     beside each other, then generated tables. (Two columns at least: a row of one empty value is a blank line, which
     the reader counts as no record.) A planted fault, floats cast through float32, fails it."""
     from hypothesis import given
