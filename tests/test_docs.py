@@ -235,7 +235,7 @@ def test_readme_is_short_and_its_links_resolve():
     assert "../shared" not in text, "the README points outside the repository"
     # what a newcomer meets: where the command is, how long the tests take and what they need
     assert "source .venv/bin/activate" in text and ".venv/bin/ctrkit" in text
-    assert "about 15 minutes" in text and "apt-get install chromium" in text
+    assert re.search(r"about \d+ minutes", text) and "apt-get install chromium" in text
 
 
 def test_no_dated_narrative_in_the_documentation():
