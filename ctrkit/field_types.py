@@ -135,8 +135,8 @@ class Range:
         return f"{kind} {low} {high}" + (f" ({self.unit})" if self.unit else "")
 
     def check(self, name: str, value: float, integer: bool = True) -> None:
-        """A one-line ValueError where ``value`` of the setting ``name`` lies outside the range (the words of
-        ``check_ranges``): for a library function or recipe that a caller may reach without a config."""
+        """A one-line ValueError where ``value`` of the setting ``name`` lies outside the range: ``check_ranges``'
+        check of a config's fields, and a library function's or recipe's that a caller may reach without a config."""
         number = isinstance(value, int) if integer else isinstance(value, (int, float))
         if isinstance(value, bool) or not number or not (math.isfinite(value) and self.holds(value)):
             raise ValueError(f"`{name}`: expected {self.words(integer)}, got {value!r}")
@@ -172,6 +172,4 @@ def check_ranges(config: Any) -> None:
         if bounds is None or value is None:
             continue
         integer = not conforms(1.5, _hints(type(config))[f.name])  # type: ignore[arg-type]  # (a class is hashable)
-        number = isinstance(value, int) if integer else isinstance(value, (int, float))
-        if isinstance(value, bool) or not number or not (math.isfinite(value) and bounds.holds(value)):
-            raise ValueError(f"`{f.name}`: expected {bounds.words(integer)}, got {value!r}")
+        bounds.check(f.name, value, integer)

@@ -126,7 +126,7 @@ def _fit(train, validation, form: dict[str, Any], l2: float, seed: int) -> tuple
     return model, best, epochs
 
 
-def fitted_reference(train, validation, test, threads: int | None = None) -> dict[str, Any] | None:
+def fitted_reference(train, validation, test) -> dict[str, Any] | None:
     """The planted form fitted on ``train`` (datasets as the trainer reads them, ``eval.baselines.read_table``),
     early-stopped and its L2 chosen on ``validation``, scored on ``test``; None where the data set records no
     planted structure (its spec's metadata lacks ``pairs``)."""
@@ -134,8 +134,6 @@ def fitted_reference(train, validation, test, threads: int | None = None) -> dic
     if "pairs" not in meta:
         return None
     start = time.perf_counter()
-    if threads:
-        torch.set_num_threads(threads)
     tr, va, te = read_table(train), read_table(validation), read_table(test)
     mean = tr.numerical.mean(0) if tr.numerical.shape[1] else np.zeros(0, np.float32)
     sd = tr.numerical.std(0) + 1e-6 if tr.numerical.shape[1] else np.ones(0, np.float32)
