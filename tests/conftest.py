@@ -24,6 +24,14 @@ settings.register_profile("default", max_examples=50, derandomize=True, database
 settings.register_profile("nightly", max_examples=1000)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
+# pytest-xdist runs one worker a core: each worker's torch (and the commands it starts) computes on its share of the
+# cores, not on all of them beside the other workers; a test that needs threads asks for them (``two_threads``)
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if WORKERS > 1:
+    THREADS_EACH = str(max(1, (os.cpu_count() or 1) // WORKERS))
+    os.environ.setdefault("OMP_NUM_THREADS", THREADS_EACH)
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
 TINY_TABLES = (3, 10, 50, 120, 400, 2000, 7, 900)
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
+import torch
 import tritonclient.http as httpclient
 from sklearn.metrics import log_loss, roc_auc_score
 
@@ -45,11 +46,17 @@ def refresh(repo: Path, *args, capsys=None):
 
 @pytest.fixture(scope="module")
 def published(days, tmp_path_factory):
-    """A repository after days 1 and 2, both published."""
+    """A repository after days 1 and 2, both published; trained on two threads (this machine's default: a step split
+    over them sums its gradients as the torchrun test's two processes do)."""
     work = tmp_path_factory.mktemp("refresh")
     repo = work / "repo"
-    assert refresh(repo, days[0], *ROLES)[0] == 0
-    assert refresh(repo, days[1])[0] == 0
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert refresh(repo, days[0], *ROLES)[0] == 0
+        assert refresh(repo, days[1])[0] == 0
+    finally:
+        torch.set_num_threads(before)
     return work, repo
 
 

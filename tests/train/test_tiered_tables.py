@@ -51,7 +51,7 @@ def _train(tmp_path, cache_rows: int | None, optimizer: str, split: str, home: s
     ("optimizer", "split", "home"),
     [("rowwise_adagrad", "on", "disk"), ("adam", "off", "disk"), ("sgd", "on", "disk"), ("adam", "on", "host")],
 )
-def test_a_small_cache_trains_as_the_tables_in_memory(tmp_path, optimizer, split, home):
+def test_a_small_cache_trains_as_the_tables_in_memory(tmp_path, optimizer, split, home, two_threads):
     weights, states, _, scored = _train(tmp_path, None, optimizer, split)
     weights_d, states_d, (tier,), scored_d = _train(tmp_path, 300, optimizer, split, home)
     assert tier.home == home and tier.table.device.type == "cpu" and tier.cache.device == tier.device
