@@ -81,3 +81,46 @@ def test_raw_files_are_read_in_the_listed_places_only():
             found[relative] = reads
     assert found.pop(READER)  # the one reader
     assert found == {k: sorted(v) for k, v in RAW_READERS.items()}
+
+
+# Value -> id has one owner (``VALUE_IDS``): the ids every dataset holds and every scorer computes are looked up
+# there. A lookup written elsewhere (a Polars join on a vocabulary's value or key column, a hash of the values, a
+# sorted search in the preprocessing or the scorers) fails here, unless listed below as something other than an id.
+VALUE_IDS = "ctrkit/preprocess/vocabulary.py"
+NOT_IDS = {
+    "ctrkit/preprocess/outbrain_tables.py": ["searchsorted"] * 2,  # the median of run-length counts
+    "ctrkit/preprocess/table_reader.py": ["searchsorted"] * 7,  # line and field numbers of a block's records
+    "ctrkit/preprocess/table_spark.py": ["join on 'value'"],  # a group's rank, the order `--split group` keeps
+    "ctrkit/preprocess/value_ids.py": ["searchsorted"] * 3,  # a test's quantile buckets and per-value offsets
+}
+LOOKUP_ROOMS = ("ctrkit/preprocess/", "ctrkit/serve/", "ctrkit/export/")
+
+
+def _lookups(tree: ast.AST, searches: bool) -> list[str]:
+    """Value lookups in ``tree``: joins on a column named value, key or v; Polars' ``hash``; xxhash's XXH64; where
+    ``searches``, sorted searches (``searchsorted``)."""
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        name = node.func.attr
+        on = next((k.value for k in node.keywords if k.arg == "on"), None)
+        if name == "join" and isinstance(on, ast.Constant) and on.value in ("value", "key", "v"):
+            found.append(f"join on {on.value!r}")
+        elif name == "hash" or name.startswith("xxh64") or (searches and name == "searchsorted"):
+            found.append(name)
+    return sorted(found)
+
+
+def test_values_become_ids_in_one_module():
+    found = {}
+    for path in sorted((ROOT / "ctrkit").rglob("*.py")):
+        relative = path.relative_to(ROOT).as_posix()
+        if relative.startswith("ctrkit/bench/"):
+            continue
+        lookups = _lookups(ast.parse(path.read_text()), relative.startswith(LOOKUP_ROOMS))
+        if lookups:
+            found[relative] = lookups
+    owner = found.pop(VALUE_IDS)
+    assert {"join on 'value'", "join on 'key'", "hash", "searchsorted"} <= set(owner)  # the scan sees them
+    assert found == {k: sorted(v) for k, v in NOT_IDS.items()}

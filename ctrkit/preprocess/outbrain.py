@@ -59,9 +59,7 @@ from ctrkit.preprocess.outbrain_files import (
     OutbrainRecipe,
     checked,
     find_file,
-    lookup,
     page_view_counts,
-    positions,
     read_header,
     require_columns,
     wrong_field_counts,
@@ -69,6 +67,7 @@ from ctrkit.preprocess.outbrain_files import (
 from ctrkit.preprocess.outbrain_tables import Tables, Tally, median_of_counts, standardisation
 from ctrkit.preprocess.outbrain_transform import OutbrainTransform, days_since, features
 from ctrkit.preprocess.output import Rejects
+from ctrkit.preprocess.vocabulary import lookup, positions
 
 
 def outbrain_spec(cardinalities: dict[str, int], base: Path | None = None, metadata: dict | None = None,

@@ -16,6 +16,7 @@ from ctrkit.data.split_binary import DataError
 from ctrkit.data_config import OutbrainPreprocessConfig
 from ctrkit.field_types import CTR_FOLDS, FREQUENCY_THRESHOLD, SEED
 from ctrkit.preprocess.output import Rejects
+from ctrkit.preprocess.vocabulary import NULL
 
 TIMESTAMP_EPOCH_MS = 1465876799998
 
@@ -257,52 +258,12 @@ def document_pairs(a: np.ndarray, b: np.ndarray) -> tuple[pl.DataFrame, np.ndarr
     return pairs, inverse.astype(np.int64)
 
 
-def vocabulary_ids(column: pl.Series, vocab: pl.Series) -> np.ndarray:
-    """1 + the position of each value of ``column`` in the sorted ``vocab``; 0 for null or absent values."""
-    if column.dtype == pl.Utf8:
-        index = pl.DataFrame({"v": vocab, "id": np.arange(1, len(vocab) + 1, dtype=np.int32)})
-        joined = pl.DataFrame({"v": column}).join(index, on="v", how="left", maintain_order="left")
-        return joined["id"].fill_null(0).to_numpy()
-    at, found = positions(vocab.to_numpy().astype(np.int64), column.fill_null(-1).to_numpy().astype(np.int64))
-    return np.where(found & column.is_not_null().to_numpy(), at + 1, 0).astype(np.int32)
-
-
-def dense_table(keys: np.ndarray, limit: int) -> np.ndarray | None:
-    """For sorted, distinct, non-negative ``keys`` below ``limit``: each id's position in ``keys`` (-1 where
-    absent), one entry past the largest key standing for every id out of range; None for other keys."""
-    top = int(keys[-1]) if len(keys) else -1
-    if not len(keys) or keys[0] < 0 or top >= limit:
-        return None
-    table = np.full(top + 2, -1, np.int64)
-    table[keys] = np.arange(len(keys))
-    return table
-
-
-def positions(keys: np.ndarray, queries: np.ndarray, table: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """The position of each query in the sorted, distinct ``keys``, and whether it is there. Ids of raw
-    Outbrain columns are small non-negative integers, so a table indexed by id (``dense_table``; pass one
-    built once to reuse it) answers directly; other keys go through a binary search."""
-    if table is None:
-        table = dense_table(keys, max(1 << 22, 2 * len(queries)))
-    if table is not None:
-        top = len(table) - 2
-        at = table[np.where((queries >= 0) & (queries <= top), queries, top + 1)]
-        return np.maximum(at, 0), at >= 0
-    at = np.searchsorted(keys, queries)
-    found = at < len(keys)
-    found[found] = keys[at[found]] == queries[found]
-    return at, found
-
-
 def split_draw(display: np.ndarray, seed: int) -> np.ndarray:
     """A uniform number in [0, 1) per display id, a fixed function of (id, seed) (splitmix64)."""
     with np.errstate(over="ignore"):
         z = display.astype(np.uint64) + np.uint64((splitmix.GOLDEN * (seed + 1)) & splitmix.MASK)
     splitmix.finalise_numpy(z)
     return (z >> np.uint64(11)).astype(np.float64) / float(1 << 53)
-
-
-NULL = np.iinfo(np.int64).min  # a missing value in the int64 id columns below (raw ids are not this)
 
 
 BLOCK_ROWS = OutbrainPreprocessConfig.block_rows  # clicks rows per block of the two passes
@@ -326,25 +287,3 @@ PROMO_COLUMN = {"advertiser_id": "advertiser_id", "campaign_id": "campaign_id", 
 def ints(series: pl.Series) -> np.ndarray:
     """An integer column as int64, ``NULL`` where missing."""
     return series.cast(pl.Int64).fill_null(NULL).to_numpy().astype(np.int64, copy=False)
-
-
-def locate(keys: np.ndarray, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``positions``, with every position a valid index of ``keys`` (0 where not found) and none found when
-    ``keys`` is empty, so ``table[at]`` never fails and ``found`` says which entries mean something."""
-    if not len(keys):
-        return np.zeros(len(queries), np.int64), np.zeros(len(queries), bool)
-    at, found = positions(keys, queries)
-    return np.where(found, at, 0), found
-
-
-def lookup(keys: np.ndarray, values: np.ndarray, queries: np.ndarray) -> np.ndarray:
-    """``values`` at each query's position in the sorted, distinct ``keys``; ``NULL`` where it is not there."""
-    at, found = locate(keys, queries)
-    return np.where(found, values[at], NULL) if len(keys) else np.full(len(queries), NULL, np.int64)
-
-
-def codes(column: pl.Series) -> tuple[np.ndarray, pl.Series]:
-    """A text column as int64 codes in the order of its sorted distinct values (``NULL`` where missing), and
-    those values."""
-    names = column.drop_nulls().unique().sort()
-    return np.where(column.is_null().to_numpy(), NULL, vocabulary_ids(column, names).astype(np.int64) - 1), names

@@ -22,19 +22,14 @@ from ctrkit.preprocess.outbrain_files import (
     TIMESTAMP_EPOCH_MS,
     TRAIN_LAST_DAY,
     OutbrainRecipe,
-    codes,
-    dense_table,
     find_file,
     ints,
-    locate,
-    lookup,
-    positions,
     read_checked,
     split_draw,
-    vocabulary_ids,
 )
 from ctrkit.preprocess.output import Rejects
 from ctrkit.preprocess.transform import strings, utf8
+from ctrkit.preprocess.vocabulary import codes, dense_table, locate, lookup, positions, sorted_ids
 
 
 def doc_lists(docs: pl.DataFrame, id_col: str) -> pl.DataFrame:
@@ -212,7 +207,7 @@ class Lookups:
         out = []
         for width, names in zip((None, 2, 5), self.geo_names):
             part = text if width is None else text.str.slice(0, width)
-            ids = vocabulary_ids(part, names).astype(np.int64)
+            ids = sorted_ids(part, names).astype(np.int64)
             out.append(np.where(ids > 0, ids - 1, NULL))
         return out
 

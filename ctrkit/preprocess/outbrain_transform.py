@@ -44,13 +44,12 @@ from ctrkit.preprocess.outbrain_files import (
     REQUEST_SCHEMA,
     TIMESTAMP_EPOCH_MS,
     document_pairs,
-    locate,
-    lookup,
     value_bad,
 )
 from ctrkit.preprocess.outbrain_tables import Lookups, similarity
 from ctrkit.preprocess.transform import RECORD_FILE, Column, RawColumns, RowError
 from ctrkit.preprocess.values import BadValues
+from ctrkit.preprocess.vocabulary import locate, lookup
 
 SOURCE = "ctrkit preprocess outbrain"
 FORMAT = 1

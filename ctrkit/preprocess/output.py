@@ -28,10 +28,9 @@ from ctrkit.preprocess.transform import (
     Column,
     NumericalInput,
     RowTransform,
-    vocabulary_frame,
     write_record,
 )
-from ctrkit.preprocess.vocabulary import cardinality, save_vocabulary
+from ctrkit.preprocess.vocabulary import cardinality, save_vocabulary, vocabulary_frame
 
 REJECTS_KEPT = 20
 # how a raw-id column's values become ids (the spec's metadata says it)

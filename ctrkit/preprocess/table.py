@@ -69,7 +69,6 @@ from ctrkit.preprocess.transform import (
     MultiHotInput,
     NumericalInput,
     RowTransform,
-    vocabulary_frame,
     write_record,
 )
 from ctrkit.preprocess.value_ids import MAX_FIT_ROWS, value_id_tests
@@ -173,7 +172,8 @@ def _row_transform(
         else CategoricalInput(c, c, "as_read", ids[c])
         for c in roles.categorical
     ]  # fmt: skip
-    vocab = {c: vocabulary_frame(v["value"], v["id"]) for c, v in vocabularies.items() if c not in recipe.raw_ids}
+    vocab = {c: vocab_mod.vocabulary_frame(v["value"], v["id"]) for c, v in vocabularies.items()
+             if c not in recipe.raw_ids}  # fmt: skip
     return RowTransform(
         "ctrkit preprocess table",
         columns,
@@ -311,7 +311,8 @@ def _preprocess(
         transform = _row_transform(raw_schema, roles, recipe, vocabularies)
     else:
         t = like.transform
-        grown = {c: vocabulary_frame(v["value"], v["id"]) for c, v in vocabularies.items() if c in t.vocabularies}
+        grown = {c: vocab_mod.vocabulary_frame(v["value"], v["id"]) for c, v in vocabularies.items()
+                 if c in t.vocabularies}  # fmt: skip
         transform = RowTransform(t.source, t.columns, t.numerical, t.categorical, t.multi_hot, grown, t.null_values,
                                  t.label)  # fmt: skip
     # the test reads raw-id columns by their vocabularies' ids, as it reads the others

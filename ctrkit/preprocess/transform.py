@@ -44,6 +44,7 @@ from ctrkit.preprocess.values import (
     number_problem,
     timestamp_problem,
 )
+from ctrkit.preprocess.vocabulary import ValueIndex, hash_exprs, hex_key_ids, vocabulary_frame, xxh64_ids
 
 RECORD_FILE = PREPROCESSING_FILE
 FORMAT = 1
@@ -60,10 +61,6 @@ MISSING_COLUMNS = ("error", "missing")
 # values rarer than its frequency threshold (they would be most of them: Criteo's long tail)
 MAX_CARRIED_VALUES = 20_000_000
 MISSING_INT64 = -(2**63)  # a missing value in a raw INT64 tensor (a binary tensor holds no null): INT64's minimum
-_HASH_SEEDS = (0x5EED, 0xC0FFEE)  # Polars' hashes of a value, only ever compared within one process (``ValueIndex``)
-# values looked up at once from which a vocabulary is joined (Polars' hash join builds a table of the vocabulary each
-# time) rather than searched by hash pairs: at least JOIN_MIN and JOIN_RATIO x the vocabulary's values
-JOIN_MIN, JOIN_RATIO = 8192, 2
 
 
 # how each scorer names the setting that scores what a ``RowError`` refuses as missing: the commands' flags
@@ -133,71 +130,6 @@ class MultiHotInput:
     feature: str
     column: str
     separator: str = "|"
-
-
-def vocabulary_frame(values: pl.Series, ids: np.ndarray | pl.Series) -> pl.DataFrame:
-    """A vocabulary as the transform keeps it: (value text, id)."""
-    return pl.DataFrame({"value": values.cast(pl.String), "id": pl.Series(ids).cast(pl.Int64)})
-
-
-class ValueIndex:
-    """Value -> id lookups in one vocabulary without building a hash table per call: each value's two 64-bit hashes
-    (Polars' hash under two seeds, computed once), sorted by the first; a looked-up value's pair is searched for
-    and must match both (a chance match of two independent 64-bit hashes: about one lookup in 2^128 per value)."""
-
-    def __init__(self, vocabulary: pl.DataFrame):
-        self.vocabulary = vocabulary.select("value", "id")
-        values = vocabulary["value"]
-        first, second = _hashes(values)
-        order = np.argsort(first, kind="stable")
-        self.first, self.second = first[order], second[order]
-        self.ids = vocabulary["id"].to_numpy().astype(np.int64)[order]
-        # two values of one first hash (about one vocabulary of 2^32 values in two): always a join instead
-        self.collides = bool(len(self.first) > 1 and (np.diff(self.first) == 0).any())
-
-    def lookup(self, first: np.ndarray, second: np.ndarray, missing: np.ndarray) -> np.ndarray:
-        """(n,) int64 ids of the values whose hashes (``_hashes``) are ``first`` and ``second``; ``MISSING_ID`` for
-        an unseen value or where ``missing``."""
-        if not len(self.first) or not len(first):
-            return np.zeros(len(first), np.int64)
-        place = np.minimum(np.searchsorted(self.first, first), len(self.first) - 1)
-        hit = (self.first[place] == first) & (self.second[place] == second) & ~missing
-        return np.where(hit, self.ids[place], MISSING_ID).astype(np.int64)
-
-    def by_join(self, n: int) -> bool:
-        """Whether ``n`` values are looked up by a join: where the index has two values of one first hash, or ``n``
-        is large beside the vocabulary (``JOIN_MIN``, ``JOIN_RATIO``)."""
-        return self.collides or (n >= JOIN_MIN and n >= JOIN_RATIO * len(self.ids))
-
-    def __call__(self, text: pl.Series) -> np.ndarray:
-        """(n,) int64 ids of ``text`` (String): the vocabulary's, else ``MISSING_ID`` (missing, unseen)."""
-        if self.by_join(len(text)):
-            joined = text.alias("value").to_frame().join(self.vocabulary, on="value", how="left",
-                                                         maintain_order="left")  # fmt: skip
-            return joined["id"].fill_null(MISSING_ID).to_numpy().astype(np.int64)
-        first, second = _hashes(text)
-        return self.lookup(first, second, text.is_null().to_numpy())
-
-
-def _hash_exprs(text: pl.Expr) -> tuple[pl.Expr, pl.Expr]:
-    return text.hash(seed=_HASH_SEEDS[0]), text.hash(seed=_HASH_SEEDS[1])
-
-
-def _hashes(text: pl.Series) -> tuple[np.ndarray, np.ndarray]:
-    frame = text.alias("t").to_frame().select(*(h.alias(f"h{i}") for i, h in enumerate(_hash_exprs(pl.col("t")))))
-    return frame["h0"].to_numpy(), frame["h1"].to_numpy()
-
-
-def xxh64_ids(text: pl.Series) -> np.ndarray:
-    """Raw 64-bit ids of text values: XXH64 of each value's UTF-8 bytes (seed 0) as int64; missing -> 0. Hashed
-    once per distinct value. ``preprocess table --raw-ids`` writes these."""
-    import xxhash
-
-    distinct = text.drop_nulls().unique()
-    hashed = pl.DataFrame({"value": distinct, "raw": pl.Series([xxhash.xxh64_intdigest(v.encode()) for v in
-                                                                distinct.to_list()], dtype=pl.UInt64)})  # fmt: skip
-    joined = text.alias("value").to_frame().join(hashed, on="value", how="left", maintain_order="left")
-    return joined["raw"].fill_null(0).to_numpy().view(np.int64)
 
 
 class RawColumns:
@@ -427,7 +359,7 @@ class RowTransform(RawColumns):
         for j, f in enumerate(self.categorical):
             text = category_text(col[f.column], f.text, f.time_format)
             if f.ids == "vocabulary" and not joins[j]:
-                first, second = _hash_exprs(text)
+                first, second = hash_exprs(text)
                 exprs += [first.alias(f"h{j}"), second.alias(f"g{j}"), text.is_null().alias(f"z{j}")]
             else:
                 exprs.append(text.alias(f"t{j}"))
@@ -581,10 +513,7 @@ class RowTransform(RawColumns):
         if rule == "xxh64":
             return xxh64_ids(text)
         if rule == "hex_key":
-            from ctrkit.preprocess.vocabulary import key_expr
-
-            keys = text.fill_null("").alias("v").to_frame().select(key_expr("v"))
-            return keys.to_series().fill_null(0).to_numpy().astype(np.int64)  # not a valid value: missing
+            return hex_key_ids(text)
         return self._index(f.feature)(text)
 
     def _bag_ids(self, f: MultiHotInput, values: pl.Series) -> tuple[np.ndarray, np.ndarray]:

@@ -17,11 +17,11 @@ from ctrkit.preprocess.transform import (
     NumericalInput,
     RowError,
     RowTransform,
-    ValueIndex,
     from_dataset,
     strings,
     utf8,
 )
+from ctrkit.preprocess.vocabulary import ValueIndex
 from tests.conftest import run_cli
 from tests.preprocess.test_criteo_polars import SMALL, TEST, TRAIN, write
 from tests.preprocess.test_table import _table

@@ -287,7 +287,8 @@ def test_the_gate_against_scikit_learn_and_its_verdicts():
 
 def test_profile_and_psi_against_direct_counts(days):
     from ctrkit.columns import Role
-    from ctrkit.preprocess.transform import CategoricalInput, Column, NumericalInput, RowTransform, vocabulary_frame
+    from ctrkit.preprocess.transform import CategoricalInput, Column, NumericalInput, RowTransform
+    from ctrkit.preprocess.vocabulary import vocabulary_frame
 
     rows = pl.read_csv(days[0], infer_schema=False).head(3000)
     rows = rows.with_columns(
