@@ -329,7 +329,9 @@ class TableStreamBenchConfig:
     seed: int = option(0, "the table's seed", bounds=SEED)
     model: str = option("dlrm", "model to train")
     methods: tuple[str, ...] = option(
-        ("like", "raw_ids", "retrain"), "comma-separated of like, raw_ids, retrain", parse="name_list"
+        ("like", "raw_ids", "retrain"),
+        "comma-separated of like, raw_ids, retrain, regression (a logistic regression on days 1..k, the baseline)",
+        parse="name_list",
     )
     max_steps: int | None = option(None, "each training's most steps", unset="train's default", bounds=COUNT)
     work: Path = option(Path("build/bench/table-stream"), "directory for the days, the datasets and the checkpoints")

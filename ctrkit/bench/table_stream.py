@@ -6,6 +6,10 @@ holds it, preprocessed with ``preprocess table`` and trained three ways, each sc
   values keep their ids, new values get new ones) and trained ``--continue-from`` it (its tables grown).
 * ``raw_ids``: every categorical column as raw 64-bit ids in dynamic tables (``--raw-ids``), continued day by day.
 * ``retrain``: each day, the preprocessing fitted on days 1..k and a model trained from scratch on all of them.
+* ``regression``: each day, the same preprocessing fitted on days 1..k and a logistic regression on their training
+  rows (one-hot ids, standardised numbers, C chosen on their validation rows: ``eval.baselines.fit_logistic``), the
+  next day's raw test rows encoded by the dataset's own transform. Not a default method: the baseline a continued
+  model is held to (issue #94).
 
 The days are ``synthetic_stream.DriftingStream``'s (ids born and fading every day, drifting effects), each id
 written as text (its hexadecimal name), so every categorical column is an ordinary text column.
@@ -24,7 +28,8 @@ import polars as pl
 from ctrkit.data.synthetic_stream import MAPPINGS, DriftingStream
 from ctrkit.metrics import log_loss_from_logits, roc_auc
 
-METHODS = ("like", "raw_ids", "retrain")
+METHODS = ("like", "raw_ids", "retrain", "regression")
+DEFAULT_METHODS = ("like", "raw_ids", "retrain")
 LABEL = "clicked"
 
 
@@ -83,24 +88,54 @@ def _train(dataset: Path, checkpoint: Path, options: dict[str, Any], continue_fr
     return time.perf_counter() - started
 
 
+def _test_rows(day: Path) -> pl.DataFrame:
+    """The day's test rows (its last 10%), as text."""
+    frame = pl.read_csv(day, infer_schema=False)
+    return frame.tail(int(round(len(frame) * _split()[0])))
+
+
+def _metrics(y: np.ndarray, logits: np.ndarray) -> dict[str, float]:
+    return {"auc": round(roc_auc(y, logits), 5), "logloss": round(log_loss_from_logits(y, logits), 5)}
+
+
 def _score(checkpoint: Path, day: Path, work: Path) -> dict[str, float]:
-    """Next-day test AUC and log loss: the day's test rows (its last 10%) scored from their raw values, as
-    ``predict --input`` scores them."""
+    """Next-day test AUC and log loss: the day's test rows scored from their raw values, as ``predict --input``
+    scores them."""
     from ctrkit.serve.predictor import Predictor
     from ctrkit.serve.score_file import score_file
 
-    frame = pl.read_csv(day, infer_schema=False)
-    test = frame.tail(int(round(len(frame) * _split()[0])))
+    test = _test_rows(day)
     test.drop(LABEL).write_csv(work / "next.csv")
     predictor = Predictor.from_checkpoint(checkpoint)
     score_file(predictor, predictor.transform, work / "next.csv", work / "scores.csv")
     p = np.clip(pl.read_csv(work / "scores.csv")["probability"].to_numpy().astype(np.float64), 1e-7, 1 - 1e-7)
+    return _metrics(test[LABEL].cast(pl.Int64).to_numpy(), np.log(p / (1 - p)))
+
+
+def _regression(dataset: Path, day: Path) -> dict[str, float]:
+    """A logistic regression fitted on ``dataset``'s training rows (C chosen on its validation rows), scored on the
+    next day's test rows encoded from their raw values by the dataset's transform."""
+    from ctrkit.data.dataset import SplitBinaryDataset
+    from ctrkit.data.feature_spec import FeatureSpec
+    from ctrkit.eval.baselines import Table, fit_logistic, read_table
+    from ctrkit.preprocess.transform import from_dataset
+
+    spec = FeatureSpec.from_yaml(dataset)
+    fitted = fit_logistic(
+        read_table(SplitBinaryDataset(spec, "train")), read_table(SplitBinaryDataset(spec, "validation"))
+    )
+    transform = from_dataset(dataset)
+    if transform is None:
+        raise ValueError(f"{dataset}: no preprocessing record; expected a dataset of `preprocess table`")
+    test = _test_rows(day)
+    numerical, categorical, _ = transform.raw_rows(test.drop(LABEL))
     y = test[LABEL].cast(pl.Int64).to_numpy()
-    return {"auc": round(roc_auc(y, p), 5), "logloss": round(log_loss_from_logits(y, np.log(p / (1 - p))), 5)}
+    return _metrics(y, fitted.logits(Table(numerical, categorical, [], y)))
 
 
-def run_table_stream(days: Sequence[Path], work: Path, options: dict[str, Any], methods: Sequence[str] = METHODS,
-                     capacity: float = 1.5, log=print) -> list[dict[str, Any]]:  # fmt: skip
+def run_table_stream(days: Sequence[Path], work: Path, options: dict[str, Any],
+                     methods: Sequence[str] = DEFAULT_METHODS, capacity: float = 1.5, log=print
+                     ) -> list[dict[str, Any]]:  # fmt: skip
     """Trains on days 1..k and scores day k+1 for k = 1..N-1, each of ``methods``; one record a test day: per method,
     next-day AUC and log loss, the day's training seconds (preprocessing included) and the tables' rows."""
     from ctrkit.data.feature_spec import FeatureSpec
@@ -118,16 +153,19 @@ def run_table_stream(days: Sequence[Path], work: Path, options: dict[str, Any], 
         for method in methods:
             data, ckpt = work / f"{method}_{k}", work / f"{method}_{k}.pt"
             started = time.perf_counter()
-            if method == "retrain":
+            if method in ("retrain", "regression"):
                 _preprocess(days[:k], data, None, (), None)
-                _train(data, ckpt, options)
             else:
                 raw = categorical if method == "raw_ids" else ()
                 _preprocess([days[k - 1]], data, previous[method], raw, rows)
-                _train(data, ckpt, options, continue_from=previous[method])
+            if method == "regression":
+                scores = _regression(data, days[k])
+            else:
+                _train(data, ckpt, options, continue_from=None if method == "retrain" else previous[method])
+                scores = _score(ckpt, days[k], work)
             seconds = time.perf_counter() - started
             spec = FeatureSpec.from_yaml(data)
-            row[method] = {**_score(ckpt, days[k], work), "train_seconds": round(seconds, 2),
+            row[method] = {**scores, "train_seconds": round(seconds, 2),
                            "table_rows": int(sum(spec.cardinalities) + sum(spec.multi_hot_cardinalities))}  # fmt: skip
             previous[method] = ckpt
         records.append(row)

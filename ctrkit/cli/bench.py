@@ -466,7 +466,9 @@ def table_stream(args: argparse.Namespace) -> int:
     Writes --days CSV files of --rows rows (text columns of ids born and fading every day, numbers, a click) in
     --work, then for each test day k+1 (2..N): like: day k preprocessed `--like` day k-1's model and trained
     `--continue-from` it (day 1 preprocessed and trained alone); raw_ids: every text column as raw ids in dynamic
-    tables, continued likewise; retrain: days 1..k preprocessed together and trained from scratch. Each is scored
+    tables, continued likewise; retrain: days 1..k preprocessed together and trained from scratch; regression (asked
+    for by name): a logistic regression on days 1..k preprocessed together, C chosen on their validation rows. Each
+    is scored
     on day k+1's raw test rows as `predict --input` scores them: next-day AUC and log loss, seconds (preprocessing
     included) and table rows per day, and their means over the test days.
     """

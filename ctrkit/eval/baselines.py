@@ -57,38 +57,55 @@ def _metrics(labels: np.ndarray, logits: np.ndarray) -> dict[str, float]:
 
 def logistic_regression(train, validation, test, cs: tuple[float, ...] = LOGISTIC_C) -> dict[str, Any]:
     """Logistic regression on one-hot ids + standardised numericals; C picked by validation AUC."""
+    start = time.perf_counter()
+    fitted = fit_logistic(read_table(train), read_table(validation), cs)
+    te = read_table(test)
+    return {
+        **_metrics(te.labels, fitted.logits(te)),
+        "validation_auc": fitted.validation_auc,
+        "chosen": {"C": fitted.c},
+        "seconds": time.perf_counter() - start,
+    }
+
+
+@dataclass
+class Logistic:
+    """A fitted ``fit_logistic``: the one-hot encoder, the scaler, the model, its C and validation AUC."""
+
+    encoder: Any
+    scaler: Any
+    model: Any
+    c: float
+    validation_auc: float
+
+    def design(self, t: Table) -> sparse.csr_matrix:
+        """The design matrix of ``t`` (a data set may lack either kind of feature)."""
+        parts = [*([self.encoder.transform(t.categorical)] if self.encoder is not None else []), *t.multi_hot]
+        if self.scaler is not None:
+            parts.append(sparse.csr_matrix(self.scaler.transform(t.numerical)))
+        return sparse.hstack(parts, format="csr")
+
+    def logits(self, t: Table) -> np.ndarray:
+        return self.model.decision_function(self.design(t))
+
+
+def fit_logistic(tr: Table, va: Table, cs: tuple[float, ...] = LOGISTIC_C) -> Logistic:
+    """``logistic_regression``'s fit on tables: one per C of ``cs`` on ``tr``, the best by AUC on ``va`` kept."""
     from sklearn.linear_model import LogisticRegression
     from sklearn.preprocessing import OneHotEncoder, StandardScaler
 
-    start = time.perf_counter()
-    tr, va, te = read_table(train), read_table(validation), read_table(test)
-    encoder = (
-        OneHotEncoder(handle_unknown="ignore", min_frequency=None).fit(tr.categorical)
-        if tr.categorical.shape[1]
-        else None
-    )
+    encoder = None
+    if tr.categorical.shape[1]:
+        encoder = OneHotEncoder(handle_unknown="ignore", min_frequency=None).fit(tr.categorical)
     scaler = StandardScaler().fit(tr.numerical) if tr.numerical.shape[1] else None
-
-    def design(t: Table) -> sparse.csr_matrix:  # a data set may lack either kind of feature
-        parts = [*([encoder.transform(t.categorical)] if encoder is not None else []), *t.multi_hot]
-        if scaler is not None:
-            parts.append(sparse.csr_matrix(scaler.transform(t.numerical)))
-        return sparse.hstack(parts, format="csr")
-
-    x_tr, x_va, x_te = design(tr), design(va), design(te)
-    best = None
+    fitted = Logistic(encoder, scaler, None, 0.0, -np.inf)
+    x_tr, x_va = fitted.design(tr), fitted.design(va)
     for c in cs:
         model = LogisticRegression(C=c, max_iter=2000, solver="lbfgs").fit(x_tr, tr.labels)
         auc = roc_auc(va.labels, model.decision_function(x_va))
-        if best is None or auc > best[0]:
-            best = (auc, c, model)
-    auc, c, model = best
-    return {
-        **_metrics(te.labels, model.decision_function(x_te)),
-        "validation_auc": auc,
-        "chosen": {"C": c},
-        "seconds": time.perf_counter() - start,
-    }
+        if auc > fitted.validation_auc:
+            fitted.model, fitted.c, fitted.validation_auc = model, c, auc
+    return fitted
 
 
 def gradient_boosted_trees(train, validation, test, seed: int = 0) -> dict[str, Any]:

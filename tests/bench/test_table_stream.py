@@ -13,11 +13,12 @@ from tests.conftest import run_cli
 def test_five_days_of_text_columns_keep_their_ids_and_score_each_next_day(tmp_path):
     out = tmp_path / "result.json"
     code = run_cli("bench", "table-stream", "--days", 5, "--rows", 2000, "--vocabularies", "40,300,8,900",
-                   "--max-steps", 30, "--work", tmp_path / "work", "--output", out)[0]  # fmt: skip
+                   "--max-steps", 30, "--methods", "like,raw_ids,retrain,regression", "--work", tmp_path / "work",
+                   "--output", out)[0]  # fmt: skip
     assert code == 0
     result = json.loads(out.read_text())
     assert [r["test_day"] for r in result["days"]] == [2, 3, 4, 5]
-    for method in ("like", "raw_ids", "retrain"):  # every next day scored; better than chance over the days
+    for method in ("like", "raw_ids", "retrain", "regression"):  # every next day scored; better than chance
         aucs = [record[method]["auc"] for record in result["days"]]
         assert all(0.0 < a < 1.0 for a in aucs) and result["summary"][method]["mean_auc"] > 0.52, (method, aucs)
     runs = tmp_path / "work" / "runs"
@@ -32,4 +33,14 @@ def test_five_days_of_text_columns_keep_their_ids_and_score_each_next_day(tmp_pa
         rows.append(result["days"][k - 1]["like"]["table_rows"])
     assert rows == sorted(rows) and rows[-1] > rows[0]  # the tables grew for the new ads
     summary = result["summary"]
-    assert set(summary) == {"like", "raw_ids", "retrain"} and all(s["train_seconds"] > 0 for s in summary.values())
+    assert set(summary) == {"like", "raw_ids", "retrain", "regression"}
+    assert all(s["train_seconds"] > 0 for s in summary.values())
+    # the regression reads the retrained model's preprocessing (days 1..k fitted together): the same tables
+    assert [d["regression"]["table_rows"] for d in result["days"]] == [
+        d["retrain"]["table_rows"] for d in result["days"]
+    ]
+    # and it is reproduced from the dataset and the next day's file alone
+    from ctrkit.bench.table_stream import _regression
+
+    again = _regression(runs / "regression_4", tmp_path / "work" / "days" / "day_5.csv")
+    assert again == {k: result["days"][-1]["regression"][k] for k in ("auc", "logloss")}
