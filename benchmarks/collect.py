@@ -413,7 +413,7 @@ def table_stream_rows(raw):
     rows = []
     for _, data in raw:
         for day in data["days"]:
-            for method in ("like", "raw_ids", "retrain"):
+            for method in ("like", "raw_ids", "retrain", "regression"):
                 if method in day:
                     r = day[method]
                     rows.append([day["test_day"], method, r["auc"], r["logloss"], r["train_seconds"], r["table_rows"]])

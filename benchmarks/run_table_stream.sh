@@ -15,4 +15,4 @@ mkdir -p "$raw"
 # shellcheck disable=SC2086
 .venv/bin/ctrkit bench table-stream --days "$DAYS" --rows "$ROWS" ${EXTRA:-} --output "$raw/table_stream.json"
 .venv/bin/python benchmarks/collect.py table-stream "$raw" \
-  --command "DAYS=$DAYS ROWS=$ROWS bash benchmarks/run_table_stream.sh"
+  --command "DAYS=$DAYS ROWS=$ROWS${EXTRA:+ EXTRA=\"$EXTRA\"} bash benchmarks/run_table_stream.sh"
