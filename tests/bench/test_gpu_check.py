@@ -44,7 +44,7 @@ def test_each_section_runs_and_writes_what_it_measured(gpu_check, tmp_path, caps
         "syncs": ["--steps", "3"],
         "resume": ["--max-steps", "4", "--print-freq", "2", "--work", str(tmp_path / "work")],
         "profile": ["--steps", "3", "--warmup", "1", "--distinct", "2"],
-    }
+    }  # fmt: skip
     results = {}
     for name, extra in sections.items():
         assert gpu_check.main([name, *small, *extra]) == 0
