@@ -15,14 +15,16 @@ import torch
 from ctrkit import native, thread_split
 from ctrkit.bench.config import TrainBenchConfig
 from ctrkit.bench.peak import machine, matmul_gflops, matmul_peaks
+from ctrkit.config import TrainConfig
 from ctrkit.data.batch import Batch
 from ctrkit.data.synthetic import power_law_ids
 from ctrkit.device import amp_dtype_for
 from ctrkit.models.inputs import BottomTopConfig
-from ctrkit.models.registry import config_class, config_to_dict, create_model, make_config, train_defaults
+from ctrkit.models.registry import config_class, config_to_dict, create_model, make_config
 from ctrkit.models.storage import in_host, on_disk
 from ctrkit.models.tiered_tables import tiers
 from ctrkit.train.optim import SparseRowOptimizer, build_optimizers
+from ctrkit.train.run import layered
 from ctrkit.train.step import TrainStep
 
 
@@ -207,10 +209,10 @@ def bench_setup(cfg: TrainBenchConfig, device: torch.device) -> BenchSetup:
         "sparse_gradients": not cfg.dense_gradients,
     }
     shape.update({k: v for k, v in (("bottom_mlp", cfg.bottom_mlp), ("top_mlp", cfg.top_mlp)) if v is not None})
-    if cfg.bottom_mlp is None and "bottom_mlp" in config_class(cfg.model).__dataclass_fields__:
-        # the Criteo-Kaggle bottom MLP ending in the benchmark's width, whatever the model's default width
-        shape["bottom_mlp"] = BottomTopConfig.bottom_mlp[:-1] + (cfg.embedding_dim,)
-    model_cfg = make_config(cfg.model, shape)
+    # unless given, the Criteo-Kaggle bottom MLP, ending in the benchmark's width (a run's rule: ``run.layered``)
+    has_bottom = "bottom_mlp" in config_class(cfg.model).__dataclass_fields__
+    kaggle = [{"bottom_mlp": BottomTopConfig.bottom_mlp}] if has_bottom else []
+    model_cfg = make_config(cfg.model, layered(cfg.model, *kaggle, shape))
     rows = cfg.embedding_cache_rows or cfg.table_rows * cfg.num_tables
     if cfg.embedding_storage == "disk":  # the tables in files of the temporary directory, unlinked at once
         model = create_model(cfg.model, model_cfg, on_disk(tempfile.gettempdir(), rows))
@@ -219,10 +221,11 @@ def bench_setup(cfg: TrainBenchConfig, device: torch.device) -> BenchSetup:
     else:
         model = create_model(cfg.model, model_cfg).to(device)
     amp_dtype = amp_dtype_for(device, cfg.amp, cfg.amp_dtype, cfg.batch_size)  # what `train --amp` would run
-    d = train_defaults(cfg.model)  # the model's own optimizers unless given, at a small lr so weights stay sane
-    dense_opt = cfg.optimizer or d.get("optimizer", "sgd")
-    emb_opt = cfg.embedding_optimizer or d.get("embedding_optimizer", "sgd")
-    optimizers = build_optimizers(model, dense_opt, 1e-3, emb_opt, 1e-3, d.get("wide_optimizer", "sgd"), 1e-3)
+    # the model's own optimizers unless given (a run's defaults: ``TrainConfig.resolve``), at a small lr so weights
+    # stay sane
+    names = TrainConfig(optimizer=cfg.optimizer, embedding_optimizer=cfg.embedding_optimizer).resolve(cfg.model)
+    dense_opt, emb_opt = names.optimizer, names.embedding_optimizer
+    optimizers = build_optimizers(model, dense_opt, 1e-3, emb_opt, 1e-3, names.wide_optimizer, 1e-3)
     step = TrainStep(model, optimizers, device, amp_dtype, compile=cfg.compile, split=cfg.split_batch)
     batches = [b.to(device) for b in make_batches(cfg, np.random.default_rng(cfg.seed))]
     return BenchSetup(model, model_cfg, step, batches, amp_dtype, {"dense": dense_opt, "embedding": emb_opt})

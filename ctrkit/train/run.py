@@ -83,12 +83,10 @@ class RunSpec:
         }
 
 
-def resolve_model_config(model: str, spec: FeatureSpec, *layers: dict[str, Any]) -> Any:
-    """Model ``model``'s config for ``spec``'s features: the model's defaults, then each of ``layers`` in
-    turn (later ones win). When a layer sets ``embedding_dim`` but no ``bottom_mlp``, the bottom MLP keeps
-    its widths but ends in the new embedding width (its output sits beside the embeddings). A layer's
-    ``combiner`` (sum or mean) pools every multi-hot feature so; without one, the layers' or else the
-    spec's ``multi_hot_combiners`` apply."""
+def layered(model: str, *layers: dict[str, Any]) -> dict[str, Any]:
+    """The model settings of ``layers`` over one another (later ones win), where a layer sets ``embedding_dim`` but
+    no ``bottom_mlp`` with the bottom MLP so far (the model's default where none is given) ending in that width: its
+    output sits beside the embeddings. The rule every run and the training benchmark build a model's shape by."""
     cfg_cls = config_class(model)
     has_bottom = "bottom_mlp" in cfg_cls.__dataclass_fields__
     values: dict[str, Any] = {}
@@ -97,6 +95,16 @@ def resolve_model_config(model: str, spec: FeatureSpec, *layers: dict[str, Any])
         if has_bottom and "embedding_dim" in layer and "bottom_mlp" not in layer:
             bottom = values.get("bottom_mlp", cfg_cls.__dataclass_fields__["bottom_mlp"].default)
             values["bottom_mlp"] = tuple(bottom[:-1]) + (layer["embedding_dim"],)
+    return values
+
+
+def resolve_model_config(model: str, spec: FeatureSpec, *layers: dict[str, Any]) -> Any:
+    """Model ``model``'s config for ``spec``'s features: the model's defaults, then each of ``layers`` in
+    turn (``layered``: a new embedding width ends the bottom MLP in it). A layer's
+    ``combiner`` (sum or mean) pools every multi-hot feature so; without one, the layers' or else the
+    spec's ``multi_hot_combiners`` apply."""
+    cfg_cls = config_class(model)
+    values = layered(model, *layers)
     combiner = values.pop("combiner", None)
     sizes = values.pop("embedding_sizes", None)
     if sizes is not None:
