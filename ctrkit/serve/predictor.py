@@ -54,7 +54,8 @@ class Predictor:
         if (multi_hot is None) != (self.num_multi_hot == 0):
             raise ValueError(f"the model has {self.num_multi_hot} multi-hot features: pass multi_hot (B, Fm, L) ids "
                              "exactly when it has some")  # fmt: skip
-        arrays = [np.ascontiguousarray(numerical, np.float32), np.ascontiguousarray(categorical, np.int64)]
+        arrays: list[np.ndarray] = [np.ascontiguousarray(numerical, np.float32),
+                                    np.ascontiguousarray(categorical, np.int64)]  # fmt: skip
         if multi_hot is not None:
             arrays.append(np.ascontiguousarray(multi_hot, np.int64))
         # views of a request body: torch wants memory it may write
@@ -278,6 +279,7 @@ def load_predictor(
     if (checkpoint is None) == (model_dir is None):
         raise ValueError("give exactly one of `checkpoint` and `model_dir`")
     if checkpoint is None:
+        assert model_dir is not None  # exactly one of the two
         if embedding_store != "memory" or dtype != "fp32" or compile:
             raise ValueError(
                 "`embedding_store` mmap, `dtype` bf16 and `compile` apply to a `checkpoint`, not to exports"

@@ -10,6 +10,7 @@ import json
 import math
 from dataclasses import dataclass, replace
 from itertools import chain
+from typing import TypeGuard
 
 import numpy as np
 
@@ -60,7 +61,7 @@ def _expected(name: str, expect: dict[str, TensorSpec]) -> str:
     return f"input '{name}' must be {expect[name].datatype} with shape [B, {dims}]"
 
 
-def _shape_fits(shape, dims: tuple) -> bool:
+def _shape_fits(shape: object, dims: tuple) -> TypeGuard[list[int]]:
     """``shape`` is a list of non-negative ints [B, *dims], a None in ``dims`` matching any length >= 1."""
     return (
         isinstance(shape, list)

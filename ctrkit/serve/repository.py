@@ -90,8 +90,9 @@ class ModelRepository:
         for v in versions:
             try:
                 loaded[v] = Predictor.from_export(folder, v, repository=self.root)
-            except Exception as e:  # a corrupt or missing file: this version is left out, its reason kept
-                errors[v] = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            except Exception as problem:  # a corrupt or missing file: this version is left out, its reason kept
+                said = str(problem).strip()
+                errors[v] = said.splitlines()[0] if said else type(problem).__name__
         if not loaded and versions:
             raise ValueError(f"{folder}: no version loads ({'; '.join(f'{v}: {e}' for v, e in errors.items())})")
         for v, e in errors.items():

@@ -116,7 +116,8 @@ class SeedEnsemble:
 
         trainer, members, cfg = self.trainer, self.members_done, self.spec.train
         first = members[indices[0]]
-        distinct, seen = [], []  # the first member is always distinct, so always kept
+        distinct: list[int] = []  # the first member is always distinct, so always kept
+        seen: list[np.ndarray] = []
         for i in indices:
             logits = self._member_logits([members[i]], validation)
             if not any(np.array_equal(logits, other) for other in seen):
@@ -156,7 +157,8 @@ class SeedEnsemble:
         self._member_board(trainer, None)
         trainer.log.write(self._ensemble_record(formed, chosen))
         self.member_ensemble = kept
-        scale, fit = None, {}
+        scale: float | None = None
+        fit: dict[str, Any] = {}
         if self.spec.train.calibrate != "off":  # the kept model's logit scale, fitted on its validation logits
             logits = formed[chosen]["logits"]
             scale, fit = choose_calibration(logits, validation.labels(), self.spec.train.calibrate)

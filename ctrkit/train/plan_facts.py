@@ -131,6 +131,13 @@ def epoch_steps(train_rows: int, batch_size: int) -> int:
     return -(-train_rows // batch_size)
 
 
+def _batch_size(spec: RunSettings) -> int:
+    """The run's batch size: resolved (``run.resolve_run``) before any fact is taken."""
+    if spec.train.batch_size is None:
+        raise ValueError("the run's batch size is unresolved: settings come from run.resolve_run")
+    return spec.train.batch_size
+
+
 def facts_of(
     spec: RunSettings,
     train_rows: int,
@@ -159,7 +166,7 @@ def facts_of(
         processes=processes,
         distributed=processes > 1,
         device=device,
-        steps=epoch_steps(train_rows, spec.train.batch_size),
+        steps=epoch_steps(train_rows, _batch_size(spec)),
         sizes=sizes_of(model),
         linear=model.wide_embeddings is not None,
         buckets=model.wide_buckets is not None,

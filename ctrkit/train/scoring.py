@@ -59,7 +59,11 @@ class Scorer:
             for attr, store, key, full in slots:
                 if attr != "tier" and state[full].device != store[key].device:
                     state[full] = state[full].to(store[key].device)
-            swap = lambda: [_exchange(attr, store, key, state, full) for attr, store, key, full in slots]  # noqa: E731
+
+            def swap() -> None:
+                for attr, store, key, full in slots:
+                    _exchange(attr, store, key, state, full)
+
             swap()
             try:
                 yield
@@ -105,7 +109,7 @@ def scored_with_parts(dataset, logits: np.ndarray, scale: float | None, single: 
     """``dataset``'s metrics under the kept model: ``logits`` (an ensemble's mean, or one model's) with the logit
     ``scale`` applied; beside them, the AUC and log loss of the logits unscaled (``uncalibrated``, when scaled) and
     of the ensemble's best single model (``single``: its logits, unscaled), so a run says what each part earned."""
-    test = metrics_of(dataset, calibrated(logits, scale))
+    test: dict[str, Any] = metrics_of(dataset, calibrated(logits, scale))
     if scale is not None:
         test["uncalibrated"] = _auc_logloss(metrics_of(dataset, logits))
     if single is not None:

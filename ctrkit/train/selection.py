@@ -150,7 +150,7 @@ class Selection:
         """The validation log loss a kept model must be below (``baseline_logloss``), or None."""
         reference = self.baseline_loss
         if reference is None and self._selected_baseline:  # a state written before baseline_loss was kept
-            reference = self.best_metrics.get("logloss", math.inf)
+            reference = (self.best_metrics or {}).get("logloss", math.inf)
         return reference if self.baseline_logloss else None
 
     def baseline_metrics(self) -> dict[str, Any] | None:
@@ -208,7 +208,7 @@ class Selector:
         self.best_state: dict[str, torch.Tensor] | None = None  # the best weights this process holds
         self.owned = False  # best_state is this run's own copy (not a checkpoint's tensors)
         self.best_logits = None  # the selected weights' validation logits (None after a resume)
-        self.baseline_logits = None  # the warm start's validation logits while it is the selected model
+        self.baseline_logits: np.ndarray | None = None  # the warm start's validation logits while it is selected
 
     @property
     def active(self) -> bool:
@@ -250,6 +250,8 @@ class Selector:
         if self.baseline_logits is None:
             inner = self.scorer.inner
             current = self.copy_weights(None, False)
+            if self.best_state is None:
+                raise ValueError("no selected weights to score the baseline of")
             inner.load_state_dict(self.best_state)
             self.baseline_logits = self.scorer.logits(self.validation_set)
             inner.load_state_dict(current)

@@ -60,12 +60,13 @@ class SnapshotPool:
         if len(self.snapshots) < 2:
             return None, None
         logits = scorer.logits_of([snap["model"] for snap in self.snapshots], validation_set)
-        best = None
+        best: tuple[int, dict[str, Any], np.ndarray] | None = None
         for k in range(2, len(self.snapshots) + 1):
             mean = np.mean(logits[:k], axis=0).astype(np.float32)
             metrics = metrics_of(validation_set, mean)
             if best is None or score(metrics) > score(best[1]):
                 best = (k, metrics, mean)
+        assert best is not None  # two snapshots or more: the loop ran
         k, metrics, mean = best
         if selection.guarding_baseline:
             metrics["baseline_z"] = baseline_z(mean)
@@ -79,6 +80,8 @@ class SnapshotPool:
 
     def states(self) -> list[dict[str, torch.Tensor]]:
         """The kept ensemble's members' weights."""
+        if self.ensemble is None:
+            raise ValueError("no snapshot ensemble is kept")
         return snapshot_states(self.snapshots, self.ensemble)
 
     def ensemble_logits(self, scorer: Scorer, dataset) -> np.ndarray:
