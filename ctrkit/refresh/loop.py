@@ -235,6 +235,7 @@ class Refresh:
                 return self._refuse(record, checks)
             raise ValueError(f"{files[0]}: {checks[0].name}: --force cannot take a day without the model's columns")
         p, progressive, today = judged.scores, judged.progressive, judged.profile
+        assert p is not None and today is not None  # judged with the model's columns (progressive is not None)
         record["progressive"] = progressive.as_dict()
         record["profile"] = {"missing": today.missing, "unseen": today.unseen, "click_rate": today.click_rate}
         self._timed("read, check and score", started)
@@ -355,7 +356,7 @@ class Refresh:
         if gone:
             self.log(f"removed versions {', '.join(map(str, gone))} (--keep-versions {s.keep_versions})")
         if s.notify:
-            self._notify(record)
+            self._notify(record, s.notify)
         return record
 
     def _commit(self, state: State, number: int, checkpoint: str, day: int, reference: dict[str, Any],
@@ -392,10 +393,10 @@ class Refresh:
         self._finish(record, state)
         raise Refused(f"day {record['day']} refused, nothing published: {record['reason']} (--force takes it anyway)")
 
-    def _notify(self, record: dict[str, Any]) -> None:
+    def _notify(self, record: dict[str, Any], notify: str) -> None:
         """Asks the server at ``notify`` to load the model (the repository extension's load: ``ctrkit serve``, or
         Triton in EXPLICIT mode); the answer goes into the record."""
-        url = f"{self.settings.notify.rstrip('/')}/v2/repository/models/{self.settings.name}/load"
+        url = f"{notify.rstrip('/')}/v2/repository/models/{self.settings.name}/load"
         request = urllib.request.Request(url, data=b"{}", method="POST", headers={"content-type": "application/json"})
         try:
             with urllib.request.urlopen(request, timeout=120) as answer:

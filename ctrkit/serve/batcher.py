@@ -47,6 +47,13 @@ class Batcher:
         self._taken: list = []  # the requests taken off the queue and not yet answered (failed if the loop dies)
         self._task: asyncio.Task | None = None
 
+    @property
+    def _queue(self) -> asyncio.PriorityQueue:
+        """The queue of a started batcher (``start``)."""
+        if self.queue is None:
+            raise RuntimeError("the batching loop has not started")
+        return self.queue
+
     def start(self) -> None:
         self.queue = asyncio.PriorityQueue()
         self._task = asyncio.get_running_loop().create_task(self._loop())
@@ -81,14 +88,14 @@ class Batcher:
         for a in range(0, max(rows, 1), self.call_rows):  # a large request: parts of call_rows rows, after the small
             futures.append(loop.create_future())
             part = arrays if rows <= self.call_rows else tuple(x[a : a + self.call_rows] for x in arrays)
-            self.queue.put_nowait((int(rows > self.call_rows), next(self._order), (part, futures[-1], now)))
+            self._queue.put_nowait((int(rows > self.call_rows), next(self._order), (part, futures[-1], now)))
         if len(futures) == 1:
             return await futures[0]
         parts = await asyncio.gather(*futures, return_exceptions=True)  # (every part's exception retrieved)
         failed = next((p for p in parts if isinstance(p, BaseException)), None)
         if failed is not None:
             raise failed
-        return np.concatenate(parts)
+        return np.concatenate([p for p in parts if not isinstance(p, BaseException)])
 
     async def drain(self) -> None:
         """Stops once every request already queued has been answered (a replaced or unloaded version)."""
@@ -104,7 +111,7 @@ class Batcher:
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            entry = await self.queue.get()
+            entry = await self._queue.get()
             self._busy = True
             first = entry[2]
             items = self._taken = [first]
@@ -115,7 +122,7 @@ class Batcher:
                 if left <= 0:
                     break
                 try:
-                    entry = await asyncio.wait_for(self.queue.get(), left)
+                    entry = await asyncio.wait_for(self._queue.get(), left)
                 except asyncio.TimeoutError:
                     break
                 item = entry[2]
@@ -128,7 +135,7 @@ class Batcher:
                     or size + rows > self.max_batch_size
                     or not _fits(items, item)
                 ):
-                    self.queue.put_nowait(entry)
+                    self._queue.put_nowait(entry)
                     self._taken = items
                     break
                 items.append(item)
