@@ -44,19 +44,24 @@ def refresh(repo: Path, *args, capsys=None):
     return run_cli("refresh", *args, "--repository", repo, "--name", "ctr", *FLAGS, capsys=capsys)
 
 
-@pytest.fixture(scope="module")
-def published(days, tmp_path_factory):
-    """A repository after days 1 and 2, both published; trained on two threads (this machine's default: a step split
-    over them sums its gradients as the torchrun test's two processes do)."""
-    work = tmp_path_factory.mktemp("refresh")
-    repo = work / "repo"
+@pytest.fixture(scope="module", autouse=True)
+def machine_threads():
+    """Every refresh of this file trains on two threads, this machine's default under xdist too: the published
+    repository and the runs compared with it train alike, and a step split over two threads sums its gradients as the
+    torchrun test's two processes do."""
     before = torch.get_num_threads()
     torch.set_num_threads(2)
-    try:
-        assert refresh(repo, days[0], *ROLES)[0] == 0
-        assert refresh(repo, days[1])[0] == 0
-    finally:
-        torch.set_num_threads(before)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def published(machine_threads, days, tmp_path_factory):
+    """A repository after days 1 and 2, both published."""
+    work = tmp_path_factory.mktemp("refresh")
+    repo = work / "repo"
+    assert refresh(repo, days[0], *ROLES)[0] == 0
+    assert refresh(repo, days[1])[0] == 0
     return work, repo
 
 
