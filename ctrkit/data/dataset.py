@@ -45,14 +45,14 @@ class SplitBinaryDataset:
         the bytes to copy or less."""
         d = self._data
         n = stop - start
-        ids, numerical, labels = self.narrow_dtypes() if narrow else (np.int64, np.float32, np.float32)
+        ids, numbers, clicks = self.narrow_dtypes() if narrow else (np.int64, np.float32, np.float32)
         sparse = np.empty((n, len(d.categorical)), dtype=ids)  # (B, F)
         for f, col in enumerate(d.categorical):
             sparse[:, f] = col[start:stop]
         dense = None
         if d.numerical is not None:
-            dense = torch.from_numpy(np.array(d.numerical[start:stop], dtype=numerical))  # (B, n_num)
-        labels = torch.from_numpy(np.array(d.labels[start:stop], dtype=labels))  # (B,)
+            dense = torch.from_numpy(np.array(d.numerical[start:stop], dtype=numbers))  # (B, n_num)
+        labels = torch.from_numpy(np.array(d.labels[start:stop], dtype=clicks))  # (B,)
         return Batch(dense, torch.from_numpy(sparse), labels, self._multi_hot(start, stop))
 
     def narrow_dtypes(self) -> tuple[np.dtype, np.dtype, np.dtype]:

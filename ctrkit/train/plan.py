@@ -34,6 +34,15 @@ WARMUP_SHARE = 0.05  # unset warmup: this share of the first epoch
 DECAY_SHARE = 0.5  # unset decay: over this last share of the planned steps
 
 
+AUTO_WIDTH = (4, 64)  # the bounds of --embedding-sizes auto
+
+
+def auto_embedding_width(cardinality: int) -> int:
+    """``--embedding-sizes auto``'s width for a table of ``cardinality`` rows: 6 x its fourth root
+    (the rule of thumb Google's feature-column guide gives), rounded and kept within ``AUTO_WIDTH``."""
+    return int(min(AUTO_WIDTH[1], max(AUTO_WIDTH[0], round(6 * cardinality**0.25))))
+
+
 def default_epochs(steps_per_epoch: int) -> int:
     """The most epochs when unset: ``DEFAULT_EPOCHS``, or on small data as many as make ``MIN_STEPS`` steps."""
     if steps_per_epoch >= SMALL_EPOCH:

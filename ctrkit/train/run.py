@@ -123,22 +123,15 @@ def resolve_model_config(model: str, spec: FeatureSpec, *layers: dict[str, Any])
     return make_config(model, values)
 
 
-AUTO_WIDTH = (4, 64)  # the bounds of --embedding-sizes auto
-
-
-def auto_embedding_width(cardinality: int) -> int:
-    """``--embedding-sizes auto``'s width for a table of ``cardinality`` rows: 6 x its fourth root
-    (the rule of thumb Google's feature-column guide gives), rounded and kept within ``AUTO_WIDTH``."""
-    return int(min(AUTO_WIDTH[1], max(AUTO_WIDTH[0], round(6 * cardinality**0.25))))
-
-
 def embedding_dims_for(sizes: Any, spec: FeatureSpec, default: int) -> tuple[int, ...]:
     """A width per categorical feature of ``spec`` (one-hot, then multi-hot) from ``sizes``: "auto", a
     JSON file mapping feature names to widths, or such a mapping; features a mapping leaves out get
     ``default``."""
+    from ctrkit.train.plan import auto_embedding_width
+
     names = [*spec.onehot_features, *spec.multi_hot_features]
     cards = [*spec.cardinalities, *spec.multi_hot_cardinalities]
-    if sizes == "auto":
+    if sizes == "auto":  # the data's rule, in the plan
         return tuple(auto_embedding_width(c) for c in cards)
     where = "embedding_sizes"
     if isinstance(sizes, (str, os.PathLike)):

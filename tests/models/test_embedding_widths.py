@@ -16,7 +16,8 @@ from ctrkit.models import create_model
 from ctrkit.models.inputs import MixedWidthEmbeddings
 from ctrkit.models.registry import make_config
 from ctrkit.train.optim import build_optimizers
-from ctrkit.train.run import auto_embedding_width, embedding_dims_for
+from ctrkit.train.plan import auto_embedding_width
+from ctrkit.train.run import embedding_dims_for
 from tests.conftest import run_cli
 
 CARDS, BAG_CARDS, DIMS = (10, 20, 30), (7, 9), (4, 8, 4, 8, 2)
