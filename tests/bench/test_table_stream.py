@@ -42,5 +42,5 @@ def test_five_days_of_text_columns_keep_their_ids_and_score_each_next_day(tmp_pa
     # and it is reproduced from the dataset and the next day's file alone
     from ctrkit.bench.table_stream import _regression
 
-    again = _regression(runs / "regression_4", tmp_path / "work" / "days" / "day_5.csv")
+    again = _regression(runs / "all_4", tmp_path / "work" / "days" / "day_5.csv")
     assert again == {k: result["days"][-1]["regression"][k] for k in ("auc", "logloss")}
