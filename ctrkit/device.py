@@ -14,6 +14,7 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
@@ -59,16 +60,63 @@ def cpu_kind() -> str:
     return torch.backends.cpu.get_cpu_capability() + (" + native bf16" if cpu_native_bf16() else "")
 
 
-def cpu_bf16_or_fp32(what: str) -> bool:
-    """True when ``what`` (a flag asking for bf16 on the CPU) may use bf16; otherwise says once, in one
-    line on stderr, that it runs in fp32 and why, and returns False."""
-    if cpu_native_bf16():
+@dataclass(frozen=True)
+class DeviceFacts:
+    """What the precision rules read of a device (``device_facts``), so that a plan is decided from facts alone:
+    ``kind`` (cpu, cuda, mps), ``native_bf16`` (a CPU with AVX512-BF16, AMX or Arm BF16; a GPU with bf16 tensor
+    cores), ``tf32`` (TF32 tensor cores) and ``name`` (said in messages: the CPU's capability, the GPU's name)."""
+
+    kind: str
+    native_bf16: bool = False
+    tf32: bool = False
+    name: str = ""
+
+
+AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}  # a precision's autocast dtype (none for fp32, tf32)
+
+
+@dataclass(frozen=True)
+class Precision:
+    """What a run computes in, as its plan decides it (``plan.decide_precision``): ``name`` fp32, tf32, bf16 or
+    fp16 (``precision_of``), ``why`` it is fp32 where more was asked ("" otherwise), and ``scored_in``, the autocast
+    precision its evaluations score in (bf16 or fp16; None: fp32; ``eval_dtype_for``)."""
+
+    name: str = "fp32"
+    why: str = ""
+    scored_in: str | None = None
+
+    @property
+    def autocast(self) -> torch.dtype | None:
+        """The training's autocast dtype (None: none)."""
+        return AUTOCAST.get(self.name)
+
+    @property
+    def scoring(self) -> torch.dtype | None:
+        """The evaluations' autocast dtype (None: fp32)."""
+        return AUTOCAST.get(self.scored_in) if self.scored_in else None
+
+
+def device_facts(device: torch.device) -> DeviceFacts:
+    """``device``'s facts, read from the hardware (``CTRKIT_CPU_BF16`` overrides a CPU's bf16)."""
+    if device.type == "cpu":
+        return DeviceFacts("cpu", cpu_native_bf16(), False, torch.backends.cpu.get_cpu_capability())
+    if device.type == "cuda":
+        tensor_cores = cuda_native_bf16(device)  # bf16 and TF32 tensor cores came together (compute capability 8.0)
+        return DeviceFacts("cuda", tensor_cores, tensor_cores, torch.cuda.get_device_name(device))
+    return DeviceFacts(device.type, False, False, device.type)
+
+
+def cpu_bf16_or_fp32(what: str, facts: DeviceFacts | None = None) -> bool:
+    """True when ``what`` (a flag asking for bf16 on the CPU) may use bf16 on the CPU of ``facts`` (None: this
+    one); otherwise says once, in one line on stderr, that it runs in fp32 and why, and returns False."""
+    facts = facts or device_facts(torch.device("cpu"))
+    if facts.native_bf16:
         return True
     if what not in _said:
         _said.add(what)
         print(
-            f"ctrkit: {what}: this CPU ({torch.backends.cpu.get_cpu_capability()}) has no native bf16 (AVX512-BF16, "
-            "AMX or Arm BF16), where bf16 runs many times slower than fp32; running in fp32",
+            f"ctrkit: {what}: this CPU ({facts.name}) has no native bf16 (AVX512-BF16, AMX or Arm BF16), where bf16 "
+            "runs many times slower than fp32; running in fp32",
             file=sys.stderr,
             flush=True,
         )
@@ -128,7 +176,7 @@ CUDA_AMP_MIN_SCORE_BATCH = 32_768
 
 
 def amp_dtype_for(
-    device: torch.device, amp: bool, amp_dtype: str | None, batch: int | None = None, training: bool = True
+    device: DeviceFacts, amp: bool, amp_dtype: str | None, batch: int | None = None, training: bool = True
 ) -> torch.dtype | None:
     """The autocast dtype for ``--amp`` unless ``amp_dtype`` names one: bf16 on CPU; on CUDA bf16 where the
     GPU has bf16 tensor cores (no loss scaling needed; faster than fp16 on an H100: docs/decisions/precision.md),
@@ -137,13 +185,13 @@ def amp_dtype_for(
     (``training``) or ``CUDA_AMP_MIN_SCORE_BATCH``; each said once on stderr."""
     if not amp:
         return None
-    name = amp_dtype or ("fp16" if device.type == "cuda" and not cuda_native_bf16(device) else "bf16")
-    if name == "fp16" and device.type == "cpu":
+    name = amp_dtype or ("fp16" if device.kind == "cuda" and not device.native_bf16 else "bf16")
+    if name == "fp16" and device.kind == "cpu":
         raise ValueError("`amp_dtype` fp16 is not supported on CPU; use bf16")
-    if device.type == "cpu" and not cpu_bf16_or_fp32("--amp"):
+    if device.kind == "cpu" and not cpu_bf16_or_fp32("--amp", device):
         return None
     least = CUDA_AMP_MIN_TRAIN_BATCH if training else CUDA_AMP_MIN_SCORE_BATCH
-    if device.type == "cuda" and amp_dtype is None and batch is not None and batch < least:
+    if device.kind == "cuda" and amp_dtype is None and batch is not None and batch < least:
         what = "a training step" if training else "a forward pass"
         if ("cuda", training) not in _said:
             _said.add(("cuda", training))
@@ -160,7 +208,7 @@ def amp_dtype_for(
 
 
 def eval_dtype_for(
-    device: torch.device, eval_dtype: str | None, amp_dtype: torch.dtype | None, asked: bool
+    device: DeviceFacts, eval_dtype: str | None, amp_dtype: torch.dtype | None, asked: bool
 ) -> torch.dtype | None:
     """The autocast dtype a run scores in (``--eval-dtype``). Unset: the training's ``amp_dtype`` where its
     precision was asked for (``asked``: ``--amp`` or ``--precision``), else None: a run in its device's default
@@ -171,31 +219,26 @@ def eval_dtype_for(
         return amp_dtype if asked else None
     if eval_dtype == "fp32":
         return None
-    if device.type == "cpu":
-        return torch.bfloat16 if cpu_bf16_or_fp32("--eval-dtype bf16") else None
-    return torch.bfloat16 if device.type != "cuda" or cuda_native_bf16(device) else torch.float16
+    if device.kind == "cpu":
+        return torch.bfloat16 if cpu_bf16_or_fp32("--eval-dtype bf16", device) else None
+    return torch.bfloat16 if device.kind != "cuda" or device.native_bf16 else torch.float16
 
 
-def cuda_tf32(device: torch.device) -> bool:
-    """Whether this GPU has TF32 tensor cores (compute capability 8.0 on: Ampere, Hopper and later)."""
-    return torch.cuda.get_device_capability(device)[0] >= 8
-
-
-def default_precision(device: torch.device, batch: int | None = None) -> str:
+def default_precision(device: DeviceFacts, batch: int | None = None) -> str:
     """What a run on ``device`` computes in where neither a precision nor ``--amp`` is given, as measured for each
     kind of device (docs/decisions/precision.md): bf16 autocast on a CPU that computes bf16 natively, and on a GPU
     with bf16 tensor cores where one process's step takes ``CUDA_AMP_MIN_TRAIN_BATCH`` samples or more (``batch``;
     None: unknown, taken as large); fp32 on other CPUs (bf16 emulated), on older GPUs and at smaller GPU steps
     (bound by launching kernels, where autocast's casts cost more than its arithmetic saves)."""
-    if device.type == "cpu":
-        return "bf16" if cpu_native_bf16() else "fp32"
-    if device.type == "cuda" and cuda_native_bf16(device) and (batch is None or batch >= CUDA_AMP_MIN_TRAIN_BATCH):
+    if device.kind == "cpu":
+        return "bf16" if device.native_bf16 else "fp32"
+    if device.kind == "cuda" and device.native_bf16 and (batch is None or batch >= CUDA_AMP_MIN_TRAIN_BATCH):
         return "bf16"
     return "fp32"
 
 
 def precision_of(
-    device: torch.device, precision: str | None, amp: bool, amp_dtype: str | None, batch: int | None = None
+    device: DeviceFacts, precision: str | None, amp: bool, amp_dtype: str | None, batch: int | None = None
 ) -> tuple[str, torch.dtype | None, str]:
     """What a training run computes in, by name, its autocast dtype (None: none), and why it computes in fp32 where
     something else was asked ("" otherwise). ``precision`` named: fp32; tf32 (fp32 weights and activations, matmuls on
@@ -204,12 +247,12 @@ def precision_of(
     or without ``amp``), ``--amp``'s rule (``amp_dtype_for``), else the device's default (``default_precision``)."""
     if precision is None and not amp and amp_dtype is None:
         precision = default_precision(device, batch)
-    if precision == "fp16" and device.type == "cpu":
+    if precision == "fp16" and device.kind == "cpu":
         raise ValueError("`precision` fp16 is not supported on CPU; use bf16")
     if precision == "tf32":
-        if device.type == "cuda" and cuda_tf32(device):
+        if device.kind == "cuda" and device.tf32:
             return "tf32", None, ""
-        where = "a CPU" if device.type == "cpu" else "this GPU"
+        where = "a CPU" if device.kind == "cpu" else "this GPU"
         if "tf32" not in _said:
             _said.add("tf32")
             print(f"ctrkit: --precision tf32: {where} has no TF32 tensor cores; running in fp32", file=sys.stderr,
@@ -220,7 +263,7 @@ def precision_of(
     dtype = amp_dtype_for(device, True, precision or amp_dtype, batch)
     if dtype is not None:
         return ("bf16" if dtype == torch.bfloat16 else "fp16"), dtype, ""
-    if device.type == "cpu":
+    if device.kind == "cpu":
         return "fp32", None, "this CPU has no native bf16"
     return "fp32", None, f"{batch:,} samples a step is below {CUDA_AMP_MIN_TRAIN_BATCH:,}, where autocast is slower"
 

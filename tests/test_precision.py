@@ -24,24 +24,24 @@ def test_amp_on_a_cpu_follows_its_bf16_support(tiny_dataset, tmp_path, native, m
 
 
 def test_amp_dtype_rule(monkeypatch, capsys):
-    cpu = torch.device("cpu")
-    monkeypatch.setenv("CTRKIT_CPU_BF16", "1")
-    assert dev.amp_dtype_for(cpu, True, None) == torch.bfloat16
-    monkeypatch.setenv("CTRKIT_CPU_BF16", "0")
+    assert dev.amp_dtype_for(dev.DeviceFacts("cpu", native_bf16=True), True, None) == torch.bfloat16
     monkeypatch.setattr(dev, "_said", set())
+    cpu = dev.DeviceFacts("cpu", native_bf16=False, name="AVX2")
     assert dev.amp_dtype_for(cpu, True, None) is None and dev.amp_dtype_for(cpu, True, "bf16") is None
-    assert capsys.readouterr().err.count("no native bf16") == 1  # said once
+    assert capsys.readouterr().err.count("this CPU (AVX2) has no native bf16") == 1  # said once
     assert dev.amp_dtype_for(cpu, False, None) is None
-    cuda = torch.device("cuda")  # CUDA: bf16 with bf16 tensor cores, else fp16 (not the CPU rule)
-    for native, dtype in ((True, torch.bfloat16), (False, torch.float16)):
-        monkeypatch.setattr(dev, "cuda_native_bf16", lambda _device, native=native: native)
+    for native, dtype in ((True, torch.bfloat16), (False, torch.float16)):  # CUDA: not the CPU rule
+        cuda = dev.DeviceFacts("cuda", native_bf16=native)
         assert dev.amp_dtype_for(cuda, True, None) == dtype
         assert dev.amp_dtype_for(cuda, True, "fp16") == torch.float16
+    # the facts read from this machine: CTRKIT_CPU_BF16 makes it either kind
+    for native in ("0", "1"):
+        monkeypatch.setenv("CTRKIT_CPU_BF16", native)
+        assert dev.device_facts(torch.device("cpu")).native_bf16 is (native == "1")
 
 
 def test_amp_on_cuda_takes_autocast_only_at_batches_where_it_pays(monkeypatch, capsys):
-    cuda = torch.device("cuda")
-    monkeypatch.setattr(dev, "cuda_native_bf16", lambda _device: True)
+    cuda = dev.DeviceFacts("cuda", native_bf16=True, tf32=True)
     monkeypatch.setattr(dev, "_said", set())
     train, score = dev.CUDA_AMP_MIN_TRAIN_BATCH, dev.CUDA_AMP_MIN_SCORE_BATCH
     assert dev.amp_dtype_for(cuda, True, None, train - 1) is None
@@ -54,20 +54,18 @@ def test_amp_on_cuda_takes_autocast_only_at_batches_where_it_pays(monkeypatch, c
     assert dev.amp_dtype_for(cuda, True, None) == torch.bfloat16  # no batch given: the dtype rule alone
     # --amp-dtype named without --amp is taken at any batch too (it was left to the device's default)
     assert dev.precision_of(cuda, None, False, "bf16", 512)[:2] == ("bf16", torch.bfloat16)
-    monkeypatch.setattr(dev, "default_precision", lambda _device, _batch=None: "fp32")
     assert dev.precision_of(cuda, None, False, "fp16", 512)[:2] == ("fp16", torch.float16)
     said = capsys.readouterr().err.splitlines()
     assert len(said) == 2, said  # once for training, once for scoring
     assert "16,384" in said[0] and "running in fp32" in said[0] and "--amp-dtype" in said[0]
     assert "32,768" in said[1] and "--batch-size 32768" in said[1]
-    cpu = torch.device("cpu")  # the batch rule is CUDA's: a CPU with native bf16 takes bf16 at any batch
-    monkeypatch.setenv("CTRKIT_CPU_BF16", "1")
+    cpu = dev.DeviceFacts("cpu", native_bf16=True)  # the batch rule is CUDA's: a native-bf16 CPU takes it at any batch
     assert dev.amp_dtype_for(cpu, True, None, 64) == torch.bfloat16
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_amp_on_a_gpu_follows_the_batch(tiny_dataset):
-    dtype = "bfloat16" if dev.cuda_native_bf16(torch.device("cuda")) else "float16"
+    dtype = "bfloat16" if dev.device_facts(torch.device("cuda")).native_bf16 else "float16"
     for batch in (2048, dev.CUDA_AMP_MIN_TRAIN_BATCH):
         flags = ("--dataset", tiny_dataset, "--amp", "--max-steps", "2", "--batch-size", batch, "--no-progress")
         done = run_process("train", *flags, "--device", "cuda", *small_model_flags())
@@ -99,9 +97,8 @@ def test_serving_bf16_weights_follows_the_rule(tiny_checkpoint, monkeypatch):
 
 
 def test_precision_by_name_follows_the_device(monkeypatch, capsys):
-    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    cpu = dev.DeviceFacts("cpu", native_bf16=True)
     monkeypatch.setattr(dev, "_said", set())
-    monkeypatch.setenv("CTRKIT_CPU_BF16", "1")
     assert dev.precision_of(cpu, None, False, None) == ("bf16", torch.bfloat16, "")  # the default where native
     assert dev.precision_of(cpu, "fp32", False, None) == ("fp32", None, "")
     assert dev.precision_of(cpu, "bf16", False, None, 64) == ("bf16", torch.bfloat16, "")
@@ -110,17 +107,16 @@ def test_precision_by_name_follows_the_device(monkeypatch, capsys):
     assert capsys.readouterr().err.count("no TF32 tensor cores; running in fp32") == 1
     with pytest.raises(ValueError, match="fp16 is not supported on CPU"):
         dev.precision_of(cpu, "fp16", False, None)
-    monkeypatch.setenv("CTRKIT_CPU_BF16", "0")
+    cpu = dev.DeviceFacts("cpu", native_bf16=False)
     assert dev.precision_of(cpu, "bf16", False, None) == ("fp32", None, "this CPU has no native bf16")
     capsys.readouterr()
     assert dev.precision_of(cpu, None, False, None) == ("fp32", None, "")  # the default: nothing asked, nothing said
     assert capsys.readouterr().err == ""
-    for major, want in ((8, "tf32"), (7, "fp32")):  # TF32 tensor cores from Ampere on
-        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda _device, major=major: (major, 0))
-        assert dev.precision_of(cuda, "tf32", False, None)[0] == want
+    for cores, want in ((True, "tf32"), (False, "fp32")):  # TF32 tensor cores from Ampere on
+        assert dev.precision_of(dev.DeviceFacts("cuda", cores, cores), "tf32", False, None)[0] == want
     least = dev.CUDA_AMP_MIN_TRAIN_BATCH
     for native, want in ((False, "fp32"), (True, "bf16")):  # a GPU's default: bf16 with bf16 tensor cores ...
-        monkeypatch.setattr(dev, "cuda_native_bf16", lambda _device, native=native: native)
+        cuda = dev.DeviceFacts("cuda", native, native)
         assert dev.precision_of(cuda, None, False, None, least)[0] == want
         assert dev.precision_of(cuda, None, False, None, None)[0] == want  # the batch unknown: taken as large
     capsys.readouterr()

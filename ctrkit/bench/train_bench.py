@@ -18,7 +18,7 @@ from ctrkit.bench.peak import machine, matmul_gflops, matmul_peaks
 from ctrkit.config import TrainConfig
 from ctrkit.data.batch import Batch
 from ctrkit.data.synthetic import power_law_ids
-from ctrkit.device import amp_dtype_for
+from ctrkit.device import amp_dtype_for, device_facts
 from ctrkit.models.inputs import BottomTopConfig
 from ctrkit.models.registry import config_class, config_to_dict, create_model, make_config
 from ctrkit.models.storage import in_host, on_disk
@@ -220,7 +220,8 @@ def bench_setup(cfg: TrainBenchConfig, device: torch.device) -> BenchSetup:
         model = create_model(cfg.model, model_cfg, in_host(rows, device)).to(device)
     else:
         model = create_model(cfg.model, model_cfg).to(device)
-    amp_dtype = amp_dtype_for(device, cfg.amp, cfg.amp_dtype, cfg.batch_size)  # what `train --amp` would run
+    # what `train --amp` would run on this device
+    amp_dtype = amp_dtype_for(device_facts(device), cfg.amp, cfg.amp_dtype, cfg.batch_size)
     # the model's own optimizers unless given (a run's defaults: ``TrainConfig.resolve``), at a small lr so weights
     # stay sane
     names = TrainConfig(optimizer=cfg.optimizer, embedding_optimizer=cfg.embedding_optimizer).resolve(cfg.model)

@@ -214,10 +214,10 @@ class Scoring:
     def logits(self, batch_size: int = 16384, amp: bool = False, progress: bool = False) -> np.ndarray:
         """(N,) float32 logits of the checkpoint's kept model in dataset order, its calibration applied (what
         ``predict``, exports and the server turn into probabilities)."""
-        from ctrkit.device import amp_dtype_for
+        from ctrkit.device import amp_dtype_for, device_facts
 
         local = batch_size // (self.env.world_size if self.env is not None else 1)  # one process's share
-        amp_dtype = amp_dtype_for(self.device, amp, None, local, training=False)
+        amp_dtype = amp_dtype_for(device_facts(self.device), amp, None, local, training=False)
         logits = predict_logits(self.model, self.dataset, self.device, batch_size, amp_dtype, progress, self.env)
         return calibrated(logits, self.checkpoint.calibration)
 

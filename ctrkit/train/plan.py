@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ctrkit.config import TrainConfig
+from ctrkit.device import AUTOCAST, DeviceFacts, Precision, eval_dtype_for, precision_of
 from ctrkit.train.mechanisms import continued_settings
 from ctrkit.train.plan_facts import Facts, RunSettings, epoch_steps, facts_of
 from ctrkit.train.plan_memory import check_storage, memory_plan
@@ -114,9 +115,9 @@ class Plan:
             with seed ``seed + m // len(batches)``; a smaller batch's has its own epochs and schedule, and the
             run's batch's patience. None is left only where it means none (``max_steps``: the epochs' steps,
             ``checkpoint_every``: at evaluations, ``embedding_cache_rows``: tables in memory) or where it means the
-            device's default, which the plan's ``precision`` names (``precision``, ``amp_dtype``: what was asked is
-            kept; ``eval_dtype``: the Run's ``device.eval_dtype_for``).
-        precision: what the run computes in: fp32, tf32, bf16 or fp16 (``device.precision_of``).
+            device's default, which the plan's ``precision`` decides (``precision``, ``amp_dtype``, ``eval_dtype``:
+            what was asked is kept).
+        precision: what the run computes in and scores in (``decide_precision``).
         continued_from: the checkpoint a continued run (``--continue-from``) started from, as given; None for a
             fresh run. Its checkpoints carry it, so that resuming one keeps the continued run's settings.
     """
@@ -130,7 +131,7 @@ class Plan:
     batches: tuple[int, ...]
     members: tuple[TrainConfig, ...]
     continued_from: str | None = None
-    precision: str = "fp32"
+    precision: Precision = Precision()
 
     def text(self) -> str:
         """The printed block: a heading line, then one line a topic."""
@@ -150,7 +151,7 @@ class Plan:
             "batches": list(self.batches),
             "members": len(self.members),
             "continued_from": self.continued_from,
-            "precision": self.precision,
+            "precision": self.precision.name,
         }
 
 
@@ -162,13 +163,13 @@ def make_plan(
     processes: int = 1,
     device: str = "cpu",
     preprocessing: dict[str, Any] | None = None,
-    precision: tuple[str, str] = ("fp32", ""),
+    hardware: DeviceFacts | None = None,
     trained_batches: tuple[int | None, ...] = (),
     resumed_member: int = 0,
 ) -> Plan:
     """The plan of RunSpec ``spec`` on ``train_rows`` training and ``validation_rows`` validation rows (held out
-    as ``validation_source`` says) in a job of ``processes`` processes on ``device`` computing in ``precision``
-    (``device.precision_of``'s name and why it is fp32 where more was asked), resuming a seed ensemble whose
+    as ``validation_source`` says) in a job of ``processes`` processes on ``device`` (its ``hardware``: what the
+    precision rules read; None: no native bf16 or TF32), resuming a seed ensemble whose
     members were trained at ``trained_batches`` from a checkpoint taken in member ``resumed_member``, with the
     memory room measured now (``facts_of``, then ``plan_run``)."""
     facts = facts_of(
@@ -179,7 +180,7 @@ def make_plan(
         processes,
         device,
         preprocessing,
-        precision,
+        hardware,
         trained_batches=trained_batches,
         resumed_member=resumed_member,
     )
@@ -194,6 +195,7 @@ def plan_run(spec: RunSettings, facts: Facts) -> Plan:
     distributed run, tables on disk where they cannot be) is a one-line ValueError naming it, never silently
     dropped."""
     sources = dict(spec.sources)
+    precision = decide_precision(spec.train, facts)
     cfg, resolved, rules = _schedule(spec.train, sources, facts)
     resolved, batches, configs = _batches(cfg, resolved, facts, rules)
     check_storage(cfg, facts)
@@ -215,7 +217,7 @@ def plan_run(spec: RunSettings, facts: Facts) -> Plan:
     lines = [
         *training_lines(cfg, resolved, facts, rules, why),
         *mechanism_lines(spec, cfg, facts, batches, why),
-        *resource_lines(spec, cfg, facts, memory, budget, why, rules),
+        *resource_lines(spec, cfg, facts, memory, budget, why, rules, precision),
     ]
     lines += [("warning", w, "") for w in fit_warnings(resolved, facts.train_rows)]
     if facts.preprocessing is not None:
@@ -245,8 +247,18 @@ def plan_run(spec: RunSettings, facts: Facts) -> Plan:
         batches,
         members,
         None if facts.continued is None else str(facts.continued),
-        facts.precision,
+        precision,
     )
+
+
+def decide_precision(cfg: TrainConfig, facts: Facts) -> Precision:
+    """What the run computes in and scores in, from the settings and the device's facts (``device.precision_of``,
+    ``device.eval_dtype_for``: the hardware's rules, read from ``facts.hardware``). One process's share of a step
+    decides whether autocast pays on CUDA."""
+    local = cfg.batch_size // facts.processes if cfg.batch_size else None
+    name, autocast, why = precision_of(facts.hardware, cfg.precision, cfg.amp, cfg.amp_dtype, local)
+    scored = eval_dtype_for(facts.hardware, cfg.eval_dtype, autocast, cfg.precision_asked)
+    return Precision(name, why, next((k for k, dtype in AUTOCAST.items() if dtype == scored), None))
 
 
 def _schedule(cfg: TrainConfig, sources: dict, facts: Facts) -> tuple[TrainConfig, TrainConfig, dict[str, str]]:

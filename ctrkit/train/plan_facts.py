@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ctrkit.config import TrainConfig
+from ctrkit.device import DeviceFacts
 from ctrkit.models.contract import table_parameter_ids, table_parameters
 from ctrkit.train.memory import Room, process_rss, room, tables_directory
 
@@ -84,8 +85,8 @@ class Facts:
             go); None on the CPU (``room`` is the CPU's).
         threads: the CPU threads the tables are drawn on (``torch.get_num_threads``).
         preprocessing: the preprocessing the dataset carries (``RowTransform.to_state``), or None.
-        precision: what the run computes in on its device (``device.precision_of``: the hardware's rule);
-            ``precision_note``: why it is fp32 where more was asked ("" otherwise).
+        hardware: what the precision rules read of the device (``device.device_facts``): its kind, native bf16,
+            TF32 tensor cores.
         trained_batches: the batch size of each seed-ensemble member a resumed checkpoint trained already (None
             where its checkpoint did not record one); () for a fresh run. ``resumed_member``: the member whose
             training the checkpoint was taken in (0 for a fresh run, or a run of one model).
@@ -109,8 +110,7 @@ class Facts:
     process_bytes: int
     disk_free: int | None
     preprocessing: dict[str, Any] | None = None
-    precision: str = "fp32"
-    precision_note: str = ""
+    hardware: DeviceFacts = DeviceFacts("cpu")
     host_room: Room | None = None
     threads: int = 1
     trained_batches: tuple[int | None, ...] = ()
@@ -146,12 +146,12 @@ def facts_of(
     processes: int,
     device: str,
     preprocessing: dict[str, Any] | None = None,
-    precision: tuple[str, str] = ("fp32", ""),
+    hardware: DeviceFacts | None = None,
     trained_batches: tuple[int | None, ...] = (),
     resumed_member: int = 0,
 ) -> Facts:
     """The facts of RunSpec ``spec``'s run: its model built on the meta device (nothing allocated), the memory and
-    disk room measured now."""
+    disk room measured now, the device's ``hardware`` (None: a ``device`` without native bf16 or TF32)."""
     import torch
 
     from ctrkit.data.atomic import free_bytes
@@ -178,8 +178,7 @@ def facts_of(
         process_bytes=process_rss(),
         disk_free=free_bytes(tables_directory(spec.save_checkpoint)),
         preprocessing=preprocessing,
-        precision=precision[0],
-        precision_note=precision[1],
+        hardware=hardware if hardware is not None else DeviceFacts(device),
         host_room=room("cpu") if device != "cpu" else None,
         threads=torch.get_num_threads(),
         trained_batches=tuple(trained_batches),

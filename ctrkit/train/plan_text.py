@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from ctrkit.config import TrainConfig
+from ctrkit.device import Precision
 from ctrkit.train.memory import Room, gib, tables_directory
 from ctrkit.train.plan_facts import Facts, RunSettings, epoch_steps
 
@@ -220,14 +221,21 @@ def _warm_start_text(cfg: TrainConfig, facts: Facts) -> str:
 
 
 def resource_lines(
-    spec: RunSettings, cfg: TrainConfig, facts: Facts, memory: dict, budget: Room, why, rules: dict[str, str]
+    spec: RunSettings,
+    cfg: TrainConfig,
+    facts: Facts,
+    memory: dict,
+    budget: Room,
+    why,
+    rules: dict[str, str],
+    precision: Precision,
 ) -> list[tuple[str, str, str]]:
-    """The plan's lines on how and where the run executes: processes and device, the tables, dynamic ids, a
-    continued model, memory and scoring."""
+    """The plan's lines on how and where the run executes: processes and device (computing in ``precision``), the
+    tables, dynamic ids, a continued model, memory and scoring."""
     processes, device, mc = facts.processes, facts.device, spec.model_config
     how = [f"{processes} processes" if processes > 1 else "one process", device]
     how.append(f"batch split over threads: {cfg.split_batch}" if device == "cpu" and processes == 1 else "")
-    how += [_precision_text(cfg, facts.precision, facts.precision_note), "torch.compile" if cfg.compile else ""]
+    how += [_precision_text(cfg, precision.name, precision.why), "torch.compile" if cfg.compile else ""]
     lines = [
         (
             "execution",

@@ -337,19 +337,10 @@ class Run:
 
         from ctrkit.checkpoint import load_checkpoint
         from ctrkit.data.dataset import SplitBinaryDataset, one_class_problem
-        from ctrkit.device import eval_dtype_for, precision_of, resolve_device
+        from ctrkit.device import device_facts, resolve_device
 
         cfg = spec.train
         self.device = self.env.device if self.env is not None else resolve_device(spec.device)
-        # one process's share of a step decides whether autocast pays on CUDA (``amp_dtype_for``)
-        local = cfg.batch_size // (self.env.world_size if self.env is not None else 1) if cfg.batch_size else None
-        self.precision, self.amp_dtype, self.precision_note = precision_of(
-            self.device, cfg.precision, cfg.amp, cfg.amp_dtype, local
-        )
-        # the autocast dtype evaluations score in (``--eval-dtype``; unset: fp32, or the training's where asked for)
-        self.eval_amp_dtype = eval_dtype_for(self.device, cfg.eval_dtype, self.amp_dtype, cfg.precision_asked)
-        if self.env is not None and self.amp_dtype == torch.float16:
-            raise ValueError("hybrid-parallel training supports mixed precision with bf16 only")
         feature_spec = FeatureSpec.from_yaml(spec.dataset)
         self.train_set = SplitBinaryDataset(feature_spec, "train")
         test_set = SplitBinaryDataset(feature_spec, "test") if "test" in feature_spec.source_spec else None
@@ -402,10 +393,15 @@ class Run:
             processes,
             self.device.type,
             self.preprocessing,
-            (self.precision, self.precision_note),
+            device_facts(self.device),
             tuple(m.get("batch_size") for m in self.members_done),
             self.member,
         )
+        # what the run computes in, and the autocast dtype evaluations score in, as the plan decided them
+        self.precision, self.precision_note = self.plan.precision.name, self.plan.precision.why
+        self.amp_dtype, self.eval_amp_dtype = self.plan.precision.autocast, self.plan.precision.scoring
+        if self.env is not None and self.amp_dtype == torch.float16:
+            raise ValueError("hybrid-parallel training supports mixed precision with bf16 only")
         self.batches = list(self.plan.batches)
         self.members = len(self.plan.members)  # trained one after another (``fit``)
         if self.dry_run:

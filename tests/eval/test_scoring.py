@@ -9,7 +9,7 @@ import torch
 from ctrkit.data.dataset import SplitBinaryDataset
 from ctrkit.data.feature_spec import FeatureSpec
 from ctrkit.data.loader import BatchLoader
-from ctrkit.device import cpu_native_bf16, eval_dtype_for
+from ctrkit.device import DeviceFacts, cpu_native_bf16, device_facts, eval_dtype_for
 from ctrkit.eval import evaluator
 from ctrkit.eval.evaluator import predict_logits
 from ctrkit.models.registry import create_model, make_config
@@ -46,9 +46,11 @@ def test_split_scoring_equals_one_forward_pass(tiny_dataset, two_threads, monkey
 
 
 def test_eval_dtype_rule():
-    cpu = torch.device("cpu")
+    cpu = device_facts(torch.device("cpu"))
     assert eval_dtype_for(cpu, None, None, True) is None
     assert eval_dtype_for(cpu, None, torch.bfloat16, True) is torch.bfloat16
     assert eval_dtype_for(cpu, None, torch.bfloat16, False) is None  # the device's default precision: scored in fp32
     assert eval_dtype_for(cpu, "fp32", torch.bfloat16, True) is None
     assert eval_dtype_for(cpu, "bf16", None, False) is (torch.bfloat16 if cpu_native_bf16() else None)
+    for native, dtype in ((True, torch.bfloat16), (False, torch.float16)):  # a GPU without bf16 tensor cores: fp16
+        assert eval_dtype_for(DeviceFacts("cuda", native), "bf16", None, False) is dtype

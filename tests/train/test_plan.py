@@ -11,6 +11,7 @@ import yaml
 
 from ctrkit.checkpoint import load_checkpoint
 from ctrkit.config import TrainConfig
+from ctrkit.device import Precision
 from ctrkit.train import plan as plan_module
 from ctrkit.train import plan_facts, plan_memory, plan_text
 from ctrkit.train.run import Run, resolve_run
@@ -62,7 +63,7 @@ def test_each_member_of_the_plan_is_decided_whole(tiny_dataset):
     meaning_none = {"max_steps", "checkpoint_every", "embedding_cache_rows", "precision", "amp_dtype", "eval_dtype"}
     for member in plan.members:
         assert {k for k, v in member.to_dict().items() if v is None} <= meaning_none
-    assert plan.precision in ("fp32", "bf16")
+    assert plan.precision.name in ("fp32", "bf16")
     assert plan.members[2] == replace(plan.members[0], seed=6) and plan.members[3] == replace(plan.members[1], seed=6)
 
 
@@ -221,6 +222,40 @@ def test_the_plan_warns_where_the_data_cannot_carry_the_settings(tiny_dataset):
     assert any("too few to train" in w for w in warned), warned
     assert not [t for t, _, _ in plan_of(tiny_dataset, batch_size=256).lines if t == "warning"]
     assert not [t for t, _, _ in plan_of(tiny_dataset, batch_size=4096, max_steps=5).lines if t == "warning"]
+
+
+def test_precision_is_decided_by_the_plan_from_the_devices_facts(tiny_dataset):
+    """The device's capability is one of the plan's facts (``device.DeviceFacts``): the same settings planned for an
+    AVX2 CPU, a CPU with native bf16, an H100 and an older GPU, with no such hardware here, give each device's
+    precision, the scoring dtype and the execution line's words."""
+    from dataclasses import replace
+
+    from ctrkit.device import DeviceFacts
+    from ctrkit.train.memory import Room
+
+    def planned(hardware: DeviceFacts, **train):
+        spec = resolve_run(tiny_dataset, "dlrm", train={"batch_size": 512, **train}, progress=False)
+        facts = plan_facts.facts_of(spec, 19_440, 2_160, "the last 10%", 1, "cpu")  # (the room measured here)
+        facts = replace(facts, device=hardware.kind, hardware=hardware, room=Room(64 << 30, "a given room"),
+                        host_room=Room(64 << 30, "a given room"))  # fmt: skip
+        plan = plan_module.plan_run(spec, facts)
+        return plan.precision, topics(plan)["execution"][0]
+
+    avx2, native = DeviceFacts("cpu", False, name="AVX2"), DeviceFacts("cpu", True, name="AVX512")
+    h100, older = DeviceFacts("cuda", True, True, "H100"), DeviceFacts("cuda", False, False, "T4")
+    decided, line = planned(avx2)
+    assert decided == Precision("fp32", "", None) and "fp32" in line
+    assert planned(native)[0] == Precision("bf16", "", None)  # the default: bf16 trained, scored in fp32
+    assert "this device's default" in planned(native)[1]
+    assert planned(avx2, amp=True)[0] == Precision("fp32", "this CPU has no native bf16", None)
+    assert "fp32 (autocast asked: this CPU has no native bf16)" in planned(avx2, amp=True)[1]
+    # a GPU: fp32 at a 512-sample step (autocast pays from 16,384), bf16 or fp16 where a dtype is asked for
+    assert planned(h100)[0].name == "fp32" and planned(h100, batch_size=16_384)[0].name == "bf16"
+    assert planned(h100, amp_dtype="bf16")[0] == Precision("bf16", "", "bf16")  # asked: scored in it too
+    assert planned(older, precision="fp16")[0] == Precision("fp16", "", "fp16")
+    assert planned(h100, precision="tf32")[0] == Precision("tf32", "", None)
+    assert planned(older, precision="tf32")[0] == Precision("fp32", "this GPU has no TF32 tensor cores", None)
+    assert planned(older, precision="bf16", eval_dtype="fp32")[0].scored_in is None
 
 
 def test_the_plan_is_a_function_of_the_settings_and_the_facts(tiny_dataset):
