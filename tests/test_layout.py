@@ -45,7 +45,6 @@ RAW_READERS = {
     "ctrkit/preprocess/outbrain_files.py": [
         "pl.read_csv",
         "pl.read_csv",
-        "pl.read_csv",
         "pl.scan_csv",
         "pl.scan_csv",
         "pl.scan_csv",

@@ -16,6 +16,7 @@ from ctrkit.data.split_binary import DataError
 from ctrkit.data_config import OutbrainPreprocessConfig
 from ctrkit.field_types import CTR_FOLDS, FREQUENCY_THRESHOLD, SEED
 from ctrkit.preprocess.output import Rejects
+from ctrkit.preprocess.table_reader import header_names
 from ctrkit.preprocess.vocabulary import NULL
 
 TIMESTAMP_EPOCH_MS = 1465876799998
@@ -144,10 +145,12 @@ def read_checked(path: Path, schema: tuple, rejects: Rejects) -> pl.DataFrame:
 
 
 def read_header(path: Path) -> list[str]:
+    """The header's column names, read by the rules of a user's table (``table_reader.header_names``): UTF-8, a
+    first line naming the columns, line ends \n or \r\n, no name twice; else a one-line error naming the file."""
     try:
-        return pl.read_csv(path, n_rows=0, infer_schema=False).columns
-    except Exception as e:  # empty, not a CSV
-        raise DataError(f"{path}: not a readable CSV ({str(e).splitlines()[0]})") from None
+        return header_names(path, ",")
+    except ValueError as e:
+        raise DataError(str(e)) from None
 
 
 def require_columns(path: Path, columns: list[str], schema: tuple) -> None:

@@ -13,7 +13,7 @@ columns it names: ``CsvRecords``'s ``names``):
   doubled); any other quote is refused, naming its line, and so is a quote that never closes;
 * a blank line (nothing, or a lone carriage return) is no record: it is skipped, everywhere; lines that end in a
   lone carriage return (classic Mac OS) are refused, naming the conversion;
-* text is UTF-8: other bytes are refused, naming their line.
+* text is UTF-8: other bytes are refused, naming their line (a UTF-16 file by its byte-order mark).
 
 Parquet: a column of lists is a multi-hot column's; lists where a single value is due, structs, fixed arrays and
 lists of lists are refused, naming the column.
@@ -40,6 +40,7 @@ PARQUET_SUFFIXES = (".parquet", ".pq")
 PARQUET_READ_ROWS = 1 << 18  # a Parquet file is read this many rows at a time (Polars' row group size)
 _QUOTE, _NEWLINE, _CR = ord('"'), ord("\n"), ord("\r")
 _BOM = b"\xef\xbb\xbf"
+_UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")  # little- and big-endian
 _SEPARATOR_NAMES = {"tab": "\t", "\\t": "\t"}
 
 
@@ -80,6 +81,9 @@ def _first_record(f) -> bytes:
 
 def _header(path: Path, record: bytes, separator: str) -> list[str]:
     record = record.removeprefix(_BOM)
+    if record.startswith(_UTF16_BOMS):
+        raise ValueError(f"{path}:1: the file is UTF-16 (it starts with a UTF-16 byte-order mark); expected UTF-8: "
+                         f"convert it, e.g. iconv -f UTF-16 -t UTF-8 {path.name} > fixed.csv")  # fmt: skip
     try:
         text = record.decode("utf-8")
     except UnicodeDecodeError as e:

@@ -165,6 +165,28 @@ def test_bad_rows_are_named_or_counted(raw, tmp_path, capsys):
     assert code == 2 and f"page_views.csv:{views}: document_id: expected an integer, got 'notanumber'" in err
 
 
+@pytest.mark.parametrize("how, said", [
+    ("lone CR", "events.csv:1: lines end in a lone carriage return"),
+    ("UTF-16", "events.csv:1: the file is UTF-16 (it starts with a UTF-16 byte-order mark); expected UTF-8"),
+    ("Latin-1", "events.csv:1: the header holds bytes that are not UTF-8"),
+    ("empty", "events.csv: holds no header"),
+])  # fmt: skip
+def test_a_file_the_table_reader_refuses_is_refused_alike(raw, tmp_path, capsys, how, said):
+    """The Outbrain files' headers are read by the rules of a user's table (``table_reader``): one line naming the
+    file and what to do, exit status 2, nothing written."""
+    import shutil
+
+    bad = tmp_path / "raw"
+    shutil.copytree(raw, bad)
+    text = (bad / "events.csv").read_bytes()
+    broken = {"lone CR": text.replace(b"\n", b"\r"), "UTF-16": text.decode().encode("utf-16"), "empty": b"",
+              "Latin-1": text.replace(b"display_id", "d\xefsplay_id".encode("latin-1"), 1)}[how]  # fmt: skip
+    (bad / "events.csv").write_bytes(broken)
+    code, _, err = run_cli("preprocess", "outbrain", bad, "--out", tmp_path / "d", "--no-progress", capsys=capsys)
+    assert code == 2 and said in err and len(err.strip().splitlines()) == 1 and len(err) < 400, err[:500]
+    assert not (tmp_path / "d").exists()
+
+
 def test_a_training_rows_ctr_features_do_not_see_its_displays_labels(raw, dataset, tmp_path):
     """Moving the click of one training display to another of its ads changes no CTR feature of that display's
     rows (each training row's statistics come from the other folds, and a display lies in one fold); with
