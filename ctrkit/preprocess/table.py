@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -268,11 +269,148 @@ def _rows(engine: str, master: str, out_dir: Path):
     return SparkRows(master, out_dir)
 
 
+def _fit_transform(rows, roles: Roles, raw_schema: dict, recipe: TableRecipe, like: Like | None, n_fit: int,
+                   progress: bool) -> tuple[dict[str, pl.DataFrame], RowTransform]:  # fmt: skip
+    """The fit: each feature's vocabulary of the texts the transform looks up, counted over the first ``n_fit`` rows
+    (extending the model's, ``like``), and the transform that holds them: the fitted object's, the only code that
+    turns values into ids (as predict and serve do)."""
+    features = list(roles.categorical + roles.multi_hot)
+    with tqdm(total=1, desc="preprocess vocabularies", disable=not progress) as bar:
+        vocabularies = _fit(rows, features, roles, raw_schema, recipe, n_fit)
+        bar.update()
+    if like is None:
+        return vocabularies, _row_transform(raw_schema, roles, recipe, vocabularies)
+    for c, old in like.transform.vocabularies.items():
+        vocabularies[c] = vocab_mod.extend(old, vocabularies[c], recipe.frequency_threshold)
+    t = like.transform
+    grown = {c: vocab_mod.vocabulary_frame(v["value"], v["id"]) for c, v in vocabularies.items()
+             if c in t.vocabularies}  # fmt: skip
+    return vocabularies, RowTransform(t.source, t.columns, t.numerical, t.categorical, t.multi_hot, grown,
+                                      t.null_values, t.label)  # fmt: skip
+
+
+def _features(roles: Roles, cards: dict[str, int], recipe: TableRecipe, like: Like | None,
+              combiners: dict[str, str]) -> dict[str, Feature]:  # fmt: skip
+    """The dataset's categorical features: ids of ``cards`` values each, raw ids (the value's hash; the table's
+    capacity, or the model's, as its cardinality) and multi-hot features pooled by ``combiners``."""
+    features = {c: Feature(smallest_int_dtype(cards[c]), cards[c]) for c in roles.categorical}
+    for c in recipe.raw_ids:
+        rows_of = like.cardinalities[c] if like is not None else max(2, recipe.capacity or cards[c])
+        features[c] = Feature("int64", rows_of, {"dynamic": True})
+    for c in roles.multi_hot:
+        features[c] = Feature(smallest_int_dtype(cards[c]), cards[c], {"multi_hot": True, "combiner": combiners[c]})
+    return features
+
+
+def _metadata(recipe: TableRecipe, vocabularies: dict[str, pl.DataFrame], like: Like | None) -> dict[str, Any]:
+    """The feature spec's metadata: how the label was read, the id rule, the vocabularies' fingerprint and the one
+    they extend."""
+    fixed = {c: v for c, v in vocabularies.items() if c not in recipe.raw_ids}
+    return {
+        "preprocessed_by": "ctrkit preprocess table",
+        "label": recipe.label,
+        **({"positive": recipe.positive} if recipe.positive is not None else {}),
+        **({"label_threshold": recipe.label_threshold} if recipe.label_threshold is not None else {}),
+        "frequency_threshold": recipe.frequency_threshold,
+        "missing_id": MISSING_ID,
+        "rare_id": RARE_ID,
+        **({"vocabulary_fingerprint": vocabulary_fingerprint(fixed)} if fixed else {}),
+        **({"raw_ids": "XXH64 of the value's UTF-8 text, seed 0, as int64; missing: 0"} if recipe.raw_ids else {}),
+        **({"extends_vocabulary": [like.fingerprint, *like.extends]} if like is not None and like.fingerprint else {}),
+    }
+
+
+def _layout(features: dict[str, Feature], roles: Roles, recipe: TableRecipe, bounds: list, metadata: dict) -> tuple:
+    """The split-binary layout of the dataset (``split_binary_spec``): its feature, source and channel specs and
+    metadata; a group's ids stored for the held-out mappings."""
+    group_spec = None
+    if recipe.group is not None:
+        group_spec = (recipe.group, Feature("int64"), [m for m, _, _ in bounds if m != "train"])
+    base = split_binary_spec(features, roles.numerical, recipe.label, [m for m, _, _ in bounds], metadata,
+                             numerical_dtype="float32", group=group_spec)  # fmt: skip
+    return base.feature_spec, base.source_spec, base.channel_spec, base.metadata
+
+
+def _write_rows(rows, spec: FeatureSpec, roles: Roles, bounds: list, progress: bool) -> dict[str, int]:
+    """Each mapping's rows of ``bounds`` written as ``spec`` lays them out, and its feature_spec.yaml; the clicks
+    of each mapping."""
+    clicks = {}
+    for mapping, lo, hi in bounds:
+        steps_bar = tqdm(total=hi - lo, unit="row", desc=f"preprocess write {mapping}", disable=not progress)
+        clicks[mapping] = 0
+        with SplitBinaryWriter(spec, mapping) as writer, steps_bar:
+            for block in rows.blocks(lo, hi):
+                stored = block.groups if mapping != "train" else None
+                writer.append(block.numerical if roles.numerical else None, block.ids, block.labels,
+                              block.multi_hot or None, stored)  # fmt: skip
+                clicks[mapping] += int(block.labels.sum())
+                steps_bar.update(block.hi - block.lo)
+    spec.to_yaml(spec.base_dir / "feature_spec.yaml")
+    return clicks
+
+
+def _summary(bounds: list, rejects: Rejects, roles: Roles, recipe: TableRecipe, raw_schema: dict,
+             transform: RowTransform, id_tests: dict, pooling: dict, combiners: dict[str, str], cards: dict[str, int],
+             like: Like | None, clicks: dict[str, int], engine: str, start: float) -> dict[str, Any]:  # fmt: skip
+    """``summary.json``: the rows of each mapping and the bad ones, the columns' roles, the tests' verdicts, the
+    cardinalities (and the ids new to the model, ``like``), the clicks, the engine and the seconds."""
+    return {
+        "recipe": "table",
+        **{f"{name}_rows": hi - lo for name, lo, hi in bounds},
+        "bad_rows": rejects.count,
+        "categorical": list(roles.categorical),
+        "multi_hot": list(roles.multi_hot),
+        "numerical": list(roles.numerical),
+        "label": recipe.label,
+        **({"order_by": recipe.order_by} if recipe.order_by else {}),
+        **(
+            {
+                "time": {
+                    c: {"format": f, "parts": [d.text for d in roles.derived if d.column == c]}
+                    for c, f in roles.time.items()
+                }
+            }
+            if roles.time
+            else {}
+        ),  # fmt: skip
+        **({"group": recipe.group} if recipe.group else {}),
+        "raw_ids": list(recipe.raw_ids),
+        "dropped": [
+            c
+            for c in raw_schema
+            if c not in (FILE_COL, LINE_COL)
+            and c not in transform.column_names
+            and c not in (recipe.label, recipe.order_by, recipe.group)
+        ],
+        **({"value_id_tests": {c: t.as_dict() for c, t in id_tests.items()}} if id_tests else {}),
+        **({"pooling_tests": {c: t.as_dict() for c, t in pooling.items()}} if pooling else {}),
+        **({"combiners": combiners} if combiners else {}),
+        "cardinalities": cards,
+        **(
+            {
+                "like": like.where,
+                "new_ids": {
+                    c: cards[c] - vocab_mod.cardinality(like.transform.vocabularies[c])
+                    for c in like.transform.vocabularies
+                },
+            }
+            if like is not None
+            else {}
+        ),
+        "clicks": clicks,
+        "engine": engine,
+        "seconds": round(time.perf_counter() - start, 3),
+    }
+
+
 def _preprocess(
     rows, paths: list[Path], all_paths: list[Path], out_dir: Path, recipe: TableRecipe, test_fraction: float | None,
     validation_fraction: float | None, overwrite: bool, progress: bool, like: Like | None, start: float,
     held_out: str = "test",
 ) -> dict:  # fmt: skip
+    """A dataset of ``rows`` (the engine's): the files read and their columns' roles given or found, the rows
+    cleaned and split, the fit (``_fit_transform``), the rows encoded by the transform and the data's tests (values
+    as ids, pooling), then the dataset written whole into ``out_dir``; returns its summary."""
     raw_schema = dict(rows.read(all_paths, len(paths), recipe, like.transform if like is not None else None))
     if like is None:
         roles = assign_roles(raw_schema, recipe, all_paths, rows.facts)
@@ -298,23 +436,7 @@ def _preprocess(
     if unknown:
         raise ValueError(f"`raw_ids`: '{unknown[0]}' is not a categorical column (categorical: "
                          f"{', '.join(roles.categorical)})")  # fmt: skip
-    # the fit: each feature's vocabulary of the texts the transform looks up, counted over the fitting rows
-    features = list(roles.categorical + roles.multi_hot)
-    with tqdm(total=1, desc="preprocess vocabularies", disable=not progress) as bar:
-        vocabularies = _fit(rows, features, roles, raw_schema, recipe, n_fit)
-        bar.update()
-    if like is not None:
-        for c, old in like.transform.vocabularies.items():
-            vocabularies[c] = vocab_mod.extend(old, vocabularies[c], recipe.frequency_threshold)
-    # the transform: the fitted object's, the only code that turns values into ids (as predict and serve do)
-    if like is None:
-        transform = _row_transform(raw_schema, roles, recipe, vocabularies)
-    else:
-        t = like.transform
-        grown = {c: vocab_mod.vocabulary_frame(v["value"], v["id"]) for c, v in vocabularies.items()
-                 if c in t.vocabularies}  # fmt: skip
-        transform = RowTransform(t.source, t.columns, t.numerical, t.categorical, t.multi_hot, grown, t.null_values,
-                                 t.label)  # fmt: skip
+    vocabularies, transform = _fit_transform(rows, roles, raw_schema, recipe, like, n_fit, progress)
     # the test reads raw-id columns by their vocabularies' ids, as it reads the others
     by_value = _row_transform(raw_schema, roles, replace(recipe, raw_ids=()), vocabularies) if (
         candidates and recipe.raw_ids) else None  # fmt: skip
@@ -339,47 +461,10 @@ def _preprocess(
         combiners = {c: t.chosen for c, t in pooling.items()}
     else:
         combiners, pooling = dict.fromkeys(roles.multi_hot, recipe.combiner), {}
-    features = {c: Feature(smallest_int_dtype(cards[c]), cards[c]) for c in roles.categorical}
-    for c in recipe.raw_ids:  # the value's hash as a raw id; the table's capacity as its cardinality
-        rows_of = like.cardinalities[c] if like is not None else max(2, recipe.capacity or cards[c])
-        features[c] = Feature("int64", rows_of, {"dynamic": True})
-    for c in roles.multi_hot:
-        features[c] = Feature(smallest_int_dtype(cards[c]), cards[c], {"multi_hot": True, "combiner": combiners[c]})
-    metadata = {
-        "preprocessed_by": "ctrkit preprocess table",
-        "label": recipe.label,
-        **({"positive": recipe.positive} if recipe.positive is not None else {}),
-        **({"label_threshold": recipe.label_threshold} if recipe.label_threshold is not None else {}),
-        "frequency_threshold": recipe.frequency_threshold,
-        "missing_id": MISSING_ID,
-        "rare_id": RARE_ID,
-        **(
-            {"vocabulary_fingerprint": vocabulary_fingerprint(fixed)}
-            if (fixed := {c: v for c, v in vocabularies.items() if c not in recipe.raw_ids})
-            else {}
-        ),
-        **({"raw_ids": "XXH64 of the value's UTF-8 text, seed 0, as int64; missing: 0"} if recipe.raw_ids else {}),
-        **({"extends_vocabulary": [like.fingerprint, *like.extends]} if like is not None and like.fingerprint else {}),
-    }
-    clicks = {}
+    features = _features(roles, cards, recipe, like, combiners)
     with atomic_directory(out_dir, overwrite) as tmp:
-        group_spec = None
-        if recipe.group is not None:
-            group_spec = (recipe.group, Feature("int64"), [m for m, _, _ in bounds if m != "train"])
-        base = split_binary_spec(features, roles.numerical, recipe.label, [m for m, _, _ in bounds], metadata,
-                                 numerical_dtype="float32", group=group_spec)  # fmt: skip
-        spec = FeatureSpec(base.feature_spec, base.source_spec, base.channel_spec, base.metadata, tmp)
-        for mapping, lo, hi in bounds:
-            steps_bar = tqdm(total=hi - lo, unit="row", desc=f"preprocess write {mapping}", disable=not progress)
-            clicks[mapping] = 0
-            with SplitBinaryWriter(spec, mapping) as writer, steps_bar:
-                for block in rows.blocks(lo, hi):
-                    stored = block.groups if mapping != "train" else None
-                    writer.append(block.numerical if roles.numerical else None, block.ids, block.labels,
-                                  block.multi_hot or None, stored)  # fmt: skip
-                    clicks[mapping] += int(block.labels.sum())
-                    steps_bar.update(block.hi - block.lo)
-        spec.to_yaml(tmp / "feature_spec.yaml")
+        spec = FeatureSpec(*_layout(features, roles, recipe, bounds, _metadata(recipe, vocabularies, like)), tmp)
+        clicks = _write_rows(rows, spec, roles, bounds, progress)
         transform.check_features(spec.summary(), str(out_dir))
         write_record(tmp, transform, {c: c for c in transform.vocabularies})
         (tmp / "vocab").mkdir()
@@ -389,52 +474,7 @@ def _preprocess(
             with open(tmp / "rejects.jsonl", "w") as f:
                 for r in rejects.kept:
                     f.write(json.dumps({k: v for k, v in r.items() if k != "line"}) + "\n")
-        summary = {
-            "recipe": "table",
-            **{f"{name}_rows": hi - lo for name, lo, hi in bounds},
-            "bad_rows": rejects.count,
-            "categorical": list(roles.categorical),
-            "multi_hot": list(roles.multi_hot),
-            "numerical": list(roles.numerical),
-            "label": recipe.label,
-            **({"order_by": recipe.order_by} if recipe.order_by else {}),
-            **(
-                {
-                    "time": {
-                        c: {"format": f, "parts": [d.text for d in roles.derived if d.column == c]}
-                        for c, f in roles.time.items()
-                    }
-                }
-                if roles.time
-                else {}
-            ),  # fmt: skip
-            **({"group": recipe.group} if recipe.group else {}),
-            "raw_ids": list(recipe.raw_ids),
-            "dropped": [
-                c
-                for c in raw_schema
-                if c not in (FILE_COL, LINE_COL)
-                and c not in transform.column_names
-                and c not in (recipe.label, recipe.order_by, recipe.group)
-            ],
-            **({"value_id_tests": {c: t.as_dict() for c, t in id_tests.items()}} if id_tests else {}),
-            **({"pooling_tests": {c: t.as_dict() for c, t in pooling.items()}} if pooling else {}),
-            **({"combiners": combiners} if combiners else {}),
-            "cardinalities": cards,
-            **(
-                {
-                    "like": like.where,
-                    "new_ids": {
-                        c: cards[c] - vocab_mod.cardinality(like.transform.vocabularies[c])
-                        for c in like.transform.vocabularies
-                    },
-                }
-                if like is not None
-                else {}
-            ),
-            "clicks": clicks,
-            "engine": rows.engine,
-            "seconds": round(time.perf_counter() - start, 3),
-        }
+        summary = _summary(bounds, rejects, roles, recipe, raw_schema, transform, id_tests, pooling, combiners,
+                           cards, like, clicks, rows.engine, start)  # fmt: skip
         (tmp / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
