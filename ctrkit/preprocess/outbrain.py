@@ -32,6 +32,8 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -130,6 +132,98 @@ def _read_clicks(path: Path, display: np.ndarray, rejects: Rejects, block_rows: 
     return np.concatenate(events), np.concatenate(ads), np.concatenate(labels), read
 
 
+@dataclass(frozen=True)
+class _Fit:
+    """What pass 1 learns from the training rows (what ``OutbrainTransform`` carries, with the tables' lookups): the
+    one-hot features' vocabularies, every feature's cardinality, the CTR statistics per fold, the standardisations
+    and the median days since publication."""
+
+    vocabs: list[np.ndarray]
+    cards: dict[str, int]
+    ctr_stats: dict[str, tuple]
+    standard: dict[str, tuple]
+    medians: dict[str, float]
+
+
+def _fit(tables: Tables, blocks: Iterable[tuple], recipe: OutbrainRecipe) -> _Fit:
+    """Pass 1 over the clicks ``blocks`` (display, ad and label per row): the training rows' vocabularies and
+    statistics."""
+    folds = recipe.ctr_folds
+    counts = [Tally() for _ in ONEHOT]
+    ctr_tallies = {name: Tally(weights=1) for name in CTR_MIN_COUNT}
+    day_counts = {side: np.zeros(MAX_DAYS + 1, np.int64) for side in ("published", "published_promo")}
+    n_train = 0
+    for ev, ads, y in blocks:
+        cols = tables.block(ev, ads)
+        train = cols["fold"] >= 0
+        n_train += int(train.sum())
+        values = cols["onehot"][train]
+        for f, tally in enumerate(counts):
+            tally.add(values[:, f])
+        fold, clicked = cols["fold"][train], y[train].astype(np.int64)
+        for name, tally in ctr_tallies.items():
+            v = values[:, ONEHOT.index(name)]
+            tally.add(np.where(v != NULL, v * folds + fold, NULL), clicked)
+        for side, hist in day_counts.items():
+            days = days_since(cols["when"][train], cols[side][train])
+            hist += np.bincount(days[days >= 0], minlength=MAX_DAYS + 1)
+    onehot_counts = [tally.result() for tally in counts]
+    vocabs = [keys[sums[0] >= recipe.frequency_threshold] for keys, sums in onehot_counts]
+    cards = {name: len(vocab) + 1 for name, vocab in zip(ONEHOT, vocabs)}
+    for name in recipe.raw_ids:  # raw ids: the table's capacity
+        cards[name] = max(2, recipe.capacity or cards[name])
+    for kind, _, _ in KINDS:
+        for suffix in ("", "_promo"):
+            cards[f"{kind}_id_list{suffix}"] = tables.bags[kind][2]
+    ctr_stats = {}
+    for name, tally in ctr_tallies.items():
+        keys, sums = tally.result()
+        value, fold = keys // folds, keys % folds
+        distinct, inverse = np.unique(value, return_inverse=True)
+        per_fold = np.zeros((2, len(distinct), folds), np.int64)
+        per_fold[:, inverse, fold] = sums
+        total = per_fold.sum(axis=2)
+        ctr_stats[name] = (distinct, total, per_fold)
+    standard = {}
+    for name in ("ad_id", "document_id_promo"):  # log training impressions, standardised over the training rows
+        distinct, total, _ = ctr_stats[name]
+        standard[f"{name}_count"] = standardisation(np.log1p(total[0].astype(np.float64)), total[0], n_train)
+    for name in ("document_id", "document_id_promo"):  # log page views of the document, standardised likewise
+        keys, sums = onehot_counts[ONEHOT.index(name)]
+        seen = np.log1p(np.maximum(lookup(tables.views_doc, tables.views, keys), 0).astype(np.float64))
+        standard[f"{name}_views"] = standardisation(seen, sums[0], n_train)
+    medians = {side: median_of_counts(hist) for side, hist in day_counts.items()}
+
+    return _Fit(vocabs, cards, ctr_stats, standard, medians)
+
+
+def _write(spec: FeatureSpec, tables: Tables, blocks: Iterable[tuple], fit: _Fit, raw_ids: tuple[str, ...]
+           ) -> dict[str, int]:  # fmt: skip
+    """Pass 2 over the clicks ``blocks``: each block's features (``features``, with what ``fit`` learned) written as
+    they are computed, training rows to ``train`` and the others to ``test``, grouped by display (MAP@12); the rows
+    of each."""
+    written = {"train": 0, "test": 0}
+    with SplitBinaryWriter(spec, "train") as train_out, SplitBinaryWriter(spec, "test") as test_out:
+        for ev, ads, y in blocks:
+            cols = tables.block(ev, ads)
+            onehot, numerical, bags = features(cols, tables, fit.vocabs, fit.ctr_stats, fit.standard, fit.medians,
+                                               raw_ids)  # fmt: skip
+            train = cols["fold"] >= 0
+            for mapping, writer, idx in (("train", train_out, np.flatnonzero(train)),
+                                         ("test", test_out, np.flatnonzero(~train))):  # fmt: skip
+                if mapping == "test":  # grouped by display (MAP@12)
+                    idx = idx[np.argsort(cols["display"][idx], kind="stable")]
+                multi = []
+                for name in MULTI_HOT:
+                    mine = bags[name][idx]
+                    keep = mine >= 0
+                    multi.append((mine[keep], keep.sum(axis=1, dtype=np.int32)))
+                writer.append(numerical[idx], onehot[idx], y[idx], multi,
+                              cols["display"][idx] if mapping == "test" else None)  # fmt: skip
+                written[mapping] += len(idx)
+    return written
+
+
 def preprocess_outbrain(
     raw_dir: str | os.PathLike,
     out_dir: str | os.PathLike,
@@ -184,82 +278,21 @@ def preprocess_outbrain(
                 b.update(min(block_rows, len(event) - lo))
 
     # pass 1: the training rows' vocabularies and statistics
-    folds = recipe.ctr_folds
-    counts = [Tally() for _ in ONEHOT]
-    ctr_tallies = {name: Tally(weights=1) for name in CTR_MIN_COUNT}
-    day_counts = {side: np.zeros(MAX_DAYS + 1, np.int64) for side in ("published", "published_promo")}
-    n_train = 0
-    for ev, ads, y in blocks("tally"):
-        cols = tables.block(ev, ads)
-        train = cols["fold"] >= 0
-        n_train += int(train.sum())
-        values = cols["onehot"][train]
-        for f, tally in enumerate(counts):
-            tally.add(values[:, f])
-        fold, clicked = cols["fold"][train], y[train].astype(np.int64)
-        for name, tally in ctr_tallies.items():
-            v = values[:, ONEHOT.index(name)]
-            tally.add(np.where(v != NULL, v * folds + fold, NULL), clicked)
-        for side, hist in day_counts.items():
-            days = days_since(cols["when"][train], cols[side][train])
-            hist += np.bincount(days[days >= 0], minlength=MAX_DAYS + 1)
-    onehot_counts = [tally.result() for tally in counts]
-    vocabs = [keys[sums[0] >= recipe.frequency_threshold] for keys, sums in onehot_counts]
-    cards = {name: len(vocab) + 1 for name, vocab in zip(ONEHOT, vocabs)}
-    for name in recipe.raw_ids:  # raw ids: the table's capacity
-        cards[name] = max(2, recipe.capacity or cards[name])
-    for kind, _, _ in KINDS:
-        for suffix in ("", "_promo"):
-            cards[f"{kind}_id_list{suffix}"] = tables.bags[kind][2]
-    ctr_stats = {}
-    for name, tally in ctr_tallies.items():
-        keys, sums = tally.result()
-        value, fold = keys // folds, keys % folds
-        distinct, inverse = np.unique(value, return_inverse=True)
-        per_fold = np.zeros((2, len(distinct), folds), np.int64)
-        per_fold[:, inverse, fold] = sums
-        total = per_fold.sum(axis=2)
-        ctr_stats[name] = (distinct, total, per_fold)
-    standard = {}
-    for name in ("ad_id", "document_id_promo"):  # log training impressions, standardised over the training rows
-        distinct, total, _ = ctr_stats[name]
-        standard[f"{name}_count"] = standardisation(np.log1p(total[0].astype(np.float64)), total[0], n_train)
-    for name in ("document_id", "document_id_promo"):  # log page views of the document, standardised likewise
-        keys, sums = onehot_counts[ONEHOT.index(name)]
-        seen = np.log1p(np.maximum(lookup(tables.views_doc, tables.views, keys), 0).astype(np.float64))
-        standard[f"{name}_views"] = standardisation(seen, sums[0], n_train)
-    medians = {side: median_of_counts(hist) for side, hist in day_counts.items()}
+    fit = _fit(tables, blocks("tally"), recipe)
 
     # pass 2: each block's features, written as they are computed
     meta_info = {"generator": "ctrkit preprocess outbrain", "frequency_threshold": recipe.frequency_threshold,
                  "seed": recipe.seed, "ctr_folds": recipe.ctr_folds,
                  **({"vocabulary_fingerprint": vocabulary_fingerprint(fixed)} if (fixed := {
-                     n: v for n, v in zip(ONEHOT, vocabs) if n not in recipe.raw_ids}) else {}),
+                     n: v for n, v in zip(ONEHOT, fit.vocabs) if n not in recipe.raw_ids}) else {}),
                  **({"raw_ids": "the files' integer ids as int64; missing: 0"} if recipe.raw_ids else {})}  # fmt: skip
-    written = {"train": 0, "test": 0}
     with atomic_directory(out_dir, overwrite) as tmp:
-        spec = outbrain_spec(cards, tmp, meta_info, recipe.raw_ids)
-        with SplitBinaryWriter(spec, "train") as train_out, SplitBinaryWriter(spec, "test") as test_out:
-            for ev, ads, y in blocks("features"):
-                cols = tables.block(ev, ads)
-                onehot, numerical, bags = features(cols, tables, vocabs, ctr_stats, standard, medians,
-                                                    recipe.raw_ids)  # fmt: skip
-                train = cols["fold"] >= 0
-                for mapping, writer, idx in (("train", train_out, np.flatnonzero(train)),
-                                             ("test", test_out, np.flatnonzero(~train))):  # fmt: skip
-                    if mapping == "test":  # grouped by display (MAP@12)
-                        idx = idx[np.argsort(cols["display"][idx], kind="stable")]
-                    multi = []
-                    for name in MULTI_HOT:
-                        mine = bags[name][idx]
-                        keep = mine >= 0
-                        multi.append((mine[keep], keep.sum(axis=1, dtype=np.int32)))
-                    writer.append(numerical[idx], onehot[idx], y[idx], multi,
-                                  cols["display"][idx] if mapping == "test" else None)  # fmt: skip
-                    written[mapping] += len(idx)
+        spec = outbrain_spec(fit.cards, tmp, meta_info, recipe.raw_ids)
+        written = _write(spec, tables, blocks("features"), fit, recipe.raw_ids)
         spec.to_yaml(tmp / "feature_spec.yaml")
         # what the fit learned, for raw rows: the record a model carries (``OutbrainTransform``)
-        OutbrainTransform(tables.lookups(), vocabs, ctr_stats, standard, medians, recipe.raw_ids).write(tmp)
+        OutbrainTransform(tables.lookups(), fit.vocabs, fit.ctr_stats, fit.standard, fit.medians,
+                          recipe.raw_ids).write(tmp)  # fmt: skip
         seconds = time.perf_counter() - started
         summary = {
             "engine": engine,
@@ -268,7 +301,7 @@ def preprocess_outbrain(
             "clicks_rows_read": int(clicks_read),
             "bad_rows": rejects.count,
             "bad_row_examples": rejects.kept,
-            "cardinalities": cards,
+            "cardinalities": fit.cards,
             "seconds": round(seconds, 3),
             "clicks_rows_per_second": round(clicks_read / max(seconds, 1e-9)),
         }
