@@ -48,6 +48,7 @@ def synth(args: argparse.Namespace) -> int:
     its numerical features as raw, heavy-tailed amounts. stream: days of click logs with raw ids (dynamic
     features) whose vocabulary changes every day, to train day by day (`train --continue-from`).
     """
+    # one job: the command's dispatch: one generator call per kind of data, with its summary line
     import numpy as np
 
     from ctrkit.data.dataset import SplitBinaryDataset

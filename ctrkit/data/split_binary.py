@@ -80,6 +80,8 @@ def open_mapping(spec: FeatureSpec, mapping: str, check_ids: bool = True) -> Spl
         DataError: a file is missing, mis-sized, of a different length than the others, or holds an
             id outside its feature's range.
     """
+    # one job: a mapping opened channel by channel (label, numbers, ids, multi-hot, groups), each with its spec's
+    # check, then the channels checked against each other
     chunks = spec.mapping(mapping)
     cats = spec.onehot_features
     multi = set(spec.multi_hot_features)

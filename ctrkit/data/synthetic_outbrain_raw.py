@@ -51,6 +51,8 @@ def generate_outbrain_raw(
 ) -> dict:
     """Writes about ``clicks`` rows of ``clicks_train.csv`` (whole displays) and the other raw files;
     returns what ``truth.json`` records. The directory appears only when complete."""
+    # one job: one world drawn from one generator, file after file; each file's rows depend on the draws of the ones
+    # before (documents, ads, displays, views), in this order
     if clicks < 100:
         raise ValueError(f"`rows` must be at least 100 clicks rows for outbrain-raw, got {clicks}")
     gen = np.random.default_rng([seed, 31])

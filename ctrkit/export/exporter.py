@@ -158,6 +158,8 @@ def export_checkpoint(
         A summary: files written (relative to ``out_dir``), the Triton version, and for ONNX the max abs
         difference against PyTorch.
     """
+    # one job: one export: the flags checked, the checkpoint's model and signature, its files written and sealed
+    # (ONNX compared with PyTorch) and placed whole; the steps share the model, the signature and the paths
     if fmt not in FORMATS:
         raise ValueError(f"export format must be one of {', '.join(FORMATS)}, got '{fmt}'")
     if backend not in ("onnx", "torchscript", PYTHON_BACKEND):

@@ -243,6 +243,8 @@ def preprocess_outbrain(
 
     ``engine`` "spark" counts ``page_views.csv`` (the real data's 2 billion rows) on Spark (``master``);
     the other files are read here with the same code, so both engines write byte-identical datasets."""
+    # one job: the recipe's steps in order (the files checked, the tables, the clicks read, the fit, the rows written,
+    # the summary), each a named call
     from ctrkit.progress import tqdm
 
     started = time.perf_counter()

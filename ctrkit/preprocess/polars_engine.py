@@ -315,6 +315,9 @@ def preprocess_criteo(
     Returns:
         The summary also written to ``summary.json``: rows per split, bad rows, cardinalities, seconds.
     """
+    # one job: the two passes over the day files (the keys counted and coded, the vocabularies fitted on the train
+    # mapping's rows, then each mapping's rows written by their ids), which share the column files, the thread pool
+    # and the bounds
     recipe = recipe or CriteoRecipe()
     if like is not None:
         recipe = like.criteo_recipe(recipe)

@@ -165,6 +165,8 @@ def _raw_values(name: str, item: dict, binary: memoryview, offset: int) -> tuple
 def parse_request(body: bytes, header_length: str | None, signature: Signature) -> InferRequest:
     """Parses a v2 infer request body (JSON, or JSON header + binary tensors) for a model's signature: the id
     inputs, or (for a model that carries its preprocessing) raw values by column, in ``InferRequest.raw``."""
+    # one job: one request body read in order (its header, then each input in the signature's order), every refusal
+    # naming the input it found
     expect = {t.name: t for t in signature.inputs}
     raw_names = [t.name for t in signature.raw_inputs]
     raw_types = {t.name: t.datatype for t in signature.raw_inputs}

@@ -44,6 +44,8 @@ def create_app(
     ``RowTransform.check_columns`` with ``missing_columns``, its bad values ``bad_values`` (``values.BadValues``).
     With ``poll_s`` > 0 the repository is polled every ``poll_s`` seconds for versions placed or removed
     (``ServerState.poll``)."""
+    # one job: the route table of the v2 protocol: each route hands its request to ServerState in a line or two, and a
+    # route read apart from the others would hide which paths the server answers
     limits = Limits(window_ms, max_batch_size, max_body, body_timeout_s, missing_columns, bad_values)
     state = ServerState(predictor, name, limits, repository)
 

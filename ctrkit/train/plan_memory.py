@@ -240,6 +240,8 @@ def memory_plan(
     a second copy would not fit, row-wise Adagrad or the tables on disk where the run would not fit (else a
     one-line refusal naming the options). Returns the estimate, the settings (``best_weights``,
     ``embedding_storage`` and ``embedding_cache_rows`` decided) and the room it was made for."""
+    # one job: one decision: the estimate and the settings it changes (best weights' place, the embedding optimizer,
+    # the tables' storage) are decided together, each change re-estimated
     processes, validation, sizes = facts.processes, facts.validation, facts.sizes
     warm = cfg.linear_warm_start and facts.linear and validation and facts.continued is None
     best_left = source(sources, "best_weights").layer is Layer.DEFAULT
