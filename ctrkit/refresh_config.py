@@ -81,6 +81,13 @@ class RefreshConfig:
     )
     max_steps: int | None = option(None, "training's most steps a day", unset="train's default", bounds=COUNT)
     seed: int | None = option(None, "training's seed", unset="train's default", bounds=SEED)
+    fresh_rows: int = option(
+        50_000,
+        "while the newest whole days hold at most this many rows, a second candidate is trained from scratch on them "
+        "(its preprocessing fitted afresh) beside the continued one, and the gate takes the better on the held-out "
+        "rows; 0: only the continued candidate",
+        bounds=Range(0, 10**12),
+    )
     nproc_per_node: int = option(
         1, "train under torchrun with this many processes (hybrid parallel; 1: this process)", bounds=Range(1, 1024)
     )

@@ -355,6 +355,10 @@ class RefreshBenchConfig:
     broken_seed: int = option(2, "seed of the stream with broken days", bounds=SEED)
     no_swaps: bool = option(False, "leave out serving the first clean stream's versions across swaps")
     max_steps: int | None = option(None, "each day's most training steps", unset="train's default", bounds=COUNT)
+    fresh_rows: int | None = option(
+        None, "refresh's --fresh-rows (0: only the continued candidate)", unset="refresh's default",
+        bounds=Range(0, 10**12),
+    )  # fmt: skip
     work: Path = option(Path("build/bench/refresh"), "directory for the days, repositories and states")
 
 

@@ -78,25 +78,27 @@ def broken_day(day: Path, out: Path, how: str, family: Family, seed: int = 0) ->
 
 
 def run_stream(files: Sequence[Path], work: Path, flags: dict[str, Any], options: dict[str, Any],
-               log: Callable[[str], None] = print, compare: bool = False) -> list[dict[str, Any]]:  # fmt: skip
-    """``ctrkit refresh`` of each day of ``files`` in turn into a new repository in ``work``; the day records. With
+               log: Callable[[str], None] = print, compare: bool = False,
+               settings: dict[str, Any] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    """``ctrkit refresh`` of each day of ``files`` in turn into a new repository in ``work`` (``settings``: refresh's
+    settings beside its defaults, as ``RefreshSettings``' fields); the day records. With
     ``compare``, each later day also gets the seconds of its steps run by hand (``by_hand``, on the checkpoint served
     before it) and the baselines' AUCs on it (``baselines``)."""
     from ctrkit.refresh.loop import Refresh, RefreshSettings, Refused
 
-    settings = RefreshSettings(work / "repo", "ctr", train_options=options)
+    refresh_settings = RefreshSettings(work / "repo", "ctr", train_options=options, **(settings or {}))
     records = []
     for i, f in enumerate(files):
-        store = Refresh(settings, {}, lambda line: None).store
+        store = Refresh(refresh_settings, {}, lambda line: None).store
         state = store.read()
         served = store.checkpoint(state.served.checkpoint) if state is not None and state.served else None
         if compare and served is not None:  # before the refresh: its checkpoint may be pruned after
             shutil.copyfile(served, work / "served-before.pt")
         try:
-            record = Refresh(settings, flags if i == 0 else {}, lambda line: None).run([f])
+            record = Refresh(refresh_settings, flags if i == 0 else {}, lambda line: None).run([f])
         except Refused:
-            record = Refresh(settings, {}, lambda line: None).store.history()[-1]
-        keep = ("day", "verdict", "reason", "progressive", "gate", "seconds", "version")
+            record = Refresh(refresh_settings, {}, lambda line: None).store.history()[-1]
+        keep = ("day", "verdict", "reason", "progressive", "gate", "candidates", "candidate", "seconds", "version")
         records.append({k: record.get(k) for k in keep})
         if compare and served is not None:
             hand = by_hand(f, work / "served-before.pt", work / "hand", flags, options)
@@ -184,7 +186,7 @@ def swaps(stream: Path, day: Path, work: Path, log: Callable[[str], None] = prin
 
 def run_refresh_bench(work: Path, family: Family, days: int, rows: int, clean_seeds: Sequence[int],
                       broken_seed: int, options: dict[str, Any], log: Callable[[str], None] = print,
-                      serve_swaps: bool = True) -> dict[str, Any]:  # fmt: skip
+                      serve_swaps: bool = True, settings: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
     """Clean streams of ``clean_seeds`` and a stream of ``broken_seed`` whose days 4, 5 and 6 are broken (``BREAKS``);
     each ``days`` days of ``rows`` rows. Returns each stream's day records and the counts the targets read, and
     with ``serve_swaps`` the first clean stream's versions served across swaps (``swaps``)."""
@@ -194,13 +196,15 @@ def run_refresh_bench(work: Path, family: Family, days: int, rows: int, clean_se
     for seed in clean_seeds:
         files = family.write(work / f"clean-{seed}" / "days", days, rows, seed)
         log(f"clean log, seed {seed}")
-        streams[f"clean-{seed}"] = run_stream(files, work / f"clean-{seed}", family.flags, options, log, compare=True)
+        streams[f"clean-{seed}"] = run_stream(files, work / f"clean-{seed}", family.flags, options, log, compare=True,
+                                              settings=settings)  # fmt: skip
     files = family.write(work / f"broken-{broken_seed}" / "days", days, rows, broken_seed)
     breaks = {4: "shuffled", 5: "renamed", 6: "missing"}
     files = [broken_day(f, f.with_name(f"{breaks[i]}_{f.name}"), breaks[i], family, broken_seed) if i in breaks
              else f for i, f in enumerate(files, start=1)]  # fmt: skip
     log(f"log with broken days 4-6 ({', '.join(breaks.values())}), seed {broken_seed}")
-    streams[f"broken-{broken_seed}"] = run_stream(files, work / f"broken-{broken_seed}", family.flags, options, log)
+    streams[f"broken-{broken_seed}"] = run_stream(files, work / f"broken-{broken_seed}", family.flags, options, log,
+                                                  settings=settings)  # fmt: skip
     clean = [r for name, s in streams.items() if name.startswith("clean") for r in s]
     broken = [r for r in streams[f"broken-{broken_seed}"] if r["day"] in breaks]
     aucs = [r["progressive"]["auc"] for r in clean if r.get("progressive")]
@@ -216,6 +220,7 @@ def run_refresh_bench(work: Path, family: Family, days: int, rows: int, clean_se
         "mean_day_seconds": round(float(np.mean([r["seconds"] for r in clean])), 2),
         "mean_retrain_auc": _mean([r.get("retrain_auc") for r in clean]),
         "mean_logistic_auc": _mean([r.get("logistic_auc") for r in clean]),
+        "fresh_taken": sum(r.get("candidate") == "fresh" for r in clean),
         "median_time_ratio": round(
             float(np.median([r["seconds"] / r["hand_seconds"] for r in clean if r.get("hand_seconds")])), 3
         )

@@ -523,7 +523,8 @@ def refresh(args: argparse.Namespace) -> int:
     repository with refresh's defaults. Reports each day's verdict, the served model's AUC on the day before
     training on it and the seconds; the summary counts the refusals of clean days and the broken days refused. The
     clean days also get a model retrained from scratch on all days so far and a tuned logistic regression, scored on
-    the same day, and the seconds of the day's steps run by hand. Then the first clean stream's versions are placed
+    the same day, and the seconds of the day's steps run by hand (--fresh-rows: refresh's; 0: the continued
+    candidate alone). Then the first clean stream's versions are placed
     one by one in a repository that `ctrkit serve --poll-s` and real Triton in POLL mode (where `make triton`
     installed it) serve to 4 clients: failed requests and latency p99 around the swaps against the steady state.
     """
@@ -535,15 +536,16 @@ def refresh(args: argparse.Namespace) -> int:
     _threads(run)
     options = {"max_steps": cfg.max_steps} if cfg.max_steps is not None else {}
     family = SHOP if cfg.family == "shop" else stream_family(cfg.vocabularies)
+    settings = {"fresh_rows": cfg.fresh_rows} if cfg.fresh_rows is not None else {}
     result = run_refresh_bench(cfg.work, family, cfg.days, cfg.rows, cfg.clean_seeds, cfg.broken_seed, options,
-                               serve_swaps=not cfg.no_swaps)  # fmt: skip
+                               serve_swaps=not cfg.no_swaps, settings=settings)  # fmt: skip
     s = result["summary"]
     print(
         f"clean days: {s['clean_days']}, refused {s['false_refusals']}, kept by the gate {s['clean_kept']}; broken "
         f"days: {s['broken_days']}, refused {s['broken_refused']}, published {s['broken_published']}; mean "
         f"progressive AUC on clean days {s['mean_progressive_auc_clean']} (retraining on all days so far "
         f"{s['mean_retrain_auc']}, logistic regression {s['mean_logistic_auc']}), {s['mean_day_seconds']} s a day "
-        f"({s['median_time_ratio']}x its steps by hand)"
+        f"({s['median_time_ratio']}x its steps by hand); the fresh candidate taken on {s['fresh_taken']} clean days"
     )
     write_result({"machine": machine(), "config": {k: str(v) if isinstance(v, Path) else v
                                                    for k, v in vars(cfg).items()}, **result}, run.output)  # fmt: skip

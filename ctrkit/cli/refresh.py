@@ -58,8 +58,10 @@ def refresh(args: argparse.Namespace) -> int:
     Every later day, with the same command line (a cron line): the day is checked against the served model (its
     columns, missing shares, unseen values, numbers' PSI, click rate; the served model's AUC on the day, scored
     before training on it, against its recent days); written --like the served model and trained on, continuing
-    it, with the rows the served model has not trained on yet (the last day's held-out tail); the candidate and
-    the served model scored on the day's held-out tail (the gate); and the candidate published as the next version
+    it, with the rows the served model has not trained on yet (the last day's held-out tail); while the newest whole
+    days hold at most --fresh-rows rows, a second candidate trained from scratch on them, the better of the two on
+    the day's held-out tail kept; the candidate and the served model scored on that tail (the gate); and the
+    candidate published as the next version
     (atomically; `ctrkit serve --poll-s` and Triton's POLL mode pick it up while the old version answers) or the
     served one kept. Each day ends in one line, published, kept or refused, and one JSON record in the state
     directory's history.jsonl (also history.html). A refused day exits with status 3, nothing published; --force
@@ -73,7 +75,7 @@ def refresh(args: argparse.Namespace) -> int:
     settings = RefreshSettings(
         cfg.repository, cfg.name, cfg.state_dir, cfg.model, cfg.holdout_fraction, cfg.backend, cfg.keep_versions,
         _thresholds(args), cfg.auc_tolerance, cfg.logloss_tolerance, cfg.bootstrap_rounds, cfg.force, options,
-        cfg.nproc_per_node, cfg.notify, not cfg.no_progress,
+        cfg.nproc_per_node, cfg.notify, not cfg.no_progress, cfg.fresh_rows,
     )  # fmt: skip
     say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     if cfg.rollback:

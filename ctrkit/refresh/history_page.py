@@ -64,6 +64,15 @@ def _cell(value: float | None, digits: int = 4) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def _candidates(record: dict[str, Any]) -> str:
+    """The candidate the day took, and each candidate's AUC on the held-out rows where it had two."""
+    figures = record.get("candidates")
+    if not figures:
+        return "continued" if record.get("gate") else "-"
+    said = ", ".join(f"{html.escape(n)} {_cell(f.get('auc'))}" for n, f in figures.items())
+    return f"{html.escape(str(record.get('candidate')))} ({said})"
+
+
 def render(records: Sequence[dict[str, Any]], name: str) -> str:
     """The page's HTML for ``records`` (``history.jsonl``'s, oldest first) of model ``name``."""
     rows = []
@@ -80,14 +89,15 @@ def render(records: Sequence[dict[str, Any]], name: str) -> str:
             f"{html.escape(str(r.get('verdict', '')))}</td>"
             f"<td>{_cell(_figure(r, 'progressive', 'auc'))}</td><td>{_cell(_figure(r, 'progressive', 'logloss'))}</td>"
             f"<td>{_cell(_figure(r, 'gate', 'served', 'auc'))}</td>"
-            f"<td>{_cell(_figure(r, 'gate', 'candidate', 'auc'))}</td>"
+            f"<td>{_cell(_figure(r, 'gate', 'candidate', 'auc'))}</td><td>{_candidates(r)}</td>"
             f"<td>{_cell(_figure(r, 'holdout', 'calibration'), 3)}</td>"
             f"<td>{checks}</td><td>{versions}</td><td>{_cell(_figure(r, 'seconds'), 1)}</td>"
             f"<td>{html.escape(str(r.get('reason', '')))}</td>"
             "</tr>"
         )
     head = ("<tr><th>day</th><th>started</th><th>verdict</th><th>progressive AUC</th><th>progressive log loss</th>"
-            "<th>served AUC (held out)</th><th>candidate AUC (held out)</th><th>calibration</th><th>checks</th>"
+            "<th>served AUC (held out)</th><th>candidate AUC (held out)</th><th>candidate taken</th>"
+            "<th>calibration</th><th>checks</th>"
             "<th>versions</th><th>seconds</th><th>why</th></tr>")  # fmt: skip
     title = f"ctrkit refresh: {html.escape(name)}"
     return (

@@ -13,8 +13,11 @@ Each later day, with the same command line:
 3. **trained on whole**: the rows the served model has not trained on yet (the last published day's held-out tail)
    and the day's rows before its own tail are written ``--like`` the served model and trained on, continuing it;
    the day's tail is the validation rows (selection, early stopping, the gate), and is trained on the next day;
-4. **the gate** (``gate``): the candidate and the served model scored on the tail; the candidate published only if
-   it is not worse beyond the tolerances;
+   where the days so far are small (the newest whole days kept, at most ``fresh_rows`` rows with the day's), a
+   second candidate is trained from scratch on them and the day's rows before its tail, its preprocessing fitted
+   afresh: a continued model learns each day from that day alone, a fresh one from all of them;
+4. **the gate** (``gate``): the candidates scored on the tail, the better one kept, and it and the served model
+   compared there; the candidate published only if it is not worse beyond the tolerances;
 5. **publishing**: the candidate's checkpoint kept, its export placed in the repository as the next version (whole,
    in one rename), the state written; a server polling the repository (``ctrkit serve --poll-s``, Triton's POLL
    mode) or told (``notify``) loads it while the old version answers; the versions beyond ``keep_versions`` removed.
@@ -60,6 +63,7 @@ FIRST_MODEL = "dlrm"  # the model a first day trains where --model names none
 CHECKPOINT = "model.pt"  # each version's checkpoint: checkpoints/vN/model.pt
 RECENT_DAYS = 7  # the days whose scores and unseen shares a new day is set beside
 CARRY_DAYS = 3  # at most this many days' rows carried while the gate keeps the served version
+CONTINUED, FRESH = "continued", "fresh"  # a later day's candidates: the served model continued, one trained afresh
 DAY_COLUMN = "__ctrkit_day"  # the day a carried row came from
 PUBLISHED, KEPT, REFUSED, ROLLED_BACK = "published", "kept", "refused", "rolled back"
 # the table flags that say how a model reads its log (refused when changed later); the engine's are free to change
@@ -90,6 +94,7 @@ class RefreshSettings:
     nproc_per_node: int = 1
     notify: str | None = None
     progress: bool = False
+    fresh_rows: int = 50_000
 
     def validate(self) -> None:
         if not 0 < self.holdout_fraction < 0.5:
@@ -102,6 +107,8 @@ class RefreshSettings:
             raise ValueError(f"`bootstrap_rounds`: expected at least 20, got {self.bootstrap_rounds}")
         if self.nproc_per_node < 1:
             raise ValueError(f"`nproc_per_node`: expected an integer >= 1, got {self.nproc_per_node}")
+        if self.fresh_rows < 0:
+            raise ValueError(f"`fresh_rows`: expected an integer >= 0, got {self.fresh_rows}")
         self.thresholds.validate()
 
 
@@ -190,10 +197,10 @@ class Refresh:
         if not all(c.passed for c in checks) and not s.force:
             return self._refuse(record, checks)
         started = time.perf_counter()
-        data = self._preprocess(head.raw(), tail.raw(), work, recipe, cfg, None, record)
+        data = self._preprocess(head.raw(), tail.raw(), work / CONTINUED, recipe, cfg, None, record)
         self._timed("preprocess", started)
         started = time.perf_counter()
-        candidate = self._train(data, s.model or FIRST_MODEL, None, work)
+        candidate = self._train(data, s.model or FIRST_MODEL, None, work / CONTINUED)
         self._timed("train", started)
         predictor, transform = predictor_of(candidate)
         held = Scores.of(tail.labels, score_day(predictor, transform, tail))
@@ -203,6 +210,7 @@ class Refresh:
         reference = profile(day.rows, day.labels, transform, unseen={})  # (a reference's are read nowhere)
         state = State(flags=_jsonable(self.flags), days=0)
         carry = carry_rows(None, tail, 1, 0)
+        self.store.keep_days(days_kept(None, day, 1, s.fresh_rows))
         return self._publish(state, candidate, record, reference, carry, f"the first day of '{s.name}'")
 
     # -- a later day --
@@ -253,20 +261,29 @@ class Refresh:
                                   "held_out": len(tail)}  # fmt: skip
         started = time.perf_counter()
         like = _like(served_path)
-        data = self._preprocess(train_rows, tail.raw(), work, recipe, cfg, like, record)
+        data = self._preprocess(train_rows, tail.raw(), work / CONTINUED, recipe, cfg, like, record)
         self._timed("preprocess", started)
         started = time.perf_counter()
-        candidate = self._train(data, served_model, served_path, work)
+        candidates = {CONTINUED: self._train(data, served_model, served_path, work / CONTINUED)}
         self._timed("train", started)
+        kept_days = self.store.days()
+        fresh_rows = fresh_training_rows(kept_days, head, record["day"], s.fresh_rows)
+        if fresh_rows is not None:
+            started = time.perf_counter()
+            record["trained_rows"][FRESH] = fresh_rows.height
+            fresh_recipe, fresh_cfg = table_recipe({**state.flags, **engine}, like=False)
+            data = self._preprocess(fresh_rows, tail.raw(), work / FRESH, fresh_recipe, fresh_cfg, None, record)
+            candidates[FRESH] = self._train(data, served_model, None, work / FRESH)
+            self._timed("fresh candidate", started)
         started = time.perf_counter()
-        cand_predictor, cand_transform = predictor_of(candidate)
-        cut = len(head)
-        gate = compare(tail.labels, p[cut:], score_day(cand_predictor, cand_transform, tail), s.auc_tolerance,
-                       s.logloss_tolerance, s.bootstrap_rounds)  # fmt: skip
+        candidate, cand_transform, cand_p = self._choose(candidates, tail, record)
+        gate = compare(tail.labels, p[len(head):], cand_p, s.auc_tolerance, s.logloss_tolerance,
+                       s.bootstrap_rounds)  # fmt: skip
         record["gate"] = gate.as_dict()
         record["holdout"] = gate.candidate.as_dict()
         self._timed("gate", started)
-        if not gate.blessed:  # (the candidate goes with the work directory)
+        self.store.keep_days(days_kept(kept_days, day, record["day"], s.fresh_rows))
+        if not gate.blessed:  # (the candidates go with the work directory)
             # the served model has learnt none of the day: all of it carried, with the rows carried already
             self.store.carry(carry_rows(carried, day, record["day"], CARRY_DAYS))
             record.update(verdict=KEPT, reason=gate.reason, served_after=state.served.number)
@@ -277,12 +294,30 @@ class Refresh:
 
     # -- the steps --
 
+    def _choose(self, candidates: dict[str, Path], tail: Day, record: dict[str, Any]) -> tuple:
+        """The candidate that scores ``tail`` best (AUC; ``CONTINUED`` on a tie): its checkpoint, carried
+        preprocessing and probabilities of the tail; with two candidates, each one's figures and the one taken go
+        into ``record``."""
+        scored = {}
+        for name, checkpoint in candidates.items():
+            predictor, transform = predictor_of(checkpoint)
+            scored[name] = (checkpoint, transform, score_day(predictor, transform, tail))
+        figures = {name: Scores.of(tail.labels, p) for name, (_, _, p) in scored.items()}
+        chosen = max(figures, key=lambda n: (figures[n].auc if np.isfinite(figures[n].auc) else -1.0, n == CONTINUED))
+        if len(candidates) > 1:
+            record["candidates"] = {name: f.as_dict() for name, f in figures.items()}
+            record["candidate"] = chosen
+            self.log(f"day {record['day']}: candidates on the held-out rows: "
+                     + ", ".join(f"{n} AUC {f.auc:.4f}" for n, f in figures.items()) + f"; {chosen} taken")  # fmt: skip
+        return scored[chosen]
+
     def _preprocess(self, train_rows: pl.DataFrame, held: pl.DataFrame, work: Path, recipe, cfg, like,
                     record: dict[str, Any]) -> Path:  # fmt: skip
         """The day's dataset: ``train_rows`` trained on, ``held`` its validation rows; fitted with the table flags,
         or written ``like`` the served model; the engine that wrote it goes into ``record``."""
         from ctrkit.preprocess.table import preprocess_table
 
+        work.mkdir(parents=True, exist_ok=True)
         train_file, held_file, out = work / "train.parquet", work / "held.parquet", work / "data"
         train_rows.write_parquet(train_file)
         held.write_parquet(held_file)
@@ -477,6 +512,42 @@ def carry_rows(carried: pl.DataFrame | None, rows: Day, day: int, days: int) -> 
     parts = [] if carried is None else [carried.filter(pl.col(DAY_COLUMN) > day - days)]
     parts.append(rows.raw().with_columns(pl.lit(day, pl.Int32).alias(DAY_COLUMN)))
     return pl.concat([p.select(parts[-1].columns) for p in parts], how="vertical_relaxed")
+
+
+def newest_days(kept: pl.DataFrame | None, day: int, room: int) -> pl.DataFrame | None:
+    """The rows of ``kept`` (raw rows with their ``DAY_COLUMN``) of the newest whole days before day ``day`` that hold
+    at most ``room`` rows together; None where not one day fits. A day's own rows and later ones (left by a run of
+    the day that stopped before its verdict was committed) are not among them."""
+    if kept is None or room <= 0:
+        return None
+    earlier = kept.filter(pl.col(DAY_COLUMN) < day)
+    sizes = earlier.group_by(DAY_COLUMN).len().sort(DAY_COLUMN, descending=True)
+    first, total = None, 0
+    for d, n in sizes.iter_rows():
+        if total + n > room:
+            break
+        first, total = d, total + n
+    return None if first is None else earlier.filter(pl.col(DAY_COLUMN) >= first)
+
+
+def days_kept(kept: pl.DataFrame | None, rows: Day, day: int, limit: int) -> pl.DataFrame | None:
+    """The days kept for a fresh candidate once day ``day``'s ``rows`` are added to ``kept``: the newest whole days,
+    ``day``'s among them, holding at most ``limit`` rows; None where ``day`` alone holds more."""
+    if len(rows) > limit:
+        return None
+    today = rows.raw().with_columns(pl.lit(day, pl.Int32).alias(DAY_COLUMN))
+    before = newest_days(kept, day, limit - len(rows))
+    return today if before is None else pl.concat([before, today], how="diagonal_relaxed")
+
+
+def fresh_training_rows(kept: pl.DataFrame | None, head: Day, day: int, limit: int) -> pl.DataFrame | None:
+    """The rows a fresh candidate of day ``day`` trains on: the newest whole days of ``kept`` before it, then the
+    day's ``head`` (its rows before the held-out tail), at most ``limit`` rows in all; None where not one earlier
+    day fits beside the head (a model trained on the day alone is what the continued candidate improves on)."""
+    before = newest_days(kept, day, limit - len(head))
+    if before is None:
+        return None
+    return pl.concat([before.drop(DAY_COLUMN), head.raw()], how="diagonal_relaxed").select(head.columns)
 
 
 def replace_days(state: State, day: int) -> State:

@@ -8,6 +8,8 @@ Triton polls a model's directory and would reload it for any change there):
   torchrun);
 * ``carried.parquet``: the raw rows the served model has not trained on yet (the last published day's held-out
   tail), trained on with the next day;
+* ``days.parquet``: the raw rows of the newest whole days that hold at most ``fresh_rows`` rows (each with its day),
+  which a fresh candidate trains on beside the continued one (see ``loop``);
 * ``history.jsonl``: a JSON line a day (the checks, the scores, the gate, the verdict, the versions, the times), and
   ``history.html``, the page of it;
 * ``pending.json``: written just before a version is placed in the repository and removed once the state says it:
@@ -103,6 +105,10 @@ class RefreshStore:
         return self.root / "carried.parquet"
 
     @property
+    def days_file(self) -> Path:
+        return self.root / "days.parquet"
+
+    @property
     def pending_file(self) -> Path:
         return self.root / "pending.json"
 
@@ -157,6 +163,19 @@ class RefreshStore:
             self.carried_file.unlink(missing_ok=True)
             return
         with atomic_file(self.carried_file) as tmp:
+            rows.write_parquet(tmp)
+
+    def days(self) -> pl.DataFrame | None:
+        """The raw rows of the days kept for a fresh candidate (with their day), None where none are."""
+        return pl.read_parquet(self.days_file) if self.days_file.is_file() else None
+
+    def keep_days(self, rows: pl.DataFrame | None) -> None:
+        """Keeps ``rows`` (raw, with their day) as the days a fresh candidate trains on (None: none), atomically. A day
+        is written before its verdict is committed: a day run again replaces its own rows (``loop.days_window``)."""
+        if rows is None or not rows.height:
+            self.days_file.unlink(missing_ok=True)
+            return
+        with atomic_file(self.days_file) as tmp:
             rows.write_parquet(tmp)
 
     def versions(self) -> list[int]:

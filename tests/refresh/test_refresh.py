@@ -40,8 +40,11 @@ def days(tmp_path_factory) -> list[Path]:
     return write_text_days(out, 5, ROWS, (200, 2000, 50, 24), seed=0, num_numerical=2)
 
 
-def refresh(repo: Path, *args, capsys=None):
-    return run_cli("refresh", *args, "--repository", repo, "--name", "ctr", *FLAGS, capsys=capsys)
+def refresh(repo: Path, *args, capsys=None, fresh: bool = False):
+    """``ctrkit refresh`` of ``repo``'s model ``ctr``; a later day trains the continued candidate alone unless
+    ``fresh`` or ``args`` say otherwise (the tests of the fresh candidate ask for it; the others spare its training)."""
+    off = () if fresh or "--fresh-rows" in args else ("--fresh-rows", "0")
+    return run_cli("refresh", *args, "--repository", repo, "--name", "ctr", *FLAGS, *off, capsys=capsys)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -60,8 +63,8 @@ def published(machine_threads, days, tmp_path_factory):
     """A repository after days 1 and 2, both published."""
     work = tmp_path_factory.mktemp("refresh")
     repo = work / "repo"
-    assert refresh(repo, days[0], *ROLES)[0] == 0
-    assert refresh(repo, days[1])[0] == 0
+    assert refresh(repo, days[0], *ROLES, fresh=True)[0] == 0
+    assert refresh(repo, days[1], fresh=True)[0] == 0
     return work, repo
 
 
@@ -85,9 +88,12 @@ def test_clean_days_are_published_each_trained_on_the_last_days_held_out_rows(pu
     assert store.versions() == [1, 2] and store.read().served.number == 2
     day2 = history[1]
     tail = round(ROWS * 0.1)
-    # day 1's held-out tail trained on with day 2; day 2's tail carried to day 3
-    assert day2["trained_rows"] == {"carried": tail, "day": ROWS - tail, "held_out": tail}
+    # day 1's held-out tail trained on with day 2; day 2's tail carried to day 3; the fresh candidate trained on all
+    # of day 1 and day 2 before its tail (both days are under --fresh-rows)
+    assert day2["trained_rows"] == {"carried": tail, "day": ROWS - tail, "held_out": tail, "fresh": 2 * ROWS - tail}
     assert store.carried().height == tail
+    kept = store.days()
+    assert kept["__ctrkit_day"].value_counts().sort("__ctrkit_day").rows() == [(1, ROWS), (2, ROWS)]
     # the progressive figures are the served version 1's on day 2's raw rows, as scikit-learn computes them
     from ctrkit.serve.predictor import Predictor
 
@@ -98,6 +104,16 @@ def test_clean_days_are_published_each_trained_on_the_last_days_held_out_rows(pu
     assert day2["progressive"]["auc"] == pytest.approx(roc_auc_score(y, p), abs=1e-6)
     assert day2["progressive"]["logloss"] == pytest.approx(log_loss(y, np.clip(p, 1e-7, 1 - 1e-7)), abs=1e-5)
     assert all(c["passed"] for c in day2["checks"]) and day2["gate"]["blessed"]
+    # the candidate taken is the better of the two on day 2's tail, and the version published is it: its AUC there as
+    # scikit-learn computes it from the served export
+    figures = day2["candidates"]
+    assert set(figures) == {"continued", "fresh"}
+    taken = day2["candidate"]
+    assert figures[taken]["auc"] == max(f["auc"] for f in figures.values()) == day2["gate"]["candidate"]["auc"]
+    v2 = Predictor.from_export(repo / "ctr", "2", repository=repo)
+    held = pl.read_csv(days[1], infer_schema=False).tail(tail)
+    p2 = raw_scores(v2, held.drop("clicked"))
+    assert figures[taken]["auc"] == pytest.approx(roc_auc_score(held["clicked"].cast(int), p2), abs=1e-6)
     page = (store.root / "history.html").read_text()
     assert page.count("<tr>") == 3 and "published" in page
 
@@ -196,12 +212,38 @@ def test_a_refresh_stopped_before_placing_its_version_leaves_the_served_one(publ
         raise KeyboardInterrupt
 
     monkeypatch.setattr(exporter, "export_checkpoint", killed)
-    assert refresh(repo, days[2])[0] == 130
+    assert refresh(repo, days[2], fresh=True)[0] == 130
     monkeypatch.undo()
     assert store.versions() == [1, 2] and store.read().served.number == 2
-    assert refresh(repo, days[2])[0] == 0
+    assert refresh(repo, days[2], fresh=True)[0] == 0
     assert store.read().served.number == 3 and store.versions() == [1, 2, 3]
     assert [r["day"] for r in store.history()] == [1, 2, 3]  # the stopped day left no record
+    # the stopped run had kept the day's rows for the fresh candidates: the run again replaced them
+    counts = store.days()["__ctrkit_day"].value_counts().sort("__ctrkit_day").rows()
+    assert counts == [(1, ROWS), (2, ROWS), (3, ROWS)]
+
+
+def test_fresh_rows_bounds_the_days_a_fresh_candidate_trains_on(published, days, tmp_path):
+    import ctrkit.refresh.loop as loop
+
+    repo, store = copy_of(published, tmp_path)
+    tail = round(ROWS * 0.1)
+    # room for day 3 and one day before it (2 * ROWS): the fresh candidate trains on day 2 and day 3's rows before
+    # its tail, and day 1 leaves the days kept
+    assert refresh(repo, days[2], "--fresh-rows", 2 * ROWS)[0] == 0
+    day3 = store.history()[-1]
+    assert day3["trained_rows"]["fresh"] == 2 * ROWS - tail and set(day3["candidates"]) == {"continued", "fresh"}
+    assert store.days()["__ctrkit_day"].unique().sort().to_list() == [2, 3]
+    # --fresh-rows 0: the continued candidate alone, and no days kept
+    assert refresh(repo, days[3], "--fresh-rows", 0)[0] == 0
+    day4 = store.history()[-1]
+    assert "fresh" not in day4["trained_rows"] and "candidates" not in day4 and store.days() is None
+    # the window against a direct count: the newest whole days that fit
+    kept = pl.DataFrame({"v": list(range(10)), loop.DAY_COLUMN: [1, 1, 2, 2, 2, 3, 4, 4, 4, 4]})
+    assert loop.newest_days(kept, 5, 5)[loop.DAY_COLUMN].unique().sort().to_list() == [3, 4]
+    assert loop.newest_days(kept, 5, 4)[loop.DAY_COLUMN].unique().to_list() == [4]
+    assert loop.newest_days(kept, 5, 3) is None  # day 4 alone holds 4 rows
+    assert loop.newest_days(kept, 4, 100)[loop.DAY_COLUMN].unique().sort().to_list() == [1, 2, 3]  # before day 4
 
 
 def test_rollback_serves_the_version_before_as_the_next_and_old_versions_go(published, days, tmp_path):
@@ -229,10 +271,26 @@ def test_check_prints_the_days_checks_against_a_model(published, days, tmp_path,
     assert code == 3 and "FAILED" in out and "the day would be refused" in out
 
 
-def test_ctrkit_serve_polls_the_repository_and_answers_through_a_swap(published, days, tmp_path):
+def when_publishing(monkeypatch) -> threading.Event:
+    """An event set when a refresh of this process starts publishing its version (its training done): the swap
+    tests' clients send a request every 0.1 s before it, as fast as answered after."""
+    from ctrkit.refresh.loop import Refresh
+
+    publishing, real = threading.Event(), Refresh._publish
+
+    def publish(self, *args, **kwargs):
+        publishing.set()
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Refresh, "_publish", publish)
+    return publishing
+
+
+def test_ctrkit_serve_polls_the_repository_and_answers_through_a_swap(published, days, tmp_path, monkeypatch):
     """4 clients send raw-value requests while a refresh publishes: no request fails, and the new version answers
     once loaded."""
     repo, store = copy_of(published, tmp_path)
+    publishing = when_publishing(monkeypatch)
     server = Server("--model-repository", repo, "--poll-s", "0.2")
     rows = pl.read_csv(days[3], infer_schema=False).head(8)
     failures, versions, stop = [], [], threading.Event()
@@ -248,9 +306,11 @@ def test_ctrkit_serve_polls_the_repository_and_answers_through_a_swap(published,
                 t = httpclient.InferInput(name, [len(rows), 1], "BYTES")
                 t.set_data_from_numpy(np.asarray(rows[name].to_list(), dtype=object).reshape(-1, 1))
             inputs.append(t)
-        for _ in range(600):  # bounded
+        for _ in range(1500):  # bounded
             if stop.is_set():
                 break
+            if not publishing.is_set():
+                time.sleep(0.1)
             try:
                 answer = c.infer("ctr", inputs)
                 versions.append(int(answer.get_response()["model_version"]))
@@ -345,7 +405,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.skipif(not (ROOT / ".venv-triton" / "bin" / "python").exists(), reason="no Triton here: `make triton`")
-def test_real_triton_in_poll_mode_serves_each_published_version_with_no_request_lost(days, tmp_path):
+def test_real_triton_in_poll_mode_serves_each_published_version_with_no_request_lost(days, tmp_path, monkeypatch):
     from ctrkit.bench.raw_rows_bench import server_ready
     from ctrkit.serve.predictor import Predictor
     from tests.conftest import free_port
@@ -360,12 +420,15 @@ def test_real_triton_in_poll_mode_serves_each_published_version_with_no_request_
                              "--model-control-mode=poll", "--repository-poll-secs=1"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     failures, versions, stop = [], [], threading.Event()
+    publishing = when_publishing(monkeypatch)
 
     def client():
         c = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
         for _ in range(1500):  # bounded
             if stop.is_set():
                 break
+            if not publishing.is_set():
+                time.sleep(0.1)
             try:
                 versions.append(int(c.infer("ctr", raw_inputs(rows, specs)).get_response()["model_version"]))
             except Exception as e:  # noqa: BLE001 - every failure counts
@@ -412,8 +475,8 @@ def test_spark_preprocessing_refreshes_as_polars_does(published, days, tmp_path)
     pytest.importorskip("pyspark")
     extra = ("--engine", "spark", "--spark-master", "local[1]")
     repo = tmp_path / "repo"
-    assert refresh(repo, days[0], *ROLES, *extra)[0] == 0
-    assert refresh(repo, days[1], *extra)[0] == 0
+    assert refresh(repo, days[0], *ROLES, *extra, fresh=True)[0] == 0
+    assert refresh(repo, days[1], *extra, fresh=True)[0] == 0
     assert [r["engine"] for r in RefreshStore(repo, "ctr").history()] == ["spark", "spark"]  # each day's, applied
     rows = pl.read_csv(days[2], infer_schema=False).head(2000).drop("clicked")
     assert np.abs(_scores(repo, 2, rows) - _scores(published[1], 2, rows)).max() <= 1e-6
@@ -422,17 +485,18 @@ def test_spark_preprocessing_refreshes_as_polars_does(published, days, tmp_path)
 def test_torchrun_trains_the_first_day_as_one_process_and_later_days_continue(published, days, tmp_path, capsys):
     """The first day trained under torchrun (2 processes) scores as the one-process refresh's first version (within
     float sums); its
-    checkpoint is one file, which the next day continues in one process, saying so."""
+    checkpoint is one file, which the next day continues in one process, saying so; the day's fresh candidate trains
+    under torchrun."""
     repo = tmp_path / "repo"
-    assert refresh(repo, days[0], *ROLES, "--nproc-per-node", "2")[0] == 0
+    assert refresh(repo, days[0], *ROLES, "--nproc-per-node", "2", fresh=True)[0] == 0
     rows = pl.read_csv(days[2], infer_schema=False).head(2000).drop("clicked")
     # (the ranks sum their gradients in another order: 120 Adam steps apart by float sums alone)
     assert np.abs(_scores(repo, 1, rows) - _scores(published[1], 1, rows)).max() <= 1e-3
-    code, _, err = refresh(repo, days[1], "--nproc-per-node", "2", capsys=capsys)
+    code, _, err = refresh(repo, days[1], "--nproc-per-node", "2", capsys=capsys, fresh=True)  # both candidates
     assert code == 0 and "a continued day trains in one process" in err
-    assert RefreshStore(repo, "ctr").history()[-1]["notes"] == [
-        "trained in one process: train --continue-from runs one process"
-    ]
+    day2 = RefreshStore(repo, "ctr").history()[-1]
+    assert day2["notes"] == ["trained in one process: train --continue-from runs one process"]
+    assert set(day2["candidates"]) == {"continued", "fresh"}  # the fresh one trained under torchrun
 
 
 def test_raw_id_columns_go_through_the_same_loop(days, tmp_path):
@@ -472,6 +536,8 @@ def test_the_history_page_renders_every_day_in_a_headless_browser(published, day
     history = store.history()
     assert len(rows) == 1 + len(history) == 4
     assert "published" in rows[1] and "published" in rows[2] and "refused" in rows[3] and "lacks cat1" in rows[3]
+    taken = history[1]["candidate"]
+    assert f"{taken} (continued {history[1]['candidates']['continued']['auc']:.4f}" in rows[2]
     figures = sum(r.get(k) is not None for r in history for k in ("progressive", "gate")) + sum(
         1 for r in history if r.get("gate")
     )  # progressive, and the gate's served and candidate AUC
@@ -514,4 +580,8 @@ def test_refresh_refuses_in_one_line_what_it_cannot_take(tmp_path, capsys):
     for args, said in cases:
         code, _, err = run_cli("refresh", *args, "--repository", repo, "--name", "ctr", capsys=capsys)
         assert code == 2 and said in err and len(err.strip().splitlines()) == 1, (args, err)
+    code, _, err = run_cli("refresh", missing, "--fresh-rows", "-1", "--repository", repo, "--name", "ctr",
+                           capsys=capsys)  # fmt: skip
+    assert code == 2 and err.strip().splitlines()[-1].endswith("--fresh-rows: expected an integer from 0 to "
+                                                               "1000000000000, got '-1'")  # fmt: skip
     assert not repo.exists()
