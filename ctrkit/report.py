@@ -17,6 +17,7 @@ import html
 import io
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,7 @@ def read_log(path: str | os.PathLike) -> list[dict[str, Any]]:
     return records
 
 
-def curves(records: list[dict[str, Any]]) -> dict[str, dict[str, list[float]]]:
+def curves(records: list[dict[str, Any]]) -> dict[str, dict[str, Sequence[float]]]:
     """The log's series: ``train`` (step, loss, lr), ``validation`` and ``test`` (step, auc, logloss), ``redraws``
     (step: where ``--reinit-embeddings`` redrew the tables, after the start; the validation AUC falls there and
     climbs back, docs/decisions/epoch-start-dip.md).
@@ -60,7 +61,7 @@ def curves(records: list[dict[str, Any]]) -> dict[str, dict[str, list[float]]]:
             out["train"][r["step"]] = {"loss": r["loss"], "lr": r["lr"]}
         elif r.get("event") in ("eval", "test") and r.get("mapping") in ("validation", "test"):
             out[r["mapping"]][r["step"]] = {"auc": r["auc"], "logloss": r["logloss"]}
-    series: dict[str, dict[str, list[float]]] = {}
+    series: dict[str, dict[str, Sequence[float]]] = {}
     for name, points in out.items():
         steps = sorted(points)
         keys = ("loss", "lr") if name == "train" else ("auc", "logloss")
@@ -250,7 +251,7 @@ def build_report(
              "mean_prediction": float(probs.mean()), "checkpoint_step": int(ckpt.step)}  # fmt: skip
     if ckpt.selection is not None and ckpt.selection.get("best_step") is not None:
         final["best_step"] = int(ckpt.selection["best_step"])
-    if ckpt.member_ensemble is not None:  # a seed ensemble: the members' seeds and models averaged
+    if ckpt.member_ensemble is not None and ckpt.members:  # a seed ensemble: the members' seeds and models averaged
         final["seed_ensemble"] = [int(ckpt.members[i]["seed"]) for i in ckpt.member_ensemble]
         final["models_averaged"] = ckpt.models_averaged
     elif ckpt.ensemble:
@@ -268,7 +269,8 @@ def build_report(
         "dataset_summary": dataset_summary(dataset),
         "config": {"model_config": ckpt.model_config, "train_config": ckpt.train_config},
     }
-    plots = _plots(series, calib, labels, probs, final.get("best_step"))
+    best_step = ckpt.selection.get("best_step") if ckpt.selection is not None else None
+    plots = _plots(series, calib, labels, probs, None if best_step is None else int(best_step))
     page = _page(data, plots, log_path)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,14 @@ import uuid
 from pathlib import Path
 
 
+class Measured(subprocess.CompletedProcess):
+    """A command run in a memory cgroup (``run``), with the group's ``peak_bytes`` (page cache included; None where
+    the kernel keeps no peak) and ``peak_anonymous_bytes`` (sampled)."""
+
+    peak_bytes: int | None = None
+    peak_anonymous_bytes: int = 0
+
+
 class MemoryCgroup:
     """A memory cgroup of ``limit`` bytes, removed by ``close``; ``timeout``: the seconds a ``run`` may take unless
     it says otherwise (None: no limit).
@@ -48,7 +56,7 @@ class MemoryCgroup:
                 return int(value)
         return 0
 
-    def run(self, cmd: list[str], timeout: float | None = None) -> subprocess.CompletedProcess:
+    def run(self, cmd: list[str], timeout: float | None = None) -> Measured:
         """Runs ``cmd`` inside the group; the result also has ``peak_bytes`` (the group's peak, page cache included;
         v1's counter reset first) and ``peak_anonymous_bytes`` (sampled every 0.2 s)."""
         if self.peak_file == "memory.max_usage_in_bytes":
@@ -73,7 +81,7 @@ class MemoryCgroup:
         finally:
             done.set()
             sampler.join()
-        result = subprocess.CompletedProcess(cmd, child.returncode, out, err)
+        result = Measured(cmd, child.returncode, out, err)
         peak = self.dir / self.peak_file
         result.peak_bytes = int(peak.read_text()) if peak.exists() else None
         result.peak_anonymous_bytes = anonymous[0]

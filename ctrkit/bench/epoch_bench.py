@@ -41,7 +41,7 @@ def run_epoch(dataset: Path, work: Path, train_args: list[str], interval: float 
            "--log-path", str(log), "--save-checkpoint", str(work / "epoch.pt"), *train_args]  # fmt: skip
     started, unix_started = time.perf_counter(), time.time()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    samples: list[tuple[float, int]] = []
+    samples: list[tuple[float, int, int]] = []
 
     def sample() -> None:
         while proc.poll() is None:

@@ -45,7 +45,7 @@ def _inputs(signature: Signature, batch: int, seed: int, bag_length: int = 4) ->
     rng = np.random.default_rng(seed)
     numerical = rng.normal(size=(batch, signature.num_numerical)).astype(np.float32)
     cats = [np.minimum(rng.zipf(1.2, batch) - 1, c - 1) for c in signature.cardinalities]
-    inputs = (numerical, np.stack(cats, 1).astype(np.int64))
+    inputs: tuple[np.ndarray, ...] = (numerical, np.stack(cats, 1).astype(np.int64))
     multi_hot = signature.multi_hot_cardinalities
     if multi_hot:
         bags = np.stack([np.minimum(rng.zipf(1.2, (batch, bag_length)) - 1, c - 1) for c in multi_hot], 1)
@@ -124,7 +124,8 @@ def _time_calls(score, inputs: tuple[np.ndarray, ...], seconds: float) -> tuple[
     """Per-call times of ``score`` over about ``seconds`` (at least 5 calls, after 3 warm-up calls)."""
     for _ in range(3):
         score(*inputs)
-    took, start = [], time.perf_counter()
+    took: list[float] = []
+    start = time.perf_counter()
     while time.perf_counter() - start < seconds or len(took) < 5:
         t0 = time.perf_counter()
         score(*inputs)

@@ -35,7 +35,8 @@ def _run_measured(cmd: list[str]) -> tuple[float, float]:
     seconds = time.perf_counter() - start
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed: {proc.stderr.read().decode()[-2000:]}")
+        said = proc.stderr.read().decode()[-2000:] if proc.stderr is not None else ""
+        raise RuntimeError(f"{' '.join(cmd)} failed: {said}")
     return seconds, usage.ru_maxrss / 1024
 
 
@@ -105,6 +106,8 @@ def time_requests(paths: dict[str, Path], requests: int, port: int, warm_up: flo
         client = httpclient.InferenceServerClient(url)
         rows = pl.read_csv(paths["new"], n_rows=requests + 50)
         transform = from_dataset(paths["data"])
+        if transform is None:
+            raise RuntimeError(f"{paths['data']}: carries no preprocessing (made by `preprocess table`, it should)")
         meta = {i["name"]: i["datatype"] for i in client.get_model_metadata("dlrm")["inputs"]}
         specs = [{"name": c, "datatype": meta[c]} for c in transform.column_names]
         built = [(raw_inputs(rows[i], specs), _id_inputs(rows[i], transform))

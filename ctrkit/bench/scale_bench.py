@@ -105,7 +105,7 @@ def run_worker(cfg: ScaleBenchConfig, env=None) -> dict:
     step = TrainStep(model, optimizers, torch.device("cpu"))
     batches = _batches(cfg, cards, 4)
     if env is not None:
-        batches = [_part(b, *part_bounds(0, len(b), rank, world)) for b in batches]
+        batches = [b.rows(slice(*part_bounds(0, len(b), rank, world))) for b in batches]
     times = []
     for i in range(cfg.warmup + cfg.steps):
         start = time.perf_counter()
@@ -116,9 +116,9 @@ def run_worker(cfg: ScaleBenchConfig, env=None) -> dict:
             times.append(time.perf_counter() - start)
     ms = statistics.median(times) * 1e3
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # MiB (ru_maxrss is in KiB on Linux)
-    peaks = [peak]
+    peaks: list[float] = [peak]
     if env is not None:
-        peaks = [None] * world
+        peaks = [0.0] * world  # each rank's, gathered
         torch.distributed.all_gather_object(peaks, peak)
     return {
         "benchmark": "scale",
@@ -133,10 +133,6 @@ def run_worker(cfg: ScaleBenchConfig, env=None) -> dict:
         "peak_rss_mib_per_rank": peaks,
         "largest_rank_peak_rss_mib": max(peaks),
     }
-
-
-def _part(b: Batch, lo: int, hi: int) -> Batch:
-    return Batch(b.numerical[lo:hi], b.categorical[lo:hi], b.labels[lo:hi])
 
 
 def run_scale_bench(cfg: ScaleBenchConfig, world_sizes: list[int]) -> list[dict]:

@@ -82,7 +82,7 @@ def _preprocess(files: Sequence[Path], out: Path, like: Path | None, raw_ids: Se
 def _train(dataset: Path, checkpoint: Path, options: dict[str, Any], continue_from: Path | None = None) -> float:
     from ctrkit.train.run import train
 
-    extra = {"continue_from": continue_from} if continue_from is not None else {}
+    extra: dict[str, Any] = {"continue_from": continue_from} if continue_from is not None else {}
     started = time.perf_counter()
     train(dataset, progress=False, save_checkpoint=checkpoint, **options, **extra)
     return time.perf_counter() - started
@@ -107,6 +107,8 @@ def _score(checkpoint: Path, day: Path, work: Path) -> dict[str, float]:
     test = _test_rows(day)
     test.drop(LABEL).write_csv(work / "next.csv")
     predictor = Predictor.from_checkpoint(checkpoint)
+    if predictor.transform is None:
+        raise ValueError(f"{checkpoint}: carries no preprocessing (its dataset was made by `preprocess table`)")
     score_file(predictor, predictor.transform, work / "next.csv", work / "scores.csv")
     p = np.clip(pl.read_csv(work / "scores.csv")["probability"].to_numpy().astype(np.float64), 1e-7, 1 - 1e-7)
     return _metrics(test[LABEL].cast(pl.Int64).to_numpy(), np.log(p / (1 - p)))

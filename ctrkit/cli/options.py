@@ -63,8 +63,8 @@ def flag(name: str) -> str:
 def _scalar_type(hint: Any) -> type:
     """bool, int, float, str or Path from a field's type hint such as ``int | None`` (the items' type
     for ``tuple[Path, ...]``, a flag taking several values)."""
-    options = typing.get_args(hint) if typing.get_origin(hint) is not tuple else (hint,)
-    options = [typing.get_args(o)[0] if typing.get_origin(o) is tuple else o for o in options or (hint,)]
+    given = typing.get_args(hint) if typing.get_origin(hint) is not tuple else (hint,)
+    options = [typing.get_args(o)[0] if typing.get_origin(o) is tuple else o for o in given or (hint,)]
     for t in (bool, int, float, str, Path):
         if t in options:
             return t
@@ -94,7 +94,7 @@ def bounded(kind: type, bounds: Range) -> Any:
         return value
 
     parse.__name__ = "int" if kind is int else "number"
-    parse.bounds = bounds  # type: ignore[attr-defined]  (read by the test that every numeric flag has a range)
+    parse.bounds = bounds  # type: ignore[attr-defined]  # read by the test that every numeric flag has a range
     return parse
 
 

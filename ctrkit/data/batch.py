@@ -96,7 +96,8 @@ class Batch:
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
         """The same batch on ``device`` (a no-op for tensors already there)."""
         move = lambda t: None if t is None else t.to(device, non_blocking=non_blocking)
-        return Batch(move(self.numerical), move(self.categorical), move(self.labels), move(self.multi_hot))
+        categorical = self.categorical.to(device, non_blocking=non_blocking)
+        return Batch(move(self.numerical), categorical, move(self.labels), move(self.multi_hot))
 
     def widened(self) -> Batch:
         """The batch in the dtypes models take (int64 ids, float32 numerical features and labels), where it holds
@@ -117,7 +118,7 @@ class Batch:
         """The same batch in page-locked memory (torch's caching host allocator reuses the blocks of batches freed
         once their copies are done), so a copy to a GPU can be asynchronous."""
         pin = lambda t: None if t is None else t.pin_memory()  # noqa: E731
-        return Batch(pin(self.numerical), pin(self.categorical), pin(self.labels), pin(self.multi_hot))
+        return Batch(pin(self.numerical), self.categorical.pin_memory(), pin(self.labels), pin(self.multi_hot))
 
     def tensors(self) -> list[torch.Tensor]:
         """Every tensor of the batch."""

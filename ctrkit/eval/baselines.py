@@ -141,8 +141,8 @@ def gradient_boosted_trees(train, validation, test, seed: int = 0) -> dict[str, 
     dvalid = lgb.Dataset(design(va), va.labels, reference=dtrain, categorical_feature=categorical)
     booster = lgb.train(params, dtrain, num_boost_round=2000, valid_sets=[dvalid],
                         callbacks=[lgb.early_stopping(50, verbose=False)])  # fmt: skip
-    logits = booster.predict(design(te), num_iteration=booster.best_iteration, raw_score=True)
-    valid_logits = booster.predict(design(va), num_iteration=booster.best_iteration, raw_score=True)
+    logits = np.asarray(booster.predict(design(te), num_iteration=booster.best_iteration, raw_score=True))
+    valid_logits = np.asarray(booster.predict(design(va), num_iteration=booster.best_iteration, raw_score=True))
     return {
         **_metrics(te.labels, logits),
         "validation_auc": roc_auc(va.labels, valid_logits),

@@ -97,12 +97,12 @@ def contract_problems(model: nn.Module) -> list[str]:
     return problems
 
 
-def tables_by_id(model: nn.Module) -> dict[int, nn.Module]:
+def tables_by_id(model: nn.Module) -> dict[int, TableCollection]:
     """Each of ``model``'s tables' ``id``, mapped to the collection holding it."""
     return {id(p): m for m in table_modules(model) for p in m.table_parameters()}
 
 
-def table_modules(model: nn.Module) -> list[nn.Module]:
+def table_modules(model: nn.Module) -> list[TableCollection]:
     """The embedding collections of ``model`` (one-hot and multi-hot, deep and first-order, plain, on disk or
     sharded): its ``TableCollection`` modules."""
     return [m for m in model.modules() if isinstance(m, TableCollection)]
@@ -122,7 +122,7 @@ def redraw_tables(model: nn.Module, draw: int) -> list[nn.Parameter] | None:
     """Redraws ``model``'s deep tables (``embeddings``; draw ``draw``: the same values at any world size) and returns
     them; the first-order tables are kept. None: the model has no deep tables."""
     tables = model.embeddings
-    if tables is None:
+    if not isinstance(tables, nn.Module):  # None: no deep tables
         return None
     params = []
     for collection in table_modules(tables):

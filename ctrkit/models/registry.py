@@ -4,20 +4,29 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, fields, is_dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from torch import nn
 
 from ctrkit.field_types import check_fields
 from ctrkit.models.storage import IN_MEMORY, TableStorage
 
-_REGISTRY: dict[str, tuple[type, type]] = {}
+
+class ModelConfig(Protocol):
+    """What a model's config dataclass offers the registry: its own check of its values."""
+
+    def validate(self) -> None: ...
+
+
+_REGISTRY: dict[str, tuple[type, type[ModelConfig]]] = {}
 _TRAIN_DEFAULTS: dict[str, dict[str, Any]] = {}
 # what every model must choose for itself: a run that leaves them unset takes the model's
 REQUIRED_TRAIN_DEFAULTS = ("optimizer", "lr", "embedding_optimizer", "batch_size")
 
 
-def register_model(name: str, config_cls: type, train_defaults: dict[str, Any] | None = None) -> Callable[[type], type]:
+def register_model(
+    name: str, config_cls: type[ModelConfig], train_defaults: dict[str, Any] | None = None
+) -> Callable[[type], type]:
     """Class decorator: registers ``cls`` under ``name``, built from a ``config_cls`` instance.
 
     ``train_defaults`` are the model's own training defaults (optimizer, lr, ...), used where the
@@ -49,7 +58,7 @@ def list_models() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def _lookup(name: str) -> tuple[type, type]:
+def _lookup(name: str) -> tuple[type, type[ModelConfig]]:
     if name not in _REGISTRY:
         raise ValueError(f"unknown model '{name}'; available: {', '.join(list_models())}")
     return _REGISTRY[name]
@@ -91,6 +100,6 @@ def create_model(name: str, config: Any, storage: TableStorage = IN_MEMORY) -> n
 
 def config_to_dict(config: Any) -> dict[str, Any]:
     """A config dataclass as plain lists/ints/floats (for YAML and checkpoints)."""
-    if not is_dataclass(config):
+    if not is_dataclass(config) or isinstance(config, type):
         raise TypeError(f"expected a config dataclass, got {type(config).__name__}")
     return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(config).items()}

@@ -320,18 +320,19 @@ def _metadata(recipe: TableRecipe, vocabularies: dict[str, pl.DataFrame], like: 
     }
 
 
-def _layout(features: dict[str, Feature], roles: Roles, recipe: TableRecipe, bounds: list, metadata: dict) -> tuple:
-    """The split-binary layout of the dataset (``split_binary_spec``): its feature, source and channel specs and
-    metadata; a group's ids stored for the held-out mappings."""
+def _layout(features: dict[str, Feature], roles: Roles, recipe: TableRecipe, bounds: list, metadata: dict,
+            base_dir: Path) -> FeatureSpec:  # fmt: skip
+    """The split-binary layout of the dataset in ``base_dir`` (``split_binary_spec``): its feature, source and channel
+    specs and metadata; a group's ids stored for the held-out mappings."""
     group_spec = None
     if recipe.group is not None:
         group_spec = (recipe.group, Feature("int64"), [m for m, _, _ in bounds if m != "train"])
     base = split_binary_spec(features, roles.numerical, recipe.label, [m for m, _, _ in bounds], metadata,
                              numerical_dtype="float32", group=group_spec)  # fmt: skip
-    return base.feature_spec, base.source_spec, base.channel_spec, base.metadata
+    return FeatureSpec(base.feature_spec, base.source_spec, base.channel_spec, base.metadata, base_dir)
 
 
-def _write_rows(rows, spec: FeatureSpec, roles: Roles, bounds: list, progress: bool) -> dict[str, int]:
+def _write_rows(rows, spec: FeatureSpec, roles: Roles, bounds: list, progress: bool, base_dir: Path) -> dict[str, int]:
     """Each mapping's rows of ``bounds`` written as ``spec`` lays them out, and its feature_spec.yaml; the clicks
     of each mapping."""
     clicks = {}
@@ -345,7 +346,7 @@ def _write_rows(rows, spec: FeatureSpec, roles: Roles, bounds: list, progress: b
                               block.multi_hot or None, stored)  # fmt: skip
                 clicks[mapping] += int(block.labels.sum())
                 steps_bar.update(block.hi - block.lo)
-    spec.to_yaml(spec.base_dir / "feature_spec.yaml")
+    spec.to_yaml(base_dir / "feature_spec.yaml")
     return clicks
 
 
@@ -463,8 +464,8 @@ def _preprocess(
         combiners, pooling = dict.fromkeys(roles.multi_hot, recipe.combiner), {}
     features = _features(roles, cards, recipe, like, combiners)
     with atomic_directory(out_dir, overwrite) as tmp:
-        spec = FeatureSpec(*_layout(features, roles, recipe, bounds, _metadata(recipe, vocabularies, like)), tmp)
-        clicks = _write_rows(rows, spec, roles, bounds, progress)
+        spec = _layout(features, roles, recipe, bounds, _metadata(recipe, vocabularies, like), tmp)
+        clicks = _write_rows(rows, spec, roles, bounds, progress, tmp)
         transform.check_features(spec.summary(), str(out_dir))
         write_record(tmp, transform, {c: c for c in transform.vocabularies})
         (tmp / "vocab").mkdir()

@@ -128,10 +128,10 @@ class UnseenCount:
                 present = typed[f.column].is_not_null().to_numpy()
                 self.features[f.feature] += int(((ids[:, j] == 0) & present).sum())
         if bags is not None:
-            for j, f in enumerate(self.transform.multi_hot):
+            for j, bag in enumerate(self.transform.multi_hot):
                 values = bags[:, j, :]
-                self.bags[f.feature][0] += int((values == 0).sum())
-                self.bags[f.feature][1] += int((values >= 0).sum())
+                self.bags[bag.feature][0] += int((values == 0).sum())
+                self.bags[bag.feature][1] += int((values >= 0).sum())
 
     def shares(self) -> dict[str, float]:
         out = {k: v / max(1, self.rows) for k, v in self.features.items()}
@@ -203,7 +203,7 @@ def check_day(
     checks = [Check("rows", float(day.rows), None, f">= {t.min_rows}", day.rows >= t.min_rows)]
     both = 0.0 < day.click_rate < 1.0
     free = reference is None or reference.click_rate <= 0
-    within = free or 1 / t.ctr_ratio <= day.click_rate / reference.click_rate <= t.ctr_ratio
+    within = reference is None or free or 1 / t.ctr_ratio <= day.click_rate / reference.click_rate <= t.ctr_ratio
     said = "clicks and non-clicks both present" if free else f"within {t.ctr_ratio:g}x the reference"
     reference_rate = reference.click_rate if reference is not None else None
     checks.append(Check("click rate", day.click_rate, reference_rate, said, both and within))
