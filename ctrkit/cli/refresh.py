@@ -70,6 +70,8 @@ def refresh(args: argparse.Namespace) -> int:
     from ctrkit.refresh.loop import Refresh, RefreshSettings, Refused, rollback
 
     cfg: RefreshConfig = config_from(args, RefreshConfig)
+    if cfg.repository is None or cfg.name is None:  # (both required flags)
+        raise ValueError("give the model repository (--repository) and the model's name (--name)")
     options = {k: v for k, v in (("epochs", cfg.epochs), ("max_steps", cfg.max_steps), ("seed", cfg.seed))
                if v is not None}  # fmt: skip
     settings = RefreshSettings(
@@ -120,6 +122,8 @@ def check(args: argparse.Namespace) -> int:
     limits = _thresholds(args)
     history: list = []
     if cfg.repository is not None:
+        if cfg.name is None:
+            raise ValueError("`name`: give the model's name in --repository")
         store = RefreshStore(cfg.repository, cfg.name, cfg.state_dir)
         state = store.read()
         if state is None or state.served is None:
@@ -127,8 +131,10 @@ def check(args: argparse.Namespace) -> int:
         checkpoint = store.checkpoint(state.served.checkpoint)
         recipe, _ = table_recipe(state.flags, like=True)
         reference, history, age = reference_of(state), store.history(), state.days + 1 - state.served.day
-    else:
+    elif cfg.checkpoint is not None:
         checkpoint, reference, age = cfg.checkpoint, None, 1
+    else:  # (one of the two is required)
+        raise ValueError("give the model's --checkpoint, or --repository and --name")
     predictor, transform = predictor_of(checkpoint)
     if cfg.repository is None:
         label = cfg.label or transform.label

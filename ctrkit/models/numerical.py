@@ -150,6 +150,9 @@ class NumericalBuckets(nn.Module):
     Shapes: raw numerical (B, N) -> (B,) in the weights' dtype.
     """
 
+    cuts: torch.Tensor  # buffers (``register_buffer``)
+    offsets: torch.Tensor
+
     def __init__(self, num_numerical: int, buckets: int):
         super().__init__()
         self.buckets = buckets
@@ -206,7 +209,7 @@ class NumericalBuckets(nn.Module):
         buckets = self.buckets
         if rarer_label_rows is not None:
             buckets = min(buckets, rarer_label_rows // MIN_RARER_PER_BUCKET)
-        tried = []  # the bucket counts tried: the configured (or reduced) one and its halvings down to 2
+        tried: list[int] = []  # the bucket counts tried: the configured (or reduced) one and its halvings down to 2
         while x.shape[0] > 0 and buckets >= 2 and (not tried or labels is not None):
             tried.append(buckets)
             buckets //= 2

@@ -84,11 +84,12 @@ def score_file(
                     except RowError as e:
                         where = source if e.row is None else f"{source}:{int(lines[e.row])}"
                         raise RowError(f"{where}: {e.what}", setting=e.setting) from None
-                    if found is not None and found.count:  # the first named by its line
-                        bad.add(found.count, found.text, where=f"{source}:{int(lines[found.row])}")
+                    if bad is not None and found is not None and found.count and found.row is not None:
+                        # the first named by its line
+                        bad.add(found.count, found.text or "", where=f"{source}:{int(lines[found.row])}")
                     probability = predictor(*inputs).reshape(-1)
                     scored = pl.DataFrame([*(block[c] for c in keep), pl.Series(PROBABILITY_COLUMN, probability)])
-                    if parquet:
+                    if parts is not None:
                         scored.write_parquet(parts / f"{rows:015d}.parquet")
                     else:
                         scored.write_csv(sink, include_header=rows == 0)
@@ -97,7 +98,7 @@ def score_file(
                     bar.update(len(block))
             if not parquet and rows == 0:  # an input without rows: the header alone
                 pl.DataFrame(schema={**{c: pl.String for c in keep}, PROBABILITY_COLUMN: pl.Float32}).write_csv(tmp)
-            if parquet:
+            if parts is not None:
                 files = sorted(parts.glob("*.parquet"))
                 if files:
                     pl.scan_parquet(files).sink_parquet(tmp)
