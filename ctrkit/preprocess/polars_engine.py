@@ -30,7 +30,7 @@ from ctrkit.preprocess import vocabulary as vocab_mod
 from ctrkit.preprocess.criteo import CriteoRecipe, check_arguments, numerical_transform
 from ctrkit.preprocess.key_index import KeyIndex
 from ctrkit.preprocess.output import DatasetOutput, Rejects
-from ctrkit.preprocess.table_reader import open_bytes
+from ctrkit.preprocess.table_reader import check_text, open_bytes
 from ctrkit.progress import tqdm
 
 if TYPE_CHECKING:
@@ -59,6 +59,8 @@ def read_blocks(path: Path, block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[by
     line, rest, empty = 1, b"", True
     with _open(path) as f:
         while data := _read(f, path, line, block_bytes):
+            if empty:  # the first record read by the table reader's rules: UTF-16 or lone-CR line ends refused
+                check_text(path, data[: data.find(b"\n") + 1] if b"\n" in data else data)
             empty = False
             data = rest + data if rest else data
             cut = data.rfind(b"\n") + 1

@@ -25,7 +25,7 @@ from ctrkit.preprocess import vocabulary as vocab_mod
 from ctrkit.preprocess.criteo import CriteoRecipe, check_arguments, numerical_transform
 from ctrkit.preprocess.outbrain_files import NULLS
 from ctrkit.preprocess.output import REJECTS_KEPT, DatasetOutput, Rejects
-from ctrkit.preprocess.table_reader import header_names
+from ctrkit.preprocess.table_reader import check_text, header_names, open_bytes
 
 if TYPE_CHECKING:
     from ctrkit.preprocess.like import Like
@@ -64,6 +64,8 @@ def _lines(spark, paths: Sequence[Path], first_file: int):
     _, _, F = spark_modules()
     frames = []
     for i, path in enumerate(paths):
+        with open_bytes(path) as f:  # the first record by the table reader's rules, as the Polars engine reads it
+            check_text(path, f.readline(1 << 20))
         raw = spark.read.text(str(path)).select(
             F.lit(first_file + i).alias("file"),
             F.input_file_block_start().alias("block"),

@@ -79,11 +79,23 @@ def _first_record(f) -> bytes:
     return line
 
 
-def _header(path: Path, record: bytes, separator: str) -> list[str]:
-    record = record.removeprefix(_BOM)
+def check_text(path: Path, record: bytes) -> None:
+    """Refuses a file whose first record (``record``, its bytes up to its first newline) shows it is not text by
+    these rules, whatever its source: UTF-16 (by its byte-order mark), or lines that end in a lone carriage return
+    (a lone CR inside a quoted value is a value's); a one-line ValueError naming the file and the conversion."""
+    fixed = f"fixed{path.suffix or '.csv'}"
     if record.startswith(_UTF16_BOMS):
         raise ValueError(f"{path}:1: the file is UTF-16 (it starts with a UTF-16 byte-order mark); expected UTF-8: "
-                         f"convert it, e.g. iconv -f UTF-16 -t UTF-8 {path.name} > fixed.csv")  # fmt: skip
+                         f"convert it, e.g. iconv -f UTF-16 -t UTF-8 {path.name} > {fixed}")  # fmt: skip
+    line = record.rstrip(b"\r\n")
+    if b"\r" in line and line.count(b'"') % 2 == 0 and b'"' not in line.split(b"\r", 1)[0]:
+        raise ValueError(f"{path}:1: lines end in a lone carriage return (\\r, as classic Mac OS wrote them); expected "
+                         f"\\n or \\r\\n: convert the file, e.g. tr '\\r' '\\n' < {path.name} > {fixed}")  # fmt: skip
+
+
+def _header(path: Path, record: bytes, separator: str) -> list[str]:
+    record = record.removeprefix(_BOM)
+    check_text(path, record)
     try:
         text = record.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -92,9 +104,6 @@ def _header(path: Path, record: bytes, separator: str) -> list[str]:
     if not text.strip("\r\n"):
         raise ValueError(f"{path}: holds no header (expected a first line naming the columns)")
     line = text.rstrip("\r\n")
-    if "\r" in line and line.count('"') % 2 == 0 and '"' not in line.split("\r", 1)[0]:
-        raise ValueError(f"{path}:1: lines end in a lone carriage return (\\r, as classic Mac OS wrote them); expected "
-                         f"\\n or \\r\\n: convert the file, e.g. tr '\\r' '\\n' < {path.name} > fixed.csv")  # fmt: skip
     try:
         names = next(csv.reader([line], delimiter=separator))
     except csv.Error as e:
@@ -120,6 +129,7 @@ def _headerless(path: Path, record: bytes, separator: str, names: Sequence[str])
     first where the record holds one field fewer."""
     if not record.strip(b"\r\n"):
         raise ValueError(f"{path}: holds no rows")
+    check_text(path, record)
     fields = record.rstrip(b"\r\n").count(separator.encode()) + 1
     if fields == len(names):
         return list(names)

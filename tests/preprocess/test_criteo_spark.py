@@ -5,6 +5,7 @@ A real local Spark session runs (Java 17 is on the machine; PySpark comes with `
 
 import gzip
 import json
+import re
 
 import numpy as np
 import pytest
@@ -107,3 +108,21 @@ def test_validation_mapping_is_the_tail_of_train_on_both_engines(tmp_path):
     for f in range(train_ids.shape[1]):
         seen = set(train_ids[:, f].tolist()) | {0, 1}
         assert set(validation.slice(0, 450).categorical[:, f].tolist()) <= seen
+
+
+@pytest.mark.parametrize("how, said", [
+    ("lone CR", "day.tsv:1: lines end in a lone carriage return"),
+    ("UTF-16", "day.tsv:1: the file is UTF-16 (it starts with a UTF-16 byte-order mark)"),
+])  # fmt: skip
+def test_a_day_file_that_is_not_text_by_the_readers_rules_is_refused_by_both_engines(tmp_path, how, said):
+    """The first record of a day file is read by the table reader's rules on either engine: Spark, which splits lines
+    at a lone carriage return too, no longer takes a file that Polars refuses."""
+    text = "\n".join(TRAIN) + "\n"
+    day = tmp_path / "day.tsv"
+    day.write_bytes(text.replace("\n", "\r").encode() if how == "lone CR" else text.encode("utf-16"))
+    for name, run in (("polars", lambda out: preprocess_criteo([day], out, SMALL, test_fraction=0.3)),
+                      ("spark", lambda out: preprocess_criteo_spark([day], out, SMALL, test_fraction=0.3,
+                                                                    master=MASTER))):  # fmt: skip
+        with pytest.raises(ValueError, match=re.escape(said)):
+            run(tmp_path / name)
+        assert not (tmp_path / name).exists()
