@@ -428,9 +428,11 @@ def refresh_rows(raw):
     """``ctrkit bench refresh``: per log (family, clean or broken, seed) and day, `ctrkit refresh`'s verdict, the served
     model's AUC on the day before training on it (progressive), a model retrained on all days so far and a logistic
     regression scored on the same day, the gate's served and candidate AUC on the held-out rows, the day's seconds and
-    its steps' by hand; then, per server, the requests of 4 clients across the version swaps."""
+    its steps' by hand, and the candidate the day took (continued, or fresh where one was trained beside it); then,
+    per server, the requests of 4 clients across the version swaps."""
     columns = ["log", "day", "verdict", "progressive AUC", "retrained AUC", "logistic regression AUC",
-               "served AUC (held out)", "candidate AUC (held out)", "seconds", "seconds by hand"]  # fmt: skip
+               "served AUC (held out)", "candidate AUC (held out)", "seconds", "seconds by hand",
+               "candidate taken"]  # fmt: skip
     rows = []
     for _, data in sorted(raw, key=lambda r: r[1]["config"]["family"], reverse=True):
         family = data["config"]["family"]
@@ -438,15 +440,16 @@ def refresh_rows(raw):
             for d in days:
                 gate = d.get("gate") or {}
                 served, candidate = (gate.get("served") or {}).get("auc"), (gate.get("candidate") or {}).get("auc")
+                taken = d.get("candidate") or ("continued" if gate else None)
                 rows.append([f"{family} {name}", d["day"], d["verdict"], (d.get("progressive") or {}).get("auc"),
                              d.get("retrain_auc"), d.get("logistic_auc"), served, candidate, d["seconds"],
-                             d.get("hand_seconds")])  # fmt: skip
+                             d.get("hand_seconds"), taken])  # fmt: skip
         for server, r in (data.get("swaps") or {}).items():
             if "skipped" not in r:
                 said = (f"{r['failed']} of {r['steady']['requests'] + r['swap']['requests']:,} requests failed across "
                         f"{r['swaps']} swaps; p99 {r['steady']['p99_ms']} ms steady, {r['swap']['p99_ms']} ms around "
                         f"the swaps")  # fmt: skip
-                rows.append([f"{family}: {server} serving 4 clients", None, said] + [None] * 7)
+                rows.append([f"{family}: {server} serving 4 clients", None, said] + [None] * 8)
     return columns, rows
 
 

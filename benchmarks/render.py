@@ -181,10 +181,11 @@ SUITES = {
     "refresh": (
         "A model's day: `ctrkit refresh`",
         "`ctrkit refresh` with its defaults, day by day, on drifting CSV logs (`ctrkit bench refresh`: 7 days of "
-        "30,000 rows, 5 text columns of ids born and fading every day, 4 numbers, a click): two clean streams, where "
+        "30,000 rows, 5 text columns of ids born and fading every day, 4 numbers, a click) and on an e-commerce log "
+        "of 4,320-row days (where a fresh candidate trains beside the continued one): per log two clean runs, where "
         "every day should be published, and one whose days 4, 5 and 6 have shuffled labels, a renamed column and a "
         "numerical column all missing. Progressive AUC: the served model on the new day's rows before training on "
-        "them. [Decision](decisions/refresh-gate.md).",
+        "them. [Decision](decisions/refresh-gate.md), [the fresh candidate](decisions/refresh-fresh-candidate.md).",
         "bash benchmarks/run_refresh.sh",
     ),
     "raw-rows": (
