@@ -201,8 +201,14 @@ class Checkpoint:
         """How many models' logits the kept model averages (1: a single model)."""
         kind = self.kept["kind"]
         if kind == SEED_MEAN:
-            return sum(len(self.members[i]["models"]) for i in self.kept["members"])
+            return sum(len(member["models"]) for member in self._kept_members())
         return len(self.kept["steps"]) if kind == SNAPSHOT_MEAN else 1
+
+    def _kept_members(self) -> list[dict[str, Any]]:
+        """The seed-ensemble members whose mean is the kept model (a ``SEED_MEAN`` kept record: checked on load)."""
+        if self.members is None:
+            raise CheckpointError("the kept model is a seed ensemble's mean, and the checkpoint holds no members")
+        return [self.members[i] for i in self.kept["members"]]
 
     @property
     def kept_step(self) -> int:
@@ -236,8 +242,7 @@ class Checkpoint:
         config = make_config(self.model_name, self.model_config)
         kind = self.kept["kind"]
         if kind == SEED_MEAN:  # each member's kept model, one or a snapshot mean
-            return member_model([self.members[i] for i in self.kept["members"]],
-                                lambda state: self._build_one(config, state, assign))  # fmt: skip
+            return member_model(self._kept_members(), lambda state: self._build_one(config, state, assign))
         if kind == SNAPSHOT_MEAN:
             from ctrkit.models.ensemble import Ensemble
 
@@ -420,8 +425,8 @@ def _check_kept(data: dict[str, Any], where: str) -> None:
         if not kept.get("members") or any(not 0 <= int(i) < held for i in kept["members"]):
             raise CheckpointError(f"{where}: its kept model names members {kept.get('members')} of the {held} it holds")
     if kind == SNAPSHOT_MEAN:
-        held = {int(s["step"]) for s in data.get("snapshots") or []}
-        if not kept.get("steps") or not set(map(int, kept["steps"])) <= held:
+        steps = {int(s["step"]) for s in data.get("snapshots") or []}
+        if not kept.get("steps") or not set(map(int, kept["steps"])) <= steps:
             raise CheckpointError(f"{where}: its kept model names snapshots {kept.get('steps')} it does not hold")
 
 

@@ -27,6 +27,8 @@ def export(args: argparse.Namespace) -> int:
     from ctrkit.export.exporter import export_checkpoint
 
     cfg: ExportConfig = config_from(args, ExportConfig)
+    if cfg.checkpoint is None or cfg.out is None or cfg.format is None:  # (required flags)
+        raise ValueError("give --checkpoint, --out and --format")
     summary = export_checkpoint(cfg.checkpoint, cfg.out, cfg.format, cfg.name, cfg.backend, cfg.overwrite,
                                 cfg.quantize, cfg.version)  # fmt: skip
     kind = cfg.format + (f", {cfg.quantize}" if cfg.quantize != "none" else "")
