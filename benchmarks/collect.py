@@ -430,9 +430,8 @@ def refresh_rows(raw):
     regression scored on the same day, the gate's served and candidate AUC on the held-out rows, the day's seconds and
     its steps' by hand, and the candidate the day took (continued, or fresh where one was trained beside it); then,
     per server, the requests of 4 clients across the version swaps."""
-    columns = ["log", "day", "verdict", "progressive AUC", "retrained AUC", "logistic regression AUC",
-               "served AUC (held out)", "candidate AUC (held out)", "seconds", "seconds by hand",
-               "candidate taken"]  # fmt: skip
+    columns = ["log", "day", "verdict", "progressive AUC", "retrained AUC", "regression AUC", "served (held out)",
+               "candidate (held out)", "seconds", "by hand (s)", "taken"]  # fmt: skip
     rows = []
     for _, data in sorted(raw, key=lambda r: r[1]["config"]["family"], reverse=True):
         family = data["config"]["family"]

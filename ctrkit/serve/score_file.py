@@ -30,6 +30,11 @@ BLOCK_ROWS = 1 << 16
 PROBABILITY_COLUMN = "probability"
 
 
+def _no_rows(keep: Sequence[str]) -> pl.DataFrame:
+    """The output of an input without rows: its columns (``keep``, then ``probability``), no row."""
+    return pl.DataFrame(schema={**{c: pl.String for c in keep}, PROBABILITY_COLUMN: pl.Float32})
+
+
 def score_file(
     predictor: Predictor,
     transform: RowTransform,
@@ -97,15 +102,13 @@ def score_file(
                     total += float(probability.astype(np.float64).sum())
                     bar.update(len(block))
             if not parquet and rows == 0:  # an input without rows: the header alone
-                pl.DataFrame(schema={**{c: pl.String for c in keep}, PROBABILITY_COLUMN: pl.Float32}).write_csv(tmp)
+                _no_rows(keep).write_csv(tmp)
             if parts is not None:
                 files = sorted(parts.glob("*.parquet"))
                 if files:
                     pl.scan_parquet(files).sink_parquet(tmp)
                 else:  # an input without rows: an empty table of the output's columns
-                    pl.DataFrame(schema={**{c: pl.String for c in keep}, PROBABILITY_COLUMN: pl.Float32}).write_parquet(
-                        tmp
-                    )
+                    _no_rows(keep).write_parquet(tmp)
         finally:
             if parts is not None:
                 shutil.rmtree(parts, ignore_errors=True)
