@@ -148,7 +148,7 @@ def read_header(path: Path) -> list[str]:
     """The header's column names, read by the rules of a user's table (``table_reader.header_names``): UTF-8, a
     first line naming the columns, line ends \n or \r\n, no name twice; else a one-line error naming the file."""
     try:
-        return header_names(path, ",")
+        return header_names(path, ",", separator_flags=None)  # the Kaggle files: commas, no flag to change it
     except ValueError as e:
         raise DataError(str(e)) from None
 

@@ -284,7 +284,7 @@ def page_view_counts_spark(path: Path, rejects: Rejects, spark) -> pl.DataFrame:
     One pass over the file counts the good and the bad rows alike; only an error reads it again, numbering
     its lines to name the first bad one."""
     _, _, F = spark_modules()
-    header = header_names(path, ",")
+    header = header_names(path, ",", separator_flags=None)  # page_views.csv: commas, as the Polars engine reads it
     if "document_id" not in header:
         raise DataError(f"{path}: lacks the column document_id (header: {header})")
 

@@ -58,10 +58,15 @@ def is_parquet(path: Path) -> bool:
     return path.suffix.lower() in PARQUET_SUFFIXES
 
 
-def header_names(path: Path, separator: str) -> list[str]:
-    """The header's column names, checked (UTF-8, no name twice)."""
+# how a user's table names its separator, said where a header reads as one column of names separated otherwise
+SEPARATOR_FLAGS = "preprocess table --csv-separator '{0}', predict --separator '{0}'"
+
+
+def header_names(path: Path, separator: str, separator_flags: str | None = SEPARATOR_FLAGS) -> list[str]:
+    """The header's column names, checked (UTF-8, no name twice). ``separator_flags``: the flags that read a file of
+    another separator (``{0}`` the separator), None where the command reads ``separator`` alone."""
     with open_bytes(path) as f:
-        return _header(path, _first_record(f), separator)
+        return _header(path, _first_record(f), separator, separator_flags)
 
 
 def open_bytes(path: Path):
@@ -93,7 +98,7 @@ def check_text(path: Path, record: bytes) -> None:
                          f"\\n or \\r\\n: convert the file, e.g. tr '\\r' '\\n' < {path.name} > {fixed}")  # fmt: skip
 
 
-def _header(path: Path, record: bytes, separator: str) -> list[str]:
+def _header(path: Path, record: bytes, separator: str, separator_flags: str | None = SEPARATOR_FLAGS) -> list[str]:
     record = record.removeprefix(_BOM)
     check_text(path, record)
     try:
@@ -112,9 +117,14 @@ def _header(path: Path, record: bytes, separator: str) -> list[str]:
         for other in (";", "\t", "|", ","):
             if other != separator and len(next(csv.reader([line], delimiter=other))) > 1:
                 shown = "tab" if other == "\t" else other
+                said = "tab" if separator == "\t" else f"'{separator}'"
+                how = (
+                    f"read the file with the separator '{shown}' ({separator_flags.format(shown)})"
+                    if separator_flags is not None
+                    else f"this command reads files separated by {said} only"
+                )
                 raise ValueError(f"{path}:1: the header is one column, '{line[:60]}', of names separated by '{shown}': "
-                                 f"read the file with the separator '{shown}' (preprocess table --csv-separator "
-                                 f"'{shown}', predict --separator '{shown}')")  # fmt: skip
+                                 + how)  # fmt: skip
     seen: dict[str, int] = {}
     for i, name in enumerate(names, start=1):
         if name in seen and name != "":

@@ -202,8 +202,9 @@ def check_day(
     t = thresholds
     checks = [Check("rows", float(day.rows), None, f">= {t.min_rows}", day.rows >= t.min_rows)]
     both = 0.0 < day.click_rate < 1.0
-    free = reference is None or reference.click_rate <= 0
-    within = reference is None or free or 1 / t.ctr_ratio <= day.click_rate / reference.click_rate <= t.ctr_ratio
+    ratio = None if reference is None or reference.click_rate <= 0 else day.click_rate / reference.click_rate
+    free = ratio is None  # no reference rate to hold the day's to
+    within = ratio is None or 1 / t.ctr_ratio <= ratio <= t.ctr_ratio
     said = "clicks and non-clicks both present" if free else f"within {t.ctr_ratio:g}x the reference"
     reference_rate = reference.click_rate if reference is not None else None
     checks.append(Check("click rate", day.click_rate, reference_rate, said, both and within))

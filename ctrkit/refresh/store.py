@@ -171,7 +171,7 @@ class RefreshStore:
 
     def keep_days(self, rows: pl.DataFrame | None) -> None:
         """Keeps ``rows`` (raw, with their day) as the days a fresh candidate trains on (None: none), atomically. A day
-        is written before its verdict is committed: a day run again replaces its own rows (``loop.days_window``)."""
+        is written before its verdict is committed: a day run again replaces its own rows (``loop.days_kept``)."""
         if rows is None or not rows.height:
             self.days_file.unlink(missing_ok=True)
             return

@@ -170,6 +170,7 @@ def test_bad_rows_are_named_or_counted(raw, tmp_path, capsys):
     ("UTF-16", "events.csv:1: the file is UTF-16 (it starts with a UTF-16 byte-order mark); expected UTF-8"),
     ("Latin-1", "events.csv:1: the header holds bytes that are not UTF-8"),
     ("empty", "events.csv: holds no header"),
+    ("semicolons", "names separated by ';': this command reads files separated by ',' only"),
 ])  # fmt: skip
 def test_a_file_the_table_reader_refuses_is_refused_alike(raw, tmp_path, capsys, how, said):
     """The Outbrain files' headers are read by the rules of a user's table (``table_reader``): one line naming the
@@ -180,6 +181,7 @@ def test_a_file_the_table_reader_refuses_is_refused_alike(raw, tmp_path, capsys,
     shutil.copytree(raw, bad)
     text = (bad / "events.csv").read_bytes()
     broken = {"lone CR": text.replace(b"\n", b"\r"), "UTF-16": text.decode().encode("utf-16"), "empty": b"",
+              "semicolons": text.replace(b",", b";"),
               "Latin-1": text.replace(b"display_id", "d\xefsplay_id".encode("latin-1"), 1)}[how]  # fmt: skip
     (bad / "events.csv").write_bytes(broken)
     code, _, err = run_cli("preprocess", "outbrain", bad, "--out", tmp_path / "d", "--no-progress", capsys=capsys)

@@ -336,6 +336,23 @@ def test_ctrkit_serve_polls_the_repository_and_answers_through_a_swap(published,
     assert versions[0] == 2 and versions[-1] == 3
 
 
+def test_the_loops_settings_default_to_the_commands_flags():
+    """``RefreshSettings`` (what ``refresh/`` may import) and ``RefreshConfig`` (the flags) each state a default for a
+    setting; they say the same (``--fresh-rows`` and the others), so a loop built from Python runs as the command."""
+    from dataclasses import MISSING, fields
+
+    from ctrkit.refresh.loop import RefreshSettings
+    from ctrkit.refresh_config import RefreshConfig
+
+    flags = {f.name: f.default for f in fields(RefreshConfig)}
+    shared = [f for f in fields(RefreshSettings) if f.name in flags and f.default is not MISSING]
+    assert {f.name for f in shared} >= {"fresh_rows", "holdout_fraction", "keep_versions", "auc_tolerance",
+                                       "bootstrap_rounds", "nproc_per_node"}  # fmt: skip
+    differ = {f.name: (f.default, flags[f.name]) for f in shared if flags[f.name] is not None and
+              f.default != flags[f.name]}  # fmt: skip
+    assert not differ, differ
+
+
 def test_the_gate_against_scikit_learn_and_its_verdicts():
     rng = np.random.default_rng(0)
     y = rng.integers(0, 2, 4000)
